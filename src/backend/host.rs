@@ -1,0 +1,159 @@
+//! The host backend: POSIX shared memory in PyTorch's `file_system` layout (interop.md §6).
+//!
+//! An object is `64 + size` bytes: a 64-byte header whose first 4 bytes are an atomic `int32`
+//! count of live mappings, then the data. Exporter and importers each count once while they
+//! map it. **Whoever brings the count to 0 unlinks the name** — the exporter when it closes
+//! after every importer released, otherwise the last importer to release. Mappings stay valid
+//! after an unlink, so an exporter may close while importers still hold the buffer; a handle
+//! that has not been imported yet when the count reaches 0 can no longer be opened
+//! (`DEVSHARE_ERR_NOT_FOUND`): exporters that hand out handles wait for them first
+//! (`devshare_exporter_wait`).
+
+use super::{Backend, Exported, ImportRequest, Mapping, Probe};
+use crate::error::{Error, Result};
+use crate::handle::{DevshareHandle, Validated, DEVSHARE_BACKEND_HOST};
+use crate::shm::{self, Map};
+use std::sync::atomic::Ordering;
+
+/// Bytes before the data in a host shm object (PyTorch's header).
+pub(crate) const HEADER_SIZE: u64 = 64;
+
+pub(crate) struct Host;
+pub(crate) static HOST: Host = Host;
+
+/// One live mapping of a host object (the exporter's or an importer's). Counts itself in the
+/// header while alive; the drop that brings the count to 0 unlinks the name.
+struct Counted {
+    name: Vec<u8>,
+    /// The whole object (header + data), with the requested protection.
+    data: Map,
+    /// A writable view of the header when `data` is read-only.
+    header: Option<Map>,
+    data_len: u64,
+}
+
+impl Counted {
+    fn count(&self) -> &std::sync::atomic::AtomicI32 {
+        self.header.as_ref().unwrap_or(&self.data).atomic_i32(0)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if self.count().fetch_sub(1, Ordering::SeqCst) == 1 {
+            shm::unlink(&self.name);
+        }
+    }
+}
+
+fn data_ptr(c: &Counted) -> *mut u8 {
+    // SAFETY: the map is HEADER_SIZE + data_len bytes long.
+    unsafe { c.data.ptr().add(HEADER_SIZE as usize) }
+}
+
+impl Exported for Counted {
+    fn ptr(&self) -> *mut u8 {
+        data_ptr(self)
+    }
+    fn size(&self) -> u64 {
+        self.data_len
+    }
+    fn key(&self) -> &[u8] {
+        &self.name
+    }
+    fn device_index(&self) -> i32 {
+        0
+    }
+    fn survives_exporter_close(&self) -> bool {
+        true
+    }
+}
+
+impl Mapping for Counted {
+    fn base(&self) -> *mut u8 {
+        data_ptr(self)
+    }
+    fn len(&self) -> u64 {
+        self.data_len
+    }
+}
+
+/// Allocate `size` bytes of shareable host memory (zero-filled) under a fresh unguessable name,
+/// mode 0600. The returned export counts as one mapping.
+pub(crate) fn alloc(size: u64) -> Result<Box<dyn Exported>> {
+    let total = size
+        .checked_add(HEADER_SIZE)
+        .filter(|&t| t <= i64::MAX as u64 && usize::try_from(t).is_ok())
+        .ok_or_else(|| Error::InvalidArgument(format!("size {size} is too large")))?;
+    let name = shm::random_name("devshare")?;
+    let fd = shm::create(&name, total)?;
+    let data = match Map::new(&fd, total as usize, true, "host allocation") {
+        Ok(m) => m,
+        Err(e) => {
+            shm::unlink(&name);
+            return Err(e);
+        }
+    };
+    data.atomic_i32(0).store(1, Ordering::SeqCst);
+    Ok(Box::new(Counted { name, data, header: None, data_len: size }))
+}
+
+impl Backend for Host {
+    fn id(&self) -> u16 {
+        DEVSHARE_BACKEND_HOST
+    }
+
+    fn probe(&self) -> Probe {
+        match std::fs::metadata("/dev/shm") {
+            Ok(m) if m.is_dir() => Probe {
+                usable: true,
+                detail: "POSIX shared memory in /dev/shm (PyTorch file_system layout)".into(),
+            },
+            _ => Probe {
+                usable: false,
+                detail: "/dev/shm is missing: POSIX shared memory is unavailable".into(),
+            },
+        }
+    }
+
+    fn export(&self, _: i32, _: *mut u8, _: u64) -> Result<Box<dyn Exported>> {
+        Err(Error::Unsupported(
+            "the host backend cannot share arbitrary process memory; allocate shareable memory \
+             with devshare_host_alloc"
+                .into(),
+        ))
+    }
+
+    fn import(&self, h: &DevshareHandle, _: &Validated, req: &ImportRequest) -> Result<Box<dyn Mapping>> {
+        if let Some(d) = req.device.filter(|&d| d != 0) {
+            return Err(Error::InvalidArgument(format!("host memory has no device {d} (use -1 or 0)")));
+        }
+        let name = h.key_bytes();
+        let shown = String::from_utf8_lossy(name);
+        let fd = shm::open(name)?;
+        let size = shm::size_of(&fd, name)?;
+        let data_len = size.saturating_sub(HEADER_SIZE);
+        if size < HEADER_SIZE || data_len < h.alloc_size {
+            return Err(Error::Mismatch(format!(
+                "host object {shown} holds {data_len} data bytes but the handle's alloc_size is {}",
+                h.alloc_size
+            )));
+        }
+        let len = usize::try_from(size)
+            .map_err(|_| Error::Mismatch(format!("host object {shown} is too large to map")))?;
+        let data = Map::new(&fd, len, !req.read_only, "host object")?;
+        let header =
+            if req.read_only { Some(Map::new(&fd, HEADER_SIZE as usize, true, "host header")?) } else { None };
+        // Count ourselves in. A count that was already 0 means the last holder is unlinking it:
+        // back out (our maps are simply unmapped; the unlink belongs to that holder).
+        let count = header.as_ref().unwrap_or(&data).atomic_i32(0);
+        let before = count.fetch_add(1, Ordering::SeqCst);
+        if before <= 0 {
+            count.fetch_sub(1, Ordering::SeqCst);
+            return Err(Error::NotFound(format!(
+                "host object {shown} is being released by its last holder (header count was {before})"
+            )));
+        }
+        Ok(Box::new(Counted { name: name.to_vec(), data, header, data_len }))
+    }
+}

@@ -1,0 +1,179 @@
+//! Exporter functions: allocate or export, hand out handles, count and wait for releases, close.
+
+use super::{arg, arg_mut, arg_slice, boundary};
+use crate::dtype::DevshareDType;
+use crate::error::Error;
+use crate::export::{Exporter, TensorDesc};
+use crate::handle::{DevshareHandle, DEVSHARE_MAX_NDIM};
+use std::ffi::c_void;
+use std::time::Duration;
+
+/// `DevshareTensorDesc::storage_size` value meaning "from `storage_offset` to the end of the
+/// allocation".
+pub const DEVSHARE_STORAGE_TO_END: u64 = u64::MAX;
+/// `devshare_exporter_close` flag: close even while references are outstanding.
+pub const DEVSHARE_CLOSE_FORCE: u32 = 1;
+
+/// An exported allocation (opaque). Thread-safe: `share`, `outstanding` and `wait` may be called
+/// from several threads at once; `close` must not race with other calls on the same exporter.
+pub struct DevshareExporter(Exporter);
+
+/// Describes a tensor inside an exported allocation, for `devshare_exporter_share`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DevshareTensorDesc {
+    /// Element type.
+    pub dtype: DevshareDType,
+    /// Number of dimensions, 0..=`DEVSHARE_MAX_NDIM`.
+    pub ndim: u32,
+    /// `ndim` sizes in elements (may be NULL when ndim is 0).
+    pub shape: *const i64,
+    /// `ndim` strides in elements, or NULL for C-contiguous.
+    pub strides: *const i64,
+    /// Byte offset of the storage in the allocation.
+    pub storage_offset: u64,
+    /// Storage size in bytes, or `DEVSHARE_STORAGE_TO_END`.
+    pub storage_size: u64,
+    /// Element offset of the tensor in its storage.
+    pub tensor_offset: i64,
+}
+
+/// Allocate `size` bytes of zero-filled, shareable host memory (POSIX shared memory, mode
+/// 0600, unguessable name) and export it. `*ptr_out` (if not NULL) receives its address, valid
+/// until `devshare_exporter_close`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_host_alloc(
+    size: u64,
+    out: *mut *mut DevshareExporter,
+    ptr_out: *mut *mut c_void,
+) -> i32 {
+    boundary("devshare_host_alloc", || {
+        let out = unsafe { arg_mut(out, "out") }?;
+        let e = Exporter::host_alloc(size)?;
+        if let Some(p) = unsafe { ptr_out.as_mut() } {
+            *p = e.ptr().cast();
+        }
+        *out = Box::into_raw(Box::new(DevshareExporter(e)));
+        Ok(())
+    })
+}
+
+/// Export existing device memory `[ptr, ptr + size)` on `backend` (`DEVSHARE_BACKEND_*`) and
+/// `device`. Host memory cannot be exported this way (use `devshare_host_alloc`); a backend
+/// whose runtime is missing returns `DEVSHARE_STATUS_BACKEND_UNAVAILABLE`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_export(
+    backend: u16,
+    device: i32,
+    ptr: *mut c_void,
+    size: u64,
+    out: *mut *mut DevshareExporter,
+) -> i32 {
+    boundary("devshare_export", || {
+        let out = unsafe { arg_mut(out, "out") }?;
+        if ptr.is_null() {
+            return Err(Error::NullArgument("ptr"));
+        }
+        let e = Exporter::export(backend, device, ptr.cast(), size)?;
+        *out = Box::into_raw(Box::new(DevshareExporter(e)));
+        Ok(())
+    })
+}
+
+/// The exported allocation's address and size in this process (either out pointer may be NULL).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_exporter_memory(
+    exporter: *const DevshareExporter,
+    ptr_out: *mut *mut c_void,
+    size_out: *mut u64,
+) -> i32 {
+    boundary("devshare_exporter_memory", || {
+        let e = &unsafe { arg(exporter, "exporter") }?.0;
+        if let Some(p) = unsafe { ptr_out.as_mut() } {
+            *p = e.ptr().cast();
+        }
+        if let Some(s) = unsafe { size_out.as_mut() } {
+            *s = e.size();
+        }
+        Ok(())
+    })
+}
+
+/// Make a handle for a tensor in the allocation (`desc` NULL: the whole allocation as 1-D
+/// uint8). Each handle is one reference with its own ref-counter slot set to 1: give each
+/// consumer its own handle. The consumer's release sets the slot to 0.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_exporter_share(
+    exporter: *const DevshareExporter,
+    desc: *const DevshareTensorDesc,
+    out: *mut DevshareHandle,
+) -> i32 {
+    boundary("devshare_exporter_share", || {
+        let e = &unsafe { arg(exporter, "exporter") }?.0;
+        let out = unsafe { arg_mut(out, "out") }?;
+        let Some(d) = (unsafe { desc.as_ref() }) else {
+            *out = e.share_bytes()?;
+            return Ok(());
+        };
+        if d.ndim as usize > DEVSHARE_MAX_NDIM {
+            return Err(Error::BadNdim(format!(
+                "desc.ndim {} is above the maximum {DEVSHARE_MAX_NDIM}",
+                d.ndim
+            )));
+        }
+        let n = d.ndim as usize;
+        let shape = unsafe { arg_slice(d.shape, n, "desc.shape") }?;
+        let strides = if d.strides.is_null() { None } else { Some(unsafe { arg_slice(d.strides, n, "desc.strides") }?) };
+        *out = e.share(&TensorDesc {
+            dtype: d.dtype,
+            shape,
+            strides,
+            storage_offset: d.storage_offset,
+            storage_size: (d.storage_size != DEVSHARE_STORAGE_TO_END).then_some(d.storage_size),
+            tensor_offset: d.tensor_offset,
+        })?;
+        Ok(())
+    })
+}
+
+/// Number of references handed out by `devshare_exporter_share` and not yet released.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_exporter_outstanding(exporter: *const DevshareExporter, count: *mut u64) -> i32 {
+    boundary("devshare_exporter_outstanding", || {
+        let e = &unsafe { arg(exporter, "exporter") }?.0;
+        *unsafe { arg_mut(count, "count") }? = e.outstanding();
+        Ok(())
+    })
+}
+
+/// Wait until every handed-out reference was released: `DEVSHARE_OK`, or
+/// `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` milliseconds (negative: wait forever).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_exporter_wait(exporter: *const DevshareExporter, timeout_ms: i64) -> i32 {
+    boundary("devshare_exporter_wait", || {
+        let e = &unsafe { arg(exporter, "exporter") }?.0;
+        e.wait(u64::try_from(timeout_ms).ok().map(Duration::from_millis))
+    })
+}
+
+/// Close the exporter and free it. Host memory: importers that still map the buffer keep it
+/// valid until they release; the last holder unlinks the name. Device backends refuse with
+/// `DEVSHARE_STATUS_BUSY` while references are outstanding (the exporter stays valid) unless
+/// `flags` has `DEVSHARE_CLOSE_FORCE`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_exporter_close(exporter: *mut DevshareExporter, flags: u32) -> i32 {
+    boundary("devshare_exporter_close", || {
+        if exporter.is_null() {
+            return Err(Error::NullArgument("exporter"));
+        }
+        if flags & !DEVSHARE_CLOSE_FORCE != 0 {
+            return Err(Error::InvalidArgument(format!("unknown close flags {flags:#x}")));
+        }
+        let e = &unsafe { arg(exporter, "exporter") }?.0;
+        e.check_close(flags & DEVSHARE_CLOSE_FORCE != 0)?;
+        // SAFETY: exporter came from Box::into_raw in this module; after a successful check the
+        // caller gives it up, so it is freed exactly once.
+        drop(unsafe { Box::from_raw(exporter) });
+        Ok(())
+    })
+}

@@ -1,0 +1,96 @@
+//! The C surface. Every `extern "C"` function is a thin shell: check arguments, call one Rust
+//! function, map its `Result` to a status and stash the message. All of them run their body
+//! inside [`boundary`] (or [`boundary_value`]), so no panic crosses into C.
+
+pub mod error;
+pub mod export;
+pub mod handle;
+pub mod import;
+pub mod probe;
+
+use crate::error::{set_last_error, Error, Result, Status};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Run `f` for the C function `name`: `DEVSHARE_OK` on success; on error, its status with the
+/// message recorded for `devshare_last_error`; on panic, `DEVSHARE_STATUS_INTERNAL`.
+pub(crate) fn boundary(name: &'static str, f: impl FnOnce() -> Result<()>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => Status::Ok as i32,
+        Ok(Err(e)) => {
+            set_last_error(name, &e);
+            e.status() as i32
+        }
+        Err(p) => {
+            set_last_error(name, &Error::Internal(panic_text(&*p)));
+            Status::Internal as i32
+        }
+    }
+}
+
+/// Like [`boundary`] for functions that return a value instead of a status: `fallback` on panic.
+pub(crate) fn boundary_value<T>(name: &'static str, fallback: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        set_last_error(name, &Error::Internal(panic_text(&*p)));
+        fallback
+    })
+}
+
+/// A shared reference from a C pointer, or `NullArgument` naming the parameter.
+///
+/// # Safety
+/// A non-null `p` must point to a valid, properly aligned `T` for the returned lifetime.
+pub(crate) unsafe fn arg<'a, T>(p: *const T, what: &'static str) -> Result<&'a T> {
+    // SAFETY: the caller guarantees validity when non-null.
+    unsafe { p.as_ref() }.ok_or(Error::NullArgument(what))
+}
+
+/// A mutable reference from a C pointer, or `NullArgument` naming the parameter.
+///
+/// # Safety
+/// As for [`arg`], and no other reference to `*p` may be live.
+pub(crate) unsafe fn arg_mut<'a, T>(p: *mut T, what: &'static str) -> Result<&'a mut T> {
+    // SAFETY: the caller guarantees validity when non-null.
+    unsafe { p.as_mut() }.ok_or(Error::NullArgument(what))
+}
+
+/// A slice from a C pointer and length; NULL is allowed only for length 0.
+///
+/// # Safety
+/// A non-null `p` must point to `len` valid `T`s.
+pub(crate) unsafe fn arg_slice<'a, T>(p: *const T, len: usize, what: &'static str) -> Result<&'a [T]> {
+    if p.is_null() {
+        return if len == 0 { Ok(&[]) } else { Err(Error::NullArgument(what)) };
+    }
+    // SAFETY: the caller guarantees p points to len elements.
+    Ok(unsafe { std::slice::from_raw_parts(p, len) })
+}
+
+/// Copy `bytes` plus a NUL into a C buffer of `cap` bytes; `BufferTooSmall` when it does not fit.
+/// `len_out` (if not NULL) receives the length without the NUL either way.
+///
+/// # Safety
+/// `buf` must be NULL or point to `cap` writable bytes; `len_out` NULL or valid.
+pub(crate) unsafe fn write_out(bytes: &[u8], nul: bool, buf: *mut u8, cap: usize, len_out: *mut usize) -> Result<()> {
+    if let Some(l) = unsafe { len_out.as_mut() } {
+        *l = bytes.len();
+    }
+    let needed = bytes.len() + usize::from(nul);
+    if buf.is_null() || cap < needed {
+        return Err(Error::BufferTooSmall { needed, given: if buf.is_null() { 0 } else { cap } });
+    }
+    // SAFETY: buf has cap >= needed writable bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len());
+        if nul {
+            *buf.add(bytes.len()) = 0;
+        }
+    }
+    Ok(())
+}

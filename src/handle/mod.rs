@@ -1,0 +1,217 @@
+//! The handle: one fixed-size, plain-data struct that describes one shared tensor.
+//!
+//! The struct ([`DevshareHandle`]) can be copied with `memcpy`; its layout is pinned below with
+//! `static_assertions`. For transports there is a canonical byte encoding ([`encode`]) and a text
+//! form ([`text`]); both validate every field on the way in ([`validate`]).
+
+pub mod encode;
+pub mod text;
+mod validate;
+
+pub use validate::{validate, Validated};
+
+use crate::dtype::DevshareDType;
+use static_assertions::{assert_eq_align, assert_eq_size, const_assert_eq};
+use std::mem::offset_of;
+
+/// Maximum number of dimensions of a shared tensor.
+pub const DEVSHARE_MAX_NDIM: usize = 8;
+/// Capacity of the inline export key (ACL: 65 bytes; CUDA: 64; host: a shm name).
+pub const DEVSHARE_KEY_CAPACITY: usize = 128;
+/// Capacity of the inline ref-counter shm name, including its leading `/`.
+pub const DEVSHARE_REF_NAME_CAPACITY: usize = 64;
+/// Size of an interprocess event handle (`cudaIpcEventHandle_t`, `aclrtIpcEventHandle`).
+pub const DEVSHARE_EVENT_HANDLE_SIZE: usize = 64;
+/// Number of reserved bytes at the end of the handle (must be zero in layout version 1).
+pub const DEVSHARE_HANDLE_RESERVED: usize = 120;
+/// Layout version of `DevshareHandle` written by this library.
+pub const DEVSHARE_HANDLE_LAYOUT_VERSION: u16 = 1;
+/// Number of slots in a PyTorch-compatible ref-counter object.
+pub const DEVSHARE_REF_SLOTS: u64 = 10_000;
+
+/// Backend: POSIX shared memory on the host (PyTorch's `file_system` layout).
+pub const DEVSHARE_BACKEND_HOST: u16 = 1;
+/// Backend: Ascend NPU memory exported with an ACL IPC key.
+pub const DEVSHARE_BACKEND_ACL: u16 = 2;
+/// Backend: NVIDIA GPU memory exported with a CUDA IPC memory handle.
+pub const DEVSHARE_BACKEND_CUDA: u16 = 3;
+
+/// Handle flag: `event_handle` holds a valid IPC event the consumer must wait on before use.
+pub const DEVSHARE_HANDLE_FLAG_EVENT: u32 = 1;
+/// All handle flags layout version 1 knows; any other bit is refused.
+pub const DEVSHARE_HANDLE_KNOWN_FLAGS: u32 = DEVSHARE_HANDLE_FLAG_EVENT;
+
+/// One shared tensor: where its allocation lives, which part of it is the storage, how the tensor
+/// is laid out in the storage, and how its lifetime is tracked.
+///
+/// Plain data, fixed size (616 bytes), 8-byte aligned, copyable with `memcpy`. Initialise one
+/// with `devshare_handle_init` before filling it by hand. Unused bytes (dimensions beyond `ndim`,
+/// key and name bytes beyond their lengths, the event when not flagged, `reserved`) must be zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DevshareHandle {
+    /// `sizeof(DevshareHandle)`; set by `devshare_handle_init`.
+    pub struct_size: u32,
+    /// `DEVSHARE_HANDLE_LAYOUT_VERSION`; set by `devshare_handle_init`.
+    pub layout_version: u16,
+    /// Which backend exported the allocation (`DEVSHARE_BACKEND_*`).
+    pub backend: u16,
+    /// `DEVSHARE_HANDLE_FLAG_*` bits.
+    pub flags: u32,
+    /// Device index as numbered in the exporting process (0 for host).
+    pub device_index: i32,
+    /// Device UUID when known (CUDA), all zero otherwise.
+    pub device_uuid: [u8; 16],
+    /// Identity of the exporting machine (its boot id); all zero when unknown.
+    pub host_id: [u8; 16],
+    /// Process id of the exporter.
+    pub producer_pid: i32,
+    /// Number of dimensions, 0..=`DEVSHARE_MAX_NDIM`.
+    pub ndim: u32,
+    /// Size in bytes of the exported allocation.
+    pub alloc_size: u64,
+    /// Byte offset of the storage inside the allocation.
+    pub storage_offset: u64,
+    /// Size in bytes of the storage.
+    pub storage_size: u64,
+    /// Element offset of the tensor's first element inside the storage.
+    pub tensor_offset: i64,
+    /// Element type.
+    pub dtype: DevshareDType,
+    /// Number of meaningful bytes in `key`.
+    pub key_len: u32,
+    /// Shape in elements; entries at and beyond `ndim` are 0.
+    pub shape: [i64; DEVSHARE_MAX_NDIM],
+    /// Strides in elements; entries at and beyond `ndim` are 0.
+    pub strides: [i64; DEVSHARE_MAX_NDIM],
+    /// Export key: host shm name (with leading '/'), 65-byte ACL key, or 64-byte CUDA handle.
+    pub key: [u8; DEVSHARE_KEY_CAPACITY],
+    /// Ref-counter slot owed one decrement by the consumer (meaningful when `ref_name_len > 0`).
+    pub ref_slot: u64,
+    /// Number of meaningful bytes in `ref_name`; 0 when the handle carries no ref-counter.
+    pub ref_name_len: u32,
+    /// Reserved, zero.
+    pub reserved0: u32,
+    /// Ref-counter shm name (PyTorch layout), with its leading '/', not NUL-terminated.
+    pub ref_name: [u8; DEVSHARE_REF_NAME_CAPACITY],
+    /// Interprocess event handle, valid when `DEVSHARE_HANDLE_FLAG_EVENT` is set.
+    pub event_handle: [u8; DEVSHARE_EVENT_HANDLE_SIZE],
+    /// Reserved for later layout versions; zero.
+    pub reserved: [u8; DEVSHARE_HANDLE_RESERVED],
+}
+
+assert_eq_size!(DevshareHandle, [u8; 616]);
+assert_eq_align!(DevshareHandle, u64);
+const_assert_eq!(offset_of!(DevshareHandle, struct_size), 0);
+const_assert_eq!(offset_of!(DevshareHandle, layout_version), 4);
+const_assert_eq!(offset_of!(DevshareHandle, backend), 6);
+const_assert_eq!(offset_of!(DevshareHandle, flags), 8);
+const_assert_eq!(offset_of!(DevshareHandle, device_index), 12);
+const_assert_eq!(offset_of!(DevshareHandle, device_uuid), 16);
+const_assert_eq!(offset_of!(DevshareHandle, host_id), 32);
+const_assert_eq!(offset_of!(DevshareHandle, producer_pid), 48);
+const_assert_eq!(offset_of!(DevshareHandle, ndim), 52);
+const_assert_eq!(offset_of!(DevshareHandle, alloc_size), 56);
+const_assert_eq!(offset_of!(DevshareHandle, storage_offset), 64);
+const_assert_eq!(offset_of!(DevshareHandle, storage_size), 72);
+const_assert_eq!(offset_of!(DevshareHandle, tensor_offset), 80);
+const_assert_eq!(offset_of!(DevshareHandle, dtype), 88);
+const_assert_eq!(offset_of!(DevshareHandle, key_len), 92);
+const_assert_eq!(offset_of!(DevshareHandle, shape), 96);
+const_assert_eq!(offset_of!(DevshareHandle, strides), 160);
+const_assert_eq!(offset_of!(DevshareHandle, key), 224);
+const_assert_eq!(offset_of!(DevshareHandle, ref_slot), 352);
+const_assert_eq!(offset_of!(DevshareHandle, ref_name_len), 360);
+const_assert_eq!(offset_of!(DevshareHandle, reserved0), 364);
+const_assert_eq!(offset_of!(DevshareHandle, ref_name), 368);
+const_assert_eq!(offset_of!(DevshareHandle, event_handle), 432);
+const_assert_eq!(offset_of!(DevshareHandle, reserved), 496);
+assert_eq_size!(DevshareDType, u32);
+
+/// Size of `DevshareHandle` in bytes.
+pub const DEVSHARE_HANDLE_SIZE: usize = 616;
+const_assert_eq!(DEVSHARE_HANDLE_SIZE, std::mem::size_of::<DevshareHandle>());
+
+impl Default for DevshareHandle {
+    fn default() -> Self {
+        DevshareHandle {
+            struct_size: DEVSHARE_HANDLE_SIZE as u32,
+            layout_version: DEVSHARE_HANDLE_LAYOUT_VERSION,
+            backend: 0,
+            flags: 0,
+            device_index: 0,
+            device_uuid: [0; 16],
+            host_id: [0; 16],
+            producer_pid: 0,
+            ndim: 0,
+            alloc_size: 0,
+            storage_offset: 0,
+            storage_size: 0,
+            tensor_offset: 0,
+            dtype: DevshareDType::default(),
+            key_len: 0,
+            shape: [0; DEVSHARE_MAX_NDIM],
+            strides: [0; DEVSHARE_MAX_NDIM],
+            key: [0; DEVSHARE_KEY_CAPACITY],
+            ref_slot: 0,
+            ref_name_len: 0,
+            reserved0: 0,
+            ref_name: [0; DEVSHARE_REF_NAME_CAPACITY],
+            event_handle: [0; DEVSHARE_EVENT_HANDLE_SIZE],
+            reserved: [0; DEVSHARE_HANDLE_RESERVED],
+        }
+    }
+}
+
+impl DevshareHandle {
+    /// The meaningful bytes of the key. Clamped so that a corrupt length never reads past the
+    /// array; `validate` reports such lengths.
+    pub fn key_bytes(&self) -> &[u8] {
+        &self.key[..(self.key_len as usize).min(DEVSHARE_KEY_CAPACITY)]
+    }
+
+    /// The meaningful bytes of the ref-counter name (clamped like [`Self::key_bytes`]).
+    pub fn ref_name_bytes(&self) -> &[u8] {
+        &self.ref_name[..(self.ref_name_len as usize).min(DEVSHARE_REF_NAME_CAPACITY)]
+    }
+
+    /// Shape entries in use (clamped to `DEVSHARE_MAX_NDIM`).
+    pub fn dims(&self) -> &[i64] {
+        &self.shape[..(self.ndim as usize).min(DEVSHARE_MAX_NDIM)]
+    }
+
+    /// Stride entries in use (clamped to `DEVSHARE_MAX_NDIM`).
+    pub fn stride_dims(&self) -> &[i64] {
+        &self.strides[..(self.ndim as usize).min(DEVSHARE_MAX_NDIM)]
+    }
+
+    /// Set the key bytes (panics if longer than the capacity: callers check first).
+    pub(crate) fn set_key(&mut self, key: &[u8]) {
+        self.key = [0; DEVSHARE_KEY_CAPACITY];
+        self.key[..key.len()].copy_from_slice(key);
+        self.key_len = key.len() as u32;
+    }
+
+    /// Set the ref-counter name and slot (panics if the name is too long: callers check first).
+    pub(crate) fn set_ref(&mut self, name: &[u8], slot: u64) {
+        self.ref_name = [0; DEVSHARE_REF_NAME_CAPACITY];
+        self.ref_name[..name.len()].copy_from_slice(name);
+        self.ref_name_len = name.len() as u32;
+        self.ref_slot = slot;
+    }
+
+    /// Human-readable name of the backend, for messages.
+    pub fn backend_name(&self) -> &'static str {
+        backend_name(self.backend)
+    }
+}
+
+/// Human-readable name of a `DEVSHARE_BACKEND_*` value.
+pub fn backend_name(backend: u16) -> &'static str {
+    match backend {
+        DEVSHARE_BACKEND_HOST => "host",
+        DEVSHARE_BACKEND_ACL => "acl",
+        DEVSHARE_BACKEND_CUDA => "cuda",
+        _ => "unknown",
+    }
+}

@@ -1,0 +1,224 @@
+//! Field-by-field validation of a [`DevshareHandle`]. Every decode and every import goes through
+//! [`validate`]; nothing downstream trusts a handle that has not passed it.
+
+use super::*;
+use crate::error::{Error, Result};
+
+/// What validation derives from a handle, so callers do not recompute it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Validated {
+    /// Bytes per element.
+    pub element_size: u64,
+    /// Number of elements (product of the shape).
+    pub numel: u64,
+    /// Byte offset of the tensor's first element from the start of the allocation.
+    pub data_offset: u64,
+}
+
+const MAX_SIZE: u64 = i64::MAX as u64;
+
+fn check_size(field: &'static str, v: u64) -> Result<()> {
+    if v > MAX_SIZE {
+        return Err(Error::bad_size(field, format!("{v} is negative or above 2^63-1")));
+    }
+    Ok(())
+}
+
+fn zero_tail(field: &'static str, bytes: &[u8]) -> Result<()> {
+    if bytes.iter().any(|&b| b != 0) {
+        return Err(Error::invalid(field, "bytes beyond the used length must be 0"));
+    }
+    Ok(())
+}
+
+/// True for a POSIX shm name devshare accepts: a leading '/', then 1..=n characters from
+/// `[A-Za-z0-9_.-]` (no further '/', no NUL, nothing a shell or a path could misread).
+pub(crate) fn is_shm_name(name: &[u8]) -> bool {
+    name.len() >= 2
+        && name[0] == b'/'
+        && name[1..]
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-' || c == b'.')
+        && name != b"/." && name != b"/.."
+}
+
+fn check_key(h: &DevshareHandle) -> Result<()> {
+    let len = h.key_len as usize;
+    if len > DEVSHARE_KEY_CAPACITY {
+        return Err(Error::BadKey(format!(
+            "key_len {len} exceeds the capacity of {DEVSHARE_KEY_CAPACITY} bytes"
+        )));
+    }
+    let key = &h.key[..len];
+    match h.backend {
+        DEVSHARE_BACKEND_HOST => {
+            if !is_shm_name(key) {
+                return Err(Error::BadKey(format!(
+                    "host key {:?} is not a shm name ('/' then 1..=126 of [A-Za-z0-9_.-])",
+                    String::from_utf8_lossy(key)
+                )));
+            }
+        }
+        DEVSHARE_BACKEND_ACL => {
+            if len != 65 {
+                return Err(Error::BadKey(format!("ACL IPC key must be 65 bytes, got {len}")));
+            }
+            match key.iter().position(|&b| b == 0) {
+                None => return Err(Error::BadKey("ACL IPC key is not NUL-terminated".into())),
+                Some(0) => return Err(Error::BadKey("ACL IPC key is empty".into())),
+                Some(_) => {}
+            }
+        }
+        DEVSHARE_BACKEND_CUDA => {
+            if len != 64 {
+                return Err(Error::BadKey(format!(
+                    "CUDA IPC memory handle must be 64 bytes, got {len}"
+                )));
+            }
+        }
+        _ => unreachable!("backend checked before the key"),
+    }
+    zero_tail("key", &h.key[len..])
+}
+
+fn check_ref(h: &DevshareHandle) -> Result<()> {
+    let len = h.ref_name_len as usize;
+    if len > DEVSHARE_REF_NAME_CAPACITY {
+        return Err(Error::invalid(
+            "ref_name_len",
+            format!("{len} exceeds the capacity of {DEVSHARE_REF_NAME_CAPACITY} bytes"),
+        ));
+    }
+    zero_tail("ref_name", &h.ref_name[len..])?;
+    if len == 0 {
+        if h.ref_slot != 0 {
+            return Err(Error::invalid("ref_slot", "must be 0 when there is no ref-counter name"));
+        }
+        return Ok(());
+    }
+    if !is_shm_name(&h.ref_name[..len]) {
+        return Err(Error::invalid(
+            "ref_name",
+            format!(
+                "{:?} is not a shm name ('/' then [A-Za-z0-9_.-])",
+                String::from_utf8_lossy(&h.ref_name[..len])
+            ),
+        ));
+    }
+    if h.ref_slot >= DEVSHARE_REF_SLOTS {
+        return Err(Error::invalid(
+            "ref_slot",
+            format!("{} is beyond the {DEVSHARE_REF_SLOTS} slots of a ref-counter", h.ref_slot),
+        ));
+    }
+    Ok(())
+}
+
+fn check_tensor(h: &DevshareHandle, element_size: u64) -> Result<(u64, u64)> {
+    let ndim = h.ndim as usize;
+    let overflow = |field: &'static str| Error::bad_size(field, "arithmetic overflows 2^63-1");
+    let mut numel: u64 = 1;
+    let mut last: u64 = u64::try_from(h.tensor_offset)
+        .map_err(|_| Error::bad_size("tensor_offset", format!("{} is negative", h.tensor_offset)))?;
+    let first = last;
+    for i in 0..ndim {
+        let (dim, stride) = (h.shape[i], h.strides[i]);
+        let dim = u64::try_from(dim)
+            .map_err(|_| Error::bad_size("shape", format!("shape[{i}] = {dim} is negative")))?;
+        let stride = u64::try_from(stride)
+            .map_err(|_| Error::bad_size("strides", format!("strides[{i}] = {stride} is negative")))?;
+        numel = numel.checked_mul(dim).filter(|&n| n <= MAX_SIZE).ok_or_else(|| overflow("shape"))?;
+        if dim > 0 {
+            let reach = (dim - 1).checked_mul(stride).ok_or_else(|| overflow("strides"))?;
+            last = last.checked_add(reach).filter(|&n| n <= MAX_SIZE).ok_or_else(|| overflow("strides"))?;
+        }
+    }
+    let first_byte = first.checked_mul(element_size).ok_or_else(|| overflow("tensor_offset"))?;
+    let end_byte = if numel == 0 {
+        first_byte
+    } else {
+        last.checked_add(1)
+            .and_then(|n| n.checked_mul(element_size))
+            .ok_or_else(|| overflow("strides"))?
+    };
+    if end_byte > h.storage_size {
+        return Err(Error::TensorOutOfBounds(format!(
+            "tensor_offset {} with shape {:?} and strides {:?} reaches byte {end_byte} of a \
+             {}-byte storage",
+            h.tensor_offset,
+            h.dims(),
+            h.stride_dims(),
+            h.storage_size
+        )));
+    }
+    Ok((numel, first_byte))
+}
+
+/// Validate every field of `h`; on success return what was derived on the way.
+///
+/// A handle that passes describes a tensor that lies entirely inside its storage, which lies
+/// entirely inside the exported allocation, all sizes below 2^63.
+pub fn validate(h: &DevshareHandle) -> Result<Validated> {
+    if h.struct_size as usize != DEVSHARE_HANDLE_SIZE {
+        return Err(Error::UnsupportedVersion(format!(
+            "struct_size {} is not sizeof(DevshareHandle) = {DEVSHARE_HANDLE_SIZE} \
+             (call devshare_handle_init first)",
+            h.struct_size
+        )));
+    }
+    if h.layout_version != DEVSHARE_HANDLE_LAYOUT_VERSION {
+        return Err(Error::UnsupportedVersion(format!(
+            "layout_version {} (this library reads {DEVSHARE_HANDLE_LAYOUT_VERSION})",
+            h.layout_version
+        )));
+    }
+    if !(DEVSHARE_BACKEND_HOST..=DEVSHARE_BACKEND_CUDA).contains(&h.backend) {
+        return Err(Error::invalid("backend", format!("{} is not a known backend (1..=3)", h.backend)));
+    }
+    if h.flags & !DEVSHARE_HANDLE_KNOWN_FLAGS != 0 {
+        return Err(Error::invalid("flags", format!("unknown bits {:#x}", h.flags)));
+    }
+    if h.device_index < 0 || (h.backend == DEVSHARE_BACKEND_HOST && h.device_index != 0) {
+        return Err(Error::invalid(
+            "device_index",
+            format!("{} (must be >= 0, and 0 for host)", h.device_index),
+        ));
+    }
+    if h.producer_pid <= 0 {
+        return Err(Error::invalid("producer_pid", format!("{} is not a pid", h.producer_pid)));
+    }
+    if h.ndim as usize > DEVSHARE_MAX_NDIM {
+        return Err(Error::BadNdim(format!("{} is above the maximum {DEVSHARE_MAX_NDIM}", h.ndim)));
+    }
+    let ndim = h.ndim as usize;
+    if h.shape[ndim..].iter().any(|&d| d != 0) {
+        return Err(Error::invalid("shape", "entries at and beyond ndim must be 0"));
+    }
+    if h.strides[ndim..].iter().any(|&d| d != 0) {
+        return Err(Error::invalid("strides", "entries at and beyond ndim must be 0"));
+    }
+    let element_size = h.dtype.element_size()?;
+    check_size("alloc_size", h.alloc_size)?;
+    check_size("storage_offset", h.storage_offset)?;
+    check_size("storage_size", h.storage_size)?;
+    let storage_end = h.storage_offset + h.storage_size; // both < 2^63: no overflow
+    if storage_end > h.alloc_size {
+        return Err(Error::StorageOutOfBounds(format!(
+            "storage_offset {} + storage_size {} = {storage_end} exceeds alloc_size {}",
+            h.storage_offset, h.storage_size, h.alloc_size
+        )));
+    }
+    check_key(h)?;
+    check_ref(h)?;
+    if h.flags & DEVSHARE_HANDLE_FLAG_EVENT == 0 {
+        zero_tail("event_handle", &h.event_handle)?;
+    } else if h.backend == DEVSHARE_BACKEND_HOST {
+        return Err(Error::invalid("flags", "host handles cannot carry an IPC event"));
+    }
+    if h.reserved0 != 0 {
+        return Err(Error::invalid("reserved0", "must be 0"));
+    }
+    zero_tail("reserved", &h.reserved)?;
+    let (numel, tensor_byte) = check_tensor(h, element_size)?;
+    Ok(Validated { element_size, numel, data_offset: h.storage_offset + tensor_byte })
+}

@@ -1,0 +1,211 @@
+//! Importing handles, and the per-process import registry.
+//!
+//! The registry caches mappings by allocation — (backend, device, key, access) — not by tensor,
+//! because many tensors share one allocation: importing the same allocation twice maps it once,
+//! and the mapping goes away when the last import of it is released. It also tracks the
+//! ref-counter reference each handle carries (its "ticket": ref-counter name and slot): a ticket
+//! held by several imports in this process is returned to the producer exactly once, when the
+//! last of them is released. All of it is behind one mutex, so imports and releases may happen on
+//! any thread.
+
+use crate::backend::{self, ImportRequest, Mapping};
+use crate::error::{Error, Result};
+use crate::handle::{validate, DevshareHandle, Validated};
+use crate::refcounter;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct AllocKey {
+    backend: u16,
+    device: i32,
+    key: Vec<u8>,
+    read_only: bool,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Ticket {
+    name: Vec<u8>,
+    slot: u64,
+}
+
+struct Entry {
+    mapping: Arc<dyn Mapping>,
+    users: usize,
+}
+
+#[derive(Default)]
+struct Registry {
+    allocs: HashMap<AllocKey, Entry>,
+    tickets: HashMap<Ticket, usize>,
+}
+
+static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Default::default);
+
+fn registry() -> MutexGuard<'static, Registry> {
+    // A panic while holding the lock cannot leave the maps half-updated (every update is a single
+    // insert/remove/increment), so a poisoned lock is still consistent.
+    REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Number of allocations currently mapped by imports in this process.
+pub fn cached_allocations() -> usize {
+    registry().allocs.len()
+}
+
+/// One import of one handle. Release it with [`Import::release`] (dropping it releases too).
+pub struct Import {
+    key: AllocKey,
+    ticket: Option<Ticket>,
+    mapping: Option<Arc<dyn Mapping>>,
+    handle: DevshareHandle,
+    validated: Validated,
+}
+
+/// Where an import lies in this process's memory.
+#[derive(Clone, Copy, Debug)]
+pub struct ImportView {
+    /// The tensor's first element.
+    pub data: *mut u8,
+    /// The storage's first byte.
+    pub storage: *mut u8,
+    /// The allocation's first byte.
+    pub base: *mut u8,
+    /// Whether the mapping is read-only.
+    pub read_only: bool,
+    /// Device the allocation was imported on.
+    pub device: i32,
+}
+
+/// Import the allocation a handle names (or take another reference to the cached mapping).
+pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
+    let validated = validate(h)?;
+    let local = crate::hostid::host_id();
+    if h.host_id != [0; 16] && local != [0; 16] && h.host_id != local {
+        return Err(Error::WrongHost(format!(
+            "the handle's host_id {} is not this machine's boot id {}: handles only work on the \
+             machine that made them",
+            hex(&h.host_id),
+            hex(&local)
+        )));
+    }
+    let backend = backend::get(h.backend)?;
+    let key = AllocKey {
+        backend: h.backend,
+        device: req.device.unwrap_or(h.device_index),
+        key: h.key_bytes().to_vec(),
+        read_only: req.read_only,
+    };
+    let ticket =
+        (h.ref_name_len > 0).then(|| Ticket { name: h.ref_name_bytes().to_vec(), slot: h.ref_slot });
+
+    let mut reg = registry();
+    if let Some(t) = &ticket {
+        if !reg.tickets.contains_key(t) {
+            refcounter::check_outstanding(&t.name, t.slot)?;
+        }
+    }
+    let mapping = match reg.allocs.get_mut(&key) {
+        Some(entry) => {
+            if entry.mapping.len() < h.alloc_size {
+                return Err(Error::Mismatch(format!(
+                    "the allocation is {} bytes but the handle's alloc_size is {}",
+                    entry.mapping.len(),
+                    h.alloc_size
+                )));
+            }
+            entry.users += 1;
+            entry.mapping.clone()
+        }
+        None => {
+            let mapping: Arc<dyn Mapping> = backend.import(h, &validated, &req)?.into();
+            if mapping.len() < h.alloc_size {
+                return Err(Error::Mismatch(format!(
+                    "{} backend mapped {} bytes but the handle's alloc_size is {}",
+                    h.backend_name(),
+                    mapping.len(),
+                    h.alloc_size
+                )));
+            }
+            reg.allocs.insert(key.clone(), Entry { mapping: mapping.clone(), users: 1 });
+            mapping
+        }
+    };
+    if let Some(t) = &ticket {
+        *reg.tickets.entry(t.clone()).or_insert(0) += 1;
+    }
+    Ok(Import { key, ticket, mapping: Some(mapping), handle: *h, validated })
+}
+
+impl Import {
+    /// The handle this import was made from.
+    pub fn handle(&self) -> &DevshareHandle {
+        &self.handle
+    }
+
+    /// What validation derived from the handle.
+    pub fn validated(&self) -> &Validated {
+        &self.validated
+    }
+
+    /// Pointers into this process's mapping.
+    pub fn view(&self) -> ImportView {
+        let base = self.mapping.as_ref().expect("mapping present until release").base();
+        // SAFETY: validation guarantees storage_offset + storage_size <= alloc_size <= mapped
+        // length, and the tensor lies inside the storage.
+        let (storage, data) = unsafe {
+            (base.add(self.handle.storage_offset as usize), base.add(self.validated.data_offset as usize))
+        };
+        ImportView { data, storage, base, read_only: self.key.read_only, device: self.key.device }
+    }
+
+    /// Release this import, in PyTorch's order: drop the mapping (unmapping it when this was the
+    /// last user in the process), then return the handle's ref-counter reference when this was
+    /// the last import holding it.
+    pub fn release(mut self) {
+        self.release_inner();
+    }
+
+    fn release_inner(&mut self) {
+        let Some(mapping) = self.mapping.take() else { return };
+        let mut last_mapping = None;
+        let mut return_ticket = false;
+        {
+            let mut reg = registry();
+            if let Some(entry) = reg.allocs.get_mut(&self.key) {
+                entry.users -= 1;
+                if entry.users == 0 {
+                    last_mapping = reg.allocs.remove(&self.key).map(|e| e.mapping);
+                }
+            }
+            if let Some(t) = &self.ticket {
+                if let Some(n) = reg.tickets.get_mut(t) {
+                    *n -= 1;
+                    if *n == 0 {
+                        reg.tickets.remove(t);
+                        return_ticket = true;
+                    }
+                }
+            }
+        }
+        // (1) drop our mapping; the registry's copy goes with the last user (unmap / IPC close).
+        drop(mapping);
+        drop(last_mapping);
+        // (2) backends with streams synchronise inside their mapping's drop.
+        // (3..5) return the reference to the producer.
+        if return_ticket {
+            let t = self.ticket.as_ref().expect("ticket present");
+            refcounter::release_slot(&t.name, t.slot);
+        }
+    }
+}
+
+impl Drop for Import {
+    fn drop(&mut self) {
+        self.release_inner();
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

@@ -1,0 +1,141 @@
+//! PyTorch's ref-counter object (interop.md §4), created by devshare on the exporter side and
+//! decremented by devshare on the consumer side.
+//!
+//! Layout (`RefcountedMapAllocator`): a 64-byte header whose first 4 bytes are an atomic `int32`
+//! count of live mappings, then 10000 `int64` slots; slot k is at byte `64 + 8k`. Each handle an
+//! exporter hands out takes a fresh slot set to 1; its consumer decrements it exactly once.
+
+use crate::error::{Error, Result};
+use crate::handle::DEVSHARE_REF_SLOTS;
+use crate::shm::{self, Map};
+use std::sync::atomic::Ordering;
+
+/// Bytes before slot 0 (the header with the mapping count).
+pub(crate) const HEADER_SIZE: usize = 64;
+/// Size of a ref-counter object: header plus 10000 slots = 80064 bytes.
+pub(crate) const OBJECT_SIZE: usize = HEADER_SIZE + 8 * DEVSHARE_REF_SLOTS as usize;
+
+fn slot_offset(slot: u64) -> usize {
+    HEADER_SIZE + 8 * slot as usize
+}
+
+/// An exporter's ref-counter object: created here, header count 1 for our own mapping.
+pub(crate) struct RefCounter {
+    name: Vec<u8>,
+    map: Map,
+    next_slot: u64,
+}
+
+impl RefCounter {
+    pub(crate) fn create() -> Result<RefCounter> {
+        let name = shm::random_name("devshare_rc")?;
+        let fd = shm::create(&name, OBJECT_SIZE as u64)?;
+        let map = match Map::new(&fd, OBJECT_SIZE, true, "ref-counter") {
+            Ok(m) => m,
+            Err(e) => {
+                shm::unlink(&name);
+                return Err(e);
+            }
+        };
+        map.atomic_i32(0).store(1, Ordering::SeqCst);
+        Ok(RefCounter { name, map, next_slot: 0 })
+    }
+
+    pub(crate) fn name(&self) -> &[u8] {
+        &self.name
+    }
+
+    /// Take a fresh slot and set it to 1, or `None` when all 10000 are used.
+    pub(crate) fn take_slot(&mut self) -> Option<u64> {
+        if self.next_slot >= DEVSHARE_REF_SLOTS {
+            return None;
+        }
+        let slot = self.next_slot;
+        self.next_slot += 1;
+        self.map.atomic_i64(slot_offset(slot)).store(1, Ordering::SeqCst);
+        Some(slot)
+    }
+
+    /// Sum of the positive slot values: references handed out and not yet returned.
+    pub(crate) fn outstanding(&self) -> u64 {
+        (0..self.next_slot)
+            .map(|s| self.map.atomic_i64(slot_offset(s)).load(Ordering::SeqCst).max(0) as u64)
+            .sum()
+    }
+
+    pub(crate) fn slot_value(&self, slot: u64) -> i64 {
+        self.map.atomic_i64(slot_offset(slot)).load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for RefCounter {
+    fn drop(&mut self) {
+        if self.map.atomic_i32(0).fetch_sub(1, Ordering::SeqCst) == 1 {
+            shm::unlink(&self.name);
+        }
+    }
+}
+
+/// A consumer's short-lived mapping of someone else's ref-counter, in PyTorch's order: open
+/// without creating, count +1 in the header; on drop count -1 and unlink when it reaches 0.
+struct Attached<'a> {
+    name: &'a [u8],
+    map: Map,
+}
+
+impl<'a> Attached<'a> {
+    /// `Ok(None)` when the object is gone (the producer exited or closed): nothing to report to.
+    fn open(name: &'a [u8], slot: u64) -> Result<Option<Attached<'a>>> {
+        let fd = match shm::open(name) {
+            Ok(fd) => fd,
+            Err(Error::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let size = shm::size_of(&fd, name)?;
+        let needed = slot_offset(slot) as u64 + 8;
+        if size < needed {
+            return Err(Error::Mismatch(format!(
+                "ref-counter {} is {size} bytes, too small for slot {slot}",
+                String::from_utf8_lossy(name)
+            )));
+        }
+        let map = Map::new(&fd, needed as usize, true, "ref-counter")?;
+        map.atomic_i32(0).fetch_add(1, Ordering::SeqCst);
+        Ok(Some(Attached { name, map }))
+    }
+
+    fn slot(&self, slot: u64) -> &std::sync::atomic::AtomicI64 {
+        self.map.atomic_i64(slot_offset(slot))
+    }
+}
+
+impl Drop for Attached<'_> {
+    fn drop(&mut self) {
+        if self.map.atomic_i32(0).fetch_sub(1, Ordering::SeqCst) == 1 {
+            shm::unlink(self.name);
+        }
+    }
+}
+
+/// Consumer side, before use: the handle's reference must still be outstanding. `Ok(false)` when
+/// the ref-counter is gone (the producer stopped tracking), `Ok(true)` when the slot is > 0.
+pub(crate) fn check_outstanding(name: &[u8], slot: u64) -> Result<bool> {
+    let Some(rc) = Attached::open(name, slot)? else { return Ok(false) };
+    let v = rc.slot(slot).load(Ordering::SeqCst);
+    if v <= 0 {
+        return Err(Error::AlreadyReleased(format!(
+            "slot {slot} of ref-counter {} is {v}: this handle's reference was already returned",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    Ok(true)
+}
+
+/// Consumer side, on release: decrement the slot by exactly one, never below 0. Errors opening
+/// the object (producer gone) are ignored, as PyTorch does.
+pub(crate) fn release_slot(name: &[u8], slot: u64) {
+    if let Ok(Some(rc)) = Attached::open(name, slot) {
+        let s = rc.slot(slot);
+        let _ = s.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| (v > 0).then(|| v - 1));
+    }
+}
