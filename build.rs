@@ -10,6 +10,9 @@ fn main() {
     println!("cargo:rerun-if-changed=src");
     println!("cargo:rerun-if-changed=cbindgen.toml");
     println!("cargo:rerun-if-env-changed=DEVSHARE_REGENERATE_HEADER");
+    // The shared library's soname carries the ABI (major) version.
+    let major = std::env::var("CARGO_PKG_VERSION_MAJOR").expect("set by cargo");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libdevshare.so.{major}");
     let config = cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("read cbindgen.toml");
     cbindgen::generate_with_config(&dir, config)
         .expect("cbindgen could not parse the crate")
