@@ -94,3 +94,37 @@ pub(crate) unsafe fn write_out(bytes: &[u8], nul: bool, buf: *mut u8, cap: usize
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::last_error_message;
+
+    #[test]
+    fn a_panic_becomes_an_internal_status_with_its_message() {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let status = boundary("devshare_test_fn", || panic!("boom {}", 7));
+        std::panic::set_hook(prev);
+        assert_eq!(status, Status::Internal as i32);
+        assert_eq!(last_error_message(), "devshare_test_fn: internal error: boom 7");
+    }
+
+    #[test]
+    fn errors_are_reported_with_the_function_name_and_status() {
+        let status = boundary("devshare_test_fn", || Err(Error::NullArgument("out")));
+        assert_eq!(status, Status::NullArgument as i32);
+        assert_eq!(last_error_message(), "devshare_test_fn: out: argument is NULL");
+        assert_eq!(boundary("devshare_test_fn", || Ok(())), 0);
+        assert_eq!(last_error_message(), "devshare_test_fn: out: argument is NULL", "kept on success");
+    }
+
+    #[test]
+    fn every_status_has_distinct_text_and_round_trips_its_code() {
+        let mut seen = std::collections::HashSet::new();
+        for s in Status::ALL {
+            assert!(seen.insert(s.as_str()), "duplicate text for {s:?}");
+            assert_eq!(Status::from_code(s as i32), Some(s));
+        }
+    }
+}
