@@ -69,10 +69,12 @@ impl RefCounter {
 }
 
 impl Drop for RefCounter {
+    /// The exporter owns its ref-counter: it leaves the mapping count and unlinks the name on
+    /// close. A consumer that has it open finishes its decrement on its own mapping; a consumer
+    /// that releases later finds no object and has nothing to report (as in PyTorch).
     fn drop(&mut self) {
-        if self.map.atomic_i32(0).fetch_sub(1, Ordering::SeqCst) == 1 {
-            shm::unlink(&self.name);
-        }
+        self.map.atomic_i32(0).fetch_sub(1, Ordering::SeqCst);
+        shm::unlink(&self.name);
     }
 }
 

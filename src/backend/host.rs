@@ -2,12 +2,15 @@
 //!
 //! An object is `64 + size` bytes: a 64-byte header whose first 4 bytes are an atomic `int32`
 //! count of live mappings, then the data. Exporter and importers each count once while they
-//! map it. **Whoever brings the count to 0 unlinks the name** — the exporter when it closes
-//! after every importer released, otherwise the last importer to release. Mappings stay valid
-//! after an unlink, so an exporter may close while importers still hold the buffer; a handle
-//! that has not been imported yet when the count reaches 0 can no longer be opened
-//! (`DEVSHARE_ERR_NOT_FOUND`): exporters that hand out handles wait for them first
-//! (`devshare_exporter_wait`).
+//! map it.
+//!
+//! Who unlinks the name: **the exporter, when it closes**, whatever the count (so a consumer
+//! that died without releasing cannot leak the object), and, as in PyTorch's protocol, **whoever
+//! brings the count to 0** (which matters for objects a PyTorch process created; unlinking a name
+//! that is already gone is harmless). Mappings stay valid after an unlink, so an exporter may
+//! close while importers still hold the buffer; a handle that nobody imported before the exporter
+//! closed can no longer be opened (`DEVSHARE_STATUS_NOT_FOUND`): exporters wait for their
+//! consumers first (`devshare_exporter_wait`).
 
 use super::{Backend, Exported, ImportRequest, Mapping, Probe};
 use crate::error::{Error, Result};
@@ -22,9 +25,12 @@ pub(crate) struct Host;
 pub(crate) static HOST: Host = Host;
 
 /// One live mapping of a host object (the exporter's or an importer's). Counts itself in the
-/// header while alive; the drop that brings the count to 0 unlinks the name.
+/// header while alive; its drop unlinks the name when it is the exporter's or brings the count
+/// to 0.
 struct Counted {
     name: Vec<u8>,
+    /// This is the exporter's mapping: unlink on drop regardless of the count.
+    owner: bool,
     /// The whole object (header + data), with the requested protection.
     data: Map,
     /// A writable view of the header when `data` is read-only.
@@ -40,7 +46,7 @@ impl Counted {
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        if self.count().fetch_sub(1, Ordering::SeqCst) == 1 {
+        if self.count().fetch_sub(1, Ordering::SeqCst) == 1 || self.owner {
             shm::unlink(&self.name);
         }
     }
@@ -95,7 +101,7 @@ pub(crate) fn alloc(size: u64) -> Result<Box<dyn Exported>> {
         }
     };
     data.atomic_i32(0).store(1, Ordering::SeqCst);
-    Ok(Box::new(Counted { name, data, header: None, data_len: size }))
+    Ok(Box::new(Counted { name, owner: true, data, header: None, data_len: size }))
 }
 
 impl Backend for Host {
@@ -154,6 +160,6 @@ impl Backend for Host {
                 "host object {shown} is being released by its last holder (header count was {before})"
             )));
         }
-        Ok(Box::new(Counted { name: name.to_vec(), data, header, data_len }))
+        Ok(Box::new(Counted { name: name.to_vec(), owner: false, data, header, data_len }))
     }
 }
