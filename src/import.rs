@@ -12,21 +12,33 @@ use crate::backend::{self, ImportRequest, Mapping};
 use crate::error::{Error, Result};
 use crate::handle::{validate, DevshareHandle, Validated};
 use crate::refcounter;
-use std::collections::HashMap;
+use crate::handle::{DEVSHARE_KEY_CAPACITY, DEVSHARE_REF_NAME_CAPACITY};
+use rustc_hash::FxHashMap;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
+/// Registry key of an allocation. Fixed-size (no heap allocation on the cache-hit path); the
+/// bytes beyond `key_len` are zero, as validation guarantees for the handle.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct AllocKey {
     backend: u16,
-    device: i32,
-    key: Vec<u8>,
     read_only: bool,
+    device: i32,
+    key_len: u32,
+    key: [u8; DEVSHARE_KEY_CAPACITY],
 }
 
+/// A handle's reference: ref-counter name and slot (fixed-size, like [`AllocKey`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct Ticket {
-    name: Vec<u8>,
+    name_len: u32,
+    name: [u8; DEVSHARE_REF_NAME_CAPACITY],
     slot: u64,
+}
+
+impl Ticket {
+    fn name(&self) -> &[u8] {
+        &self.name[..self.name_len as usize]
+    }
 }
 
 struct Entry {
@@ -36,8 +48,8 @@ struct Entry {
 
 #[derive(Default)]
 struct Registry {
-    allocs: HashMap<AllocKey, Entry>,
-    tickets: HashMap<Ticket, usize>,
+    allocs: FxHashMap<AllocKey, Entry>,
+    tickets: FxHashMap<Ticket, usize>,
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Default::default);
@@ -93,16 +105,20 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
     let key = AllocKey {
         backend: h.backend,
         device: req.device.unwrap_or(h.device_index),
-        key: h.key_bytes().to_vec(),
         read_only: req.read_only,
+        key_len: h.key_len,
+        key: h.key,
     };
-    let ticket =
-        (h.ref_name_len > 0).then(|| Ticket { name: h.ref_name_bytes().to_vec(), slot: h.ref_slot });
+    let ticket = (h.ref_name_len > 0).then(|| Ticket {
+        name_len: h.ref_name_len,
+        name: h.ref_name,
+        slot: h.ref_slot,
+    });
 
     let mut reg = registry();
     if let Some(t) = &ticket {
         if !reg.tickets.contains_key(t) {
-            refcounter::check_outstanding(&t.name, t.slot)?;
+            refcounter::check_outstanding(t.name(), t.slot)?;
         }
     }
     let mapping = match reg.allocs.get_mut(&key) {
@@ -195,7 +211,7 @@ impl Import {
         // (3..5) return the reference to the producer.
         if return_ticket {
             let t = self.ticket.as_ref().expect("ticket present");
-            refcounter::release_slot(&t.name, t.slot);
+            refcounter::release_slot(t.name(), t.slot);
         }
     }
 }
