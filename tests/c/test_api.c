@@ -1,0 +1,936 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_api: the C API contract of devshare.h, checked from plain C in one process.
+ *
+ *  - every function given NULL for each pointer argument returns an error status, except the
+ *    pointers the header documents as optional (ptr_out, size_out, len_out, options, desc, and
+ *    devshare_last_error's buffer), and the last error message names the function;
+ *  - out-of-range arguments (backend ids, close and import flags, options fields, tensor
+ *    descriptions, handle fields) return the documented status;
+ *  - status texts, version, last-error buffer handling;
+ *  - encode / decode / text: buffer sizing, each kind of corruption, typos in the text;
+ *  - probe results; imports of a removed object, of a released handle, read-only imports;
+ *  - afterwards no shared-memory object of this process is left in /dev/shm.
+ *
+ * Prints "ok - <behaviour>" or "FAIL - <behaviour>" per case; exit status 0 when all passed.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "devshare.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+static int n_cases, n_failed;
+
+__attribute__((format(printf, 3, 4))) static int check(int ok, int line, const char *fmt, ...) {
+    va_list ap;
+    n_cases++;
+    printf("%s - ", ok ? "ok" : "FAIL");
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    if (!ok) {
+        n_failed++;
+        printf("  (line %d)", line);
+    }
+    printf("\n");
+    fflush(stdout);
+    return ok;
+}
+#define CHECK(cond, ...) check((cond) != 0, __LINE__, __VA_ARGS__)
+
+static const char *last_error(void) {
+    static char msg[2048];
+    devshare_last_error(msg, sizeof msg);
+    return msg;
+}
+
+/* The last error message starts with "<fn>:". */
+static int names(const char *fn) {
+    const char *msg = last_error();
+    const size_t n = strlen(fn);
+    return strncmp(msg, fn, n) == 0 && msg[n] == ':';
+}
+
+/* `got` is the status `want`, and the last error names `fn`. */
+static int expect_line(int line, int32_t got, int32_t want, const char *fn, const char *what) {
+    const int ok = got == want && names(fn);
+    check(ok, line, "%s: %s -> %s", fn, what, devshare_status_str(want));
+    if (!ok) {
+        printf("    got %d (%s), last error: %s\n", (int)got, devshare_status_str(got), last_error());
+    }
+    return ok;
+}
+#define EXPECT(got, want, fn, what) expect_line(__LINE__, (got), (want), (fn), (what))
+
+/* `got` is an error (any non-OK status) and the last error names `fn`. */
+static int expect_error_line(int line, int32_t got, const char *fn, const char *what) {
+    const int ok = got < 0 && names(fn);
+    check(ok, line, "%s: %s -> error (%s)", fn, what, devshare_status_str(got));
+    if (!ok) {
+        printf("    got %d, last error: %s\n", (int)got, last_error());
+    }
+    return ok;
+}
+#define EXPECT_ERROR(got, fn, what) expect_error_line(__LINE__, (got), (fn), (what))
+
+#define EXPECT_OK(got, what)                                                                         \
+    do {                                                                                             \
+        const int32_t st_ = (got);                                                                   \
+        if (!CHECK(st_ == DEVSHARE_STATUS_OK, "%s", what)) {                                         \
+            printf("    got %d (%s): %s\n", (int)st_, devshare_status_str(st_), last_error());      \
+        }                                                                                            \
+    } while (0)
+
+/* Abort the run when a fixture cannot be set up: later cases would only cascade. */
+static void require(int32_t st, const char *what) {
+    if (st != DEVSHARE_STATUS_OK) {
+        printf("FAIL - setup: %s: %s: %s\n", what, devshare_status_str(st), last_error());
+        printf("1..%d (%d failed, setup aborted)\n", n_cases + 1, n_failed + 1);
+        exit(1);
+    }
+}
+
+static uint64_t outstanding(const DevshareExporter *exp) {
+    uint64_t n = UINT64_MAX;
+    require(devshare_exporter_outstanding(exp, &n), "devshare_exporter_outstanding");
+    return n;
+}
+
+/* Names in /dev/shm created by this process (data objects and ref-counters). */
+static int count_own_shm(void) {
+    char p1[64], p2[64];
+    snprintf(p1, sizeof p1, "devshare_%ld_", (long)getpid());
+    snprintf(p2, sizeof p2, "devshare_rc_%ld_", (long)getpid());
+    DIR *d = opendir("/dev/shm");
+    if (d == NULL) {
+        return -1;
+    }
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (strncmp(e->d_name, p1, strlen(p1)) == 0 || strncmp(e->d_name, p2, strlen(p2)) == 0) {
+            printf("    left over: /dev/shm/%s\n", e->d_name);
+            n++;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* The host key of a handle as a NUL-terminated shm name. */
+static void key_name(const DevshareHandle *h, char *out, size_t cap) {
+    size_t n = h->key_len < cap - 1 ? h->key_len : cap - 1;
+    memcpy(out, h->key, n);
+    out[n] = '\0';
+}
+
+/* A 4 x 6 float32 tensor at storage offset 128, tensor offset 2, in a 4096-byte allocation. */
+enum { T_ROWS = 4, T_COLS = 6, T_STORAGE_OFFSET = 128, T_TENSOR_OFFSET = 2, ALLOC = 4096 };
+static const int64_t t_shape[2] = {T_ROWS, T_COLS};
+
+static DevshareTensorDesc float_desc(void) {
+    DevshareTensorDesc d;
+    memset(&d, 0, sizeof d);
+    d.dtype.code = DEVSHARE_DTYPE_FLOAT;
+    d.dtype.bits = 32;
+    d.dtype.lanes = 1;
+    d.ndim = 2;
+    d.shape = t_shape;
+    d.strides = NULL;
+    d.storage_offset = T_STORAGE_OFFSET;
+    d.storage_size = DEVSHARE_STORAGE_TO_END;
+    d.tensor_offset = T_TENSOR_OFFSET;
+    return d;
+}
+
+static float *t_element(void *alloc_base, int i, int j) {
+    return (float *)(void *)((char *)alloc_base + T_STORAGE_OFFSET) + T_TENSOR_OFFSET + i * T_COLS + j;
+}
+
+static void fill_pattern(void *base) {
+    for (int i = 0; i < T_ROWS; i++) {
+        for (int j = 0; j < T_COLS; j++) {
+            *t_element(base, i, j) = (float)(i * 100 + j);
+        }
+    }
+}
+
+static int pattern_ok(const float *data, const DevshareHandle *h) {
+    for (int64_t i = 0; i < h->shape[0]; i++) {
+        for (int64_t j = 0; j < h->shape[1]; j++) {
+            if (data[i * h->strides[0] + j * h->strides[1]] != (float)(i * 100 + j)) {
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static void test_status_texts(void) {
+    static const int32_t all[] = {
+        DEVSHARE_STATUS_OK,
+        DEVSHARE_STATUS_NULL_ARGUMENT,
+        DEVSHARE_STATUS_INVALID_ARGUMENT,
+        DEVSHARE_STATUS_BUFFER_TOO_SMALL,
+        DEVSHARE_STATUS_TRUNCATED,
+        DEVSHARE_STATUS_BAD_MAGIC,
+        DEVSHARE_STATUS_UNSUPPORTED_VERSION,
+        DEVSHARE_STATUS_CHECKSUM_MISMATCH,
+        DEVSHARE_STATUS_BAD_TEXT,
+        DEVSHARE_STATUS_BAD_LENGTH,
+        DEVSHARE_STATUS_INVALID_HANDLE,
+        DEVSHARE_STATUS_STORAGE_OUT_OF_BOUNDS,
+        DEVSHARE_STATUS_TENSOR_OUT_OF_BOUNDS,
+        DEVSHARE_STATUS_BAD_NDIM,
+        DEVSHARE_STATUS_BAD_DTYPE,
+        DEVSHARE_STATUS_BAD_KEY,
+        DEVSHARE_STATUS_BAD_SIZE,
+        DEVSHARE_STATUS_WRONG_HOST,
+        DEVSHARE_STATUS_BACKEND_UNAVAILABLE,
+        DEVSHARE_STATUS_UNSUPPORTED,
+        DEVSHARE_STATUS_NOT_FOUND,
+        DEVSHARE_STATUS_OS,
+        DEVSHARE_STATUS_VENDOR,
+        DEVSHARE_STATUS_TIMEOUT,
+        DEVSHARE_STATUS_BUSY,
+        DEVSHARE_STATUS_ALREADY_RELEASED,
+        DEVSHARE_STATUS_MISMATCH,
+        DEVSHARE_STATUS_INTERNAL,
+    };
+    enum { N = sizeof all / sizeof all[0] };
+    const char *unknown = devshare_status_str(12345);
+    int nonempty = 1, distinct = 1, not_unknown = 1;
+    for (int i = 0; i < N; i++) {
+        const char *s = devshare_status_str(all[i]);
+        if (s == NULL || s[0] == '\0') {
+            nonempty = 0;
+            printf("    status %d has no text\n", (int)all[i]);
+            continue;
+        }
+        if (unknown != NULL && strcmp(s, unknown) == 0) {
+            not_unknown = 0;
+            printf("    status %d reads like an unknown one: %s\n", (int)all[i], s);
+        }
+        for (int j = 0; j < i; j++) {
+            const char *t = devshare_status_str(all[j]);
+            if (t != NULL && strcmp(s, t) == 0) {
+                distinct = 0;
+                printf("    statuses %d and %d share the text \"%s\"\n", (int)all[j], (int)all[i], s);
+            }
+        }
+    }
+    CHECK(nonempty, "devshare_status_str: each of the %d statuses in the header has a non-empty text", N);
+    CHECK(distinct, "devshare_status_str: the %d status texts are pairwise distinct", N);
+    CHECK(not_unknown, "devshare_status_str: no known status reads as the unknown-status text");
+    static const int32_t odd[] = {1, -4, -16, -100, 12345, INT32_MIN, INT32_MAX};
+    int odd_ok = 1;
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+        const char *s = devshare_status_str(odd[i]);
+        if (s == NULL || s[0] == '\0' || (unknown != NULL && strcmp(s, unknown) != 0)) {
+            odd_ok = 0;
+            printf("    status %d: %s\n", (int)odd[i], s ? s : "(NULL)");
+        }
+    }
+    CHECK(odd_ok && unknown != NULL && unknown[0] != '\0',
+          "devshare_status_str: unknown codes (1, -4, -16, -100, 12345, INT32_MIN, INT32_MAX) get one fixed text (\"%s\")",
+          unknown ? unknown : "(NULL)");
+}
+
+static void test_version(void) {
+    const uint32_t v = devshare_version();
+    CHECK(v == DEVSHARE_VERSION, "devshare_version() == DEVSHARE_VERSION (0x%06" PRIx32 ")", v);
+    CHECK((v >> 16) == DEVSHARE_VERSION_MAJOR && ((v >> 8) & 0xff) == DEVSHARE_VERSION_MINOR &&
+              (v & 0xff) == DEVSHARE_VERSION_PATCH,
+          "devshare_version() is (MAJOR << 16) | (MINOR << 8) | PATCH of the header");
+}
+
+static void test_last_error_buffer(void) {
+    DevshareBackendInfo info;
+    const int32_t st = devshare_probe(0, &info);
+    EXPECT(st, DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_probe", "backend id 0");
+    const size_t full = devshare_last_error(NULL, 0);
+    char big[2048];
+    const size_t again = devshare_last_error(big, sizeof big);
+    CHECK(full > 0 && full == again && strlen(big) == full,
+          "devshare_last_error(NULL, 0) returns the message length (%zu) without writing", full);
+    char small[8];
+    memset(small, 'x', sizeof small);
+    const size_t r = devshare_last_error(small, sizeof small);
+    CHECK(r == full && small[7] == '\0' && strlen(small) == 7 && strncmp(small, big, 7) == 0,
+          "devshare_last_error truncates to the buffer, NUL-terminates, returns the full length");
+    memset(small, 'x', sizeof small);
+    CHECK(devshare_last_error(small, 0) == full && small[0] == 'x',
+          "devshare_last_error with cap 0 writes nothing and returns the full length");
+    (void)devshare_version();
+    (void)devshare_status_str(0);
+    DevshareBackendInfo host;
+    require(devshare_probe(DEVSHARE_BACKEND_HOST, &host), "probe host");
+    CHECK(names("devshare_probe") && strstr(last_error(), "backend 0") != NULL,
+          "devshare_last_error: successful calls leave the last failure's message alone");
+    CHECK(devshare_last_vendor_error() == 0,
+          "devshare_last_vendor_error is 0 after a failure that has no errno");
+}
+
+/* NULL for each pointer argument of every function. */
+static void test_null_arguments(void) {
+    DevshareExporter *exp = NULL;
+    void *ptr = NULL;
+    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    fill_pattern(ptr);
+    const DevshareTensorDesc desc = float_desc();
+    DevshareHandle h;
+    require(devshare_exporter_share(exp, &desc, &h), "devshare_exporter_share");
+    uint8_t bytes[DEVSHARE_HANDLE_MAX_ENCODED_SIZE];
+    size_t nbytes = 0;
+    require(devshare_handle_encode(&h, bytes, sizeof bytes, &nbytes), "devshare_handle_encode");
+    char text[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
+    require(devshare_handle_to_text(&h, text, sizeof text, NULL), "devshare_handle_to_text");
+    DevshareImport *imp = NULL;
+    require(devshare_import(&h, NULL, &imp), "devshare_import");
+
+    /* devshare_last_error: buf is optional (size query). */
+    CHECK(devshare_last_error(NULL, 0) > 0 && devshare_last_error(NULL, 16) > 0,
+          "devshare_last_error(NULL, cap): allowed, returns the length");
+
+    /* devshare_host_alloc: out required, ptr_out optional. */
+    void *p = (void *)&p;
+    EXPECT(devshare_host_alloc(64, NULL, &p), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_host_alloc", "out NULL");
+    CHECK(p == (void *)&p, "devshare_host_alloc: out NULL leaves *ptr_out alone");
+    DevshareExporter *e2 = NULL;
+    EXPECT_OK(devshare_host_alloc(64, &e2, NULL), "devshare_host_alloc: ptr_out NULL is allowed");
+    if (e2 != NULL) {
+        void *m = NULL;
+        uint64_t sz = 0;
+        EXPECT_OK(devshare_exporter_memory(e2, &m, &sz), "devshare_exporter_memory after host_alloc without ptr_out");
+        CHECK(m != NULL && sz == 64, "devshare_exporter_memory: the allocation is there (%" PRIu64 " bytes)", sz);
+        EXPECT_OK(devshare_exporter_close(e2, 0), "devshare_exporter_close of an unshared exporter");
+    }
+
+    /* devshare_export: ptr and out required. */
+    char local[64];
+    DevshareExporter *e3 = NULL;
+    EXPECT(devshare_export(DEVSHARE_BACKEND_CUDA, 0, NULL, 64, &e3), DEVSHARE_STATUS_NULL_ARGUMENT,
+           "devshare_export", "ptr NULL");
+    EXPECT(devshare_export(DEVSHARE_BACKEND_CUDA, 0, local, 64, NULL), DEVSHARE_STATUS_NULL_ARGUMENT,
+           "devshare_export", "out NULL");
+    CHECK(e3 == NULL, "devshare_export: failures leave *out alone");
+
+    /* devshare_exporter_memory: exporter required, both outs optional. */
+    void *m = NULL;
+    uint64_t sz = 0;
+    EXPECT(devshare_exporter_memory(NULL, &m, &sz), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_exporter_memory",
+           "exporter NULL");
+    EXPECT_OK(devshare_exporter_memory(exp, NULL, NULL), "devshare_exporter_memory: ptr_out and size_out NULL are allowed");
+    EXPECT_OK(devshare_exporter_memory(exp, &m, NULL), "devshare_exporter_memory: size_out NULL is allowed");
+    CHECK(m == ptr, "devshare_exporter_memory: ptr_out is the address devshare_host_alloc gave");
+    EXPECT_OK(devshare_exporter_memory(exp, NULL, &sz), "devshare_exporter_memory: ptr_out NULL is allowed");
+    CHECK(sz == ALLOC, "devshare_exporter_memory: size_out is the allocation size");
+
+    /* devshare_exporter_share: exporter and out required; desc optional; desc.shape required
+     * when ndim > 0. */
+    const uint64_t before = outstanding(exp);
+    DevshareHandle h2;
+    EXPECT(devshare_exporter_share(NULL, &desc, &h2), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_exporter_share",
+           "exporter NULL");
+    EXPECT(devshare_exporter_share(exp, &desc, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_exporter_share",
+           "out NULL");
+    DevshareTensorDesc no_shape = desc;
+    no_shape.shape = NULL;
+    EXPECT(devshare_exporter_share(exp, &no_shape, &h2), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_exporter_share",
+           "desc.shape NULL with ndim 2");
+    CHECK(outstanding(exp) == before, "devshare_exporter_share: failed calls hand out no reference");
+    EXPECT_OK(devshare_exporter_share(exp, NULL, &h2), "devshare_exporter_share: desc NULL is allowed");
+    CHECK(h2.ndim == 1 && h2.shape[0] == ALLOC && h2.strides[0] == 1 && h2.dtype.code == DEVSHARE_DTYPE_UINT &&
+              h2.dtype.bits == 8 && h2.storage_offset == 0 && h2.storage_size == ALLOC && h2.tensor_offset == 0,
+          "devshare_exporter_share: desc NULL describes the whole allocation as 1-D uint8");
+    DevshareTensorDesc scalar = desc;
+    scalar.ndim = 0;
+    scalar.shape = NULL;
+    DevshareHandle h3;
+    EXPECT_OK(devshare_exporter_share(exp, &scalar, &h3), "devshare_exporter_share: shape NULL with ndim 0 is allowed");
+    DevshareTensorDesc contiguous = desc;
+    contiguous.strides = NULL;
+    DevshareHandle h4;
+    EXPECT_OK(devshare_exporter_share(exp, &contiguous, &h4), "devshare_exporter_share: strides NULL is allowed");
+    CHECK(h4.strides[0] == T_COLS && h4.strides[1] == 1 && h4.strides[2] == 0,
+          "devshare_exporter_share: strides NULL means C-contiguous");
+    CHECK(outstanding(exp) == before + 3, "devshare_exporter_share: each successful share is one more reference");
+
+    /* devshare_exporter_outstanding / wait / close. */
+    uint64_t n = 0;
+    EXPECT(devshare_exporter_outstanding(NULL, &n), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_exporter_outstanding",
+           "exporter NULL");
+    EXPECT(devshare_exporter_outstanding(exp, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_exporter_outstanding",
+           "count NULL");
+    EXPECT(devshare_exporter_wait(NULL, 0), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_exporter_wait", "exporter NULL");
+    EXPECT(devshare_exporter_wait(NULL, -1), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_exporter_wait",
+           "exporter NULL with an endless timeout");
+    EXPECT(devshare_exporter_close(NULL, 0), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_exporter_close", "exporter NULL");
+    EXPECT(devshare_exporter_close(NULL, DEVSHARE_CLOSE_FORCE), DEVSHARE_STATUS_NULL_ARGUMENT,
+           "devshare_exporter_close", "exporter NULL with DEVSHARE_CLOSE_FORCE");
+
+    /* Handle functions. */
+    EXPECT(devshare_handle_init(NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_handle_init", "handle NULL");
+    EXPECT(devshare_handle_validate(NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_handle_validate", "handle NULL");
+    size_t len = 0;
+    EXPECT(devshare_handle_encode(NULL, bytes, sizeof bytes, &len), DEVSHARE_STATUS_NULL_ARGUMENT,
+           "devshare_handle_encode", "handle NULL");
+    len = 0;
+    EXPECT(devshare_handle_encode(&h, NULL, 0, &len), DEVSHARE_STATUS_BUFFER_TOO_SMALL, "devshare_handle_encode",
+           "buf NULL (size query)");
+    CHECK(len == nbytes, "devshare_handle_encode: buf NULL still reports the encoded length (%zu)", len);
+    EXPECT(devshare_handle_encode(&h, NULL, 1000, &len), DEVSHARE_STATUS_BUFFER_TOO_SMALL, "devshare_handle_encode",
+           "buf NULL with a non-zero cap");
+    uint8_t bytes2[DEVSHARE_HANDLE_MAX_ENCODED_SIZE];
+    EXPECT_OK(devshare_handle_encode(&h, bytes2, sizeof bytes2, NULL), "devshare_handle_encode: len_out NULL is allowed");
+    CHECK(memcmp(bytes, bytes2, nbytes) == 0, "devshare_handle_encode: the same handle encodes to the same bytes");
+    DevshareHandle d;
+    EXPECT(devshare_handle_decode(NULL, nbytes, &d), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_handle_decode", "buf NULL");
+    EXPECT(devshare_handle_decode(NULL, 0, &d), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_handle_decode",
+           "buf NULL with len 0");
+    EXPECT(devshare_handle_decode(bytes, nbytes, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_handle_decode", "out NULL");
+    EXPECT(devshare_handle_to_text(NULL, text, sizeof text, &len), DEVSHARE_STATUS_NULL_ARGUMENT,
+           "devshare_handle_to_text", "handle NULL");
+    len = 0;
+    EXPECT(devshare_handle_to_text(&h, NULL, 0, &len), DEVSHARE_STATUS_BUFFER_TOO_SMALL, "devshare_handle_to_text",
+           "buf NULL (size query)");
+    CHECK(len == strlen(text), "devshare_handle_to_text: buf NULL still reports the text length (%zu)", len);
+    char text2[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
+    EXPECT_OK(devshare_handle_to_text(&h, text2, sizeof text2, NULL), "devshare_handle_to_text: len_out NULL is allowed");
+    CHECK(strcmp(text, text2) == 0, "devshare_handle_to_text: the same handle gives the same text");
+    EXPECT(devshare_handle_from_text(NULL, &d), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_handle_from_text", "text NULL");
+    EXPECT(devshare_handle_from_text(text, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_handle_from_text", "out NULL");
+
+    /* Import functions. */
+    EXPECT(devshare_import_options_init(NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_options_init",
+           "options NULL");
+    DevshareImport *i2 = NULL;
+    EXPECT(devshare_import(NULL, NULL, &i2), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import", "handle NULL");
+    EXPECT(devshare_import(&h2, NULL, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import", "out NULL");
+    CHECK(i2 == NULL, "devshare_import: failures leave *out alone");
+    DevshareImportInfo info;
+    EXPECT(devshare_import_info(NULL, &info), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_info", "import NULL");
+    EXPECT(devshare_import_info(imp, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_info", "out NULL");
+    EXPECT(devshare_import_handle(NULL, &d), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_handle", "import NULL");
+    EXPECT(devshare_import_handle(imp, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_handle", "out NULL");
+    EXPECT(devshare_import_release(NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_release", "import NULL");
+    EXPECT(devshare_probe(DEVSHARE_BACKEND_HOST, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_probe", "out NULL");
+
+    /* options NULL means the defaults; the failed devshare_import(&h2, NULL, NULL) above did not
+     * use up h2's reference. */
+    EXPECT_OK(devshare_import(&h2, NULL, &i2), "devshare_import: options NULL is allowed (defaults), "
+                                               "and an earlier failed import did not use up the reference");
+    if (i2 != NULL) {
+        EXPECT_OK(devshare_import_info(i2, &info), "devshare_import_info");
+        CHECK(info.read_only == 0 && info.device == 0 && info.backend == DEVSHARE_BACKEND_HOST,
+              "devshare_import: defaults are read-write, device 0 for host");
+        EXPECT_OK(devshare_import_release(i2), "devshare_import_release");
+    }
+
+    EXPECT_OK(devshare_import_release(imp), "devshare_import_release of the fixture import");
+    EXPECT_OK(devshare_exporter_close(exp, 0), "devshare_exporter_close with references outstanding (host)");
+}
+
+static void test_out_of_range(void) {
+    DevshareExporter *exp = NULL;
+    void *ptr = NULL;
+    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    fill_pattern(ptr);
+    char local[64];
+    DevshareBackendInfo bi;
+    DevshareExporter *e = NULL;
+
+    /* Backend ids. */
+    EXPECT(devshare_probe(0, &bi), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_probe", "backend id 0");
+    EXPECT(devshare_probe(4, &bi), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_probe", "backend id 4");
+    EXPECT(devshare_probe(UINT16_MAX, &bi), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_probe", "backend id 65535");
+    EXPECT(devshare_export(0, 0, local, sizeof local, &e), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_export",
+           "backend id 0");
+    EXPECT(devshare_export(99, 0, local, sizeof local, &e), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_export",
+           "backend id 99");
+    EXPECT(devshare_export(DEVSHARE_BACKEND_HOST, 0, local, sizeof local, &e), DEVSHARE_STATUS_UNSUPPORTED,
+           "devshare_export", "host backend (process memory cannot be shared; use devshare_host_alloc)");
+    DevshareBackendInfo cuda;
+    require(devshare_probe(DEVSHARE_BACKEND_CUDA, &cuda), "probe cuda");
+    if (!cuda.usable) {
+        EXPECT(devshare_export(DEVSHARE_BACKEND_CUDA, 0, local, sizeof local, &e), DEVSHARE_STATUS_BACKEND_UNAVAILABLE,
+               "devshare_export", "cuda backend where it is unusable");
+        EXPECT(devshare_export(DEVSHARE_BACKEND_ACL, 0, local, sizeof local, &e), DEVSHARE_STATUS_BACKEND_UNAVAILABLE,
+               "devshare_export", "acl backend where it is unusable");
+    }
+    CHECK(e == NULL, "devshare_export: no exporter comes out of a failure");
+
+    /* Sizes. */
+    EXPECT(devshare_host_alloc(UINT64_MAX, &e, NULL), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_host_alloc",
+           "size UINT64_MAX");
+    EXPECT(devshare_host_alloc((uint64_t)INT64_MAX, &e, NULL), DEVSHARE_STATUS_INVALID_ARGUMENT,
+           "devshare_host_alloc", "size INT64_MAX (header would overflow)");
+
+    /* Close flags: refused, and the exporter stays usable. */
+    EXPECT(devshare_exporter_close(exp, 2), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_exporter_close",
+           "unknown flag 0x2");
+    EXPECT(devshare_exporter_close(exp, 0x80000000u | DEVSHARE_CLOSE_FORCE), DEVSHARE_STATUS_INVALID_ARGUMENT,
+           "devshare_exporter_close", "DEVSHARE_CLOSE_FORCE plus unknown flag 0x80000000");
+    uint64_t n = UINT64_MAX;
+    EXPECT_OK(devshare_exporter_outstanding(exp, &n), "devshare_exporter_close: a refused close leaves the exporter usable");
+
+    /* Tensor descriptions. */
+    const DevshareTensorDesc good = float_desc();
+    DevshareHandle h;
+    const uint64_t before = outstanding(exp);
+    int64_t shape9[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+    DevshareTensorDesc d = good;
+    d.ndim = 9;
+    d.shape = shape9;
+    EXPECT(devshare_exporter_share(exp, &d, &h), DEVSHARE_STATUS_BAD_NDIM, "devshare_exporter_share", "desc.ndim 9");
+    d.ndim = UINT32_MAX;
+    EXPECT(devshare_exporter_share(exp, &d, &h), DEVSHARE_STATUS_BAD_NDIM, "devshare_exporter_share",
+           "desc.ndim UINT32_MAX");
+    d = good;
+    const int64_t neg_shape[2] = {T_ROWS, -1};
+    d.shape = neg_shape;
+    EXPECT(devshare_exporter_share(exp, &d, &h), DEVSHARE_STATUS_BAD_SIZE, "devshare_exporter_share",
+           "negative shape entry");
+    d = good;
+    const int64_t neg_strides[2] = {T_COLS, -1};
+    d.strides = neg_strides;
+    EXPECT(devshare_exporter_share(exp, &d, &h), DEVSHARE_STATUS_BAD_SIZE, "devshare_exporter_share",
+           "negative stride");
+    d = good;
+    d.tensor_offset = -1;
+    EXPECT(devshare_exporter_share(exp, &d, &h), DEVSHARE_STATUS_BAD_SIZE, "devshare_exporter_share",
+           "negative tensor_offset");
+    d = good;
+    const int64_t huge_shape[2] = {1000, 1000};
+    d.shape = huge_shape;
+    EXPECT(devshare_exporter_share(exp, &d, &h), DEVSHARE_STATUS_TENSOR_OUT_OF_BOUNDS, "devshare_exporter_share",
+           "tensor larger than its storage");
+    d = good;
+    const int64_t far_strides[2] = {1000, 1};
+    d.strides = far_strides;
+    EXPECT(devshare_exporter_share(exp, &d, &h), DEVSHARE_STATUS_TENSOR_OUT_OF_BOUNDS, "devshare_exporter_share",
+           "strides that reach past the storage");
+    d = good;
+    d.tensor_offset = ALLOC;
+    EXPECT(devshare_exporter_share(exp, &d, &h), DEVSHARE_STATUS_TENSOR_OUT_OF_BOUNDS, "devshare_exporter_share",
+           "tensor_offset past the storage");
+    d = good;
+    const int64_t overflow_shape[2] = {INT64_MAX, 2};
+    d.shape = overflow_shape;
+    EXPECT_ERROR(devshare_exporter_share(exp, &d, &h), "devshare_exporter_share", "shape whose product overflows");
+    d = good;
+    d.storage_size = ALLOC;
+    EXPECT(devshare_exporter_share(exp, &d, &h), DEVSHARE_STATUS_STORAGE_OUT_OF_BOUNDS, "devshare_exporter_share",
+           "storage_offset + storage_size past the allocation");
+    d = good;
+    d.storage_offset = ALLOC + 8;
+    EXPECT(devshare_exporter_share(exp, &d, &h), DEVSHARE_STATUS_STORAGE_OUT_OF_BOUNDS, "devshare_exporter_share",
+           "storage_offset past the allocation with DEVSHARE_STORAGE_TO_END");
+    d = good;
+    d.storage_size = (uint64_t)INT64_MAX + 1;
+    EXPECT_ERROR(devshare_exporter_share(exp, &d, &h), "devshare_exporter_share", "storage_size above 2^63-1");
+    static const DevshareDType bad_dtypes[] = {
+        {DEVSHARE_DTYPE_OPAQUE_HANDLE, 64, 1}, {DEVSHARE_DTYPE_FLOAT, 8, 1}, {DEVSHARE_DTYPE_FLOAT, 32, 0},
+        {DEVSHARE_DTYPE_INT, 7, 1},            {99, 32, 1},                  {DEVSHARE_DTYPE_BOOL, 1, 1},
+    };
+    for (size_t i = 0; i < sizeof bad_dtypes / sizeof bad_dtypes[0]; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "dtype code %u bits %u lanes %u", (unsigned)bad_dtypes[i].code,
+                 (unsigned)bad_dtypes[i].bits, (unsigned)bad_dtypes[i].lanes);
+        d = good;
+        d.dtype = bad_dtypes[i];
+        EXPECT(devshare_exporter_share(exp, &d, &h), DEVSHARE_STATUS_BAD_DTYPE, "devshare_exporter_share", what);
+    }
+    CHECK(outstanding(exp) == before, "devshare_exporter_share: refused descriptions hand out no reference");
+
+    /* Handle fields: one valid handle, one field broken at a time. */
+    require(devshare_exporter_share(exp, &good, &h), "share");
+    EXPECT_OK(devshare_handle_validate(&h), "devshare_handle_validate accepts a handle fresh from share");
+    struct {
+        const char *what;
+        int32_t want;
+        DevshareHandle h;
+    } bad[32];
+    int nb = 0;
+#define BAD(desc_, status_, stmt_)                                                                   \
+    do {                                                                                             \
+        bad[nb].what = desc_;                                                                        \
+        bad[nb].want = status_;                                                                      \
+        bad[nb].h = h;                                                                               \
+        DevshareHandle *x = &bad[nb].h;                                                              \
+        stmt_;                                                                                       \
+        nb++;                                                                                        \
+    } while (0)
+    BAD("struct_size 0", DEVSHARE_STATUS_UNSUPPORTED_VERSION, x->struct_size = 0);
+    BAD("layout_version 2", DEVSHARE_STATUS_UNSUPPORTED_VERSION, x->layout_version = 2);
+    BAD("backend 0", DEVSHARE_STATUS_INVALID_HANDLE, x->backend = 0);
+    BAD("backend 4", DEVSHARE_STATUS_INVALID_HANDLE, x->backend = 4);
+    BAD("unknown flag bit 0x2", DEVSHARE_STATUS_INVALID_HANDLE, x->flags = 2);
+    BAD("an IPC event on a host handle", DEVSHARE_STATUS_INVALID_HANDLE, x->flags = DEVSHARE_HANDLE_FLAG_EVENT);
+    BAD("device_index 1 on a host handle", DEVSHARE_STATUS_INVALID_HANDLE, x->device_index = 1);
+    BAD("device_index -1", DEVSHARE_STATUS_INVALID_HANDLE, x->device_index = -1);
+    BAD("producer_pid 0", DEVSHARE_STATUS_INVALID_HANDLE, x->producer_pid = 0);
+    BAD("ndim 9", DEVSHARE_STATUS_BAD_NDIM, x->ndim = 9);
+    BAD("a shape entry beyond ndim", DEVSHARE_STATUS_INVALID_HANDLE, x->shape[2] = 1);
+    BAD("a stride entry beyond ndim (strides count differs from ndim)", DEVSHARE_STATUS_INVALID_HANDLE, x->strides[2] = 1);
+    BAD("ndim 1 with two strides", DEVSHARE_STATUS_INVALID_HANDLE, (x->ndim = 1, x->shape[1] = 0));
+    BAD("negative stride", DEVSHARE_STATUS_BAD_SIZE, x->strides[1] = -1);
+    BAD("dtype bits 12", DEVSHARE_STATUS_BAD_DTYPE, x->dtype.bits = 12);
+    BAD("storage past alloc_size", DEVSHARE_STATUS_STORAGE_OUT_OF_BOUNDS, x->alloc_size = T_STORAGE_OFFSET);
+    BAD("tensor past storage_size", DEVSHARE_STATUS_TENSOR_OUT_OF_BOUNDS, x->storage_size = 8);
+    BAD("key_len 200", DEVSHARE_STATUS_BAD_KEY, x->key_len = 200);
+    BAD("key without its leading '/'", DEVSHARE_STATUS_BAD_KEY, x->key[0] = 'x');
+    BAD("key with a '/' inside", DEVSHARE_STATUS_BAD_KEY, x->key[3] = '/');
+    BAD("key bytes beyond key_len", DEVSHARE_STATUS_INVALID_HANDLE, x->key[DEVSHARE_KEY_CAPACITY - 1] = 'a');
+    BAD("ref_slot 10000", DEVSHARE_STATUS_INVALID_HANDLE, x->ref_slot = DEVSHARE_REF_SLOTS);
+    BAD("reserved0 1", DEVSHARE_STATUS_INVALID_HANDLE, x->reserved0 = 1);
+    BAD("reserved[119] 1", DEVSHARE_STATUS_INVALID_HANDLE, x->reserved[DEVSHARE_HANDLE_RESERVED - 1] = 1);
+#undef BAD
+    for (int i = 0; i < nb; i++) {
+        EXPECT(devshare_handle_validate(&bad[i].h), bad[i].want, "devshare_handle_validate", bad[i].what);
+    }
+    /* Every consumer of handles validates: encode, text, import refuse the same. */
+    int refused = 1;
+    for (int i = 0; i < nb; i++) {
+        uint8_t buf[DEVSHARE_HANDLE_MAX_ENCODED_SIZE];
+        char txt[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
+        DevshareImport *imp = NULL;
+        const int32_t a = devshare_handle_encode(&bad[i].h, buf, sizeof buf, NULL);
+        const int32_t b = devshare_handle_to_text(&bad[i].h, txt, sizeof txt, NULL);
+        const int32_t c = devshare_import(&bad[i].h, NULL, &imp);
+        if (a != bad[i].want || b != bad[i].want || c != bad[i].want || imp != NULL) {
+            refused = 0;
+            printf("    %s: encode %d, to_text %d, import %d\n", bad[i].what, (int)a, (int)b, (int)c);
+            if (imp != NULL) {
+                devshare_import_release(imp);
+            }
+        }
+    }
+    CHECK(refused, "devshare_handle_encode, devshare_handle_to_text and devshare_import refuse each of "
+                   "the %d broken handles with the same status",
+          nb);
+    DevshareHandle empty;
+    require(devshare_handle_init(&empty), "devshare_handle_init");
+    CHECK(empty.struct_size == sizeof(DevshareHandle) && empty.struct_size == DEVSHARE_HANDLE_SIZE &&
+              empty.layout_version == DEVSHARE_HANDLE_LAYOUT_VERSION && empty.backend == 0 && empty.key_len == 0,
+          "devshare_handle_init sets struct_size (%u) and layout_version, zeroes the rest",
+          (unsigned)empty.struct_size);
+    EXPECT(devshare_handle_validate(&empty), DEVSHARE_STATUS_INVALID_HANDLE, "devshare_handle_validate",
+           "an empty handle from devshare_handle_init (backend 0)");
+
+    /* Import options: refused, and the reference is not used up. */
+    DevshareImportOptions o;
+    DevshareImport *imp = NULL;
+    require(devshare_import_options_init(&o), "devshare_import_options_init");
+    CHECK(o.struct_size == sizeof o && o.flags == 0 && o.device == DEVSHARE_DEVICE_FROM_HANDLE && o.reserved == 0 &&
+              o.stream == NULL,
+          "devshare_import_options_init: struct_size set, read-write, device from handle, no stream");
+    DevshareImportOptions x = o;
+    x.flags = 2;
+    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import", "unknown import flag 0x2");
+    x = o;
+    x.flags = 0xffffffffu;
+    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import", "import flags 0xffffffff");
+    x = o;
+    x.struct_size = 0;
+    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import", "options.struct_size 0");
+    x.struct_size = sizeof o - 1;
+    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import",
+           "options.struct_size sizeof - 1");
+    x.struct_size = sizeof o + 8;
+    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import",
+           "options.struct_size sizeof + 8");
+    x = o;
+    x.device = -2;
+    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import", "options.device -2");
+    x.device = INT32_MIN;
+    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import",
+           "options.device INT32_MIN");
+    x.device = 1;
+    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import",
+           "options.device 1 for host memory");
+    x = o;
+    x.reserved = 1;
+    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import", "options.reserved 1");
+    CHECK(imp == NULL && outstanding(exp) == before + 1,
+          "devshare_import: refused options leave *out alone and the reference outstanding");
+    x = o;
+    x.device = 0;
+    EXPECT_OK(devshare_import(&h, &x, &imp), "devshare_import: options.device 0 for host memory, after the refusals");
+    if (imp != NULL) {
+        DevshareImportInfo info;
+        EXPECT_OK(devshare_import_info(imp, &info), "devshare_import_info");
+        CHECK(pattern_ok(info.data, &h), "devshare_import: the data is the exporter's pattern");
+        EXPECT_OK(devshare_import_release(imp), "devshare_import_release");
+    }
+    CHECK(outstanding(exp) == before, "devshare_import_release returns the reference");
+    EXPECT_OK(devshare_exporter_close(exp, 0), "devshare_exporter_close");
+}
+
+static void test_encoding(void) {
+    DevshareExporter *exp = NULL;
+    void *ptr = NULL;
+    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    const DevshareTensorDesc desc = float_desc();
+    DevshareHandle h;
+    require(devshare_exporter_share(exp, &desc, &h), "share");
+
+    uint8_t full[DEVSHARE_HANDLE_MAX_ENCODED_SIZE];
+    size_t n = 0;
+    EXPECT_OK(devshare_handle_encode(&h, full, sizeof full, &n), "devshare_handle_encode");
+    CHECK(n > 16 && n <= DEVSHARE_HANDLE_MAX_ENCODED_SIZE, "devshare_handle_encode: %zu bytes, within "
+                                                            "DEVSHARE_HANDLE_MAX_ENCODED_SIZE (%d)",
+          n, DEVSHARE_HANDLE_MAX_ENCODED_SIZE);
+    DevshareHandle d;
+    EXPECT_OK(devshare_handle_decode(full, n, &d), "devshare_handle_decode of fresh bytes");
+    CHECK(memcmp(&d, &h, sizeof h) == 0, "devshare_handle_decode(devshare_handle_encode(h)) == h, byte for byte");
+
+    /* Too small: the needed length comes back, nothing is written at or beyond cap. */
+    uint8_t small[DEVSHARE_HANDLE_MAX_ENCODED_SIZE];
+    memset(small, 0xEE, sizeof small);
+    size_t need = 0;
+    EXPECT(devshare_handle_encode(&h, small, 10, &need), DEVSHARE_STATUS_BUFFER_TOO_SMALL, "devshare_handle_encode",
+           "cap 10");
+    CHECK(need == n, "devshare_handle_encode: a too-small buffer reports the needed length (%zu)", need);
+    int untouched = 1;
+    for (size_t i = 10; i < sizeof small; i++) {
+        untouched &= small[i] == 0xEE;
+    }
+    CHECK(untouched, "devshare_handle_encode: nothing is written past cap");
+    need = 0;
+    EXPECT(devshare_handle_encode(&h, small, n - 1, &need), DEVSHARE_STATUS_BUFFER_TOO_SMALL, "devshare_handle_encode",
+           "cap one byte short");
+    CHECK(need == n, "devshare_handle_encode: one byte short still reports %zu", n);
+    EXPECT_OK(devshare_handle_encode(&h, small, n, &need), "devshare_handle_encode: cap exactly the length");
+
+    /* Text: the NUL counts. */
+    char text[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
+    size_t tl = 0;
+    EXPECT_OK(devshare_handle_to_text(&h, text, sizeof text, &tl), "devshare_handle_to_text");
+    CHECK(tl == strlen(text) && tl + 1 <= DEVSHARE_HANDLE_MAX_TEXT_SIZE && strncmp(text, "devshare1:", 10) == 0,
+          "devshare_handle_to_text: \"devshare1:\" + base64, %zu characters, NUL-terminated", tl);
+    char ts[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
+    memset(ts, 'Z', sizeof ts);
+    need = 0;
+    EXPECT(devshare_handle_to_text(&h, ts, tl, &need), DEVSHARE_STATUS_BUFFER_TOO_SMALL, "devshare_handle_to_text",
+           "cap equal to the length (no room for the NUL)");
+    CHECK(need == tl && ts[tl] == 'Z', "devshare_handle_to_text: reports the length (%zu) and writes nothing past cap", need);
+    EXPECT_OK(devshare_handle_to_text(&h, ts, tl + 1, NULL), "devshare_handle_to_text: cap = length + 1");
+    EXPECT_OK(devshare_handle_from_text(text, &d), "devshare_handle_from_text");
+    CHECK(memcmp(&d, &h, sizeof h) == 0, "devshare_handle_from_text(devshare_handle_to_text(h)) == h");
+
+    /* Damaged bytes. */
+    uint8_t b[DEVSHARE_HANDLE_MAX_ENCODED_SIZE + 1];
+    memcpy(b, full, n);
+    b[40] ^= 0x01;
+    EXPECT(devshare_handle_decode(b, n, &d), DEVSHARE_STATUS_CHECKSUM_MISMATCH, "devshare_handle_decode",
+           "one bit flipped in the body (byte 40)");
+    memcpy(b, full, n);
+    b[n - 1] ^= 0xff;
+    EXPECT(devshare_handle_decode(b, n, &d), DEVSHARE_STATUS_CHECKSUM_MISMATCH, "devshare_handle_decode",
+           "last byte (checksum) changed");
+    memcpy(b, full, n);
+    b[0] ^= 0xff;
+    EXPECT(devshare_handle_decode(b, n, &d), DEVSHARE_STATUS_BAD_MAGIC, "devshare_handle_decode", "first byte changed");
+    memcpy(b, full, n);
+    b[4] = 99;
+    EXPECT(devshare_handle_decode(b, n, &d), DEVSHARE_STATUS_UNSUPPORTED_VERSION, "devshare_handle_decode",
+           "encoding version 99");
+    EXPECT(devshare_handle_decode(full, n - 1, &d), DEVSHARE_STATUS_TRUNCATED, "devshare_handle_decode",
+           "cut short by one byte");
+    EXPECT(devshare_handle_decode(full, n / 2, &d), DEVSHARE_STATUS_TRUNCATED, "devshare_handle_decode", "cut in half");
+    EXPECT(devshare_handle_decode(full, 8, &d), DEVSHARE_STATUS_TRUNCATED, "devshare_handle_decode",
+           "only 8 bytes (inside the header)");
+    EXPECT(devshare_handle_decode(full, 0, &d), DEVSHARE_STATUS_TRUNCATED, "devshare_handle_decode", "zero bytes");
+    memcpy(b, full, n);
+    b[n] = 0;
+    EXPECT(devshare_handle_decode(b, n + 1, &d), DEVSHARE_STATUS_BAD_LENGTH, "devshare_handle_decode",
+           "one trailing byte");
+
+    /* Typos in the text. */
+    char t[DEVSHARE_HANDLE_MAX_TEXT_SIZE + 8];
+    snprintf(t, sizeof t, "%s", text);
+    t[7] = 'X'; /* "devshaXe1:" */
+    EXPECT(devshare_handle_from_text(t, &d), DEVSHARE_STATUS_BAD_TEXT, "devshare_handle_from_text", "typo in the prefix");
+    snprintf(t, sizeof t, "%s", text);
+    t[8] = '2'; /* "devshare2:" */
+    EXPECT(devshare_handle_from_text(t, &d), DEVSHARE_STATUS_BAD_TEXT, "devshare_handle_from_text",
+           "prefix devshare2:");
+    snprintf(t, sizeof t, "%s", text);
+    t[30] = '!';
+    EXPECT(devshare_handle_from_text(t, &d), DEVSHARE_STATUS_BAD_TEXT, "devshare_handle_from_text",
+           "a character outside the base64 alphabet");
+    snprintf(t, sizeof t, "%s", text);
+    t[60] = t[60] == 'A' ? 'B' : 'A';
+    EXPECT_ERROR(devshare_handle_from_text(t, &d), "devshare_handle_from_text",
+                 "one base64 character changed to another");
+    snprintf(t, sizeof t, "%s", text);
+    t[tl - 4] = '\0';
+    EXPECT_ERROR(devshare_handle_from_text(t, &d), "devshare_handle_from_text", "last 4 characters missing");
+    EXPECT(devshare_handle_from_text("", &d), DEVSHARE_STATUS_BAD_TEXT, "devshare_handle_from_text", "empty text");
+    EXPECT_ERROR(devshare_handle_from_text("devshare1:", &d), "devshare_handle_from_text", "prefix only");
+    snprintf(t, sizeof t, "  %s\n", text);
+    EXPECT_OK(devshare_handle_from_text(t, &d), "devshare_handle_from_text ignores surrounding whitespace");
+    CHECK(memcmp(&d, &h, sizeof h) == 0, "devshare_handle_from_text with whitespace gives the same handle");
+
+    EXPECT_OK(devshare_exporter_close(exp, 0), "devshare_exporter_close");
+}
+
+static void test_probe(void) {
+    static const struct {
+        uint16_t id;
+        const char *name;
+        int usable;
+    } backends[] = {
+        {DEVSHARE_BACKEND_HOST, "host", 1},
+        {DEVSHARE_BACKEND_ACL, "acl", 0},
+        {DEVSHARE_BACKEND_CUDA, "cuda", 0},
+    };
+    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) {
+        DevshareBackendInfo info;
+        memset(&info, 0x55, sizeof info);
+        const int32_t st = devshare_probe(backends[i].id, &info);
+        const int terminated = memchr(info.name, 0, sizeof info.name) != NULL &&
+                               memchr(info.detail, 0, sizeof info.detail) != NULL;
+        CHECK(st == DEVSHARE_STATUS_OK && terminated && info.backend == backends[i].id &&
+                  info.usable == backends[i].usable && strcmp(info.name, backends[i].name) == 0 &&
+                  info.detail[0] != '\0' && info.reserved == 0,
+              "devshare_probe(%s): %s, detail: %.200s", backends[i].name, info.usable ? "usable" : "not usable",
+              terminated ? info.detail : "(not terminated)");
+    }
+}
+
+static void test_imports(void) {
+    DevshareExporter *exp = NULL;
+    void *ptr = NULL;
+    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    int zero = 1;
+    for (size_t i = 0; i < ALLOC; i++) {
+        zero &= ((unsigned char *)ptr)[i] == 0;
+    }
+    CHECK(zero, "devshare_host_alloc: memory is zero-filled");
+    fill_pattern(ptr);
+    const DevshareTensorDesc desc = float_desc();
+    DevshareHandle h;
+    require(devshare_exporter_share(exp, &desc, &h), "share");
+    CHECK(outstanding(exp) == 1, "devshare_exporter_outstanding: 1 after one share");
+    EXPECT(devshare_exporter_wait(exp, 0), DEVSHARE_STATUS_TIMEOUT, "devshare_exporter_wait",
+           "timeout 0 with a reference outstanding");
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const int32_t wst = devshare_exporter_wait(exp, 50);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double waited = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    EXPECT(wst, DEVSHARE_STATUS_TIMEOUT, "devshare_exporter_wait", "timeout 50 ms with a reference outstanding");
+    CHECK(waited >= 45 && waited < 2000, "devshare_exporter_wait(50 ms) returned after %.1f ms", waited);
+
+    /* Import: info is consistent with the handle. */
+    DevshareImport *imp = NULL;
+    EXPECT_OK(devshare_import(&h, NULL, &imp), "devshare_import");
+    DevshareImportInfo info;
+    EXPECT_OK(devshare_import_info(imp, &info), "devshare_import_info");
+    CHECK((char *)info.storage == (char *)info.base + T_STORAGE_OFFSET &&
+              (char *)info.data == (char *)info.storage + T_TENSOR_OFFSET * sizeof(float),
+          "devshare_import_info: storage = base + storage_offset, data = storage + tensor_offset * element_size");
+    CHECK(info.alloc_size == ALLOC && info.storage_size == ALLOC - T_STORAGE_OFFSET &&
+              info.numel == T_ROWS * T_COLS && info.element_size == 4 && info.backend == DEVSHARE_BACKEND_HOST &&
+              info.read_only == 0 && info.device == 0,
+          "devshare_import_info: sizes, numel %" PRIu64 ", element size, backend, access, device", info.numel);
+    CHECK(pattern_ok(info.data, &h), "devshare_import: the importer reads the exporter's data");
+    ((float *)info.data)[0] = 4242.0f;
+    CHECK(*t_element(ptr, 0, 0) == 4242.0f, "devshare_import: a write through the import is seen by the exporter");
+    *t_element(ptr, 0, 0) = 0.0f;
+    DevshareHandle ih;
+    EXPECT_OK(devshare_import_handle(imp, &ih), "devshare_import_handle");
+    CHECK(memcmp(&ih, &h, sizeof h) == 0, "devshare_import_handle returns the handle imported, byte for byte");
+
+    /* A second import of the same handle in this process shares the reference. */
+    DevshareImport *imp2 = NULL;
+    EXPECT_OK(devshare_import(&h, NULL, &imp2), "devshare_import of the same handle again in the same process");
+    CHECK(outstanding(exp) == 1, "devshare_exporter_outstanding: still 1 with two imports of one handle");
+    EXPECT_OK(devshare_import_release(imp), "devshare_import_release of the first import");
+    CHECK(outstanding(exp) == 1, "devshare_exporter_outstanding: still 1 while the second import holds the handle");
+    EXPECT_OK(devshare_import_release(imp2), "devshare_import_release of the second import");
+    CHECK(outstanding(exp) == 0, "devshare_exporter_outstanding: 0 after the last import of the handle is released");
+    EXPECT_OK(devshare_exporter_wait(exp, 0), "devshare_exporter_wait: returns at once when nothing is outstanding");
+    EXPECT_OK(devshare_exporter_wait(exp, -1), "devshare_exporter_wait: endless timeout returns when nothing is outstanding");
+
+    /* The reference was returned: the handle cannot be imported again. */
+    imp = NULL;
+    EXPECT(devshare_import(&h, NULL, &imp), DEVSHARE_STATUS_ALREADY_RELEASED, "devshare_import",
+           "a handle whose reference was returned");
+    CHECK(imp == NULL, "devshare_import: ALREADY_RELEASED gives no import");
+
+    /* Read-only import. */
+    DevshareHandle hr;
+    require(devshare_exporter_share(exp, &desc, &hr), "share");
+    DevshareImportOptions o;
+    require(devshare_import_options_init(&o), "options");
+    o.flags = DEVSHARE_IMPORT_READ_ONLY;
+    EXPECT_OK(devshare_import(&hr, &o, &imp), "devshare_import with DEVSHARE_IMPORT_READ_ONLY");
+    if (imp != NULL) {
+        EXPECT_OK(devshare_import_info(imp, &info), "devshare_import_info of a read-only import");
+        CHECK(info.read_only == 1, "devshare_import_info: read_only == 1");
+        CHECK(pattern_ok(info.data, &hr), "read-only import: the data is readable and is the pattern");
+        *t_element(ptr, 3, 5) = -1.5f;
+        CHECK(((const float *)info.data)[3 * T_COLS + 5] == -1.5f,
+              "read-only import: sees the exporter's later writes (shared, not a copy)");
+        *t_element(ptr, 3, 5) = 305.0f;
+        EXPECT_OK(devshare_import_release(imp), "devshare_import_release of a read-only import");
+    }
+    CHECK(outstanding(exp) == 0, "read-only import: release returns the reference");
+    EXPECT_OK(devshare_exporter_close(exp, 0), "devshare_exporter_close");
+}
+
+static void test_not_found(void) {
+    DevshareExporter *exp = NULL;
+    void *ptr = NULL;
+    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    DevshareHandle h;
+    require(devshare_exporter_share(exp, NULL, &h), "share");
+    char name[DEVSHARE_KEY_CAPACITY + 1];
+    key_name(&h, name, sizeof name);
+    CHECK(shm_unlink(name) == 0, "shm_unlink(%s) removes the data object behind the exporter's back", name);
+    DevshareImport *imp = NULL;
+    EXPECT(devshare_import(&h, NULL, &imp), DEVSHARE_STATUS_NOT_FOUND, "devshare_import",
+           "a host handle whose shm object was removed");
+    CHECK(imp == NULL && outstanding(exp) == 1, "devshare_import: NOT_FOUND gives no import and leaves the reference");
+    EXPECT_OK(devshare_exporter_close(exp, 0), "devshare_exporter_close after its object was removed");
+
+    /* A handle shared by an exporter that is closed now. */
+    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    require(devshare_exporter_share(exp, NULL, &h), "share");
+    require(devshare_exporter_close(exp, 0), "close");
+    EXPECT(devshare_import(&h, NULL, &imp), DEVSHARE_STATUS_NOT_FOUND, "devshare_import",
+           "a handle whose exporter closed before anyone imported it");
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    test_status_texts();
+    test_version();
+    test_last_error_buffer();
+    test_null_arguments();
+    test_out_of_range();
+    test_encoding();
+    test_probe();
+    test_imports();
+    test_not_found();
+    const int left = count_own_shm();
+    CHECK(left == 0, "no /dev/shm object of this process (devshare_%ld_*, devshare_rc_%ld_*) is left", (long)getpid(),
+          (long)getpid());
+    printf("1..%d\n# %d passed, %d failed\n", n_cases, n_cases - n_failed, n_failed);
+    return n_failed == 0 ? 0 : 1;
+}
