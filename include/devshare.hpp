@@ -259,7 +259,7 @@ public:
     // Wait until every reference was released: true when they were, false when `timeout` passed
     // first (a negative timeout waits forever). Other failures throw.
     bool wait(std::chrono::milliseconds timeout) const {
-        const int32_t s = devshare_exporter_wait(exp_, static_cast<int64_t>(timeout.count()));
+        const int32_t s = devshare_exporter_wait(exp_, timeout.count());
         if (s == DEVSHARE_STATUS_TIMEOUT) {
             return false;
         }
