@@ -7,8 +7,8 @@
 // - devshare::Exporter owns one DevshareExporter (move-only); closes it when destroyed.
 // - devshare::Import   owns one DevshareImport (move-only); releases it when destroyed.
 //
-// Costs: each member function is one call into the C library, plus at most one std::string or
-// std::vector for results that are text or bytes. Nothing is cached behind your back except
+// Costs: each function is one call into the C library (the Import constructor: two), plus at
+// most one std::string or std::vector for results that are text or bytes. Nothing is cached behind your back except
 // what is stated (Exporter caches its address and size, Import caches its DevshareImportInfo;
 // neither changes during the object's life). Functions that report failure throw
 // devshare::Error; functions marked noexcept never fail.
