@@ -41,7 +41,9 @@
 // `devshare_exporter_close` flag: close even while references are outstanding.
 #define DEVSHARE_CLOSE_FORCE 1
 
-// `DevshareImportOptions::flags`: map read-only (writes through the pointer fault).
+// `DevshareImportOptions::flags`: map the data read-only (writes through the pointer fault).
+// The shm object must still be writable by the caller: the mapping count in its header is
+// updated on import and release.
 #define DEVSHARE_IMPORT_READ_ONLY 1
 
 // `DevshareImportOptions::device` value: import on the device the handle names.
@@ -400,8 +402,10 @@ int32_t devshare_exporter_outstanding(const struct DevshareExporter *exporter, u
 // `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` milliseconds (negative: wait forever).
 int32_t devshare_exporter_wait(const struct DevshareExporter *exporter, int64_t timeout_ms);
 
-// Close the exporter and free it. Host memory: importers that still map the buffer keep it
-// valid until they release; the last holder unlinks the name. Device backends refuse with
+// Close the exporter and free it. Host memory: the shm names (data and ref-counter) are
+// unlinked now, so nothing is left in /dev/shm even if a consumer never releases; importers
+// that still map the buffer keep it valid until they release, but handles not yet imported can
+// no longer be opened (wait for consumers first). Device backends refuse with
 // `DEVSHARE_STATUS_BUSY` while references are outstanding (the exporter stays valid) unless
 // `flags` has `DEVSHARE_CLOSE_FORCE`.
 int32_t devshare_exporter_close(struct DevshareExporter *exporter, uint32_t flags);

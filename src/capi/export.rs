@@ -156,8 +156,10 @@ pub unsafe extern "C" fn devshare_exporter_wait(exporter: *const DevshareExporte
     })
 }
 
-/// Close the exporter and free it. Host memory: importers that still map the buffer keep it
-/// valid until they release; the last holder unlinks the name. Device backends refuse with
+/// Close the exporter and free it. Host memory: the shm names (data and ref-counter) are
+/// unlinked now, so nothing is left in /dev/shm even if a consumer never releases; importers
+/// that still map the buffer keep it valid until they release, but handles not yet imported can
+/// no longer be opened (wait for consumers first). Device backends refuse with
 /// `DEVSHARE_STATUS_BUSY` while references are outstanding (the exporter stays valid) unless
 /// `flags` has `DEVSHARE_CLOSE_FORCE`.
 #[no_mangle]

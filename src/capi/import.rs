@@ -7,7 +7,9 @@ use crate::handle::DevshareHandle;
 use crate::import::{import, Import};
 use std::ffi::c_void;
 
-/// `DevshareImportOptions::flags`: map read-only (writes through the pointer fault).
+/// `DevshareImportOptions::flags`: map the data read-only (writes through the pointer fault).
+/// The shm object must still be writable by the caller: the mapping count in its header is
+/// updated on import and release.
 pub const DEVSHARE_IMPORT_READ_ONLY: u32 = 1;
 /// `DevshareImportOptions::device` value: import on the device the handle names.
 pub const DEVSHARE_DEVICE_FROM_HANDLE: i32 = -1;
