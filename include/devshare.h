@@ -398,7 +398,7 @@ int32_t devshare_exporter_share(const struct DevshareExporter *exporter,
 // Number of references handed out by `devshare_exporter_share` and not yet released.
 int32_t devshare_exporter_outstanding(const struct DevshareExporter *exporter, uint64_t *count);
 
-// Wait until every handed-out reference was released: `DEVSHARE_OK`, or
+// Wait until every handed-out reference was released: `DEVSHARE_STATUS_OK`, or
 // `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` milliseconds (negative: wait forever).
 int32_t devshare_exporter_wait(const struct DevshareExporter *exporter, int64_t timeout_ms);
 
@@ -464,8 +464,9 @@ int32_t devshare_import_handle(const struct DevshareImport *imp, struct Devshare
 int32_t devshare_import_release(struct DevshareImport *imp);
 
 // Report whether `backend` is usable here. Unknown backend ids are
-// `DEVSHARE_STATUS_INVALID_ARGUMENT`; an unusable backend is `DEVSHARE_OK` with `usable = 0`.
-int32_t devshare_probe(uint16_t backend, struct DevshareBackendInfo *out);
+// `DEVSHARE_STATUS_INVALID_ARGUMENT`; an unusable backend is `DEVSHARE_STATUS_OK` with `usable = 0`.
+int32_t devshare_probe(uint16_t backend,
+                       struct DevshareBackendInfo *out);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -146,7 +146,7 @@ pub unsafe extern "C" fn devshare_exporter_outstanding(exporter: *const Devshare
     })
 }
 
-/// Wait until every handed-out reference was released: `DEVSHARE_OK`, or
+/// Wait until every handed-out reference was released: `DEVSHARE_STATUS_OK`, or
 /// `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` milliseconds (negative: wait forever).
 #[no_mangle]
 pub unsafe extern "C" fn devshare_exporter_wait(exporter: *const DevshareExporter, timeout_ms: i64) -> i32 {

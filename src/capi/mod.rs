@@ -18,7 +18,7 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
-/// Run `f` for the C function `name`: `DEVSHARE_OK` on success; on error, its status with the
+/// Run `f` for the C function `name`: `DEVSHARE_STATUS_OK` on success; on error, its status with the
 /// message recorded for `devshare_last_error`; on panic, `DEVSHARE_STATUS_INTERNAL`.
 pub(crate) fn boundary(name: &'static str, f: impl FnOnce() -> Result<()>) -> i32 {
     match catch_unwind(AssertUnwindSafe(f)) {

@@ -31,7 +31,7 @@ fn fill(dst: &mut [c_char], s: &str) {
 }
 
 /// Report whether `backend` is usable here. Unknown backend ids are
-/// `DEVSHARE_STATUS_INVALID_ARGUMENT`; an unusable backend is `DEVSHARE_OK` with `usable = 0`.
+/// `DEVSHARE_STATUS_INVALID_ARGUMENT`; an unusable backend is `DEVSHARE_STATUS_OK` with `usable = 0`.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_probe(backend: u16, out: *mut DevshareBackendInfo) -> i32 {
     boundary("devshare_probe", || {
