@@ -41,6 +41,11 @@
 // `devshare_exporter_close` flag: close even while references are outstanding.
 #define DEVSHARE_CLOSE_FORCE 1
 
+// `devshare_exporter_close` flag: remove the shm names (data and ref-counter) now, even if a
+// consumer still maps them — e.g. one that died without releasing. Only for buffers that no
+// PyTorch process maps: PyTorch aborts when a name it expects to unlink is gone.
+#define DEVSHARE_CLOSE_UNLINK 2
+
 // `DevshareImportOptions::flags`: map the data read-only (writes through the pointer fault).
 // The shm object must still be writable by the caller: the mapping count in its header is
 // updated on import and release.
@@ -402,10 +407,11 @@ int32_t devshare_exporter_outstanding(const struct DevshareExporter *exporter, u
 // `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` milliseconds (negative: wait forever).
 int32_t devshare_exporter_wait(const struct DevshareExporter *exporter, int64_t timeout_ms);
 
-// Close the exporter and free it. Host memory: the shm names (data and ref-counter) are
-// unlinked now, so nothing is left in /dev/shm even if a consumer never releases; importers
-// that still map the buffer keep it valid until they release, but handles not yet imported can
-// no longer be opened (wait for consumers first). Device backends refuse with
+// Close the exporter and free it. Host memory: importers that still map the buffer keep it
+// valid; whoever brings its mapping count to 0 unlinks the name (PyTorch's rule), so once every
+// importer released nothing is left in /dev/shm. A consumer that died without releasing keeps
+// the object alive; `DEVSHARE_CLOSE_UNLINK` removes the names at once. Handles not imported
+// before the close may fail to open: wait for consumers first. Device backends refuse with
 // `DEVSHARE_STATUS_BUSY` while references are outstanding (the exporter stays valid) unless
 // `flags` has `DEVSHARE_CLOSE_FORCE`.
 int32_t devshare_exporter_close(struct DevshareExporter *exporter, uint32_t flags);

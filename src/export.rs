@@ -186,6 +186,16 @@ impl Exporter {
         }
     }
 
+    /// Remove the shm names of the allocation (host) and of the ref-counters now, whoever still
+    /// maps them. Never do this while a PyTorch process may map either: PyTorch aborts when a
+    /// name it expects to unlink is gone.
+    pub fn unlink_names(&self) {
+        self.alloc.unlink();
+        for rc in self.refs().iter() {
+            rc.unlink();
+        }
+    }
+
     /// Whether the export may be closed now. Refused with `Busy` while references are
     /// outstanding on a backend whose importers cannot keep the memory alive, unless `force`.
     /// Closing is dropping the exporter.

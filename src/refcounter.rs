@@ -68,13 +68,21 @@ impl RefCounter {
     }
 }
 
-impl Drop for RefCounter {
-    /// The exporter owns its ref-counter: it leaves the mapping count and unlinks the name on
-    /// close. A consumer that has it open finishes its decrement on its own mapping; a consumer
-    /// that releases later finds no object and has nothing to report (as in PyTorch).
-    fn drop(&mut self) {
-        self.map.atomic_i32(0).fetch_sub(1, Ordering::SeqCst);
+impl RefCounter {
+    /// Remove the name now (`DEVSHARE_CLOSE_UNLINK`); consumers that release later find no
+    /// object and have nothing to report.
+    pub(crate) fn unlink(&self) {
         shm::unlink(&self.name);
+    }
+}
+
+impl Drop for RefCounter {
+    /// PyTorch's protocol: leave the mapping count; whoever brings it to 0 unlinks (a consumer
+    /// in the middle of its release may be the last).
+    fn drop(&mut self) {
+        if self.map.atomic_i32(0).fetch_sub(1, Ordering::SeqCst) == 1 {
+            shm::unlink(&self.name);
+        }
     }
 }
 

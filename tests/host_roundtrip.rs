@@ -81,7 +81,7 @@ fn import_twice_maps_once_and_unmaps_after_last_release() {
 }
 
 #[test]
-fn exporter_close_unlinks_the_names_but_importer_mapping_stays_valid() {
+fn exporter_close_keeps_importer_mapping_valid_and_last_release_unlinks() {
     let _g = lock();
     let exp = Exporter::host_alloc(4096).unwrap();
     unsafe { *exp.ptr() = 7 };
@@ -90,7 +90,7 @@ fn exporter_close_unlinks_the_names_but_importer_mapping_stays_valid() {
     let rc = h.ref_name_bytes().to_vec();
     let imp = import(&h, ImportRequest::default()).unwrap();
     drop(exp);
-    assert!(!shm_exists(&name), "the exporter unlinks on close");
+    assert!(shm_exists(&name), "the importer still counts in the header: not unlinked yet");
     assert_eq!(unsafe { *imp.view().data }, 7);
     imp.release();
     assert!(!shm_exists(&name));
@@ -122,7 +122,7 @@ fn handle_claiming_more_than_the_object_holds_is_refused() {
 }
 
 #[test]
-fn exporter_close_unlinks_even_when_an_importer_never_releases() {
+fn a_consumer_that_never_releases_keeps_the_object_until_the_exporter_unlinks_it() {
     let _g = lock();
     let exp = Exporter::host_alloc(4096).unwrap();
     let h = exp.share_bytes().unwrap();
@@ -131,7 +131,8 @@ fn exporter_close_unlinks_even_when_an_importer_never_releases() {
     // A consumer that never releases (as if it crashed): its mapping stays, its count stays.
     // (Leaked on purpose: other tests in this file only compare registry sizes relatively.)
     std::mem::forget(imp);
+    exp.unlink_names();
     drop(exp);
-    assert!(!shm_exists(&name), "the exporter unlinked the data object");
-    assert!(!shm_exists(&rc), "the exporter unlinked its ref-counter");
+    assert!(!shm_exists(&name), "unlink_names removed the data object");
+    assert!(!shm_exists(&rc), "unlink_names removed the ref-counter");
 }

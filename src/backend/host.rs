@@ -4,13 +4,13 @@
 //! count of live mappings, then the data. Exporter and importers each count once while they
 //! map it.
 //!
-//! Who unlinks the name: **the exporter, when it closes**, whatever the count (so a consumer
-//! that died without releasing cannot leak the object), and, as in PyTorch's protocol, **whoever
-//! brings the count to 0** (which matters for objects a PyTorch process created; unlinking a name
-//! that is already gone is harmless). Mappings stay valid after an unlink, so an exporter may
-//! close while importers still hold the buffer; a handle that nobody imported before the exporter
-//! closed can no longer be opened (`DEVSHARE_STATUS_NOT_FOUND`): exporters wait for their
-//! consumers first (`devshare_exporter_wait`).
+//! Who unlinks the name: **whoever brings the count to 0** — PyTorch's protocol, kept exactly,
+//! because a PyTorch process that brings the count to 0 after someone else removed the name
+//! aborts ("could not unlink the shared memory file"). So the exporter unlinks on close when no
+//! importer maps the object any more, otherwise the last importer does when it releases;
+//! mappings stay valid meanwhile. A consumer that dies without releasing keeps its count, and the
+//! object then stays until someone unlinks it: an exporter that knows no PyTorch process maps the
+//! buffer can close with `DEVSHARE_CLOSE_UNLINK` to remove the names at once.
 
 use super::{Backend, Exported, ImportRequest, Mapping, Probe};
 use crate::error::{Error, Result};
@@ -25,12 +25,9 @@ pub(crate) struct Host;
 pub(crate) static HOST: Host = Host;
 
 /// One live mapping of a host object (the exporter's or an importer's). Counts itself in the
-/// header while alive; its drop unlinks the name when it is the exporter's or brings the count
-/// to 0.
+/// header while alive; the drop that brings the count to 0 unlinks the name.
 struct Counted {
     name: Vec<u8>,
-    /// This is the exporter's mapping: unlink on drop regardless of the count.
-    owner: bool,
     /// The whole object (header + data), with the requested protection.
     data: Map,
     /// A writable view of the header when `data` is read-only.
@@ -46,7 +43,7 @@ impl Counted {
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        if self.count().fetch_sub(1, Ordering::SeqCst) == 1 || self.owner {
+        if self.count().fetch_sub(1, Ordering::SeqCst) == 1 {
             shm::unlink(&self.name);
         }
     }
@@ -72,6 +69,9 @@ impl Exported for Counted {
     }
     fn survives_exporter_close(&self) -> bool {
         true
+    }
+    fn unlink(&self) {
+        shm::unlink(&self.name);
     }
 }
 
@@ -101,7 +101,7 @@ pub(crate) fn alloc(size: u64) -> Result<Box<dyn Exported>> {
         }
     };
     data.atomic_i32(0).store(1, Ordering::SeqCst);
-    Ok(Box::new(Counted { name, owner: true, data, header: None, data_len: size }))
+    Ok(Box::new(Counted { name, data, header: None, data_len: size }))
 }
 
 impl Backend for Host {
@@ -160,6 +160,6 @@ impl Backend for Host {
                 "host object {shown} is being released by its last holder (header count was {before})"
             )));
         }
-        Ok(Box::new(Counted { name: name.to_vec(), owner: false, data, header, data_len }))
+        Ok(Box::new(Counted { name: name.to_vec(), data, header, data_len }))
     }
 }

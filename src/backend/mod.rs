@@ -45,6 +45,8 @@ pub trait Exported: Send + Sync {
     /// host shared memory). When false, closing with outstanding references is refused unless
     /// forced.
     fn survives_exporter_close(&self) -> bool;
+    /// Remove the allocation's name now, if it has one that importers open by (host shm).
+    fn unlink(&self) {}
 }
 
 /// Usability report of one backend.

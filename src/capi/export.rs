@@ -13,6 +13,10 @@ use std::time::Duration;
 pub const DEVSHARE_STORAGE_TO_END: u64 = u64::MAX;
 /// `devshare_exporter_close` flag: close even while references are outstanding.
 pub const DEVSHARE_CLOSE_FORCE: u32 = 1;
+/// `devshare_exporter_close` flag: remove the shm names (data and ref-counter) now, even if a
+/// consumer still maps them — e.g. one that died without releasing. Only for buffers that no
+/// PyTorch process maps: PyTorch aborts when a name it expects to unlink is gone.
+pub const DEVSHARE_CLOSE_UNLINK: u32 = 2;
 
 /// An exported allocation (opaque). Thread-safe: `share`, `outstanding` and `wait` may be called
 /// from several threads at once; `close` must not race with other calls on the same exporter.
@@ -156,10 +160,11 @@ pub unsafe extern "C" fn devshare_exporter_wait(exporter: *const DevshareExporte
     })
 }
 
-/// Close the exporter and free it. Host memory: the shm names (data and ref-counter) are
-/// unlinked now, so nothing is left in /dev/shm even if a consumer never releases; importers
-/// that still map the buffer keep it valid until they release, but handles not yet imported can
-/// no longer be opened (wait for consumers first). Device backends refuse with
+/// Close the exporter and free it. Host memory: importers that still map the buffer keep it
+/// valid; whoever brings its mapping count to 0 unlinks the name (PyTorch's rule), so once every
+/// importer released nothing is left in /dev/shm. A consumer that died without releasing keeps
+/// the object alive; `DEVSHARE_CLOSE_UNLINK` removes the names at once. Handles not imported
+/// before the close may fail to open: wait for consumers first. Device backends refuse with
 /// `DEVSHARE_STATUS_BUSY` while references are outstanding (the exporter stays valid) unless
 /// `flags` has `DEVSHARE_CLOSE_FORCE`.
 #[no_mangle]
@@ -168,11 +173,14 @@ pub unsafe extern "C" fn devshare_exporter_close(exporter: *mut DevshareExporter
         if exporter.is_null() {
             return Err(Error::NullArgument("exporter"));
         }
-        if flags & !DEVSHARE_CLOSE_FORCE != 0 {
+        if flags & !(DEVSHARE_CLOSE_FORCE | DEVSHARE_CLOSE_UNLINK) != 0 {
             return Err(Error::InvalidArgument(format!("unknown close flags {flags:#x}")));
         }
         let e = &unsafe { arg(exporter, "exporter") }?.0;
         e.check_close(flags & DEVSHARE_CLOSE_FORCE != 0)?;
+        if flags & DEVSHARE_CLOSE_UNLINK != 0 {
+            e.unlink_names();
+        }
         // SAFETY: exporter came from Box::into_raw in this module; after a successful check the
         // caller gives it up, so it is freed exactly once.
         drop(unsafe { Box::from_raw(exporter) });

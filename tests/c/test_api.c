@@ -479,8 +479,8 @@ static void test_out_of_range(void) {
            "devshare_host_alloc", "size INT64_MAX (header would overflow)");
 
     /* Close flags: refused, and the exporter stays usable. */
-    EXPECT(devshare_exporter_close(exp, 2), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_exporter_close",
-           "unknown flag 0x2");
+    EXPECT(devshare_exporter_close(exp, 4), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_exporter_close",
+           "unknown flag 0x4");
     EXPECT(devshare_exporter_close(exp, 0x80000000u | DEVSHARE_CLOSE_FORCE), DEVSHARE_STATUS_INVALID_ARGUMENT,
            "devshare_exporter_close", "DEVSHARE_CLOSE_FORCE plus unknown flag 0x80000000");
     uint64_t n = UINT64_MAX;

@@ -13,10 +13,12 @@
  *  (c) the exporter closes while a child still holds the buffer: the child's mapping stays
  *      valid (it reads the pattern and writes after the close), it releases, and afterwards
  *      neither the data object nor the ref-counter exists in /dev/shm;
- *  (d) a write through a read-only import kills the child with SIGSEGV;
+ *  (d) a write through a read-only import kills the child with SIGSEGV; the exporter closes
+ *      with DEVSHARE_CLOSE_UNLINK and nothing is left in /dev/shm;
  *  (e) a child that exits without releasing: its reference stays outstanding for good, so
- *      devshare_exporter_wait times out (DEVSHARE_STATUS_TIMEOUT); closing the exporter still
- *      leaves nothing in /dev/shm.
+ *      devshare_exporter_wait times out (DEVSHARE_STATUS_TIMEOUT); a plain close then leaves
+ *      the data object in /dev/shm (the dead child's mapping count keeps it, as PyTorch's
+ *      protocol does) but not the ref-counter; the test removes the object itself.
  *
  * At the end, /dev/shm must hold no devshare_<pid>_* or devshare_rc_<pid>_* object of any
  * process this test created. Prints "ok - ..." / "FAIL - ..." per case; exit 0 when all passed.
@@ -35,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -568,8 +571,8 @@ static void case_d(void) {
           status == -1 ? -1 : WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
     check(*parent_element(&s, ROWS - 1, 0) == 0.0f, "(d) the write did not reach the buffer");
     check(outstanding(&s) == 1, "(d) the dead child's reference stays outstanding");
-    ok_status(devshare_exporter_close(s.exp, 0), "(d) devshare_exporter_close");
-    check(names_gone(&h), "(d) after the close, nothing of it is left in /dev/shm");
+    ok_status(devshare_exporter_close(s.exp, DEVSHARE_CLOSE_UNLINK), "(d) devshare_exporter_close(DEVSHARE_CLOSE_UNLINK)");
+    check(names_gone(&h), "(d) after the close with DEVSHARE_CLOSE_UNLINK, nothing of it is left in /dev/shm");
 }
 
 static void case_e(void) {
@@ -601,7 +604,12 @@ static void case_e(void) {
     const int32_t cst = devshare_exporter_close(s.exp, 0);
     check(cst == DEVSHARE_STATUS_OK, "(e) devshare_exporter_close succeeds (host) with the dead reference (%s)",
           devshare_status_str(cst));
-    check(names_gone(&h), "(e) after the exporter closed, neither the data object nor the ref-counter is in /dev/shm");
+    check(shm_exists(h.key, h.key_len), "(e) the dead child's mapping count keeps the data object after a plain close");
+    check(!shm_exists(h.ref_name, h.ref_name_len), "(e) the ref-counter is gone (the dead child never held it open)");
+    char name[DEVSHARE_KEY_CAPACITY + 1];
+    snprintf(name, sizeof name, "%.*s", (int)h.key_len, (const char *)h.key);
+    check(shm_unlink(name) == 0, "(e) the test removes the leftover object itself");
+    check(names_gone(&h), "(e) afterwards nothing of it is left in /dev/shm");
 }
 
 /* No devshare_<pid>_* / devshare_rc_<pid>_* object of this process or any child it made. */
