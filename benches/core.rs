@@ -50,6 +50,8 @@ unsafe fn run() {
         storage_offset: 4096,
         storage_size: DEVSHARE_STORAGE_TO_END,
         tensor_offset: 0,
+        flags: 0,
+        reserved: 0,
     };
     let mut h = DevshareHandle::default();
     ok(devshare_exporter_share(exp, &desc, &mut h));

@@ -46,6 +46,12 @@
 // PyTorch process maps: PyTorch aborts when a name it expects to unlink is gone.
 #define DEVSHARE_CLOSE_UNLINK 2
 
+// `DevshareTensorDesc::flags` (host only): count the receiver in before the handle travels
+// (PyTorch's `file_system` protocol). The object then cannot vanish while the handle is in
+// flight, even if the exporter closes first; the handle's first import takes the reference
+// over. A handle sent this way must be imported, or the object outlives everyone.
+#define DEVSHARE_SHARE_INFLIGHT 1
+
 // `DevshareImportOptions::flags`: map the data read-only (writes through the pointer fault).
 // The shm object must still be writable by the caller: the mapping count in its header is
 // updated on import and release.
@@ -114,8 +120,13 @@
 // Handle flag: `event_handle` holds a valid IPC event the consumer must wait on before use.
 #define DEVSHARE_HANDLE_FLAG_EVENT 1
 
+// Handle flag (host only): the object's header count holds one in-flight reference for this
+// handle, which its first import takes over (PyTorch's `file_system` protocol: the sender
+// counts the receiver in before sending, so the object cannot vanish while the handle travels).
+#define DEVSHARE_HANDLE_FLAG_INFLIGHT 2
+
 // All handle flags layout version 1 knows; any other bit is refused.
-#define DEVSHARE_HANDLE_KNOWN_FLAGS DEVSHARE_HANDLE_FLAG_EVENT
+#define DEVSHARE_HANDLE_KNOWN_FLAGS (DEVSHARE_HANDLE_FLAG_EVENT | DEVSHARE_HANDLE_FLAG_INFLIGHT)
 
 // Size of `DevshareHandle` in bytes.
 #define DEVSHARE_HANDLE_SIZE 616
@@ -204,6 +215,12 @@ typedef int32_t DevshareStatus;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
+// DLPack's legacy `DLManagedTensor` (defined in dlpack.h; opaque here).
+typedef struct DLManagedTensor DLManagedTensor;
+
+// DLPack's `DLManagedTensorVersioned` (defined in dlpack.h; opaque here).
+typedef struct DLManagedTensorVersioned DLManagedTensorVersioned;
+
 // An exported allocation (opaque). Thread-safe: `share`, `outstanding` and `wait` may be called
 // from several threads at once; `close` must not race with other calls on the same exporter.
 typedef struct DevshareExporter DevshareExporter;
@@ -238,6 +255,10 @@ typedef struct DevshareTensorDesc {
   uint64_t storage_size;
   // Element offset of the tensor in its storage.
   int64_t tensor_offset;
+  // `DEVSHARE_SHARE_*` bits.
+  uint32_t flags;
+  // Reserved, zero.
+  uint32_t reserved;
 } DevshareTensorDesc;
 
 // One shared tensor: where its allocation lives, which part of it is the storage, how the tensor
@@ -355,6 +376,17 @@ typedef struct DevshareBackendInfo {
 extern "C" {
 #endif // __cplusplus
 
+// A `DLManagedTensorVersioned` (DLPack 1.1) view of an import: data points at the tensor's first
+// element (byte_offset 0), shape and strides in elements, device CPU (host), CUDA (cuda) or
+// ExtDev (acl), flags READ_ONLY for read-only imports. It holds its own reference to the
+// import: release the import whenever you like; the view stays valid until its `deleter` runs,
+// which releases that reference (and, if it was the last, returns the handle's reference).
+int32_t devshare_import_to_dlpack_versioned(const struct DevshareImport *imp,
+                                            struct DLManagedTensorVersioned **out);
+
+// The same as a legacy `DLManagedTensor` (no version, no flags: it cannot say read-only).
+int32_t devshare_import_to_dlpack(const struct DevshareImport *imp, struct DLManagedTensor **out);
+
 // Fixed text for a status code ("unknown status" for values this library does not define).
 // The string is static: do not free it.
 const char *devshare_status_str(int32_t status);
@@ -378,6 +410,16 @@ uint32_t devshare_version(void);
 // 0600, unguessable name) and export it. `*ptr_out` (if not NULL) receives its address, valid
 // until `devshare_exporter_close`.
 int32_t devshare_host_alloc(uint64_t size, struct DevshareExporter **out, void **ptr_out);
+
+// Export an existing host shared memory object in PyTorch's `file_system` layout — a 64-byte
+// header with the mapping count, then `size` data bytes — without copying, e.g. the `name` that
+// PyTorch's `storage._share_filename_cpu_()` returned, or a buffer another devshare process
+// exported. The exporter maps it and counts itself in, like any holder; `*ptr_out` (if not
+// NULL) receives the data address.
+int32_t devshare_host_adopt(const char *name,
+                            uint64_t size,
+                            struct DevshareExporter **out,
+                            void **ptr_out);
 
 // Export existing device memory `[ptr, ptr + size)` on `backend` (`DEVSHARE_BACKEND_*`) and
 // `device`. Host memory cannot be exported this way (use `devshare_host_alloc`); a backend

@@ -23,6 +23,9 @@ pub struct TensorDesc<'a> {
     pub storage_size: Option<u64>,
     /// Element offset of the tensor in the storage.
     pub tensor_offset: i64,
+    /// Count the receiver in before the handle travels (host only; see
+    /// `DEVSHARE_HANDLE_FLAG_INFLIGHT`).
+    pub inflight: bool,
 }
 
 /// C-contiguous strides for a shape (saturating: validation rejects what overflows).
@@ -48,6 +51,16 @@ impl Exporter {
     pub fn host_alloc(size: u64) -> Result<Exporter> {
         Ok(Exporter {
             alloc: host::alloc(size)?,
+            backend: crate::handle::DEVSHARE_BACKEND_HOST,
+            refs: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Export an existing host object in PyTorch's `file_system` layout (e.g. a PyTorch CPU
+    /// storage shared with `_share_filename_cpu_`), `size` data bytes of it.
+    pub fn host_adopt(name: &[u8], size: u64) -> Result<Exporter> {
+        Ok(Exporter {
+            alloc: host::adopt(name, size)?,
             backend: crate::handle::DEVSHARE_BACKEND_HOST,
             refs: Mutex::new(Vec::new()),
         })
@@ -121,6 +134,9 @@ impl Exporter {
             }
         }
         h.set_key(self.alloc.key());
+        if desc.inflight {
+            h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT;
+        }
         validate(&h)?;
 
         let mut refs = self.refs();
@@ -133,6 +149,9 @@ impl Exporter {
         };
         let rc = refs.last().expect("just used");
         h.set_ref(rc.name(), slot);
+        if desc.inflight {
+            self.alloc.add_inflight()?;
+        }
         Ok(h)
     }
 
@@ -146,6 +165,7 @@ impl Exporter {
             storage_offset: 0,
             storage_size: None,
             tensor_offset: 0,
+            inflight: false,
         })
     }
 

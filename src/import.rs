@@ -116,11 +116,15 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
     });
 
     let mut reg = registry();
-    if let Some(t) = &ticket {
-        if !reg.tickets.contains_key(t) {
+    // Whether this import is the first in this process to hold the handle's reference.
+    let first_holder = match &ticket {
+        Some(t) if reg.tickets.contains_key(t) => false,
+        Some(t) => {
             refcounter::check_outstanding(t.name(), t.slot)?;
+            true
         }
-    }
+        None => true,
+    };
     let mapping = match reg.allocs.get_mut(&key) {
         Some(entry) => {
             if entry.mapping.len() < h.alloc_size {
@@ -150,6 +154,9 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
     if let Some(t) = &ticket {
         *reg.tickets.entry(t.clone()).or_insert(0) += 1;
     }
+    if first_holder && h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT != 0 {
+        mapping.take_over_inflight();
+    }
     Ok(Import { key, ticket, mapping: Some(mapping), handle: *h, validated })
 }
 
@@ -173,6 +180,23 @@ impl Import {
             (base.add(self.handle.storage_offset as usize), base.add(self.validated.data_offset as usize))
         };
         ImportView { data, storage, base, read_only: self.key.read_only, device: self.key.device }
+    }
+
+    /// Another import of the same handle: shares this one's mapping and reference (both must be
+    /// released; the reference is returned when the last is). Costs a registry lock, no mapping.
+    pub fn clone_ref(&self) -> Import {
+        let mut reg = registry();
+        reg.allocs.get_mut(&self.key).expect("an unreleased import has a registry entry").users += 1;
+        if let Some(t) = &self.ticket {
+            *reg.tickets.get_mut(t).expect("an unreleased import holds its ticket") += 1;
+        }
+        Import {
+            key: self.key.clone(),
+            ticket: self.ticket.clone(),
+            mapping: self.mapping.clone(),
+            handle: self.handle,
+            validated: self.validated,
+        }
     }
 
     /// Release this import, in PyTorch's order: drop the mapping (unmapping it when this was the

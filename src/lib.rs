@@ -11,6 +11,7 @@
 
 pub mod backend;
 pub mod capi;
+pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod export;

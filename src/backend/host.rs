@@ -73,6 +73,10 @@ impl Exported for Counted {
     fn unlink(&self) {
         shm::unlink(&self.name);
     }
+    fn add_inflight(&self) -> Result<()> {
+        self.count().fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
 }
 
 impl Mapping for Counted {
@@ -81,6 +85,10 @@ impl Mapping for Counted {
     }
     fn len(&self) -> u64 {
         self.data_len
+    }
+    fn take_over_inflight(&self) {
+        // Our own mapping holds one count, so this never reaches 0.
+        self.count().fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -134,32 +142,57 @@ impl Backend for Host {
         if let Some(d) = req.device.filter(|&d| d != 0) {
             return Err(Error::InvalidArgument(format!("host memory has no device {d} (use -1 or 0)")));
         }
-        let name = h.key_bytes();
-        let shown = String::from_utf8_lossy(name);
-        let fd = shm::open(name)?;
-        let size = shm::size_of(&fd, name)?;
-        let data_len = size.saturating_sub(HEADER_SIZE);
-        if size < HEADER_SIZE || data_len < h.alloc_size {
-            return Err(Error::Mismatch(format!(
-                "host object {shown} holds {data_len} data bytes but the handle's alloc_size is {}",
-                h.alloc_size
-            )));
-        }
-        let len = usize::try_from(size)
-            .map_err(|_| Error::Mismatch(format!("host object {shown} is too large to map")))?;
-        let data = Map::new(&fd, len, !req.read_only, "host object")?;
-        let header =
-            if req.read_only { Some(Map::new(&fd, HEADER_SIZE as usize, true, "host header")?) } else { None };
-        // Count ourselves in. A count that was already 0 means the last holder is unlinking it:
-        // back out (our maps are simply unmapped; the unlink belongs to that holder).
-        let count = header.as_ref().unwrap_or(&data).atomic_i32(0);
-        let before = count.fetch_add(1, Ordering::SeqCst);
-        if before <= 0 {
-            count.fetch_sub(1, Ordering::SeqCst);
-            return Err(Error::NotFound(format!(
-                "host object {shown} is being released by its last holder (header count was {before})"
-            )));
-        }
-        Ok(Box::new(Counted { name: name.to_vec(), data, header, data_len }))
+        Ok(Box::new(open_counted(h.key_bytes(), h.alloc_size, req.read_only, "the handle's alloc_size")?))
     }
+}
+
+/// Map an existing host object of at least `min_data` data bytes and count ourselves in its
+/// header. `what` names where `min_data` came from, for the mismatch message.
+fn open_counted(name: &[u8], min_data: u64, read_only: bool, what: &str) -> Result<Counted> {
+    let shown = String::from_utf8_lossy(name);
+    let fd = shm::open(name)?;
+    let size = shm::size_of(&fd, name)?;
+    let data_len = size.saturating_sub(HEADER_SIZE);
+    if size < HEADER_SIZE || data_len < min_data {
+        return Err(Error::Mismatch(format!(
+            "host object {shown} holds {data_len} data bytes but {what} is {min_data}"
+        )));
+    }
+    let len = usize::try_from(size)
+        .map_err(|_| Error::Mismatch(format!("host object {shown} is too large to map")))?;
+    let data = Map::new(&fd, len, !read_only, "host object")?;
+    let header = if read_only { Some(Map::new(&fd, HEADER_SIZE as usize, true, "host header")?) } else { None };
+    // Count ourselves in. A count that was already 0 means the last holder is unlinking it:
+    // back out (our maps are simply unmapped; the unlink belongs to that holder).
+    let count = header.as_ref().unwrap_or(&data).atomic_i32(0);
+    let before = count.fetch_add(1, Ordering::SeqCst);
+    if before <= 0 {
+        count.fetch_sub(1, Ordering::SeqCst);
+        return Err(Error::NotFound(format!(
+            "host object {shown} is being released by its last holder (header count was {before})"
+        )));
+    }
+    Ok(Counted { name: name.to_vec(), data, header, data_len })
+}
+
+/// Export an existing host object in PyTorch's `file_system` layout (one that PyTorch's
+/// `_share_filename_cpu_` or another devshare process created) without copying: map it and count
+/// in its header like any other holder.
+pub(crate) fn adopt(name: &[u8], size: u64) -> Result<Box<dyn Exported>> {
+    if !crate::handle::is_shm_name(name) {
+        return Err(Error::InvalidArgument(format!(
+            "{:?} is not a shm name ('/' then [A-Za-z0-9_.-])",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    if name.len() > crate::handle::DEVSHARE_KEY_CAPACITY {
+        return Err(Error::InvalidArgument(format!(
+            "shm name of {} bytes does not fit a handle key ({} bytes)",
+            name.len(),
+            crate::handle::DEVSHARE_KEY_CAPACITY
+        )));
+    }
+    let mut c = open_counted(name, size, false, "the requested size")?;
+    c.data_len = size;
+    Ok(Box::new(c))
 }

@@ -25,6 +25,8 @@ pub trait Mapping: Send + Sync {
     fn base(&self) -> *mut u8;
     /// Bytes of the allocation that are really mapped (checked against the handle).
     fn len(&self) -> u64;
+    /// Take over the in-flight reference a `DEVSHARE_HANDLE_FLAG_INFLIGHT` handle carries.
+    fn take_over_inflight(&self) {}
 }
 
 /// An allocation this process exports. Dropping it ends the export (and frees what it owns).
@@ -47,6 +49,10 @@ pub trait Exported: Send + Sync {
     fn survives_exporter_close(&self) -> bool;
     /// Remove the allocation's name now, if it has one that importers open by (host shm).
     fn unlink(&self) {}
+    /// Add one in-flight reference for a handle about to be sent (host: header count + 1).
+    fn add_inflight(&self) -> Result<()> {
+        Err(Error::Unsupported("in-flight references exist only for host memory".into()))
+    }
 }
 
 /// Usability report of one backend.

@@ -40,7 +40,17 @@ pub struct DevshareTensorDesc {
     pub storage_size: u64,
     /// Element offset of the tensor in its storage.
     pub tensor_offset: i64,
+    /// `DEVSHARE_SHARE_*` bits.
+    pub flags: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
 }
+
+/// `DevshareTensorDesc::flags` (host only): count the receiver in before the handle travels
+/// (PyTorch's `file_system` protocol). The object then cannot vanish while the handle is in
+/// flight, even if the exporter closes first; the handle's first import takes the reference
+/// over. A handle sent this way must be imported, or the object outlives everyone.
+pub const DEVSHARE_SHARE_INFLIGHT: u32 = 1;
 
 /// Allocate `size` bytes of zero-filled, shareable host memory (POSIX shared memory, mode
 /// 0600, unguessable name) and export it. `*ptr_out` (if not NULL) receives its address, valid
@@ -54,6 +64,32 @@ pub unsafe extern "C" fn devshare_host_alloc(
     boundary("devshare_host_alloc", || {
         let out = unsafe { arg_mut(out, "out") }?;
         let e = Exporter::host_alloc(size)?;
+        if let Some(p) = unsafe { ptr_out.as_mut() } {
+            *p = e.ptr().cast();
+        }
+        *out = Box::into_raw(Box::new(DevshareExporter(e)));
+        Ok(())
+    })
+}
+
+/// Export an existing host shared memory object in PyTorch's `file_system` layout — a 64-byte
+/// header with the mapping count, then `size` data bytes — without copying, e.g. the `name` that
+/// PyTorch's `storage._share_filename_cpu_()` returned, or a buffer another devshare process
+/// exported. The exporter maps it and counts itself in, like any holder; `*ptr_out` (if not
+/// NULL) receives the data address.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_host_adopt(
+    name: *const std::ffi::c_char,
+    size: u64,
+    out: *mut *mut DevshareExporter,
+    ptr_out: *mut *mut c_void,
+) -> i32 {
+    boundary("devshare_host_adopt", || {
+        let out = unsafe { arg_mut(out, "out") }?;
+        let name = unsafe { arg(name, "name") }?;
+        // SAFETY: the caller passes a NUL-terminated string.
+        let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+        let e = Exporter::host_adopt(name, size)?;
         if let Some(p) = unsafe { ptr_out.as_mut() } {
             *p = e.ptr().cast();
         }
@@ -125,6 +161,12 @@ pub unsafe extern "C" fn devshare_exporter_share(
                 d.ndim
             )));
         }
+        if d.flags & !DEVSHARE_SHARE_INFLIGHT != 0 || d.reserved != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "desc.flags {:#x} has unknown bits or desc.reserved is not 0",
+                d.flags
+            )));
+        }
         let n = d.ndim as usize;
         let shape = unsafe { arg_slice(d.shape, n, "desc.shape") }?;
         let strides = if d.strides.is_null() { None } else { Some(unsafe { arg_slice(d.strides, n, "desc.strides") }?) };
@@ -135,6 +177,7 @@ pub unsafe extern "C" fn devshare_exporter_share(
             storage_offset: d.storage_offset,
             storage_size: (d.storage_size != DEVSHARE_STORAGE_TO_END).then_some(d.storage_size),
             tensor_offset: d.tensor_offset,
+            inflight: d.flags & DEVSHARE_SHARE_INFLIGHT != 0,
         })?;
         Ok(())
     })

@@ -18,6 +18,12 @@ pub const DEVSHARE_DEVICE_FROM_HANDLE: i32 = -1;
 /// object must not be released twice or used after release.
 pub struct DevshareImport(Import);
 
+impl DevshareImport {
+    pub(crate) fn inner(&self) -> &Import {
+        &self.0
+    }
+}
+
 /// Options for `devshare_import`; initialise with `devshare_import_options_init`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -2,6 +2,7 @@
 //! function, map its `Result` to a status and stash the message. All of them run their body
 //! inside [`boundary`] (or [`boundary_value`]), so no panic crosses into C.
 
+pub mod dlpack;
 pub mod error;
 pub mod export;
 pub mod handle;

@@ -9,6 +9,7 @@ pub mod text;
 mod validate;
 
 pub use validate::{validate, Validated};
+pub(crate) use validate::is_shm_name;
 
 use crate::dtype::DevshareDType;
 use static_assertions::{assert_eq_align, assert_eq_size, const_assert_eq};
@@ -38,8 +39,12 @@ pub const DEVSHARE_BACKEND_CUDA: u16 = 3;
 
 /// Handle flag: `event_handle` holds a valid IPC event the consumer must wait on before use.
 pub const DEVSHARE_HANDLE_FLAG_EVENT: u32 = 1;
+/// Handle flag (host only): the object's header count holds one in-flight reference for this
+/// handle, which its first import takes over (PyTorch's `file_system` protocol: the sender
+/// counts the receiver in before sending, so the object cannot vanish while the handle travels).
+pub const DEVSHARE_HANDLE_FLAG_INFLIGHT: u32 = 2;
 /// All handle flags layout version 1 knows; any other bit is refused.
-pub const DEVSHARE_HANDLE_KNOWN_FLAGS: u32 = DEVSHARE_HANDLE_FLAG_EVENT;
+pub const DEVSHARE_HANDLE_KNOWN_FLAGS: u32 = DEVSHARE_HANDLE_FLAG_EVENT | DEVSHARE_HANDLE_FLAG_INFLIGHT;
 
 /// One shared tensor: where its allocation lives, which part of it is the storage, how the tensor
 /// is laid out in the storage, and how its lifetime is tracked.

@@ -215,6 +215,9 @@ pub fn validate(h: &DevshareHandle) -> Result<Validated> {
     } else if h.backend == DEVSHARE_BACKEND_HOST {
         return Err(Error::invalid("flags", "host handles cannot carry an IPC event"));
     }
+    if h.flags & DEVSHARE_HANDLE_FLAG_INFLIGHT != 0 && h.backend != DEVSHARE_BACKEND_HOST {
+        return Err(Error::invalid("flags", "only host handles carry an in-flight reference"));
+    }
     if h.reserved0 != 0 {
         return Err(Error::invalid("reserved0", "must be 0"));
     }
