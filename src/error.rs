@@ -72,38 +72,43 @@ pub enum Status {
 }
 
 impl Status {
-    /// Short fixed text for a status, used by `devshare_status_str`.
-    pub fn as_str(self) -> &'static str {
+    /// Short fixed text for a status, NUL-terminated for `devshare_status_str`.
+    pub fn as_cstr(self) -> &'static std::ffi::CStr {
         match self {
-            Status::Ok => "ok",
-            Status::NullArgument => "null argument",
-            Status::InvalidArgument => "invalid argument",
-            Status::BufferTooSmall => "buffer too small",
-            Status::Truncated => "truncated handle bytes",
-            Status::BadMagic => "not a devshare handle (bad magic)",
-            Status::UnsupportedVersion => "unsupported handle version",
-            Status::ChecksumMismatch => "handle checksum mismatch",
-            Status::BadText => "malformed handle text",
-            Status::BadLength => "handle length mismatch",
-            Status::InvalidHandle => "invalid handle field",
-            Status::StorageOutOfBounds => "storage extends beyond the allocation",
-            Status::TensorOutOfBounds => "tensor extends beyond its storage",
-            Status::BadNdim => "ndim above the maximum",
-            Status::BadDtype => "unknown or unsupported dtype",
-            Status::BadKey => "malformed export key",
-            Status::BadSize => "negative or overflowing size",
-            Status::WrongHost => "handle was made on another host",
-            Status::BackendUnavailable => "backend unavailable",
-            Status::Unsupported => "unsupported operation",
-            Status::NotFound => "exported object not found",
-            Status::Os => "operating system error",
-            Status::Vendor => "vendor runtime error",
-            Status::Timeout => "timed out",
-            Status::Busy => "references outstanding",
-            Status::AlreadyReleased => "handle reference already released",
-            Status::Mismatch => "exported object does not match the handle",
-            Status::Internal => "internal error (panic caught)",
+            Status::Ok => c"ok",
+            Status::NullArgument => c"null argument",
+            Status::InvalidArgument => c"invalid argument",
+            Status::BufferTooSmall => c"buffer too small",
+            Status::Truncated => c"truncated handle bytes",
+            Status::BadMagic => c"not a devshare handle (bad magic)",
+            Status::UnsupportedVersion => c"unsupported handle version",
+            Status::ChecksumMismatch => c"handle checksum mismatch",
+            Status::BadText => c"malformed handle text",
+            Status::BadLength => c"handle length mismatch",
+            Status::InvalidHandle => c"invalid handle field",
+            Status::StorageOutOfBounds => c"storage extends beyond the allocation",
+            Status::TensorOutOfBounds => c"tensor extends beyond its storage",
+            Status::BadNdim => c"ndim above the maximum",
+            Status::BadDtype => c"unknown or unsupported dtype",
+            Status::BadKey => c"malformed export key",
+            Status::BadSize => c"negative or overflowing size",
+            Status::WrongHost => c"handle was made on another host",
+            Status::BackendUnavailable => c"backend unavailable",
+            Status::Unsupported => c"unsupported operation",
+            Status::NotFound => c"exported object not found",
+            Status::Os => c"operating system error",
+            Status::Vendor => c"vendor runtime error",
+            Status::Timeout => c"timed out",
+            Status::Busy => c"references outstanding",
+            Status::AlreadyReleased => c"handle reference already released",
+            Status::Mismatch => c"exported object does not match the handle",
+            Status::Internal => c"internal error (panic caught)",
         }
+    }
+
+    /// Short fixed text for a status.
+    pub fn as_str(self) -> &'static str {
+        self.as_cstr().to_str().expect("status texts are ASCII")
     }
 
     /// All statuses, for lookups and tests.

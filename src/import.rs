@@ -216,6 +216,11 @@ impl Import {
                 entry.users -= 1;
                 if entry.users == 0 {
                     last_mapping = reg.allocs.remove(&self.key).map(|e| e.mapping);
+                    if reg.allocs.is_empty() {
+                        // Give the table back when nothing is imported, so that leak checkers
+                        // see no memory held by an idle library.
+                        reg.allocs = FxHashMap::default();
+                    }
                 }
             }
             if let Some(t) = &self.ticket {
@@ -224,6 +229,9 @@ impl Import {
                     if *n == 0 {
                         reg.tickets.remove(t);
                         return_ticket = true;
+                        if reg.tickets.is_empty() {
+                            reg.tickets = FxHashMap::default();
+                        }
                     }
                 }
             }

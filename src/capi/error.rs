@@ -2,9 +2,7 @@
 
 use super::boundary_value;
 use crate::error::{copy_last_error, last_vendor_code, Status};
-use std::collections::HashMap;
-use std::ffi::{c_char, CString};
-use std::sync::LazyLock;
+use std::ffi::c_char;
 
 /// Major version of the library (incompatible ABI changes).
 pub const DEVSHARE_VERSION_MAJOR: u32 = 0;
@@ -15,12 +13,6 @@ pub const DEVSHARE_VERSION_PATCH: u32 = 0;
 /// `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
 pub const DEVSHARE_VERSION: u32 = 0x000100;
 
-static TEXTS: LazyLock<HashMap<i32, CString>> = LazyLock::new(|| {
-    Status::ALL
-        .iter()
-        .map(|s| (*s as i32, CString::new(s.as_str()).expect("no NUL in status text")))
-        .collect()
-});
 static UNKNOWN: &std::ffi::CStr = c"unknown status";
 
 /// Fixed text for a status code ("unknown status" for values this library does not define).
@@ -28,7 +20,7 @@ static UNKNOWN: &std::ffi::CStr = c"unknown status";
 #[no_mangle]
 pub extern "C" fn devshare_status_str(status: i32) -> *const c_char {
     boundary_value("devshare_status_str", UNKNOWN.as_ptr(), || {
-        TEXTS.get(&status).map_or(UNKNOWN.as_ptr(), |s| s.as_ptr())
+        Status::from_code(status).map_or(UNKNOWN.as_ptr(), |s| s.as_cstr().as_ptr())
     })
 }
 

@@ -428,6 +428,37 @@ static void test_null_arguments(void) {
     EXPECT(devshare_import_release(NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_release", "import NULL");
     EXPECT(devshare_probe(DEVSHARE_BACKEND_HOST, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_probe", "out NULL");
 
+    /* DLPack views: import and out required. */
+    DLManagedTensorVersioned *mv = NULL;
+    DLManagedTensor *ml = NULL;
+    EXPECT(devshare_import_to_dlpack_versioned(NULL, &mv), DEVSHARE_STATUS_NULL_ARGUMENT,
+           "devshare_import_to_dlpack_versioned", "import NULL");
+    EXPECT(devshare_import_to_dlpack_versioned(imp, NULL), DEVSHARE_STATUS_NULL_ARGUMENT,
+           "devshare_import_to_dlpack_versioned", "out NULL");
+    EXPECT(devshare_import_to_dlpack(NULL, &ml), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_to_dlpack",
+           "import NULL");
+    EXPECT(devshare_import_to_dlpack(imp, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_to_dlpack",
+           "out NULL");
+    CHECK(mv == NULL && ml == NULL, "devshare_import_to_dlpack*: failures leave *out alone");
+
+    /* devshare_host_adopt: name and out required, ptr_out optional; bad names and sizes refused. */
+    char key[DEVSHARE_KEY_CAPACITY + 1];
+    key_name(&h, key, sizeof key);
+    DevshareExporter *ad = NULL;
+    EXPECT(devshare_host_adopt(NULL, 64, &ad, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_host_adopt", "name NULL");
+    EXPECT(devshare_host_adopt(key, 64, NULL, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_host_adopt", "out NULL");
+    EXPECT(devshare_host_adopt("no-leading-slash", 64, &ad, NULL), DEVSHARE_STATUS_INVALID_ARGUMENT,
+           "devshare_host_adopt", "a name that is not a shm name");
+    EXPECT(devshare_host_adopt(key, ALLOC + 1, &ad, NULL), DEVSHARE_STATUS_MISMATCH, "devshare_host_adopt",
+           "a size larger than the object");
+    CHECK(ad == NULL, "devshare_host_adopt: failures leave *out alone");
+    void *adp = NULL;
+    EXPECT_OK(devshare_host_adopt(key, ALLOC, &ad, &adp), "devshare_host_adopt of an existing devshare object");
+    if (ad != NULL) {
+        CHECK(adp != NULL && memcmp(adp, ptr, ALLOC) == 0, "devshare_host_adopt: the adopted memory holds the same bytes");
+        EXPECT_OK(devshare_exporter_close(ad, 0), "devshare_exporter_close of the adopting exporter");
+    }
+
     /* options NULL means the defaults; the failed devshare_import(&h2, NULL, NULL) above did not
      * use up h2's reference. */
     EXPECT_OK(devshare_import(&h2, NULL, &i2), "devshare_import: options NULL is allowed (defaults), "
@@ -481,6 +512,15 @@ static void test_out_of_range(void) {
     /* Close flags: refused, and the exporter stays usable. */
     EXPECT(devshare_exporter_close(exp, 4), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_exporter_close",
            "unknown flag 0x4");
+    DevshareTensorDesc bad_flags = float_desc();
+    DevshareHandle hf;
+    bad_flags.flags = 2;
+    EXPECT(devshare_exporter_share(exp, &bad_flags, &hf), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_exporter_share",
+           "unknown desc.flags bit 0x2");
+    bad_flags.flags = 0;
+    bad_flags.reserved = 1;
+    EXPECT(devshare_exporter_share(exp, &bad_flags, &hf), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_exporter_share",
+           "desc.reserved not 0");
     EXPECT(devshare_exporter_close(exp, 0x80000000u | DEVSHARE_CLOSE_FORCE), DEVSHARE_STATUS_INVALID_ARGUMENT,
            "devshare_exporter_close", "DEVSHARE_CLOSE_FORCE plus unknown flag 0x80000000");
     uint64_t n = UINT64_MAX;
@@ -577,7 +617,9 @@ static void test_out_of_range(void) {
     BAD("layout_version 2", DEVSHARE_STATUS_UNSUPPORTED_VERSION, x->layout_version = 2);
     BAD("backend 0", DEVSHARE_STATUS_INVALID_HANDLE, x->backend = 0);
     BAD("backend 4", DEVSHARE_STATUS_INVALID_HANDLE, x->backend = 4);
-    BAD("unknown flag bit 0x2", DEVSHARE_STATUS_INVALID_HANDLE, x->flags = 2);
+    BAD("unknown flag bit 0x4", DEVSHARE_STATUS_INVALID_HANDLE, x->flags = 4);
+    BAD("the in-flight flag on a CUDA handle", DEVSHARE_STATUS_INVALID_HANDLE,
+        (x->backend = DEVSHARE_BACKEND_CUDA, x->key_len = 64, memset(x->key, 0xab, 64), x->flags = DEVSHARE_HANDLE_FLAG_INFLIGHT));
     BAD("an IPC event on a host handle", DEVSHARE_STATUS_INVALID_HANDLE, x->flags = DEVSHARE_HANDLE_FLAG_EVENT);
     BAD("device_index 1 on a host handle", DEVSHARE_STATUS_INVALID_HANDLE, x->device_index = 1);
     BAD("device_index -1", DEVSHARE_STATUS_INVALID_HANDLE, x->device_index = -1);
@@ -917,6 +959,77 @@ static void test_not_found(void) {
            "a handle whose exporter closed before anyone imported it");
 }
 
+/* The DLPack 1.x layouts, as dlpack.h defines them (devshare.h only declares the managed
+ * structs, so that dlpack.h itself can be included next to it). */
+typedef struct {
+    int32_t device_type;
+    int32_t device_id;
+} TestDLDevice;
+typedef struct {
+    void *data;
+    TestDLDevice device;
+    int32_t ndim;
+    DevshareDType dtype;
+    int64_t *shape;
+    int64_t *strides;
+    uint64_t byte_offset;
+} TestDLTensor;
+typedef struct TestDLManaged {
+    TestDLTensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct TestDLManaged *);
+} TestDLManaged;
+typedef struct TestDLVersioned {
+    uint32_t major, minor;
+    void *manager_ctx;
+    void (*deleter)(struct TestDLVersioned *);
+    uint64_t flags;
+    TestDLTensor dl_tensor;
+} TestDLVersioned;
+
+static void test_dlpack(void) {
+    DevshareExporter *exp = NULL;
+    void *ptr = NULL;
+    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    fill_pattern(ptr);
+    const DevshareTensorDesc desc = float_desc();
+    DevshareHandle h;
+    require(devshare_exporter_share(exp, &desc, &h), "share");
+    DevshareImportOptions o;
+    require(devshare_import_options_init(&o), "devshare_import_options_init");
+    o.flags = DEVSHARE_IMPORT_READ_ONLY;
+    DevshareImport *imp = NULL;
+    require(devshare_import(&h, &o, &imp), "devshare_import");
+    DevshareImportInfo info;
+    require(devshare_import_info(imp, &info), "devshare_import_info");
+    DLManagedTensorVersioned *mv = NULL;
+    DLManagedTensor *ml = NULL;
+    EXPECT_OK(devshare_import_to_dlpack_versioned(imp, &mv), "devshare_import_to_dlpack_versioned");
+    EXPECT_OK(devshare_import_to_dlpack(imp, &ml), "devshare_import_to_dlpack");
+    EXPECT_OK(devshare_import_release(imp), "devshare_import_release while DLPack views exist");
+    CHECK(outstanding(exp) == 1, "the DLPack views keep the handle's reference after the import is released");
+    TestDLVersioned *v = (TestDLVersioned *)(void *)mv;
+    TestDLManaged *l = (TestDLManaged *)(void *)ml;
+    CHECK(v->major == 1 && v->flags == 1 && v->manager_ctx != NULL && v->deleter != NULL,
+          "DLManagedTensorVersioned: version 1.x, READ_ONLY flag for a read-only import, a deleter");
+    const TestDLTensor *t = &v->dl_tensor;
+    CHECK(t->data == info.data && t->byte_offset == 0 && t->device.device_type == 1 && t->device.device_id == 0,
+          "DLTensor: data is the first element, byte_offset 0, device kDLCPU 0");
+    CHECK(t->ndim == 2 && t->shape[0] == T_ROWS && t->shape[1] == T_COLS && t->strides[0] == T_COLS &&
+              t->strides[1] == 1 && t->dtype.code == DEVSHARE_DTYPE_FLOAT && t->dtype.bits == 32 &&
+              t->dtype.lanes == 1,
+          "DLTensor: ndim, shape, strides (elements) and dtype of the handle");
+    CHECK(l->dl_tensor.data == info.data && l->dl_tensor.ndim == 2 && l->dl_tensor.shape[1] == T_COLS &&
+              l->deleter != NULL,
+          "DLManagedTensor (legacy) describes the same tensor");
+    CHECK(pattern_ok(t->data, &h), "DLTensor data holds the exporter's pattern");
+    v->deleter(v);
+    CHECK(outstanding(exp) == 1, "one deleter run: the legacy view still holds the reference");
+    l->deleter(l);
+    CHECK(outstanding(exp) == 0, "the last deleter returned the handle's reference");
+    EXPECT_OK(devshare_exporter_close(exp, 0), "devshare_exporter_close");
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     test_status_texts();
@@ -927,6 +1040,7 @@ int main(void) {
     test_encoding();
     test_probe();
     test_imports();
+    test_dlpack();
     test_not_found();
     const int left = count_own_shm();
     CHECK(left == 0, "no /dev/shm object of this process (devshare_%ld_*, devshare_rc_%ld_*) is left", (long)getpid(),
