@@ -129,9 +129,27 @@ impl Drop for Attached<'_> {
 
 /// Consumer side, before use: the handle's reference must still be outstanding. `Ok(false)` when
 /// the ref-counter is gone (the producer stopped tracking), `Ok(true)` when the slot is > 0.
+///
+/// A plain read through the descriptor (no mapping, no header count change): an aligned 8-byte
+/// `pread` of shared memory sees a whole value, and this check only refuses handles whose
+/// reference was already returned, which nothing can undo.
 pub(crate) fn check_outstanding(name: &[u8], slot: u64) -> Result<bool> {
-    let Some(rc) = Attached::open(name, slot)? else { return Ok(false) };
-    let v = rc.slot(slot).load(Ordering::SeqCst);
+    let fd = match shm::open_read(name) {
+        Ok(fd) => fd,
+        Err(Error::NotFound(_)) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let mut buf = [0u8; 8];
+    let at = slot_offset(slot);
+    // SAFETY: valid fd, buf has 8 writable bytes.
+    let n = unsafe { libc::pread(std::os::fd::AsRawFd::as_raw_fd(&fd), buf.as_mut_ptr().cast(), 8, at as libc::off_t) };
+    if n != 8 {
+        return Err(Error::Mismatch(format!(
+            "ref-counter {} is too small for slot {slot}",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    let v = i64::from_ne_bytes(buf);
     if v <= 0 {
         return Err(Error::AlreadyReleased(format!(
             "slot {slot} of ref-counter {} is {v}: this handle's reference was already returned",

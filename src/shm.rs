@@ -98,6 +98,11 @@ pub(crate) fn create(name: &[u8], size: u64) -> Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Open an existing shm object read-only.
+pub(crate) fn open_read(name: &[u8]) -> Result<OwnedFd> {
+    shm_open(name, libc::O_RDONLY, "shm_open")
+}
+
 /// Open an existing shm object read-write.
 pub(crate) fn open(name: &[u8]) -> Result<OwnedFd> {
     shm_open(name, libc::O_RDWR, "shm_open")
