@@ -1,0 +1,45 @@
+"""devshare: share tensors between processes (PyTorch, numpy, C, C++) without copying.
+
+A thin ctypes layer over the devshare C library (libdevshare.so). The producer calls
+:func:`share` on a tensor and sends the returned :class:`Handle` (``to_text()`` or
+``to_bytes()``) to a consumer, which calls :func:`open` on it and gets a tensor or array over
+the same memory. When the consumer drops it, the producer's :func:`outstanding` count goes down.
+
+The library is found through ``DEVSHARE_LIBRARY`` (full path), then next to this package, then
+the build directories of the source checkout this package is imported from, then the system
+loader (``libdevshare.so.0``).
+"""
+
+from ._lib import (
+    Error,
+    LibraryNotFoundError,
+    Status,
+    library_path,
+    status_name,
+    version as library_version,
+)
+from ._handle import Handle
+from ._core import collect, dlpack_capsule, empty, open, outstanding, share, wait
+
+__version__ = "0.1.0"
+
+for _cls in (Error, LibraryNotFoundError, Status, Handle):
+    _cls.__module__ = __name__
+del _cls
+
+__all__ = [
+    "Error",
+    "Handle",
+    "LibraryNotFoundError",
+    "Status",
+    "collect",
+    "dlpack_capsule",
+    "empty",
+    "library_path",
+    "library_version",
+    "open",
+    "outstanding",
+    "share",
+    "status_name",
+    "wait",
+]

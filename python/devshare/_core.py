@@ -1,0 +1,543 @@
+"""share / open / empty / outstanding / wait / collect."""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import ctypes
+import sys
+import weakref
+from ctypes import byref, c_int64, c_uint64, c_void_p
+
+from . import _dlpack, _dtypes
+from ._handle import Handle
+from ._lib import (
+    BACKEND_HOST,
+    DEVICE_FROM_HANDLE,
+    DType,
+    IMPORT_READ_ONLY,
+    SHARE_INFLIGHT,
+    STORAGE_TO_END,
+    ExporterP,
+    HandleStruct,
+    ImportInfo,
+    ImportOptions,
+    ImportP,
+    Status,
+    TensorDesc,
+    call,
+    error_for,
+    lib,
+    registry_lock,
+)
+
+_HEADER_SIZE = 64  # bytes before the data in a file_system-layout shm object
+
+
+# --- Exporters owned by this process -------------------------------------------------------------
+
+
+class _Export:
+    """One ``DevshareExporter`` of this process: a devshare allocation or an adopted shm object."""
+
+    __slots__ = ("_ptr", "name", "base", "size", "storage_ref", "waiters", "__weakref__")
+
+    def __init__(self, ptr: ExporterP, name: bytes | None):
+        self._ptr = ptr
+        self.name = name
+        base, size = c_void_p(), c_uint64()
+        try:
+            call(lib.devshare_exporter_memory, ptr, byref(base), byref(size))
+        except BaseException:
+            lib.devshare_exporter_close(ptr, 0)
+            raise
+        self.base = base.value or 0
+        self.size = size.value
+        self.storage_ref = None  # weakref to the torch storage an adopted export came from
+        self.waiters = 0  # threads inside wait(): collect() must not close it under them
+
+    @classmethod
+    def alloc(cls, nbytes: int) -> "_Export":
+        ptr = ExporterP()
+        call(lib.devshare_host_alloc, nbytes, byref(ptr), None)
+        # The C API has no accessor for the shm name; the first handle tells it (see share).
+        return cls(ptr, None)
+
+    @classmethod
+    def adopt(cls, name: bytes, nbytes: int) -> "_Export":
+        ptr = ExporterP()
+        call(lib.devshare_host_adopt, name, nbytes, byref(ptr), None)
+        return cls(ptr, name)
+
+    @property
+    def closed(self) -> bool:
+        return not self._ptr
+
+    def contains(self, addr: int, nbytes: int = 0) -> bool:
+        return self.base <= addr and addr + nbytes <= self.base + self.size
+
+    def share(self, dtype, shape, strides, storage_offset, storage_size, tensor_offset) -> Handle:
+        ndim = len(shape)
+        shape_arr = (c_int64 * max(ndim, 1))(*shape)
+        strides_arr = (c_int64 * max(ndim, 1))(*strides)
+        desc = _lib_desc(dtype, ndim, shape_arr, strides_arr, storage_offset, storage_size,
+                         tensor_offset)
+        h = HandleStruct()
+        call(lib.devshare_exporter_share, self._ptr, byref(desc), byref(h))
+        if self.name is None:
+            self.name = bytes(h.key[: h.key_len])
+        return Handle(h)
+
+    def outstanding(self) -> int:
+        if self.closed:
+            return 0
+        n = c_uint64()
+        call(lib.devshare_exporter_outstanding, self._ptr, byref(n))
+        return n.value
+
+    def wait(self, timeout_ms: int) -> bool:
+        if self.closed:
+            return True
+        status = lib.devshare_exporter_wait(self._ptr, timeout_ms)
+        if status == Status.TIMEOUT:
+            return False
+        if status < 0:
+            raise error_for(status)
+        return True
+
+    def close(self) -> None:
+        ptr, self._ptr = self._ptr, ExporterP()
+        if ptr:
+            call(lib.devshare_exporter_close, ptr, 0)
+
+
+def _lib_desc(dtype, ndim, shape_arr, strides_arr, storage_offset, storage_size, tensor_offset):
+    return TensorDesc(
+        dtype=DType(*dtype),
+        ndim=ndim,
+        shape=ctypes.cast(shape_arr, ctypes.POINTER(c_int64)),
+        strides=ctypes.cast(strides_arr, ctypes.POINTER(c_int64)),
+        storage_offset=storage_offset,
+        storage_size=storage_size,
+        tensor_offset=tensor_offset,
+        flags=SHARE_INFLIGHT,
+        reserved=0,
+    )
+
+
+class _HostBuffer:
+    """Owner of a devshare_host_alloc allocation behind tensors/arrays made by :func:`empty`.
+    Closing happens when the last tensor/array (and view) using the memory is gone."""
+
+    __slots__ = ("export", "__weakref__")
+
+    def __init__(self, nbytes: int):
+        self.export = _Export.alloc(nbytes)
+        weakref.finalize(self, _Export.close, self.export)
+
+
+# Live empty() buffers, by data address (weak: a buffer lives as long as its tensors/arrays).
+_buffers: "weakref.WeakValueDictionary[int, _HostBuffer]" = weakref.WeakValueDictionary()
+# Exports of existing shm objects (torch storages, re-shared imports), by shm name; closed by
+# collect() once every reference they handed out came back.
+_adopted: dict[bytes, _Export] = {}
+# Mappings of imports made by open(): (shm name, data address) -> alloc size (a read-only and a
+# read-write import of one object are two mappings). An entry may outlive its mapping; it is
+# only trusted after checking /proc/self/maps.
+_imports: dict[tuple[bytes, int], int] = {}
+_IMPORTS_PRUNE_AT = 256
+
+
+def _buffer_at(addr: int, nbytes: int) -> _HostBuffer | None:
+    for buf in list(_buffers.values()):
+        if buf.export.contains(addr, nbytes):
+            return buf
+    return None
+
+
+def _shm_mappings() -> dict[bytes, list[tuple[int, int, int]]]:
+    """shm name -> [(start, end, file offset)] of this process's /dev/shm mappings."""
+    out: dict[bytes, list[tuple[int, int, int]]] = {}
+    with builtins.open("/proc/self/maps", "rb") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) < 6 or not parts[5].startswith(b"/dev/shm/"):
+                continue
+            path = parts[5].rstrip(b"\n")
+            if path.endswith(b" (deleted)"):
+                continue
+            start, end = (int(x, 16) for x in parts[0].split(b"-"))
+            out.setdefault(b"/" + path[len(b"/dev/shm/"):], []).append((start, end, int(parts[2], 16)))
+    return out
+
+
+def _live_import(maps, name: bytes, base: int, size: int) -> bool:
+    return any(off == 0 and start + _HEADER_SIZE == base and base + size <= end
+               for start, end, off in maps.get(name, ()))
+
+
+def _import_at(addr: int, nbytes: int) -> tuple[bytes, int, int] | None:
+    """(shm name, alloc size, byte offset of addr in the data) when [addr, addr+nbytes) lies in
+    a live mapping of an object this process imported with open()."""
+    candidates = [(name, base, size) for (name, base), size in _imports.items()
+                  if base <= addr and addr + nbytes <= base + size]
+    if not candidates:
+        return None
+    maps = _shm_mappings()
+    for name, base, size in candidates:
+        if _live_import(maps, name, base, size):
+            return name, size, addr - base
+        del _imports[(name, base)]  # that mapping is gone
+    return None
+
+
+def _note_import(name: bytes, base: int, size: int) -> None:
+    global _IMPORTS_PRUNE_AT
+    if len(_imports) >= _IMPORTS_PRUNE_AT:
+        maps = _shm_mappings()
+        for (n, b), sz in list(_imports.items()):
+            if not _live_import(maps, n, b, sz):
+                del _imports[(n, b)]
+        _IMPORTS_PRUNE_AT = max(256, 2 * len(_imports))  # many live imports: prune less often
+    _imports[(name, base)] = size
+
+
+def _adopted_export(name: bytes, nbytes: int, storage=None) -> _Export:
+    exp = _adopted.get(name)
+    if exp is None or exp.closed:
+        exp = _Export.adopt(name, nbytes)
+        _adopted[name] = exp
+    if storage is not None and (exp.storage_ref is None or exp.storage_ref() is None):
+        exp.storage_ref = weakref.ref(storage)
+    return exp
+
+
+def collect() -> int:
+    """Close this process's exporters of torch storages whose references all came back (like
+    ``torch.cuda.ipc_collect``). :func:`share` does this too. Returns how many were closed."""
+    return _collect(keep=None)
+
+
+@atexit.register
+def _close_all() -> None:
+    """At exit, close every adopted export: its ref-counter name goes away with the last holder
+    instead of staying in /dev/shm. Consumers elsewhere keep their mappings."""
+    with registry_lock:
+        for name, exp in list(_adopted.items()):
+            if exp.waiters:
+                continue  # a thread still waits on it: leave it to the process exit
+            del _adopted[name]
+            try:
+                exp.close()
+            except Exception:  # noqa: BLE001 - nothing useful to do at exit
+                pass
+
+
+def _collect(keep) -> int:
+    closed = 0
+    with registry_lock:
+        for name, exp in list(_adopted.items()):
+            if exp is keep or exp.waiters:
+                continue
+            if exp.closed or exp.outstanding() == 0:
+                del _adopted[name]
+                exp.close()
+                closed += 1
+    return closed
+
+
+# --- share ----------------------------------------------------------------------------------------
+
+
+def _type_label(obj) -> str:
+    t = type(obj)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _is_torch_tensor(obj) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _is_ndarray(obj) -> bool:
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(obj, numpy.ndarray)
+
+
+def share(obj) -> Handle:
+    """Share a tensor without copying and return its handle (one reference for one consumer).
+
+    Accepts a torch CPU tensor (its storage moves into, or stays in, PyTorch's ``file_system``
+    shared memory, as ``torch.multiprocessing`` would do), or a tensor/array whose memory came
+    from :func:`empty` or :func:`open`. Any dtype devshare knows, any strides >= 0, views with
+    storage offsets, 0-d and empty tensors. The handle carries an in-flight reference, so the
+    memory stays alive until the consumer opened it, even if the producer lets go first.
+    """
+    with registry_lock:
+        if _is_torch_tensor(obj):
+            h, exp = _share_torch(obj)
+        elif _is_ndarray(obj):
+            h, exp = _share_numpy(obj)
+        else:
+            raise TypeError(f"devshare.share() takes a torch CPU tensor or a numpy array from "
+                            f"devshare.empty()/open(), not {_type_label(obj)}")
+        _collect(keep=exp)
+        return h
+
+
+def _share_torch(t):
+    torch = sys.modules["torch"]
+    if t.device.type != "cpu":
+        raise ValueError(f"only CPU tensors can be shared so far, not {t.device.type} tensors")
+    if t.is_nested or t.layout != torch.strided:
+        raise ValueError(f"only strided (dense) tensors can be shared, not layout {t.layout}")
+    if t.is_quantized:
+        raise ValueError("quantized tensors cannot be shared")
+    if t.is_conj() or t.is_neg():
+        raise ValueError("the tensor has a lazy conjugate/negative bit: call resolve_conj() / "
+                         "resolve_neg() first (sharing its memory would show unconjugated values)")
+    dtype = _dtypes.from_any(t.dtype)
+    shape, strides = tuple(t.shape), tuple(t.stride())
+    storage = t.untyped_storage()
+    addr, nbytes = storage.data_ptr(), storage.nbytes()
+
+    buf = _buffer_at(addr, nbytes) if addr else None
+    if buf is not None:
+        exp = buf.export
+        return exp.share(dtype, shape, strides, addr - exp.base, nbytes, t.storage_offset()), exp
+    if not storage.is_shared() and addr:
+        found = _import_at(addr, nbytes)
+        if found is not None:
+            # Memory from open(): export the same object again rather than copying it.
+            name, size, offset = found
+            exp = _adopted_export(name, size)
+            return exp.share(dtype, shape, strides, offset, nbytes, t.storage_offset()), exp
+    _, name, size = storage._share_filename_cpu_()
+    exp = _adopted_export(bytes(name), int(size), storage)
+    return exp.share(dtype, shape, strides, 0, int(size), t.storage_offset()), exp
+
+
+def _array_extent(a) -> tuple[int, int]:
+    """(first byte address, bytes spanned) of a numpy array; ValueError for negative strides."""
+    addr = a.__array_interface__["data"][0]
+    if a.size == 0:
+        return addr, 0
+    last = 0
+    for dim, stride in zip(a.shape, a.strides):
+        if stride < 0:
+            raise ValueError("arrays with negative strides cannot be shared (devshare strides are "
+                             ">= 0): share a copy or the un-flipped array")
+        last += (dim - 1) * stride
+    return addr, last + a.itemsize
+
+
+def _share_numpy(a):
+    dtype = _dtypes.from_any(a.dtype)
+    itemsize = a.itemsize
+    for s in a.strides:
+        if s < 0:
+            _array_extent(a)  # raises the negative-stride error
+        if s % itemsize:
+            raise ValueError(f"stride {s} bytes is not a multiple of the element size {itemsize}")
+    strides = tuple(s // itemsize for s in a.strides)
+    shape = tuple(a.shape)
+    addr, span = _array_extent(a)
+    buf = _buffer_at(addr, span)
+    if buf is not None:
+        exp = buf.export
+        offset = addr - exp.base
+    else:
+        found = _import_at(addr, span)
+        if found is None:
+            raise TypeError("this numpy array's memory is not shareable: allocate it with "
+                            "devshare.empty(shape, dtype, like='numpy') (or share a torch tensor)")
+        name, size, offset = found
+        exp = _adopted_export(name, size)
+    if offset % itemsize == 0:
+        return exp.share(dtype, shape, strides, 0, STORAGE_TO_END, offset // itemsize), exp
+    return exp.share(dtype, shape, strides, offset, STORAGE_TO_END, 0), exp
+
+
+# --- producer side: outstanding / wait ------------------------------------------------------------
+
+
+def _export_of(obj) -> tuple[_Export | None, object]:
+    """The exporter of this process that shares obj (a Handle, torch tensor or numpy array), and
+    the object that keeps it open (hold it while using the exporter)."""
+    if isinstance(obj, (str, bytes, bytearray, memoryview)):
+        obj = Handle.parse(obj)
+    if isinstance(obj, Handle):
+        for buf in list(_buffers.values()):
+            if buf.export.name == obj.key:
+                return buf.export, buf
+        return _adopted.get(obj.key), None
+    if _is_torch_tensor(obj):
+        storage = obj.untyped_storage()
+        addr, nbytes = storage.data_ptr(), storage.nbytes()
+        buf = _buffer_at(addr, nbytes) if addr else None
+        if buf is not None:
+            return buf.export, buf
+        for exp in _adopted.values():
+            if exp.storage_ref is not None and exp.storage_ref() is storage:
+                return exp, None
+        found = _import_at(addr, nbytes) if addr else None
+        return (_adopted.get(found[0]) if found else None), None
+    if _is_ndarray(obj):
+        addr, span = _array_extent(obj)
+        buf = _buffer_at(addr, span)
+        if buf is not None:
+            return buf.export, buf
+        found = _import_at(addr, span)
+        return (_adopted.get(found[0]) if found else None), None
+    raise TypeError(f"expected a devshare.Handle, a torch tensor or a numpy array, not "
+                    f"{_type_label(obj)}")
+
+
+def outstanding(obj) -> int:
+    """References this process handed out for obj's memory (a tensor, array or Handle) that
+    their consumers have not released yet. 0 when nothing is outstanding or it was never shared
+    (a handle counts for its whole allocation)."""
+    with registry_lock:
+        exp, _ = _export_of(obj)
+        return exp.outstanding() if exp is not None else 0
+
+
+def wait(obj, timeout=None) -> bool:
+    """Wait until every reference handed out for obj's memory came back. True when they did,
+    False when ``timeout`` seconds passed first (None: wait forever)."""
+    if timeout is None:
+        ms = -1
+    else:
+        if timeout < 0:
+            raise ValueError("timeout must be >= 0 seconds (or None to wait forever)")
+        ms = int(timeout * 1000 + 0.999)
+    with registry_lock:
+        exp, owner = _export_of(obj)  # owner: keeps an empty() allocation open meanwhile
+        if exp is None or exp.closed:
+            return True
+        exp.waiters += 1
+    try:
+        # ctypes drops the GIL during the call, so other threads (and releasing consumers in
+        # this process) keep running.
+        return exp.wait(ms)
+    finally:
+        with registry_lock:
+            exp.waiters -= 1
+        del owner
+
+
+# --- consumer side: open --------------------------------------------------------------------------
+
+
+def _import(h: Handle, read_only: bool) -> ImportP:
+    opts = ImportOptions()
+    call(lib.devshare_import_options_init, byref(opts))
+    if read_only:
+        opts.flags |= IMPORT_READ_ONLY
+    opts.device = DEVICE_FROM_HANDLE
+    imp = ImportP()
+    call(lib.devshare_import, byref(h._h), byref(opts), byref(imp))
+    return imp
+
+
+def open(handle, like: str = "torch", read_only: bool = False):  # noqa: A001 - the API's name
+    """Open a handle (Handle, bytes or text) without copying.
+
+    Returns a torch tensor (``like="torch"``) or a numpy array (``like="numpy"``) with the
+    handle's dtype, shape, strides and offset over the shared memory. The import is released,
+    and the producer sees the reference come back, when the returned object and every view of it
+    are gone. ``read_only=True`` maps the memory without write permission: numpy arrays come
+    back non-writeable; PyTorch has no read-only tensors, so it is refused with like="torch".
+    """
+    h = Handle.parse(handle)
+    if like == "torch":
+        torch = _dtypes.require_torch()
+        _dtypes.to_torch(*h.dtype)
+        if read_only:
+            raise ValueError("PyTorch has no read-only tensors (a write would crash the process): "
+                             "open with like='numpy' for a read-only view")
+    elif like == "numpy":
+        numpy = _dtypes.require_numpy()
+        _dtypes.to_numpy(*h.dtype)
+    else:
+        raise ValueError(f"like must be 'torch' or 'numpy', not {like!r}")
+    if h.backend_id != BACKEND_HOST:
+        raise ValueError(f"{h.backend} handles cannot be opened by this package yet (host only)")
+
+    imp = _import(h, read_only)
+    try:
+        info = ImportInfo()
+        call(lib.devshare_import_info, imp, byref(info))
+        with registry_lock:
+            _note_import(h.key, info.base or 0, info.alloc_size)
+        if like == "torch":
+            cap = _dlpack.capsule(_dlpack.managed_from_import(imp, versioned=True), versioned=True)
+            return torch.from_dlpack(cap)
+        return numpy.from_dlpack(_dlpack.DLPackSource(imp))
+    finally:
+        # The DLPack tensor holds its own reference to the import.
+        lib.devshare_import_release(imp)
+
+
+def dlpack_capsule(handle, versioned: bool = True, read_only: bool = False):
+    """Import a handle and return it as a DLPack PyCapsule (``"dltensor_versioned"``, or the
+    legacy ``"dltensor"``) for any DLPack consumer. The import is released when the consumer
+    calls the deleter, or when the capsule is destroyed unconsumed."""
+    h = Handle.parse(handle)
+    imp = _import(h, read_only)
+    try:
+        info = ImportInfo()
+        call(lib.devshare_import_info, imp, byref(info))
+        with registry_lock:
+            _note_import(h.key, info.base or 0, info.alloc_size)
+        return _dlpack.capsule(_dlpack.managed_from_import(imp, versioned), versioned)
+    finally:
+        lib.devshare_import_release(imp)
+
+
+# --- empty ----------------------------------------------------------------------------------------
+
+
+def _normalize_shape(shape) -> tuple[int, ...]:
+    if isinstance(shape, int):
+        shape = (shape,)
+    try:
+        shape = tuple(int(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"shape must be an int or a sequence of ints, not {_type_label(shape)}") from None
+    if any(d < 0 for d in shape):
+        raise ValueError(f"negative dimension in shape {shape}")
+    return shape
+
+
+def empty(shape, dtype="float32", like: str = "torch"):
+    """Uninitialised (zero-filled) shareable host memory as a torch tensor or numpy array.
+
+    The memory is a devshare allocation: :func:`share` hands out handles for it (or any view of
+    it) without copying, and the allocation is closed when the tensor/array and all its views
+    are gone.
+    """
+    shape = _normalize_shape(shape)
+    code, bits, lanes = _dtypes.from_any(dtype)
+    if like == "torch":
+        torch = _dtypes.require_torch()
+        tdtype = _dtypes.to_torch(code, bits, lanes)
+    elif like == "numpy":
+        numpy = _dtypes.require_numpy()
+        ndtype = _dtypes.to_numpy(code, bits, lanes)
+    else:
+        raise ValueError(f"like must be 'torch' or 'numpy', not {like!r}")
+    numel = 1
+    for d in shape:
+        numel *= d
+    nbytes = numel * (bits // 8) * lanes
+    with registry_lock:
+        buf = _HostBuffer(max(nbytes, 1))
+        _buffers[buf.export.base] = buf
+    raw = (ctypes.c_uint8 * buf.export.size).from_address(buf.export.base)
+    raw._devshare_buffer = buf  # the ctypes array (and so every tensor over it) keeps it alive
+    if like == "torch":
+        flat = torch.frombuffer(raw, dtype=torch.uint8)[:nbytes]
+        return flat.view(tdtype).reshape(shape)
+    flat = numpy.frombuffer(raw, dtype=numpy.uint8, count=nbytes)
+    return flat.view(ndtype).reshape(shape)
