@@ -1,0 +1,162 @@
+"""The package itself: numpy without torch, finding the library, version check, pip install."""
+
+import ctypes
+import importlib.util
+import os
+import pathlib
+import shutil
+import sys
+import textwrap
+
+import devshare
+from conftest import PYTHON_DIR, python_env, run, tensor_tool
+
+NUMPY_ONLY = textwrap.dedent("""
+    import gc, subprocess, sys
+    sys.modules["torch"] = None  # any "import torch" now raises ImportError
+    import numpy as np
+    import devshare
+
+    a = devshare.empty((3, 4), "float32", like="numpy")
+    a[:] = np.arange(12, dtype=np.float32).reshape(3, 4)
+    h = devshare.share(a[:, 1::2])
+    assert h.dtype_name == "float32" and h.numpy_dtype() == np.float32
+    b = devshare.open(h, like="numpy")
+    assert np.array_equal(b, a[:, 1::2])
+    b[0, 0] = -1
+    assert a[0, 1] == -1 and devshare.outstanding(a) == 1
+    del b
+    gc.collect()
+    assert devshare.outstanding(a) == 0
+
+    # The C side sees the array too.
+    out = subprocess.run([sys.argv[1], "open", devshare.share(a[2]).to_text()],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "info code=2 bits=32 lanes=1 ndim=1 shape=4 strides=1 numel=4", out
+    assert out[1] == "data " + a[2].tobytes().hex() and out[2] == "released", out
+    assert devshare.outstanding(a) == 0
+
+    h = devshare.share(a)
+    try:
+        devshare.open(h, like="torch")
+    except ImportError as e:
+        assert "torch" in str(e)
+    else:
+        raise AssertionError("like='torch' worked without torch")
+    devshare.open(h, like="numpy")  # nothing was imported above: take the reference back here
+    gc.collect()
+    assert devshare.outstanding(a) == 0
+    try:
+        devshare.empty((2,), "float32")  # like="torch" is the default
+    except ImportError:
+        pass
+    else:
+        raise AssertionError("empty() made a torch tensor without torch")
+    assert sys.modules["torch"] is None
+    print("ok")
+""")
+
+
+def test_numpy_works_without_torch():
+    res = run([sys.executable, "-c", NUMPY_ONLY, tensor_tool()], env=python_env())
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip() == "ok"
+
+
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DEVSHARE_LIBRARY", "LD_LIBRARY_PATH", "PYTHONPATH")}
+    env.update(extra)
+    return env
+
+
+def _pip_install(target: pathlib.Path):
+    args = [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(target)]
+    if importlib.util.find_spec("setuptools") is not None:
+        args.append("--no-build-isolation")  # no network needed
+    build = target.parent / "pip-build"
+    shutil.copytree(PYTHON_DIR, build, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    res = run(args + [str(build)], timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (target / "devshare" / "__init__.py").is_file()
+
+
+def test_pip_install_and_library_search(tmp_path):
+    target = tmp_path / "site"
+    _pip_install(target)
+    probe = "import devshare; print(devshare.__file__); print(devshare.library_path)"
+
+    # DEVSHARE_LIBRARY: used as given.
+    res = run([sys.executable, "-c", probe],
+              env=_clean_env(PYTHONPATH=str(target), DEVSHARE_LIBRARY=devshare.library_path))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [str(target / "devshare" / "__init__.py"), devshare.library_path]
+
+    # Nothing anywhere: the error lists every place it looked.
+    res = run([sys.executable, "-c", probe], env=_clean_env(PYTHONPATH=str(target)))
+    assert res.returncode != 0
+    assert "LibraryNotFoundError" in res.stderr
+    assert "DEVSHARE_LIBRARY: not set" in res.stderr
+    assert str(target / "devshare" / "libdevshare.so") in res.stderr
+    assert "system loader: libdevshare.so.0" in res.stderr
+
+    # An explicit DEVSHARE_LIBRARY that does not load is an error, not a silent fallback.
+    res = run([sys.executable, "-c", probe],
+              env=_clean_env(PYTHONPATH=str(target), DEVSHARE_LIBRARY=str(tmp_path / "nope.so")))
+    assert res.returncode != 0 and str(tmp_path / "nope.so") in res.stderr
+
+    # A library next to the package is found.
+    shutil.copy(devshare.library_path, target / "devshare" / "libdevshare.so")
+    res = run([sys.executable, "-c", probe], env=_clean_env(PYTHONPATH=str(target)))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[1] == str(target / "devshare" / "libdevshare.so")
+
+    # The installed package works end to end.
+    roundtrip = ("import devshare, numpy as np; a = devshare.empty(4, 'int64', like='numpy'); "
+                 "a[:] = 5; b = devshare.open(devshare.share(a), like='numpy'); "
+                 "assert (b == 5).all(); del b; assert devshare.outstanding(a) == 0; print('ok')")
+    res = run([sys.executable, "-c", roundtrip], env=_clean_env(PYTHONPATH=str(target)))
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_source_checkout_finds_its_build_directory():
+    probe = "import devshare; print(devshare.library_path)"
+    res = run([sys.executable, "-c", probe], env=_clean_env(PYTHONPATH=str(PYTHON_DIR)))
+    assert res.returncode == 0, res.stderr
+    path = pathlib.Path(res.stdout.strip())
+    root = PYTHON_DIR.parent
+    assert path in (root / "build/cargo/release/libdevshare.so", root / "target/release/libdevshare.so")
+
+
+def test_version_check():
+    from devshare import _lib
+
+    class Fake:
+        def __init__(self, v):
+            self.devshare_version = lambda: v
+
+    assert _lib._version_problem(Fake(_lib.EXPECTED_MAJOR << 16 | _lib.EXPECTED_MINOR << 8 | 7)) is None
+    assert "does not match" in _lib._version_problem(Fake((_lib.EXPECTED_MAJOR + 1) << 16))
+    # While the major version is 0, another minor is another ABI.
+    assert _lib._version_problem(Fake(_lib.EXPECTED_MINOR + 1 << 8)) is not None
+    assert devshare.library_version.startswith(f"{_lib.EXPECTED_MAJOR}.{_lib.EXPECTED_MINOR}.")
+
+
+def test_library_errors_never_crash_the_interpreter():
+    # Misuse at the ctypes level still comes back as a devshare.Error with the library's text.
+    from devshare import _lib
+
+    try:
+        _lib.call(_lib.lib.devshare_exporter_share, None, None, None)
+    except devshare.Error as e:
+        assert e.status == devshare.Status.NULL_ARGUMENT
+        assert "devshare_exporter_share" in e.message
+    else:
+        raise AssertionError("NULL exporter accepted")
+    try:
+        _lib.call(_lib.lib.devshare_host_adopt, b"/no_such_devshare_object", 16,
+                  ctypes.byref(_lib.ExporterP()), None)
+    except devshare.Error as e:
+        assert e.status == devshare.Status.NOT_FOUND and "no_such_devshare_object" in e.message
+    else:
+        raise AssertionError("adopting a missing object worked")
