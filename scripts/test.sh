@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Quick start, part 2: build everything and run every test (Rust, C, C++, Python, install and
+# packaging tests). Makes or reuses the virtual environment .venv with numpy, torch and pytest
+# for the Python tests. (pip honours PIP_INDEX_URL / PIP_EXTRA_INDEX_URL, e.g. to fetch
+# PyTorch's CPU-only wheels.)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/setup.sh --python
+
+if [[ ! -x .venv/bin/python ]]; then
+    python3 -m venv .venv
+fi
+py_missing=()
+for module in numpy torch pytest setuptools; do
+    .venv/bin/python -c "import ${module}" >/dev/null 2>&1 || py_missing+=("${module}")
+done
+if ((${#py_missing[@]})); then
+    echo "== installing ${py_missing[*]} into .venv"
+    .venv/bin/python -m pip install --quiet "${py_missing[@]}"
+fi
+
+cmake -S . -B build && cmake --build build -j2 && ctest --test-dir build --output-on-failure
