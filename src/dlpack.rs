@@ -99,8 +99,7 @@ fn tensor_of(imp: &Import, shape: *mut i64, strides: *mut i64) -> DlTensor {
 
 fn boxed_ctx<M>(imp: &Import, managed: M) -> *mut Ctx<M> {
     let h = imp.handle();
-    let ctx = Box::into_raw(Box::new(Ctx { managed, shape: h.shape, strides: h.strides, import: imp.clone_ref() }));
-    ctx
+    Box::into_raw(Box::new(Ctx { managed, shape: h.shape, strides: h.strides, import: imp.clone_ref() }))
 }
 
 unsafe extern "C" fn delete_versioned(m: *mut DlManagedTensorVersioned) {

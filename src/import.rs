@@ -109,7 +109,7 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
         key_len: h.key_len,
         key: h.key,
     };
-    let ticket = (h.ref_name_len > 0).then(|| Ticket {
+    let ticket = (h.ref_name_len > 0).then_some(Ticket {
         name_len: h.ref_name_len,
         name: h.ref_name,
         slot: h.ref_slot,
@@ -127,10 +127,10 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
     };
     let mapping = match reg.allocs.get_mut(&key) {
         Some(entry) => {
-            if entry.mapping.len() < h.alloc_size {
+            if entry.mapping.size() < h.alloc_size {
                 return Err(Error::Mismatch(format!(
                     "the allocation is {} bytes but the handle's alloc_size is {}",
-                    entry.mapping.len(),
+                    entry.mapping.size(),
                     h.alloc_size
                 )));
             }
@@ -139,11 +139,11 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
         }
         None => {
             let mapping: Arc<dyn Mapping> = backend.import(h, &validated, &req)?.into();
-            if mapping.len() < h.alloc_size {
+            if mapping.size() < h.alloc_size {
                 return Err(Error::Mismatch(format!(
                     "{} backend mapped {} bytes but the handle's alloc_size is {}",
                     h.backend_name(),
-                    mapping.len(),
+                    mapping.size(),
                     h.alloc_size
                 )));
             }

@@ -235,9 +235,12 @@ fn text_with_a_typo_or_wrong_prefix_is_rejected() {
     assert!(err.to_string().contains("devshare1:"), "{err}");
 }
 
+/// A way to break a handle, the status it must give, and the field the message must name.
+type Breakage = (fn(&mut DevshareHandle), Status, &'static str);
+
 #[test]
 fn validate_names_the_field_that_is_wrong() {
-    let cases: Vec<(fn(&mut DevshareHandle), Status, &str)> = vec![
+    let cases: Vec<Breakage> = vec![
         (|h| h.struct_size = 100, Status::UnsupportedVersion, "struct_size"),
         (|h| h.layout_version = 2, Status::UnsupportedVersion, "layout_version"),
         (|h| h.backend = 9, Status::InvalidHandle, "backend"),

@@ -15,7 +15,7 @@ fn in_bounds(h: &DevshareHandle) -> bool {
         return false;
     }
     let n = h.ndim as usize;
-    if h.shape[..n].iter().any(|&d| d == 0) {
+    if h.shape[..n].contains(&0) {
         return (h.tensor_offset as u128) * elem <= h.storage_size as u128;
     }
     let mut last = h.tensor_offset as i128;

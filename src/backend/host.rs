@@ -83,7 +83,7 @@ impl Mapping for Counted {
     fn base(&self) -> *mut u8 {
         data_ptr(self)
     }
-    fn len(&self) -> u64 {
+    fn size(&self) -> u64 {
         self.data_len
     }
     fn take_over_inflight(&self) {

@@ -24,7 +24,7 @@ pub trait Mapping: Send + Sync {
     /// Start of the allocation in this process.
     fn base(&self) -> *mut u8;
     /// Bytes of the allocation that are really mapped (checked against the handle).
-    fn len(&self) -> u64;
+    fn size(&self) -> u64;
     /// Take over the in-flight reference a `DEVSHARE_HANDLE_FLAG_INFLIGHT` handle carries.
     fn take_over_inflight(&self) {}
 }
