@@ -9,6 +9,8 @@ tensors of the same sizes:
   devshare-c    handle text over a pipe, consumer in C (bench/handoff_consumer.c)
   queue-fd      torch.multiprocessing.Queue, sharing strategy file_descriptor (Linux default)
   queue-fs      torch.multiprocessing.Queue, sharing strategy file_system
+  pipe-floor    the devshare-c pipe and processes with no tensor at all: a line out, an ack
+                back; what any pipe-based handoff between these processes costs at least
 
 Latency: one tensor in flight at a time; from just before the producer shares/puts it to just
 after the consumer touched it (both read CLOCK_MONOTONIC). Throughput: N tensors sent back to
@@ -78,6 +80,8 @@ def queue_consumer(q, acks):
 # ----------------------------------------------------------------------------- channels
 
 class DevshareChannel:
+    send_tensor = True
+
     def __init__(self, cmd):
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         if self.proc.stdout.readline().strip() != "ready":
@@ -91,7 +95,8 @@ class DevshareChannel:
             self.acks.put((int(seq), int(t1)))
 
     def send(self, seq, t0, tensor):
-        self.proc.stdin.write(f"{seq} {t0} {devshare.share(tensor).to_text()}\n")
+        text = devshare.share(tensor).to_text() if self.send_tensor else "-"
+        self.proc.stdin.write(f"{seq} {t0} {text}\n")
         self.proc.stdin.flush()
 
     def ack(self):
@@ -101,6 +106,10 @@ class DevshareChannel:
         self.proc.stdin.close()
         if self.proc.wait(timeout=120) != 0:
             raise SystemExit(f"consumer exited with status {self.proc.returncode}")
+
+
+class PipeFloor(DevshareChannel):
+    send_tensor = False
 
 
 class QueueChannel:
@@ -172,6 +181,7 @@ def main():
             ("devshare-c", lambda: DevshareChannel([args.consumer]), ds_pool),
             ("queue-fd", lambda: QueueChannel("file_descriptor"), q_pool),
             ("queue-fs", lambda: QueueChannel("file_system"), q_pool),
+            ("pipe-floor", lambda: PipeFloor([args.consumer]), ds_pool),
         ]:
             r = measure(make(), pool, count, count)
             r.update(method=name, size=size)

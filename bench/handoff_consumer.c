@@ -5,7 +5,8 @@
  * Reads lines "<seq> <t0_ns> <handle-text>" on stdin. For each: parse the handle, import it,
  * touch the tensor (read its first and last byte), take the time (CLOCK_MONOTONIC, the clock
  * Python's time.monotonic_ns() reads), release, and acknowledge with a line
- * "<seq> <t1_ns> <checksum>" (flushed). Prints "ready" first.
+ * "<seq> <t1_ns> <checksum>" (flushed). Prints "ready" first. A handle text of "-" carries no
+ * tensor: the line is only timestamped and acknowledged (the benchmark's pipe-only floor).
  * Exits 0 at end of input, 1 at the first failure (with the library's message on stderr).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -41,6 +42,11 @@ int main(void) {
         if (sscanf(line, "%lld %lld %n", &seq, &t0, &consumed) != 2) {
             fprintf(stderr, "handoff_consumer: malformed line\n");
             return 1;
+        }
+        if (line[consumed] == '-') {
+            printf("%lld %" PRId64 " 0\n", seq, now_ns());
+            fflush(stdout);
+            continue;
         }
         DevshareHandle h;
         int32_t st = devshare_handle_from_text(line + consumed, &h);

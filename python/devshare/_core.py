@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import bisect
 import builtins
 import ctypes
 import sys
@@ -136,8 +137,21 @@ class _HostBuffer:
         weakref.finalize(self, _Export.close, self.export)
 
 
-# Live empty() buffers, by data address (weak: a buffer lives as long as its tensors/arrays).
+# Live empty() buffers, by data address and (once their first share told it) by shm name (weak:
+# a buffer lives as long as its tensors/arrays), and their addresses in order, for finding the buffer around an address in
+# O(log n) on every share(). The sorted list may still hold addresses of buffers that are gone;
+# lookups drop those.
 _buffers: "weakref.WeakValueDictionary[int, _HostBuffer]" = weakref.WeakValueDictionary()
+_buffers_by_name: "weakref.WeakValueDictionary[bytes, _HostBuffer]" = weakref.WeakValueDictionary()
+_buffer_bases: list[int] = []
+
+
+def _add_buffer(buf: _HostBuffer) -> None:
+    base = buf.export.base
+    _buffers[base] = buf
+    i = bisect.bisect_left(_buffer_bases, base)
+    if i == len(_buffer_bases) or _buffer_bases[i] != base:
+        _buffer_bases.insert(i, base)
 # Exports of existing shm objects (torch storages, re-shared imports), by shm name; closed by
 # collect() once every reference they handed out came back.
 _adopted: dict[bytes, _Export] = {}
@@ -149,9 +163,16 @@ _IMPORTS_PRUNE_AT = 256
 
 
 def _buffer_at(addr: int, nbytes: int) -> _HostBuffer | None:
-    for buf in list(_buffers.values()):
-        if buf.export.contains(addr, nbytes):
-            return buf
+    # Buffers never overlap, so only the one with the nearest address at or below addr can hold
+    # [addr, addr + nbytes).
+    i = bisect.bisect_right(_buffer_bases, addr) - 1
+    while i >= 0:
+        buf = _buffers.get(_buffer_bases[i])
+        if buf is None:
+            del _buffer_bases[i]  # that buffer is gone
+            i -= 1
+            continue
+        return buf if buf.export.contains(addr, nbytes) else None
     return None
 
 
@@ -367,9 +388,13 @@ def _export_of(obj) -> tuple[_Export | None, object]:
     if isinstance(obj, (str, bytes, bytearray, memoryview)):
         obj = Handle.parse(obj)
     if isinstance(obj, Handle):
-        for buf in list(_buffers.values()):
-            if buf.export.name == obj.key:
-                return buf.export, buf
+        buf = _buffers_by_name.get(obj.key)
+        if buf is None:
+            buf = next((b for b in list(_buffers.values()) if b.export.name == obj.key), None)
+            if buf is not None:
+                _buffers_by_name[obj.key] = buf
+        if buf is not None:
+            return buf.export, buf
         return _adopted.get(obj.key), None
     if _is_torch_tensor(obj):
         storage = obj.untyped_storage()
@@ -533,7 +558,7 @@ def empty(shape, dtype="float32", like: str = "torch"):
     nbytes = numel * (bits // 8) * lanes
     with registry_lock:
         buf = _HostBuffer(max(nbytes, 1))
-        _buffers[buf.export.base] = buf
+        _add_buffer(buf)
     raw = (ctypes.c_uint8 * buf.export.size).from_address(buf.export.base)
     raw._devshare_buffer = buf  # the ctypes array (and so every tensor over it) keeps it alive
     if like == "torch":
