@@ -85,35 +85,55 @@ struct Ctx<M> {
     import: Import,
 }
 
-fn tensor_of(imp: &Import, shape: *mut i64, strides: *mut i64) -> DlTensor {
+/// The tensor description of `imp`; `wrap` fills in shape and strides.
+fn tensor_of(imp: &Import) -> DlTensor {
     DlTensor {
         data: imp.view().data.cast(),
         device: device_of(imp),
         ndim: imp.handle().ndim as i32,
         dtype: imp.handle().dtype,
-        shape,
-        strides,
+        shape: std::ptr::null_mut(),
+        strides: std::ptr::null_mut(),
         byte_offset: 0,
     }
 }
 
-fn boxed_ctx<M>(imp: &Import, managed: M) -> *mut Ctx<M> {
-    let h = imp.handle();
-    Box::into_raw(Box::new(Ctx { managed, shape: h.shape, strides: h.strides, import: imp.clone_ref() }))
+/// The two managed-tensor forms, for the code they share.
+trait Managed: Sized {
+    fn parts(&mut self) -> (&mut *mut c_void, &mut DlTensor);
 }
 
-unsafe extern "C" fn delete_versioned(m: *mut DlManagedTensorVersioned) {
-    if !m.is_null() {
-        // SAFETY: m is the first field of a Ctx made by `versioned` and is deleted once.
-        let ctx = unsafe { Box::from_raw(m.cast::<Ctx<DlManagedTensorVersioned>>()) };
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || ctx.import.release()));
+impl Managed for DlManagedTensorVersioned {
+    fn parts(&mut self) -> (&mut *mut c_void, &mut DlTensor) {
+        (&mut self.manager_ctx, &mut self.dl_tensor)
     }
 }
 
-unsafe extern "C" fn delete_legacy(m: *mut DlManagedTensor) {
+impl Managed for DlManagedTensor {
+    fn parts(&mut self) -> (&mut *mut c_void, &mut DlTensor) {
+        (&mut self.manager_ctx, &mut self.dl_tensor)
+    }
+}
+
+/// Box `managed` with its shape, strides and own reference to `imp`, and point it at them.
+fn wrap<M: Managed>(imp: &Import, managed: M) -> *mut M {
+    let h = imp.handle();
+    let ctx = Box::into_raw(Box::new(Ctx { managed, shape: h.shape, strides: h.strides, import: imp.clone_ref() }));
+    // SAFETY: ctx is a live, uniquely owned allocation until the deleter runs.
+    unsafe {
+        let (manager_ctx, t) = (*ctx).managed.parts();
+        *manager_ctx = ctx.cast();
+        t.shape = (*ctx).shape.as_mut_ptr();
+        t.strides = (*ctx).strides.as_mut_ptr();
+        &mut (*ctx).managed
+    }
+}
+
+/// The deleter of both forms: free the context and release its import reference.
+unsafe extern "C" fn delete<M>(m: *mut M) {
     if !m.is_null() {
-        // SAFETY: m is the first field of a Ctx made by `legacy` and is deleted once.
-        let ctx = unsafe { Box::from_raw(m.cast::<Ctx<DlManagedTensor>>()) };
+        // SAFETY: m is the first field of a Ctx<M> made by `wrap` and is deleted once.
+        let ctx = unsafe { Box::from_raw(m.cast::<Ctx<M>>()) };
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || ctx.import.release()));
     }
 }
@@ -121,37 +141,27 @@ unsafe extern "C" fn delete_legacy(m: *mut DlManagedTensor) {
 /// A `DLManagedTensorVersioned` holding its own reference to `imp`.
 pub fn versioned(imp: &Import) -> *mut DlManagedTensorVersioned {
     let flags = if imp.view().read_only { DLPACK_FLAG_READ_ONLY } else { 0 };
-    let placeholder = DlManagedTensorVersioned {
-        version: DlPackVersion { major: DLPACK_MAJOR, minor: DLPACK_MINOR },
-        manager_ctx: std::ptr::null_mut(),
-        deleter: Some(delete_versioned),
-        flags,
-        dl_tensor: tensor_of(imp, std::ptr::null_mut(), std::ptr::null_mut()),
-    };
-    let ctx = boxed_ctx(imp, placeholder);
-    // SAFETY: ctx is a live, uniquely owned allocation until the deleter runs.
-    unsafe {
-        (*ctx).managed.manager_ctx = ctx.cast();
-        (*ctx).managed.dl_tensor.shape = (*ctx).shape.as_mut_ptr();
-        (*ctx).managed.dl_tensor.strides = (*ctx).strides.as_mut_ptr();
-        &mut (*ctx).managed
-    }
+    wrap(
+        imp,
+        DlManagedTensorVersioned {
+            version: DlPackVersion { major: DLPACK_MAJOR, minor: DLPACK_MINOR },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete::<DlManagedTensorVersioned>),
+            flags,
+            dl_tensor: tensor_of(imp),
+        },
+    )
 }
 
 /// A legacy `DLManagedTensor` holding its own reference to `imp` (no read-only flag exists in
 /// this form: do not hand read-only imports to consumers that write).
 pub fn legacy(imp: &Import) -> *mut DlManagedTensor {
-    let placeholder = DlManagedTensor {
-        dl_tensor: tensor_of(imp, std::ptr::null_mut(), std::ptr::null_mut()),
-        manager_ctx: std::ptr::null_mut(),
-        deleter: Some(delete_legacy),
-    };
-    let ctx = boxed_ctx(imp, placeholder);
-    // SAFETY: as in `versioned`.
-    unsafe {
-        (*ctx).managed.manager_ctx = ctx.cast();
-        (*ctx).managed.dl_tensor.shape = (*ctx).shape.as_mut_ptr();
-        (*ctx).managed.dl_tensor.strides = (*ctx).strides.as_mut_ptr();
-        &mut (*ctx).managed
-    }
+    wrap(
+        imp,
+        DlManagedTensor {
+            dl_tensor: tensor_of(imp),
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete::<DlManagedTensor>),
+        },
+    )
 }

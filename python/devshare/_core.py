@@ -465,6 +465,20 @@ def _import(h: Handle, read_only: bool) -> ImportP:
     return imp
 
 
+def _import_noted(h: Handle, read_only: bool) -> ImportP:
+    """Import h and note its mapping, so that share() of the result re-shares the same object."""
+    imp = _import(h, read_only)
+    try:
+        info = ImportInfo()
+        call(lib.devshare_import_info, imp, byref(info))
+        with registry_lock:
+            _note_import(h.key, info.base or 0, info.alloc_size)
+    except BaseException:
+        lib.devshare_import_release(imp)
+        raise
+    return imp
+
+
 def open(handle, like: str = "torch", read_only: bool = False):  # noqa: A001 - the API's name
     """Open a handle (Handle, bytes or text) without copying.
 
@@ -489,12 +503,8 @@ def open(handle, like: str = "torch", read_only: bool = False):  # noqa: A001 - 
     if h.backend_id != BACKEND_HOST:
         raise ValueError(f"{h.backend} handles cannot be opened by this package yet (host only)")
 
-    imp = _import(h, read_only)
+    imp = _import_noted(h, read_only)
     try:
-        info = ImportInfo()
-        call(lib.devshare_import_info, imp, byref(info))
-        with registry_lock:
-            _note_import(h.key, info.base or 0, info.alloc_size)
         if like == "torch":
             cap = _dlpack.capsule(_dlpack.managed_from_import(imp, versioned=True), versioned=True)
             return torch.from_dlpack(cap)
@@ -509,12 +519,8 @@ def dlpack_capsule(handle, versioned: bool = True, read_only: bool = False):
     legacy ``"dltensor"``) for any DLPack consumer. The import is released when the consumer
     calls the deleter, or when the capsule is destroyed unconsumed."""
     h = Handle.parse(handle)
-    imp = _import(h, read_only)
+    imp = _import_noted(h, read_only)
     try:
-        info = ImportInfo()
-        call(lib.devshare_import_info, imp, byref(info))
-        with registry_lock:
-            _note_import(h.key, info.base or 0, info.alloc_size)
         return _dlpack.capsule(_dlpack.managed_from_import(imp, versioned), versioned)
     finally:
         lib.devshare_import_release(imp)
