@@ -52,13 +52,36 @@
 // over. A handle sent this way must be imported, or the object outlives everyone.
 #define DEVSHARE_SHARE_INFLIGHT 1
 
+// `DevshareTensorDesc::flags` (device backends): record an interprocess event on `stream` and
+// send it with the handle (`DEVSHARE_HANDLE_FLAG_EVENT`); the consumer's import makes its own
+// stream wait on it, so the producer need not synchronise. The exporter keeps the event until
+// the handle's reference is released. Without this flag, share synchronises `stream`.
+#define DEVSHARE_SHARE_EVENT 2
+
+// `devshare_export` flag (acl): export the key without pid validation, so any process may
+// import it (what torch_npu does). By default only processes whose pid was added with
+// `devshare_exporter_allow_pid` may import. Other backends ignore it.
+#define DEVSHARE_EXPORT_NO_PID_CHECK 1
+
 // `DevshareImportOptions::flags`: map the data read-only (writes through the pointer fault).
 // The shm object must still be writable by the caller: the mapping count in its header is
 // updated on import and release.
 #define DEVSHARE_IMPORT_READ_ONLY 1
 
+// Import flag (acl): enable peer access with `aclrtDeviceEnablePeerAccess` before importing on
+// a device other than the exporter's, and import with flags 0, instead of passing the import
+// call's enable-peer-access flag (the default, as torch_npu does).
+#define DEVSHARE_IMPORT_PEER_ACCESS_CALL 2
+
+// Import flag (acl, cuda): pass no peer-access flag and enable nothing; a cross-device import
+// then fails unless the caller enabled peer access itself.
+#define DEVSHARE_IMPORT_NO_PEER_ACCESS 4
+
 // `DevshareImportOptions::device` value: import on the device the handle names.
 #define DEVSHARE_DEVICE_FROM_HANDLE -1
+
+// Capacity of `DevshareTorchStorage::handle` (the largest form devshare writes is 67 bytes).
+#define DEVSHARE_TORCH_HANDLE_CAPACITY 128
 
 // DLPack type code: signed integer.
 #define DEVSHARE_DTYPE_INT 0
@@ -259,6 +282,10 @@ typedef struct DevshareTensorDesc {
   uint32_t flags;
   // Reserved, zero.
   uint32_t reserved;
+  // Device backends: the stream (`aclrtStream`, `CUstream`) whose work produced the data, or
+  // NULL for all work on the device. Without `DEVSHARE_SHARE_EVENT` it is synchronised before
+  // the handle is returned; with it, the event is recorded on it. Ignored for host memory.
+  void *stream;
 } DevshareTensorDesc;
 
 // One shared tensor: where its allocation lives, which part of it is the storage, how the tensor
@@ -282,7 +309,8 @@ typedef struct DevshareHandle {
   uint8_t device_uuid[16];
   // Identity of the exporting machine (its boot id); all zero when unknown.
   uint8_t host_id[16];
-  // Process id of the exporter.
+  // Process id of the exporter; 0 when unknown (a PyTorch tuple whose ref-counter name does
+  // not carry it).
   int32_t producer_pid;
   // Number of dimensions, 0..=`DEVSHARE_MAX_NDIM`.
   uint32_t ndim;
@@ -372,6 +400,75 @@ typedef struct DevshareBackendInfo {
   char detail[512];
 } DevshareBackendInfo;
 
+// The fields of one `torch.multiprocessing.reductions.reduce_tensor` tuple (15 args) that a
+// consumer needs, for `devshare_handle_from_torch`. Arg numbers refer to that tuple; args 6..14
+// (without 10) are the 8-tuple of `storage._share_cuda_()` / `_share_npu_()`. Initialise with
+// `memset(0)` and set `struct_size`.
+typedef struct DevshareTorchArgs {
+  // `sizeof(DevshareTorchArgs)`.
+  uint32_t struct_size;
+  // `DEVSHARE_BACKEND_CUDA` (PyTorch) or `DEVSHARE_BACKEND_ACL` (torch_npu): whose handle
+  // forms to read.
+  uint16_t backend;
+  // Reserved, zero.
+  uint16_t reserved0;
+  // Arg 5 as a DLPack dtype.
+  struct DevshareDType dtype;
+  // Number of dimensions (length of arg 1), 0..=`DEVSHARE_MAX_NDIM`.
+  uint32_t ndim;
+  // Arg 1: shape in elements.
+  const int64_t *shape;
+  // Arg 2: strides in elements, or NULL for C-contiguous.
+  const int64_t *strides;
+  // Arg 3: the tensor's offset in its storage, in elements.
+  int64_t tensor_offset;
+  // Arg 6: device index (the producer's, or rewritten to the receiver's own).
+  int32_t device;
+  // The producer's pid if known; 0: read from a `/torch_<pid>_...` ref-counter name.
+  int32_t producer_pid;
+  // Arg 7: storage handle bytes (raw 64/65 bytes or `[version]['c'][...]`).
+  const uint8_t *handle;
+  size_t handle_len;
+  // Arg 8: storage size in bytes.
+  uint64_t storage_size;
+  // Arg 9: storage offset in the exported allocation, in bytes.
+  uint64_t storage_offset;
+  // Arg 11: ref-counter shm name (with its leading '/'); length 0 for none.
+  const uint8_t *ref_name;
+  size_t ref_name_len;
+  // Arg 12: ref-counter slot.
+  uint64_t ref_slot;
+  // Arg 13: event handle bytes (read only when `event_sync_required`; must then be 64).
+  const uint8_t *event_handle;
+  size_t event_handle_len;
+  // Arg 14: nonzero when the consumer must wait on the event.
+  uint32_t event_sync_required;
+  // Reserved, zero.
+  uint32_t reserved1;
+} DevshareTorchArgs;
+
+// The 8-tuple `(device, handle, storage_size_bytes, storage_offset_bytes, ref_counter_name,
+// ref_counter_slot, event_handle, event_sync_required)` that PyTorch's
+// `UntypedStorage._new_shared_cuda` and torch_npu's `_new_shared_npu` rebuild a storage from,
+// from `devshare_handle_to_torch`. Pass each byte field as a Python `bytes` of its length.
+typedef struct DevshareTorchStorage {
+  int32_t device;
+  // Bytes used in `handle`: 64 (cuda, raw handle) or 67 (acl, version-1 'c' handle).
+  uint32_t handle_len;
+  uint8_t handle[DEVSHARE_TORCH_HANDLE_CAPACITY];
+  uint64_t storage_size;
+  uint64_t storage_offset;
+  // Bytes used in `ref_name` (0: none; send `b""`).
+  uint32_t ref_name_len;
+  uint32_t reserved0;
+  uint8_t ref_name[64];
+  uint64_t ref_slot;
+  // Always 64 bytes; all zero unless `event_sync_required`.
+  uint8_t event_handle[64];
+  uint32_t event_sync_required;
+  uint32_t reserved1;
+} DevshareTorchStorage;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -422,12 +519,21 @@ int32_t devshare_host_adopt(const char *name,
                             void **ptr_out);
 
 // Export existing device memory `[ptr, ptr + size)` on `backend` (`DEVSHARE_BACKEND_*`) and
-// `device`. Host memory cannot be exported this way (use `devshare_host_alloc`); a backend
-// whose runtime is missing returns `DEVSHARE_STATUS_BACKEND_UNAVAILABLE`.
+// `device` (`DEVSHARE_EXPORT_*` `flags`). The caller keeps owning the memory and frees it after
+// `devshare_exporter_close`. Exporting the same allocation again reuses its export key.
+//
+// - acl: `ptr` and `size` must be page aligned (allocate >= 2 MiB with a HUGE policy); the
+//   key is exported with pid validation unless `DEVSHARE_EXPORT_NO_PID_CHECK`.
+// - cuda: `ptr` may point inside a `cuMemAlloc`/`cudaMalloc` block; the whole block is
+//   exported and handles carry the offset. VMM and stream-ordered pool memory are refused.
+// - host memory cannot be exported this way (use `devshare_host_alloc`).
+//
+// A backend whose runtime is missing returns `DEVSHARE_STATUS_BACKEND_UNAVAILABLE`.
 int32_t devshare_export(uint16_t backend,
                         int32_t device,
                         void *ptr,
                         uint64_t size,
+                        uint32_t flags,
                         struct DevshareExporter **out);
 
 // The exported allocation's address and size in this process (either out pointer may be NULL).
@@ -441,6 +547,17 @@ int32_t devshare_exporter_memory(const struct DevshareExporter *exporter,
 int32_t devshare_exporter_share(const struct DevshareExporter *exporter,
                                 const struct DevshareTensorDesc *desc,
                                 struct DevshareHandle *out);
+
+// Allow the importer whose pid is `pid` to import this export. For acl this adds `pid` to the
+// key's whitelist (`aclrtIpcMemSetImportPid`); the importer learns the pid to send with
+// `devshare_local_pid` (on Ascend it is the bare tgid, which differs from `getpid()` in
+// containers). Backends without a pid whitelist accept every pid and do nothing.
+int32_t devshare_exporter_allow_pid(const struct DevshareExporter *exporter, int32_t pid);
+
+// The pid an exporter must pass to `devshare_exporter_allow_pid` so that this process can import
+// on `backend` (`DEVSHARE_BACKEND_*`) and `device`: acl: `aclrtDeviceGetBareTgid`; others:
+// `getpid()`.
+int32_t devshare_local_pid(uint16_t backend, int32_t device, int32_t *pid);
 
 // Number of references handed out by `devshare_exporter_share` and not yet released.
 int32_t devshare_exporter_outstanding(const struct DevshareExporter *exporter, uint64_t *count);
@@ -515,6 +632,22 @@ int32_t devshare_import_release(struct DevshareImport *imp);
 // `DEVSHARE_STATUS_INVALID_ARGUMENT`; an unusable backend is `DEVSHARE_STATUS_OK` with `usable = 0`.
 int32_t devshare_probe(uint16_t backend,
                        struct DevshareBackendInfo *out);
+
+// Build and validate a handle from the fields of a PyTorch (cuda) or torch_npu (acl) tuple.
+// Expandable-segment ('e') storage handles are refused with `DEVSHARE_STATUS_UNSUPPORTED`
+// naming the allocator setting that avoids them; unknown handle versions with
+// `DEVSHARE_STATUS_UNSUPPORTED_VERSION`. The handle's `alloc_size` is the storage's end (the
+// tuple does not carry the allocation's size).
+int32_t devshare_handle_from_torch(const struct DevshareTorchArgs *args,
+                                   struct DevshareHandle *out);
+
+// The storage 8-tuple a stock PyTorch (cuda: raw 64-byte handle) or torch_npu (acl: version-1
+// 'c' handle) consumer opens with `rebuild_cuda_tensor` / `rebuild_npu_tensor`, for a device
+// handle (typically one `devshare_exporter_share` made). That consumer decrements the handle's
+// slot when it lets go, which the exporter sees in `devshare_exporter_outstanding`. The tensor
+// part (shape, strides, offset, dtype) is in the handle itself.
+int32_t devshare_handle_to_torch(const struct DevshareHandle *handle,
+                                 struct DevshareTorchStorage *out);
 
 #ifdef __cplusplus
 }  // extern "C"

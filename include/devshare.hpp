@@ -85,15 +85,25 @@ inline DevshareBackendInfo probe(uint16_t backend) {
     return info;
 }
 
-// Import options with the given DEVSHARE_IMPORT_* flags and device (defaults: read-write, the
-// handle's device, no stream).
+// Import options with the given DEVSHARE_IMPORT_* flags, device and stream (defaults:
+// read-write, the handle's device, no stream: event waits block).
 inline DevshareImportOptions import_options(uint32_t flags = 0,
-                                            int32_t device = DEVSHARE_DEVICE_FROM_HANDLE) noexcept {
+                                            int32_t device = DEVSHARE_DEVICE_FROM_HANDLE,
+                                            void* stream = nullptr) noexcept {
     DevshareImportOptions o;
     devshare_import_options_init(&o);  // cannot fail for a non-NULL pointer
     o.flags = flags;
     o.device = device;
+    o.stream = stream;
     return o;
+}
+
+// The pid an exporter must allow (Exporter::allow_pid) for this process to import on `backend`
+// and `device` (devshare_local_pid: the bare tgid on Ascend, getpid() elsewhere).
+inline int32_t local_pid(uint16_t backend, int32_t device = 0) {
+    int32_t pid = 0;
+    check(devshare_local_pid(backend, device, &pid));
+    return pid;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -188,10 +198,12 @@ public:
     }
 
     // Export existing device memory [ptr, ptr + size) on `backend` and `device`
-    // (devshare_export). The memory stays owned by the caller and must outlive the Exporter.
-    static Exporter export_memory(uint16_t backend, int32_t device, void* ptr, uint64_t size) {
+    // (devshare_export, DEVSHARE_EXPORT_* `flags`). The memory stays owned by the caller and
+    // must outlive the Exporter.
+    static Exporter export_memory(uint16_t backend, int32_t device, void* ptr, uint64_t size,
+                                  uint32_t flags = 0) {
         DevshareExporter* raw = nullptr;
-        check(devshare_export(backend, device, ptr, size, &raw));
+        check(devshare_export(backend, device, ptr, size, flags, &raw));
         Exporter e;
         e.exp_ = raw;
         e.data_ = ptr;
@@ -247,6 +259,12 @@ public:
         Handle h;
         check(devshare_exporter_share(exp_, nullptr, &h.raw()));
         return h;
+    }
+
+    // Let the importer with this pid import (acl pid whitelist; devshare_exporter_allow_pid).
+    // The importer learns its pid with devshare::local_pid().
+    void allow_pid(int32_t pid) const {
+        check(devshare_exporter_allow_pid(exp_, pid));
     }
 
     // References handed out and not yet released.

@@ -1,7 +1,7 @@
 //! The exporter: one exported allocation, the handles handed out for tensors in it, and the
 //! ref-counter that tells when their consumers let go.
 
-use crate::backend::{self, host, Exported};
+use crate::backend::{self, host, ExportOptions, Exported, IpcEvent};
 use crate::dtype::DevshareDType;
 use crate::error::{Error, Result};
 use crate::handle::{validate, DevshareHandle, DEVSHARE_MAX_NDIM};
@@ -26,6 +26,27 @@ pub struct TensorDesc<'a> {
     /// Count the receiver in before the handle travels (host only; see
     /// `DEVSHARE_HANDLE_FLAG_INFLIGHT`).
     pub inflight: bool,
+    /// Device backends: record an interprocess event on `stream` for the consumer to wait on,
+    /// instead of synchronising `stream` before the handle is returned.
+    pub event: bool,
+    /// Device backends: the stream that produced the data (null: the device's default work).
+    pub stream: *mut std::ffi::c_void,
+}
+
+impl Default for TensorDesc<'_> {
+    fn default() -> Self {
+        TensorDesc {
+            dtype: DevshareDType::new(crate::dtype::code::UINT, 8, 1),
+            shape: &[],
+            strides: None,
+            storage_offset: 0,
+            storage_size: None,
+            tensor_offset: 0,
+            inflight: false,
+            event: false,
+            stream: std::ptr::null_mut(),
+        }
+    }
 }
 
 /// C-contiguous strides for a shape (saturating: validation rejects what overflows).
@@ -39,51 +60,80 @@ pub fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
     strides
 }
 
+/// An event recorded for one share, kept until that share's slot is released.
+struct SentEvent {
+    /// Index of the ref-counter in `Shared::refs`.
+    rc: usize,
+    slot: u64,
+    _event: Box<dyn IpcEvent>,
+}
+
+#[derive(Default)]
+struct Shared {
+    refs: Vec<RefCounter>,
+    events: Vec<SentEvent>,
+}
+
 /// One exported allocation.
 pub struct Exporter {
-    alloc: Box<dyn Exported>,
+    // Field order is drop order: events and ref-counters go before the export itself.
+    shared: Mutex<Shared>,
     backend: u16,
-    refs: Mutex<Vec<RefCounter>>,
+    alloc: Box<dyn Exported>,
 }
 
 impl Exporter {
     /// Allocate `size` bytes of shareable host memory and export it.
     pub fn host_alloc(size: u64) -> Result<Exporter> {
-        Ok(Exporter {
-            alloc: host::alloc(size)?,
-            backend: crate::handle::DEVSHARE_BACKEND_HOST,
-            refs: Mutex::new(Vec::new()),
-        })
+        Ok(Exporter::new(crate::handle::DEVSHARE_BACKEND_HOST, host::alloc(size)?))
     }
 
     /// Export an existing host object in PyTorch's `file_system` layout (e.g. a PyTorch CPU
     /// storage shared with `_share_filename_cpu_`), `size` data bytes of it.
     pub fn host_adopt(name: &[u8], size: u64) -> Result<Exporter> {
-        Ok(Exporter {
-            alloc: host::adopt(name, size)?,
-            backend: crate::handle::DEVSHARE_BACKEND_HOST,
-            refs: Mutex::new(Vec::new()),
-        })
+        Ok(Exporter::new(crate::handle::DEVSHARE_BACKEND_HOST, host::adopt(name, size)?))
+    }
+
+    fn new(backend: u16, alloc: Box<dyn Exported>) -> Exporter {
+        Exporter { shared: Mutex::new(Shared::default()), backend, alloc }
     }
 
     /// Export existing memory on a backend.
-    pub fn export(backend_id: u16, device: i32, ptr: *mut u8, size: u64) -> Result<Exporter> {
-        let alloc = backend::get(backend_id)?.export(device, ptr, size)?;
-        Ok(Exporter { alloc, backend: backend_id, refs: Mutex::new(Vec::new()) })
+    pub fn export(backend_id: u16, device: i32, ptr: *mut u8, size: u64, opts: &ExportOptions) -> Result<Exporter> {
+        if size == 0 {
+            return Err(Error::InvalidArgument("size is 0: there is nothing to export".into()));
+        }
+        let alloc = backend::get(backend_id)?.export(device, ptr, size, opts)?;
+        Ok(Exporter::new(backend_id, alloc))
     }
 
-    /// Start of the allocation in this process.
+    /// Start of the exported range in this process (what the caller exported; for host memory
+    /// the data bytes).
     pub fn ptr(&self) -> *mut u8 {
-        self.alloc.ptr()
+        // SAFETY: the window lies inside the allocation.
+        unsafe { self.alloc.ptr().add(self.alloc.window().0 as usize) }
     }
 
-    /// Size of the allocation in bytes.
+    /// Size of the exported range in bytes.
     pub fn size(&self) -> u64 {
-        self.alloc.size()
+        self.alloc.window().1
     }
 
-    fn refs(&self) -> MutexGuard<'_, Vec<RefCounter>> {
-        self.refs.lock().unwrap_or_else(|p| p.into_inner())
+    /// Backend id of this export.
+    pub fn backend(&self) -> u16 {
+        self.backend
+    }
+
+    /// Let the importer with this pid import (ACL pid whitelist; other backends: no effect).
+    pub fn allow_pid(&self, pid: i32) -> Result<()> {
+        if pid <= 0 {
+            return Err(Error::InvalidArgument(format!("pid {pid} is not a process id")));
+        }
+        self.alloc.allow_pid(pid)
+    }
+
+    fn shared(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Make a handle for a tensor in this allocation. The handle carries a fresh ref-counter
@@ -95,6 +145,22 @@ impl Exporter {
                 desc.shape.len()
             )));
         }
+        let (win_offset, win_len) = self.alloc.window();
+        let storage_size = match desc.storage_size {
+            Some(s) => s,
+            None => win_len.checked_sub(desc.storage_offset).ok_or_else(|| {
+                Error::StorageOutOfBounds(format!(
+                    "storage_offset {} is beyond the {win_len} exported bytes",
+                    desc.storage_offset
+                ))
+            })?,
+        };
+        if desc.storage_offset.checked_add(storage_size).map_or(true, |end| end > win_len) {
+            return Err(Error::StorageOutOfBounds(format!(
+                "storage_offset {} + storage_size {storage_size} exceeds the {win_len} exported bytes",
+                desc.storage_offset
+            )));
+        }
         let mut h = DevshareHandle {
             backend: self.backend,
             device_index: self.alloc.device_index(),
@@ -103,20 +169,11 @@ impl Exporter {
             producer_pid: std::process::id() as i32,
             ndim: desc.shape.len() as u32,
             alloc_size: self.alloc.size(),
-            storage_offset: desc.storage_offset,
+            storage_offset: win_offset + desc.storage_offset,
+            storage_size,
             tensor_offset: desc.tensor_offset,
             dtype: desc.dtype,
             ..Default::default()
-        };
-        h.storage_size = match desc.storage_size {
-            Some(s) => s,
-            None => self.alloc.size().checked_sub(desc.storage_offset).ok_or_else(|| {
-                Error::StorageOutOfBounds(format!(
-                    "storage_offset {} is beyond the {}-byte allocation",
-                    desc.storage_offset,
-                    self.alloc.size()
-                ))
-            })?,
         };
         h.shape[..desc.shape.len()].copy_from_slice(desc.shape);
         match desc.strides {
@@ -137,46 +194,48 @@ impl Exporter {
         if desc.inflight {
             h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT;
         }
+        if desc.event {
+            h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
+        }
         validate(&h)?;
 
-        let mut refs = self.refs();
-        let slot = match refs.last_mut().and_then(RefCounter::take_slot) {
-            Some(slot) => slot,
-            None => {
-                refs.push(RefCounter::create()?);
-                refs.last_mut().and_then(RefCounter::take_slot).expect("fresh ref-counter has slots")
-            }
-        };
-        let rc = refs.last().expect("just used");
-        h.set_ref(rc.name(), slot);
+        let mut shared = self.shared();
+        // Drop the events of shares already released (PyTorch keeps at most 1000 alive).
+        let Shared { refs, events } = &mut *shared;
+        events.retain(|e| refs[e.rc].slot_value(e.slot) > 0);
+        // Event or synchronisation first: a failure there must not leave a slot set to 1.
+        let event = self.alloc.prepare_share(desc.stream, desc.event)?;
+        if refs.last().map_or(true, |rc| !rc.has_free_slot()) {
+            refs.push(RefCounter::create()?);
+        }
         if desc.inflight {
             self.alloc.add_inflight()?;
+        }
+        let rc = refs.len() - 1;
+        let slot = refs[rc].take_slot().expect("a ref-counter with a free slot");
+        h.set_ref(refs[rc].name(), slot);
+        if let Some(event) = event {
+            h.event_handle = event.handle();
+            events.push(SentEvent { rc, slot, _event: event });
         }
         Ok(h)
     }
 
     /// Share the whole allocation as a 1-D `uint8` tensor.
     pub fn share_bytes(&self) -> Result<DevshareHandle> {
-        let shape = [self.alloc.size() as i64];
-        self.share(&TensorDesc {
-            dtype: DevshareDType::new(crate::dtype::code::UINT, 8, 1),
-            shape: &shape,
-            strides: None,
-            storage_offset: 0,
-            storage_size: None,
-            tensor_offset: 0,
-            inflight: false,
-        })
+        let shape = [self.size() as i64];
+        self.share(&TensorDesc { shape: &shape, ..Default::default() })
     }
 
     /// References handed out and not yet released by their consumers.
     pub fn outstanding(&self) -> u64 {
-        self.refs().iter().map(RefCounter::outstanding).sum()
+        self.shared().refs.iter().map(RefCounter::outstanding).sum()
     }
 
     /// Value of one handle's ref-counter slot (1 while held, 0 once released).
     pub fn slot_value(&self, h: &DevshareHandle) -> Option<i64> {
-        self.refs()
+        self.shared()
+            .refs
             .iter()
             .find(|rc| rc.name() == h.ref_name_bytes())
             .map(|rc| rc.slot_value(h.ref_slot))
@@ -211,7 +270,7 @@ impl Exporter {
     /// name it expects to unlink is gone.
     pub fn unlink_names(&self) {
         self.alloc.unlink();
-        for rc in self.refs().iter() {
+        for rc in self.shared().refs.iter() {
             rc.unlink();
         }
     }

@@ -102,6 +102,11 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
         )));
     }
     let backend = backend::get(h.backend)?;
+    // The producer's event first, before anything is registered: a failed wait leaves nothing
+    // to undo, and the handle's reference stays with the caller (who may retry).
+    if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_EVENT != 0 {
+        backend.wait_event(h, &req)?;
+    }
     let key = AllocKey {
         backend: h.backend,
         device: req.device.unwrap_or(h.device_index),
@@ -179,7 +184,12 @@ impl Import {
         let (storage, data) = unsafe {
             (base.add(self.handle.storage_offset as usize), base.add(self.validated.data_offset as usize))
         };
-        ImportView { data, storage, base, read_only: self.key.read_only, device: self.key.device }
+        ImportView { data, storage, base, read_only: self.key.read_only, device: self.device() }
+    }
+
+    /// The device the allocation is mapped on.
+    pub fn device(&self) -> i32 {
+        self.mapping.as_ref().and_then(|m| m.device()).unwrap_or(self.key.device)
     }
 
     /// Another import of the same handle: shares this one's mapping and reference (both must be
@@ -207,6 +217,7 @@ impl Import {
     }
 
     fn release_inner(&mut self) {
+        let device = self.device();
         let Some(mapping) = self.mapping.take() else { return };
         let mut last_mapping = None;
         let mut return_ticket = false;
@@ -239,9 +250,11 @@ impl Import {
         // (1) drop our mapping; the registry's copy goes with the last user (unmap / IPC close).
         drop(mapping);
         drop(last_mapping);
-        // (2) backends with streams synchronise inside their mapping's drop.
-        // (3..5) return the reference to the producer.
+        // (2) finish this process's work on the memory, (3..5) return the reference.
         if return_ticket {
+            if let Ok(b) = backend::get(self.key.backend) {
+                b.synchronize(device);
+            }
             let t = self.ticket.as_ref().expect("ticket present");
             refcounter::release_slot(t.name(), t.slot);
         }

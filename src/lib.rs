@@ -20,5 +20,6 @@ pub mod hostid;
 pub mod import;
 pub mod refcounter;
 mod shm;
+pub mod torch;
 
 pub use error::{Error, Result, Status};

@@ -45,6 +45,11 @@ impl RefCounter {
         &self.name
     }
 
+    /// Whether a slot is left.
+    pub(crate) fn has_free_slot(&self) -> bool {
+        self.next_slot < DEVSHARE_REF_SLOTS
+    }
+
     /// Take a fresh slot and set it to 1, or `None` when all 10000 are used.
     pub(crate) fn take_slot(&mut self) -> Option<u64> {
         if self.next_slot >= DEVSHARE_REF_SLOTS {

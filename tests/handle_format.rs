@@ -246,7 +246,7 @@ fn validate_names_the_field_that_is_wrong() {
         (|h| h.backend = 9, Status::InvalidHandle, "backend"),
         (|h| h.flags = 0x80, Status::InvalidHandle, "flags"),
         (|h| h.device_index = 1, Status::InvalidHandle, "device_index"),
-        (|h| h.producer_pid = 0, Status::InvalidHandle, "producer_pid"),
+        (|h| h.producer_pid = -1, Status::InvalidHandle, "producer_pid"),
         (|h| h.shape[7] = 1, Status::InvalidHandle, "shape"),
         (|h| h.key[h.key_len as usize] = b'x', Status::InvalidHandle, "key"),
         (|h| h.key[3] = b'/', Status::BadKey, "key"),
@@ -286,6 +286,9 @@ fn acl_and_cuda_keys_must_have_their_vendor_lengths() {
     assert_eq!(err.status(), Status::BadKey);
     assert!(err.to_string().contains("NUL"), "{err}");
     h.key[40] = 0;
+    let err = validate(&h).unwrap_err();
+    assert_eq!(err.status(), Status::InvalidHandle, "bytes after the NUL must be zero: {err}");
+    h.key[41..65].fill(0);
     validate(&h).unwrap();
 }
 

@@ -33,6 +33,7 @@ fn f32_2d(exp: &Exporter, rows: i64, cols: i64) -> DevshareHandle {
         storage_size: None,
         tensor_offset: 0,
         inflight: false,
+        ..Default::default()
     })
     .unwrap()
 }

@@ -26,6 +26,7 @@ fn desc(shape: &[i64], inflight: bool) -> TensorDesc<'_> {
         storage_size: None,
         tensor_offset: 0,
         inflight,
+        ..Default::default()
     }
 }
 
@@ -94,6 +95,7 @@ fn dlpack_view_describes_the_tensor_and_its_deleter_returns_the_reference() {
             storage_size: Some(2048),
             tensor_offset: 5,
             inflight: false,
+            ..Default::default()
         })
         .unwrap();
     let imp = import(&h, ImportRequest::default()).unwrap();

@@ -130,7 +130,7 @@ impl Backend for Host {
         }
     }
 
-    fn export(&self, _: i32, _: *mut u8, _: u64) -> Result<Box<dyn Exported>> {
+    fn export(&self, _: i32, _: *mut u8, _: u64, _: &super::ExportOptions) -> Result<Box<dyn Exported>> {
         Err(Error::Unsupported(
             "the host backend cannot share arbitrary process memory; allocate shareable memory \
              with devshare_host_alloc"

@@ -1,22 +1,65 @@
 //! Backends: where allocations come from and how another process maps them.
 //!
 //! A backend is one module implementing [`Backend`]; [`get`] finds it by its
-//! `DEVSHARE_BACKEND_*` id. Adding the ACL or CUDA backend means adding a module and one line in
-//! [`BACKENDS`]; nothing else in the crate changes.
+//! `DEVSHARE_BACKEND_*` id: [`host`] (POSIX shared memory), [`acl`] (Ascend NPU, ACL IPC keys)
+//! and [`cuda`] (NVIDIA GPU, CUDA IPC handles). The vendor runtimes are loaded on first use
+//! ([`runtime`]), so one binary runs on machines with neither.
 
+pub mod acl;
+pub mod cuda;
 pub mod host;
 pub mod runtime;
 
 use crate::error::{Error, Result};
-use crate::handle::{backend_name, DevshareHandle, Validated};
+use crate::handle::{DevshareHandle, Validated};
+
+/// How an import on a device other than the exporter's gets peer access.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PeerAccess {
+    /// Ask the import call to enable it (ACL `ENABLE_PEER_ACCESS`, CUDA `LAZY_ENABLE_PEER_ACCESS`),
+    /// as PyTorch and torch_npu do.
+    #[default]
+    ByImportFlag,
+    /// Enable it with the runtime's peer-access call first (`aclrtDeviceEnablePeerAccess`), then
+    /// import with flags 0.
+    Explicit,
+    /// Import with flags 0 and enable nothing: a cross-device import then fails unless the
+    /// caller enabled peer access itself.
+    None,
+}
 
 /// What an importer asked for, after argument checks.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct ImportRequest {
     /// Map read-only (writes fault) instead of read-write.
     pub read_only: bool,
     /// Device to import on; `None` means the handle's device.
     pub device: Option<i32>,
+    /// Stream of the backend that will read the data: event waits are ordered on it. Null means
+    /// "no stream": the wait blocks the calling thread.
+    pub stream: *mut std::ffi::c_void,
+    /// How cross-device imports get peer access.
+    pub peer: PeerAccess,
+}
+
+impl Default for ImportRequest {
+    fn default() -> Self {
+        ImportRequest { read_only: false, device: None, stream: std::ptr::null_mut(), peer: PeerAccess::default() }
+    }
+}
+
+/// What an exporter asked for, after argument checks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExportOptions {
+    /// ACL: export the key without pid validation (anyone may import it), as torch_npu does.
+    /// By default only pids added with `allow_pid` may import.
+    pub no_pid_check: bool,
+}
+
+/// An interprocess event an exporter recorded for one share; dropping it destroys it.
+pub trait IpcEvent: Send + Sync {
+    /// The 64 handle bytes a consumer opens.
+    fn handle(&self) -> [u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE];
 }
 
 /// An allocation mapped into this process. Dropping it undoes the mapping (unmap, IPC close).
@@ -27,6 +70,11 @@ pub trait Mapping: Send + Sync {
     fn size(&self) -> u64;
     /// Take over the in-flight reference a `DEVSHARE_HANDLE_FLAG_INFLIGHT` handle carries.
     fn take_over_inflight(&self) {}
+    /// The device the allocation is mapped on, when the backend chose it (CUDA maps by device
+    /// UUID); `None`: the requested device.
+    fn device(&self) -> Option<i32> {
+        None
+    }
 }
 
 /// An allocation this process exports. Dropping it ends the export (and frees what it owns).
@@ -53,6 +101,25 @@ pub trait Exported: Send + Sync {
     fn add_inflight(&self) -> Result<()> {
         Err(Error::Unsupported("in-flight references exist only for host memory".into()))
     }
+    /// The range the caller exported, as (byte offset in the allocation, length). The allocation
+    /// can be larger than what was asked for (CUDA exports the whole `cuMemAlloc` block).
+    fn window(&self) -> (u64, u64) {
+        (0, self.size())
+    }
+    /// Let the process whose pid is `pid` (as the importer's `local_pid` reports it) import.
+    /// Backends without a pid whitelist accept every pid and do nothing.
+    fn allow_pid(&self, _pid: i32) -> Result<()> {
+        Ok(())
+    }
+    /// Before a handle travels: record an interprocess event on `stream` (returned, to be kept
+    /// alive until the consumer released the handle), or with `event == false` synchronise
+    /// `stream` (null: the whole device) so the data is complete when the consumer reads it.
+    fn prepare_share(&self, _stream: *mut std::ffi::c_void, event: bool) -> Result<Option<Box<dyn IpcEvent>>> {
+        if event {
+            return Err(Error::Unsupported("host memory has no interprocess events".into()));
+        }
+        Ok(None)
+    }
 }
 
 /// Usability report of one backend.
@@ -69,60 +136,26 @@ pub trait Backend: Sync {
     /// Whether the backend can be used in this process, and why not.
     fn probe(&self) -> Probe;
     /// Export existing memory `[ptr, ptr + size)` on `device`.
-    fn export(&self, device: i32, ptr: *mut u8, size: u64) -> Result<Box<dyn Exported>>;
+    fn export(&self, device: i32, ptr: *mut u8, size: u64, opts: &ExportOptions) -> Result<Box<dyn Exported>>;
     /// Map the allocation a validated handle names.
     fn import(&self, h: &DevshareHandle, v: &Validated, req: &ImportRequest)
         -> Result<Box<dyn Mapping>>;
-}
-
-/// A backend id this build knows of but does not implement yet.
-struct NotBuilt {
-    id: u16,
-    env_var: &'static str,
-    candidates: &'static [&'static str],
-}
-
-impl NotBuilt {
-    fn err(&self) -> Error {
-        Error::BackendUnavailable(format!(
-            "the {} backend is not part of this build of devshare yet",
-            backend_name(self.id)
-        ))
+    /// For a handle with `DEVSHARE_HANDLE_FLAG_EVENT`: open its event, make `req.stream` wait on
+    /// it (or block when there is no stream), destroy it. Runs for every import of such a handle.
+    fn wait_event(&self, h: &DevshareHandle, _req: &ImportRequest) -> Result<()> {
+        Err(Error::Unsupported(format!("{} handles carry no interprocess event", h.backend_name())))
+    }
+    /// Before a consumer returns a reference to its producer: make sure this process's work on
+    /// `device` is finished (PyTorch synchronises the stream that used the memory).
+    fn synchronize(&self, _device: i32) {}
+    /// The pid an exporter must pass to `allow_pid` for this process to import on `device`.
+    fn local_pid(&self, _device: i32) -> Result<i32> {
+        Ok(std::process::id() as i32)
     }
 }
-
-impl Backend for NotBuilt {
-    fn id(&self) -> u16 {
-        self.id
-    }
-    fn probe(&self) -> Probe {
-        let runtime = match runtime::find(self.env_var, self.candidates) {
-            Ok(found) => format!("runtime {found} loads"),
-            Err(e) => e.to_string(),
-        };
-        Probe { usable: false, detail: format!("{}; {runtime}", self.err()) }
-    }
-    fn export(&self, _: i32, _: *mut u8, _: u64) -> Result<Box<dyn Exported>> {
-        Err(self.err())
-    }
-    fn import(&self, _: &DevshareHandle, _: &Validated, _: &ImportRequest) -> Result<Box<dyn Mapping>> {
-        Err(self.err())
-    }
-}
-
-static ACL: NotBuilt = NotBuilt {
-    id: crate::handle::DEVSHARE_BACKEND_ACL,
-    env_var: "DEVSHARE_ACL_LIBRARY",
-    candidates: &["libascendcl.so", "libacl_rt.so"],
-};
-static CUDA: NotBuilt = NotBuilt {
-    id: crate::handle::DEVSHARE_BACKEND_CUDA,
-    env_var: "DEVSHARE_CUDA_LIBRARY",
-    candidates: &["libcuda.so.1"],
-};
 
 /// Every backend, indexed by nothing in particular: [`get`] looks them up by id.
-pub static BACKENDS: [&dyn Backend; 3] = [&host::HOST, &ACL, &CUDA];
+pub static BACKENDS: [&dyn Backend; 3] = [&host::HOST, &acl::ACL, &cuda::CUDA];
 
 /// The backend with this id.
 pub fn get(id: u16) -> Result<&'static dyn Backend> {

@@ -3,6 +3,7 @@
 use super::{arg, arg_mut, arg_slice, boundary};
 use crate::dtype::DevshareDType;
 use crate::error::Error;
+use crate::backend::ExportOptions;
 use crate::export::{Exporter, TensorDesc};
 use crate::handle::{DevshareHandle, DEVSHARE_MAX_NDIM};
 use std::ffi::c_void;
@@ -44,6 +45,10 @@ pub struct DevshareTensorDesc {
     pub flags: u32,
     /// Reserved, zero.
     pub reserved: u32,
+    /// Device backends: the stream (`aclrtStream`, `CUstream`) whose work produced the data, or
+    /// NULL for all work on the device. Without `DEVSHARE_SHARE_EVENT` it is synchronised before
+    /// the handle is returned; with it, the event is recorded on it. Ignored for host memory.
+    pub stream: *mut c_void,
 }
 
 /// `DevshareTensorDesc::flags` (host only): count the receiver in before the handle travels
@@ -51,6 +56,15 @@ pub struct DevshareTensorDesc {
 /// flight, even if the exporter closes first; the handle's first import takes the reference
 /// over. A handle sent this way must be imported, or the object outlives everyone.
 pub const DEVSHARE_SHARE_INFLIGHT: u32 = 1;
+/// `DevshareTensorDesc::flags` (device backends): record an interprocess event on `stream` and
+/// send it with the handle (`DEVSHARE_HANDLE_FLAG_EVENT`); the consumer's import makes its own
+/// stream wait on it, so the producer need not synchronise. The exporter keeps the event until
+/// the handle's reference is released. Without this flag, share synchronises `stream`.
+pub const DEVSHARE_SHARE_EVENT: u32 = 2;
+/// `devshare_export` flag (acl): export the key without pid validation, so any process may
+/// import it (what torch_npu does). By default only processes whose pid was added with
+/// `devshare_exporter_allow_pid` may import. Other backends ignore it.
+pub const DEVSHARE_EXPORT_NO_PID_CHECK: u32 = 1;
 
 /// Allocate `size` bytes of zero-filled, shareable host memory (POSIX shared memory, mode
 /// 0600, unguessable name) and export it. `*ptr_out` (if not NULL) receives its address, valid
@@ -99,14 +113,23 @@ pub unsafe extern "C" fn devshare_host_adopt(
 }
 
 /// Export existing device memory `[ptr, ptr + size)` on `backend` (`DEVSHARE_BACKEND_*`) and
-/// `device`. Host memory cannot be exported this way (use `devshare_host_alloc`); a backend
-/// whose runtime is missing returns `DEVSHARE_STATUS_BACKEND_UNAVAILABLE`.
+/// `device` (`DEVSHARE_EXPORT_*` `flags`). The caller keeps owning the memory and frees it after
+/// `devshare_exporter_close`. Exporting the same allocation again reuses its export key.
+///
+/// - acl: `ptr` and `size` must be page aligned (allocate >= 2 MiB with a HUGE policy); the
+///   key is exported with pid validation unless `DEVSHARE_EXPORT_NO_PID_CHECK`.
+/// - cuda: `ptr` may point inside a `cuMemAlloc`/`cudaMalloc` block; the whole block is
+///   exported and handles carry the offset. VMM and stream-ordered pool memory are refused.
+/// - host memory cannot be exported this way (use `devshare_host_alloc`).
+///
+/// A backend whose runtime is missing returns `DEVSHARE_STATUS_BACKEND_UNAVAILABLE`.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_export(
     backend: u16,
     device: i32,
     ptr: *mut c_void,
     size: u64,
+    flags: u32,
     out: *mut *mut DevshareExporter,
 ) -> i32 {
     boundary("devshare_export", || {
@@ -114,7 +137,14 @@ pub unsafe extern "C" fn devshare_export(
         if ptr.is_null() {
             return Err(Error::NullArgument("ptr"));
         }
-        let e = Exporter::export(backend, device, ptr.cast(), size)?;
+        if flags & !DEVSHARE_EXPORT_NO_PID_CHECK != 0 {
+            return Err(Error::InvalidArgument(format!("unknown export flags {flags:#x}")));
+        }
+        if device < 0 {
+            return Err(Error::InvalidArgument(format!("device {device} is negative")));
+        }
+        let opts = ExportOptions { no_pid_check: flags & DEVSHARE_EXPORT_NO_PID_CHECK != 0 };
+        let e = Exporter::export(backend, device, ptr.cast(), size, &opts)?;
         *out = Box::into_raw(Box::new(DevshareExporter(e)));
         Ok(())
     })
@@ -161,7 +191,7 @@ pub unsafe extern "C" fn devshare_exporter_share(
                 d.ndim
             )));
         }
-        if d.flags & !DEVSHARE_SHARE_INFLIGHT != 0 || d.reserved != 0 {
+        if d.flags & !(DEVSHARE_SHARE_INFLIGHT | DEVSHARE_SHARE_EVENT) != 0 || d.reserved != 0 {
             return Err(Error::InvalidArgument(format!(
                 "desc.flags {:#x} has unknown bits or desc.reserved is not 0",
                 d.flags
@@ -178,7 +208,33 @@ pub unsafe extern "C" fn devshare_exporter_share(
             storage_size: (d.storage_size != DEVSHARE_STORAGE_TO_END).then_some(d.storage_size),
             tensor_offset: d.tensor_offset,
             inflight: d.flags & DEVSHARE_SHARE_INFLIGHT != 0,
+            event: d.flags & DEVSHARE_SHARE_EVENT != 0,
+            stream: d.stream,
         })?;
+        Ok(())
+    })
+}
+
+/// Allow the importer whose pid is `pid` to import this export. For acl this adds `pid` to the
+/// key's whitelist (`aclrtIpcMemSetImportPid`); the importer learns the pid to send with
+/// `devshare_local_pid` (on Ascend it is the bare tgid, which differs from `getpid()` in
+/// containers). Backends without a pid whitelist accept every pid and do nothing.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_exporter_allow_pid(exporter: *const DevshareExporter, pid: i32) -> i32 {
+    boundary("devshare_exporter_allow_pid", || unsafe { arg(exporter, "exporter") }?.0.allow_pid(pid))
+}
+
+/// The pid an exporter must pass to `devshare_exporter_allow_pid` so that this process can import
+/// on `backend` (`DEVSHARE_BACKEND_*`) and `device`: acl: `aclrtDeviceGetBareTgid`; others:
+/// `getpid()`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_local_pid(backend: u16, device: i32, pid: *mut i32) -> i32 {
+    boundary("devshare_local_pid", || {
+        let pid = unsafe { arg_mut(pid, "pid") }?;
+        if device < 0 {
+            return Err(Error::InvalidArgument(format!("device {device} is negative")));
+        }
+        *pid = crate::backend::get(backend)?.local_pid(device)?;
         Ok(())
     })
 }

@@ -1,7 +1,7 @@
 //! Importer functions: import a handle, look at the mapping, release it.
 
 use super::{arg, arg_mut, boundary};
-use crate::backend::ImportRequest;
+use crate::backend::{ImportRequest, PeerAccess};
 use crate::error::Error;
 use crate::handle::DevshareHandle;
 use crate::import::{import, Import};
@@ -11,6 +11,13 @@ use std::ffi::c_void;
 /// The shm object must still be writable by the caller: the mapping count in its header is
 /// updated on import and release.
 pub const DEVSHARE_IMPORT_READ_ONLY: u32 = 1;
+/// Import flag (acl): enable peer access with `aclrtDeviceEnablePeerAccess` before importing on
+/// a device other than the exporter's, and import with flags 0, instead of passing the import
+/// call's enable-peer-access flag (the default, as torch_npu does).
+pub const DEVSHARE_IMPORT_PEER_ACCESS_CALL: u32 = 2;
+/// Import flag (acl, cuda): pass no peer-access flag and enable nothing; a cross-device import
+/// then fails unless the caller enabled peer access itself.
+pub const DEVSHARE_IMPORT_NO_PEER_ACCESS: u32 = 4;
 /// `DevshareImportOptions::device` value: import on the device the handle names.
 pub const DEVSHARE_DEVICE_FROM_HANDLE: i32 = -1;
 
@@ -96,9 +103,20 @@ fn request(o: &DevshareImportOptions) -> crate::error::Result<ImportRequest> {
             o.struct_size
         )));
     }
-    if o.flags & !DEVSHARE_IMPORT_READ_ONLY != 0 {
+    let known = DEVSHARE_IMPORT_READ_ONLY | DEVSHARE_IMPORT_PEER_ACCESS_CALL | DEVSHARE_IMPORT_NO_PEER_ACCESS;
+    if o.flags & !known != 0 {
         return Err(Error::InvalidArgument(format!("unknown import flags {:#x}", o.flags)));
     }
+    let peer = match (o.flags & DEVSHARE_IMPORT_PEER_ACCESS_CALL != 0, o.flags & DEVSHARE_IMPORT_NO_PEER_ACCESS != 0) {
+        (false, false) => PeerAccess::ByImportFlag,
+        (true, false) => PeerAccess::Explicit,
+        (false, true) => PeerAccess::None,
+        (true, true) => {
+            return Err(Error::InvalidArgument(
+                "DEVSHARE_IMPORT_PEER_ACCESS_CALL and DEVSHARE_IMPORT_NO_PEER_ACCESS exclude each other".into(),
+            ))
+        }
+    };
     if o.device < DEVSHARE_DEVICE_FROM_HANDLE {
         return Err(Error::InvalidArgument(format!("options.device {} is negative", o.device)));
     }
@@ -108,6 +126,8 @@ fn request(o: &DevshareImportOptions) -> crate::error::Result<ImportRequest> {
     Ok(ImportRequest {
         read_only: o.flags & DEVSHARE_IMPORT_READ_ONLY != 0,
         device: (o.device != DEVSHARE_DEVICE_FROM_HANDLE).then_some(o.device),
+        stream: o.stream,
+        peer,
     })
 }
 

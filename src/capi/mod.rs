@@ -13,6 +13,7 @@ pub mod export;
 pub mod handle;
 pub mod import;
 pub mod probe;
+pub mod torch;
 
 use crate::error::{set_last_error, Error, Result, Status};
 use std::panic::{catch_unwind, AssertUnwindSafe};

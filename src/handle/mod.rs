@@ -69,7 +69,8 @@ pub struct DevshareHandle {
     pub device_uuid: [u8; 16],
     /// Identity of the exporting machine (its boot id); all zero when unknown.
     pub host_id: [u8; 16],
-    /// Process id of the exporter.
+    /// Process id of the exporter; 0 when unknown (a PyTorch tuple whose ref-counter name does
+    /// not carry it).
     pub producer_pid: i32,
     /// Number of dimensions, 0..=`DEVSHARE_MAX_NDIM`.
     pub ndim: u32,

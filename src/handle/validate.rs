@@ -66,7 +66,9 @@ fn check_key(h: &DevshareHandle) -> Result<()> {
             match key.iter().position(|&b| b == 0) {
                 None => return Err(Error::BadKey("ACL IPC key is not NUL-terminated".into())),
                 Some(0) => return Err(Error::BadKey("ACL IPC key is empty".into())),
-                Some(_) => {}
+                // The runtime leaves the bytes after the NUL unspecified; a handle carries them
+                // as zeros so that equal keys are equal bytes.
+                Some(n) => zero_tail("key", &key[n..])?,
             }
         }
         DEVSHARE_BACKEND_CUDA => {
@@ -184,8 +186,8 @@ pub fn validate(h: &DevshareHandle) -> Result<Validated> {
             format!("{} (must be >= 0, and 0 for host)", h.device_index),
         ));
     }
-    if h.producer_pid <= 0 {
-        return Err(Error::invalid("producer_pid", format!("{} is not a pid", h.producer_pid)));
+    if h.producer_pid < 0 {
+        return Err(Error::invalid("producer_pid", format!("{} is not a pid (0: unknown)", h.producer_pid)));
     }
     if h.ndim as usize > DEVSHARE_MAX_NDIM {
         return Err(Error::BadNdim(format!("{} is above the maximum {DEVSHARE_MAX_NDIM}", h.ndim)));

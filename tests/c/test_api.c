@@ -321,9 +321,9 @@ static void test_null_arguments(void) {
     /* devshare_export: ptr and out required. */
     char local[64];
     DevshareExporter *e3 = NULL;
-    EXPECT(devshare_export(DEVSHARE_BACKEND_CUDA, 0, NULL, 64, &e3), DEVSHARE_STATUS_NULL_ARGUMENT,
+    EXPECT(devshare_export(DEVSHARE_BACKEND_CUDA, 0, NULL, 64, 0, &e3), DEVSHARE_STATUS_NULL_ARGUMENT,
            "devshare_export", "ptr NULL");
-    EXPECT(devshare_export(DEVSHARE_BACKEND_CUDA, 0, local, 64, NULL), DEVSHARE_STATUS_NULL_ARGUMENT,
+    EXPECT(devshare_export(DEVSHARE_BACKEND_CUDA, 0, local, 64, 0, NULL), DEVSHARE_STATUS_NULL_ARGUMENT,
            "devshare_export", "out NULL");
     CHECK(e3 == NULL, "devshare_export: failures leave *out alone");
 
@@ -487,18 +487,18 @@ static void test_out_of_range(void) {
     EXPECT(devshare_probe(0, &bi), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_probe", "backend id 0");
     EXPECT(devshare_probe(4, &bi), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_probe", "backend id 4");
     EXPECT(devshare_probe(UINT16_MAX, &bi), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_probe", "backend id 65535");
-    EXPECT(devshare_export(0, 0, local, sizeof local, &e), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_export",
+    EXPECT(devshare_export(0, 0, local, sizeof local, 0, &e), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_export",
            "backend id 0");
-    EXPECT(devshare_export(99, 0, local, sizeof local, &e), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_export",
+    EXPECT(devshare_export(99, 0, local, sizeof local, 0, &e), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_export",
            "backend id 99");
-    EXPECT(devshare_export(DEVSHARE_BACKEND_HOST, 0, local, sizeof local, &e), DEVSHARE_STATUS_UNSUPPORTED,
+    EXPECT(devshare_export(DEVSHARE_BACKEND_HOST, 0, local, sizeof local, 0, &e), DEVSHARE_STATUS_UNSUPPORTED,
            "devshare_export", "host backend (process memory cannot be shared; use devshare_host_alloc)");
     DevshareBackendInfo cuda;
     require(devshare_probe(DEVSHARE_BACKEND_CUDA, &cuda), "probe cuda");
     if (!cuda.usable) {
-        EXPECT(devshare_export(DEVSHARE_BACKEND_CUDA, 0, local, sizeof local, &e), DEVSHARE_STATUS_BACKEND_UNAVAILABLE,
+        EXPECT(devshare_export(DEVSHARE_BACKEND_CUDA, 0, local, sizeof local, 0, &e), DEVSHARE_STATUS_BACKEND_UNAVAILABLE,
                "devshare_export", "cuda backend where it is unusable");
-        EXPECT(devshare_export(DEVSHARE_BACKEND_ACL, 0, local, sizeof local, &e), DEVSHARE_STATUS_BACKEND_UNAVAILABLE,
+        EXPECT(devshare_export(DEVSHARE_BACKEND_ACL, 0, local, sizeof local, 0, &e), DEVSHARE_STATUS_BACKEND_UNAVAILABLE,
                "devshare_export", "acl backend where it is unusable");
     }
     CHECK(e == NULL, "devshare_export: no exporter comes out of a failure");
