@@ -195,6 +195,9 @@ impl Exporter {
             h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT;
         }
         if desc.event {
+            if self.backend == crate::handle::DEVSHARE_BACKEND_HOST {
+                return Err(Error::Unsupported("host memory has no interprocess events (DEVSHARE_SHARE_EVENT)".into()));
+            }
             h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
         }
         validate(&h)?;

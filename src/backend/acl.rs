@@ -315,13 +315,15 @@ impl Exported for AclExport {
         let mut ev: Event = std::ptr::null_mut();
         // SAFETY: valid out pointer.
         api.check("aclrtCreateEventExWithFlag", unsafe { (api.create_event_ex)(&mut ev, ACL_EVENT_IPC) })?;
-        let owned = AclEvent { ev, device: self.entry.device, handle: [0; DEVSHARE_EVENT_HANDLE_SIZE] };
+        // Owned from here on: an error below destroys it.
+        let mut owned = AclEvent { ev, device: self.entry.device, handle: [0; DEVSHARE_EVENT_HANDLE_SIZE] };
         // SAFETY: a live event; the caller's stream.
         api.check("aclrtRecordEvent", unsafe { (api.record_event)(ev, stream) })?;
         let mut h = IpcEventHandle { reserved: [0; DEVSHARE_EVENT_HANDLE_SIZE] };
         // SAFETY: a live IPC event; valid out pointer.
         api.check("aclrtIpcGetEventHandle", unsafe { (api.ipc_get_event_handle)(ev, &mut h) })?;
-        Ok(Some(Box::new(AclEvent { handle: h.reserved, ..owned })))
+        owned.handle = h.reserved;
+        Ok(Some(Box::new(owned)))
     }
 }
 
@@ -437,6 +439,7 @@ impl Backend for Acl {
     }
 
     fn export(&self, device: i32, ptr: *mut u8, size: u64, opts: &ExportOptions) -> Result<Box<dyn Exported>> {
+        let api = api()?;
         if ptr as u64 % PAGE != 0 || size % PAGE != 0 {
             return Err(Error::InvalidArgument(format!(
                 "ACL exports whole device pages, but [{ptr:p}, +{size}) is not {PAGE}-byte aligned \
@@ -444,7 +447,6 @@ impl Backend for Acl {
                  policy (aclrtMalloc with ACL_MEM_MALLOC_HUGE_FIRST) and export the whole allocation"
             )));
         }
-        let api = api()?;
         Ok(Box::new(AclExport { entry: export_key(api, device, ptr, size, opts.no_pid_check)? }))
     }
 

@@ -514,9 +514,12 @@ static void test_out_of_range(void) {
            "unknown flag 0x4");
     DevshareTensorDesc bad_flags = float_desc();
     DevshareHandle hf;
-    bad_flags.flags = 2;
+    bad_flags.flags = 4;
     EXPECT(devshare_exporter_share(exp, &bad_flags, &hf), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_exporter_share",
-           "unknown desc.flags bit 0x2");
+           "unknown desc.flags bit 0x4");
+    bad_flags.flags = DEVSHARE_SHARE_EVENT;
+    EXPECT(devshare_exporter_share(exp, &bad_flags, &hf), DEVSHARE_STATUS_UNSUPPORTED, "devshare_exporter_share",
+           "DEVSHARE_SHARE_EVENT on host memory (no IPC events)");
     bad_flags.flags = 0;
     bad_flags.reserved = 1;
     EXPECT(devshare_exporter_share(exp, &bad_flags, &hf), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_exporter_share",
@@ -623,7 +626,7 @@ static void test_out_of_range(void) {
     BAD("an IPC event on a host handle", DEVSHARE_STATUS_INVALID_HANDLE, x->flags = DEVSHARE_HANDLE_FLAG_EVENT);
     BAD("device_index 1 on a host handle", DEVSHARE_STATUS_INVALID_HANDLE, x->device_index = 1);
     BAD("device_index -1", DEVSHARE_STATUS_INVALID_HANDLE, x->device_index = -1);
-    BAD("producer_pid 0", DEVSHARE_STATUS_INVALID_HANDLE, x->producer_pid = 0);
+    BAD("producer_pid -1 (0 means unknown)", DEVSHARE_STATUS_INVALID_HANDLE, x->producer_pid = -1);
     BAD("ndim 9", DEVSHARE_STATUS_BAD_NDIM, x->ndim = 9);
     BAD("a shape entry beyond ndim", DEVSHARE_STATUS_INVALID_HANDLE, x->shape[2] = 1);
     BAD("a stride entry beyond ndim (strides count differs from ndim)", DEVSHARE_STATUS_INVALID_HANDLE, x->strides[2] = 1);
@@ -680,8 +683,11 @@ static void test_out_of_range(void) {
               o.stream == NULL,
           "devshare_import_options_init: struct_size set, read-write, device from handle, no stream");
     DevshareImportOptions x = o;
-    x.flags = 2;
-    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import", "unknown import flag 0x2");
+    x.flags = 8;
+    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import", "unknown import flag 0x8");
+    x.flags = DEVSHARE_IMPORT_PEER_ACCESS_CALL | DEVSHARE_IMPORT_NO_PEER_ACCESS;
+    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import",
+           "DEVSHARE_IMPORT_PEER_ACCESS_CALL with DEVSHARE_IMPORT_NO_PEER_ACCESS");
     x = o;
     x.flags = 0xffffffffu;
     EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import", "import flags 0xffffffff");

@@ -279,7 +279,7 @@ void test_errors() {
     d.ndim = 9;
     expect_error(DEVSHARE_STATUS_BAD_NDIM, "devshare_exporter_share", "Exporter::share with ndim 9",
                  [&] { exp.share(d); });
-    const DevshareImportOptions bad = devshare::import_options(2);
+    const DevshareImportOptions bad = devshare::import_options(0x80);
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import", "Import with unknown import flags",
                  [&] { devshare::Import imp(h, bad); });
     check(exp.outstanding() == 1, "a failed Import constructor leaves the reference outstanding");

@@ -1,0 +1,490 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_acl: the acl backend between separate processes, over the strict ACL stand-in runtime
+ * (tests/standin/acl), which records every documented rule a caller breaks.
+ *
+ * The parent allocates device memory with aclrtMalloc, fills it (float i at element i of the
+ * allocation), exports it with devshare and hands handles to consumer children. A consumer is
+ * this program re-executed with "--child": it prints its pid (devshare_local_pid, the bare
+ * tgid on Ascend) and then serves commands, one line each:
+ *   import <device|-1> <flags> <hold 0|1> <handle text>  -> "OK <numel>" / "ERR <status> <msg>"
+ *   release                                               -> "OK <n released>"
+ *   quit
+ * It reads every imported tensor back through aclrtMemcpy (D2D into its own memory first when
+ * the import is on another device) and checks element k == data offset / 4 + k.
+ *
+ * Cases: small and misaligned ranges are refused before ACL is called; pid whitelist (refused,
+ * then allowed; getpid() instead of the bare tgid is refused); several tensors packed in one
+ * allocation read back at the right offsets; closes == imports; the exporter cannot close while
+ * a consumer holds a reference (memory intact) and can after the release; cross-device import
+ * with the import flag, with the explicit peer-access call, and refused without peer access;
+ * an IPC event recorded on a stream and waited on by the consumer; a duplicate arrival and a
+ * duplicate import each return exactly one reference; an export without pid validation.
+ * At the end the stand-in's violation log must be empty.
+ *
+ * Needs DEVSHARE_ACL_LIBRARY pointing at the stand-in (CTest sets it).
+ */
+#define _GNU_SOURCE
+
+#include "acl_standin.h"
+#include "devshare.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MIB (1024u * 1024u)
+enum { IO_TIMEOUT_MS = 20000 };
+
+static int n_cases, n_failed;
+
+__attribute__((format(printf, 2, 3))) static int check(int ok, const char *fmt, ...) {
+    va_list ap;
+    n_cases++;
+    printf("%s - ", ok ? "ok" : "FAIL");
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    fflush(stdout);
+    if (!ok) {
+        n_failed++;
+    }
+    return ok;
+}
+
+static const char *last_error(void) {
+    static char msg[2048];
+    devshare_last_error(msg, sizeof msg);
+    return msg;
+}
+
+static void die(const char *what, long code) {
+    fprintf(stderr, "test_acl: %s failed (%ld): %s\n", what, code, last_error());
+    exit(2);
+}
+
+#define ACL_OK(call)                                                                                              \
+    do {                                                                                                          \
+        aclError rc_ = (call);                                                                                    \
+        if (rc_ != ACL_SUCCESS) {                                                                                 \
+            fprintf(stderr, "test_acl: %s = %d (%s)\n", #call, rc_, aclGetRecentErrMsg());                        \
+            exit(2);                                                                                              \
+        }                                                                                                         \
+    } while (0)
+
+#define DS_OK(call)                                                                                               \
+    do {                                                                                                          \
+        int32_t st_ = (call);                                                                                     \
+        if (st_ != DEVSHARE_STATUS_OK) {                                                                          \
+            die(#call, st_);                                                                                      \
+        }                                                                                                         \
+    } while (0)
+
+/* ---------------------------------------------------------------------------------------- */
+/* Child: a consumer serving commands */
+
+static int read_line_fd(int fd, char *buf, size_t cap, int timeout_ms) {
+    size_t n = 0;
+    while (n + 1 < cap) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        const int r = poll(&p, 1, timeout_ms);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r <= 0) {
+            return -1;
+        }
+        char c;
+        const ssize_t got = read(fd, &c, 1);
+        if (got < 0 && errno == EINTR) {
+            continue;
+        }
+        if (got <= 0) {
+            return n ? (int)n : -1;
+        }
+        if (c == '\n') {
+            break;
+        }
+        buf[n++] = c;
+    }
+    buf[n] = '\0';
+    return (int)n;
+}
+
+/* Read a contiguous float32 tensor of an import back to the host and check its values. */
+static int child_verify(DevshareImport *imp, int32_t exporter_device, char *why, size_t cap) {
+    DevshareImportInfo info;
+    DS_OK(devshare_import_info(imp, &info));
+    const uint64_t n = info.numel;
+    const size_t bytes = (size_t)n * 4u;
+    float *host = malloc(bytes ? bytes : 4);
+    ACL_OK(aclrtSetDevice(info.device));
+    if (bytes) {
+        if (info.device == exporter_device) {
+            ACL_OK(aclrtMemcpy(host, bytes, info.data, bytes, ACL_MEMCPY_DEVICE_TO_HOST));
+        } else {
+            /* No H2D/D2H with memory imported from another device: copy D2D into our own. */
+            void *local = NULL;
+            ACL_OK(aclrtMalloc(&local, 2 * MIB, ACL_MEM_MALLOC_HUGE_FIRST));
+            ACL_OK(aclrtMemcpy(local, 2 * MIB, info.data, bytes, ACL_MEMCPY_DEVICE_TO_DEVICE));
+            ACL_OK(aclrtMemcpy(host, bytes, local, bytes, ACL_MEMCPY_DEVICE_TO_HOST));
+            ACL_OK(aclrtFree(local));
+        }
+    }
+    const uint64_t first = (uint64_t)((char *)info.data - (char *)info.base) / 4u;
+    for (uint64_t k = 0; k < n; k++) {
+        if (host[k] != (float)(first + k)) {
+            snprintf(why, cap, "element %" PRIu64 " is %g, expected %" PRIu64, k, (double)host[k], first + k);
+            free(host);
+            return 0;
+        }
+    }
+    free(host);
+    return 1;
+}
+
+static int child_main(void) {
+    ACL_OK(aclInit(NULL));
+    ACL_OK(aclrtSetDevice(0));
+    int32_t pid = 0;
+    DS_OK(devshare_local_pid(DEVSHARE_BACKEND_ACL, 0, &pid));
+    printf("PID %d %d\n", pid, (int)getpid());
+    fflush(stdout);
+    DevshareImport *held[64];
+    int n_held = 0;
+    char line[2048];
+    while (read_line_fd(0, line, sizeof line, IO_TIMEOUT_MS) > 0) {
+        if (strncmp(line, "import ", 7) == 0) {
+            int device = 0, hold = 0;
+            unsigned flags = 0;
+            int used = 0;
+            if (sscanf(line + 7, "%d %u %d %n", &device, &flags, &hold, &used) != 3) {
+                printf("ERR 0 bad command\n");
+                fflush(stdout);
+                continue;
+            }
+            DevshareHandle h;
+            int32_t st = devshare_handle_from_text(line + 7 + used, &h);
+            DevshareImport *imp = NULL;
+            if (st == DEVSHARE_STATUS_OK) {
+                DevshareImportOptions o;
+                devshare_import_options_init(&o);
+                o.device = device;
+                o.flags = flags;
+                st = devshare_import(&h, &o, &imp);
+            }
+            if (st != DEVSHARE_STATUS_OK) {
+                printf("ERR %d %s\n", st, last_error());
+            } else {
+                char why[256] = "";
+                DevshareImportInfo info;
+                DS_OK(devshare_import_info(imp, &info));
+                if (!child_verify(imp, h.device_index, why, sizeof why)) {
+                    printf("ERR 0 data: %s\n", why);
+                } else {
+                    printf("OK %" PRIu64 " %d\n", info.numel, info.device);
+                }
+                if (hold && n_held < 64) {
+                    held[n_held++] = imp;
+                } else {
+                    DS_OK(devshare_import_release(imp));
+                }
+            }
+        } else if (strcmp(line, "release") == 0) {
+            for (int i = 0; i < n_held; i++) {
+                DS_OK(devshare_import_release(held[i]));
+            }
+            printf("OK %d\n", n_held);
+            n_held = 0;
+        } else if (strcmp(line, "quit") == 0) {
+            break;
+        }
+        fflush(stdout);
+    }
+    for (int i = 0; i < n_held; i++) {
+        devshare_import_release(held[i]);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Parent side of a child */
+
+typedef struct {
+    pid_t pid;
+    int to, from;
+    int32_t bare_tgid, os_pid;
+} Child;
+
+static char self_path[4096];
+
+static Child spawn(void) {
+    int in[2], out[2];
+    if (pipe(in) || pipe(out)) {
+        die("pipe", errno);
+    }
+    Child c = {0};
+    c.pid = fork();
+    if (c.pid < 0) {
+        die("fork", errno);
+    }
+    if (c.pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        close(in[0]);
+        close(in[1]);
+        close(out[0]);
+        close(out[1]);
+        execl(self_path, self_path, "--child", (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    c.to = in[1];
+    c.from = out[0];
+    char line[256];
+    if (read_line_fd(c.from, line, sizeof line, IO_TIMEOUT_MS) <= 0 ||
+        sscanf(line, "PID %d %d", &c.bare_tgid, &c.os_pid) != 2) {
+        die("child start", 0);
+    }
+    return c;
+}
+
+/* Send one command, return the answer line (static buffer). */
+static const char *ask(Child *c, const char *fmt, ...) {
+    static char answer[4096];
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    const size_t len = strlen(cmd);
+    cmd[len] = '\n';
+    if (write(c->to, cmd, len + 1) != (ssize_t)(len + 1)) {
+        die("write to child", errno);
+    }
+    if (read_line_fd(c->from, answer, sizeof answer, IO_TIMEOUT_MS) < 0) {
+        snprintf(answer, sizeof answer, "ERR 0 no answer from the child");
+    }
+    return answer;
+}
+
+static const char *import_cmd(Child *c, const DevshareHandle *h, int device, unsigned flags, int hold) {
+    char text[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
+    DS_OK(devshare_handle_to_text(h, text, sizeof text, NULL));
+    return ask(c, "import %d %u %d %s", device, flags, hold, text);
+}
+
+static int finish(Child *c) {
+    ask(c, "quit");
+    close(c->to);
+    close(c->from);
+    int status = 0;
+    waitpid(c->pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+static DevshareHandle share_f32(DevshareExporter *e, uint64_t storage_offset, uint64_t storage_size, int64_t rows,
+                                int64_t cols, int64_t tensor_offset, uint32_t flags, aclrtStream stream) {
+    const int64_t shape[2] = {rows, cols};
+    DevshareTensorDesc d = {0};
+    d.dtype.code = DEVSHARE_DTYPE_FLOAT;
+    d.dtype.bits = 32;
+    d.dtype.lanes = 1;
+    d.ndim = 2;
+    d.shape = shape;
+    d.storage_offset = storage_offset;
+    d.storage_size = storage_size;
+    d.tensor_offset = tensor_offset;
+    d.flags = flags;
+    d.stream = stream;
+    DevshareHandle h;
+    DS_OK(devshare_exporter_share(e, &d, &h));
+    return h;
+}
+
+static uint64_t outstanding(DevshareExporter *e) {
+    uint64_t n = 0;
+    DS_OK(devshare_exporter_outstanding(e, &n));
+    return n;
+}
+
+static char log_path[256];
+
+static int log_is_empty(void) {
+    struct stat st;
+    return stat(log_path, &st) != 0 || st.st_size == 0;
+}
+
+static void show_log(void) {
+    FILE *f = fopen(log_path, "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        printf("# stand-in: %s", line);
+    }
+    if (f) {
+        fclose(f);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--child") == 0) {
+        return child_main();
+    }
+    if (!getenv("DEVSHARE_ACL_LIBRARY")) {
+        fprintf(stderr, "test_acl: set DEVSHARE_ACL_LIBRARY to the stand-in libascendcl.so\n");
+        return 2;
+    }
+    ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
+    if (n <= 0) {
+        die("readlink /proc/self/exe", errno);
+    }
+    self_path[n] = '\0';
+    snprintf(log_path, sizeof log_path, "/tmp/devshare_test_acl_%ld.log", (long)getpid());
+    unlink(log_path);
+    setenv("DEVSHARE_STANDIN_LOG", log_path, 1);
+
+    DevshareBackendInfo bi;
+    DS_OK(devshare_probe(DEVSHARE_BACKEND_ACL, &bi));
+    check(bi.usable == 1, "probe: acl usable over the stand-in (%s)", bi.detail);
+
+    const aclError init = aclInit(NULL); /* devshare's probe initialised ACL already */
+    check(init == ACL_ERROR_REPEAT_INITIALIZE, "devshare called aclInit once (a second call reports %d)", init);
+    ACL_OK(aclrtSetDevice(0));
+
+    /* Refusals before ACL is called. */
+    void *small = NULL;
+    ACL_OK(aclrtMalloc(&small, 4096, ACL_MEM_MALLOC_HUGE_FIRST));
+    DevshareExporter *e = NULL;
+    int32_t st = devshare_export(DEVSHARE_BACKEND_ACL, 0, small, 4096, 0, &e);
+    check(st == DEVSHARE_STATUS_INVALID_ARGUMENT && strstr(last_error(), "2 MiB") && strstr(last_error(), "HUGE"),
+          "a small pooled buffer is refused, saying to allocate >= 2 MiB with a HUGE policy (%s)", last_error());
+    ACL_OK(aclrtFree(small));
+
+    /* One 2 MiB allocation, float i at element i. */
+    const size_t size = 2 * MIB;
+    void *dev = NULL;
+    ACL_OK(aclrtMalloc(&dev, size, ACL_MEM_MALLOC_HUGE_FIRST));
+    float *host = malloc(size);
+    for (size_t i = 0; i < size / 4; i++) {
+        host[i] = (float)i;
+    }
+    ACL_OK(aclrtMemcpy(dev, size, host, size, ACL_MEMCPY_HOST_TO_DEVICE));
+    st = devshare_export(DEVSHARE_BACKEND_ACL, 0, (char *)dev + 512, size - 4096, 0, &e);
+    check(st == DEVSHARE_STATUS_INVALID_ARGUMENT && strstr(last_error(), "aligned"),
+          "a misaligned range is refused naming page alignment");
+    DS_OK(devshare_export(DEVSHARE_BACKEND_ACL, 0, dev, size, 0, &e));
+    DevshareExporter *e_again = NULL;
+    DS_OK(devshare_export(DEVSHARE_BACKEND_ACL, 0, dev, size, 0, &e_again));
+    DevshareHandle h_again;
+    DS_OK(devshare_exporter_share(e_again, NULL, &h_again));
+    DevshareHandle h1 = share_f32(e, 0, 4096, 16, 64, 0, 0, NULL);
+    check(memcmp(h_again.key, h1.key, sizeof h1.key) == 0, "exporting the same range twice reuses its key");
+    DS_OK(devshare_exporter_close(e_again, DEVSHARE_CLOSE_FORCE)); /* its reference was never sent */
+
+    /* Pid whitelist. */
+    Child c1 = spawn();
+    check(c1.bare_tgid != c1.os_pid, "the consumer's bare tgid (%d) differs from getpid (%d) in the stand-in",
+          c1.bare_tgid, c1.os_pid);
+    const char *a = import_cmd(&c1, &h1, -1, 0, 0);
+    check(strncmp(a, "ERR -34", 7) == 0 && strstr(a, "207006") && strstr(a, "devshare_exporter_allow_pid"),
+          "a consumer not on the whitelist is refused with the vendor code and what to do (%s)", a);
+    Child c2 = spawn();
+    DS_OK(devshare_exporter_allow_pid(e, c2.os_pid));
+    a = import_cmd(&c2, &h1, -1, 0, 0);
+    check(strncmp(a, "ERR -34", 7) == 0, "whitelisting getpid() instead of the bare tgid does not let it in");
+    check(finish(&c2), "second consumer exits cleanly");
+    DS_OK(devshare_exporter_allow_pid(e, c1.bare_tgid));
+    a = import_cmd(&c1, &h1, -1, 0, 0);
+    check(strncmp(a, "OK 1024", 7) == 0, "the whitelisted consumer imports and reads the data (%s)", a);
+    check(outstanding(e) == 0, "the refused imports kept nothing and the release returned the reference");
+
+    /* Several tensors packed in one allocation. */
+    DevshareHandle h2 = share_f32(e, 8192, 8192, 4, 100, 7, 0, NULL);
+    DevshareHandle h3 = share_f32(e, MIB + 4096, MIB - 4096, 3, 33, 1000, 0, NULL);
+    a = import_cmd(&c1, &h2, -1, 0, 1);
+    check(strncmp(a, "OK 400", 6) == 0, "tensor 2 (storage 8192, tensor offset 7) reads back right (%s)", a);
+    a = import_cmd(&c1, &h3, -1, 0, 1);
+    check(strncmp(a, "OK 99", 5) == 0, "tensor 3 (storage 1 MiB + 4 KiB, tensor offset 1000) reads back right (%s)", a);
+    char key[DEVSHARE_KEY_CAPACITY + 1] = {0};
+    memcpy(key, h1.key, 65);
+    check(aclsi_open_imports(key) == 1, "two live imports of one key are one ACL import (%d)", aclsi_open_imports(key));
+    check(outstanding(e) == 2, "two references outstanding while held");
+
+    /* Close order. */
+    st = devshare_exporter_close(e, 0);
+    check(st == DEVSHARE_STATUS_BUSY, "the exporter cannot close while references are outstanding (%s)",
+          devshare_status_str(st));
+    a = import_cmd(&c1, &h3, -1, 0, 0);
+    check(strncmp(a, "ERR -37", 7) != 0 && strncmp(a, "OK", 2) == 0,
+          "the memory is intact after the refused close (the held handle imports again)");
+    a = ask(&c1, "release");
+    check(strcmp(a, "OK 2") == 0, "the consumer releases both");
+    check(outstanding(e) == 0 && aclsi_open_imports(key) == 0, "closes == imports: no reference and no ACL import left");
+
+    /* Cross-device. */
+    DevshareHandle hx = share_f32(e, 0, 4096, 8, 8, 0, 0, NULL);
+    a = import_cmd(&c1, &hx, 1, DEVSHARE_IMPORT_NO_PEER_ACCESS, 0);
+    check(strncmp(a, "ERR -34", 7) == 0 && strstr(a, "507899"),
+          "an import on device 1 without peer access fails with the driver error (%s)", a);
+    a = import_cmd(&c1, &hx, 1, 0, 0);
+    check(strncmp(a, "OK 64 1", 7) == 0, "an import on device 1 with the enable-peer-access flag reads right (%s)", a);
+    DevshareHandle hy = share_f32(e, 0, 4096, 8, 8, 0, 0, NULL);
+    a = import_cmd(&c1, &hy, 1, DEVSHARE_IMPORT_PEER_ACCESS_CALL, 0);
+    check(strncmp(a, "OK 64 1", 7) == 0, "an import on device 1 after aclrtDeviceEnablePeerAccess reads right (%s)", a);
+
+    /* Events: the data is produced on a stream, the consumer waits on the recorded event. */
+    aclrtStream stream = NULL;
+    ACL_OK(aclrtCreateStream(&stream));
+    DevshareHandle he = share_f32(e, 4096, 4096, 32, 32, 0, DEVSHARE_SHARE_EVENT, stream);
+    check((he.flags & DEVSHARE_HANDLE_FLAG_EVENT) != 0, "a share with DEVSHARE_SHARE_EVENT carries an event");
+    a = import_cmd(&c1, &he, -1, 0, 0);
+    check(strncmp(a, "OK 1024", 7) == 0, "the consumer waits on the event and reads right (%s)", a);
+
+    /* Duplicate arrival: two handles for one storage, and one handle imported twice. */
+    DevshareHandle d1 = share_f32(e, 0, 4096, 4, 4, 0, 0, NULL);
+    DevshareHandle d2 = share_f32(e, 0, 4096, 4, 4, 0, 0, NULL);
+    import_cmd(&c1, &d1, -1, 0, 1);
+    import_cmd(&c1, &d2, -1, 0, 1);
+    import_cmd(&c1, &d2, -1, 0, 1);
+    check(outstanding(e) == 2, "a duplicate import of one handle holds its single reference");
+    ask(&c1, "release");
+    check(outstanding(e) == 0, "each arrival returned exactly once (slots at 0, never below)");
+
+    /* No pid validation: anyone may import. */
+    void *dev2 = NULL;
+    ACL_OK(aclrtMalloc(&dev2, size, ACL_MEM_MALLOC_HUGE_FIRST));
+    ACL_OK(aclrtMemcpy(dev2, size, host, size, ACL_MEMCPY_HOST_TO_DEVICE));
+    DevshareExporter *open_e = NULL;
+    DS_OK(devshare_export(DEVSHARE_BACKEND_ACL, 0, dev2, size, DEVSHARE_EXPORT_NO_PID_CHECK, &open_e));
+    DevshareHandle ho = share_f32(open_e, 0, 4096, 2, 2, 0, 0, NULL);
+    Child c3 = spawn();
+    a = import_cmd(&c3, &ho, -1, 0, 0);
+    check(strncmp(a, "OK 4", 4) == 0, "without pid validation an unlisted consumer imports (%s)", a);
+    check(finish(&c3), "third consumer exits cleanly");
+
+    check(finish(&c1), "first consumer exits cleanly");
+    DS_OK(devshare_exporter_close(e, 0));
+    DS_OK(devshare_exporter_close(open_e, 0));
+    check(aclsi_key_closed(key) != 0 || aclsi_open_imports(key) < 0, "closing the last exporter closed the key");
+    ACL_OK(aclrtFree(dev));
+    ACL_OK(aclrtFree(dev2));
+    free(host);
+
+    check(aclsi_violation_count() == 0 && log_is_empty(), "the stand-in recorded no rule violation in any process");
+    if (!log_is_empty()) {
+        show_log();
+    }
+    unlink(log_path);
+    printf("%d cases, %d failed\n", n_cases, n_failed);
+    return n_failed ? 1 : 0;
+}

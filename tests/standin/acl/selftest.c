@@ -1,0 +1,736 @@
+/*
+ * selftest.c - exercises every rule of the ACL stand-in (tests/standin/acl/acl_standin.c).
+ *
+ * Build and run (from the repository root):
+ *   gcc -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -shared -fPIC -pthread \
+ *       -o libascendcl.so tests/standin/acl/acl_standin.c -lrt
+ *   gcc -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -pthread \
+ *       -o acl_selftest tests/standin/acl/selftest.c -L. -lascendcl -Wl,-rpath,'$ORIGIN' -lrt
+ *   ./acl_selftest            # exit 0 on success
+ *
+ * Two-process rules use fork(): a forked child is a fresh ACL process (aclInit, aclrtSetDevice)
+ * and exits with 0 when all of its checks passed. Each scenario writes its own
+ * DEVSHARE_STANDIN_LOG and checks the lines in it.
+ */
+#include "acl_standin.h"
+
+#include <dirent.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MIB ((size_t)1 << 20)
+
+static int failures;
+static int expect_v; /* violations this process should have recorded so far */
+
+#define CHECK(cond, ...)                                                      \
+    do {                                                                      \
+        if (!(cond)) {                                                        \
+            fprintf(stderr, "FAIL pid=%d %s:%d: ", (int)getpid(), __FILE__,   \
+                    __LINE__);                                                \
+            fprintf(stderr, __VA_ARGS__);                                     \
+            fprintf(stderr, " [%s] (recent: %s)\n", #cond, aclGetRecentErrMsg()); \
+            failures++;                                                       \
+        }                                                                     \
+    } while (0)
+#define CHECK_RC(call, want) \
+    do { int rc_ = (call); CHECK(rc_ == (want), "%s returned %d, want %d", #call, rc_, (want)); } while (0)
+/* Expect n new violations in this process. */
+#define EXPECT_V(n) \
+    do { expect_v += (n); CHECK(aclsi_violation_count() == expect_v, "violations %d, want %d", aclsi_violation_count(), expect_v); } while (0)
+#define MSG_HAS(s) CHECK(strstr(aclGetRecentErrMsg(), (s)) != NULL, "message lacks \"%s\"", (s))
+
+/* ---- scenario logs ---- */
+
+static char log_path[256];
+
+static void new_log(const char *tag) {
+    snprintf(log_path, sizeof log_path, "/tmp/aclsi_selftest_%d_%s.log", (int)getpid(), tag);
+    unlink(log_path);
+    setenv("DEVSHARE_STANDIN_LOG", log_path, 1);
+}
+
+/* Lines of the current log containing needle (NULL: all lines). */
+static int log_count(const char *needle) {
+    FILE *f = fopen(log_path, "r");
+    if (!f) return 0;
+    char line[1024];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        if (!needle || strstr(line, needle)) n++;
+    fclose(f);
+    return n;
+}
+
+static void end_log(int want_lines) {
+    CHECK(log_count(NULL) == want_lines, "log %s has %d lines, want %d", log_path,
+          log_count(NULL), want_lines);
+    unlink(log_path);
+}
+
+/* ---- children ---- */
+
+typedef struct chan {
+    int to[2], from[2];
+} chan_t;
+
+static chan_t ch;
+
+static void send_int(int fd, int v) { CHECK(write(fd, &v, sizeof v) == sizeof v, "pipe write"); }
+static int recv_int(int fd) {
+    int v = -1;
+    CHECK(read(fd, &v, sizeof v) == sizeof v, "pipe read");
+    return v;
+}
+
+/* Child side: fresh ACL process on device dev. */
+static void child_setup(int dev) {
+    failures = 0;
+    expect_v = 0;
+    CHECK(aclsi_violation_count() == 0, "forked child starts with no violations");
+    CHECK_RC(aclrtMalloc(&(void *){0}, 4096, ACL_MEM_MALLOC_HUGE_FIRST), ACL_ERROR_UNINITIALIZE);
+    expect_v = 1; /* the call above: before aclInit (a fork child is a fresh process) */
+    CHECK_RC(aclInit(NULL), 0);
+    CHECK_RC(aclrtSetDevice(dev), 0);
+}
+
+/* Run fn in a forked child with a fresh channel; returns the child's pid. */
+static pid_t spawn(void (*fn)(void *), void *arg) {
+    CHECK(pipe(ch.to) == 0 && pipe(ch.from) == 0, "pipe");
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(ch.to[1]);
+        close(ch.from[0]);
+        fn(arg);
+        exit(failures ? 1 : 0); /* exit(): the stand-in's exit checks run */
+    }
+    close(ch.to[0]);
+    close(ch.from[1]);
+    return pid;
+}
+
+static void join(pid_t pid, const char *what) {
+    int st = 0;
+    CHECK(waitpid(pid, &st, 0) == pid, "waitpid");
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child '%s' failed (status %#x)", what, st);
+    close(ch.to[1]);
+    close(ch.from[0]);
+}
+
+/* Shared state the children inherit through fork. */
+static char g_key[ACL_IPC_MEM_KEY_LEN]; /* with the 0xA5 garbage after the NUL */
+static const unsigned char PAT = 0x5c;
+static size_t g_size;
+
+typedef struct import_args {
+    int dev;
+    uint64_t flags;
+    int want_rc;
+    int peer; /* call aclrtDeviceEnablePeerAccess(0, 0) first */
+} import_args_t;
+
+/* Import g_key and check the result; on success verify the data, then close. */
+static void child_import(void *vp) {
+    import_args_t *a = vp;
+    child_setup(a->dev);
+    if (a->peer) CHECK_RC(aclrtDeviceEnablePeerAccess(0, 0), 0);
+    void *p = NULL;
+    CHECK_RC(aclrtIpcMemImportByKey(&p, g_key, a->flags), a->want_rc);
+    if (a->want_rc == 0) {
+        unsigned char buf[64];
+        if (a->dev == 0) {
+            CHECK_RC(aclrtMemcpy(buf, sizeof buf, p, sizeof buf, ACL_MEMCPY_DEVICE_TO_HOST), 0);
+            CHECK(buf[0] == PAT && buf[63] == PAT, "importer reads the exporter's data");
+        }
+        CHECK_RC(aclrtIpcMemClose(g_key), 0);
+    }
+    EXPECT_V(0);
+}
+
+/* Whitelist handshake: send a pid (bare tgid or getpid()), wait, import, report, close. */
+static void child_whitelisted(void *vp) {
+    int use_getpid = *(int *)vp;
+    child_setup(0);
+    int32_t tgid = 0;
+    CHECK_RC(aclrtDeviceGetBareTgid(&tgid), 0);
+    CHECK(tgid == (int32_t)getpid() + 3000000, "bare tgid = getpid() + offset");
+    send_int(ch.from[1], use_getpid ? (int)getpid() : tgid);
+    recv_int(ch.to[0]);
+    void *p = NULL;
+    int rc = aclrtIpcMemImportByKey(&p, g_key, 0);
+    if (use_getpid) {
+        CHECK(rc == ACL_ERROR_RT_NO_PERMISSION, "getpid() whitelisted: refused, rc %d", rc);
+        MSG_HAS("not in the key's whitelist");
+        MSG_HAS("getpid()");
+        send_int(ch.from[1], rc);
+    } else {
+        CHECK(rc == 0, "bare tgid whitelisted: import rc %d", rc);
+        unsigned char buf[16] = {0};
+        CHECK_RC(aclrtMemcpy(buf, sizeof buf, (char *)p + g_size - 16, 16,
+                             ACL_MEMCPY_DEVICE_TO_HOST), 0);
+        CHECK(buf[15] == PAT, "importer reads the exporter's data at the end of the range");
+        send_int(ch.from[1], rc);
+        recv_int(ch.to[0]);
+        CHECK_RC(aclrtIpcMemClose(g_key), 0);
+        send_int(ch.from[1], 0);
+    }
+    EXPECT_V(0);
+}
+
+/* Not the exporter: SetImportPid and a close without import are violations. */
+static void child_misuse(void *vp) {
+    (void)vp;
+    child_setup(0);
+    int32_t pid = 1234;
+    CHECK_RC(aclrtIpcMemSetImportPid(g_key, &pid, 1), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(1);
+    CHECK_RC(aclrtIpcMemClose(g_key), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("neither imported nor exported");
+    EXPECT_V(1);
+}
+
+/* Cross-device importer with peer access: D2H/H2D refused, D2D allowed. */
+static void child_xdev_copies(void *vp) {
+    (void)vp;
+    child_setup(1);
+    CHECK_RC(aclrtDeviceEnablePeerAccess(0, 0), 0);
+    void *p = NULL;
+    CHECK_RC(aclrtIpcMemImportByKey(&p, g_key, 0), 0);
+    unsigned char buf[64];
+    CHECK_RC(aclrtMemcpy(buf, sizeof buf, p, sizeof buf, ACL_MEMCPY_DEVICE_TO_HOST),
+             ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    MSG_HAS("no H2D/D2H copies to memory imported from another device");
+    EXPECT_V(1);
+    CHECK_RC(aclrtMemcpy(p, 64, buf, sizeof buf, ACL_MEMCPY_HOST_TO_DEVICE),
+             ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    EXPECT_V(1);
+    void *mine = NULL;
+    CHECK_RC(aclrtMalloc(&mine, 2 * MIB, ACL_MEM_MALLOC_HUGE_FIRST), 0);
+    CHECK_RC(aclrtMemcpy(mine, 2 * MIB, p, 4096, ACL_MEMCPY_DEVICE_TO_DEVICE), 0);
+    memset(buf, 0, sizeof buf);
+    CHECK_RC(aclrtMemcpy(buf, sizeof buf, mine, sizeof buf, ACL_MEMCPY_DEVICE_TO_HOST), 0);
+    CHECK(buf[0] == PAT && buf[63] == PAT, "D2D from the import carried the data");
+    CHECK_RC(aclrtIpcMemClose(g_key), 0);
+    CHECK_RC(aclrtFree(mine), 0);
+    EXPECT_V(0);
+}
+
+/* The same key imported twice: two mappings, closes must equal imports. */
+static void child_double_import(void *vp) {
+    (void)vp;
+    child_setup(0);
+    void *p1 = NULL, *p2 = NULL;
+    CHECK_RC(aclrtIpcMemImportByKey(&p1, g_key, 1), 0);
+    CHECK_RC(aclrtIpcMemImportByKey(&p2, g_key, 1), 0);
+    CHECK(p1 && p2 && p1 != p2, "two imports, two mappings");
+    CHECK(aclsi_open_imports(g_key) == 2, "open imports 2, got %d", aclsi_open_imports(g_key));
+    unsigned char v = 0x77, r = 0;
+    CHECK_RC(aclrtMemcpy((char *)p1 + 100, 1, &v, 1, ACL_MEMCPY_HOST_TO_DEVICE), 0);
+    CHECK_RC(aclrtMemcpy(&r, 1, (char *)p2 + 100, 1, ACL_MEMCPY_DEVICE_TO_HOST), 0);
+    CHECK(r == 0x77, "both mappings see the same memory");
+    CHECK_RC(aclrtIpcMemClose(g_key), 0);
+    CHECK(aclsi_open_imports(g_key) == 1, "open imports 1");
+    /* The first mapping is still live after closing the most recent import. */
+    CHECK_RC(aclrtMemcpy(&r, 1, (char *)p1 + 100, 1, ACL_MEMCPY_DEVICE_TO_HOST), 0);
+    CHECK_RC(aclrtIpcMemClose(g_key), 0);
+    CHECK(aclsi_open_imports(g_key) == 0, "open imports 0");
+    CHECK_RC(aclrtIpcMemClose(g_key), ACL_ERROR_INVALID_PARAM); /* a third close */
+    EXPECT_V(1);
+    /* The closed mapping is no longer device memory of this process. */
+    CHECK_RC(aclrtMemcpy(&r, 1, (char *)p1 + 100, 1, ACL_MEMCPY_DEVICE_TO_HOST),
+             ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(1);
+}
+
+/* Import, signal, wait while the exporter closes early, then close. */
+static void child_hold_import(void *vp) {
+    (void)vp;
+    child_setup(0);
+    void *p = NULL;
+    CHECK_RC(aclrtIpcMemImportByKey(&p, g_key, 1), 0);
+    send_int(ch.from[1], 0);
+    recv_int(ch.to[0]);
+    CHECK(aclsi_key_closed(g_key) == 1, "importer sees the exporter's close");
+    CHECK_RC(aclrtIpcMemClose(g_key), 0);
+    EXPECT_V(0);
+}
+
+static void child_import_closed(void *vp) {
+    (void)vp;
+    child_setup(0);
+    void *p = NULL;
+    CHECK_RC(aclrtIpcMemImportByKey(&p, g_key, 1), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("already closed");
+    EXPECT_V(1);
+}
+
+/* Events: the producer's handle travels through fork memory. */
+static aclrtIpcEventHandle g_evh;
+
+static void child_event_wait(void *vp) {
+    (void)vp;
+    child_setup(0);
+    aclrtStream s = NULL;
+    aclrtEvent e = NULL;
+    CHECK_RC(aclrtCreateStream(&s), 0);
+    CHECK_RC(aclrtIpcOpenEventHandle(g_evh, &e), 0);
+    CHECK(aclsi_event_records(e) == 1, "consumer sees the producer's record");
+    CHECK_RC(aclrtStreamWaitEvent(s, e), 0);
+    CHECK(aclsi_event_waits(e) == 1, "waits 1, got %d", aclsi_event_waits(e));
+    CHECK_RC(aclrtSynchronizeEvent(e), 0);
+    CHECK(aclsi_event_waits(e) == 2, "waits 2");
+    CHECK_RC(aclrtRecordEvent(e, s), ACL_ERROR_INVALID_PARAM); /* consumer only waits */
+    EXPECT_V(1);
+    CHECK_RC(aclrtDestroyEvent(e), 0);
+    CHECK_RC(aclrtSynchronizeStream(s), 0);
+    CHECK_RC(aclrtDestroyStream(s), 0);
+    EXPECT_V(0);
+}
+
+static void child_event_nowait(void *vp) {
+    (void)vp;
+    child_setup(0);
+    aclrtEvent e = NULL;
+    CHECK_RC(aclrtIpcOpenEventHandle(g_evh, &e), 0);
+    CHECK_RC(aclrtDestroyEvent(e), 0);
+    MSG_HAS("opened but never waited on");
+    EXPECT_V(1);
+    aclrtIpcEventHandle bad = g_evh;
+    memset(bad.reserved + 8, 0, sizeof bad.reserved - 8); /* only 8 bytes survived */
+    CHECK_RC(aclrtIpcOpenEventHandle(bad, &e), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(1);
+}
+
+static void child_event_gone(void *vp) {
+    (void)vp;
+    child_setup(0);
+    aclrtEvent e = NULL;
+    CHECK_RC(aclrtIpcOpenEventHandle(g_evh, &e), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("gone");
+    EXPECT_V(0);
+}
+
+/* Exit with an open import and an opened event: both recorded at exit. */
+static void child_exit_open(void *vp) {
+    (void)vp;
+    child_setup(0);
+    void *p = NULL;
+    aclrtEvent e = NULL;
+    CHECK_RC(aclrtIpcMemImportByKey(&p, g_key, 1), 0);
+    CHECK_RC(aclrtIpcOpenEventHandle(g_evh, &e), 0);
+    CHECK_RC(aclrtStreamWaitEvent(NULL, e), 0);
+    EXPECT_V(0);
+}
+
+/* ---- scenarios ---- */
+
+static void *thread_no_device(void *arg) {
+    (void)arg;
+    void *p = NULL;
+    int rc = aclrtMalloc(&p, 4096, ACL_MEM_MALLOC_HUGE_FIRST);
+    CHECK(rc == ACL_ERROR_RT_CONTEXT_NULL, "new thread without aclrtSetDevice: rc %d", rc);
+    MSG_HAS("no device bound on this thread");
+    CHECK_RC(aclrtSetDevice(1), 0);
+    CHECK_RC(aclrtMalloc(&p, 4096, ACL_MEM_MALLOC_HUGE_FIRST), 0);
+    CHECK_RC(aclrtFree(p), 0);
+    return NULL;
+}
+
+static void garbage_after_nul(const char *key) {
+    size_t n = strlen(key);
+    CHECK(n > 0 && n < 64, "key length %zu", n);
+    int ok = 1;
+    for (size_t i = n + 1; i < ACL_IPC_MEM_KEY_LEN; i++) ok &= (unsigned char)key[i] == 0xA5;
+    CHECK(ok, "bytes after the NUL are 0xA5 garbage");
+}
+
+static void scenario_basic(void) {
+    new_log("basic");
+    uint32_t count = 0;
+    int32_t ma = 0, mi = 0, pa = 0;
+    CHECK_RC(aclrtGetVersion(&ma, &mi, &pa), 0); /* allowed before aclInit */
+    CHECK(ma == 8 && mi == 3 && pa == 0, "version 8.3.0");
+    CHECK_RC(aclrtGetDeviceCount(&count), ACL_ERROR_UNINITIALIZE);
+    MSG_HAS("called before aclInit");
+    EXPECT_V(1);
+    CHECK_RC(aclInit(NULL), 0);
+    CHECK_RC(aclInit(NULL), ACL_ERROR_REPEAT_INITIALIZE);
+    EXPECT_V(0);
+    CHECK_RC(aclrtGetDeviceCount(&count), 0);
+    CHECK(count == 2, "2 devices by default");
+    void *p = NULL;
+    CHECK_RC(aclrtMalloc(&p, 4096, ACL_MEM_MALLOC_HUGE_FIRST), ACL_ERROR_RT_CONTEXT_NULL);
+    EXPECT_V(1);
+    CHECK_RC(aclrtSetDevice(5), ACL_ERROR_INVALID_PARAM); /* error only */
+    CHECK_RC(aclrtSetDevice(0), 0);
+    EXPECT_V(0);
+    pthread_t th;
+    pthread_create(&th, NULL, thread_no_device, NULL);
+    pthread_join(th, NULL);
+    EXPECT_V(1);
+    int32_t dev = -1;
+    CHECK_RC(aclrtGetDevice(&dev), 0);
+    CHECK(dev == 0, "the other thread's aclrtSetDevice did not change this thread");
+
+    /* Alignment: small pooled blocks are never exportable. */
+    char key[ACL_IPC_MEM_KEY_LEN], key2[ACL_IPC_MEM_KEY_LEN];
+    void *small = NULL;
+    CHECK_RC(aclrtMalloc(&small, 1000, ACL_MEM_MALLOC_HUGE_FIRST), 0);
+    CHECK((uintptr_t)small % 4096 == 512, "small block 512 B past a page");
+    CHECK_RC(aclrtIpcMemGetExportKey(small, 1000, key, sizeof key, 1), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("not page aligned");
+    EXPECT_V(1);
+    CHECK_RC(aclrtIpcMemGetExportKey((char *)small - 512, 4096, key, sizeof key, 1),
+             ACL_ERROR_INVALID_PARAM); /* not inside the allocation */
+    EXPECT_V(1);
+
+    /* A >= 2 MiB HUGE allocation exports; misaligned ranges do not. */
+    void *big = NULL;
+    CHECK_RC(aclrtMalloc(&big, 4 * MIB, ACL_MEM_MALLOC_HUGE_FIRST), 0);
+    CHECK((uintptr_t)big % (2 * MIB) == 0, "huge allocation 2 MiB aligned");
+    CHECK_RC(aclrtIpcMemGetExportKey(big, 3 * MIB, key, sizeof key, 1), ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtIpcMemGetExportKey((char *)big + 4096, 2 * MIB, key, sizeof key, 1),
+             ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(2);
+    CHECK_RC(aclrtIpcMemGetExportKey(big, 6 * MIB, key, sizeof key, 1), ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtIpcMemGetExportKey(big, 4 * MIB, key, 64, 1), ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtIpcMemGetExportKey(big, 4 * MIB, key, sizeof key, 2), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(3);
+    CHECK_RC(aclrtSetDevice(1), 0); /* the allocation is on device 0 */
+    CHECK_RC(aclrtIpcMemGetExportKey(big, 4 * MIB, key, sizeof key, 1), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(1);
+    CHECK_RC(aclrtSetDevice(0), 0);
+    CHECK_RC(aclrtIpcMemGetExportKey(big, 4 * MIB, key, sizeof key, 1), 0);
+    EXPECT_V(0);
+    garbage_after_nul(key);
+    CHECK(aclsi_open_imports(key) == 0 && aclsi_key_closed(key) == 0, "fresh key: open");
+    CHECK_RC(aclrtIpcMemGetExportKey(big, 4 * MIB, key2, sizeof key2, 1), 0);
+    MSG_HAS("same range exported twice");
+    EXPECT_V(1);
+    CHECK(strcmp(key, key2) != 0, "a fresh key all the same");
+    CHECK_RC(aclrtIpcMemClose(key2), 0);
+    CHECK_RC(aclrtIpcMemClose(key), 0);
+    EXPECT_V(0);
+    CHECK(aclsi_key_closed(key) == 1 && aclsi_open_imports(key) == -1, "closed key");
+    CHECK_RC(aclrtIpcMemClose(key), ACL_ERROR_INVALID_PARAM); /* closed twice */
+    MSG_HAS("already closed");
+    EXPECT_V(1);
+
+    /* HUGE rounds to 2 MiB pages: 3 MiB exports as 4 MiB. NORMAL >= 2 MiB: 4 KiB pages. */
+    void *odd = NULL, *normal = NULL;
+    CHECK_RC(aclrtMalloc(&odd, 3 * MIB, ACL_MEM_MALLOC_HUGE_ONLY), 0);
+    CHECK_RC(aclrtIpcMemGetExportKey(odd, 4 * MIB, key, sizeof key, 0), 0);
+    /* Free with the key open: violation, memory still freed, the close still works. */
+    CHECK_RC(aclrtFree(odd), 0);
+    MSG_HAS("freed while exported/imported");
+    EXPECT_V(1);
+    CHECK_RC(aclrtIpcMemClose(key), 0);
+    CHECK_RC(aclrtMalloc(&normal, 3 * MIB, ACL_MEM_MALLOC_NORMAL_ONLY), 0);
+    CHECK((uintptr_t)normal % 4096 == 0, "normal allocation 4 KiB aligned");
+    CHECK_RC(aclrtIpcMemGetExportKey((char *)normal + 4096, 8192, key, sizeof key, 0), 0);
+    CHECK_RC(aclrtIpcMemGetExportKey((char *)normal + 4096, 6000, key2, sizeof key2, 0),
+             ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(1);
+    int32_t who = 42;
+    CHECK_RC(aclrtIpcMemSetImportPid(key, &who, 0), ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtIpcMemSetImportPid(key, &who, 65), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(2);
+    CHECK_RC(aclrtIpcMemSetImportPid(key, &who, 1), 0);
+    CHECK_RC(aclrtIpcMemClose(key), 0);
+    CHECK_RC(aclrtFree(normal), 0);
+    EXPECT_V(0);
+
+    /* Memcpy: bounds, destMax, kinds. */
+    unsigned char host[64];
+    memset(host, 0x11, sizeof host);
+    CHECK_RC(aclrtMemcpy(big, 4 * MIB, host, sizeof host, ACL_MEMCPY_HOST_TO_DEVICE), 0);
+    memset(host, 0, sizeof host);
+    CHECK_RC(aclrtMemcpy(host, sizeof host, big, sizeof host, ACL_MEMCPY_DEVICE_TO_HOST), 0);
+    CHECK(host[0] == 0x11 && host[63] == 0x11, "H2D then D2H round trip");
+    CHECK_RC(aclrtMemcpy((char *)big + 4 * MIB - 8, 16, host, 16, ACL_MEMCPY_HOST_TO_DEVICE),
+             ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("out of bounds");
+    CHECK_RC(aclrtMemcpy(host, 8, big, 16, ACL_MEMCPY_DEVICE_TO_HOST), ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtMemcpy(host, sizeof host, big, 16, ACL_MEMCPY_HOST_TO_DEVICE),
+             ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtMemcpy(big, 16, small, 16, ACL_MEMCPY_HOST_TO_DEVICE), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("does not match");
+    CHECK_RC(aclrtMemcpy(host, 16, host + 16, 16, ACL_MEMCPY_HOST_TO_HOST), 0);
+    CHECK_RC(aclrtMemcpy(big, 16, small, 16, ACL_MEMCPY_DEVICE_TO_DEVICE), 0);
+    EXPECT_V(4);
+
+    /* Free: unknown pointer, interior pointer. */
+    CHECK_RC(aclrtFree(host), ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtFree((char *)big + 4096), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(2);
+    CHECK_RC(aclrtFree(big), 0);
+    CHECK_RC(aclrtFree(small), 0);
+    CHECK_RC(aclrtFree(big), ACL_ERROR_INVALID_PARAM); /* double free */
+    EXPECT_V(1);
+
+    /* Streams, peer access, bare tgid. */
+    aclrtStream s = NULL;
+    CHECK_RC(aclrtCreateStream(&s), 0);
+    CHECK_RC(aclrtSynchronizeStream(s), 0);
+    CHECK_RC(aclrtSynchronizeStream(NULL), 0);
+    CHECK_RC(aclrtSynchronizeDevice(), 0);
+    CHECK_RC(aclrtSetDevice(1), 0);
+    CHECK_RC(aclrtSynchronizeStream(s), ACL_ERROR_INVALID_PARAM); /* stream of device 0 */
+    EXPECT_V(1);
+    CHECK_RC(aclrtDeviceEnablePeerAccess(0, 1), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(1);
+    CHECK_RC(aclrtDeviceEnablePeerAccess(1, 0), ACL_ERROR_INVALID_PARAM); /* self: error only */
+    EXPECT_V(0);
+    CHECK_RC(aclrtSetDevice(0), 0);
+    CHECK_RC(aclrtDestroyStream(s), 0);
+    CHECK_RC(aclrtDestroyStream(s), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(1);
+    int32_t tgid = 0;
+    CHECK_RC(aclrtDeviceGetBareTgid(&tgid), 0);
+    CHECK(tgid == (int32_t)getpid() + 3000000, "bare tgid");
+    CHECK(aclGetRecentErrMsg() != NULL, "recent message never NULL");
+
+    /* Keys: no NUL within 65 bytes; unknown key (error only). */
+    char nonul[ACL_IPC_MEM_KEY_LEN];
+    memset(nonul, 'a', sizeof nonul);
+    CHECK_RC(aclrtIpcMemImportByKey(&p, nonul, 0), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("no NUL");
+    EXPECT_V(1);
+    CHECK_RC(aclrtIpcMemImportByKey(&p, "aclsi_k_1_999999", 0), ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtIpcMemImportByKey(&p, "torch_123_456", 0), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("unknown key");
+    CHECK_RC(aclrtIpcMemImportByKey(&p, "aclsi_k_1_999999", 2), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(1);
+    end_log(expect_v);
+}
+
+/* Export g_size bytes on device 0 filled with PAT; returns the allocation. */
+static void *export_pattern(uint64_t flags) {
+    void *p = NULL;
+    g_size = 2 * MIB;
+    CHECK_RC(aclrtMalloc(&p, g_size, ACL_MEM_MALLOC_HUGE_FIRST), 0);
+    unsigned char *host = malloc(g_size);
+    memset(host, PAT, g_size);
+    CHECK_RC(aclrtMemcpy(p, g_size, host, g_size, ACL_MEMCPY_HOST_TO_DEVICE), 0);
+    free(host);
+    CHECK_RC(aclrtIpcMemGetExportKey(p, g_size, g_key, sizeof g_key, flags), 0);
+    return p;
+}
+
+static void unexport(void *p) {
+    CHECK_RC(aclrtIpcMemClose(g_key), 0);
+    CHECK_RC(aclrtFree(p), 0);
+}
+
+static void scenario_whitelist(void) {
+    new_log("wl");
+    int base = expect_v;
+    void *p = export_pattern(ACL_RT_IPC_MEM_EXPORT_FLAG_DEFAULT);
+    import_args_t refused = {0, 0, ACL_ERROR_RT_NO_PERMISSION, 0};
+    pid_t c = spawn(child_import, &refused);
+    join(c, "import without whitelist");
+
+    int use_getpid = 1; /* whitelist getpid() instead of the bare tgid: refused */
+    c = spawn(child_whitelisted, &use_getpid);
+    int32_t pid = recv_int(ch.from[0]);
+    CHECK_RC(aclrtIpcMemSetImportPid(g_key, &pid, 1), 0);
+    send_int(ch.to[1], 0);
+    CHECK(recv_int(ch.from[0]) == ACL_ERROR_RT_NO_PERMISSION, "getpid() refused");
+    join(c, "getpid whitelisted");
+
+    use_getpid = 0; /* the bare tgid: allowed */
+    c = spawn(child_whitelisted, &use_getpid);
+    pid = recv_int(ch.from[0]);
+    CHECK(pid == c + 3000000, "child sent its bare tgid");
+    CHECK_RC(aclrtIpcMemSetImportPid(g_key, &pid, 1), 0);
+    send_int(ch.to[1], 0);
+    CHECK(recv_int(ch.from[0]) == 0, "tgid whitelisted: imported");
+    CHECK(aclsi_open_imports(g_key) == 1, "one open import, got %d", aclsi_open_imports(g_key));
+    send_int(ch.to[1], 0);
+    recv_int(ch.from[0]);
+    CHECK(aclsi_open_imports(g_key) == 0, "import closed");
+    join(c, "tgid whitelisted");
+
+    c = spawn(child_misuse, NULL);
+    join(c, "misuse");
+    char who[32];
+    snprintf(who, sizeof who, "acl pid=%d:", (int)c);
+    CHECK(log_count(who) == 3, "the misusing child logged 3 lines"); /* incl. pre-init call */
+    unexport(p);
+
+    /* DISABLE_PID_VALIDATION: anyone may import. */
+    p = export_pattern(ACL_RT_IPC_MEM_EXPORT_FLAG_DISABLE_PID_VALIDATION);
+    import_args_t anyone = {0, 0, 0, 0};
+    c = spawn(child_import, &anyone);
+    join(c, "import without validation");
+    unexport(p);
+    EXPECT_V(0);
+    /* 5 children x 1 pre-init line + 2 misuse lines. */
+    end_log(expect_v - base + 5 + 2);
+}
+
+static void scenario_cross_device(void) {
+    new_log("xdev");
+    void *p = export_pattern(1);
+    import_args_t no_peer = {1, 0, ACL_ERROR_RT_DRV_INTERNAL_ERROR, 0};
+    pid_t c = spawn(child_import, &no_peer);
+    join(c, "cross-device without peer access");
+    import_args_t flag1 = {1, 1, 0, 0};
+    c = spawn(child_import, &flag1);
+    join(c, "cross-device with flag 1");
+    import_args_t peer = {1, 0, 0, 1};
+    c = spawn(child_import, &peer);
+    join(c, "cross-device after EnablePeerAccess");
+    c = spawn(child_xdev_copies, NULL);
+    join(c, "cross-device copies");
+    CHECK(log_count("no H2D/D2H copies") == 2, "D2H and H2D on a cross-device import logged");
+    /* Self-import in the exporting process (allowed). */
+    void *q = NULL;
+    CHECK_RC(aclrtIpcMemImportByKey(&q, g_key, 0), 0);
+    CHECK(q != p && aclsi_open_imports(g_key) == 1, "self-import: a second mapping");
+    CHECK_RC(aclrtIpcMemClose(g_key), 0); /* closes the import, not the key */
+    CHECK(aclsi_open_imports(g_key) == 0 && aclsi_key_closed(g_key) == 0, "key still open");
+    unexport(p);
+    EXPECT_V(0);
+    end_log(4 + 2);
+}
+
+static void scenario_closes(void) {
+    new_log("closes");
+    int base = expect_v;
+    void *p = export_pattern(1);
+    pid_t c = spawn(child_double_import, NULL);
+    join(c, "double import");
+    CHECK(aclsi_open_imports(g_key) == 0, "all imports closed");
+
+    /* Exporter closes while an import is open: a violation. */
+    c = spawn(child_hold_import, NULL);
+    recv_int(ch.from[0]);
+    CHECK(aclsi_open_imports(g_key) == 1, "child holds an import");
+    CHECK_RC(aclrtIpcMemClose(g_key), 0);
+    MSG_HAS("while 1 imports are open");
+    EXPECT_V(1);
+    CHECK(aclsi_key_closed(g_key) == 1, "key closed");
+    send_int(ch.to[1], 0);
+    join(c, "hold import");
+    CHECK(log_count("exporter closed key") == 1, "early close logged once");
+
+    c = spawn(child_import_closed, NULL);
+    join(c, "import after close");
+    CHECK_RC(aclrtFree(p), 0);
+    EXPECT_V(0);
+    end_log(expect_v - base + 3 + 2 + 1);
+}
+
+static void scenario_events(void) {
+    new_log("ev");
+    int base = expect_v;
+    aclrtStream s = NULL;
+    aclrtEvent ev = NULL, plain = NULL;
+    CHECK_RC(aclrtCreateStream(&s), 0);
+    CHECK_RC(aclrtCreateEventExWithFlag(&ev, ACL_EVENT_IPC), 0);
+    CHECK_RC(aclrtCreateEvent(&plain), 0);
+    CHECK_RC(aclrtRecordEvent(ev, s), 0);
+    CHECK(aclsi_event_records(ev) == 1 && aclsi_event_waits(ev) == 0, "recorded once");
+    aclrtIpcEventHandle h;
+    CHECK_RC(aclrtIpcGetEventHandle(plain, &h), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("not created with ACL_EVENT_IPC");
+    EXPECT_V(1);
+    CHECK_RC(aclrtIpcGetEventHandle(ev, &g_evh), 0);
+    pid_t c = spawn(child_event_wait, NULL);
+    join(c, "event wait");
+    CHECK(aclsi_event_waits(ev) == 2, "producer sees the consumer's waits, got %d",
+          aclsi_event_waits(ev));
+    c = spawn(child_event_nowait, NULL);
+    join(c, "event without wait");
+    CHECK(log_count("opened but never waited on") == 1, "logged");
+    CHECK(aclsi_event_waits(plain) == -1, "plain event has no shared counters");
+    CHECK_RC(aclrtSynchronizeEvent(plain), 0);
+    CHECK_RC(aclrtDestroyEvent(plain), 0);
+    CHECK_RC(aclrtDestroyEvent(plain), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(1);
+    CHECK_RC(aclrtDestroyEvent(ev), 0);
+    c = spawn(child_event_gone, NULL);
+    join(c, "event gone");
+    CHECK_RC(aclrtDestroyStream(s), 0);
+    EXPECT_V(0);
+    end_log(expect_v - base + 3 + 1 + 2);
+}
+
+static void scenario_exit_open(void) {
+    new_log("exit");
+    void *p = export_pattern(1);
+    aclrtEvent ev = NULL;
+    CHECK_RC(aclrtCreateEventExWithFlag(&ev, ACL_EVENT_IPC), 0);
+    CHECK_RC(aclrtIpcGetEventHandle(ev, &g_evh), 0);
+    pid_t c = spawn(child_exit_open, NULL);
+    join(c, "exit with open import");
+    CHECK(log_count("1 imports never closed (closes must equal imports") == 1, "logged at exit");
+    CHECK(log_count("IPC events opened but never destroyed") == 1, "logged at exit");
+    CHECK(aclsi_open_imports(g_key) == 0, "the dead importer's import was released");
+    CHECK(aclsi_event_waits(ev) == 1, "the child waited once");
+    CHECK_RC(aclrtDestroyEvent(ev), 0);
+    unexport(p);
+    EXPECT_V(0);
+    end_log(3);
+}
+
+/* Names of aclsi_ objects in /dev/shm, one per line, into buf. */
+static void shm_names(char *buf, size_t len) {
+    buf[0] = '\0';
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    struct dirent *e;
+    size_t used = 0;
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, "aclsi_", 6) == 0 && used + strlen(e->d_name) + 2 < len)
+            used += (size_t)snprintf(buf + used, len - used, "%s\n", e->d_name);
+    closedir(d);
+}
+
+static int contains_line(const char *list, const char *name) {
+    size_t n = strlen(name);
+    for (const char *l = list; *l;) {
+        const char *nl = strchr(l, '\n');
+        if ((size_t)(nl - l) == n && strncmp(l, name, n) == 0) return 1;
+        l = nl + 1;
+    }
+    return 0;
+}
+
+int main(void) {
+    unsetenv("ACL_STANDIN_DEVICES");
+    unsetenv("ACL_STANDIN_TGID_OFFSET");
+    static char before[1 << 16], after[1 << 16];
+    shm_names(before, sizeof before);
+    /* Run everything in a child so the leftovers check below sees its exit cleanup too. */
+    fflush(NULL);
+    pid_t runner = fork();
+    if (runner == 0) {
+        scenario_basic();
+        scenario_whitelist();
+        scenario_cross_device();
+        scenario_closes();
+        scenario_events();
+        scenario_exit_open();
+        exit(failures ? 1 : 0);
+    }
+    int st = 0;
+    waitpid(runner, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "scenarios failed (status %#x)", st);
+    shm_names(after, sizeof after);
+    for (const char *l = after; *l;) {
+        const char *nl = strchr(l, '\n');
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)(nl - l), l);
+        CHECK(contains_line(before, name), "leaked /dev/shm/%s", name);
+        l = nl + 1;
+    }
+    printf("acl stand-in selftest: %s\n", failures ? "FAILED" : "ok");
+    return failures ? 1 : 0;
+}
