@@ -1,0 +1,507 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * test_cuda: the cuda backend between separate processes, over the strict CUDA driver stand-in
+ * (tests/standin/cuda), which records every driver rule a caller breaks.
+ *
+ * The parent allocates with cuMemAlloc, fills the block (float i at element i), exports a window
+ * inside it with devshare and hands handles to consumer children. A consumer is this program
+ * re-executed with "--child" (optionally with CUDA_STANDIN_VISIBLE reordering its devices, like
+ * CUDA_VISIBLE_DEVICES); it serves commands, one line each:
+ *   import <device|-1> <flags> <hold 0|1> <stream 0|1> <handle text> -> "OK <numel> <device>"
+ *   release                                                           -> "OK <n released>"
+ *   quit
+ * and checks every imported tensor through cuMemcpyDtoH: element k == data offset / 4 + k.
+ *
+ * Cases: pool memory is refused before the driver is asked for a handle; an interior window
+ * exports the whole block once (one cuIpcGetMemHandle for two exporters) and handles carry the
+ * offset; importing in the exporting process is refused by devshare; one cuIpcOpenMemHandle per
+ * handle per consumer however many imports; close order; import by device UUID under a
+ * reordered device list; a device override with and without peer access; events waited on with
+ * and without a consumer stream; duplicate arrivals; the raw 64-byte handle for PyTorch. At the
+ * end the stand-in's violation log must be empty.
+ *
+ * Needs DEVSHARE_CUDA_LIBRARY pointing at the stand-in (CTest sets it).
+ */
+#define _GNU_SOURCE
+
+#include "cuda_standin.h"
+#include "devshare.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define KIB 1024u
+#define MIB (1024u * 1024u)
+enum { IO_TIMEOUT_MS = 20000 };
+
+static int n_cases, n_failed;
+
+__attribute__((format(printf, 2, 3))) static int check(int ok, const char *fmt, ...) {
+    va_list ap;
+    n_cases++;
+    printf("%s - ", ok ? "ok" : "FAIL");
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    fflush(stdout);
+    if (!ok) {
+        n_failed++;
+    }
+    return ok;
+}
+
+static const char *last_error(void) {
+    static char msg[2048];
+    devshare_last_error(msg, sizeof msg);
+    return msg;
+}
+
+static void die(const char *what, long code) {
+    fprintf(stderr, "test_cuda: %s failed (%ld): %s\n", what, code, last_error());
+    exit(2);
+}
+
+#define CU_OK(call)                                                                                               \
+    do {                                                                                                          \
+        CUresult rc_ = (call);                                                                                    \
+        if (rc_ != CUDA_SUCCESS) {                                                                                \
+            fprintf(stderr, "test_cuda: %s = %d\n", #call, (int)rc_);                                             \
+            exit(2);                                                                                              \
+        }                                                                                                         \
+    } while (0)
+
+#define DS_OK(call)                                                                                               \
+    do {                                                                                                          \
+        int32_t st_ = (call);                                                                                     \
+        if (st_ != DEVSHARE_STATUS_OK) {                                                                          \
+            die(#call, st_);                                                                                      \
+        }                                                                                                         \
+    } while (0)
+
+
+/* ---------------------------------------------------------------------------------------- */
+/* Pipes */
+
+static int read_line_fd(int fd, char *buf, size_t cap, int timeout_ms) {
+    size_t n = 0;
+    while (n + 1 < cap) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        const int r = poll(&p, 1, timeout_ms);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r <= 0) {
+            return -1;
+        }
+        char c;
+        const ssize_t got = read(fd, &c, 1);
+        if (got < 0 && errno == EINTR) {
+            continue;
+        }
+        if (got <= 0) {
+            return n ? (int)n : -1;
+        }
+        if (c == '\n') {
+            break;
+        }
+        buf[n++] = c;
+    }
+    buf[n] = '\0';
+    return (int)n;
+}
+
+
+
+/* ---------------------------------------------------------------------------------------- */
+/* Child: a consumer serving commands */
+
+/* Make the device's primary context current (retained once per device, for the process). */
+static void make_current(int ordinal) {
+    static CUcontext ctx[8];
+    if (!ctx[ordinal]) {
+        CUdevice dev;
+        CU_OK(cuDeviceGet(&dev, ordinal));
+        CU_OK(cuDevicePrimaryCtxRetain(&ctx[ordinal], dev));
+    }
+    CU_OK(cuCtxSetCurrent(ctx[ordinal]));
+}
+
+/* Read a contiguous float32 tensor of an import back to the host and check its values. */
+static int child_verify(DevshareImport *imp, char *why, size_t cap) {
+    DevshareImportInfo info;
+    DS_OK(devshare_import_info(imp, &info));
+    const uint64_t n = info.numel;
+    float *host = malloc(n ? n * 4u : 4u);
+    make_current(info.device);
+    if (n) {
+        CU_OK(cuMemcpyDtoH(host, (CUdeviceptr)(uintptr_t)info.data, n * 4u));
+    }
+    const uint64_t first = (uint64_t)((char *)info.data - (char *)info.base) / 4u;
+    for (uint64_t k = 0; k < n; k++) {
+        if (host[k] != (float)(first + k)) {
+            snprintf(why, cap, "element %" PRIu64 " is %g, expected %" PRIu64, k, (double)host[k], first + k);
+            free(host);
+            return 0;
+        }
+    }
+    free(host);
+    return 1;
+}
+
+static int child_main(void) {
+    CU_OK(cuInit(0));
+    make_current(0);
+    CUstream stream = NULL;
+    CU_OK(cuStreamCreate(&stream, 0));
+    printf("PID %d %d\n", (int)getpid(), (int)getpid());
+    fflush(stdout);
+    DevshareImport *held[64];
+    int n_held = 0;
+    char line[2048];
+    while (read_line_fd(0, line, sizeof line, IO_TIMEOUT_MS) > 0) {
+        if (strncmp(line, "import ", 7) == 0) {
+            int device = 0, hold = 0, use_stream = 0, used = 0;
+            unsigned flags = 0;
+            if (sscanf(line + 7, "%d %u %d %d %n", &device, &flags, &hold, &use_stream, &used) != 4) {
+                printf("ERR 0 bad command\n");
+                fflush(stdout);
+                continue;
+            }
+            DevshareHandle h;
+            int32_t st = devshare_handle_from_text(line + 7 + used, &h);
+            DevshareImport *imp = NULL;
+            if (st == DEVSHARE_STATUS_OK) {
+                DevshareImportOptions o;
+                devshare_import_options_init(&o);
+                o.device = device;
+                o.flags = flags;
+                o.stream = use_stream ? (void *)stream : NULL;
+                st = devshare_import(&h, &o, &imp);
+            }
+            if (st != DEVSHARE_STATUS_OK) {
+                printf("ERR %d %s\n", st, last_error());
+            } else {
+                char why[256] = "";
+                DevshareImportInfo info;
+                DS_OK(devshare_import_info(imp, &info));
+                if (use_stream) {
+                    make_current(0);
+                    CU_OK(cuStreamSynchronize(stream));
+                }
+                if (!child_verify(imp, why, sizeof why)) {
+                    printf("ERR 0 data: %s\n", why);
+                } else {
+                    printf("OK %" PRIu64 " %d\n", info.numel, info.device);
+                }
+                if (hold && n_held < 64) {
+                    held[n_held++] = imp;
+                } else {
+                    DS_OK(devshare_import_release(imp));
+                }
+            }
+        } else if (strcmp(line, "release") == 0) {
+            for (int i = 0; i < n_held; i++) {
+                DS_OK(devshare_import_release(held[i]));
+            }
+            printf("OK %d\n", n_held);
+            n_held = 0;
+        } else if (strcmp(line, "quit") == 0) {
+            break;
+        }
+        fflush(stdout);
+    }
+    for (int i = 0; i < n_held; i++) {
+        devshare_import_release(held[i]);
+    }
+    make_current(0);
+    CU_OK(cuStreamDestroy(stream));
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Parent side of a child */
+
+typedef struct {
+    pid_t pid;
+    int to, from;
+    int32_t bare_tgid, os_pid;
+} Child;
+
+static char self_path[4096];
+
+static Child spawn(const char *visible) {
+    int in[2], out[2];
+    if (pipe(in) || pipe(out)) {
+        die("pipe", errno);
+    }
+    Child c = {0};
+    c.pid = fork();
+    if (c.pid < 0) {
+        die("fork", errno);
+    }
+    if (c.pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        close(in[0]);
+        close(in[1]);
+        close(out[0]);
+        close(out[1]);
+        if (visible) {
+            setenv("CUDA_STANDIN_VISIBLE", visible, 1);
+        }
+        execl(self_path, self_path, "--child", (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    c.to = in[1];
+    c.from = out[0];
+    char line[256];
+    if (read_line_fd(c.from, line, sizeof line, IO_TIMEOUT_MS) <= 0 ||
+        sscanf(line, "PID %d %d", &c.bare_tgid, &c.os_pid) != 2) {
+        die("child start", 0);
+    }
+    return c;
+}
+
+/* Send one command, return the answer line (static buffer). */
+static const char *ask(Child *c, const char *fmt, ...) {
+    static char answer[4096];
+    char cmd[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    const size_t len = strlen(cmd);
+    cmd[len] = '\n';
+    if (write(c->to, cmd, len + 1) != (ssize_t)(len + 1)) {
+        die("write to child", errno);
+    }
+    if (read_line_fd(c->from, answer, sizeof answer, IO_TIMEOUT_MS) < 0) {
+        snprintf(answer, sizeof answer, "ERR 0 no answer from the child");
+    }
+    return answer;
+}
+
+static const char *import_cmd(Child *c, const DevshareHandle *h, int device, unsigned flags, int hold, int stream) {
+    char text[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
+    DS_OK(devshare_handle_to_text(h, text, sizeof text, NULL));
+    return ask(c, "import %d %u %d %d %s", device, flags, hold, stream, text);
+}
+
+static int finish(Child *c) {
+    ask(c, "quit");
+    close(c->to);
+    close(c->from);
+    int status = 0;
+    waitpid(c->pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+static DevshareHandle share_f32(DevshareExporter *e, uint64_t storage_offset, uint64_t storage_size, int64_t rows,
+                                int64_t cols, int64_t tensor_offset, uint32_t flags, void *stream) {
+    const int64_t shape[2] = {rows, cols};
+    DevshareTensorDesc d = {0};
+    d.dtype.code = DEVSHARE_DTYPE_FLOAT;
+    d.dtype.bits = 32;
+    d.dtype.lanes = 1;
+    d.ndim = 2;
+    d.shape = shape;
+    d.storage_offset = storage_offset;
+    d.storage_size = storage_size;
+    d.tensor_offset = tensor_offset;
+    d.flags = flags;
+    d.stream = stream;
+    DevshareHandle h;
+    DS_OK(devshare_exporter_share(e, &d, &h));
+    return h;
+}
+
+static uint64_t outstanding(DevshareExporter *e) {
+    uint64_t n = 0;
+    DS_OK(devshare_exporter_outstanding(e, &n));
+    return n;
+}
+
+static char log_path[256];
+
+static int log_is_empty(void) {
+    struct stat st;
+    return stat(log_path, &st) != 0 || st.st_size == 0;
+}
+
+static void show_log(void) {
+    FILE *f = fopen(log_path, "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        printf("# stand-in: %s", line);
+    }
+    if (f) {
+        fclose(f);
+    }
+}
+
+
+static CUipcMemHandle ipc_of(const DevshareHandle *h) {
+    CUipcMemHandle m;
+    memcpy(m.reserved, h->key, sizeof m.reserved);
+    return m;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--child") == 0) {
+        return child_main();
+    }
+    if (!getenv("DEVSHARE_CUDA_LIBRARY")) {
+        fprintf(stderr, "test_cuda: set DEVSHARE_CUDA_LIBRARY to the stand-in libcuda.so.1\n");
+        return 2;
+    }
+    ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
+    if (n <= 0) {
+        die("readlink /proc/self/exe", errno);
+    }
+    self_path[n] = '\0';
+    snprintf(log_path, sizeof log_path, "/tmp/devshare_test_cuda_%ld.log", (long)getpid());
+    unlink(log_path);
+    setenv("DEVSHARE_STANDIN_LOG", log_path, 1);
+
+    DevshareBackendInfo bi;
+    DS_OK(devshare_probe(DEVSHARE_BACKEND_CUDA, &bi));
+    check(bi.usable == 1, "probe: cuda usable over the stand-in (%s)", bi.detail);
+
+    CU_OK(cuInit(0));
+    make_current(0);
+
+    /* Stream-ordered pool memory cannot be exported with legacy IPC. */
+    CUdeviceptr pool = 0;
+    CU_OK(cuMemAllocAsync(&pool, 64 * KIB, NULL));
+    DevshareExporter *e = NULL;
+    int32_t st = devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)pool, 64 * KIB, 0, &e);
+    check(st == DEVSHARE_STATUS_UNSUPPORTED && strstr(last_error(), "cudaMallocAsync"),
+          "pool memory is refused, naming cudaMallocAsync and what to use instead");
+    CU_OK(cuMemFreeAsync(pool, NULL));
+
+    /* One 1 MiB block, float i at element i; export a window inside it. */
+    const size_t size = MIB;
+    CUdeviceptr base = 0;
+    CU_OK(cuMemAlloc(&base, size));
+    float *host = malloc(size);
+    for (size_t i = 0; i < size / 4; i++) {
+        host[i] = (float)i;
+    }
+    CU_OK(cuMemcpyHtoD(base, host, size));
+    const uint64_t win = 64 * KIB;
+    DS_OK(devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)(base + win), 256 * KIB, 0, &e));
+    void *mem = NULL;
+    uint64_t mem_size = 0;
+    DS_OK(devshare_exporter_memory(e, &mem, &mem_size));
+    check(mem == (void *)(uintptr_t)(base + win) && mem_size == 256 * KIB,
+          "the exporter reports the caller's window, not the block");
+    st = devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)(base + win), size, 0, &e);
+    check(st == DEVSHARE_STATUS_INVALID_ARGUMENT, "a window running past its block is refused");
+    DevshareExporter *e2 = NULL;
+    DS_OK(devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)(base + 512 * KIB), 4 * KIB, 0, &e2));
+    check(cusi_handle_fetches(base) == 1, "two exporters of one block fetch its IPC handle once (%d)",
+          cusi_handle_fetches(base));
+    DevshareHandle h1 = share_f32(e, 0, 4096, 16, 64, 0, 0, NULL);
+    check(h1.alloc_size == size && h1.storage_offset == win, "handles name the whole block and carry the window's offset");
+    DevshareHandle hz = share_f32(e2, 0, 4096, 4, 4, 0, 0, NULL);
+    check(memcmp(hz.key, h1.key, 64) == 0 && hz.storage_offset == 512 * KIB, "both exporters' handles name one block");
+    check(memcmp(hz.device_uuid, (uint8_t[16]){0}, 16) != 0, "handles carry the device UUID");
+
+    /* Not in the exporting process. */
+    DevshareImport *self_imp = NULL;
+    st = devshare_import(&h1, NULL, &self_imp);
+    check(st == DEVSHARE_STATUS_UNSUPPORTED && strstr(last_error(), "exported"),
+          "importing in the exporting process is refused before the driver is asked (%s)", last_error());
+
+    /* A consumer: data, offsets, one open per handle per process. */
+    Child c1 = spawn(NULL);
+    const char *a = import_cmd(&c1, &h1, -1, 0, 0, 0);
+    check(strncmp(a, "OK 1024 0", 9) == 0, "a consumer imports the window's first tensor and reads it right (%s)", a);
+    a = import_cmd(&c1, &hz, -1, 0, 0, 0);
+    check(strncmp(a, "OK 16 0", 7) == 0, "the second exporter's tensor reads right (%s)", a);
+    DevshareHandle h2 = share_f32(e, 8192, 8192, 4, 100, 7, 0, NULL);
+    DevshareHandle h3 = share_f32(e, 128 * KIB, 128 * KIB, 3, 33, 1000, 0, NULL);
+    a = import_cmd(&c1, &h2, -1, 0, 1, 0);
+    check(strncmp(a, "OK 400", 6) == 0, "tensor 2 (storage 8 KiB into the window, offset 7) reads right (%s)", a);
+    a = import_cmd(&c1, &h3, -1, 0, 1, 0);
+    check(strncmp(a, "OK 99", 5) == 0, "tensor 3 (storage 128 KiB into the window, offset 1000) reads right (%s)", a);
+    check(cusi_live_opens(ipc_of(&h1)) == 1, "two held imports are one cuIpcOpenMemHandle (%d)",
+          cusi_live_opens(ipc_of(&h1)));
+
+    /* Close order. */
+    st = devshare_exporter_close(e, 0);
+    check(st == DEVSHARE_STATUS_BUSY, "the exporter cannot close while references are outstanding");
+    a = ask(&c1, "release");
+    check(strcmp(a, "OK 2") == 0, "the consumer releases both");
+    check(cusi_live_opens(ipc_of(&h1)) == 0, "the last release closed the IPC mapping");
+    check(outstanding(e) == 0, "no reference outstanding after the releases");
+
+    /* Devices: by UUID under a reordered device list, and by override. */
+    Child c2 = spawn("1,0");
+    DevshareHandle hr = share_f32(e, 0, 4096, 16, 64, 0, 0, NULL);
+    a = import_cmd(&c2, &hr, -1, 0, 0, 0);
+    check(strncmp(a, "OK 1024 1", 9) == 0,
+          "with devices reordered the consumer imports on the device with the handle's UUID (ordinal 1) (%s)", a);
+    check(finish(&c2), "reordered consumer exits cleanly");
+    DevshareHandle hx = share_f32(e, 0, 4096, 8, 8, 0, 0, NULL);
+    a = import_cmd(&c1, &hx, 1, DEVSHARE_IMPORT_NO_PEER_ACCESS, 0, 0);
+    check(strncmp(a, "ERR -34", 7) == 0 && strstr(a, "705"), "an override to device 1 without peer access fails (%s)", a);
+    a = import_cmd(&c1, &hx, 1, 0, 0, 0);
+    check(strncmp(a, "OK 64 1", 7) == 0, "an override to device 1 with lazy peer access reads right (%s)", a);
+
+    /* Events. */
+    CUstream stream = NULL;
+    CU_OK(cuStreamCreate(&stream, 0));
+    DevshareHandle he = share_f32(e, 4096, 4096, 32, 32, 0, DEVSHARE_SHARE_EVENT, stream);
+    check((he.flags & DEVSHARE_HANDLE_FLAG_EVENT) != 0, "a share with DEVSHARE_SHARE_EVENT carries an event");
+    a = import_cmd(&c1, &he, -1, 0, 0, 0);
+    check(strncmp(a, "OK 1024", 7) == 0, "without a stream the consumer blocks on the event, then reads (%s)", a);
+    DevshareHandle he2 = share_f32(e, 4096, 4096, 32, 32, 0, DEVSHARE_SHARE_EVENT, stream);
+    a = import_cmd(&c1, &he2, -1, 0, 0, 1);
+    check(strncmp(a, "OK 1024", 7) == 0, "with a stream the consumer's stream waits on the event (%s)", a);
+
+    /* Duplicate arrival: two handles for one storage, one handle imported twice. */
+    DevshareHandle d1 = share_f32(e, 0, 4096, 4, 4, 0, 0, NULL);
+    DevshareHandle d2 = share_f32(e, 0, 4096, 4, 4, 0, 0, NULL);
+    import_cmd(&c1, &d1, -1, 0, 1, 0);
+    import_cmd(&c1, &d2, -1, 0, 1, 0);
+    import_cmd(&c1, &d2, -1, 0, 1, 0);
+    check(outstanding(e) == 2, "a duplicate import of one handle holds its single reference");
+    ask(&c1, "release");
+    check(outstanding(e) == 0, "each arrival returned exactly once (slots at 0, never below)");
+
+    /* Hand back: the storage fields PyTorch's rebuild_cuda_tensor takes. */
+    DevshareTorchStorage ts;
+    DS_OK(devshare_handle_to_torch(&h1, &ts));
+    check(ts.handle_len == 64 && memcmp(ts.handle, h1.key, 64) == 0 && ts.storage_offset == win &&
+              ts.storage_size == 4096 && ts.ref_name_len == h1.ref_name_len && ts.ref_slot == h1.ref_slot &&
+              ts.event_sync_required == 0,
+          "devshare_handle_to_torch gives the raw 64-byte handle, offsets and the ref-counter");
+
+    check(finish(&c1), "first consumer exits cleanly");
+    DS_OK(devshare_exporter_close(e, 0));
+    DS_OK(devshare_exporter_close(e2, DEVSHARE_CLOSE_FORCE)); /* hz's reference was released above */
+    CU_OK(cuStreamDestroy(stream));
+    CU_OK(cuMemFree(base));
+    free(host);
+
+    check(cusi_violation_count() == 0 && log_is_empty(), "the stand-in recorded no rule violation in any process");
+    if (!log_is_empty()) {
+        show_log();
+    }
+    unlink(log_path);
+    printf("%d cases, %d failed\n", n_cases, n_failed);
+    return n_failed ? 1 : 0;
+}

@@ -1,0 +1,1263 @@
+/* cuda_standin.c - a STRICT, test-only stand-in for the CUDA driver API (libcuda.so.1).
+ *
+ * No GPU is involved: "device memory" is POSIX shared memory on the host, so devshare's cuda
+ * backend can be tested across processes in CI. The stand-in enforces the driver's documented
+ * rules (and the interop rules of /work/shared/spec/interop.md sections 2, 4, 5, 8) and records
+ * every rule a caller breaks as a "violation": one line `cuda pid=<pid>: <text>` appended to
+ * $DEVSHARE_STANDIN_LOG (single O_APPEND write) and echoed on stderr. Checks marked "error
+ * only" return the driver's error code without a violation (they are legitimate outcomes).
+ *
+ * Build: gcc -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -shared -fPIC -pthread
+ *        -Wl,-soname,libcuda.so.1 -o libcuda.so.1 tests/standin/cuda/cuda_standin.c -lrt
+ *
+ * Environment:
+ *   CUDA_STANDIN_DEVICES  physical devices (default 2, at most 16)
+ *   CUDA_STANDIN_VISIBLE  like CUDA_VISIBLE_DEVICES: "1,0" makes ordinal 0 physical device 1
+ *   CUDA_STANDIN_NO_HOST_ACCESS=1  device addresses are PROT_NONE, as on a GPU: host code that
+ *                         dereferences a CUdeviceptr gets SIGSEGV (copies still work)
+ *   DEVSHARE_STANDIN_LOG  file that receives one line per violation
+ */
+#define CUSI_IMPLEMENTATION
+#include "cuda_standin.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_DEV 16
+#define DEV_ALIGN ((uintptr_t)2 << 20) /* device allocations are 2 MiB aligned */
+#define OPEN_SLOTS 128                 /* processes that may hold one handle open at once */
+#define POISON 0xA5                    /* cuMemAlloc does not clear memory */
+
+/* ==== Shared objects and handle bytes =============================================== */
+
+/* Common header of every shared object; `rnd` is repeated in the handle, so a handle whose
+ * name was reused by a later object does not match. */
+struct shhdr {
+    char magic[8];
+    unsigned char rnd[16];
+    int32_t pid;  /* exporter / creator */
+    int32_t phys; /* physical device */
+};
+
+/* /cusi_h_<pid>_<n>: one per exported allocation, created on the first cuIpcGetMemHandle. */
+struct meta {
+    struct shhdr h;       /* magic "CUSIMETA" */
+    uint64_t size;        /* allocation size in bytes */
+    char data_name[48];   /* /cusi_m_<pid>_<n>: the data */
+    /* pid of each process that holds the allocation open, 0 = free slot. The live-open count
+     * is the number of slots naming a living process: a consumer that died without closing
+     * no longer counts (the real driver tears its mappings down too). */
+    _Atomic int32_t openers[OPEN_SLOTS];
+};
+
+/* /cusi_e_<pid>_<n>: one per interprocess event. */
+struct evshm {
+    struct shhdr h;       /* magic "CUSIEVSH" */
+    _Atomic uint32_t records;
+    _Atomic uint32_t waits;
+};
+
+/* The 64 handle bytes (CUipcMemHandle and CUipcEventHandle). */
+struct wire {
+    char magic[8];        /* "CUSIMEMH" / "CUSIEVTH" */
+    char name[40];        /* NUL-terminated name of the shared object */
+    unsigned char rnd[16];
+};
+_Static_assert(sizeof(struct wire) == 64, "handle layout");
+_Static_assert(sizeof(CUipcMemHandle) == 64 && sizeof(CUipcEventHandle) == 64, "handle size");
+
+/* ==== Process tables (all guarded by g_mu) ========================================== */
+
+struct CUctx_st {
+    int ordinal; /* this process's numbering */
+    int phys;
+    int refs;    /* primary-context retain count */
+};
+
+enum kind { K_ALLOC, K_POOL, K_IPC };
+
+struct region {
+    struct region *next;
+    enum kind kind;      /* cuMemAlloc / cuMemAllocAsync / cuIpcOpenMemHandle */
+    uintptr_t base;      /* the CUdeviceptr */
+    unsigned char *host; /* where the stand-in copies (== base unless NO_HOST_ACCESS) */
+    size_t size, maplen;
+    int phys;            /* physical device the memory lives on */
+    CUcontext ctx;       /* context it was allocated / opened in */
+    char name[48];       /* K_ALLOC: data shm name */
+    int fetches;         /* K_ALLOC: cuIpcGetMemHandle calls */
+    struct meta *meta;   /* K_ALLOC once exported; K_IPC: the exporter's meta */
+    struct wire handle;  /* K_ALLOC once exported; K_IPC: the handle it was opened from */
+    int slot;            /* K_IPC: our entry in meta->openers */
+};
+
+struct CUstream_st {
+    struct CUstream_st *next;
+    CUcontext ctx;
+};
+
+struct CUevent_st {
+    struct CUevent_st *next;
+    CUcontext ctx;
+    unsigned flags;
+    int opened;          /* from cuIpcOpenEventHandle */
+    int waited;          /* opened event: waited on at least once */
+    struct evshm *sh;    /* interprocess events only */
+    struct wire handle;
+};
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_inited;       /* cuInit succeeded in this process */
+static int g_forked;       /* this process is a fork() child of an initialised process */
+static int g_protect;      /* CUDA_STANDIN_NO_HOST_ACCESS */
+static int g_nphys, g_nvis, g_vis[MAX_DEV];
+static struct CUctx_st g_ctx[MAX_DEV];
+static struct region *g_regions;
+static struct CUstream_st *g_streams;
+static struct CUevent_st *g_events;
+static unsigned g_seq;
+static atomic_int g_violations;
+static _Thread_local CUcontext t_cur; /* the current context is per thread */
+
+/* ==== Reporting ===================================================================== */
+
+/* Records one violation and returns `code`, so checks read `return viol(CODE, ...)`. */
+__attribute__((format(printf, 2, 3)))
+static CUresult viol(CUresult code, const char *fmt, ...) {
+    char line[600];
+    int n = snprintf(line, sizeof line, "cuda pid=%d: ", (int)getpid());
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    size_t len = strlen(line);
+    line[len++] = '\n';
+    atomic_fetch_add(&g_violations, 1);
+    const char *log = getenv("DEVSHARE_STANDIN_LOG");
+    if (log && *log) {
+        int fd = open(log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            ssize_t w = write(fd, line, len); /* one write: lines of processes never mix */
+            (void)w;
+            close(fd);
+        }
+    }
+    char err[640];
+    int m = snprintf(err, sizeof err, "[cuda stand-in] %.*s", (int)len, line);
+    ssize_t w = write(2, err, (size_t)m < sizeof err ? (size_t)m : sizeof err - 1);
+    (void)w;
+    return code;
+}
+
+static CUresult done(CUresult r) {
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+/* Rules every call obeys; caller holds g_mu. */
+static CUresult check(const char *fn, int need_ctx) {
+    /* The driver does not survive fork(): a child of an initialised process cannot use it. */
+    if (g_forked)
+        return viol(CUDA_ERROR_NOT_INITIALIZED, "%s: CUDA used in a child fork()ed after cuInit "
+                    "in the parent (the driver does not survive fork; exec, or fork first)", fn);
+    /* Nothing but cuDriverGetVersion works before cuInit. */
+    if (!g_inited) return viol(CUDA_ERROR_NOT_INITIALIZED, "%s: called before cuInit", fn);
+    if (need_ctx) {
+        /* Memory, IPC, stream, event and sync calls act on the calling thread's context. */
+        if (!t_cur)
+            return viol(CUDA_ERROR_INVALID_CONTEXT,
+                        "%s: no current context on this thread (cuCtxSetCurrent)", fn);
+        /* A primary context released to 0 is destroyed; its handle is dead until retained. */
+        if (t_cur->refs <= 0)
+            return viol(CUDA_ERROR_INVALID_CONTEXT, "%s: the current context is a primary "
+                        "context released to refcount 0 (destroyed)", fn);
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Locks and applies check(); on failure unlocks and returns its code. */
+#define ENTER(need_ctx)                                                    \
+    do {                                                                   \
+        pthread_mutex_lock(&g_mu);                                         \
+        CUresult e_ = check(__func__, (need_ctx));                         \
+        if (e_ != CUDA_SUCCESS)                                            \
+            return done(e_);                                               \
+    } while (0)
+
+/* A required out-pointer is NULL: CUDA_ERROR_INVALID_VALUE. */
+#define NEED(ptr)                                                          \
+    do {                                                                   \
+        if (!(ptr))                                                        \
+            return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: %s is NULL", __func__, #ptr)); \
+    } while (0)
+
+/* ==== Helpers: shared memory, mappings, lookups ===================================== */
+
+static size_t page_round(size_t n) {
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    return (n + pg - 1) / pg * pg;
+}
+
+/* Creates a fresh shm object /cusi_<tag>_<pid>_<n> (0600) of `size` bytes, committed up front
+ * (a device allocation either succeeds or fails now, never SIGBUS later); returns its fd. */
+static int shm_create(char *name, size_t cap, const char *tag, size_t size) {
+    for (int tries = 0; tries < 100; tries++) {
+        snprintf(name, cap, "/cusi_%s_%d_%u", tag, (int)getpid(), ++g_seq);
+        int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0 && errno == EEXIST)
+            continue; /* stale object of an earlier process with our pid */
+        if (fd < 0) return -1;
+        if (ftruncate(fd, (off_t)size) == 0 && posix_fallocate(fd, 0, (off_t)size) == 0) return fd;
+        close(fd);
+        shm_unlink(name);
+        return -1;
+    }
+    return -1;
+}
+
+/* Maps `len` bytes of fd at a DEV_ALIGN-aligned address with protection `prot`. */
+static void *map_aligned(int fd, size_t len, int prot) {
+    size_t span = len + DEV_ALIGN;
+    char *raw = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    char *a = (char *)(((uintptr_t)raw + DEV_ALIGN - 1) & ~(DEV_ALIGN - 1));
+    if (mmap(a, len, prot, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        munmap(raw, span);
+        return NULL;
+    }
+    if (a > raw) munmap(raw, (size_t)(a - raw));
+    if (raw + span > a + len) munmap(a + len, (size_t)(raw + span - (a + len)));
+    return a;
+}
+
+/* Gives region r its device address (and the stand-in's own view of the bytes). */
+static int map_region(struct region *r, int fd, size_t size) {
+    size_t len = page_round(size);
+    void *dev = map_aligned(fd, len, g_protect ? PROT_NONE : PROT_READ | PROT_WRITE);
+    if (!dev) return -1;
+    void *host = dev;
+    if (g_protect) {
+        host = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (host == MAP_FAILED) {
+            munmap(dev, len);
+            return -1;
+        }
+    }
+    r->base = (uintptr_t)dev;
+    r->host = host;
+    r->size = size;
+    r->maplen = len;
+    return 0;
+}
+
+static void unmap_region(struct region *r) {
+    munmap((void *)r->base, r->maplen);
+    if ((uintptr_t)r->host != r->base) munmap(r->host, r->maplen);
+}
+
+/* Opens an existing shared object and checks its header against the handle. */
+static void *open_shared(const struct wire *w, size_t size, const char *magic) {
+    int fd = shm_open(w->name, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) return NULL;
+    struct stat st;
+    void *p = NULL;
+    if (fstat(fd, &st) == 0 && (size_t)st.st_size >= size) {
+        p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) p = NULL;
+    }
+    close(fd);
+    if (p) {
+        const struct shhdr *h = p;
+        if (memcmp(h->magic, magic, 8) || memcmp(h->rnd, w->rnd, 16)) {
+            munmap(p, size);
+            p = NULL;
+        }
+    }
+    return p;
+}
+
+/* Handle bytes -> wire, or -1 if they were not made by this stand-in. */
+static int wire_parse(const char raw[64], const char *magic, const char *prefix, struct wire *w) {
+    memcpy(w, raw, sizeof *w);
+    if (memcmp(w->magic, magic, 8) || !memchr(w->name, 0, sizeof w->name)) return -1;
+    return strncmp(w->name, prefix, strlen(prefix)) ? -1 : 0;
+}
+
+static void wire_make(struct wire *w, const char *magic, const char *name, const struct shhdr *h) {
+    memset(w, 0, sizeof *w);
+    memcpy(w->magic, magic, 8);
+    snprintf(w->name, sizeof w->name, "%s", name);
+    memcpy(w->rnd, h->rnd, 16);
+}
+
+static void fill_random(unsigned char *p, size_t n) {
+    if (getrandom(p, n, 0) != (ssize_t)n)
+        for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(rand() ^ getpid() ^ (int)i);
+}
+
+/* A process counts as alive unless it is gone or a zombie. */
+static int pid_alive(int pid) {
+    if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 1;
+    buf[n] = 0;
+    const char *s = strrchr(buf, ')');
+    return !(s && s[1] == ' ' && (s[2] == 'Z' || s[2] == 'X'));
+}
+
+/* Live opens of an exported allocation over all processes; dead openers' slots are freed. */
+static int live_opens(struct meta *m) {
+    int n = 0;
+    for (int i = 0; i < OPEN_SLOTS; i++) {
+        int32_t pid = atomic_load(&m->openers[i]);
+        if (!pid) continue;
+        if (pid_alive(pid)) n++;
+        else atomic_compare_exchange_strong(&m->openers[i], &pid, 0);
+    }
+    return n;
+}
+
+/* The region (allocation or IPC mapping) containing p. */
+static struct region *find_region(CUdeviceptr p) {
+    for (struct region *r = g_regions; r; r = r->next)
+        if (p >= r->base && p - r->base < r->size) return r;
+    return NULL;
+}
+
+static int ordinal_of(int phys) {
+    for (int i = 0; i < g_nvis; i++)
+        if (g_vis[i] == phys) return i;
+    return -1;
+}
+
+/* Device range [p, p+n) must lie inside one allocation or live mapping; returns the stand-in's
+ * view of p, or NULL after recording the violation. */
+static unsigned char *dev_range(const char *fn, const char *what, CUdeviceptr p, size_t n) {
+    struct region *r = find_region(p);
+    if (!r || n > r->base + r->size - p) {
+        viol(CUDA_ERROR_INVALID_VALUE, "%s: %s range [0x%llx, +%zu) is out of bounds of every "
+             "allocation and IPC mapping", fn, what, p, n);
+        return NULL;
+    }
+    return r->host + (p - r->base);
+}
+
+/* Host range of a copy must be host memory: on a GPU a device address is not a host buffer. */
+static int host_range_ok(const char *fn, const void *h, size_t n) {
+    uintptr_t a = (uintptr_t)h;
+    if (!h) {
+        viol(0, "%s: host pointer is NULL", fn);
+        return 0;
+    }
+    for (struct region *r = g_regions; r; r = r->next)
+        if (a < r->base + r->maplen && r->base < a + n) {
+            viol(0, "%s: host pointer %p is device memory (use cuMemcpyDtoD)", fn, h);
+            return 0;
+        }
+    return 1;
+}
+
+/* Streams: NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name the current context's default
+ * stream; any other handle must be a live stream of this process. */
+static CUresult stream_check(const char *fn, CUstream s, CUcontext *ctx) {
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+        *ctx = t_cur;
+        return CUDA_SUCCESS;
+    }
+    for (struct CUstream_st *x = g_streams; x; x = x->next)
+        if (x == s) {
+            *ctx = x->ctx;
+            return CUDA_SUCCESS;
+        }
+    return viol(CUDA_ERROR_INVALID_HANDLE, "%s: unknown or destroyed stream %p", fn, (void *)s);
+}
+
+static CUresult event_check(const char *fn, CUevent e) {
+    for (struct CUevent_st *x = g_events; x; x = x->next)
+        if (x == e) return CUDA_SUCCESS;
+    return viol(CUDA_ERROR_INVALID_HANDLE, "%s: unknown or destroyed event %p", fn, (void *)e);
+}
+
+/* ==== Initialisation, devices, errors =============================================== */
+
+/* CUDA_STANDIN_DEVICES physical devices; CUDA_STANDIN_VISIBLE lists the visible ones in
+ * ordinal order. As with CUDA_VISIBLE_DEVICES, the list ends at the first invalid entry. */
+static void parse_devices(void) {
+    const char *d = getenv("CUDA_STANDIN_DEVICES");
+    char *end;
+    long n = d ? strtol(d, &end, 10) : 2;
+    g_nphys = (d && (*end || n < 0 || n > MAX_DEV)) ? 2 : (int)n;
+    const char *v = getenv("CUDA_STANDIN_VISIBLE");
+    g_nvis = 0;
+    if (!v) {
+        for (int i = 0; i < g_nphys; i++) g_vis[g_nvis++] = i;
+        return;
+    }
+    while (*v && g_nvis < MAX_DEV) {
+        long p = strtol(v, &end, 10);
+        if (end == v || (*end && *end != ',') || p < 0 || p >= g_nphys || ordinal_of((int)p) >= 0)
+            break;
+        g_vis[g_nvis++] = (int)p;
+        v = *end ? end + 1 : end;
+    }
+}
+
+CUresult cuInit(unsigned int flags) {
+    pthread_mutex_lock(&g_mu);
+    if (g_forked) return done(check(__func__, 0));
+    if (flags != 0) /* "Flags: Initialization flag for CUDA. Currently must be 0." */
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "cuInit: flags must be 0, got %u", flags));
+    if (!g_inited) {
+        parse_devices();
+        if (g_nvis == 0)
+            return done(CUDA_ERROR_NO_DEVICE); /* error only */
+        const char *p = getenv("CUDA_STANDIN_NO_HOST_ACCESS");
+        g_protect = p && *p && strcmp(p, "0") != 0;
+        for (int i = 0; i < g_nvis; i++)
+            g_ctx[i] = (struct CUctx_st){.ordinal = i, .phys = g_vis[i], .refs = 0};
+        g_inited = 1;
+    }
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuDriverGetVersion(int *driverVersion) {
+    if (!driverVersion)
+        return viol(CUDA_ERROR_INVALID_VALUE, "cuDriverGetVersion: driverVersion is NULL");
+    *driverVersion = 12040;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int *count) {
+    ENTER(0);
+    NEED(count);
+    *count = g_nvis;
+    return done(CUDA_SUCCESS);
+}
+
+/* Bad ordinals are error only: probing for a device is legitimate. */
+#define DEVICE_OK(dev) \
+    do { if ((dev) < 0 || (dev) >= g_nvis) return done(CUDA_ERROR_INVALID_DEVICE); } while (0)
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    ENTER(0);
+    NEED(device);
+    DEVICE_OK(ordinal);
+    *device = ordinal;
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+    ENTER(0);
+    NEED(name);
+    if (len <= 0) return done(viol(CUDA_ERROR_INVALID_VALUE, "cuDeviceGetName: len %d <= 0", len));
+    DEVICE_OK(dev);
+    snprintf(name, (size_t)len, "devshare stand-in GPU %d", g_vis[dev]);
+    return done(CUDA_SUCCESS);
+}
+
+/* The UUID names the PHYSICAL device: the same card has the same UUID in every process,
+ * whatever CUDA_STANDIN_VISIBLE says. */
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+    ENTER(0);
+    NEED(uuid);
+    DEVICE_OK(dev);
+    char tmp[17];
+    memset(uuid->bytes, 0, sizeof uuid->bytes);
+    snprintf(tmp, sizeof tmp, "SIGPU-%02d", g_vis[dev]);
+    memcpy(uuid->bytes, tmp, strlen(tmp));
+    return done(CUDA_SUCCESS);
+}
+
+static const struct {
+    CUresult code;
+    const char *name, *text;
+} g_errors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_ALREADY_MAPPED, "CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED",
+     "peer access has not been enabled"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+};
+
+static CUresult error_text(CUresult error, const char **pStr, int name) {
+    if (!pStr) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof g_errors / sizeof g_errors[0]; i++)
+        if (g_errors[i].code == error) {
+            *pStr = name ? g_errors[i].name : g_errors[i].text;
+            return CUDA_SUCCESS;
+        }
+    *pStr = NULL; /* as the driver does for an unknown code */
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorName(CUresult error, const char **pStr) { return error_text(error, pStr, 1); }
+CUresult cuGetErrorString(CUresult error, const char **pStr) { return error_text(error, pStr, 0); }
+
+/* ==== Contexts ====================================================================== */
+
+/* One primary context per device per process, refcounted. */
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    ENTER(0);
+    NEED(pctx);
+    DEVICE_OK(dev);
+    g_ctx[dev].refs++;
+    *pctx = &g_ctx[dev];
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    ENTER(0);
+    DEVICE_OK(dev);
+    struct CUctx_st *c = &g_ctx[dev];
+    /* Release must pair with a Retain. */
+    if (c->refs <= 0)
+        return done(viol(CUDA_ERROR_INVALID_CONTEXT, "%s: primary context of device %d "
+                         "released more often than retained", __func__, dev));
+    if (--c->refs == 0) {
+        /* Dropping the last reference destroys the context and everything in it. */
+        int mem = 0, streams = 0, events = 0;
+        for (struct region *r = g_regions; r; r = r->next) mem += r->ctx == c;
+        for (struct CUstream_st *s = g_streams; s; s = s->next) streams += s->ctx == c;
+        for (struct CUevent_st *e = g_events; e; e = e->next) events += e->ctx == c;
+        if (mem + streams + events)
+            viol(0, "%s: primary context of device %d released to 0 while %d allocations/IPC "
+                 "mappings, %d streams and %d events of it are live (the driver destroys them)",
+                 __func__, dev, mem, streams, events);
+    }
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+    ENTER(0);
+    if (ctx) {
+        uintptr_t c = (uintptr_t)ctx, lo = (uintptr_t)&g_ctx[0], hi = (uintptr_t)&g_ctx[g_nvis];
+        if (c < lo || c >= hi || (c - lo) % sizeof g_ctx[0])
+            return done(viol(CUDA_ERROR_INVALID_CONTEXT, "%s: %p is not a context of this "
+                             "process (cuDevicePrimaryCtxRetain)", __func__, (void *)ctx));
+        /* A released (destroyed) primary context cannot be made current. */
+        if (ctx->refs <= 0)
+            return done(viol(CUDA_ERROR_INVALID_CONTEXT, "%s: primary context of device %d is "
+                             "released (refcount 0): retain it first", __func__, ctx->ordinal));
+    }
+    t_cur = ctx;
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    ENTER(0);
+    NEED(pctx);
+    *pctx = t_cur;
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuCtxGetDevice(CUdevice *device) {
+    ENTER(1);
+    NEED(device);
+    *device = t_cur->ordinal;
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuCtxSynchronize(void) {
+    ENTER(1);
+    return done(CUDA_SUCCESS); /* everything is synchronous here */
+}
+
+/* ==== Memory ======================================================================== */
+
+/* A new allocation in the current context: its own shm object (cuMemAlloc) or an anonymous
+ * memfd (pool memory, never shareable by name). Contents start as garbage, not zero. */
+static CUresult new_region(int pool, size_t size, CUdeviceptr *out) {
+    struct region *r = calloc(1, sizeof *r);
+    if (!r) return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t len = page_round(size);
+    int fd;
+    if (pool) {
+        fd = memfd_create("cusi_pool", MFD_CLOEXEC);
+        if (fd >= 0 && (ftruncate(fd, (off_t)len) || posix_fallocate(fd, 0, (off_t)len))) {
+            close(fd);
+            fd = -1;
+        }
+    } else {
+        fd = shm_create(r->name, sizeof r->name, "m", len);
+    }
+    if (fd < 0 || map_region(r, fd, size) != 0) {
+        if (fd >= 0) close(fd);
+        if (!pool && fd >= 0) shm_unlink(r->name);
+        free(r);
+        return CUDA_ERROR_OUT_OF_MEMORY; /* error only */
+    }
+    close(fd);
+    memset(r->host, POISON, size);
+    r->kind = pool ? K_POOL : K_ALLOC;
+    r->phys = t_cur->phys;
+    r->ctx = t_cur;
+    r->next = g_regions;
+    g_regions = r;
+    *out = r->base;
+    return CUDA_SUCCESS;
+}
+
+static void unlink_region(struct region *r) {
+    for (struct region **pp = &g_regions; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            return;
+        }
+}
+
+/* Frees a local allocation (the driver frees even when others still have it open). */
+static void free_region(const char *fn, struct region *r) {
+    if (r->meta) {
+        /* The exporter must not free while importers still map it (spec section 4: keep the
+         * memory alive until every consumer released it). */
+        int n = live_opens(r->meta);
+        if (n > 0) viol(0, "%s: cuMemFree while %d IPC opens are live", fn, n);
+        shm_unlink(r->handle.name);
+        munmap(r->meta, sizeof *r->meta);
+    }
+    if (r->kind == K_ALLOC) shm_unlink(r->name);
+    unmap_region(r);
+    unlink_region(r);
+    free(r);
+}
+
+/* The allocation whose base is p, or NULL after recording why p cannot be freed. */
+static struct region *freeable(const char *fn, CUdeviceptr p) {
+    struct region *r = find_region(p);
+    if (r && r->kind != K_IPC && r->base == p) return r;
+    if (!r) viol(0, "%s: 0x%llx is not a live allocation (double free, or never allocated)", fn, p);
+    else if (r->kind == K_IPC)
+        viol(0, "%s: 0x%llx is an IPC mapping: release it with cuIpcCloseMemHandle", fn, p);
+    else
+        viol(0, "%s: 0x%llx is inside an allocation, not its base 0x%llx", fn, p,
+             (CUdeviceptr)r->base);
+    return NULL;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
+    ENTER(1);
+    NEED(dptr);
+    if (bytesize == 0) /* "If bytesize is 0, cuMemAlloc() returns CUDA_ERROR_INVALID_VALUE" */
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: bytesize is 0", __func__));
+    return done(new_region(0, bytesize, dptr));
+}
+
+/* Frees cuMemAlloc memory, and (as documented) stream-ordered memory too. */
+CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    ENTER(1);
+    struct region *r = freeable(__func__, dptr);
+    if (!r) return done(CUDA_ERROR_INVALID_VALUE);
+    free_region(__func__, r);
+    return done(CUDA_SUCCESS);
+}
+
+/* Stream-ordered (pool) memory: ordinary data memory, but not legacy-IPC capable. */
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    ENTER(1);
+    CUcontext sctx = NULL;
+    CUresult r = stream_check(__func__, hStream, &sctx);
+    if (r) return done(r);
+    NEED(dptr);
+    if (bytesize == 0) return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: bytesize is 0", __func__));
+    return done(new_region(1, bytesize, dptr));
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+    ENTER(1);
+    CUcontext sctx = NULL;
+    CUresult rc = stream_check(__func__, hStream, &sctx);
+    if (rc) return done(rc);
+    struct region *r = freeable(__func__, dptr);
+    if (!r) return done(CUDA_ERROR_INVALID_VALUE);
+    free_region(__func__, r);
+    return done(CUDA_SUCCESS);
+}
+
+/* Any interior pointer of an allocation or IPC mapping -> its base and size. Both outputs are
+ * optional. Unknown pointers are error only (probing is legitimate). */
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
+    ENTER(1);
+    struct region *r = find_region(dptr);
+    if (!r) return done(CUDA_ERROR_NOT_FOUND);
+    if (pbase) *pbase = r->base;
+    if (psize) *psize = r->size;
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+    ENTER(1);
+    NEED(data);
+    struct region *r = find_region(ptr);
+    if (!r)
+        return done(CUDA_ERROR_INVALID_VALUE); /* error only: not device memory */
+    switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+        *(CUcontext *)data = r->ctx;
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: {
+        /* The device the memory lives on, in this process's numbering; an IPC mapping of a
+         * device this process cannot see reports the device it was opened on. */
+        int o = ordinal_of(r->phys);
+        *(int *)data = o >= 0 ? o : r->ctx->ordinal;
+        break;
+    }
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+        /* Only cuMemAlloc memory can be exported with cuIpcGetMemHandle. */
+        *(int *)data = r->kind == K_ALLOC;
+        break;
+    default:
+        return done(CUDA_ERROR_INVALID_VALUE); /* error only: attribute not modelled */
+    }
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
+    ENTER(1);
+    if (ByteCount == 0) return done(CUDA_SUCCESS);
+    if (!host_range_ok(__func__, srcHost, ByteCount)) return done(CUDA_ERROR_INVALID_VALUE);
+    unsigned char *d = dev_range(__func__, "destination", dstDevice, ByteCount);
+    if (!d) return done(CUDA_ERROR_INVALID_VALUE);
+    memcpy(d, srcHost, ByteCount);
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+    ENTER(1);
+    if (ByteCount == 0) return done(CUDA_SUCCESS);
+    if (!host_range_ok(__func__, dstHost, ByteCount)) return done(CUDA_ERROR_INVALID_VALUE);
+    unsigned char *s = dev_range(__func__, "source", srcDevice, ByteCount);
+    if (!s) return done(CUDA_ERROR_INVALID_VALUE);
+    memcpy(dstHost, s, ByteCount);
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
+    ENTER(1);
+    if (ByteCount == 0) return done(CUDA_SUCCESS);
+    unsigned char *d = dev_range(__func__, "destination", dstDevice, ByteCount);
+    unsigned char *s = d ? dev_range(__func__, "source", srcDevice, ByteCount) : NULL;
+    if (!s) return done(CUDA_ERROR_INVALID_VALUE);
+    memmove(d, s, ByteCount);
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
+    ENTER(1);
+    if (N == 0) return done(CUDA_SUCCESS);
+    unsigned char *d = dev_range(__func__, "destination", dstDevice, N);
+    if (!d) return done(CUDA_ERROR_INVALID_VALUE);
+    memset(d, uc, N);
+    return done(CUDA_SUCCESS);
+}
+
+/* ==== Legacy IPC of memory ========================================================== */
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+    ENTER(1);
+    NEED(pHandle);
+    struct region *r = find_region(dptr);
+    if (!r)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: 0x%llx is not device memory of this "
+                         "process", __func__, dptr));
+    /* Only cuMemAlloc memory is legacy-IPC capable (spec section 8). */
+    if (r->kind == K_POOL)
+        return done(viol(CUDA_ERROR_NOT_SUPPORTED, "%s: stream-ordered pool memory is not "
+                         "legacy-IPC capable (check CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_"
+                         "CAPABLE first)", __func__));
+    if (r->kind == K_IPC)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: 0x%llx is an IPC-opened mapping; only "
+                         "the exporting process can export it", __func__, dptr));
+    /* The handle names a whole allocation: pass its base, send the offset separately. */
+    if (r->base != dptr)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: 0x%llx is inside an allocation; "
+                         "cuIpcGetMemHandle needs the allocation base (cuMemGetAddressRange)",
+                         __func__, dptr));
+    if (!r->meta) {
+        char name[40];
+        int fd = shm_create(name, sizeof name, "h", sizeof(struct meta));
+        if (fd < 0) return done(CUDA_ERROR_OUT_OF_MEMORY);
+        struct meta *m = mmap(NULL, sizeof *m, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (m == MAP_FAILED) {
+            shm_unlink(name);
+            return done(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        memcpy(m->h.magic, "CUSIMETA", 8);
+        fill_random(m->h.rnd, sizeof m->h.rnd);
+        m->h.pid = (int32_t)getpid();
+        m->h.phys = r->phys;
+        m->size = r->size;
+        snprintf(m->data_name, sizeof m->data_name, "%s", r->name);
+        r->meta = m;
+        wire_make(&r->handle, "CUSIMEMH", name, &m->h);
+    }
+    memcpy(pHandle->reserved, &r->handle, 64); /* same bytes every time, as the driver */
+    /* Each call costs a driver round trip and tempts callers to open it twice: cache it. */
+    if (++r->fetches > 1)
+        viol(0, "%s: handle fetched more than once (cache it): %d calls for allocation 0x%llx",
+             __func__, r->fetches, dptr);
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+    ENTER(1);
+    NEED(pdptr);
+    if (Flags & ~(unsigned)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: Flags 0x%x: only 0 and "
+                         "CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS are valid", __func__, Flags));
+    struct wire w;
+    if (wire_parse(handle.reserved, "CUSIMEMH", "/cusi_h_", &w) != 0)
+        return done(CUDA_ERROR_INVALID_HANDLE); /* error only: not a handle */
+    struct meta *m = open_shared(&w, sizeof *m, "CUSIMETA");
+    if (!m)
+        return done(CUDA_ERROR_INVALID_HANDLE); /* error only: allocation freed / unknown */
+    CUresult rc = CUDA_SUCCESS;
+    int fd = -1;
+    struct region *r = NULL;
+    if (m->h.pid == (int32_t)getpid()) {
+        /* Spec section 8: a handle cannot be opened in the process that exported it. */
+        rc = viol(CUDA_ERROR_INVALID_CONTEXT, "%s: a handle cannot be opened in the process "
+                  "that exported it (use the original pointer)", __func__);
+        goto fail;
+    }
+    for (struct region *x = g_regions; x; x = x->next)
+        if (x->kind == K_IPC && !strcmp(x->handle.name, w.name) &&
+            !memcmp(x->handle.rnd, w.rnd, 16)) {
+            /* Spec section 8: opening one handle twice fails on older drivers. */
+            rc = viol(CUDA_ERROR_ALREADY_MAPPED, "%s: same handle opened twice in one process "
+                      "(older drivers refuse; cache opens)", __func__);
+            goto fail;
+        }
+    if (!pid_alive(m->h.pid)) {
+        rc = CUDA_ERROR_INVALID_HANDLE; /* error only: the exporter is gone */
+        goto fail;
+    }
+    if (m->h.phys != t_cur->phys && !(Flags & CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) {
+        rc = CUDA_ERROR_PEER_ACCESS_NOT_ENABLED; /* error only: another device, no peer flag */
+        goto fail;
+    }
+    fd = shm_open(m->data_name, O_RDWR | O_CLOEXEC, 0);
+    r = calloc(1, sizeof *r);
+    if (fd < 0 || !r || map_region(r, fd, m->size) != 0) {
+        rc = fd < 0 ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    close(fd);
+    fd = -1;
+    r->slot = -1;
+    for (int pass = 0; pass < 2 && r->slot < 0; pass++) {
+        if (pass)
+            live_opens(m); /* frees the slots of dead openers */
+        for (int i = 0; i < OPEN_SLOTS && r->slot < 0; i++) {
+            int32_t zero = 0;
+            if (atomic_compare_exchange_strong(&m->openers[i], &zero, (int32_t)getpid()))
+                r->slot = i;
+        }
+    }
+    if (r->slot < 0) {
+        unmap_region(r);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        goto fail;
+    }
+    r->kind = K_IPC;
+    r->phys = m->h.phys;
+    r->ctx = t_cur;
+    r->meta = m;
+    r->handle = w;
+    r->next = g_regions;
+    g_regions = r;
+    *pdptr = r->base;
+    return done(CUDA_SUCCESS);
+fail:
+    if (fd >= 0) close(fd);
+    free(r);
+    munmap(m, sizeof *m);
+    return done(rc);
+}
+
+/* Unmaps an IPC mapping and gives up this process's open. */
+static void close_mapping(struct region *r) {
+    int32_t me = (int32_t)getpid();
+    atomic_compare_exchange_strong(&r->meta->openers[r->slot], &me, 0);
+    munmap(r->meta, sizeof *r->meta);
+    unmap_region(r);
+    unlink_region(r);
+    free(r);
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+    ENTER(1);
+    struct region *r = find_region(dptr);
+    /* Must be a base returned by cuIpcOpenMemHandle and still open. */
+    if (!r || r->kind != K_IPC || r->base != dptr)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: 0x%llx is not a base returned by "
+                         "cuIpcOpenMemHandle that is still open%s", __func__, dptr,
+                         !r ? " (closed twice?)" : r->kind != K_IPC ? " (local allocation)"
+                                                                     : " (interior pointer)"));
+    close_mapping(r);
+    return done(CUDA_SUCCESS);
+}
+
+/* ==== Streams ======================================================================= */
+
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+    ENTER(1);
+    NEED(phStream);
+    if (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: Flags 0x%x: only CU_STREAM_DEFAULT and "
+                         "CU_STREAM_NON_BLOCKING are valid", __func__, Flags));
+    struct CUstream_st *s = calloc(1, sizeof *s);
+    if (!s) return done(CUDA_ERROR_OUT_OF_MEMORY);
+    s->ctx = t_cur;
+    s->next = g_streams;
+    g_streams = s;
+    *phStream = s;
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuStreamDestroy_v2(CUstream hStream) {
+    ENTER(1);
+    for (struct CUstream_st **pp = &g_streams; *pp; pp = &(*pp)->next)
+        if (*pp == hStream) {
+            *pp = hStream->next;
+            free(hStream);
+            return done(CUDA_SUCCESS);
+        }
+    return done(viol(CUDA_ERROR_INVALID_HANDLE, "%s: unknown or destroyed stream %p (only "
+                     "streams from cuStreamCreate are destroyed)", __func__, (void *)hStream));
+}
+
+CUresult cuStreamSynchronize(CUstream hStream) {
+    ENTER(1);
+    CUcontext sctx = NULL;
+    return done(stream_check(__func__, hStream, &sctx));
+}
+
+/* The waits counter is how a test sees that a consumer made its stream wait (spec section 5). */
+static void note_wait(struct CUevent_st *e) {
+    if (e->opened) {
+        atomic_fetch_add(&e->sh->waits, 1);
+        e->waited = 1;
+    }
+}
+
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+    ENTER(1);
+    CUcontext sctx = NULL;
+    CUresult rc = stream_check(__func__, hStream, &sctx);
+    if (!rc) rc = event_check(__func__, hEvent);
+    if (rc) return done(rc);
+    if (Flags != 0) /* CU_EVENT_WAIT_DEFAULT; other flags are for graph capture */
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: Flags must be 0, got 0x%x", __func__,
+                         Flags));
+    note_wait(hEvent);
+    return done(CUDA_SUCCESS);
+}
+
+/* ==== Events ======================================================================== */
+
+CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
+    ENTER(1);
+    NEED(phEvent);
+    if (Flags & ~(unsigned)(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING |
+                            CU_EVENT_INTERPROCESS))
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: unknown Flags 0x%x", __func__, Flags));
+    /* "CU_EVENT_INTERPROCESS ... CU_EVENT_DISABLE_TIMING flag also must be set" */
+    if ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING))
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: CU_EVENT_INTERPROCESS requires "
+                         "CU_EVENT_DISABLE_TIMING", __func__));
+    struct CUevent_st *e = calloc(1, sizeof *e);
+    if (!e) return done(CUDA_ERROR_OUT_OF_MEMORY);
+    if (Flags & CU_EVENT_INTERPROCESS) {
+        char name[40];
+        int fd = shm_create(name, sizeof name, "e", sizeof(struct evshm));
+        if (fd >= 0) {
+            e->sh = mmap(NULL, sizeof *e->sh, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            close(fd);
+        }
+        if (fd < 0 || e->sh == MAP_FAILED) {
+            if (fd >= 0) shm_unlink(name);
+            free(e);
+            return done(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        memcpy(e->sh->h.magic, "CUSIEVSH", 8);
+        fill_random(e->sh->h.rnd, sizeof e->sh->h.rnd);
+        e->sh->h.pid = (int32_t)getpid();
+        e->sh->h.phys = t_cur->phys;
+        wire_make(&e->handle, "CUSIEVTH", name, &e->sh->h);
+    }
+    e->flags = Flags;
+    e->ctx = t_cur;
+    e->next = g_events;
+    g_events = e;
+    *phEvent = e;
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
+    ENTER(1);
+    CUcontext sctx = NULL;
+    CUresult rc = event_check(__func__, hEvent);
+    if (!rc) rc = stream_check(__func__, hStream, &sctx);
+    if (rc) return done(rc);
+    /* "hStream and hEvent must be from the same context" */
+    if (sctx != hEvent->ctx)
+        return done(viol(CUDA_ERROR_INVALID_HANDLE, "%s: event (device %d) and stream (device "
+                         "%d) belong to different contexts", __func__, hEvent->ctx->ordinal,
+                         sctx->ordinal));
+    if (hEvent->sh) atomic_fetch_add(&hEvent->sh->records, 1);
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuEventSynchronize(CUevent hEvent) {
+    ENTER(1);
+    CUresult rc = event_check(__func__, hEvent);
+    if (rc) return done(rc);
+    note_wait(hEvent);
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuEventQuery(CUevent hEvent) {
+    ENTER(1);
+    return done(event_check(__func__, hEvent)); /* all work is complete at once */
+}
+
+static void free_event(struct CUevent_st *e) {
+    if (e->sh) {
+        munmap(e->sh, sizeof *e->sh);
+        if (!e->opened)
+            shm_unlink(e->handle.name); /* the creator's destroy ends the shared object */
+    }
+    for (struct CUevent_st **pp = &g_events; *pp; pp = &(*pp)->next)
+        if (*pp == e) {
+            *pp = e->next;
+            break;
+        }
+    free(e);
+}
+
+CUresult cuEventDestroy_v2(CUevent hEvent) {
+    ENTER(1);
+    CUresult rc = event_check(__func__, hEvent);
+    if (rc) return done(rc);
+    /* Spec section 5: open, make the reading stream wait, then destroy. */
+    if (hEvent->opened && !hEvent->waited)
+        viol(0, "%s: IPC event opened but never waited on (cuStreamWaitEvent before "
+             "cuEventDestroy)", __func__);
+    free_event(hEvent);
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event) {
+    ENTER(1);
+    NEED(pHandle);
+    CUresult rc = event_check(__func__, event);
+    if (rc) return done(rc);
+    if (!event->sh)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: event was not created with "
+                         "CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING", __func__));
+    memcpy(pHandle->reserved, &event->handle, 64);
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle) {
+    ENTER(1);
+    NEED(phEvent);
+    struct wire w;
+    if (wire_parse(handle.reserved, "CUSIEVTH", "/cusi_e_", &w) != 0)
+        return done(CUDA_ERROR_INVALID_HANDLE); /* error only */
+    struct evshm *sh = open_shared(&w, sizeof *sh, "CUSIEVSH");
+    if (!sh)
+        return done(CUDA_ERROR_INVALID_HANDLE); /* error only: destroyed / unknown */
+    CUresult rc = CUDA_SUCCESS;
+    if (sh->h.pid == (int32_t)getpid())
+        rc = viol(CUDA_ERROR_INVALID_CONTEXT, "%s: an event handle cannot be opened in the "
+                  "process that created it (use the event itself)", __func__);
+    else if (!pid_alive(sh->h.pid))
+        rc = CUDA_ERROR_INVALID_HANDLE; /* error only: creator gone */
+    struct CUevent_st *e = rc ? NULL : calloc(1, sizeof *e);
+    if (!e) {
+        munmap(sh, sizeof *sh);
+        return done(rc ? rc : CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    e->flags = CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING;
+    e->opened = 1;
+    e->sh = sh;
+    e->handle = w;
+    e->ctx = t_cur;
+    e->next = g_events;
+    g_events = e;
+    *phEvent = e;
+    return done(CUDA_SUCCESS);
+}
+
+/* ==== `_v2` / legacy entry points =================================================== */
+
+/* Same signature in both versions: the plain export is the `_v2` function. */
+CUresult cuDeviceGetUuid(CUuuid *, CUdevice) __attribute__((alias("cuDeviceGetUuid_v2")));
+CUresult cuDevicePrimaryCtxRelease(CUdevice) __attribute__((alias("cuDevicePrimaryCtxRelease_v2")));
+CUresult cuIpcOpenMemHandle(CUdeviceptr *, CUipcMemHandle, unsigned int)
+    __attribute__((alias("cuIpcOpenMemHandle_v2")));
+CUresult cuStreamDestroy(CUstream) __attribute__((alias("cuStreamDestroy_v2")));
+CUresult cuEventDestroy(CUevent) __attribute__((alias("cuEventDestroy_v2")));
+
+/* The un-suffixed memory functions are the CUDA 3.1 ABI with 32-bit CUdeviceptr and sizes: a
+ * program that dlsym()s "cuMemAlloc" instead of "cuMemAlloc_v2" gets truncated pointers on a
+ * real driver. Refuse without touching the arguments. */
+#define LEGACY(name)                                                                       \
+    viol(CUDA_ERROR_NOT_SUPPORTED, "%s: legacy 32-bit entry point called; resolve %s_v2 "  \
+         "(cuda.h #defines %s to it)", name, name, name)
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize) { return LEGACY("cuMemAlloc"); }
+CUresult cuMemFree(CUdeviceptr_v1 dptr) { return LEGACY("cuMemFree"); }
+CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psize, CUdeviceptr_v1 dptr) {
+    return LEGACY("cuMemGetAddressRange");
+}
+CUresult cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount) {
+    return LEGACY("cuMemcpyHtoD");
+}
+CUresult cuMemcpyDtoH(void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount) {
+    return LEGACY("cuMemcpyDtoH");
+}
+CUresult cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount) {
+    return LEGACY("cuMemcpyDtoD");
+}
+CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N) {
+    return LEGACY("cuMemsetD8");
+}
+#pragma GCC diagnostic pop
+
+/* ==== Test-only queries ============================================================= */
+
+int cusi_violation_count(void) {
+    return atomic_load(&g_violations);
+}
+
+int cusi_live_opens(CUipcMemHandle h) {
+    struct wire w;
+    if (wire_parse(h.reserved, "CUSIMEMH", "/cusi_h_", &w) != 0) return -1;
+    struct meta *m = open_shared(&w, sizeof *m, "CUSIMETA");
+    if (!m) return -1;
+    int n = live_opens(m);
+    munmap(m, sizeof *m);
+    return n;
+}
+
+int cusi_event_waits(CUevent e) {
+    pthread_mutex_lock(&g_mu);
+    int n = -1;
+    for (struct CUevent_st *x = g_events; x; x = x->next)
+        if (x == e && x->sh) n = (int)atomic_load(&x->sh->waits);
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
+
+int cusi_handle_fetches(CUdeviceptr base) {
+    pthread_mutex_lock(&g_mu);
+    struct region *r = find_region(base);
+    int n = (r && r->kind == K_ALLOC && r->base == base) ? r->fetches : -1;
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
+
+/* ==== fork() and process exit ======================================================= */
+
+static void drop_tables(void) {
+    while (g_regions) {
+        struct region *r = g_regions;
+        g_regions = r->next;
+        free(r);
+    }
+    while (g_streams) {
+        struct CUstream_st *s = g_streams;
+        g_streams = s->next;
+        free(s);
+    }
+    while (g_events) {
+        struct CUevent_st *e = g_events;
+        g_events = e->next;
+        free(e);
+    }
+}
+
+static void atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
+static void atfork_parent(void) { pthread_mutex_unlock(&g_mu); }
+
+/* The child inherits copies of the parent's tables, which are not its own: forget them (the
+ * parent still owns the shm objects) and refuse CUDA calls if the parent had initialised. */
+static void atfork_child(void) {
+    pthread_mutex_init(&g_mu, NULL);
+    drop_tables();
+    g_forked = g_inited;
+    g_inited = 0;
+    atomic_store(&g_violations, 0);
+    t_cur = NULL;
+}
+
+__attribute__((constructor)) static void cusi_init(void) {
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+/* At exit the driver tears everything down; the stand-in checks what was left behind. */
+__attribute__((destructor)) static void cusi_fini(void) {
+    pthread_mutex_lock(&g_mu);
+    int maps = 0, events = 0, exported_live = 0;
+    while (g_regions) {
+        struct region *r = g_regions;
+        if (r->kind == K_IPC) {
+            maps++;
+            close_mapping(r);
+        } else {
+            if (r->meta) {
+                exported_live += live_opens(r->meta);
+                munmap(r->meta, sizeof *r->meta);
+                shm_unlink(r->handle.name);
+            }
+            if (r->kind == K_ALLOC) shm_unlink(r->name);
+            unmap_region(r);
+            unlink_region(r);
+            free(r);
+        }
+    }
+    while (g_events) {
+        events += g_events->opened;
+        free_event(g_events);
+    }
+    /* Every cuIpcOpenMemHandle needs its cuIpcCloseMemHandle before the consumer exits. */
+    if (maps) viol(0, "exit: %d IPC mappings never closed (cuIpcCloseMemHandle)", maps);
+    /* Every cuIpcOpenEventHandle needs its cuEventDestroy. */
+    if (events) viol(0, "exit: %d IPC-opened events never destroyed (cuEventDestroy)", events);
+    /* Exiting frees the exporter's memory under its importers (spec section 4). */
+    if (exported_live)
+        viol(0, "exit: the exporter exits (freeing its memory) while %d IPC opens of it are live "
+             "in other processes", exported_live);
+    drop_tables();
+    pthread_mutex_unlock(&g_mu);
+}

@@ -1,0 +1,170 @@
+/* cuda_standin.h - declarations of the strict, test-only stand-in for the CUDA driver API
+ * (libcuda.so.1) in cuda_standin.c. Types, codes and flags have the real driver's values and
+ * x86-64 ABI, so a test program can include this instead of cuda.h.
+ *
+ * As in cuda.h, the functions whose ABI changed in CUDA 3.2/11.x are #defined to their `_v2`
+ * entry points (cuMemAlloc -> cuMemAlloc_v2, ...). The library exports both names; the legacy
+ * 32-bit memory entry points refuse (see cuda_standin.c, "Legacy entry points").
+ *
+ * Test-only queries carry the prefix `cusi_`. Nothing here exists in a real driver. */
+#ifndef CUDA_STANDIN_H
+#define CUDA_STANDIN_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUipcMemHandle_st { char reserved[64]; } CUipcMemHandle;
+typedef struct CUipcEventHandle_st { char reserved[64]; } CUipcEventHandle;
+typedef struct CUuuid_st { char bytes[16]; } CUuuid;
+typedef int CUpointer_attribute;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_ALREADY_MAPPED = 208,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
+    CUDA_ERROR_NOT_SUPPORTED = 801
+};
+
+enum { CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1 };
+
+enum {
+    CU_EVENT_DEFAULT = 0x0,
+    CU_EVENT_BLOCKING_SYNC = 0x1,
+    CU_EVENT_DISABLE_TIMING = 0x2,
+    CU_EVENT_INTERPROCESS = 0x4
+};
+
+enum { CU_STREAM_DEFAULT = 0x0, CU_STREAM_NON_BLOCKING = 0x1 };
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+
+enum {
+    CU_POINTER_ATTRIBUTE_CONTEXT = 1,
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+    CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 18
+};
+
+/* Initialization, version, devices */
+CUresult cuInit(unsigned int flags);
+CUresult cuDriverGetVersion(int *driverVersion);
+CUresult cuDeviceGetCount(int *count);
+CUresult cuDeviceGet(CUdevice *device, int ordinal);
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
+
+/* Contexts */
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+CUresult cuCtxSetCurrent(CUcontext ctx);
+CUresult cuCtxGetCurrent(CUcontext *pctx);
+CUresult cuCtxGetDevice(CUdevice *device);
+CUresult cuCtxSynchronize(void);
+
+/* Memory */
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize);
+CUresult cuMemFree_v2(CUdeviceptr dptr);
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream);
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
+CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N);
+
+/* Legacy IPC of memory */
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
+
+/* Streams */
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags);
+CUresult cuStreamDestroy_v2(CUstream hStream);
+CUresult cuStreamSynchronize(CUstream hStream);
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
+
+/* Events */
+CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
+CUresult cuEventSynchronize(CUevent hEvent);
+CUresult cuEventQuery(CUevent hEvent);
+CUresult cuEventDestroy_v2(CUevent hEvent);
+CUresult cuIpcGetEventHandle(CUipcEventHandle *pHandle, CUevent event);
+CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle);
+
+/* Errors */
+CUresult cuGetErrorName(CUresult error, const char **pStr);
+CUresult cuGetErrorString(CUresult error, const char **pStr);
+
+/* The un-suffixed exports. cuda.h maps these names to `_v2` by macro; a program that resolves
+ * symbols itself (dlsym) must ask for the `_v2` names. Identical signatures: */
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
+CUresult cuStreamDestroy(CUstream hStream);
+CUresult cuEventDestroy(CUevent hEvent);
+#ifdef CUSI_IMPLEMENTATION
+/* Legacy 32-bit entry points (CUdeviceptr_v1 = unsigned int). Declared only for the library
+ * itself: they record a violation and return CUDA_ERROR_NOT_SUPPORTED without touching the
+ * arguments, because on a real driver they would truncate 64-bit pointers. */
+typedef unsigned int CUdeviceptr_v1;
+CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize);
+CUresult cuMemFree(CUdeviceptr_v1 dptr);
+CUresult cuMemGetAddressRange(CUdeviceptr_v1 *pbase, unsigned int *psize, CUdeviceptr_v1 dptr);
+CUresult cuMemcpyHtoD(CUdeviceptr_v1 dstDevice, const void *srcHost, unsigned int ByteCount);
+CUresult cuMemcpyDtoH(void *dstHost, CUdeviceptr_v1 srcDevice, unsigned int ByteCount);
+CUresult cuMemcpyDtoD(CUdeviceptr_v1 dstDevice, CUdeviceptr_v1 srcDevice, unsigned int ByteCount);
+CUresult cuMemsetD8(CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N);
+#else
+/* What cuda.h does: the plain names mean the `_v2` functions. */
+#define cuDeviceGetUuid cuDeviceGetUuid_v2
+#define cuDevicePrimaryCtxRelease cuDevicePrimaryCtxRelease_v2
+#define cuIpcOpenMemHandle cuIpcOpenMemHandle_v2
+#define cuStreamDestroy cuStreamDestroy_v2
+#define cuEventDestroy cuEventDestroy_v2
+#define cuMemAlloc cuMemAlloc_v2
+#define cuMemFree cuMemFree_v2
+#define cuMemGetAddressRange cuMemGetAddressRange_v2
+#define cuMemcpyHtoD cuMemcpyHtoD_v2
+#define cuMemcpyDtoH cuMemcpyDtoH_v2
+#define cuMemcpyDtoD cuMemcpyDtoD_v2
+#define cuMemsetD8 cuMemsetD8_v2
+#endif
+
+/* ---- Test-only queries (not in any real driver) ---- */
+
+/* Rule violations recorded by this process so far. */
+int cusi_violation_count(void);
+/* Live opens of the allocation a memory handle names, over all processes (processes that died
+ * without closing are not counted); -1 if the handle is unknown or its allocation is gone.
+ * Callable from any process, before cuInit too. */
+int cusi_live_opens(CUipcMemHandle h);
+/* Waits (cuStreamWaitEvent / cuEventSynchronize on an IPC-opened event) recorded on the shared
+ * object behind an interprocess event, by any process; -1 if e is not a live interprocess event
+ * of this process. */
+int cusi_event_waits(CUevent e);
+/* How many times cuIpcGetMemHandle was called for the allocation at `base` in this process
+ * (the exporter); -1 if base is not a live allocation base. */
+int cusi_handle_fetches(CUdeviceptr base);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CUDA_STANDIN_H */
