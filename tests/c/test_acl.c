@@ -318,6 +318,21 @@ static uint64_t outstanding(DevshareExporter *e) {
     return n;
 }
 
+/* The value of a handle's ref-counter slot, read straight from the shm object (-999: unreadable). */
+static int64_t slot_value(const DevshareHandle *h) {
+    char path[128];
+    snprintf(path, sizeof path, "/dev/shm/%.*s", (int)h->ref_name_len - 1, (const char *)h->ref_name + 1);
+    FILE *f = fopen(path, "rb");
+    int64_t v = -999;
+    if (f && fseek(f, 64 + 8 * (long)h->ref_slot, SEEK_SET) == 0 && fread(&v, sizeof v, 1, f) != 1) {
+        v = -999;
+    }
+    if (f) {
+        fclose(f);
+    }
+    return v;
+}
+
 static char log_path[256];
 
 static int log_is_empty(void) {
@@ -457,8 +472,11 @@ int main(int argc, char **argv) {
     import_cmd(&c1, &d2, -1, 0, 1);
     import_cmd(&c1, &d2, -1, 0, 1);
     check(outstanding(e) == 2, "a duplicate import of one handle holds its single reference");
+    check(slot_value(&d1) == 1 && slot_value(&d2) == 1, "both slots are 1 while held");
     ask(&c1, "release");
-    check(outstanding(e) == 0, "each arrival returned exactly once (slots at 0, never below)");
+    check(outstanding(e) == 0 && slot_value(&d1) == 0 && slot_value(&d2) == 0,
+          "each arrival returned exactly once: both slots exactly 0, not below (%" PRId64 ", %" PRId64 ")",
+          slot_value(&d1), slot_value(&d2));
 
     /* No pid validation: anyone may import. */
     void *dev2 = NULL;
