@@ -52,6 +52,7 @@ unsafe fn run() {
         tensor_offset: 0,
         flags: 0,
         reserved: 0,
+        stream: null_mut(),
     };
     let mut h = DevshareHandle::default();
     ok(devshare_exporter_share(exp, &desc, &mut h));

@@ -4,6 +4,8 @@ A thin ctypes layer over the devshare C library (libdevshare.so). The producer c
 :func:`share` on a tensor and sends the returned :class:`Handle` (``to_text()`` or
 ``to_bytes()``) to a consumer, which calls :func:`open` on it and gets a tensor or array over
 the same memory. When the consumer drops it, the producer's :func:`outstanding` count goes down.
+CUDA and NPU tensors travel as PyTorch's own IPC tuples (:func:`handle_from_torch`,
+:func:`torch_args`), so either side may be stock PyTorch / torch_npu.
 
 The library is found through ``DEVSHARE_LIBRARY`` (full path), then next to this package, then
 the build directories of the source checkout this package is imported from, then the system
@@ -20,6 +22,7 @@ from ._lib import (
 )
 from ._handle import Handle
 from ._core import collect, dlpack_capsule, empty, open, outstanding, share, wait
+from ._torch_ipc import handle_from_torch, torch_args
 
 __version__ = "0.1.0"
 
@@ -35,11 +38,13 @@ __all__ = [
     "collect",
     "dlpack_capsule",
     "empty",
+    "handle_from_torch",
     "library_path",
     "library_version",
     "open",
     "outstanding",
     "share",
     "status_name",
+    "torch_args",
     "wait",
 ]

@@ -10,9 +10,11 @@ import sys
 import weakref
 from ctypes import byref, c_int64, c_uint64, c_void_p
 
-from . import _dlpack, _dtypes
+from . import _dlpack, _dtypes, _torch_ipc
 from ._handle import Handle
 from ._lib import (
+    BACKEND_ACL,
+    BACKEND_CUDA,
     BACKEND_HOST,
     DEVICE_FROM_HANDLE,
     DType,
@@ -293,6 +295,15 @@ def share(obj) -> Handle:
     from :func:`empty` or :func:`open`. Any dtype devshare knows, any strides >= 0, views with
     storage offsets, 0-d and empty tensors. The handle carries an in-flight reference, so the
     memory stays alive until the consumer opened it, even if the producer lets go first.
+
+    A CUDA tensor, or an NPU tensor (torch_npu, imported when needed), is shared through
+    PyTorch's own IPC: ``torch.multiprocessing.reductions.reduce_tensor`` exports its block and
+    sets a fresh ref-counter slot to 1, and this process's caching allocator keeps the block
+    (also after the tensor is freed) until that slot is back at 0. The handle is that one
+    reference and is owed exactly one release: :func:`open` in the consumer (or any stock
+    ``rebuild_cuda_tensor`` / ``rebuild_npu_tensor`` given :func:`torch_args`) releases it when
+    its tensor dies. A handle nobody opens pins the block until this process exits. Empty
+    storages (ValueError) and tensors with more than 8 dimensions cannot be shared.
     """
     with registry_lock:
         if _is_torch_tensor(obj):
@@ -300,16 +311,17 @@ def share(obj) -> Handle:
         elif _is_ndarray(obj):
             h, exp = _share_numpy(obj)
         else:
-            raise TypeError(f"devshare.share() takes a torch CPU tensor or a numpy array from "
-                            f"devshare.empty()/open(), not {_type_label(obj)}")
+            raise TypeError(f"devshare.share() takes a torch tensor (CPU, CUDA or NPU) or a numpy "
+                            f"array from devshare.empty()/open(), not {_type_label(obj)}")
         _collect(keep=exp)
         return h
 
 
 def _share_torch(t):
     torch = sys.modules["torch"]
-    if t.device.type != "cpu":
-        raise ValueError(f"only CPU tensors can be shared so far, not {t.device.type} tensors")
+    kind = t.device.type
+    if kind != "cpu" and kind not in _torch_ipc.DEVICE_BACKENDS:
+        raise ValueError(f"only CPU, CUDA and NPU tensors can be shared, not {kind} tensors")
     if t.is_nested or t.layout != torch.strided:
         raise ValueError(f"only strided (dense) tensors can be shared, not layout {t.layout}")
     if t.is_quantized:
@@ -317,6 +329,8 @@ def _share_torch(t):
     if t.is_conj() or t.is_neg():
         raise ValueError("the tensor has a lazy conjugate/negative bit: call resolve_conj() / "
                          "resolve_neg() first (sharing its memory would show unconjugated values)")
+    if kind != "cpu":
+        return _torch_ipc.share(t), None
     dtype = _dtypes.from_any(t.dtype)
     shape, strides = tuple(t.shape), tuple(t.stride())
     storage = t.untyped_storage()
@@ -487,8 +501,17 @@ def open(handle, like: str = "torch", read_only: bool = False):  # noqa: A001 - 
     and the producer sees the reference come back, when the returned object and every view of it
     are gone. ``read_only=True`` maps the memory without write permission: numpy arrays come
     back non-writeable; PyTorch has no read-only tensors, so it is refused with like="torch".
+
+    A cuda or acl handle opens as a torch tensor on its device through PyTorch's own consumer:
+    ``rebuild_cuda_tensor(*torch_args(handle))`` (torch.multiprocessing.reductions), or torch_npu's
+    ``rebuild_npu_tensor`` for acl (ImportError naming torch_npu without it). PyTorch then opens
+    the IPC handle (waiting on its event, if any) and decrements the handle's ref-counter slot
+    when the tensor dies, which the producer sees. ``like="numpy"`` and ``read_only=True`` are
+    refused for device handles.
     """
     h = Handle.parse(handle)
+    if h.backend_id in (BACKEND_ACL, BACKEND_CUDA):
+        return _torch_ipc.open(h, like, read_only)
     if like == "torch":
         torch = _dtypes.require_torch()
         _dtypes.to_torch(*h.dtype)
@@ -501,7 +524,7 @@ def open(handle, like: str = "torch", read_only: bool = False):  # noqa: A001 - 
     else:
         raise ValueError(f"like must be 'torch' or 'numpy', not {like!r}")
     if h.backend_id != BACKEND_HOST:
-        raise ValueError(f"{h.backend} handles cannot be opened by this package yet (host only)")
+        raise ValueError(f"{h.backend} handles cannot be opened by this package")
 
     imp = _import_noted(h, read_only)
     try:

@@ -88,6 +88,22 @@ class Handle:
             return cls.from_bytes(data)
         raise TypeError(f"expected a devshare.Handle, its bytes or its text, not {type(obj).__name__}")
 
+    @classmethod
+    def from_torch_args(cls, args, backend: str = "cuda", producer_pid: int = 0) -> "Handle":
+        """A handle from the 15 args ``torch.multiprocessing.reductions.reduce_tensor`` made for
+        a CUDA (``backend="cuda"``) or NPU (``backend="npu"``) tensor (the tuple, or the
+        ``(rebuild_fn, args)`` pair); see :func:`devshare.handle_from_torch`. Needs no GPU/NPU."""
+        from ._torch_ipc import handle_from_torch
+
+        return handle_from_torch(args, backend, producer_pid)
+
+    def torch_args(self, device: int | None = None) -> tuple:
+        """The 15 args for ``rebuild_cuda_tensor`` / ``rebuild_npu_tensor``; see
+        :func:`devshare.torch_args`."""
+        from ._torch_ipc import torch_args
+
+        return torch_args(self, device)
+
     def to_bytes(self) -> bytes:
         """The canonical byte encoding (at most 493 bytes, CRC-protected)."""
         buf = ctypes.create_string_buffer(HANDLE_MAX_ENCODED_SIZE)

@@ -41,6 +41,7 @@ HANDLE_RESERVED = 120
 HANDLE_SIZE = 616
 HANDLE_MAX_ENCODED_SIZE = 493
 HANDLE_MAX_TEXT_SIZE = 669
+TORCH_HANDLE_CAPACITY = 128
 
 BACKEND_HOST = 1
 BACKEND_ACL = 2
@@ -207,8 +208,60 @@ class BackendInfo(Structure):
     ]
 
 
-if ctypes.sizeof(HandleStruct) != HANDLE_SIZE:  # pragma: no cover - layout guard
-    raise ImportError(f"DevshareHandle mirror is {ctypes.sizeof(HandleStruct)} bytes, not {HANDLE_SIZE}")
+class TorchArgs(Structure):
+    """``DevshareTorchArgs``: the fields of one ``reduce_tensor`` 15-tuple (arg numbers in the
+    comments), for ``devshare_handle_from_torch``."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("backend", c_uint16),
+        ("reserved0", c_uint16),
+        ("dtype", DType),  # arg 5
+        ("ndim", c_uint32),
+        ("shape", POINTER(c_int64)),  # arg 1
+        ("strides", POINTER(c_int64)),  # arg 2 (NULL: C-contiguous)
+        ("tensor_offset", c_int64),  # arg 3, elements
+        ("device", c_int32),  # arg 6
+        ("producer_pid", c_int32),  # 0: read from a /torch_<pid>_... ref-counter name
+        ("handle", POINTER(c_uint8)),  # arg 7
+        ("handle_len", c_size_t),
+        ("storage_size", c_uint64),  # arg 8, bytes
+        ("storage_offset", c_uint64),  # arg 9, bytes
+        ("ref_name", POINTER(c_uint8)),  # arg 11
+        ("ref_name_len", c_size_t),
+        ("ref_slot", c_uint64),  # arg 12
+        ("event_handle", POINTER(c_uint8)),  # arg 13
+        ("event_handle_len", c_size_t),
+        ("event_sync_required", c_uint32),  # arg 14
+        ("reserved1", c_uint32),
+    ]
+
+
+class TorchStorage(Structure):
+    """``DevshareTorchStorage``: the storage 8-tuple of ``_share_cuda_()`` / ``_share_npu_()``,
+    from ``devshare_handle_to_torch``."""
+
+    _fields_ = [
+        ("device", c_int32),
+        ("handle_len", c_uint32),
+        ("handle", c_uint8 * TORCH_HANDLE_CAPACITY),
+        ("storage_size", c_uint64),
+        ("storage_offset", c_uint64),
+        ("ref_name_len", c_uint32),
+        ("reserved0", c_uint32),
+        ("ref_name", c_uint8 * REF_NAME_CAPACITY),
+        ("ref_slot", c_uint64),
+        ("event_handle", c_uint8 * EVENT_HANDLE_SIZE),
+        ("event_sync_required", c_uint32),
+        ("reserved1", c_uint32),
+    ]
+
+
+# Layout guards: sizes from include/devshare.h (checked with sizeof/offsetof in C).
+for _struct, _size in ((HandleStruct, HANDLE_SIZE), (TorchArgs, 128), (TorchStorage, 304)):
+    if ctypes.sizeof(_struct) != _size:  # pragma: no cover - layout guard
+        raise ImportError(f"{_struct.__name__} mirror is {ctypes.sizeof(_struct)} bytes, not {_size}")
+del _struct, _size
 
 
 class Exporter(Structure):
@@ -249,6 +302,8 @@ _SIGNATURES = [
     ("devshare_import_to_dlpack_versioned", c_int32, [ImportP, POINTER(c_void_p)]),
     ("devshare_import_to_dlpack", c_int32, [ImportP, POINTER(c_void_p)]),
     ("devshare_probe", c_int32, [c_uint16, POINTER(BackendInfo)]),
+    ("devshare_handle_from_torch", c_int32, [POINTER(TorchArgs), POINTER(HandleStruct)]),
+    ("devshare_handle_to_torch", c_int32, [POINTER(HandleStruct), POINTER(TorchStorage)]),
 ]
 
 

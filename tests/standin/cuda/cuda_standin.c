@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cuda_standin.c - a STRICT, test-only stand-in for the CUDA driver API (libcuda.so.1).
  *
  * No GPU is involved: "device memory" is POSIX shared memory on the host, so devshare's cuda
@@ -197,13 +198,18 @@ static CUresult check(const char *fn, int need_ctx) {
     } while (0)
 
 /* A required out-pointer is NULL: CUDA_ERROR_INVALID_VALUE. */
-#define NEED(ptr)                                                          \
-    do {                                                                   \
-        if (!(ptr))                                                        \
-            return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: %s is NULL", __func__, #ptr)); \
+#define NEED(ptr)                                                                          \
+    do {                                                                                   \
+        if (!(ptr)) return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: " #ptr " is NULL", __func__)); \
     } while (0)
 
 /* ==== Helpers: shared memory, mappings, lookups ===================================== */
+
+/* Puts x at the front of the singly linked list `head`; removes x from it. */
+#define PUSH(head, x) ((x)->next = (head), (head) = (x))
+#define UNLINK(type, head, x)                                           \
+    for (type **pp_ = &(head); *pp_; pp_ = &(*pp_)->next)               \
+        if (*pp_ == (x)) { *pp_ = (x)->next; break; }
 
 static size_t page_round(size_t n) {
     size_t pg = (size_t)sysconf(_SC_PAGESIZE);
@@ -307,6 +313,27 @@ static void fill_random(unsigned char *p, size_t n) {
         for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(rand() ^ getpid() ^ (int)i);
 }
 
+/* Creates a shared object /cusi_<tag>_<pid>_<n> of `size` bytes with its header filled in and
+ * the handle `w` naming it; NULL if it cannot be created. */
+static void *shared_create(const char *tag, size_t size, const char *magic, const char *wmagic,
+                           struct wire *w) {
+    char name[40];
+    int fd = shm_create(name, sizeof name, tag, size);
+    if (fd < 0) return NULL;
+    struct shhdr *h = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (h == MAP_FAILED) {
+        shm_unlink(name);
+        return NULL;
+    }
+    memcpy(h->magic, magic, 8);
+    fill_random(h->rnd, sizeof h->rnd);
+    h->pid = (int32_t)getpid();
+    h->phys = t_cur->phys;
+    wire_make(w, wmagic, name, h);
+    return h;
+}
+
 /* A process counts as alive unless it is gone or a zombie. */
 static int pid_alive(int pid) {
     if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
@@ -360,32 +387,25 @@ static unsigned char *dev_range(const char *fn, const char *what, CUdeviceptr p,
 }
 
 /* Host range of a copy must be host memory: on a GPU a device address is not a host buffer. */
-static int host_range_ok(const char *fn, const void *h, size_t n) {
+static CUresult host_range(const char *fn, const void *h, size_t n) {
     uintptr_t a = (uintptr_t)h;
-    if (!h) {
-        viol(0, "%s: host pointer is NULL", fn);
-        return 0;
-    }
+    if (!h) return viol(CUDA_ERROR_INVALID_VALUE, "%s: host pointer is NULL", fn);
     for (struct region *r = g_regions; r; r = r->next)
-        if (a < r->base + r->maplen && r->base < a + n) {
-            viol(0, "%s: host pointer %p is device memory (use cuMemcpyDtoD)", fn, h);
-            return 0;
-        }
-    return 1;
+        if (a < r->base + r->maplen && r->base < a + n)
+            return viol(CUDA_ERROR_INVALID_VALUE, "%s: host pointer %p is device memory (use "
+                        "cuMemcpyDtoD)", fn, h);
+    return CUDA_SUCCESS;
 }
 
 /* Streams: NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD name the current context's default
  * stream; any other handle must be a live stream of this process. */
 static CUresult stream_check(const char *fn, CUstream s, CUcontext *ctx) {
-    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
-        *ctx = t_cur;
-        return CUDA_SUCCESS;
-    }
-    for (struct CUstream_st *x = g_streams; x; x = x->next)
-        if (x == s) {
-            *ctx = x->ctx;
-            return CUDA_SUCCESS;
-        }
+    CUcontext c = t_cur;
+    int ok = s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+    for (struct CUstream_st *x = g_streams; x && !ok; x = x->next)
+        if (x == s) ok = 1, c = x->ctx;
+    if (ctx) *ctx = c;
+    if (ok) return CUDA_SUCCESS;
     return viol(CUDA_ERROR_INVALID_HANDLE, "%s: unknown or destroyed stream %p", fn, (void *)s);
 }
 
@@ -616,27 +636,19 @@ static CUresult new_region(int pool, size_t size, CUdeviceptr *out) {
     r->kind = pool ? K_POOL : K_ALLOC;
     r->phys = t_cur->phys;
     r->ctx = t_cur;
-    r->next = g_regions;
-    g_regions = r;
+    PUSH(g_regions, r);
     *out = r->base;
     return CUDA_SUCCESS;
 }
 
-static void unlink_region(struct region *r) {
-    for (struct region **pp = &g_regions; *pp; pp = &(*pp)->next)
-        if (*pp == r) {
-            *pp = r->next;
-            return;
-        }
-}
+static void unlink_region(struct region *r) { UNLINK(struct region, g_regions, r); }
 
-/* Frees a local allocation (the driver frees even when others still have it open). */
-static void free_region(const char *fn, struct region *r) {
+/* Frees a local allocation, as the driver does even when other processes still have it open;
+ * returns how many opens were live. */
+static int release_region(struct region *r) {
+    int live = 0;
     if (r->meta) {
-        /* The exporter must not free while importers still map it (spec section 4: keep the
-         * memory alive until every consumer released it). */
-        int n = live_opens(r->meta);
-        if (n > 0) viol(0, "%s: cuMemFree while %d IPC opens are live", fn, n);
+        live = live_opens(r->meta);
         shm_unlink(r->handle.name);
         munmap(r->meta, sizeof *r->meta);
     }
@@ -644,6 +656,15 @@ static void free_region(const char *fn, struct region *r) {
     unmap_region(r);
     unlink_region(r);
     free(r);
+    return live;
+}
+
+/* The exporter must not free while importers still map it ("Calling cuMemFree on an exported
+ * memory region before calling cuIpcCloseMemHandle in the importing context will result in
+ * undefined behavior"; spec section 4: keep it alive until every consumer released it). */
+static void free_region(const char *fn, struct region *r) {
+    int n = release_region(r);
+    if (n > 0) viol(0, "%s: cuMemFree while %d IPC opens are live", fn, n);
 }
 
 /* The allocation whose base is p, or NULL after recording why p cannot be freed. */
@@ -679,8 +700,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
 /* Stream-ordered (pool) memory: ordinary data memory, but not legacy-IPC capable. */
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
     ENTER(1);
-    CUcontext sctx = NULL;
-    CUresult r = stream_check(__func__, hStream, &sctx);
+    CUresult r = stream_check(__func__, hStream, NULL);
     if (r) return done(r);
     NEED(dptr);
     if (bytesize == 0) return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: bytesize is 0", __func__));
@@ -689,8 +709,7 @@ CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
 
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
     ENTER(1);
-    CUcontext sctx = NULL;
-    CUresult rc = stream_check(__func__, hStream, &sctx);
+    CUresult rc = stream_check(__func__, hStream, NULL);
     if (rc) return done(rc);
     struct region *r = freeable(__func__, dptr);
     if (!r) return done(CUDA_ERROR_INVALID_VALUE);
@@ -739,7 +758,7 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdevi
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
     ENTER(1);
     if (ByteCount == 0) return done(CUDA_SUCCESS);
-    if (!host_range_ok(__func__, srcHost, ByteCount)) return done(CUDA_ERROR_INVALID_VALUE);
+    if (host_range(__func__, srcHost, ByteCount)) return done(CUDA_ERROR_INVALID_VALUE);
     unsigned char *d = dev_range(__func__, "destination", dstDevice, ByteCount);
     if (!d) return done(CUDA_ERROR_INVALID_VALUE);
     memcpy(d, srcHost, ByteCount);
@@ -749,7 +768,7 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t Byte
 CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
     ENTER(1);
     if (ByteCount == 0) return done(CUDA_SUCCESS);
-    if (!host_range_ok(__func__, dstHost, ByteCount)) return done(CUDA_ERROR_INVALID_VALUE);
+    if (host_range(__func__, dstHost, ByteCount)) return done(CUDA_ERROR_INVALID_VALUE);
     unsigned char *s = dev_range(__func__, "source", srcDevice, ByteCount);
     if (!s) return done(CUDA_ERROR_INVALID_VALUE);
     memcpy(dstHost, s, ByteCount);
@@ -797,24 +816,13 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
         return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: 0x%llx is inside an allocation; "
                          "cuIpcGetMemHandle needs the allocation base (cuMemGetAddressRange)",
                          __func__, dptr));
-    if (!r->meta) {
-        char name[40];
-        int fd = shm_create(name, sizeof name, "h", sizeof(struct meta));
-        if (fd < 0) return done(CUDA_ERROR_OUT_OF_MEMORY);
-        struct meta *m = mmap(NULL, sizeof *m, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        close(fd);
-        if (m == MAP_FAILED) {
-            shm_unlink(name);
-            return done(CUDA_ERROR_OUT_OF_MEMORY);
-        }
-        memcpy(m->h.magic, "CUSIMETA", 8);
-        fill_random(m->h.rnd, sizeof m->h.rnd);
-        m->h.pid = (int32_t)getpid();
+    if (!r->meta) { /* first export: create the meta object the handle names */
+        struct meta *m = shared_create("h", sizeof *m, "CUSIMETA", "CUSIMEMH", &r->handle);
+        if (!m) return done(CUDA_ERROR_OUT_OF_MEMORY);
         m->h.phys = r->phys;
         m->size = r->size;
         snprintf(m->data_name, sizeof m->data_name, "%s", r->name);
         r->meta = m;
-        wire_make(&r->handle, "CUSIMEMH", name, &m->h);
     }
     memcpy(pHandle->reserved, &r->handle, 64); /* same bytes every time, as the driver */
     /* Each call costs a driver round trip and tempts callers to open it twice: cache it. */
@@ -889,8 +897,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsign
     r->ctx = t_cur;
     r->meta = m;
     r->handle = w;
-    r->next = g_regions;
-    g_regions = r;
+    PUSH(g_regions, r);
     *pdptr = r->base;
     return done(CUDA_SUCCESS);
 fail:
@@ -934,18 +941,17 @@ CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
     struct CUstream_st *s = calloc(1, sizeof *s);
     if (!s) return done(CUDA_ERROR_OUT_OF_MEMORY);
     s->ctx = t_cur;
-    s->next = g_streams;
-    g_streams = s;
+    PUSH(g_streams, s);
     *phStream = s;
     return done(CUDA_SUCCESS);
 }
 
 CUresult cuStreamDestroy_v2(CUstream hStream) {
     ENTER(1);
-    for (struct CUstream_st **pp = &g_streams; *pp; pp = &(*pp)->next)
-        if (*pp == hStream) {
-            *pp = hStream->next;
-            free(hStream);
+    for (struct CUstream_st *x = g_streams; x; x = x->next)
+        if (x == hStream) {
+            UNLINK(struct CUstream_st, g_streams, x);
+            free(x);
             return done(CUDA_SUCCESS);
         }
     return done(viol(CUDA_ERROR_INVALID_HANDLE, "%s: unknown or destroyed stream %p (only "
@@ -954,8 +960,7 @@ CUresult cuStreamDestroy_v2(CUstream hStream) {
 
 CUresult cuStreamSynchronize(CUstream hStream) {
     ENTER(1);
-    CUcontext sctx = NULL;
-    return done(stream_check(__func__, hStream, &sctx));
+    return done(stream_check(__func__, hStream, NULL));
 }
 
 /* The waits counter is how a test sees that a consumer made its stream wait (spec section 5). */
@@ -968,8 +973,7 @@ static void note_wait(struct CUevent_st *e) {
 
 CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
     ENTER(1);
-    CUcontext sctx = NULL;
-    CUresult rc = stream_check(__func__, hStream, &sctx);
+    CUresult rc = stream_check(__func__, hStream, NULL);
     if (!rc) rc = event_check(__func__, hEvent);
     if (rc) return done(rc);
     if (Flags != 0) /* CU_EVENT_WAIT_DEFAULT; other flags are for graph capture */
@@ -993,28 +997,14 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
                          "CU_EVENT_DISABLE_TIMING", __func__));
     struct CUevent_st *e = calloc(1, sizeof *e);
     if (!e) return done(CUDA_ERROR_OUT_OF_MEMORY);
-    if (Flags & CU_EVENT_INTERPROCESS) {
-        char name[40];
-        int fd = shm_create(name, sizeof name, "e", sizeof(struct evshm));
-        if (fd >= 0) {
-            e->sh = mmap(NULL, sizeof *e->sh, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            close(fd);
-        }
-        if (fd < 0 || e->sh == MAP_FAILED) {
-            if (fd >= 0) shm_unlink(name);
-            free(e);
-            return done(CUDA_ERROR_OUT_OF_MEMORY);
-        }
-        memcpy(e->sh->h.magic, "CUSIEVSH", 8);
-        fill_random(e->sh->h.rnd, sizeof e->sh->h.rnd);
-        e->sh->h.pid = (int32_t)getpid();
-        e->sh->h.phys = t_cur->phys;
-        wire_make(&e->handle, "CUSIEVTH", name, &e->sh->h);
+    if ((Flags & CU_EVENT_INTERPROCESS) &&
+        !(e->sh = shared_create("e", sizeof *e->sh, "CUSIEVSH", "CUSIEVTH", &e->handle))) {
+        free(e);
+        return done(CUDA_ERROR_OUT_OF_MEMORY);
     }
     e->flags = Flags;
     e->ctx = t_cur;
-    e->next = g_events;
-    g_events = e;
+    PUSH(g_events, e);
     *phEvent = e;
     return done(CUDA_SUCCESS);
 }
@@ -1053,11 +1043,7 @@ static void free_event(struct CUevent_st *e) {
         if (!e->opened)
             shm_unlink(e->handle.name); /* the creator's destroy ends the shared object */
     }
-    for (struct CUevent_st **pp = &g_events; *pp; pp = &(*pp)->next)
-        if (*pp == e) {
-            *pp = e->next;
-            break;
-        }
+    UNLINK(struct CUevent_st, g_events, e);
     free(e);
 }
 
@@ -1110,8 +1096,7 @@ CUresult cuIpcOpenEventHandle(CUevent *phEvent, CUipcEventHandle handle) {
     e->sh = sh;
     e->handle = w;
     e->ctx = t_cur;
-    e->next = g_events;
-    g_events = e;
+    PUSH(g_events, e);
     *phEvent = e;
     return done(CUDA_SUCCESS);
 }
@@ -1189,22 +1174,12 @@ int cusi_handle_fetches(CUdeviceptr base) {
 
 /* ==== fork() and process exit ======================================================= */
 
+#define FREE_LIST(head) \
+    while (head) { void *x_ = head; head = head->next; free(x_); }
 static void drop_tables(void) {
-    while (g_regions) {
-        struct region *r = g_regions;
-        g_regions = r->next;
-        free(r);
-    }
-    while (g_streams) {
-        struct CUstream_st *s = g_streams;
-        g_streams = s->next;
-        free(s);
-    }
-    while (g_events) {
-        struct CUevent_st *e = g_events;
-        g_events = e->next;
-        free(e);
-    }
+    FREE_LIST(g_regions);
+    FREE_LIST(g_streams);
+    FREE_LIST(g_events);
 }
 
 static void atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
@@ -1235,15 +1210,7 @@ __attribute__((destructor)) static void cusi_fini(void) {
             maps++;
             close_mapping(r);
         } else {
-            if (r->meta) {
-                exported_live += live_opens(r->meta);
-                munmap(r->meta, sizeof *r->meta);
-                shm_unlink(r->handle.name);
-            }
-            if (r->kind == K_ALLOC) shm_unlink(r->name);
-            unmap_region(r);
-            unlink_region(r);
-            free(r);
+            exported_live += release_region(r);
         }
     }
     while (g_events) {

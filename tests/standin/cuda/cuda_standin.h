@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cuda_standin.h - declarations of the strict, test-only stand-in for the CUDA driver API
  * (libcuda.so.1) in cuda_standin.c. Types, codes and flags have the real driver's values and
  * x86-64 ABI, so a test program can include this instead of cuda.h.

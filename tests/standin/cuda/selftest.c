@@ -586,10 +586,11 @@ static void context_role(int in, int out) {
     pthread_join(t, NULL);
 
     /* un-suffixed memory symbols are the 32-bit ABI on a real driver */
-    CUresult (*legacy)(unsigned *, unsigned) = (CUresult(*)(unsigned *, unsigned))dlsym(RTLD_DEFAULT, "cuMemAlloc");
-    CUresult (*v2)(CUdeviceptr *, size_t) = (CUresult(*)(CUdeviceptr *, size_t))dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
+    typedef CUresult (*alloc_v1)(unsigned *, unsigned);
+    alloc_v1 legacy = (alloc_v1)dlsym(RTLD_DEFAULT, "cuMemAlloc");
+    void *v2 = dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
     unsigned small = 0;
-    CHECK(legacy && v2 && (void *)legacy != (void *)v2);
+    CHECK(legacy && v2 && (void *)legacy != v2);
     if (legacy) CU(CUDA_ERROR_NOT_SUPPORTED, legacy(&small, 64));
     CHECK(dlsym(RTLD_DEFAULT, "cuIpcOpenMemHandle") && dlsym(RTLD_DEFAULT, "cuEventDestroy_v2"));
 
@@ -648,8 +649,12 @@ static void exit_producer(int in, int out) {
         get_tok(g_pipes[i][1][0], 'o');
         if (i < 2) {
             char c;
-            CHECK(!get(g_pipes[i][1][0], &c, 1)); /* EOF: consumer i is gone */
-            CHECK(cusi_live_opens(h) == 0);       /* its open no longer counts */
+            CHECK(!get(g_pipes[i][1][0], &c, 1)); /* EOF: consumer i is exiting */
+            /* its open stops counting once it is gone; a killed process closes its pipes a
+             * moment before it becomes a zombie, so allow it a little time */
+            int n = 1;
+            for (int t = 0; t < 500 && (n = cusi_live_opens(h)) != 0; t++) usleep(10000);
+            CHECK(n == 0);
         } else {
             CHECK(cusi_live_opens(h) == 1);
         }
