@@ -617,6 +617,12 @@ int32_t devshare_import(const struct DevshareHandle *handle,
                         const struct DevshareImportOptions *options,
                         struct DevshareImport **out);
 
+// Return a handle's reference without importing it: for a consumer that received a handle it
+// will not use (validated first; decrements its ref-counter slot once). Refused with
+// `DEVSHARE_STATUS_BUSY` while an import in this process holds that reference (releasing the
+// import returns it), and with `DEVSHARE_STATUS_ALREADY_RELEASED` when it was already returned.
+int32_t devshare_handle_discard(const struct DevshareHandle *handle);
+
 // Pointers and sizes of an import.
 int32_t devshare_import_info(const struct DevshareImport *imp, struct DevshareImportInfo *out);
 
@@ -648,6 +654,13 @@ int32_t devshare_handle_from_torch(const struct DevshareTorchArgs *args,
 // part (shape, strides, offset, dtype) is in the handle itself.
 int32_t devshare_handle_to_torch(const struct DevshareHandle *handle,
                                  struct DevshareTorchStorage *out);
+
+// Return the reference a PyTorch tuple carries without importing it (args 11 and 12 are read,
+// nothing else): for a consumer that received a tuple it cannot or will not open — e.g. one
+// `devshare_handle_from_torch` refused — so the producer's allocator gets the block back.
+// A tuple with no ref-counter name has nothing to return. Refused with `DEVSHARE_STATUS_BUSY`
+// while an import in this process holds that reference.
+int32_t devshare_torch_discard(const struct DevshareTorchArgs *args);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -65,6 +65,37 @@ pub fn cached_allocations() -> usize {
     registry().allocs.len()
 }
 
+/// Return a reference without importing: decrement the ref-counter slot `slot` of `name` once
+/// (a consumer that received a handle or a PyTorch tuple and will not use it). Refused while an
+/// import in this process holds that reference: its release returns it.
+pub fn discard(name: &[u8], slot: u64) -> Result<()> {
+    if name.is_empty() {
+        return Ok(()); // no ref-counter: nothing to return
+    }
+    if name.len() > DEVSHARE_REF_NAME_CAPACITY || !crate::handle::is_shm_name(name) {
+        return Err(Error::InvalidArgument(format!(
+            "ref-counter name {:?} is not a shm name of at most {DEVSHARE_REF_NAME_CAPACITY} bytes",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    if slot >= crate::handle::DEVSHARE_REF_SLOTS {
+        return Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", crate::handle::DEVSHARE_REF_SLOTS)));
+    }
+    let mut t = Ticket { name_len: name.len() as u32, name: [0; DEVSHARE_REF_NAME_CAPACITY], slot };
+    t.name[..name.len()].copy_from_slice(name);
+    let reg = registry();
+    if reg.tickets.contains_key(&t) {
+        return Err(Error::Busy(
+            "an import in this process holds this reference; releasing that import returns it".into(),
+        ));
+    }
+    if !refcounter::check_outstanding(name, slot)? {
+        return Ok(()); // the producer is gone
+    }
+    refcounter::release_slot(name, slot);
+    Ok(())
+}
+
 /// One import of one handle. Release it with [`Import::release`] (dropping it releases too).
 pub struct Import {
     key: AllocKey,

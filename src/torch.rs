@@ -157,6 +157,11 @@ pub fn handle_from_torch(a: &TorchArgs<'_>) -> Result<DevshareHandle> {
     if a.device < 0 {
         return Err(Error::InvalidArgument(format!("device {} is negative", a.device)));
     }
+    if a.storage_size == 0 {
+        return Err(Error::InvalidArgument(
+            "the storage is 0 bytes: there is no memory to share (PyTorch sends no handle for empty storages)".into(),
+        ));
+    }
     if a.shape.len() > DEVSHARE_MAX_NDIM {
         return Err(Error::BadNdim(format!(
             "{} dimensions is above the maximum {DEVSHARE_MAX_NDIM}",
@@ -214,6 +219,13 @@ pub fn handle_from_torch(a: &TorchArgs<'_>) -> Result<DevshareHandle> {
 /// `_new_shared_npu` (version-1 'c' handle) accepts for a device handle.
 pub fn handle_to_torch(h: &DevshareHandle) -> Result<TorchStorage> {
     validate(h)?;
+    if h.storage_size == 0 {
+        return Err(Error::InvalidArgument(
+            "the storage is 0 bytes: a PyTorch consumer builds an empty storage from that and never \
+             returns the reference; share a storage of at least one byte"
+                .into(),
+        ));
+    }
     let handle = match h.backend {
         DEVSHARE_BACKEND_CUDA => h.key_bytes().to_vec(),
         DEVSHARE_BACKEND_ACL => {

@@ -178,6 +178,25 @@ fn tensor_outside_its_storage_and_bad_ref_names_are_refused() {
 }
 
 #[test]
+fn zero_byte_storages_are_refused_both_ways_because_pytorch_never_returns_their_reference() {
+    let raw = [1u8; 64];
+    let mut a = args(DEVSHARE_BACKEND_CUDA, &raw);
+    a.storage_size = 0;
+    a.shape = &[0];
+    a.tensor_offset = 0;
+    let (s, m) = status_of(&a);
+    assert_eq!(s, Status::InvalidArgument);
+    assert!(m.contains("0 bytes"), "{m}");
+    let mut h = handle_from_torch(&args(DEVSHARE_BACKEND_CUDA, &raw)).unwrap();
+    h.storage_size = 0;
+    h.shape[..2].copy_from_slice(&[0, 0]);
+    h.tensor_offset = 0;
+    let e = handle_to_torch(&h).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.to_string().contains("never"), "{e}");
+}
+
+#[test]
 fn handles_go_back_to_the_tuple_a_stock_consumer_accepts() {
     let raw: Vec<u8> = (100..164).collect();
     let ev = [3u8; 64];

@@ -304,6 +304,8 @@ _SIGNATURES = [
     ("devshare_probe", c_int32, [c_uint16, POINTER(BackendInfo)]),
     ("devshare_handle_from_torch", c_int32, [POINTER(TorchArgs), POINTER(HandleStruct)]),
     ("devshare_handle_to_torch", c_int32, [POINTER(HandleStruct), POINTER(TorchStorage)]),
+    ("devshare_torch_discard", c_int32, [POINTER(TorchArgs)]),
+    ("devshare_handle_discard", c_int32, [POINTER(HandleStruct)]),
 ]
 
 

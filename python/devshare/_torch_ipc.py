@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import operator
 import os
+import ctypes
 from ctypes import POINTER, byref, c_int64, c_uint8, cast, sizeof
 
 from . import _dtypes
@@ -251,20 +252,18 @@ def _rebuild_function(backend: int):
 
 
 def _release(args: tuple, backend: int) -> None:
-    """Return a tuple's reference (decrement its ref-counter slot) the way PyTorch's consumers do
-    when they already hold the storage. Best effort, like PyTorch: a producer that is gone or a
-    missing ref-counter object is ignored."""
+    """Return a tuple's reference (decrement its ref-counter slot once) with
+    ``devshare_torch_discard``, without opening the storage: what PyTorch's consumers do for a
+    storage they already hold. Best effort: a producer that is gone, or a malformed name, is
+    ignored (the caller's error matters more)."""
+    del backend  # the ref-counter protocol is the same for cuda and npu
     name, slot = args[11], args[12]
-    if not name:
+    if not isinstance(name, (bytes, bytearray)) or not name or not isinstance(slot, int) or slot < 0:
         return
-    storage_cls = args[4]
-    try:
-        if backend == BACKEND_ACL:
-            storage_cls._release_ipc_counter_npu(name, slot, device=args[6])
-        else:
-            storage_cls._release_ipc_counter(name, slot, device=args[6])
-    except Exception:  # noqa: BLE001 - the caller's error matters more
-        pass
+    buf = ctypes.create_string_buffer(bytes(name), len(name))
+    targs = TorchArgs(struct_size=sizeof(TorchArgs), ref_name=cast(buf, POINTER(c_uint8)),
+                      ref_name_len=len(name), ref_slot=slot)
+    lib.devshare_torch_discard(byref(targs))
 
 
 # --- share / open -----------------------------------------------------------------------------------
@@ -313,9 +312,4 @@ def open(h: Handle, like: str = "torch", read_only: bool = False):  # noqa: A001
     backend = h.backend_id
     rebuild = _rebuild_function(backend)
     args = torch_args(h)
-    t = rebuild(*args)
-    if args[8] == 0:
-        # For an empty storage PyTorch's consumers never touch the ref-counter: return the
-        # reference here so the producer is not left waiting.
-        _release(args, backend)
-    return t
+    return rebuild(*args)

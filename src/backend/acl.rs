@@ -187,10 +187,17 @@ impl Drop for DeviceGuard<'_> {
     }
 }
 
-static API: OnceLock<Result<Api>> = OnceLock::new();
+static API: OnceLock<Api> = OnceLock::new();
 
+/// The loaded runtime. Only success is kept: a failed load is tried again next time (the
+/// library may have been installed or `DEVSHARE_*_LIBRARY` set meanwhile), and leaves nothing
+/// allocated. Two threads loading at once both succeed; one result is kept.
 fn api() -> Result<&'static Api> {
-    API.get_or_init(Api::load).as_ref().map_err(Clone::clone)
+    if let Some(api) = API.get() {
+        return Ok(api);
+    }
+    let api = Api::load()?;
+    Ok(API.get_or_init(|| api))
 }
 
 /// The NUL-terminated key with zeros after the NUL (the form handles carry).

@@ -152,6 +152,25 @@ pub unsafe extern "C" fn devshare_import(
     })
 }
 
+/// Return a handle's reference without importing it: for a consumer that received a handle it
+/// will not use (validated first; decrements its ref-counter slot once). Refused with
+/// `DEVSHARE_STATUS_BUSY` while an import in this process holds that reference (releasing the
+/// import returns it), and with `DEVSHARE_STATUS_ALREADY_RELEASED` when it was already returned.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_handle_discard(handle: *const DevshareHandle) -> i32 {
+    boundary("devshare_handle_discard", || {
+        let h = unsafe { arg(handle, "handle") }?;
+        crate::handle::validate(h)?;
+        if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT != 0 {
+            // The in-flight count in the object's header is owed too: an import takes it over
+            // and its release returns both.
+            import(h, ImportRequest::default())?.release();
+            return Ok(());
+        }
+        crate::import::discard(h.ref_name_bytes(), h.ref_slot)
+    })
+}
+
 /// Pointers and sizes of an import.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_import_info(imp: *const DevshareImport, out: *mut DevshareImportInfo) -> i32 {

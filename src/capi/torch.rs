@@ -163,3 +163,23 @@ pub unsafe extern "C" fn devshare_handle_to_torch(handle: *const DevshareHandle,
         Ok(())
     })
 }
+
+/// Return the reference a PyTorch tuple carries without importing it (args 11 and 12 are read,
+/// nothing else): for a consumer that received a tuple it cannot or will not open — e.g. one
+/// `devshare_handle_from_torch` refused — so the producer's allocator gets the block back.
+/// A tuple with no ref-counter name has nothing to return. Refused with `DEVSHARE_STATUS_BUSY`
+/// while an import in this process holds that reference.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_torch_discard(args: *const DevshareTorchArgs) -> i32 {
+    boundary("devshare_torch_discard", || {
+        let a = unsafe { arg(args, "args") }?;
+        if a.struct_size as usize != std::mem::size_of::<DevshareTorchArgs>() {
+            return Err(Error::InvalidArgument(format!(
+                "args.struct_size {} is not sizeof(DevshareTorchArgs)",
+                a.struct_size
+            )));
+        }
+        let name = unsafe { arg_slice(a.ref_name, a.ref_name_len, "args.ref_name") }?;
+        crate::import::discard(name, a.ref_slot)
+    })
+}

@@ -942,6 +942,57 @@ static void test_imports(void) {
     EXPECT_OK(devshare_exporter_close(exp, 0), "devshare_exporter_close");
 }
 
+/* Returning references without importing: handles and PyTorch tuples. */
+static void test_discard(void) {
+    EXPECT(devshare_handle_discard(NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_handle_discard", "handle NULL");
+    EXPECT(devshare_torch_discard(NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_torch_discard", "args NULL");
+    DevshareExporter *exp = NULL;
+    require(devshare_host_alloc(ALLOC, &exp, NULL), "devshare_host_alloc");
+    DevshareTensorDesc d = float_desc();
+    DevshareHandle h, held;
+    require(devshare_exporter_share(exp, &d, &h), "share");
+    require(devshare_exporter_share(exp, &d, &held), "share");
+    uint64_t n = 0;
+    EXPECT_OK(devshare_handle_discard(&h), "devshare_handle_discard of an unused handle");
+    require(devshare_exporter_outstanding(exp, &n), "outstanding");
+    CHECK(n == 1, "devshare_handle_discard returned exactly that handle's reference (%" PRIu64 " left)", n);
+    EXPECT(devshare_handle_discard(&h), DEVSHARE_STATUS_ALREADY_RELEASED, "devshare_handle_discard",
+           "the same handle again");
+    DevshareImport *imp = NULL;
+    require(devshare_import(&held, NULL, &imp), "import");
+    EXPECT(devshare_handle_discard(&held), DEVSHARE_STATUS_BUSY, "devshare_handle_discard",
+           "a handle an import in this process holds");
+    require(devshare_import_release(imp), "release");
+    require(devshare_exporter_outstanding(exp, &n), "outstanding");
+    CHECK(n == 0, "the refused discard left the reference to the release (%" PRIu64 " left)", n);
+
+    /* The same through a PyTorch tuple's ref-counter fields. */
+    DevshareHandle t;
+    require(devshare_exporter_share(exp, &d, &t), "share");
+    DevshareTorchArgs a;
+    memset(&a, 0, sizeof a);
+    EXPECT(devshare_torch_discard(&a), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_torch_discard", "struct_size 0");
+    a.struct_size = sizeof a;
+    a.ref_name = t.ref_name;
+    a.ref_name_len = 3;
+    a.ref_slot = t.ref_slot;
+    const uint8_t bad_name[] = "no/slash";
+    a.ref_name = bad_name;
+    EXPECT(devshare_torch_discard(&a), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_torch_discard",
+           "a ref-counter name that is not a shm name");
+    a.ref_name = t.ref_name;
+    a.ref_name_len = t.ref_name_len;
+    a.ref_slot = DEVSHARE_REF_SLOTS;
+    EXPECT(devshare_torch_discard(&a), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_torch_discard", "slot 10000");
+    a.ref_slot = t.ref_slot;
+    EXPECT_OK(devshare_torch_discard(&a), "devshare_torch_discard of a tuple's reference");
+    require(devshare_exporter_outstanding(exp, &n), "outstanding");
+    CHECK(n == 0, "devshare_torch_discard returned the tuple's reference (%" PRIu64 " left)", n);
+    a.ref_name_len = 0;
+    EXPECT_OK(devshare_torch_discard(&a), "devshare_torch_discard of a tuple without a ref-counter (nothing to do)");
+    require(devshare_exporter_close(exp, 0), "close");
+}
+
 static void test_not_found(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
@@ -1047,6 +1098,7 @@ int main(void) {
     test_probe();
     test_imports();
     test_dlpack();
+    test_discard();
     test_not_found();
     const int left = count_own_shm();
     CHECK(left == 0, "no /dev/shm object of this process (devshare_%ld_*, devshare_rc_%ld_*) is left", (long)getpid(),

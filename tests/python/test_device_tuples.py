@@ -54,16 +54,35 @@ def status_error(args, backend="cuda") -> devshare.Error:
     return info.value
 
 
-class ReleaseRecorder:
-    """Stands in for PyTorch's ref-counter release (``TypedStorage._release_ipc_counter``, which
-    decrements a slot of the producer's shm object; it raises in CPU-only PyTorch builds)."""
+class RefCounterObject:
+    """A real ref-counter object in PyTorch's layout (/dev/shm, a 64-byte header whose int32
+    mapping count is 1 for its producer, then 10000 int64 slots) with one slot set to 1, as
+    reduce_tensor leaves it; ``slot_value()`` reads the slot back."""
 
-    def __init__(self, monkeypatch, method="_release_ipc_counter"):
-        self.calls = []
-        monkeypatch.setattr(STORAGE_CLS, method, classmethod(self.release), raising=False)
+    def __init__(self, slot):
+        self.slot = slot
+        self.name = f"/torch_{os.getpid()}_devshare_test_{os.urandom(4).hex()}".encode()
+        self.path = "/dev/shm/" + self.name[1:].decode()
+        buf = bytearray(64 + 8 * 10000)
+        buf[0:4] = (1).to_bytes(4, "little")
+        buf[64 + 8 * slot:72 + 8 * slot] = (1).to_bytes(8, "little")
+        with open(self.path, "wb") as f:
+            f.write(buf)
 
-    def release(self, cls, name, slot, device=None):
-        self.calls.append((cls, name, slot, device))
+    def slot_value(self) -> int:
+        with open(self.path, "rb") as f:
+            f.seek(64 + 8 * self.slot)
+            return int.from_bytes(f.read(8), "little", signed=True)
+
+    def remove(self):
+        os.unlink(self.path)
+
+
+@pytest.fixture
+def ref_counter():
+    rc = RefCounterObject(slot=5)
+    yield rc
+    rc.remove()
 
 
 # --- tuple -> handle: PyTorch (cuda) ----------------------------------------------------------------
@@ -320,23 +339,16 @@ def test_open_of_a_device_handle_refuses_numpy_and_read_only(monkeypatch):
     assert rebuild.calls == []
 
 
-def test_open_of_an_empty_cuda_storage_returns_its_reference_itself(monkeypatch):
-    # PyTorch's consumers never touch the ref-counter for a 0-byte storage.
-    released = ReleaseRecorder(monkeypatch)
-    rebuild = Recorder()
-    monkeypatch.setattr(reductions, "rebuild_cuda_tensor", rebuild)
-    h = devshare.handle_from_torch(
-        cuda_args(shape=torch.Size([0]), stride=(1,), offset=0, size=0, slot=3))
-    devshare.open(h)
-    assert len(rebuild.calls) == 1
-    assert released.calls == [(STORAGE_CLS, REF_NAME, 3, 1)]
+def test_a_zero_byte_cuda_storage_is_refused_because_pytorch_would_never_return_its_reference():
+    # PyTorch's consumers build an empty storage for 0 bytes and never touch the ref-counter.
+    err = status_error(cuda_args(shape=torch.Size([0]), stride=(1,), offset=0, size=0, slot=3))
+    assert err.status_name == "DEVSHARE_STATUS_INVALID_ARGUMENT" and "0 bytes" in str(err)
 
 
-def test_open_of_a_cuda_handle_leaves_the_release_to_pytorchs_consumer(monkeypatch):
-    released = ReleaseRecorder(monkeypatch)
+def test_open_of_a_cuda_handle_leaves_the_release_to_pytorchs_consumer(monkeypatch, ref_counter):
     monkeypatch.setattr(reductions, "rebuild_cuda_tensor", Recorder())
-    devshare.open(devshare.handle_from_torch(cuda_args()))
-    assert released.calls == []
+    devshare.open(devshare.handle_from_torch(cuda_args(ref=ref_counter.name, slot=ref_counter.slot)))
+    assert ref_counter.slot_value() == 1
 
 
 def fake_torch_npu(monkeypatch, rebuild=None) -> types.ModuleType:
@@ -434,23 +446,24 @@ def test_share_of_a_cuda_tensor_that_requires_grad_shares_its_detached_data(monk
     assert fake.seen[0].requires_grad is False
 
 
-def test_share_of_a_cuda_tensor_with_an_unusable_handle_returns_the_reference_and_raises(monkeypatch):
-    released = ReleaseRecorder(monkeypatch)
+def test_share_of_a_cuda_tensor_with_an_unusable_handle_returns_the_reference_and_raises(monkeypatch, ref_counter):
     e_handle = bytes([2]) + b"e" + bytes(28)
-    monkeypatch.setattr(reductions, "reduce_tensor", FakeReduce(handle=e_handle, slot=5))
+    monkeypatch.setattr(reductions, "reduce_tensor",
+                        FakeReduce(handle=e_handle, ref=ref_counter.name, slot=ref_counter.slot))
     with pytest.raises(devshare.Error, match="PYTORCH_CUDA_ALLOC_CONF"):
         devshare.share(on_device(torch.zeros(4), "cuda"))
-    # reduce_tensor set slot 5 to 1; without the decrement the block would stay in limbo.
-    assert released.calls == [(STORAGE_CLS, REF_NAME, 5, 0)]
+    # reduce_tensor set the slot to 1; without the decrement the block would stay in limbo.
+    assert ref_counter.slot_value() == 0
 
 
-def test_share_of_an_npu_tensor_with_an_unusable_handle_returns_the_reference_the_torch_npu_way(monkeypatch):
+def test_share_of_an_npu_tensor_with_an_unusable_handle_returns_the_reference(monkeypatch, ref_counter):
     fake_torch_npu(monkeypatch)
-    released = ReleaseRecorder(monkeypatch, "_release_ipc_counter_npu")
-    monkeypatch.setattr(reductions, "reduce_tensor", FakeReduce(handle=bytes([2]) + b"c" + acl_buffer()))
+    monkeypatch.setattr(reductions, "reduce_tensor",
+                        FakeReduce(handle=bytes([2]) + b"c" + acl_buffer(), ref=ref_counter.name,
+                                   slot=ref_counter.slot))
     with pytest.raises(devshare.Error, match="version 2"):
         devshare.share(on_device(torch.zeros(4), "npu"))
-    assert released.calls == [(STORAGE_CLS, REF_NAME, 7, 0)]
+    assert ref_counter.slot_value() == 0
 
 
 def test_share_of_a_cuda_tensor_with_an_empty_storage_raises_value_error(monkeypatch):

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Build devshare here (cargo build --release) and assemble build/gpu-bundle/ for the real-GPU test
+# suite (tests/gpu): libdevshare.so, its soname libdevshare.so.0 (a copy, not a link, so that the
+# bundle survives any copy), and the C helper gpu_tool (built against include/devshare.h, linked
+# to the bundle's libdevshare.so with rpath $ORIGIN). Nothing else goes in. The GPU machine needs
+# no Rust: copy the bundle (and the checkout, for tests/gpu and python/) and run
+#     bash tests/gpu/run.sh build/gpu-bundle
+# Usage: bash scripts/gpu_bundle.sh [out-dir]     (default build/gpu-bundle)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+out=${1:-build/gpu-bundle}
+CC=${CC:-gcc}
+
+command -v cargo >/dev/null 2>&1 || { echo "gpu_bundle: cargo (Rust) is required to build the library" >&2; exit 1; }
+command -v "$CC" >/dev/null 2>&1 || { echo "gpu_bundle: C compiler '$CC' not found" >&2; exit 1; }
+
+echo "== cargo build --release"
+cargo build --release
+
+target_dir=${CARGO_TARGET_DIR:-$root/target}
+lib="$target_dir/release/libdevshare.so"
+[[ -f "$lib" ]] || { echo "gpu_bundle: $lib was not built" >&2; exit 1; }
+
+rm -rf "$out"
+mkdir -p "$out"
+cp -L "$lib" "$out/libdevshare.so"
+soname=$(readelf -d "$out/libdevshare.so" 2>/dev/null | sed -n 's/.*Library soname: \[\(.*\)\].*/\1/p')
+soname=${soname:-libdevshare.so.0}
+if [[ "$soname" != libdevshare.so ]]; then
+    cp "$out/libdevshare.so" "$out/$soname"
+fi
+
+echo "== $CC tests/gpu/gpu_tool.c"
+"$CC" -std=c11 -O2 -g -Wall -Wextra -Werror -Iinclude -o "$out/gpu_tool" tests/gpu/gpu_tool.c \
+    -L"$out" -ldevshare -ldl -Wl,-rpath,'$ORIGIN'
+
+# The bundle must be usable on its own: gpu_tool finds libdevshare through $ORIGIN.
+"$out/gpu_tool" layout >/dev/null
+
+glibc=$( { objdump -T "$out/libdevshare.so" "$out/gpu_tool" 2>/dev/null || true; } \
+    | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n1)
+echo "== $out:"
+ls -l "$out"
+echo "   newest glibc symbol version needed: ${glibc:-unknown} (the GPU machine's glibc must be at least that)"
+echo "   next: copy $out and the checkout to the GPU machine, then: bash tests/gpu/run.sh $out"

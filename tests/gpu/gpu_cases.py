@@ -1,0 +1,1289 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""devshare's real-GPU test suite (driven by tests/gpu/run.sh; see tests/gpu/README.md).
+
+Needs python3 with PyTorch built with CUDA and a visible NVIDIA GPU, and a bundle made by
+scripts/gpu_bundle.sh (libdevshare.so + gpu_tool). The library is called directly through
+ctypes and through the C helper gpu_tool, so the suite does not depend on the Python package;
+one case (g_package_api) uses the package's CUDA API when it is there.
+
+Every case runs in its own child process (a fresh CUDA context, a hard timeout, a crash that
+cannot take the run down) and reports on stdout:
+
+    INFO <text>                       figures and details, shown indented under the case
+    RESULT <PASS|FAIL|SKIP> <text>    the verdict (a child that dies without one FAILs)
+
+The parent prints ``PASS <case>`` / ``FAIL <case>: why`` / ``SKIP <case>: why`` per case and
+``SUMMARY: N passed, M failed, K skipped``; it exits 1 on any FAIL.
+
+    gpu_cases.py --bundle DIR [--only a_torch_to_c,e2_handoff] [--list] [--dry-run]
+
+``--dry-run`` needs no GPU and no torch: it checks the bundle, compares this file's ctypes
+mirrors of the C structs with gpu_tool's sizeof/offsetof, and round-trips synthetic PyTorch
+tuples through devshare_handle_from_torch / to_text / gpu_tool describe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import pathlib
+import queue
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from ctypes import (
+    POINTER,
+    Structure,
+    byref,
+    c_char,
+    c_char_p,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint8,
+    c_uint16,
+    c_uint32,
+    c_uint64,
+    cast,
+    sizeof,
+)
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+
+#: The whole run must stay under 8 minutes (run.sh adds a hard stop at 470 s).
+RUN_BUDGET_S = 440.0
+PREFLIGHT_TIMEOUT_S = 120.0
+
+# --- The C ABI (include/devshare.h), mirrored for ctypes ------------------------------------------
+
+BACKEND_CUDA = 3
+STATUS_OK = 0
+STATUS_UNSUPPORTED = -31
+STATUS_UNSUPPORTED_VERSION = -12
+HANDLE_FLAG_EVENT = 1
+HANDLE_MAX_TEXT_SIZE = 669
+REF_COUNTER_HEADER = 64  # PyTorch's RefcountedMapAllocator header; slot k is at 64 + 8k
+#: PyTorch's allocator settings, cleared in every case child unless the case sets them.
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+class DType(Structure):
+    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
+
+
+class TorchArgs(Structure):
+    """DevshareTorchArgs."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("backend", c_uint16),
+        ("reserved0", c_uint16),
+        ("dtype", DType),
+        ("ndim", c_uint32),
+        ("shape", POINTER(c_int64)),
+        ("strides", POINTER(c_int64)),
+        ("tensor_offset", c_int64),
+        ("device", c_int32),
+        ("producer_pid", c_int32),
+        ("handle", POINTER(c_uint8)),
+        ("handle_len", c_size_t),
+        ("storage_size", c_uint64),
+        ("storage_offset", c_uint64),
+        ("ref_name", POINTER(c_uint8)),
+        ("ref_name_len", c_size_t),
+        ("ref_slot", c_uint64),
+        ("event_handle", POINTER(c_uint8)),
+        ("event_handle_len", c_size_t),
+        ("event_sync_required", c_uint32),
+        ("reserved1", c_uint32),
+    ]
+
+
+class Handle(Structure):
+    """DevshareHandle (616 bytes)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("layout_version", c_uint16),
+        ("backend", c_uint16),
+        ("flags", c_uint32),
+        ("device_index", c_int32),
+        ("device_uuid", c_uint8 * 16),
+        ("host_id", c_uint8 * 16),
+        ("producer_pid", c_int32),
+        ("ndim", c_uint32),
+        ("alloc_size", c_uint64),
+        ("storage_offset", c_uint64),
+        ("storage_size", c_uint64),
+        ("tensor_offset", c_int64),
+        ("dtype", DType),
+        ("key_len", c_uint32),
+        ("shape", c_int64 * 8),
+        ("strides", c_int64 * 8),
+        ("key", c_uint8 * 128),
+        ("ref_slot", c_uint64),
+        ("ref_name_len", c_uint32),
+        ("reserved0", c_uint32),
+        ("ref_name", c_uint8 * 64),
+        ("event_handle", c_uint8 * 64),
+        ("reserved", c_uint8 * 120),
+    ]
+
+
+class BackendInfo(Structure):
+    _fields_ = [
+        ("backend", c_uint16),
+        ("usable", c_uint16),
+        ("reserved", c_uint32),
+        ("name", c_char * 16),
+        ("detail", c_char * 512),
+    ]
+
+
+class Lib:
+    """The few devshare functions this suite calls directly."""
+
+    def __init__(self, path: str):
+        self.path = path
+        d = ctypes.CDLL(path)
+        d.devshare_version.restype = c_uint32
+        d.devshare_version.argtypes = []
+        d.devshare_status_str.restype = c_char_p
+        d.devshare_status_str.argtypes = [c_int32]
+        d.devshare_last_error.restype = c_size_t
+        d.devshare_last_error.argtypes = [c_char_p, c_size_t]
+        d.devshare_probe.restype = c_int32
+        d.devshare_probe.argtypes = [c_uint16, POINTER(BackendInfo)]
+        d.devshare_handle_from_torch.restype = c_int32
+        d.devshare_handle_from_torch.argtypes = [POINTER(TorchArgs), POINTER(Handle)]
+        d.devshare_handle_to_text.restype = c_int32
+        d.devshare_handle_to_text.argtypes = [POINTER(Handle), c_char_p, c_size_t, POINTER(c_size_t)]
+        d.devshare_handle_from_text.restype = c_int32
+        d.devshare_handle_from_text.argtypes = [c_char_p, POINTER(Handle)]
+        self.d = d
+
+    def version(self) -> str:
+        v = int(self.d.devshare_version())
+        return f"{v >> 16}.{(v >> 8) & 0xFF}.{v & 0xFF}"
+
+    def last_error(self) -> str:
+        buf = ctypes.create_string_buffer(2048)
+        self.d.devshare_last_error(buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def status_name(self, st: int) -> str:
+        s = self.d.devshare_status_str(st)
+        return s.decode() if s else str(st)
+
+    def probe_cuda(self) -> tuple[bool, str]:
+        info = BackendInfo()
+        st = self.d.devshare_probe(BACKEND_CUDA, byref(info))
+        if st != STATUS_OK:
+            return False, f"devshare_probe failed: {self.status_name(st)}: {self.last_error()}"
+        return bool(info.usable), info.detail.decode("utf-8", "replace")
+
+    @staticmethod
+    def _torch_args(*, shape, strides, tensor_offset, dtype, device, handle: bytes,
+                    storage_size, storage_offset, ref_name: bytes, ref_slot,
+                    event_handle: bytes, event_sync, producer_pid=0):
+        """(DevshareTorchArgs, buffers to keep alive while it is used)."""
+        ndim = len(shape)
+        shape_arr = (c_int64 * max(ndim, 1))(*shape)
+        strides_arr = (c_int64 * max(ndim, 1))(*strides)
+        keep = [shape_arr, strides_arr]
+
+        def buf(b: bytes):
+            arr = (c_uint8 * max(len(b), 1)).from_buffer_copy(b.ljust(1, b"\0"))
+            keep.append(arr)
+            return cast(arr, POINTER(c_uint8)), len(b)
+
+        hp, hl = buf(handle)
+        rp, rl = buf(ref_name)
+        ep, el = buf(event_handle)
+        a = TorchArgs(
+            struct_size=sizeof(TorchArgs), backend=BACKEND_CUDA, dtype=DType(*dtype), ndim=ndim,
+            shape=cast(shape_arr, POINTER(c_int64)), strides=cast(strides_arr, POINTER(c_int64)),
+            tensor_offset=tensor_offset, device=device, producer_pid=producer_pid,
+            handle=hp, handle_len=hl, storage_size=storage_size, storage_offset=storage_offset,
+            ref_name=rp, ref_name_len=rl, ref_slot=ref_slot, event_handle=ep,
+            event_handle_len=el, event_sync_required=1 if event_sync else 0)
+        return a, keep
+
+    def from_torch_fields(self, **fields):
+        """(status, Handle, message) from the fields of a reduce_tensor tuple."""
+        a, keep = self._torch_args(**fields)
+        h = Handle()
+        st = self.d.devshare_handle_from_torch(byref(a), byref(h))
+        msg = self.last_error() if st != STATUS_OK else ""
+        del keep
+        return st, h, msg
+
+    def torch_discard(self, **fields):
+        """devshare_torch_discard (return a tuple's reference unopened): (status, message), or
+        None when this library does not have it."""
+        fn = getattr(self.d, "devshare_torch_discard", None)
+        if fn is None:
+            return None
+        fn.restype = c_int32
+        fn.argtypes = [POINTER(TorchArgs)]
+        a, keep = self._torch_args(**fields)
+        st = fn(byref(a))
+        msg = self.last_error() if st != STATUS_OK else ""
+        del keep
+        return st, msg
+
+    def to_text(self, h: Handle) -> str:
+        buf = ctypes.create_string_buffer(HANDLE_MAX_TEXT_SIZE)
+        n = c_size_t()
+        st = self.d.devshare_handle_to_text(byref(h), buf, len(buf), byref(n))
+        if st != STATUS_OK:
+            raise CaseFail(f"devshare_handle_to_text: {self.status_name(st)}: {self.last_error()}")
+        return buf.raw[: n.value].decode("ascii")
+
+
+def torch_dtype_to_dlpack(torch, dt) -> tuple[int, int, int]:
+    table = {
+        torch.float32: (2, 32, 1), torch.float64: (2, 64, 1), torch.float16: (2, 16, 1),
+        torch.bfloat16: (4, 16, 1), torch.int8: (0, 8, 1), torch.int16: (0, 16, 1),
+        torch.int32: (0, 32, 1), torch.int64: (0, 64, 1), torch.uint8: (1, 8, 1),
+        torch.bool: (6, 8, 1),
+    }
+    if dt not in table:
+        raise CaseFail(f"dtype {dt} is not mapped in this suite")
+    return table[dt]
+
+
+# --- Verdicts ----------------------------------------------------------------------------------
+
+
+class CaseFail(Exception):
+    pass
+
+
+class CaseSkip(Exception):
+    pass
+
+
+def info(msg: str) -> None:
+    for line in str(msg).splitlines() or [""]:
+        print(f"INFO {line}", flush=True)
+
+
+def check(cond, why: str) -> None:
+    if not cond:
+        raise CaseFail(why)
+
+
+# --- Context shared by the cases (inside a case child) ------------------------------------------
+
+
+class Ctx:
+    def __init__(self, bundle: pathlib.Path):
+        self.bundle = bundle
+        self.tool = str(bundle / "gpu_tool")
+        self.lib = Lib(os.environ.get("DEVSHARE_LIBRARY") or str(bundle / "libdevshare.so"))
+        self._torch = None
+
+    # torch, imported on first use (the C-only cases do not need it)
+    @property
+    def torch(self):
+        if self._torch is None:
+            import torch  # noqa: PLC0415
+
+            if not torch.cuda.is_available():
+                raise CaseFail("torch.cuda.is_available() is False")
+            torch.cuda.init()
+            self._torch = torch
+        return self._torch
+
+    @property
+    def reductions(self):
+        self.torch  # noqa: B018 - import and check
+        import torch.multiprocessing.reductions as r  # noqa: PLC0415
+
+        return r
+
+    def torch_fields(self, args) -> dict:
+        """The DevshareTorchArgs fields of the 15 args of reduce_tensor."""
+        torch = self.torch
+        check(len(args) == 15, f"reduce_tensor gave {len(args)} args, not 15")
+        return dict(
+            shape=list(args[1]), strides=list(args[2]), tensor_offset=int(args[3]),
+            dtype=torch_dtype_to_dlpack(torch, args[5]), device=int(args[6]),
+            handle=bytes(args[7] or b""), storage_size=int(args[8]),
+            storage_offset=int(args[9]), ref_name=bytes(args[11] or b""),
+            ref_slot=int(args[12] or 0), event_handle=bytes(args[13] or b""),
+            event_sync=bool(args[14]))
+
+    def args_to_handle(self, args, expect_ok=True):
+        """devshare_handle_from_torch on the 15 args of reduce_tensor: (status, Handle, msg)."""
+        st, h, msg = self.lib.from_torch_fields(**self.torch_fields(args))
+        if expect_ok and st != STATUS_OK:
+            raise CaseFail(f"devshare_handle_from_torch: {self.lib.status_name(st)} ({st}): {msg}")
+        return st, h, msg
+
+    def args_to_text(self, args) -> str:
+        return self.lib.to_text(self.args_to_handle(args)[1])
+
+    def run_tool(self, argv, timeout, input_text=None) -> subprocess.CompletedProcess:
+        cmd = [self.tool] + [str(a) for a in argv]
+        try:
+            r = subprocess.run(cmd, input=input_text, capture_output=True, text=True,
+                               timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise CaseFail(f"gpu_tool {argv[0]} timed out after {timeout} s") from None
+        if r.stderr.strip():
+            sys.stderr.write(f"[gpu_tool {argv[0]} stderr]\n{r.stderr}")
+        return r
+
+    def consume(self, text, n, start, write, timeout=60) -> str:
+        """gpu_tool consume; returns its OK line or raises CaseFail with its FAIL line."""
+        r = self.run_tool(["consume", text, n, repr(float(start)), repr(float(write))], timeout)
+        out = r.stdout.strip().splitlines()
+        last = out[-1] if out else ""
+        if r.returncode != 0 or not last.startswith("OK"):
+            raise CaseFail(f"gpu_tool consume (rc {r.returncode}): {last or r.stderr.strip()[-400:]}")
+        return last
+
+    def producer(self, n, start, timeout_ms, mode="sync") -> "Producer":
+        return Producer([self.tool, "produce", str(n), repr(float(start)), str(timeout_ms), mode])
+
+
+class Producer:
+    """A gpu_tool produce process whose stdout lines are read by a thread."""
+
+    def __init__(self, cmd):
+        self.cmd = cmd
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        self.err: list[str] = []
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def _read_err(self):
+        for line in self.p.stderr:
+            self.err.append(line)
+            sys.stderr.write(f"[gpu_tool produce] {line}")
+
+    def wait_line(self, prefixes, timeout) -> str:
+        if isinstance(prefixes, str):
+            prefixes = (prefixes,)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CaseFail(f"gpu_tool produce: no {'/'.join(prefixes)} line within {timeout} s "
+                               f"(seen: {self.seen[-3:]})")
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                self.p.wait()
+                raise CaseFail(f"gpu_tool produce exited (rc {self.p.returncode}) before a "
+                               f"{'/'.join(prefixes)} line; last lines: {self.seen[-3:]} "
+                               f"stderr: {''.join(self.err)[-400:].strip()}")
+            self.seen.append(line)
+            if line.startswith("FAIL"):
+                raise CaseFail(f"gpu_tool produce: {line}")
+            if line.startswith(prefixes):
+                return line
+
+    def handle_and_torch(self, timeout=60):
+        h = self.wait_line("HANDLE", timeout).split(None, 1)[1]
+        t = self.wait_line("TORCH", timeout).split()
+        check(len(t) == 9, f"TORCH line has {len(t)} fields, not 9: {t}")
+
+        def unhex(s):
+            return b"" if s == "-" else bytes.fromhex(s)
+
+        fields = {
+            "device": int(t[1]), "handle": unhex(t[2]), "size": int(t[3]), "offset": int(t[4]),
+            "ref_name": unhex(t[5]), "slot": int(t[6]), "event": unhex(t[7]), "sync": t[8] == "1",
+        }
+        return h, fields
+
+    def finish(self, timeout=60) -> tuple[str, str]:
+        """(RELEASED/TIMEOUT line, AFTER line); FAIL unless the producer exits 0."""
+        rel = self.wait_line(("RELEASED", "TIMEOUT"), timeout)
+        after = self.wait_line("AFTER", 30)
+        try:
+            rc = self.p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise CaseFail("gpu_tool produce did not exit after reporting") from None
+        check(rel.startswith("RELEASED"), f"producer: {rel} (the consumer's reference never came back)")
+        check(rc == 0, f"gpu_tool produce exited with {rc}")
+        return rel, after
+
+    def kill(self):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+
+
+def after_fields(line: str) -> dict:
+    return {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
+
+
+def read_ref_slot(name: bytes, slot: int):
+    """The int64 in PyTorch's ref-counter object `name` at slot `slot` (None if it is gone)."""
+    path = "/dev/shm/" + bytes(name).decode().lstrip("/")
+    try:
+        with open(path, "rb") as f:
+            f.seek(REF_COUNTER_HEADER + 8 * int(slot))
+            b = f.read(8)
+    except OSError:
+        return None
+    return int.from_bytes(b, "little", signed=True) if len(b) == 8 else None
+
+
+def decrement_ref_slot(name: bytes, slot: int) -> None:
+    """Return a reference by hand, as a consumer would (used where no consumer can)."""
+    path = "/dev/shm/" + bytes(name).decode().lstrip("/")
+    with open(path, "r+b") as f:
+        f.seek(REF_COUNTER_HEADER + 8 * int(slot))
+        v = int.from_bytes(f.read(8), "little", signed=True)
+        f.seek(REF_COUNTER_HEADER + 8 * int(slot))
+        f.write((v - 1).to_bytes(8, "little", signed=True))
+
+
+def describe_args(args) -> str:
+    h = bytes(args[7] or b"")
+    form = ("raw 64-byte" if len(h) == 64 else
+            f"version {h[0]} '{chr(h[1])}' {len(h)}-byte" if len(h) >= 2 else f"{len(h)}-byte")
+    return (f"storage handle: {form}; storage_size={args[8]} storage_offset={args[9]} "
+            f"ref={bytes(args[11] or b'').decode(errors='replace')}[{args[12]}] "
+            f"event_sync_required={bool(args[14])}")
+
+
+def mib(n: int) -> str:
+    return f"{n / (1 << 20):.2f} MiB"
+
+
+# --- Cases ------------------------------------------------------------------------------------
+
+
+def case_h_c_to_c(cx: Ctx):
+    """C producer (gpu_tool produce) -> C consumer (gpu_tool consume), sync and event shares."""
+    n = 1 << 18
+    for mode, start, write in (("sync", 5.0, -3.0), ("event", 17.0, -4.0)):
+        prod = cx.producer(n, start, 30000, mode)
+        try:
+            text, tf = prod.handle_and_torch()
+            r = cx.run_tool(["describe", text], 30)
+            info(f"{mode}: {r.stdout.strip()[:300]}")
+            check(tf["sync"] == (mode == "event"),
+                  f"{mode}: TORCH event_sync_required is {tf['sync']}")
+            ok = cx.consume(text, n, start, write)
+            info(f"{mode}: consumer: {ok}")
+            rel, after = prod.finish()
+            a = after_fields(after)
+            check(a["first"] == write and a["last"] == write,
+                  f"{mode}: producer sees {after}, expected the consumer's {write}")
+            check(a["pad"] == -1.0, f"{mode}: the consumer wrote outside the tensor: {after}")
+            info(f"{mode}: producer: {rel}; {after}")
+        finally:
+            prod.kill()
+    return "C->C over a CUDA IPC handle with offset 256 B, sync and event shares; writes seen, reference returned"
+
+
+def case_a_torch_to_c(cx: Ctx):
+    """torch producer (reduce_tensor) -> gpu_tool consume; writes, ref slot, ipc_collect."""
+    torch, red = cx.torch, cx.reductions
+    dev = torch.device("cuda", 0)
+    n, start, write = 1 << 20, 1000.0, -5.0
+    torch.cuda.synchronize()
+    base_alloc, base_res = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+
+    t = torch.arange(n, dtype=torch.float32, device=dev).add_(start)
+    fn, args = red.reduce_tensor(t)
+    check(fn is red.rebuild_cuda_tensor, f"reduce_tensor used {fn}, not rebuild_cuda_tensor")
+    info(describe_args(args))
+    text = cx.args_to_text(args)
+    ref, slot = bytes(args[11]), int(args[12])
+    before = read_ref_slot(ref, slot)
+    check(before == 1, f"ref-counter slot before the consumer is {before}, expected 1")
+    ok = cx.consume(text, n, start, write)
+    info(f"consumer: {ok}")
+    torch.cuda.synchronize()
+    check(bool((t == write).all()), f"torch does not see the consumer's writes: t[0]={t[0].item()}")
+    after = read_ref_slot(ref, slot)
+    check(after == 0, f"ref-counter slot after the consumer released is {after}, expected 0")
+    info(f"ref-counter {ref.decode()} slot {slot}: 1 -> 0")
+
+    a_held, r_held = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    del t, fn, args
+    gc.collect()
+    a_del = torch.cuda.memory_allocated()
+    torch.cuda.ipc_collect()
+    a_col, r_col = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    r_empty = torch.cuda.memory_reserved()
+    info(f"memory_allocated: base {mib(base_alloc)}, holding {mib(a_held)}, after del {mib(a_del)}, "
+         f"after ipc_collect {mib(a_col)}")
+    info(f"memory_reserved: base {mib(base_res)}, holding {mib(r_held)}, after ipc_collect "
+         f"{mib(r_col)}, after empty_cache {mib(r_empty)}")
+    check(a_col <= base_alloc and a_held - a_col >= 4 * n,
+          f"memory_allocated did not drop after del + ipc_collect ({a_held} -> {a_col}, base {base_alloc})")
+    check(r_empty < r_held, f"memory_reserved did not drop ({r_held} -> {r_empty})")
+
+    # Limbo: the producer frees its tensor while the consumer still holds the reference; the
+    # block must stay allocated (and intact) until the consumer releases, then ipc_collect frees it.
+    start2 = 2000.0
+    t2 = torch.arange(n, dtype=torch.float32, device=dev).add_(start2)
+    torch.cuda.synchronize()
+    _, args2 = red.reduce_tensor(t2)
+    text2 = cx.args_to_text(args2)
+    ref2, slot2 = bytes(args2[11]), int(args2[12])
+    a_with = torch.cuda.memory_allocated()
+    del t2, args2
+    gc.collect()
+    torch.cuda.ipc_collect()
+    a_limbo = torch.cuda.memory_allocated()
+    check(a_limbo >= a_with, f"the block was freed while the consumer's reference was outstanding "
+          f"({a_with} -> {a_limbo})")
+    ok = cx.consume(text2, n, start2, write)
+    check(read_ref_slot(ref2, slot2) == 0, "limbo: slot not 0 after the consumer released")
+    torch.cuda.ipc_collect()
+    a_freed = torch.cuda.memory_allocated()
+    info(f"limbo: allocated with tensor {mib(a_with)}, after del (slot 1) {mib(a_limbo)}, "
+         f"after consumer release + ipc_collect {mib(a_freed)}")
+    check(a_limbo - a_freed >= 4 * n, f"ipc_collect did not free the block after the release "
+          f"({a_limbo} -> {a_freed})")
+    return "values read, writes seen by torch, slot 1->0, block freed (also from limbo via ipc_collect)"
+
+
+def case_b_packed_block(cx: Ctx):
+    """64 x 1000 float32 tensors packed in one caching-allocator block, one consumer."""
+    torch, red = cx.torch, cx.reductions
+    dev = torch.device("cuda", 0)
+    count, n = 64, 1000
+    ts = [torch.empty(n, dtype=torch.float32, device=dev) for _ in range(count)]
+    for i, t in enumerate(ts):
+        torch.arange(n, out=t)
+        t.add_(float(i * 1000))
+    shares = [red.reduce_tensor(t)[1] for t in ts]
+    groups: dict[bytes, list[int]] = {}
+    for i, a in enumerate(shares):
+        groups.setdefault(bytes(a[7]), []).append(i)
+    sizes = sorted((len(v) for v in groups.values()), reverse=True)
+    pairs = {(bytes(a[7]), int(a[9])) for a in shares}
+    info(f"{count} tensors in {len(groups)} block(s) (tensors per block: {sizes}); storage offsets "
+         f"{sorted(int(a[9]) for a in shares)[:6]}...; storage_size {shares[0][8]}")
+    check(sizes[0] >= count // 2, f"expected the tensors packed in one block, got groups {sizes}")
+    check(len(pairs) == count, "two tensors have the same (handle, storage offset)")
+    lines = []
+    for i, a in enumerate(shares):
+        lines.append(f"{cx.args_to_text(a)} {n} {float(i * 1000)!r} {float(-(i + 1))!r}")
+    r = cx.run_tool(["consume-many"], 90, "\n".join(lines) + "\n")
+    out = r.stdout.strip().splitlines()
+    fails = [ln for ln in out if ln.startswith("FAIL")]
+    done = [ln for ln in out if ln.startswith("DONE")]
+    check(not fails and r.returncode == 0, f"consume-many: {fails[:3] or out[-3:]}")
+    info(f"consumer: {done[0] if done else out[-1:]}")
+    torch.cuda.synchronize()
+    bad = [i for i, t in enumerate(ts) if not bool((t == -(i + 1)).all())]
+    check(not bad, f"tensors {bad[:5]} do not show the consumer's writes")
+    slots = [read_ref_slot(bytes(a[11]), int(a[12])) for a in shares]
+    check(all(s == 0 for s in slots), f"ref-counter slots after release: {slots[:8]}...")
+    return f"{count} tensors from {len(groups)} block(s) read and written by one consumer; all slots 0"
+
+
+def _storage_class(torch):
+    """What reduce_tensor passes as arg 4 on this torch: type(tensor._typed_storage())."""
+    probe = torch.empty(1, device="cuda")
+    try:
+        return type(probe._typed_storage())
+    except AttributeError:
+        return type(probe.untyped_storage())
+
+
+def _c_to_torch(cx: Ctx, mode: str):
+    torch, red = cx.torch, cx.reductions
+    n, start, write = 1 << 18, 3.0, 9.0
+    prod = cx.producer(n, start, 30000, mode)
+    try:
+        text, f = prod.handle_and_torch()
+        info(f"TORCH fields: device {f['device']}, {len(f['handle'])}-byte handle, size {f['size']}, "
+             f"offset {f['offset']}, ref {f['ref_name'].decode(errors='replace')}[{f['slot']}], "
+             f"event_sync_required {f['sync']}")
+        check(f["sync"] == (mode == "event"), f"event_sync_required is {f['sync']} for mode {mode}")
+        storage_cls = _storage_class(torch)
+        info(f"storage class (as reduce_tensor passes it): {storage_cls.__module__}.{storage_cls.__name__}")
+        args = (torch.Tensor, torch.Size([n]), (1,), 0, storage_cls, torch.float32, f["device"],
+                f["handle"], f["size"], f["offset"], False, f["ref_name"], f["slot"], f["event"],
+                f["sync"])
+        t = red.rebuild_cuda_tensor(*args)
+        check(t.is_cuda and tuple(t.shape) == (n,) and t.dtype == torch.float32,
+              f"rebuilt tensor is {t.device} {tuple(t.shape)} {t.dtype}")
+        want = torch.arange(n, dtype=torch.float32, device=t.device).add_(start)
+        check(bool(torch.equal(t, want)), f"values differ: t[:4]={t[:4].tolist()}, "
+              f"expected {want[:4].tolist()}")
+        t.fill_(write)
+        torch.cuda.synchronize()
+        del t, want
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.ipc_collect()
+        rel, after = prod.finish()
+        a = after_fields(after)
+        info(f"producer: {rel}; {after}")
+        check(a["first"] == write and a["last"] == write, f"producer does not see torch's writes: {after}")
+        check(a["pad"] == -1.0, f"torch wrote outside the tensor: {after}")
+    finally:
+        prod.kill()
+
+
+def case_c_c_to_torch(cx: Ctx):
+    """gpu_tool produce (sync share) -> rebuild_cuda_tensor in torch."""
+    _c_to_torch(cx, "sync")
+    return "rebuild_cuda_tensor opened the C export (raw 64-byte handle, offset 256), values and writes ok, RELEASED"
+
+
+def case_c2_c_to_torch_event(cx: Ctx):
+    """gpu_tool produce (DEVSHARE_SHARE_EVENT) -> rebuild_cuda_tensor waits on the IPC event."""
+    _c_to_torch(cx, "event")
+    return "torch consumer waited on devshare's IPC event; values and writes ok, RELEASED"
+
+
+def case_d_event_side_stream(cx: Ctx):
+    """torch writes on a side stream behind a ~1.5 s GPU sleep and shares at once (event)."""
+    torch, red = cx.torch, cx.reductions
+    if not hasattr(torch.cuda, "_sleep"):
+        raise CaseSkip("this torch has no torch.cuda._sleep to delay the side stream")
+    dev = torch.device("cuda", 0)
+    n, start, write = 1 << 20, 11.0, -7.0
+    # Calibrate the GPU spin: cycles per millisecond.
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    torch.cuda._sleep(50_000_000)
+    e1.record()
+    e1.synchronize()
+    per_ms = 50_000_000 / max(e0.elapsed_time(e1), 1e-3)
+    sleep_ms = 1500
+    t = torch.zeros(n, dtype=torch.float32, device=dev)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(int(per_ms * sleep_ms))
+        torch.arange(n, out=t)
+        t.add_(start)
+        _, args = red.reduce_tensor(t)
+    shared_at = time.monotonic()
+    pending = not s.query()
+    info(describe_args(args))
+    info(f"side stream still busy when shared: {pending} (GPU sleep ~{sleep_ms} ms)")
+    check(bool(args[14]), "event_sync_required is False: torch synchronised instead of sending an "
+          "event (more than 1000 events in flight?)")
+    text = cx.args_to_text(args)
+    h = Handle()
+    check(cx.lib.d.devshare_handle_from_text(text.encode(), byref(h)) == STATUS_OK
+          and h.flags & HANDLE_FLAG_EVENT, "the devshare handle does not carry the event flag")
+    ok = cx.consume(text, n, start, write)
+    took = (time.monotonic() - shared_at) * 1000
+    info(f"consumer: {ok}; finished {took:.0f} ms after the share")
+    torch.cuda.synchronize()
+    check(bool((t == write).all()), "torch does not see the consumer's writes")
+    check(read_ref_slot(bytes(args[11]), int(args[12])) == 0, "ref-counter slot not 0 after release")
+    if not pending:
+        info("note: the side stream had finished before the share, so ordering was not stressed")
+    return f"consumer read the side stream's values through the IPC event ({took:.0f} ms after share)"
+
+
+def case_e1_bench_import(cx: Ctx):
+    """gpu_tool bench-import: cold (IPC open+close) vs cached import+release."""
+    prod = cx.producer(1024, 0.0, 60000, "sync")
+    try:
+        text, _ = prod.handle_and_torch()
+        r = cx.run_tool(["bench-import", text, 200], 120)
+        out = r.stdout.strip().splitlines()
+        check(r.returncode == 0 and out and out[-1] == "RELEASED", f"bench-import: {out[-2:]}")
+        for ln in out:
+            info(ln)
+        rel, _ = prod.finish()
+        stats = {}
+        for ln in out:
+            if ln.startswith(("COLD_US", "CACHED_US")):
+                kv = dict(x.split("=") for x in ln.split()[1:])
+                stats[ln.split()[0]] = float(kv["p50"])
+        cold, cached = stats.get("COLD_US"), stats.get("CACHED_US")
+        check(cold is not None and cached is not None, "missing COLD_US / CACHED_US lines")
+        info(f"import+release p50: cold {cold:.1f} us, cached {cached:.1f} us, "
+             f"ratio {cold / max(cached, 1e-3):.0f}x")
+    finally:
+        prod.kill()
+    return f"measurement: cold {cold:.1f} us vs cached {cached:.1f} us per import+release (p50)"
+
+
+def _queue_consumer(q, ack):
+    """torch.multiprocessing consumer for e2 (spawned): touch each tensor, drop it, answer."""
+    import torch  # noqa: PLC0415
+
+    torch.zeros(1, device="cuda")
+    ack.put("ready")
+    while True:
+        x = q.get()
+        if x is None:
+            break
+        v = float(x[0].item())
+        del x
+        ack.put(v)
+
+
+def _p(values, q):
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def case_e2_handoff(cx: Ctx):
+    """Per-tensor handoff latency: devshare text handle over a pipe vs torch.multiprocessing.Queue."""
+    torch, red = cx.torch, cx.reductions
+    import torch.multiprocessing as mp  # noqa: PLC0415
+
+    dev = torch.device("cuda", 0)
+    iters, warm = 200, 10
+    sizes = [("4 KiB", 4096), ("64 MiB", 64 << 20)]
+    results: dict[tuple[str, str], list[float]] = {}
+
+    serve = subprocess.Popen([cx.tool, "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, bufsize=1)
+    ctx = mp.get_context("spawn")
+    q, ack = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_queue_consumer, args=(q, ack), daemon=True)
+    try:
+        line = serve.stdout.readline().strip()
+        check(line == "READY", f"gpu_tool serve: {line!r}")
+        proc.start()
+        check(ack.get(timeout=90) == "ready", "torch.multiprocessing consumer did not start")
+        for label, nbytes in sizes:
+            n = nbytes // 4
+            # devshare: reduce_tensor -> devshare_handle_from_torch -> text -> pipe -> import,
+            # read element 0, release -> "OK"
+            t = torch.full((n,), 1.5, dtype=torch.float32, device=dev)
+            torch.cuda.synchronize()
+            times = []
+            for i in range(warm + iters):
+                t0 = time.perf_counter()
+                _, args = red.reduce_tensor(t)
+                serve.stdin.write(cx.args_to_text(args) + "\n")
+                serve.stdin.flush()
+                line = serve.stdout.readline().strip()
+                t1 = time.perf_counter()
+                check(line.startswith("OK"), f"gpu_tool serve: {line!r}")
+                if i >= warm:
+                    times.append((t1 - t0) * 1e6)
+            results[("devshare", label)] = times
+            del t, args
+            gc.collect()
+            torch.cuda.ipc_collect()
+            # torch.multiprocessing.Queue with the same tensor size
+            t = torch.full((n,), 2.5, dtype=torch.float32, device=dev)
+            torch.cuda.synchronize()
+            times = []
+            for i in range(warm + iters):
+                t0 = time.perf_counter()
+                q.put(t)
+                v = ack.get(timeout=60)
+                t1 = time.perf_counter()
+                check(v == 2.5, f"torch consumer read {v}")
+                if i >= warm:
+                    times.append((t1 - t0) * 1e6)
+            results[("torch.mp.Queue", label)] = times
+            del t
+            gc.collect()
+            torch.cuda.ipc_collect()
+        q.put(None)
+        proc.join(30)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        serve.stdin.close()
+        try:
+            serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+    info(f"handoff latency, {iters} iterations after {warm} warm-up (producer share -> consumer "
+         f"opened, touched, released, answered), microseconds")
+    info(f"{'size':>8} | {'devshare p50':>12} {'p90':>8} | {'mp.Queue p50':>12} {'p90':>8} | "
+         f"{'Queue/devshare':>14}")
+    ratios = []
+    for label, _ in sizes:
+        d, tq = results[("devshare", label)], results[("torch.mp.Queue", label)]
+        ratio = statistics.median(tq) / max(statistics.median(d), 1e-3)
+        ratios.append(f"{label}: {ratio:.2f}x")
+        info(f"{label:>8} | {statistics.median(d):12.1f} {_p(d, 0.9):8.1f} | "
+             f"{statistics.median(tq):12.1f} {_p(tq, 0.9):8.1f} | {ratio:14.2f}")
+    return "measurement: p50 Queue/devshare " + ", ".join(ratios)
+
+
+def case_f_expandable_segments(cx: Ctx):
+    """expandable_segments:True producer -> 'e' handle -> devshare_handle_from_torch refuses."""
+    torch, red = cx.torch, cx.reductions
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    info(f"PYTORCH_CUDA_ALLOC_CONF={conf}")
+    t = torch.ones(1 << 20, dtype=torch.float32, device="cuda")
+    try:
+        _, args = red.reduce_tensor(t)
+    except Exception as e:  # noqa: BLE001
+        raise CaseSkip(f"this torch cannot share expandable-segment memory: "
+                       f"{type(e).__name__}: {str(e)[:200]}") from None
+    h = bytes(args[7] or b"")
+    info(f"storage handle: {len(h)} bytes, starts {h[:2]!r}")
+    try:
+        if len(h) < 2 or h[1:2] != b"e":
+            raise CaseSkip(f"torch shared a {len(h)}-byte non-'e' handle with {conf!r} "
+                           f"(expandable segments not in use on this torch/driver?)")
+        st, _, msg = cx.args_to_handle(args, expect_ok=False)
+        info(f"devshare_handle_from_torch: {cx.lib.status_name(st)} ({st}): {msg}")
+        check(st == STATUS_UNSUPPORTED, f"expected DEVSHARE_STATUS_UNSUPPORTED (-31), got {st}: {msg}")
+        check("expandable_segments" in msg, f"the message does not name expandable_segments: {msg}")
+    finally:
+        # No consumer will open it: return the reference (devshare_torch_discard where the
+        # library has it, else by hand, as a consumer would).
+        if args[11]:
+            r = cx.lib.torch_discard(**cx.torch_fields(args))
+            if r is None:
+                decrement_ref_slot(bytes(args[11]), int(args[12]))
+            else:
+                info(f"devshare_torch_discard: {cx.lib.status_name(r[0])} {r[1]}".rstrip())
+            left = read_ref_slot(bytes(args[11]), int(args[12]))
+            info(f"ref-counter slot after returning the reference: {left}")
+    return "'e' handle refused with UNSUPPORTED naming expandable_segments"
+
+
+def case_g_package_api(cx: Ctx):
+    """The devshare Python package's CUDA API, if present."""
+    try:
+        import devshare  # noqa: PLC0415
+    except Exception as e:  # noqa: BLE001
+        raise CaseSkip(f"import devshare failed: {e}") from None
+    missing = [f for f in ("torch_args", "handle_from_torch", "share", "open") if not hasattr(devshare, f)]
+    if missing:
+        raise CaseSkip(f"devshare has no {', '.join(missing)} (package CUDA API not there yet)")
+    torch, red = cx.torch, cx.reductions
+    info(f"devshare package from {pathlib.Path(devshare.__file__).parent}, library {devshare.library_path}")
+    n, start = 1 << 16, 21.0
+
+    # 1. C producer -> devshare.open (rebuild_cuda_tensor underneath) -> RELEASED
+    prod = cx.producer(n, start, 30000, "event")
+    try:
+        text, _ = prod.handle_and_torch()
+        x = devshare.open(text)
+        want = torch.arange(n, dtype=torch.float32, device=x.device).add_(start)
+        check(x.is_cuda and bool(torch.equal(x, want)), f"devshare.open: {x.device} {x[:4].tolist()}")
+        x.fill_(4.0)
+        torch.cuda.synchronize()
+        del x, want
+        gc.collect()
+        rel, after = prod.finish()
+        check(after_fields(after)["first"] == 4.0, f"producer does not see the writes: {after}")
+        info(f"open(C handle): ok; producer {rel}")
+    finally:
+        prod.kill()
+
+    # 2. torch_args(handle) -> rebuild_cuda_tensor
+    prod = cx.producer(n, start, 30000, "sync")
+    try:
+        text, _ = prod.handle_and_torch()
+        args = devshare.torch_args(devshare.Handle.from_text(text))
+        check(len(args) == 15, f"torch_args returned {len(args)} items")
+        y = red.rebuild_cuda_tensor(*args)
+        check(bool((y[:8] == torch.arange(8, device=y.device).float().add_(start)).all()),
+              f"torch_args -> rebuild_cuda_tensor: {y[:4].tolist()}")
+        y.fill_(6.0)
+        torch.cuda.synchronize()
+        del y, args
+        gc.collect()
+        rel, after = prod.finish()
+        check(after_fields(after)["first"] == 6.0, f"producer does not see the writes: {after}")
+        info(f"torch_args -> rebuild_cuda_tensor: ok; producer {rel}")
+    finally:
+        prod.kill()
+
+    # 3. devshare.share(cuda tensor) -> gpu_tool consume
+    t = torch.arange(n, dtype=torch.float32, device="cuda").add_(start)
+    h = devshare.share(t)
+    cx.consume(h.to_text(), n, start, -1.0)
+    torch.cuda.synchronize()
+    check(bool((t == -1.0).all()), "share(): torch does not see the consumer's writes")
+    info("share(cuda tensor) -> C consumer: ok")
+
+    # 4. handle_from_torch(reduce_tensor args) -> gpu_tool consume
+    t2 = torch.arange(n, dtype=torch.float32, device="cuda").add_(start)
+    h2 = devshare.handle_from_torch(red.reduce_tensor(t2)[1], "cuda")
+    cx.consume(h2.to_text(), n, start, -2.0)
+    torch.cuda.synchronize()
+    check(bool((t2 == -2.0).all()), "handle_from_torch: torch does not see the consumer's writes")
+    info("handle_from_torch(reduce_tensor args) -> C consumer: ok")
+    return "open, torch_args, share and handle_from_torch work with CUDA tensors"
+
+
+# name, function, timeout (s), extra environment, needs torch
+CASES = [
+    ("h_c_to_c", case_h_c_to_c, 60, {}, False),
+    ("a_torch_to_c", case_a_torch_to_c, 90, {}, True),
+    ("b_packed_block", case_b_packed_block, 90, {}, True),
+    ("c_c_to_torch", case_c_c_to_torch, 60, {}, True),
+    ("c2_c_to_torch_event", case_c2_c_to_torch_event, 60, {}, True),
+    ("d_event_side_stream", case_d_event_side_stream, 60, {}, True),
+    ("f_expandable_segments", case_f_expandable_segments, 60,
+     {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, True),
+    ("g_package_api", case_g_package_api, 90, {}, True),
+    ("e1_bench_import", case_e1_bench_import, 90, {}, False),
+    ("e2_handoff", case_e2_handoff, 200, {}, True),
+]
+
+
+# --- Inside a child ------------------------------------------------------------------------
+
+
+def child_case(bundle: pathlib.Path, name: str) -> int:
+    fn = {c[0]: c[1] for c in CASES}[name]
+    try:
+        cx = Ctx(bundle)
+        msg = fn(cx)
+        print(f"RESULT PASS {msg or ''}", flush=True)
+    except CaseSkip as e:
+        print(f"RESULT SKIP {e}", flush=True)
+    except CaseFail as e:
+        print(f"RESULT FAIL {e}", flush=True)
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        print(f"RESULT FAIL {type(e).__name__}: {str(e)[:500]}", flush=True)
+    return 0
+
+
+def child_preflight(bundle: pathlib.Path) -> int:
+    """Prints PREFLIGHT {json}: what is there, and whether torch and devshare can use CUDA."""
+    r: dict = {"python": sys.version.split()[0]}
+    try:
+        lib = Lib(os.environ.get("DEVSHARE_LIBRARY") or str(bundle / "libdevshare.so"))
+        r["devshare"] = lib.version()
+        r["devshare_cuda"], r["devshare_detail"] = lib.probe_cuda()
+    except OSError as e:
+        r["devshare_cuda"], r["devshare_detail"] = False, f"cannot load libdevshare: {e}"
+    try:
+        import torch  # noqa: PLC0415
+
+        r["torch"] = torch.__version__
+        r["torch_cuda_build"] = torch.version.cuda
+        r["torch_cuda"] = bool(torch.cuda.is_available())
+        if r["torch_cuda"]:
+            r["device"] = torch.cuda.get_device_name(0)
+            r["device_count"] = torch.cuda.device_count()
+    except Exception as e:  # noqa: BLE001
+        r["torch"] = None
+        r["torch_cuda"] = False
+        r["torch_error"] = f"{type(e).__name__}: {e}"
+    print("PREFLIGHT " + json.dumps(r), flush=True)
+    return 0
+
+
+# --- The parent ----------------------------------------------------------------------------
+
+
+class Runner:
+    def __init__(self, bundle: pathlib.Path):
+        self.bundle = bundle
+        self.start = time.monotonic()
+        self.counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+
+    def left(self) -> float:
+        return RUN_BUDGET_S - (time.monotonic() - self.start)
+
+    def verdict(self, kind: str, name: str, why: str = "") -> None:
+        self.counts[kind] += 1
+        if kind == "PASS":
+            print(f"PASS {name}" + (f" ({why})" if why else ""), flush=True)
+        else:
+            print(f"{kind} {name}: {why}", flush=True)
+
+    def spawn(self, argv, timeout: float, env_extra=None, label=""):
+        """Run this script as a child; yields (kind, text) for INFO/RESULT/PREFLIGHT lines.
+        Returns (lines, rc, stderr_tail, timed_out)."""
+        env = dict(os.environ)
+        # Every case decides the allocator settings itself: a global expandable_segments:True
+        # would turn every torch share into an 'e' handle.
+        for k in ALLOC_CONF_VARS:
+            env.pop(k, None)
+        env.update(env_extra or {})
+        errf = tempfile.TemporaryFile(mode="w+")
+        p = subprocess.Popen([sys.executable, "-u", str(pathlib.Path(__file__).resolve())] + argv,
+                             stdout=subprocess.PIPE, stderr=errf, text=True, env=env,
+                             start_new_session=True)
+        lines: queue.Queue = queue.Queue()
+
+        def reader():
+            for line in p.stdout:
+                lines.put(line.rstrip("\n"))
+            lines.put(None)
+
+        threading.Thread(target=reader, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        got, timed_out = [], False
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            try:
+                line = lines.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            got.append(line)
+            if line.startswith("INFO "):
+                print(f"    {label}| {line[5:]}", flush=True)
+        if timed_out:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # the child and everything it started
+            except ProcessLookupError:
+                pass
+        try:
+            rc = p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            rc = None
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # leftovers (a gpu_tool the case did not reap)
+        except (ProcessLookupError, PermissionError):
+            pass
+        errf.seek(0)
+        err = errf.read()
+        errf.close()
+        return got, rc, err, timed_out
+
+    def preflight(self) -> dict | None:
+        got, rc, err, timed_out = self.spawn(["--bundle", str(self.bundle), "--child-preflight"],
+                                             min(PREFLIGHT_TIMEOUT_S, self.left()))
+        for line in got:
+            if line.startswith("PREFLIGHT "):
+                return json.loads(line[10:])
+        why = "timed out" if timed_out else f"exit {rc}"
+        self.verdict("FAIL", "preflight", f"the preflight child gave no answer ({why}): {err.strip()[-600:]}")
+        return None
+
+    def run_case(self, name, timeout, env_extra) -> None:
+        budget = min(timeout, self.left())
+        if budget < 10:
+            self.verdict("SKIP", name, f"the run's {RUN_BUDGET_S:.0f} s budget is spent")
+            return
+        t0 = time.monotonic()
+        got, rc, err, timed_out = self.spawn(["--bundle", str(self.bundle), "--child-case", name],
+                                             budget, env_extra, label=name)
+        took = time.monotonic() - t0
+        result = next((ln for ln in reversed(got) if ln.startswith("RESULT ")), None)
+        tail = "\n".join(err.strip().splitlines()[-15:])
+        if timed_out:
+            self.verdict("FAIL", name, f"timed out after {budget:.0f} s (killed)")
+        elif result is None:
+            self.verdict("FAIL", name, f"the case process died without a verdict (exit {rc})")
+        else:
+            kind, _, why = result[7:].partition(" ")
+            if kind == "PASS":
+                self.verdict("PASS", name, f"{why}; {took:.1f} s" if why else f"{took:.1f} s")
+            else:
+                self.verdict(kind, name, why)
+            if kind != "FAIL":
+                return
+        if tail:
+            print("    " + name + "| stderr (last lines):", flush=True)
+            for ln in tail.splitlines():
+                print(f"    {name}|   {ln}", flush=True)
+
+    def summary(self) -> int:
+        c = self.counts
+        print(f"SUMMARY: {c['PASS']} passed, {c['FAIL']} failed, {c['SKIP']} skipped", flush=True)
+        return 1 if c["FAIL"] else 0
+
+
+def check_bundle(bundle: pathlib.Path) -> str | None:
+    for f in ("libdevshare.so", "gpu_tool"):
+        if not (bundle / f).exists():
+            return (f"{bundle / f} is missing: build the bundle with `bash scripts/gpu_bundle.sh` "
+                    f"on a machine with Rust and copy build/gpu-bundle here")
+    return None
+
+
+def main_run(bundle: pathlib.Path, only: list[str] | None) -> int:
+    r = Runner(bundle)
+    print(f"== devshare GPU suite: bundle {bundle}, python {sys.executable}", flush=True)
+    selected = [c for c in CASES if not only or c[0] in only]
+    problem = check_bundle(bundle)
+    if problem:
+        r.verdict("FAIL", "setup", problem)
+        for c in selected:
+            r.verdict("SKIP", c[0], "no bundle")
+        return r.summary()
+    pf = r.preflight()
+    if pf is None:
+        for c in selected:
+            r.verdict("SKIP", c[0], "preflight failed")
+        return r.summary()
+    print(f"    preflight| python {pf.get('python')}, torch {pf.get('torch')} (CUDA build "
+          f"{pf.get('torch_cuda_build')}), device {pf.get('device', '-')}, devshare "
+          f"{pf.get('devshare', '-')}", flush=True)
+    print(f"    preflight| devshare cuda backend: {'usable' if pf.get('devshare_cuda') else 'UNUSABLE'}: "
+          f"{pf.get('devshare_detail')}", flush=True)
+    for k in ALLOC_CONF_VARS:
+        if os.environ.get(k):
+            print(f"    preflight| note: {k}={os.environ[k]} is not passed to the cases (each case "
+                  f"sets the allocator up itself)", flush=True)
+    torch_ok, ds_ok = pf.get("torch_cuda"), pf.get("devshare_cuda")
+    problems = []
+    if not torch_ok:
+        if pf.get("torch") is None:
+            problems.append(f"PyTorch is not importable by {sys.executable} "
+                            f"({pf.get('torch_error')}); set PYTHON=/path/to/python with torch+CUDA")
+        else:
+            problems.append(f"no CUDA device for PyTorch: torch.cuda.is_available() is False "
+                            f"(torch {pf.get('torch')}, CUDA build {pf.get('torch_cuda_build')}, "
+                            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})")
+    if not ds_ok:
+        problems.append(f"devshare's cuda backend is unusable: {pf.get('devshare_detail')}")
+    if problems:
+        r.verdict("FAIL", "preflight", "; ".join(problems) + ". This suite needs an NVIDIA GPU.")
+    else:
+        r.verdict("PASS", "preflight")
+    for name, _, timeout, env_extra, needs_torch in selected:
+        if not ds_ok:
+            r.verdict("SKIP", name, "devshare's cuda backend is unusable (see preflight)")
+        elif needs_torch and not torch_ok:
+            r.verdict("SKIP", name, "needs torch with CUDA (see preflight)")
+        else:
+            r.run_case(name, timeout, env_extra)
+    print(f"    (run took {time.monotonic() - r.start:.0f} s)", flush=True)
+    return r.summary()
+
+
+def main_dry_run(bundle: pathlib.Path) -> int:
+    """No GPU, no torch: bundle, struct mirrors, and the torch-tuple -> handle path."""
+    r = Runner(bundle)
+    print(f"== devshare GPU suite, dry run: bundle {bundle}", flush=True)
+    problem = check_bundle(bundle)
+    if problem:
+        r.verdict("FAIL", "bundle", problem)
+        return r.summary()
+    r.verdict("PASS", "bundle")
+    tool = str(bundle / "gpu_tool")
+    lib = Lib(os.environ.get("DEVSHARE_LIBRARY") or str(bundle / "libdevshare.so"))
+    print(f"    library {lib.path}, version {lib.version()}; cuda probe: {lib.probe_cuda()}", flush=True)
+
+    # ctypes mirrors == the C structs
+    out = subprocess.run([tool, "layout"], capture_output=True, text=True, timeout=30).stdout
+    c_sizes = dict(kv.split("=") for kv in out.splitlines()[0].split()[1:])
+    offs = {}
+    for ln in out.splitlines()[1:]:
+        parts = ln.split()
+        offs[parts[1]] = {k: int(v) for k, v in (kv.split("=") for kv in parts[2:])}
+    bad = []
+    for cname, cls in (("DevshareHandle", Handle), ("DevshareTorchArgs", TorchArgs)):
+        if int(c_sizes[cname]) != sizeof(cls):
+            bad.append(f"sizeof {cname}: C {c_sizes[cname]}, ctypes {sizeof(cls)}")
+        for field, off in offs[cname].items():
+            if getattr(cls, field).offset != off:
+                bad.append(f"{cname}.{field}: C {off}, ctypes {getattr(cls, field).offset}")
+    if bad:
+        r.verdict("FAIL", "layout", "; ".join(bad))
+    else:
+        r.verdict("PASS", "layout", f"ctypes DevshareHandle/DevshareTorchArgs match gpu_tool layout")
+
+    # Synthetic PyTorch tuples through devshare_handle_from_torch -> to_text -> gpu_tool describe
+    key = bytes(range(1, 65))
+    event = bytes(range(100, 164))
+    common = dict(shape=[4, 250], strides=[250, 1], tensor_offset=8, dtype=(2, 32, 1), device=0,
+                  storage_size=4096, storage_offset=512, ref_name=b"/torch_4242_77_0", ref_slot=7)
+    cases = [
+        ("dry_c_v2_event", b"\x02c" + key, event, True, STATUS_OK),
+        ("dry_raw64", key, bytes(64), False, STATUS_OK),
+        ("dry_c_v3", b"\x03c" + key, bytes(64), False, STATUS_OK),
+        # version-2 'e': {int32 pid; 4 pad; u64 segment_size; u64 num_handles} + one int32 fd
+        ("dry_expandable", b"\x02e" + (4242).to_bytes(4, "little") + bytes(4)
+         + (1 << 21).to_bytes(8, "little") + (1).to_bytes(8, "little") + (5).to_bytes(4, "little"),
+         bytes(64), False, STATUS_UNSUPPORTED),
+        ("dry_c_v9", b"\x09c" + key, bytes(64), False, STATUS_UNSUPPORTED_VERSION),
+    ]
+    for name, handle, ev, sync, want in cases:
+        st, h, msg = lib.from_torch_fields(handle=handle, event_handle=ev, event_sync=sync, **common)
+        if st != want:
+            r.verdict("FAIL", name, f"status {st} ({lib.status_name(st)}), expected {want}: {msg}")
+            continue
+        if st != STATUS_OK:
+            if want == STATUS_UNSUPPORTED and "expandable_segments" not in msg:
+                r.verdict("FAIL", name, f"message does not name expandable_segments: {msg}")
+            else:
+                r.verdict("PASS", name, f"{lib.status_name(st)}: {msg[:120]}")
+            continue
+        text = lib.to_text(h)
+        d = subprocess.run([tool, "describe", text], capture_output=True, text=True, timeout=30)
+        fields = dict(kv.split("=", 1) for kv in d.stdout.split()[1:] if "=" in kv)
+        expect = {"backend": "3", "pid": "4242", "shape": "4,250", "strides": "250,1",
+                  "storage_offset": "512", "storage_size": "4096", "tensor_offset": "8",
+                  "key": key.hex(), "ref_name": "/torch_4242_77_0", "ref_slot": "7",
+                  "flags": "1" if sync else "0", "event": event.hex() if sync else "-"}
+        diff = {k: (fields.get(k), v) for k, v in expect.items() if fields.get(k) != v}
+        if d.returncode != 0 or diff:
+            r.verdict("FAIL", name, f"gpu_tool describe: rc {d.returncode} {d.stdout.strip()[:200]} "
+                      f"differs (got, want): {diff}")
+        else:
+            r.verdict("PASS", name, "from_torch -> text -> gpu_tool describe round trip")
+
+    print("    cases a real run would execute (timeout s, extra env, needs torch):", flush=True)
+    for name, fn, timeout, env_extra, needs_torch in CASES:
+        print(f"      {name:24} {timeout:4d}  {env_extra or ''}  {'torch' if needs_torch else 'C only'}"
+              f"  - {fn.__doc__.strip().splitlines()[0]}", flush=True)
+    return r.summary()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bundle", default=os.environ.get("DEVSHARE_GPU_BUNDLE", str(ROOT / "build/gpu-bundle")))
+    ap.add_argument("--only", default="", help="comma-separated case names")
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--dry-run", action="store_true", help="check what can be checked without a GPU")
+    ap.add_argument("--child-case", help=argparse.SUPPRESS)
+    ap.add_argument("--child-preflight", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    bundle = pathlib.Path(a.bundle).resolve()
+    if a.child_case:
+        return child_case(bundle, a.child_case)
+    if a.child_preflight:
+        return child_preflight(bundle)
+    if a.list:
+        for name, fn, timeout, env_extra, needs_torch in CASES:
+            print(f"{name:24} {timeout:4d} s  {fn.__doc__.strip().splitlines()[0]}")
+        return 0
+    if a.dry_run:
+        return main_dry_run(bundle)
+    only = None
+    if a.only.strip():
+        names = [c[0] for c in CASES]
+        only = []
+        for x in (x.strip() for x in a.only.split(",") if x.strip()):
+            hit = [n for n in names if n == x or n.startswith(x + "_")]
+            if not hit:
+                print(f"unknown case {x!r}; cases: {', '.join(names)}", file=sys.stderr)
+                return 2
+            only += hit
+    return main_run(bundle, only)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,845 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * gpu_tool: the C side of devshare's real-GPU test suite (tests/gpu, driven by gpu_cases.py).
+ *
+ * Uses only devshare.h and the few CUDA driver calls it needs for its own work, loaded with
+ * dlopen ($DEVSHARE_CUDA_LIBRARY if set, else "libcuda.so.1"), so it builds without the CUDA
+ * toolkit. Every tensor it handles is float32, 1-D and contiguous; element values are small
+ * integers, so comparisons are exact.
+ *
+ *   gpu_tool consume <text-handle> <nfloats-to-check> <expect-start> <write-value>
+ *       Import the handle (options with a stream this tool created, so an event the handle
+ *       carries is waited on with cuStreamWaitEvent), copy the tensor to the host, check that
+ *       element i == expect-start + i for i < nfloats-to-check, write write-value into every
+ *       element, synchronise, release. Prints
+ *           OK sum=<sum of the checked elements> numel=<n> import_us=<t> release_us=<t>
+ *       or FAIL <why> (exit 1).
+ *
+ *   gpu_tool consume-many
+ *       Reads lines "<text-handle> <nfloats-to-check> <expect-start> <write-value>" from stdin
+ *       until EOF; imports all of them (holding every import, so handles of one allocation
+ *       share one mapping), checks and writes each, then releases all. Prints
+ *           OK <i> sum=<...>   or   FAIL <i> <why>     per line, then
+ *           DONE ok=<k> fail=<m> import_total_us=<t>
+ *       Exit 0 when every line passed.
+ *
+ *   gpu_tool produce <nfloats> <start> <timeout-ms> [sync|event]
+ *       cuMemAlloc nfloats + 64 floats, fill the first 64 with -1 and element i of the rest with
+ *       start + i, export the rest (device 0; the handle carries the 256-byte offset) and share
+ *       it as a float32 1-D tensor: "sync" (default) synchronises before sharing, "event" sends
+ *       an IPC event recorded on a stream this tool created (DEVSHARE_SHARE_EVENT). Prints
+ *           HANDLE <text>
+ *           TORCH <device> <handle_hex> <size> <offset> <refname_hex|-> <slot> <event_hex> <sync>
+ *       then waits up to timeout-ms (negative: forever) for the reference to come back and
+ *       prints RELEASED outstanding=0 or TIMEOUT outstanding=<k>, then
+ *           AFTER first=<element 0> last=<element n-1> pad=<element -1>
+ *       (what the consumer left), closes the exporter, frees, exits 0 (1 on TIMEOUT).
+ *
+ *   gpu_tool serve
+ *       Prints READY once CUDA is initialised, then for every stdin line holding a handle:
+ *       import (with a stream), synchronise it, read element 0, release, and answer
+ *           OK <element 0>   or   FAIL <why>
+ *       until EOF.
+ *
+ *   gpu_tool bench-import <text-handle> <iterations>
+ *       Cold: import + release of a copy of the handle without its ref-counter reference (so
+ *       it can be repeated: every round opens and closes the CUDA IPC mapping), the first round
+ *       and then <iterations> rounds. Cached: hold one import of the real handle, then import +
+ *       release it <iterations> times (the mapping stays cached), then release the held one,
+ *       which returns the reference. Prints
+ *           FIRST_US <t>
+ *           COLD_US n=<k> p50=<t> min=<t> max=<t>
+ *           CACHED_US n=<k> p50=<t> min=<t> max=<t>
+ *           RELEASED
+ *
+ *   gpu_tool describe <text-handle>     parse (no CUDA) and print the handle's fields
+ *   gpu_tool layout                     print sizeof/offsetof of the structs Python mirrors
+ *
+ * Exit status: 0 success, 1 failure (FAIL line on stdout, details on stderr), 2 usage.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "devshare.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* --- The CUDA driver calls this tool makes (declared here; no cuda.h needed) ------------------ */
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef unsigned long long CUdeviceptr;
+
+static struct {
+    void *lib;
+    CUresult (*cuInit)(unsigned int);
+    CUresult (*cuDeviceGet)(CUdevice *, int);
+    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*cuCtxSetCurrent)(CUcontext);
+    CUresult (*cuCtxSynchronize)(void);
+    CUresult (*cuMemAlloc_v2)(CUdeviceptr *, size_t);
+    CUresult (*cuMemFree_v2)(CUdeviceptr);
+    CUresult (*cuMemcpyHtoD_v2)(CUdeviceptr, const void *, size_t);
+    CUresult (*cuMemcpyDtoH_v2)(void *, CUdeviceptr, size_t);
+    CUresult (*cuStreamCreate)(CUstream *, unsigned int);
+    CUresult (*cuStreamSynchronize)(CUstream);
+    CUresult (*cuGetErrorName)(CUresult, const char **); /* optional */
+} cu;
+
+static CUstream g_stream;
+
+/* Prints "FAIL <why>" on stdout (what the driver reads) and the same on stderr. */
+__attribute__((format(printf, 1, 2)))
+static int fail(const char *fmt, ...) {
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    printf("FAIL %s\n", msg);
+    fflush(stdout);
+    fprintf(stderr, "gpu_tool: %s\n", msg);
+    return 1;
+}
+
+/* "<call> failed: <status name> (<code>): <devshare_last_error>" into buf. */
+static const char *ds_error(char *buf, size_t cap, const char *call, int32_t status) {
+    char msg[1024];
+    devshare_last_error(msg, sizeof msg);
+    snprintf(buf, cap, "%s failed: %s (%d): %s", call, devshare_status_str(status), (int)status,
+             msg);
+    return buf;
+}
+
+static const char *cu_error(char *buf, size_t cap, const char *call, CUresult rc) {
+    const char *name = NULL;
+    if (cu.cuGetErrorName == NULL || cu.cuGetErrorName(rc, &name) != 0 || name == NULL) {
+        name = "?";
+    }
+    snprintf(buf, cap, "%s failed: CUDA error %d (%s)", call, rc, name);
+    return buf;
+}
+
+#define CU_CHECK(call, args)                                                                  \
+    do {                                                                                      \
+        CUresult rc_ = cu.call args;                                                          \
+        if (rc_ != 0) {                                                                       \
+            char b_[256];                                                                     \
+            return fail("%s", cu_error(b_, sizeof b_, #call, rc_));                           \
+        }                                                                                     \
+    } while (0)
+
+static int load_sym(const char *name, void *slot, int required) {
+    void *p = dlsym(cu.lib, name);
+    if (p == NULL) {
+        if (required) {
+            return fail("%s has no symbol %s", "the CUDA driver library", name);
+        }
+        return 0;
+    }
+    memcpy(slot, &p, sizeof p); /* object pointer -> function pointer, without a cast */
+    return 0;
+}
+
+/* dlopen the driver, cuInit, make device 0's primary context current, create a stream. */
+static int cuda_setup(void) {
+    const char *path = getenv("DEVSHARE_CUDA_LIBRARY");
+    if (path == NULL || *path == '\0') {
+        path = "libcuda.so.1";
+    }
+    cu.lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+    if (cu.lib == NULL) {
+        return fail("cannot load the CUDA driver (%s): %s", path, dlerror());
+    }
+    int bad = 0;
+    bad |= load_sym("cuInit", &cu.cuInit, 1);
+    bad |= load_sym("cuDeviceGet", &cu.cuDeviceGet, 1);
+    bad |= load_sym("cuDevicePrimaryCtxRetain", &cu.cuDevicePrimaryCtxRetain, 1);
+    bad |= load_sym("cuCtxSetCurrent", &cu.cuCtxSetCurrent, 1);
+    bad |= load_sym("cuCtxSynchronize", &cu.cuCtxSynchronize, 1);
+    bad |= load_sym("cuMemAlloc_v2", &cu.cuMemAlloc_v2, 1);
+    bad |= load_sym("cuMemFree_v2", &cu.cuMemFree_v2, 1);
+    bad |= load_sym("cuMemcpyHtoD_v2", &cu.cuMemcpyHtoD_v2, 1);
+    bad |= load_sym("cuMemcpyDtoH_v2", &cu.cuMemcpyDtoH_v2, 1);
+    bad |= load_sym("cuStreamCreate", &cu.cuStreamCreate, 1);
+    bad |= load_sym("cuStreamSynchronize", &cu.cuStreamSynchronize, 1);
+    bad |= load_sym("cuGetErrorName", &cu.cuGetErrorName, 0);
+    if (bad) {
+        return 1;
+    }
+    CU_CHECK(cuInit, (0));
+    CUdevice dev = 0;
+    CU_CHECK(cuDeviceGet, (&dev, 0));
+    CUcontext ctx = NULL;
+    CU_CHECK(cuDevicePrimaryCtxRetain, (&ctx, dev));
+    CU_CHECK(cuCtxSetCurrent, (ctx));
+    CU_CHECK(cuStreamCreate, (&g_stream, 0));
+    return 0;
+}
+
+/* --- Small helpers ----------------------------------------------------------------------- */
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int parse_i64(const char *s, int64_t *out) {
+    if (s == NULL || *s == '\0') {
+        return -1;
+    }
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno != 0 || *end != '\0') {
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+static int parse_f64(const char *s, double *out) {
+    if (s == NULL || *s == '\0') {
+        return -1;
+    }
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno != 0 || *end != '\0') {
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static void print_hex(const uint8_t *p, size_t n) {
+    if (n == 0) {
+        fputc('-', stdout);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        printf("%02x", p[i]);
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void print_stats(const char *label, double *v, size_t n) {
+    if (n == 0) {
+        printf("%s n=0\n", label);
+        return;
+    }
+    qsort(v, n, sizeof *v, cmp_double);
+    printf("%s n=%zu p50=%.1f min=%.1f max=%.1f\n", label, n, v[n / 2], v[0], v[n - 1]);
+}
+
+/* --- Importing and checking one float32 tensor ----------------------------------------- */
+
+/* The tensor of an import, if it is float32 and C-contiguous: data pointer and element count. */
+static int float_view(const DevshareImport *imp, CUdeviceptr *data, uint64_t *numel,
+                      char *why, size_t cap) {
+    DevshareImportInfo info;
+    DevshareHandle h;
+    int32_t st = devshare_import_info(imp, &info);
+    if (st != DEVSHARE_STATUS_OK) {
+        ds_error(why, cap, "devshare_import_info", st);
+        return -1;
+    }
+    st = devshare_import_handle(imp, &h);
+    if (st != DEVSHARE_STATUS_OK) {
+        ds_error(why, cap, "devshare_import_handle", st);
+        return -1;
+    }
+    if (info.backend != DEVSHARE_BACKEND_CUDA) {
+        snprintf(why, cap, "handle backend is %u, not cuda (%d)", info.backend,
+                 DEVSHARE_BACKEND_CUDA);
+        return -1;
+    }
+    if (h.dtype.code != DEVSHARE_DTYPE_FLOAT || h.dtype.bits != 32 || h.dtype.lanes != 1) {
+        snprintf(why, cap, "dtype is code %u bits %u lanes %u, not float32", h.dtype.code,
+                 h.dtype.bits, h.dtype.lanes);
+        return -1;
+    }
+    int64_t expect = 1;
+    for (int d = (int)h.ndim - 1; d >= 0; d--) {
+        if (h.shape[d] != 1 && h.strides[d] != expect) {
+            snprintf(why, cap, "tensor is not C-contiguous (dim %d: shape %" PRId64
+                     " stride %" PRId64 ", expected %" PRId64 ")",
+                     d, h.shape[d], h.strides[d], expect);
+            return -1;
+        }
+        expect *= h.shape[d];
+    }
+    *data = (CUdeviceptr)(uintptr_t)info.data;
+    *numel = info.numel;
+    return 0;
+}
+
+/* Check element i == start + i for i < ncheck, then write `value` everywhere. */
+static int check_and_write(CUdeviceptr data, uint64_t numel, uint64_t ncheck, double start,
+                           double value, double *sum, char *why, size_t cap) {
+    if (ncheck > numel) {
+        snprintf(why, cap, "asked to check %" PRIu64 " elements but the tensor has %" PRIu64,
+                 ncheck, numel);
+        return -1;
+    }
+    size_t bytes = (size_t)numel * sizeof(float);
+    float *buf = malloc(bytes > 0 ? bytes : 1);
+    if (buf == NULL) {
+        snprintf(why, cap, "out of host memory (%zu bytes)", bytes);
+        return -1;
+    }
+    CUresult rc = cu.cuMemcpyDtoH_v2(buf, data, bytes);
+    if (rc != 0) {
+        cu_error(why, cap, "cuMemcpyDtoH_v2", rc);
+        free(buf);
+        return -1;
+    }
+    double s = 0;
+    for (uint64_t i = 0; i < ncheck; i++) {
+        float want = (float)(start + (double)i);
+        if (buf[i] != want) {
+            snprintf(why, cap, "element %" PRIu64 " is %.9g, expected %.9g (element 0 is %.9g)", i,
+                     (double)buf[i], (double)want, (double)buf[0]);
+            free(buf);
+            return -1;
+        }
+        s += (double)buf[i];
+    }
+    for (uint64_t i = 0; i < numel; i++) {
+        buf[i] = (float)value;
+    }
+    rc = cu.cuMemcpyHtoD_v2(data, buf, bytes);
+    free(buf);
+    if (rc == 0) {
+        /* A pageable H2D copy may return before the DMA lands: finish it before releasing. */
+        rc = cu.cuCtxSynchronize();
+    }
+    if (rc != 0) {
+        cu_error(why, cap, "cuMemcpyHtoD_v2/cuCtxSynchronize", rc);
+        return -1;
+    }
+    *sum = s;
+    return 0;
+}
+
+/* Import text with this tool's stream and wait for the stream (and so the producer's event). */
+static int import_text(const char *text, DevshareImport **imp, char *why, size_t cap) {
+    DevshareHandle h;
+    int32_t st = devshare_handle_from_text(text, &h);
+    if (st != DEVSHARE_STATUS_OK) {
+        ds_error(why, cap, "devshare_handle_from_text", st);
+        return -1;
+    }
+    DevshareImportOptions opt;
+    devshare_import_options_init(&opt);
+    opt.stream = g_stream;
+    st = devshare_import(&h, &opt, imp);
+    if (st != DEVSHARE_STATUS_OK) {
+        ds_error(why, cap, "devshare_import", st);
+        return -1;
+    }
+    CUresult rc = cu.cuStreamSynchronize(g_stream);
+    if (rc != 0) {
+        cu_error(why, cap, "cuStreamSynchronize", rc);
+        devshare_import_release(*imp);
+        *imp = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* --- Subcommands ----------------------------------------------------------------------- */
+
+static int cmd_consume(char **argv) {
+    int64_t ncheck = 0;
+    double start = 0, value = 0;
+    if (parse_i64(argv[1], &ncheck) != 0 || ncheck < 0 || parse_f64(argv[2], &start) != 0 ||
+        parse_f64(argv[3], &value) != 0) {
+        return fail("usage: consume <text-handle> <nfloats-to-check> <expect-start> <write-value>");
+    }
+    if (cuda_setup() != 0) {
+        return 1;
+    }
+    char why[2048];
+    DevshareImport *imp = NULL;
+    double t0 = now_us();
+    if (import_text(argv[0], &imp, why, sizeof why) != 0) {
+        return fail("%s", why);
+    }
+    double t1 = now_us();
+    CUdeviceptr data = 0;
+    uint64_t numel = 0;
+    double sum = 0;
+    if (float_view(imp, &data, &numel, why, sizeof why) != 0 ||
+        check_and_write(data, numel, (uint64_t)ncheck, start, value, &sum, why, sizeof why) != 0) {
+        devshare_import_release(imp);
+        return fail("%s", why);
+    }
+    double t2 = now_us();
+    int32_t st = devshare_import_release(imp);
+    double t3 = now_us();
+    if (st != DEVSHARE_STATUS_OK) {
+        return fail("%s", ds_error(why, sizeof why, "devshare_import_release", st));
+    }
+    printf("OK sum=%.1f numel=%" PRIu64 " import_us=%.1f release_us=%.1f\n", sum, numel, t1 - t0,
+           t3 - t2);
+    return 0;
+}
+
+enum { MANY_MAX = 4096 };
+
+static int cmd_consume_many(void) {
+    if (cuda_setup() != 0) {
+        return 1;
+    }
+    static DevshareImport *imps[MANY_MAX];
+    static double starts[MANY_MAX], values[MANY_MAX];
+    static int64_t nchecks[MANY_MAX];
+    static int okay[MANY_MAX];
+    char *line = NULL;
+    size_t cap = 0;
+    int n = 0, nfail = 0;
+    double import_total = 0;
+    char why[2048];
+    while (getline(&line, &cap, stdin) > 0) {
+        char *save = NULL;
+        char *text = strtok_r(line, " \t\r\n", &save);
+        if (text == NULL) {
+            continue;
+        }
+        if (n >= MANY_MAX) {
+            free(line);
+            return fail("more than %d handles", MANY_MAX);
+        }
+        char *a = strtok_r(NULL, " \t\r\n", &save), *b = strtok_r(NULL, " \t\r\n", &save),
+             *c = strtok_r(NULL, " \t\r\n", &save);
+        int i = n++;
+        okay[i] = 0;
+        imps[i] = NULL;
+        if (parse_i64(a, &nchecks[i]) != 0 || nchecks[i] < 0 || parse_f64(b, &starts[i]) != 0 ||
+            parse_f64(c, &values[i]) != 0) {
+            printf("FAIL %d bad line (want: <text> <nfloats> <expect-start> <write-value>)\n", i);
+            nfail++;
+            continue;
+        }
+        double t0 = now_us();
+        if (import_text(text, &imps[i], why, sizeof why) != 0) {
+            printf("FAIL %d %s\n", i, why);
+            nfail++;
+            continue;
+        }
+        import_total += now_us() - t0;
+        okay[i] = 1;
+    }
+    free(line);
+    /* Every import is held now: check and write each, then release all. */
+    for (int i = 0; i < n; i++) {
+        if (!okay[i]) {
+            continue;
+        }
+        CUdeviceptr data = 0;
+        uint64_t numel = 0;
+        double sum = 0;
+        if (float_view(imps[i], &data, &numel, why, sizeof why) != 0 ||
+            check_and_write(data, numel, (uint64_t)nchecks[i], starts[i], values[i], &sum, why,
+                            sizeof why) != 0) {
+            printf("FAIL %d %s\n", i, why);
+            nfail++;
+        } else {
+            printf("OK %d sum=%.1f\n", i, sum);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (imps[i] != NULL) {
+            int32_t st = devshare_import_release(imps[i]);
+            if (st != DEVSHARE_STATUS_OK) {
+                printf("FAIL %d %s\n", i, ds_error(why, sizeof why, "devshare_import_release", st));
+                nfail++;
+            }
+        }
+    }
+    printf("DONE ok=%d fail=%d import_total_us=%.1f\n", n - nfail, nfail, import_total);
+    return nfail == 0 && n > 0 ? 0 : 1;
+}
+
+enum { PAD_FLOATS = 64 };
+
+static int cmd_produce(int argc, char **argv) {
+    int64_t n = 0, timeout_ms = 0;
+    double start = 0;
+    int event = 0;
+    if (parse_i64(argv[0], &n) != 0 || n <= 0 || parse_f64(argv[1], &start) != 0 ||
+        parse_i64(argv[2], &timeout_ms) != 0) {
+        return fail("usage: produce <nfloats> <start> <timeout-ms> [sync|event]");
+    }
+    if (argc >= 4) {
+        if (strcmp(argv[3], "event") == 0) {
+            event = 1;
+        } else if (strcmp(argv[3], "sync") != 0) {
+            return fail("produce: mode must be sync or event, not %s", argv[3]);
+        }
+    }
+    if (cuda_setup() != 0) {
+        return 1;
+    }
+    size_t total = ((size_t)n + PAD_FLOATS) * sizeof(float);
+    float *host = malloc(total);
+    if (host == NULL) {
+        return fail("out of host memory");
+    }
+    for (size_t i = 0; i < PAD_FLOATS; i++) {
+        host[i] = -1.0f;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        host[PAD_FLOATS + i] = (float)(start + (double)i);
+    }
+    CUdeviceptr base = 0;
+    CUresult rc = cu.cuMemAlloc_v2(&base, total);
+    if (rc == 0) {
+        rc = cu.cuMemcpyHtoD_v2(base, host, total);
+    }
+    if (rc == 0) {
+        rc = cu.cuCtxSynchronize();
+    }
+    char why[2048];
+    if (rc != 0) {
+        free(host);
+        return fail("%s", cu_error(why, sizeof why, "cuMemAlloc/cuMemcpyHtoD", rc));
+    }
+    CUdeviceptr ptr = base + PAD_FLOATS * sizeof(float);
+    DevshareExporter *ex = NULL;
+    int32_t st = devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)ptr,
+                                 (uint64_t)n * sizeof(float), 0, &ex);
+    if (st != DEVSHARE_STATUS_OK) {
+        cu.cuMemFree_v2(base);
+        free(host);
+        return fail("%s", ds_error(why, sizeof why, "devshare_export", st));
+    }
+    int64_t shape[1] = {n};
+    DevshareTensorDesc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.dtype.code = DEVSHARE_DTYPE_FLOAT;
+    desc.dtype.bits = 32;
+    desc.dtype.lanes = 1;
+    desc.ndim = 1;
+    desc.shape = shape;
+    desc.strides = NULL;
+    desc.storage_offset = 0;
+    desc.storage_size = DEVSHARE_STORAGE_TO_END;
+    desc.tensor_offset = 0;
+    desc.flags = event ? DEVSHARE_SHARE_EVENT : 0;
+    desc.stream = event ? g_stream : NULL;
+    DevshareHandle h;
+    DevshareTorchStorage ts;
+    char text[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
+    const char *call = "devshare_exporter_share";
+    st = devshare_exporter_share(ex, &desc, &h);
+    if (st == DEVSHARE_STATUS_OK) {
+        call = "devshare_handle_to_text";
+        st = devshare_handle_to_text(&h, text, sizeof text, NULL);
+    }
+    if (st == DEVSHARE_STATUS_OK) {
+        call = "devshare_handle_to_torch";
+        st = devshare_handle_to_torch(&h, &ts);
+    }
+    if (st != DEVSHARE_STATUS_OK) {
+        ds_error(why, sizeof why, call, st);
+        devshare_exporter_close(ex, DEVSHARE_CLOSE_FORCE);
+        cu.cuMemFree_v2(base);
+        free(host);
+        return fail("%s", why);
+    }
+    printf("HANDLE %s\n", text);
+    printf("TORCH %d ", (int)ts.device);
+    print_hex(ts.handle, ts.handle_len);
+    printf(" %" PRIu64 " %" PRIu64 " ", ts.storage_size, ts.storage_offset);
+    print_hex(ts.ref_name, ts.ref_name_len);
+    printf(" %" PRIu64 " ", ts.ref_slot);
+    print_hex(ts.event_handle, sizeof ts.event_handle);
+    printf(" %u\n", (unsigned)ts.event_sync_required);
+    fflush(stdout);
+
+    st = devshare_exporter_wait(ex, timeout_ms);
+    uint64_t left = 0;
+    devshare_exporter_outstanding(ex, &left);
+    int released = st == DEVSHARE_STATUS_OK;
+    if (released) {
+        printf("RELEASED outstanding=%" PRIu64 "\n", left);
+    } else if (st == DEVSHARE_STATUS_TIMEOUT) {
+        printf("TIMEOUT outstanding=%" PRIu64 "\n", left);
+    } else {
+        printf("FAIL %s\n", ds_error(why, sizeof why, "devshare_exporter_wait", st));
+    }
+    fflush(stdout);
+    rc = cu.cuMemcpyDtoH_v2(host, base, total);
+    if (rc == 0) {
+        printf("AFTER first=%.9g last=%.9g pad=%.9g\n", (double)host[PAD_FLOATS],
+               (double)host[PAD_FLOATS + n - 1], (double)host[PAD_FLOATS - 1]);
+    } else {
+        printf("FAIL %s\n", cu_error(why, sizeof why, "cuMemcpyDtoH_v2", rc));
+        released = 0;
+    }
+    st = devshare_exporter_close(ex, released ? 0 : DEVSHARE_CLOSE_FORCE);
+    if (st != DEVSHARE_STATUS_OK) {
+        printf("FAIL %s\n", ds_error(why, sizeof why, "devshare_exporter_close", st));
+        released = 0;
+    }
+    /* Memory a consumer may still map is leaked rather than freed under it. */
+    if (left == 0) {
+        cu.cuMemFree_v2(base);
+    }
+    free(host);
+    fflush(stdout);
+    return released ? 0 : 1;
+}
+
+static int cmd_serve(void) {
+    if (cuda_setup() != 0) {
+        return 1;
+    }
+    printf("READY\n");
+    fflush(stdout);
+    char *line = NULL;
+    size_t cap = 0;
+    char why[2048];
+    while (getline(&line, &cap, stdin) > 0) {
+        char *save = NULL;
+        char *text = strtok_r(line, " \t\r\n", &save);
+        if (text == NULL) {
+            continue;
+        }
+        DevshareImport *imp = NULL;
+        CUdeviceptr data = 0;
+        uint64_t numel = 0;
+        float first = 0;
+        if (import_text(text, &imp, why, sizeof why) != 0) {
+            printf("FAIL %s\n", why);
+        } else if (float_view(imp, &data, &numel, why, sizeof why) != 0) {
+            devshare_import_release(imp);
+            printf("FAIL %s\n", why);
+        } else {
+            CUresult rc = numel > 0 ? cu.cuMemcpyDtoH_v2(&first, data, sizeof first) : 0;
+            int32_t st = devshare_import_release(imp);
+            if (rc != 0) {
+                printf("FAIL %s\n", cu_error(why, sizeof why, "cuMemcpyDtoH_v2", rc));
+            } else if (st != DEVSHARE_STATUS_OK) {
+                printf("FAIL %s\n", ds_error(why, sizeof why, "devshare_import_release", st));
+            } else {
+                printf("OK %.9g\n", (double)first);
+            }
+        }
+        fflush(stdout);
+    }
+    free(line);
+    return 0;
+}
+
+static int cmd_bench_import(char **argv) {
+    int64_t iters = 0;
+    if (parse_i64(argv[1], &iters) != 0 || iters <= 0 || iters > 1000000) {
+        return fail("usage: bench-import <text-handle> <iterations>");
+    }
+    if (cuda_setup() != 0) {
+        return 1;
+    }
+    char why[2048];
+    DevshareHandle h, cold;
+    int32_t st = devshare_handle_from_text(argv[0], &h);
+    if (st != DEVSHARE_STATUS_OK) {
+        return fail("%s", ds_error(why, sizeof why, "devshare_handle_from_text", st));
+    }
+    /* The same handle without its reference: importing and releasing it never returns the
+     * producer's reference, so it can be repeated. */
+    cold = h;
+    cold.ref_name_len = 0;
+    cold.ref_slot = 0;
+    memset(cold.ref_name, 0, sizeof cold.ref_name);
+    DevshareImportOptions opt;
+    devshare_import_options_init(&opt);
+    opt.stream = g_stream;
+    double *t = malloc((size_t)iters * sizeof *t);
+    if (t == NULL) {
+        return fail("out of host memory");
+    }
+    DevshareImport *imp = NULL;
+    for (int64_t i = -1; i < iters; i++) {
+        double t0 = now_us();
+        st = devshare_import(&cold, &opt, &imp);
+        if (st == DEVSHARE_STATUS_OK) {
+            st = devshare_import_release(imp);
+        }
+        double dt = now_us() - t0;
+        if (st != DEVSHARE_STATUS_OK) {
+            free(t);
+            return fail("cold round %" PRId64 ": %s", i,
+                        ds_error(why, sizeof why, "devshare_import/release", st));
+        }
+        if (i < 0) {
+            printf("FIRST_US %.1f\n", dt);
+        } else {
+            t[i] = dt;
+        }
+    }
+    print_stats("COLD_US", t, (size_t)iters);
+    DevshareImport *held = NULL;
+    st = devshare_import(&h, &opt, &held);
+    if (st != DEVSHARE_STATUS_OK) {
+        free(t);
+        return fail("%s", ds_error(why, sizeof why, "devshare_import (held)", st));
+    }
+    for (int64_t i = 0; i < iters; i++) {
+        double t0 = now_us();
+        st = devshare_import(&h, &opt, &imp);
+        if (st == DEVSHARE_STATUS_OK) {
+            st = devshare_import_release(imp);
+        }
+        t[i] = now_us() - t0;
+        if (st != DEVSHARE_STATUS_OK) {
+            devshare_import_release(held);
+            free(t);
+            return fail("cached round %" PRId64 ": %s", i,
+                        ds_error(why, sizeof why, "devshare_import/release", st));
+        }
+    }
+    print_stats("CACHED_US", t, (size_t)iters);
+    free(t);
+    st = devshare_import_release(held);
+    if (st != DEVSHARE_STATUS_OK) {
+        return fail("%s", ds_error(why, sizeof why, "devshare_import_release (held)", st));
+    }
+    printf("RELEASED\n");
+    return 0;
+}
+
+static int cmd_describe(const char *text) {
+    DevshareHandle h;
+    char why[2048];
+    int32_t st = devshare_handle_from_text(text, &h);
+    if (st != DEVSHARE_STATUS_OK) {
+        return fail("%s", ds_error(why, sizeof why, "devshare_handle_from_text", st));
+    }
+    printf("DESC backend=%u flags=%u device=%d pid=%d dtype=%u/%u/%u ndim=%u shape=", h.backend,
+           h.flags, h.device_index, h.producer_pid, h.dtype.code, h.dtype.bits, h.dtype.lanes,
+           h.ndim);
+    for (uint32_t i = 0; i < h.ndim; i++) {
+        printf("%s%" PRId64, i ? "," : "", h.shape[i]);
+    }
+    printf(" strides=");
+    for (uint32_t i = 0; i < h.ndim; i++) {
+        printf("%s%" PRId64, i ? "," : "", h.strides[i]);
+    }
+    printf(" alloc_size=%" PRIu64 " storage_offset=%" PRIu64 " storage_size=%" PRIu64
+           " tensor_offset=%" PRId64 " key_len=%u key=",
+           h.alloc_size, h.storage_offset, h.storage_size, h.tensor_offset, h.key_len);
+    print_hex(h.key, h.key_len);
+    printf(" ref_name=%.*s ref_slot=%" PRIu64 " event=", (int)h.ref_name_len,
+           (const char *)h.ref_name, h.ref_slot);
+    print_hex(h.event_handle, (h.flags & DEVSHARE_HANDLE_FLAG_EVENT) ? sizeof h.event_handle : 0);
+    printf("\n");
+    return 0;
+}
+
+#define FIELD(T, f) printf(" %s=%zu", #f, offsetof(T, f))
+
+static int cmd_layout(void) {
+    printf("SIZE DevshareHandle=%zu DevshareTorchArgs=%zu DevshareTorchStorage=%zu "
+           "DevshareImportOptions=%zu DevshareTensorDesc=%zu\n",
+           sizeof(DevshareHandle), sizeof(DevshareTorchArgs), sizeof(DevshareTorchStorage),
+           sizeof(DevshareImportOptions), sizeof(DevshareTensorDesc));
+    printf("OFFSETS DevshareTorchArgs");
+    FIELD(DevshareTorchArgs, struct_size);
+    FIELD(DevshareTorchArgs, backend);
+    FIELD(DevshareTorchArgs, dtype);
+    FIELD(DevshareTorchArgs, ndim);
+    FIELD(DevshareTorchArgs, shape);
+    FIELD(DevshareTorchArgs, strides);
+    FIELD(DevshareTorchArgs, tensor_offset);
+    FIELD(DevshareTorchArgs, device);
+    FIELD(DevshareTorchArgs, producer_pid);
+    FIELD(DevshareTorchArgs, handle);
+    FIELD(DevshareTorchArgs, handle_len);
+    FIELD(DevshareTorchArgs, storage_size);
+    FIELD(DevshareTorchArgs, storage_offset);
+    FIELD(DevshareTorchArgs, ref_name);
+    FIELD(DevshareTorchArgs, ref_name_len);
+    FIELD(DevshareTorchArgs, ref_slot);
+    FIELD(DevshareTorchArgs, event_handle);
+    FIELD(DevshareTorchArgs, event_handle_len);
+    FIELD(DevshareTorchArgs, event_sync_required);
+    printf("\nOFFSETS DevshareHandle");
+    FIELD(DevshareHandle, flags);
+    FIELD(DevshareHandle, device_index);
+    FIELD(DevshareHandle, producer_pid);
+    FIELD(DevshareHandle, ndim);
+    FIELD(DevshareHandle, alloc_size);
+    FIELD(DevshareHandle, storage_offset);
+    FIELD(DevshareHandle, storage_size);
+    FIELD(DevshareHandle, tensor_offset);
+    FIELD(DevshareHandle, dtype);
+    FIELD(DevshareHandle, key_len);
+    FIELD(DevshareHandle, shape);
+    FIELD(DevshareHandle, strides);
+    FIELD(DevshareHandle, key);
+    FIELD(DevshareHandle, ref_slot);
+    FIELD(DevshareHandle, ref_name_len);
+    FIELD(DevshareHandle, ref_name);
+    FIELD(DevshareHandle, event_handle);
+    printf("\n");
+    return 0;
+}
+
+static int usage(void) {
+    fprintf(stderr,
+            "usage: gpu_tool consume <text-handle> <nfloats-to-check> <expect-start> <write-value>\n"
+            "       gpu_tool consume-many            (lines of the above arguments on stdin)\n"
+            "       gpu_tool produce <nfloats> <start> <timeout-ms> [sync|event]\n"
+            "       gpu_tool serve                   (handles on stdin, one per line)\n"
+            "       gpu_tool bench-import <text-handle> <iterations>\n"
+            "       gpu_tool describe <text-handle>\n"
+            "       gpu_tool layout\n");
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        return usage();
+    }
+    const char *cmd = argv[1];
+    int rest = argc - 2;
+    char **args = argv + 2;
+    int rc;
+    if (strcmp(cmd, "consume") == 0 && rest == 4) {
+        rc = cmd_consume(args);
+    } else if (strcmp(cmd, "consume-many") == 0 && rest == 0) {
+        rc = cmd_consume_many();
+    } else if (strcmp(cmd, "produce") == 0 && (rest == 3 || rest == 4)) {
+        rc = cmd_produce(rest, args);
+    } else if (strcmp(cmd, "serve") == 0 && rest == 0) {
+        rc = cmd_serve();
+    } else if (strcmp(cmd, "bench-import") == 0 && rest == 2) {
+        rc = cmd_bench_import(args);
+    } else if (strcmp(cmd, "describe") == 0 && rest == 1) {
+        rc = cmd_describe(args[0]);
+    } else if (strcmp(cmd, "layout") == 0 && rest == 0) {
+        rc = cmd_layout();
+    } else {
+        return usage();
+    }
+    fflush(stdout);
+    return rc;
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# devshare's real-GPU test suite, in one command (see tests/gpu/README.md):
+#
+#     bash tests/gpu/run.sh [bundle-dir] [gpu_cases.py options]
+#
+# bundle-dir (default build/gpu-bundle) is what scripts/gpu_bundle.sh made: libdevshare.so,
+# libdevshare.so.0 and gpu_tool. Needs python3 with PyTorch built with CUDA (PYTHON=... picks
+# another interpreter) and an NVIDIA GPU; no Rust. Options after the bundle go to gpu_cases.py:
+# --only a,c2 (case names or their letter prefixes), --list, --dry-run (no GPU, no torch needed).
+#
+# Prints PASS <case> / FAIL <case>: why / SKIP <case>: why per case and a final
+# "SUMMARY: N passed, M failed, K skipped"; exits nonzero on any FAIL. Each case has its own
+# timeout and the whole run is stopped after 470 s.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+
+bundle=build/gpu-bundle
+if [[ $# -gt 0 && "$1" != -* ]]; then
+    bundle=$1
+    shift
+fi
+
+fail_setup() {
+    echo "FAIL setup: $*"
+    echo "SUMMARY: 0 passed, 1 failed, 0 skipped"
+    exit 1
+}
+
+[[ -d "$bundle" ]] || fail_setup "bundle directory '$bundle' not found: run 'bash scripts/gpu_bundle.sh' on a machine with Rust and copy build/gpu-bundle here"
+bundle=$(cd "$bundle" && pwd)
+for f in libdevshare.so gpu_tool; do
+    [[ -e "$bundle/$f" ]] || fail_setup "$bundle/$f is missing: rebuild the bundle with 'bash scripts/gpu_bundle.sh'"
+done
+
+PY=${PYTHON:-python3}
+command -v "$PY" >/dev/null 2>&1 || fail_setup "python interpreter '$PY' not found (set PYTHON=/path/to/python with torch+CUDA)"
+
+export DEVSHARE_LIBRARY="$bundle/libdevshare.so"
+export DEVSHARE_GPU_BUNDLE="$bundle"
+export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+
+limit=470
+if command -v timeout >/dev/null 2>&1; then
+    timeout -k 10 "$limit" "$PY" -u tests/gpu/gpu_cases.py --bundle "$bundle" "$@"
+    rc=$?
+else
+    "$PY" -u tests/gpu/gpu_cases.py --bundle "$bundle" "$@"
+    rc=$?
+fi
+if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+    echo "FAIL run: the suite exceeded its ${limit} s limit and was stopped"
+    echo "SUMMARY: 0 passed, 1 failed, 0 skipped (incomplete: see the lines above)"
+    exit 1
+fi
+exit $rc
