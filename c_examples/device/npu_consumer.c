@@ -1,0 +1,212 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * npu_consumer: import an Ascend NPU tensor shared by `npu_producer`, check it, write a result
+ * into it, release it.
+ *
+ *   npu_consumer            (started by npu_producer; talks to it over stdin and stdout)
+ *
+ * Protocol: the consumer prints one line `PID <n>` on stdout, the pid the producer must put on
+ * the export key's whitelist (devshare_local_pid: on Ascend the bare tgid, which differs from
+ * getpid() inside containers), then reads one line from stdin: the handle text. Its messages
+ * go to stderr.
+ *
+ * The tensor must be 2-D float32, R x C with R >= 2 and rows 0..R-2 holding v[i][j] =
+ * i*1000 + j. The consumer imports it with a stream of its own (when the handle carries an IPC
+ * event, the import makes that stream wait on it), copies it to the host, checks it, writes the
+ * column sums of rows 0..R-2 into row R-1 and releases the import, which returns the handle's
+ * reference to the producer. Device memory is only ever reached through aclrtMemcpy.
+ *
+ * Run it through the producer (see npu_producer.c): it needs the producer to whitelist its pid.
+ * With CANN installed, the same source builds against the real acl/acl.h and libascendcl.so
+ * (DEVSHARE_EXAMPLE_REAL_ACL); over the test stand-in it needs DEVSHARE_ACL_LIBRARY.
+ *
+ * Exit status: 0 on success, 1 on any failure.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#if defined(DEVSHARE_EXAMPLE_REAL_ACL)
+#include <acl/acl.h>
+#else
+#include "acl_standin.h" /* the test stand-in's copy of the ACL declarations */
+#endif
+#include "devshare.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { DEVICE = 0 }; /* both processes use device 0 */
+
+static void report(const char *what, int32_t status) {
+    char msg[1024];
+    devshare_last_error(msg, sizeof msg);
+    fprintf(stderr, "npu_consumer: %s failed: %s (%d): %s\n", what, devshare_status_str(status),
+            (int)status, msg);
+}
+
+/* 1 (and a message) when an ACL call failed. */
+static int acl_failed(const char *what, aclError rc) {
+    if (rc == ACL_SUCCESS) {
+        return 0;
+    }
+    const char *msg = aclGetRecentErrMsg();
+    fprintf(stderr, "npu_consumer: %s failed: ACL error %d: %s\n", what, (int)rc, msg ? msg : "");
+    return 1;
+}
+
+/* Copy the tensor to the host, check it, write the column sums into its last row; 0 on
+ * success. Element (i, j) is at data + i * strides[0] + j (in elements): rows are contiguous
+ * but may be padded, so one copy of the whole span brings every row over. */
+static int consume(const DevshareHandle *h, const DevshareImportInfo *info, aclrtStream stream) {
+    if (h->dtype.code != DEVSHARE_DTYPE_FLOAT || h->dtype.bits != 32 || h->dtype.lanes != 1) {
+        fprintf(stderr, "npu_consumer: expected float32\n");
+        return 1;
+    }
+    if (h->ndim != 2 || h->shape[0] < 2 || h->shape[1] < 1 || h->strides[1] != 1 ||
+        h->strides[0] < h->shape[1]) {
+        fprintf(stderr, "npu_consumer: expected a 2-D tensor of at least 2 contiguous rows\n");
+        return 1;
+    }
+    const int64_t rows = h->shape[0], cols = h->shape[1], pitch = h->strides[0];
+    const size_t span = (size_t)((rows - 1) * pitch + cols) * sizeof(float);
+    float *host = malloc(span);
+    float *sums = malloc((size_t)cols * sizeof(float));
+    int rc = 1;
+    if (!host || !sums) {
+        fprintf(stderr, "npu_consumer: out of host memory\n");
+        goto out;
+    }
+    if (acl_failed("aclrtMemcpy (device to host)",
+                   aclrtMemcpy(host, span, info->data, span, ACL_MEMCPY_DEVICE_TO_HOST))) {
+        goto out;
+    }
+    for (int64_t i = 0; i + 1 < rows; i++) {
+        for (int64_t j = 0; j < cols; j++) {
+            const float want = (float)(i * 1000 + j);
+            if (host[i * pitch + j] != want) {
+                fprintf(stderr, "npu_consumer: pattern broken at [%" PRId64 "][%" PRId64 "]: %.1f, expected %.1f\n",
+                        i, j, (double)host[i * pitch + j], (double)want);
+                goto out;
+            }
+        }
+    }
+    fprintf(stderr, "npu_consumer[%ld]: %" PRId64 "x%" PRId64 " float32 on NPU %d: data rows 0..%" PRId64
+            " ok\n", (long)getpid(), rows, cols, (int)info->device, rows - 2);
+    /* Sum in double: the sums are integers below 2^25, exact in float32 once summed exactly. */
+    for (int64_t j = 0; j < cols; j++) {
+        double sum = 0.0;
+        for (int64_t i = 0; i + 1 < rows; i++) {
+            sum += host[i * pitch + j];
+        }
+        sums[j] = (float)sum;
+    }
+    /* The result row is ours to write: row rows-1 of the shared tensor, on the device. */
+    void *result_row = (char *)info->data + (size_t)((rows - 1) * pitch) * sizeof(float);
+    const size_t row_bytes = (size_t)cols * sizeof(float);
+    if (acl_failed("aclrtMemcpy (host to device)",
+                   aclrtMemcpy(result_row, row_bytes, sums, row_bytes, ACL_MEMCPY_HOST_TO_DEVICE))) {
+        goto out;
+    }
+    /* aclrtMemcpy is synchronous, but whatever this process queued on its stream (a kernel
+     * computing the sums, in a real program) must be finished before the release tells the
+     * producer that it may read. */
+    if (acl_failed("aclrtSynchronizeStream", aclrtSynchronizeStream(stream))) {
+        goto out;
+    }
+    fprintf(stderr, "npu_consumer[%ld]: wrote the column sums into row %" PRId64 ": %.0f %.0f ... %.0f\n",
+            (long)getpid(), rows - 1, (double)sums[0], (double)sums[cols > 1 ? 1 : 0],
+            (double)sums[cols - 1]);
+    rc = 0;
+out:
+    free(host);
+    free(sums);
+    return rc;
+}
+
+int main(void) {
+    int rc = 1;
+    int32_t st;
+    aclrtStream stream = NULL;
+    DevshareImport *imp = NULL;
+
+    const aclError init = aclInit(NULL);
+    if (init != ACL_ERROR_REPEAT_INITIALIZE && acl_failed("aclInit", init)) {
+        return 1;
+    }
+    /* ACL binds devices per thread: every ACL call below runs on this thread. */
+    if (acl_failed("aclrtSetDevice", aclrtSetDevice(DEVICE))) {
+        goto finalize;
+    }
+    if (acl_failed("aclrtCreateStream", aclrtCreateStream(&stream))) {
+        goto reset;
+    }
+
+    /* 1. Tell the producer which pid to whitelist. */
+    int32_t pid = 0;
+    if ((st = devshare_local_pid(DEVSHARE_BACKEND_ACL, DEVICE, &pid)) != DEVSHARE_STATUS_OK) {
+        report("devshare_local_pid", st);
+        goto destroy_stream;
+    }
+    printf("PID %d\n", (int)pid);
+    fflush(stdout);
+
+    /* 2. Receive the handle. */
+    char text[DEVSHARE_HANDLE_MAX_TEXT_SIZE + 2];
+    if (!fgets(text, sizeof text, stdin)) {
+        fprintf(stderr, "npu_consumer: no handle on stdin\n");
+        goto destroy_stream;
+    }
+    DevshareHandle h;
+    if ((st = devshare_handle_from_text(text, &h)) != DEVSHARE_STATUS_OK) {
+        report("devshare_handle_from_text", st);
+        goto destroy_stream;
+    }
+    if (h.backend != DEVSHARE_BACKEND_ACL) {
+        fprintf(stderr, "npu_consumer: the handle is not for the acl backend (backend %u)\n",
+                (unsigned)h.backend);
+        goto destroy_stream;
+    }
+
+    /* 3. Import on our device with our stream: the producer's IPC event (if any) is waited on
+     * by that stream, so work queued on it after the import sees the producer's data. */
+    DevshareImportOptions opts;
+    devshare_import_options_init(&opts);
+    opts.device = DEVICE;
+    opts.stream = stream;
+    if ((st = devshare_import(&h, &opts, &imp)) != DEVSHARE_STATUS_OK) {
+        report("devshare_import", st);
+        goto destroy_stream;
+    }
+    fprintf(stderr, "npu_consumer[%ld]: imported (event: %s)\n", (long)getpid(),
+            (h.flags & DEVSHARE_HANDLE_FLAG_EVENT) ? "yes, our stream waits on it" : "no");
+    DevshareImportInfo info;
+    if ((st = devshare_import_info(imp, &info)) != DEVSHARE_STATUS_OK) {
+        report("devshare_import_info", st);
+    } else if (!acl_failed("aclrtSynchronizeStream", aclrtSynchronizeStream(stream))) {
+        /* aclrtMemcpy is not ordered on our stream: synchronising it above finished the wait on
+         * the producer's event before the first copy. */
+        rc = consume(&h, &info, stream);
+    }
+
+    /* 4. Release: unmaps, then hands the reference back to the producer. Always release, also
+     * after a failure, or the producer waits in vain. */
+    if ((st = devshare_import_release(imp)) != DEVSHARE_STATUS_OK) {
+        report("devshare_import_release", st);
+        rc = 1;
+    } else {
+        fprintf(stderr, "npu_consumer[%ld]: released the import%s\n", (long)getpid(),
+                rc == 0 ? "; done" : " after a failure");
+    }
+
+destroy_stream:
+    if (acl_failed("aclrtDestroyStream", aclrtDestroyStream(stream))) {
+        rc = 1;
+    }
+reset:
+    aclrtResetDevice(DEVICE);
+finalize:
+    aclFinalize();
+    return rc;
+}
