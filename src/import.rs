@@ -11,7 +11,7 @@
 use crate::backend::{self, ImportRequest, Mapping};
 use crate::error::{Error, Result};
 use crate::handle::{validate, DevshareHandle, Validated};
-use crate::refcounter;
+use crate::refcounter::{self, Watched};
 use crate::handle::{DEVSHARE_KEY_CAPACITY, DEVSHARE_REF_NAME_CAPACITY};
 use rustc_hash::FxHashMap;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
@@ -39,6 +39,24 @@ impl Ticket {
     fn name(&self) -> &[u8] {
         &self.name[..self.name_len as usize]
     }
+
+    fn ref_counter(&self) -> RefName {
+        RefName { len: self.name_len, name: self.name }
+    }
+}
+
+/// A ref-counter object's name (fixed-size, like [`AllocKey`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct RefName {
+    len: u32,
+    name: [u8; DEVSHARE_REF_NAME_CAPACITY],
+}
+
+/// A ref-counter mapping shared by the imports that hold references in it (`None`: the object
+/// is gone, the producer stopped tracking).
+struct WatchEntry {
+    rc: Option<Arc<Watched>>,
+    users: usize,
 }
 
 struct Entry {
@@ -50,6 +68,36 @@ struct Entry {
 struct Registry {
     allocs: FxHashMap<AllocKey, Entry>,
     tickets: FxHashMap<Ticket, usize>,
+    watched: FxHashMap<RefName, WatchEntry>,
+}
+
+impl Registry {
+    /// The ref-counter mapping for `t`, opened on first use; one more user.
+    fn watch(&mut self, t: &Ticket) -> Result<Option<Arc<Watched>>> {
+        let name = t.ref_counter();
+        if let Some(e) = self.watched.get_mut(&name) {
+            e.users += 1;
+            return Ok(e.rc.clone());
+        }
+        let rc = Watched::open(t.name())?.map(Arc::new);
+        self.watched.insert(name, WatchEntry { rc: rc.clone(), users: 1 });
+        Ok(rc)
+    }
+
+    /// One user fewer; the mapping (returned, to be dropped outside the lock) goes with the last.
+    fn unwatch(&mut self, t: &Ticket) -> Option<Arc<Watched>> {
+        let name = t.ref_counter();
+        let e = self.watched.get_mut(&name)?;
+        e.users -= 1;
+        if e.users > 0 {
+            return None;
+        }
+        let rc = self.watched.remove(&name).and_then(|e| e.rc);
+        if self.watched.is_empty() {
+            self.watched = FxHashMap::default();
+        }
+        rc
+    }
 }
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Default::default);
@@ -100,6 +148,8 @@ pub fn discard(name: &[u8], slot: u64) -> Result<()> {
 pub struct Import {
     key: AllocKey,
     ticket: Option<Ticket>,
+    /// The ticket's ref-counter mapping (shared with the other imports holding references in it).
+    watch: Option<Arc<Watched>>,
     mapping: Option<Arc<dyn Mapping>>,
     handle: DevshareHandle,
     validated: Validated,
@@ -152,16 +202,50 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
     });
 
     let mut reg = registry();
-    // Whether this import is the first in this process to hold the handle's reference.
-    let first_holder = match &ticket {
-        Some(t) if reg.tickets.contains_key(t) => false,
+    // The ref-counter, and whether this import is the first in this process to hold the
+    // handle's reference (then the reference must still be outstanding).
+    let (watch, first_holder) = match &ticket {
+        None => (None, true),
         Some(t) => {
-            refcounter::check_outstanding(t.name(), t.slot)?;
-            true
+            let watch = reg.watch(t)?;
+            let first = !reg.tickets.contains_key(t);
+            if first {
+                if let Some(Err(e)) = watch.as_ref().map(|w| w.check(t.slot)) {
+                    reg.unwatch(t);
+                    return Err(e);
+                }
+            }
+            (watch, first)
         }
-        None => true,
     };
-    let mapping = match reg.allocs.get_mut(&key) {
+    let mapping = match map_allocation(&mut reg, &key, h, &validated, &req, backend) {
+        Ok(m) => m,
+        Err(e) => {
+            if let Some(t) = &ticket {
+                reg.unwatch(t);
+            }
+            return Err(e);
+        }
+    };
+    if let Some(t) = &ticket {
+        *reg.tickets.entry(t.clone()).or_insert(0) += 1;
+    }
+    if first_holder && h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT != 0 {
+        mapping.take_over_inflight();
+    }
+    Ok(Import { key, ticket, watch, mapping: Some(mapping), handle: *h, validated })
+}
+
+/// The cached mapping of the handle's allocation (one more user), or a new one.
+fn map_allocation(
+    reg: &mut Registry,
+    key: &AllocKey,
+    h: &DevshareHandle,
+    validated: &Validated,
+    req: &ImportRequest,
+    backend: &dyn backend::Backend,
+) -> Result<Arc<dyn Mapping>> {
+    Ok(match reg.allocs.get_mut(key) {
         Some(entry) => {
             if entry.mapping.size() < h.alloc_size {
                 return Err(Error::Mismatch(format!(
@@ -174,7 +258,7 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
             entry.mapping.clone()
         }
         None => {
-            let mapping: Arc<dyn Mapping> = backend.import(h, &validated, &req)?.into();
+            let mapping: Arc<dyn Mapping> = backend.import(h, validated, req)?.into();
             if mapping.size() < h.alloc_size {
                 return Err(Error::Mismatch(format!(
                     "{} backend mapped {} bytes but the handle's alloc_size is {}",
@@ -186,14 +270,7 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
             reg.allocs.insert(key.clone(), Entry { mapping: mapping.clone(), users: 1 });
             mapping
         }
-    };
-    if let Some(t) = &ticket {
-        *reg.tickets.entry(t.clone()).or_insert(0) += 1;
-    }
-    if first_holder && h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT != 0 {
-        mapping.take_over_inflight();
-    }
-    Ok(Import { key, ticket, mapping: Some(mapping), handle: *h, validated })
+    })
 }
 
 impl Import {
@@ -230,10 +307,12 @@ impl Import {
         reg.allocs.get_mut(&self.key).expect("an unreleased import has a registry entry").users += 1;
         if let Some(t) = &self.ticket {
             *reg.tickets.get_mut(t).expect("an unreleased import holds its ticket") += 1;
+            reg.watched.get_mut(&t.ref_counter()).expect("an unreleased import watches its ref-counter").users += 1;
         }
         Import {
             key: self.key.clone(),
             ticket: self.ticket.clone(),
+            watch: self.watch.clone(),
             mapping: self.mapping.clone(),
             handle: self.handle,
             validated: self.validated,
@@ -252,6 +331,7 @@ impl Import {
         let Some(mapping) = self.mapping.take() else { return };
         let mut last_mapping = None;
         let mut return_ticket = false;
+        let mut last_watch = None;
         {
             let mut reg = registry();
             if let Some(entry) = reg.allocs.get_mut(&self.key) {
@@ -266,6 +346,7 @@ impl Import {
                 }
             }
             if let Some(t) = &self.ticket {
+                last_watch = reg.unwatch(t);
                 if let Some(n) = reg.tickets.get_mut(t) {
                     *n -= 1;
                     if *n == 0 {
@@ -287,8 +368,13 @@ impl Import {
                 b.synchronize(device);
             }
             let t = self.ticket.as_ref().expect("ticket present");
-            refcounter::release_slot(t.name(), t.slot);
+            if let Some(w) = &self.watch {
+                w.release(t.slot);
+            }
         }
+        // The ref-counter mapping goes with the last import that held a reference in it.
+        self.watch = None;
+        drop(last_watch);
     }
 }
 

@@ -132,6 +132,75 @@ impl Drop for Attached<'_> {
     }
 }
 
+/// A consumer's mapping of someone else's ref-counter, kept while imports in this process hold
+/// references in it, so that checking and returning each reference costs no system call.
+///
+/// Holding the mapping is not counted in the header: the count protocol is followed around each
+/// decrement exactly as PyTorch's consumer does it (count +1, slot -1, count -1, unlink at 0), so
+/// the producer sees the same sequence; only the open and map are shared between decrements.
+/// Names are unique per object, so a kept mapping never stands for a different object.
+pub(crate) struct Watched {
+    name: Vec<u8>,
+    map: Map,
+    len: usize,
+}
+
+impl Watched {
+    /// `Ok(None)` when the object is gone (the producer stopped tracking).
+    pub(crate) fn open(name: &[u8]) -> Result<Option<Watched>> {
+        let fd = match shm::open(name) {
+            Ok(fd) => fd,
+            Err(Error::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let size = shm::size_of(&fd, name)?;
+        let len = usize::try_from(size.min(OBJECT_SIZE as u64)).expect("at most OBJECT_SIZE");
+        if len < HEADER_SIZE + 8 {
+            return Err(Error::Mismatch(format!(
+                "ref-counter {} is {size} bytes, too small for any slot",
+                String::from_utf8_lossy(name)
+            )));
+        }
+        let map = Map::new(&fd, len, true, "ref-counter")?;
+        Ok(Some(Watched { name: name.to_vec(), map, len }))
+    }
+
+    fn slot(&self, slot: u64) -> Result<&std::sync::atomic::AtomicI64> {
+        if slot_offset(slot) + 8 > self.len {
+            return Err(Error::Mismatch(format!(
+                "ref-counter {} is {} bytes, too small for slot {slot}",
+                String::from_utf8_lossy(&self.name),
+                self.len
+            )));
+        }
+        Ok(self.map.atomic_i64(slot_offset(slot)))
+    }
+
+    /// Before use: the reference must still be outstanding.
+    pub(crate) fn check(&self, slot: u64) -> Result<()> {
+        let v = self.slot(slot)?.load(Ordering::SeqCst);
+        if v <= 0 {
+            return Err(Error::AlreadyReleased(format!(
+                "slot {slot} of ref-counter {} is {v}: this handle's reference was already returned",
+                String::from_utf8_lossy(&self.name)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Return one reference in PyTorch's order (count +1, slot -1 but not below 0, count -1,
+    /// unlink when the count reached 0).
+    pub(crate) fn release(&self, slot: u64) {
+        let Ok(s) = self.slot(slot) else { return };
+        let count = self.map.atomic_i32(0);
+        count.fetch_add(1, Ordering::SeqCst);
+        let _ = s.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| (v > 0).then(|| v - 1));
+        if count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            shm::unlink(&self.name);
+        }
+    }
+}
+
 /// Consumer side, before use: the handle's reference must still be outstanding. `Ok(false)` when
 /// the ref-counter is gone (the producer stopped tracking), `Ok(true)` when the slot is > 0.
 ///

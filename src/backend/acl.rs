@@ -235,6 +235,7 @@ struct KeyEntry {
 
 impl Drop for KeyEntry {
     fn drop(&mut self) {
+        forget_dead(&EXPORTS);
         if let Ok(api) = api() {
             if let Ok(_g) = api.bind(self.device) {
                 // SAFETY: a key this process exported; exporter-side destroy.
@@ -247,10 +248,25 @@ impl Drop for KeyEntry {
 type ExportCache = Mutex<HashMap<(i32, usize, u64), Weak<KeyEntry>>>;
 static EXPORTS: OnceLock<ExportCache> = OnceLock::new();
 
+/// Drop the cache entries whose export is gone (and the table itself when empty, so an idle
+/// library holds no memory).
+pub(crate) fn forget_dead<K, V>(cache: &OnceLock<Mutex<HashMap<K, Weak<V>>>>) {
+    if let Some(cache) = cache.get() {
+        let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+        c.retain(|_, w| w.strong_count() > 0);
+        if c.is_empty() {
+            *c = HashMap::new();
+        }
+    }
+}
+
 fn export_key(api: &Api, device: i32, ptr: *mut u8, size: u64, no_pid_check: bool) -> Result<Arc<KeyEntry>> {
     let mut cache = EXPORTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
     let id = (device, ptr as usize, size);
     if let Some(entry) = cache.get(&id).and_then(Weak::upgrade) {
+        // Unlock first: if the other exporter closes meanwhile, dropping `entry` here is the
+        // last reference, and its drop takes the lock.
+        drop(cache);
         if entry.no_pid_check != no_pid_check {
             return Err(Error::InvalidArgument(format!(
                 "this range is already exported {} pid validation; export it again with the same \

@@ -277,6 +277,12 @@ fn export_block(api: &Api, device: c_int, ptr: DevPtr, size: u64) -> Result<(Arc
     Ok((block, offset))
 }
 
+impl Drop for Block {
+    fn drop(&mut self) {
+        super::acl::forget_dead(&BLOCKS);
+    }
+}
+
 struct CudaExport {
     block: Arc<Block>,
     offset: u64,
