@@ -202,12 +202,13 @@ impl Exporter {
         }
         validate(&h)?;
 
+        // Event or synchronisation first (outside the lock: it may wait for the device), and a
+        // failure there must not leave a slot set to 1.
+        let event = self.alloc.prepare_share(desc.stream, desc.event)?;
         let mut shared = self.shared();
         // Drop the events of shares already released (PyTorch keeps at most 1000 alive).
         let Shared { refs, events } = &mut *shared;
         events.retain(|e| refs[e.rc].slot_value(e.slot) > 0);
-        // Event or synchronisation first: a failure there must not leave a slot set to 1.
-        let event = self.alloc.prepare_share(desc.stream, desc.event)?;
         if refs.last().map_or(true, |rc| !rc.has_free_slot()) {
             refs.push(RefCounter::create()?);
         }

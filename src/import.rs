@@ -183,14 +183,20 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
         )));
     }
     let backend = backend::get(h.backend)?;
+    let device = backend.import_device(h, &req)?;
+    let req = ImportRequest { device: Some(device), ..req };
     // The producer's event first, before anything is registered: a failed wait leaves nothing
-    // to undo, and the handle's reference stays with the caller (who may retry).
+    // to undo, and the handle's reference stays with the caller (who may retry). But not for a
+    // handle whose reference was already returned: its producer may have destroyed the event.
     if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_EVENT != 0 {
+        if h.ref_name_len > 0 {
+            refcounter::check_outstanding(h.ref_name_bytes(), h.ref_slot)?;
+        }
         backend.wait_event(h, &req)?;
     }
     let key = AllocKey {
         backend: h.backend,
-        device: req.device.unwrap_or(h.device_index),
+        device,
         read_only: req.read_only,
         key_len: h.key_len,
         key: h.key,
@@ -329,7 +335,7 @@ impl Import {
     fn release_inner(&mut self) {
         let device = self.device();
         let Some(mapping) = self.mapping.take() else { return };
-        let mut last_mapping = None;
+        let mut ours = Some(mapping);
         let mut return_ticket = false;
         let mut last_watch = None;
         {
@@ -337,7 +343,12 @@ impl Import {
             if let Some(entry) = reg.allocs.get_mut(&self.key) {
                 entry.users -= 1;
                 if entry.users == 0 {
-                    last_mapping = reg.allocs.remove(&self.key).map(|e| e.mapping);
+                    // (1) The last user unmaps / closes the vendor import, under the lock: an
+                    // import of the same allocation racing with this release must not open it
+                    // again before it is closed (CUDA refuses a second open).
+                    let last = reg.allocs.remove(&self.key).map(|e| e.mapping);
+                    drop(ours.take());
+                    drop(last);
                     if reg.allocs.is_empty() {
                         // Give the table back when nothing is imported, so that leak checkers
                         // see no memory held by an idle library.
@@ -359,9 +370,8 @@ impl Import {
                 }
             }
         }
-        // (1) drop our mapping; the registry's copy goes with the last user (unmap / IPC close).
-        drop(mapping);
-        drop(last_mapping);
+        // (1) drop our mapping (for the last user, the close already ran above).
+        drop(ours);
         // (2) finish this process's work on the memory, (3..5) return the reference.
         if return_ticket {
             if let Ok(b) = backend::get(self.key.backend) {

@@ -37,18 +37,11 @@ struct IpcEventHandle {
 type Stream = *mut c_void;
 type Event = *mut c_void;
 
-struct Api {
-    _lib: libloading::Library,
-    name: String,
-    set_device: unsafe extern "C" fn(i32) -> i32,
-    get_device: unsafe extern "C" fn(*mut i32) -> i32,
-    get_device_count: unsafe extern "C" fn(*mut u32) -> i32,
-    get_export_key: unsafe extern "C" fn(*mut c_void, usize, *mut c_char, usize, u64) -> i32,
-    set_import_pid: unsafe extern "C" fn(*const c_char, *mut i32, usize) -> i32,
-    import_by_key: unsafe extern "C" fn(*mut *mut c_void, *const c_char, u64) -> i32,
-    mem_close: unsafe extern "C" fn(*const c_char) -> i32,
-    bare_tgid: unsafe extern "C" fn(*mut i32) -> i32,
-    enable_peer_access: unsafe extern "C" fn(i32, u32) -> i32,
+type Context = *mut c_void;
+
+/// The IPC event calls: Atlas A2/A3 runtimes have them; a runtime without them still shares
+/// memory, and only event shares and waits are refused.
+struct EventApi {
     create_event_ex: unsafe extern "C" fn(*mut Event, u32) -> i32,
     record_event: unsafe extern "C" fn(Event, Stream) -> i32,
     ipc_get_event_handle: unsafe extern "C" fn(Event, *mut IpcEventHandle) -> i32,
@@ -56,10 +49,33 @@ struct Api {
     stream_wait_event: unsafe extern "C" fn(Stream, Event) -> i32,
     synchronize_event: unsafe extern "C" fn(Event) -> i32,
     destroy_event: unsafe extern "C" fn(Event) -> i32,
+}
+
+struct Api {
+    _lib: libloading::Library,
+    name: String,
+    set_device: unsafe extern "C" fn(i32) -> i32,
+    get_current_context: unsafe extern "C" fn(*mut Context) -> i32,
+    set_current_context: unsafe extern "C" fn(Context) -> i32,
+    get_device_count: unsafe extern "C" fn(*mut u32) -> i32,
+    get_export_key: unsafe extern "C" fn(*mut c_void, usize, *mut c_char, usize, u64) -> i32,
+    set_import_pid: unsafe extern "C" fn(*const c_char, *mut i32, usize) -> i32,
+    import_by_key: unsafe extern "C" fn(*mut *mut c_void, *const c_char, u64) -> i32,
+    mem_close: unsafe extern "C" fn(*const c_char) -> i32,
+    bare_tgid: unsafe extern "C" fn(*mut i32) -> i32,
+    enable_peer_access: unsafe extern "C" fn(i32, u32) -> i32,
+    events: Result<EventApi>,
     synchronize_stream: unsafe extern "C" fn(Stream) -> i32,
     synchronize_device: unsafe extern "C" fn() -> i32,
-    recent_err_msg: unsafe extern "C" fn() -> *const c_char,
+    recent_err_msg: Option<unsafe extern "C" fn() -> *const c_char>,
+    /// Each device's default context, made once per process by `aclrtSetDevice`.
+    contexts: Mutex<HashMap<i32, usize>>,
 }
+
+// SAFETY: the function pointers and the library are immutable after loading; the context table
+// is behind a mutex; ACL contexts may be made current on any thread.
+unsafe impl Send for Api {}
+unsafe impl Sync for Api {}
 
 /// Where the runtime may be: `DEVSHARE_ACL_LIBRARY` (read by [`runtime::load`]), the toolkit
 /// roots, the default loader path, then the newer `libacl_rt.so` in the same places.
@@ -87,9 +103,22 @@ impl Api {
         let (lib, name) = runtime::load("DEVSHARE_ACL_LIBRARY", &candidates())?;
         let n = name.as_str();
         let init: unsafe extern "C" fn(*const c_char) -> i32 = sym(&lib, n, "aclInit")?;
+        let events = (|| {
+            Ok(EventApi {
+                create_event_ex: sym(&lib, n, "aclrtCreateEventExWithFlag")?,
+                record_event: sym(&lib, n, "aclrtRecordEvent")?,
+                ipc_get_event_handle: sym(&lib, n, "aclrtIpcGetEventHandle")?,
+                ipc_open_event_handle: sym(&lib, n, "aclrtIpcOpenEventHandle")?,
+                stream_wait_event: sym(&lib, n, "aclrtStreamWaitEvent")?,
+                synchronize_event: sym(&lib, n, "aclrtSynchronizeEvent")?,
+                destroy_event: sym(&lib, n, "aclrtDestroyEvent")?,
+            })
+        })()
+        .map_err(|e: Error| Error::Unsupported(format!("this ACL runtime has no IPC events: {e}")));
         let api = Api {
             set_device: sym(&lib, n, "aclrtSetDevice")?,
-            get_device: sym(&lib, n, "aclrtGetDevice")?,
+            get_current_context: sym(&lib, n, "aclrtGetCurrentContext")?,
+            set_current_context: sym(&lib, n, "aclrtSetCurrentContext")?,
             get_device_count: sym(&lib, n, "aclrtGetDeviceCount")?,
             get_export_key: sym(&lib, n, "aclrtIpcMemGetExportKey")?,
             set_import_pid: sym(&lib, n, "aclrtIpcMemSetImportPid")?,
@@ -97,16 +126,11 @@ impl Api {
             mem_close: sym(&lib, n, "aclrtIpcMemClose")?,
             bare_tgid: sym(&lib, n, "aclrtDeviceGetBareTgid")?,
             enable_peer_access: sym(&lib, n, "aclrtDeviceEnablePeerAccess")?,
-            create_event_ex: sym(&lib, n, "aclrtCreateEventExWithFlag")?,
-            record_event: sym(&lib, n, "aclrtRecordEvent")?,
-            ipc_get_event_handle: sym(&lib, n, "aclrtIpcGetEventHandle")?,
-            ipc_open_event_handle: sym(&lib, n, "aclrtIpcOpenEventHandle")?,
-            stream_wait_event: sym(&lib, n, "aclrtStreamWaitEvent")?,
-            synchronize_event: sym(&lib, n, "aclrtSynchronizeEvent")?,
-            destroy_event: sym(&lib, n, "aclrtDestroyEvent")?,
+            events,
             synchronize_stream: sym(&lib, n, "aclrtSynchronizeStream")?,
             synchronize_device: sym(&lib, n, "aclrtSynchronizeDevice")?,
-            recent_err_msg: sym(&lib, n, "aclGetRecentErrMsg")?,
+            recent_err_msg: sym(&lib, n, "aclGetRecentErrMsg").ok(),
+            contexts: Mutex::new(HashMap::new()),
             _lib: lib,
             name,
         };
@@ -122,7 +146,7 @@ impl Api {
     /// A vendor error for `call`, with the runtime's own message and what the code means.
     fn error(&self, call: &str, code: i32) -> Error {
         // SAFETY: no arguments; returns NULL or a thread-local C string.
-        let recent = c_text(unsafe { (self.recent_err_msg)() });
+        let recent = self.recent_err_msg.map(|f| c_text(unsafe { f() })).unwrap_or_default();
         let meaning = match code {
             100_000 => "invalid parameter",
             207_000 => "feature not supported (IPC needs CANN >= 8.3.RC1 and HDK >= 25.3.RC1)",
@@ -158,31 +182,62 @@ impl Api {
         }
     }
 
-    /// Bind `device` on the calling thread for the life of the guard, then bind the thread's
-    /// previous device again (if it had one).
+    fn events(&self) -> Result<&EventApi> {
+        self.events.as_ref().map_err(Clone::clone)
+    }
+
+    /// The calling thread's current context, if it has one.
+    fn current_context(&self) -> Option<Context> {
+        let mut ctx: Context = std::ptr::null_mut();
+        // SAFETY: valid out pointer; fails when the thread has no context.
+        (unsafe { (self.get_current_context)(&mut ctx) } == 0 && !ctx.is_null()).then_some(ctx)
+    }
+
+    /// `device`'s default context: made once per process with `aclrtSetDevice` (which also
+    /// holds the device open for the process), then reused, so repeated binds add no device
+    /// references.
+    fn context(&self, device: i32) -> Result<Context> {
+        let mut contexts = self.contexts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&c) = contexts.get(&device) {
+            return Ok(c as Context);
+        }
+        let previous = self.current_context();
+        // SAFETY: plain call; it makes the device's default context current on this thread.
+        self.check("aclrtSetDevice", unsafe { (self.set_device)(device) })?;
+        let ctx = self.current_context();
+        if let Some(p) = previous {
+            // SAFETY: the context this thread had before.
+            unsafe { (self.set_current_context)(p) };
+        }
+        let ctx = ctx.ok_or_else(|| Error::Internal("aclrtSetDevice left no current context".into()))?;
+        contexts.insert(device, ctx as usize);
+        Ok(ctx)
+    }
+
+    /// Make `device`'s default context current on the calling thread for the life of the
+    /// guard, then the thread's previous context again (if it had one).
     fn bind(&self, device: i32) -> Result<DeviceGuard<'_>> {
-        let mut current = -1;
-        // SAFETY: valid out pointer. Fails when no device is bound on this thread yet.
-        let had = unsafe { (self.get_device)(&mut current) } == 0;
-        if had && current == device {
+        let ctx = self.context(device)?;
+        let previous = self.current_context();
+        if previous == Some(ctx) {
             return Ok(DeviceGuard { api: self, restore: None });
         }
-        // SAFETY: plain call.
-        self.check("aclrtSetDevice", unsafe { (self.set_device)(device) })?;
-        Ok(DeviceGuard { api: self, restore: had.then_some(current) })
+        // SAFETY: a context of this process.
+        self.check("aclrtSetCurrentContext", unsafe { (self.set_current_context)(ctx) })?;
+        Ok(DeviceGuard { api: self, restore: previous })
     }
 }
 
 struct DeviceGuard<'a> {
     api: &'a Api,
-    restore: Option<i32>,
+    restore: Option<Context>,
 }
 
 impl Drop for DeviceGuard<'_> {
     fn drop(&mut self) {
-        if let Some(d) = self.restore {
-            // SAFETY: plain call; the device was bound on this thread before.
-            unsafe { (self.api.set_device)(d) };
+        if let Some(c) = self.restore {
+            // SAFETY: the context this thread had before.
+            unsafe { (self.api.set_current_context)(c) };
         }
     }
 }
@@ -234,12 +289,20 @@ struct KeyEntry {
 }
 
 impl Drop for KeyEntry {
+    /// Exporter-side destroy, under the cache lock: a concurrent export of the same range then
+    /// either finds this entry dead and exports afresh after the close, never a key being closed.
     fn drop(&mut self) {
-        forget_dead(&EXPORTS);
+        let cache = EXPORTS.get().map(|c| c.lock().unwrap_or_else(|p| p.into_inner()));
         if let Ok(api) = api() {
             if let Ok(_g) = api.bind(self.device) {
                 // SAFETY: a key this process exported; exporter-side destroy.
                 unsafe { (api.mem_close)(self.key.as_ptr().cast()) };
+            }
+        }
+        if let Some(mut c) = cache {
+            c.retain(|_, w| w.strong_count() > 0);
+            if c.is_empty() {
+                *c = HashMap::new();
             }
         }
     }
@@ -248,17 +311,6 @@ impl Drop for KeyEntry {
 type ExportCache = Mutex<HashMap<(i32, usize, u64), Weak<KeyEntry>>>;
 static EXPORTS: OnceLock<ExportCache> = OnceLock::new();
 
-/// Drop the cache entries whose export is gone (and the table itself when empty, so an idle
-/// library holds no memory).
-pub(crate) fn forget_dead<K, V>(cache: &OnceLock<Mutex<HashMap<K, Weak<V>>>>) {
-    if let Some(cache) = cache.get() {
-        let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
-        c.retain(|_, w| w.strong_count() > 0);
-        if c.is_empty() {
-            *c = HashMap::new();
-        }
-    }
-}
 
 fn export_key(api: &Api, device: i32, ptr: *mut u8, size: u64, no_pid_check: bool) -> Result<Arc<KeyEntry>> {
     let mut cache = EXPORTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
@@ -282,7 +334,10 @@ fn export_key(api: &Api, device: i32, ptr: *mut u8, size: u64, no_pid_check: boo
     // SAFETY: ptr/size describe device memory the caller owns; buf has KEY_LEN bytes.
     let rc = unsafe { (api.get_export_key)(ptr.cast(), size as usize, buf.as_mut_ptr().cast(), KEY_LEN, flags) };
     api.check("aclrtIpcMemGetExportKey", rc)?;
-    let key = key_from(&buf)?;
+    let key = key_from(&buf).inspect_err(|_| {
+        // SAFETY: the runtime returned a key it cannot have meant; destroy what it made.
+        unsafe { (api.mem_close)(buf.as_ptr().cast()) };
+    })?;
     let entry = Arc::new(KeyEntry { key, device, ptr: ptr as usize, size, no_pid_check });
     cache.retain(|_, w| w.strong_count() > 0);
     cache.insert(id, Arc::downgrade(&entry));
@@ -335,16 +390,17 @@ impl Exported for AclExport {
             api.check(if stream.is_null() { "aclrtSynchronizeDevice" } else { "aclrtSynchronizeStream" }, rc)?;
             return Ok(None);
         }
+        let ev_api = api.events()?;
         let mut ev: Event = std::ptr::null_mut();
         // SAFETY: valid out pointer.
-        api.check("aclrtCreateEventExWithFlag", unsafe { (api.create_event_ex)(&mut ev, ACL_EVENT_IPC) })?;
+        api.check("aclrtCreateEventExWithFlag", unsafe { (ev_api.create_event_ex)(&mut ev, ACL_EVENT_IPC) })?;
         // Owned from here on: an error below destroys it.
         let mut owned = AclEvent { ev, device: self.entry.device, handle: [0; DEVSHARE_EVENT_HANDLE_SIZE] };
         // SAFETY: a live event; the caller's stream.
-        api.check("aclrtRecordEvent", unsafe { (api.record_event)(ev, stream) })?;
+        api.check("aclrtRecordEvent", unsafe { (ev_api.record_event)(ev, stream) })?;
         let mut h = IpcEventHandle { reserved: [0; DEVSHARE_EVENT_HANDLE_SIZE] };
         // SAFETY: a live IPC event; valid out pointer.
-        api.check("aclrtIpcGetEventHandle", unsafe { (api.ipc_get_event_handle)(ev, &mut h) })?;
+        api.check("aclrtIpcGetEventHandle", unsafe { (ev_api.ipc_get_event_handle)(ev, &mut h) })?;
         owned.handle = h.reserved;
         Ok(Some(Box::new(owned)))
     }
@@ -373,9 +429,9 @@ impl Drop for AclEvent {
             return;
         }
         if let Ok(api) = api() {
-            if let Ok(_g) = api.bind(self.device) {
+            if let (Ok(ev_api), Ok(_g)) = (api.events(), api.bind(self.device)) {
                 // SAFETY: an event this process created, destroyed once.
-                unsafe { (api.destroy_event)(self.ev) };
+                unsafe { (ev_api.destroy_event)(self.ev) };
             }
         }
         self.ev = std::ptr::null_mut();
@@ -388,7 +444,6 @@ impl Drop for AclEvent {
 struct AclMapping {
     key: Key,
     base: *mut u8,
-    size: u64,
     device: i32,
 }
 
@@ -401,8 +456,9 @@ impl Mapping for AclMapping {
     fn base(&self) -> *mut u8 {
         self.base
     }
+    /// Unknown: ACL does not say how large an imported allocation is.
     fn size(&self) -> u64 {
-        self.size
+        u64::MAX
     }
     fn device(&self) -> Option<i32> {
         Some(self.device)
@@ -508,27 +564,30 @@ impl Backend for Acl {
             unsafe { (api.mem_close)(key.as_ptr().cast()) };
             return Err(Error::Internal("aclrtIpcMemImportByKey returned success and a NULL pointer".into()));
         }
-        // ACL does not report an imported allocation's size: the handle's alloc_size is trusted.
-        Ok(Box::new(AclMapping { key, base: p.cast(), size: h.alloc_size, device }))
+        // ACL does not report an imported allocation's size: the handles' alloc_size is trusted
+        // (a PyTorch tuple only tells where its own storage ends; later storages of the same key
+        // may lie further in).
+        Ok(Box::new(AclMapping { key, base: p.cast(), device }))
     }
 
     fn wait_event(&self, h: &DevshareHandle, req: &ImportRequest) -> Result<()> {
         let api = api()?;
+        let ev_api = api.events()?;
         let _g = api.bind(req.device.unwrap_or(h.device_index))?;
         let mut ev: Event = std::ptr::null_mut();
         let handle = IpcEventHandle { reserved: h.event_handle };
         // SAFETY: handle by value; valid out pointer.
-        api.check("aclrtIpcOpenEventHandle", unsafe { (api.ipc_open_event_handle)(handle, &mut ev) })?;
+        api.check("aclrtIpcOpenEventHandle", unsafe { (ev_api.ipc_open_event_handle)(handle, &mut ev) })?;
         // SAFETY: a live event; the caller's stream.
         let (call, rc) = unsafe {
             if req.stream.is_null() {
-                ("aclrtSynchronizeEvent", (api.synchronize_event)(ev))
+                ("aclrtSynchronizeEvent", (ev_api.synchronize_event)(ev))
             } else {
-                ("aclrtStreamWaitEvent", (api.stream_wait_event)(req.stream, ev))
+                ("aclrtStreamWaitEvent", (ev_api.stream_wait_event)(req.stream, ev))
             }
         };
         // SAFETY: the event opened above, destroyed once.
-        let destroyed = unsafe { (api.destroy_event)(ev) };
+        let destroyed = unsafe { (ev_api.destroy_event)(ev) };
         api.check(call, rc)?;
         api.check("aclrtDestroyEvent", destroyed)
     }

@@ -24,7 +24,7 @@ const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 const CU_EVENT_DISABLE_TIMING: c_uint = 2;
 const CU_EVENT_INTERPROCESS: c_uint = 4;
 const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
-const CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: c_int = 18;
+const CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: c_int = 10;
 
 type CuResult = c_int;
 type Context = *mut c_void;
@@ -64,6 +64,8 @@ struct Api {
     get_error_name: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
     get_error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
     driver_version: c_int,
+    /// Each visible device's UUID, by ordinal (read once: they do not change in a process).
+    uuids: OnceLock<Vec<[u8; 16]>>,
     /// Primary context per device ordinal, retained once for the life of the process.
     contexts: Mutex<HashMap<c_int, usize>>,
 }
@@ -82,7 +84,8 @@ impl Api {
             ctx_get_current: sym(&lib, n, "cuCtxGetCurrent")?,
             ctx_set_current: sym(&lib, n, "cuCtxSetCurrent")?,
             ctx_synchronize: sym(&lib, n, "cuCtxSynchronize")?,
-            mem_get_address_range: sym_any(&lib, n, &["cuMemGetAddressRange_v2", "cuMemGetAddressRange"])?,
+            // The plain name is the old 32-bit ABI: only the _v2 symbol has this signature.
+            mem_get_address_range: sym(&lib, n, "cuMemGetAddressRange_v2")?,
             pointer_get_attribute: sym(&lib, n, "cuPointerGetAttribute")?,
             ipc_get_mem_handle: sym(&lib, n, "cuIpcGetMemHandle")?,
             ipc_open_mem_handle: sym_any(&lib, n, &["cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"])?,
@@ -98,6 +101,7 @@ impl Api {
             get_error_name: sym(&lib, n, "cuGetErrorName")?,
             get_error_string: sym(&lib, n, "cuGetErrorString")?,
             driver_version: 0,
+            uuids: OnceLock::new(),
             contexts: Mutex::new(HashMap::new()),
             _lib: lib,
             name,
@@ -232,14 +236,16 @@ type BlockCache = Mutex<HashMap<(c_int, DevPtr), Weak<Block>>>;
 static BLOCKS: OnceLock<BlockCache> = OnceLock::new();
 
 fn attribute(api: &Api, attr: c_int, ptr: DevPtr, what: &str) -> Result<u32> {
-    let mut v: u32 = 0;
-    // SAFETY: the driver writes at most 4 bytes (an int or a bool) for these attributes.
-    let rc = unsafe { (api.pointer_get_attribute)((&mut v as *mut u32).cast(), attr, ptr) };
+    // The two attributes read here are an int and a bool; 8 zeroed bytes leave room to spare.
+    let mut v: u64 = 0;
+    // SAFETY: the driver writes at most 4 bytes for these attributes into an 8-byte buffer.
+    let rc = unsafe { (api.pointer_get_attribute)((&mut v as *mut u64).cast(), attr, ptr) };
     if rc != 0 {
         let e = api.error("cuPointerGetAttribute", rc);
         return Err(Error::InvalidArgument(format!("{ptr:#x} is not CUDA device memory ({what}): {e}")));
     }
-    Ok(v)
+    // Little-endian: an int or a bool lands in the low bytes.
+    Ok(v as u32)
 }
 
 fn export_block(api: &Api, device: c_int, ptr: DevPtr, size: u64) -> Result<(Arc<Block>, u64)> {
@@ -279,7 +285,7 @@ fn export_block(api: &Api, device: c_int, ptr: DevPtr, size: u64) -> Result<(Arc
 
 impl Drop for Block {
     fn drop(&mut self) {
-        super::acl::forget_dead(&BLOCKS);
+        runtime::forget_dead(&BLOCKS);
     }
 }
 
@@ -414,10 +420,15 @@ fn target_device(api: &Api, h: &DevshareHandle, req: &ImportRequest) -> Result<c
     if h.device_uuid == [0; 16] {
         return Ok(h.device_index);
     }
-    for d in 0..api.device_count()? {
-        if api.uuid(d)? == h.device_uuid {
-            return Ok(d);
+    let uuids = match api.uuids.get() {
+        Some(u) => u,
+        None => {
+            let u = (0..api.device_count()?).map(|d| api.uuid(d)).collect::<Result<Vec<_>>>()?;
+            api.uuids.get_or_init(|| u)
         }
+    };
+    if let Some(d) = uuids.iter().position(|u| *u == h.device_uuid) {
+        return Ok(d as c_int);
     }
     Err(Error::Mismatch(format!(
         "no visible CUDA device has the handle's UUID {} (is it hidden by CUDA_VISIBLE_DEVICES?); \
@@ -452,6 +463,10 @@ impl Backend for Cuda {
         let api = api()?;
         let (block, offset) = export_block(api, device, ptr as DevPtr, size)?;
         Ok(Box::new(CudaExport { block, offset, len: size }))
+    }
+
+    fn import_device(&self, h: &DevshareHandle, req: &ImportRequest) -> Result<i32> {
+        target_device(api()?, h, req)
     }
 
     fn import(&self, h: &DevshareHandle, _: &Validated, req: &ImportRequest) -> Result<Box<dyn Mapping>> {

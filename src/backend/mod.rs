@@ -66,7 +66,8 @@ pub trait IpcEvent: Send + Sync {
 pub trait Mapping: Send + Sync {
     /// Start of the allocation in this process.
     fn base(&self) -> *mut u8;
-    /// Bytes of the allocation that are really mapped (checked against the handle).
+    /// Bytes of the allocation that are really mapped (checked against the handle); `u64::MAX`
+    /// when the runtime does not say (ACL), and the handle's `alloc_size` is trusted.
     fn size(&self) -> u64;
     /// Take over the in-flight reference a `DEVSHARE_HANDLE_FLAG_INFLIGHT` handle carries.
     fn take_over_inflight(&self) {}
@@ -137,7 +138,12 @@ pub trait Backend: Sync {
     fn probe(&self) -> Probe;
     /// Export existing memory `[ptr, ptr + size)` on `device`.
     fn export(&self, device: i32, ptr: *mut u8, size: u64, opts: &ExportOptions) -> Result<Box<dyn Exported>>;
-    /// Map the allocation a validated handle names.
+    /// The device an import of `h` goes to: `req.device` when given, else the backend's choice
+    /// (default: the handle's device index). The import registry caches by this device.
+    fn import_device(&self, h: &DevshareHandle, req: &ImportRequest) -> Result<i32> {
+        Ok(req.device.unwrap_or(h.device_index))
+    }
+    /// Map the allocation a validated handle names (`req.device` is set, by `import_device`).
     fn import(&self, h: &DevshareHandle, v: &Validated, req: &ImportRequest)
         -> Result<Box<dyn Mapping>>;
     /// For a handle with `DEVSHARE_HANDLE_FLAG_EVENT`: open its event, make `req.stream` wait on

@@ -57,3 +57,15 @@ pub(crate) fn c_text(p: *const std::ffi::c_char) -> String {
     // SAFETY: vendor runtimes return NUL-terminated strings that outlive this call.
     unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
+
+/// Drop the cache entries whose export is gone (and the table itself when empty, so an idle
+/// library holds no memory).
+pub(crate) fn forget_dead<K, V>(cache: &std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<K, std::sync::Weak<V>>>>) {
+    if let Some(cache) = cache.get() {
+        let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+        c.retain(|_, w| w.strong_count() > 0);
+        if c.is_empty() {
+            *c = std::collections::HashMap::new();
+        }
+    }
+}

@@ -333,6 +333,10 @@ static int64_t slot_value(const DevshareHandle *h) {
     return v;
 }
 
+static int ts_same_key(const DevshareHandle *a, const DevshareHandle *b) {
+    return a->key_len == b->key_len && memcmp(a->key, b->key, a->key_len) == 0;
+}
+
 static char log_path[256];
 
 static int log_is_empty(void) {
@@ -446,6 +450,43 @@ int main(int argc, char **argv) {
     check(strcmp(a, "OK 2") == 0, "the consumer releases both");
     check(outstanding(e) == 0 && aclsi_open_imports(key) == 0, "closes == imports: no reference and no ACL import left");
 
+    /* torch_npu tuples: each tells only where its own storage ends (alloc_size), so a later
+     * storage of the same key lies beyond what the first import of the key was told. */
+    DevshareHandle ta, tb;
+    {
+        const DevshareHandle src[2] = {share_f32(e, 0, 4096, 4, 256, 0, 0, NULL),
+                                       share_f32(e, MIB, 4096, 2, 512, 0, 0, NULL)};
+        DevshareHandle *dst[2] = {&ta, &tb};
+        for (int i = 0; i < 2; i++) {
+            DevshareTorchStorage ts;
+            DS_OK(devshare_handle_to_torch(&src[i], &ts));
+            DevshareTorchArgs targs;
+            memset(&targs, 0, sizeof targs);
+            targs.struct_size = sizeof targs;
+            targs.backend = DEVSHARE_BACKEND_ACL;
+            targs.dtype = src[i].dtype;
+            targs.ndim = src[i].ndim;
+            targs.shape = src[i].shape;
+            targs.device = ts.device;
+            targs.handle = ts.handle;
+            targs.handle_len = ts.handle_len;
+            targs.storage_size = ts.storage_size;
+            targs.storage_offset = ts.storage_offset;
+            targs.ref_name = ts.ref_name;
+            targs.ref_name_len = ts.ref_name_len;
+            targs.ref_slot = ts.ref_slot;
+            DS_OK(devshare_handle_from_torch(&targs, dst[i]));
+        }
+    }
+    check(ta.alloc_size == 4096 && tb.alloc_size == MIB + 4096 && ts_same_key(&ta, &tb),
+          "two torch_npu-style handles of one key know only their own storage's end");
+    a = import_cmd(&c1, &ta, -1, 0, 1);
+    check(strncmp(a, "OK 1024", 7) == 0, "the first storage of the key imports (%s)", a);
+    a = import_cmd(&c1, &tb, -1, 0, 1);
+    check(strncmp(a, "OK 1024", 7) == 0, "a later storage beyond the first one's end imports from the cached key (%s)", a);
+    a = ask(&c1, "release");
+    check(strcmp(a, "OK 2") == 0, "both torch_npu-style imports release");
+
     /* Cross-device. */
     DevshareHandle hx = share_f32(e, 0, 4096, 8, 8, 0, 0, NULL);
     a = import_cmd(&c1, &hx, 1, DEVSHARE_IMPORT_NO_PEER_ACCESS, 0);
@@ -498,6 +539,9 @@ int main(int argc, char **argv) {
     ACL_OK(aclrtFree(dev2));
     free(host);
 
+    check(aclsi_set_device_calls() <= 2,
+          "devshare made device 0's default context once, then switched contexts (%d aclrtSetDevice calls, "
+          "one of them the test's)", aclsi_set_device_calls());
     check(aclsi_violation_count() == 0 && log_is_empty(), "the stand-in recorded no rule violation in any process");
     if (!log_is_empty()) {
         show_log();

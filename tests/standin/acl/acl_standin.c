@@ -417,14 +417,48 @@ EXPORT aclError aclrtGetDeviceCount(uint32_t *count) {
     return ACL_SUCCESS;
 }
 
+/* Default contexts: aclrtSetDevice creates (once) the device's default context, shared by the
+ * process's threads; aclrtGetCurrentContext / aclrtSetCurrentContext read and switch the
+ * calling thread's current one. The stand-in models a context as its device. */
+#define CTX_MAGIC 0x61636c63u /* "aclc" */
+static struct aclsi_ctx {
+    unsigned magic;
+    int dev;
+} g_ctx[MAX_DEV];
+static int g_set_device_calls; /* aclrtSetDevice calls in this process, for tests */
+
 EXPORT aclError aclrtSetDevice(int32_t dev) {
     ENTER(0);
     if (dev < 0 || dev >= device_count()) /* error only */
         return fail(ACL_ERROR_INVALID_PARAM, ERROR_ONLY,
                     "aclrtSetDevice: device %d out of range (count %d)", dev, device_count());
+    __atomic_store_n(&g_ctx[dev].dev, dev, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&g_ctx[dev].magic, CTX_MAGIC, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&g_set_device_calls, 1, __ATOMIC_SEQ_CST);
     t_dev = dev;
     return ACL_SUCCESS;
 }
+
+EXPORT aclError aclrtGetCurrentContext(aclrtContext *ctx) {
+    ENTER(0);
+    if (!ctx) return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "aclrtGetCurrentContext: NULL argument");
+    if (t_dev < 0) /* error only: a caller may ask whether the thread has a context */
+        return fail(ACL_ERROR_RT_CONTEXT_NULL, ERROR_ONLY, "aclrtGetCurrentContext: no context on this thread");
+    *ctx = &g_ctx[t_dev];
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtSetCurrentContext(aclrtContext ctx) {
+    ENTER(0);
+    struct aclsi_ctx *c = ctx;
+    if (!c || c < g_ctx || c >= g_ctx + MAX_DEV || __atomic_load_n(&c->magic, __ATOMIC_SEQ_CST) != CTX_MAGIC)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "aclrtSetCurrentContext: %p is not a context of this process", ctx);
+    t_dev = c->dev;
+    return ACL_SUCCESS;
+}
+
+EXPORT int aclsi_set_device_calls(void) { return __atomic_load_n(&g_set_device_calls, __ATOMIC_SEQ_CST); }
 
 EXPORT aclError aclrtGetDevice(int32_t *dev) {
     ENTER(0);

@@ -23,6 +23,7 @@ extern "C" {
 typedef int aclError;
 typedef void *aclrtStream;
 typedef void *aclrtEvent;
+typedef void *aclrtContext;
 
 /* Interprocess event handle: 64 opaque bytes, passed BY VALUE to aclrtIpcOpenEventHandle. */
 typedef struct aclrtIpcEventHandle {
@@ -79,6 +80,8 @@ aclError aclrtGetDeviceCount(uint32_t *count);
 aclError aclrtSetDevice(int32_t deviceId);
 aclError aclrtGetDevice(int32_t *deviceId);
 aclError aclrtResetDevice(int32_t deviceId);
+aclError aclrtGetCurrentContext(aclrtContext *context);
+aclError aclrtSetCurrentContext(aclrtContext context);
 
 /* ---- memory ---- */
 aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy);
@@ -126,6 +129,8 @@ int aclsi_event_waits(aclrtEvent event);
 int aclsi_event_records(aclrtEvent event);
 /* 1 if the exporter closed the key, 0 if it is open, -1 if unknown. */
 int aclsi_key_closed(const char *key);
+/* aclrtSetDevice calls made in this process (devshare binds default contexts instead). */
+int aclsi_set_device_calls(void);
 
 #ifdef __cplusplus
 }
