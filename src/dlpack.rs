@@ -15,7 +15,7 @@ pub(crate) const DLPACK_FLAG_READ_ONLY: u64 = 1;
 /// DLPack device types devshare produces.
 pub(crate) const KDL_CPU: i32 = 1;
 pub(crate) const KDL_CUDA: i32 = 2;
-/// torch_npu tensors show up as `kDLExtDev` today (interop.md §9).
+/// torch_npu tensors show up as `kDLExtDev` today.
 pub(crate) const KDL_EXT_DEV: i32 = 12;
 
 #[repr(C)]

@@ -1,4 +1,4 @@
-//! PyTorch's ref-counter object (interop.md §4), created by devshare on the exporter side and
+//! PyTorch's ref-counter object, created by devshare on the exporter side and
 //! decremented by devshare on the consumer side.
 //!
 //! Layout (`RefcountedMapAllocator`): a 64-byte header whose first 4 bytes are an atomic `int32`

@@ -1,7 +1,7 @@
 //! PyTorch's and torch_npu's dialect: the fields of `reduce_tensor` / `_share_cuda_()` /
-//! `_share_npu_()` (interop.md §1-5), to and from a [`DevshareHandle`].
+//! `_share_npu_()`, to and from a [`DevshareHandle`].
 //!
-//! Storage handle forms (interop.md §2):
+//! Storage handle forms:
 //!
 //! | backend | bytes | form |
 //! |---|---|---|

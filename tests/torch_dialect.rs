@@ -1,4 +1,4 @@
-//! PyTorch / torch_npu tuple fields to handles and back (interop.md §1-5): every storage-handle
+//! PyTorch / torch_npu tuple fields to handles and back: every storage-handle
 //! form parses or fails with the status that names it.
 
 use devshare::dtype::DevshareDType;

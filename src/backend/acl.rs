@@ -1,4 +1,4 @@
-//! The acl backend: Ascend NPU memory shared with ACL IPC keys (interop.md §7), the runtime
+//! The acl backend: Ascend NPU memory shared with ACL IPC keys, the runtime
 //! (`libascendcl.so`) loaded at run time.
 //!
 //! - Export: one key per exported range per process (`aclrtIpcMemGetExportKey`, cached while

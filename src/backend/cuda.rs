@@ -1,5 +1,5 @@
 //! The cuda backend: NVIDIA GPU memory shared with legacy CUDA IPC memory handles
-//! (interop.md §8), the driver API (`libcuda.so.1`) loaded at run time.
+//!, the driver API (`libcuda.so.1`) loaded at run time.
 //!
 //! - Export: the whole `cuMemAlloc` block around the caller's pointer (`cuMemGetAddressRange`),
 //!   its handle fetched once per block per process (`cuIpcGetMemHandle`, cached while any

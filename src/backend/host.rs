@@ -1,4 +1,4 @@
-//! The host backend: POSIX shared memory in PyTorch's `file_system` layout (interop.md §6).
+//! The host backend: POSIX shared memory in PyTorch's `file_system` layout.
 //!
 //! An object is `64 + size` bytes: a 64-byte header whose first 4 bytes are an atomic `int32`
 //! count of live mappings, then the data. Exporter and importers each count once while they

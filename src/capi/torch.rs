@@ -1,4 +1,4 @@
-//! PyTorch / torch_npu tuples to and from handles (interop.md §1-5).
+//! PyTorch / torch_npu tuples to and from handles.
 
 use super::{arg, arg_mut, arg_slice, boundary};
 use crate::dtype::DevshareDType;

@@ -1,6 +1,6 @@
 """PyTorch / torch_npu device IPC tuples (reduce_tensor's 15 args) <-> devshare handles.
 
-No GPU or NPU is needed: the tuples are synthetic (interop.md §1-5 byte forms), PyTorch's
+No GPU or NPU is needed: the tuples are synthetic (PyTorch's byte forms), PyTorch's
 consumers (rebuild_cuda_tensor, rebuild_npu_tensor) and producer (reduce_tensor) are replaced by
 recorders, and "CUDA tensors" are CPU tensors whose device says cuda. The C library still does
 every conversion and check.

@@ -8,7 +8,7 @@
  * below are legitimate outcomes a correct caller must handle (wrong pid, missing peer access...),
  * so they return the error without recording a violation.
  *
- * Facts followed: /work/shared/spec/interop.md sections 2, 4, 5, 7. See tests/standin/README.md.
+ * Rules follow the CANN runtime reference for the IPC calls. See tests/standin/README.md.
  *
  * Build: gcc -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -shared -fPIC -pthread \
  *            -o libascendcl.so tests/standin/acl/acl_standin.c -lrt

@@ -3,7 +3,7 @@
  *
  * No GPU is involved: "device memory" is POSIX shared memory on the host, so devshare's cuda
  * backend can be tested across processes in CI. The stand-in enforces the driver's documented
- * rules (and the interop rules of /work/shared/spec/interop.md sections 2, 4, 5, 8) and records
+ * rules (and how PyTorch uses IPC handles and events) and records
  * every rule a caller breaks as a "violation": one line `cuda pid=<pid>: <text>` appended to
  * $DEVSHARE_STANDIN_LOG (single O_APPEND write) and echoed on stderr. Checks marked "error
  * only" return the driver's error code without a violation (they are legitimate outcomes).
