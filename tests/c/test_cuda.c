@@ -17,7 +17,8 @@
  * offset; importing in the exporting process is refused by devshare; one cuIpcOpenMemHandle per
  * handle per consumer however many imports; close order; import by device UUID under a
  * reordered device list; a device override with and without peer access; events waited on with
- * and without a consumer stream; duplicate arrivals; the raw 64-byte handle for PyTorch. At the
+ * and without a consumer stream; duplicate arrivals; 8 consumer threads importing and releasing
+ * concurrently; the raw 64-byte handle for PyTorch. At the
  * end the stand-in's violation log must be empty.
  *
  * Needs DEVSHARE_CUDA_LIBRARY pointing at the stand-in (CTest sets it).
@@ -28,6 +29,7 @@
 #include "devshare.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -158,6 +160,57 @@ static int child_verify(DevshareImport *imp, char *why, size_t cap) {
     return 1;
 }
 
+/* Several threads that never made a context current import and release one handle (cache hits:
+ * one of its imports is held meanwhile). */
+typedef struct {
+    const DevshareHandle *h;
+    int rounds;
+    int failures;
+} ThreadJob;
+
+static void *thread_imports(void *arg) {
+    ThreadJob *job = arg;
+    for (int r = 0; r < job->rounds; r++) {
+        DevshareImport *imp = NULL;
+        DevshareImportInfo info;
+        if (devshare_import(job->h, NULL, &imp) != DEVSHARE_STATUS_OK ||
+            devshare_import_info(imp, &info) != DEVSHARE_STATUS_OK || info.numel == 0 ||
+            devshare_import_release(imp) != DEVSHARE_STATUS_OK) {
+            job->failures++;
+        }
+    }
+    return NULL;
+}
+
+static void child_threads(const char *args) {
+    int n = 0, rounds = 0, used = 0;
+    DevshareHandle h;
+    if (sscanf(args, "%d %d %n", &n, &rounds, &used) != 2 || n < 1 || n > 16 ||
+        devshare_handle_from_text(args + used, &h) != DEVSHARE_STATUS_OK) {
+        printf("ERR 0 bad threads command\n");
+        return;
+    }
+    DevshareImport *held = NULL;
+    int32_t st = devshare_import(&h, NULL, &held);
+    if (st != DEVSHARE_STATUS_OK) {
+        printf("ERR %d %s\n", st, last_error());
+        return;
+    }
+    pthread_t tid[16];
+    ThreadJob jobs[16];
+    for (int i = 0; i < n; i++) {
+        jobs[i] = (ThreadJob){.h = &h, .rounds = rounds, .failures = 0};
+        pthread_create(&tid[i], NULL, thread_imports, &jobs[i]);
+    }
+    int failures = 0;
+    for (int i = 0; i < n; i++) {
+        pthread_join(tid[i], NULL);
+        failures += jobs[i].failures;
+    }
+    DS_OK(devshare_import_release(held));
+    printf("OK %d\n", failures);
+}
+
 static int child_main(void) {
     CU_OK(cuInit(0));
     make_current(0);
@@ -209,6 +262,8 @@ static int child_main(void) {
                     DS_OK(devshare_import_release(imp));
                 }
             }
+        } else if (strncmp(line, "threads ", 8) == 0) {
+            child_threads(line + 8);
         } else if (strcmp(line, "release") == 0) {
             for (int i = 0; i < n_held; i++) {
                 DS_OK(devshare_import_release(held[i]));
@@ -499,6 +554,15 @@ int main(int argc, char **argv) {
     check(outstanding(e) == 0 && slot_value(&d1) == 0 && slot_value(&d2) == 0,
           "each arrival returned exactly once: both slots exactly 0, not below (%" PRId64 ", %" PRId64 ")",
           slot_value(&d1), slot_value(&d2));
+
+    /* Threads: 8 threads of one consumer import and release one handle 200 times each. */
+    DevshareHandle ht = share_f32(e, 0, 4096, 16, 64, 0, 0, NULL);
+    char ttext[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
+    DS_OK(devshare_handle_to_text(&ht, ttext, sizeof ttext, NULL));
+    a = ask(&c1, "threads 8 200 %s", ttext);
+    check(strcmp(a, "OK 0") == 0 && outstanding(e) == 0 && cusi_live_opens(ipc_of(&ht)) == 0,
+          "8 threads without a current context import and release concurrently; one reference returned, "
+          "the mapping closed (%s)", a);
 
     /* Hand back: the storage fields PyTorch's rebuild_cuda_tensor takes. */
     DevshareTorchStorage ts;
