@@ -22,7 +22,7 @@ from ._lib import (
 )
 from ._handle import Handle
 from ._core import collect, dlpack_capsule, empty, open, outstanding, share, wait
-from ._torch_ipc import handle_from_torch, torch_args
+from ._torch_ipc import handle_from_torch, local_pid, torch_args
 
 __version__ = "0.1.0"
 
@@ -41,6 +41,7 @@ __all__ = [
     "handle_from_torch",
     "library_path",
     "library_version",
+    "local_pid",
     "open",
     "outstanding",
     "share",

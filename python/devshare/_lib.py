@@ -305,6 +305,7 @@ _SIGNATURES = [
     ("devshare_handle_from_torch", c_int32, [POINTER(TorchArgs), POINTER(HandleStruct)]),
     ("devshare_handle_to_torch", c_int32, [POINTER(HandleStruct), POINTER(TorchStorage)]),
     ("devshare_torch_discard", c_int32, [POINTER(TorchArgs)]),
+    ("devshare_local_pid", c_int32, [c_uint16, c_int32, POINTER(c_int32)]),
     ("devshare_handle_discard", c_int32, [POINTER(HandleStruct)]),
 ]
 

@@ -24,7 +24,7 @@ import importlib
 import operator
 import os
 import ctypes
-from ctypes import POINTER, byref, c_int64, c_uint8, cast, sizeof
+from ctypes import POINTER, byref, c_int32, c_int64, c_uint8, cast, sizeof
 
 from . import _dtypes
 from ._handle import Handle
@@ -264,6 +264,16 @@ def _release(args: tuple, backend: int) -> None:
     targs = TorchArgs(struct_size=sizeof(TorchArgs), ref_name=cast(buf, POINTER(c_uint8)),
                       ref_name_len=len(name), ref_slot=slot)
     lib.devshare_torch_discard(byref(targs))
+
+
+def local_pid(backend="npu", device: int = 0) -> int:
+    """The pid a producer must allow (``devshare_exporter_allow_pid``) for this process to import
+    its ``backend`` memory on ``device``: on Ascend the bare tgid (``aclrtDeviceGetBareTgid``,
+    which differs from ``os.getpid()`` in containers), elsewhere ``os.getpid()``. Send it to a C
+    producer that exports NPU memory with pid validation before opening its handles here."""
+    out = c_int32()
+    call(lib.devshare_local_pid, _backend_id(backend), _int("device", device, 0, _I32_MAX), byref(out))
+    return out.value
 
 
 # --- share / open -----------------------------------------------------------------------------------

@@ -505,3 +505,24 @@ def test_share_of_an_npu_tensor_without_torch_npu_raises_import_error_naming_tor
 def test_share_of_a_tensor_on_another_device_type_is_refused():
     with pytest.raises(ValueError, match="CPU, CUDA and NPU"):
         devshare.share(on_device(torch.zeros(2), "xpu"))
+
+
+def test_local_pid_asks_the_npu_runtime_for_the_bare_tgid():
+    # The ACL stand-in (built next to the library by build.rs) reports getpid() + an offset as the
+    # bare tgid, like a container would.
+    import pathlib
+    import subprocess
+    standin = pathlib.Path(devshare.library_path).resolve().parent / "standin" / "acl" / "libascendcl.so"
+    assert standin.exists(), f"the ACL stand-in is built next to the library: {standin}"
+    code = ("import os, devshare; print(devshare.local_pid('npu', 0), os.getpid())")
+    env = dict(os.environ, DEVSHARE_ACL_LIBRARY=str(standin), ACL_STANDIN_TGID_OFFSET="1000000",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    tgid, pid = map(int, out.stdout.split())
+    assert tgid == pid + 1000000
+
+
+def test_local_pid_is_the_process_id_for_cuda_and_refuses_unknown_backends():
+    assert devshare.local_pid("cuda", 0) == os.getpid()
+    with pytest.raises(ValueError):
+        devshare.local_pid("tpu")
