@@ -137,10 +137,11 @@ pub fn discard(name: &[u8], slot: u64) -> Result<()> {
             "an import in this process holds this reference; releasing that import returns it".into(),
         ));
     }
-    if !refcounter::check_outstanding(name, slot)? {
+    let Some(rc) = Watched::open(name)? else {
         return Ok(()); // the producer is gone
-    }
-    refcounter::release_slot(name, slot);
+    };
+    rc.check(slot)?;
+    rc.release(slot);
     Ok(())
 }
 

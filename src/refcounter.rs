@@ -91,47 +91,6 @@ impl Drop for RefCounter {
     }
 }
 
-/// A consumer's short-lived mapping of someone else's ref-counter, in PyTorch's order: open
-/// without creating, count +1 in the header; on drop count -1 and unlink when it reaches 0.
-struct Attached<'a> {
-    name: &'a [u8],
-    map: Map,
-}
-
-impl<'a> Attached<'a> {
-    /// `Ok(None)` when the object is gone (the producer exited or closed): nothing to report to.
-    fn open(name: &'a [u8], slot: u64) -> Result<Option<Attached<'a>>> {
-        let fd = match shm::open(name) {
-            Ok(fd) => fd,
-            Err(Error::NotFound(_)) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let size = shm::size_of(&fd, name)?;
-        let needed = slot_offset(slot) as u64 + 8;
-        if size < needed {
-            return Err(Error::Mismatch(format!(
-                "ref-counter {} is {size} bytes, too small for slot {slot}",
-                String::from_utf8_lossy(name)
-            )));
-        }
-        let map = Map::new(&fd, needed as usize, true, "ref-counter")?;
-        map.atomic_i32(0).fetch_add(1, Ordering::SeqCst);
-        Ok(Some(Attached { name, map }))
-    }
-
-    fn slot(&self, slot: u64) -> &std::sync::atomic::AtomicI64 {
-        self.map.atomic_i64(slot_offset(slot))
-    }
-}
-
-impl Drop for Attached<'_> {
-    fn drop(&mut self) {
-        if self.map.atomic_i32(0).fetch_sub(1, Ordering::SeqCst) == 1 {
-            shm::unlink(self.name);
-        }
-    }
-}
-
 /// A consumer's mapping of someone else's ref-counter, kept while imports in this process hold
 /// references in it, so that checking and returning each reference costs no system call.
 ///
@@ -231,13 +190,4 @@ pub(crate) fn check_outstanding(name: &[u8], slot: u64) -> Result<bool> {
         )));
     }
     Ok(true)
-}
-
-/// Consumer side, on release: decrement the slot by exactly one, never below 0. Errors opening
-/// the object (producer gone) are ignored, as PyTorch does.
-pub(crate) fn release_slot(name: &[u8], slot: u64) {
-    if let Ok(Some(rc)) = Attached::open(name, slot) {
-        let s = rc.slot(slot);
-        let _ = s.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| (v > 0).then(|| v - 1));
-    }
 }

@@ -27,50 +27,8 @@
 #define _GNU_SOURCE
 
 #include "acl_standin.h"
-#include "devshare.h"
-
-#include <errno.h>
-#include <inttypes.h>
-#include <poll.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#define MIB (1024u * 1024u)
-enum { IO_TIMEOUT_MS = 20000 };
-
-static int n_cases, n_failed;
-
-__attribute__((format(printf, 2, 3))) static int check(int ok, const char *fmt, ...) {
-    va_list ap;
-    n_cases++;
-    printf("%s - ", ok ? "ok" : "FAIL");
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-    fflush(stdout);
-    if (!ok) {
-        n_failed++;
-    }
-    return ok;
-}
-
-static const char *last_error(void) {
-    static char msg[2048];
-    devshare_last_error(msg, sizeof msg);
-    return msg;
-}
-
-static void die(const char *what, long code) {
-    fprintf(stderr, "test_acl: %s failed (%ld): %s\n", what, code, last_error());
-    exit(2);
-}
+#define HARNESS_NAME "test_acl"
+#include "device_harness.h"
 
 #define ACL_OK(call)                                                                                              \
     do {                                                                                                          \
@@ -81,44 +39,8 @@ static void die(const char *what, long code) {
         }                                                                                                         \
     } while (0)
 
-#define DS_OK(call)                                                                                               \
-    do {                                                                                                          \
-        int32_t st_ = (call);                                                                                     \
-        if (st_ != DEVSHARE_STATUS_OK) {                                                                          \
-            die(#call, st_);                                                                                      \
-        }                                                                                                         \
-    } while (0)
-
 /* ---------------------------------------------------------------------------------------- */
 /* Child: a consumer serving commands */
-
-static int read_line_fd(int fd, char *buf, size_t cap, int timeout_ms) {
-    size_t n = 0;
-    while (n + 1 < cap) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        const int r = poll(&p, 1, timeout_ms);
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r <= 0) {
-            return -1;
-        }
-        char c;
-        const ssize_t got = read(fd, &c, 1);
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
-        if (got <= 0) {
-            return n ? (int)n : -1;
-        }
-        if (c == '\n') {
-            break;
-        }
-        buf[n++] = c;
-    }
-    buf[n] = '\0';
-    return (int)n;
-}
 
 /* Read a contiguous float32 tensor of an import back to the host and check its values. */
 static int child_verify(DevshareImport *imp, int32_t exporter_device, char *why, size_t cap) {
@@ -219,140 +141,14 @@ static int child_main(void) {
 /* ---------------------------------------------------------------------------------------- */
 /* Parent side of a child */
 
-typedef struct {
-    pid_t pid;
-    int to, from;
-    int32_t bare_tgid, os_pid;
-} Child;
-
-static char self_path[4096];
-
-static Child spawn(void) {
-    int in[2], out[2];
-    if (pipe(in) || pipe(out)) {
-        die("pipe", errno);
-    }
-    Child c = {0};
-    c.pid = fork();
-    if (c.pid < 0) {
-        die("fork", errno);
-    }
-    if (c.pid == 0) {
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        close(in[0]);
-        close(in[1]);
-        close(out[0]);
-        close(out[1]);
-        execl(self_path, self_path, "--child", (char *)NULL);
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    c.to = in[1];
-    c.from = out[0];
-    char line[256];
-    if (read_line_fd(c.from, line, sizeof line, IO_TIMEOUT_MS) <= 0 ||
-        sscanf(line, "PID %d %d", &c.bare_tgid, &c.os_pid) != 2) {
-        die("child start", 0);
-    }
-    return c;
-}
-
-/* Send one command, return the answer line (static buffer). */
-static const char *ask(Child *c, const char *fmt, ...) {
-    static char answer[4096];
-    char cmd[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    const size_t len = strlen(cmd);
-    cmd[len] = '\n';
-    if (write(c->to, cmd, len + 1) != (ssize_t)(len + 1)) {
-        die("write to child", errno);
-    }
-    if (read_line_fd(c->from, answer, sizeof answer, IO_TIMEOUT_MS) < 0) {
-        snprintf(answer, sizeof answer, "ERR 0 no answer from the child");
-    }
-    return answer;
-}
-
 static const char *import_cmd(Child *c, const DevshareHandle *h, int device, unsigned flags, int hold) {
     char text[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
     DS_OK(devshare_handle_to_text(h, text, sizeof text, NULL));
     return ask(c, "import %d %u %d %s", device, flags, hold, text);
 }
 
-static int finish(Child *c) {
-    ask(c, "quit");
-    close(c->to);
-    close(c->from);
-    int status = 0;
-    waitpid(c->pid, &status, 0);
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
-
-static DevshareHandle share_f32(DevshareExporter *e, uint64_t storage_offset, uint64_t storage_size, int64_t rows,
-                                int64_t cols, int64_t tensor_offset, uint32_t flags, aclrtStream stream) {
-    const int64_t shape[2] = {rows, cols};
-    DevshareTensorDesc d = {0};
-    d.dtype.code = DEVSHARE_DTYPE_FLOAT;
-    d.dtype.bits = 32;
-    d.dtype.lanes = 1;
-    d.ndim = 2;
-    d.shape = shape;
-    d.storage_offset = storage_offset;
-    d.storage_size = storage_size;
-    d.tensor_offset = tensor_offset;
-    d.flags = flags;
-    d.stream = stream;
-    DevshareHandle h;
-    DS_OK(devshare_exporter_share(e, &d, &h));
-    return h;
-}
-
-static uint64_t outstanding(DevshareExporter *e) {
-    uint64_t n = 0;
-    DS_OK(devshare_exporter_outstanding(e, &n));
-    return n;
-}
-
-/* The value of a handle's ref-counter slot, read straight from the shm object (-999: unreadable). */
-static int64_t slot_value(const DevshareHandle *h) {
-    char path[128];
-    snprintf(path, sizeof path, "/dev/shm/%.*s", (int)h->ref_name_len - 1, (const char *)h->ref_name + 1);
-    FILE *f = fopen(path, "rb");
-    int64_t v = -999;
-    if (f && fseek(f, 64 + 8 * (long)h->ref_slot, SEEK_SET) == 0 && fread(&v, sizeof v, 1, f) != 1) {
-        v = -999;
-    }
-    if (f) {
-        fclose(f);
-    }
-    return v;
-}
-
 static int ts_same_key(const DevshareHandle *a, const DevshareHandle *b) {
     return a->key_len == b->key_len && memcmp(a->key, b->key, a->key_len) == 0;
-}
-
-static char log_path[256];
-
-static int log_is_empty(void) {
-    struct stat st;
-    return stat(log_path, &st) != 0 || st.st_size == 0;
-}
-
-static void show_log(void) {
-    FILE *f = fopen(log_path, "r");
-    char line[512];
-    while (f && fgets(line, sizeof line, f)) {
-        printf("# stand-in: %s", line);
-    }
-    if (f) {
-        fclose(f);
-    }
 }
 
 int main(int argc, char **argv) {
@@ -363,14 +159,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "test_acl: set DEVSHARE_ACL_LIBRARY to the stand-in libascendcl.so\n");
         return 2;
     }
-    ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
-    if (n <= 0) {
-        die("readlink /proc/self/exe", errno);
-    }
-    self_path[n] = '\0';
-    snprintf(log_path, sizeof log_path, "/tmp/devshare_test_acl_%ld.log", (long)getpid());
-    unlink(log_path);
-    setenv("DEVSHARE_STANDIN_LOG", log_path, 1);
+    harness_start("test_acl");
 
     DevshareBackendInfo bi;
     DS_OK(devshare_probe(DEVSHARE_BACKEND_ACL, &bi));
@@ -411,13 +200,13 @@ int main(int argc, char **argv) {
     DS_OK(devshare_exporter_close(e_again, DEVSHARE_CLOSE_FORCE)); /* its reference was never sent */
 
     /* Pid whitelist. */
-    Child c1 = spawn();
+    Child c1 = spawn(NULL, NULL);
     check(c1.bare_tgid != c1.os_pid, "the consumer's bare tgid (%d) differs from getpid (%d) in the stand-in",
           c1.bare_tgid, c1.os_pid);
     const char *a = import_cmd(&c1, &h1, -1, 0, 0);
     check(strncmp(a, "ERR -34", 7) == 0 && strstr(a, "207006") && strstr(a, "devshare_exporter_allow_pid"),
           "a consumer not on the whitelist is refused with the vendor code and what to do (%s)", a);
-    Child c2 = spawn();
+    Child c2 = spawn(NULL, NULL);
     DS_OK(devshare_exporter_allow_pid(e, c2.os_pid));
     a = import_cmd(&c2, &h1, -1, 0, 0);
     check(strncmp(a, "ERR -34", 7) == 0, "whitelisting getpid() instead of the bare tgid does not let it in");
@@ -526,7 +315,7 @@ int main(int argc, char **argv) {
     DevshareExporter *open_e = NULL;
     DS_OK(devshare_export(DEVSHARE_BACKEND_ACL, 0, dev2, size, DEVSHARE_EXPORT_NO_PID_CHECK, &open_e));
     DevshareHandle ho = share_f32(open_e, 0, 4096, 2, 2, 0, 0, NULL);
-    Child c3 = spawn();
+    Child c3 = spawn(NULL, NULL);
     a = import_cmd(&c3, &ho, -1, 0, 0);
     check(strncmp(a, "OK 4", 4) == 0, "without pid validation an unlisted consumer imports (%s)", a);
     check(finish(&c3), "third consumer exits cleanly");
@@ -542,11 +331,7 @@ int main(int argc, char **argv) {
     check(aclsi_set_device_calls() <= 2,
           "devshare made device 0's default context once, then switched contexts (%d aclrtSetDevice calls, "
           "one of them the test's)", aclsi_set_device_calls());
-    check(aclsi_violation_count() == 0 && log_is_empty(), "the stand-in recorded no rule violation in any process");
-    if (!log_is_empty()) {
-        show_log();
-    }
-    unlink(log_path);
+    harness_check_log(aclsi_violation_count());
     printf("%d cases, %d failed\n", n_cases, n_failed);
     return n_failed ? 1 : 0;
 }
