@@ -1,5 +1,6 @@
 //! Exporter functions: allocate or export, hand out handles, count and wait for releases, close.
 
+use super::abi::{init, read_input, sized_struct};
 use super::{arg, arg_mut, arg_slice, boundary};
 use crate::dtype::DevshareDType;
 use crate::error::Error;
@@ -24,31 +25,53 @@ pub const DEVSHARE_CLOSE_UNLINK: u32 = 2;
 pub struct DevshareExporter(Exporter);
 
 /// Describes a tensor inside an exported allocation, for `devshare_exporter_share`.
+/// Initialise with `devshare_tensor_desc_init(&desc, sizeof desc)`, then set the fields.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct DevshareTensorDesc {
+    /// Size of this struct in the caller's header (`devshare_tensor_desc_init` sets it).
+    pub struct_size: u32,
     /// Element type.
     pub dtype: DevshareDType,
     /// Number of dimensions, 0..=`DEVSHARE_MAX_NDIM`.
     pub ndim: u32,
-    /// `ndim` sizes in elements (may be NULL when ndim is 0).
+    /// `DEVSHARE_SHARE_*` bits.
+    pub flags: u32,
+    /// `ndim` sizes in elements (may be NULL when ndim is 0); read during the call only.
     pub shape: *const i64,
-    /// `ndim` strides in elements, or NULL for C-contiguous.
+    /// `ndim` strides in elements, or NULL for C-contiguous; read during the call only.
     pub strides: *const i64,
     /// Byte offset of the storage in the allocation.
     pub storage_offset: u64,
-    /// Storage size in bytes, or `DEVSHARE_STORAGE_TO_END`.
+    /// Storage size in bytes, or `DEVSHARE_STORAGE_TO_END` (the default).
     pub storage_size: u64,
     /// Element offset of the tensor in its storage.
     pub tensor_offset: i64,
-    /// `DEVSHARE_SHARE_*` bits.
-    pub flags: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
     /// Device backends: the stream (`aclrtStream`, `CUstream`) whose work produced the data, or
     /// NULL for all work on the device. Without `DEVSHARE_SHARE_EVENT` it is synchronised before
     /// the handle is returned; with it, the event is recorded on it. Ignored for host memory.
     pub stream: *mut c_void,
+}
+
+sized_struct!(DevshareTensorDesc, "DevshareTensorDesc", first_size = 64, sum = 4 * 4 + 8 * 6,
+    defaults = DevshareTensorDesc {
+        struct_size: 0,
+        dtype: DevshareDType { code: 0, bits: 0, lanes: 0 },
+        ndim: 0,
+        flags: 0,
+        shape: std::ptr::null(),
+        strides: std::ptr::null(),
+        storage_offset: 0,
+        storage_size: DEVSHARE_STORAGE_TO_END,
+        tensor_offset: 0,
+        stream: std::ptr::null_mut(),
+    });
+
+/// Initialise a `DevshareTensorDesc` of `size` bytes (pass `sizeof *desc`): all zero (dtype
+/// included: set it), `storage_size = DEVSHARE_STORAGE_TO_END`, `struct_size = size`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_tensor_desc_init(desc: *mut DevshareTensorDesc, size: u32) -> i32 {
+    boundary("devshare_tensor_desc_init", || unsafe { init(desc, size, "desc") })
 }
 
 /// `DevshareTensorDesc::flags` (host only): count the receiver in before the handle travels
@@ -181,20 +204,21 @@ pub unsafe extern "C" fn devshare_exporter_share(
     boundary("devshare_exporter_share", || {
         let e = &unsafe { arg(exporter, "exporter") }?.0;
         let out = unsafe { arg_mut(out, "out") }?;
-        let Some(d) = (unsafe { desc.as_ref() }) else {
+        if desc.is_null() {
             *out = e.share_bytes()?;
             return Ok(());
-        };
+        }
+        let d = unsafe { read_input(desc, "desc") }?;
         if d.ndim as usize > DEVSHARE_MAX_NDIM {
             return Err(Error::BadNdim(format!(
                 "desc.ndim {} is above the maximum {DEVSHARE_MAX_NDIM}",
                 d.ndim
             )));
         }
-        if d.flags & !(DEVSHARE_SHARE_INFLIGHT | DEVSHARE_SHARE_EVENT) != 0 || d.reserved != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "desc.flags {:#x} has unknown bits or desc.reserved is not 0",
-                d.flags
+        let unknown = d.flags & !(DEVSHARE_SHARE_INFLIGHT | DEVSHARE_SHARE_EVENT);
+        if unknown != 0 {
+            return Err(Error::UnsupportedVersion(format!(
+                "desc.flags: bits {unknown:#x} are not share flags this library knows"
             )));
         }
         let n = d.ndim as usize;

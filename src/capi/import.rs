@@ -1,5 +1,6 @@
 //! Importer functions: import a handle, look at the mapping, release it.
 
+use super::abi::{init, read_input, sized_struct, write_output, SizedStruct};
 use super::{arg, arg_mut, boundary};
 use crate::backend::{ImportRequest, PeerAccess};
 use crate::error::Error;
@@ -31,15 +32,16 @@ impl DevshareImport {
     }
 }
 
-/// Options for `devshare_import`; initialise with `devshare_import_options_init`.
+/// Options for `devshare_import`; initialise with
+/// `devshare_import_options_init(&options, sizeof options)`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct DevshareImportOptions {
-    /// `sizeof(DevshareImportOptions)`.
+    /// Size of this struct in the caller's header (`devshare_import_options_init` sets it).
     pub struct_size: u32,
     /// `DEVSHARE_IMPORT_*` bits.
     pub flags: u32,
-    /// Device to import on, or `DEVSHARE_DEVICE_FROM_HANDLE`.
+    /// Device to import on, or `DEVSHARE_DEVICE_FROM_HANDLE` (the default).
     pub device: i32,
     /// Reserved, zero.
     pub reserved: u32,
@@ -48,11 +50,25 @@ pub struct DevshareImportOptions {
     pub stream: *mut c_void,
 }
 
-/// Where an import lies in this process, from `devshare_import_info`.
+sized_struct!(DevshareImportOptions, "DevshareImportOptions", first_size = 24, sum = 4 * 4 + 8,
+    defaults = DevshareImportOptions {
+        struct_size: 0,
+        flags: 0,
+        device: DEVSHARE_DEVICE_FROM_HANDLE,
+        reserved: 0,
+        stream: std::ptr::null_mut(),
+    });
+
+/// Where an import lies in this process, from `devshare_import_info`. Initialise with
+/// `devshare_import_info_init(&info, sizeof info)` before the call.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct DevshareImportInfo {
-    /// The tensor's first element.
+    /// Size of this struct in the caller's header; on return, the bytes the library filled in.
+    pub struct_size: u32,
+    /// Device the allocation was imported on (0 for host).
+    pub device: i32,
+    /// The tensor's first element (valid until the import is released).
     pub data: *mut c_void,
     /// The storage's first byte.
     pub storage: *mut c_void,
@@ -70,42 +86,53 @@ pub struct DevshareImportInfo {
     pub backend: u16,
     /// 1 when mapped read-only.
     pub read_only: u16,
-    /// Device the allocation was imported on (0 for host).
-    pub device: i32,
+    /// Reserved, zero.
+    pub reserved: u32,
 }
+
+sized_struct!(DevshareImportInfo, "DevshareImportInfo", first_size = 72, sum = 4 + 4 + 8 * 7 + 2 + 2 + 4,
+    defaults = DevshareImportInfo {
+        struct_size: 0,
+        device: 0,
+        data: std::ptr::null_mut(),
+        storage: std::ptr::null_mut(),
+        base: std::ptr::null_mut(),
+        alloc_size: 0,
+        storage_size: 0,
+        numel: 0,
+        element_size: 0,
+        backend: 0,
+        read_only: 0,
+        reserved: 0,
+    });
 
 impl Default for DevshareImportOptions {
     fn default() -> Self {
-        DevshareImportOptions {
-            struct_size: std::mem::size_of::<DevshareImportOptions>() as u32,
-            flags: 0,
-            device: DEVSHARE_DEVICE_FROM_HANDLE,
-            reserved: 0,
-            stream: std::ptr::null_mut(),
-        }
+        DevshareImportOptions { struct_size: std::mem::size_of::<Self>() as u32, ..Self::defaults() }
     }
 }
 
-/// Fill `*options` with the defaults: read-write, the handle's device, no stream.
+/// Initialise `DevshareImportOptions` of `size` bytes (pass `sizeof *options`) with the
+/// defaults: read-write, the handle's device, no stream.
 #[no_mangle]
-pub unsafe extern "C" fn devshare_import_options_init(options: *mut DevshareImportOptions) -> i32 {
-    boundary("devshare_import_options_init", || {
-        *unsafe { arg_mut(options, "options") }? = DevshareImportOptions::default();
-        Ok(())
-    })
+pub unsafe extern "C" fn devshare_import_options_init(options: *mut DevshareImportOptions, size: u32) -> i32 {
+    boundary("devshare_import_options_init", || unsafe { init(options, size, "options") })
+}
+
+/// Initialise `DevshareImportInfo` of `size` bytes (pass `sizeof *info`) for
+/// `devshare_import_info`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_import_info_init(info: *mut DevshareImportInfo, size: u32) -> i32 {
+    boundary("devshare_import_info_init", || unsafe { init(info, size, "info") })
 }
 
 fn request(o: &DevshareImportOptions) -> crate::error::Result<ImportRequest> {
-    if o.struct_size as usize != std::mem::size_of::<DevshareImportOptions>() {
-        return Err(Error::InvalidArgument(format!(
-            "options.struct_size {} is not sizeof(DevshareImportOptions) (call \
-             devshare_import_options_init)",
-            o.struct_size
-        )));
-    }
     let known = DEVSHARE_IMPORT_READ_ONLY | DEVSHARE_IMPORT_PEER_ACCESS_CALL | DEVSHARE_IMPORT_NO_PEER_ACCESS;
     if o.flags & !known != 0 {
-        return Err(Error::InvalidArgument(format!("unknown import flags {:#x}", o.flags)));
+        return Err(Error::UnsupportedVersion(format!(
+            "options.flags: bits {:#x} are not import flags this library knows",
+            o.flags & !known
+        )));
     }
     let peer = match (o.flags & DEVSHARE_IMPORT_PEER_ACCESS_CALL != 0, o.flags & DEVSHARE_IMPORT_NO_PEER_ACCESS != 0) {
         (false, false) => PeerAccess::ByImportFlag,
@@ -143,9 +170,10 @@ pub unsafe extern "C" fn devshare_import(
     boundary("devshare_import", || {
         let h = unsafe { arg(handle, "handle") }?;
         let out = unsafe { arg_mut(out, "out") }?;
-        let req = match unsafe { options.as_ref() } {
-            Some(o) => request(o)?,
-            None => ImportRequest::default(),
+        let req = if options.is_null() {
+            ImportRequest::default()
+        } else {
+            request(&unsafe { read_input(options, "options") }?)?
         };
         *out = Box::into_raw(Box::new(DevshareImport(import(h, req)?)));
         Ok(())
@@ -171,15 +199,15 @@ pub unsafe extern "C" fn devshare_handle_discard(handle: *const DevshareHandle) 
     })
 }
 
-/// Pointers and sizes of an import.
+/// Pointers and sizes of an import, into `*out` (initialised with `devshare_import_info_init`).
 #[no_mangle]
 pub unsafe extern "C" fn devshare_import_info(imp: *const DevshareImport, out: *mut DevshareImportInfo) -> i32 {
     boundary("devshare_import_info", || {
         let i = &unsafe { arg(imp, "import") }?.0;
-        let out = unsafe { arg_mut(out, "out") }?;
         let v = i.view();
         let h = i.handle();
-        *out = DevshareImportInfo {
+        let info = DevshareImportInfo {
+            struct_size: 0,
             data: v.data.cast(),
             storage: v.storage.cast(),
             base: v.base.cast(),
@@ -190,8 +218,9 @@ pub unsafe extern "C" fn devshare_import_info(imp: *const DevshareImport, out: *
             backend: h.backend,
             read_only: u16::from(v.read_only),
             device: v.device,
+            reserved: 0,
         };
-        Ok(())
+        unsafe { write_output(out, info, "out") }
     })
 }
 

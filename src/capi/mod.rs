@@ -7,6 +7,7 @@
 //! section per function.
 #![allow(clippy::missing_safety_doc)]
 
+mod abi;
 pub mod dlpack;
 pub mod error;
 pub mod export;

@@ -1,25 +1,36 @@
 //! Capability probe: which backends can be used in this process, and why not.
 
-use super::{arg_mut, boundary};
+use super::abi::{init, sized_struct, write_output, SizedStruct};
+use super::boundary;
 use crate::backend;
 use crate::handle::backend_name;
 use std::ffi::c_char;
 
-/// What `devshare_probe` found out about one backend.
+/// What `devshare_probe` found out about one backend. Initialise with
+/// `devshare_backend_info_init(&info, sizeof info)` before the call.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct DevshareBackendInfo {
+    /// Size of this struct in the caller's header; on return, the bytes the library filled in.
+    pub struct_size: u32,
     /// `DEVSHARE_BACKEND_*`.
     pub backend: u16,
     /// 1 when the backend can export and import in this process.
     pub usable: u16,
-    /// Reserved, zero.
-    pub reserved: u32,
     /// Backend name ("host", "acl", "cuda"), NUL-terminated.
     pub name: [c_char; 16],
     /// What was found, or why it is unusable (library tried, environment variable to set),
     /// NUL-terminated, truncated to fit.
     pub detail: [c_char; 512],
+}
+
+sized_struct!(DevshareBackendInfo, "DevshareBackendInfo", first_size = 536, sum = 4 + 2 + 2 + 16 + 512,
+    defaults = DevshareBackendInfo { struct_size: 0, backend: 0, usable: 0, name: [0; 16], detail: [0; 512] });
+
+/// Initialise `DevshareBackendInfo` of `size` bytes (pass `sizeof *info`) for `devshare_probe`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_backend_info_init(info: *mut DevshareBackendInfo, size: u32) -> i32 {
+    boundary("devshare_backend_info_init", || unsafe { init(info, size, "info") })
 }
 
 fn fill(dst: &mut [c_char], s: &str) {
@@ -30,18 +41,18 @@ fn fill(dst: &mut [c_char], s: &str) {
     dst[n..].fill(0);
 }
 
-/// Report whether `backend` is usable here. Unknown backend ids are
+/// Report whether `backend` is usable here, into `*out` (initialised with
+/// `devshare_backend_info_init`). Unknown backend ids are
 /// `DEVSHARE_STATUS_INVALID_ARGUMENT`; an unusable backend is `DEVSHARE_STATUS_OK` with `usable = 0`.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_probe(backend: u16, out: *mut DevshareBackendInfo) -> i32 {
     boundary("devshare_probe", || {
-        let out = unsafe { arg_mut(out, "out") }?;
         let p = backend::get(backend)?.probe();
-        out.backend = backend;
-        out.usable = u16::from(p.usable);
-        out.reserved = 0;
-        fill(&mut out.name, backend_name(backend));
-        fill(&mut out.detail, &p.detail);
-        Ok(())
+        let mut info = DevshareBackendInfo::defaults();
+        info.backend = backend;
+        info.usable = u16::from(p.usable);
+        fill(&mut info.name, backend_name(backend));
+        fill(&mut info.detail, &p.detail);
+        unsafe { write_output(out, info, "out") }
     })
 }

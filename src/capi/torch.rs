@@ -1,5 +1,6 @@
 //! PyTorch / torch_npu tuples to and from handles.
 
+use super::abi::{init, read_input, sized_struct, write_output, SizedStruct};
 use super::{arg, arg_mut, arg_slice, boundary};
 use crate::dtype::DevshareDType;
 use crate::error::Error;
@@ -12,11 +13,11 @@ pub const DEVSHARE_TORCH_HANDLE_CAPACITY: usize = 128;
 /// The fields of one `torch.multiprocessing.reductions.reduce_tensor` tuple (15 args) that a
 /// consumer needs, for `devshare_handle_from_torch`. Arg numbers refer to that tuple; args 6..14
 /// (without 10) are the 8-tuple of `storage._share_cuda_()` / `_share_npu_()`. Initialise with
-/// `memset(0)` and set `struct_size`.
+/// `devshare_torch_args_init(&args, sizeof args)`. Pointers are read during the call only.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct DevshareTorchArgs {
-    /// `sizeof(DevshareTorchArgs)`.
+    /// Size of this struct in the caller's header (`devshare_torch_args_init` sets it).
     pub struct_size: u32,
     /// `DEVSHARE_BACKEND_CUDA` (PyTorch) or `DEVSHARE_BACKEND_ACL` (torch_npu): whose handle
     /// forms to read.
@@ -27,9 +28,9 @@ pub struct DevshareTorchArgs {
     pub dtype: DevshareDType,
     /// Number of dimensions (length of arg 1), 0..=`DEVSHARE_MAX_NDIM`.
     pub ndim: u32,
-    /// Arg 1: shape in elements.
+    /// Arg 1: shape in elements (`ndim` entries; may be NULL when ndim is 0).
     pub shape: *const i64,
-    /// Arg 2: strides in elements, or NULL for C-contiguous.
+    /// Arg 2: strides in elements (`ndim` entries), or NULL for C-contiguous.
     pub strides: *const i64,
     /// Arg 3: the tensor's offset in its storage, in elements.
     pub tensor_offset: i64,
@@ -37,20 +38,23 @@ pub struct DevshareTorchArgs {
     pub device: i32,
     /// The producer's pid if known; 0: read from a `/torch_<pid>_...` ref-counter name.
     pub producer_pid: i32,
-    /// Arg 7: storage handle bytes (raw 64/65 bytes or `[version]['c'][...]`).
+    /// Arg 7: storage handle bytes (raw 64/65 bytes or `[version][form][...]`).
     pub handle: *const u8,
+    /// Number of bytes at `handle`.
     pub handle_len: usize,
     /// Arg 8: storage size in bytes.
     pub storage_size: u64,
     /// Arg 9: storage offset in the exported allocation, in bytes.
     pub storage_offset: u64,
-    /// Arg 11: ref-counter shm name (with its leading '/'); length 0 for none.
+    /// Arg 11: ref-counter shm name (with its leading '/', no NUL needed); NULL/length 0: none.
     pub ref_name: *const u8,
+    /// Number of bytes at `ref_name`.
     pub ref_name_len: usize,
     /// Arg 12: ref-counter slot.
     pub ref_slot: u64,
     /// Arg 13: event handle bytes (read only when `event_sync_required`; must then be 64).
     pub event_handle: *const u8,
+    /// Number of bytes at `event_handle`.
     pub event_handle_len: usize,
     /// Arg 14: nonzero when the consumer must wait on the event.
     pub event_sync_required: u32,
@@ -58,28 +62,93 @@ pub struct DevshareTorchArgs {
     pub reserved1: u32,
 }
 
+sized_struct!(DevshareTorchArgs, "DevshareTorchArgs", first_size = 128, sum = 128,
+    defaults = DevshareTorchArgs {
+        struct_size: 0,
+        backend: 0,
+        reserved0: 0,
+        dtype: DevshareDType { code: 0, bits: 0, lanes: 0 },
+        ndim: 0,
+        shape: std::ptr::null(),
+        strides: std::ptr::null(),
+        tensor_offset: 0,
+        device: 0,
+        producer_pid: 0,
+        handle: std::ptr::null(),
+        handle_len: 0,
+        storage_size: 0,
+        storage_offset: 0,
+        ref_name: std::ptr::null(),
+        ref_name_len: 0,
+        ref_slot: 0,
+        event_handle: std::ptr::null(),
+        event_handle_len: 0,
+        event_sync_required: 0,
+        reserved1: 0,
+    });
+
 /// The 8-tuple `(device, handle, storage_size_bytes, storage_offset_bytes, ref_counter_name,
 /// ref_counter_slot, event_handle, event_sync_required)` that PyTorch's
 /// `UntypedStorage._new_shared_cuda` and torch_npu's `_new_shared_npu` rebuild a storage from,
-/// from `devshare_handle_to_torch`. Pass each byte field as a Python `bytes` of its length.
+/// from `devshare_handle_to_torch` (initialise with `devshare_torch_storage_init(&s, sizeof s)`).
+/// Pass each byte field as a Python `bytes` of its length.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct DevshareTorchStorage {
+    /// Size of this struct in the caller's header; on return, the bytes the library filled in.
+    pub struct_size: u32,
+    /// Tuple item 0: device index (the handle's `device_index`).
     pub device: i32,
     /// Bytes used in `handle`: 64 (cuda, raw handle) or 67 (acl, version-1 'c' handle).
     pub handle_len: u32,
-    pub handle: [u8; DEVSHARE_TORCH_HANDLE_CAPACITY],
-    pub storage_size: u64,
-    pub storage_offset: u64,
     /// Bytes used in `ref_name` (0: none; send `b""`).
     pub ref_name_len: u32,
-    pub reserved0: u32,
-    pub ref_name: [u8; 64],
+    /// Tuple item 1: storage handle bytes; `handle_len` are used, the rest is zero.
+    pub handle: [u8; DEVSHARE_TORCH_HANDLE_CAPACITY],
+    /// Tuple item 2: storage size in bytes.
+    pub storage_size: u64,
+    /// Tuple item 3: storage offset in the exported allocation, in bytes.
+    pub storage_offset: u64,
+    /// Tuple item 5: ref-counter slot.
     pub ref_slot: u64,
-    /// Always 64 bytes; all zero unless `event_sync_required`.
+    /// Tuple item 4: ref-counter shm name with its leading '/', not NUL-terminated.
+    pub ref_name: [u8; 64],
+    /// Tuple item 6: always 64 bytes; all zero unless `event_sync_required`.
     pub event_handle: [u8; 64],
+    /// Tuple item 7: 1 when the consumer must wait on the event (send `True`), else 0.
     pub event_sync_required: u32,
-    pub reserved1: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+}
+
+sized_struct!(DevshareTorchStorage, "DevshareTorchStorage", first_size = 304,
+    sum = 16 + DEVSHARE_TORCH_HANDLE_CAPACITY + 24 + 64 + 64 + 8,
+    defaults = DevshareTorchStorage {
+        struct_size: 0,
+        device: 0,
+        handle_len: 0,
+        ref_name_len: 0,
+        handle: [0; DEVSHARE_TORCH_HANDLE_CAPACITY],
+        storage_size: 0,
+        storage_offset: 0,
+        ref_slot: 0,
+        ref_name: [0; 64],
+        event_handle: [0; 64],
+        event_sync_required: 0,
+        reserved: 0,
+    });
+
+/// Initialise `DevshareTorchArgs` of `size` bytes (pass `sizeof *args`): all zero.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_torch_args_init(args: *mut DevshareTorchArgs, size: u32) -> i32 {
+    boundary("devshare_torch_args_init", || unsafe { init(args, size, "args") })
+}
+
+/// Initialise `DevshareTorchStorage` of `size` bytes (pass `sizeof *storage`) for
+/// `devshare_handle_to_torch`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_torch_storage_init(storage: *mut DevshareTorchStorage, size: u32) -> i32 {
+    boundary("devshare_torch_storage_init", || unsafe { init(storage, size, "storage") })
 }
 
 /// Build and validate a handle from the fields of a PyTorch (cuda) or torch_npu (acl) tuple.
@@ -90,14 +159,8 @@ pub struct DevshareTorchStorage {
 #[no_mangle]
 pub unsafe extern "C" fn devshare_handle_from_torch(args: *const DevshareTorchArgs, out: *mut DevshareHandle) -> i32 {
     boundary("devshare_handle_from_torch", || {
-        let a = unsafe { arg(args, "args") }?;
+        let a = unsafe { read_input(args, "args") }?;
         let out = unsafe { arg_mut(out, "out") }?;
-        if a.struct_size as usize != std::mem::size_of::<DevshareTorchArgs>() {
-            return Err(Error::InvalidArgument(format!(
-                "args.struct_size {} is not sizeof(DevshareTorchArgs)",
-                a.struct_size
-            )));
-        }
         if a.reserved0 != 0 || a.reserved1 != 0 {
             return Err(Error::InvalidArgument("args.reserved0 and args.reserved1 must be 0".into()));
         }
@@ -141,26 +204,21 @@ pub unsafe extern "C" fn devshare_handle_from_torch(args: *const DevshareTorchAr
 pub unsafe extern "C" fn devshare_handle_to_torch(handle: *const DevshareHandle, out: *mut DevshareTorchStorage) -> i32 {
     boundary("devshare_handle_to_torch", || {
         let h = unsafe { arg(handle, "handle") }?;
-        let out = unsafe { arg_mut(out, "out") }?;
         let t = handle_to_torch(h)?;
         let mut s = DevshareTorchStorage {
             device: t.device,
             handle_len: t.handle.len() as u32,
-            handle: [0; DEVSHARE_TORCH_HANDLE_CAPACITY],
             storage_size: t.storage_size,
             storage_offset: t.storage_offset,
             ref_name_len: t.ref_name.len() as u32,
-            reserved0: 0,
-            ref_name: [0; 64],
             ref_slot: t.ref_slot,
             event_handle: t.event_handle,
             event_sync_required: u32::from(t.event_sync_required),
-            reserved1: 0,
+            ..DevshareTorchStorage::defaults()
         };
         s.handle[..t.handle.len()].copy_from_slice(&t.handle);
         s.ref_name[..t.ref_name.len()].copy_from_slice(&t.ref_name);
-        *out = s;
-        Ok(())
+        unsafe { write_output(out, s, "out") }
     })
 }
 
@@ -172,13 +230,7 @@ pub unsafe extern "C" fn devshare_handle_to_torch(handle: *const DevshareHandle,
 #[no_mangle]
 pub unsafe extern "C" fn devshare_torch_discard(args: *const DevshareTorchArgs) -> i32 {
     boundary("devshare_torch_discard", || {
-        let a = unsafe { arg(args, "args") }?;
-        if a.struct_size as usize != std::mem::size_of::<DevshareTorchArgs>() {
-            return Err(Error::InvalidArgument(format!(
-                "args.struct_size {} is not sizeof(DevshareTorchArgs)",
-                a.struct_size
-            )));
-        }
+        let a = unsafe { read_input(args, "args") }?;
         let name = unsafe { arg_slice(a.ref_name, a.ref_name_len, "args.ref_name") }?;
         crate::import::discard(name, a.ref_slot)
     })

@@ -1,17 +1,26 @@
 //! The canonical byte encoding of a handle.
 //!
-//! Little-endian, never the raw struct: a 12-byte header (`"DVSH"`, format version u16, zero
-//! u16, total length u32), the fields that are in use (only `ndim` dimensions, only `key_len` key
-//! bytes, the ref-counter and event only when present), then a CRC-32 of everything before it.
+//! Little-endian, never the raw struct: a 12-byte header (`"DVSH"`, format major version u16,
+//! format minor version u16, total length u32), the fields that are in use (only `ndim`
+//! dimensions, only `key_len` key bytes, the ref-counter and event only when present), the
+//! handle's extension records, then sections a later minor version may add, then a CRC-32 of
+//! everything before it.
+//!
+//! Minor 0 (what devshare 0.1 wrote) ends after the event; minor >= 1 adds the extension block
+//! and the sections. A reader accepts every minor version of its major version: it skips
+//! sections it does not know unless their type carries `DEVSHARE_EXT_MUST_UNDERSTAND`, in which
+//! case it refuses the handle with `UnsupportedVersion`, naming the type.
 //!
 //! ```text
-//! magic[4] version:u16 0:u16 total_len:u32
+//! magic[4] version:u16 minor:u16 total_len:u32
 //! backend:u16 ndim:u8 key_len:u8 flags:u32 device_index:i32 producer_pid:i32
 //! device_uuid[16] host_id[16] alloc_size:u64 storage_offset:u64 storage_size:u64
 //! tensor_offset:i64 dtype_code:u8 dtype_bits:u8 dtype_lanes:u16
 //! shape[ndim]:i64 strides[ndim]:i64 key[key_len]
 //! ref_name_len:u8 ref_name[ref_name_len] (ref_slot:u64 if ref_name_len > 0)
 //! (event_handle[64] if flags & EVENT)
+//! ext_len:u8 ext[ext_len]                         -- minor >= 1: the struct's extension records
+//! { type:u16 0:u16 len:u32 data[len] } ...        -- minor >= 1: sections, up to the checksum
 //! crc32:u32   -- CRC-32 (IEEE) of every byte before it
 //! ```
 
@@ -20,12 +29,17 @@ use crate::error::{Error, Result};
 
 /// The four bytes every encoded handle starts with.
 pub const MAGIC: [u8; 4] = *b"DVSH";
-/// Encoding format version written and read by this library.
+/// Encoding format (major) version written and read by this library.
 pub const DEVSHARE_ENCODING_VERSION: u16 = 1;
+/// Encoding minor version written by this library (any minor of the major version is read).
+pub const DEVSHARE_ENCODING_MINOR: u16 = 1;
 const HEADER_LEN: usize = 12;
 const FIXED_BODY_LEN: usize = 84;
-/// Largest possible encoded handle, in bytes.
-pub const DEVSHARE_HANDLE_MAX_ENCODED_SIZE: usize = 493;
+/// Largest encoded handle this library writes, in bytes. A later minor version may write longer
+/// ones (sections): size buffers with the length query, not only with this constant.
+pub const DEVSHARE_HANDLE_MAX_ENCODED_SIZE: usize = 606;
+/// Largest encoding any reader accepts (1 MiB), whatever sections it carries.
+pub const DEVSHARE_HANDLE_DECODE_LIMIT: usize = 1 << 20;
 static_assertions::const_assert_eq!(
     DEVSHARE_HANDLE_MAX_ENCODED_SIZE,
     HEADER_LEN
@@ -36,6 +50,8 @@ static_assertions::const_assert_eq!(
         + DEVSHARE_REF_NAME_CAPACITY
         + 8
         + DEVSHARE_EVENT_HANDLE_SIZE
+        + 1
+        + DEVSHARE_HANDLE_EXT_CAPACITY
         + 4
 );
 
@@ -46,7 +62,7 @@ pub fn encode_into(h: &DevshareHandle, out: &mut Vec<u8>) -> Result<()> {
     out.reserve(DEVSHARE_HANDLE_MAX_ENCODED_SIZE);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&DEVSHARE_ENCODING_VERSION.to_le_bytes());
-    out.extend_from_slice(&0u16.to_le_bytes());
+    out.extend_from_slice(&DEVSHARE_ENCODING_MINOR.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes()); // total length, patched below
     out.extend_from_slice(&h.backend.to_le_bytes());
     out.push(h.ndim as u8);
@@ -78,6 +94,8 @@ pub fn encode_into(h: &DevshareHandle, out: &mut Vec<u8>) -> Result<()> {
     if h.flags & DEVSHARE_HANDLE_FLAG_EVENT != 0 {
         out.extend_from_slice(&h.event_handle);
     }
+    out.push(h.ext_len as u8);
+    out.extend_from_slice(h.ext_bytes());
     let total = (out.len() + 4) as u32;
     out[8..12].copy_from_slice(&total.to_le_bytes());
     let crc = crc32fast::hash(out);
@@ -152,13 +170,17 @@ pub fn decode(buf: &[u8]) -> Result<DevshareHandle> {
     let version = u16::from_le_bytes([buf[4], buf[5]]);
     if version != DEVSHARE_ENCODING_VERSION {
         return Err(Error::UnsupportedVersion(format!(
-            "encoding version {version} (this library reads {DEVSHARE_ENCODING_VERSION})"
+            "encoding format version {version} (this library reads format \
+             {DEVSHARE_ENCODING_VERSION}.x)"
         )));
     }
-    if buf[6] != 0 || buf[7] != 0 {
-        return Err(Error::invalid("header", "reserved header bytes 6..8 must be 0"));
-    }
+    let minor = u16::from_le_bytes([buf[6], buf[7]]);
     let total = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]) as usize;
+    if total > DEVSHARE_HANDLE_DECODE_LIMIT {
+        return Err(Error::BadLength(format!(
+            "header says {total} bytes, above the {DEVSHARE_HANDLE_DECODE_LIMIT}-byte limit"
+        )));
+    }
     if total > buf.len() {
         return Err(Error::Truncated(format!(
             "header says {total} bytes, input has {}",
@@ -226,6 +248,37 @@ pub fn decode(buf: &[u8]) -> Result<DevshareHandle> {
     }
     if h.flags & DEVSHARE_HANDLE_FLAG_EVENT != 0 {
         h.event_handle = r.array("event_handle")?;
+    }
+    if minor >= 1 {
+        let ext_len = r.u8("ext_len")? as usize;
+        if ext_len > DEVSHARE_HANDLE_EXT_CAPACITY {
+            return Err(Error::invalid(
+                "ext_len",
+                format!("{ext_len} exceeds the capacity of {DEVSHARE_HANDLE_EXT_CAPACITY} bytes"),
+            ));
+        }
+        h.ext[..ext_len].copy_from_slice(r.take(ext_len, "ext")?);
+        h.ext_len = ext_len as u16;
+        // Sections: this version defines none, so it skips every one it may ignore.
+        while r.pos < content.len() {
+            let kind = r.u16("section type")?;
+            if r.u16("section reserved")? != 0 {
+                return Err(Error::invalid("section", format!("section {kind:#06x}: reserved bytes must be 0")));
+            }
+            let len = r.u32("section length")? as usize;
+            r.take(len, "section data")?;
+            if kind == 0 {
+                return Err(Error::invalid("section", "section type 0 is invalid"));
+            }
+            if kind & DEVSHARE_EXT_MUST_UNDERSTAND != 0 {
+                return Err(Error::UnsupportedVersion(format!(
+                    "the encoding (format {version}.{minor}) carries section type {kind:#06x} that \
+                     must be understood, which this library (format \
+                     {DEVSHARE_ENCODING_VERSION}.{DEVSHARE_ENCODING_MINOR}) does not know; update \
+                     devshare on the receiving side"
+                )));
+            }
+        }
     }
     if r.pos != content.len() {
         return Err(Error::BadLength(format!(

@@ -8,7 +8,7 @@ pub mod encode;
 pub mod text;
 mod validate;
 
-pub use validate::{validate, Validated};
+pub use validate::{ext_records, validate, ExtRecord, Validated};
 pub(crate) use validate::is_shm_name;
 
 use crate::dtype::DevshareDType;
@@ -23,10 +23,15 @@ pub const DEVSHARE_KEY_CAPACITY: usize = 128;
 pub const DEVSHARE_REF_NAME_CAPACITY: usize = 64;
 /// Size of an interprocess event handle (`cudaIpcEventHandle_t`, `aclrtIpcEventHandle`).
 pub const DEVSHARE_EVENT_HANDLE_SIZE: usize = 64;
-/// Number of reserved bytes at the end of the handle (must be zero in layout version 1).
-pub const DEVSHARE_HANDLE_RESERVED: usize = 120;
-/// Layout version of `DevshareHandle` written by this library.
+/// Capacity of the handle's extension area (`ext`), in bytes.
+pub const DEVSHARE_HANDLE_EXT_CAPACITY: usize = 112;
+/// Layout (major) version of `DevshareHandle` written and read by this library. A reader refuses
+/// any other major version.
 pub const DEVSHARE_HANDLE_LAYOUT_VERSION: u16 = 1;
+/// Layout minor version written by this library. A reader accepts every minor version of its
+/// major: what a later minor adds is either skippable ("may ignore" flags and extension records)
+/// or announced by a "must understand" flag or record that an older reader refuses by name.
+pub const DEVSHARE_HANDLE_LAYOUT_MINOR: u16 = 0;
 /// Number of slots in a PyTorch-compatible ref-counter object.
 pub const DEVSHARE_REF_SLOTS: u64 = 10_000;
 
@@ -43,15 +48,28 @@ pub const DEVSHARE_HANDLE_FLAG_EVENT: u32 = 1;
 /// handle, which its first import takes over (PyTorch's `file_system` protocol: the sender
 /// counts the receiver in before sending, so the object cannot vanish while the handle travels).
 pub const DEVSHARE_HANDLE_FLAG_INFLIGHT: u32 = 2;
-/// All handle flags layout version 1 knows; any other bit is refused.
+/// Handle flags in this range (bits 0..15) change how a handle must be read or used: a reader
+/// that does not know a set bit refuses the handle with `DEVSHARE_STATUS_UNSUPPORTED_VERSION`,
+/// naming the bit.
+pub const DEVSHARE_HANDLE_FLAGS_MUST_UNDERSTAND: u32 = 0x0000_ffff;
+/// Handle flags in this range (bits 16..31) are hints: a reader that does not know a set bit
+/// ignores it (and keeps it when it re-encodes the handle).
+pub const DEVSHARE_HANDLE_FLAGS_MAY_IGNORE: u32 = 0xffff_0000;
+/// All "must understand" handle flags this library knows.
 pub const DEVSHARE_HANDLE_KNOWN_FLAGS: u32 = DEVSHARE_HANDLE_FLAG_EVENT | DEVSHARE_HANDLE_FLAG_INFLIGHT;
+/// Extension record types with this bit set must be understood: a reader that does not know
+/// the type refuses the handle with `DEVSHARE_STATUS_UNSUPPORTED_VERSION`, naming it. Types
+/// without it are skipped by readers that do not know them. Type 0 is invalid.
+pub const DEVSHARE_EXT_MUST_UNDERSTAND: u16 = 0x8000;
 
 /// One shared tensor: where its allocation lives, which part of it is the storage, how the tensor
 /// is laid out in the storage, and how its lifetime is tracked.
 ///
 /// Plain data, fixed size (616 bytes), 8-byte aligned, copyable with `memcpy`. Initialise one
 /// with `devshare_handle_init` before filling it by hand. Unused bytes (dimensions beyond `ndim`,
-/// key and name bytes beyond their lengths, the event when not flagged, `reserved`) must be zero.
+/// key and name bytes beyond their lengths, the event when not flagged, `ext` beyond `ext_len`,
+/// the reserved fields) must be zero. The size never changes: the layout grows through
+/// `layout_minor`, flags and extension records (see the evolution rules at the top of this header).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DevshareHandle {
@@ -102,8 +120,17 @@ pub struct DevshareHandle {
     pub ref_name: [u8; DEVSHARE_REF_NAME_CAPACITY],
     /// Interprocess event handle, valid when `DEVSHARE_HANDLE_FLAG_EVENT` is set.
     pub event_handle: [u8; DEVSHARE_EVENT_HANDLE_SIZE],
-    /// Reserved for later layout versions; zero.
-    pub reserved: [u8; DEVSHARE_HANDLE_RESERVED],
+    /// `DEVSHARE_HANDLE_LAYOUT_MINOR` of the writer; set by `devshare_handle_init`. Readers accept
+    /// any value (see the evolution rules at the top of this header).
+    pub layout_minor: u16,
+    /// Number of bytes of `ext` in use, 0..=`DEVSHARE_HANDLE_EXT_CAPACITY`.
+    pub ext_len: u16,
+    /// Reserved, zero.
+    pub reserved1: u32,
+    /// Extension records, back to back: `{uint16_t type; uint16_t len; uint8_t data[len]}`
+    /// (little-endian). Types with `DEVSHARE_EXT_MUST_UNDERSTAND` must be known to the reader;
+    /// others are skipped. Bytes beyond `ext_len` are zero. This version defines no types.
+    pub ext: [u8; DEVSHARE_HANDLE_EXT_CAPACITY],
 }
 
 assert_eq_size!(DevshareHandle, [u8; 616]);
@@ -131,7 +158,10 @@ const_assert_eq!(offset_of!(DevshareHandle, ref_name_len), 360);
 const_assert_eq!(offset_of!(DevshareHandle, reserved0), 364);
 const_assert_eq!(offset_of!(DevshareHandle, ref_name), 368);
 const_assert_eq!(offset_of!(DevshareHandle, event_handle), 432);
-const_assert_eq!(offset_of!(DevshareHandle, reserved), 496);
+const_assert_eq!(offset_of!(DevshareHandle, layout_minor), 496);
+const_assert_eq!(offset_of!(DevshareHandle, ext_len), 498);
+const_assert_eq!(offset_of!(DevshareHandle, reserved1), 500);
+const_assert_eq!(offset_of!(DevshareHandle, ext), 504);
 assert_eq_size!(DevshareDType, u32);
 
 /// Size of `DevshareHandle` in bytes.
@@ -164,7 +194,10 @@ impl Default for DevshareHandle {
             reserved0: 0,
             ref_name: [0; DEVSHARE_REF_NAME_CAPACITY],
             event_handle: [0; DEVSHARE_EVENT_HANDLE_SIZE],
-            reserved: [0; DEVSHARE_HANDLE_RESERVED],
+            layout_minor: DEVSHARE_HANDLE_LAYOUT_MINOR,
+            ext_len: 0,
+            reserved1: 0,
+            ext: [0; DEVSHARE_HANDLE_EXT_CAPACITY],
         }
     }
 }
@@ -204,6 +237,11 @@ impl DevshareHandle {
         self.ref_name[..name.len()].copy_from_slice(name);
         self.ref_name_len = name.len() as u32;
         self.ref_slot = slot;
+    }
+
+    /// The extension records in use (clamped like [`Self::key_bytes`]).
+    pub fn ext_bytes(&self) -> &[u8] {
+        &self.ext[..(self.ext_len as usize).min(DEVSHARE_HANDLE_EXT_CAPACITY)]
     }
 
     /// Human-readable name of the backend, for messages.

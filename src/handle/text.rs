@@ -1,7 +1,7 @@
 //! The text form of a handle: `devshare1:` followed by the byte encoding in unpadded
 //! URL-safe base64. Safe in environment variables, JSON strings and command lines.
 
-use super::encode::{decode, encode_into, DEVSHARE_HANDLE_MAX_ENCODED_SIZE};
+use super::encode::{decode, encode_into, DEVSHARE_HANDLE_DECODE_LIMIT, DEVSHARE_HANDLE_MAX_ENCODED_SIZE};
 use super::DevshareHandle;
 use crate::error::{Error, Result};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -9,8 +9,9 @@ use base64::Engine;
 
 /// Prefix of every handle text.
 pub const TEXT_PREFIX: &str = "devshare1:";
-/// Largest handle text, including the terminating NUL that the C API writes.
-pub const DEVSHARE_HANDLE_MAX_TEXT_SIZE: usize = 669;
+/// Largest handle text this library writes, including the terminating NUL that the C API
+/// writes. Like `DEVSHARE_HANDLE_MAX_ENCODED_SIZE`, a later minor version may write longer ones.
+pub const DEVSHARE_HANDLE_MAX_TEXT_SIZE: usize = 819;
 static_assertions::const_assert_eq!(
     DEVSHARE_HANDLE_MAX_TEXT_SIZE,
     TEXT_PREFIX.len() + (DEVSHARE_HANDLE_MAX_ENCODED_SIZE * 4).div_ceil(3) + 1
@@ -35,7 +36,7 @@ pub fn from_text(text: &str) -> Result<DevshareHandle> {
             t.chars().take(TEXT_PREFIX.len()).collect::<String>()
         ))
     })?;
-    if body.len() > DEVSHARE_HANDLE_MAX_TEXT_SIZE {
+    if body.len() > DEVSHARE_HANDLE_DECODE_LIMIT.div_ceil(3) * 4 {
         return Err(Error::BadText(format!("{} characters is longer than any handle", t.len())));
     }
     let bytes = URL_SAFE_NO_PAD.decode(body).map_err(|e| {

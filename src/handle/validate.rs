@@ -156,6 +156,89 @@ fn check_tensor(h: &DevshareHandle, element_size: u64) -> Result<(u64, u64)> {
     Ok((numel, first_byte))
 }
 
+/// Unknown "must understand" flags are refused by name; unknown "may ignore" flags pass.
+fn check_flags(h: &DevshareHandle) -> Result<()> {
+    let unknown = h.flags & DEVSHARE_HANDLE_FLAGS_MUST_UNDERSTAND & !DEVSHARE_HANDLE_KNOWN_FLAGS;
+    if unknown != 0 {
+        let bit = unknown.trailing_zeros();
+        return Err(Error::UnsupportedVersion(format!(
+            "the handle (layout {}.{}) needs feature flag bit {bit} ({:#x}), which this library \
+             (layout {DEVSHARE_HANDLE_LAYOUT_VERSION}.{DEVSHARE_HANDLE_LAYOUT_MINOR}) does not \
+             understand; update devshare on the receiving side",
+            h.layout_version,
+            h.layout_minor,
+            1u32 << bit
+        )));
+    }
+    Ok(())
+}
+
+/// One extension record: `{type: u16 LE, len: u16 LE, data[len]}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExtRecord<'a> {
+    /// Record type; `DEVSHARE_EXT_MUST_UNDERSTAND` marks types a reader must know.
+    pub kind: u16,
+    /// Record payload.
+    pub data: &'a [u8],
+}
+
+/// Split the extension area into records, checking their framing. Does not judge the types.
+pub fn ext_records(ext: &[u8]) -> Result<Vec<ExtRecord<'_>>> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < ext.len() {
+        let Some(head) = ext.get(pos..pos + 4) else {
+            return Err(Error::invalid(
+                "ext",
+                format!("record at byte {pos} is cut off inside its 4-byte header (ext_len {})", ext.len()),
+            ));
+        };
+        let kind = u16::from_le_bytes([head[0], head[1]]);
+        let len = u16::from_le_bytes([head[2], head[3]]) as usize;
+        if kind == 0 {
+            return Err(Error::invalid("ext", format!("record at byte {pos} has type 0")));
+        }
+        let Some(data) = ext.get(pos + 4..pos + 4 + len) else {
+            return Err(Error::invalid(
+                "ext",
+                format!(
+                    "record {kind:#06x} at byte {pos} claims {len} bytes, only {} remain in ext_len {}",
+                    ext.len() - pos - 4,
+                    ext.len()
+                ),
+            ));
+        };
+        out.push(ExtRecord { kind, data });
+        pos += 4 + len;
+    }
+    Ok(out)
+}
+
+/// The extension area: framing, zero tail, and no unknown "must understand" record.
+fn check_ext(h: &DevshareHandle) -> Result<()> {
+    let len = h.ext_len as usize;
+    if len > DEVSHARE_HANDLE_EXT_CAPACITY {
+        return Err(Error::invalid(
+            "ext_len",
+            format!("{len} exceeds the capacity of {DEVSHARE_HANDLE_EXT_CAPACITY} bytes"),
+        ));
+    }
+    zero_tail("ext", &h.ext[len..])?;
+    for r in ext_records(&h.ext[..len])? {
+        // This version knows no record types: every "must understand" one is refused by name,
+        // every other one is skipped.
+        if r.kind & DEVSHARE_EXT_MUST_UNDERSTAND != 0 {
+            return Err(Error::UnsupportedVersion(format!(
+                "the handle (layout {}.{}) carries extension record type {:#06x} that must be \
+                 understood, which this library (layout {DEVSHARE_HANDLE_LAYOUT_VERSION}.\
+                 {DEVSHARE_HANDLE_LAYOUT_MINOR}) does not know; update devshare on the receiving side",
+                h.layout_version, h.layout_minor, r.kind
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Validate every field of `h`; on success return what was derived on the way.
 ///
 /// A handle that passes describes a tensor that lies entirely inside its storage, which lies
@@ -170,15 +253,20 @@ pub fn validate(h: &DevshareHandle) -> Result<Validated> {
     }
     if h.layout_version != DEVSHARE_HANDLE_LAYOUT_VERSION {
         return Err(Error::UnsupportedVersion(format!(
-            "layout_version {} (this library reads {DEVSHARE_HANDLE_LAYOUT_VERSION})",
-            h.layout_version
+            "layout_version {}.{} (this library reads layout {DEVSHARE_HANDLE_LAYOUT_VERSION}.x)",
+            h.layout_version, h.layout_minor
         )));
     }
-    if !(DEVSHARE_BACKEND_HOST..=DEVSHARE_BACKEND_CUDA).contains(&h.backend) {
-        return Err(Error::invalid("backend", format!("{} is not a known backend (1..=3)", h.backend)));
+    check_flags(h)?;
+    if h.backend == 0 {
+        return Err(Error::invalid("backend", "0 is not a backend"));
     }
-    if h.flags & !DEVSHARE_HANDLE_KNOWN_FLAGS != 0 {
-        return Err(Error::invalid("flags", format!("unknown bits {:#x}", h.flags)));
+    if h.backend > DEVSHARE_BACKEND_CUDA {
+        return Err(Error::UnsupportedVersion(format!(
+            "backend {} (from handle layout {}.{}) is unknown to this library, which knows \
+             backends 1..=3 (host, acl, cuda)",
+            h.backend, h.layout_version, h.layout_minor
+        )));
     }
     if h.device_index < 0 || (h.backend == DEVSHARE_BACKEND_HOST && h.device_index != 0) {
         return Err(Error::invalid(
@@ -223,7 +311,10 @@ pub fn validate(h: &DevshareHandle) -> Result<Validated> {
     if h.reserved0 != 0 {
         return Err(Error::invalid("reserved0", "must be 0"));
     }
-    zero_tail("reserved", &h.reserved)?;
+    if h.reserved1 != 0 {
+        return Err(Error::invalid("reserved1", "must be 0"));
+    }
+    check_ext(h)?;
     let (numel, tensor_byte) = check_tensor(h, element_size)?;
     Ok(Validated { element_size, numel, data_offset: h.storage_offset + tensor_byte })
 }
