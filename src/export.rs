@@ -279,6 +279,17 @@ impl Exporter {
         }
     }
 
+    /// Prepare to close: refused with `Busy` (nothing changes) while references are
+    /// outstanding on a backend whose importers cannot keep the memory alive, unless `force`;
+    /// with `unlink`, the shm names go now. The caller then drops the exporter.
+    pub fn prepare_close(&self, force: bool, unlink: bool) -> Result<()> {
+        self.check_close(force)?;
+        if unlink {
+            self.unlink_names();
+        }
+        Ok(())
+    }
+
     /// Whether the export may be closed now. Refused with `Busy` while references are
     /// outstanding on a backend whose importers cannot keep the memory alive, unless `force`.
     /// Closing is dropping the exporter.

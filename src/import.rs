@@ -113,6 +113,18 @@ pub fn cached_allocations() -> usize {
     registry().allocs.len()
 }
 
+/// Return the reference a handle carries without using it (validated first). A host handle
+/// in flight also owes the count in its object's header: an import takes that over and its
+/// release returns both, so it is imported and released at once.
+pub fn discard_handle(h: &DevshareHandle) -> Result<()> {
+    crate::handle::validate(h)?;
+    if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT != 0 {
+        import(h, ImportRequest::default())?.release();
+        return Ok(());
+    }
+    discard(h.ref_name_bytes(), h.ref_slot)
+}
+
 /// Return a reference without importing: decrement the ref-counter slot `slot` of `name` once
 /// (a consumer that received a handle or a PyTorch tuple and will not use it). Refused while an
 /// import in this process holds that reference: its release returns it.

@@ -75,8 +75,13 @@ fn largest_handle_fits_the_documented_maxima() {
     h.ref_name = h.ref_name.map(|_| b'r');
     h.ref_name[0] = b'/';
     h.ref_name_len = DEVSHARE_REF_NAME_CAPACITY as u32;
+    // A full extension area: one skippable record of 108 data bytes.
+    h.ext[..4].copy_from_slice(&[0x42, 0x00, 108, 0]);
+    h.ext[4..].fill(0x77);
+    h.ext_len = DEVSHARE_HANDLE_EXT_CAPACITY as u16;
     let bytes = encode(&h).unwrap();
     assert_eq!(bytes.len(), DEVSHARE_HANDLE_MAX_ENCODED_SIZE - 64, "all but the event");
+    assert_eq!(decode(&bytes).unwrap(), h);
     assert!(to_text(&h).unwrap().len() < DEVSHARE_HANDLE_MAX_TEXT_SIZE);
 }
 
@@ -243,8 +248,9 @@ fn validate_names_the_field_that_is_wrong() {
     let cases: Vec<Breakage> = vec![
         (|h| h.struct_size = 100, Status::UnsupportedVersion, "struct_size"),
         (|h| h.layout_version = 2, Status::UnsupportedVersion, "layout_version"),
-        (|h| h.backend = 9, Status::InvalidHandle, "backend"),
-        (|h| h.flags = 0x80, Status::InvalidHandle, "flags"),
+        (|h| h.backend = 0, Status::InvalidHandle, "backend"),
+        (|h| h.backend = 9, Status::UnsupportedVersion, "backend 9"),
+        (|h| h.flags = 0x80, Status::UnsupportedVersion, "flag bit 7"),
         (|h| h.device_index = 1, Status::InvalidHandle, "device_index"),
         (|h| h.producer_pid = -1, Status::InvalidHandle, "producer_pid"),
         (|h| h.shape[7] = 1, Status::InvalidHandle, "shape"),
@@ -254,7 +260,9 @@ fn validate_names_the_field_that_is_wrong() {
         (|h| h.ref_slot = 10_000, Status::InvalidHandle, "ref_slot"),
         (|h| h.ref_name[1] = b' ', Status::InvalidHandle, "ref_name"),
         (|h| h.event_handle[0] = 1, Status::InvalidHandle, "event_handle"),
-        (|h| h.reserved[5] = 1, Status::InvalidHandle, "reserved"),
+        (|h| h.reserved1 = 1, Status::InvalidHandle, "reserved1"),
+        (|h| h.ext[5] = 1, Status::InvalidHandle, "ext"),
+        (|h| h.ext_len = 113, Status::InvalidHandle, "ext_len"),
         (|h| h.dtype.lanes = 0, Status::BadDtype, "dtype"),
         (|h| h.storage_size = h.alloc_size, Status::StorageOutOfBounds, "storage_offset"),
     ];

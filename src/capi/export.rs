@@ -300,10 +300,7 @@ pub unsafe extern "C" fn devshare_exporter_close(exporter: *mut DevshareExporter
             return Err(Error::InvalidArgument(format!("unknown close flags {flags:#x}")));
         }
         let e = &unsafe { arg(exporter, "exporter") }?.0;
-        e.check_close(flags & DEVSHARE_CLOSE_FORCE != 0)?;
-        if flags & DEVSHARE_CLOSE_UNLINK != 0 {
-            e.unlink_names();
-        }
+        e.prepare_close(flags & DEVSHARE_CLOSE_FORCE != 0, flags & DEVSHARE_CLOSE_UNLINK != 0)?;
         // SAFETY: exporter came from Box::into_raw in this module; after a successful check the
         // caller gives it up, so it is freed exactly once.
         drop(unsafe { Box::from_raw(exporter) });

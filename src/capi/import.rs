@@ -187,15 +187,7 @@ pub unsafe extern "C" fn devshare_import(
 #[no_mangle]
 pub unsafe extern "C" fn devshare_handle_discard(handle: *const DevshareHandle) -> i32 {
     boundary("devshare_handle_discard", || {
-        let h = unsafe { arg(handle, "handle") }?;
-        crate::handle::validate(h)?;
-        if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT != 0 {
-            // The in-flight count in the object's header is owed too: an import takes it over
-            // and its release returns both.
-            import(h, ImportRequest::default())?.release();
-            return Ok(());
-        }
-        crate::import::discard(h.ref_name_bytes(), h.ref_slot)
+        crate::import::discard_handle(unsafe { arg(handle, "handle") }?)
     })
 }
 

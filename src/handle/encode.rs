@@ -9,7 +9,9 @@
 //! Minor 0 (what devshare 0.1 wrote) ends after the event; minor >= 1 adds the extension block
 //! and the sections. A reader accepts every minor version of its major version: it skips
 //! sections it does not know unless their type carries `DEVSHARE_EXT_MUST_UNDERSTAND`, in which
-//! case it refuses the handle with `UnsupportedVersion`, naming the type.
+//! case it refuses the handle with `UnsupportedVersion`, naming the type. The struct's flags and
+//! extension records travel as they are (also those the encoder did not understand);
+//! `layout_minor` does not: a decoded handle is laid out by the decoder and carries its minor.
 //!
 //! ```text
 //! magic[4] version:u16 minor:u16 total_len:u32
