@@ -9,7 +9,7 @@ CUDA and NPU tensors travel as PyTorch's own IPC tuples (:func:`handle_from_torc
 
 The library is found through ``DEVSHARE_LIBRARY`` (full path), then next to this package, then
 the build directories of the source checkout this package is imported from, then the system
-loader (``libdevshare.so.0``).
+loader (``libdevshare.so.1``). It must have ABI major version 1 and minor version 0 or later.
 """
 
 from ._lib import (

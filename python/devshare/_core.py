@@ -31,6 +31,7 @@ from ._lib import (
     call,
     error_for,
     lib,
+    new_struct,
     registry_lock,
 )
 
@@ -85,7 +86,7 @@ class _Export:
         strides_arr = (c_int64 * max(ndim, 1))(*strides)
         desc = _lib_desc(dtype, ndim, shape_arr, strides_arr, storage_offset, storage_size,
                          tensor_offset)
-        h = HandleStruct()
+        h = new_struct(HandleStruct)
         call(lib.devshare_exporter_share, self._ptr, byref(desc), byref(h))
         if self.name is None:
             self.name = bytes(h.key[: h.key_len])
@@ -115,7 +116,9 @@ class _Export:
 
 
 def _lib_desc(dtype, ndim, shape_arr, strides_arr, storage_offset, storage_size, tensor_offset):
-    return TensorDesc(
+    # devshare_tensor_desc_init sets struct_size (and the defaults: no stream, ...).
+    return new_struct(
+        TensorDesc,
         dtype=DType(*dtype),
         ndim=ndim,
         shape=ctypes.cast(shape_arr, ctypes.POINTER(c_int64)),
@@ -124,7 +127,6 @@ def _lib_desc(dtype, ndim, shape_arr, strides_arr, storage_offset, storage_size,
         storage_size=storage_size,
         tensor_offset=tensor_offset,
         flags=SHARE_INFLIGHT,
-        reserved=0,
     )
 
 
@@ -469,8 +471,7 @@ def wait(obj, timeout=None) -> bool:
 
 
 def _import(h: Handle, read_only: bool) -> ImportP:
-    opts = ImportOptions()
-    call(lib.devshare_import_options_init, byref(opts))
+    opts = new_struct(ImportOptions)  # devshare_import_options_init: struct_size, defaults
     if read_only:
         opts.flags |= IMPORT_READ_ONLY
     opts.device = DEVICE_FROM_HANDLE
@@ -483,7 +484,7 @@ def _import_noted(h: Handle, read_only: bool) -> ImportP:
     """Import h and note its mapping, so that share() of the result re-shares the same object."""
     imp = _import(h, read_only)
     try:
-        info = ImportInfo()
+        info = new_struct(ImportInfo)
         call(lib.devshare_import_info, imp, byref(info))
         with registry_lock:
             _note_import(h.key, info.base or 0, info.alloc_size)

@@ -17,7 +17,9 @@ from ._lib import (
     HandleStruct,
     Status,
     call,
+    error_for,
     lib,
+    new_struct,
 )
 
 
@@ -39,7 +41,7 @@ class Handle:
 
     @classmethod
     def _from_struct(cls, struct: HandleStruct) -> "Handle":
-        copy = HandleStruct()
+        copy = new_struct(HandleStruct)
         ctypes.memmove(ctypes.byref(copy), ctypes.byref(struct), ctypes.sizeof(HandleStruct))
         return cls(copy)
 
@@ -50,7 +52,7 @@ class Handle:
             data = bytes(data)
         if not isinstance(data, bytes):
             raise TypeError(f"Handle.from_bytes() needs bytes, not {type(data).__name__}")
-        h = HandleStruct()
+        h = new_struct(HandleStruct)
         call(lib.devshare_handle_decode, data, len(data), ctypes.byref(h))
         return cls(h)
 
@@ -70,7 +72,7 @@ class Handle:
             # The C function reads up to the first NUL: refuse rather than silently truncate.
             pos = text.index(b"\0")
             raise Error(Status.BAD_TEXT, f"handle text has a NUL character at offset {pos}")
-        h = HandleStruct()
+        h = new_struct(HandleStruct)
         call(lib.devshare_handle_from_text, text, ctypes.byref(h))
         return cls(h)
 
@@ -104,19 +106,27 @@ class Handle:
 
         return torch_args(self, device)
 
-    def to_bytes(self) -> bytes:
-        """The canonical byte encoding (at most 493 bytes, CRC-protected)."""
-        buf = ctypes.create_string_buffer(HANDLE_MAX_ENCODED_SIZE)
+    def _write(self, fn, cap: int, nul: int) -> bytes:
+        # `cap` suffices for what this package's ABI version writes; a newer library may write
+        # more (sections): it reports the length it needs, and the call is made again.
         n = ctypes.c_size_t()
-        call(lib.devshare_handle_encode, ctypes.byref(self._h), buf, len(buf), ctypes.byref(n))
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(cap)
+            status = fn(ctypes.byref(self._h), buf, len(buf), ctypes.byref(n))
+            if status != Status.BUFFER_TOO_SMALL:
+                break
+            cap = n.value + nul
+        if status < 0:
+            raise error_for(status)
         return buf.raw[: n.value]
+
+    def to_bytes(self) -> bytes:
+        """The canonical byte encoding (CRC-protected; at most 606 bytes from a 1.0 library)."""
+        return self._write(lib.devshare_handle_encode, HANDLE_MAX_ENCODED_SIZE, 0)
 
     def to_text(self) -> str:
         """The text form: ``devshare1:`` + URL-safe base64 (safe in argv, env and JSON)."""
-        buf = ctypes.create_string_buffer(HANDLE_MAX_TEXT_SIZE)
-        n = ctypes.c_size_t()
-        call(lib.devshare_handle_to_text, ctypes.byref(self._h), buf, len(buf), ctypes.byref(n))
-        return buf.raw[: n.value].decode("ascii")
+        return self._write(lib.devshare_handle_to_text, HANDLE_MAX_TEXT_SIZE, 1).decode("ascii")
 
     def __str__(self) -> str:
         return self.to_text()

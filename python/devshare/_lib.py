@@ -1,95 +1,51 @@
-"""Loading libdevshare.so, its C structs and functions (ctypes), and error translation.
+"""Loading libdevshare.so, its functions (ctypes), initialising its structs, and error translation.
 
-Every call into the library goes through :func:`call`, which turns a negative status into a
-:class:`Error` carrying the status and the library's own message (``devshare_last_error``).
+The constants, status codes and struct mirrors of include/devshare.h are in :mod:`devshare._abi`
+(re-exported here). Every call into the library goes through :func:`call`, which turns a
+negative status into a :class:`Error` carrying the status and the library's own message
+(``devshare_last_error``). Structs that the library versions by ``struct_size`` are made with
+:func:`new_struct`, which runs their C ``devshare_<struct>_init`` function.
 """
 
 from __future__ import annotations
 
 import ctypes
-import enum
 import os
 import pathlib
 import threading
 from ctypes import (
     POINTER,
     Structure,
-    c_char,
+    byref,
     c_char_p,
     c_int32,
     c_int64,
     c_size_t,
-    c_uint8,
     c_uint16,
     c_uint32,
     c_uint64,
     c_void_p,
 )
 
-# --- What this package was written against (include/devshare.h) -------------------------------
+from ._abi import *  # noqa: F401,F403 - re-exported: the package's modules import them from here
+from ._abi import (
+    BACKEND_ACL,
+    BACKEND_CUDA,
+    BACKEND_HOST,
+    EXPECTED_MAJOR,
+    EXPECTED_MINOR,
+    INIT_FUNCTIONS,
+    BackendInfo,
+    HandleStruct,
+    ImportInfo,
+    ImportOptions,
+    Status,
+    TensorDesc,
+    TorchArgs,
+    TorchStorage,
+)
 
-#: Library version this package expects: same major; while the major version is 0, the same
-#: minor (a 0.x minor release may change the ABI), afterwards a minor at least this high.
-EXPECTED_MAJOR = 0
-EXPECTED_MINOR = 1
-
-MAX_NDIM = 8
-KEY_CAPACITY = 128
-REF_NAME_CAPACITY = 64
-EVENT_HANDLE_SIZE = 64
-HANDLE_RESERVED = 120
-HANDLE_SIZE = 616
-HANDLE_MAX_ENCODED_SIZE = 493
-HANDLE_MAX_TEXT_SIZE = 669
-TORCH_HANDLE_CAPACITY = 128
-
-BACKEND_HOST = 1
-BACKEND_ACL = 2
-BACKEND_CUDA = 3
 BACKEND_NAMES = {BACKEND_HOST: "host", BACKEND_ACL: "acl", BACKEND_CUDA: "cuda"}
-
-HANDLE_FLAG_EVENT = 1
-HANDLE_FLAG_INFLIGHT = 2
-
-SHARE_INFLIGHT = 1
-IMPORT_READ_ONLY = 1
-DEVICE_FROM_HANDLE = -1
-STORAGE_TO_END = (1 << 64) - 1
-CLOSE_FORCE = 1
-CLOSE_UNLINK = 2
-
-
-class Status(enum.IntEnum):
-    """``DEVSHARE_STATUS_*`` codes (stable: never renumbered)."""
-
-    OK = 0
-    NULL_ARGUMENT = -1
-    INVALID_ARGUMENT = -2
-    BUFFER_TOO_SMALL = -3
-    TRUNCATED = -10
-    BAD_MAGIC = -11
-    UNSUPPORTED_VERSION = -12
-    CHECKSUM_MISMATCH = -13
-    BAD_TEXT = -14
-    BAD_LENGTH = -15
-    INVALID_HANDLE = -20
-    STORAGE_OUT_OF_BOUNDS = -21
-    TENSOR_OUT_OF_BOUNDS = -22
-    BAD_NDIM = -23
-    BAD_DTYPE = -24
-    BAD_KEY = -25
-    BAD_SIZE = -26
-    WRONG_HOST = -27
-    BACKEND_UNAVAILABLE = -30
-    UNSUPPORTED = -31
-    NOT_FOUND = -32
-    OS = -33
-    VENDOR = -34
-    TIMEOUT = -35
-    BUSY = -36
-    ALREADY_RELEASED = -37
-    MISMATCH = -38
-    INTERNAL = -99
 
 
 def status_name(status: int) -> str:
@@ -123,145 +79,7 @@ class LibraryNotFoundError(ImportError):
     """No usable libdevshare could be loaded; the message lists every place that was tried."""
 
 
-# --- C structs ------------------------------------------------------------------------------------
-
-
-class DType(Structure):
-    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
-
-
-class TensorDesc(Structure):
-    _fields_ = [
-        ("dtype", DType),
-        ("ndim", c_uint32),
-        ("shape", POINTER(c_int64)),
-        ("strides", POINTER(c_int64)),
-        ("storage_offset", c_uint64),
-        ("storage_size", c_uint64),
-        ("tensor_offset", c_int64),
-        ("flags", c_uint32),
-        ("reserved", c_uint32),
-    ]
-
-
-class HandleStruct(Structure):
-    _fields_ = [
-        ("struct_size", c_uint32),
-        ("layout_version", c_uint16),
-        ("backend", c_uint16),
-        ("flags", c_uint32),
-        ("device_index", c_int32),
-        ("device_uuid", c_uint8 * 16),
-        ("host_id", c_uint8 * 16),
-        ("producer_pid", c_int32),
-        ("ndim", c_uint32),
-        ("alloc_size", c_uint64),
-        ("storage_offset", c_uint64),
-        ("storage_size", c_uint64),
-        ("tensor_offset", c_int64),
-        ("dtype", DType),
-        ("key_len", c_uint32),
-        ("shape", c_int64 * MAX_NDIM),
-        ("strides", c_int64 * MAX_NDIM),
-        ("key", c_uint8 * KEY_CAPACITY),
-        ("ref_slot", c_uint64),
-        ("ref_name_len", c_uint32),
-        ("reserved0", c_uint32),
-        ("ref_name", c_uint8 * REF_NAME_CAPACITY),
-        ("event_handle", c_uint8 * EVENT_HANDLE_SIZE),
-        ("reserved", c_uint8 * HANDLE_RESERVED),
-    ]
-
-
-class ImportOptions(Structure):
-    _fields_ = [
-        ("struct_size", c_uint32),
-        ("flags", c_uint32),
-        ("device", c_int32),
-        ("reserved", c_uint32),
-        ("stream", c_void_p),
-    ]
-
-
-class ImportInfo(Structure):
-    _fields_ = [
-        ("data", c_void_p),
-        ("storage", c_void_p),
-        ("base", c_void_p),
-        ("alloc_size", c_uint64),
-        ("storage_size", c_uint64),
-        ("numel", c_uint64),
-        ("element_size", c_uint64),
-        ("backend", c_uint16),
-        ("read_only", c_uint16),
-        ("device", c_int32),
-    ]
-
-
-class BackendInfo(Structure):
-    _fields_ = [
-        ("backend", c_uint16),
-        ("usable", c_uint16),
-        ("reserved", c_uint32),
-        ("name", c_char * 16),
-        ("detail", c_char * 512),
-    ]
-
-
-class TorchArgs(Structure):
-    """``DevshareTorchArgs``: the fields of one ``reduce_tensor`` 15-tuple (arg numbers in the
-    comments), for ``devshare_handle_from_torch``."""
-
-    _fields_ = [
-        ("struct_size", c_uint32),
-        ("backend", c_uint16),
-        ("reserved0", c_uint16),
-        ("dtype", DType),  # arg 5
-        ("ndim", c_uint32),
-        ("shape", POINTER(c_int64)),  # arg 1
-        ("strides", POINTER(c_int64)),  # arg 2 (NULL: C-contiguous)
-        ("tensor_offset", c_int64),  # arg 3, elements
-        ("device", c_int32),  # arg 6
-        ("producer_pid", c_int32),  # 0: read from a /torch_<pid>_... ref-counter name
-        ("handle", POINTER(c_uint8)),  # arg 7
-        ("handle_len", c_size_t),
-        ("storage_size", c_uint64),  # arg 8, bytes
-        ("storage_offset", c_uint64),  # arg 9, bytes
-        ("ref_name", POINTER(c_uint8)),  # arg 11
-        ("ref_name_len", c_size_t),
-        ("ref_slot", c_uint64),  # arg 12
-        ("event_handle", POINTER(c_uint8)),  # arg 13
-        ("event_handle_len", c_size_t),
-        ("event_sync_required", c_uint32),  # arg 14
-        ("reserved1", c_uint32),
-    ]
-
-
-class TorchStorage(Structure):
-    """``DevshareTorchStorage``: the storage 8-tuple of ``_share_cuda_()`` / ``_share_npu_()``,
-    from ``devshare_handle_to_torch``."""
-
-    _fields_ = [
-        ("device", c_int32),
-        ("handle_len", c_uint32),
-        ("handle", c_uint8 * TORCH_HANDLE_CAPACITY),
-        ("storage_size", c_uint64),
-        ("storage_offset", c_uint64),
-        ("ref_name_len", c_uint32),
-        ("reserved0", c_uint32),
-        ("ref_name", c_uint8 * REF_NAME_CAPACITY),
-        ("ref_slot", c_uint64),
-        ("event_handle", c_uint8 * EVENT_HANDLE_SIZE),
-        ("event_sync_required", c_uint32),
-        ("reserved1", c_uint32),
-    ]
-
-
-# Layout guards: sizes from include/devshare.h (checked with sizeof/offsetof in C).
-for _struct, _size in ((HandleStruct, HANDLE_SIZE), (TorchArgs, 128), (TorchStorage, 304)):
-    if ctypes.sizeof(_struct) != _size:  # pragma: no cover - layout guard
-        raise ImportError(f"{_struct.__name__} mirror is {ctypes.sizeof(_struct)} bytes, not {_size}")
-del _struct, _size
+# --- Opaque types and function signatures -------------------------------------------------------
 
 
 class Exporter(Structure):
@@ -288,13 +106,11 @@ _SIGNATURES = [
     ("devshare_exporter_outstanding", c_int32, [ExporterP, POINTER(c_uint64)]),
     ("devshare_exporter_wait", c_int32, [ExporterP, c_int64]),
     ("devshare_exporter_close", c_int32, [ExporterP, c_uint32]),
-    ("devshare_handle_init", c_int32, [POINTER(HandleStruct)]),
     ("devshare_handle_validate", c_int32, [POINTER(HandleStruct)]),
     ("devshare_handle_encode", c_int32, [POINTER(HandleStruct), c_void_p, c_size_t, POINTER(c_size_t)]),
     ("devshare_handle_decode", c_int32, [c_char_p, c_size_t, POINTER(HandleStruct)]),
     ("devshare_handle_to_text", c_int32, [POINTER(HandleStruct), c_char_p, c_size_t, POINTER(c_size_t)]),
     ("devshare_handle_from_text", c_int32, [c_char_p, POINTER(HandleStruct)]),
-    ("devshare_import_options_init", c_int32, [POINTER(ImportOptions)]),
     ("devshare_import", c_int32, [POINTER(HandleStruct), POINTER(ImportOptions), POINTER(ImportP)]),
     ("devshare_import_info", c_int32, [ImportP, POINTER(ImportInfo)]),
     ("devshare_import_handle", c_int32, [ImportP, POINTER(HandleStruct)]),
@@ -307,13 +123,22 @@ _SIGNATURES = [
     ("devshare_torch_discard", c_int32, [POINTER(TorchArgs)]),
     ("devshare_local_pid", c_int32, [c_uint16, c_int32, POINTER(c_int32)]),
     ("devshare_handle_discard", c_int32, [POINTER(HandleStruct)]),
+    # Initialisers (INIT_FUNCTIONS; use new_struct): struct_size and the defaults.
+    ("devshare_handle_init", c_int32, [POINTER(HandleStruct)]),
+    ("devshare_tensor_desc_init", c_int32, [POINTER(TensorDesc), c_uint32]),
+    ("devshare_import_options_init", c_int32, [POINTER(ImportOptions), c_uint32]),
+    ("devshare_import_info_init", c_int32, [POINTER(ImportInfo), c_uint32]),
+    ("devshare_backend_info_init", c_int32, [POINTER(BackendInfo), c_uint32]),
+    ("devshare_torch_args_init", c_int32, [POINTER(TorchArgs), c_uint32]),
+    ("devshare_torch_storage_init", c_int32, [POINTER(TorchStorage), c_uint32]),
 ]
 
 
 # --- Finding the library --------------------------------------------------------------------------
 
 LIBRARY_ENV = "DEVSHARE_LIBRARY"
-_SONAME = "libdevshare.so.0"
+#: The library's soname: its name carries the ABI major version.
+_SONAME = f"libdevshare.so.{EXPECTED_MAJOR}"
 _PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 
 
@@ -334,19 +159,35 @@ def _candidates() -> list[tuple[str, str]]:
     root = _checkout_root()
     if root is not None:
         for sub in ("build/cargo/release", "target/release"):
-            out.append(("source checkout build directory", str(root / sub / "libdevshare.so")))
+            for name in ("libdevshare.so", _SONAME):
+                out.append(("source checkout build directory", str(root / sub / name)))
     out.append(("system loader", _SONAME))
     return out
 
 
 def _version_problem(lib) -> str | None:
+    """Why the loaded library's ABI does not fit this package, or None when it does.
+
+    The rule (semantic versioning of the C ABI, as devshare.h states for ``devshare_version``):
+    the library's major version must equal :data:`EXPECTED_MAJOR` (another major is another,
+    incompatible ABI), and its minor version must be at least :data:`EXPECTED_MINOR` (minor
+    releases only add: a newer library still has every function and struct field this package
+    uses; an older one may lack some). The patch version does not matter.
+    """
     v = int(lib.devshare_version())
     major, minor, patch = v >> 16, (v >> 8) & 0xFF, v & 0xFF
-    ok = major == EXPECTED_MAJOR and (minor == EXPECTED_MINOR if major == 0 else minor >= EXPECTED_MINOR)
-    if ok:
-        return None
-    want = f"{EXPECTED_MAJOR}.{EXPECTED_MINOR}" + ("" if EXPECTED_MAJOR == 0 else "+")
-    return f"library version {major}.{minor}.{patch} does not match the {want} this package expects"
+    have = f"{major}.{minor}.{patch}"
+    want = f"{EXPECTED_MAJOR}.{EXPECTED_MINOR}"
+    if major != EXPECTED_MAJOR:
+        return (f"library version {have} has ABI major version {major}, but this package needs "
+                f"major version {EXPECTED_MAJOR} (it was written for ABI {want}; another major "
+                f"version is an incompatible ABI): use a libdevshare {want} or a later "
+                f"{EXPECTED_MAJOR}.x, or a devshare Python package made for ABI {major}.x")
+    if minor < EXPECTED_MINOR:
+        return (f"library version {have} is older than the ABI {want} this package was written "
+                f"for: it may lack functions or struct fields the package uses; use a libdevshare "
+                f"{EXPECTED_MAJOR}.{EXPECTED_MINOR} or newer {EXPECTED_MAJOR}.x")
+    return None
 
 
 def _try_load(target: str):
@@ -423,3 +264,27 @@ def call(fn, *args) -> int:
 
 # The library is thread-safe; this lock only guards this package's own Python-side caches.
 registry_lock = threading.RLock()
+
+
+# --- Structs ----------------------------------------------------------------------------------------
+
+
+def new_struct(cls, **fields):
+    """A new ``cls`` (a mirror from :mod:`devshare._abi`) ready to pass to the library: for a
+    versioned struct (one in :data:`INIT_FUNCTIONS`) its C ``devshare_<struct>_init`` function
+    sets ``struct_size`` and the defaults; then ``fields`` are set. Use it for inputs and outputs
+    alike: the library reads an input's and writes an output's first ``struct_size`` bytes."""
+    s = cls()
+    init = INIT_FUNCTIONS.get(cls)
+    if init is not None:
+        fn = getattr(lib, init)
+        if len(fn.argtypes) == 2:  # devshare_<struct>_init(T *, uint32_t size): our sizeof
+            call(fn, byref(s), ctypes.sizeof(cls))
+        else:
+            call(fn, byref(s))
+    names = {f[0] for f in cls._fields_}
+    for k, v in fields.items():
+        if k not in names:  # ctypes would silently make a Python attribute
+            raise TypeError(f"{cls.__name__} has no field {k!r}")
+        setattr(s, k, v)
+    return s

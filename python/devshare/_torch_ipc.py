@@ -24,7 +24,7 @@ import importlib
 import operator
 import os
 import ctypes
-from ctypes import POINTER, byref, c_int32, c_int64, c_uint8, cast, sizeof
+from ctypes import POINTER, byref, c_int32, c_int64, c_uint8, cast
 
 from . import _dtypes
 from ._handle import Handle
@@ -35,9 +35,11 @@ from ._lib import (
     DType,
     HandleStruct,
     TorchArgs,
+    Error,
     TorchStorage,
     call,
     lib,
+    new_struct,
 )
 
 #: torch device types shared through PyTorch's IPC tuples, and their devshare backends.
@@ -146,8 +148,8 @@ def handle_from_torch(args, backend: str | int = "cuda", producer_pid: int = 0) 
     handle_buf, handle_p, handle_len = _buffer(_bytes("storage handle (arg 7)", a[7]))
     ref_buf, ref_p, ref_len = _buffer(_bytes("ref-counter name (arg 11)", a[11]))
     event_buf, event_p, event_len = _buffer(_bytes("event handle (arg 13)", a[13]))
-    targs = TorchArgs(
-        struct_size=sizeof(TorchArgs),
+    targs = new_struct(  # devshare_torch_args_init sets struct_size
+        TorchArgs,
         backend=bid,
         dtype=DType(*_dtypes.from_any(a[5])),
         ndim=ndim,
@@ -167,7 +169,7 @@ def handle_from_torch(args, backend: str | int = "cuda", producer_pid: int = 0) 
         event_handle_len=event_len,
         event_sync_required=1 if a[14] else 0,
     )
-    h = HandleStruct()
+    h = new_struct(HandleStruct)
     call(lib.devshare_handle_from_torch, byref(targs), byref(h))
     del handle_buf, ref_buf, event_buf  # (alive until here: targs points into them)
     return Handle(h)
@@ -200,7 +202,7 @@ def torch_args(handle, device: int | None = None) -> tuple:
     h = Handle.parse(handle)
     torch = _dtypes.require_torch()
     dtype = _dtypes.to_torch(*h.dtype)
-    s = TorchStorage()
+    s = new_struct(TorchStorage)  # devshare_torch_storage_init: the size the library may fill
     call(lib.devshare_handle_to_torch, byref(h._h), byref(s))
     dev = int(s.device) if device is None else _int("device", device, 0, _I32_MAX)
     return (
@@ -261,8 +263,11 @@ def _release(args: tuple, backend: int) -> None:
     if not isinstance(name, (bytes, bytearray)) or not name or not isinstance(slot, int) or slot < 0:
         return
     buf = ctypes.create_string_buffer(bytes(name), len(name))
-    targs = TorchArgs(struct_size=sizeof(TorchArgs), ref_name=cast(buf, POINTER(c_uint8)),
-                      ref_name_len=len(name), ref_slot=slot)
+    try:
+        targs = new_struct(TorchArgs, ref_name=cast(buf, POINTER(c_uint8)), ref_name_len=len(name),
+                           ref_slot=slot)
+    except Error:
+        return
     lib.devshare_torch_discard(byref(targs))
 
 

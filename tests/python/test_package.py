@@ -98,7 +98,7 @@ def test_pip_install_and_library_search(tmp_path):
     assert "LibraryNotFoundError" in res.stderr
     assert "DEVSHARE_LIBRARY: not set" in res.stderr
     assert str(target / "devshare" / "libdevshare.so") in res.stderr
-    assert "system loader: libdevshare.so.0" in res.stderr
+    assert "system loader: libdevshare.so.1" in res.stderr
 
     # An explicit DEVSHARE_LIBRARY that does not load is an error, not a silent fallback.
     res = run([sys.executable, "-c", probe],
@@ -125,21 +125,84 @@ def test_source_checkout_finds_its_build_directory():
     assert res.returncode == 0, res.stderr
     path = pathlib.Path(res.stdout.strip())
     root = PYTHON_DIR.parent
-    assert path in (root / "build/cargo/release/libdevshare.so", root / "target/release/libdevshare.so")
+    assert path.parent in (root / "build/cargo/release", root / "target/release")
+    assert path.name in ("libdevshare.so", "libdevshare.so.1")
 
 
-def test_version_check():
+def test_build_directory_search_takes_the_soname_too():
+    """A checkout's build folders are searched for libdevshare.so and its soname libdevshare.so.1
+    (a build that left only the soname), then the system loader gets the soname."""
     from devshare import _lib
 
-    class Fake:
-        def __init__(self, v):
-            self.devshare_version = lambda: v
+    cands = _lib._candidates()
+    targets = [t for _, t in cands]
+    assert _lib._SONAME == "libdevshare.so.1"
+    root = _lib._checkout_root()
+    assert root is not None
+    for sub in ("build/cargo/release", "target/release"):
+        for name in ("libdevshare.so", "libdevshare.so.1"):
+            assert str(root / sub / name) in targets
+    assert cands[-1] == ("system loader", "libdevshare.so.1")
 
-    assert _lib._version_problem(Fake(_lib.EXPECTED_MAJOR << 16 | _lib.EXPECTED_MINOR << 8 | 7)) is None
-    assert "does not match" in _lib._version_problem(Fake((_lib.EXPECTED_MAJOR + 1) << 16))
-    # While the major version is 0, another minor is another ABI.
-    assert _lib._version_problem(Fake(_lib.EXPECTED_MINOR + 1 << 8)) is not None
-    assert devshare.library_version.startswith(f"{_lib.EXPECTED_MAJOR}.{_lib.EXPECTED_MINOR}.")
+
+class _FakeVersion:
+    def __init__(self, major, minor, patch=0):
+        v = major << 16 | minor << 8 | patch
+        self.devshare_version = lambda: v
+
+
+def test_version_rule():
+    """Same major, library minor >= the minor the package was written for (ABI 1.0)."""
+    from devshare import _lib
+
+    assert (_lib.EXPECTED_MAJOR, _lib.EXPECTED_MINOR) == (1, 0)
+    doc = " ".join(_lib._version_problem.__doc__.split())
+    assert "major version must equal" in doc and "minor version must be at least" in doc
+    assert _lib._version_problem(_FakeVersion(1, 0)) is None
+    assert _lib._version_problem(_FakeVersion(1, 0, 7)) is None
+    assert _lib._version_problem(_FakeVersion(1, 5)) is None  # newer minor: only additions
+    older = _lib._version_problem(_FakeVersion(0, 9))
+    assert older is not None and "0.9.0" in older and "major version 1" in older
+    newer_major = _lib._version_problem(_FakeVersion(2, 0))
+    assert newer_major is not None and "2.0.0" in newer_major and "incompatible" in newer_major
+
+
+def test_version_rule_older_minor(monkeypatch):
+    """A library older than the package's minor is refused (it may lack what the package uses)."""
+    from devshare import _lib
+
+    monkeypatch.setattr(_lib, "EXPECTED_MINOR", 3)
+    msg = _lib._version_problem(_FakeVersion(1, 2, 9))
+    assert msg is not None and "1.2.9" in msg and "older than the ABI 1.3" in msg
+    assert _lib._version_problem(_FakeVersion(1, 3)) is None
+    assert _lib._version_problem(_FakeVersion(1, 4)) is None
+
+
+def test_loader_applies_the_version_rule(monkeypatch):
+    """_try_load with the real library reporting another version (monkeypatched): 1.0 and 1.5
+    load, 0.9 and 2.0 are refused with the reason."""
+    from devshare import _lib
+
+    real_cdll = _lib.ctypes.CDLL
+
+    class Reporting:
+        def __init__(self, v):
+            self._lib = real_cdll(devshare.library_path)
+            self._v = v
+
+        def __getattr__(self, name):
+            if name == "devshare_version":
+                return _FakeVersion(*self._v).devshare_version
+            return getattr(self._lib, name)
+
+    for v, ok in (((1, 0), True), ((1, 5), True), ((0, 9), False), ((2, 0), False)):
+        monkeypatch.setattr(_lib.ctypes, "CDLL", lambda path, v=v: Reporting(v))
+        lib, why = _lib._try_load(devshare.library_path)
+        assert (lib is not None) == ok, (v, why)
+        if not ok:
+            assert f"library version {v[0]}.{v[1]}.0" in why, why
+    monkeypatch.setattr(_lib.ctypes, "CDLL", real_cdll)
+    assert devshare.library_version.startswith("1.")
 
 
 def test_library_errors_never_crash_the_interpreter():

@@ -1,0 +1,299 @@
+"""The C ABI of include/devshare.h as ctypes sees it: constants, status codes and struct mirrors.
+
+This module has no dependencies beyond the standard library and loads no library, so that other
+code (the real-GPU suite in tests/gpu/gpu_cases.py, the layout test) can load it by file path
+without importing the package. :mod:`devshare._lib` re-exports everything here.
+
+Every mirror is checked against the C compiler's view of the header in the normal test run
+(tests/python/test_abi_layout.py, with tests/c/layout_dump.c): the set of fields, their order,
+every offset and size, sizeof and alignment, and the kind of each field's type. Keep
+:data:`STRUCTS`, :data:`C_MACROS` and :class:`Status` complete: a struct, macro or status code
+the header has and this module lacks fails that test, and so does a field added on one side only.
+
+Struct conventions (devshare.h): structs that start with ``struct_size`` are versioned. The
+caller initialises one with its ``devshare_<struct>_init`` function before use (inputs: then
+fills it; outputs: the library writes at most ``struct_size`` bytes). :data:`INIT_FUNCTIONS`
+names the init function of each struct.
+"""
+
+from __future__ import annotations
+
+import enum
+from ctypes import (
+    POINTER,
+    Structure,
+    c_char,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint8,
+    c_uint16,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+
+# --- ABI version this package was written for -------------------------------------------------
+
+#: The library ABI this package targets. A library works when its major version equals
+#: EXPECTED_MAJOR and its minor version is at least EXPECTED_MINOR (see _lib._version_problem).
+EXPECTED_MAJOR = 1
+EXPECTED_MINOR = 0
+
+# --- Constants (each is DEVSHARE_<name> in devshare.h; C_MACROS lists them for the test) ----------
+
+MAX_NDIM = 8
+KEY_CAPACITY = 128
+REF_NAME_CAPACITY = 64
+EVENT_HANDLE_SIZE = 64
+HANDLE_EXT_CAPACITY = 112
+HANDLE_SIZE = 616
+HANDLE_LAYOUT_VERSION = 1
+#: Largest encoding / text (with its NUL) a 1.0 library writes; a later minor may write longer
+#: ones, so callers retry with the length the library reports (see Handle.to_bytes).
+HANDLE_MAX_ENCODED_SIZE = 606
+HANDLE_MAX_TEXT_SIZE = 819
+TORCH_HANDLE_CAPACITY = 128
+
+BACKEND_HOST = 1
+BACKEND_ACL = 2
+BACKEND_CUDA = 3
+
+HANDLE_FLAG_EVENT = 1
+HANDLE_FLAG_INFLIGHT = 2
+
+SHARE_INFLIGHT = 1
+SHARE_EVENT = 2
+EXPORT_NO_PID_CHECK = 1
+IMPORT_READ_ONLY = 1
+IMPORT_PEER_ACCESS_CALL = 2
+IMPORT_NO_PEER_ACCESS = 4
+DEVICE_FROM_HANDLE = -1
+STORAGE_TO_END = (1 << 64) - 1
+CLOSE_FORCE = 1
+CLOSE_UNLINK = 2
+
+#: Python name -> the devshare.h macro it mirrors (checked against the compiled header).
+C_MACROS = {name: "DEVSHARE_" + name for name in (
+    "MAX_NDIM", "KEY_CAPACITY", "REF_NAME_CAPACITY", "EVENT_HANDLE_SIZE", "HANDLE_EXT_CAPACITY",
+    "HANDLE_SIZE", "HANDLE_LAYOUT_VERSION", "HANDLE_MAX_ENCODED_SIZE", "HANDLE_MAX_TEXT_SIZE",
+    "TORCH_HANDLE_CAPACITY", "BACKEND_HOST", "BACKEND_ACL", "BACKEND_CUDA", "HANDLE_FLAG_EVENT",
+    "HANDLE_FLAG_INFLIGHT", "SHARE_INFLIGHT", "SHARE_EVENT", "EXPORT_NO_PID_CHECK",
+    "IMPORT_READ_ONLY", "IMPORT_PEER_ACCESS_CALL", "IMPORT_NO_PEER_ACCESS", "DEVICE_FROM_HANDLE",
+    "STORAGE_TO_END", "CLOSE_FORCE", "CLOSE_UNLINK",
+)}
+
+
+class Status(enum.IntEnum):
+    """``DEVSHARE_STATUS_*`` codes (stable: never renumbered)."""
+
+    OK = 0
+    NULL_ARGUMENT = -1
+    INVALID_ARGUMENT = -2
+    BUFFER_TOO_SMALL = -3
+    TRUNCATED = -10
+    BAD_MAGIC = -11
+    UNSUPPORTED_VERSION = -12
+    CHECKSUM_MISMATCH = -13
+    BAD_TEXT = -14
+    BAD_LENGTH = -15
+    INVALID_HANDLE = -20
+    STORAGE_OUT_OF_BOUNDS = -21
+    TENSOR_OUT_OF_BOUNDS = -22
+    BAD_NDIM = -23
+    BAD_DTYPE = -24
+    BAD_KEY = -25
+    BAD_SIZE = -26
+    WRONG_HOST = -27
+    BACKEND_UNAVAILABLE = -30
+    UNSUPPORTED = -31
+    NOT_FOUND = -32
+    OS = -33
+    VENDOR = -34
+    TIMEOUT = -35
+    BUSY = -36
+    ALREADY_RELEASED = -37
+    MISMATCH = -38
+    INTERNAL = -99
+
+
+# --- C structs (field for field as in devshare.h) ---------------------------------------------------
+
+
+class DType(Structure):
+    """``DevshareDType``."""
+
+    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
+
+
+class TensorDesc(Structure):
+    """``DevshareTensorDesc`` (input of ``devshare_exporter_share``)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("dtype", DType),
+        ("ndim", c_uint32),
+        ("flags", c_uint32),
+        ("shape", POINTER(c_int64)),
+        ("strides", POINTER(c_int64)),
+        ("storage_offset", c_uint64),
+        ("storage_size", c_uint64),
+        ("tensor_offset", c_int64),
+        ("stream", c_void_p),
+    ]
+
+
+class HandleStruct(Structure):
+    """``DevshareHandle`` (fixed size, HANDLE_SIZE bytes)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("layout_version", c_uint16),
+        ("backend", c_uint16),
+        ("flags", c_uint32),
+        ("device_index", c_int32),
+        ("device_uuid", c_uint8 * 16),
+        ("host_id", c_uint8 * 16),
+        ("producer_pid", c_int32),
+        ("ndim", c_uint32),
+        ("alloc_size", c_uint64),
+        ("storage_offset", c_uint64),
+        ("storage_size", c_uint64),
+        ("tensor_offset", c_int64),
+        ("dtype", DType),
+        ("key_len", c_uint32),
+        ("shape", c_int64 * MAX_NDIM),
+        ("strides", c_int64 * MAX_NDIM),
+        ("key", c_uint8 * KEY_CAPACITY),
+        ("ref_slot", c_uint64),
+        ("ref_name_len", c_uint32),
+        ("reserved0", c_uint32),
+        ("ref_name", c_uint8 * REF_NAME_CAPACITY),
+        ("event_handle", c_uint8 * EVENT_HANDLE_SIZE),
+        ("layout_minor", c_uint16),
+        ("ext_len", c_uint16),
+        ("reserved1", c_uint32),
+        ("ext", c_uint8 * HANDLE_EXT_CAPACITY),
+    ]
+
+
+class ImportOptions(Structure):
+    """``DevshareImportOptions`` (input of ``devshare_import``)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("flags", c_uint32),
+        ("device", c_int32),
+        ("reserved", c_uint32),
+        ("stream", c_void_p),
+    ]
+
+
+class ImportInfo(Structure):
+    """``DevshareImportInfo`` (output of ``devshare_import_info``)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("device", c_int32),
+        ("data", c_void_p),
+        ("storage", c_void_p),
+        ("base", c_void_p),
+        ("alloc_size", c_uint64),
+        ("storage_size", c_uint64),
+        ("numel", c_uint64),
+        ("element_size", c_uint64),
+        ("backend", c_uint16),
+        ("read_only", c_uint16),
+        ("reserved", c_uint32),
+    ]
+
+
+class BackendInfo(Structure):
+    """``DevshareBackendInfo`` (output of ``devshare_probe``)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("backend", c_uint16),
+        ("usable", c_uint16),
+        ("name", c_char * 16),
+        ("detail", c_char * 512),
+    ]
+
+
+class TorchArgs(Structure):
+    """``DevshareTorchArgs``: the fields of one ``reduce_tensor`` 15-tuple (arg numbers in the
+    comments), for ``devshare_handle_from_torch`` and ``devshare_torch_discard``."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("backend", c_uint16),
+        ("reserved0", c_uint16),
+        ("dtype", DType),  # arg 5
+        ("ndim", c_uint32),
+        ("shape", POINTER(c_int64)),  # arg 1
+        ("strides", POINTER(c_int64)),  # arg 2 (NULL: C-contiguous)
+        ("tensor_offset", c_int64),  # arg 3, elements
+        ("device", c_int32),  # arg 6
+        ("producer_pid", c_int32),  # 0: read from a /torch_<pid>_... ref-counter name
+        ("handle", POINTER(c_uint8)),  # arg 7
+        ("handle_len", c_size_t),
+        ("storage_size", c_uint64),  # arg 8, bytes
+        ("storage_offset", c_uint64),  # arg 9, bytes
+        ("ref_name", POINTER(c_uint8)),  # arg 11
+        ("ref_name_len", c_size_t),
+        ("ref_slot", c_uint64),  # arg 12
+        ("event_handle", POINTER(c_uint8)),  # arg 13
+        ("event_handle_len", c_size_t),
+        ("event_sync_required", c_uint32),  # arg 14
+        ("reserved1", c_uint32),
+    ]
+
+
+class TorchStorage(Structure):
+    """``DevshareTorchStorage``: the storage 8-tuple of ``_share_cuda_()`` / ``_share_npu_()``,
+    from ``devshare_handle_to_torch``."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("device", c_int32),  # item 0
+        ("handle_len", c_uint32),
+        ("ref_name_len", c_uint32),
+        ("handle", c_uint8 * TORCH_HANDLE_CAPACITY),  # item 1
+        ("storage_size", c_uint64),  # item 2
+        ("storage_offset", c_uint64),  # item 3
+        ("ref_slot", c_uint64),  # item 5
+        ("ref_name", c_uint8 * REF_NAME_CAPACITY),  # item 4
+        ("event_handle", c_uint8 * EVENT_HANDLE_SIZE),  # item 6
+        ("event_sync_required", c_uint32),  # item 7
+        ("reserved", c_uint32),
+    ]
+
+
+#: C struct name -> its mirror. Every struct with fields in devshare.h must be here.
+STRUCTS = {
+    "DevshareDType": DType,
+    "DevshareTensorDesc": TensorDesc,
+    "DevshareHandle": HandleStruct,
+    "DevshareImportOptions": ImportOptions,
+    "DevshareImportInfo": ImportInfo,
+    "DevshareBackendInfo": BackendInfo,
+    "DevshareTorchArgs": TorchArgs,
+    "DevshareTorchStorage": TorchStorage,
+}
+
+#: Mirror -> the C function that initialises it (struct_size and the defaults). All but
+#: devshare_handle_init (DevshareHandle never changes size) take the caller's sizeof as well.
+INIT_FUNCTIONS = {
+    TensorDesc: "devshare_tensor_desc_init",
+    HandleStruct: "devshare_handle_init",
+    ImportOptions: "devshare_import_options_init",
+    ImportInfo: "devshare_import_info_init",
+    BackendInfo: "devshare_backend_info_init",
+    TorchArgs: "devshare_torch_args_init",
+    TorchStorage: "devshare_torch_storage_init",
+}
+
+__all__ = [
+    "EXPECTED_MAJOR", "EXPECTED_MINOR", *C_MACROS, "C_MACROS", "Status", *(c.__name__ for c in STRUCTS.values()),
+    "STRUCTS", "INIT_FUNCTIONS",
+]
