@@ -4,8 +4,11 @@
 
 Needs python3 with PyTorch built with CUDA and a visible NVIDIA GPU, and a bundle made by
 scripts/gpu_bundle.sh (libdevshare.so + gpu_tool). The library is called directly through
-ctypes and through the C helper gpu_tool, so the suite does not depend on the Python package;
-one case (g_package_api) uses the package's CUDA API when it is there.
+ctypes and through the C helper gpu_tool, so the suite does not depend on the Python package
+working: it only loads the package's struct mirrors, python/devshare/_abi.py, by file path (no
+library load; those mirrors are checked against the header by tests/python/test_abi_layout.py).
+Versioned structs are made with their devshare_<struct>_init functions (struct_size set). One
+case (g_package_api) uses the package's CUDA API when it is there.
 
 Every case runs in its own child process (a fresh CUDA context, a hard timeout, a crash that
 cannot take the run down) and reports on stdout:
@@ -42,9 +45,7 @@ import time
 import traceback
 from ctypes import (
     POINTER,
-    Structure,
     byref,
-    c_char,
     c_char_p,
     c_int32,
     c_int64,
@@ -52,7 +53,6 @@ from ctypes import (
     c_uint8,
     c_uint16,
     c_uint32,
-    c_uint64,
     cast,
     sizeof,
 )
@@ -64,90 +64,50 @@ ROOT = HERE.parent.parent
 RUN_BUDGET_S = 440.0
 PREFLIGHT_TIMEOUT_S = 120.0
 
-# --- The C ABI (include/devshare.h), mirrored for ctypes ------------------------------------------
+# --- The C ABI (include/devshare.h) ------------------------------------------------------------
 
-BACKEND_CUDA = 3
-STATUS_OK = 0
-STATUS_UNSUPPORTED = -31
-STATUS_UNSUPPORTED_VERSION = -12
-HANDLE_FLAG_EVENT = 1
-HANDLE_MAX_TEXT_SIZE = 669
+
+def _load_abi():
+    """The Python package's ctypes mirrors of devshare.h (python/devshare/_abi.py), loaded by file
+    path: the package itself is not imported and no library is loaded. The mirrors are checked
+    field by field against the C header in the normal test run (tests/python/test_abi_layout.py),
+    so this suite keeps no copies of its own. Found in this checkout, else where an installed
+    devshare package lives."""
+    import importlib.util  # noqa: PLC0415
+
+    places = [ROOT / "python" / "devshare" / "_abi.py"]
+    try:
+        spec = importlib.util.find_spec("devshare")  # locates, does not import, the package
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        places += [pathlib.Path(d) / "_abi.py" for d in spec.submodule_search_locations]
+    for path in places:
+        if path.is_file():
+            mspec = importlib.util.spec_from_file_location("_devshare_gpu_suite_abi", path)
+            mod = importlib.util.module_from_spec(mspec)
+            sys.modules[mspec.name] = mod
+            mspec.loader.exec_module(mod)
+            return mod
+    raise ImportError(f"devshare's ABI module (_abi.py) not found in {[str(p) for p in places]}: "
+                      f"run from a devshare checkout (tests/gpu/ next to python/devshare/)")
+
+
+abi = _load_abi()
+DType = abi.DType
+TorchArgs = abi.TorchArgs
+Handle = abi.HandleStruct
+BackendInfo = abi.BackendInfo
+BACKEND_CUDA = abi.BACKEND_CUDA
+STATUS_OK = int(abi.Status.OK)
+STATUS_BUFFER_TOO_SMALL = int(abi.Status.BUFFER_TOO_SMALL)
+STATUS_UNSUPPORTED = int(abi.Status.UNSUPPORTED)
+STATUS_UNSUPPORTED_VERSION = int(abi.Status.UNSUPPORTED_VERSION)
+HANDLE_FLAG_EVENT = abi.HANDLE_FLAG_EVENT
+HANDLE_MAX_TEXT_SIZE = abi.HANDLE_MAX_TEXT_SIZE
 REF_COUNTER_HEADER = 64  # PyTorch's RefcountedMapAllocator header; slot k is at 64 + 8k
 #: PyTorch's allocator settings, cleared in every case child unless the case sets them.
 ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
-
-
-class DType(Structure):
-    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
-
-
-class TorchArgs(Structure):
-    """DevshareTorchArgs."""
-
-    _fields_ = [
-        ("struct_size", c_uint32),
-        ("backend", c_uint16),
-        ("reserved0", c_uint16),
-        ("dtype", DType),
-        ("ndim", c_uint32),
-        ("shape", POINTER(c_int64)),
-        ("strides", POINTER(c_int64)),
-        ("tensor_offset", c_int64),
-        ("device", c_int32),
-        ("producer_pid", c_int32),
-        ("handle", POINTER(c_uint8)),
-        ("handle_len", c_size_t),
-        ("storage_size", c_uint64),
-        ("storage_offset", c_uint64),
-        ("ref_name", POINTER(c_uint8)),
-        ("ref_name_len", c_size_t),
-        ("ref_slot", c_uint64),
-        ("event_handle", POINTER(c_uint8)),
-        ("event_handle_len", c_size_t),
-        ("event_sync_required", c_uint32),
-        ("reserved1", c_uint32),
-    ]
-
-
-class Handle(Structure):
-    """DevshareHandle (616 bytes)."""
-
-    _fields_ = [
-        ("struct_size", c_uint32),
-        ("layout_version", c_uint16),
-        ("backend", c_uint16),
-        ("flags", c_uint32),
-        ("device_index", c_int32),
-        ("device_uuid", c_uint8 * 16),
-        ("host_id", c_uint8 * 16),
-        ("producer_pid", c_int32),
-        ("ndim", c_uint32),
-        ("alloc_size", c_uint64),
-        ("storage_offset", c_uint64),
-        ("storage_size", c_uint64),
-        ("tensor_offset", c_int64),
-        ("dtype", DType),
-        ("key_len", c_uint32),
-        ("shape", c_int64 * 8),
-        ("strides", c_int64 * 8),
-        ("key", c_uint8 * 128),
-        ("ref_slot", c_uint64),
-        ("ref_name_len", c_uint32),
-        ("reserved0", c_uint32),
-        ("ref_name", c_uint8 * 64),
-        ("event_handle", c_uint8 * 64),
-        ("reserved", c_uint8 * 120),
-    ]
-
-
-class BackendInfo(Structure):
-    _fields_ = [
-        ("backend", c_uint16),
-        ("usable", c_uint16),
-        ("reserved", c_uint32),
-        ("name", c_char * 16),
-        ("detail", c_char * 512),
-    ]
 
 
 class Lib:
@@ -170,7 +130,28 @@ class Lib:
         d.devshare_handle_to_text.argtypes = [POINTER(Handle), c_char_p, c_size_t, POINTER(c_size_t)]
         d.devshare_handle_from_text.restype = c_int32
         d.devshare_handle_from_text.argtypes = [c_char_p, POINTER(Handle)]
+        # devshare_<struct>_init for the structs this suite passes (struct_size and defaults).
+        for cls in (Handle, TorchArgs, BackendInfo):
+            fn = getattr(d, abi.INIT_FUNCTIONS[cls])
+            fn.restype = c_int32
+            # devshare_handle_init(T *); the others (T *, uint32_t size): DevshareHandle's size
+            # never changes.
+            fn.argtypes = [POINTER(cls)] if cls is Handle else [POINTER(cls), c_uint32]
         self.d = d
+
+    def new(self, cls, **fields):
+        """A ``cls`` made by its devshare_<struct>_init (struct_size set), then ``fields`` set."""
+        s = cls()
+        fn = getattr(self.d, abi.INIT_FUNCTIONS[cls])
+        st = fn(byref(s)) if len(fn.argtypes) == 1 else fn(byref(s), sizeof(cls))
+        if st != STATUS_OK:
+            raise RuntimeError(f"{abi.INIT_FUNCTIONS[cls]}: {self.status_name(st)}: {self.last_error()}")
+        names = {f[0] for f in cls._fields_}
+        for k, v in fields.items():
+            if k not in names:
+                raise TypeError(f"{cls.__name__} has no field {k!r}")
+            setattr(s, k, v)
+        return s
 
     def version(self) -> str:
         v = int(self.d.devshare_version())
@@ -186,14 +167,13 @@ class Lib:
         return s.decode() if s else str(st)
 
     def probe_cuda(self) -> tuple[bool, str]:
-        info = BackendInfo()
+        info = self.new(BackendInfo)
         st = self.d.devshare_probe(BACKEND_CUDA, byref(info))
         if st != STATUS_OK:
             return False, f"devshare_probe failed: {self.status_name(st)}: {self.last_error()}"
         return bool(info.usable), info.detail.decode("utf-8", "replace")
 
-    @staticmethod
-    def _torch_args(*, shape, strides, tensor_offset, dtype, device, handle: bytes,
+    def _torch_args(self, *, shape, strides, tensor_offset, dtype, device, handle: bytes,
                     storage_size, storage_offset, ref_name: bytes, ref_slot,
                     event_handle: bytes, event_sync, producer_pid=0):
         """(DevshareTorchArgs, buffers to keep alive while it is used)."""
@@ -210,8 +190,8 @@ class Lib:
         hp, hl = buf(handle)
         rp, rl = buf(ref_name)
         ep, el = buf(event_handle)
-        a = TorchArgs(
-            struct_size=sizeof(TorchArgs), backend=BACKEND_CUDA, dtype=DType(*dtype), ndim=ndim,
+        a = self.new(
+            TorchArgs, backend=BACKEND_CUDA, dtype=DType(*dtype), ndim=ndim,
             shape=cast(shape_arr, POINTER(c_int64)), strides=cast(strides_arr, POINTER(c_int64)),
             tensor_offset=tensor_offset, device=device, producer_pid=producer_pid,
             handle=hp, handle_len=hl, storage_size=storage_size, storage_offset=storage_offset,
@@ -222,7 +202,7 @@ class Lib:
     def from_torch_fields(self, **fields):
         """(status, Handle, message) from the fields of a reduce_tensor tuple."""
         a, keep = self._torch_args(**fields)
-        h = Handle()
+        h = self.new(Handle)
         st = self.d.devshare_handle_from_torch(byref(a), byref(h))
         msg = self.last_error() if st != STATUS_OK else ""
         del keep
@@ -243,9 +223,14 @@ class Lib:
         return st, msg
 
     def to_text(self, h: Handle) -> str:
-        buf = ctypes.create_string_buffer(HANDLE_MAX_TEXT_SIZE)
         n = c_size_t()
-        st = self.d.devshare_handle_to_text(byref(h), buf, len(buf), byref(n))
+        cap = HANDLE_MAX_TEXT_SIZE
+        for _ in range(2):  # a newer library may write longer text: it says how long
+            buf = ctypes.create_string_buffer(cap)
+            st = self.d.devshare_handle_to_text(byref(h), buf, len(buf), byref(n))
+            if st != STATUS_BUFFER_TOO_SMALL:
+                break
+            cap = n.value + 1
         if st != STATUS_OK:
             raise CaseFail(f"devshare_handle_to_text: {self.status_name(st)}: {self.last_error()}")
         return buf.raw[: n.value].decode("ascii")
@@ -693,7 +678,7 @@ def case_d_event_side_stream(cx: Ctx):
     check(bool(args[14]), "event_sync_required is False: torch synchronised instead of sending an "
           "event (more than 1000 events in flight?)")
     text = cx.args_to_text(args)
-    h = Handle()
+    h = cx.lib.new(Handle)
     check(cx.lib.d.devshare_handle_from_text(text.encode(), byref(h)) == STATUS_OK
           and h.flags & HANDLE_FLAG_EVENT, "the devshare handle does not carry the event flag")
     ok = cx.consume(text, n, start, write)
@@ -1186,24 +1171,32 @@ def main_dry_run(bundle: pathlib.Path) -> int:
     lib = Lib(os.environ.get("DEVSHARE_LIBRARY") or str(bundle / "libdevshare.so"))
     print(f"    library {lib.path}, version {lib.version()}; cuda probe: {lib.probe_cuda()}", flush=True)
 
-    # ctypes mirrors == the C structs
+    # The mirrors (python/devshare/_abi.py) == the structs as gpu_tool was compiled. The full
+    # check, every field of every struct, is tests/python/test_abi_layout.py; this one guards
+    # against a bundle built from another header than this checkout's.
     out = subprocess.run([tool, "layout"], capture_output=True, text=True, timeout=30).stdout
     c_sizes = dict(kv.split("=") for kv in out.splitlines()[0].split()[1:])
     offs = {}
     for ln in out.splitlines()[1:]:
         parts = ln.split()
         offs[parts[1]] = {k: int(v) for k, v in (kv.split("=") for kv in parts[2:])}
-    bad = []
-    for cname, cls in (("DevshareHandle", Handle), ("DevshareTorchArgs", TorchArgs)):
-        if int(c_sizes[cname]) != sizeof(cls):
-            bad.append(f"sizeof {cname}: C {c_sizes[cname]}, ctypes {sizeof(cls)}")
-        for field, off in offs[cname].items():
-            if getattr(cls, field).offset != off:
-                bad.append(f"{cname}.{field}: C {off}, ctypes {getattr(cls, field).offset}")
+    bad, seen = [], []
+    for cname, size in c_sizes.items():
+        cls = abi.STRUCTS.get(cname)
+        if cls is None:
+            bad.append(f"gpu_tool layout names {cname}, which _abi.py does not mirror")
+            continue
+        seen.append(cname)
+        if int(size) != sizeof(cls):
+            bad.append(f"sizeof {cname}: C {size}, ctypes {sizeof(cls)}")
+        for field, off in offs.get(cname, {}).items():
+            got = getattr(getattr(cls, field, None), "offset", None)
+            if got != off:
+                bad.append(f"{cname}.{field}: C {off}, ctypes {got if got is not None else 'missing'}")
     if bad:
         r.verdict("FAIL", "layout", "; ".join(bad))
     else:
-        r.verdict("PASS", "layout", f"ctypes DevshareHandle/DevshareTorchArgs match gpu_tool layout")
+        r.verdict("PASS", "layout", f"ctypes mirrors of {', '.join(seen)} match gpu_tool layout")
 
     # Synthetic PyTorch tuples through devshare_handle_from_torch -> to_text -> gpu_tool describe
     key = bytes(range(1, 65))
