@@ -15,6 +15,11 @@
 //
 // Threading follows devshare.h: an Exporter may be used from several threads except for
 // close() and destruction; an Import is released once, by whoever owns it.
+//
+// Structs that cross the C boundary start with struct_size (see "Versions and evolution" in
+// devshare.h). The helpers here (tensor_desc, import_options, probe, Import) initialise them with
+// the C *_init functions and this header's sizeof; a struct you fill yourself needs the same:
+// value-initialise it and call its *_init function (or at least set struct_size = sizeof).
 
 #ifndef DEVSHARE_HPP
 #define DEVSHARE_HPP
@@ -80,9 +85,33 @@ inline uint32_t version() noexcept { return devshare_version(); }
 // Whether `backend` (DEVSHARE_BACKEND_*) is usable in this process, and why not. Throws for
 // unknown backend ids.
 inline DevshareBackendInfo probe(uint16_t backend) {
-    DevshareBackendInfo info;
+    DevshareBackendInfo info{};
+    check(devshare_backend_info_init(&info, sizeof info));
     check(devshare_probe(backend, &info));
     return info;
+}
+
+// A DevshareTensorDesc of this header's size with the defaults (devshare_tensor_desc_init:
+// struct_size set, storage_size DEVSHARE_STORAGE_TO_END, everything else zero). Set dtype, ndim
+// and shape (and whatever else differs), then pass it to Exporter::share.
+inline DevshareTensorDesc tensor_desc() noexcept {
+    DevshareTensorDesc d{};
+    d.struct_size = sizeof d;
+    d.storage_size = DEVSHARE_STORAGE_TO_END;
+    (void)devshare_tensor_desc_init(&d, sizeof d);  // cannot fail for a non-NULL pointer and sizeof
+    return d;
+}
+
+// The same with the element type and a C-contiguous (strides nullptr) or strided layout; `shape`
+// and `strides` (ndim entries each) are read by Exporter::share, so they must outlive that call.
+inline DevshareTensorDesc tensor_desc(DevshareDType dtype, uint32_t ndim, const int64_t* shape,
+                                      const int64_t* strides = nullptr) noexcept {
+    DevshareTensorDesc d = tensor_desc();
+    d.dtype = dtype;
+    d.ndim = ndim;
+    d.shape = shape;
+    d.strides = strides;
+    return d;
 }
 
 // Import options with the given DEVSHARE_IMPORT_* flags, device and stream (defaults:
@@ -90,8 +119,9 @@ inline DevshareBackendInfo probe(uint16_t backend) {
 inline DevshareImportOptions import_options(uint32_t flags = 0,
                                             int32_t device = DEVSHARE_DEVICE_FROM_HANDLE,
                                             void* stream = nullptr) noexcept {
-    DevshareImportOptions o;
-    devshare_import_options_init(&o);  // cannot fail for a non-NULL pointer
+    DevshareImportOptions o{};
+    o.struct_size = sizeof o;
+    (void)devshare_import_options_init(&o, sizeof o);  // cannot fail for a non-NULL pointer and sizeof
     o.flags = flags;
     o.device = device;
     o.stream = stream;
@@ -247,7 +277,8 @@ public:
         return std::exchange(exp_, nullptr);
     }
 
-    // A new handle (one new reference) for a tensor in the allocation.
+    // A new handle (one new reference) for a tensor in the allocation. Start `desc` from
+    // devshare::tensor_desc() (or devshare_tensor_desc_init): a desc without struct_size is refused.
     Handle share(const DevshareTensorDesc& desc) const {
         Handle h;
         check(devshare_exporter_share(exp_, &desc, &h.raw()));
@@ -328,11 +359,13 @@ public:
     // Import `handle` (options nullptr: read-write, the handle's device). The handle is not kept.
     explicit Import(const Handle& handle, const DevshareImportOptions* options = nullptr) {
         check(devshare_import(&handle.raw(), options, &imp_));
+        (void)devshare_import_info_init(&info_, sizeof info_);  // cannot fail: non-NULL, sizeof
         const int32_t s = devshare_import_info(imp_, &info_);
         if (s != DEVSHARE_STATUS_OK) {
             Error e = Error::from_last(s);
             (void)devshare_import_release(imp_);
             imp_ = nullptr;
+            info_ = DevshareImportInfo{};
             throw e;
         }
     }

@@ -4,6 +4,7 @@
 //
 //  - type traits: Exporter and Import are move-only with noexcept moves, Handle is a trivially
 //    copyable value;
+//  - struct helpers: tensor_desc() and import_options() carry struct_size and the defaults;
 //  - round trip: host_alloc -> share -> text -> from_text -> Import -> data, encode/decode;
 //  - move semantics: moved-from objects are empty and their destructors do nothing; move
 //    assignment closes / releases what the target held;
@@ -81,13 +82,8 @@ constexpr int64_t kTensorOffset = 2;
 const int64_t kShape[2] = {kRows, kCols};
 
 DevshareTensorDesc float_desc() {
-    DevshareTensorDesc d{};
-    d.dtype = DevshareDType{DEVSHARE_DTYPE_FLOAT, 32, 1};
-    d.ndim = 2;
-    d.shape = kShape;
-    d.strides = nullptr;
+    DevshareTensorDesc d = devshare::tensor_desc(DevshareDType{DEVSHARE_DTYPE_FLOAT, 32, 1}, 2, kShape);
     d.storage_offset = kStorageOffset;
-    d.storage_size = DEVSHARE_STORAGE_TO_END;
     d.tensor_offset = kTensorOffset;
     return d;
 }
@@ -124,6 +120,28 @@ static_assert(std::is_base_of<std::runtime_error, devshare::Error>::value, "Erro
 static_assert(noexcept(std::declval<const devshare::Import&>().data<float>()), "Import::data is noexcept");
 static_assert(noexcept(std::declval<const devshare::Exporter&>().data()), "Exporter::data is noexcept");
 
+void test_struct_helpers() {
+    const DevshareTensorDesc d = devshare::tensor_desc();
+    check(d.struct_size == sizeof(DevshareTensorDesc) && d.storage_size == DEVSHARE_STORAGE_TO_END && d.ndim == 0 &&
+              d.flags == 0 && d.shape == nullptr && d.strides == nullptr && d.storage_offset == 0 &&
+              d.tensor_offset == 0 && d.stream == nullptr,
+          "devshare::tensor_desc() has struct_size sizeof(DevshareTensorDesc), storage_size "
+          "DEVSHARE_STORAGE_TO_END, the rest zero");
+    const int64_t shape[1] = {8};
+    const DevshareTensorDesc f = devshare::tensor_desc(DevshareDType{DEVSHARE_DTYPE_FLOAT, 32, 1}, 1, shape);
+    check(f.struct_size == sizeof(DevshareTensorDesc) && f.dtype.code == DEVSHARE_DTYPE_FLOAT && f.dtype.bits == 32 &&
+              f.ndim == 1 && f.shape == shape && f.strides == nullptr && f.storage_size == DEVSHARE_STORAGE_TO_END,
+          "devshare::tensor_desc(dtype, ndim, shape) sets those on top of the defaults");
+    const DevshareImportOptions o = devshare::import_options(DEVSHARE_IMPORT_READ_ONLY, 0);
+    check(o.struct_size == sizeof(DevshareImportOptions) && o.flags == DEVSHARE_IMPORT_READ_ONLY && o.device == 0 &&
+              o.reserved == 0 && o.stream == nullptr,
+          "devshare::import_options has struct_size sizeof(DevshareImportOptions) and the given fields");
+    const DevshareImportOptions def = devshare::import_options();
+    check(def.struct_size == sizeof(DevshareImportOptions) && def.flags == 0 &&
+              def.device == DEVSHARE_DEVICE_FROM_HANDLE,
+          "devshare::import_options() is read-write on the handle's device");
+}
+
 void test_round_trip() {
     devshare::Exporter exp = make_exporter();
     check(exp && exp.data() != nullptr && exp.size() == 1024, "Exporter::host_alloc gives memory and its size");
@@ -148,7 +166,8 @@ void test_round_trip() {
     devshare::Import imp(parsed);
     check(static_cast<bool>(imp) && imp.get() != nullptr, "Import from a parsed handle holds an import");
     const DevshareImportInfo& info = imp.info();
-    check(info.numel == kRows * kCols && info.element_size == 4 && info.read_only == 0 &&
+    check(info.struct_size == sizeof(DevshareImportInfo) && info.numel == kRows * kCols && info.element_size == 4 &&
+              info.read_only == 0 &&
               static_cast<char*>(info.data) == static_cast<char*>(info.storage) + kTensorOffset * 4,
           "Import::info describes the tensor");
     const float* v = imp.data<const float>();
@@ -279,9 +298,13 @@ void test_errors() {
     d.ndim = 9;
     expect_error(DEVSHARE_STATUS_BAD_NDIM, "devshare_exporter_share", "Exporter::share with ndim 9",
                  [&] { exp.share(d); });
+    DevshareTensorDesc unsized = float_desc();
+    unsized.struct_size = 0;
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_exporter_share",
+                 "Exporter::share with a desc whose struct_size is 0 (not initialised)", [&] { exp.share(unsized); });
     const DevshareImportOptions bad = devshare::import_options(0x80);
-    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import", "Import with unknown import flags",
-                 [&] { devshare::Import imp(h, bad); });
+    expect_error(DEVSHARE_STATUS_UNSUPPORTED_VERSION, "devshare_import",
+                 "Import with an import flag this library does not know", [&] { devshare::Import imp(h, bad); });
     check(exp.outstanding() == 1, "a failed Import constructor leaves the reference outstanding");
     {
         devshare::Import imp(h);
@@ -289,7 +312,9 @@ void test_errors() {
     expect_error(DEVSHARE_STATUS_ALREADY_RELEASED, "devshare_import", "Import of a handle whose reference came back",
                  [&] { devshare::Import imp(h); });
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_probe", "devshare::probe(0)", [] { devshare::probe(0); });
-    check(devshare::probe(DEVSHARE_BACKEND_HOST).usable == 1, "devshare::probe(host) is usable");
+    const DevshareBackendInfo host = devshare::probe(DEVSHARE_BACKEND_HOST);
+    check(host.usable == 1 && host.struct_size == sizeof host && std::strcmp(host.name, "host") == 0,
+          "devshare::probe(host) is usable, struct_size is sizeof(DevshareBackendInfo)");
     check(devshare::version() == DEVSHARE_VERSION, "devshare::version() == DEVSHARE_VERSION");
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_host_alloc", "Exporter::host_alloc(UINT64_MAX)",
                  [] { devshare::Exporter::host_alloc(UINT64_MAX); });
@@ -356,6 +381,7 @@ void check_dev_shm() {
 
 int main() {
     try {
+        test_struct_helpers();
         test_round_trip();
         test_moves();
         test_errors();
