@@ -98,6 +98,7 @@ int main(int argc, char **argv) {
     int rc = 1;
     DevshareImportInfo info;
     DevshareHandle imported;
+    devshare_import_info_init(&info, sizeof info); /* struct_size: how much the caller has room for */
     st = devshare_import_info(imp, &info);
     if (st != DEVSHARE_STATUS_OK) {
         report("devshare_import_info", st);

@@ -133,17 +133,21 @@ static int check_result(unsigned char *base) {
 static int share_text(DevshareExporter *exp, char *text, size_t cap) {
     const int64_t shape[2] = {ROWS, COLS};
     const int64_t strides[2] = {ROW_PITCH, 1};
-    const DevshareTensorDesc desc = {
-        .dtype = {.code = DEVSHARE_DTYPE_FLOAT, .bits = 32, .lanes = 1},
-        .ndim = 2,
-        .shape = shape,
-        .strides = strides,
-        .storage_offset = STORAGE_OFFSET,
-        .storage_size = STORAGE_SIZE,
-        .tensor_offset = TENSOR_OFFSET,
-    };
+    DevshareTensorDesc desc;
+    int32_t st = devshare_tensor_desc_init(&desc, sizeof desc); /* struct_size and the defaults */
+    if (st != DEVSHARE_STATUS_OK) {
+        report("devshare_tensor_desc_init", st);
+        return 1;
+    }
+    desc.dtype = (DevshareDType){.code = DEVSHARE_DTYPE_FLOAT, .bits = 32, .lanes = 1};
+    desc.ndim = 2;
+    desc.shape = shape;
+    desc.strides = strides;
+    desc.storage_offset = STORAGE_OFFSET;
+    desc.storage_size = STORAGE_SIZE;
+    desc.tensor_offset = TENSOR_OFFSET;
     DevshareHandle h;
-    int32_t st = devshare_exporter_share(exp, &desc, &h);
+    st = devshare_exporter_share(exp, &desc, &h);
     if (st != DEVSHARE_STATUS_OK) {
         report("devshare_exporter_share", st);
         return 1;

@@ -167,7 +167,7 @@ int main(void) {
      * (DEVSHARE_DEVICE_FROM_HANDLE would pick the local device with the handle's UUID, which
      * then needs a stream of that device.) */
     DevshareImportOptions opts;
-    devshare_import_options_init(&opts);
+    devshare_import_options_init(&opts, sizeof opts); /* struct_size and the defaults */
     opts.device = DEVICE;
     opts.stream = stream;
     if ((st = devshare_import(&h, &opts, &imp)) != DEVSHARE_STATUS_OK) {
@@ -177,6 +177,7 @@ int main(void) {
     fprintf(stderr, "cuda_consumer[%ld]: imported (event: %s)\n", (long)getpid(),
             (h.flags & DEVSHARE_HANDLE_FLAG_EVENT) ? "yes, our stream waits on it" : "no");
     DevshareImportInfo info;
+    devshare_import_info_init(&info, sizeof info); /* struct_size: the room the library may fill */
     if ((st = devshare_import_info(imp, &info)) != DEVSHARE_STATUS_OK) {
         report("devshare_import_info", st);
     } else if (!cu_failed("cuStreamSynchronize", cuStreamSynchronize(stream))) {

@@ -172,7 +172,7 @@ int main(void) {
     /* 3. Import on our device with our stream: the producer's IPC event (if any) is waited on
      * by that stream, so work queued on it after the import sees the producer's data. */
     DevshareImportOptions opts;
-    devshare_import_options_init(&opts);
+    devshare_import_options_init(&opts, sizeof opts); /* struct_size and the defaults */
     opts.device = DEVICE;
     opts.stream = stream;
     if ((st = devshare_import(&h, &opts, &imp)) != DEVSHARE_STATUS_OK) {
@@ -182,6 +182,7 @@ int main(void) {
     fprintf(stderr, "npu_consumer[%ld]: imported (event: %s)\n", (long)getpid(),
             (h.flags & DEVSHARE_HANDLE_FLAG_EVENT) ? "yes, our stream waits on it" : "no");
     DevshareImportInfo info;
+    devshare_import_info_init(&info, sizeof info); /* struct_size: the room the library may fill */
     if ((st = devshare_import_info(imp, &info)) != DEVSHARE_STATUS_OK) {
         report("devshare_import_info", st);
     } else if (!acl_failed("aclrtSynchronizeStream", aclrtSynchronizeStream(stream))) {

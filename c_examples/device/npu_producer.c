@@ -312,17 +312,18 @@ static int run_consumer(DevshareExporter *exp, aclrtStream stream, const char *c
     size_t len = 0;
     const int64_t shape[2] = {ROWS + 1, COLS};
     const int64_t strides[2] = {COLS, 1};
-    const DevshareTensorDesc desc = {
-        .dtype = {.code = DEVSHARE_DTYPE_FLOAT, .bits = 32, .lanes = 1},
-        .ndim = 2,
-        .shape = shape,
-        .strides = strides,
-        .storage_offset = STORAGE_OFFSET,
-        .storage_size = TENSOR_BYTES,
-        .tensor_offset = 0,
-        .flags = DEVSHARE_SHARE_EVENT, /* record an IPC event on `stream`; do not synchronise */
-        .stream = stream,
-    };
+    DevshareTensorDesc desc;
+    /* struct_size and the defaults (storage to the end of the allocation, everything else 0);
+     * cannot fail for a non-NULL pointer and sizeof. */
+    devshare_tensor_desc_init(&desc, sizeof desc);
+    desc.dtype = (DevshareDType){.code = DEVSHARE_DTYPE_FLOAT, .bits = 32, .lanes = 1};
+    desc.ndim = 2;
+    desc.shape = shape;
+    desc.strides = strides;
+    desc.storage_offset = STORAGE_OFFSET;
+    desc.storage_size = TENSOR_BYTES;
+    desc.flags = DEVSHARE_SHARE_EVENT; /* record an IPC event on `stream`; do not synchronise */
+    desc.stream = stream;
 
     if (read_line(c.from, line, sizeof line, IO_TIMEOUT_MS) < 0 || sscanf(line, "PID %d", &pid) != 1) {
         fprintf(stderr, "npu_producer: the consumer did not send its PID line\n");
