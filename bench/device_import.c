@@ -219,6 +219,7 @@ int main(int argc, char **argv) {
     stats(warm, n, &wm, &wa);
     stats(raw, n, &rm, &ra);
     DevshareBackendInfo bi;
+    OK(devshare_backend_info_init(&bi, sizeof bi));
     OK(devshare_probe(acl ? DEVSHARE_BACKEND_ACL : DEVSHARE_BACKEND_CUDA, &bi));
     printf("backend %s, %d iterations each (%s)\n", argv[1], n, bi.detail);
     printf("%-44s %10s %10s\n", "operation", "median us", "mean us");

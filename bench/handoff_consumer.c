@@ -59,6 +59,7 @@ int main(void) {
             return fail("devshare_import", st);
         }
         DevshareImportInfo info;
+        devshare_import_info_init(&info, sizeof info);
         st = devshare_import_info(imp, &info);
         if (st != DEVSHARE_STATUS_OK) {
             return fail("devshare_import_info", st);

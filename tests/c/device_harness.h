@@ -172,7 +172,8 @@ static int finish(Child *c) {
 static DevshareHandle share_f32(DevshareExporter *e, uint64_t storage_offset, uint64_t storage_size, int64_t rows,
                                 int64_t cols, int64_t tensor_offset, uint32_t flags, void *stream) {
     const int64_t shape[2] = {rows, cols};
-    DevshareTensorDesc d = {0};
+    DevshareTensorDesc d;
+    DS_OK(devshare_tensor_desc_init(&d, sizeof d));
     d.dtype.code = DEVSHARE_DTYPE_FLOAT;
     d.dtype.bits = 32;
     d.dtype.lanes = 1;

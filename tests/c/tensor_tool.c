@@ -210,6 +210,7 @@ static int cmd_open(int argc, char **argv) {
         return 1;
     }
     DevshareImportInfo info;
+    devshare_import_info_init(&info, sizeof info);
     st = devshare_import_info(imp, &info);
     if (st != DEVSHARE_STATUS_OK) {
         report("devshare_import_info", st);
@@ -272,17 +273,14 @@ static int cmd_export(int argc, char **argv) {
         report("devshare_host_alloc", st);
         return 1;
     }
-    DevshareTensorDesc desc = {
-        .dtype = {(uint8_t)code, (uint8_t)bits, 1},
-        .ndim = ndim,
-        .shape = shape,
-        .strides = contiguous ? NULL : strides,
-        .storage_offset = (uint64_t)storage_offset,
-        .storage_size = DEVSHARE_STORAGE_TO_END,
-        .tensor_offset = tensor_offset,
-        .flags = 0,
-        .reserved = 0,
-    };
+    DevshareTensorDesc desc;
+    devshare_tensor_desc_init(&desc, sizeof desc); /* storage to the end of the allocation */
+    desc.dtype = (DevshareDType){(uint8_t)code, (uint8_t)bits, 1};
+    desc.ndim = ndim;
+    desc.shape = shape;
+    desc.strides = contiguous ? NULL : strides;
+    desc.storage_offset = (uint64_t)storage_offset;
+    desc.tensor_offset = tensor_offset;
     DevshareHandle h;
     st = devshare_exporter_share(exp, &desc, &h); /* validates the layout before any write */
     if (st != DEVSHARE_STATUS_OK) {

@@ -45,6 +45,7 @@
 /* Read a contiguous float32 tensor of an import back to the host and check its values. */
 static int child_verify(DevshareImport *imp, int32_t exporter_device, char *why, size_t cap) {
     DevshareImportInfo info;
+    DS_OK(devshare_import_info_init(&info, sizeof info));
     DS_OK(devshare_import_info(imp, &info));
     const uint64_t n = info.numel;
     const size_t bytes = (size_t)n * 4u;
@@ -99,7 +100,7 @@ static int child_main(void) {
             DevshareImport *imp = NULL;
             if (st == DEVSHARE_STATUS_OK) {
                 DevshareImportOptions o;
-                devshare_import_options_init(&o);
+                DS_OK(devshare_import_options_init(&o, sizeof o));
                 o.device = device;
                 o.flags = flags;
                 st = devshare_import(&h, &o, &imp);
@@ -109,6 +110,7 @@ static int child_main(void) {
             } else {
                 char why[256] = "";
                 DevshareImportInfo info;
+                DS_OK(devshare_import_info_init(&info, sizeof info));
                 DS_OK(devshare_import_info(imp, &info));
                 if (!child_verify(imp, h.device_index, why, sizeof why)) {
                     printf("ERR 0 data: %s\n", why);
@@ -162,6 +164,7 @@ int main(int argc, char **argv) {
     harness_start("test_acl");
 
     DevshareBackendInfo bi;
+    DS_OK(devshare_backend_info_init(&bi, sizeof bi));
     DS_OK(devshare_probe(DEVSHARE_BACKEND_ACL, &bi));
     check(bi.usable == 1, "probe: acl usable over the stand-in (%s)", bi.detail);
 
@@ -248,10 +251,10 @@ int main(int argc, char **argv) {
         DevshareHandle *dst[2] = {&ta, &tb};
         for (int i = 0; i < 2; i++) {
             DevshareTorchStorage ts;
+            DS_OK(devshare_torch_storage_init(&ts, sizeof ts));
             DS_OK(devshare_handle_to_torch(&src[i], &ts));
             DevshareTorchArgs targs;
-            memset(&targs, 0, sizeof targs);
-            targs.struct_size = sizeof targs;
+            DS_OK(devshare_torch_args_init(&targs, sizeof targs));
             targs.backend = DEVSHARE_BACKEND_ACL;
             targs.dtype = src[i].dtype;
             targs.ndim = src[i].ndim;

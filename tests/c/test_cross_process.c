@@ -177,11 +177,16 @@ static DevshareImport *child_import(int read_only, DevshareHandle *h, DevshareIm
         child_fail("devshare_handle_from_text", st);
     }
     DevshareImportOptions o;
-    devshare_import_options_init(&o);
+    if ((st = devshare_import_options_init(&o, sizeof o)) != DEVSHARE_STATUS_OK) {
+        child_fail("devshare_import_options_init", st);
+    }
     o.flags = read_only ? DEVSHARE_IMPORT_READ_ONLY : 0;
     DevshareImport *imp = NULL;
     if ((st = devshare_import(&parsed, &o, &imp)) != DEVSHARE_STATUS_OK) {
         child_fail("devshare_import", st);
+    }
+    if ((st = devshare_import_info_init(info, sizeof *info)) != DEVSHARE_STATUS_OK) {
+        child_fail("devshare_import_info_init", st);
     }
     if ((st = devshare_import_info(imp, info)) != DEVSHARE_STATUS_OK) {
         child_fail("devshare_import_info", st);
@@ -397,7 +402,9 @@ static int share(struct shared *s, DevshareHandle *h, char *text, size_t cap) {
     const int64_t shape[2] = {ROWS, COLS};
     const int64_t strides[2] = {ROW_PITCH, 1};
     DevshareTensorDesc d;
-    memset(&d, 0, sizeof d);
+    if (!ok_status(devshare_tensor_desc_init(&d, sizeof d), "devshare_tensor_desc_init")) {
+        return -1;
+    }
     d.dtype.code = DEVSHARE_DTYPE_FLOAT;
     d.dtype.bits = 32;
     d.dtype.lanes = 1;

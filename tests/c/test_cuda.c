@@ -59,6 +59,7 @@ static void make_current(int ordinal) {
 /* Read a contiguous float32 tensor of an import back to the host and check its values. */
 static int child_verify(DevshareImport *imp, char *why, size_t cap) {
     DevshareImportInfo info;
+    DS_OK(devshare_import_info_init(&info, sizeof info));
     DS_OK(devshare_import_info(imp, &info));
     const uint64_t n = info.numel;
     float *host = malloc(n ? n * 4u : 4u);
@@ -91,7 +92,8 @@ static void *thread_imports(void *arg) {
     for (int r = 0; r < job->rounds; r++) {
         DevshareImport *imp = NULL;
         DevshareImportInfo info;
-        if (devshare_import(job->h, NULL, &imp) != DEVSHARE_STATUS_OK ||
+        if (devshare_import_info_init(&info, sizeof info) != DEVSHARE_STATUS_OK ||
+            devshare_import(job->h, NULL, &imp) != DEVSHARE_STATUS_OK ||
             devshare_import_info(imp, &info) != DEVSHARE_STATUS_OK || info.numel == 0 ||
             devshare_import_release(imp) != DEVSHARE_STATUS_OK) {
             job->failures++;
@@ -153,7 +155,7 @@ static int child_main(void) {
             DevshareImport *imp = NULL;
             if (st == DEVSHARE_STATUS_OK) {
                 DevshareImportOptions o;
-                devshare_import_options_init(&o);
+                DS_OK(devshare_import_options_init(&o, sizeof o));
                 o.device = device;
                 o.flags = flags;
                 o.stream = use_stream ? (void *)stream : NULL;
@@ -164,6 +166,7 @@ static int child_main(void) {
             } else {
                 char why[256] = "";
                 DevshareImportInfo info;
+                DS_OK(devshare_import_info_init(&info, sizeof info));
                 DS_OK(devshare_import_info(imp, &info));
                 if (use_stream) {
                     make_current(0);
@@ -227,6 +230,7 @@ int main(int argc, char **argv) {
     harness_start("test_cuda");
 
     DevshareBackendInfo bi;
+    DS_OK(devshare_backend_info_init(&bi, sizeof bi));
     DS_OK(devshare_probe(DEVSHARE_BACKEND_CUDA, &bi));
     check(bi.usable == 1, "probe: cuda usable over the stand-in (%s)", bi.detail);
 
@@ -347,11 +351,34 @@ int main(int argc, char **argv) {
 
     /* Hand back: the storage fields PyTorch's rebuild_cuda_tensor takes. */
     DevshareTorchStorage ts;
+    DS_OK(devshare_torch_storage_init(&ts, sizeof ts));
     DS_OK(devshare_handle_to_torch(&h1, &ts));
-    check(ts.handle_len == 64 && memcmp(ts.handle, h1.key, 64) == 0 && ts.storage_offset == win &&
-              ts.storage_size == 4096 && ts.ref_name_len == h1.ref_name_len && ts.ref_slot == h1.ref_slot &&
-              ts.event_sync_required == 0,
+    check(ts.struct_size == sizeof ts && ts.handle_len == 64 && memcmp(ts.handle, h1.key, 64) == 0 &&
+              ts.storage_offset == win && ts.storage_size == 4096 && ts.ref_name_len == h1.ref_name_len &&
+              ts.ref_slot == h1.ref_slot && ts.event_sync_required == 0,
           "devshare_handle_to_torch gives the raw 64-byte handle, offsets and the ref-counter");
+    /* The output rules of devshare.h on DevshareTorchStorage: a struct_size below the library's
+     * is refused; a newer caller's larger struct gets the library's bytes and keeps its tail. */
+    DevshareTorchStorage unset;
+    memset(&unset, 0, sizeof unset);
+    st = devshare_handle_to_torch(&h1, &unset);
+    check(st == DEVSHARE_STATUS_INVALID_ARGUMENT && strstr(last_error(), "struct_size") != NULL,
+          "devshare_handle_to_torch refuses an output whose struct_size is 0 (not initialised): %s", last_error());
+    union {
+        DevshareTorchStorage s;
+        uint64_t align;
+        unsigned char b[sizeof(DevshareTorchStorage) + 32];
+    } big;
+    DS_OK(devshare_torch_storage_init(&big.s, sizeof big.b));
+    memset(big.b + sizeof(DevshareTorchStorage), 0xAB, 32);
+    DS_OK(devshare_handle_to_torch(&h1, &big.s));
+    int tail_kept = 1;
+    for (size_t i = sizeof(DevshareTorchStorage); i < sizeof big.b; i++) {
+        tail_kept &= big.b[i] == 0xAB;
+    }
+    check(big.s.struct_size == sizeof(DevshareTorchStorage) && memcmp(&big.s, &ts, sizeof ts) == 0 && tail_kept,
+          "devshare_handle_to_torch into a larger DevshareTorchStorage: struct_size becomes the library's size, "
+          "the same bytes, the tail untouched");
 
     check(finish(&c1), "first consumer exits cleanly");
     DS_OK(devshare_exporter_close(e, 0));

@@ -254,6 +254,7 @@ static int float_view(const DevshareImport *imp, CUdeviceptr *data, uint64_t *nu
                       char *why, size_t cap) {
     DevshareImportInfo info;
     DevshareHandle h;
+    devshare_import_info_init(&info, sizeof info);
     int32_t st = devshare_import_info(imp, &info);
     if (st != DEVSHARE_STATUS_OK) {
         ds_error(why, cap, "devshare_import_info", st);
@@ -346,7 +347,7 @@ static int import_text(const char *text, DevshareImport **imp, char *why, size_t
         return -1;
     }
     DevshareImportOptions opt;
-    devshare_import_options_init(&opt);
+    devshare_import_options_init(&opt, sizeof opt);
     opt.stream = g_stream;
     st = devshare_import(&h, &opt, imp);
     if (st != DEVSHARE_STATUS_OK) {
@@ -532,20 +533,17 @@ static int cmd_produce(int argc, char **argv) {
     }
     int64_t shape[1] = {n};
     DevshareTensorDesc desc;
-    memset(&desc, 0, sizeof desc);
+    devshare_tensor_desc_init(&desc, sizeof desc); /* storage to the end, the rest zero */
     desc.dtype.code = DEVSHARE_DTYPE_FLOAT;
     desc.dtype.bits = 32;
     desc.dtype.lanes = 1;
     desc.ndim = 1;
     desc.shape = shape;
-    desc.strides = NULL;
-    desc.storage_offset = 0;
-    desc.storage_size = DEVSHARE_STORAGE_TO_END;
-    desc.tensor_offset = 0;
     desc.flags = event ? DEVSHARE_SHARE_EVENT : 0;
     desc.stream = event ? g_stream : NULL;
     DevshareHandle h;
     DevshareTorchStorage ts;
+    devshare_torch_storage_init(&ts, sizeof ts);
     char text[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
     const char *call = "devshare_exporter_share";
     st = devshare_exporter_share(ex, &desc, &h);
@@ -670,7 +668,7 @@ static int cmd_bench_import(char **argv) {
     cold.ref_slot = 0;
     memset(cold.ref_name, 0, sizeof cold.ref_name);
     DevshareImportOptions opt;
-    devshare_import_options_init(&opt);
+    devshare_import_options_init(&opt, sizeof opt);
     opt.stream = g_stream;
     double *t = malloc((size_t)iters * sizeof *t);
     if (t == NULL) {
@@ -758,10 +756,58 @@ static int cmd_describe(const char *text) {
 
 static int cmd_layout(void) {
     printf("SIZE DevshareHandle=%zu DevshareTorchArgs=%zu DevshareTorchStorage=%zu "
-           "DevshareImportOptions=%zu DevshareTensorDesc=%zu\n",
+           "DevshareImportOptions=%zu DevshareTensorDesc=%zu DevshareImportInfo=%zu "
+           "DevshareBackendInfo=%zu\n",
            sizeof(DevshareHandle), sizeof(DevshareTorchArgs), sizeof(DevshareTorchStorage),
-           sizeof(DevshareImportOptions), sizeof(DevshareTensorDesc));
-    printf("OFFSETS DevshareTorchArgs");
+           sizeof(DevshareImportOptions), sizeof(DevshareTensorDesc), sizeof(DevshareImportInfo),
+           sizeof(DevshareBackendInfo));
+    printf("OFFSETS DevshareTensorDesc");
+    FIELD(DevshareTensorDesc, struct_size);
+    FIELD(DevshareTensorDesc, dtype);
+    FIELD(DevshareTensorDesc, ndim);
+    FIELD(DevshareTensorDesc, flags);
+    FIELD(DevshareTensorDesc, shape);
+    FIELD(DevshareTensorDesc, strides);
+    FIELD(DevshareTensorDesc, storage_offset);
+    FIELD(DevshareTensorDesc, storage_size);
+    FIELD(DevshareTensorDesc, tensor_offset);
+    FIELD(DevshareTensorDesc, stream);
+    printf("\nOFFSETS DevshareImportOptions");
+    FIELD(DevshareImportOptions, struct_size);
+    FIELD(DevshareImportOptions, flags);
+    FIELD(DevshareImportOptions, device);
+    FIELD(DevshareImportOptions, stream);
+    printf("\nOFFSETS DevshareImportInfo");
+    FIELD(DevshareImportInfo, struct_size);
+    FIELD(DevshareImportInfo, device);
+    FIELD(DevshareImportInfo, data);
+    FIELD(DevshareImportInfo, storage);
+    FIELD(DevshareImportInfo, base);
+    FIELD(DevshareImportInfo, alloc_size);
+    FIELD(DevshareImportInfo, storage_size);
+    FIELD(DevshareImportInfo, numel);
+    FIELD(DevshareImportInfo, element_size);
+    FIELD(DevshareImportInfo, backend);
+    FIELD(DevshareImportInfo, read_only);
+    printf("\nOFFSETS DevshareBackendInfo");
+    FIELD(DevshareBackendInfo, struct_size);
+    FIELD(DevshareBackendInfo, backend);
+    FIELD(DevshareBackendInfo, usable);
+    FIELD(DevshareBackendInfo, name);
+    FIELD(DevshareBackendInfo, detail);
+    printf("\nOFFSETS DevshareTorchStorage");
+    FIELD(DevshareTorchStorage, struct_size);
+    FIELD(DevshareTorchStorage, device);
+    FIELD(DevshareTorchStorage, handle_len);
+    FIELD(DevshareTorchStorage, ref_name_len);
+    FIELD(DevshareTorchStorage, handle);
+    FIELD(DevshareTorchStorage, storage_size);
+    FIELD(DevshareTorchStorage, storage_offset);
+    FIELD(DevshareTorchStorage, ref_slot);
+    FIELD(DevshareTorchStorage, ref_name);
+    FIELD(DevshareTorchStorage, event_handle);
+    FIELD(DevshareTorchStorage, event_sync_required);
+    printf("\nOFFSETS DevshareTorchArgs");
     FIELD(DevshareTorchArgs, struct_size);
     FIELD(DevshareTorchArgs, backend);
     FIELD(DevshareTorchArgs, dtype);
@@ -799,6 +845,9 @@ static int cmd_layout(void) {
     FIELD(DevshareHandle, ref_name_len);
     FIELD(DevshareHandle, ref_name);
     FIELD(DevshareHandle, event_handle);
+    FIELD(DevshareHandle, layout_minor);
+    FIELD(DevshareHandle, ext_len);
+    FIELD(DevshareHandle, ext);
     printf("\n");
     return 0;
 }
