@@ -10,6 +10,10 @@
  *  - status texts, version, last-error buffer handling;
  *  - encode / decode / text: buffer sizing, each kind of corruption, typos in the text;
  *  - probe results; imports of a removed object, of a released handle, read-only imports;
+ *  - the struct_size rules: *_init writes exactly the size it is given (defaults, zero tail);
+ *    a newer caller's larger input is read when its tail is zero and refused with
+ *    UNSUPPORTED_VERSION otherwise; outputs are written up to the library's size, struct_size
+ *    says how much, a larger caller's tail is left alone, a too-small struct_size is refused;
  *  - afterwards no shared-memory object of this process is left in /dev/shm.
  *
  * Prints "ok - <behaviour>" or "FAIL - <behaviour>" per case; exit status 0 when all passed.
@@ -140,7 +144,7 @@ static const int64_t t_shape[2] = {T_ROWS, T_COLS};
 
 static DevshareTensorDesc float_desc(void) {
     DevshareTensorDesc d;
-    memset(&d, 0, sizeof d);
+    require(devshare_tensor_desc_init(&d, sizeof d), "devshare_tensor_desc_init");
     d.dtype.code = DEVSHARE_DTYPE_FLOAT;
     d.dtype.bits = 32;
     d.dtype.lanes = 1;
@@ -258,6 +262,7 @@ static void test_version(void) {
 
 static void test_last_error_buffer(void) {
     DevshareBackendInfo info;
+    require(devshare_backend_info_init(&info, sizeof info), "devshare_backend_info_init");
     const int32_t st = devshare_probe(0, &info);
     EXPECT(st, DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_probe", "backend id 0");
     const size_t full = devshare_last_error(NULL, 0);
@@ -276,6 +281,7 @@ static void test_last_error_buffer(void) {
     (void)devshare_version();
     (void)devshare_status_str(0);
     DevshareBackendInfo host;
+    require(devshare_backend_info_init(&host, sizeof host), "devshare_backend_info_init");
     require(devshare_probe(DEVSHARE_BACKEND_HOST, &host), "probe host");
     CHECK(names("devshare_probe") && strstr(last_error(), "backend 0") != NULL,
           "devshare_last_error: successful calls leave the last failure's message alone");
@@ -413,14 +419,27 @@ static void test_null_arguments(void) {
     EXPECT(devshare_handle_from_text(NULL, &d), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_handle_from_text", "text NULL");
     EXPECT(devshare_handle_from_text(text, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_handle_from_text", "out NULL");
 
+    /* The struct init functions. */
+    EXPECT(devshare_tensor_desc_init(NULL, sizeof(DevshareTensorDesc)), DEVSHARE_STATUS_NULL_ARGUMENT,
+           "devshare_tensor_desc_init", "desc NULL");
+    EXPECT(devshare_import_options_init(NULL, sizeof(DevshareImportOptions)), DEVSHARE_STATUS_NULL_ARGUMENT,
+           "devshare_import_options_init", "options NULL");
+    EXPECT(devshare_import_info_init(NULL, sizeof(DevshareImportInfo)), DEVSHARE_STATUS_NULL_ARGUMENT,
+           "devshare_import_info_init", "info NULL");
+    EXPECT(devshare_backend_info_init(NULL, sizeof(DevshareBackendInfo)), DEVSHARE_STATUS_NULL_ARGUMENT,
+           "devshare_backend_info_init", "info NULL");
+    EXPECT(devshare_torch_args_init(NULL, sizeof(DevshareTorchArgs)), DEVSHARE_STATUS_NULL_ARGUMENT,
+           "devshare_torch_args_init", "args NULL");
+    EXPECT(devshare_torch_storage_init(NULL, sizeof(DevshareTorchStorage)), DEVSHARE_STATUS_NULL_ARGUMENT,
+           "devshare_torch_storage_init", "storage NULL");
+
     /* Import functions. */
-    EXPECT(devshare_import_options_init(NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_options_init",
-           "options NULL");
     DevshareImport *i2 = NULL;
     EXPECT(devshare_import(NULL, NULL, &i2), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import", "handle NULL");
     EXPECT(devshare_import(&h2, NULL, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import", "out NULL");
     CHECK(i2 == NULL, "devshare_import: failures leave *out alone");
     DevshareImportInfo info;
+    require(devshare_import_info_init(&info, sizeof info), "devshare_import_info_init");
     EXPECT(devshare_import_info(NULL, &info), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_info", "import NULL");
     EXPECT(devshare_import_info(imp, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_info", "out NULL");
     EXPECT(devshare_import_handle(NULL, &d), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_handle", "import NULL");
@@ -481,6 +500,7 @@ static void test_out_of_range(void) {
     fill_pattern(ptr);
     char local[64];
     DevshareBackendInfo bi;
+    require(devshare_backend_info_init(&bi, sizeof bi), "devshare_backend_info_init");
     DevshareExporter *e = NULL;
 
     /* Backend ids. */
@@ -494,6 +514,7 @@ static void test_out_of_range(void) {
     EXPECT(devshare_export(DEVSHARE_BACKEND_HOST, 0, local, sizeof local, 0, &e), DEVSHARE_STATUS_UNSUPPORTED,
            "devshare_export", "host backend (process memory cannot be shared; use devshare_host_alloc)");
     DevshareBackendInfo cuda;
+    require(devshare_backend_info_init(&cuda, sizeof cuda), "devshare_backend_info_init");
     require(devshare_probe(DEVSHARE_BACKEND_CUDA, &cuda), "probe cuda");
     if (!cuda.usable) {
         EXPECT(devshare_export(DEVSHARE_BACKEND_CUDA, 0, local, sizeof local, 0, &e), DEVSHARE_STATUS_BACKEND_UNAVAILABLE,
@@ -515,15 +536,18 @@ static void test_out_of_range(void) {
     DevshareTensorDesc bad_flags = float_desc();
     DevshareHandle hf;
     bad_flags.flags = 4;
-    EXPECT(devshare_exporter_share(exp, &bad_flags, &hf), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_exporter_share",
-           "unknown desc.flags bit 0x4");
+    EXPECT(devshare_exporter_share(exp, &bad_flags, &hf), DEVSHARE_STATUS_UNSUPPORTED_VERSION,
+           "devshare_exporter_share", "unknown desc.flags bit 0x4 (a newer library's flag)");
     bad_flags.flags = DEVSHARE_SHARE_EVENT;
     EXPECT(devshare_exporter_share(exp, &bad_flags, &hf), DEVSHARE_STATUS_UNSUPPORTED, "devshare_exporter_share",
            "DEVSHARE_SHARE_EVENT on host memory (no IPC events)");
     bad_flags.flags = 0;
-    bad_flags.reserved = 1;
+    bad_flags.struct_size = 0;
     EXPECT(devshare_exporter_share(exp, &bad_flags, &hf), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_exporter_share",
-           "desc.reserved not 0");
+           "desc.struct_size 0 (desc not initialised)");
+    bad_flags.struct_size = sizeof bad_flags - 1;
+    EXPECT(devshare_exporter_share(exp, &bad_flags, &hf), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_exporter_share",
+           "desc.struct_size below the first released size");
     EXPECT(devshare_exporter_close(exp, 0x80000000u | DEVSHARE_CLOSE_FORCE), DEVSHARE_STATUS_INVALID_ARGUMENT,
            "devshare_exporter_close", "DEVSHARE_CLOSE_FORCE plus unknown flag 0x80000000");
     uint64_t n = UINT64_MAX;
@@ -619,8 +643,8 @@ static void test_out_of_range(void) {
     BAD("struct_size 0", DEVSHARE_STATUS_UNSUPPORTED_VERSION, x->struct_size = 0);
     BAD("layout_version 2", DEVSHARE_STATUS_UNSUPPORTED_VERSION, x->layout_version = 2);
     BAD("backend 0", DEVSHARE_STATUS_INVALID_HANDLE, x->backend = 0);
-    BAD("backend 4", DEVSHARE_STATUS_INVALID_HANDLE, x->backend = 4);
-    BAD("unknown flag bit 0x4", DEVSHARE_STATUS_INVALID_HANDLE, x->flags = 4);
+    BAD("backend 4 (a newer library's backend)", DEVSHARE_STATUS_UNSUPPORTED_VERSION, x->backend = 4);
+    BAD("unknown must-understand flag bit 0x4", DEVSHARE_STATUS_UNSUPPORTED_VERSION, x->flags = 4);
     BAD("the in-flight flag on a CUDA handle", DEVSHARE_STATUS_INVALID_HANDLE,
         (x->backend = DEVSHARE_BACKEND_CUDA, x->key_len = 64, memset(x->key, 0xab, 64), x->flags = DEVSHARE_HANDLE_FLAG_INFLIGHT));
     BAD("an IPC event on a host handle", DEVSHARE_STATUS_INVALID_HANDLE, x->flags = DEVSHARE_HANDLE_FLAG_EVENT);
@@ -641,11 +665,27 @@ static void test_out_of_range(void) {
     BAD("key bytes beyond key_len", DEVSHARE_STATUS_INVALID_HANDLE, x->key[DEVSHARE_KEY_CAPACITY - 1] = 'a');
     BAD("ref_slot 10000", DEVSHARE_STATUS_INVALID_HANDLE, x->ref_slot = DEVSHARE_REF_SLOTS);
     BAD("reserved0 1", DEVSHARE_STATUS_INVALID_HANDLE, x->reserved0 = 1);
-    BAD("reserved[119] 1", DEVSHARE_STATUS_INVALID_HANDLE, x->reserved[DEVSHARE_HANDLE_RESERVED - 1] = 1);
+    BAD("reserved1 1", DEVSHARE_STATUS_INVALID_HANDLE, x->reserved1 = 1);
+    BAD("ext[111] 1 beyond ext_len 0", DEVSHARE_STATUS_INVALID_HANDLE, x->ext[DEVSHARE_HANDLE_EXT_CAPACITY - 1] = 1);
+    BAD("ext_len 113 (above the capacity)", DEVSHARE_STATUS_INVALID_HANDLE, x->ext_len = DEVSHARE_HANDLE_EXT_CAPACITY + 1);
+    BAD("a must-understand extension record this library does not know", DEVSHARE_STATUS_UNSUPPORTED_VERSION,
+        (x->ext_len = 4, x->ext[0] = 0x42, x->ext[1] = 0x80, x->ext[2] = 0, x->ext[3] = 0));
 #undef BAD
     for (int i = 0; i < nb; i++) {
         EXPECT(devshare_handle_validate(&bad[i].h), bad[i].want, "devshare_handle_validate", bad[i].what);
     }
+    /* What a newer writer may add without breaking this reader. */
+    DevshareHandle newer = h;
+    newer.layout_minor = 7;
+    newer.flags |= 1u << 20;
+    newer.ext_len = 6;
+    newer.ext[0] = 0x42; /* type 0x0042: skippable */
+    newer.ext[2] = 2;    /* len 2 */
+    newer.ext[4] = 'h';
+    newer.ext[5] = 'i';
+    EXPECT_OK(devshare_handle_validate(&newer),
+              "devshare_handle_validate accepts a newer writer's handle: layout_minor 7, a may-ignore flag "
+              "(bit 20), a skippable extension record");
     /* Every consumer of handles validates: encode, text, import refuse the same. */
     int refused = 1;
     for (int i = 0; i < nb; i++) {
@@ -678,28 +718,27 @@ static void test_out_of_range(void) {
     /* Import options: refused, and the reference is not used up. */
     DevshareImportOptions o;
     DevshareImport *imp = NULL;
-    require(devshare_import_options_init(&o), "devshare_import_options_init");
+    require(devshare_import_options_init(&o, sizeof o), "devshare_import_options_init");
     CHECK(o.struct_size == sizeof o && o.flags == 0 && o.device == DEVSHARE_DEVICE_FROM_HANDLE && o.reserved == 0 &&
               o.stream == NULL,
           "devshare_import_options_init: struct_size set, read-write, device from handle, no stream");
     DevshareImportOptions x = o;
     x.flags = 8;
-    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import", "unknown import flag 0x8");
+    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_UNSUPPORTED_VERSION, "devshare_import",
+           "unknown import flag 0x8 (a newer library's flag)");
     x.flags = DEVSHARE_IMPORT_PEER_ACCESS_CALL | DEVSHARE_IMPORT_NO_PEER_ACCESS;
     EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import",
            "DEVSHARE_IMPORT_PEER_ACCESS_CALL with DEVSHARE_IMPORT_NO_PEER_ACCESS");
     x = o;
     x.flags = 0xffffffffu;
-    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import", "import flags 0xffffffff");
+    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_UNSUPPORTED_VERSION, "devshare_import",
+           "import flags 0xffffffff");
     x = o;
     x.struct_size = 0;
     EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import", "options.struct_size 0");
     x.struct_size = sizeof o - 1;
     EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import",
            "options.struct_size sizeof - 1");
-    x.struct_size = sizeof o + 8;
-    EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import",
-           "options.struct_size sizeof + 8");
     x = o;
     x.device = -2;
     EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import", "options.device -2");
@@ -719,6 +758,7 @@ static void test_out_of_range(void) {
     EXPECT_OK(devshare_import(&h, &x, &imp), "devshare_import: options.device 0 for host memory, after the refusals");
     if (imp != NULL) {
         DevshareImportInfo info;
+        require(devshare_import_info_init(&info, sizeof info), "devshare_import_info_init");
         EXPECT_OK(devshare_import_info(imp, &info), "devshare_import_info");
         CHECK(pattern_ok(info.data, &h), "devshare_import: the data is the exporter's pattern");
         EXPECT_OK(devshare_import_release(imp), "devshare_import_release");
@@ -847,14 +887,16 @@ static void test_probe(void) {
         {DEVSHARE_BACKEND_CUDA, "cuda", 0},
     };
     for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++) {
+        /* Garbage everywhere but struct_size: the library fills in every byte it knows. */
         DevshareBackendInfo info;
         memset(&info, 0x55, sizeof info);
+        info.struct_size = sizeof info;
         const int32_t st = devshare_probe(backends[i].id, &info);
         const int terminated = memchr(info.name, 0, sizeof info.name) != NULL &&
                                memchr(info.detail, 0, sizeof info.detail) != NULL;
         CHECK(st == DEVSHARE_STATUS_OK && terminated && info.backend == backends[i].id &&
                   info.usable == backends[i].usable && strcmp(info.name, backends[i].name) == 0 &&
-                  info.detail[0] != '\0' && info.reserved == 0,
+                  info.detail[0] != '\0' && info.struct_size == sizeof info,
               "devshare_probe(%s): %s, detail: %.200s", backends[i].name, info.usable ? "usable" : "not usable",
               terminated ? info.detail : "(not terminated)");
     }
@@ -888,6 +930,7 @@ static void test_imports(void) {
     DevshareImport *imp = NULL;
     EXPECT_OK(devshare_import(&h, NULL, &imp), "devshare_import");
     DevshareImportInfo info;
+    require(devshare_import_info_init(&info, sizeof info), "devshare_import_info_init");
     EXPECT_OK(devshare_import_info(imp, &info), "devshare_import_info");
     CHECK((char *)info.storage == (char *)info.base + T_STORAGE_OFFSET &&
               (char *)info.data == (char *)info.storage + T_TENSOR_OFFSET * sizeof(float),
@@ -925,7 +968,7 @@ static void test_imports(void) {
     DevshareHandle hr;
     require(devshare_exporter_share(exp, &desc, &hr), "share");
     DevshareImportOptions o;
-    require(devshare_import_options_init(&o), "options");
+    require(devshare_import_options_init(&o, sizeof o), "options");
     o.flags = DEVSHARE_IMPORT_READ_ONLY;
     EXPECT_OK(devshare_import(&hr, &o, &imp), "devshare_import with DEVSHARE_IMPORT_READ_ONLY");
     if (imp != NULL) {
@@ -970,7 +1013,8 @@ static void test_discard(void) {
     DevshareHandle t;
     require(devshare_exporter_share(exp, &d, &t), "share");
     DevshareTorchArgs a;
-    memset(&a, 0, sizeof a);
+    require(devshare_torch_args_init(&a, sizeof a), "devshare_torch_args_init");
+    a.struct_size = 0;
     EXPECT(devshare_torch_discard(&a), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_torch_discard", "struct_size 0");
     a.struct_size = sizeof a;
     a.ref_name = t.ref_name;
@@ -1053,11 +1097,12 @@ static void test_dlpack(void) {
     DevshareHandle h;
     require(devshare_exporter_share(exp, &desc, &h), "share");
     DevshareImportOptions o;
-    require(devshare_import_options_init(&o), "devshare_import_options_init");
+    require(devshare_import_options_init(&o, sizeof o), "devshare_import_options_init");
     o.flags = DEVSHARE_IMPORT_READ_ONLY;
     DevshareImport *imp = NULL;
     require(devshare_import(&h, &o, &imp), "devshare_import");
     DevshareImportInfo info;
+    require(devshare_import_info_init(&info, sizeof info), "devshare_import_info_init");
     require(devshare_import_info(imp, &info), "devshare_import_info");
     DLManagedTensorVersioned *mv = NULL;
     DLManagedTensor *ml = NULL;
@@ -1087,6 +1132,238 @@ static void test_dlpack(void) {
     EXPECT_OK(devshare_exporter_close(exp, 0), "devshare_exporter_close");
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* The struct_size rules of devshare.h ("Versions and evolution"). */
+
+/* Extra bytes a newer caller's struct has beyond this library's, and a canary after them. */
+enum { TAIL = 32, CANARY = 16 };
+
+static int all_bytes(const unsigned char *p, size_t n, unsigned char v) {
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != v) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Each *_init function, on a buffer of sizeof(T) + TAIL + CANARY bytes filled with 0xCD:
+ *  - given sizeof(T) + TAIL: struct_size is that size, the TAIL bytes are zeroed, the canary is
+ *    untouched, and the bytes it knows are the same defaults as with sizeof(T);
+ *  - given sizeof(T): nothing after sizeof(T) is written;
+ *  - given 0 or 4 (smaller than any released struct): INVALID_ARGUMENT, nothing written. */
+#define INIT_CASE(T, fn, defaults_ok)                                                                   \
+    do {                                                                                               \
+        union {                                                                                        \
+            T s;                                                                                       \
+            uint64_t align;                                                                            \
+            unsigned char b[sizeof(T) + TAIL + CANARY];                                                \
+        } big_, exact_;                                                                                \
+        memset(big_.b, 0xCD, sizeof big_.b);                                                           \
+        memset(exact_.b, 0xCD, sizeof exact_.b);                                                       \
+        const uint32_t size_ = (uint32_t)(sizeof(T) + TAIL);                                           \
+        const int32_t st1_ = fn(&big_.s, size_);                                                       \
+        const int32_t st2_ = fn(&exact_.s, (uint32_t)sizeof(T));                                       \
+        const T *d_ = &exact_.s;                                                                       \
+        CHECK(st1_ == DEVSHARE_STATUS_OK && big_.s.struct_size == size_ &&                             \
+                  all_bytes(big_.b + sizeof(T), TAIL, 0) && all_bytes(big_.b + size_, CANARY, 0xCD) &&   \
+                  memcmp(big_.b + 4, exact_.b + 4, sizeof(T) - 4) == 0,                                \
+              "init_never_writes_past_size_and_zeroes_the_tail: " #fn                                 \
+              "(p, sizeof + %d) sets struct_size %u, zeroes the %d bytes beyond sizeof(" #T            \
+              "), leaves the canary after the buffer alone",                                          \
+              TAIL, (unsigned)size_, TAIL);                                                            \
+        CHECK(st2_ == DEVSHARE_STATUS_OK && exact_.s.struct_size == sizeof(T) &&                       \
+                  all_bytes(exact_.b + sizeof(T), TAIL + CANARY, 0xCD) && (defaults_ok),               \
+              "init_writes_the_defaults_within_its_size: " #fn "(p, sizeof(" #T                        \
+              ")) writes the defaults and not one byte more");                                         \
+        memset(big_.b, 0xCD, sizeof big_.b);                                                           \
+        EXPECT(fn(&big_.s, 0), DEVSHARE_STATUS_INVALID_ARGUMENT, #fn, "init_refuses_a_size_too_small: size 0"); \
+        EXPECT(fn(&big_.s, 4), DEVSHARE_STATUS_INVALID_ARGUMENT, #fn,                                  \
+               "init_refuses_a_size_too_small: size 4 (only struct_size)");                            \
+        CHECK(all_bytes(big_.b, sizeof big_.b, 0xCD),                                                  \
+              "init_refuses_a_size_too_small: " #fn " writes nothing when it refuses the size");      \
+        (void)d_;                                                                                      \
+    } while (0)
+
+static void test_init_functions(void) {
+    INIT_CASE(DevshareTensorDesc, devshare_tensor_desc_init,
+              d_->storage_size == DEVSHARE_STORAGE_TO_END && d_->ndim == 0 && d_->flags == 0 && d_->shape == NULL &&
+                  d_->strides == NULL && d_->storage_offset == 0 && d_->tensor_offset == 0 && d_->stream == NULL &&
+                  d_->dtype.code == 0 && d_->dtype.bits == 0 && d_->dtype.lanes == 0);
+    INIT_CASE(DevshareImportOptions, devshare_import_options_init,
+              d_->flags == 0 && d_->device == DEVSHARE_DEVICE_FROM_HANDLE && d_->reserved == 0 && d_->stream == NULL);
+    INIT_CASE(DevshareImportInfo, devshare_import_info_init,
+              all_bytes((const unsigned char *)d_ + 4, sizeof *d_ - 4, 0));
+    INIT_CASE(DevshareBackendInfo, devshare_backend_info_init,
+              all_bytes((const unsigned char *)d_ + 4, sizeof *d_ - 4, 0));
+    INIT_CASE(DevshareTorchArgs, devshare_torch_args_init, all_bytes((const unsigned char *)d_ + 4, sizeof *d_ - 4, 0));
+    INIT_CASE(DevshareTorchStorage, devshare_torch_storage_init,
+              all_bytes((const unsigned char *)d_ + 4, sizeof *d_ - 4, 0));
+}
+#undef INIT_CASE
+
+/* Inputs from a newer caller: a larger struct_size is read; a nonzero byte beyond what this
+ * library knows (a newer field in use) is refused with UNSUPPORTED_VERSION. */
+static void test_future_inputs(void) {
+    DevshareExporter *exp = NULL;
+    void *ptr = NULL;
+    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    fill_pattern(ptr);
+    const DevshareTensorDesc desc = float_desc();
+    DevshareHandle h;
+    require(devshare_exporter_share(exp, &desc, &h), "share");
+
+    /* DevshareImportOptions of a newer caller. */
+    union {
+        DevshareImportOptions s;
+        uint64_t align;
+        unsigned char b[sizeof(DevshareImportOptions) + TAIL];
+    } o;
+    require(devshare_import_options_init(&o.s, sizeof o.b), "devshare_import_options_init(sizeof + TAIL)");
+    o.s.flags = DEVSHARE_IMPORT_READ_ONLY;
+    DevshareImport *imp = NULL;
+    o.b[sizeof(DevshareImportOptions)] = 1;
+    EXPECT(devshare_import(&h, &o.s, &imp), DEVSHARE_STATUS_UNSUPPORTED_VERSION, "devshare_import",
+           "future_input_with_a_nonzero_tail_is_refused: options.struct_size sizeof + 32, first tail byte 1");
+    o.b[sizeof(DevshareImportOptions)] = 0;
+    o.b[sizeof o.b - 1] = 0x80;
+    EXPECT(devshare_import(&h, &o.s, &imp), DEVSHARE_STATUS_UNSUPPORTED_VERSION, "devshare_import",
+           "future_input_with_a_nonzero_tail_is_refused: options.struct_size sizeof + 32, last tail byte 0x80");
+    CHECK(imp == NULL && outstanding(exp) == 1,
+          "future_input_with_a_nonzero_tail_is_refused: no import, the handle's reference still outstanding");
+    o.b[sizeof o.b - 1] = 0;
+    EXPECT_OK(devshare_import(&h, &o.s, &imp),
+              "future_input_with_a_zero_tail_imports: options.struct_size sizeof + 32 with a zero tail");
+    if (imp != NULL) {
+        DevshareImportInfo info;
+        require(devshare_import_info_init(&info, sizeof info), "devshare_import_info_init");
+        EXPECT_OK(devshare_import_info(imp, &info), "devshare_import_info");
+        CHECK(info.read_only == 1 && pattern_ok(info.data, &h),
+              "future_input_with_a_zero_tail_imports: the fields this library knows are read (read-only)");
+        EXPECT_OK(devshare_import_release(imp), "devshare_import_release");
+    }
+    CHECK(outstanding(exp) == 0, "future_input_with_a_zero_tail_imports: the release returned the reference");
+
+    /* DevshareTensorDesc of a newer caller. */
+    union {
+        DevshareTensorDesc s;
+        uint64_t align;
+        unsigned char b[sizeof(DevshareTensorDesc) + TAIL];
+    } d;
+    require(devshare_tensor_desc_init(&d.s, sizeof d.b), "devshare_tensor_desc_init(sizeof + TAIL)");
+    const uint32_t big_size = d.s.struct_size;
+    memcpy(d.b, &desc, sizeof desc); /* this library's fields; the tail stays zero */
+    d.s.struct_size = big_size;
+    d.b[sizeof(DevshareTensorDesc) + 5] = 7;
+    DevshareHandle h2;
+    EXPECT(devshare_exporter_share(exp, &d.s, &h2), DEVSHARE_STATUS_UNSUPPORTED_VERSION, "devshare_exporter_share",
+           "future_input_with_a_nonzero_tail_is_refused: desc.struct_size sizeof + 32, a tail byte 7");
+    CHECK(outstanding(exp) == 0, "future_input_with_a_nonzero_tail_is_refused: the refused share handed out no reference");
+    d.b[sizeof(DevshareTensorDesc) + 5] = 0;
+    EXPECT_OK(devshare_exporter_share(exp, &d.s, &h2),
+              "future_input_with_a_zero_tail_is_read: desc.struct_size sizeof + 32 with a zero tail");
+    DevshareHandle h3;
+    require(devshare_exporter_share(exp, &desc, &h3), "share");
+    CHECK(h2.ndim == h3.ndim && h2.shape[0] == T_ROWS && h2.shape[1] == T_COLS &&
+              h2.storage_offset == h3.storage_offset && h2.storage_size == h3.storage_size &&
+              h2.tensor_offset == h3.tensor_offset && h2.dtype.code == h3.dtype.code,
+          "future_input_with_a_zero_tail_is_read: the handle is the one the library's own size gives");
+    require(devshare_handle_discard(&h2), "discard");
+    require(devshare_handle_discard(&h3), "discard");
+
+    /* DevshareTorchArgs of a newer caller (a tuple without a ref-counter: nothing to return). */
+    union {
+        DevshareTorchArgs s;
+        uint64_t align;
+        unsigned char b[sizeof(DevshareTorchArgs) + TAIL];
+    } a;
+    require(devshare_torch_args_init(&a.s, sizeof a.b), "devshare_torch_args_init(sizeof + TAIL)");
+    EXPECT_OK(devshare_torch_discard(&a.s), "future_input_with_a_zero_tail_is_read: DevshareTorchArgs sizeof + 32");
+    a.b[sizeof a.b - 1] = 1;
+    EXPECT(devshare_torch_discard(&a.s), DEVSHARE_STATUS_UNSUPPORTED_VERSION, "devshare_torch_discard",
+           "future_input_with_a_nonzero_tail_is_refused: DevshareTorchArgs sizeof + 32, last tail byte 1");
+    EXPECT_OK(devshare_exporter_close(exp, 0), "devshare_exporter_close");
+}
+
+/* Outputs: the library writes min(struct_size, its size) bytes and stores that in struct_size;
+ * a struct_size below the first released size is refused and nothing is written. */
+static void test_output_sizes(void) {
+    DevshareExporter *exp = NULL;
+    void *ptr = NULL;
+    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    const DevshareTensorDesc desc = float_desc();
+    DevshareHandle h;
+    require(devshare_exporter_share(exp, &desc, &h), "share");
+    DevshareImport *imp = NULL;
+    require(devshare_import(&h, NULL, &imp), "devshare_import");
+    DevshareImportInfo want;
+    require(devshare_import_info_init(&want, sizeof want), "devshare_import_info_init");
+    require(devshare_import_info(imp, &want), "devshare_import_info");
+
+    /* A newer caller's larger DevshareImportInfo. */
+    union {
+        DevshareImportInfo s;
+        uint64_t align;
+        unsigned char b[sizeof(DevshareImportInfo) + TAIL];
+    } big;
+    require(devshare_import_info_init(&big.s, sizeof big.b), "devshare_import_info_init(sizeof + TAIL)");
+    CHECK(big.s.struct_size == sizeof big.b && all_bytes(big.b + sizeof(DevshareImportInfo), TAIL, 0),
+          "output_larger_than_the_library: devshare_import_info_init(sizeof + 32) zeroes the whole buffer");
+    memset(big.b + sizeof(DevshareImportInfo), 0xAB, TAIL);
+    EXPECT_OK(devshare_import_info(imp, &big.s), "output_larger_than_the_library: devshare_import_info into sizeof + 32");
+    CHECK(big.s.struct_size == sizeof(DevshareImportInfo),
+          "output_larger_than_the_library: struct_size comes back as sizeof(DevshareImportInfo) (%u), the bytes written",
+          (unsigned)big.s.struct_size);
+    CHECK(memcmp(&big.s, &want, sizeof want) == 0,
+          "output_larger_than_the_library: the library's own bytes are the usual info");
+    CHECK(all_bytes(big.b + sizeof(DevshareImportInfo), TAIL, 0xAB),
+          "output_larger_than_the_library: the %d tail bytes (0xAB) are left untouched", TAIL);
+
+    /* A struct_size too small: refused, nothing written. */
+    union {
+        DevshareImportInfo s;
+        unsigned char b[sizeof(DevshareImportInfo)];
+    } small;
+    const uint32_t too_small[] = {0, 4, 8};
+    for (size_t i = 0; i < sizeof too_small / sizeof too_small[0]; i++) {
+        char what[160];
+        snprintf(what, sizeof what, "output_too_small_is_refused: info.struct_size %u", (unsigned)too_small[i]);
+        memset(small.b, 0xAB, sizeof small.b);
+        small.s.struct_size = too_small[i];
+        EXPECT(devshare_import_info(imp, &small.s), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import_info", what);
+        CHECK(small.s.struct_size == too_small[i] && all_bytes(small.b + 4, sizeof small.b - 4, 0xAB),
+              "output_too_small_is_refused: nothing written for struct_size %u", (unsigned)too_small[i]);
+    }
+    DevshareImportInfo zeroed;
+    memset(&zeroed, 0, sizeof zeroed);
+    EXPECT(devshare_import_info(imp, &zeroed), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import_info",
+           "output_not_initialised_is_refused: a zeroed DevshareImportInfo (struct_size 0, no init call)");
+    DevshareBackendInfo bi;
+    memset(&bi, 0, sizeof bi);
+    EXPECT(devshare_probe(DEVSHARE_BACKEND_HOST, &bi), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_probe",
+           "output_not_initialised_is_refused: DevshareBackendInfo with struct_size 0");
+    bi.struct_size = sizeof bi - 1;
+    EXPECT(devshare_probe(DEVSHARE_BACKEND_HOST, &bi), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_probe",
+           "output_too_small_is_refused: DevshareBackendInfo with struct_size sizeof - 1");
+
+    /* A larger DevshareBackendInfo, for the second output of the host-only API. */
+    union {
+        DevshareBackendInfo s;
+        uint64_t align;
+        unsigned char b[sizeof(DevshareBackendInfo) + TAIL];
+    } bbig;
+    require(devshare_backend_info_init(&bbig.s, sizeof bbig.b), "devshare_backend_info_init(sizeof + TAIL)");
+    memset(bbig.b + sizeof(DevshareBackendInfo), 0xAB, TAIL);
+    EXPECT_OK(devshare_probe(DEVSHARE_BACKEND_HOST, &bbig.s), "output_larger_than_the_library: devshare_probe into sizeof + 32");
+    CHECK(bbig.s.struct_size == sizeof(DevshareBackendInfo) && bbig.s.usable == 1 &&
+              strcmp(bbig.s.name, "host") == 0 && all_bytes(bbig.b + sizeof(DevshareBackendInfo), TAIL, 0xAB),
+          "output_larger_than_the_library: devshare_probe sets struct_size to sizeof(DevshareBackendInfo), fills it, "
+          "leaves the tail alone");
+
+    EXPECT_OK(devshare_import_release(imp), "devshare_import_release");
+    EXPECT_OK(devshare_exporter_close(exp, 0), "devshare_exporter_close");
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     test_status_texts();
@@ -1100,6 +1377,9 @@ int main(void) {
     test_dlpack();
     test_discard();
     test_not_found();
+    test_init_functions();
+    test_future_inputs();
+    test_output_sizes();
     const int left = count_own_shm();
     CHECK(left == 0, "no /dev/shm object of this process (devshare_%ld_*, devshare_rc_%ld_*) is left", (long)getpid(),
           (long)getpid());
