@@ -198,16 +198,22 @@ def _try_load(target: str):
         lib = ctypes.CDLL(target)
     except OSError as e:
         return None, str(e)
+    # The version first: a library of another ABI may lack functions, and the version says why.
+    try:
+        lib.devshare_version.restype = c_uint32
+        lib.devshare_version.argtypes = []
+    except AttributeError as e:
+        return None, f"not a devshare library: {e}"
+    problem = _version_problem(lib)
+    if problem:
+        return None, problem
     try:
         for name, restype, argtypes in _SIGNATURES:
             fn = getattr(lib, name)
             fn.restype = restype
             fn.argtypes = argtypes
     except AttributeError as e:
-        return None, f"not a devshare library: {e}"
-    problem = _version_problem(lib)
-    if problem:
-        return None, problem
+        return None, f"not a devshare library of ABI {EXPECTED_MAJOR}.{EXPECTED_MINOR}+: {e}"
     return lib, None
 
 
