@@ -57,17 +57,17 @@
  */
 
 
-// Major version of the library (incompatible ABI changes).
-#define DEVSHARE_VERSION_MAJOR 0
+// Major version of the library and of its ABI (the soname is `libdevshare.so.MAJOR`).
+#define DEVSHARE_VERSION_MAJOR 1
 
-// Minor version (compatible additions).
-#define DEVSHARE_VERSION_MINOR 1
+// Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
+#define DEVSHARE_VERSION_MINOR 0
 
-// Patch version (fixes).
+// Patch version (fixes; no interface change).
 #define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 256
+#define DEVSHARE_VERSION 65536
 
 // `DevshareTensorDesc::storage_size` value meaning "from `storage_offset` to the end of the
 // allocation".

@@ -4,14 +4,9 @@ use super::boundary_value;
 use crate::error::{copy_last_error, last_vendor_code, Status};
 use std::ffi::c_char;
 
-/// Major version of the library (incompatible ABI changes).
-pub const DEVSHARE_VERSION_MAJOR: u32 = 0;
-/// Minor version (compatible additions).
-pub const DEVSHARE_VERSION_MINOR: u32 = 1;
-/// Patch version (fixes).
-pub const DEVSHARE_VERSION_PATCH: u32 = 0;
-/// `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-pub const DEVSHARE_VERSION: u32 = 0x000100;
+// DEVSHARE_VERSION_MAJOR, _MINOR, _PATCH and DEVSHARE_VERSION: written by build.rs from the
+// version in Cargo.toml (cbindgen reads the same file for the header's macros).
+include!(concat!(env!("OUT_DIR"), "/version.rs"));
 
 static UNKNOWN: &std::ffi::CStr = c"unknown status";
 
