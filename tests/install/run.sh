@@ -4,11 +4,14 @@
 #
 #   tests/install/run.sh find_package <build-dir>
 #       cmake --install, then configure, build and run tests/cmake_consumer against the prefix
-#       (find_package(devshare 0.1 CONFIG REQUIRED); devshare::devshare and
-#       devshare::devshare_static).
+#       (find_package(devshare 1.0 CONFIG REQUIRED); devshare::devshare and
+#       devshare::devshare_static, the latter without libdevshare.so according to ldd); and the
+#       version rule: find_package(devshare M.m) accepts the package iff M is its major version
+#       and m <= its minor version.
 #   tests/install/run.sh pkgconfig <build-dir>
-#       cmake --install, then compile a C program with `pkg-config devshare`, once linked
-#       against the shared and once against the static library, and run both.
+#       cmake --install, then compile a C program with `pkg-config devshare` (shared library)
+#       and with `pkg-config --static devshare-static` (static library: no libdevshare.so
+#       according to ldd), and run both.
 #
 # Either way the programs must use the installed copy, never the build tree's library.
 # Environment: CMAKE (cmake), CC (cc), CXX (c++), PKG_CONFIG (pkg-config).
@@ -49,12 +52,14 @@ echo "== cmake --install $build_dir --prefix $prefix"
 version="$(sed -n 's/^Version: //p' "$build_dir/devshare.pc")"
 [[ -n "$version" ]] || fail "no Version in $build_dir/devshare.pc"
 major="${version%%.*}"
+minor="${version#*.}"
+minor="${minor%%.*}"
 libdir="$prefix/lib"
 
 echo "== checking the installed files"
 for f in "lib/libdevshare.so.$version" lib/libdevshare.a include/devshare.h include/devshare.hpp \
          lib/cmake/devshare/devshareConfig.cmake lib/cmake/devshare/devshareConfigVersion.cmake \
-         lib/pkgconfig/devshare.pc; do
+         lib/pkgconfig/devshare.pc lib/pkgconfig/devshare-static.pc; do
     [[ -f "$prefix/$f" && ! -L "$prefix/$f" ]] || fail "$f is not installed as a file"
 done
 [[ "$(readlink "$libdir/libdevshare.so.$major")" == "libdevshare.so.$version" ]] ||
@@ -65,11 +70,6 @@ readelf -d "$libdir/libdevshare.so.$version" | grep -q "Library soname: \[libdev
     fail "the installed library's soname is not libdevshare.so.$major"
 real_lib="$(readlink -f "$libdir/libdevshare.so.$version")"
 ls -l "$libdir"
-
-# needs_devshare <exe>: whether <exe> records libdevshare as a needed shared library.
-needs_devshare() {
-    readelf -d "$1" | grep -q 'NEEDED.*\[libdevshare\.so'
-}
 
 # check_shared <exe> [env...]: <exe> needs libdevshare.so.<major>, which resolves into the
 # prefix, and nothing in its RPATH/RUNPATH points into the build tree.
@@ -113,7 +113,8 @@ find_package)
     shared="$consumer_build/roundtrip_shared"
     static="$consumer_build/roundtrip_static"
     check_shared "$shared"
-    ! needs_devshare "$static" || fail "$static needs libdevshare.so; it should be linked statically"
+    bash "$here/no_shared_devshare.sh" "$static" >/dev/null ||
+        fail "$static is not linked statically against devshare (tests/install/no_shared_devshare.sh)"
 
     echo "== $shared"
     out="$("$shared")" || { echo "$out"; fail "$shared failed"; }
@@ -124,24 +125,80 @@ find_package)
     out="$("$static")" || { echo "$out"; fail "$static failed"; }
     echo "$out"
     check_loaded "$out" "$static"
+
+    # The version rule, with find_package itself: devshare M.m is accepted iff M is the
+    # package's major version and M.m is not newer than the package.
+    echo "== find_package(devshare <requested>) against $version"
+    probe="$work/version-probe"
+    mkdir -p "$probe"
+    cat >"$probe/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.16)
+project(devshare_version_probe NONE)
+find_package(devshare ${REQUESTED} CONFIG)
+message(STATUS "devshare_FOUND=${devshare_FOUND}")
+CMAKE
+    accepted=("1.0" "$major.0" "$major.$minor" "$version")
+    rejected=("0.1" "$((major - 1)).$minor" "$((major + 1)).0" "$major.$((minor + 1))" "2.0")
+    for requested in "${accepted[@]}" "${rejected[@]}"; do
+        want=0
+        for a in "${accepted[@]}"; do [[ "$a" == "$requested" ]] && want=1; done
+        rm -rf "$probe/build"
+        found="$("$CMAKE" -S "$probe" -B "$probe/build" -DREQUESTED="$requested" \
+            -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF 2>&1 |
+            sed -n 's/.*devshare_FOUND=//p')"
+        if [[ "$want" == 1 ]]; then
+            [[ "$found" == 1 ]] || fail "find_package(devshare $requested) rejects $version"
+            echo "   $requested: accepted"
+        else
+            [[ "$found" != 1 ]] || fail "find_package(devshare $requested) accepts $version"
+            echo "   $requested: rejected"
+        fi
+    done
     ;;
 
 pkgconfig)
     export PKG_CONFIG_PATH="$libdir/pkgconfig"
     echo "== pkg-config with PKG_CONFIG_PATH=$PKG_CONFIG_PATH"
-    [[ "$("$PKG_CONFIG" --modversion devshare)" == "$version" ]] ||
-        fail "pkg-config --modversion devshare is not $version"
-    [[ "$(readlink -f "$("$PKG_CONFIG" --variable=libdir devshare)")" == "$(readlink -f "$libdir")" ]] ||
-        fail "pkg-config's libdir is not $libdir"
+    for pc in devshare devshare-static; do
+        [[ "$("$PKG_CONFIG" --modversion "$pc")" == "$version" ]] ||
+            fail "pkg-config --modversion $pc is not $version"
+        [[ "$(readlink -f "$("$PKG_CONFIG" --variable=libdir "$pc")")" == "$(readlink -f "$libdir")" ]] ||
+            fail "pkg-config's libdir for $pc is not $libdir"
+        grep -q '^# Version rule: MAJOR.MINOR.PATCH. A program built against MAJOR.m runs with every library' \
+            "$libdir/pkgconfig/$pc.pc" || fail "$pc.pc does not state the version rule"
+    done
+    # The rule as the .pc file states it: >= M.m and < M+1.
+    "$PKG_CONFIG" --exists "devshare >= $major.0" "devshare < $((major + 1))" ||
+        fail "pkg-config does not accept 'devshare >= $major.0' 'devshare < $((major + 1))'"
+    ! "$PKG_CONFIG" --exists "devshare >= $major.$((minor + 1))" ||
+        fail "pkg-config accepts 'devshare >= $major.$((minor + 1))'"
+    ! "$PKG_CONFIG" --exists "devshare < $major" || fail "pkg-config accepts 'devshare < $major'"
+
     read -ra cflags <<<"$("$PKG_CONFIG" --cflags devshare)"
     read -ra libs <<<"$("$PKG_CONFIG" --libs devshare)"
-    read -ra static_libs <<<"$("$PKG_CONFIG" --static --libs devshare)"
-    echo "cflags:       ${cflags[*]}"
-    echo "libs:         ${libs[*]}"
-    echo "static libs:  ${static_libs[*]}"
-    for lib in -ldl -lgcc_s -lutil -lrt -lpthread -lm -lc; do
-        [[ " ${static_libs[*]} " == *" $lib "* ]] || fail "pkg-config --static --libs lacks $lib"
+    read -ra static_libs <<<"$("$PKG_CONFIG" --static --libs devshare-static)"
+    read -ra static_libs_plain <<<"$("$PKG_CONFIG" --libs devshare-static)"
+    echo "cflags:                              ${cflags[*]}"
+    echo "--libs devshare:                     ${libs[*]}"
+    echo "--static --libs devshare-static:     ${static_libs[*]}"
+    # The native libraries are cargo's answer for this build (CMakeLists.txt asks
+    # `cargo rustc --print native-static-libs`), not a list kept by hand.
+    read -ra native <<<"$(cat "$build_dir/devshare_native_static_libs.txt")"
+    ((${#native[@]})) || fail "no native libraries recorded in $build_dir/devshare_native_static_libs.txt"
+    for lib in "${native[@]}"; do
+        [[ " ${static_libs[*]} " == *" $lib "* ]] || fail "pkg-config --static --libs devshare-static lacks $lib"
     done
+    archive=""
+    for flag in "${static_libs[@]}"; do
+        [[ "$flag" == */libdevshare.a ]] && archive="$flag"
+    done
+    [[ -n "$archive" && "$(readlink -f "$archive")" == "$(readlink -f "$libdir/libdevshare.a")" ]] ||
+        fail "pkg-config --static --libs devshare-static does not name $libdir/libdevshare.a"
+    for flag in "${static_libs[@]}"; do
+        [[ "$flag" != -ldevshare ]] || fail "pkg-config --static --libs devshare-static gives -ldevshare"
+    done
+    [[ "${static_libs_plain[*]}" == "${static_libs[*]}" ]] ||
+        fail "pkg-config --libs devshare-static differs from --static --libs devshare-static"
 
     warn=(-std=c11 -Wall -Wextra -Werror)
     echo "== shared link"
@@ -149,20 +206,10 @@ pkgconfig)
     check_shared "$work/pc_shared" LD_LIBRARY_PATH="$libdir"
     LD_LIBRARY_PATH="$libdir" "$work/pc_shared" || fail "pc_shared failed"
 
-    # Both libdevshare.so and libdevshare.a are in libdir; the linker prefers the .so for
-    # -ldevshare, so a static link asks for the archive around that one flag.
-    echo "== static link"
-    static_link=()
-    for flag in "${static_libs[@]}"; do
-        if [[ "$flag" == -ldevshare ]]; then
-            static_link+=(-Wl,-Bstatic -ldevshare -Wl,-Bdynamic)
-        else
-            static_link+=("$flag")
-        fi
-    done
-    ( set -x; "$CC" "${warn[@]}" "${cflags[@]}" "$here/pkgconfig_main.c" -o "$work/pc_static" "${static_link[@]}" )
-    ! needs_devshare "$work/pc_static" || fail "pc_static needs libdevshare.so"
-    "$work/pc_static" || fail "pc_static failed"
+    echo "== static link: the flags as pkg-config gives them"
+    read -ra static_cflags <<<"$("$PKG_CONFIG" --cflags devshare-static)"
+    ( set -x; "$CC" "${warn[@]}" "${static_cflags[@]}" "$here/pkgconfig_main.c" -o "$work/pc_static" "${static_libs[@]}" )
+    bash "$here/no_shared_devshare.sh" "$work/pc_static" || fail "pc_static is not linked statically"
     ;;
 
 *)
