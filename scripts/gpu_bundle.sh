@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build devshare here (cargo build --release) and assemble build/gpu-bundle/ for the real-GPU test
-# suite (tests/gpu): libdevshare.so, its soname libdevshare.so.0 (a copy, not a link, so that the
+# suite (tests/gpu): libdevshare.so, its soname libdevshare.so.1 (a copy, not a link, so that the
 # bundle survives any copy), and the C helper gpu_tool (built against include/devshare.h, linked
 # to the bundle's libdevshare.so with rpath $ORIGIN). Nothing else goes in. The GPU machine needs
 # no Rust: copy the bundle (and the checkout, for tests/gpu and python/) and run
@@ -26,7 +26,7 @@ rm -rf "$out"
 mkdir -p "$out"
 cp -L "$lib" "$out/libdevshare.so"
 soname=$(readelf -d "$out/libdevshare.so" 2>/dev/null | sed -n 's/.*Library soname: \[\(.*\)\].*/\1/p')
-soname=${soname:-libdevshare.so.0}
+[[ -n "$soname" ]] || { echo "gpu_bundle: $lib has no soname" >&2; exit 1; }
 if [[ "$soname" != libdevshare.so ]]; then
     cp "$out/libdevshare.so" "$out/$soname"
 fi

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Quick start, part 2: build everything and run every test (Rust, C, C++, Python, install and
-# packaging tests). Makes or reuses the virtual environment .venv with numpy, torch and pytest
-# for the Python tests. (pip honours PIP_INDEX_URL / PIP_EXTRA_INDEX_URL, e.g. to fetch
-# PyTorch's CPU-only wheels.)
+# packaging tests), then the C/C++ tests again under ASan + UBSan against a sanitized library
+# (scripts/sanitize.sh, build-asan/; it prints a SKIPPED line when `cargo +nightly` does not
+# work). Makes or reuses the virtual environment .venv with numpy, torch and pytest for the
+# Python tests. (pip honours PIP_INDEX_URL / PIP_EXTRA_INDEX_URL, e.g. to fetch PyTorch's
+# CPU-only wheels.)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh --python
@@ -20,3 +22,4 @@ if ((${#py_missing[@]})); then
 fi
 
 cmake -S . -B build && cmake --build build -j2 && ctest --test-dir build --output-on-failure
+bash scripts/sanitize.sh build-asan
