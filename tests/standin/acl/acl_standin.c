@@ -8,7 +8,7 @@
  * below are legitimate outcomes a correct caller must handle (wrong pid, missing peer access...),
  * so they return the error without recording a violation.
  *
- * Rules follow the CANN runtime reference for the IPC calls. See tests/standin/README.md.
+ * Rules follow the CANN runtime reference for the IPC and VMM calls. See tests/standin/README.md.
  *
  * Build: gcc -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -shared -fPIC -pthread \
  *            -o libascendcl.so tests/standin/acl/acl_standin.c -lrt
@@ -36,7 +36,12 @@
 #define MAX_DEV 64
 #define NAME_LEN 48                 /* shm object names ("/aclsi_..._<pid>_<n>") */
 
+#define VMM_GRAN HUGE_PAGE              /* VMM allocation granularity (2 MiB) */
+#define VMM_GRAN_1G ((size_t)1 << 30)  /* ... of the *_HUGE1G memory attributes */
+#define SHAREABLE_TAG 0xA5C1ull        /* bits 63..48 of a stand-in shareable handle */
+
 #define META_MAGIC 0x4d495341u /* "ASIM" */
+#define VMETA_MAGIC 0x56495341u /* "ASIV" */
 #define EVSH_MAGIC 0x45495341u /* "ASIE" */
 static const char EVH_TAG[8] = {'A', 'C', 'L', 'S', 'I', 'E', 'V', 'T'};
 
@@ -76,10 +81,29 @@ struct evh {
 };
 _Static_assert(sizeof(struct evh) == sizeof(aclrtIpcEventHandle), "event handle is 64 bytes");
 
-/* Per-process key registry "/aclsi_p_<pid>": the next key number. Lets any process tell a key
- * that was issued and then closed (meta unlinked) from a key that never existed. */
+/* Per-process key registry "/aclsi_p_<pid>": the next key number and the next shareable-handle
+ * number. Lets any process tell a key (or shareable handle) that was issued and then closed /
+ * freed (meta unlinked) from one that never existed. */
 struct registry {
     uint32_t next_key;
+    uint32_t next_vmm;
+};
+
+/* Meta object of a VMM shareable handle: shm "/aclsi_s_<pid>_<n>", created by
+ * aclrtMemExportToShareableHandle, unlinked when the exporter frees the physical handle. */
+struct vmeta {
+    uint32_t magic;
+    int32_t exporter_pid;
+    int32_t exporter_tgid;
+    int32_t exporter_dev;
+    char data_name[NAME_LEN]; /* shm object holding the physical memory */
+    uint64_t size;            /* size of the physical allocation */
+    uint64_t gran;            /* its granularity */
+    int32_t pid_validation;   /* export flags == 0 */
+    int32_t wl_count;
+    int32_t whitelist[WL_MAX];
+    int32_t open_imports;     /* live imported handles across all processes */
+    int32_t freed;            /* the exporter freed the physical handle */
 };
 
 /* ------------------------------------------------------------------------------------------ */
@@ -131,6 +155,38 @@ typedef struct event {
     struct evshm *sh;
 } event_t;
 
+/* VMM: a physical memory handle (aclrtDrvMemHandle points to one), from aclrtMallocPhysical
+ * (local) or aclrtMemImportFromShareableHandle (imported). The memory is a shm object, kept open
+ * by fd so an imported handle outlives the exporter's free. */
+typedef struct vphys {
+    struct vphys *next;
+    int imported;
+    int dev;            /* device the handle belongs to (location.id / import deviceId) */
+    int mem_dev;        /* device the memory lives on (the exporter's) */
+    size_t size, gran;
+    int fd;
+    char shm[NAME_LEN]; /* data object */
+    int nmaps;          /* live mappings of this handle in this process */
+    int exported;       /* local: exported (once) */
+    uint64_t shareable; /* local: exported as; imported: imported from */
+    struct vmeta *m;    /* meta of that shareable handle */
+} vphys_t;
+
+typedef struct vresv { /* aclrtReserveMemAddress: PROT_NONE address space */
+    struct vresv *next;
+    char *base;
+    size_t size;
+    int nmaps;
+} vresv_t;
+
+typedef struct vmap { /* aclrtMapMem: the handle's shm object mapped MAP_FIXED in a reservation */
+    struct vmap *next;
+    char *va;
+    size_t size;
+    vphys_t *p;
+    vresv_t *r;
+} vmap_t;
+
 static struct {
     pthread_mutex_t mu;
     int inited;
@@ -140,6 +196,9 @@ static struct {
     import_t *imports;
     stream_t *streams;
     event_t *events;
+    vphys_t *phys;
+    vresv_t *resvs;
+    vmap_t *maps;
     unsigned char peer[MAX_DEV][MAX_DEV]; /* peer[cur][peer]: EnablePeerAccess was called */
     struct registry *reg;
     char reg_name[NAME_LEN];
@@ -322,6 +381,71 @@ static int key_was_issued(const char *key) {
     return issued;
 }
 
+/* This process's registry "/aclsi_p_<pid>", created on first use (g.mu held); NULL on failure. */
+static struct registry *registry_locked(void) {
+    if (!g.reg) {
+        snprintf(g.reg_name, sizeof g.reg_name, "/aclsi_p_%d", (int)getpid());
+        int fd = shm_create(g.reg_name, sizeof(struct registry));
+        void *r = fd >= 0 ? mmap(NULL, sizeof(struct registry), PROT_READ | PROT_WRITE,
+                                 MAP_SHARED, fd, 0)
+                          : MAP_FAILED;
+        if (fd >= 0) close(fd);
+        if (r == MAP_FAILED) {
+            shm_unlink(g.reg_name);
+            return NULL;
+        }
+        g.reg = r;
+    }
+    return g.reg;
+}
+
+/* Shareable handles made by the stand-in: bits 63..48 SHAREABLE_TAG, 47..24 the exporter's pid,
+ * 23..0 its export number n. Meta object "/aclsi_s_<pid>_<n>". */
+static uint64_t shareable_make(int pid, unsigned n) {
+    return SHAREABLE_TAG << 48 | ((uint64_t)(uint32_t)pid & 0xFFFFFFu) << 24 | (n & 0xFFFFFFu);
+}
+
+static int shareable_parse(uint64_t s, int *pid, unsigned *n) {
+    if (s >> 48 != SHAREABLE_TAG) return 0;
+    *pid = (int)((s >> 24) & 0xFFFFFFu);
+    *n = (unsigned)(s & 0xFFFFFFu);
+    return *pid > 0;
+}
+
+static void vmeta_name(char *out, int pid, unsigned n) {
+    snprintf(out, NAME_LEN, "/aclsi_s_%d_%u", pid, n);
+}
+
+/* Map the meta object of a shareable handle; NULL if it is gone or not a stand-in handle. */
+static struct vmeta *vmeta_open(uint64_t s) {
+    int pid;
+    unsigned n;
+    char name[NAME_LEN];
+    if (!shareable_parse(s, &pid, &n)) return NULL;
+    vmeta_name(name, pid, n);
+    struct vmeta *m = shm_map_existing(name, sizeof *m, sizeof *m, 0);
+    if (m && __atomic_load_n(&m->magic, __ATOMIC_ACQUIRE) != VMETA_MAGIC) {
+        munmap(m, sizeof *m);
+        return NULL;
+    }
+    return m;
+}
+
+/* Was this shareable handle issued by a live exporter? Then a missing meta object means the
+ * exporter freed the physical handle. */
+static int shareable_was_issued(uint64_t s) {
+    int pid;
+    unsigned n;
+    char name[NAME_LEN];
+    if (!shareable_parse(s, &pid, &n)) return 0;
+    snprintf(name, sizeof name, "/aclsi_p_%d", pid);
+    struct registry *r = shm_map_existing(name, sizeof *r, sizeof *r, 0);
+    if (!r) return 0;
+    int issued = n < __atomic_load_n(&r->next_vmm, __ATOMIC_SEQ_CST);
+    munmap(r, sizeof *r);
+    return issued;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Table lookups (g.mu held)                                                                    */
 
@@ -329,6 +453,43 @@ static alloc_t *alloc_containing(const char *p, int use_rounded) {
     for (alloc_t *a = g.allocs; a; a = a->next)
         if (p >= a->ptr && p < a->ptr + (use_rounded ? a->rounded : a->size)) return a;
     return NULL;
+}
+
+/* VMM lookups. */
+static vphys_t *phys_find(const void *h) {
+    for (vphys_t *p = g.phys; p; p = p->next)
+        if ((const void *)p == h) return p;
+    return NULL;
+}
+
+static vresv_t *resv_overlapping(const char *p, size_t len) {
+    for (vresv_t *r = g.resvs; r; r = r->next)
+        if (p < r->base + r->size && p + len > r->base) return r;
+    return NULL;
+}
+
+static vmap_t *map_overlapping(const char *p, size_t len) {
+    for (vmap_t *m = g.maps; m; m = m->next)
+        if (p < m->va + m->size && p + len > m->va) return m;
+    return NULL;
+}
+
+/* [p, p+len) against VMM memory: 1 = inside one reservation and mapped throughout (possibly
+ * by several adjacent mappings: the addresses are contiguous); *exp_dev = device of imported
+ * memory in it, else -1. -1 = overlaps a reservation otherwise. 0 = no VMM memory. */
+static int vmm_classify(const char *p, size_t len, int *exp_dev) {
+    vresv_t *r = resv_overlapping(p, len);
+    if (!r) return 0;
+    if (p < r->base || p + len > r->base + r->size || p + len < p) return -1;
+    int dev = -1;
+    for (const char *cur = p; cur < p + len;) {
+        vmap_t *m = map_overlapping(cur, 1);
+        if (!m) return -1;
+        if (m->p->imported && dev < 0) dev = m->p->mem_dev;
+        cur = m->va + m->size;
+    }
+    *exp_dev = dev;
+    return 1;
 }
 
 /* Classify [p, p+n): 1 = inside one allocation or live import (*dev_import = exporter device
@@ -352,7 +513,9 @@ static int classify(const void *vp, size_t n, int *exp_dev) {
         }
         if (p < i->p + i->size && p + len > i->p) overlap = 1;
     }
-    return overlap ? -1 : 0;
+    int v = vmm_classify(p, len, exp_dev);
+    if (v == 1 && !overlap) return 1;
+    return overlap || v ? -1 : 0;
 }
 
 static xport_t *xport_find(const char *key) {
@@ -545,6 +708,11 @@ static aclError free_locked(void *p) {
         if (alloc_containing(p, 1))
             return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
                         "aclrtFree(%p): not the base of an allocation", p);
+        if (resv_overlapping(p, 1))
+            return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                        "aclrtFree(%p): VMM address (aclrtReserveMemAddress): release it with "
+                        "aclrtUnmapMem / aclrtFreePhysical / aclrtReleaseMemAddress",
+                        p);
         return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "aclrtFree(%p): unknown pointer", p);
     }
     alloc_t *a = *pp;
@@ -666,18 +834,9 @@ static aclError export_locked(char *p, size_t size, char *key, size_t len, uint6
             break;
         }
     /* The key registry of this process (see key_was_issued). */
-    if (!g.reg) {
-        snprintf(g.reg_name, sizeof g.reg_name, "/aclsi_p_%d", (int)getpid());
-        int fd = shm_create(g.reg_name, sizeof(struct registry));
-        void *r = fd >= 0 ? mmap(NULL, sizeof(struct registry), PROT_READ | PROT_WRITE,
-                                 MAP_SHARED, fd, 0)
-                          : MAP_FAILED;
-        if (fd >= 0) close(fd);
-        if (r == MAP_FAILED)
-            return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, ERROR_ONLY,
-                        "aclrtIpcMemGetExportKey: cannot create key registry");
-        g.reg = r;
-    }
+    if (!registry_locked())
+        return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, ERROR_ONLY,
+                    "aclrtIpcMemGetExportKey: cannot create key registry");
     xport_t *x = calloc(1, sizeof *x);
     if (!x) return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, ERROR_ONLY, "out of memory");
     unsigned n = __atomic_load_n(&g.reg->next_key, __ATOMIC_SEQ_CST);
@@ -922,6 +1081,503 @@ EXPORT aclError aclrtDeviceEnablePeerAccess(int32_t peer, uint32_t flags) {
     g.peer[t_dev][peer] = 1;
     unlock();
     return ACL_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* VMM (virtual memory management; what torch_npu's expandable segments use)                   */
+/*                                                                                              */
+/* A physical handle is a shm object "/aclsi_v_<pid>_<n>" of its size; a reservation is real   */
+/* PROT_NONE address space; aclrtMapMem maps the object MAP_FIXED over it (read-write: ACL has  */
+/* no access step on this path), aclrtUnmapMem puts PROT_NONE back. An exported handle gets a   */
+/* meta object "/aclsi_s_<pid>_<n>" that any process reaches from the u64 shareable handle.    */
+
+static int is_huge1g(int attr) {
+    return attr == ACL_HBM_MEM_HUGE1G || attr == ACL_HBM_MEM_P2P_HUGE1G ||
+           attr == ACL_MEM_HUGE1G || attr == ACL_MEM_P2P_HUGE1G;
+}
+
+/* Rule: the physical memory properties torch_npu and the reference use: handleType NONE,
+ * allocationType PINNED, a known memAttr, a device location with a valid id. */
+static aclError prop_check(const char *fn, const aclrtPhysicalMemProp *prop) {
+    if (!prop) return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "%s: NULL prop", fn);
+    if (prop->handleType != ACL_MEM_HANDLE_TYPE_NONE)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: prop.handleType %d, must be ACL_MEM_HANDLE_TYPE_NONE", fn,
+                    (int)prop->handleType);
+    if (prop->allocationType != ACL_MEM_ALLOCATION_TYPE_PINNED)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: prop.allocationType %d, must be ACL_MEM_ALLOCATION_TYPE_PINNED", fn,
+                    (int)prop->allocationType);
+    if ((unsigned)prop->memAttr > (unsigned)ACL_MEM_P2P_HUGE1G)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "%s: unknown prop.memAttr %d", fn,
+                    (int)prop->memAttr);
+    if (prop->location.type != ACL_MEM_LOCATION_TYPE_DEVICE) /* error only */
+        return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, ERROR_ONLY,
+                    "%s: prop.location.type %d: only ACL_MEM_LOCATION_TYPE_DEVICE is modelled",
+                    fn, (int)prop->location.type);
+    if (prop->location.id >= (uint32_t)device_count()) /* error only */
+        return fail(ACL_ERROR_INVALID_PARAM, ERROR_ONLY,
+                    "%s: prop.location.id %u: device out of range (count %d)", fn,
+                    prop->location.id, device_count());
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtMemGetAllocationGranularity(aclrtPhysicalMemProp *prop,
+                                                 aclrtMemGranularityOptions option,
+                                                 size_t *granularity) {
+    ENTER(1);
+    aclError rc = prop_check(__func__, prop);
+    if (rc) return rc;
+    if (!granularity)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "%s: NULL granularity", __func__);
+    if (option != ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM &&
+        option != ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "%s: unknown option %d", __func__,
+                    (int)option);
+    *granularity = is_huge1g(prop->memAttr) ? VMM_GRAN_1G : VMM_GRAN;
+    return ACL_SUCCESS;
+}
+
+static aclError malloc_phys_locked(aclrtDrvMemHandle *h, size_t size,
+                                   const aclrtPhysicalMemProp *prop, uint64_t flags) {
+    const char *fn = "aclrtMallocPhysical";
+    if (!h) return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "%s: NULL handle", fn);
+    aclError rc = prop_check(fn, prop);
+    if (rc) return rc;
+    if (flags != 0)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "%s: flags are reserved, must be 0, got "
+                    "%#llx", fn, (unsigned long long)flags);
+    size_t gran = is_huge1g(prop->memAttr) ? VMM_GRAN_1G : VMM_GRAN;
+    /* Rule: size is a non-zero multiple of the granularity (aclrtMapMem maps whole handles at
+     * granularity-aligned addresses, so anything else could never be mapped). */
+    if (size == 0 || size % gran)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: size %zu is not a non-zero multiple of the allocation granularity %zu "
+                    "(aclrtMemGetAllocationGranularity)", fn, size, gran);
+    vphys_t *p = calloc(1, sizeof *p);
+    if (!p) return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, ERROR_ONLY, "%s: out of memory", fn);
+    snprintf(p->shm, sizeof p->shm, "/aclsi_v_%d_%u", (int)getpid(), g.next_obj++);
+    p->fd = shm_create(p->shm, size);
+    if (p->fd < 0) {
+        free(p);
+        return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, ERROR_ONLY,
+                    "%s: cannot back %zu bytes with shared memory: %s", fn, size, strerror(errno));
+    }
+    p->dev = p->mem_dev = (int)prop->location.id;
+    p->size = size;
+    p->gran = gran;
+    p->next = g.phys;
+    g.phys = p;
+    *h = p;
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtMallocPhysical(aclrtDrvMemHandle *handle, size_t size,
+                                    const aclrtPhysicalMemProp *prop, uint64_t flags) {
+    ENTER(1);
+    LOCKED(malloc_phys_locked(handle, size, prop, flags));
+}
+
+/* Drop a physical handle. owner: this process owns it (a free or its exit): end its import /
+ * destroy its shareable handle and data object; otherwise (fork child) only forget it. */
+static void phys_release(vphys_t *p, int owner) {
+    if (p->m) {
+        if (owner && p->imported) {
+            __atomic_sub_fetch(&p->m->open_imports, 1, __ATOMIC_SEQ_CST);
+        } else if (owner) {
+            /* The exporter's free destroys the shareable handle: no new imports. Processes that
+             * already imported keep their memory (the runtime defers the real free). */
+            int pid;
+            unsigned n;
+            char name[NAME_LEN];
+            __atomic_store_n(&p->m->freed, 1, __ATOMIC_SEQ_CST);
+            if (shareable_parse(p->shareable, &pid, &n)) {
+                vmeta_name(name, pid, n);
+                shm_unlink(name);
+            }
+        }
+        munmap(p->m, sizeof *p->m);
+    }
+    close(p->fd);
+    if (owner && !p->imported) shm_unlink(p->shm);
+    free(p);
+}
+
+static aclError free_phys_locked(aclrtDrvMemHandle h) {
+    vphys_t **pp = &g.phys;
+    while (*pp && (void *)*pp != h) pp = &(*pp)->next;
+    if (!*pp)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "aclrtFreePhysical(%p): unknown physical handle (freed twice, or never "
+                    "allocated / imported)", h);
+    vphys_t *p = *pp;
+    /* Rule (reference): unmap every mapping of the handle before freeing it. */
+    if (p->nmaps)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "aclrtFreePhysical(%p): the handle is still mapped (%d mappings): "
+                    "aclrtUnmapMem before aclrtFreePhysical", h, p->nmaps);
+    *pp = p->next;
+    phys_release(p, 1);
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtFreePhysical(aclrtDrvMemHandle handle) {
+    ENTER(1);
+    LOCKED(free_phys_locked(handle));
+}
+
+static aclError reserve_locked(void **out, size_t size, size_t alignment, void *expect,
+                               uint64_t flags) {
+    const char *fn = "aclrtReserveMemAddress";
+    if (!out) return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "%s: NULL virPtr", fn);
+    if (size == 0 || size % VMM_GRAN)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: size %zu is not a non-zero multiple of the granularity (2 MiB)", fn,
+                    size);
+    if (alignment != 0)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: alignment is reserved, must be 0, got %zu", fn, alignment);
+    if (flags > 1)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "%s: flags %#llx, must be 0 or 1", fn,
+                    (unsigned long long)flags);
+    if (expect) /* error only: a fixed address is an experimental feature, not modelled */
+        return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, ERROR_ONLY,
+                    "%s: expectPtr %p: a fixed address is experimental and not modelled (pass "
+                    "NULL)", fn, expect);
+    size_t align = size >= VMM_GRAN_1G ? VMM_GRAN_1G : VMM_GRAN;
+    vresv_t *r = calloc(1, sizeof *r);
+    char *raw = r ? mmap(NULL, size + align, PROT_NONE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                  : MAP_FAILED;
+    if (raw == MAP_FAILED) {
+        free(r);
+        return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, ERROR_ONLY,
+                    "%s: cannot reserve %zu bytes of address space", fn, size);
+    }
+    char *a = (char *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
+    if (a > raw) munmap(raw, (size_t)(a - raw));
+    if (raw + size + align > a + size) munmap(a + size, (size_t)(raw + size + align - (a + size)));
+    r->base = a;
+    r->size = size;
+    r->next = g.resvs;
+    g.resvs = r;
+    *out = a;
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment,
+                                       void *expectPtr, uint64_t flags) {
+    ENTER(1);
+    LOCKED(reserve_locked(virPtr, size, alignment, expectPtr, flags));
+}
+
+static aclError release_resv_locked(void *va) {
+    vresv_t **pp = &g.resvs;
+    while (*pp && (void *)(*pp)->base != va) pp = &(*pp)->next;
+    if (!*pp)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "aclrtReleaseMemAddress(%p): %s", va,
+                    resv_overlapping(va, 1) ? "not the start of a reservation"
+                                            : "not a live reservation (released twice?)");
+    vresv_t *r = *pp;
+    /* Rule (reference order: unmap, free physical, release): release only an empty range. */
+    if (r->nmaps)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "aclrtReleaseMemAddress(%p): %d mappings are still in the reservation: "
+                    "aclrtUnmapMem each first", va, r->nmaps);
+    *pp = r->next;
+    munmap(r->base, r->size);
+    free(r);
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtReleaseMemAddress(void *virPtr) {
+    ENTER(1);
+    LOCKED(release_resv_locked(virPtr));
+}
+
+static aclError map_locked(char *va, size_t size, size_t offset, aclrtDrvMemHandle h,
+                           uint64_t flags) {
+    const char *fn = "aclrtMapMem";
+    if (!va) return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "%s: NULL virPtr", fn);
+    vphys_t *p = phys_find(h);
+    if (!p)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: unknown physical handle %p (freed?)", fn, h);
+    if (flags != 0)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "%s: flags are reserved, must be 0", fn);
+    if (offset != 0)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: offset %zu: the physical offset must currently be 0", fn, offset);
+    /* Rule (reference): size equals the aclrtMallocPhysical size; the address is a multiple
+     * of the granularity. */
+    if (size != p->size)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: size %zu must equal the physical handle's size %zu", fn, size, p->size);
+    if ((uintptr_t)va % p->gran)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: address %p is not a multiple of the granularity %zu", fn, (void *)va,
+                    p->gran);
+    /* Rule: map only inside one reservation, never over another mapping. */
+    vresv_t *r = resv_overlapping(va, size);
+    if (!r || va < r->base || va + size > r->base + r->size)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: [%p, +%zu) is not inside one reservation (aclrtReserveMemAddress)", fn,
+                    (void *)va, size);
+    vmap_t *o = map_overlapping(va, size);
+    if (o)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: [%p, +%zu) overlaps the mapping [%p, +%zu) (aclrtUnmapMem it first)", fn,
+                    (void *)va, size, (void *)o->va, o->size);
+    /* Rule (reference): one reservation is not bound to physical memory of two devices, nor
+     * to both aclrtMallocPhysical and aclrtMemImportFromShareableHandle handles. */
+    for (vmap_t *m = g.maps; m; m = m->next) {
+        if (m->r != r) continue;
+        if (m->p->imported != p->imported)
+            return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                        "%s: the reservation at %p already maps %s handles; it cannot also map "
+                        "%s ones", fn, (void *)r->base, m->p->imported ? "imported" : "local",
+                        p->imported ? "imported" : "local (aclrtMallocPhysical)");
+        if (m->p->dev != p->dev)
+            return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                        "%s: the reservation at %p already maps memory of device %d; it cannot "
+                        "also map memory of device %d", fn, (void *)r->base, m->p->dev, p->dev);
+        break;
+    }
+    vmap_t *m = calloc(1, sizeof *m);
+    if (!m) return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, ERROR_ONLY, "%s: out of memory", fn);
+    if (mmap(va, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, p->fd, 0) == MAP_FAILED) {
+        free(m);
+        return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, ERROR_ONLY, "%s: mmap failed: %s", fn,
+                    strerror(errno));
+    }
+    m->va = va;
+    m->size = size;
+    m->p = p;
+    m->r = r;
+    p->nmaps++;
+    r->nmaps++;
+    m->next = g.maps;
+    g.maps = m;
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtMapMem(void *virPtr, size_t size, size_t offset, aclrtDrvMemHandle handle,
+                            uint64_t flags) {
+    ENTER(1);
+    LOCKED(map_locked(virPtr, size, offset, handle, flags));
+}
+
+static aclError unmap_locked(void *va) {
+    vmap_t **pp = &g.maps;
+    while (*pp && (void *)(*pp)->va != va) pp = &(*pp)->next;
+    if (!*pp)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "aclrtUnmapMem(%p): %s", va,
+                    map_overlapping(va, 1) ? "not the start of a mapping"
+                                           : "nothing is mapped there (unmapped twice?)");
+    vmap_t *m = *pp;
+    /* Back to reserved, inaccessible address space. */
+    mmap(m->va, m->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
+         0);
+    m->p->nmaps--;
+    m->r->nmaps--;
+    *pp = m->next;
+    free(m);
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtUnmapMem(void *virPtr) {
+    ENTER(1);
+    LOCKED(unmap_locked(virPtr));
+}
+
+static aclError export_vmm_locked(aclrtDrvMemHandle h, int type, uint64_t flags, uint64_t *out) {
+    const char *fn = "aclrtMemExportToShareableHandle";
+    if (!out) return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "%s: NULL shareableHandle", fn);
+    vphys_t *p = phys_find(h);
+    if (!p)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: unknown physical handle %p (freed?)", fn, h);
+    if (p->imported)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: handle %p was imported; only handles from aclrtMallocPhysical in this "
+                    "process are exported", fn, h);
+    if (type != ACL_MEM_HANDLE_TYPE_NONE)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: handleType %d is reserved, must be ACL_MEM_HANDLE_TYPE_NONE", fn, type);
+    if (flags > ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "%s: unknown flags %#llx", fn,
+                    (unsigned long long)flags);
+    /* Rule (reference): a physical handle and its shareable handle are 1:1 in a process;
+     * exporting the same handle again fails. */
+    if (p->exported)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: handle %p was already exported as %#llx (a physical handle and its "
+                    "shareable handle are 1:1: export once and cache it)", fn, h,
+                    (unsigned long long)p->shareable);
+    if (getpid() > 0xFFFFFF || !registry_locked())
+        return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, ERROR_ONLY, "%s: cannot create registry", fn);
+    unsigned n = __atomic_load_n(&g.reg->next_vmm, __ATOMIC_SEQ_CST);
+    char name[NAME_LEN];
+    vmeta_name(name, (int)getpid(), n);
+    int fd = shm_create(name, sizeof(struct vmeta));
+    struct vmeta *m = fd >= 0 ? mmap(NULL, sizeof *m, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                              : MAP_FAILED;
+    if (fd >= 0) close(fd);
+    if (m == MAP_FAILED) {
+        shm_unlink(name);
+        return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, ERROR_ONLY,
+                    "%s: cannot create the shareable handle's meta object", fn);
+    }
+    __atomic_store_n(&g.reg->next_vmm, n + 1, __ATOMIC_SEQ_CST);
+    m->exporter_pid = (int32_t)getpid();
+    m->exporter_tgid = bare_tgid();
+    m->exporter_dev = p->mem_dev;
+    snprintf(m->data_name, sizeof m->data_name, "%s", p->shm);
+    m->size = p->size;
+    m->gran = p->gran;
+    m->pid_validation = flags == ACL_RT_VMM_EXPORT_FLAG_DEFAULT;
+    __atomic_store_n(&m->magic, VMETA_MAGIC, __ATOMIC_RELEASE);
+    p->exported = 1;
+    p->shareable = shareable_make((int)getpid(), n);
+    p->m = m;
+    *out = p->shareable;
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtMemExportToShareableHandle(aclrtDrvMemHandle handle,
+                                                aclrtMemHandleType handleType, uint64_t flags,
+                                                uint64_t *shareableHandle) {
+    ENTER(1);
+    LOCKED(export_vmm_locked(handle, (int)handleType, flags, shareableHandle));
+}
+
+static aclError setpid_vmm_locked(uint64_t s, int32_t *pids, size_t n) {
+    const char *fn = "aclrtMemSetPidToShareableHandle";
+    vphys_t *p = g.phys;
+    while (p && !(p->exported && p->shareable == s)) p = p->next;
+    /* Rule: only the exporter whitelists, while its physical handle is live. */
+    if (!p)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: shareable handle %#llx was not exported by this process (or its "
+                    "physical handle was freed): only the exporter sets pids", fn,
+                    (unsigned long long)s);
+    if (!pids || n < 1 || n > WL_MAX)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "%s: need 1..64 pids, got %zu%s", fn, n,
+                    pids ? "" : " (NULL array)");
+    int have = p->m->wl_count;
+    if ((size_t)have + n > WL_MAX)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: whitelist of %#llx would exceed 64 pids", fn, (unsigned long long)s);
+    for (size_t i = 0; i < n; i++)
+        if (pids[i] <= 0)
+            return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "%s: invalid pid %d", fn, pids[i]);
+    for (size_t i = 0; i < n; i++) p->m->whitelist[have + (int)i] = pids[i];
+    __atomic_store_n(&p->m->wl_count, have + (int)n, __ATOMIC_RELEASE);
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtMemSetPidToShareableHandle(uint64_t shareableHandle, int32_t *pid,
+                                                size_t pidNum) {
+    ENTER(1);
+    LOCKED(setpid_vmm_locked(shareableHandle, pid, pidNum));
+}
+
+static aclError import_vmm_locked(uint64_t s, int32_t dev, aclrtDrvMemHandle *out) {
+    const char *fn = "aclrtMemImportFromShareableHandle";
+    unsigned long long su = (unsigned long long)s;
+    if (!out) return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "%s: NULL handle", fn);
+    if (dev < 0 || dev >= device_count()) /* error only */
+        return fail(ACL_ERROR_INVALID_PARAM, ERROR_ONLY, "%s: device %d out of range (count %d)",
+                    fn, dev, device_count());
+    int pid;
+    unsigned n;
+    if (!shareable_parse(s, &pid, &n)) /* error only */
+        return fail(ACL_ERROR_INVALID_PARAM, ERROR_ONLY, "%s: unknown shareable handle %#llx", fn,
+                    su);
+    /* Rule (reference): export and import in the same process is not supported. */
+    if (pid == (int)getpid())
+        return fail(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, VIOLATION,
+                    "%s: shareable handle %#llx was exported by this process: import in the "
+                    "exporting process is not supported (use the physical handle)", fn, su);
+    /* Rule (reference): a handle and its shareable handle are 1:1 per process: no second
+     * live import of the same shareable handle. */
+    for (vphys_t *q = g.phys; q; q = q->next)
+        if (q->imported && q->shareable == s)
+            return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                        "%s: shareable handle %#llx is already imported in this process as %p "
+                        "(handle and shareable handle are 1:1 per process: import once and "
+                        "refcount)", fn, su, (void *)q);
+    struct vmeta *m = vmeta_open(s);
+    /* Rule (reference): the exporter keeps the physical memory until importers imported. */
+    if ((!m && shareable_was_issued(s)) || (m && __atomic_load_n(&m->freed, __ATOMIC_SEQ_CST))) {
+        if (m) munmap(m, sizeof *m);
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+                    "%s: import of shareable handle %#llx whose physical memory the exporter "
+                    "already freed (aclrtFreePhysical)", fn, su);
+    }
+    if (!m) /* error only */
+        return fail(ACL_ERROR_INVALID_PARAM, ERROR_ONLY, "%s: unknown shareable handle %#llx", fn,
+                    su);
+    /* Pid validation (error only): the importer's bare tgid must be whitelisted. */
+    if (m->pid_validation) {
+        int32_t me = bare_tgid(), cnt = __atomic_load_n(&m->wl_count, __ATOMIC_ACQUIRE);
+        int ok = 0, has_getpid = 0;
+        for (int i = 0; i < cnt && i < WL_MAX; i++) {
+            ok |= m->whitelist[i] == me;
+            has_getpid |= m->whitelist[i] == (int32_t)getpid();
+        }
+        if (!ok) {
+            munmap(m, sizeof *m);
+            return fail(ACL_ERROR_RT_NO_PERMISSION, ERROR_ONLY,
+                        "%s: pid %d is not in the shareable handle's whitelist "
+                        "(aclrtMemSetPidToShareableHandle)%s", fn, me,
+                        has_getpid ? "; the whitelist holds this process's getpid(), not its "
+                                     "bare tgid (aclrtDeviceGetBareTgid)"
+                                   : "");
+        }
+    }
+    /* Cross-device (error only; a guess): needs aclrtDeviceEnablePeerAccess from the target
+     * device to the exporter's. */
+    int edev = m->exporter_dev;
+    if (edev != dev && (edev < 0 || edev >= MAX_DEV || !g.peer[dev][edev])) {
+        munmap(m, sizeof *m);
+        return fail(ACL_ERROR_RT_DRV_INTERNAL_ERROR, ERROR_ONLY,
+                    "%s: shareable handle %#llx holds memory of device %d, importing for device "
+                    "%d without peer access (aclrtSetDevice(%d); aclrtDeviceEnablePeerAccess(%d, "
+                    "0))", fn, su, edev, dev, dev, edev);
+    }
+    int fd = shm_open(m->data_name, O_RDWR | O_CLOEXEC, 0);
+    struct stat st;
+    vphys_t *p = fd >= 0 && fstat(fd, &st) == 0 && (uint64_t)st.st_size >= m->size
+                     ? calloc(1, sizeof *p)
+                     : NULL;
+    if (!p) {
+        if (fd >= 0) close(fd);
+        munmap(m, sizeof *m);
+        return fail(ACL_ERROR_INVALID_PARAM, ERROR_ONLY,
+                    "%s: the memory of shareable handle %#llx is gone", fn, su);
+    }
+    p->imported = 1;
+    p->dev = dev;
+    p->mem_dev = edev;
+    p->size = (size_t)m->size;
+    p->gran = (size_t)m->gran;
+    p->fd = fd;
+    snprintf(p->shm, sizeof p->shm, "%s", m->data_name);
+    p->shareable = s;
+    p->m = m;
+    __atomic_add_fetch(&m->open_imports, 1, __ATOMIC_SEQ_CST);
+    p->next = g.phys;
+    g.phys = p;
+    *out = p;
+    return ACL_SUCCESS;
+}
+
+EXPORT aclError aclrtMemImportFromShareableHandle(uint64_t shareableHandle, int32_t deviceId,
+                                                  aclrtDrvMemHandle *handle) {
+    ENTER(1);
+    LOCKED(import_vmm_locked(shareableHandle, deviceId, handle));
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1199,12 +1855,73 @@ static int event_counter(aclrtEvent e, int waits) {
 EXPORT int aclsi_event_waits(aclrtEvent event) { return event_counter(event, 1); }
 EXPORT int aclsi_event_records(aclrtEvent event) { return event_counter(event, 0); }
 
+/* VMM counts of this process. what: 0 reservations, 1 mappings, 2 local physical handles,
+ * 3 imported handles. */
+static int vmm_count(int what) {
+    int n = 0;
+    lock();
+    if (what == 0)
+        for (vresv_t *r = g.resvs; r; r = r->next) n++;
+    else if (what == 1)
+        for (vmap_t *m = g.maps; m; m = m->next) n++;
+    else
+        for (vphys_t *p = g.phys; p; p = p->next) n += p->imported == (what == 3);
+    unlock();
+    return n;
+}
+
+EXPORT int aclsi_vmm_reservations(void) { return vmm_count(0); }
+EXPORT int aclsi_vmm_mappings(void) { return vmm_count(1); }
+EXPORT int aclsi_vmm_physical_handles(void) { return vmm_count(2); }
+EXPORT int aclsi_vmm_imported_handles(void) { return vmm_count(3); }
+
+/* A field of a shareable handle's meta: from a mapping this process holds, else from
+ * /dev/shm. freed_field: the "freed" flag (1 also when the meta is gone but was issued). */
+static int vmeta_field(uint64_t s, int freed_field) {
+    int r = -2;
+    lock();
+    for (vphys_t *p = g.phys; p && r == -2; p = p->next)
+        if (p->m && p->shareable == s)
+            r = __atomic_load_n(freed_field ? &p->m->freed : &p->m->open_imports,
+                                __ATOMIC_SEQ_CST);
+    unlock();
+    if (r != -2) return r;
+    struct vmeta *m = vmeta_open(s);
+    if (m) {
+        r = __atomic_load_n(freed_field ? &m->freed : &m->open_imports, __ATOMIC_SEQ_CST);
+        munmap(m, sizeof *m);
+        return r;
+    }
+    return freed_field && shareable_was_issued(s) ? 1 : -1;
+}
+
+EXPORT int aclsi_vmm_open_imports(uint64_t shareableHandle) {
+    return vmeta_field(shareableHandle, 0);
+}
+EXPORT int aclsi_vmm_freed(uint64_t shareableHandle) { return vmeta_field(shareableHandle, 1); }
+
 /* ------------------------------------------------------------------------------------------ */
 /* Process lifetime                                                                             */
 
 /* Drop every table entry. unlink_shared: this process is exiting and owns the objects (unlink
  * them, end its imports); otherwise (fork child) only forget the inherited entries. */
 static void drop_tables(int unlink_shared) {
+    while (g.maps) { /* the address space goes with its reservation */
+        vmap_t *m = g.maps;
+        g.maps = m->next;
+        free(m);
+    }
+    while (g.resvs) {
+        vresv_t *r = g.resvs;
+        g.resvs = r->next;
+        munmap(r->base, r->size);
+        free(r);
+    }
+    while (g.phys) {
+        vphys_t *p = g.phys;
+        g.phys = p->next;
+        phys_release(p, unlink_shared);
+    }
     while (g.imports) {
         import_t *im = g.imports;
         g.imports = im->next;
@@ -1272,15 +1989,22 @@ __attribute__((constructor)) static void standin_init(void) {
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
-/* Rules checked at exit: closes must equal imports; opened IPC events must be destroyed. */
+/* Rules checked at exit: closes must equal imports; opened IPC events must be destroyed;
+ * imported VMM physical handles must be freed. */
 __attribute__((destructor)) static void standin_fini(void) {
     /* Do not hang at exit if another thread is stuck mid-call holding the lock. */
     for (int tries = 0; pthread_mutex_trylock(&g.mu) != 0; tries++) {
         if (tries == 200) return;
         usleep(1000);
     }
-    int open_imports = 0, open_events = 0;
+    int open_imports = 0, open_events = 0, open_vmm = 0;
+    uint64_t vmm_example = 0;
     for (import_t *i = g.imports; i; i = i->next) open_imports++;
+    for (vphys_t *p = g.phys; p; p = p->next)
+        if (p->imported) {
+            open_vmm++;
+            vmm_example = p->shareable;
+        }
     for (event_t *v = g.events; v; v = v->next) open_events += v->opened;
     if (open_imports)
         fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
@@ -1290,6 +2014,12 @@ __attribute__((destructor)) static void standin_fini(void) {
         fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
              "at exit: %d IPC events opened but never destroyed (aclrtDestroyEvent)",
              open_events);
+    /* Rule: every imported physical handle is freed (after unmapping) before exit. */
+    if (open_vmm)
+        fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
+             "at exit: %d imported physical handles never freed (aclrtUnmapMem + "
+             "aclrtFreePhysical; e.g. shareable handle %#llx)",
+             open_vmm, (unsigned long long)vmm_example);
     drop_tables(1);
     unlock();
 }

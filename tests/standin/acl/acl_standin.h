@@ -61,6 +61,70 @@ typedef enum aclrtMemcpyKind {
 /* Length of the key buffer of aclrtIpcMemGetExportKey (a NUL-terminated string inside). */
 #define ACL_IPC_MEM_KEY_LEN 65
 
+/* ---- VMM (virtual memory management; torch_npu "expandable segments") ---- */
+typedef void *aclrtDrvMemHandle; /* physical memory handle */
+
+typedef enum aclrtMemAttr {
+    ACL_DDR_MEM,
+    ACL_HBM_MEM,
+    ACL_DDR_MEM_HUGE,
+    ACL_DDR_MEM_NORMAL,
+    ACL_HBM_MEM_HUGE,
+    ACL_HBM_MEM_NORMAL,
+    ACL_DDR_MEM_P2P_HUGE,
+    ACL_DDR_MEM_P2P_NORMAL,
+    ACL_HBM_MEM_P2P_HUGE,
+    ACL_HBM_MEM_P2P_NORMAL,
+    ACL_HBM_MEM_HUGE1G,
+    ACL_HBM_MEM_P2P_HUGE1G,
+    ACL_MEM_NORMAL,
+    ACL_MEM_HUGE,
+    ACL_MEM_HUGE1G,
+    ACL_MEM_P2P_NORMAL,
+    ACL_MEM_P2P_HUGE,
+    ACL_MEM_P2P_HUGE1G
+} aclrtMemAttr;
+
+typedef enum aclrtMemLocationType {
+    ACL_MEM_LOCATION_TYPE_HOST = 0, /* reserved: not supported */
+    ACL_MEM_LOCATION_TYPE_DEVICE,
+    ACL_MEM_LOCATION_TYPE_UNREGISTERED,
+    ACL_MEM_LOCATION_TYPE_MANAGED,
+    ACL_MEM_LOCATION_TYPE_HOST_NUMA = 4
+} aclrtMemLocationType;
+
+typedef struct aclrtMemLocation {
+    uint32_t id;
+    aclrtMemLocationType type;
+} aclrtMemLocation;
+
+typedef enum aclrtMemAllocationType {
+    ACL_MEM_ALLOCATION_TYPE_PINNED = 0
+} aclrtMemAllocationType;
+
+typedef enum aclrtMemHandleType {
+    ACL_MEM_HANDLE_TYPE_NONE = 0,
+    ACL_MEM_HANDLE_TYPE_POSIX = 2
+} aclrtMemHandleType;
+
+typedef struct aclrtPhysicalMemProp {
+    aclrtMemHandleType handleType;         /* ACL_MEM_HANDLE_TYPE_NONE */
+    aclrtMemAllocationType allocationType; /* ACL_MEM_ALLOCATION_TYPE_PINNED */
+    aclrtMemAttr memAttr;                  /* e.g. ACL_HBM_MEM_HUGE */
+    aclrtMemLocation location;             /* {device id, ACL_MEM_LOCATION_TYPE_DEVICE} */
+    uint64_t reserve;
+} aclrtPhysicalMemProp;
+
+typedef enum aclrtMemGranularityOptions {
+    ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM,
+    ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+    ACL_RT_MEM_ALLOC_GRANULARITY_UNDEF = 0xFFFF
+} aclrtMemGranularityOptions;
+
+/* aclrtMemExportToShareableHandle flags. */
+#define ACL_RT_VMM_EXPORT_FLAG_DEFAULT 0x0ull                /* pid whitelist enforced */
+#define ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION 0x1ull /* anyone may import */
+
 /* ---- error codes ---- */
 #define ACL_SUCCESS 0
 #define ACL_ERROR_INVALID_PARAM 100000
@@ -98,6 +162,25 @@ aclError aclrtIpcMemClose(const char *key);
 aclError aclrtDeviceGetBareTgid(int32_t *pid);
 aclError aclrtDeviceEnablePeerAccess(int32_t peerDeviceId, uint32_t flags);
 
+/* ---- VMM ---- */
+aclError aclrtMallocPhysical(aclrtDrvMemHandle *handle, size_t size,
+                             const aclrtPhysicalMemProp *prop, uint64_t flags);
+aclError aclrtFreePhysical(aclrtDrvMemHandle handle);
+aclError aclrtMemGetAllocationGranularity(aclrtPhysicalMemProp *prop,
+                                          aclrtMemGranularityOptions option,
+                                          size_t *granularity);
+aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment, void *expectPtr,
+                                uint64_t flags);
+aclError aclrtReleaseMemAddress(void *virPtr);
+aclError aclrtMapMem(void *virPtr, size_t size, size_t offset, aclrtDrvMemHandle handle,
+                     uint64_t flags);
+aclError aclrtUnmapMem(void *virPtr);
+aclError aclrtMemExportToShareableHandle(aclrtDrvMemHandle handle, aclrtMemHandleType handleType,
+                                         uint64_t flags, uint64_t *shareableHandle);
+aclError aclrtMemSetPidToShareableHandle(uint64_t shareableHandle, int32_t *pid, size_t pidNum);
+aclError aclrtMemImportFromShareableHandle(uint64_t shareableHandle, int32_t deviceId,
+                                           aclrtDrvMemHandle *handle);
+
 /* ---- streams ---- */
 aclError aclrtCreateStream(aclrtStream *stream);
 aclError aclrtDestroyStream(aclrtStream stream);
@@ -131,6 +214,20 @@ int aclsi_event_records(aclrtEvent event);
 int aclsi_key_closed(const char *key);
 /* aclrtSetDevice calls made in this process (devshare binds default contexts instead). */
 int aclsi_set_device_calls(void);
+
+/* VMM, this process: live reservations (aclrtReserveMemAddress not yet released), live
+ * mappings (aclrtMapMem not yet unmapped), live physical handles from aclrtMallocPhysical, and
+ * live handles from aclrtMemImportFromShareableHandle (each not yet aclrtFreePhysical'd). */
+int aclsi_vmm_reservations(void);
+int aclsi_vmm_mappings(void);
+int aclsi_vmm_physical_handles(void);
+int aclsi_vmm_imported_handles(void);
+/* Live imported handles of a shareable handle in all processes; -1 if unknown or destroyed
+ * (the exporter freed its physical handle). Callable from any process. */
+int aclsi_vmm_open_imports(uint64_t shareableHandle);
+/* 1 if the exporter freed the physical handle behind a shareable handle (it can no longer be
+ * imported), 0 if it is live, -1 if it was never issued (or its exporter is gone). */
+int aclsi_vmm_freed(uint64_t shareableHandle);
 
 #ifdef __cplusplus
 }

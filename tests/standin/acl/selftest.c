@@ -680,6 +680,428 @@ static void scenario_exit_open(void) {
     end_log(3);
 }
 
+/* ---- VMM (expandable segments) ---- */
+
+static aclrtPhysicalMemProp vmm_prop(int dev) {
+    aclrtPhysicalMemProp p;
+    memset(&p, 0, sizeof p);
+    p.handleType = ACL_MEM_HANDLE_TYPE_NONE;
+    p.allocationType = ACL_MEM_ALLOCATION_TYPE_PINNED;
+    p.memAttr = ACL_HBM_MEM_HUGE;
+    p.location.id = (uint32_t)dev;
+    p.location.type = ACL_MEM_LOCATION_TYPE_DEVICE;
+    return p;
+}
+
+/* Exported by the runner, inherited by the children through fork memory. */
+static uint64_t g_sh[2];
+static const unsigned char VPAT = 0x6b;
+
+static void vmm_counts(int resv, int maps, int local, int imported) {
+    CHECK(aclsi_vmm_reservations() == resv && aclsi_vmm_mappings() == maps &&
+              aclsi_vmm_physical_handles() == local && aclsi_vmm_imported_handles() == imported,
+          "vmm counts %d %d %d %d, want %d %d %d %d", aclsi_vmm_reservations(),
+          aclsi_vmm_mappings(), aclsi_vmm_physical_handles(), aclsi_vmm_imported_handles(), resv,
+          maps, local, imported);
+}
+
+/* Every local VMM rule, in one process. */
+static void scenario_vmm_local(void) {
+    new_log("vmm_local");
+    int base = expect_v;
+    aclrtPhysicalMemProp prop = vmm_prop(0), bad;
+    size_t gran = 0;
+    CHECK_RC(aclrtMemGetAllocationGranularity(&prop, ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM, &gran),
+             0);
+    CHECK(gran == 2 * MIB, "granularity 2 MiB, got %zu", gran);
+    CHECK_RC(aclrtMemGetAllocationGranularity(&prop, ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+                                              &gran), 0);
+    CHECK(gran == 2 * MIB, "recommended granularity 2 MiB");
+    bad = prop;
+    bad.memAttr = ACL_HBM_MEM_HUGE1G;
+    CHECK_RC(aclrtMemGetAllocationGranularity(&bad, ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM, &gran),
+             0);
+    CHECK(gran == 1024 * MIB, "HUGE1G granularity 1 GiB");
+    CHECK_RC(aclrtMemGetAllocationGranularity(&prop, (aclrtMemGranularityOptions)7, &gran),
+             ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtMemGetAllocationGranularity(&prop, ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM, NULL),
+             ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(2);
+
+    /* Physical handles. */
+    aclrtDrvMemHandle h1 = NULL, h2 = NULL, hd1 = NULL, hx = NULL;
+    CHECK_RC(aclrtMallocPhysical(&hx, 3 * MIB, &prop, 0), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("multiple of the allocation granularity");
+    CHECK_RC(aclrtMallocPhysical(&hx, 2 * MIB, &prop, 1), ACL_ERROR_INVALID_PARAM);
+    bad = prop;
+    bad.allocationType = (aclrtMemAllocationType)1;
+    CHECK_RC(aclrtMallocPhysical(&hx, 2 * MIB, &bad, 0), ACL_ERROR_INVALID_PARAM);
+    bad = prop;
+    bad.handleType = ACL_MEM_HANDLE_TYPE_POSIX;
+    CHECK_RC(aclrtMallocPhysical(&hx, 2 * MIB, &bad, 0), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(4);
+    bad = prop; /* error only: not modelled / no such device */
+    bad.location.type = ACL_MEM_LOCATION_TYPE_HOST;
+    CHECK_RC(aclrtMallocPhysical(&hx, 2 * MIB, &bad, 0), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    bad = prop;
+    bad.location.id = 7;
+    CHECK_RC(aclrtMallocPhysical(&hx, 2 * MIB, &bad, 0), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(0);
+    CHECK_RC(aclrtMallocPhysical(&h1, 2 * MIB, &prop, 0), 0);
+    CHECK_RC(aclrtMallocPhysical(&h2, 4 * MIB, &prop, 0), 0);
+    aclrtPhysicalMemProp prop1 = vmm_prop(1);
+    CHECK_RC(aclrtMallocPhysical(&hd1, 2 * MIB, &prop1, 0), 0); /* memory of device 1 */
+    vmm_counts(0, 0, 3, 0);
+
+    /* Reservations. */
+    void *va = NULL, *va2 = NULL;
+    CHECK_RC(aclrtReserveMemAddress(&va, 3 * MIB, 0, NULL, 0), ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtReserveMemAddress(&va, 8 * MIB, 4096, NULL, 0), ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtReserveMemAddress(&va, 8 * MIB, 0, NULL, 2), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(3);
+    CHECK_RC(aclrtReserveMemAddress(&va, 8 * MIB, 0, (void *)(uintptr_t)0x100000000000ull, 0),
+             ACL_ERROR_RT_FEATURE_NOT_SUPPORT); /* error only */
+    EXPECT_V(0);
+    CHECK_RC(aclrtReserveMemAddress(&va, 8 * MIB, 0, NULL, 0), 0);
+    CHECK((uintptr_t)va % (2 * MIB) == 0, "reservation 2 MiB aligned");
+    CHECK_RC(aclrtReserveMemAddress(&va2, 2 * MIB, 0, NULL, 1), 0);
+    vmm_counts(2, 0, 3, 0);
+    char *b = va;
+
+    /* Mapping rules. */
+    CHECK_RC(aclrtMapMem(b + 6 * MIB, 4 * MIB, 0, h2, 0), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("not inside one reservation");
+    CHECK_RC(aclrtMapMem(b + 4096, 2 * MIB, 0, h1, 0), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("not a multiple of the granularity");
+    CHECK_RC(aclrtMapMem(b, 4 * MIB, 0, h1, 0), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("must equal the physical handle's size");
+    CHECK_RC(aclrtMapMem(b, 2 * MIB, 2 * MIB, h1, 0), ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtMapMem(b, 2 * MIB, 0, h1, 1), ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtMapMem(b, 2 * MIB, 0, (aclrtDrvMemHandle)&prop, 0), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("unknown physical handle");
+    EXPECT_V(6);
+    CHECK_RC(aclrtMapMem(b, 2 * MIB, 0, h1, 0), 0);
+    CHECK_RC(aclrtMapMem(b + 2 * MIB, 4 * MIB, 0, h2, 0), 0);
+    CHECK_RC(aclrtMapMem(b + 4 * MIB, 2 * MIB, 0, h1, 0), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("overlaps the mapping");
+    CHECK_RC(aclrtMapMem(b + 6 * MIB, 2 * MIB, 0, hd1, 0), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("cannot also map memory of device 1");
+    EXPECT_V(2);
+    CHECK_RC(aclrtMapMem(b + 6 * MIB, 2 * MIB, 0, h1, 0), 0); /* a handle mapped twice */
+    vmm_counts(2, 3, 3, 0);
+
+    /* Copies may span adjacent mappings: the addresses are contiguous. */
+    unsigned char hbuf[64], rbuf[64];
+    memset(hbuf, 0x3c, sizeof hbuf);
+    CHECK_RC(aclrtMemcpy(b + 2 * MIB - 32, 64, hbuf, 64, ACL_MEMCPY_HOST_TO_DEVICE), 0);
+    CHECK((unsigned char)b[2 * MIB - 1] == 0x3c && (unsigned char)b[2 * MIB] == 0x3c,
+          "both sides of the page boundary written");
+    CHECK((unsigned char)b[8 * MIB - 1] == 0x3c, "the second mapping of h1 sees the bytes");
+    memset(rbuf, 0, sizeof rbuf);
+    CHECK_RC(aclrtMemcpy(rbuf, 32, b + 8 * MIB - 32, 32, ACL_MEMCPY_DEVICE_TO_HOST), 0);
+    CHECK(rbuf[0] == 0x3c && rbuf[31] == 0x3c, "D2H through the second mapping");
+    CHECK_RC(aclrtMemcpy(rbuf, 32, b + 8 * MIB - 16, 32, ACL_MEMCPY_DEVICE_TO_HOST),
+             ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("out of bounds");
+    EXPECT_V(1);
+
+    /* Teardown order: unmap, free physical, release. */
+    CHECK_RC(aclrtFreePhysical(h1), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("still mapped (2 mappings)");
+    CHECK_RC(aclrtReleaseMemAddress(va), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("3 mappings are still in the reservation");
+    CHECK_RC(aclrtReleaseMemAddress(b + 2 * MIB), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("not the start of a reservation");
+    CHECK_RC(aclrtUnmapMem(b + 4096), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("not the start of a mapping");
+    CHECK_RC(aclrtFree(b), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("VMM address");
+    char k[ACL_IPC_MEM_KEY_LEN];
+    CHECK_RC(aclrtIpcMemGetExportKey(b, 2 * MIB, k, sizeof k, 1), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(6);
+    CHECK_RC(aclrtUnmapMem(b + 6 * MIB), 0);
+    CHECK_RC(aclrtUnmapMem(b), 0);
+    CHECK_RC(aclrtUnmapMem(b), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("unmapped twice");
+    CHECK_RC(aclrtMemcpy(rbuf, 16, b, 16, ACL_MEMCPY_DEVICE_TO_HOST), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(2);
+    CHECK_RC(aclrtFreePhysical(h1), 0);
+    CHECK_RC(aclrtFreePhysical(h1), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("freed twice");
+    EXPECT_V(1);
+
+    /* Export rules. */
+    uint64_t sh = 0, sh2 = 0;
+    CHECK_RC(aclrtMemExportToShareableHandle(h2, ACL_MEM_HANDLE_TYPE_POSIX, 1, &sh),
+             ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtMemExportToShareableHandle(h2, ACL_MEM_HANDLE_TYPE_NONE, 2, &sh),
+             ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtMemExportToShareableHandle(h2, ACL_MEM_HANDLE_TYPE_NONE, 1, NULL),
+             ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(3);
+    CHECK_RC(aclrtMemExportToShareableHandle(h2, ACL_MEM_HANDLE_TYPE_NONE, 1, &sh), 0);
+    CHECK(aclsi_vmm_freed(sh) == 0 && aclsi_vmm_open_imports(sh) == 0, "fresh shareable");
+    CHECK_RC(aclrtMemExportToShareableHandle(h2, ACL_MEM_HANDLE_TYPE_NONE, 1, &sh2),
+             ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("already exported");
+    EXPECT_V(1);
+    aclrtDrvMemHandle hi = NULL;
+    CHECK_RC(aclrtMemImportFromShareableHandle(sh, 0, &hi), ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+    MSG_HAS("import in the exporting process is not supported");
+    EXPECT_V(1);
+    CHECK_RC(aclrtMemImportFromShareableHandle(0x1234, 0, &hi), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("unknown shareable handle");
+    CHECK_RC(aclrtMemImportFromShareableHandle(sh, 9, &hi), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(0);
+    int32_t pid = 5;
+    CHECK_RC(aclrtMemSetPidToShareableHandle(sh, &pid, 1), 0);
+    CHECK_RC(aclrtMemSetPidToShareableHandle(sh, &pid, 0), ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtMemSetPidToShareableHandle(sh + 1, &pid, 1), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("only the exporter sets pids");
+    EXPECT_V(2);
+    CHECK_RC(aclrtUnmapMem(b + 2 * MIB), 0);
+    CHECK_RC(aclrtFreePhysical(h2), 0);
+    CHECK(aclsi_vmm_freed(sh) == 1 && aclsi_vmm_open_imports(sh) == -1, "freed shareable");
+    CHECK_RC(aclrtFreePhysical(hd1), 0);
+    CHECK_RC(aclrtReleaseMemAddress(va), 0);
+    CHECK_RC(aclrtReleaseMemAddress(va), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("released twice");
+    EXPECT_V(1);
+    CHECK_RC(aclrtReleaseMemAddress(va2), 0);
+    vmm_counts(0, 0, 0, 0);
+    end_log(expect_v - base);
+}
+
+/* Runner: two 2 MiB physical handles on device 0 mapped back to back, filled with VPAT,
+ * exported into g_sh. */
+typedef struct vmm_exp {
+    aclrtDrvMemHandle h[2];
+    char *va;
+} vmm_exp_t;
+
+static vmm_exp_t vmm_export(uint64_t flags) {
+    vmm_exp_t e;
+    aclrtPhysicalMemProp prop = vmm_prop(0);
+    void *va = NULL;
+    CHECK_RC(aclrtReserveMemAddress(&va, 4 * MIB, 0, NULL, 0), 0);
+    e.va = va;
+    for (int i = 0; i < 2; i++) {
+        CHECK_RC(aclrtMallocPhysical(&e.h[i], 2 * MIB, &prop, 0), 0);
+        CHECK_RC(aclrtMapMem(e.va + (size_t)i * 2 * MIB, 2 * MIB, 0, e.h[i], 0), 0);
+        CHECK_RC(aclrtMemExportToShareableHandle(e.h[i], ACL_MEM_HANDLE_TYPE_NONE, flags,
+                                                 &g_sh[i]), 0);
+    }
+    unsigned char *host = malloc(4 * MIB);
+    memset(host, VPAT, 4 * MIB);
+    CHECK_RC(aclrtMemcpy(e.va, 4 * MIB, host, 4 * MIB, ACL_MEMCPY_HOST_TO_DEVICE), 0);
+    free(host);
+    return e;
+}
+
+static void vmm_unexport(vmm_exp_t *e) {
+    for (int i = 0; i < 2; i++) {
+        CHECK_RC(aclrtUnmapMem(e->va + (size_t)i * 2 * MIB), 0);
+        CHECK_RC(aclrtFreePhysical(e->h[i]), 0);
+    }
+    CHECK_RC(aclrtReleaseMemAddress(e->va), 0);
+}
+
+typedef struct vmm_args {
+    int dev;
+    int want_rc; /* of the first import */
+    int peer;    /* aclrtDeviceEnablePeerAccess(0, 0) first */
+} vmm_args_t;
+
+/* Consumer as torch_npu does it: import every page, reserve, map back to back, read (across the
+ * page boundary), write back, then unmap + free each page and release. */
+static void child_vmm_import(void *vp) {
+    vmm_args_t *a = vp;
+    child_setup(a->dev);
+    if (a->peer) CHECK_RC(aclrtDeviceEnablePeerAccess(0, 0), 0);
+    aclrtDrvMemHandle h[2] = {NULL, NULL};
+    CHECK_RC(aclrtMemImportFromShareableHandle(g_sh[0], a->dev, &h[0]), a->want_rc);
+    if (a->want_rc != 0) {
+        vmm_counts(0, 0, 0, 0);
+        EXPECT_V(0);
+        return;
+    }
+    CHECK_RC(aclrtMemImportFromShareableHandle(g_sh[1], a->dev, &h[1]), 0);
+    CHECK(aclsi_vmm_open_imports(g_sh[0]) == 1, "one import of page 0, got %d",
+          aclsi_vmm_open_imports(g_sh[0]));
+    aclrtDrvMemHandle again = NULL; /* 1:1 per process */
+    CHECK_RC(aclrtMemImportFromShareableHandle(g_sh[0], a->dev, &again), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("already imported in this process");
+    EXPECT_V(1);
+    void *va = NULL;
+    CHECK_RC(aclrtReserveMemAddress(&va, 8 * MIB, 0, NULL, 0), 0); /* torch_npu: 2 x pages */
+    char *b = va;
+    for (int i = 0; i < 2; i++) CHECK_RC(aclrtMapMem(b + (size_t)i * 2 * MIB, 2 * MIB, 0, h[i], 0), 0);
+    vmm_counts(1, 2, 0, 2);
+    /* A reservation holds imported or local handles, not both. */
+    aclrtPhysicalMemProp prop = vmm_prop(a->dev);
+    aclrtDrvMemHandle mine = NULL;
+    CHECK_RC(aclrtMallocPhysical(&mine, 2 * MIB, &prop, 0), 0);
+    CHECK_RC(aclrtMapMem(b + 4 * MIB, 2 * MIB, 0, mine, 0), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("cannot also map local");
+    EXPECT_V(1);
+    CHECK_RC(aclrtFreePhysical(mine), 0);
+    CHECK_RC(aclrtFreePhysical(h[0]), ACL_ERROR_INVALID_PARAM); /* still mapped */
+    EXPECT_V(1);
+    unsigned char buf[64];
+    if (a->dev == 0) {
+        CHECK_RC(aclrtMemcpy(buf, sizeof buf, b + 2 * MIB - 32, 64, ACL_MEMCPY_DEVICE_TO_HOST), 0);
+        CHECK(buf[0] == VPAT && buf[63] == VPAT, "the consumer reads the producer's pages");
+        unsigned char mark = 0xE1;
+        CHECK_RC(aclrtMemcpy(b + 2 * MIB, 1, &mark, 1, ACL_MEMCPY_HOST_TO_DEVICE), 0);
+    } else {
+        /* Another device: no H2D/D2H on imported memory; D2D into own memory works. */
+        CHECK_RC(aclrtMemcpy(buf, sizeof buf, b, 64, ACL_MEMCPY_DEVICE_TO_HOST),
+                 ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+        EXPECT_V(1);
+        void *own = NULL;
+        CHECK_RC(aclrtMalloc(&own, 2 * MIB, ACL_MEM_MALLOC_HUGE_FIRST), 0);
+        CHECK_RC(aclrtMemcpy(own, 64, b + 2 * MIB - 32, 64, ACL_MEMCPY_DEVICE_TO_DEVICE), 0);
+        CHECK_RC(aclrtMemcpy(buf, sizeof buf, own, 64, ACL_MEMCPY_DEVICE_TO_HOST), 0);
+        CHECK(buf[0] == VPAT && buf[63] == VPAT, "D2D from the imported pages");
+        CHECK_RC(aclrtFree(own), 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        CHECK_RC(aclrtUnmapMem(b + (size_t)i * 2 * MIB), 0);
+        CHECK_RC(aclrtFreePhysical(h[i]), 0);
+    }
+    CHECK_RC(aclrtReleaseMemAddress(va), 0);
+    CHECK(aclsi_vmm_open_imports(g_sh[0]) == 0, "import of page 0 ended");
+    vmm_counts(0, 0, 0, 0);
+    EXPECT_V(0);
+}
+
+/* Pid whitelist (export flag 0): send a pid (bare tgid or getpid()), wait, import. */
+static void child_vmm_whitelisted(void *vp) {
+    int use_getpid = *(int *)vp;
+    child_setup(0);
+    int32_t tgid = 0;
+    CHECK_RC(aclrtDeviceGetBareTgid(&tgid), 0);
+    send_int(ch.from[1], use_getpid ? (int)getpid() : tgid);
+    recv_int(ch.to[0]);
+    aclrtDrvMemHandle h = NULL;
+    int rc = aclrtMemImportFromShareableHandle(g_sh[0], 0, &h);
+    if (use_getpid) {
+        CHECK(rc == ACL_ERROR_RT_NO_PERMISSION, "getpid() whitelisted: refused, rc %d", rc);
+        MSG_HAS("not in the shareable handle's whitelist");
+        MSG_HAS("getpid()");
+    } else {
+        CHECK(rc == 0, "bare tgid whitelisted: import rc %d", rc);
+        /* page 1 was not whitelisted */
+        aclrtDrvMemHandle h1 = NULL;
+        CHECK_RC(aclrtMemImportFromShareableHandle(g_sh[1], 0, &h1), ACL_ERROR_RT_NO_PERMISSION);
+        CHECK_RC(aclrtFreePhysical(h), 0);
+    }
+    int32_t other = 77; /* only the exporter whitelists */
+    CHECK_RC(aclrtMemSetPidToShareableHandle(g_sh[0], &other, 1), ACL_ERROR_INVALID_PARAM);
+    EXPECT_V(1);
+}
+
+/* Import and map page 0; signal; after the exporter freed everything, the memory still works;
+ * page 1 can no longer be imported. */
+static void child_vmm_hold(void *vp) {
+    (void)vp;
+    child_setup(0);
+    aclrtDrvMemHandle h = NULL, h1 = NULL;
+    void *va = NULL;
+    CHECK_RC(aclrtMemImportFromShareableHandle(g_sh[0], 0, &h), 0);
+    CHECK_RC(aclrtReserveMemAddress(&va, 2 * MIB, 0, NULL, 0), 0);
+    CHECK_RC(aclrtMapMem(va, 2 * MIB, 0, h, 0), 0);
+    send_int(ch.from[1], 0);
+    recv_int(ch.to[0]); /* the exporter freed its handles */
+    CHECK(aclsi_vmm_freed(g_sh[0]) == 1, "the importer sees the exporter's free");
+    CHECK(aclsi_vmm_open_imports(g_sh[0]) == 1, "its own import still counts");
+    unsigned char v = 0;
+    CHECK_RC(aclrtMemcpy(&v, 1, (char *)va + 2 * MIB - 1, 1, ACL_MEMCPY_DEVICE_TO_HOST), 0);
+    CHECK(v == VPAT, "imported memory outlives the exporter's free");
+    CHECK_RC(aclrtMemImportFromShareableHandle(g_sh[1], 0, &h1), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("the exporter already freed");
+    EXPECT_V(1);
+    CHECK_RC(aclrtUnmapMem(va), 0);
+    CHECK_RC(aclrtFreePhysical(h), 0);
+    CHECK_RC(aclrtReleaseMemAddress(va), 0);
+    EXPECT_V(0);
+}
+
+/* Exit with an imported handle mapped and never freed: recorded at exit. */
+static void child_vmm_exit_open(void *vp) {
+    (void)vp;
+    child_setup(0);
+    aclrtDrvMemHandle h = NULL;
+    void *va = NULL;
+    CHECK_RC(aclrtMemImportFromShareableHandle(g_sh[0], 0, &h), 0);
+    CHECK_RC(aclrtReserveMemAddress(&va, 2 * MIB, 0, NULL, 0), 0);
+    CHECK_RC(aclrtMapMem(va, 2 * MIB, 0, h, 0), 0);
+    EXPECT_V(0);
+}
+
+static void scenario_vmm_ipc(void) {
+    new_log("vmm_ipc");
+    int base = expect_v, kids = 0;
+    vmm_exp_t e = vmm_export(ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION);
+    vmm_args_t same = {0, 0, 0};
+    pid_t c = spawn(child_vmm_import, &same);
+    join(c, "vmm import");
+    kids++;
+    CHECK((unsigned char)e.va[2 * MIB] == 0xE1, "the producer sees the consumer's write");
+    CHECK((unsigned char)e.va[2 * MIB - 1] == VPAT, "and nothing else changed");
+    CHECK(aclsi_vmm_open_imports(g_sh[0]) == 0, "no import left");
+    vmm_args_t no_peer = {1, ACL_ERROR_RT_DRV_INTERNAL_ERROR, 0};
+    c = spawn(child_vmm_import, &no_peer);
+    join(c, "vmm cross-device without peer access");
+    kids++;
+    vmm_args_t peer = {1, 0, 1};
+    c = spawn(child_vmm_import, &peer);
+    join(c, "vmm cross-device with peer access");
+    kids++;
+    /* exit with an import open */
+    c = spawn(child_vmm_exit_open, NULL);
+    join(c, "vmm exit with an import");
+    kids++;
+    CHECK(log_count("1 imported physical handles never freed") == 1, "logged at exit");
+    CHECK(aclsi_vmm_open_imports(g_sh[0]) == 0, "the dead importer's import was released");
+    /* The exporter frees while an importer holds page 0: allowed, the memory lives on. */
+    c = spawn(child_vmm_hold, NULL);
+    recv_int(ch.from[0]);
+    CHECK(aclsi_vmm_open_imports(g_sh[0]) == 1, "held import counted");
+    vmm_unexport(&e);
+    send_int(ch.to[1], 0);
+    join(c, "vmm hold across the exporter's free");
+    kids++;
+    EXPECT_V(0);
+    /* 5 children x 1 pre-init line; 2 importing children x (double import, mixed reservation,
+     * free while mapped); the cross-device D2H; the exit report; the import after free. */
+    end_log(expect_v - base + kids + 2 * 3 + 1 + 1 + 1);
+
+    new_log("vmm_wl");
+    base = expect_v;
+    e = vmm_export(ACL_RT_VMM_EXPORT_FLAG_DEFAULT);
+    vmm_args_t refused = {0, ACL_ERROR_RT_NO_PERMISSION, 0};
+    c = spawn(child_vmm_import, &refused);
+    join(c, "vmm import without whitelist");
+    int use_getpid = 1;
+    c = spawn(child_vmm_whitelisted, &use_getpid);
+    int32_t pid = recv_int(ch.from[0]);
+    CHECK_RC(aclrtMemSetPidToShareableHandle(g_sh[0], &pid, 1), 0);
+    send_int(ch.to[1], 0);
+    join(c, "vmm getpid whitelisted");
+    use_getpid = 0;
+    c = spawn(child_vmm_whitelisted, &use_getpid);
+    pid = recv_int(ch.from[0]);
+    CHECK(pid == c + 3000000, "child sent its bare tgid");
+    CHECK_RC(aclrtMemSetPidToShareableHandle(g_sh[0], &pid, 1), 0);
+    send_int(ch.to[1], 0);
+    join(c, "vmm tgid whitelisted");
+    vmm_unexport(&e);
+    EXPECT_V(0);
+    /* 3 children x 1 pre-init line; 2 SetPid by a non-exporter. */
+    end_log(expect_v - base + 3 + 2);
+}
+
 /* Names of aclsi_ objects in /dev/shm, one per line, into buf. */
 static void shm_names(char *buf, size_t len) {
     buf[0] = '\0';
@@ -718,6 +1140,8 @@ int main(void) {
         scenario_closes();
         scenario_events();
         scenario_exit_open();
+        scenario_vmm_local();
+        scenario_vmm_ipc();
         exit(failures ? 1 : 0);
     }
     int st = 0;

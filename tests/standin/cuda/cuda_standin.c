@@ -16,6 +16,8 @@
  *   CUDA_STANDIN_VISIBLE  like CUDA_VISIBLE_DEVICES: "1,0" makes ordinal 0 physical device 1
  *   CUDA_STANDIN_NO_HOST_ACCESS=1  device addresses are PROT_NONE, as on a GPU: host code that
  *                         dereferences a CUdeviceptr gets SIGSEGV (copies still work)
+ *   CUDA_STANDIN_NO_FABRIC=1  no fabric support: cuMemCreate with CU_MEM_HANDLE_TYPE_FABRIC
+ *                         requested returns CUDA_ERROR_NOT_SUPPORTED (as on most machines)
  *   DEVSHARE_STANDIN_LOG  file that receives one line per violation
  */
 #define CUSI_IMPLEMENTATION
@@ -40,6 +42,8 @@
 #define DEV_ALIGN ((uintptr_t)2 << 20) /* device allocations are 2 MiB aligned */
 #define OPEN_SLOTS 128                 /* processes that may hold one handle open at once */
 #define POISON 0xA5                    /* cuMemAlloc does not clear memory */
+#define VMM_GRAN ((size_t)2 << 20)     /* VMM allocation granularity (minimum = recommended) */
+#define VMM_ID_TAG 0xC051000000000000ull /* CUmemGenericAllocationHandle values: tag | number */
 
 /* ==== Shared objects and handle bytes =============================================== */
 
@@ -87,7 +91,34 @@ struct CUctx_st {
     int refs;    /* primary-context retain count */
 };
 
-enum kind { K_ALLOC, K_POOL, K_IPC };
+enum kind { K_ALLOC, K_POOL, K_IPC, K_VMM };
+
+/* VMM: a physical allocation (cuMemCreate, or imported from a shareable handle). Its memory is
+ * a memfd, or a named shm object when fabric export was requested (a fabric handle must find it
+ * by name). The allocation lives while a handle reference or a mapping of it remains. */
+struct vmm_alloc {
+    struct vmm_alloc *next;
+    CUmemGenericAllocationHandle id; /* the handle value */
+    int refs;      /* handle references: create / import / retain +1, cuMemRelease -1 */
+    int maps;      /* live mappings in this process */
+    int fd;
+    size_t size;
+    int phys;      /* physical device the memory lives on */
+    unsigned types;/* shareable types it can be exported as */
+    int imported;  /* 0: cuMemCreate; else the handle type it was imported from */
+    char name[40]; /* named (fabric-capable) memory: its shm name, else "" */
+};
+
+/* cuMemAddressReserve: PROT_NONE address space, plus a shadow of the same size where the
+ * stand-in maps the same memory read-write for its own copies (the reservation itself stays
+ * PROT_NONE until cuMemSetAccess, and always with CUDA_STANDIN_NO_HOST_ACCESS). */
+struct vmm_resv {
+    struct vmm_resv *next;
+    uintptr_t base;
+    size_t size;
+    unsigned char *shadow;
+    int maps;
+};
 
 struct region {
     struct region *next;
@@ -102,6 +133,9 @@ struct region {
     struct meta *meta;   /* K_ALLOC once exported; K_IPC: the exporter's meta */
     struct wire handle;  /* K_ALLOC once exported; K_IPC: the handle it was opened from */
     int slot;            /* K_IPC: our entry in meta->openers */
+    struct vmm_alloc *va;  /* K_VMM: the allocation mapped here (one region per cuMemMap) */
+    struct vmm_resv *resv; /* K_VMM: the reservation it is in */
+    unsigned char access[MAX_DEV]; /* K_VMM: CUmemAccess_flags per physical device */
 };
 
 struct CUstream_st {
@@ -128,6 +162,10 @@ static struct CUctx_st g_ctx[MAX_DEV];
 static struct region *g_regions;
 static struct CUstream_st *g_streams;
 static struct CUevent_st *g_events;
+static struct vmm_alloc *g_vmm_allocs;
+static struct vmm_resv *g_vmm_resvs;
+static unsigned long long g_vmm_seq;
+static int g_no_fabric;    /* CUDA_STANDIN_NO_FABRIC */
 static unsigned g_seq;
 static atomic_int g_violations;
 static _Thread_local CUcontext t_cur; /* the current context is per thread */
@@ -374,16 +412,44 @@ static int ordinal_of(int phys) {
     return -1;
 }
 
-/* Device range [p, p+n) must lie inside one allocation or live mapping; returns the stand-in's
- * view of p, or NULL after recording the violation. */
-static unsigned char *dev_range(const char *fn, const char *what, CUdeviceptr p, size_t n) {
-    struct region *r = find_region(p);
-    if (!r || n > r->base + r->size - p) {
-        viol(CUDA_ERROR_INVALID_VALUE, "%s: %s range [0x%llx, +%zu) is out of bounds of every "
-             "allocation and IPC mapping", fn, what, p, n);
-        return NULL;
+/* A VMM range may span adjacent mappings of one reservation (the addresses are contiguous);
+ * each must grant the current device access: read for a source, read-write for a
+ * destination. On a GPU a missing cuMemSetAccess faults the access. */
+static CUresult vmm_range(const char *fn, const char *what, struct region *r, CUdeviceptr p,
+                          size_t n, unsigned char **out) {
+    struct vmm_resv *v = r->resv;
+    int write = !strcmp(what, "destination");
+    if (n > v->base + v->size - p)
+        return viol(CUDA_ERROR_INVALID_VALUE, "%s: %s range [0x%llx, +%zu) is out of bounds of "
+                    "its VMM reservation", fn, what, p, n);
+    for (CUdeviceptr cur = p; cur < p + n;) {
+        struct region *m = find_region(cur);
+        if (!m || m->kind != K_VMM || m->resv != v)
+            return viol(CUDA_ERROR_INVALID_VALUE, "%s: %s range [0x%llx, +%zu) is out of bounds "
+                        "(0x%llx is reserved but not mapped)", fn, what, p, n, cur);
+        int acc = m->access[t_cur->phys];
+        if (acc != CU_MEM_ACCESS_FLAGS_PROT_READWRITE &&
+            (write || acc != CU_MEM_ACCESS_FLAGS_PROT_READ))
+            return viol(CUDA_ERROR_ILLEGAL_ADDRESS, "%s: %s range [0x%llx, +%zu) is mapped but "
+                        "device %d has no %s access: cuMemSetAccess after cuMemMap", fn, what, p,
+                        n, t_cur->ordinal, write ? "read-write" : "read");
+        cur = m->base + m->size;
     }
-    return r->host + (p - r->base);
+    *out = v->shadow + (p - v->base);
+    return CUDA_SUCCESS;
+}
+
+/* Device range [p, p+n) must lie inside one allocation or live mapping (VMM: see vmm_range);
+ * on success *out is the stand-in's view of p, else the violation is recorded. */
+static CUresult dev_range(const char *fn, const char *what, CUdeviceptr p, size_t n,
+                          unsigned char **out) {
+    struct region *r = find_region(p);
+    if (r && r->kind == K_VMM) return vmm_range(fn, what, r, p, n, out);
+    if (!r || n > r->base + r->size - p)
+        return viol(CUDA_ERROR_INVALID_VALUE, "%s: %s range [0x%llx, +%zu) is out of bounds of "
+                    "every allocation and IPC mapping", fn, what, p, n);
+    *out = r->host + (p - r->base);
+    return CUDA_SUCCESS;
 }
 
 /* Host range of a copy must be host memory: on a GPU a device address is not a host buffer. */
@@ -394,6 +460,10 @@ static CUresult host_range(const char *fn, const void *h, size_t n) {
         if (a < r->base + r->maplen && r->base < a + n)
             return viol(CUDA_ERROR_INVALID_VALUE, "%s: host pointer %p is device memory (use "
                         "cuMemcpyDtoD)", fn, h);
+    for (struct vmm_resv *v = g_vmm_resvs; v; v = v->next)
+        if (a < v->base + v->size && v->base < a + n)
+            return viol(CUDA_ERROR_INVALID_VALUE, "%s: host pointer %p is in a VMM reservation "
+                        "(device address space)", fn, h);
     return CUDA_SUCCESS;
 }
 
@@ -450,6 +520,8 @@ CUresult cuInit(unsigned int flags) {
             return done(CUDA_ERROR_NO_DEVICE); /* error only */
         const char *p = getenv("CUDA_STANDIN_NO_HOST_ACCESS");
         g_protect = p && *p && strcmp(p, "0") != 0;
+        const char *nf = getenv("CUDA_STANDIN_NO_FABRIC");
+        g_no_fabric = nf && *nf && strcmp(nf, "0") != 0;
         for (int i = 0; i < g_nvis; i++)
             g_ctx[i] = (struct CUctx_st){.ordinal = i, .phys = g_vis[i], .refs = 0};
         g_inited = 1;
@@ -517,10 +589,14 @@ static const struct {
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {CUDA_ERROR_ALREADY_MAPPED, "CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"},
+    {CUDA_ERROR_NOT_MAPPED, "CUDA_ERROR_NOT_MAPPED", "resource not mapped"},
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS",
+     "an illegal memory access was encountered"},
     {CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED",
      "peer access has not been enabled"},
+    {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
 };
 
@@ -561,7 +637,7 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     if (--c->refs == 0) {
         /* Dropping the last reference destroys the context and everything in it. */
         int mem = 0, streams = 0, events = 0;
-        for (struct region *r = g_regions; r; r = r->next) mem += r->ctx == c;
+        for (struct region *r = g_regions; r; r = r->next) mem += r->ctx == c && r->kind != K_VMM;
         for (struct CUstream_st *s = g_streams; s; s = s->next) streams += s->ctx == c;
         for (struct CUevent_st *e = g_events; e; e = e->next) events += e->ctx == c;
         if (mem + streams + events)
@@ -670,8 +746,11 @@ static void free_region(const char *fn, struct region *r) {
 /* The allocation whose base is p, or NULL after recording why p cannot be freed. */
 static struct region *freeable(const char *fn, CUdeviceptr p) {
     struct region *r = find_region(p);
-    if (r && r->kind != K_IPC && r->base == p) return r;
+    if (r && r->kind != K_IPC && r->kind != K_VMM && r->base == p) return r;
     if (!r) viol(0, "%s: 0x%llx is not a live allocation (double free, or never allocated)", fn, p);
+    else if (r->kind == K_VMM)
+        viol(0, "%s: 0x%llx is VMM-mapped memory: cuMemUnmap, cuMemRelease, cuMemAddressFree",
+             fn, p);
     else if (r->kind == K_IPC)
         viol(0, "%s: 0x%llx is an IPC mapping: release it with cuIpcCloseMemHandle", fn, p);
     else
@@ -759,8 +838,9 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t Byte
     ENTER(1);
     if (ByteCount == 0) return done(CUDA_SUCCESS);
     if (host_range(__func__, srcHost, ByteCount)) return done(CUDA_ERROR_INVALID_VALUE);
-    unsigned char *d = dev_range(__func__, "destination", dstDevice, ByteCount);
-    if (!d) return done(CUDA_ERROR_INVALID_VALUE);
+    unsigned char *d = NULL;
+    CUresult rc = dev_range(__func__, "destination", dstDevice, ByteCount, &d);
+    if (rc) return done(rc);
     memcpy(d, srcHost, ByteCount);
     return done(CUDA_SUCCESS);
 }
@@ -769,8 +849,9 @@ CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
     ENTER(1);
     if (ByteCount == 0) return done(CUDA_SUCCESS);
     if (host_range(__func__, dstHost, ByteCount)) return done(CUDA_ERROR_INVALID_VALUE);
-    unsigned char *s = dev_range(__func__, "source", srcDevice, ByteCount);
-    if (!s) return done(CUDA_ERROR_INVALID_VALUE);
+    unsigned char *s = NULL;
+    CUresult rc = dev_range(__func__, "source", srcDevice, ByteCount, &s);
+    if (rc) return done(rc);
     memcpy(dstHost, s, ByteCount);
     return done(CUDA_SUCCESS);
 }
@@ -778,9 +859,10 @@ CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
     ENTER(1);
     if (ByteCount == 0) return done(CUDA_SUCCESS);
-    unsigned char *d = dev_range(__func__, "destination", dstDevice, ByteCount);
-    unsigned char *s = d ? dev_range(__func__, "source", srcDevice, ByteCount) : NULL;
-    if (!s) return done(CUDA_ERROR_INVALID_VALUE);
+    unsigned char *d = NULL, *s = NULL;
+    CUresult rc = dev_range(__func__, "destination", dstDevice, ByteCount, &d);
+    if (!rc) rc = dev_range(__func__, "source", srcDevice, ByteCount, &s);
+    if (rc) return done(rc);
     memmove(d, s, ByteCount);
     return done(CUDA_SUCCESS);
 }
@@ -788,8 +870,9 @@ CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t By
 CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
     ENTER(1);
     if (N == 0) return done(CUDA_SUCCESS);
-    unsigned char *d = dev_range(__func__, "destination", dstDevice, N);
-    if (!d) return done(CUDA_ERROR_INVALID_VALUE);
+    unsigned char *d = NULL;
+    CUresult rc = dev_range(__func__, "destination", dstDevice, N, &d);
+    if (rc) return done(rc);
     memset(d, uc, N);
     return done(CUDA_SUCCESS);
 }
@@ -808,6 +891,9 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
         return done(viol(CUDA_ERROR_NOT_SUPPORTED, "%s: stream-ordered pool memory is not "
                          "legacy-IPC capable (check CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_"
                          "CAPABLE first)", __func__));
+    if (r->kind == K_VMM)
+        return done(viol(CUDA_ERROR_NOT_SUPPORTED, "%s: cuMemCreate (VMM) memory is not "
+                         "legacy-IPC capable (use cuMemExportToShareableHandle)", __func__));
     if (r->kind == K_IPC)
         return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: 0x%llx is an IPC-opened mapping; only "
                          "the exporting process can export it", __func__, dptr));
@@ -927,6 +1013,518 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
                          !r ? " (closed twice?)" : r->kind != K_IPC ? " (local allocation)"
                                                                      : " (interior pointer)"));
     close_mapping(r);
+    return done(CUDA_SUCCESS);
+}
+
+/* ==== Virtual memory management (VMM) =============================================== */
+/*
+ * cuMemCreate gives a physical allocation (a memfd, or a named shm object when fabric export
+ * was requested) behind a CUmemGenericAllocationHandle; cuMemAddressReserve gives real PROT_NONE
+ * address space; cuMemMap maps the memory MAP_FIXED over it, still PROT_NONE: as on a GPU the
+ * range is inaccessible until cuMemSetAccess (then read-write, or read-only; never with
+ * CUDA_STANDIN_NO_HOST_ACCESS). Handles and mappings are reference counted as the driver
+ * documents: cuMemRelease of a mapped allocation is allowed, the memory lives until unmapped.
+ * POSIX_FILE_DESCRIPTOR exports are real file descriptors (so pidfd_getfd works across
+ * processes); a CUmemFabricHandle names the shm object.
+ */
+
+/* The 64 bytes of a CUmemFabricHandle made by the stand-in. */
+struct fabric_wire {
+    char magic[8]; /* "CUSIFABH" */
+    char name[40]; /* "/cusi_f_<pid>_<n>_<phys>_<8 hex random>" */
+    uint64_t size;
+    int32_t phys;
+    int32_t pid;   /* exporter */
+};
+_Static_assert(sizeof(struct fabric_wire) == sizeof(CUmemFabricHandle), "fabric handle layout");
+_Static_assert(sizeof(CUmemAllocationProp) == 32 && sizeof(CUmemAccessDesc) == 12,
+               "VMM struct layouts (x86-64)");
+
+#define KNOWN_HANDLE_TYPES                                                                 \
+    ((unsigned)(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_WIN32 |      \
+                CU_MEM_HANDLE_TYPE_WIN32_KMT | CU_MEM_HANDLE_TYPE_FABRIC))
+#define WIN32_TYPES ((unsigned)(CU_MEM_HANDLE_TYPE_WIN32 | CU_MEM_HANDLE_TYPE_WIN32_KMT))
+
+/* A live handle value (at least one reference) of this process. */
+static struct vmm_alloc *vmm_find(CUmemGenericAllocationHandle h) {
+    for (struct vmm_alloc *a = g_vmm_allocs; a; a = a->next)
+        if (a->id == h && a->refs > 0) return a;
+    return NULL;
+}
+
+static struct vmm_resv *vmm_resv_of(CUdeviceptr p, size_t n) {
+    for (struct vmm_resv *v = g_vmm_resvs; v; v = v->next)
+        if (p >= v->base && p - v->base < v->size && n <= v->base + v->size - p) return v;
+    return NULL;
+}
+
+/* The allocation is gone from this process once no handle reference and no mapping remain. */
+static void vmm_maybe_destroy(struct vmm_alloc *a) {
+    if (a->refs > 0 || a->maps > 0) return;
+    close(a->fd);
+    if (!a->imported && a->name[0]) shm_unlink(a->name); /* fabric handles stop resolving */
+    UNLINK(struct vmm_alloc, g_vmm_allocs, a);
+    free(a);
+}
+
+static struct vmm_alloc *vmm_new(int fd, size_t size, int phys) {
+    struct vmm_alloc *a = calloc(1, sizeof *a);
+    if (!a) return NULL;
+    a->id = VMM_ID_TAG | ++g_vmm_seq;
+    a->refs = 1;
+    a->fd = fd;
+    a->size = size;
+    a->phys = phys;
+    PUSH(g_vmm_allocs, a);
+    return a;
+}
+
+/* Rules on CUmemAllocationProp (cuMemCreate, cuMemGetAllocationGranularity). */
+static CUresult prop_check(const char *fn, const CUmemAllocationProp *prop) {
+    if (!prop) return viol(CUDA_ERROR_INVALID_VALUE, "%s: prop is NULL", fn);
+    if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return viol(CUDA_ERROR_INVALID_VALUE, "%s: prop->type %d, must be "
+                    "CU_MEM_ALLOCATION_TYPE_PINNED", fn, (int)prop->type);
+    if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return viol(CUDA_ERROR_INVALID_VALUE, "%s: prop->location.type %d: only "
+                    "CU_MEM_LOCATION_TYPE_DEVICE is modelled", fn, (int)prop->location.type);
+    if (prop->location.id < 0 || prop->location.id >= g_nvis)
+        return CUDA_ERROR_INVALID_DEVICE; /* error only, like any probe of an ordinal */
+    unsigned t = (unsigned)prop->requestedHandleTypes;
+    if (t & ~KNOWN_HANDLE_TYPES)
+        return viol(CUDA_ERROR_INVALID_VALUE, "%s: unknown requestedHandleTypes bits 0x%x", fn,
+                    t & ~KNOWN_HANDLE_TYPES);
+    if (t & WIN32_TYPES)
+        return viol(CUDA_ERROR_NOT_SUPPORTED, "%s: Windows handle types requested (0x%x) on "
+                    "Linux", fn, t & WIN32_TYPES);
+    if (prop->win32HandleMetaData)
+        return viol(CUDA_ERROR_INVALID_VALUE, "%s: win32HandleMetaData must be NULL unless a "
+                    "Windows handle type is requested", fn);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                       CUmemAllocationGranularity_flags option) {
+    ENTER(1);
+    NEED(granularity);
+    CUresult rc = prop_check(__func__, prop);
+    if (rc) return done(rc);
+    if (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: unknown option %d", __func__,
+                         (int)option));
+    *granularity = VMM_GRAN;
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop, unsigned long long flags) {
+    ENTER(1);
+    NEED(handle);
+    CUresult rc = prop_check(__func__, prop);
+    if (rc) return done(rc);
+    if (flags != 0)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: flags must be 0, got 0x%llx", __func__,
+                         flags));
+    if (size == 0 || size % VMM_GRAN)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: size %zu is not a non-zero multiple of "
+                         "the granularity %zu (cuMemGetAllocationGranularity)", __func__, size,
+                         VMM_GRAN));
+    unsigned types = (unsigned)prop->requestedHandleTypes;
+    if ((types & CU_MEM_HANDLE_TYPE_FABRIC) && g_no_fabric)
+        return done(CUDA_ERROR_NOT_SUPPORTED); /* error only: no fabric here; callers probe */
+    int phys = g_vis[prop->location.id], fd = -1;
+    char name[40] = "";
+    if (types & CU_MEM_HANDLE_TYPE_FABRIC) {
+        /* A fabric handle must find the memory from any process: a named object. */
+        unsigned rnd = 0;
+        fill_random((unsigned char *)&rnd, sizeof rnd);
+        snprintf(name, sizeof name, "/cusi_f_%d_%u_%d_%08x", (int)getpid(), ++g_seq, phys, rnd);
+        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    } else {
+        char mname[32];
+        snprintf(mname, sizeof mname, "cusi_vmm_%d", phys); /* /memfd:cusi_vmm_<phys> */
+        fd = memfd_create(mname, MFD_CLOEXEC);
+    }
+    void *p = MAP_FAILED;
+    if (fd >= 0 && ftruncate(fd, (off_t)size) == 0 && posix_fallocate(fd, 0, (off_t)size) == 0)
+        p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    struct vmm_alloc *a = p != MAP_FAILED ? vmm_new(fd, size, phys) : NULL;
+    if (!a) {
+        if (p != MAP_FAILED) munmap(p, size);
+        if (fd >= 0) close(fd);
+        if (name[0]) shm_unlink(name);
+        return done(CUDA_ERROR_OUT_OF_MEMORY); /* error only */
+    }
+    memset(p, POISON, size); /* the driver does not clear memory */
+    munmap(p, size);
+    a->types = types;
+    snprintf(a->name, sizeof a->name, "%s", name);
+    *handle = a->id;
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    ENTER(1);
+    struct vmm_alloc *a = vmm_find(handle);
+    if (!a)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: 0x%llx is not a live allocation handle "
+                         "(released more often than created / imported / retained?)", __func__,
+                         handle));
+    a->refs--; /* mappings keep the memory alive (documented) */
+    vmm_maybe_destroy(a);
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    ENTER(1);
+    NEED(handle);
+    struct region *r = find_region((CUdeviceptr)(uintptr_t)addr);
+    if (!r || r->kind != K_VMM)
+        return done(CUDA_ERROR_INVALID_VALUE); /* error only: not a mapped VMM address */
+    r->va->refs++; /* pair it with a cuMemRelease */
+    *handle = r->va->id;
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+    ENTER(1);
+    NEED(ptr);
+    if (flags != 0)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: flags must be 0, got 0x%llx", __func__,
+                         flags));
+    if (size == 0 || size % VMM_GRAN)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: size %zu is not a non-zero multiple of "
+                         "the granularity %zu", __func__, size, VMM_GRAN));
+    if (alignment & (alignment - 1))
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: alignment %zu is not a power of two",
+                         __func__, alignment));
+    size_t align = alignment > VMM_GRAN ? alignment : VMM_GRAN;
+    struct vmm_resv *v = calloc(1, sizeof *v);
+    if (!v) return done(CUDA_ERROR_OUT_OF_MEMORY);
+    char *a = MAP_FAILED;
+    if (addr && addr % align == 0) { /* a hint: used when free, else ignored */
+        a = mmap((void *)(uintptr_t)addr, size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+        if (a != MAP_FAILED && (uintptr_t)a != addr) {
+            munmap(a, size);
+            a = MAP_FAILED;
+        }
+    }
+    if (a == MAP_FAILED) {
+        char *raw = mmap(NULL, size + align, PROT_NONE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (raw != MAP_FAILED) {
+            a = (char *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
+            if (a > raw) munmap(raw, (size_t)(a - raw));
+            if (raw + size + align > a + size)
+                munmap(a + size, (size_t)(raw + size + align - (a + size)));
+        }
+    }
+    void *shadow = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (a == MAP_FAILED || shadow == MAP_FAILED) {
+        if (a != MAP_FAILED) munmap(a, size);
+        if (shadow != MAP_FAILED) munmap(shadow, size);
+        free(v);
+        return done(CUDA_ERROR_OUT_OF_MEMORY); /* error only */
+    }
+    v->base = (uintptr_t)a;
+    v->size = size;
+    v->shadow = shadow;
+    PUSH(g_vmm_resvs, v);
+    *ptr = v->base;
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    ENTER(1);
+    struct vmm_resv *v = g_vmm_resvs;
+    while (v && v->base != ptr) v = v->next;
+    /* "The size must match what was given to memAddressReserve and the ptr given must match
+     * what was returned from memAddressReserve." */
+    if (!v)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: 0x%llx is not a reservation returned by "
+                         "cuMemAddressReserve (freed twice?)", __func__, ptr));
+    if (size != v->size)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: size %zu, the reservation at 0x%llx has "
+                         "%zu", __func__, size, ptr, v->size));
+    if (v->maps)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: %d mappings remain in the reservation at "
+                         "0x%llx: cuMemUnmap them first", __func__, v->maps, ptr));
+    munmap((void *)v->base, v->size);
+    munmap(v->shadow, v->size);
+    UNLINK(struct vmm_resv, g_vmm_resvs, v);
+    free(v);
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+    ENTER(1);
+    if (flags != 0)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: flags must be 0, got 0x%llx", __func__,
+                         flags));
+    struct vmm_alloc *a = vmm_find(handle);
+    if (!a)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: 0x%llx is not a live allocation handle "
+                         "(released?)", __func__, handle));
+    /* "ptr, size, and offset must be a multiple of the value given via
+     * cuMemGetAllocationGranularity with the CU_MEM_ALLOC_GRANULARITY_MINIMUM flag" */
+    if (size == 0 || ptr % VMM_GRAN || size % VMM_GRAN || offset % VMM_GRAN)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: ptr 0x%llx, size %zu and offset %zu must "
+                         "be multiples of the granularity %zu", __func__, ptr, size, offset,
+                         VMM_GRAN));
+    if (offset > a->size || size > a->size - offset)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: offset %zu + size %zu exceed the "
+                         "allocation's %zu bytes", __func__, offset, size, a->size));
+    struct vmm_resv *v = vmm_resv_of(ptr, size);
+    if (!v)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: [0x%llx, +%zu) is not inside one "
+                         "reservation (cuMemAddressReserve)", __func__, ptr, size));
+    for (struct region *r = g_regions; r; r = r->next)
+        if (r->kind == K_VMM && r->base < ptr + size && ptr < r->base + r->size)
+            return done(viol(CUDA_ERROR_ALREADY_MAPPED, "%s: [0x%llx, +%zu) overlaps the mapping "
+                             "[0x%llx, +%zu) (double map; cuMemUnmap first)", __func__, ptr,
+                             size, (CUdeviceptr)r->base, r->size));
+    struct region *r = calloc(1, sizeof *r);
+    unsigned char *host = v->shadow + (ptr - v->base);
+    if (!r || mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, a->fd,
+                   (off_t)offset) == MAP_FAILED) {
+        free(r);
+        return done(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    if (mmap(host, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, a->fd,
+             (off_t)offset) == MAP_FAILED) {
+        mmap((void *)(uintptr_t)ptr, size, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+        free(r);
+        return done(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    r->kind = K_VMM;
+    r->base = ptr;
+    r->host = host;
+    r->size = r->maplen = size;
+    r->phys = a->phys;
+    r->ctx = t_cur;
+    r->va = a;
+    r->resv = v;
+    a->maps++;
+    v->maps++;
+    PUSH(g_regions, r);
+    return done(CUDA_SUCCESS);
+}
+
+/* Removes one VMM mapping: both views go back to reserved PROT_NONE address space. */
+static void vmm_unmap_region(struct region *r) {
+    int anon = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE;
+    mmap((void *)r->base, r->size, PROT_NONE, anon, -1, 0);
+    mmap(r->host, r->size, PROT_NONE, anon, -1, 0);
+    r->resv->maps--;
+    r->va->maps--;
+    struct vmm_alloc *a = r->va;
+    unlink_region(r);
+    free(r);
+    vmm_maybe_destroy(a); /* released earlier: the last unmap frees the memory */
+}
+
+/* [ptr, ptr+size) must be made of whole VMM mappings of one reservation, back to back.
+ * Returns the first mapping, or NULL after recording why not. */
+static struct region *vmm_whole(const char *fn, CUdeviceptr ptr, size_t size) {
+    struct region *first = find_region(ptr);
+    if (!first || first->kind != K_VMM) {
+        viol(CUDA_ERROR_INVALID_VALUE, "%s: nothing is mapped at 0x%llx (unmapped twice, or "
+             "never cuMemMap'ped)", fn, ptr);
+        return NULL;
+    }
+    if (size == 0 || first->base != ptr) {
+        viol(CUDA_ERROR_INVALID_VALUE, "%s: [0x%llx, +%zu) is not the whole range of the mapping "
+             "[0x%llx, +%zu) (a sub-range cannot be used)", fn, ptr, size,
+             (CUdeviceptr)first->base, first->size);
+        return NULL;
+    }
+    for (CUdeviceptr cur = ptr; cur < ptr + size;) {
+        struct region *m = find_region(cur);
+        if (!m || m->kind != K_VMM || m->base != cur || m->resv != first->resv ||
+            m->size > ptr + size - cur) {
+            viol(CUDA_ERROR_INVALID_VALUE, "%s: [0x%llx, +%zu) is not made of whole mappings "
+                 "(at 0x%llx)", fn, ptr, size, cur);
+            return NULL;
+        }
+        cur += m->size;
+    }
+    return first;
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    ENTER(1);
+    if (!vmm_whole(__func__, ptr, size)) return done(CUDA_ERROR_INVALID_VALUE);
+    for (CUdeviceptr cur = ptr; cur < ptr + size;) {
+        struct region *m = find_region(cur);
+        cur += m->size;
+        vmm_unmap_region(m);
+    }
+    return done(CUDA_SUCCESS);
+}
+
+/* The reservation's own protection follows the granted access (host code sees what the
+ * devices may do); with CUDA_STANDIN_NO_HOST_ACCESS it stays PROT_NONE. */
+static void vmm_protect(struct region *m) {
+    int prot = PROT_NONE;
+    for (int d = 0; d < MAX_DEV && !g_protect; d++) {
+        if (m->access[d] == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot = PROT_READ | PROT_WRITE;
+        else if (m->access[d] == CU_MEM_ACCESS_FLAGS_PROT_READ && prot == PROT_NONE) prot = PROT_READ;
+    }
+    mprotect((void *)m->base, m->size, prot);
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    ENTER(1);
+    if (!desc || count == 0)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: no access descriptors (desc %p, count "
+                         "%zu)", __func__, (const void *)desc, count));
+    for (size_t i = 0; i < count; i++) {
+        const CUmemAccessDesc *d = &desc[i];
+        if (d->location.type != CU_MEM_LOCATION_TYPE_DEVICE || d->location.id < 0 ||
+            d->location.id >= g_nvis)
+            return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: desc[%zu].location {type %d, id %d} "
+                             "is not a visible device", __func__, i, (int)d->location.type,
+                             d->location.id));
+        if (d->flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && d->flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+            d->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: desc[%zu].flags %d unknown", __func__,
+                             i, (int)d->flags));
+    }
+    /* "The range must be a fully mapped address range containing all allocations created by
+     * cuMemMap / cuMemCreate." */
+    if (!vmm_whole(__func__, ptr, size)) return done(CUDA_ERROR_INVALID_VALUE);
+    for (CUdeviceptr cur = ptr; cur < ptr + size;) {
+        struct region *m = find_region(cur);
+        for (size_t i = 0; i < count; i++)
+            m->access[g_vis[desc[i].location.id]] = (unsigned char)desc[i].flags;
+        vmm_protect(m);
+        cur += m->size;
+    }
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType,
+                                      unsigned long long flags) {
+    ENTER(1);
+    NEED(shareableHandle);
+    struct vmm_alloc *a = vmm_find(handle);
+    if (!a)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: 0x%llx is not a live allocation handle",
+                         __func__, handle));
+    if (flags != 0)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: flags must be 0, got 0x%llx", __func__,
+                         flags));
+    unsigned t = (unsigned)handleType;
+    if (t & WIN32_TYPES)
+        return done(viol(CUDA_ERROR_NOT_SUPPORTED, "%s: Windows handle type %u on Linux",
+                         __func__, t));
+    if (t != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && t != CU_MEM_HANDLE_TYPE_FABRIC)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: handleType %u: export one of "
+                         "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, CU_MEM_HANDLE_TYPE_FABRIC",
+                         __func__, t));
+    /* Only the types requested at creation (prop.requestedHandleTypes) can be exported. */
+    if (!(a->types & t))
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: the allocation was %s without %s in "
+                         "its handle types (prop.requestedHandleTypes)", __func__,
+                         a->imported ? "imported" : "created",
+                         t == CU_MEM_HANDLE_TYPE_FABRIC ? "CU_MEM_HANDLE_TYPE_FABRIC"
+                                                        : "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR"));
+    if (t == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0); /* a new fd the caller owns and closes */
+        if (fd < 0) return done(CUDA_ERROR_OUT_OF_MEMORY);
+        *(int *)shareableHandle = fd;
+    } else {
+        struct fabric_wire w;
+        memset(&w, 0, sizeof w);
+        memcpy(w.magic, "CUSIFABH", 8);
+        snprintf(w.name, sizeof w.name, "%s", a->name);
+        w.size = a->size;
+        w.phys = a->phys;
+        w.pid = (int32_t)getpid();
+        memcpy(shareableHandle, &w, sizeof w);
+    }
+    return done(CUDA_SUCCESS);
+}
+
+/* Identifies a stand-in memory fd from its /proc/self/fd link; 0 and *phys on success. */
+static int vmm_fd_phys(int fd, int *phys, char *name, size_t cap) {
+    char path[64], link[128];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n <= 0) return -1;
+    link[n] = 0;
+    int pid = 0;
+    unsigned seq = 0;
+    if (sscanf(link, "/memfd:cusi_vmm_%d", phys) == 1) return 0;
+    if (sscanf(link, "/dev/shm/cusi_f_%d_%u_%d_", &pid, &seq, phys) == 3) {
+        snprintf(name, cap, "%.*s", (int)strcspn(link + 8, " "), link + 8);
+        return 0;
+    }
+    return -1;
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                        CUmemAllocationHandleType shHandleType) {
+    ENTER(1);
+    NEED(handle);
+    unsigned t = (unsigned)shHandleType;
+    int fd = -1, phys = -1;
+    size_t size = 0;
+    char name[40] = "";
+    if (t == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        /* The fd travels in the pointer: (void *)(uintptr_t)fd. The driver keeps its own
+         * reference; the caller may close its fd afterwards. */
+        int in = (int)(intptr_t)osHandle;
+        struct stat st;
+        if (in < 0 || fcntl(in, F_GETFD) < 0)
+            return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: %d is not an open file descriptor "
+                             "(pass the fd itself as (void *)(uintptr_t)fd, valid in this "
+                             "process: pidfd_getfd)", __func__, in));
+        if (vmm_fd_phys(in, &phys, name, sizeof name) != 0 || fstat(in, &st) != 0 ||
+            st.st_size <= 0 || (size_t)st.st_size % VMM_GRAN)
+            return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: fd %d is not memory exported by "
+                             "cuMemExportToShareableHandle", __func__, in));
+        fd = fcntl(in, F_DUPFD_CLOEXEC, 0);
+        size = (size_t)st.st_size;
+    } else if (t == CU_MEM_HANDLE_TYPE_FABRIC) {
+        if (!osHandle)
+            return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: osHandle is NULL (pass a pointer "
+                             "to the CUmemFabricHandle)", __func__));
+        if (g_no_fabric) return done(CUDA_ERROR_NOT_SUPPORTED); /* error only */
+        struct fabric_wire w;
+        memcpy(&w, osHandle, sizeof w);
+        if (memcmp(w.magic, "CUSIFABH", 8) || !memchr(w.name, 0, sizeof w.name) ||
+            strncmp(w.name, "/cusi_f_", 8))
+            return done(CUDA_ERROR_INVALID_HANDLE); /* error only: not a fabric handle */
+        fd = shm_open(w.name, O_RDWR | O_CLOEXEC, 0);
+        struct stat st;
+        if (fd >= 0 && (fstat(fd, &st) != 0 || (uint64_t)st.st_size != w.size)) {
+            close(fd);
+            fd = -1;
+        }
+        if (fd < 0) return done(CUDA_ERROR_INVALID_HANDLE); /* error only: memory released */
+        phys = w.phys;
+        size = (size_t)w.size;
+        snprintf(name, sizeof name, "%s", w.name);
+    } else {
+        return done(viol(t & WIN32_TYPES ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE,
+                         "%s: shHandleType %u: import CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR "
+                         "or CU_MEM_HANDLE_TYPE_FABRIC", __func__, t));
+    }
+    struct vmm_alloc *a = fd >= 0 ? vmm_new(fd, size, phys) : NULL;
+    if (!a) {
+        if (fd >= 0) close(fd);
+        return done(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    a->imported = (int)t;
+    a->types = t; /* re-exportable as what it was imported from */
+    snprintf(a->name, sizeof a->name, "%s", name);
+    *handle = a->id;
     return done(CUDA_SUCCESS);
 }
 
@@ -1172,11 +1770,44 @@ int cusi_handle_fetches(CUdeviceptr base) {
     return n;
 }
 
+/* VMM counts of this process. */
+static int vmm_count(int what) {
+    int n = 0;
+    pthread_mutex_lock(&g_mu);
+    if (what == 0)
+        for (struct vmm_resv *v = g_vmm_resvs; v; v = v->next) n++;
+    else if (what == 1)
+        for (struct region *r = g_regions; r; r = r->next) n += r->kind == K_VMM;
+    else
+        for (struct vmm_alloc *a = g_vmm_allocs; a; a = a->next)
+            n += what == 2 ? a->refs : what == 3 ? (a->imported ? a->refs : 0) : 1;
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
+
+int cusi_vmm_reservations(void) { return vmm_count(0); }
+int cusi_vmm_mappings(void) { return vmm_count(1); }
+int cusi_vmm_handles(void) { return vmm_count(2); }
+int cusi_vmm_imported_handles(void) { return vmm_count(3); }
+int cusi_vmm_allocations(void) { return vmm_count(4); }
+
+int cusi_vmm_access(CUdeviceptr p, int ordinal) {
+    pthread_mutex_lock(&g_mu);
+    struct region *r = find_region(p);
+    int n = r && r->kind == K_VMM && ordinal >= 0 && ordinal < g_nvis ? r->access[g_vis[ordinal]]
+                                                                      : -1;
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
+
 /* ==== fork() and process exit ======================================================= */
 
 #define FREE_LIST(head) \
     while (head) { void *x_ = head; head = head->next; free(x_); }
 static void drop_tables(void) {
+    for (struct vmm_alloc *a = g_vmm_allocs; a; a = a->next) close(a->fd);
+    FREE_LIST(g_vmm_allocs);
+    FREE_LIST(g_vmm_resvs);
     FREE_LIST(g_regions);
     FREE_LIST(g_streams);
     FREE_LIST(g_events);
@@ -1203,15 +1834,31 @@ __attribute__((constructor)) static void cusi_init(void) {
 /* At exit the driver tears everything down; the stand-in checks what was left behind. */
 __attribute__((destructor)) static void cusi_fini(void) {
     pthread_mutex_lock(&g_mu);
-    int maps = 0, events = 0, exported_live = 0;
+    int maps = 0, events = 0, exported_live = 0, vmm_handles = 0, vmm_maps = 0;
+    for (struct vmm_alloc *a = g_vmm_allocs; a; a = a->next)
+        if (a->imported) vmm_handles += a->refs;
     while (g_regions) {
         struct region *r = g_regions;
         if (r->kind == K_IPC) {
             maps++;
             close_mapping(r);
+        } else if (r->kind == K_VMM) {
+            vmm_maps += r->va->imported != 0;
+            vmm_unmap_region(r);
         } else {
             exported_live += release_region(r);
         }
+    }
+    while (g_vmm_allocs) { /* local allocations simply end with the process */
+        g_vmm_allocs->refs = 0;
+        vmm_maybe_destroy(g_vmm_allocs);
+    }
+    while (g_vmm_resvs) {
+        struct vmm_resv *v = g_vmm_resvs;
+        munmap((void *)v->base, v->size);
+        munmap(v->shadow, v->size);
+        g_vmm_resvs = v->next;
+        free(v);
     }
     while (g_events) {
         events += g_events->opened;
@@ -1225,6 +1872,13 @@ __attribute__((destructor)) static void cusi_fini(void) {
     if (exported_live)
         viol(0, "exit: the exporter exits (freeing its memory) while %d IPC opens of it are live "
              "in other processes", exported_live);
+    /* Every cuMemImportFromShareableHandle needs its cuMemRelease, every cuMemMap of imported
+     * memory its cuMemUnmap, before the consumer exits. */
+    if (vmm_handles)
+        viol(0, "exit: %d imported VMM allocation handles never released (cuMemRelease)",
+             vmm_handles);
+    if (vmm_maps)
+        viol(0, "exit: %d VMM mappings of imported memory never unmapped (cuMemUnmap)", vmm_maps);
     drop_tables();
     pthread_mutex_unlock(&g_mu);
 }

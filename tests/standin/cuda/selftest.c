@@ -18,6 +18,8 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -25,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -53,6 +56,8 @@ static void fail(const char *file, int line, const char *fmt, ...) {
         }                                                                              \
     } while (0)
 #define OK(call) CU(CUDA_SUCCESS, call)
+/* ... and counts one more expected violation (`v` in the calling role). */
+#define CUV(want, call) do { CU(want, call); v++; } while (0)
 
 /* ---- pipes between the two children of a scenario ---- */
 
@@ -745,6 +750,431 @@ static void protect_role(int in, int out) {
     finish(0);
 }
 
+/* =========================================================================================
+ * Scenarios "vmm-*": virtual memory management (PyTorch's expandable segments).
+ * ========================================================================================= */
+
+#define MB ((size_t)1 << 20)
+
+static CUmemAllocationProp vprop(int ordinal, unsigned types) {
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.requestedHandleTypes = (CUmemAllocationHandleType)types;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = ordinal;
+    return p;
+}
+
+static const CUmemAccessDesc RW0 = {{CU_MEM_LOCATION_TYPE_DEVICE, 0},
+                                    CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+
+static void vmm_counts(int resv, int maps, int handles, int imported, int allocs, int line) {
+    if (cusi_vmm_reservations() != resv || cusi_vmm_mappings() != maps ||
+        cusi_vmm_handles() != handles || cusi_vmm_imported_handles() != imported ||
+        cusi_vmm_allocations() != allocs)
+        fail(__FILE__, line, "vmm counts %d %d %d %d %d, expected %d %d %d %d %d",
+             cusi_vmm_reservations(), cusi_vmm_mappings(), cusi_vmm_handles(),
+             cusi_vmm_imported_handles(), cusi_vmm_allocations(), resv, maps, handles, imported,
+             allocs);
+}
+#define VMM_COUNTS(...) vmm_counts(__VA_ARGS__, __LINE__)
+
+/* Would a host read (write) of p fault? The protection of its mapping in /proc/self/maps says
+ * so without touching it (a real fault is what the no-host-access scenario shows; doing it here
+ * too would only add valgrind reports). */
+static int faults(CUdeviceptr p, int write) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512], perms[8] = "";
+    unsigned long lo, hi;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && p >= lo && p < hi) break;
+        else perms[0] = 0;
+    if (f) fclose(f);
+    if (!perms[0]) return 1; /* not mapped at all */
+    return perms[write ? 1 : 0] == '-';
+}
+
+static void vmm_local_role(int in, int out) {
+    (void)in, (void)out;
+    setup(0);
+    int v = 0; /* violations expected so far */
+    CUmemAllocationProp prop = vprop(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), bad;
+    size_t g = 0;
+    OK(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CHECK(g == 2 * MB);
+    OK(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+    CHECK(g == 2 * MB);
+    CUV(CUDA_ERROR_INVALID_VALUE,
+       cuMemGetAllocationGranularity(&g, &prop, (CUmemAllocationGranularity_flags)5));
+    CUV(CUDA_ERROR_INVALID_VALUE,
+       cuMemGetAllocationGranularity(&g, NULL, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+
+    /* cuMemCreate */
+    CUmemGenericAllocationHandle h = 0, h2 = 0, hx = 0;
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemCreate(&hx, 3 * MB, &prop, 0));
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemCreate(&hx, 2 * MB, &prop, 1));
+    bad = prop;
+    bad.type = CU_MEM_ALLOCATION_TYPE_INVALID;
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemCreate(&hx, 2 * MB, &bad, 0));
+    bad = prop;
+    bad.requestedHandleTypes = CU_MEM_HANDLE_TYPE_WIN32;
+    CUV(CUDA_ERROR_NOT_SUPPORTED, cuMemCreate(&hx, 2 * MB, &bad, 0));
+    bad = prop;
+    bad.location.id = 7;
+    CU(CUDA_ERROR_INVALID_DEVICE, cuMemCreate(&hx, 2 * MB, &bad, 0)); /* error only */
+    OK(cuMemCreate(&h, 2 * MB, &prop, 0));
+    OK(cuMemCreate(&h2, 4 * MB, &prop, 0));
+    CHECK(h != h2);
+    VMM_COUNTS(0, 0, 2, 0, 2);
+
+    /* cuMemAddressReserve */
+    CUdeviceptr va = 0, va2 = 0;
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemAddressReserve(&va, 3 * MB, 0, 0, 0));
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemAddressReserve(&va, 8 * MB, 3 * MB, 0, 0));
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemAddressReserve(&va, 8 * MB, 0, 0, 1));
+    OK(cuMemAddressReserve(&va, 8 * MB, 0, 0, 0));
+    CHECK(va % (2 * MB) == 0);
+    OK(cuMemAddressReserve(&va2, 2 * MB, 0, 0, 0));
+    VMM_COUNTS(2, 0, 2, 0, 2);
+
+    /* cuMemMap */
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemMap(va + 6 * MB, 4 * MB, 0, h2, 0));
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemMap(va + 4096, 2 * MB, 0, h, 0));
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemMap(va, 4 * MB, 0, h, 0));
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemMap(va, 2 * MB, 0, h, 1));
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemMap(va, 2 * MB, 0, 12345, 0));
+    OK(cuMemMap(va, 2 * MB, 0, h, 0));
+    OK(cuMemMap(va + 2 * MB, 2 * MB, 2 * MB, h2, 0)); /* the second half of h2 */
+    OK(cuMemMap(va + 4 * MB, 2 * MB, 0, h2, 0));      /* its first half */
+    CUV(CUDA_ERROR_ALREADY_MAPPED, cuMemMap(va + 4 * MB, 2 * MB, 0, h, 0));
+    VMM_COUNTS(2, 3, 2, 0, 2);
+
+    /* Mapped but no access yet: device copies and host accesses fault. */
+    unsigned char buf[64], pat[64];
+    for (int i = 0; i < 64; i++) pat[i] = (unsigned char)(i + 1);
+    CHECK(cusi_vmm_access(va, 0) == CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK(cusi_vmm_access(va + 6 * MB, 0) == -1);
+    CUV(CUDA_ERROR_ILLEGAL_ADDRESS, cuMemcpyHtoD(va, pat, 64));
+    CHECK(faults(va, 0));
+    /* cuMemSetAccess */
+    CUmemAccessDesc badd = RW0;
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemSetAccess(va, 8 * MB, &RW0, 1)); /* not all mapped */
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemSetAccess(va, 6 * MB, &RW0, 0));
+    badd.location.id = 9;
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemSetAccess(va, 6 * MB, &badd, 1));
+    badd = RW0;
+    badd.flags = (CUmemAccess_flags)2;
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemSetAccess(va, 6 * MB, &badd, 1));
+    OK(cuMemSetAccess(va, 6 * MB, &RW0, 1)); /* one call over three mappings */
+    CHECK(cusi_vmm_access(va + 5 * MB, 0) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK(cusi_vmm_access(va, 1) == CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    CHECK(!faults(va, 1));
+
+    /* Copies span adjacent mappings (contiguous addresses); fresh memory is garbage. */
+    OK(cuMemcpyDtoH(buf, va + 4 * MB, 1));
+    CHECK(buf[0] == 0xA5);
+    OK(cuMemcpyHtoD(va + 2 * MB - 32, pat, 64));
+    memset(buf, 0, sizeof buf);
+    OK(cuMemcpyDtoH(buf, va + 2 * MB - 32, 64));
+    CHECK(!memcmp(buf, pat, 64));
+    CHECK(((volatile unsigned char *)(uintptr_t)va)[2 * MB] == pat[32]); /* host view too */
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemcpyDtoH(buf, va + 6 * MB - 32, 64)); /* unmapped */
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemcpyHtoD(va, (void *)(uintptr_t)(va + 6 * MB), 16));
+    /* Read-only access: reads work, writes fault. */
+    CUmemAccessDesc ro = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READ};
+    OK(cuMemSetAccess(va + 4 * MB, 2 * MB, &ro, 1));
+    OK(cuMemcpyDtoH(buf, va + 4 * MB, 16));
+    CUV(CUDA_ERROR_ILLEGAL_ADDRESS, cuMemsetD8(va + 4 * MB, 1, 16));
+    CHECK(!faults(va + 4 * MB, 0) && faults(va + 4 * MB, 1));
+
+    /* cuMemGetAddressRange (VMM: the mapping), cuMemRetainAllocationHandle */
+    CUdeviceptr base = 0, a = 0;
+    size_t size = 0;
+    OK(cuMemGetAddressRange(&base, &size, va + 2 * MB + 100));
+    CHECK(base == va + 2 * MB && size == 2 * MB);
+    CU(CUDA_ERROR_NOT_FOUND, cuMemGetAddressRange(&base, &size, va + 6 * MB)); /* error only */
+    CUmemGenericAllocationHandle r = 0;
+    OK(cuMemRetainAllocationHandle(&r, (void *)(uintptr_t)(va + 5 * MB)));
+    CHECK(r == h2);
+    CU(CUDA_ERROR_INVALID_VALUE, cuMemRetainAllocationHandle(&r, (void *)(uintptr_t)(va + 7 * MB)));
+    OK(cuMemRelease(r));
+    OK(cuMemAlloc(&a, 5000)); /* cuMemAlloc ranges are unchanged */
+    OK(cuMemGetAddressRange(&base, &size, a + 4999));
+    CHECK(base == a && size == 5000);
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemFree(va));
+    CUipcMemHandle ih;
+    CUV(CUDA_ERROR_NOT_SUPPORTED, cuIpcGetMemHandle(&ih, va));
+    CHECK(attr_int(CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, va) == 0);
+    OK(cuMemFree(a));
+
+    /* cuMemRelease while mapped is allowed: the memory lives until unmapped. */
+    OK(cuMemRelease(h2));
+    VMM_COUNTS(2, 3, 1, 0, 2);
+    OK(cuMemcpyDtoH(buf, va + 2 * MB, 32));
+    CHECK(!memcmp(buf, pat + 32, 32));
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemRelease(h2));
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemMap(va2, 2 * MB, 0, h2, 0));
+
+    /* Teardown order */
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemAddressFree(va, 8 * MB)); /* mappings remain */
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemAddressFree(va, 4 * MB)); /* not the reserved size */
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemUnmap(va + 2 * MB, 6 * MB)); /* not whole mappings */
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemUnmap(va, 1 * MB));          /* a sub-range */
+    OK(cuMemUnmap(va + 2 * MB, 4 * MB)); /* two whole mappings at once: h2 is gone */
+    VMM_COUNTS(2, 1, 1, 0, 1);
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemUnmap(va + 2 * MB, 2 * MB)); /* unmapped twice */
+    OK(cuMemUnmap(va, 2 * MB));
+    OK(cuMemRelease(h));
+    OK(cuMemAddressFree(va, 8 * MB));
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemAddressFree(va, 8 * MB));
+    OK(cuMemAddressFree(va2, 2 * MB));
+    VMM_COUNTS(0, 0, 0, 0, 0);
+
+    /* Export: only requested types; fds are real; importing in the same process works. */
+    CUmemGenericAllocationHandle hn = 0, hf = 0, hi = 0, hz = 0;
+    CUmemAllocationProp none = vprop(0, CU_MEM_HANDLE_TYPE_NONE);
+    CUmemFabricHandle fh, zero;
+    int fd = -1;
+    OK(cuMemCreate(&hn, 2 * MB, &none, 0));
+    CUV(CUDA_ERROR_INVALID_VALUE,
+       cuMemExportToShareableHandle(&fd, hn, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    CUV(CUDA_ERROR_INVALID_VALUE,
+       cuMemExportToShareableHandle(&fh, hn, CU_MEM_HANDLE_TYPE_FABRIC, 0));
+    CUV(CUDA_ERROR_INVALID_VALUE, cuMemExportToShareableHandle(&fd, hn, CU_MEM_HANDLE_TYPE_NONE, 0));
+    OK(cuMemCreate(&hf, 2 * MB, &prop, 0));
+    CUV(CUDA_ERROR_INVALID_VALUE,
+       cuMemExportToShareableHandle(&fd, hf, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 1));
+    OK(cuMemExportToShareableHandle(&fd, hf, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    char path[64], link[128] = "";
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    CHECK(fd >= 0 && readlink(path, link, sizeof link - 1) > 0 && !strncmp(link, "/memfd:", 7));
+    OK(cuMemImportFromShareableHandle(&hi, (void *)(uintptr_t)fd,
+                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    CHECK(hi != hf && cusi_vmm_imported_handles() == 1);
+    close(fd); /* the driver keeps its own reference */
+    CUV(CUDA_ERROR_INVALID_VALUE,
+       cuMemImportFromShareableHandle(&hz, (void *)(uintptr_t)fd,
+                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    int devnull = open("/dev/null", O_RDWR);
+    CUV(CUDA_ERROR_INVALID_VALUE,
+       cuMemImportFromShareableHandle(&hz, (void *)(uintptr_t)devnull,
+                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    close(devnull);
+    CUV(CUDA_ERROR_INVALID_VALUE,
+       cuMemImportFromShareableHandle(&hz, NULL, CU_MEM_HANDLE_TYPE_FABRIC));
+    memset(&zero, 0, sizeof zero);
+    CU(CUDA_ERROR_INVALID_HANDLE,
+       cuMemImportFromShareableHandle(&hz, &zero, CU_MEM_HANDLE_TYPE_FABRIC)); /* error only */
+    OK(cuMemAddressReserve(&va, 4 * MB, 0, 0, 0));
+    OK(cuMemMap(va, 2 * MB, 0, hf, 0));
+    OK(cuMemMap(va + 2 * MB, 2 * MB, 0, hi, 0));
+    OK(cuMemSetAccess(va, 4 * MB, &RW0, 1));
+    OK(cuMemsetD8(va + 100, 0x42, 1));
+    OK(cuMemcpyDtoH(buf, va + 2 * MB + 100, 1));
+    CHECK(buf[0] == 0x42); /* one physical allocation behind both handles */
+    OK(cuMemUnmap(va, 4 * MB));
+    OK(cuMemAddressFree(va, 4 * MB));
+    OK(cuMemRelease(hi));
+    OK(cuMemRelease(hf));
+    OK(cuMemRelease(hn));
+    VMM_COUNTS(0, 0, 0, 0, 0);
+    OK(cuDevicePrimaryCtxRelease(0));
+    finish(v);
+}
+
+/* Fabric is not supported everywhere: callers probe and fall back. */
+static void vmm_nofabric_role(int in, int out) {
+    (void)in, (void)out;
+    setenv("CUDA_STANDIN_NO_FABRIC", "1", 1);
+    setup(0);
+    CUmemGenericAllocationHandle h = 0;
+    CUmemAllocationProp p =
+        vprop(0, CU_MEM_HANDLE_TYPE_FABRIC | CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CU(CUDA_ERROR_NOT_SUPPORTED, cuMemCreate(&h, 2 * MB, &p, 0)); /* error only */
+    p = vprop(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    OK(cuMemCreate(&h, 2 * MB, &p, 0));
+    OK(cuMemRelease(h));
+    finish(0);
+}
+
+/* --- POSIX fds across processes, as PyTorch does: the consumer steals the producer's fds with
+ * pidfd_open + pidfd_getfd. The consumer is the producer's parent, so Yama ptrace_scope=1 (which
+ * only lets an ancestor do it) allows it. --- */
+
+struct fd_msg {
+    int32_t pid;
+    int32_t fds[2];
+    uint64_t segment;
+};
+
+static void vmm_fd_producer(int in, int out) {
+    setup(0);
+    CUmemAllocationProp p = vprop(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUmemGenericAllocationHandle h[2];
+    CUdeviceptr va = 0;
+    struct fd_msg m;
+    memset(&m, 0, sizeof m); /* the padding travels through the pipe too */
+    m.pid = (int32_t)getpid();
+    m.segment = 2 * MB;
+    OK(cuMemAddressReserve(&va, 4 * MB, 0, 0, 0));
+    for (int i = 0; i < 2; i++) {
+        OK(cuMemCreate(&h[i], 2 * MB, &p, 0));
+        OK(cuMemMap(va + (size_t)i * 2 * MB, 2 * MB, 0, h[i], 0));
+        OK(cuMemExportToShareableHandle(&m.fds[i], h[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                        0));
+    }
+    OK(cuMemSetAccess(va, 4 * MB, &RW0, 1));
+    OK(cuMemsetD8(va, 0x5C, 4 * MB));
+    put(out, &m, sizeof m);
+    get_tok(in, 'd'); /* the consumer is done */
+    unsigned char b = 0;
+    OK(cuMemcpyDtoH(&b, va + 2 * MB, 1));
+    CHECK(b == 0xC5); /* its write-back */
+    OK(cuMemUnmap(va, 4 * MB));
+    for (int i = 0; i < 2; i++) {
+        OK(cuMemRelease(h[i]));
+        close(m.fds[i]); /* PyTorch keeps the fds open until it unmaps */
+    }
+    OK(cuMemAddressFree(va, 4 * MB));
+    finish(0);
+}
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+
+/* The producer's fd `fd` as an fd of this process: pidfd_getfd, or (where the syscall is
+ * missing, e.g. under an older valgrind) /proc/<pid>/fd/<fd>, the same open file. */
+static int steal_fd(int pid, int fd) {
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    int got = pidfd >= 0 ? (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0) : -1;
+    int err = errno;
+    if (pidfd >= 0) close(pidfd);
+    if (got < 0 && err == ENOSYS) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/fd/%d", pid, fd);
+        got = open(path, O_RDWR | O_CLOEXEC);
+    }
+    if (got < 0) fail(__FILE__, __LINE__, "pidfd_getfd(%d, %d): %s", pid, fd, strerror(err));
+    return got;
+}
+
+static void vmm_fd_consumer(int in, int out) {
+    /* fork the producer before cuInit: the driver does not survive fork */
+    int a[2], b[2];
+    if (pipe(a) || pipe(b)) { perror("pipe"); exit(2); }
+    fflush(NULL);
+    pid_t kid = fork();
+    if (kid == 0) {
+        failures = 0;
+        close(a[0]), close(b[1]), close(in), close(out);
+        vmm_fd_producer(b[0], a[1]);
+        exit(failures ? 1 : 0);
+    }
+    close(a[1]), close(b[0]);
+    in = a[0], out = b[1];
+    setup(0);
+    struct fd_msg m;
+    CHECK(get(in, &m, sizeof m) && m.pid == kid && m.segment == 2 * MB);
+    CUmemGenericAllocationHandle h[2];
+    for (int i = 0; i < 2; i++) {
+        int fd = steal_fd(m.pid, m.fds[i]);
+        OK(cuMemImportFromShareableHandle(&h[i], (void *)(uintptr_t)fd,
+                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+        close(fd);
+    }
+    VMM_COUNTS(0, 0, 2, 2, 2);
+    CUdeviceptr va = 0;
+    OK(cuMemAddressReserve(&va, 4 * MB, 0, 0, 0));
+    for (int i = 0; i < 2; i++) OK(cuMemMap(va + (size_t)i * 2 * MB, 2 * MB, 0, h[i], 0));
+    unsigned char buf[64];
+    CU(CUDA_ERROR_ILLEGAL_ADDRESS, cuMemcpyDtoH(buf, va, 1)); /* access not set yet */
+    OK(cuMemSetAccess(va, 4 * MB, &RW0, 1));
+    OK(cuMemcpyDtoH(buf, va + 2 * MB - 32, 64));
+    CHECK(buf[0] == 0x5C && buf[63] == 0x5C);
+    unsigned char mark = 0xC5;
+    OK(cuMemcpyHtoD(va + 2 * MB, &mark, 1));
+    OK(cuCtxSynchronize());
+    OK(cuMemUnmap(va, 4 * MB));
+    for (int i = 0; i < 2; i++) OK(cuMemRelease(h[i]));
+    OK(cuMemAddressFree(va, 4 * MB));
+    VMM_COUNTS(0, 0, 0, 0, 0);
+    put_tok(out, 'd');
+    int st = 0;
+    waitpid(kid, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    finish(1); /* the copy before cuMemSetAccess */
+}
+
+/* --- Fabric handles between siblings; the consumer leaks one import at exit. --- */
+
+static void vmm_fabric_producer(int in, int out) {
+    setup(0);
+    CUmemAllocationProp p =
+        vprop(0, CU_MEM_HANDLE_TYPE_FABRIC | CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUmemGenericAllocationHandle h[2];
+    CUmemFabricHandle fh[2];
+    CUdeviceptr va = 0;
+    OK(cuMemAddressReserve(&va, 4 * MB, 0, 0, 0));
+    for (int i = 0; i < 2; i++) {
+        OK(cuMemCreate(&h[i], 2 * MB, &p, 0));
+        OK(cuMemMap(va + (size_t)i * 2 * MB, 2 * MB, 0, h[i], 0));
+        OK(cuMemExportToShareableHandle(&fh[i], h[i], CU_MEM_HANDLE_TYPE_FABRIC, 0));
+    }
+    OK(cuMemSetAccess(va, 4 * MB, &RW0, 1));
+    OK(cuMemsetD8(va, 0x3E, 4 * MB));
+    put(out, fh, sizeof fh);
+    get_tok(in, 'o');
+    unsigned char b = 0;
+    OK(cuMemcpyDtoH(&b, va + 4 * MB - 1, 1));
+    CHECK(b == 0xE3);
+    OK(cuMemUnmap(va, 4 * MB));
+    for (int i = 0; i < 2; i++) OK(cuMemRelease(h[i]));
+    OK(cuMemAddressFree(va, 4 * MB));
+    VMM_COUNTS(0, 0, 0, 0, 0);
+    put_tok(out, 'r'); /* released: the fabric handles no longer resolve */
+    finish(0);
+}
+
+static void vmm_fabric_consumer(int in, int out) {
+    setup(1); /* another device: VMM access is granted per device */
+    CUmemFabricHandle fh[2];
+    CHECK(get(in, fh, sizeof fh));
+    CUmemGenericAllocationHandle h[2], x = 0;
+    for (int i = 0; i < 2; i++)
+        OK(cuMemImportFromShareableHandle(&h[i], &fh[i], CU_MEM_HANDLE_TYPE_FABRIC));
+    CUdeviceptr va = 0;
+    OK(cuMemAddressReserve(&va, 8 * MB, 0, 0, 0));
+    for (int i = 0; i < 2; i++) OK(cuMemMap(va + (size_t)i * 2 * MB, 2 * MB, 0, h[i], 0));
+    OK(cuMemSetAccess(va, 4 * MB, &RW0, 1)); /* device 0 only: not the current device */
+    unsigned char b = 0;
+    CU(CUDA_ERROR_ILLEGAL_ADDRESS, cuMemcpyDtoH(&b, va, 1));
+    CUmemAccessDesc rw1 = {{CU_MEM_LOCATION_TYPE_DEVICE, 1}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    OK(cuMemSetAccess(va, 4 * MB, &rw1, 1));
+    OK(cuMemcpyDtoH(&b, va + 3 * MB, 1));
+    CHECK(b == 0x3E);
+    CHECK(attr_int(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, va) == 0); /* where the memory lives */
+    b = 0xE3;
+    OK(cuMemcpyHtoD(va + 4 * MB - 1, &b, 1));
+    /* an imported fabric allocation is re-exportable as fabric only */
+    int fd = -1;
+    CU(CUDA_ERROR_INVALID_VALUE,
+       cuMemExportToShareableHandle(&fd, h[0], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    OK(cuMemUnmap(va, 2 * MB));
+    OK(cuMemRelease(h[0])); /* page 1 stays imported and mapped: reported at exit */
+    put_tok(out, 'o');
+    get_tok(in, 'r');
+    CU(CUDA_ERROR_INVALID_HANDLE,
+       cuMemImportFromShareableHandle(&x, &fh[0], CU_MEM_HANDLE_TYPE_FABRIC)); /* error only */
+    OK(cuMemcpyDtoH(&b, va + 2 * MB, 1)); /* our mapping keeps page 1 alive */
+    CHECK(b == 0x3E);
+    finish(2); /* + 2 at exit */
+}
+
 static void single(role_fn role) {
     int none[1] = {-1};
     spawn(role, -1, -1, none, 0);
@@ -827,6 +1257,59 @@ int main(void) {
     single(protect_role);
     reap(NULL);
     expect_log("no-host-access: a host read of a CUdeviceptr faults", 0, NULL);
+
+    begin("vmm-local");
+    single(vmm_local_role);
+    single(vmm_nofabric_role);
+    reap(NULL);
+    expect_log("vmm-local: VMM rules in one process", 40,
+               "cuMemGetAllocationGranularity: unknown option 5", 1,
+               "is not a non-zero multiple of the granularity", 2,
+               "cuMemCreate: flags must be 0", 1,
+               "must be CU_MEM_ALLOCATION_TYPE_PINNED", 1,
+               "Windows handle types requested", 1,
+               "cuMemAddressReserve: alignment 3145728 is not a power of two", 1,
+               "cuMemAddressReserve: flags must be 0", 1,
+               "is not inside one reservation (cuMemAddressReserve)", 1,
+               "must be multiples of the granularity", 1,
+               "exceed the allocation's 2097152 bytes", 1,
+               "is not a live allocation handle", 3,
+               "(double map; cuMemUnmap first)", 1,
+               "no read-write access: cuMemSetAccess after cuMemMap", 2,
+               "is not made of whole mappings", 3,
+               "no access descriptors", 1,
+               "is not a visible device", 1,
+               "flags 2 unknown", 1,
+               "is out of bounds (0x", 1,
+               "is in a VMM reservation", 1,
+               "is VMM-mapped memory", 1,
+               "not legacy-IPC capable (use cuMemExportToShareableHandle)", 1,
+               "mappings remain in the reservation", 1,
+               "the reservation at", 2,
+               "nothing is mapped at", 1,
+               "is not a reservation returned by cuMemAddressReserve", 1,
+               "without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR", 1,
+               "without CU_MEM_HANDLE_TYPE_FABRIC", 1,
+               "handleType 0: export one of", 1,
+               "cuMemExportToShareableHandle: flags must be 0", 1,
+               "is not an open file descriptor", 1,
+               "is not memory exported by cuMemExportToShareableHandle", 1,
+               "osHandle is NULL", 1, NULL);
+
+    begin("vmm-fd");
+    single(vmm_fd_consumer);
+    reap(NULL);
+    expect_log("vmm-fd: POSIX fds stolen with pidfd_getfd, imported, mapped, written back", 1,
+               "no read access: cuMemSetAccess after cuMemMap", 1, NULL);
+
+    begin("vmm-fabric");
+    pair(vmm_fabric_producer, vmm_fabric_consumer);
+    reap(NULL);
+    expect_log("vmm-fabric: fabric handles, per-device access, leaks at exit", 4,
+               "device 1 has no read access", 1,
+               "the allocation was imported without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR", 1,
+               "exit: 1 imported VMM allocation handles never released (cuMemRelease)", 1,
+               "exit: 1 VMM mappings of imported memory never unmapped (cuMemUnmap)", 1, NULL);
 
     printf("%s\n", failures ? "FAILED" : "all passed");
     return failures ? 1 : 0;
