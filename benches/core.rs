@@ -8,9 +8,12 @@ use devshare::capi::export::*;
 use devshare::capi::handle::*;
 use devshare::capi::import::*;
 use devshare::dtype::DevshareDType;
+use devshare::handle::encode::DEVSHARE_HANDLE_MAX_ENCODED_SIZE;
+use devshare::handle::text::DEVSHARE_HANDLE_MAX_TEXT_SIZE;
 use devshare::handle::DevshareHandle;
 use std::ffi::CString;
 use std::hint::black_box;
+use std::mem::size_of;
 use std::ptr::{null, null_mut};
 use std::time::Instant;
 
@@ -42,22 +45,18 @@ unsafe fn run() {
     let mut exp: *mut DevshareExporter = null_mut();
     ok(devshare_host_alloc(1 << 20, &mut exp, null_mut()));
     let shape = [2i64, 3, 64, 64];
-    let desc = DevshareTensorDesc {
-        dtype: DevshareDType::new(2, 32, 1),
-        ndim: 4,
-        shape: shape.as_ptr(),
-        strides: null(),
-        storage_offset: 4096,
-        storage_size: DEVSHARE_STORAGE_TO_END,
-        tensor_offset: 0,
-        flags: 0,
-        reserved: 0,
-        stream: null_mut(),
-    };
+    // What a C caller writes: devshare_tensor_desc_init(&desc, sizeof desc), then the fields.
+    let mut desc = std::mem::MaybeUninit::<DevshareTensorDesc>::uninit();
+    ok(devshare_tensor_desc_init(desc.as_mut_ptr(), size_of::<DevshareTensorDesc>() as u32));
+    let mut desc = desc.assume_init();
+    desc.dtype = DevshareDType::new(2, 32, 1);
+    desc.ndim = 4;
+    desc.shape = shape.as_ptr();
+    desc.storage_offset = 4096;
     let mut h = DevshareHandle::default();
     ok(devshare_exporter_share(exp, &desc, &mut h));
 
-    let mut buf = [0u8; 512];
+    let mut buf = [0u8; DEVSHARE_HANDLE_MAX_ENCODED_SIZE];
     let mut len = 0usize;
     let enc = median_ns(21, 20_000, || {
         black_box(devshare_handle_encode(black_box(&h), buf.as_mut_ptr(), buf.len(), &mut len));
@@ -67,7 +66,7 @@ unsafe fn run() {
         black_box(devshare_handle_decode(black_box(buf.as_ptr()), len, &mut out));
     });
     assert_eq!(out, h);
-    let mut text = [0i8; 700];
+    let mut text = [0 as std::ffi::c_char; DEVSHARE_HANDLE_MAX_TEXT_SIZE];
     let mut tlen = 0usize;
     let to_text = median_ns(21, 20_000, || {
         black_box(devshare_handle_to_text(black_box(&h), text.as_mut_ptr(), text.len(), &mut tlen));

@@ -52,8 +52,14 @@ fn threads_import_and_release_concurrently_and_every_reference_returns_once() {
     }
     // Export without pid validation: this process imports its own key.
     let exp = Arc::new(
-        Exporter::export(DEVSHARE_BACKEND_ACL, 0, ptr.cast(), SIZE as u64, &ExportOptions { no_pid_check: true })
-            .unwrap(),
+        Exporter::export(
+            DEVSHARE_BACKEND_ACL,
+            0,
+            ptr.cast(),
+            SIZE as u64,
+            &ExportOptions { no_pid_check: true, ..Default::default() },
+        )
+        .unwrap(),
     );
     let desc = |offset: u64| TensorDesc { shape: &[4096], storage_offset: offset, storage_size: Some(4096), ..Default::default() };
     // One held import per device keeps the key open there; threads then hit the cache.
