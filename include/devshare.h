@@ -98,6 +98,11 @@
 // `devshare_exporter_allow_pid` may import. Other backends ignore it.
 #define DEVSHARE_EXPORT_NO_PID_CHECK 1
 
+// `devshare_export_segments` flag (cuda): share 64-byte fabric handles (multi-node NVLink
+// systems; the physical memory must have been created with `CU_MEM_HANDLE_TYPE_FABRIC`)
+// instead of POSIX file descriptors.
+#define DEVSHARE_EXPORT_FABRIC 2
+
 // `DevshareImportOptions::flags`: map the data read-only (writes through the pointer fault).
 // The shm object must still be writable by the caller: the mapping count in its header is
 // updated on import and release.
@@ -198,8 +203,7 @@
 // ignores it (and keeps it when it re-encodes the handle).
 #define DEVSHARE_HANDLE_FLAGS_MAY_IGNORE 4294901760
 
-// All "must understand" handle flags this library knows.
-#define DEVSHARE_HANDLE_KNOWN_FLAGS (DEVSHARE_HANDLE_FLAG_EVENT | DEVSHARE_HANDLE_FLAG_INFLIGHT)
+
 
 // Extension record types with this bit set must be understood: a reader that does not know
 // the type refuses the handle with `DEVSHARE_STATUS_UNSUPPORTED_VERSION`, naming it. Types
@@ -221,6 +225,34 @@
 
 // Largest encoding any reader accepts (1 MiB), whatever sections it carries.
 #define DEVSHARE_HANDLE_DECODE_LIMIT (1 << 20)
+
+// Handle flag ("must understand"): the allocation is a list of equal VMM segments described by
+// a `DEVSHARE_EXT_SEGMENTS` extension record.
+#define DEVSHARE_HANDLE_FLAG_SEGMENTED 4
+
+// Extension record type (and encoding section type) of a segmented handle's description (in
+// `ext`) and of its segment table (a section of the byte encoding). "Must understand".
+#define DEVSHARE_EXT_SEGMENTS 32769
+
+// Segment table kind (acl): one `uint64_t` shareable handle per segment
+// (`aclrtMemExportToShareableHandle`).
+#define DEVSHARE_SEGMENTS_ACL 1
+
+// Segment table kind (cuda): one `int32_t` POSIX file descriptor number per segment, valid in
+// the producer process (`producer_pid`); the consumer takes it with `pidfd_getfd`.
+#define DEVSHARE_SEGMENTS_CUDA_FD 2
+
+// Segment table kind (cuda): one 64-byte `CUmemFabricHandle` per segment.
+#define DEVSHARE_SEGMENTS_CUDA_FABRIC 3
+
+// Segment description flag: the table is stored in the handle's key area.
+#define DEVSHARE_SEGMENTS_INLINE 1
+
+// Segment sizes are multiples of this (2 MiB: the VMM granularity of ACL and CUDA devices).
+#define DEVSHARE_SEGMENT_GRANULARITY (2 << 20)
+
+// Most segments one handle may name (65536: 1.25 TiB of 20 MiB segments).
+#define DEVSHARE_MAX_SEGMENTS 65536
 
 // Largest handle text this library writes, including the terminating NUL that the C API
 // writes. Like `DEVSHARE_HANDLE_MAX_ENCODED_SIZE`, a later minor version may write longer ones.
@@ -542,7 +574,10 @@ typedef struct DevshareTorchStorage {
   uint32_t struct_size;
   // Tuple item 0: device index (the handle's `device_index`).
   int32_t device;
-  // Bytes used in `handle`: 64 (cuda, raw handle) or 67 (acl, version-1 'c' handle).
+  // Length of the storage handle: 64 (cuda, raw handle), 67 (acl, version-1 'c' handle), or
+  // for a segmented handle the length of its 'e' form (18 + 8n acl, 26 + 4n / 26 + 64n cuda).
+  // When it exceeds `DEVSHARE_TORCH_HANDLE_CAPACITY` (every 'e' form but the shortest),
+  // `handle` is all zero: get the bytes with `devshare_torch_storage_handle`.
   uint32_t handle_len;
   // Bytes used in `ref_name` (0: none; send `b""`).
   uint32_t ref_name_len;
@@ -635,6 +670,36 @@ int32_t devshare_export(uint16_t backend,
                         uint32_t flags,
                         struct DevshareExporter **out);
 
+// Export a segmented (VMM) allocation that the caller built and mapped itself: `count`
+// segments of `segment_size` bytes mapped back to back from `base` on `device`, with
+// `physical[i]` the physical allocation handle of segment i (`aclrtDrvMemHandle` cast to
+// `uint64_t`, or `CUmemGenericAllocationHandle`). `segment_size` is a multiple of
+// `DEVSHARE_SEGMENT_GRANULARITY`. Handles made from the exporter are segmented handles, which
+// stock torch_npu and PyTorch (`expandable_segments`) consumers open as 'e' storages
+// (`devshare_handle_to_torch`). The caller keeps owning the memory and frees it after
+// `devshare_exporter_close`; `physical` is read during the call only.
+//
+// - acl: each segment is exported once with `aclrtMemExportToShareableHandle`, with pid
+//   validation unless `DEVSHARE_EXPORT_NO_PID_CHECK` (then `devshare_exporter_allow_pid`).
+// - cuda: each segment is exported as a POSIX fd (kept open until the exporter closes, which
+//   consumers take with `pidfd_getfd`: see `devshare_allow_ptrace`), or as a fabric handle
+//   with `DEVSHARE_EXPORT_FABRIC`.
+int32_t devshare_export_segments(uint16_t backend,
+                                 int32_t device,
+                                 void *base,
+                                 const uint64_t *physical,
+                                 size_t count,
+                                 uint64_t segment_size,
+                                 uint32_t flags,
+                                 struct DevshareExporter **out);
+
+// Let the process `pid` take this process's file descriptors with `pidfd_getfd` under Yama
+// `ptrace_scope` = 1 (`prctl(PR_SET_PTRACER, pid)`; `-1`: any process, `0`: nobody again).
+// Needed by a CUDA producer whose segmented exports go to a consumer that is not its
+// ancestor (a sibling or an unrelated process). It is process-wide and names one process at a
+// time (the last call wins); devshare never calls it on its own. Without Yama, a no-op.
+int32_t devshare_allow_ptrace(int32_t pid);
+
 // The exported allocation's address and size in this process (either out pointer may be NULL).
 int32_t devshare_exporter_memory(const struct DevshareExporter *exporter,
                                  void **ptr_out,
@@ -646,6 +711,25 @@ int32_t devshare_exporter_memory(const struct DevshareExporter *exporter,
 int32_t devshare_exporter_share(const struct DevshareExporter *exporter,
                                 const struct DevshareTensorDesc *desc,
                                 struct DevshareHandle *out);
+
+// Like `devshare_exporter_share`, but writes the handle's byte encoding into `buf` — the form
+// that also carries a segmented export's segment table when it is too long for the struct.
+// `*len_out` (if not NULL) receives the length, also when `buf` is NULL or too small
+// (`DEVSHARE_STATUS_BUFFER_TOO_SMALL`: nothing was shared then, call again).
+int32_t devshare_exporter_share_encoded(const struct DevshareExporter *exporter,
+                                        const struct DevshareTensorDesc *desc,
+                                        uint8_t *buf,
+                                        size_t cap,
+                                        size_t *len_out);
+
+// The segment table of a segmented export whose table does not fit a `DevshareHandle` (more
+// than `DEVSHARE_KEY_CAPACITY` bytes of records), for `devshare_torch_storage_handle`; its
+// length is 0 (and nothing is written) for other exports. `*len_out` (if not NULL) receives
+// the length, also when `buf` is NULL or too small (`DEVSHARE_STATUS_BUFFER_TOO_SMALL`).
+int32_t devshare_exporter_segment_table(const struct DevshareExporter *exporter,
+                                        uint8_t *buf,
+                                        size_t cap,
+                                        size_t *len_out);
 
 // Allow the importer whose pid is `pid` to import this export. For acl this adds `pid` to the
 // key's whitelist (`aclrtIpcMemSetImportPid`); the importer learns the pid to send with
@@ -721,6 +805,20 @@ int32_t devshare_import(const struct DevshareHandle *handle,
                         const struct DevshareImportOptions *options,
                         struct DevshareImport **out);
 
+// Import a handle from its byte encoding (`devshare_handle_encode`,
+// `devshare_exporter_share_encoded`). Unlike decoding into a `DevshareHandle` first, this also
+// imports segmented handles whose segment table is too long for the struct (it travels in the
+// encoding). Release with `devshare_import_release`.
+int32_t devshare_import_encoded(const uint8_t *buf,
+                                size_t len,
+                                const struct DevshareImportOptions *options,
+                                struct DevshareImport **out);
+
+// Import a handle from its text form, like `devshare_import_encoded` (NUL-terminated `text`).
+int32_t devshare_import_text(const char *text,
+                             const struct DevshareImportOptions *options,
+                             struct DevshareImport **out);
+
 // Return a handle's reference without importing it: for a consumer that received a handle it
 // will not use (validated first; decrements its ref-counter slot once). Refused with
 // `DEVSHARE_STATUS_BUSY` while an import in this process holds that reference (releasing the
@@ -762,6 +860,13 @@ int32_t devshare_torch_storage_init(struct DevshareTorchStorage *storage, uint32
 int32_t devshare_handle_from_torch(const struct DevshareTorchArgs *args,
                                    struct DevshareHandle *out);
 
+// Import the storage a PyTorch (cuda) or torch_npu (acl) tuple names, in one call: like
+// `devshare_handle_from_torch` + `devshare_import`, and also for expandable segments whose
+// segment table is too long for a `DevshareHandle`. Release with `devshare_import_release`.
+int32_t devshare_import_torch(const struct DevshareTorchArgs *args,
+                              const struct DevshareImportOptions *options,
+                              struct DevshareImport **out);
+
 // The storage 8-tuple a stock PyTorch (cuda: raw 64-byte handle) or torch_npu (acl: version-1
 // 'c' handle) consumer opens with `rebuild_cuda_tensor` / `rebuild_npu_tensor`, for a device
 // handle (typically one `devshare_exporter_share` made). That consumer decrements the handle's
@@ -769,6 +874,19 @@ int32_t devshare_handle_from_torch(const struct DevshareTorchArgs *args,
 // part (shape, strides, offset, dtype) is in the handle itself.
 int32_t devshare_handle_to_torch(const struct DevshareHandle *handle,
                                  struct DevshareTorchStorage *out);
+
+// Write the storage handle bytes (tuple item 1 of the 8-tuple, arg 7 of `reduce_tensor`) for a
+// device handle into `buf`: the raw 64-byte CUDA handle, the 67-byte torch_npu 'c' form, or a
+// segmented handle's 'e' form (torch_npu version 1, PyTorch CUDA version 2). `table` is the
+// segment table of a segmented handle whose table is not inline
+// (`devshare_exporter_segment_table`), NULL otherwise. `*len_out` (if not NULL) receives the
+// length, also when `buf` is NULL or too small (`DEVSHARE_STATUS_BUFFER_TOO_SMALL`).
+int32_t devshare_torch_storage_handle(const struct DevshareHandle *handle,
+                                      const uint8_t *table,
+                                      size_t table_len,
+                                      uint8_t *buf,
+                                      size_t cap,
+                                      size_t *len_out);
 
 // Return the reference a PyTorch tuple carries without importing it (args 11 and 12 are read,
 // nothing else): for a consumer that received a tuple it cannot or will not open — e.g. one

@@ -107,6 +107,53 @@ impl Exporter {
         Ok(Exporter::new(backend_id, alloc))
     }
 
+    /// Export a C producer's segmented (VMM) allocation: `physical.len()` segments of
+    /// `segment_size` bytes mapped back to back at `base` on `device`.
+    pub fn export_segments(
+        backend_id: u16,
+        device: i32,
+        mem: &backend::SegmentedMemory<'_>,
+        opts: &ExportOptions,
+    ) -> Result<Exporter> {
+        use crate::handle::segments::{DEVSHARE_MAX_SEGMENTS, DEVSHARE_SEGMENT_GRANULARITY};
+        if mem.base.is_null() {
+            return Err(Error::NullArgument("base"));
+        }
+        if mem.physical.is_empty() {
+            return Err(Error::InvalidArgument("zero segments: there is nothing to export".into()));
+        }
+        if mem.physical.len() > DEVSHARE_MAX_SEGMENTS as usize {
+            return Err(Error::bad_size(
+                "count",
+                format!("{} segments is above the maximum {DEVSHARE_MAX_SEGMENTS}", mem.physical.len()),
+            ));
+        }
+        if mem.segment_size == 0 || mem.segment_size % DEVSHARE_SEGMENT_GRANULARITY != 0 {
+            return Err(Error::bad_size(
+                "segment_size",
+                format!(
+                    "{} is not a positive multiple of the {DEVSHARE_SEGMENT_GRANULARITY}-byte granularity",
+                    mem.segment_size
+                ),
+            ));
+        }
+        mem.segment_size
+            .checked_mul(mem.physical.len() as u64)
+            .filter(|&t| t <= i64::MAX as u64)
+            .ok_or_else(|| Error::bad_size("segment_size", "count x segment_size overflows 2^63-1"))?;
+        let alloc = backend::get(backend_id)?.export_segments(device, mem, opts)?;
+        Ok(Exporter::new(backend_id, alloc))
+    }
+
+    /// The segment table that handles of this export need next to them when it does not fit
+    /// the handle struct (more than 128 bytes of records); `None` otherwise.
+    pub fn external_table(&self) -> Option<&[u8]> {
+        self.alloc
+            .segments()
+            .map(|(_, _, t)| t)
+            .filter(|t| t.len() > crate::handle::DEVSHARE_KEY_CAPACITY)
+    }
+
     /// Start of the exported range in this process (what the caller exported; for host memory
     /// the data bytes).
     pub fn ptr(&self) -> *mut u8 {
@@ -190,7 +237,12 @@ impl Exporter {
                 h.strides[..s.len()].copy_from_slice(&s);
             }
         }
-        h.set_key(self.alloc.key());
+        match self.alloc.segments() {
+            Some((segment_size, kind, table)) => {
+                crate::handle::segments::set_segments(&mut h, segment_size, kind, table)?;
+            }
+            None => h.set_key(self.alloc.key()),
+        }
         if desc.inflight {
             h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT;
         }

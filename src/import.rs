@@ -25,6 +25,9 @@ struct AllocKey {
     device: i32,
     key_len: u32,
     key: [u8; DEVSHARE_KEY_CAPACITY],
+    /// Segmented allocations: segment size, kind, producer pid and the whole table (the key
+    /// area holds at most part of it). `None` for single allocations (no heap on their path).
+    segments: Option<Arc<(u64, u16, i32, Vec<u8>)>>,
 }
 
 /// A handle's reference: ref-counter name and slot (fixed-size, like [`AllocKey`]).
@@ -185,7 +188,13 @@ pub struct ImportView {
 
 /// Import the allocation a handle names (or take another reference to the cached mapping).
 pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
+    import_full(h, None, req)
+}
+
+/// [`import`] for a segmented handle whose segment table travelled next to it (`table`).
+pub fn import_full(h: &DevshareHandle, table: Option<&[u8]>, req: ImportRequest) -> Result<Import> {
     let validated = validate(h)?;
+    let segments = crate::handle::segments::SegmentTable::of(h, table)?;
     let local = crate::hostid::host_id();
     if h.host_id != [0; 16] && local != [0; 16] && h.host_id != local {
         return Err(Error::WrongHost(format!(
@@ -213,6 +222,9 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
         read_only: req.read_only,
         key_len: h.key_len,
         key: h.key,
+        segments: segments
+            .as_ref()
+            .map(|t| Arc::new((t.seg.segment_size, t.seg.kind, t.producer_pid, t.table.to_vec()))),
     };
     let ticket = (h.ref_name_len > 0).then_some(Ticket {
         name_len: h.ref_name_len,
@@ -237,7 +249,7 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
             (watch, first)
         }
     };
-    let mapping = match map_allocation(&mut reg, &key, h, &validated, &req, backend) {
+    let mapping = match map_allocation(&mut reg, &key, h, segments.as_ref(), &validated, &req, backend) {
         Ok(m) => m,
         Err(e) => {
             if let Some(t) = &ticket {
@@ -260,6 +272,7 @@ fn map_allocation(
     reg: &mut Registry,
     key: &AllocKey,
     h: &DevshareHandle,
+    segments: Option<&crate::handle::segments::SegmentTable<'_>>,
     validated: &Validated,
     req: &ImportRequest,
     backend: &dyn backend::Backend,
@@ -277,7 +290,10 @@ fn map_allocation(
             entry.mapping.clone()
         }
         None => {
-            let mapping: Arc<dyn Mapping> = backend.import(h, validated, req)?.into();
+            let mapping: Arc<dyn Mapping> = match segments {
+                Some(t) => backend.import_segmented(h, t, validated, req)?.into(),
+                None => backend.import(h, validated, req)?.into(),
+            };
             if mapping.size() < h.alloc_size {
                 return Err(Error::Mismatch(format!(
                     "{} backend mapped {} bytes but the handle's alloc_size is {}",

@@ -74,23 +74,6 @@ fn legacy_65_byte_acl_key_parses_like_the_c_form() {
 }
 
 #[test]
-fn expandable_segment_handles_are_refused_naming_the_allocator_setting() {
-    let mut npu = vec![1u8, b'e'];
-    npu.extend_from_slice(&(20u64 << 20).to_le_bytes());
-    npu.extend_from_slice(&2u64.to_le_bytes());
-    npu.extend_from_slice(&[7u8; 16]);
-    let (s, m) = status_of(&args(DEVSHARE_BACKEND_ACL, &npu));
-    assert_eq!(s, Status::Unsupported);
-    assert!(m.contains("expandable") && m.contains("PYTORCH_NPU_ALLOC_CONF=expandable_segments:False"), "{m}");
-
-    let mut cuda = vec![2u8, b'e'];
-    cuda.extend_from_slice(&[0u8; 24 + 4 * 3]);
-    let (s, m) = status_of(&args(DEVSHARE_BACKEND_CUDA, &cuda));
-    assert_eq!(s, Status::Unsupported);
-    assert!(m.contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"), "{m}");
-}
-
-#[test]
 fn acl_handle_versions_other_than_1_are_refused_naming_the_version() {
     let mut v2 = vec![2u8, b'c'];
     v2.extend_from_slice(&acl_key());

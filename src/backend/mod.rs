@@ -8,6 +8,7 @@
 pub mod acl;
 pub mod cuda;
 pub mod host;
+pub mod pidfd;
 pub mod runtime;
 
 use crate::error::{Error, Result};
@@ -54,6 +55,21 @@ pub struct ExportOptions {
     /// ACL: export the key without pid validation (anyone may import it), as torch_npu does.
     /// By default only pids added with `allow_pid` may import.
     pub no_pid_check: bool,
+    /// CUDA segmented exports: share 64-byte fabric handles instead of POSIX fds.
+    pub fabric: bool,
+}
+
+/// A C producer's VMM allocation to export: `count` equal segments mapped back to back at
+/// `base`, one physical allocation handle per segment (`aclrtDrvMemHandle` /
+/// `CUmemGenericAllocationHandle`, as `u64`).
+#[derive(Clone, Copy, Debug)]
+pub struct SegmentedMemory<'a> {
+    /// Where the first segment is mapped in this process.
+    pub base: *mut u8,
+    /// Bytes per segment.
+    pub segment_size: u64,
+    /// The physical handles, in address order.
+    pub physical: &'a [u64],
 }
 
 /// An interprocess event an exporter recorded for one share; dropping it destroys it.
@@ -96,6 +112,11 @@ pub trait Exported: Send + Sync {
     /// host shared memory). When false, closing with outstanding references is refused unless
     /// forced.
     fn survives_exporter_close(&self) -> bool;
+    /// For a segmented export: segment size, `DEVSHARE_SEGMENTS_*` kind and the segment table
+    /// (little-endian records) that goes into its handles.
+    fn segments(&self) -> Option<(u64, u16, &[u8])> {
+        None
+    }
     /// Remove the allocation's name now, if it has one that importers open by (host shm).
     fn unlink(&self) {}
     /// Add one in-flight reference for a handle about to be sent (host: header count + 1).
@@ -146,6 +167,22 @@ pub trait Backend: Sync {
     /// Map the allocation a validated handle names (`req.device` is set, by `import_device`).
     fn import(&self, h: &DevshareHandle, v: &Validated, req: &ImportRequest)
         -> Result<Box<dyn Mapping>>;
+    /// Map a segmented allocation (a validated handle with `DEVSHARE_HANDLE_FLAG_SEGMENTED` and
+    /// its table): import every segment on `req.device`, reserve exactly
+    /// `count x segment_size` of address space and map the segments into it, in order.
+    fn import_segmented(
+        &self,
+        h: &DevshareHandle,
+        _segments: &crate::handle::segments::SegmentTable<'_>,
+        _v: &Validated,
+        _req: &ImportRequest,
+    ) -> Result<Box<dyn Mapping>> {
+        Err(Error::Unsupported(format!("{} memory cannot be segmented", h.backend_name())))
+    }
+    /// Export a C producer's segmented (VMM) allocation on `device`.
+    fn export_segments(&self, _device: i32, _mem: &SegmentedMemory<'_>, _opts: &ExportOptions) -> Result<Box<dyn Exported>> {
+        Err(Error::Unsupported(format!("the {} backend exports no segmented memory", backend_name_of(self.id()))))
+    }
     /// For a handle with `DEVSHARE_HANDLE_FLAG_EVENT`: open its event, make `req.stream` wait on
     /// it (or block when there is no stream), destroy it. Runs for every import of such a handle.
     fn wait_event(&self, h: &DevshareHandle, _req: &ImportRequest) -> Result<()> {
@@ -158,6 +195,10 @@ pub trait Backend: Sync {
     fn local_pid(&self, _device: i32) -> Result<i32> {
         Ok(std::process::id() as i32)
     }
+}
+
+fn backend_name_of(id: u16) -> &'static str {
+    crate::handle::backend_name(id)
 }
 
 /// Every backend, indexed by nothing in particular: [`get`] looks them up by id.

@@ -1,7 +1,7 @@
 //! Exporter functions: allocate or export, hand out handles, count and wait for releases, close.
 
 use super::abi::{init, read_input, sized_struct};
-use super::{arg, arg_mut, arg_slice, boundary};
+use super::{arg, arg_mut, arg_slice, boundary, write_out};
 use crate::dtype::DevshareDType;
 use crate::error::Error;
 use crate::backend::ExportOptions;
@@ -166,11 +166,78 @@ pub unsafe extern "C" fn devshare_export(
         if device < 0 {
             return Err(Error::InvalidArgument(format!("device {device} is negative")));
         }
-        let opts = ExportOptions { no_pid_check: flags & DEVSHARE_EXPORT_NO_PID_CHECK != 0 };
+        let opts = ExportOptions { no_pid_check: flags & DEVSHARE_EXPORT_NO_PID_CHECK != 0, ..Default::default() };
         let e = Exporter::export(backend, device, ptr.cast(), size, &opts)?;
         *out = Box::into_raw(Box::new(DevshareExporter(e)));
         Ok(())
     })
+}
+
+/// `devshare_export_segments` flag (cuda): share 64-byte fabric handles (multi-node NVLink
+/// systems; the physical memory must have been created with `CU_MEM_HANDLE_TYPE_FABRIC`)
+/// instead of POSIX file descriptors.
+pub const DEVSHARE_EXPORT_FABRIC: u32 = 2;
+
+/// Export a segmented (VMM) allocation that the caller built and mapped itself: `count`
+/// segments of `segment_size` bytes mapped back to back from `base` on `device`, with
+/// `physical[i]` the physical allocation handle of segment i (`aclrtDrvMemHandle` cast to
+/// `uint64_t`, or `CUmemGenericAllocationHandle`). `segment_size` is a multiple of
+/// `DEVSHARE_SEGMENT_GRANULARITY`. Handles made from the exporter are segmented handles, which
+/// stock torch_npu and PyTorch (`expandable_segments`) consumers open as 'e' storages
+/// (`devshare_handle_to_torch`). The caller keeps owning the memory and frees it after
+/// `devshare_exporter_close`; `physical` is read during the call only.
+///
+/// - acl: each segment is exported once with `aclrtMemExportToShareableHandle`, with pid
+///   validation unless `DEVSHARE_EXPORT_NO_PID_CHECK` (then `devshare_exporter_allow_pid`).
+/// - cuda: each segment is exported as a POSIX fd (kept open until the exporter closes, which
+///   consumers take with `pidfd_getfd`: see `devshare_allow_ptrace`), or as a fabric handle
+///   with `DEVSHARE_EXPORT_FABRIC`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_export_segments(
+    backend: u16,
+    device: i32,
+    base: *mut c_void,
+    physical: *const u64,
+    count: usize,
+    segment_size: u64,
+    flags: u32,
+    out: *mut *mut DevshareExporter,
+) -> i32 {
+    boundary("devshare_export_segments", || {
+        let out = unsafe { arg_mut(out, "out") }?;
+        if base.is_null() {
+            return Err(Error::NullArgument("base"));
+        }
+        if count == 0 {
+            return Err(Error::InvalidArgument("count is 0: there is nothing to export".into()));
+        }
+        let physical = unsafe { arg_slice(physical, count, "physical") }?;
+        let unknown = flags & !(DEVSHARE_EXPORT_NO_PID_CHECK | DEVSHARE_EXPORT_FABRIC);
+        if unknown != 0 {
+            return Err(Error::UnsupportedVersion(format!("export flags {unknown:#x} are unknown to this library")));
+        }
+        if device < 0 {
+            return Err(Error::InvalidArgument(format!("device {device} is negative")));
+        }
+        let opts = ExportOptions {
+            no_pid_check: flags & DEVSHARE_EXPORT_NO_PID_CHECK != 0,
+            fabric: flags & DEVSHARE_EXPORT_FABRIC != 0,
+        };
+        let mem = crate::backend::SegmentedMemory { base: base.cast(), segment_size, physical };
+        let e = Exporter::export_segments(backend, device, &mem, &opts)?;
+        *out = Box::into_raw(Box::new(DevshareExporter(e)));
+        Ok(())
+    })
+}
+
+/// Let the process `pid` take this process's file descriptors with `pidfd_getfd` under Yama
+/// `ptrace_scope` = 1 (`prctl(PR_SET_PTRACER, pid)`; `-1`: any process, `0`: nobody again).
+/// Needed by a CUDA producer whose segmented exports go to a consumer that is not its
+/// ancestor (a sibling or an unrelated process). It is process-wide and names one process at a
+/// time (the last call wins); devshare never calls it on its own. Without Yama, a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_allow_ptrace(pid: i32) -> i32 {
+    boundary("devshare_allow_ptrace", || crate::backend::pidfd::allow_ptrace(pid))
 }
 
 /// The exported allocation's address and size in this process (either out pointer may be NULL).
@@ -204,38 +271,94 @@ pub unsafe extern "C" fn devshare_exporter_share(
     boundary("devshare_exporter_share", || {
         let e = &unsafe { arg(exporter, "exporter") }?.0;
         let out = unsafe { arg_mut(out, "out") }?;
-        if desc.is_null() {
-            *out = e.share_bytes()?;
+        *out = unsafe { share_from_c(e, desc) }?;
+        Ok(())
+    })
+}
+
+/// `Exporter::share` for a C description (NULL: the whole allocation as bytes).
+///
+/// # Safety
+/// `desc` is NULL or valid for its `struct_size`, its shape/strides for `ndim` entries.
+unsafe fn share_from_c(e: &Exporter, desc: *const DevshareTensorDesc) -> crate::error::Result<DevshareHandle> {
+    if desc.is_null() {
+        return e.share_bytes();
+    }
+    let d = unsafe { read_input(desc, "desc") }?;
+    if d.ndim as usize > DEVSHARE_MAX_NDIM {
+        return Err(Error::BadNdim(format!(
+            "desc.ndim {} is above the maximum {DEVSHARE_MAX_NDIM}",
+            d.ndim
+        )));
+    }
+    let unknown = d.flags & !(DEVSHARE_SHARE_INFLIGHT | DEVSHARE_SHARE_EVENT);
+    if unknown != 0 {
+        return Err(Error::UnsupportedVersion(format!(
+            "desc.flags: bits {unknown:#x} are not share flags this library knows"
+        )));
+    }
+    let n = d.ndim as usize;
+    let shape = unsafe { arg_slice(d.shape, n, "desc.shape") }?;
+    let strides = if d.strides.is_null() { None } else { Some(unsafe { arg_slice(d.strides, n, "desc.strides") }?) };
+    e.share(&TensorDesc {
+        dtype: d.dtype,
+        shape,
+        strides,
+        storage_offset: d.storage_offset,
+        storage_size: (d.storage_size != DEVSHARE_STORAGE_TO_END).then_some(d.storage_size),
+        tensor_offset: d.tensor_offset,
+        inflight: d.flags & DEVSHARE_SHARE_INFLIGHT != 0,
+        event: d.flags & DEVSHARE_SHARE_EVENT != 0,
+        stream: d.stream,
+    })
+}
+
+/// Like `devshare_exporter_share`, but writes the handle's byte encoding into `buf` — the form
+/// that also carries a segmented export's segment table when it is too long for the struct.
+/// `*len_out` (if not NULL) receives the length, also when `buf` is NULL or too small
+/// (`DEVSHARE_STATUS_BUFFER_TOO_SMALL`: nothing was shared then, call again).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_exporter_share_encoded(
+    exporter: *const DevshareExporter,
+    desc: *const DevshareTensorDesc,
+    buf: *mut u8,
+    cap: usize,
+    len_out: *mut usize,
+) -> i32 {
+    boundary("devshare_exporter_share_encoded", || {
+        let e = &unsafe { arg(exporter, "exporter") }?.0;
+        let h = unsafe { share_from_c(e, desc) }?;
+        let mut bytes = Vec::new();
+        crate::handle::encode::encode_full_into(&h, e.external_table(), &mut bytes)?;
+        if buf.is_null() || cap < bytes.len() {
+            // Give the reference back: the caller asks again with a larger buffer.
+            crate::import::discard_handle(&h)?;
+        }
+        unsafe { write_out(&bytes, false, buf, cap, len_out) }
+    })
+}
+
+/// The segment table of a segmented export whose table does not fit a `DevshareHandle` (more
+/// than `DEVSHARE_KEY_CAPACITY` bytes of records), for `devshare_torch_storage_handle`; its
+/// length is 0 (and nothing is written) for other exports. `*len_out` (if not NULL) receives
+/// the length, also when `buf` is NULL or too small (`DEVSHARE_STATUS_BUFFER_TOO_SMALL`).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_exporter_segment_table(
+    exporter: *const DevshareExporter,
+    buf: *mut u8,
+    cap: usize,
+    len_out: *mut usize,
+) -> i32 {
+    boundary("devshare_exporter_segment_table", || {
+        let e = &unsafe { arg(exporter, "exporter") }?.0;
+        let t = e.external_table().unwrap_or(&[]);
+        if t.is_empty() {
+            if let Some(l) = unsafe { len_out.as_mut() } {
+                *l = 0;
+            }
             return Ok(());
         }
-        let d = unsafe { read_input(desc, "desc") }?;
-        if d.ndim as usize > DEVSHARE_MAX_NDIM {
-            return Err(Error::BadNdim(format!(
-                "desc.ndim {} is above the maximum {DEVSHARE_MAX_NDIM}",
-                d.ndim
-            )));
-        }
-        let unknown = d.flags & !(DEVSHARE_SHARE_INFLIGHT | DEVSHARE_SHARE_EVENT);
-        if unknown != 0 {
-            return Err(Error::UnsupportedVersion(format!(
-                "desc.flags: bits {unknown:#x} are not share flags this library knows"
-            )));
-        }
-        let n = d.ndim as usize;
-        let shape = unsafe { arg_slice(d.shape, n, "desc.shape") }?;
-        let strides = if d.strides.is_null() { None } else { Some(unsafe { arg_slice(d.strides, n, "desc.strides") }?) };
-        *out = e.share(&TensorDesc {
-            dtype: d.dtype,
-            shape,
-            strides,
-            storage_offset: d.storage_offset,
-            storage_size: (d.storage_size != DEVSHARE_STORAGE_TO_END).then_some(d.storage_size),
-            tensor_offset: d.tensor_offset,
-            inflight: d.flags & DEVSHARE_SHARE_INFLIGHT != 0,
-            event: d.flags & DEVSHARE_SHARE_EVENT != 0,
-            stream: d.stream,
-        })?;
-        Ok(())
+        unsafe { write_out(t, false, buf, cap, len_out) }
     })
 }
 

@@ -1,11 +1,11 @@
 //! Importer functions: import a handle, look at the mapping, release it.
 
 use super::abi::{init, read_input, sized_struct, write_output, SizedStruct};
-use super::{arg, arg_mut, boundary};
+use super::{arg, arg_mut, arg_slice, boundary};
 use crate::backend::{ImportRequest, PeerAccess};
 use crate::error::Error;
 use crate::handle::DevshareHandle;
-use crate::import::{import, Import};
+use crate::import::{import, import_full, Import};
 use std::ffi::c_void;
 
 /// `DevshareImportOptions::flags`: map the data read-only (writes through the pointer fault).
@@ -27,6 +27,10 @@ pub const DEVSHARE_DEVICE_FROM_HANDLE: i32 = -1;
 pub struct DevshareImport(Import);
 
 impl DevshareImport {
+    pub(crate) fn new(imp: Import) -> DevshareImport {
+        DevshareImport(imp)
+    }
+
     pub(crate) fn inner(&self) -> &Import {
         &self.0
     }
@@ -170,12 +174,63 @@ pub unsafe extern "C" fn devshare_import(
     boundary("devshare_import", || {
         let h = unsafe { arg(handle, "handle") }?;
         let out = unsafe { arg_mut(out, "out") }?;
-        let req = if options.is_null() {
-            ImportRequest::default()
-        } else {
-            request(&unsafe { read_input(options, "options") }?)?
-        };
+        let req = unsafe { request_from(options) }?;
         *out = Box::into_raw(Box::new(DevshareImport(import(h, req)?)));
+        Ok(())
+    })
+}
+
+/// The import request from C options (NULL: the defaults).
+///
+/// # Safety
+/// `options` is NULL or valid for its `struct_size`.
+pub(crate) unsafe fn request_from(options: *const DevshareImportOptions) -> crate::error::Result<ImportRequest> {
+    if options.is_null() {
+        return Ok(ImportRequest::default());
+    }
+    request(&unsafe { read_input(options, "options") }?)
+}
+
+/// Import a handle from its byte encoding (`devshare_handle_encode`,
+/// `devshare_exporter_share_encoded`). Unlike decoding into a `DevshareHandle` first, this also
+/// imports segmented handles whose segment table is too long for the struct (it travels in the
+/// encoding). Release with `devshare_import_release`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_import_encoded(
+    buf: *const u8,
+    len: usize,
+    options: *const DevshareImportOptions,
+    out: *mut *mut DevshareImport,
+) -> i32 {
+    boundary("devshare_import_encoded", || {
+        let out = unsafe { arg_mut(out, "out") }?;
+        if buf.is_null() {
+            return Err(Error::NullArgument("buf"));
+        }
+        let d = crate::handle::encode::decode_full(unsafe { arg_slice(buf, len, "buf") }?)?;
+        let req = unsafe { request_from(options) }?;
+        *out = Box::into_raw(Box::new(DevshareImport(import_full(&d.handle, d.table.as_deref(), req)?)));
+        Ok(())
+    })
+}
+
+/// Import a handle from its text form, like `devshare_import_encoded` (NUL-terminated `text`).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_import_text(
+    text: *const std::ffi::c_char,
+    options: *const DevshareImportOptions,
+    out: *mut *mut DevshareImport,
+) -> i32 {
+    boundary("devshare_import_text", || {
+        let out = unsafe { arg_mut(out, "out") }?;
+        let t = unsafe { arg(text, "text") }?;
+        // SAFETY: the caller passes a NUL-terminated string.
+        let t = unsafe { std::ffi::CStr::from_ptr(t) }
+            .to_str()
+            .map_err(|_| Error::BadText("text is not UTF-8".into()))?;
+        let d = crate::handle::text::from_text_full(t)?;
+        let req = unsafe { request_from(options) }?;
+        *out = Box::into_raw(Box::new(DevshareImport(import_full(&d.handle, d.table.as_deref(), req)?)));
         Ok(())
     })
 }

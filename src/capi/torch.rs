@@ -5,7 +5,7 @@ use super::{arg, arg_mut, arg_slice, boundary};
 use crate::dtype::DevshareDType;
 use crate::error::Error;
 use crate::handle::DevshareHandle;
-use crate::torch::{handle_from_torch, handle_to_torch, TorchArgs};
+use crate::torch::{handle_from_torch, handle_from_torch_full, handle_to_torch, handle_to_torch_full, TorchArgs};
 
 /// Capacity of `DevshareTorchStorage::handle` (the largest form devshare writes is 67 bytes).
 pub const DEVSHARE_TORCH_HANDLE_CAPACITY: usize = 128;
@@ -99,7 +99,10 @@ pub struct DevshareTorchStorage {
     pub struct_size: u32,
     /// Tuple item 0: device index (the handle's `device_index`).
     pub device: i32,
-    /// Bytes used in `handle`: 64 (cuda, raw handle) or 67 (acl, version-1 'c' handle).
+    /// Length of the storage handle: 64 (cuda, raw handle), 67 (acl, version-1 'c' handle), or
+    /// for a segmented handle the length of its 'e' form (18 + 8n acl, 26 + 4n / 26 + 64n cuda).
+    /// When it exceeds `DEVSHARE_TORCH_HANDLE_CAPACITY` (every 'e' form but the shortest),
+    /// `handle` is all zero: get the bytes with `devshare_torch_storage_handle`.
     pub handle_len: u32,
     /// Bytes used in `ref_name` (0: none; send `b""`).
     pub ref_name_len: u32,
@@ -161,37 +164,65 @@ pub unsafe extern "C" fn devshare_handle_from_torch(args: *const DevshareTorchAr
     boundary("devshare_handle_from_torch", || {
         let a = unsafe { read_input(args, "args") }?;
         let out = unsafe { arg_mut(out, "out") }?;
-        if a.reserved0 != 0 || a.reserved1 != 0 {
-            return Err(Error::InvalidArgument("args.reserved0 and args.reserved1 must be 0".into()));
-        }
-        if a.ndim as usize > crate::handle::DEVSHARE_MAX_NDIM {
-            return Err(Error::BadNdim(format!("args.ndim {} is above the maximum", a.ndim)));
-        }
-        let n = a.ndim as usize;
-        let shape = unsafe { arg_slice(a.shape, n, "args.shape") }?;
-        let strides = if a.strides.is_null() { None } else { Some(unsafe { arg_slice(a.strides, n, "args.strides") }?) };
-        let event_handle = if a.event_sync_required != 0 {
-            unsafe { arg_slice(a.event_handle, a.event_handle_len, "args.event_handle") }?
-        } else {
-            &[]
-        };
-        *out = handle_from_torch(&TorchArgs {
-            backend: a.backend,
-            dtype: a.dtype,
-            shape,
-            strides,
-            tensor_offset: a.tensor_offset,
-            device: a.device,
-            producer_pid: a.producer_pid,
-            handle: unsafe { arg_slice(a.handle, a.handle_len, "args.handle") }?,
-            storage_size: a.storage_size,
-            storage_offset: a.storage_offset,
-            ref_name: unsafe { arg_slice(a.ref_name, a.ref_name_len, "args.ref_name") }?,
-            ref_slot: a.ref_slot,
-            event_handle,
-            event_sync_required: a.event_sync_required != 0,
-        })?;
+        *out = handle_from_torch(&unsafe { torch_args(&a) }?)?;
         Ok(())
+    })
+}
+
+/// Import the storage a PyTorch (cuda) or torch_npu (acl) tuple names, in one call: like
+/// `devshare_handle_from_torch` + `devshare_import`, and also for expandable segments whose
+/// segment table is too long for a `DevshareHandle`. Release with `devshare_import_release`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_import_torch(
+    args: *const DevshareTorchArgs,
+    options: *const super::import::DevshareImportOptions,
+    out: *mut *mut super::import::DevshareImport,
+) -> i32 {
+    boundary("devshare_import_torch", || {
+        let a = unsafe { read_input(args, "args") }?;
+        let out = unsafe { arg_mut(out, "out") }?;
+        let d = handle_from_torch_full(&unsafe { torch_args(&a) }?)?;
+        let req = unsafe { super::import::request_from(options) }?;
+        let imp = crate::import::import_full(&d.handle, d.table.as_deref(), req)?;
+        *out = Box::into_raw(Box::new(super::import::DevshareImport::new(imp)));
+        Ok(())
+    })
+}
+
+/// The tuple fields of a C `DevshareTorchArgs`, checked.
+///
+/// # Safety
+/// The pointers in `a` are NULL or valid for their lengths.
+unsafe fn torch_args(a: &DevshareTorchArgs) -> crate::error::Result<TorchArgs<'_>> {
+    if a.reserved0 != 0 || a.reserved1 != 0 {
+        return Err(Error::InvalidArgument("args.reserved0 and args.reserved1 must be 0".into()));
+    }
+    if a.ndim as usize > crate::handle::DEVSHARE_MAX_NDIM {
+        return Err(Error::BadNdim(format!("args.ndim {} is above the maximum", a.ndim)));
+    }
+    let n = a.ndim as usize;
+    let shape = unsafe { arg_slice(a.shape, n, "args.shape") }?;
+    let strides = if a.strides.is_null() { None } else { Some(unsafe { arg_slice(a.strides, n, "args.strides") }?) };
+    let event_handle = if a.event_sync_required != 0 {
+        unsafe { arg_slice(a.event_handle, a.event_handle_len, "args.event_handle") }?
+    } else {
+        &[]
+    };
+    Ok(TorchArgs {
+        backend: a.backend,
+        dtype: a.dtype,
+        shape,
+        strides,
+        tensor_offset: a.tensor_offset,
+        device: a.device,
+        producer_pid: a.producer_pid,
+        handle: unsafe { arg_slice(a.handle, a.handle_len, "args.handle") }?,
+        storage_size: a.storage_size,
+        storage_offset: a.storage_offset,
+        ref_name: unsafe { arg_slice(a.ref_name, a.ref_name_len, "args.ref_name") }?,
+        ref_slot: a.ref_slot,
+        event_handle,
+        event_sync_required: a.event_sync_required != 0,
     })
 }
 
@@ -216,9 +247,34 @@ pub unsafe extern "C" fn devshare_handle_to_torch(handle: *const DevshareHandle,
             event_sync_required: u32::from(t.event_sync_required),
             ..DevshareTorchStorage::defaults()
         };
-        s.handle[..t.handle.len()].copy_from_slice(&t.handle);
+        if t.handle.len() <= DEVSHARE_TORCH_HANDLE_CAPACITY {
+            s.handle[..t.handle.len()].copy_from_slice(&t.handle);
+        }
         s.ref_name[..t.ref_name.len()].copy_from_slice(&t.ref_name);
         unsafe { write_output(out, s, "out") }
+    })
+}
+
+/// Write the storage handle bytes (tuple item 1 of the 8-tuple, arg 7 of `reduce_tensor`) for a
+/// device handle into `buf`: the raw 64-byte CUDA handle, the 67-byte torch_npu 'c' form, or a
+/// segmented handle's 'e' form (torch_npu version 1, PyTorch CUDA version 2). `table` is the
+/// segment table of a segmented handle whose table is not inline
+/// (`devshare_exporter_segment_table`), NULL otherwise. `*len_out` (if not NULL) receives the
+/// length, also when `buf` is NULL or too small (`DEVSHARE_STATUS_BUFFER_TOO_SMALL`).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_torch_storage_handle(
+    handle: *const DevshareHandle,
+    table: *const u8,
+    table_len: usize,
+    buf: *mut u8,
+    cap: usize,
+    len_out: *mut usize,
+) -> i32 {
+    boundary("devshare_torch_storage_handle", || {
+        let h = unsafe { arg(handle, "handle") }?;
+        let table = if table.is_null() { None } else { Some(unsafe { arg_slice(table, table_len, "table") }?) };
+        let t = handle_to_torch_full(h, table)?;
+        unsafe { super::write_out(&t.handle, false, buf, cap, len_out) }
     })
 }
 

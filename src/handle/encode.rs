@@ -59,7 +59,29 @@ static_assertions::const_assert_eq!(
 
 /// Encode a valid handle into `out` (cleared first). Invalid handles are refused.
 pub fn encode_into(h: &DevshareHandle, out: &mut Vec<u8>) -> Result<()> {
+    encode_full_into(h, None, out)
+}
+
+/// Encode a valid handle together with its segment table when the table is not inline (a
+/// segmented handle of many segments); `table` must be `None` otherwise.
+pub fn encode_full_into(h: &DevshareHandle, table: Option<&[u8]>, out: &mut Vec<u8>) -> Result<()> {
     validate(h)?;
+    let external = match (segments::segments(h)?, table) {
+        (Some(seg), Some(t)) if !seg.inline => {
+            segments::check_table(h, &seg, t)?;
+            Some(t)
+        }
+        (Some(seg), None) if !seg.inline => {
+            return Err(Error::InvalidArgument(format!(
+                "the handle's {} segments are not inline: its segment table must be encoded with it",
+                seg.count
+            )))
+        }
+        (_, Some(_)) => {
+            return Err(Error::InvalidArgument("a segment table was given for a handle that holds its own (or none)".into()))
+        }
+        (_, None) => None,
+    };
     out.clear();
     out.reserve(DEVSHARE_HANDLE_MAX_ENCODED_SIZE);
     out.extend_from_slice(&MAGIC);
@@ -98,6 +120,12 @@ pub fn encode_into(h: &DevshareHandle, out: &mut Vec<u8>) -> Result<()> {
     }
     out.push(h.ext_len as u8);
     out.extend_from_slice(h.ext_bytes());
+    if let Some(t) = external {
+        out.extend_from_slice(&segments::DEVSHARE_EXT_SEGMENTS.to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&(t.len() as u32).to_le_bytes());
+        out.extend_from_slice(t);
+    }
     let total = (out.len() + 4) as u32;
     out[8..12].copy_from_slice(&total.to_le_bytes());
     let crc = crc32fast::hash(out);
@@ -110,6 +138,15 @@ pub fn encode(h: &DevshareHandle) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     encode_into(h, &mut out)?;
     Ok(out)
+}
+
+/// A decoded handle and, for a segmented handle whose table is not inline, its segment table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decoded {
+    /// The handle, validated.
+    pub handle: DevshareHandle,
+    /// The segment table that travelled next to it (checked against the handle's description).
+    pub table: Option<Vec<u8>>,
 }
 
 struct Reader<'a> {
@@ -154,7 +191,13 @@ impl<'a> Reader<'a> {
 }
 
 /// Decode and validate handle bytes. Every rejection has its own status and names the field.
+/// A segmented handle's external table is checked and dropped: use [`decode_full`] to keep it.
 pub fn decode(buf: &[u8]) -> Result<DevshareHandle> {
+    decode_full(buf).map(|d| d.handle)
+}
+
+/// Decode and validate handle bytes, keeping a segment table that travelled with them.
+pub fn decode_full(buf: &[u8]) -> Result<Decoded> {
     let probe = buf.len().min(MAGIC.len());
     if buf[..probe] != MAGIC[..probe] {
         return Err(Error::BadMagic(format!(
@@ -205,6 +248,7 @@ pub fn decode(buf: &[u8]) -> Result<DevshareHandle> {
     }
 
     let mut r = Reader { buf: content, pos: HEADER_LEN };
+    let mut table: Option<Vec<u8>> = None;
     let mut h = DevshareHandle { backend: r.u16("backend")?, ..Default::default() };
     let ndim = r.u8("ndim")? as usize;
     if ndim > DEVSHARE_MAX_NDIM {
@@ -268,7 +312,14 @@ pub fn decode(buf: &[u8]) -> Result<DevshareHandle> {
                 return Err(Error::invalid("section", format!("section {kind:#06x}: reserved bytes must be 0")));
             }
             let len = r.u32("section length")? as usize;
-            r.take(len, "section data")?;
+            let data = r.take(len, "section data")?;
+            if kind == segments::DEVSHARE_EXT_SEGMENTS {
+                if table.is_some() {
+                    return Err(Error::invalid("section", "more than one segment table"));
+                }
+                table = Some(data.to_vec());
+                continue;
+            }
             if kind == 0 {
                 return Err(Error::invalid("section", "section type 0 is invalid"));
             }
@@ -289,5 +340,18 @@ pub fn decode(buf: &[u8]) -> Result<DevshareHandle> {
         )));
     }
     validate(&h)?;
-    Ok(h)
+    match (segments::segments(&h)?, &table) {
+        (Some(seg), Some(t)) if !seg.inline => segments::check_table(&h, &seg, t)?,
+        (Some(seg), None) if !seg.inline => {
+            return Err(Error::Truncated(format!(
+                "the handle names {} segments but the encoding carries no segment table",
+                seg.count
+            )))
+        }
+        (_, Some(_)) => {
+            return Err(Error::invalid("section", "a segment table section for a handle that needs none"))
+        }
+        (_, None) => {}
+    }
+    Ok(Decoded { handle: h, table })
 }

@@ -4,11 +4,14 @@
 //! `static_assertions`. For transports there is a canonical byte encoding ([`encode`]) and a text
 //! form ([`text`]); both validate every field on the way in ([`validate`]).
 
+mod acl_key;
 pub mod encode;
+pub mod segments;
 pub mod text;
 mod validate;
 
 pub use validate::{ext_records, validate, ExtRecord, Validated};
+pub(crate) use acl_key::{check_acl_key, AclKey, ACL_KEY_LEN};
 pub(crate) use validate::is_shm_name;
 
 use crate::dtype::DevshareDType;
@@ -56,7 +59,10 @@ pub const DEVSHARE_HANDLE_FLAGS_MUST_UNDERSTAND: u32 = 0x0000_ffff;
 /// ignores it (and keeps it when it re-encodes the handle).
 pub const DEVSHARE_HANDLE_FLAGS_MAY_IGNORE: u32 = 0xffff_0000;
 /// All "must understand" handle flags this library knows.
-pub const DEVSHARE_HANDLE_KNOWN_FLAGS: u32 = DEVSHARE_HANDLE_FLAG_EVENT | DEVSHARE_HANDLE_FLAG_INFLIGHT;
+pub const DEVSHARE_HANDLE_KNOWN_FLAGS: u32 =
+    DEVSHARE_HANDLE_FLAG_EVENT | DEVSHARE_HANDLE_FLAG_INFLIGHT | segments::DEVSHARE_HANDLE_FLAG_SEGMENTED;
+/// The "must understand" extension record types this library knows.
+pub(crate) const KNOWN_EXT_TYPES: [u16; 1] = [segments::DEVSHARE_EXT_SEGMENTS];
 /// Extension record types with this bit set must be understood: a reader that does not know
 /// the type refuses the handle with `DEVSHARE_STATUS_UNSUPPORTED_VERSION`, naming it. Types
 /// without it are skipped by readers that do not know them. Type 0 is invalid.

@@ -1,7 +1,7 @@
 //! The text form of a handle: `devshare1:` followed by the byte encoding in unpadded
 //! URL-safe base64. Safe in environment variables, JSON strings and command lines.
 
-use super::encode::{decode, encode_into, DEVSHARE_HANDLE_DECODE_LIMIT, DEVSHARE_HANDLE_MAX_ENCODED_SIZE};
+use super::encode::{decode_full, encode_full_into, Decoded, DEVSHARE_HANDLE_DECODE_LIMIT, DEVSHARE_HANDLE_MAX_ENCODED_SIZE};
 use super::DevshareHandle;
 use crate::error::{Error, Result};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -19,8 +19,13 @@ static_assertions::const_assert_eq!(
 
 /// The text form of a valid handle.
 pub fn to_text(h: &DevshareHandle) -> Result<String> {
+    to_text_full(h, None)
+}
+
+/// The text form of a valid handle with its segment table when that is not inline.
+pub fn to_text_full(h: &DevshareHandle, table: Option<&[u8]>) -> Result<String> {
     let mut bytes = Vec::new();
-    encode_into(h, &mut bytes)?;
+    encode_full_into(h, table, &mut bytes)?;
     let mut s = String::with_capacity(DEVSHARE_HANDLE_MAX_TEXT_SIZE);
     s.push_str(TEXT_PREFIX);
     URL_SAFE_NO_PAD.encode_string(&bytes, &mut s);
@@ -29,6 +34,11 @@ pub fn to_text(h: &DevshareHandle) -> Result<String> {
 
 /// Parse and validate handle text. Surrounding ASCII whitespace (a trailing newline) is ignored.
 pub fn from_text(text: &str) -> Result<DevshareHandle> {
+    from_text_full(text).map(|d| d.handle)
+}
+
+/// Parse and validate handle text, keeping a segment table that travelled with it.
+pub fn from_text_full(text: &str) -> Result<Decoded> {
     let t = text.trim_ascii();
     let body = t.strip_prefix(TEXT_PREFIX).ok_or_else(|| {
         Error::BadText(format!(
@@ -49,5 +59,5 @@ pub fn from_text(text: &str) -> Result<DevshareHandle> {
             other => format!("base64 body: {other}"),
         })
     })?;
-    decode(&bytes)
+    decode_full(&bytes)
 }

@@ -59,18 +59,7 @@ fn check_key(h: &DevshareHandle) -> Result<()> {
                 )));
             }
         }
-        DEVSHARE_BACKEND_ACL => {
-            if len != 65 {
-                return Err(Error::BadKey(format!("ACL IPC key must be 65 bytes, got {len}")));
-            }
-            match key.iter().position(|&b| b == 0) {
-                None => return Err(Error::BadKey("ACL IPC key is not NUL-terminated".into())),
-                Some(0) => return Err(Error::BadKey("ACL IPC key is empty".into())),
-                // The runtime leaves the bytes after the NUL unspecified; a handle carries them
-                // as zeros so that equal keys are equal bytes.
-                Some(n) => zero_tail("key", &key[n..])?,
-            }
-        }
+        DEVSHARE_BACKEND_ACL => check_acl_key(key)?,
         DEVSHARE_BACKEND_CUDA => {
             if len != 64 {
                 return Err(Error::BadKey(format!(
@@ -225,9 +214,9 @@ fn check_ext(h: &DevshareHandle) -> Result<()> {
     }
     zero_tail("ext", &h.ext[len..])?;
     for r in ext_records(&h.ext[..len])? {
-        // This version knows no record types: every "must understand" one is refused by name,
-        // every other one is skipped.
-        if r.kind & DEVSHARE_EXT_MUST_UNDERSTAND != 0 {
+        // Known types are checked where they are used (segments: `segments::segments`); every
+        // unknown "must understand" one is refused by name, every other one is skipped.
+        if r.kind & DEVSHARE_EXT_MUST_UNDERSTAND != 0 && !KNOWN_EXT_TYPES.contains(&r.kind) {
             return Err(Error::UnsupportedVersion(format!(
                 "the handle (layout {}.{}) carries extension record type {:#06x} that must be \
                  understood, which this library (layout {DEVSHARE_HANDLE_LAYOUT_VERSION}.\
@@ -258,6 +247,7 @@ pub fn validate(h: &DevshareHandle) -> Result<Validated> {
         )));
     }
     check_flags(h)?;
+    check_ext(h)?;
     if h.backend == 0 {
         return Err(Error::invalid("backend", "0 is not a backend"));
     }
@@ -288,6 +278,8 @@ pub fn validate(h: &DevshareHandle) -> Result<Validated> {
         return Err(Error::invalid("strides", "entries at and beyond ndim must be 0"));
     }
     let element_size = h.dtype.element_size()?;
+    // The segment description (and an inline table) before the sizes: it defines alloc_size.
+    let segmented = super::segments::segments(h)?;
     check_size("alloc_size", h.alloc_size)?;
     check_size("storage_offset", h.storage_offset)?;
     check_size("storage_size", h.storage_size)?;
@@ -298,7 +290,9 @@ pub fn validate(h: &DevshareHandle) -> Result<Validated> {
             h.storage_offset, h.storage_size, h.alloc_size
         )));
     }
-    check_key(h)?;
+    if segmented.is_none() {
+        check_key(h)?;
+    }
     check_ref(h)?;
     if h.flags & DEVSHARE_HANDLE_FLAG_EVENT == 0 {
         zero_tail("event_handle", &h.event_handle)?;
@@ -314,7 +308,6 @@ pub fn validate(h: &DevshareHandle) -> Result<Validated> {
     if h.reserved1 != 0 {
         return Err(Error::invalid("reserved1", "must be 0"));
     }
-    check_ext(h)?;
     let (numel, tensor_byte) = check_tensor(h, element_size)?;
     Ok(Validated { element_size, numel, data_offset: h.storage_offset + tensor_byte })
 }

@@ -1,0 +1,125 @@
+//! Taking another process's file descriptor (`pidfd_open` + `pidfd_getfd`), as PyTorch's CUDA
+//! expandable segments require of their consumers, and letting a named process do it to us
+//! (`PR_SET_PTRACER`). Every way this is refused gets its own message naming the cause and the
+//! fix, because the kernel reports most of them as a bare EPERM.
+
+use crate::error::{Error, Result};
+use rustix::io::Errno;
+use rustix::process::{pidfd_getfd, pidfd_open, set_ptracer, Pid, PidfdFlags, PidfdGetfdFlags, PTracer};
+use std::os::fd::OwnedFd;
+
+/// Yama's `kernel.yama.ptrace_scope`, when Yama is there.
+fn ptrace_scope() -> Option<u32> {
+    std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok()?.trim().parse().ok()
+}
+
+/// The real uid of `pid` (from `/proc/<pid>/status`) and the owner of `/proc/<pid>`, which is
+/// root for a non-dumpable process.
+fn proc_ids(pid: i32) -> Option<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let uid = status.lines().find_map(|l| l.strip_prefix("Uid:"))?.split_whitespace().next()?.parse().ok()?;
+    let owner = std::fs::metadata(format!("/proc/{pid}")).ok()?.uid();
+    Some((uid, owner))
+}
+
+/// Why `pidfd_getfd` on `pid` was refused with EPERM, and what fixes it.
+fn eperm_cause(pid: i32) -> String {
+    let me = rustix::process::getuid().as_raw();
+    if let Some((uid, owner)) = proc_ids(pid) {
+        if uid != me && me != 0 {
+            return format!(
+                "the producer runs as uid {uid} and this process as uid {me}: taking its fds needs the same \
+                 uid or CAP_SYS_PTRACE (run both as one user)"
+            );
+        }
+        if owner == 0 && uid != 0 {
+            return "the producer is not dumpable (it called prctl(PR_SET_DUMPABLE, 0), or changed its \
+                    credentials, e.g. setuid): nothing but CAP_SYS_PTRACE may take its fds; keep the producer \
+                    dumpable"
+                .into();
+        }
+    }
+    match ptrace_scope() {
+        Some(1) => format!(
+            "Yama ptrace_scope is 1, so only an ancestor of process {pid} may take its fds: have the producer \
+             call devshare_allow_ptrace(<this pid>) (PR_SET_PTRACER), start this consumer from the producer, \
+             or set kernel.yama.ptrace_scope=0"
+        ),
+        Some(2) => "Yama ptrace_scope is 2: taking another process's fds needs CAP_SYS_PTRACE \
+                    (or kernel.yama.ptrace_scope <= 1)"
+            .into(),
+        Some(3) => "Yama ptrace_scope is 3: no process may take another's fds until reboot; share through a \
+                    devshare channel (fds passed over a socket) or plain allocations instead"
+            .into(),
+        _ => "the kernel's ptrace-attach check refused it; in a container, the default seccomp profile blocks \
+              pidfd_getfd without CAP_SYS_PTRACE (docker --cap-add SYS_PTRACE)"
+            .into(),
+    }
+}
+
+/// A handle to another process, for taking its fds.
+pub struct Process {
+    pid: i32,
+    pidfd: OwnedFd,
+}
+
+impl Process {
+    /// `pidfd_open(pid)`.
+    pub fn open(pid: i32) -> Result<Process> {
+        let p = Pid::from_raw(pid)
+            .ok_or_else(|| Error::InvalidArgument(format!("producer pid {pid} is not a process id")))?;
+        let pidfd = pidfd_open(p, PidfdFlags::empty()).map_err(|e| {
+            let why = match e {
+                Errno::SRCH => format!(
+                    "process {pid} does not exist here: the producer exited (its segments went with it), or it \
+                     runs in another pid namespace (containers must share the pid namespace, e.g. --pid=host)"
+                ),
+                Errno::NOSYS => "the kernel has no pidfd_open (Linux >= 5.3 is needed, >= 5.6 for pidfd_getfd)".into(),
+                other => format!("{other}"),
+            };
+            Error::Os { call: format!("pidfd_open({pid})"), errno: e.raw_os_error(), message: why }
+        })?;
+        Ok(Process { pid, pidfd })
+    }
+
+    /// A duplicate of the process's file descriptor `fd` (close it when done).
+    pub fn take_fd(&self, fd: i32) -> Result<OwnedFd> {
+        pidfd_getfd(&self.pidfd, fd, PidfdGetfdFlags::empty()).map_err(|e| {
+            let why = match e {
+                Errno::PERM => eperm_cause(self.pid),
+                Errno::BADF => format!(
+                    "fd {fd} is not open in process {}: the producer freed the memory (and closed its fd), or the \
+                     handle's records are not fd numbers",
+                    self.pid
+                ),
+                Errno::SRCH => format!("process {} exited", self.pid),
+                Errno::NOSYS => "the kernel has no pidfd_getfd (Linux >= 5.6 is needed)".into(),
+                Errno::MFILE | Errno::NFILE => "too many open files in this process".into(),
+                other => format!("{other}"),
+            };
+            Error::Os { call: format!("pidfd_getfd(pid {}, fd {fd})", self.pid), errno: e.raw_os_error(), message: why }
+        })
+    }
+}
+
+/// `prctl(PR_SET_PTRACER, pid)`: `-1` any process, `0` none.
+pub fn allow_ptrace(pid: i32) -> Result<()> {
+    let tracer = match pid {
+        -1 => PTracer::Any,
+        0 => PTracer::None,
+        p => PTracer::ProcessID(
+            Pid::from_raw(p).ok_or_else(|| Error::InvalidArgument(format!("pid {p} is not a process id")))?,
+        ),
+    };
+    match set_ptracer(tracer) {
+        Ok(()) => Ok(()),
+        // Without Yama the call is refused with EINVAL and nothing is needed.
+        Err(Errno::INVAL) if ptrace_scope().is_none() => Ok(()),
+        Err(e) => Err(Error::Os {
+            call: format!("prctl(PR_SET_PTRACER, {pid})"),
+            errno: e.raw_os_error(),
+            message: format!("{e}"),
+        }),
+    }
+}
