@@ -27,8 +27,11 @@ struct AllocKey {
     key: [u8; DEVSHARE_KEY_CAPACITY],
     /// Segmented allocations: segment size, kind, producer pid and the whole table (the key
     /// area holds at most part of it). `None` for single allocations (no heap on their path).
-    segments: Option<Arc<(u64, u16, i32, Vec<u8>)>>,
+    segments: Option<Arc<SegmentsKey>>,
 }
+
+/// What identifies a segmented allocation: segment size, table kind, producer pid, table.
+type SegmentsKey = (u64, u16, i32, Vec<u8>);
 
 /// A handle's reference: ref-counter name and slot (fixed-size, like [`AllocKey`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]

@@ -3,11 +3,15 @@
 //!
 //! - [`handle`]: the one handle format — a fixed-size C struct, its byte encoding and text form,
 //!   and the validation every decode goes through.
-//! - [`backend`]: where memory comes from and how it is mapped (host shared memory today; ACL and
-//!   CUDA modules plug into the same trait).
+//! - [`backend`]: where memory comes from and how it is mapped: host shared memory, Ascend NPU
+//!   memory through the ACL runtime, NVIDIA GPU memory through the CUDA driver (both loaded at
+//!   run time), single allocations and segmented (VMM) ones.
 //! - [`export`] / [`import`]: the producer and consumer sides, the per-process import registry,
 //!   and PyTorch's ref-counter protocol ([`refcounter`]).
+//! - [`torch`]: PyTorch's and torch_npu's tuple dialect, to and from handles; [`dlpack`]: DLPack.
 //! - [`capi`]: the C ABI (`include/devshare.h`), a thin layer over the above.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod backend;
 pub mod capi;

@@ -14,6 +14,7 @@ pub(crate) struct Map {
 // SAFETY: a Map is a plain address range; the memory is shared memory that any thread may touch,
 // and unmapping happens once, on drop.
 unsafe impl Send for Map {}
+// SAFETY: as for Send: &Map only exposes the address range.
 unsafe impl Sync for Map {}
 
 impl Map {
@@ -112,6 +113,7 @@ pub(crate) fn open(name: &[u8]) -> Result<OwnedFd> {
 pub(crate) fn size_of(fd: &OwnedFd, name: &[u8]) -> Result<u64> {
     // SAFETY: zeroed stat is a valid out-parameter; fd is valid.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is an open descriptor and st a valid out-parameter.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
         return Err(Error::last_os(format!("fstat({})", String::from_utf8_lossy(name))));
     }

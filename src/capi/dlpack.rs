@@ -25,8 +25,8 @@ pub unsafe extern "C" fn devshare_import_to_dlpack_versioned(
     out: *mut *mut DLManagedTensorVersioned,
 ) -> i32 {
     boundary("devshare_import_to_dlpack_versioned", || {
-        let i = unsafe { arg(imp, "import") }?;
-        let out = unsafe { arg_mut(out, "out") }?;
+        let i = ffi!(arg(imp, "import"))?;
+        let out = ffi!(arg_mut(out, "out"))?;
         *out = dlpack::versioned(i.inner()).cast();
         Ok(())
     })
@@ -39,8 +39,8 @@ pub unsafe extern "C" fn devshare_import_to_dlpack(
     out: *mut *mut DLManagedTensor,
 ) -> i32 {
     boundary("devshare_import_to_dlpack", || {
-        let i = unsafe { arg(imp, "import") }?;
-        let out = unsafe { arg_mut(out, "out") }?;
+        let i = ffi!(arg(imp, "import"))?;
+        let out = ffi!(arg_mut(out, "out"))?;
         *out = dlpack::legacy(i.inner()).cast();
         Ok(())
     })

@@ -71,7 +71,7 @@ sized_struct!(DevshareTensorDesc, "DevshareTensorDesc", first_size = 64, sum = 4
 /// included: set it), `storage_size = DEVSHARE_STORAGE_TO_END`, `struct_size = size`.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_tensor_desc_init(desc: *mut DevshareTensorDesc, size: u32) -> i32 {
-    boundary("devshare_tensor_desc_init", || unsafe { init(desc, size, "desc") })
+    boundary("devshare_tensor_desc_init", || ffi!(init(desc, size, "desc")))
 }
 
 /// `DevshareTensorDesc::flags` (host only): count the receiver in before the handle travels
@@ -99,9 +99,9 @@ pub unsafe extern "C" fn devshare_host_alloc(
     ptr_out: *mut *mut c_void,
 ) -> i32 {
     boundary("devshare_host_alloc", || {
-        let out = unsafe { arg_mut(out, "out") }?;
+        let out = ffi!(arg_mut(out, "out"))?;
         let e = Exporter::host_alloc(size)?;
-        if let Some(p) = unsafe { ptr_out.as_mut() } {
+        if let Some(p) = ffi!(ptr_out.as_mut()) {
             *p = e.ptr().cast();
         }
         *out = Box::into_raw(Box::new(DevshareExporter(e)));
@@ -122,12 +122,11 @@ pub unsafe extern "C" fn devshare_host_adopt(
     ptr_out: *mut *mut c_void,
 ) -> i32 {
     boundary("devshare_host_adopt", || {
-        let out = unsafe { arg_mut(out, "out") }?;
-        let name = unsafe { arg(name, "name") }?;
-        // SAFETY: the caller passes a NUL-terminated string.
-        let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+        let out = ffi!(arg_mut(out, "out"))?;
+        let name = ffi!(arg(name, "name"))?;
+        let name = ffi!(std::ffi::CStr::from_ptr(name)).to_bytes();
         let e = Exporter::host_adopt(name, size)?;
-        if let Some(p) = unsafe { ptr_out.as_mut() } {
+        if let Some(p) = ffi!(ptr_out.as_mut()) {
             *p = e.ptr().cast();
         }
         *out = Box::into_raw(Box::new(DevshareExporter(e)));
@@ -156,7 +155,7 @@ pub unsafe extern "C" fn devshare_export(
     out: *mut *mut DevshareExporter,
 ) -> i32 {
     boundary("devshare_export", || {
-        let out = unsafe { arg_mut(out, "out") }?;
+        let out = ffi!(arg_mut(out, "out"))?;
         if ptr.is_null() {
             return Err(Error::NullArgument("ptr"));
         }
@@ -204,14 +203,14 @@ pub unsafe extern "C" fn devshare_export_segments(
     out: *mut *mut DevshareExporter,
 ) -> i32 {
     boundary("devshare_export_segments", || {
-        let out = unsafe { arg_mut(out, "out") }?;
+        let out = ffi!(arg_mut(out, "out"))?;
         if base.is_null() {
             return Err(Error::NullArgument("base"));
         }
         if count == 0 {
             return Err(Error::InvalidArgument("count is 0: there is nothing to export".into()));
         }
-        let physical = unsafe { arg_slice(physical, count, "physical") }?;
+        let physical = ffi!(arg_slice(physical, count, "physical"))?;
         let unknown = flags & !(DEVSHARE_EXPORT_NO_PID_CHECK | DEVSHARE_EXPORT_FABRIC);
         if unknown != 0 {
             return Err(Error::UnsupportedVersion(format!("export flags {unknown:#x} are unknown to this library")));
@@ -248,11 +247,11 @@ pub unsafe extern "C" fn devshare_exporter_memory(
     size_out: *mut u64,
 ) -> i32 {
     boundary("devshare_exporter_memory", || {
-        let e = &unsafe { arg(exporter, "exporter") }?.0;
-        if let Some(p) = unsafe { ptr_out.as_mut() } {
+        let e = &ffi!(arg(exporter, "exporter"))?.0;
+        if let Some(p) = ffi!(ptr_out.as_mut()) {
             *p = e.ptr().cast();
         }
-        if let Some(s) = unsafe { size_out.as_mut() } {
+        if let Some(s) = ffi!(size_out.as_mut()) {
             *s = e.size();
         }
         Ok(())
@@ -269,9 +268,9 @@ pub unsafe extern "C" fn devshare_exporter_share(
     out: *mut DevshareHandle,
 ) -> i32 {
     boundary("devshare_exporter_share", || {
-        let e = &unsafe { arg(exporter, "exporter") }?.0;
-        let out = unsafe { arg_mut(out, "out") }?;
-        *out = unsafe { share_from_c(e, desc) }?;
+        let e = &ffi!(arg(exporter, "exporter"))?.0;
+        let out = ffi!(arg_mut(out, "out"))?;
+        *out = ffi!(share_from_c(e, desc))?;
         Ok(())
     })
 }
@@ -284,7 +283,7 @@ unsafe fn share_from_c(e: &Exporter, desc: *const DevshareTensorDesc) -> crate::
     if desc.is_null() {
         return e.share_bytes();
     }
-    let d = unsafe { read_input(desc, "desc") }?;
+    let d = ffi!(read_input(desc, "desc"))?;
     if d.ndim as usize > DEVSHARE_MAX_NDIM {
         return Err(Error::BadNdim(format!(
             "desc.ndim {} is above the maximum {DEVSHARE_MAX_NDIM}",
@@ -298,8 +297,8 @@ unsafe fn share_from_c(e: &Exporter, desc: *const DevshareTensorDesc) -> crate::
         )));
     }
     let n = d.ndim as usize;
-    let shape = unsafe { arg_slice(d.shape, n, "desc.shape") }?;
-    let strides = if d.strides.is_null() { None } else { Some(unsafe { arg_slice(d.strides, n, "desc.strides") }?) };
+    let shape = ffi!(arg_slice(d.shape, n, "desc.shape"))?;
+    let strides = if d.strides.is_null() { None } else { Some(ffi!(arg_slice(d.strides, n, "desc.strides"))?) };
     e.share(&TensorDesc {
         dtype: d.dtype,
         shape,
@@ -326,15 +325,15 @@ pub unsafe extern "C" fn devshare_exporter_share_encoded(
     len_out: *mut usize,
 ) -> i32 {
     boundary("devshare_exporter_share_encoded", || {
-        let e = &unsafe { arg(exporter, "exporter") }?.0;
-        let h = unsafe { share_from_c(e, desc) }?;
+        let e = &ffi!(arg(exporter, "exporter"))?.0;
+        let h = ffi!(share_from_c(e, desc))?;
         let mut bytes = Vec::new();
         crate::handle::encode::encode_full_into(&h, e.external_table(), &mut bytes)?;
         if buf.is_null() || cap < bytes.len() {
             // Give the reference back: the caller asks again with a larger buffer.
             crate::import::discard_handle(&h)?;
         }
-        unsafe { write_out(&bytes, false, buf, cap, len_out) }
+        ffi!(write_out(&bytes, false, buf, cap, len_out))
     })
 }
 
@@ -350,15 +349,15 @@ pub unsafe extern "C" fn devshare_exporter_segment_table(
     len_out: *mut usize,
 ) -> i32 {
     boundary("devshare_exporter_segment_table", || {
-        let e = &unsafe { arg(exporter, "exporter") }?.0;
+        let e = &ffi!(arg(exporter, "exporter"))?.0;
         let t = e.external_table().unwrap_or(&[]);
         if t.is_empty() {
-            if let Some(l) = unsafe { len_out.as_mut() } {
+            if let Some(l) = ffi!(len_out.as_mut()) {
                 *l = 0;
             }
             return Ok(());
         }
-        unsafe { write_out(t, false, buf, cap, len_out) }
+        ffi!(write_out(t, false, buf, cap, len_out))
     })
 }
 
@@ -368,7 +367,7 @@ pub unsafe extern "C" fn devshare_exporter_segment_table(
 /// containers). Backends without a pid whitelist accept every pid and do nothing.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_exporter_allow_pid(exporter: *const DevshareExporter, pid: i32) -> i32 {
-    boundary("devshare_exporter_allow_pid", || unsafe { arg(exporter, "exporter") }?.0.allow_pid(pid))
+    boundary("devshare_exporter_allow_pid", || ffi!(arg(exporter, "exporter"))?.0.allow_pid(pid))
 }
 
 /// The pid an exporter must pass to `devshare_exporter_allow_pid` so that this process can import
@@ -377,7 +376,7 @@ pub unsafe extern "C" fn devshare_exporter_allow_pid(exporter: *const DevshareEx
 #[no_mangle]
 pub unsafe extern "C" fn devshare_local_pid(backend: u16, device: i32, pid: *mut i32) -> i32 {
     boundary("devshare_local_pid", || {
-        let pid = unsafe { arg_mut(pid, "pid") }?;
+        let pid = ffi!(arg_mut(pid, "pid"))?;
         if device < 0 {
             return Err(Error::InvalidArgument(format!("device {device} is negative")));
         }
@@ -390,8 +389,8 @@ pub unsafe extern "C" fn devshare_local_pid(backend: u16, device: i32, pid: *mut
 #[no_mangle]
 pub unsafe extern "C" fn devshare_exporter_outstanding(exporter: *const DevshareExporter, count: *mut u64) -> i32 {
     boundary("devshare_exporter_outstanding", || {
-        let e = &unsafe { arg(exporter, "exporter") }?.0;
-        *unsafe { arg_mut(count, "count") }? = e.outstanding();
+        let e = &ffi!(arg(exporter, "exporter"))?.0;
+        *ffi!(arg_mut(count, "count"))? = e.outstanding();
         Ok(())
     })
 }
@@ -401,7 +400,7 @@ pub unsafe extern "C" fn devshare_exporter_outstanding(exporter: *const Devshare
 #[no_mangle]
 pub unsafe extern "C" fn devshare_exporter_wait(exporter: *const DevshareExporter, timeout_ms: i64) -> i32 {
     boundary("devshare_exporter_wait", || {
-        let e = &unsafe { arg(exporter, "exporter") }?.0;
+        let e = &ffi!(arg(exporter, "exporter"))?.0;
         e.wait(u64::try_from(timeout_ms).ok().map(Duration::from_millis))
     })
 }
@@ -422,11 +421,11 @@ pub unsafe extern "C" fn devshare_exporter_close(exporter: *mut DevshareExporter
         if flags & !(DEVSHARE_CLOSE_FORCE | DEVSHARE_CLOSE_UNLINK) != 0 {
             return Err(Error::InvalidArgument(format!("unknown close flags {flags:#x}")));
         }
-        let e = &unsafe { arg(exporter, "exporter") }?.0;
+        let e = &ffi!(arg(exporter, "exporter"))?.0;
         e.prepare_close(flags & DEVSHARE_CLOSE_FORCE != 0, flags & DEVSHARE_CLOSE_UNLINK != 0)?;
         // SAFETY: exporter came from Box::into_raw in this module; after a successful check the
         // caller gives it up, so it is freed exactly once.
-        drop(unsafe { Box::from_raw(exporter) });
+        drop(ffi!(Box::from_raw(exporter)));
         Ok(())
     })
 }

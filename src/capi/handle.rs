@@ -10,7 +10,7 @@ use std::ffi::{c_char, CStr};
 #[no_mangle]
 pub unsafe extern "C" fn devshare_handle_init(handle: *mut DevshareHandle) -> i32 {
     boundary("devshare_handle_init", || {
-        *unsafe { arg_mut(handle, "handle") }? = DevshareHandle::default();
+        *ffi!(arg_mut(handle, "handle"))? = DevshareHandle::default();
         Ok(())
     })
 }
@@ -20,7 +20,7 @@ pub unsafe extern "C" fn devshare_handle_init(handle: *mut DevshareHandle) -> i3
 /// first field that is wrong.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_handle_validate(handle: *const DevshareHandle) -> i32 {
-    boundary("devshare_handle_validate", || validate(unsafe { arg(handle, "handle") }?).map(|_| ()))
+    boundary("devshare_handle_validate", || validate(ffi!(arg(handle, "handle"))?).map(|_| ()))
 }
 
 /// Encode a valid handle into `buf` (at most `DEVSHARE_HANDLE_MAX_ENCODED_SIZE` bytes).
@@ -34,8 +34,8 @@ pub unsafe extern "C" fn devshare_handle_encode(
     len_out: *mut usize,
 ) -> i32 {
     boundary("devshare_handle_encode", || {
-        let bytes = encode::encode(unsafe { arg(handle, "handle") }?)?;
-        unsafe { write_out(&bytes, false, buf, cap, len_out) }
+        let bytes = encode::encode(ffi!(arg(handle, "handle"))?)?;
+        ffi!(write_out(&bytes, false, buf, cap, len_out))
     })
 }
 
@@ -44,11 +44,11 @@ pub unsafe extern "C" fn devshare_handle_encode(
 #[no_mangle]
 pub unsafe extern "C" fn devshare_handle_decode(buf: *const u8, len: usize, out: *mut DevshareHandle) -> i32 {
     boundary("devshare_handle_decode", || {
-        let out = unsafe { arg_mut(out, "out") }?;
+        let out = ffi!(arg_mut(out, "out"))?;
         if buf.is_null() {
             return Err(Error::NullArgument("buf"));
         }
-        *out = encode::decode(unsafe { arg_slice(buf, len, "buf") }?)?;
+        *out = encode::decode(ffi!(arg_slice(buf, len, "buf"))?)?;
         Ok(())
     })
 }
@@ -64,8 +64,8 @@ pub unsafe extern "C" fn devshare_handle_to_text(
     len_out: *mut usize,
 ) -> i32 {
     boundary("devshare_handle_to_text", || {
-        let s = text::to_text(unsafe { arg(handle, "handle") }?)?;
-        unsafe { write_out(s.as_bytes(), true, buf.cast(), cap, len_out) }
+        let s = text::to_text(ffi!(arg(handle, "handle"))?)?;
+        ffi!(write_out(s.as_bytes(), true, buf.cast(), cap, len_out))
     })
 }
 
@@ -73,10 +73,9 @@ pub unsafe extern "C" fn devshare_handle_to_text(
 #[no_mangle]
 pub unsafe extern "C" fn devshare_handle_from_text(text: *const c_char, out: *mut DevshareHandle) -> i32 {
     boundary("devshare_handle_from_text", || {
-        let out = unsafe { arg_mut(out, "out") }?;
-        let t = unsafe { arg(text, "text") }?;
-        // SAFETY: the caller passes a NUL-terminated string.
-        let t = unsafe { CStr::from_ptr(t) }
+        let out = ffi!(arg_mut(out, "out"))?;
+        let t = ffi!(arg(text, "text"))?;
+        let t = ffi!(CStr::from_ptr(t))
             .to_str()
             .map_err(|_| Error::BadText("text is not UTF-8".into()))?;
         *out = text::from_text(t)?;

@@ -120,14 +120,14 @@ impl Default for DevshareImportOptions {
 /// defaults: read-write, the handle's device, no stream.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_import_options_init(options: *mut DevshareImportOptions, size: u32) -> i32 {
-    boundary("devshare_import_options_init", || unsafe { init(options, size, "options") })
+    boundary("devshare_import_options_init", || ffi!(init(options, size, "options")))
 }
 
 /// Initialise `DevshareImportInfo` of `size` bytes (pass `sizeof *info`) for
 /// `devshare_import_info`.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_import_info_init(info: *mut DevshareImportInfo, size: u32) -> i32 {
-    boundary("devshare_import_info_init", || unsafe { init(info, size, "info") })
+    boundary("devshare_import_info_init", || ffi!(init(info, size, "info")))
 }
 
 fn request(o: &DevshareImportOptions) -> crate::error::Result<ImportRequest> {
@@ -172,9 +172,9 @@ pub unsafe extern "C" fn devshare_import(
     out: *mut *mut DevshareImport,
 ) -> i32 {
     boundary("devshare_import", || {
-        let h = unsafe { arg(handle, "handle") }?;
-        let out = unsafe { arg_mut(out, "out") }?;
-        let req = unsafe { request_from(options) }?;
+        let h = ffi!(arg(handle, "handle"))?;
+        let out = ffi!(arg_mut(out, "out"))?;
+        let req = ffi!(request_from(options))?;
         *out = Box::into_raw(Box::new(DevshareImport(import(h, req)?)));
         Ok(())
     })
@@ -188,7 +188,7 @@ pub(crate) unsafe fn request_from(options: *const DevshareImportOptions) -> crat
     if options.is_null() {
         return Ok(ImportRequest::default());
     }
-    request(&unsafe { read_input(options, "options") }?)
+    request(&ffi!(read_input(options, "options"))?)
 }
 
 /// Import a handle from its byte encoding (`devshare_handle_encode`,
@@ -203,12 +203,12 @@ pub unsafe extern "C" fn devshare_import_encoded(
     out: *mut *mut DevshareImport,
 ) -> i32 {
     boundary("devshare_import_encoded", || {
-        let out = unsafe { arg_mut(out, "out") }?;
+        let out = ffi!(arg_mut(out, "out"))?;
         if buf.is_null() {
             return Err(Error::NullArgument("buf"));
         }
-        let d = crate::handle::encode::decode_full(unsafe { arg_slice(buf, len, "buf") }?)?;
-        let req = unsafe { request_from(options) }?;
+        let d = crate::handle::encode::decode_full(ffi!(arg_slice(buf, len, "buf"))?)?;
+        let req = ffi!(request_from(options))?;
         *out = Box::into_raw(Box::new(DevshareImport(import_full(&d.handle, d.table.as_deref(), req)?)));
         Ok(())
     })
@@ -222,14 +222,13 @@ pub unsafe extern "C" fn devshare_import_text(
     out: *mut *mut DevshareImport,
 ) -> i32 {
     boundary("devshare_import_text", || {
-        let out = unsafe { arg_mut(out, "out") }?;
-        let t = unsafe { arg(text, "text") }?;
-        // SAFETY: the caller passes a NUL-terminated string.
-        let t = unsafe { std::ffi::CStr::from_ptr(t) }
+        let out = ffi!(arg_mut(out, "out"))?;
+        let t = ffi!(arg(text, "text"))?;
+        let t = ffi!(std::ffi::CStr::from_ptr(t))
             .to_str()
             .map_err(|_| Error::BadText("text is not UTF-8".into()))?;
         let d = crate::handle::text::from_text_full(t)?;
-        let req = unsafe { request_from(options) }?;
+        let req = ffi!(request_from(options))?;
         *out = Box::into_raw(Box::new(DevshareImport(import_full(&d.handle, d.table.as_deref(), req)?)));
         Ok(())
     })
@@ -242,7 +241,7 @@ pub unsafe extern "C" fn devshare_import_text(
 #[no_mangle]
 pub unsafe extern "C" fn devshare_handle_discard(handle: *const DevshareHandle) -> i32 {
     boundary("devshare_handle_discard", || {
-        crate::import::discard_handle(unsafe { arg(handle, "handle") }?)
+        crate::import::discard_handle(ffi!(arg(handle, "handle"))?)
     })
 }
 
@@ -250,7 +249,7 @@ pub unsafe extern "C" fn devshare_handle_discard(handle: *const DevshareHandle) 
 #[no_mangle]
 pub unsafe extern "C" fn devshare_import_info(imp: *const DevshareImport, out: *mut DevshareImportInfo) -> i32 {
     boundary("devshare_import_info", || {
-        let i = &unsafe { arg(imp, "import") }?.0;
+        let i = &ffi!(arg(imp, "import"))?.0;
         let v = i.view();
         let h = i.handle();
         let info = DevshareImportInfo {
@@ -267,7 +266,7 @@ pub unsafe extern "C" fn devshare_import_info(imp: *const DevshareImport, out: *
             device: v.device,
             reserved: 0,
         };
-        unsafe { write_output(out, info, "out") }
+        ffi!(write_output(out, info, "out"))
     })
 }
 
@@ -275,8 +274,8 @@ pub unsafe extern "C" fn devshare_import_info(imp: *const DevshareImport, out: *
 #[no_mangle]
 pub unsafe extern "C" fn devshare_import_handle(imp: *const DevshareImport, out: *mut DevshareHandle) -> i32 {
     boundary("devshare_import_handle", || {
-        let i = &unsafe { arg(imp, "import") }?.0;
-        *unsafe { arg_mut(out, "out") }? = *i.handle();
+        let i = &ffi!(arg(imp, "import"))?.0;
+        *ffi!(arg_mut(out, "out"))? = *i.handle();
         Ok(())
     })
 }

@@ -7,6 +7,18 @@
 //! section per function.
 #![allow(clippy::missing_safety_doc)]
 
+/// Call one of this module's pointer helpers (or another `unsafe fn` that only dereferences
+/// the calling C function's own pointer arguments) under the C header's pointer contract.
+macro_rules! ffi {
+    ($e:expr) => {{
+        // SAFETY: the C header's pointer contract, stated once at its top: every pointer an
+        // exported function receives is NULL or valid (aligned, initialised, for the sizes
+        // passed with it) for the duration of the call, and objects are not used after their
+        // release. The helpers called here check NULL before they dereference.
+        unsafe { $e }
+    }};
+}
+
 mod abi;
 pub mod dlpack;
 pub mod error;
@@ -86,6 +98,7 @@ pub(crate) unsafe fn arg_slice<'a, T>(p: *const T, len: usize, what: &'static st
 /// # Safety
 /// `buf` must be NULL or point to `cap` writable bytes; `len_out` NULL or valid.
 pub(crate) unsafe fn write_out(bytes: &[u8], nul: bool, buf: *mut u8, cap: usize, len_out: *mut usize) -> Result<()> {
+    // SAFETY: len_out is NULL or valid (contract).
     if let Some(l) = unsafe { len_out.as_mut() } {
         *l = bytes.len();
     }

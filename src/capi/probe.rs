@@ -30,7 +30,7 @@ sized_struct!(DevshareBackendInfo, "DevshareBackendInfo", first_size = 536, sum 
 /// Initialise `DevshareBackendInfo` of `size` bytes (pass `sizeof *info`) for `devshare_probe`.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_backend_info_init(info: *mut DevshareBackendInfo, size: u32) -> i32 {
-    boundary("devshare_backend_info_init", || unsafe { init(info, size, "info") })
+    boundary("devshare_backend_info_init", || ffi!(init(info, size, "info")))
 }
 
 fn fill(dst: &mut [c_char], s: &str) {
@@ -53,6 +53,6 @@ pub unsafe extern "C" fn devshare_probe(backend: u16, out: *mut DevshareBackendI
         info.usable = u16::from(p.usable);
         fill(&mut info.name, backend_name(backend));
         fill(&mut info.detail, &p.detail);
-        unsafe { write_output(out, info, "out") }
+        ffi!(write_output(out, info, "out"))
     })
 }

@@ -144,14 +144,14 @@ sized_struct!(DevshareTorchStorage, "DevshareTorchStorage", first_size = 304,
 /// Initialise `DevshareTorchArgs` of `size` bytes (pass `sizeof *args`): all zero.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_torch_args_init(args: *mut DevshareTorchArgs, size: u32) -> i32 {
-    boundary("devshare_torch_args_init", || unsafe { init(args, size, "args") })
+    boundary("devshare_torch_args_init", || ffi!(init(args, size, "args")))
 }
 
 /// Initialise `DevshareTorchStorage` of `size` bytes (pass `sizeof *storage`) for
 /// `devshare_handle_to_torch`.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_torch_storage_init(storage: *mut DevshareTorchStorage, size: u32) -> i32 {
-    boundary("devshare_torch_storage_init", || unsafe { init(storage, size, "storage") })
+    boundary("devshare_torch_storage_init", || ffi!(init(storage, size, "storage")))
 }
 
 /// Build and validate a handle from the fields of a PyTorch (cuda) or torch_npu (acl) tuple.
@@ -162,9 +162,9 @@ pub unsafe extern "C" fn devshare_torch_storage_init(storage: *mut DevshareTorch
 #[no_mangle]
 pub unsafe extern "C" fn devshare_handle_from_torch(args: *const DevshareTorchArgs, out: *mut DevshareHandle) -> i32 {
     boundary("devshare_handle_from_torch", || {
-        let a = unsafe { read_input(args, "args") }?;
-        let out = unsafe { arg_mut(out, "out") }?;
-        *out = handle_from_torch(&unsafe { torch_args(&a) }?)?;
+        let a = ffi!(read_input(args, "args"))?;
+        let out = ffi!(arg_mut(out, "out"))?;
+        *out = handle_from_torch(&ffi!(torch_args(&a))?)?;
         Ok(())
     })
 }
@@ -179,10 +179,10 @@ pub unsafe extern "C" fn devshare_import_torch(
     out: *mut *mut super::import::DevshareImport,
 ) -> i32 {
     boundary("devshare_import_torch", || {
-        let a = unsafe { read_input(args, "args") }?;
-        let out = unsafe { arg_mut(out, "out") }?;
-        let d = handle_from_torch_full(&unsafe { torch_args(&a) }?)?;
-        let req = unsafe { super::import::request_from(options) }?;
+        let a = ffi!(read_input(args, "args"))?;
+        let out = ffi!(arg_mut(out, "out"))?;
+        let d = handle_from_torch_full(&ffi!(torch_args(&a))?)?;
+        let req = ffi!(super::import::request_from(options))?;
         let imp = crate::import::import_full(&d.handle, d.table.as_deref(), req)?;
         *out = Box::into_raw(Box::new(super::import::DevshareImport::new(imp)));
         Ok(())
@@ -201,10 +201,10 @@ unsafe fn torch_args(a: &DevshareTorchArgs) -> crate::error::Result<TorchArgs<'_
         return Err(Error::BadNdim(format!("args.ndim {} is above the maximum", a.ndim)));
     }
     let n = a.ndim as usize;
-    let shape = unsafe { arg_slice(a.shape, n, "args.shape") }?;
-    let strides = if a.strides.is_null() { None } else { Some(unsafe { arg_slice(a.strides, n, "args.strides") }?) };
+    let shape = ffi!(arg_slice(a.shape, n, "args.shape"))?;
+    let strides = if a.strides.is_null() { None } else { Some(ffi!(arg_slice(a.strides, n, "args.strides"))?) };
     let event_handle = if a.event_sync_required != 0 {
-        unsafe { arg_slice(a.event_handle, a.event_handle_len, "args.event_handle") }?
+        ffi!(arg_slice(a.event_handle, a.event_handle_len, "args.event_handle"))?
     } else {
         &[]
     };
@@ -216,10 +216,10 @@ unsafe fn torch_args(a: &DevshareTorchArgs) -> crate::error::Result<TorchArgs<'_
         tensor_offset: a.tensor_offset,
         device: a.device,
         producer_pid: a.producer_pid,
-        handle: unsafe { arg_slice(a.handle, a.handle_len, "args.handle") }?,
+        handle: ffi!(arg_slice(a.handle, a.handle_len, "args.handle"))?,
         storage_size: a.storage_size,
         storage_offset: a.storage_offset,
-        ref_name: unsafe { arg_slice(a.ref_name, a.ref_name_len, "args.ref_name") }?,
+        ref_name: ffi!(arg_slice(a.ref_name, a.ref_name_len, "args.ref_name"))?,
         ref_slot: a.ref_slot,
         event_handle,
         event_sync_required: a.event_sync_required != 0,
@@ -234,7 +234,7 @@ unsafe fn torch_args(a: &DevshareTorchArgs) -> crate::error::Result<TorchArgs<'_
 #[no_mangle]
 pub unsafe extern "C" fn devshare_handle_to_torch(handle: *const DevshareHandle, out: *mut DevshareTorchStorage) -> i32 {
     boundary("devshare_handle_to_torch", || {
-        let h = unsafe { arg(handle, "handle") }?;
+        let h = ffi!(arg(handle, "handle"))?;
         let t = handle_to_torch(h)?;
         let mut s = DevshareTorchStorage {
             device: t.device,
@@ -251,7 +251,7 @@ pub unsafe extern "C" fn devshare_handle_to_torch(handle: *const DevshareHandle,
             s.handle[..t.handle.len()].copy_from_slice(&t.handle);
         }
         s.ref_name[..t.ref_name.len()].copy_from_slice(&t.ref_name);
-        unsafe { write_output(out, s, "out") }
+        ffi!(write_output(out, s, "out"))
     })
 }
 
@@ -271,10 +271,10 @@ pub unsafe extern "C" fn devshare_torch_storage_handle(
     len_out: *mut usize,
 ) -> i32 {
     boundary("devshare_torch_storage_handle", || {
-        let h = unsafe { arg(handle, "handle") }?;
-        let table = if table.is_null() { None } else { Some(unsafe { arg_slice(table, table_len, "table") }?) };
+        let h = ffi!(arg(handle, "handle"))?;
+        let table = if table.is_null() { None } else { Some(ffi!(arg_slice(table, table_len, "table"))?) };
         let t = handle_to_torch_full(h, table)?;
-        unsafe { super::write_out(&t.handle, false, buf, cap, len_out) }
+        ffi!(super::write_out(&t.handle, false, buf, cap, len_out))
     })
 }
 
@@ -286,8 +286,8 @@ pub unsafe extern "C" fn devshare_torch_storage_handle(
 #[no_mangle]
 pub unsafe extern "C" fn devshare_torch_discard(args: *const DevshareTorchArgs) -> i32 {
     boundary("devshare_torch_discard", || {
-        let a = unsafe { read_input(args, "args") }?;
-        let name = unsafe { arg_slice(a.ref_name, a.ref_name_len, "args.ref_name") }?;
+        let a = ffi!(read_input(args, "args"))?;
+        let name = ffi!(arg_slice(a.ref_name, a.ref_name_len, "args.ref_name"))?;
         crate::import::discard(name, a.ref_slot)
     })
 }
