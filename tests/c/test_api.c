@@ -138,6 +138,12 @@ static void key_name(const DevshareHandle *h, char *out, size_t cap) {
     out[n] = '\0';
 }
 
+/* Flag bits no release has assigned yet: the highest of each range (new flags are taken from the
+ * bottom), so that the "unknown flag" cases keep testing unknown flags as flags are added. */
+#define UNKNOWN_SHARE_FLAG 0x80000000u
+#define UNKNOWN_IMPORT_FLAG 0x80000000u
+#define UNKNOWN_MUST_UNDERSTAND_HANDLE_FLAG 0x8000u
+
 /* A 4 x 6 float32 tensor at storage offset 128, tensor offset 2, in a 4096-byte allocation. */
 enum { T_ROWS = 4, T_COLS = 6, T_STORAGE_OFFSET = 128, T_TENSOR_OFFSET = 2, ALLOC = 4096 };
 static const int64_t t_shape[2] = {T_ROWS, T_COLS};
@@ -535,9 +541,9 @@ static void test_out_of_range(void) {
            "unknown flag 0x4");
     DevshareTensorDesc bad_flags = float_desc();
     DevshareHandle hf;
-    bad_flags.flags = 4;
+    bad_flags.flags = UNKNOWN_SHARE_FLAG;
     EXPECT(devshare_exporter_share(exp, &bad_flags, &hf), DEVSHARE_STATUS_UNSUPPORTED_VERSION,
-           "devshare_exporter_share", "unknown desc.flags bit 0x4 (a newer library's flag)");
+           "devshare_exporter_share", "unknown desc.flags bit 0x80000000 (a newer library's flag)");
     bad_flags.flags = DEVSHARE_SHARE_EVENT;
     EXPECT(devshare_exporter_share(exp, &bad_flags, &hf), DEVSHARE_STATUS_UNSUPPORTED, "devshare_exporter_share",
            "DEVSHARE_SHARE_EVENT on host memory (no IPC events)");
@@ -644,7 +650,8 @@ static void test_out_of_range(void) {
     BAD("layout_version 2", DEVSHARE_STATUS_UNSUPPORTED_VERSION, x->layout_version = 2);
     BAD("backend 0", DEVSHARE_STATUS_INVALID_HANDLE, x->backend = 0);
     BAD("backend 4 (a newer library's backend)", DEVSHARE_STATUS_UNSUPPORTED_VERSION, x->backend = 4);
-    BAD("unknown must-understand flag bit 0x4", DEVSHARE_STATUS_UNSUPPORTED_VERSION, x->flags = 4);
+    BAD("unknown must-understand flag bit 0x8000", DEVSHARE_STATUS_UNSUPPORTED_VERSION,
+        x->flags = UNKNOWN_MUST_UNDERSTAND_HANDLE_FLAG);
     BAD("the in-flight flag on a CUDA handle", DEVSHARE_STATUS_INVALID_HANDLE,
         (x->backend = DEVSHARE_BACKEND_CUDA, x->key_len = 64, memset(x->key, 0xab, 64), x->flags = DEVSHARE_HANDLE_FLAG_INFLIGHT));
     BAD("an IPC event on a host handle", DEVSHARE_STATUS_INVALID_HANDLE, x->flags = DEVSHARE_HANDLE_FLAG_EVENT);
@@ -677,7 +684,7 @@ static void test_out_of_range(void) {
     /* What a newer writer may add without breaking this reader. */
     DevshareHandle newer = h;
     newer.layout_minor = 7;
-    newer.flags |= 1u << 20;
+    newer.flags |= 0x80000000u; /* the highest may-ignore bit: unassigned */
     newer.ext_len = 6;
     newer.ext[0] = 0x42; /* type 0x0042: skippable */
     newer.ext[2] = 2;    /* len 2 */
@@ -685,7 +692,7 @@ static void test_out_of_range(void) {
     newer.ext[5] = 'i';
     EXPECT_OK(devshare_handle_validate(&newer),
               "devshare_handle_validate accepts a newer writer's handle: layout_minor 7, a may-ignore flag "
-              "(bit 20), a skippable extension record");
+              "(bit 31), a skippable extension record");
     /* Every consumer of handles validates: encode, text, import refuse the same. */
     int refused = 1;
     for (int i = 0; i < nb; i++) {
@@ -723,9 +730,9 @@ static void test_out_of_range(void) {
               o.stream == NULL,
           "devshare_import_options_init: struct_size set, read-write, device from handle, no stream");
     DevshareImportOptions x = o;
-    x.flags = 8;
+    x.flags = UNKNOWN_IMPORT_FLAG;
     EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_UNSUPPORTED_VERSION, "devshare_import",
-           "unknown import flag 0x8 (a newer library's flag)");
+           "unknown import flag 0x80000000 (a newer library's flag)");
     x.flags = DEVSHARE_IMPORT_PEER_ACCESS_CALL | DEVSHARE_IMPORT_NO_PEER_ACCESS;
     EXPECT(devshare_import(&h, &x, &imp), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_import",
            "DEVSHARE_IMPORT_PEER_ACCESS_CALL with DEVSHARE_IMPORT_NO_PEER_ACCESS");

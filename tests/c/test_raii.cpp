@@ -302,7 +302,7 @@ void test_errors() {
     unsized.struct_size = 0;
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_exporter_share",
                  "Exporter::share with a desc whose struct_size is 0 (not initialised)", [&] { exp.share(unsized); });
-    const DevshareImportOptions bad = devshare::import_options(0x80);
+    const DevshareImportOptions bad = devshare::import_options(0x80000000u);
     expect_error(DEVSHARE_STATUS_UNSUPPORTED_VERSION, "devshare_import",
                  "Import with an import flag this library does not know", [&] { devshare::Import imp(h, bad); });
     check(exp.outstanding() == 1, "a failed Import constructor leaves the reference outstanding");
