@@ -43,6 +43,16 @@ function(_devshare_nsl_ask out)
     OUTPUT_VARIABLE stdout
     ERROR_VARIABLE stderr)
   if(NOT rc EQUAL 0)
+    if(EXISTS "${_nsl_cache}")
+      # E.g. sources that do not compile right now: keep the last answer, ask again next time.
+      file(READ "${_nsl_cache}" flags)
+      string(STRIP "${flags}" flags)
+      message(WARNING "devshare: `cargo rustc --print native-static-libs` failed; using the "
+                      "previous answer (${flags}):\n${stderr}")
+      set(${out} "${flags}" PARENT_SCOPE)
+      set(_nsl_failed TRUE PARENT_SCOPE)
+      return()
+    endif()
     message(FATAL_ERROR "devshare: `cargo rustc --print native-static-libs` failed:\n${stderr}")
   endif()
   if("${stdout}${stderr}" MATCHES "native-static-libs: ([^\r\n]*)")
@@ -64,6 +74,7 @@ if(EXISTS "${_nsl_cache}" AND _nsl_old_key STREQUAL _nsl_key_before)
 else()
   message(STATUS "devshare: asking cargo which native libraries the static library needs "
                  "(cargo rustc --print native-static-libs; the first time this compiles the crate)")
+  set(_nsl_failed FALSE)
   _devshare_nsl_ask(DEVSHARE_NATIVE_STATIC_FLAGS)
   if(NOT DEVSHARE_NATIVE_STATIC_FLAGS)
     # rustc prints the list only when it links the staticlib; cargo found that unit fresh.
@@ -77,10 +88,12 @@ else()
   if(NOT DEVSHARE_NATIVE_STATIC_FLAGS)
     message(FATAL_ERROR "devshare: cargo rustc did not print the native-static-libs line")
   endif()
-  file(WRITE "${_nsl_cache}" "${DEVSHARE_NATIVE_STATIC_FLAGS}\n")
-  # cargo may have updated Cargo.lock: the key is taken after the question.
-  _devshare_nsl_key(_nsl_key_after)
-  file(WRITE "${_nsl_key_file}" "${_nsl_key_after}")
+  if(NOT _nsl_failed)
+    file(WRITE "${_nsl_cache}" "${DEVSHARE_NATIVE_STATIC_FLAGS}\n")
+    # cargo may have updated Cargo.lock: the key is taken after the question.
+    _devshare_nsl_key(_nsl_key_after)
+    file(WRITE "${_nsl_key_file}" "${_nsl_key_after}")
+  endif()
 endif()
 message(STATUS "devshare: the static library needs ${DEVSHARE_NATIVE_STATIC_FLAGS}")
 

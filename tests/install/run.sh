@@ -137,9 +137,10 @@ project(devshare_version_probe NONE)
 find_package(devshare ${REQUESTED} CONFIG)
 message(STATUS "devshare_FOUND=${devshare_FOUND}")
 CMAKE
-    accepted=("1.0" "$major.0" "$major.$minor" "$version")
-    rejected=("0.1" "$((major - 1)).$minor" "$((major + 1)).0" "$major.$((minor + 1))" "2.0")
-    for requested in "${accepted[@]}" "${rejected[@]}"; do
+    accepted=("$major.0" "$major.$minor" "$version")
+    rejected=("$((major - 1)).0" "$((major - 1)).1" "$((major + 1)).0" "$major.$((minor + 1))")
+    mapfile -t requests < <(printf '%s\n' "${accepted[@]}" "${rejected[@]}" | awk '!seen[$0]++')
+    for requested in "${requests[@]}"; do
         want=0
         for a in "${accepted[@]}"; do [[ "$a" == "$requested" ]] && want=1; done
         rm -rf "$probe/build"
