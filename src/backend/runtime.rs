@@ -434,3 +434,95 @@ pub(crate) fn forget_dead<K, V>(cache: &OnceLock<Mutex<HashMap<K, Weak<V>>>>) {
         prune(&mut cache.lock().unwrap_or_else(|p| p.into_inner()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Status;
+
+    fn message(e: Error) -> String {
+        match e {
+            Error::Vendor { message, .. } => message,
+            e => panic!("not a vendor error: {e}"),
+        }
+    }
+
+    #[test]
+    fn vendor_errors_say_meaning_then_hint_then_what_the_runtime_said() {
+        let e = vendor_error("aclrtIpcMemImportByKey", 207_006, "no permission", "", " not whitelisted\n", "libascendcl.so");
+        assert_eq!(e.status(), Status::Vendor);
+        assert_eq!(e.vendor_code(), 207_006);
+        assert_eq!(message(e), "no permission; runtime says: not whitelisted");
+        let e = vendor_error("cuIpcOpenMemHandle", 201, "CUDA_ERROR_INVALID_CONTEXT: invalid context", "same process", "", "libcuda.so.1");
+        assert_eq!(message(e), "CUDA_ERROR_INVALID_CONTEXT: invalid context (same process)");
+    }
+
+    #[test]
+    fn a_vendor_error_with_nothing_to_say_points_at_the_runtime_log() {
+        let e = vendor_error("aclrtSetDevice", 1, "", "", "", "libascendcl.so");
+        assert_eq!(message(e), "see the libascendcl.so log");
+    }
+
+    #[test]
+    fn an_absent_optional_group_is_unsupported_and_says_why() {
+        let group: Optional<u8> = Optional::load("this runtime has no VMM calls", || {
+            Err(Error::BackendUnavailable("libx.so has no xMemMap".into()))
+        });
+        let e = group.get().unwrap_err();
+        assert_eq!(e.status(), Status::Unsupported);
+        assert!(e.to_string().contains("this runtime has no VMM calls: backend unavailable: libx.so has no xMemMap"), "{e}");
+        assert_eq!(*Optional::load("unused", || Ok(7u8)).get().unwrap(), 7);
+    }
+
+    #[test]
+    fn a_failed_load_is_not_kept() {
+        static TRIES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        fn load() -> Result<NoContexts> {
+            if TRIES.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                Err(Error::BackendUnavailable("not yet".into()))
+            } else {
+                Ok(NoContexts)
+            }
+        }
+        static RT: OnDemand<NoContexts> = OnDemand::new(load);
+        assert!(RT.get().is_err());
+        assert!(RT.get().is_ok());
+        assert!(RT.get().is_ok());
+        assert_eq!(TRIES.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// A runtime whose threads start with no context; the current one is a thread-local.
+    struct NoContexts;
+    impl DeviceContexts for NoContexts {
+        fn make_context(&self, device: i32) -> Result<Context> {
+            Ok(Context((0x1000 + device as usize) as *mut c_void))
+        }
+        fn context_to_restore(&self) -> Result<Option<Context>> {
+            CURRENT.with(|c| Ok(Some(c.get())))
+        }
+        fn make_current(&self, ctx: Context) -> Result<()> {
+            CURRENT.with(|c| c.set(ctx));
+            Ok(())
+        }
+    }
+    thread_local! {
+        static CURRENT: std::cell::Cell<Context> = const { std::cell::Cell::new(Context::NULL) };
+    }
+
+    #[test]
+    fn bind_makes_the_device_current_and_restores_the_previous_context_nested_too() {
+        let rt = Runtime { api: NoContexts, contexts: Mutex::new(HashMap::new()) };
+        let current = || CURRENT.with(|c| c.get());
+        {
+            let _a = rt.bind(0).unwrap();
+            assert_eq!(current(), Context(0x1000 as *mut c_void));
+            {
+                let _b = rt.bind(1).unwrap();
+                assert_eq!(current(), Context(0x1001 as *mut c_void));
+                let _again = rt.bind(1).unwrap();
+            }
+            assert_eq!(current(), Context(0x1000 as *mut c_void));
+        }
+        assert_eq!(current(), Context::NULL);
+    }
+}
