@@ -1,10 +1,10 @@
 //! What the vendor backends share, written once: finding a runtime library and its symbols
-//! ([`load`], [`Symbols`], [`Optional`]), loading it on first use ([`OnDemand`]), binding a
-//! device's context on the calling thread around a call ([`Runtime::bind`]), interprocess-event
-//! plumbing ([`prepare_share`], [`wait_event`]) and the text of vendor errors ([`vendor_error`]).
+//! ([`load`], `Symbols`, `Optional`), loading it on first use (`OnDemand`), binding a device's
+//! context on the calling thread around a call (`Runtime::bind`), interprocess-event plumbing
+//! (`prepare_share`, `wait_event`) and the text of vendor errors (`vendor_error`).
 //!
 //! Each vendor has one typed wrapper (`acl/api.rs`, `cuda/api.rs`): the only caller of its raw
-//! symbols. It implements [`DeviceContexts`] and [`IpcEvents`] with its typed calls, and what is
+//! symbols. It implements `DeviceContexts` and `IpcEvents` with its typed calls, and what is
 //! here is written against those two traits.
 
 use super::IpcEvent;

@@ -3,19 +3,22 @@
 //! [`AclApi`] is the only caller of the runtime's raw symbols. Each method is one ACL call,
 //! named after it (`aclrtIpcMemClose` → [`AclApi::ipc_mem_close`]); it returns `Result`, with a
 //! failure formatted once ([`AclApi::error`]). At the end, the wrapper is bound into the shared
-//! plumbing of [`runtime`](super::super::runtime): per-thread contexts and IPC events.
+//! plumbing of `backend/runtime.rs`: per-thread contexts and IPC events.
 //!
 //! Calls that only some CANN versions have come in [`Optional`] groups: the runtime loads
 //! without them and their methods fail with `Unsupported`. The IPC event calls are one. To add
 //! another group (the VMM calls, say):
 //! 1. a struct of its raw signatures (`struct VmmFns { malloc_physical: unsafe extern "C"
 //!    fn(...) -> AclError, ... }`) and a field `vmm: Optional<VmmFns>` in [`AclApi`];
-//! 2. in [`AclApi::load`]: `vmm: Optional::load("this ACL runtime has no VMM calls", ||
-//!    Ok(VmmFns { malloc_physical: lib.required("aclrtMallocPhysical")?, ... }))`;
-//! 3. one method per call, starting with `let f = self.vmm.get()?;`.
+//! 2. in [`AclApi::load`], inside its `unsafe` block (whose SAFETY line covers every signature):
+//!    `let vmm = Optional::load("this ACL runtime has no VMM calls", || Ok(VmmFns {
+//!    malloc_physical: lib.required("aclrtMallocPhysical")?, ... }));`
+//! 3. one method per call, starting with `let f = self.vmm.get()?;`, then one `unsafe` call of
+//!    `(f.malloc_physical)(...)` with its own SAFETY line, checked with `self.check(...)`.
 //!
 //! A required call goes into `Fns` the same way, read with `lib.required` and called as
-//! `(self.fns.name)(...)`.
+//! `(self.fns.name)(...)`; a single optional function can also be an `Option` field read with
+//! `lib.optional` (as `aclGetRecentErrMsg` is).
 
 use crate::backend::runtime::{self, c_text, Context, DeviceContexts, Event, IpcEvents, Optional, Stream, Symbols};
 use crate::error::{Error, Result};

@@ -1,5 +1,5 @@
 //! The acl backend: Ascend NPU memory shared with ACL IPC keys, over the runtime
-//! (`libascendcl.so`, loaded at run time; its typed wrapper is [`api`]).
+//! (`libascendcl.so`, loaded at run time; its typed wrapper is `api.rs`).
 //!
 //! - Export: one key per exported range per process (`aclrtIpcMemGetExportKey`, cached while
 //!   any exporter of it lives), with pid validation unless asked otherwise; the exporter closes

@@ -3,14 +3,14 @@
 //! [`CudaApi`] is the only caller of the driver's raw symbols. Each method is one driver call,
 //! named after it (`cuIpcOpenMemHandle` → [`CudaApi::ipc_open_mem_handle`]); it returns
 //! `Result`, with a failure formatted once ([`CudaApi::error`]). At the end, the wrapper is bound
-//! into the shared plumbing of [`runtime`](super::super::runtime): per-thread contexts and IPC
-//! events.
+//! into the shared plumbing of `backend/runtime.rs`: per-thread contexts and IPC events.
 //!
-//! Calls that only some drivers have come in [`Optional`](runtime::Optional) groups, as in
+//! Calls that only some drivers have come in `Optional` groups, as in
 //! `acl/api.rs`: a struct of raw signatures (e.g. `VmmFns` for `cuMemCreate`, `cuMemMap`,
-//! `cuMemSetAccess`, ...), a field `vmm: Optional<VmmFns>` filled in [`CudaApi::load`] with
-//! `Optional::load("this CUDA driver has no VMM calls", || Ok(VmmFns { ... }))`, and one method
-//! per call starting with `let f = self.vmm.get()?;`. Required calls go into `Fns`.
+//! `cuMemSetAccess`, ...), a field `vmm: Optional<VmmFns>` filled inside the `unsafe` block of
+//! [`CudaApi::load`] with `Optional::load("this CUDA driver has no VMM calls", || Ok(VmmFns {
+//! mem_create: lib.required("cuMemCreate")?, ... }))`, and one method per call starting with
+//! `let f = self.vmm.get()?;`. Required calls go into `Fns`.
 
 use crate::backend::runtime::{self, c_text, Context, DeviceContexts, Event, IpcEvents, Stream, Symbols};
 use crate::error::{Error, Result};

@@ -1,5 +1,5 @@
 //! The cuda backend: NVIDIA GPU memory shared with legacy CUDA IPC memory handles, over the
-//! driver API (`libcuda.so.1`, loaded at run time; its typed wrapper is [`api`]).
+//! driver API (`libcuda.so.1`, loaded at run time; its typed wrapper is `api.rs`).
 //!
 //! - Export: the whole `cuMemAlloc` block around the caller's pointer (`cuMemGetAddressRange`),
 //!   its handle fetched once per block per process (`cuIpcGetMemHandle`, cached while any
