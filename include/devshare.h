@@ -322,6 +322,13 @@ enum DevshareStatus
   DEVSHARE_STATUS_ALREADY_RELEASED = -37,
   // The exported object is not what the handle says (size or layout mismatch).
   DEVSHARE_STATUS_MISMATCH = -38,
+  // A shared memory object failed devshare's trust checks, made on the opened descriptor before
+  // anything is written: its name is outside the families devshare speaks (its own
+  // `/devshare_<pid>_<hex>` and `/devshare_rc_<pid>_<hex>`, PyTorch's `/torch_<pid>_<n>...`),
+  // another user owns it, group or others may access it, its size is not the layout's, or its
+  // contents are not what its producer records (an in-flight flag it did not send, a
+  // ref-counter slot that is neither 0 nor 1). Nothing was changed.
+  DEVSHARE_STATUS_UNTRUSTED = -39,
   // A bug in devshare: a panic was caught at the C boundary. Please report it.
   DEVSHARE_STATUS_INTERNAL = -99,
 };
@@ -743,10 +750,14 @@ int32_t devshare_exporter_allow_pid(const struct DevshareExporter *exporter, int
 int32_t devshare_local_pid(uint16_t backend, int32_t device, int32_t *pid);
 
 // Number of references handed out by `devshare_exporter_share` and not yet released.
+// `DEVSHARE_STATUS_UNTRUSTED` (`*count` untouched) when a ref-counter slot holds anything but 0
+// or 1: something else wrote to it, and the message names the slot.
 int32_t devshare_exporter_outstanding(const struct DevshareExporter *exporter, uint64_t *count);
 
 // Wait until every handed-out reference was released: `DEVSHARE_STATUS_OK`, or
-// `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` milliseconds (negative: wait forever).
+// `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` milliseconds (negative: wait forever), or
+// `DEVSHARE_STATUS_UNTRUSTED` at once when a slot is corrupt (see
+// `devshare_exporter_outstanding`).
 int32_t devshare_exporter_wait(const struct DevshareExporter *exporter, int64_t timeout_ms);
 
 // Close the exporter and free it. Host memory: importers that still map the buffer keep it
@@ -859,6 +870,16 @@ int32_t devshare_torch_storage_init(struct DevshareTorchStorage *storage, uint32
 // tuple does not carry the allocation's size).
 int32_t devshare_handle_from_torch(const struct DevshareTorchArgs *args,
                                    struct DevshareHandle *out);
+
+// Like `devshare_handle_from_torch`, but writes the handle's byte encoding into `buf` — the
+// form that also carries an expandable segment's table when it is too long for a
+// `DevshareHandle` (decode it with `devshare_handle_decode`, import it with
+// `devshare_import_encoded`). `*len_out` (if not NULL) receives the length, also when `buf` is
+// NULL or too small (`DEVSHARE_STATUS_BUFFER_TOO_SMALL`).
+int32_t devshare_handle_from_torch_encoded(const struct DevshareTorchArgs *args,
+                                           uint8_t *buf,
+                                           size_t cap,
+                                           size_t *len_out);
 
 // Import the storage a PyTorch (cuda) or torch_npu (acl) tuple names, in one call: like
 // `devshare_handle_from_torch` + `devshare_import`, and also for expandable segments whose

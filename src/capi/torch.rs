@@ -169,6 +169,27 @@ pub unsafe extern "C" fn devshare_handle_from_torch(args: *const DevshareTorchAr
     })
 }
 
+/// Like `devshare_handle_from_torch`, but writes the handle's byte encoding into `buf` — the
+/// form that also carries an expandable segment's table when it is too long for a
+/// `DevshareHandle` (decode it with `devshare_handle_decode`, import it with
+/// `devshare_import_encoded`). `*len_out` (if not NULL) receives the length, also when `buf` is
+/// NULL or too small (`DEVSHARE_STATUS_BUFFER_TOO_SMALL`).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_handle_from_torch_encoded(
+    args: *const DevshareTorchArgs,
+    buf: *mut u8,
+    cap: usize,
+    len_out: *mut usize,
+) -> i32 {
+    boundary("devshare_handle_from_torch_encoded", || {
+        let a = ffi!(read_input(args, "args"))?;
+        let d = handle_from_torch_full(&ffi!(torch_args(&a))?)?;
+        let mut bytes = Vec::new();
+        crate::handle::encode::encode_full_into(&d.handle, d.table.as_deref(), &mut bytes)?;
+        ffi!(super::write_out(&bytes, false, buf, cap, len_out))
+    })
+}
+
 /// Import the storage a PyTorch (cuda) or torch_npu (acl) tuple names, in one call: like
 /// `devshare_handle_from_torch` + `devshare_import`, and also for expandable segments whose
 /// segment table is too long for a `DevshareHandle`. Release with `devshare_import_release`.
