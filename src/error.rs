@@ -67,6 +67,13 @@ pub enum Status {
     AlreadyReleased = -37,
     /// The exported object is not what the handle says (size or layout mismatch).
     Mismatch = -38,
+    /// A shared memory object failed devshare's trust checks, made on the opened descriptor before
+    /// anything is written: its name is outside the families devshare speaks (its own
+    /// `/devshare_<pid>_<hex>` and `/devshare_rc_<pid>_<hex>`, PyTorch's `/torch_<pid>_<n>...`),
+    /// another user owns it, group or others may access it, its size is not the layout's, or its
+    /// contents are not what its producer records (an in-flight flag it did not send, a
+    /// ref-counter slot that is neither 0 nor 1). Nothing was changed.
+    Untrusted = -39,
     /// A bug in devshare: a panic was caught at the C boundary. Please report it.
     Internal = -99,
 }
@@ -102,6 +109,7 @@ impl Status {
             Status::Busy => c"references outstanding",
             Status::AlreadyReleased => c"handle reference already released",
             Status::Mismatch => c"exported object does not match the handle",
+            Status::Untrusted => c"shared object failed the trust checks (name, owner, mode, size or contents)",
             Status::Internal => c"internal error (panic caught)",
         }
     }
@@ -112,7 +120,7 @@ impl Status {
     }
 
     /// All statuses, for lookups and tests.
-    pub(crate) const ALL: [Status; 28] = [
+    pub(crate) const ALL: [Status; 29] = [
         Status::Ok,
         Status::NullArgument,
         Status::InvalidArgument,
@@ -140,6 +148,7 @@ impl Status {
         Status::Busy,
         Status::AlreadyReleased,
         Status::Mismatch,
+        Status::Untrusted,
         Status::Internal,
     ];
 
@@ -204,6 +213,8 @@ pub enum Error {
     AlreadyReleased(String),
     #[error("mismatch: {0}")]
     Mismatch(String),
+    #[error("untrusted: {0}")]
+    Untrusted(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -238,6 +249,7 @@ impl Error {
             Error::Busy(_) => Status::Busy,
             Error::AlreadyReleased(_) => Status::AlreadyReleased,
             Error::Mismatch(_) => Status::Mismatch,
+            Error::Untrusted(_) => Status::Untrusted,
             Error::Internal(_) => Status::Internal,
         }
     }

@@ -268,7 +268,7 @@ impl Exporter {
             self.alloc.add_inflight()?;
         }
         let rc = refs.len() - 1;
-        let slot = refs[rc].take_slot().expect("a ref-counter with a free slot");
+        let slot = refs[rc].take_slot(desc.inflight).expect("a ref-counter with a free slot");
         h.set_ref(refs[rc].name(), slot);
         if let Some(event) = event {
             h.event_handle = event.handle();
@@ -283,9 +283,10 @@ impl Exporter {
         self.share(&TensorDesc { shape: &shape, ..Default::default() })
     }
 
-    /// References handed out and not yet released by their consumers.
-    pub fn outstanding(&self) -> u64 {
-        self.shared().refs.iter().map(RefCounter::outstanding).sum()
+    /// References handed out and not yet released by their consumers. A slot holding anything
+    /// but 0 or 1 was written by something else: `Untrusted`, naming it (never summed).
+    pub fn outstanding(&self) -> Result<u64> {
+        self.shared().refs.iter().try_fold(0u64, |n, rc| Ok(n + rc.outstanding()?))
     }
 
     /// Value of one handle's ref-counter slot (1 while held, 0 once released).
@@ -297,12 +298,13 @@ impl Exporter {
             .map(|rc| rc.slot_value(h.ref_slot))
     }
 
-    /// Wait until no reference is outstanding, or `timeout` passes (`None`: forever).
+    /// Wait until no reference is outstanding, or `timeout` passes (`None`: forever). Fails
+    /// at once when [`Self::outstanding`] does.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
         let start = Instant::now();
         let mut pause = Duration::from_micros(20);
         loop {
-            let n = self.outstanding();
+            let n = self.outstanding()?;
             if n == 0 {
                 return Ok(());
             }
@@ -347,7 +349,7 @@ impl Exporter {
     /// Closing is dropping the exporter.
     pub fn check_close(&self, force: bool) -> Result<()> {
         if !force && !self.alloc.survives_exporter_close() {
-            let n = self.outstanding();
+            let n = self.outstanding()?;
             if n > 0 {
                 return Err(Error::Busy(format!(
                     "{n} reference(s) outstanding; wait for them or close with DEVSHARE_CLOSE_FORCE"

@@ -7,6 +7,19 @@
 //! held by several imports in this process is returned to the producer exactly once, when the
 //! last of them is released. All of it is behind one mutex, so imports and releases may happen on
 //! any thread.
+//!
+//! **In-flight references** (`DEVSHARE_HANDLE_FLAG_INFLIGHT`) are checked against the record the
+//! producer keeps in its ref-counter (see [`crate::refcounter`]): a handle whose flag differs is
+//! refused, and the first import takes the reference over by clearing the record's bit, so it is
+//! taken over once even when a handle reaches several processes.
+//!
+//! **fork.** A child forked after imports inherits the registry and the mappings, but the
+//! counts and references they stand for are the parent's. A `pthread_atfork` child handler
+//! (installed by [`crate::shm::generation`]) starts a new generation: the child's registry
+//! forgets every inherited import without unmapping, decrementing or unlinking anything (the
+//! child's copies of the mappings are leaked until it exits), and releasing an inherited
+//! [`Import`] in the child does nothing. The prepare handler takes the registry lock around
+//! `fork`, so the child never inherits it held by a thread it does not have.
 
 use crate::backend::{self, ImportRequest, Mapping};
 use crate::error::{Error, Result};
@@ -14,6 +27,7 @@ use crate::handle::{validate, DevshareHandle, Validated};
 use crate::refcounter::{self, Watched};
 use crate::handle::{DEVSHARE_KEY_CAPACITY, DEVSHARE_REF_NAME_CAPACITY};
 use rustc_hash::FxHashMap;
+use std::cell::{Cell, RefCell};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 /// Registry key of an allocation. Fixed-size (no heap allocation on the cache-hit path); the
@@ -70,11 +84,20 @@ struct Entry {
     users: usize,
 }
 
+/// The imports in this process holding one reference, and whether the handle they came from
+/// carried an in-flight reference (every later import of it must say the same).
+struct TicketUse {
+    users: usize,
+    inflight: bool,
+}
+
 #[derive(Default)]
 struct Registry {
     allocs: FxHashMap<AllocKey, Entry>,
-    tickets: FxHashMap<Ticket, usize>,
+    tickets: FxHashMap<Ticket, TicketUse>,
     watched: FxHashMap<RefName, WatchEntry>,
+    /// [`crate::shm::generation`] the entries belong to.
+    generation: u64,
 }
 
 impl Registry {
@@ -108,10 +131,71 @@ impl Registry {
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Default::default);
 
-fn registry() -> MutexGuard<'static, Registry> {
+thread_local! {
+    /// Whether this thread holds the registry lock (then `fork` must not wait for it).
+    static HOLDS_REGISTRY: Cell<bool> = const { Cell::new(false) };
+    /// The registry lock, taken by the atfork prepare handler of the thread that forks.
+    static FORK_GUARD: RefCell<Option<MutexGuard<'static, Registry>>> = const { RefCell::new(None) };
+}
+
+/// The locked registry (of this process's generation).
+struct RegistryGuard(MutexGuard<'static, Registry>);
+
+impl std::ops::Deref for RegistryGuard {
+    type Target = Registry;
+    fn deref(&self) -> &Registry {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for RegistryGuard {
+    fn deref_mut(&mut self) -> &mut Registry {
+        &mut self.0
+    }
+}
+
+impl Drop for RegistryGuard {
+    fn drop(&mut self) {
+        HOLDS_REGISTRY.with(|h| h.set(false));
+    }
+}
+
+fn registry() -> RegistryGuard {
+    let generation = crate::shm::generation();
     // A panic while holding the lock cannot leave the maps half-updated (every update is a single
     // insert/remove/increment), so a poisoned lock is still consistent.
-    REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
+    let mut reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+    HOLDS_REGISTRY.with(|h| h.set(true));
+    if reg.generation != generation {
+        // A forked child: the entries are the parent's imports. Forget them without releasing
+        // anything (no unmap, no vendor close, no decrement, no unlink): leaked, on purpose.
+        std::mem::forget(std::mem::take(&mut reg.allocs));
+        std::mem::forget(std::mem::take(&mut reg.tickets));
+        std::mem::forget(std::mem::take(&mut reg.watched));
+        reg.generation = generation;
+    }
+    RegistryGuard(reg)
+}
+
+/// atfork prepare: hold the registry lock across `fork` (unless this thread already holds it:
+/// then it releases it itself, in both processes).
+pub(crate) fn fork_prepare() {
+    if HOLDS_REGISTRY.with(Cell::get) {
+        return;
+    }
+    let guard = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+    FORK_GUARD.with(|g| *g.borrow_mut() = Some(guard));
+}
+
+/// atfork parent: let the lock go.
+pub(crate) fn fork_parent() {
+    FORK_GUARD.with(|g| drop(g.borrow_mut().take()));
+}
+
+/// atfork child (after the generation changed): let the lock go; the next use of the registry
+/// forgets the parent's entries.
+pub(crate) fn fork_child() {
+    FORK_GUARD.with(|g| drop(g.borrow_mut().take()));
 }
 
 /// Number of allocations currently mapped by imports in this process.
@@ -121,7 +205,8 @@ pub fn cached_allocations() -> usize {
 
 /// Return the reference a handle carries without using it (validated first). A host handle
 /// in flight also owes the count in its object's header: an import takes that over and its
-/// release returns both, so it is imported and released at once.
+/// release returns both, so it is imported and released at once. The flag is checked against
+/// the producer's record either way.
 pub fn discard_handle(h: &DevshareHandle) -> Result<()> {
     crate::handle::validate(h)?;
     if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT != 0 {
@@ -159,6 +244,9 @@ pub fn discard(name: &[u8], slot: u64) -> Result<()> {
         return Ok(()); // the producer is gone
     };
     rc.check(slot)?;
+    // Not a handle with an in-flight reference (those are imported and released): the
+    // producer must not have recorded one for this slot.
+    rc.check_inflight(slot, false)?;
     rc.release(slot);
     Ok(())
 }
@@ -172,6 +260,8 @@ pub struct Import {
     mapping: Option<Arc<dyn Mapping>>,
     handle: DevshareHandle,
     validated: Validated,
+    /// [`crate::shm::generation`] at import: released in a forked child, it gives back nothing.
+    generation: u64,
 }
 
 /// Where an import lies in this process's memory.
@@ -196,6 +286,7 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
 
 /// [`import`] for a segmented handle whose segment table travelled next to it (`table`).
 pub fn import_full(h: &DevshareHandle, table: Option<&[u8]>, req: ImportRequest) -> Result<Import> {
+    let generation = crate::shm::generation();
     let validated = validate(h)?;
     let segments = crate::handle::segments::SegmentTable::of(h, table)?;
     let local = crate::hostid::host_id();
@@ -234,40 +325,88 @@ pub fn import_full(h: &DevshareHandle, table: Option<&[u8]>, req: ImportRequest)
         name: h.ref_name,
         slot: h.ref_slot,
     });
+    let inflight = h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT != 0;
+    if inflight && ticket.is_none() {
+        return Err(Error::Untrusted(
+            "the handle says it carries an in-flight reference but names no ref-counter: devshare \
+             records every in-flight share in its producer's ref-counter, and this one has no record"
+                .into(),
+        ));
+    }
 
     let mut reg = registry();
     // The ref-counter, and whether this import is the first in this process to hold the
-    // handle's reference (then the reference must still be outstanding).
+    // handle's reference (then the reference must still be outstanding, the in-flight flag must
+    // match the producer's record, and an in-flight reference is claimed now).
     let (watch, first_holder) = match &ticket {
         None => (None, true),
         Some(t) => {
             let watch = reg.watch(t)?;
-            let first = !reg.tickets.contains_key(t);
-            if first {
-                if let Some(Err(e)) = watch.as_ref().map(|w| w.check(t.slot)) {
+            let verdict = match reg.tickets.get(t) {
+                Some(held) if held.inflight != inflight => Err(Error::Untrusted(format!(
+                    "an import in this process holds this reference from a handle {} the in-flight \
+                     flag, and this handle says otherwise: one of them was altered",
+                    if held.inflight { "with" } else { "without" }
+                ))),
+                Some(_) => Ok(false),
+                None => first_check(watch.as_deref(), t, inflight).map(|()| true),
+            };
+            match verdict {
+                Ok(first) => (watch, first),
+                Err(e) => {
                     reg.unwatch(t);
                     return Err(e);
                 }
             }
-            (watch, first)
         }
     };
     let mapping = match map_allocation(&mut reg, &key, h, segments.as_ref(), &validated, &req, backend) {
         Ok(m) => m,
         Err(e) => {
             if let Some(t) = &ticket {
+                if first_holder && inflight {
+                    if let Some(w) = &watch {
+                        w.unclaim_inflight(t.slot);
+                    }
+                }
                 reg.unwatch(t);
             }
             return Err(e);
         }
     };
     if let Some(t) = &ticket {
-        *reg.tickets.entry(t.clone()).or_insert(0) += 1;
+        reg.tickets.entry(t.clone()).or_insert(TicketUse { users: 0, inflight }).users += 1;
     }
-    if first_holder && h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT != 0 {
+    if first_holder && inflight {
         mapping.take_over_inflight();
+        if let Some(w) = &watch {
+            w.drop_inflight_count();
+        }
     }
-    Ok(Import { key, ticket, watch, mapping: Some(mapping), handle: *h, validated })
+    Ok(Import { key, ticket, watch, mapping: Some(mapping), handle: *h, validated, generation })
+}
+
+/// The first import of a reference in this process: it must still be outstanding, and the
+/// handle's in-flight flag must be what the producer recorded; an in-flight reference is claimed
+/// (its record bit cleared) here, before anything else is touched.
+fn first_check(watch: Option<&Watched>, t: &Ticket, inflight: bool) -> Result<()> {
+    match watch {
+        None if inflight => Err(Error::NotFound(format!(
+            "ref-counter {} does not exist, so the in-flight reference the handle claims cannot be \
+             checked against its producer's record (it was already taken over, or the exporter \
+             closed with DEVSHARE_CLOSE_UNLINK)",
+            String::from_utf8_lossy(t.name())
+        ))),
+        None => Ok(()), // the producer stopped tracking: nothing to check or return
+        Some(w) => {
+            w.check(t.slot)?;
+            if inflight {
+                w.claim_inflight(t.slot)
+            } else {
+                w.check_inflight(t.slot, false)
+            }
+        }
+    }
 }
 
 /// The cached mapping of the handle's allocation (one more user), or a new one.
@@ -341,10 +480,22 @@ impl Import {
     /// Another import of the same handle: shares this one's mapping and reference (both must be
     /// released; the reference is returned when the last is). Costs a registry lock, no mapping.
     pub fn clone_ref(&self) -> Import {
+        if self.generation != crate::shm::generation() {
+            // A forked child's copy of its parent's import: the clone is as inert as it is.
+            return Import {
+                key: self.key.clone(),
+                ticket: self.ticket.clone(),
+                watch: self.watch.clone(),
+                mapping: self.mapping.clone(),
+                handle: self.handle,
+                validated: self.validated,
+                generation: self.generation,
+            };
+        }
         let mut reg = registry();
         reg.allocs.get_mut(&self.key).expect("an unreleased import has a registry entry").users += 1;
         if let Some(t) = &self.ticket {
-            *reg.tickets.get_mut(t).expect("an unreleased import holds its ticket") += 1;
+            reg.tickets.get_mut(t).expect("an unreleased import holds its ticket").users += 1;
             reg.watched.get_mut(&t.ref_counter()).expect("an unreleased import watches its ref-counter").users += 1;
         }
         Import {
@@ -354,6 +505,7 @@ impl Import {
             mapping: self.mapping.clone(),
             handle: self.handle,
             validated: self.validated,
+            generation: self.generation,
         }
     }
 
@@ -365,6 +517,14 @@ impl Import {
     }
 
     fn release_inner(&mut self) {
+        if self.generation != crate::shm::generation() {
+            // A forked child's copy of its parent's import: the mapping, its counts and the
+            // reference are the parent's. Forget them (the child's copy of the mapping stays
+            // until it exits).
+            std::mem::forget(self.mapping.take());
+            std::mem::forget(self.watch.take());
+            return;
+        }
         let device = self.device();
         let Some(mapping) = self.mapping.take() else { return };
         let mut ours = Some(mapping);
@@ -391,8 +551,8 @@ impl Import {
             if let Some(t) = &self.ticket {
                 last_watch = reg.unwatch(t);
                 if let Some(n) = reg.tickets.get_mut(t) {
-                    *n -= 1;
-                    if *n == 0 {
+                    n.users -= 1;
+                    if n.users == 0 {
                         reg.tickets.remove(t);
                         return_ticket = true;
                         if reg.tickets.is_empty() {

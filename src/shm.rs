@@ -1,9 +1,23 @@
-//! POSIX shared memory: create, open, map, unlink, and unguessable names.
+//! POSIX shared memory: create, open, map, unlink, unguessable names, and the checks every
+//! object passes before devshare writes to it.
+//!
+//! **Which objects devshare opens.** Only names of the two families it speaks (see
+//! [`is_family`]): its own `/devshare_<pid>_<32 hex>` (data) and `/devshare_rc_<pid>_<32 hex>`
+//! (ref-counters), and PyTorch's `/torch_<pid>_<digits>[_<digits>...]`. After `shm_open` and
+//! before anything is mapped writable, written, counted or unlinked, the opened descriptor must
+//! be a regular file owned by this process's effective uid with no group or other permission
+//! bits ([`open_trusted`]); callers then check the size their layout needs. A refusal is
+//! [`Error::Untrusted`] and leaves the object exactly as it was.
+//!
+//! **fork.** A child process inherits the parent's mappings but holds none of the counts they
+//! stand for. [`generation`] changes in every child (a `pthread_atfork` child handler), and every
+//! object that counts itself somewhere (host mappings, ref-counters, imports) remembers the
+//! generation it was made in: dropped in another generation, it gives back nothing.
 
 use crate::error::{Error, Result};
 use std::ffi::CString;
-use std::os::fd::{FromRawFd, OwnedFd, AsRawFd};
-use std::sync::atomic::AtomicI32;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 /// A mapping of (part of) a shm object; unmapped on drop.
 pub(crate) struct Map {
@@ -49,6 +63,13 @@ impl Map {
         // SAFETY: as for atomic_i32.
         unsafe { &*self.ptr.add(offset).cast::<std::sync::atomic::AtomicI64>() }
     }
+
+    /// The unsigned 8-byte atomic at `offset` (must be 8-aligned and inside the map).
+    pub(crate) fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
+        assert!(offset % 8 == 0 && offset + 8 <= self.len);
+        // SAFETY: as for atomic_i32.
+        unsafe { &*self.ptr.add(offset).cast::<AtomicU64>() }
+    }
 }
 
 impl Drop for Map {
@@ -65,7 +86,7 @@ fn c_name(name: &[u8]) -> Result<CString> {
 fn shm_open(name: &[u8], flags: libc::c_int, call: &str) -> Result<OwnedFd> {
     let c = c_name(name)?;
     // SAFETY: c is a valid NUL-terminated string.
-    let fd = unsafe { libc::shm_open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o600) };
+    let fd = unsafe { libc::shm_open(c.as_ptr(), flags | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600) };
     if fd < 0 {
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() == Some(libc::ENOENT) {
@@ -85,11 +106,13 @@ fn shm_open(name: &[u8], flags: libc::c_int, call: &str) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Create a new shm object (mode 0600, must not exist) of `size` bytes.
+/// Create a new shm object (mode 0600, must not exist) of `size` bytes, after checking that
+/// `/dev/shm` can hold it ([`ensure_capacity`]): nothing is created when it cannot.
 pub(crate) fn create(name: &[u8], size: u64) -> Result<OwnedFd> {
-    let fd = shm_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, "shm_open(O_CREAT)")?;
     let size = libc::off_t::try_from(size)
         .map_err(|_| Error::InvalidArgument(format!("shm size {size} is too large")))?;
+    ensure_capacity(size as u64)?;
+    let fd = shm_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, "shm_open(O_CREAT)")?;
     // SAFETY: valid fd.
     if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
         let e = Error::last_os(format!("ftruncate({}, {size})", String::from_utf8_lossy(name)));
@@ -99,25 +122,209 @@ pub(crate) fn create(name: &[u8], size: u64) -> Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Open an existing shm object read-only.
-pub(crate) fn open_read(name: &[u8]) -> Result<OwnedFd> {
-    shm_open(name, libc::O_RDONLY, "shm_open")
+/// Where `shm_open` puts its objects on Linux (glibc and musl).
+const SHM_DIR: &std::ffi::CStr = c"/dev/shm";
+
+/// Refuse `size` bytes that the shm filesystem cannot hold now (`fstatvfs` on `/dev/shm`:
+/// blocks available to unprivileged users). tmpfs objects are sparse, so without this check an
+/// oversized allocation succeeds and its users die of `SIGBUS` once the filesystem fills.
+/// The check is a snapshot: other processes may fill the filesystem later (see the README).
+/// When `/dev/shm` cannot be examined the check is skipped (`shm_open` reports what is wrong).
+pub(crate) fn ensure_capacity(size: u64) -> Result<()> {
+    // SAFETY: SHM_DIR is NUL-terminated; the descriptor is checked and owned below.
+    let dir = unsafe { libc::open(SHM_DIR.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+    if dir < 0 {
+        return Ok(());
+    }
+    // SAFETY: dir is a freshly opened descriptor we own.
+    let dir = unsafe { OwnedFd::from_raw_fd(dir) };
+    // SAFETY: a zeroed statvfs is a valid out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: dir is open and st a valid out-parameter.
+    if unsafe { libc::fstatvfs(dir.as_raw_fd(), &mut st) } != 0 {
+        return Ok(());
+    }
+    let unit = st.f_frsize as u64;
+    let free = (st.f_bavail as u64).saturating_mul(unit);
+    let total = (st.f_blocks as u64).saturating_mul(unit);
+    // Whole pages: a partly used last page still takes one.
+    let need = size.div_ceil(unit.max(1)).saturating_mul(unit.max(1));
+    if need > free {
+        return Err(Error::Os {
+            call: "the /dev/shm capacity check (fstatvfs)".into(),
+            errno: libc::ENOSPC,
+            message: format!(
+                "an object of {size} bytes does not fit in /dev/shm: {free} of its {total} bytes \
+                 are free (a tmpfs object is sparse, so it would be created and its users would die \
+                 of SIGBUS once the filesystem filled); allocate less, free shared memory, or give \
+                 /dev/shm more room (mount -o remount,size=...; docker --shm-size)"
+            ),
+        });
+    }
+    Ok(())
 }
 
-/// Open an existing shm object read-write.
-pub(crate) fn open(name: &[u8]) -> Result<OwnedFd> {
-    shm_open(name, libc::O_RDWR, "shm_open")
+/// What a shared memory object is used as: each has its own name family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A host allocation (64-byte header, then data).
+    Data,
+    /// A ref-counter (64-byte header, then 10000 `int64` slots).
+    RefCounter,
 }
 
-/// Size in bytes of an open shm object.
-pub(crate) fn size_of(fd: &OwnedFd, name: &[u8]) -> Result<u64> {
-    // SAFETY: zeroed stat is a valid out-parameter; fd is valid.
+impl Kind {
+    fn what(self) -> &'static str {
+        match self {
+            Kind::Data => "host object",
+            Kind::RefCounter => "ref-counter",
+        }
+    }
+}
+
+/// Name prefix of devshare's host allocations: `/devshare_<pid>_<32 hex>`.
+pub(crate) const DATA_PREFIX: &str = "devshare";
+/// Name prefix of devshare's ref-counters: `/devshare_rc_<pid>_<32 hex>`.
+pub(crate) const RC_PREFIX: &str = "devshare_rc";
+
+/// `s` is 1 to `max` ASCII digits.
+fn digits(s: &[u8], max: usize) -> bool {
+    !s.is_empty() && s.len() <= max && s.iter().all(u8::is_ascii_digit)
+}
+
+/// `name` is `/<prefix>_<pid>_<32 lowercase hex digits>`, as [`random_name`] makes it.
+pub(crate) fn is_devshare_name(name: &[u8], prefix: &str) -> bool {
+    let Some(rest) = name.strip_prefix(b"/").and_then(|r| r.strip_prefix(prefix.as_bytes())) else {
+        return false;
+    };
+    let Some(rest) = rest.strip_prefix(b"_") else { return false };
+    let Some(us) = rest.iter().position(|&c| c == b'_') else { return false };
+    let (pid, hex) = (&rest[..us], &rest[us + 1..]);
+    digits(pid, 10) && hex.len() == 32 && hex.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// `name` is PyTorch's `at::NewProcessWideShmHandle()` form: `/torch_<pid>_<digits>`, then any
+/// number of `_<digits>` (PyTorch >= 1.x appends a per-process counter to the random number).
+pub(crate) fn is_torch_name(name: &[u8]) -> bool {
+    let Some(rest) = name.strip_prefix(b"/torch_") else { return false };
+    let mut parts = rest.split(|&c| c == b'_');
+    let pid_ok = parts.next().is_some_and(|p| digits(p, 10));
+    let mut tail = 0;
+    for p in parts {
+        if !digits(p, 20) {
+            return false;
+        }
+        tail += 1;
+    }
+    pid_ok && tail >= 1
+}
+
+/// Whether devshare may open `name` as a `kind` object: devshare's own family for that kind, or
+/// PyTorch's (whose data objects and ref-counters share one form).
+pub(crate) fn is_family(name: &[u8], kind: Kind) -> bool {
+    is_torch_name(name)
+        || match kind {
+            Kind::Data => is_devshare_name(name, DATA_PREFIX),
+            Kind::RefCounter => is_devshare_name(name, RC_PREFIX),
+        }
+}
+
+/// [`is_family`], as an [`Error::Untrusted`] naming the rule.
+pub(crate) fn check_family(name: &[u8], kind: Kind) -> Result<()> {
+    if is_family(name, kind) {
+        return Ok(());
+    }
+    let own = match kind {
+        Kind::Data => "/devshare_<pid>_<32 hex digits>",
+        Kind::RefCounter => "/devshare_rc_<pid>_<32 hex digits>",
+    };
+    Err(Error::Untrusted(format!(
+        "{} name {:?} is not one devshare opens: a {} is named {own} (devshare) or \
+         /torch_<pid>_<digits>[_<digits>] (PyTorch); other shared memory objects are never opened",
+        kind.what(),
+        String::from_utf8_lossy(name),
+        kind.what()
+    )))
+}
+
+/// Which object a name stood for when devshare opened or created it (`st_dev`, `st_ino`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ObjectId {
+    dev: u64,
+    ino: u64,
+}
+
+impl ObjectId {
+    // dev_t and ino_t are u64 on the 64-bit Linux targets, not on every target.
+    #[allow(clippy::unnecessary_cast)]
+    fn of(st: &libc::stat) -> ObjectId {
+        ObjectId { dev: st.st_dev as u64, ino: st.st_ino as u64 }
+    }
+}
+
+/// The identity of an open object.
+pub(crate) fn id_of(fd: &OwnedFd, name: &[u8]) -> Result<ObjectId> {
+    Ok(ObjectId::of(&fstat(fd, name)?))
+}
+
+/// An object opened by [`open_trusted`]: its descriptor, size and identity.
+pub(crate) struct Opened {
+    pub(crate) fd: OwnedFd,
+    pub(crate) size: u64,
+    pub(crate) id: ObjectId,
+}
+
+/// Open an existing object of the `kind` family (read-write or read-only) and check the opened
+/// descriptor before the caller maps, writes, counts or unlinks anything: a regular file, owned
+/// by this process's effective uid, no group/other permission bits. Returns the descriptor and
+/// the object's size, which the caller checks against its layout. `NotFound` when it does not
+/// exist; `Untrusted` (nothing touched) when a check fails.
+pub(crate) fn open_trusted(name: &[u8], kind: Kind, writable: bool) -> Result<Opened> {
+    check_family(name, kind)?;
+    let fd = shm_open(name, if writable { libc::O_RDWR } else { libc::O_RDONLY }, "shm_open")?;
+    let st = fstat(&fd, name)?;
+    let shown = String::from_utf8_lossy(name);
+    let what = kind.what();
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(Error::Untrusted(format!("{what} {shown} is not a regular file (mode {:o})", st.st_mode)));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if st.st_uid != euid {
+        return Err(Error::Untrusted(format!(
+            "{what} {shown} belongs to uid {}, not to this process's user (euid {euid}); devshare \
+             opens only its own user's objects",
+            st.st_uid
+        )));
+    }
+    if st.st_mode & 0o077 != 0 {
+        return Err(Error::Untrusted(format!(
+            "{what} {shown} has mode {:04o}: group or others may access it, and devshare and \
+             PyTorch create their objects 0600",
+            st.st_mode & 0o7777
+        )));
+    }
+    Ok(Opened { size: st.st_size as u64, id: ObjectId::of(&st), fd })
+}
+
+fn fstat(fd: &OwnedFd, name: &[u8]) -> Result<libc::stat> {
+    // SAFETY: zeroed stat is a valid out-parameter.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fd is an open descriptor and st a valid out-parameter.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
         return Err(Error::last_os(format!("fstat({})", String::from_utf8_lossy(name))));
     }
-    Ok(st.st_size as u64)
+    Ok(st)
+}
+
+/// Unlink `name` if it still stands for the object `id` (the one this process mapped): the
+/// last holder of an object whose name was removed and then taken by another object must not
+/// remove that other object. A name that is gone, or that this process cannot open, is left.
+pub(crate) fn unlink_if_same(name: &[u8], id: ObjectId) {
+    let Ok(fd) = shm_open(name, libc::O_RDONLY, "shm_open") else { return };
+    if id_of(&fd, name).is_ok_and(|now| now == id) {
+        unlink(name);
+    }
 }
 
 /// Unlink a shm name; a name that is already gone is not an error.
@@ -146,4 +353,41 @@ pub(crate) fn random_name(prefix: &str) -> Result<Vec<u8>> {
     }
     let hex: String = r.iter().map(|b| format!("{b:02x}")).collect();
     Ok(format!("/{prefix}_{}_{hex}", std::process::id()).into_bytes())
+}
+
+/// The fork generation of this process: 0 in a process that was not forked after devshare was
+/// first used, one more in each child after each `fork` (a `pthread_atfork` child handler, set
+/// up by the first call). Objects that count themselves in shared memory remember the
+/// generation they were made in and give nothing back when dropped in another: a child's copies
+/// of the parent's mappings hold no count of their own.
+pub(crate) fn generation() -> u64 {
+    static HANDLERS: std::sync::Once = std::sync::Once::new();
+    HANDLERS.call_once(|| {
+        // SAFETY: the three handlers are plain functions that live as long as the library (and
+        // glibc unregisters them when a dlopen'ed copy is unloaded: pthread_atfork passes the
+        // object's __dso_handle).
+        let rc = unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+        // ENOMEM is the only documented failure; without handlers a forked child could give back
+        // its parent's counts, so refuse to go on rather than risk it.
+        assert_eq!(rc, 0, "pthread_atfork failed");
+    });
+    GENERATION.load(Ordering::SeqCst)
+}
+
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Before `fork`: take the import registry's lock, so that no other thread holds it in the child.
+extern "C" fn fork_prepare() {
+    crate::import::fork_prepare();
+}
+
+/// After `fork`, in the parent: let the lock go.
+extern "C" fn fork_parent() {
+    crate::import::fork_parent();
+}
+
+/// After `fork`, in the child: a new generation; the registry forgets the parent's imports.
+extern "C" fn fork_child() {
+    GENERATION.fetch_add(1, Ordering::SeqCst);
+    crate::import::fork_child();
 }

@@ -88,10 +88,10 @@ fn threads_import_and_release_concurrently_and_every_reference_returns_once() {
     });
     // SAFETY: stand-in query.
     assert_eq!(unsafe { (rt.open_imports)(key.as_ptr()) }, 2, "one ACL import per device while held");
-    assert_eq!(exp.outstanding(), 2, "only the two held references are outstanding");
+    assert_eq!(exp.outstanding().unwrap(), 2, "only the two held references are outstanding");
     held0.release();
     held1.release();
-    assert_eq!(exp.outstanding(), 0);
+    assert_eq!(exp.outstanding().unwrap(), 0);
     // SAFETY: stand-in queries and free.
     unsafe {
         assert_eq!((rt.open_imports)(key.as_ptr()), 0, "closes equal imports");
@@ -107,7 +107,7 @@ fn threads_import_and_release_concurrently_and_every_reference_returns_once() {
                 });
             }
         });
-        assert_eq!(exp.outstanding(), 0);
+        assert_eq!(exp.outstanding().unwrap(), 0);
         assert_eq!((rt.open_imports)(key.as_ptr()), 0);
         Arc::try_unwrap(exp).ok().expect("threads are done").check_close(false).unwrap();
         assert_eq!((rt.set_device)(0), 0);

@@ -64,16 +64,19 @@ fn adopted_object_is_shared_without_copy_and_counted_like_any_holder() {
     let h = adopted.share(&desc(&[64], true)).unwrap();
     let imp = import(&h, ImportRequest::default()).unwrap();
     assert_eq!(unsafe { *imp.view().data.add(100) }, 9);
-    assert_eq!(adopted.outstanding(), 1);
+    assert_eq!(adopted.outstanding().unwrap(), 1);
     imp.release();
-    assert_eq!(adopted.outstanding(), 0);
+    assert_eq!(adopted.outstanding().unwrap(), 0);
     drop(owner);
     assert_eq!(header_count(&name), Some(1), "the adopter still holds it");
     drop(adopted);
     assert_eq!(header_count(&name), None, "the adopter was the last holder and unlinked it");
 
-    let err = Exporter::host_adopt(b"/devshare_no_such_object", 16).err().unwrap();
+    let missing = format!("/devshare_{}_{}", std::process::id(), "0".repeat(32));
+    let err = Exporter::host_adopt(missing.as_bytes(), 16).err().unwrap();
     assert_eq!(err.status(), devshare::Status::NotFound, "{err}");
+    let err = Exporter::host_adopt(b"/devshare_no_such_object", 16).err().unwrap();
+    assert_eq!(err.status(), devshare::Status::Untrusted, "not a devshare or PyTorch name: {err}");
     let owner = Exporter::host_alloc(16).unwrap();
     let name = owner.share_bytes().unwrap().key_bytes().to_vec();
     let err = Exporter::host_adopt(&name, 17).err().unwrap();
@@ -102,7 +105,7 @@ fn dlpack_view_describes_the_tensor_and_its_deleter_returns_the_reference() {
     let m = dlpack::versioned(&imp);
     let legacy = dlpack::legacy(&imp);
     imp.release();
-    assert_eq!(exp.outstanding(), 1, "the DLPack views still hold the reference");
+    assert_eq!(exp.outstanding().unwrap(), 1, "the DLPack views still hold the reference");
     unsafe {
         let t = &(*m).dl_tensor;
         assert_eq!((*m).version.major, 1);
@@ -117,8 +120,8 @@ fn dlpack_view_describes_the_tensor_and_its_deleter_returns_the_reference() {
         *((base + 1024 + 5 * 8) as *mut i64) = -7;
         assert_eq!(*t.data.cast::<i64>(), -7);
         ((*m).deleter.unwrap())(m);
-        assert_eq!(exp.outstanding(), 1);
+        assert_eq!(exp.outstanding().unwrap(), 1);
         ((*legacy).deleter.unwrap())(legacy);
     }
-    assert_eq!(exp.outstanding(), 0, "the last deleter returned the reference");
+    assert_eq!(exp.outstanding().unwrap(), 0, "the last deleter returned the reference");
 }

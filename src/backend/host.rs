@@ -11,6 +11,12 @@
 //! mappings stay valid meanwhile. A consumer that dies without releasing keeps its count, and the
 //! object then stays until someone unlinks it: an exporter that knows no PyTorch process maps the
 //! buffer can close with `DEVSHARE_CLOSE_UNLINK` to remove the names at once.
+//!
+//! What a handle may make a consumer open: a name of the data family (devshare's
+//! `/devshare_<pid>_<hex>` or PyTorch's `/torch_<pid>_...`), owned by the consumer's user, mode
+//! 0600, at least 64 bytes + the handle's `alloc_size` — checked on the opened descriptor before
+//! it is mapped or counted (`shm::open_trusted`). New allocations are refused when `/dev/shm`
+//! cannot hold them (`shm::ensure_capacity`).
 
 use super::{Backend, Exported, ImportRequest, Mapping, Probe};
 use crate::error::{Error, Result};
@@ -33,6 +39,10 @@ struct Counted {
     /// A writable view of the header when `data` is read-only.
     header: Option<Map>,
     data_len: u64,
+    /// [`shm::generation`] when it counted itself in: a forked child's copy counts nothing.
+    generation: u64,
+    /// The object mapped: the last holder unlinks the name only while it still stands for it.
+    id: shm::ObjectId,
 }
 
 impl Counted {
@@ -43,8 +53,12 @@ impl Counted {
 
 impl Drop for Counted {
     fn drop(&mut self) {
+        // In a forked child this mapping is a copy of the parent's, whose count it is.
+        if self.generation != shm::generation() {
+            return;
+        }
         if self.count().fetch_sub(1, Ordering::SeqCst) == 1 {
-            shm::unlink(&self.name);
+            shm::unlink_if_same(&self.name, self.id);
         }
     }
 }
@@ -71,7 +85,7 @@ impl Exported for Counted {
         true
     }
     fn unlink(&self) {
-        shm::unlink(&self.name);
+        shm::unlink_if_same(&self.name, self.id);
     }
     fn add_inflight(&self) -> Result<()> {
         self.count().fetch_add(1, Ordering::SeqCst);
@@ -93,23 +107,26 @@ impl Mapping for Counted {
 }
 
 /// Allocate `size` bytes of shareable host memory (zero-filled) under a fresh unguessable name,
-/// mode 0600. The returned export counts as one mapping.
+/// mode 0600. The returned export counts as one mapping. Refused (`DEVSHARE_STATUS_OS`, errno
+/// `ENOSPC`, nothing created) when `/dev/shm` has less room than the object needs.
 pub(crate) fn alloc(size: u64) -> Result<Box<dyn Exported>> {
+    let generation = shm::generation();
     let total = size
         .checked_add(HEADER_SIZE)
         .filter(|&t| t <= i64::MAX as u64 && usize::try_from(t).is_ok())
         .ok_or_else(|| Error::InvalidArgument(format!("size {size} is too large")))?;
-    let name = shm::random_name("devshare")?;
+    let name = shm::random_name(shm::DATA_PREFIX)?;
     let fd = shm::create(&name, total)?;
-    let data = match Map::new(&fd, total as usize, true, "host allocation") {
+    let data = match shm::id_of(&fd, &name).and_then(|id| Ok((id, Map::new(&fd, total as usize, true, "host allocation")?))) {
         Ok(m) => m,
         Err(e) => {
             shm::unlink(&name);
             return Err(e);
         }
     };
+    let (id, data) = data;
     data.atomic_i32(0).store(1, Ordering::SeqCst);
-    Ok(Box::new(Counted { name, data, header: None, data_len: size }))
+    Ok(Box::new(Counted { name, data, header: None, data_len: size, generation, id }))
 }
 
 impl Backend for Host {
@@ -147,11 +164,12 @@ impl Backend for Host {
 }
 
 /// Map an existing host object of at least `min_data` data bytes and count ourselves in its
-/// header. `what` names where `min_data` came from, for the mismatch message.
+/// header. `what` names where `min_data` came from, for the mismatch message. The name family,
+/// owner, mode and size are checked on the opened descriptor before anything is mapped.
 fn open_counted(name: &[u8], min_data: u64, read_only: bool, what: &str) -> Result<Counted> {
+    let generation = shm::generation();
     let shown = String::from_utf8_lossy(name);
-    let fd = shm::open(name)?;
-    let size = shm::size_of(&fd, name)?;
+    let shm::Opened { fd, size, id } = shm::open_trusted(name, shm::Kind::Data, true)?;
     let data_len = size.saturating_sub(HEADER_SIZE);
     if size < HEADER_SIZE || data_len < min_data {
         return Err(Error::Mismatch(format!(
@@ -172,12 +190,13 @@ fn open_counted(name: &[u8], min_data: u64, read_only: bool, what: &str) -> Resu
             "host object {shown} is being released by its last holder (header count was {before})"
         )));
     }
-    Ok(Counted { name: name.to_vec(), data, header, data_len })
+    Ok(Counted { name: name.to_vec(), data, header, data_len, generation, id })
 }
 
 /// Export an existing host object in PyTorch's `file_system` layout (one that PyTorch's
 /// `_share_filename_cpu_` or another devshare process created) without copying: map it and count
-/// in its header like any other holder.
+/// in its header like any other holder. The object passes the importer's checks (name family,
+/// owner, mode, size): handles naming anything else would be refused by every consumer.
 pub(crate) fn adopt(name: &[u8], size: u64) -> Result<Box<dyn Exported>> {
     if !crate::handle::is_shm_name(name) {
         return Err(Error::InvalidArgument(format!(

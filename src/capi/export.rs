@@ -386,17 +386,22 @@ pub unsafe extern "C" fn devshare_local_pid(backend: u16, device: i32, pid: *mut
 }
 
 /// Number of references handed out by `devshare_exporter_share` and not yet released.
+/// `DEVSHARE_STATUS_UNTRUSTED` (`*count` untouched) when a ref-counter slot holds anything but 0
+/// or 1: something else wrote to it, and the message names the slot.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_exporter_outstanding(exporter: *const DevshareExporter, count: *mut u64) -> i32 {
     boundary("devshare_exporter_outstanding", || {
         let e = &ffi!(arg(exporter, "exporter"))?.0;
-        *ffi!(arg_mut(count, "count"))? = e.outstanding();
+        let count = ffi!(arg_mut(count, "count"))?;
+        *count = e.outstanding()?;
         Ok(())
     })
 }
 
 /// Wait until every handed-out reference was released: `DEVSHARE_STATUS_OK`, or
-/// `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` milliseconds (negative: wait forever).
+/// `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` milliseconds (negative: wait forever), or
+/// `DEVSHARE_STATUS_UNTRUSTED` at once when a slot is corrupt (see
+/// `devshare_exporter_outstanding`).
 #[no_mangle]
 pub unsafe extern "C" fn devshare_exporter_wait(exporter: *const DevshareExporter, timeout_ms: i64) -> i32 {
     boundary("devshare_exporter_wait", || {

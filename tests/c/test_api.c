@@ -217,6 +217,7 @@ static void test_status_texts(void) {
         DEVSHARE_STATUS_BUSY,
         DEVSHARE_STATUS_ALREADY_RELEASED,
         DEVSHARE_STATUS_MISMATCH,
+        DEVSHARE_STATUS_UNTRUSTED,
         DEVSHARE_STATUS_INTERNAL,
     };
     enum { N = sizeof all / sizeof all[0] };

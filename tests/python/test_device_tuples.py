@@ -61,12 +61,14 @@ class RefCounterObject:
 
     def __init__(self, slot):
         self.slot = slot
-        self.name = f"/torch_{os.getpid()}_devshare_test_{os.urandom(4).hex()}".encode()
+        # PyTorch's name form (/torch_<pid>_<digits>_<digits>) and mode (0600): devshare opens
+        # nothing else.
+        self.name = f"/torch_{os.getpid()}_{int.from_bytes(os.urandom(4), 'little')}_{slot}".encode()
         self.path = "/dev/shm/" + self.name[1:].decode()
         buf = bytearray(64 + 8 * 10000)
         buf[0:4] = (1).to_bytes(4, "little")
         buf[64 + 8 * slot:72 + 8 * slot] = (1).to_bytes(8, "little")
-        with open(self.path, "wb") as f:
+        with os.fdopen(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600), "wb") as f:
             f.write(buf)
 
     def slot_value(self) -> int:
