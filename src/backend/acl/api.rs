@@ -6,8 +6,8 @@
 //! plumbing of `backend/runtime.rs`: per-thread contexts and IPC events.
 //!
 //! Calls that only some CANN versions have come in [`Optional`] groups: the runtime loads
-//! without them and their methods fail with `Unsupported`. The IPC event calls are one. To add
-//! another group (the VMM calls, say):
+//! without them and their methods fail with `Unsupported`. The IPC event calls are one, the VMM
+//! calls (`VmmFns`) another. To add another group:
 //! 1. a struct of its raw signatures (`struct VmmFns { malloc_physical: unsafe extern "C"
 //!    fn(...) -> AclError, ... }`) and a field `vmm: Optional<VmmFns>` in [`AclApi`];
 //! 2. in [`AclApi::load`], inside its `unsafe` block (whose SAFETY line covers every signature):
@@ -30,6 +30,10 @@ pub(crate) const EXPORT_FLAG_DISABLE_PID_VALIDATION: u64 = 1;
 /// `ACL_RT_IPC_MEM_IMPORT_FLAG_ENABLE_PEER_ACCESS`: the runtime enables P2P for a cross-device
 /// import.
 pub(crate) const IMPORT_FLAG_ENABLE_PEER_ACCESS: u64 = 1;
+/// `ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION`: any process may import the shareable handle.
+pub(crate) const VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION: u64 = 1;
+/// `ACL_MEM_HANDLE_TYPE_NONE`: the only shareable-handle type of the VMM export.
+const ACL_MEM_HANDLE_TYPE_NONE: i32 = 0;
 /// `ACL_EVENT_IPC`: an event another process can open.
 const ACL_EVENT_IPC: u32 = 0x40;
 /// `aclInit` called again in a process (e.g. torch_npu initialised ACL already): fine.
@@ -72,11 +76,37 @@ struct EventFns {
     destroy_event: unsafe extern "C" fn(Event) -> AclError,
 }
 
+/// A physical memory handle (`aclrtDrvMemHandle`, a pointer the runtime hands out and never
+/// lets us dereference). Plain data: the backend owns the imports it makes and frees each once.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DrvMemHandle(pub(crate) *mut c_void);
+
+// SAFETY: an opaque value the runtime interprets; it is never dereferenced in this process.
+unsafe impl Send for DrvMemHandle {}
+// SAFETY: as for Send.
+unsafe impl Sync for DrvMemHandle {}
+
+/// The VMM calls (CANN >= 8.x, what torch_npu's expandable segments use): a runtime without
+/// them still shares `aclrtMalloc` memory by key; only segmented memory is refused.
+/// `aclrtMallocPhysical` is not here: devshare never allocates physical memory (producers do).
+struct VmmFns {
+    free_physical: unsafe extern "C" fn(DrvMemHandle) -> AclError,
+    reserve_mem_address: unsafe extern "C" fn(*mut *mut c_void, usize, usize, *mut c_void, u64) -> AclError,
+    release_mem_address: unsafe extern "C" fn(*mut c_void) -> AclError,
+    map_mem: unsafe extern "C" fn(*mut c_void, usize, usize, DrvMemHandle, u64) -> AclError,
+    unmap_mem: unsafe extern "C" fn(*mut c_void) -> AclError,
+    mem_export_to_shareable_handle: unsafe extern "C" fn(DrvMemHandle, i32, u64, *mut u64) -> AclError,
+    mem_set_pid_to_shareable_handle: unsafe extern "C" fn(u64, *mut i32, usize) -> AclError,
+    mem_import_from_shareable_handle: unsafe extern "C" fn(u64, i32, *mut DrvMemHandle) -> AclError,
+}
+
 /// The loaded, initialised ACL runtime.
 pub(crate) struct AclApi {
     name: String,
     fns: Fns,
     events: Optional<EventFns>,
+    vmm: Optional<VmmFns>,
     recent_err_msg: Option<unsafe extern "C" fn() -> *const c_char>,
     /// Keeps the functions above loaded.
     _lib: libloading::Library,
@@ -109,7 +139,7 @@ impl AclApi {
         let lib = Symbols::open("DEVSHARE_ACL_LIBRARY", &candidates())?;
         // SAFETY: each function's type (the field's, or the one written out) is the C signature
         // of the symbol named next to it, from the CANN headers (`acl/acl_rt.h`, `acl/acl_base.h`).
-        let (init, events, fns, recent_err_msg) = unsafe {
+        let (init, events, vmm, fns, recent_err_msg) = unsafe {
             let init: unsafe extern "C" fn(*const c_char) -> AclError = lib.required("aclInit")?;
             let events = Optional::load("this ACL runtime has no IPC events", || {
                 Ok(EventFns {
@@ -120,6 +150,18 @@ impl AclApi {
                     stream_wait_event: lib.required("aclrtStreamWaitEvent")?,
                     synchronize_event: lib.required("aclrtSynchronizeEvent")?,
                     destroy_event: lib.required("aclrtDestroyEvent")?,
+                })
+            });
+            let vmm = Optional::load("this ACL runtime has no VMM calls (expandable segments need CANN 8.x)", || {
+                Ok(VmmFns {
+                    free_physical: lib.required("aclrtFreePhysical")?,
+                    reserve_mem_address: lib.required("aclrtReserveMemAddress")?,
+                    release_mem_address: lib.required("aclrtReleaseMemAddress")?,
+                    map_mem: lib.required("aclrtMapMem")?,
+                    unmap_mem: lib.required("aclrtUnmapMem")?,
+                    mem_export_to_shareable_handle: lib.required("aclrtMemExportToShareableHandle")?,
+                    mem_set_pid_to_shareable_handle: lib.required("aclrtMemSetPidToShareableHandle")?,
+                    mem_import_from_shareable_handle: lib.required("aclrtMemImportFromShareableHandle")?,
                 })
             });
             let fns = Fns {
@@ -136,9 +178,9 @@ impl AclApi {
                 synchronize_stream: lib.required("aclrtSynchronizeStream")?,
                 synchronize_device: lib.required("aclrtSynchronizeDevice")?,
             };
-            (init, events, fns, lib.optional("aclGetRecentErrMsg"))
+            (init, events, vmm, fns, lib.optional("aclGetRecentErrMsg"))
         };
-        let api = AclApi { name: lib.name().to_string(), fns, events, recent_err_msg, _lib: lib.into_library() };
+        let api = AclApi { name: lib.name().to_string(), fns, events, vmm, recent_err_msg, _lib: lib.into_library() };
         // SAFETY: aclInit with no config file.
         let rc = unsafe { init(std::ptr::null()) };
         if rc != 0 && rc != ACL_ERROR_REPEAT_INITIALIZE {
@@ -271,6 +313,82 @@ impl AclApi {
     pub(crate) fn synchronize_device(&self) -> Result<()> {
         // SAFETY: plain call.
         self.check("aclrtSynchronizeDevice", unsafe { (self.fns.synchronize_device)() })
+    }
+
+    /// `Ok` when the runtime has the VMM calls.
+    pub(crate) fn vmm_available(&self) -> Result<()> {
+        self.vmm.get().map(|_| ())
+    }
+
+    /// `aclrtFreePhysical`: free a physical handle (here: one this process imported).
+    pub(crate) fn free_physical(&self, h: DrvMemHandle) -> Result<()> {
+        let f = self.vmm.get()?;
+        // SAFETY: a handle the runtime returned; the callers free each one once, after unmapping.
+        self.check("aclrtFreePhysical", unsafe { (f.free_physical)(h) })
+    }
+
+    /// `aclrtReserveMemAddress(&va, size, 0, NULL, 0)`: `size` bytes of device address space.
+    pub(crate) fn reserve_mem_address(&self, size: usize) -> Result<*mut c_void> {
+        let f = self.vmm.get()?;
+        let mut va: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out pointer; alignment 0 (the default), no expected address, flags 0.
+        let rc = unsafe { (f.reserve_mem_address)(&mut va, size, 0, std::ptr::null_mut(), 0) };
+        self.check("aclrtReserveMemAddress", rc)?;
+        Ok(va)
+    }
+
+    /// `aclrtReleaseMemAddress`: give back a reservation (nothing may be mapped in it).
+    pub(crate) fn release_mem_address(&self, va: *mut c_void) -> Result<()> {
+        let f = self.vmm.get()?;
+        // SAFETY: a reservation's base, never dereferenced here; the runtime checks it.
+        self.check("aclrtReleaseMemAddress", unsafe { (f.release_mem_address)(va) })
+    }
+
+    /// `aclrtMapMem(va, size, 0, h, 0)`: map the whole physical handle at `va`.
+    pub(crate) fn map_mem(&self, va: *mut c_void, size: usize, h: DrvMemHandle) -> Result<()> {
+        let f = self.vmm.get()?;
+        // SAFETY: a device address inside a reservation of this process and a handle the runtime
+        // returned, neither dereferenced here; offset 0 and flags 0 as the reference requires.
+        self.check("aclrtMapMem", unsafe { (f.map_mem)(va, size, 0, h, 0) })
+    }
+
+    /// `aclrtUnmapMem`: undo one `aclrtMapMem` at `va`.
+    pub(crate) fn unmap_mem(&self, va: *mut c_void) -> Result<()> {
+        let f = self.vmm.get()?;
+        // SAFETY: the address a mapping was made at, never dereferenced here.
+        self.check("aclrtUnmapMem", unsafe { (f.unmap_mem)(va) })
+    }
+
+    /// `aclrtMemExportToShareableHandle(h, ACL_MEM_HANDLE_TYPE_NONE, flags, &out)`. CANN
+    /// allows it once per physical handle: callers cache the result.
+    pub(crate) fn mem_export_to_shareable_handle(&self, h: DrvMemHandle, flags: u64) -> Result<u64> {
+        let f = self.vmm.get()?;
+        let mut out = 0u64;
+        // SAFETY: the caller's physical handle (checked by the runtime, never dereferenced
+        // here); valid out pointer.
+        let rc = unsafe { (f.mem_export_to_shareable_handle)(h, ACL_MEM_HANDLE_TYPE_NONE, flags, &mut out) };
+        self.check("aclrtMemExportToShareableHandle", rc)?;
+        Ok(out)
+    }
+
+    /// `aclrtMemSetPidToShareableHandle`: let the processes `pids` import `shareable`.
+    pub(crate) fn mem_set_pid_to_shareable_handle(&self, shareable: u64, pids: &[i32]) -> Result<()> {
+        let f = self.vmm.get()?;
+        let mut pids = pids.to_vec();
+        // SAFETY: `pids` holds the count passed (the runtime only reads it).
+        let rc = unsafe { (f.mem_set_pid_to_shareable_handle)(shareable, pids.as_mut_ptr(), pids.len()) };
+        self.check("aclrtMemSetPidToShareableHandle", rc)
+    }
+
+    /// `aclrtMemImportFromShareableHandle`: a physical handle for `shareable` on `device`.
+    /// CANN allows one live import per shareable handle per process: callers refcount it.
+    pub(crate) fn mem_import_from_shareable_handle(&self, shareable: u64, device: i32) -> Result<DrvMemHandle> {
+        let f = self.vmm.get()?;
+        let mut h = DrvMemHandle(std::ptr::null_mut());
+        // SAFETY: plain values and a valid out pointer.
+        let rc = unsafe { (f.mem_import_from_shareable_handle)(shareable, device, &mut h) };
+        self.check("aclrtMemImportFromShareableHandle", rc)?;
+        Ok(h)
     }
 
     /// `aclrtCreateEventExWithFlag`.

@@ -8,13 +8,17 @@
 //! - Import: `aclrtIpcMemImportByKey` once per (key, device) per process — the import registry
 //!   caches it — and `aclrtIpcMemClose` when the last import of it is released, after a device
 //!   synchronisation, so closes equal imports.
+//! - Segmented (VMM) memory — torch_npu's expandable segments ('e' handles) and a C producer's
+//!   `aclrtMallocPhysical` memory — is exported and imported by shareable handle: `vmm.rs`.
 //! - ACL contexts are per thread: every call runs with the device bound on the calling thread
 //!   (`aclrtSetDevice`), and the thread's previous device is bound again afterwards.
 
 mod api;
+mod vmm;
 
 use super::runtime::{self, prune, OnDemand, Runtime, Stream};
-use super::{Backend, ExportOptions, Exported, ImportRequest, IpcEvent, Mapping, PeerAccess, Probe};
+use super::{Backend, ExportOptions, Exported, ImportRequest, IpcEvent, Mapping, PeerAccess, Probe, SegmentedMemory};
+use crate::handle::segments::SegmentTable;
 use crate::error::{Error, Result};
 use crate::handle::{AclKey, DevshareHandle, Validated, DEVSHARE_BACKEND_ACL};
 use api::{AclApi, EXPORT_FLAG_DISABLE_PID_VALIDATION, IMPORT_FLAG_ENABLE_PEER_ACCESS};
@@ -248,6 +252,20 @@ impl Backend for Acl {
         // (a PyTorch tuple only tells where its own storage ends; later storages of the same key
         // may lie further in).
         Ok(Box::new(AclMapping { key, base: p.cast(), device }))
+    }
+
+    fn import_segmented(
+        &self,
+        h: &DevshareHandle,
+        segments: &SegmentTable<'_>,
+        _: &Validated,
+        req: &ImportRequest,
+    ) -> Result<Box<dyn Mapping>> {
+        vmm::import_segmented(h, segments, req)
+    }
+
+    fn export_segments(&self, device: i32, mem: &SegmentedMemory<'_>, opts: &ExportOptions) -> Result<Box<dyn Exported>> {
+        vmm::export_segments(device, mem, opts)
     }
 
     fn wait_event(&self, h: &DevshareHandle, req: &ImportRequest) -> Result<()> {
