@@ -143,7 +143,10 @@ impl RefCounter {
     /// Remove the name now (`DEVSHARE_CLOSE_UNLINK`); consumers that release later find no
     /// object and have nothing to report.
     pub(crate) fn unlink(&self) {
-        shm::unlink_if_same(&self.name, self.id);
+        // A forked child's copy of the parent's ref-counter removes nothing of the parent's.
+        if self.generation == shm::generation() {
+            shm::unlink_if_same(&self.name, self.id);
+        }
     }
 }
 

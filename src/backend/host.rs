@@ -85,7 +85,10 @@ impl Exported for Counted {
         true
     }
     fn unlink(&self) {
-        shm::unlink_if_same(&self.name, self.id);
+        // A forked child's copy of the parent's export removes nothing of the parent's.
+        if self.generation == shm::generation() {
+            shm::unlink_if_same(&self.name, self.id);
+        }
     }
     fn add_inflight(&self) -> Result<()> {
         self.count().fetch_add(1, Ordering::SeqCst);
