@@ -24,7 +24,9 @@ pub enum Status {
     Truncated = -10,
     /// Encoded handle bytes do not start with the devshare magic.
     BadMagic = -11,
-    /// The encoding or struct layout version is newer or older than this library understands.
+    /// A version, flag, field, record or backend from a devshare this library does not understand
+    /// (a newer handle layout or encoding, a struct tail or flag of a newer caller), named in
+    /// the message.
     UnsupportedVersion = -12,
     /// The checksum of the encoded handle does not match its contents.
     ChecksumMismatch = -13,
@@ -88,7 +90,7 @@ impl Status {
             Status::BufferTooSmall => c"buffer too small",
             Status::Truncated => c"truncated handle bytes",
             Status::BadMagic => c"not a devshare handle (bad magic)",
-            Status::UnsupportedVersion => c"unsupported handle version",
+            Status::UnsupportedVersion => c"unsupported version or feature",
             Status::ChecksumMismatch => c"handle checksum mismatch",
             Status::BadText => c"malformed handle text",
             Status::BadLength => c"handle length mismatch",
