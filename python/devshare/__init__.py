@@ -22,9 +22,9 @@ from ._lib import (
 )
 from ._handle import Handle
 from ._core import collect, dlpack_capsule, empty, open, outstanding, share, wait
-from ._torch_ipc import handle_from_torch, local_pid, torch_args
+from ._torch_ipc import allow_ptrace, handle_from_torch, local_pid, torch_args
 
-__version__ = "0.1.0"
+__version__ = "1.0.0"
 
 for _cls in (Error, LibraryNotFoundError, Status, Handle):
     _cls.__module__ = __name__
@@ -35,6 +35,7 @@ __all__ = [
     "Handle",
     "LibraryNotFoundError",
     "Status",
+    "allow_ptrace",
     "collect",
     "dlpack_capsule",
     "empty",

@@ -61,10 +61,27 @@ BACKEND_CUDA = 3
 
 HANDLE_FLAG_EVENT = 1
 HANDLE_FLAG_INFLIGHT = 2
+#: The allocation is a list of equal VMM segments (expandable segments): see the segments record.
+HANDLE_FLAG_SEGMENTED = 4
+
+# Segmented handles (include/devshare.h; src/handle/segments.rs). The description is an extension
+# record of type EXT_SEGMENTS in the handle's ext area: {u64 segment_size; u32 count; u16 kind;
+# u16 flags; u32 table_crc32} (little-endian). The table (count records of the kind's size) is in
+# the key area when it fits (SEGMENTS_INLINE); otherwise it travels only in the byte/text encoding
+# (a section of type EXT_SEGMENTS) and in PyTorch tuples.
+EXT_MUST_UNDERSTAND = 0x8000
+EXT_SEGMENTS = 0x8001
+SEGMENTS_ACL = 1  # one u64 shareable handle per segment (torch_npu)
+SEGMENTS_CUDA_FD = 2  # one i32 POSIX fd number, valid in the producer (producer_pid)
+SEGMENTS_CUDA_FABRIC = 3  # one 64-byte CUmemFabricHandle
+SEGMENTS_INLINE = 1
+SEGMENT_GRANULARITY = 2 << 20
+MAX_SEGMENTS = 65536
 
 SHARE_INFLIGHT = 1
 SHARE_EVENT = 2
 EXPORT_NO_PID_CHECK = 1
+EXPORT_FABRIC = 2
 IMPORT_READ_ONLY = 1
 IMPORT_PEER_ACCESS_CALL = 2
 IMPORT_NO_PEER_ACCESS = 4
@@ -80,7 +97,9 @@ C_MACROS = {name: "DEVSHARE_" + name for name in (
     "TORCH_HANDLE_CAPACITY", "BACKEND_HOST", "BACKEND_ACL", "BACKEND_CUDA", "HANDLE_FLAG_EVENT",
     "HANDLE_FLAG_INFLIGHT", "SHARE_INFLIGHT", "SHARE_EVENT", "EXPORT_NO_PID_CHECK",
     "IMPORT_READ_ONLY", "IMPORT_PEER_ACCESS_CALL", "IMPORT_NO_PEER_ACCESS", "DEVICE_FROM_HANDLE",
-    "STORAGE_TO_END", "CLOSE_FORCE", "CLOSE_UNLINK",
+    "STORAGE_TO_END", "CLOSE_FORCE", "CLOSE_UNLINK", "HANDLE_FLAG_SEGMENTED", "EXT_MUST_UNDERSTAND",
+    "EXT_SEGMENTS", "SEGMENTS_ACL", "SEGMENTS_CUDA_FD", "SEGMENTS_CUDA_FABRIC", "SEGMENTS_INLINE",
+    "SEGMENT_GRANULARITY", "MAX_SEGMENTS", "EXPORT_FABRIC",
 )}
 
 
@@ -114,6 +133,7 @@ class Status(enum.IntEnum):
     BUSY = -36
     ALREADY_RELEASED = -37
     MISMATCH = -38
+    UNTRUSTED = -39
     INTERNAL = -99
 
 

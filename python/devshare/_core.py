@@ -305,7 +305,9 @@ def share(obj) -> Handle:
     reference and is owed exactly one release: :func:`open` in the consumer (or any stock
     ``rebuild_cuda_tensor`` / ``rebuild_npu_tensor`` given :func:`torch_args`) releases it when
     its tensor dies. A handle nobody opens pins the block until this process exits. Empty
-    storages (ValueError) and tensors with more than 8 dimensions cannot be shared.
+    storages (ValueError) and tensors with more than 8 dimensions cannot be shared. Tensors in
+    expandable segments give segmented handles (see :func:`handle_from_torch`); a CUDA consumer
+    that is not this process's ancestor needs :func:`allow_ptrace` under Yama ``ptrace_scope`` 1.
     """
     with registry_lock:
         if _is_torch_tensor(obj):
@@ -476,13 +478,20 @@ def _import(h: Handle, read_only: bool) -> ImportP:
         opts.flags |= IMPORT_READ_ONLY
     opts.device = DEVICE_FROM_HANDLE
     imp = ImportP()
-    call(lib.devshare_import, byref(h._h), byref(opts), byref(imp))
+    if h.table_inline:
+        call(lib.devshare_import, byref(h._h), byref(opts), byref(imp))
+    else:
+        # A segmented handle whose segment table travels in its encoding only.
+        enc = h.to_bytes()
+        call(lib.devshare_import_encoded, enc, len(enc), byref(opts), byref(imp))
     return imp
 
 
 def _import_noted(h: Handle, read_only: bool) -> ImportP:
     """Import h and note its mapping, so that share() of the result re-shares the same object."""
     imp = _import(h, read_only)
+    if h.backend_id != BACKEND_HOST:
+        return imp  # only host imports can be re-shared (their key is a shm name)
     try:
         info = new_struct(ImportInfo)
         call(lib.devshare_import_info, imp, byref(info))

@@ -1,18 +1,33 @@
 """The Handle class: a decoded, validated ``DevshareHandle``.
 
 Decoding, encoding and validation all happen in the C library; this class only reads fields.
+
+Segmented (expandable-segment) handles whose segment table is too long for the fixed-size struct
+(more than ``KEY_CAPACITY`` = 128 bytes of records: over 16 torch_npu segments, 32 CUDA fds or 2
+CUDA fabric handles) carry the table only in their byte encoding. Such a Handle keeps that
+encoding next to the struct: :meth:`Handle.to_bytes` / :meth:`Handle.to_text` return it, and
+imports go through ``devshare_import_encoded``.
 """
 
 from __future__ import annotations
 
+import base64
 import ctypes
+import zlib
 
 from . import _dtypes
 from ._lib import (
     BACKEND_NAMES,
+    EXT_SEGMENTS,
+    HANDLE_FLAG_EVENT,
     HANDLE_FLAG_INFLIGHT,
+    HANDLE_FLAG_SEGMENTED,
     HANDLE_MAX_ENCODED_SIZE,
     HANDLE_MAX_TEXT_SIZE,
+    SEGMENTS_ACL,
+    SEGMENTS_CUDA_FABRIC,
+    SEGMENTS_CUDA_FD,
+    SEGMENTS_INLINE,
     Error,
     HandleStruct,
     Status,
@@ -22,6 +37,60 @@ from ._lib import (
     new_struct,
 )
 
+_TEXT_PREFIX = b"devshare1:"
+#: Segment table kind -> (name, bytes per record).
+_SEGMENT_KINDS = {SEGMENTS_ACL: ("acl", 8), SEGMENTS_CUDA_FD: ("cuda_fd", 4),
+                  SEGMENTS_CUDA_FABRIC: ("cuda_fabric", 64)}
+# Bytes of the encoding before the shape (magic .. dtype; see src/handle/encode.rs).
+_ENC_FIXED = 12 + 2 + 1 + 1 + 4 + 4 + 4 + 16 + 16 + 8 * 4 + 4
+
+
+def _segments_record(h: HandleStruct):
+    """(segment_size, count, kind, inline, table_crc) of a segmented handle's description, or None."""
+    if not h.flags & HANDLE_FLAG_SEGMENTED:
+        return None
+    ext = bytes(h.ext[: h.ext_len])
+    i = 0
+    while i + 4 <= len(ext):
+        kind = int.from_bytes(ext[i:i + 2], "little")
+        n = int.from_bytes(ext[i + 2:i + 4], "little")
+        data = ext[i + 4:i + 4 + n]
+        if kind == EXT_SEGMENTS and len(data) == 20:
+            return (int.from_bytes(data[0:8], "little"), int.from_bytes(data[8:12], "little"),
+                    int.from_bytes(data[12:14], "little"),
+                    bool(int.from_bytes(data[14:16], "little") & SEGMENTS_INLINE),
+                    int.from_bytes(data[16:20], "little"))
+        i += 4 + n
+    return None  # the library validated the handle: not reached
+
+
+def _external_table(h: HandleStruct) -> bool:
+    """Whether h is a segmented handle whose segment table is not in the struct."""
+    seg = _segments_record(h)
+    return seg is not None and not seg[3]
+
+
+def _table_in_encoding(h: HandleStruct, enc: bytes, count: int, kind: int, crc: int) -> bytes:
+    """The segment table section of a (library-validated) encoding of h."""
+    pos = _ENC_FIXED + 16 * h.ndim + h.key_len + 1
+    if h.ref_name_len:
+        pos += h.ref_name_len + 8
+    if h.flags & HANDLE_FLAG_EVENT:
+        pos += 64
+    pos += 1 + h.ext_len
+    end = len(enc) - 4  # the CRC-32 of everything before it
+    while pos + 8 <= end:
+        stype = int.from_bytes(enc[pos:pos + 2], "little")
+        n = int.from_bytes(enc[pos + 4:pos + 8], "little")
+        data = enc[pos + 8:pos + 8 + n]
+        if stype == EXT_SEGMENTS:
+            if len(data) == count * _SEGMENT_KINDS[kind][1] and zlib.crc32(data) == crc:
+                return data
+            break
+        pos += 8 + n
+    raise Error(Status.INTERNAL, "devshare package: the segment table section was not found in "
+                                 "the handle's encoding (please report this)")
+
 
 class Handle:
     """One shared tensor's handle: where its memory lives, its dtype, shape and strides, and the
@@ -30,20 +99,29 @@ class Handle:
     (which validate every field). Each handle is one reference: give each consumer its own.
     """
 
-    __slots__ = ("_h",)
+    __slots__ = ("_h", "_encoded")
 
-    def __init__(self, struct: HandleStruct):
+    def __init__(self, struct: HandleStruct, encoded: bytes | None = None):
         if not isinstance(struct, HandleStruct):
             raise TypeError("use Handle.from_bytes() or Handle.from_text() to make a Handle")
         self._h = struct
+        # The full byte encoding, kept only when the struct cannot hold everything: a segmented
+        # handle whose segment table is not inline (it travels in the encoding only).
+        if _external_table(struct):
+            if encoded is None:
+                raise ValueError("a segmented handle whose segment table is not inline needs its "
+                                 "byte encoding (use Handle.from_bytes / from_text)")
+            self._encoded = bytes(encoded)
+        else:
+            self._encoded = None
 
     # --- construction and transport ---------------------------------------------------------
 
     @classmethod
-    def _from_struct(cls, struct: HandleStruct) -> "Handle":
+    def _from_struct(cls, struct: HandleStruct, encoded: bytes | None = None) -> "Handle":
         copy = new_struct(HandleStruct)
         ctypes.memmove(ctypes.byref(copy), ctypes.byref(struct), ctypes.sizeof(HandleStruct))
-        return cls(copy)
+        return cls(copy, encoded)
 
     @classmethod
     def from_bytes(cls, data) -> "Handle":
@@ -54,7 +132,7 @@ class Handle:
             raise TypeError(f"Handle.from_bytes() needs bytes, not {type(data).__name__}")
         h = new_struct(HandleStruct)
         call(lib.devshare_handle_decode, data, len(data), ctypes.byref(h))
-        return cls(h)
+        return cls(h, data)
 
     @classmethod
     def from_text(cls, text) -> "Handle":
@@ -74,7 +152,11 @@ class Handle:
             raise Error(Status.BAD_TEXT, f"handle text has a NUL character at offset {pos}")
         h = new_struct(HandleStruct)
         call(lib.devshare_handle_from_text, text, ctypes.byref(h))
-        return cls(h)
+        if not _external_table(h):
+            return cls(h)
+        # The table travelled in the text only: keep the bytes it encodes (valid, as just checked).
+        body = text.strip()[len(_TEXT_PREFIX):]
+        return cls(h, base64.urlsafe_b64decode(body + b"=" * (-len(body) % 4)))
 
     @classmethod
     def parse(cls, obj) -> "Handle":
@@ -121,11 +203,17 @@ class Handle:
         return buf.raw[: n.value]
 
     def to_bytes(self) -> bytes:
-        """The canonical byte encoding (CRC-protected; at most 606 bytes from a 1.0 library)."""
+        """The canonical byte encoding (CRC-protected; at most 606 bytes from a 1.0 library, more
+        for a segmented handle whose segment table travels with it)."""
+        if self._encoded is not None:
+            return self._encoded
         return self._write(lib.devshare_handle_encode, HANDLE_MAX_ENCODED_SIZE, 0)
 
     def to_text(self) -> str:
         """The text form: ``devshare1:`` + URL-safe base64 (safe in argv, env and JSON)."""
+        if self._encoded is not None:
+            body = base64.urlsafe_b64encode(self._encoded).rstrip(b"=")
+            return (_TEXT_PREFIX + body).decode("ascii")
         return self._write(lib.devshare_handle_to_text, HANDLE_MAX_TEXT_SIZE, 1).decode("ascii")
 
     def __str__(self) -> str:
@@ -147,7 +235,12 @@ class Handle:
             dtype = _dtypes.type_name(*self.dtype)
         except ValueError:
             dtype = str(self.dtype)
-        return (f"<devshare.Handle {self.backend} key={self.key.decode('latin-1')!r} dtype={dtype} "
+        if self.segmented:
+            where = (f"segments={self.segment_count}x{self.segment_size} ({self.segment_kind}"
+                     f"{'' if self._encoded is None else ', table in the encoding'})")
+        else:
+            where = f"key={self.key.decode('latin-1')!r}"
+        return (f"<devshare.Handle {self.backend} {where} dtype={dtype} "
                 f"shape={self.shape} strides={self.strides} tensor_offset={self.tensor_offset} "
                 f"storage_offset={self.storage_offset} storage_size={self.storage_size} "
                 f"alloc_size={self.alloc_size} flags={self.flags:#x} producer_pid={self.producer_pid}>")
@@ -247,8 +340,70 @@ class Handle:
 
     @property
     def key(self) -> bytes:
-        """Export key: the shm name for host handles (with its leading '/')."""
+        """Export key: the shm name for host handles (with its leading '/'); for a segmented
+        handle its inline segment table (empty when the table is not inline)."""
         return bytes(self._h.key[: self._h.key_len])
+
+    # --- segmented (expandable-segment) handles -------------------------------------------------
+
+    @property
+    def segmented(self) -> bool:
+        """Whether the allocation is a list of equal VMM segments (PyTorch's / torch_npu's
+        expandable segments, or a C producer's ``devshare_export_segments``)."""
+        return bool(self._h.flags & HANDLE_FLAG_SEGMENTED)
+
+    @property
+    def segment_size(self) -> int:
+        """Bytes per segment (0 for a handle that is not segmented)."""
+        seg = _segments_record(self._h)
+        return seg[0] if seg else 0
+
+    @property
+    def segment_count(self) -> int:
+        """Number of segments (0 for a handle that is not segmented); ``alloc_size`` is
+        ``segment_count * segment_size`` and ``storage_offset`` counts from the first segment."""
+        seg = _segments_record(self._h)
+        return seg[1] if seg else 0
+
+    @property
+    def segment_kind(self) -> str | None:
+        """What the segment table holds: ``"acl"`` (u64 shareable handles), ``"cuda_fd"`` (POSIX
+        fd numbers valid in ``producer_pid``) or ``"cuda_fabric"`` (64-byte fabric handles);
+        None for a handle that is not segmented."""
+        seg = _segments_record(self._h)
+        return _SEGMENT_KINDS[seg[2]][0] if seg else None
+
+    @property
+    def segment_table(self) -> bytes:
+        """The segment table in devshare's form (``segment_count`` little-endian records, in
+        address order), wherever it is kept; empty for a handle that is not segmented."""
+        seg = _segments_record(self._h)
+        if seg is None:
+            return b""
+        if seg[3]:
+            return self.key
+        return _table_in_encoding(self._h, self._encoded, seg[1], seg[2], seg[4])
+
+    @property
+    def segments(self) -> tuple:
+        """The segment table as Python values: ints (acl shareable handles, cuda fd numbers) or
+        64-byte ``bytes`` (cuda fabric handles); empty for a handle that is not segmented."""
+        seg = _segments_record(self._h)
+        if seg is None:
+            return ()
+        size = _SEGMENT_KINDS[seg[2]][1]
+        table = self.segment_table
+        if seg[2] == SEGMENTS_CUDA_FABRIC:
+            return tuple(table[i:i + size] for i in range(0, len(table), size))
+        signed = seg[2] == SEGMENTS_CUDA_FD
+        return tuple(int.from_bytes(table[i:i + size], "little", signed=signed)
+                     for i in range(0, len(table), size))
+
+    @property
+    def table_inline(self) -> bool:
+        """False for a segmented handle whose table travels only in its encoding (it is then
+        imported with ``devshare_import_encoded``); True otherwise."""
+        return self._encoded is None
 
     @property
     def ref_name(self) -> bytes:

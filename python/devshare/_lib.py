@@ -123,6 +123,20 @@ _SIGNATURES = [
     ("devshare_torch_discard", c_int32, [POINTER(TorchArgs)]),
     ("devshare_local_pid", c_int32, [c_uint16, c_int32, POINTER(c_int32)]),
     ("devshare_handle_discard", c_int32, [POINTER(HandleStruct)]),
+    # Segmented (expandable-segment) handles, whose segment table may be too long for the struct:
+    # the encodings and the PyTorch tuples carry it.
+    ("devshare_handle_from_torch_encoded", c_int32, [POINTER(TorchArgs), c_void_p, c_size_t, POINTER(c_size_t)]),
+    ("devshare_import_encoded", c_int32, [c_char_p, c_size_t, POINTER(ImportOptions), POINTER(ImportP)]),
+    ("devshare_import_text", c_int32, [c_char_p, POINTER(ImportOptions), POINTER(ImportP)]),
+    ("devshare_import_torch", c_int32, [POINTER(TorchArgs), POINTER(ImportOptions), POINTER(ImportP)]),
+    ("devshare_torch_storage_handle", c_int32,
+     [POINTER(HandleStruct), c_char_p, c_size_t, c_void_p, c_size_t, POINTER(c_size_t)]),
+    ("devshare_export_segments", c_int32,
+     [c_uint16, c_int32, c_void_p, POINTER(c_uint64), c_size_t, c_uint64, c_uint32, POINTER(ExporterP)]),
+    ("devshare_exporter_share_encoded", c_int32,
+     [ExporterP, POINTER(TensorDesc), c_void_p, c_size_t, POINTER(c_size_t)]),
+    ("devshare_exporter_segment_table", c_int32, [ExporterP, c_void_p, c_size_t, POINTER(c_size_t)]),
+    ("devshare_allow_ptrace", c_int32, [c_int32]),
     # Initialisers (INIT_FUNCTIONS; use new_struct): struct_size and the defaults.
     ("devshare_handle_init", c_int32, [POINTER(HandleStruct)]),
     ("devshare_tensor_desc_init", c_int32, [POINTER(TensorDesc), c_uint32]),

@@ -9,8 +9,9 @@ imported, an NPU tensor) as 15 args for ``rebuild_cuda_tensor`` / ``rebuild_npu_
     12 ref-counter slot, 13 event handle (64 bytes), 14 event_sync_required
 
 Args 6..14 (without 10) are the storage 8-tuple of ``_share_cuda_()`` / ``_share_npu_()``. The C
-library reads and writes the byte forms (``devshare_handle_from_torch`` / ``_to_torch``); this
-module only moves fields between Python objects and the C structs.
+library reads and writes the byte forms (``devshare_handle_from_torch`` / ``_to_torch``, and for
+expandable segments ``devshare_handle_from_torch_encoded`` / ``devshare_torch_storage_handle``);
+this module only moves fields between Python objects and the C structs.
 
 Lifetime: each tuple is one reference. ``reduce_tensor`` set a fresh ref-counter slot to 1, and
 the producing PyTorch keeps the memory (even after its tensor is freed) until that slot drops to
@@ -24,20 +25,25 @@ import importlib
 import operator
 import os
 import ctypes
-from ctypes import POINTER, byref, c_int32, c_int64, c_uint8, cast
+from ctypes import POINTER, byref, c_int32, c_int64, c_size_t, c_uint8, cast
 
 from . import _dtypes
-from ._handle import Handle
+from ._handle import Handle, _external_table
 from ._lib import (
     BACKEND_ACL,
     BACKEND_CUDA,
+    EVENT_HANDLE_SIZE,
+    HANDLE_FLAG_EVENT,
+    HANDLE_MAX_ENCODED_SIZE,
     MAX_NDIM,
     DType,
     HandleStruct,
+    Status,
     TorchArgs,
     Error,
     TorchStorage,
     call,
+    error_for,
     lib,
     new_struct,
 )
@@ -126,9 +132,16 @@ def handle_from_torch(args, backend: str | int = "cuda", producer_pid: int = 0) 
     The handle is the tuple's one reference: whoever opens it owes the producer exactly one
     release (:func:`open` does it when its tensor dies). ``producer_pid`` 0 takes the pid from a
     ``/torch_<pid>_...`` ref-counter name. ``requires_grad`` (arg 10) is dropped: handles share
-    data, not autograd. Raises ValueError for an empty storage (storage handle None) and
-    :class:`devshare.Error` naming the problem for handle forms devshare cannot open
-    (expandable segments, unknown versions, truncated keys).
+    data, not autograd.
+
+    Expandable segments (``PYTORCH_CUDA_ALLOC_CONF`` / ``PYTORCH_NPU_ALLOC_CONF``
+    ``expandable_segments:True``) give segmented handles: torch_npu's version-1 'e' form and
+    PyTorch CUDA's version-2 'e' form (POSIX fds or fabric handles, told apart by length). A
+    segment table too long for the handle struct is kept in the handle's byte encoding
+    (:meth:`Handle.to_bytes` / :meth:`Handle.to_text` carry it). Raises ValueError for an empty
+    storage (storage handle None) and :class:`devshare.Error` naming the problem for forms
+    devshare cannot open (CUDA 'e' versions 1 and 3, whose layouts are not confirmed, unknown
+    versions, truncated keys) and for malformed ones, each with its own status.
     """
     a = _unwrap(args)
     bid = _backend_id(backend)
@@ -171,8 +184,28 @@ def handle_from_torch(args, backend: str | int = "cuda", producer_pid: int = 0) 
     )
     h = new_struct(HandleStruct)
     call(lib.devshare_handle_from_torch, byref(targs), byref(h))
+    encoded = None
+    if _external_table(h):
+        # An expandable segment whose table is too long for the struct: keep the encoding
+        # that carries it (the same tuple, parsed again, written out with its table).
+        encoded = _write_bytes(lib.devshare_handle_from_torch_encoded, byref(targs))
     del handle_buf, ref_buf, event_buf  # (alive until here: targs points into them)
-    return Handle(h)
+    return Handle(h, encoded)
+
+
+def _write_bytes(fn, *args, cap: int = HANDLE_MAX_ENCODED_SIZE) -> bytes:
+    """Call ``fn(*args, buf, cap, &len)`` (a function that writes bytes and reports their length,
+    BUFFER_TOO_SMALL when they do not fit) and return the bytes."""
+    n = c_size_t()
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(max(cap, 1))
+        status = fn(*args, buf, len(buf), byref(n))
+        if status != Status.BUFFER_TOO_SMALL:
+            break
+        cap = n.value
+    if status < 0:
+        raise error_for(status)
+    return buf.raw[: n.value]
 
 
 # --- handle -> tuple ------------------------------------------------------------------------------
@@ -192,8 +225,10 @@ def torch_args(handle, device: int | None = None) -> tuple:
     ``rebuild_npu_tensor`` (acl handles) to open a device handle, e.g. one a C producer made with
     ``devshare_exporter_share``: tensor class ``torch.Tensor``, shape, strides, tensor offset,
     storage class, dtype, then the storage 8-tuple from ``devshare_handle_to_torch`` (cuda: the
-    raw 64-byte IPC handle; acl: the 67-byte ``[1]['c'][key]`` form) with ``requires_grad``
-    False in between. Byte fields are ``bytes`` and the sync flag a ``bool``, as PyTorch checks.
+    raw 64-byte IPC handle; acl: the 67-byte ``[1]['c'][key]`` form; segmented handles: the 'e'
+    form, torch_npu version 1 or PyTorch CUDA version 2, from ``devshare_torch_storage_handle``)
+    with ``requires_grad`` False in between. Byte fields are ``bytes`` and the sync flag a
+    ``bool``, as PyTorch checks.
 
     ``device`` replaces the producer's device index (arg 6) with the receiver's own numbering.
     The tuple carries the handle's one reference: the consumer that rebuilds it decrements the
@@ -202,9 +237,9 @@ def torch_args(handle, device: int | None = None) -> tuple:
     h = Handle.parse(handle)
     torch = _dtypes.require_torch()
     dtype = _dtypes.to_torch(*h.dtype)
-    s = new_struct(TorchStorage)  # devshare_torch_storage_init: the size the library may fill
-    call(lib.devshare_handle_to_torch, byref(h._h), byref(s))
-    dev = int(s.device) if device is None else _int("device", device, 0, _I32_MAX)
+    storage = storage_tuple(h)
+    if device is not None:
+        storage = (_int("device", device, 0, _I32_MAX),) + storage[1:]
     return (
         torch.Tensor,
         torch.Size(h.shape),
@@ -212,16 +247,32 @@ def torch_args(handle, device: int | None = None) -> tuple:
         h.tensor_offset,
         _storage_class(torch),
         dtype,
-        dev,
-        bytes(s.handle[: s.handle_len]),
-        int(s.storage_size),
-        int(s.storage_offset),
+        *storage[:4],
         False,
-        bytes(s.ref_name[: s.ref_name_len]),
-        int(s.ref_slot),
-        bytes(s.event_handle),
-        bool(s.event_sync_required),
+        *storage[4:],
     )
+
+
+def storage_tuple(h: Handle) -> tuple:
+    """The storage 8-tuple ``(device, handle, storage_size, storage_offset, ref_name, ref_slot,
+    event_handle, event_sync_required)`` of ``_share_cuda_()`` / ``_share_npu_()`` for a device
+    handle (no torch needed). Segmented handles give the 'e' storage handle (torch_npu version
+    1, PyTorch CUDA version 2) from ``devshare_torch_storage_handle``, with their segment table
+    wherever it is kept."""
+    if not h.segmented:
+        s = new_struct(TorchStorage)  # devshare_torch_storage_init: the size the library may fill
+        call(lib.devshare_handle_to_torch, byref(h._h), byref(s))
+        return (int(s.device), bytes(s.handle[: s.handle_len]), int(s.storage_size),
+                int(s.storage_offset), bytes(s.ref_name[: s.ref_name_len]), int(s.ref_slot),
+                bytes(s.event_handle), bool(s.event_sync_required))
+    # The 'e' bytes are longer than DevshareTorchStorage holds, and a table that is not inline
+    # must be passed: devshare_torch_storage_handle (which validates the handle) writes them.
+    table = None if h.table_inline else h.segment_table
+    storage_handle = _write_bytes(lib.devshare_torch_storage_handle, byref(h._h), table,
+                                  0 if table is None else len(table), cap=256)
+    event = bool(h.flags & HANDLE_FLAG_EVENT)
+    return (h.device_index, storage_handle, h.storage_size, h.storage_offset, h.ref_name,
+            h.ref_slot, bytes(h._h.event_handle) if event else bytes(EVENT_HANDLE_SIZE), event)
 
 
 # --- torch_npu, found lazily ----------------------------------------------------------------------
@@ -269,6 +320,19 @@ def _release(args: tuple, backend: int) -> None:
     except Error:
         return
     lib.devshare_torch_discard(byref(targs))
+
+
+def allow_ptrace(pid: int) -> None:
+    """Let process ``pid`` take this process's file descriptors with ``pidfd_getfd`` under Yama
+    ``ptrace_scope`` 1 (``prctl(PR_SET_PTRACER, pid)``; -1: any process, 0: nobody again).
+
+    A CUDA tensor in an expandable segment is shared as the producer's POSIX fd numbers, which
+    the consumer takes with ``pidfd_getfd``; with ``ptrace_scope`` 1 (Ubuntu's default) only an
+    ancestor of the producer may do that, so a sibling or unrelated consumer (and a child
+    consumer too) fails with a permission error until the producer calls this. PyTorch never
+    does; devshare never does it on its own. Process-wide, one pid at a time (the last call
+    wins); a no-op without Yama."""
+    call(lib.devshare_allow_ptrace, _int("pid", pid, -1, _I32_MAX))
 
 
 def local_pid(backend="npu", device: int = 0) -> int:
