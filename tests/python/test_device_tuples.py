@@ -9,6 +9,7 @@ every conversion and check.
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import types
 
@@ -46,6 +47,34 @@ def acl_buffer(key=ACL_KEY, garbage=b"\xab\xcd") -> bytes:
 
 def normalized(key=ACL_KEY) -> bytes:
     return key.ljust(65, b"\0")
+
+
+MIB = 1 << 20
+FABRIC = bytes(range(64))  # one CUmemFabricHandle
+
+
+def npu_e(segment_size: int, handles, count=None) -> bytes:
+    """torch_npu's 'e' storage handle: [1]['e'][u64 segment_size][u64 n][n x u64 shareable handle]
+    (host-endian; `count` overrides n)."""
+    n = len(handles) if count is None else count
+    return (bytes([1]) + b"e" + segment_size.to_bytes(8, sys.byteorder) + n.to_bytes(8, sys.byteorder)
+            + b"".join(h.to_bytes(8, sys.byteorder) for h in handles))
+
+
+def cuda_e(pid: int, segment_size: int, count: int, records: bytes, version=2, pad=b"\xde\xad\xbe\xef") -> bytes:
+    """PyTorch CUDA's 'e' storage handle: [version]['e'][i32 pid][4 padding bytes, not zeroed by
+    PyTorch][u64 segment_size][u64 n][n x i32 fd or n x 64-byte fabric handle]."""
+    return (bytes([version]) + b"e" + pid.to_bytes(4, sys.byteorder, signed=True) + pad
+            + segment_size.to_bytes(8, sys.byteorder) + count.to_bytes(8, sys.byteorder) + records)
+
+
+def fds(numbers) -> bytes:
+    return b"".join(f.to_bytes(4, sys.byteorder, signed=True) for f in numbers)
+
+
+def same_cuda_e(a: bytes, b: bytes) -> bool:
+    """Two CUDA 'e' handles are the same but for the padding (never compare them bytewise)."""
+    return a[:6] == b[:6] and a[10:] == b[10:]
 
 
 def status_error(args, backend="cuda") -> devshare.Error:
@@ -115,13 +144,6 @@ def test_cuda_handle_version_4_is_refused_with_an_error_naming_the_version():
     e = status_error(cuda_args(bytes([4]) + b"c" + RAW_CUDA))
     assert e.status == devshare.Status.UNSUPPORTED_VERSION
     assert "version 4" in e.message
-
-
-def test_cuda_expandable_segment_handle_is_refused_naming_expandable_segments_and_the_setting():
-    e_handle = bytes([2]) + b"e" + bytes(24) + (3).to_bytes(4, "little")
-    e = status_error(cuda_args(e_handle))
-    assert e.status == devshare.Status.UNSUPPORTED
-    assert "expandable_segments" in e.message and "PYTORCH_CUDA_ALLOC_CONF" in e.message
 
 
 def test_cuda_handle_of_65_bytes_is_refused_as_a_bad_key():
@@ -216,13 +238,6 @@ def test_npu_legacy_65_byte_key_is_accepted_and_normalized():
     assert devshare.handle_from_torch(cuda_args(acl_buffer()), "acl") == h
 
 
-def test_npu_expandable_segment_handle_is_refused_naming_PYTORCH_NPU_ALLOC_CONF():
-    e_handle = bytes([1]) + b"e" + (1 << 21).to_bytes(8, "little") + (1).to_bytes(8, "little") + bytes(8)
-    e = status_error(cuda_args(e_handle), "npu")
-    assert e.status == devshare.Status.UNSUPPORTED
-    assert "expandable_segments" in e.message and "PYTORCH_NPU_ALLOC_CONF" in e.message
-
-
 def test_npu_handle_version_2_is_refused_naming_the_version():
     e = status_error(cuda_args(bytes([2]) + b"c" + acl_buffer()), "npu")
     assert e.status == devshare.Status.UNSUPPORTED_VERSION and "version 2" in e.message
@@ -243,6 +258,142 @@ def test_npu_event_not_required_accepts_8_garbage_bytes_and_sets_no_event_flag()
     assert h.flags == 0
     args = devshare.torch_args(h)
     assert args[13] == NO_EVENT and args[14] is False
+
+
+# --- tuple -> handle: expandable segments ('e') -------------------------------------------------------
+
+SEGMENTED = devshare._abi.HANDLE_FLAG_SEGMENTED
+
+
+def test_npu_e_handle_gives_a_segmented_handle_with_the_storage_relative_to_the_first_segment():
+    handles = [0x1111, 0x2222, 0x3333]
+    h = devshare.handle_from_torch(cuda_args(npu_e(20 * MIB, handles), size=30 * MIB,
+                                             storage_offset=25 * MIB, shape=torch.Size([4]),
+                                             stride=(1,), offset=0), "npu")
+    assert h.backend == "acl" and h.segmented and h.flags == SEGMENTED
+    assert (h.segment_kind, h.segment_size, h.segment_count) == ("acl", 20 * MIB, 3)
+    assert h.segments == tuple(handles) and h.table_inline
+    assert h.segment_table == b"".join(x.to_bytes(8, "little") for x in handles) == h.key
+    assert h.alloc_size == 60 * MIB  # count x segment_size
+    assert (h.storage_offset, h.storage_size) == (25 * MIB, 30 * MIB)
+    assert h.device_index == 1 and h.ref_name == REF_NAME and h.ref_slot == 7
+    assert h.producer_pid == 4242  # torch_npu's 'e' form has no pid: from the ref-counter name
+    # And back: stock torch_npu gets exactly the bytes it sent.
+    assert devshare.torch_args(h)[7] == npu_e(20 * MIB, handles)
+
+
+def test_cuda_v2_e_handle_with_fds_and_garbage_padding_gives_the_headers_pid_and_the_fds():
+    e = cuda_e(31337, 2 * MIB, 3, fds([17, 18, 40]))
+    h = devshare.handle_from_torch(cuda_args(e, storage_offset=4096, size=MIB, shape=torch.Size([4]),
+                                             stride=(1,), offset=0))
+    assert h.backend == "cuda" and h.segmented and h.segment_kind == "cuda_fd"
+    assert h.segments == (17, 18, 40) and h.segment_size == 2 * MIB and h.alloc_size == 6 * MIB
+    assert h.producer_pid == 31337  # the header's pid wins over the ref-counter name's 4242
+    back = devshare.torch_args(h)[7]
+    assert same_cuda_e(back, e) and back[6:10] == bytes(4)  # written back with zeroed padding
+
+
+def test_cuda_v2_e_handle_with_fabric_records_is_told_apart_by_its_length():
+    other = bytes(range(64, 128))
+    e = cuda_e(31337, 2 * MIB, 2, FABRIC + other, pad=b"\xff" * 4)
+    h = devshare.handle_from_torch(cuda_args(e, storage_offset=0, size=4 * MIB, shape=torch.Size([4]),
+                                             stride=(1,), offset=0))
+    assert h.segment_kind == "cuda_fabric" and h.segments == (FABRIC, other) and h.table_inline
+    assert same_cuda_e(devshare.torch_args(h)[7], e)
+
+
+# (kind, records for n segments, the largest n whose table fits the 128-byte key area)
+SEGMENT_FORMS = {
+    "acl": (lambda n: npu_e(20 * MIB, [0xA000 + i for i in range(n)]), "npu", 16),
+    "cuda_fd": (lambda n: cuda_e(31337, 20 * MIB, n, fds(range(100, 100 + n))), "cuda", 32),
+    "cuda_fabric": (lambda n: cuda_e(31337, 20 * MIB, n, b"".join(bytes([i % 256]) * 64 for i in range(n))),
+                    "cuda", 2),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SEGMENT_FORMS))
+@pytest.mark.parametrize("n", [1, 16, 17, 4096])
+def test_e_tables_of_1_16_17_and_4096_segments_round_trip_through_bytes_and_text(kind, n):
+    make, backend, inline_max = SEGMENT_FORMS[kind]
+    e = make(n)
+    # The storage lies in the last two segments: offsets count from the first segment.
+    offset = (n - 1) * 20 * MIB + 4096 if n > 1 else 4096
+    h = devshare.handle_from_torch(cuda_args(e, storage_offset=offset, size=4096, shape=torch.Size([4]),
+                                             stride=(1,), offset=0), backend)
+    assert (h.segment_kind, h.segment_count, h.segment_size) == (kind, n, 20 * MIB)
+    assert h.alloc_size == n * 20 * MIB and h.storage_offset == offset
+    assert h.table_inline == (n <= inline_max)
+    assert h.key == (h.segment_table if n <= inline_max else b"")
+    records = e[18:] if kind == "acl" else e[26:]
+    assert h.segment_table == records  # devshare's table: little-endian, like the wire on x86
+    data, text = h.to_bytes(), h.to_text()
+    assert len(data) > len(records) and text.startswith("devshare1:")
+    for back in (devshare.Handle.from_bytes(data), devshare.Handle.from_text(text),
+                 devshare.Handle.parse(data), devshare.Handle.parse(text), pickle.loads(pickle.dumps(h))):
+        assert back == h and back.segments == h.segments and back.table_inline == h.table_inline
+        assert back.to_bytes() == data and back.to_text() == text
+        wire = devshare.torch_args(back)[7]
+        assert wire == e if kind == "acl" else same_cuda_e(wire, e)
+
+
+def test_a_long_table_handle_keeps_its_encoding_and_the_struct_alone_cannot_make_one():
+    h = devshare.handle_from_torch(cuda_args(SEGMENT_FORMS["acl"][0](17), storage_offset=0, size=4096,
+                                             shape=torch.Size([4]), stride=(1,), offset=0), "npu")
+    assert not h.table_inline and "table in the encoding" in repr(h)
+    with pytest.raises(ValueError, match="byte encoding"):
+        devshare.Handle(h._h)
+    # The struct alone does not encode (the table is not in it): the library says so.
+    with pytest.raises(devshare.Error, match="not inline"):
+        h._write(devshare._lib.lib.devshare_handle_encode, 606, 0)
+    # A damaged table is refused by its checksum.
+    data = bytearray(h.to_bytes())
+    data[-10] ^= 1
+    with pytest.raises(devshare.Error) as info:
+        devshare.Handle.from_bytes(bytes(data))
+    assert info.value.status == devshare.Status.CHECKSUM_MISMATCH
+
+
+# (backend, storage handle, storage_offset, status, words in the message)
+MALFORMED_E = [
+    ("zero segments (acl)", "npu", npu_e(20 * MIB, []), 0, devshare.Status.INVALID_HANDLE, "zero segments"),
+    ("zero segments (cuda)", "cuda", cuda_e(9, 2 * MIB, 0, b""), 0, devshare.Status.INVALID_HANDLE, "zero segments"),
+    ("count/length mismatch (acl)", "npu", npu_e(20 * MIB, [1], count=2), 0, devshare.Status.BAD_LENGTH,
+     "says 2 segments"),
+    ("count/length mismatch (cuda)", "cuda", cuda_e(9, 2 * MIB, 3, fds([1, 2])), 0, devshare.Status.BAD_LENGTH,
+     "neither 12"),
+    ("header cut short", "npu", bytes([1]) + b"e" + bytes(8), 0, devshare.Status.BAD_LENGTH, "inside its header"),
+    ("segment size 0", "npu", npu_e(0, [1]), 0, devshare.Status.BAD_SIZE, "granularity"),
+    ("segment size not a multiple of 2 MiB", "cuda", cuda_e(9, 3 * MIB, 1, fds([5])), 0, devshare.Status.BAD_SIZE,
+     "granularity"),
+    ("n x segment_size overflows", "npu", npu_e(1 << 62, [1, 2, 3]), 0, devshare.Status.BAD_SIZE, "overflows"),
+    ("more segments than the maximum", "npu", npu_e(2 * MIB, [1] * 65537), 0, devshare.Status.BAD_SIZE,
+     "above the maximum"),
+    ("storage past the last segment", "npu", npu_e(2 * MIB, [1]), 2 * MIB - 32, devshare.Status.STORAGE_OUT_OF_BOUNDS,
+     "exceeds alloc_size"),
+    ("negative fd", "cuda", cuda_e(9, 2 * MIB, 2, fds([5, -1])), 0, devshare.Status.INVALID_HANDLE,
+     "fd -1 is negative"),
+    ("pid 0", "cuda", cuda_e(0, 2 * MIB, 1, fds([5])), 0, devshare.Status.INVALID_HANDLE, "pid 0"),
+    ("CUDA 'e' version 1", "cuda", cuda_e(9, 2 * MIB, 1, fds([5]), version=1), 0,
+     devshare.Status.UNSUPPORTED_VERSION, "version 1"),
+    ("CUDA 'e' version 3", "cuda", cuda_e(9, 2 * MIB, 1, fds([5]), version=3), 0,
+     devshare.Status.UNSUPPORTED_VERSION, "version 3"),
+    ("torch_npu 'e' version 2", "npu", bytes([2]) + npu_e(2 * MIB, [1])[1:], 0, devshare.Status.UNSUPPORTED_VERSION,
+     "version 2"),
+]
+
+
+@pytest.mark.parametrize("backend, e, storage_offset, status, words", [m[1:] for m in MALFORMED_E],
+                         ids=[m[0] for m in MALFORMED_E])
+def test_every_malformed_e_form_gets_its_own_status_and_message(backend, e, storage_offset, status, words):
+    err = status_error(cuda_args(e, storage_offset=storage_offset, size=64), backend)
+    assert err.status == status, err
+    assert words in err.message, err.message
+
+
+def test_cuda_e_versions_1_and_3_are_refused_by_name_as_unconfirmed_layouts():
+    for version in (1, 3):
+        err = status_error(cuda_args(cuda_e(9, 2 * MIB, 1, fds([5]), version=version), storage_offset=0))
+        assert f"version {version}" in err.message and "not confirmed" in err.message
 
 
 # --- handle -> tuple --------------------------------------------------------------------------------
@@ -449,10 +600,11 @@ def test_share_of_a_cuda_tensor_that_requires_grad_shares_its_detached_data(monk
 
 
 def test_share_of_a_cuda_tensor_with_an_unusable_handle_returns_the_reference_and_raises(monkeypatch, ref_counter):
-    e_handle = bytes([2]) + b"e" + bytes(28)
+    # A version-3 'e' handle (PyTorch 2.13): its layout is not confirmed, so it is refused.
+    e_handle = cuda_e(4242, 2 * MIB, 1, fds([5]), version=3)
     monkeypatch.setattr(reductions, "reduce_tensor",
                         FakeReduce(handle=e_handle, ref=ref_counter.name, slot=ref_counter.slot))
-    with pytest.raises(devshare.Error, match="PYTORCH_CUDA_ALLOC_CONF"):
+    with pytest.raises(devshare.Error, match="version 3"):
         devshare.share(on_device(torch.zeros(4), "cuda"))
     # reduce_tensor set the slot to 1; without the decrement the block would stay in limbo.
     assert ref_counter.slot_value() == 0
@@ -466,6 +618,59 @@ def test_share_of_an_npu_tensor_with_an_unusable_handle_returns_the_reference(mo
     with pytest.raises(devshare.Error, match="version 2"):
         devshare.share(on_device(torch.zeros(4), "npu"))
     assert ref_counter.slot_value() == 0
+
+
+def test_share_and_open_of_a_cuda_tensor_in_an_expandable_segment_with_a_long_table(monkeypatch, ref_counter):
+    # 40 segments of 2 MiB: 160 bytes of fds, too long for the handle struct.
+    e = cuda_e(31337, 2 * MIB, 40, fds(range(200, 240)))
+    monkeypatch.setattr(reductions, "reduce_tensor",
+                        FakeReduce(handle=e, ref=ref_counter.name, slot=ref_counter.slot))
+    rebuild = Recorder()
+    monkeypatch.setattr(reductions, "rebuild_cuda_tensor", rebuild)
+    h = devshare.share(on_device(torch.zeros(4, 6), "cuda"))
+    assert h.segmented and h.segment_kind == "cuda_fd" and not h.table_inline
+    assert h.segments == tuple(range(200, 240)) and h.producer_pid == 31337
+    assert ref_counter.slot_value() == 1  # the handle is the tuple's reference, still owed
+    # The consumer gets the text (or bytes) and opens it with stock PyTorch.
+    for sent in (h.to_text(), h.to_bytes()):
+        devshare.open(sent)
+    assert len(rebuild.calls) == 2
+    for args in rebuild.calls:
+        assert same_cuda_e(args[7], e) and type(args[7]) is bytes
+        assert args[8:10] == (96, 256) and args[11] == ref_counter.name and args[12] == ref_counter.slot
+    assert ref_counter.slot_value() == 1  # releasing is PyTorch's consumer's job (the recorder's here)
+
+
+def test_share_and_open_of_an_npu_tensor_in_an_expandable_segment_with_a_long_table(monkeypatch):
+    handles = [0x5000 + i for i in range(20)]  # 160 bytes of shareable handles
+    e = npu_e(2 * MIB, handles)
+    rebuild = Recorder()
+    fake_torch_npu(monkeypatch, rebuild)
+    monkeypatch.setattr(reductions, "reduce_tensor", FakeReduce(handle=e))
+    h = devshare.share(on_device(torch.zeros(2, 2), "npu"))
+    assert h.backend == "acl" and h.segments == tuple(handles) and not h.table_inline
+    assert devshare.open(devshare.Handle.from_text(h.to_text())) is rebuild.result
+    (args,) = rebuild.calls
+    assert args[7] == e  # exactly what torch_npu sent: its 'e' form has no padding
+
+
+def test_share_of_a_cuda_tensor_with_an_inline_e_table_opens_with_the_e_bytes(monkeypatch):
+    e = cuda_e(31337, 2 * MIB, 1, fds([9]))
+    monkeypatch.setattr(reductions, "reduce_tensor", FakeReduce(handle=e))
+    rebuild = Recorder()
+    monkeypatch.setattr(reductions, "rebuild_cuda_tensor", rebuild)
+    h = devshare.share(on_device(torch.zeros(3), "cuda"))
+    assert h.table_inline and h.segments == (9,)
+    devshare.open(h)
+    assert same_cuda_e(rebuild.calls[0][7], e)
+
+
+def test_allow_ptrace_takes_a_pid_minus_1_or_0():
+    devshare.allow_ptrace(0)  # nobody (a no-op without Yama)
+    with pytest.raises(ValueError):
+        devshare.allow_ptrace(-2)
+    with pytest.raises(TypeError):
+        devshare.allow_ptrace("any")
 
 
 def test_share_of_a_cuda_tensor_with_an_empty_storage_raises_value_error(monkeypatch):
