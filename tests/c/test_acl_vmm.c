@@ -600,6 +600,33 @@ int main(int argc, char **argv) {
     check(aclsi_vmm_physical_handles() == 0 && aclsi_vmm_mappings() == 0 && aclsi_vmm_reservations() == 0,
           "the producer freed everything");
 
+    /* --- D: new physical memory after the frees. Handle values may be reused by the runtime;
+     * devshare cannot see frees, so a retired physical handle is exported afresh when it can be
+     * (a stale cached shareable handle would name freed memory). --- */
+    VmmAlloc D = vmm_alloc(4, 77);
+    int reused = 0;
+    const VmmAlloc *before[3] = {&A, &B, &C};
+    for (size_t i = 0; i < D.n; i++) {
+        for (int k = 0; k < 3; k++) {
+            for (size_t j = 0; j < before[k]->n; j++) {
+                reused += D.phys_u64[i] == before[k]->phys_u64[j];
+            }
+        }
+    }
+    DevshareExporter *ed = NULL;
+    DS_OK(devshare_export_segments(DEVSHARE_BACKEND_ACL, 0, D.base, D.phys_u64, D.n, SEG, DEVSHARE_EXPORT_NO_PID_CHECK,
+                                   &ed));
+    DevshareHandle hd = share_f32(ed, SEG + 4096, 2 * SEG, 512, 1024, 3, 0, NULL);
+    check(table_entry(&hd, 0) != table_entry(&h1, 0) && table_entry(&hd, 3) != table_entry(&h1, 3),
+          "re-allocated physical memory gets new shareable handles (%d handle values reused)", reused);
+    Child c3 = spawn(NULL, NULL);
+    a = import_cmd(&c3, &hd, -1, 0, 0, 0, 77);
+    check(strncmp(a, "OK 524288 0", 11) == 0, "a consumer imports the re-allocated memory and reads it (%s)", a);
+    check(stats_are(&c3, 0, 0, 0), "... and releases it");
+    check(finish(&c3), "the third consumer exits cleanly");
+    DS_OK(devshare_exporter_close(ed, 0));
+    vmm_free(&D);
+
     harness_check_log(aclsi_violation_count());
     printf("%d cases, %d failed\n", n_cases, n_failed);
     return n_failed ? 1 : 0;

@@ -94,9 +94,14 @@ struct PhysExport {
 
 static EXPORTS: LazyLock<Mutex<PerProcess<PhysExport>>> = LazyLock::new(Default::default);
 
-/// Whether this process exported `shareable` (then it cannot import it).
-fn exported_here(shareable: u64) -> bool {
-    lock(&EXPORTS).map.values().any(|e| e.shareable == shareable)
+/// The first of `handles` this process exported (it cannot import that one).
+fn exported_here(handles: &[u64]) -> Option<u64> {
+    let cache = lock(&EXPORTS);
+    if cache.map.is_empty() {
+        return None;
+    }
+    let ours: std::collections::HashSet<u64> = cache.map.values().map(|e| e.shareable).collect();
+    handles.iter().copied().find(|s| ours.contains(s))
 }
 
 /// The shareable handle of `phys` (exported now, or cached); one more exporter listing it.
@@ -405,7 +410,7 @@ pub(super) fn import_segmented(h: &DevshareHandle, t: &SegmentTable<'_>, req: &I
         .checked_mul(count)
         .filter(|&n| usize::try_from(n).is_ok())
         .ok_or_else(|| Error::bad_size("ext", "count x segment_size does not fit this process's address space"))?;
-    if let Some(s) = handles.iter().copied().find(|&s| exported_here(s)) {
+    if let Some(s) = exported_here(&handles) {
         return Err(Error::Unsupported(format!(
             "shareable handle {s:#x} was exported by this process, and CANN does not support importing \
              in the exporting process: use the memory directly"
