@@ -5,14 +5,17 @@
 //! `Result`, with a failure formatted once ([`CudaApi::error`]). At the end, the wrapper is bound
 //! into the shared plumbing of `backend/runtime.rs`: per-thread contexts and IPC events.
 //!
-//! Calls that only some drivers have come in `Optional` groups, as in
-//! `acl/api.rs`: a struct of raw signatures (e.g. `VmmFns` for `cuMemCreate`, `cuMemMap`,
-//! `cuMemSetAccess`, ...), a field `vmm: Optional<VmmFns>` filled inside the `unsafe` block of
-//! [`CudaApi::load`] with `Optional::load("this CUDA driver has no VMM calls", || Ok(VmmFns {
-//! mem_create: lib.required("cuMemCreate")?, ... }))`, and one method per call starting with
-//! `let f = self.vmm.get()?;`. Required calls go into `Fns`.
+//! Calls that only some drivers have come in `Optional` groups, as in `acl/api.rs`: the driver
+//! loads without them and their methods fail with `Unsupported`. The VMM calls are one: a struct
+//! of raw signatures (`VmmFns`: `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`,
+//! `cuMemExportToShareableHandle`, ...), a field `vmm: Optional<VmmFns>` filled inside the
+//! `unsafe` block of [`CudaApi::load`] with `Optional::load("this CUDA driver has no VMM calls",
+//! || Ok(VmmFns { mem_map: lib.required("cuMemMap")?, ... }))`, and one method per call starting
+//! with `let f = self.vmm.get()?;`. The driver structs those calls take (`CUmemAccessDesc`,
+//! `CUmemAllocationProp`, `CUmemLocation`) are written out with `cuda.h`'s layout, checked by
+//! size. Required calls go into `Fns`.
 
-use crate::backend::runtime::{self, c_text, Context, DeviceContexts, Event, IpcEvents, Stream, Symbols};
+use crate::backend::runtime::{self, c_text, Context, DeviceContexts, Event, IpcEvents, Optional, Stream, Symbols};
 use crate::error::{Error, Result};
 use crate::handle::DEVSHARE_EVENT_HANDLE_SIZE;
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -48,6 +51,70 @@ pub(crate) enum IntPointerAttribute {
     IsLegacyCudaIpcCapable = 10,
 }
 
+/// `CUmemGenericAllocationHandle`: a physical VMM allocation (created, imported or retained),
+/// compared by value, never dereferenced.
+pub(crate) type MemHandle = u64;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: an `int` fd, passed as `(void *)(uintptr_t)fd`.
+pub(crate) const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
+/// `CU_MEM_HANDLE_TYPE_FABRIC`: a 64-byte `CUmemFabricHandle`, passed by address.
+pub(crate) const CU_MEM_HANDLE_TYPE_FABRIC: c_int = 8;
+/// Size of a `CUmemFabricHandle`.
+pub(crate) const FABRIC_HANDLE_LEN: usize = 64;
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+/// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`: what `cuMemMap` and `cuMemAddressReserve` sizes and
+/// addresses must be multiples of.
+const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_int = 0;
+
+/// `CUmemAccess_flags`: what a device may do with a mapped range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub(crate) enum MemAccess {
+    /// `CU_MEM_ACCESS_FLAGS_PROT_READ`.
+    Read = 1,
+    /// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+    ReadWrite = 3,
+}
+
+/// `CUmemLocation` (`cuda.h`): `{CUmemLocationType type; int id;}`, 8 bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MemLocation {
+    kind: c_int,
+    id: c_int,
+}
+
+/// `CUmemAccessDesc` (`cuda.h`): `{CUmemLocation location; CUmemAccess_flags flags;}`, 12 bytes
+/// (the flags are an enum: 4 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MemAccessDesc {
+    location: MemLocation,
+    flags: c_int,
+}
+
+/// `CUmemAllocationProp` (`cuda.h`): type, requested handle types, location, the Windows
+/// metadata pointer and `allocFlags` (compression type, RDMA capable, usage, 4 reserved bytes):
+/// 32 bytes on x86-64.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct MemAllocationProp {
+    kind: c_int,
+    requested_handle_types: c_int,
+    location: MemLocation,
+    win32_handle_meta_data: *mut c_void,
+    compression_type: u8,
+    gpu_direct_rdma_capable: u8,
+    usage: u16,
+    reserved: [u8; 4],
+}
+
+static_assertions::const_assert_eq!(std::mem::size_of::<MemAccessDesc>(), 12);
+#[cfg(target_pointer_width = "64")]
+static_assertions::const_assert_eq!(std::mem::size_of::<MemAllocationProp>(), 32);
+
 /// The driver calls devshare needs.
 struct Fns {
     device_get_count: unsafe extern "C" fn(*mut c_int) -> CuResult,
@@ -74,11 +141,28 @@ struct Fns {
     get_error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
 }
 
+/// The virtual memory management calls (CUDA 10.2 and later; PyTorch's expandable segments),
+/// for segmented (VMM) exports and imports. A driver without them still shares `cuMemAlloc`
+/// memory.
+struct VmmFns {
+    mem_address_reserve: unsafe extern "C" fn(*mut DevPtr, usize, usize, DevPtr, u64) -> CuResult,
+    mem_address_free: unsafe extern "C" fn(DevPtr, usize) -> CuResult,
+    mem_map: unsafe extern "C" fn(DevPtr, usize, usize, MemHandle, u64) -> CuResult,
+    mem_unmap: unsafe extern "C" fn(DevPtr, usize) -> CuResult,
+    mem_set_access: unsafe extern "C" fn(DevPtr, usize, *const MemAccessDesc, usize) -> CuResult,
+    mem_release: unsafe extern "C" fn(MemHandle) -> CuResult,
+    mem_export_to_shareable_handle: unsafe extern "C" fn(*mut c_void, MemHandle, c_int, u64) -> CuResult,
+    mem_import_from_shareable_handle: unsafe extern "C" fn(*mut MemHandle, *mut c_void, c_int) -> CuResult,
+    mem_retain_allocation_handle: unsafe extern "C" fn(*mut MemHandle, *mut c_void) -> CuResult,
+    mem_get_allocation_granularity: unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_int) -> CuResult,
+}
+
 /// The loaded, initialised driver.
 pub(crate) struct CudaApi {
     name: String,
     driver_version: c_int,
     fns: Fns,
+    vmm: Optional<VmmFns>,
     /// Keeps the functions above loaded.
     _lib: libloading::Library,
 }
@@ -90,9 +174,23 @@ impl CudaApi {
         // SAFETY: each function's type (the field's, or the one written out) is the C signature
         // of the symbol named next to it, from `cuda.h`; where several names are tried, they are
         // versions of one call with that signature.
-        let (init, get_version, fns) = unsafe {
+        let (init, get_version, fns, vmm) = unsafe {
             let init: unsafe extern "C" fn(c_uint) -> CuResult = lib.required("cuInit")?;
             let get_version: unsafe extern "C" fn(*mut c_int) -> CuResult = lib.required("cuDriverGetVersion")?;
+            let vmm = Optional::load("this CUDA driver has no VMM calls (CUDA 10.2 or later is needed)", || {
+                Ok(VmmFns {
+                    mem_address_reserve: lib.required("cuMemAddressReserve")?,
+                    mem_address_free: lib.required("cuMemAddressFree")?,
+                    mem_map: lib.required("cuMemMap")?,
+                    mem_unmap: lib.required("cuMemUnmap")?,
+                    mem_set_access: lib.required("cuMemSetAccess")?,
+                    mem_release: lib.required("cuMemRelease")?,
+                    mem_export_to_shareable_handle: lib.required("cuMemExportToShareableHandle")?,
+                    mem_import_from_shareable_handle: lib.required("cuMemImportFromShareableHandle")?,
+                    mem_retain_allocation_handle: lib.required("cuMemRetainAllocationHandle")?,
+                    mem_get_allocation_granularity: lib.required("cuMemGetAllocationGranularity")?,
+                })
+            });
             let fns = Fns {
                 device_get_count: lib.required("cuDeviceGetCount")?,
                 device_get: lib.required("cuDeviceGet")?,
@@ -118,9 +216,9 @@ impl CudaApi {
                 get_error_name: lib.required("cuGetErrorName")?,
                 get_error_string: lib.required("cuGetErrorString")?,
             };
-            (init, get_version, fns)
+            (init, get_version, fns, vmm)
         };
-        let mut api = CudaApi { name: lib.name().to_string(), driver_version: 0, fns, _lib: lib.into_library() };
+        let mut api = CudaApi { name: lib.name().to_string(), driver_version: 0, fns, vmm, _lib: lib.into_library() };
         // SAFETY: plain call.
         api.check("cuInit", unsafe { init(0) })?;
         let mut version = 0;
@@ -150,8 +248,17 @@ impl CudaApi {
             (self.fns.get_error_string)(code, &mut text);
             format!("{}: {}", c_text(name), c_text(text))
         };
-        let hint = match code {
-            201 | 709 => "a CUDA IPC handle cannot be opened in the process that exported it",
+        let hint = match (call, code) {
+            ("cuMemExportToShareableHandle", 1) => {
+                "only the handle types requested when the memory was created can be exported: create it with \
+                 prop.requestedHandleTypes including CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (or \
+                 CU_MEM_HANDLE_TYPE_FABRIC for DEVSHARE_EXPORT_FABRIC)"
+            }
+            ("cuMemExportToShareableHandle" | "cuMemImportFromShareableHandle", 800 | 801) => {
+                "for fabric handles: they need a multi-node NVLink system whose IMEX channel both processes \
+                 may use; share POSIX fds instead"
+            }
+            (_, 201 | 709) => "a CUDA IPC handle cannot be opened in the process that exported it",
             _ => "",
         };
         runtime::vendor_error(call, code, &meaning, hint, "", &self.name)
@@ -315,6 +422,161 @@ impl CudaApi {
     pub(crate) fn stream_synchronize(&self, stream: Stream) -> Result<()> {
         // SAFETY: the caller's stream.
         self.check("cuStreamSynchronize", unsafe { (self.fns.stream_synchronize)(stream) })
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Virtual memory management (the `vmm` group)
+
+    /// `cuMemGetAllocationGranularity` (minimum) for pinned memory on the device with this
+    /// ordinal: what segment sizes and mapped addresses must be multiples of.
+    pub(crate) fn mem_get_allocation_granularity(&self, ordinal: c_int) -> Result<u64> {
+        let f = self.vmm.get()?;
+        let prop = MemAllocationProp {
+            kind: CU_MEM_ALLOCATION_TYPE_PINNED,
+            requested_handle_types: 0,
+            location: MemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal },
+            win32_handle_meta_data: std::ptr::null_mut(),
+            compression_type: 0,
+            gpu_direct_rdma_capable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        };
+        let mut granularity = 0usize;
+        // SAFETY: valid out pointer; `prop` is a complete `CUmemAllocationProp` (layout checked
+        // above) that lives across the call.
+        self.check("cuMemGetAllocationGranularity", unsafe {
+            (f.mem_get_allocation_granularity)(&mut granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+        })?;
+        Ok(granularity as u64)
+    }
+
+    /// `cuMemAddressReserve(&va, size, 0, 0, 0)`: `size` bytes of device address space
+    /// (default alignment, no fixed address).
+    pub(crate) fn mem_address_reserve(&self, size: u64) -> Result<DevPtr> {
+        let f = self.vmm.get()?;
+        let mut va: DevPtr = 0;
+        // SAFETY: valid out pointer; the driver checks the size.
+        self.check("cuMemAddressReserve", unsafe { (f.mem_address_reserve)(&mut va, size as usize, 0, 0, 0) })?;
+        Ok(va)
+    }
+
+    /// `cuMemAddressFree`: give back a whole reservation.
+    pub(crate) fn mem_address_free(&self, va: DevPtr, size: u64) -> Result<()> {
+        let f = self.vmm.get()?;
+        // SAFETY: plain values; the driver checks that they name a live reservation.
+        self.check("cuMemAddressFree", unsafe { (f.mem_address_free)(va, size as usize) })
+    }
+
+    /// `cuMemMap(va, size, 0, handle, 0)`: the first `size` bytes of a physical allocation at
+    /// `va`, inside a reservation.
+    pub(crate) fn mem_map(&self, va: DevPtr, size: u64, handle: MemHandle) -> Result<()> {
+        let f = self.vmm.get()?;
+        // SAFETY: plain values; the driver checks the range and the handle. Mapping changes no
+        // memory this process accesses as Rust data.
+        self.check("cuMemMap", unsafe { (f.mem_map)(va, size as usize, 0, handle, 0) })
+    }
+
+    /// `cuMemUnmap`.
+    pub(crate) fn mem_unmap(&self, va: DevPtr, size: u64) -> Result<()> {
+        let f = self.vmm.get()?;
+        // SAFETY: plain values; the driver checks that they are whole mappings. Callers unmap
+        // only ranges they mapped and no longer hand out.
+        self.check("cuMemUnmap", unsafe { (f.mem_unmap)(va, size as usize) })
+    }
+
+    /// `cuMemSetAccess` of one device (by ordinal) over `[va, va + size)`.
+    pub(crate) fn mem_set_access(&self, va: DevPtr, size: u64, ordinal: c_int, access: MemAccess) -> Result<()> {
+        let f = self.vmm.get()?;
+        let desc = MemAccessDesc {
+            location: MemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal },
+            flags: access as c_int,
+        };
+        // SAFETY: one complete `CUmemAccessDesc` (layout checked above) that lives across the
+        // call, count 1; the driver checks the range.
+        self.check("cuMemSetAccess", unsafe { (f.mem_set_access)(va, size as usize, &desc, 1) })
+    }
+
+    /// `cuMemRelease`: drop one reference to a physical allocation handle.
+    pub(crate) fn mem_release(&self, handle: MemHandle) -> Result<()> {
+        let f = self.vmm.get()?;
+        // SAFETY: a plain value, which the driver checks; callers release each reference they
+        // took once.
+        self.check("cuMemRelease", unsafe { (f.mem_release)(handle) })
+    }
+
+    /// `cuMemRetainAllocationHandle`: the handle of the allocation mapped at `addr`, with one
+    /// more reference (pair it with [`Self::mem_release`]).
+    pub(crate) fn mem_retain_allocation_handle(&self, addr: DevPtr) -> Result<MemHandle> {
+        let f = self.vmm.get()?;
+        let mut handle: MemHandle = 0;
+        // SAFETY: valid out pointer; `addr` is only looked up by the driver, never dereferenced.
+        self.check("cuMemRetainAllocationHandle", unsafe {
+            (f.mem_retain_allocation_handle)(&mut handle, addr as usize as *mut c_void)
+        })?;
+        Ok(handle)
+    }
+
+    /// `cuMemExportToShareableHandle(&fd, handle, POSIX_FILE_DESCRIPTOR, 0)`: a new file
+    /// descriptor of the allocation, owned by the caller.
+    pub(crate) fn mem_export_fd(&self, handle: MemHandle) -> Result<std::os::fd::OwnedFd> {
+        use std::os::fd::FromRawFd;
+        let f = self.vmm.get()?;
+        let mut fd: c_int = -1;
+        // SAFETY: for this type the driver writes one `int` through the pointer, into `fd`.
+        self.check("cuMemExportToShareableHandle", unsafe {
+            (f.mem_export_to_shareable_handle)((&mut fd as *mut c_int).cast(), handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+        })?;
+        if fd < 0 {
+            return Err(Error::Internal(format!("cuMemExportToShareableHandle succeeded but returned fd {fd}")));
+        }
+        // SAFETY: the driver returned a new descriptor that the caller owns (it must close it);
+        // nothing else owns it.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// `cuMemExportToShareableHandle(&fabric, handle, FABRIC, 0)`: the allocation's 64-byte
+    /// `CUmemFabricHandle`.
+    pub(crate) fn mem_export_fabric(&self, handle: MemHandle) -> Result<[u8; FABRIC_HANDLE_LEN]> {
+        let f = self.vmm.get()?;
+        let mut fabric = [0u8; FABRIC_HANDLE_LEN];
+        // SAFETY: for this type the driver writes one 64-byte `CUmemFabricHandle` into `fabric`.
+        self.check("cuMemExportToShareableHandle", unsafe {
+            (f.mem_export_to_shareable_handle)(fabric.as_mut_ptr().cast(), handle, CU_MEM_HANDLE_TYPE_FABRIC, 0)
+        })?;
+        Ok(fabric)
+    }
+
+    /// `cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, POSIX_FILE_DESCRIPTOR)`: a
+    /// handle (one reference) of the allocation behind an fd of this process. The driver keeps
+    /// its own reference to the memory: the caller may close `fd` afterwards.
+    pub(crate) fn mem_import_fd(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<MemHandle> {
+        use std::os::fd::AsRawFd;
+        let f = self.vmm.get()?;
+        let mut handle: MemHandle = 0;
+        // SAFETY: valid out pointer; for this type the pointer argument carries the fd number
+        // itself and is never dereferenced; the fd is open for the whole call (borrowed).
+        self.check("cuMemImportFromShareableHandle", unsafe {
+            (f.mem_import_from_shareable_handle)(
+                &mut handle,
+                fd.as_raw_fd() as usize as *mut c_void,
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })?;
+        Ok(handle)
+    }
+
+    /// `cuMemImportFromShareableHandle(&h, &fabric, FABRIC)`: a handle (one reference) of the
+    /// allocation a `CUmemFabricHandle` names.
+    pub(crate) fn mem_import_fabric(&self, fabric: &[u8; FABRIC_HANDLE_LEN]) -> Result<MemHandle> {
+        let f = self.vmm.get()?;
+        let mut handle: MemHandle = 0;
+        let mut bytes = *fabric;
+        // SAFETY: valid out pointer; for this type the driver reads 64 bytes at the pointer, a
+        // local copy of the handle that lives across the call.
+        self.check("cuMemImportFromShareableHandle", unsafe {
+            (f.mem_import_from_shareable_handle)(&mut handle, bytes.as_mut_ptr().cast(), CU_MEM_HANDLE_TYPE_FABRIC)
+        })?;
+        Ok(handle)
     }
 }
 
