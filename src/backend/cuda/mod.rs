@@ -7,14 +7,36 @@
 //! - Import: `cuIpcOpenMemHandle` with lazy peer access once per handle per process — the import
 //!   registry caches it, because the driver refuses a second open — on the device whose UUID the
 //!   handle names; `cuIpcCloseMemHandle` when the last import is released.
+//! - Segmented (VMM) memory (`vmm.rs`): PyTorch's expandable segments ('e' handles, version 2)
+//!   and a C producer's `cuMemCreate` + `cuMemMap` buffers.
+//!   - export ([`Backend::export_segments`]): each physical handle is checked against the address
+//!     it is said to be mapped at (`cuMemRetainAllocationHandle`), then exported once per process
+//!     (`cuMemExportToShareableHandle`, cached per handle while any exporter of it lives, as
+//!     PyTorch caches each segment's shareable handle) as a POSIX fd that stays open in this
+//!     process, for consumers to take with `pidfd_getfd`, or as a 64-byte fabric handle. The
+//!     segment table holds the fd numbers (`i32`) or the fabric handles; the handle carries this
+//!     process's pid. devshare never calls `PR_SET_PTRACER` on its own (`devshare_allow_ptrace`
+//!     does, when the caller asks).
+//!   - import ([`Backend::import_segmented`]): on the device chosen as for IPC handles, each
+//!     segment's physical memory is imported once per process while any mapping uses it (cached
+//!     per producer pid and fd number, or per fabric handle): `pidfd_open` of the producer once,
+//!     `pidfd_getfd` of the fd, `cuMemImportFromShareableHandle`, and the stolen fd closed at once;
+//!     fabric handles are imported directly. Then exactly `count x segment_size` of address space
+//!     is reserved (`cuMemAddressReserve`; PyTorch reserves far more), each segment mapped in
+//!     order (`cuMemMap`) and the importing device granted read-write access over the range (read
+//!     only for read-only imports; `cuMemSetAccess`). Teardown: synchronize, `cuMemUnmap` each
+//!     segment, `cuMemRelease` the imported handles no other mapping uses, `cuMemAddressFree`. A
+//!     failure part way undoes everything done so far.
 //! - Every driver call runs with the device's primary context current on the calling thread; the
 //!   thread's previous context is made current again afterwards.
 
 mod api;
+mod vmm;
 
 use super::runtime::{self, OnDemand, Runtime, Stream};
-use super::{Backend, ExportOptions, Exported, ImportRequest, IpcEvent, Mapping, PeerAccess, Probe};
+use super::{Backend, ExportOptions, Exported, ImportRequest, IpcEvent, Mapping, PeerAccess, Probe, SegmentedMemory};
 use crate::error::{Error, Result};
+use crate::handle::segments::SegmentTable;
 use crate::handle::{DevshareHandle, Validated, DEVSHARE_BACKEND_CUDA};
 use api::{CudaApi, DevPtr, IntPointerAttribute, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, HANDLE_LEN};
 use std::collections::HashMap;
@@ -242,6 +264,23 @@ impl Backend for Cuda {
         let (_, size) = api.mem_get_address_range(base)?;
         mapping.size = size as u64;
         Ok(Box::new(mapping))
+    }
+
+    fn import_segmented(
+        &self,
+        h: &DevshareHandle,
+        segments: &SegmentTable<'_>,
+        _: &Validated,
+        req: &ImportRequest,
+    ) -> Result<Box<dyn Mapping>> {
+        let api = api()?;
+        let device = target_device(api, h, req)?;
+        Ok(Box::new(vmm::import_segmented(api, device, segments, req)?))
+    }
+
+    fn export_segments(&self, device: i32, mem: &SegmentedMemory<'_>, opts: &ExportOptions) -> Result<Box<dyn Exported>> {
+        let api = api()?;
+        Ok(Box::new(vmm::export_segments(api, device, mem, opts)?))
     }
 
     fn wait_event(&self, h: &DevshareHandle, req: &ImportRequest) -> Result<()> {

@@ -1,0 +1,317 @@
+//! Segmented (VMM) memory of the cuda backend: PyTorch's expandable segments ('e' handles,
+//! version 2) and a C producer's `cuMemCreate` + `cuMemMap` buffers, shared as POSIX fds (taken
+//! by consumers with `pidfd_getfd`) or fabric handles. See the backend's module documentation
+//! for the calls and their order.
+
+use super::api::{CudaApi, DevPtr, MemAccess, MemHandle, FABRIC_HANDLE_LEN};
+use super::{api, uuid};
+use crate::backend::runtime::{self, Runtime, Stream};
+use crate::backend::{ExportOptions, Exported, ImportRequest, IpcEvent, Mapping, SegmentedMemory};
+use crate::error::{Error, Result};
+use crate::handle::segments::{SegmentTable, DEVSHARE_SEGMENTS_CUDA_FABRIC, DEVSHARE_SEGMENTS_CUDA_FD};
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+// ---------------------------------------------------------------------------------------------
+// Segmented (VMM) export
+
+/// What consumers open one physical allocation by.
+enum Shareable {
+    /// A POSIX fd of this process (`cuMemExportToShareableHandle`), open until the page is
+    /// dropped; consumers take it with `pidfd_getfd`.
+    Fd(OwnedFd),
+    /// A `CUmemFabricHandle`.
+    Fabric([u8; FABRIC_HANDLE_LEN]),
+}
+
+/// One physical allocation exported by this process, shared by every segmented exporter of it:
+/// the driver is asked once per handle and kind (as PyTorch caches a segment's shareable
+/// handle), so two exports of overlapping pages carry the same fd numbers and a consumer imports
+/// each page once.
+struct ExportedPage {
+    shareable: Shareable,
+}
+
+/// Key: (fabric, physical handle). The caller keeps each handle alive while it is exported.
+type ExportedPages = Mutex<HashMap<(bool, MemHandle), Weak<ExportedPage>>>;
+static EXPORTED_PAGES: OnceLock<ExportedPages> = OnceLock::new();
+
+impl Drop for ExportedPage {
+    /// The fd closes with the page (consumers that took it keep their own); the cache forgets it.
+    fn drop(&mut self) {
+        runtime::forget_dead(&EXPORTED_PAGES);
+    }
+}
+
+/// The page of `handle`, exported now or shared with a live exporter of it.
+fn exported_page(api: &CudaApi, handle: MemHandle, fabric: bool) -> Result<Arc<ExportedPage>> {
+    let mut cache = EXPORTED_PAGES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(page) = cache.get(&(fabric, handle)).and_then(Weak::upgrade) {
+        return Ok(page);
+    }
+    let shareable = if fabric {
+        Shareable::Fabric(api.mem_export_fabric(handle)?)
+    } else {
+        Shareable::Fd(api.mem_export_fd(handle)?)
+    };
+    let page = Arc::new(ExportedPage { shareable });
+    runtime::prune(&mut cache);
+    cache.insert((fabric, handle), Arc::downgrade(&page));
+    Ok(page)
+}
+
+/// A C producer's segmented allocation, exported: its pages (fds kept open) and the table that
+/// goes into its handles.
+pub(super) struct CudaSegmentsExport {
+    base: DevPtr,
+    segment_size: u64,
+    device: c_int,
+    uuid: [u8; 16],
+    kind: u16,
+    table: Vec<u8>,
+    /// Kept for the life of the export: each holds its fd open.
+    _pages: Vec<Arc<ExportedPage>>,
+}
+
+impl Exported for CudaSegmentsExport {
+    fn ptr(&self) -> *mut u8 {
+        self.base as *mut u8
+    }
+    fn size(&self) -> u64 {
+        self.segment_size * (self._pages.len() as u64)
+    }
+    fn key(&self) -> &[u8] {
+        &[]
+    }
+    fn device_index(&self) -> i32 {
+        self.device
+    }
+    fn device_uuid(&self) -> [u8; 16] {
+        self.uuid
+    }
+    /// Consumers cannot import once the fds are closed: closing waits for their references.
+    fn survives_exporter_close(&self) -> bool {
+        false
+    }
+    fn segments(&self) -> Option<(u64, u16, &[u8])> {
+        Some((self.segment_size, self.kind, &self.table))
+    }
+    fn prepare_share(&self, stream: *mut c_void, event: bool) -> Result<Option<Box<dyn IpcEvent>>> {
+        runtime::prepare_share(api()?, self.device, Stream(stream), event)
+    }
+}
+
+/// The device's VMM granularity, and an error naming it when `segment_size` is no multiple.
+fn check_granularity(api: &CudaApi, device: c_int, segment_size: u64) -> Result<()> {
+    let granularity = api.mem_get_allocation_granularity(device)?;
+    if granularity == 0 || segment_size % granularity != 0 {
+        return Err(Error::Unsupported(format!(
+            "segment_size {segment_size} is not a multiple of CUDA device {device}'s VMM granularity \
+             {granularity} (cuMemGetAllocationGranularity): its segments cannot be mapped here"
+        )));
+    }
+    Ok(())
+}
+
+pub(super) fn export_segments(api: &Runtime<CudaApi>, device: c_int, mem: &SegmentedMemory<'_>, opts: &ExportOptions) -> Result<CudaSegmentsExport> {
+    let _g = api.bind(device)?;
+    check_granularity(api, device, mem.segment_size)?;
+    let base = mem.base as DevPtr;
+    // Each handle must be what is mapped at its segment's address: a wrong order or a gap would
+    // give consumers other bytes than the producer's.
+    for (i, &physical) in mem.physical.iter().enumerate() {
+        let addr = base + i as u64 * mem.segment_size;
+        let mapped = api.mem_retain_allocation_handle(addr).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "segment {i} at {addr:#x} is not VMM memory mapped in this process (cuMemCreate + cuMemMap): {e}"
+            ))
+        })?;
+        api.mem_release(mapped)?;
+        if mapped != physical {
+            return Err(Error::InvalidArgument(format!(
+                "segment {i} at {addr:#x} is mapped from physical handle {mapped:#x}, not physical[{i}] = \
+                 {physical:#x}: list the handles in address order, one per segment_size bytes"
+            )));
+        }
+    }
+    let mut pages = Vec::with_capacity(mem.physical.len());
+    let (kind, mut table) = if opts.fabric {
+        (DEVSHARE_SEGMENTS_CUDA_FABRIC, Vec::with_capacity(mem.physical.len() * FABRIC_HANDLE_LEN))
+    } else {
+        (DEVSHARE_SEGMENTS_CUDA_FD, Vec::with_capacity(mem.physical.len() * 4))
+    };
+    for &physical in mem.physical {
+        let page = exported_page(api, physical, opts.fabric)?;
+        match &page.shareable {
+            Shareable::Fd(fd) => table.extend_from_slice(&fd.as_raw_fd().to_le_bytes()),
+            Shareable::Fabric(f) => table.extend_from_slice(f),
+        }
+        pages.push(page);
+    }
+    Ok(CudaSegmentsExport {
+        base,
+        segment_size: mem.segment_size,
+        device,
+        uuid: uuid(api, device)?,
+        kind,
+        table,
+        _pages: pages,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Segmented (VMM) import
+
+/// What identifies one segment's physical memory for a consumer: the producer's fd number
+/// (valid while the producer keeps the segment exported, which it does while references to it
+/// are outstanding), or the fabric handle.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum PageKey {
+    Fd { pid: i32, fd: i32 },
+    Fabric([u8; FABRIC_HANDLE_LEN]),
+}
+
+/// One imported physical allocation (one `cuMemImportFromShareableHandle` reference), shared by
+/// every mapping in this process that maps it; released when the last one drops.
+struct ImportedPage {
+    handle: MemHandle,
+    /// The device whose context released it (any context of the process would do).
+    device: c_int,
+}
+
+type ImportedPages = Mutex<HashMap<PageKey, Weak<ImportedPage>>>;
+static IMPORTED_PAGES: OnceLock<ImportedPages> = OnceLock::new();
+
+impl Drop for ImportedPage {
+    /// Never takes the cache's lock (pages may drop while it is held); dead entries are pruned
+    /// by the next insert and by the mapping that dropped them.
+    fn drop(&mut self) {
+        if let Ok(api) = api() {
+            if let Ok(_g) = api.bind(self.device) {
+                let _ = api.mem_release(self.handle);
+            }
+        }
+    }
+}
+
+/// The page `key` names, imported now by `import` or shared with a live mapping of it.
+fn imported_page(key: PageKey, device: c_int, import: impl FnOnce() -> Result<MemHandle>) -> Result<Arc<ImportedPage>> {
+    let mut cache = IMPORTED_PAGES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(page) = cache.get(&key).and_then(Weak::upgrade) {
+        return Ok(page);
+    }
+    let page = Arc::new(ImportedPage { handle: import()?, device });
+    runtime::prune(&mut cache);
+    cache.insert(key, Arc::downgrade(&page));
+    Ok(page)
+}
+
+/// Every segment's physical memory, in address order (nothing is mapped yet). On an error the
+/// pages imported so far are released and every stolen fd is closed.
+fn import_pages(api: &CudaApi, device: c_int, t: &SegmentTable<'_>) -> Result<Vec<Arc<ImportedPage>>> {
+    let mut pages = Vec::with_capacity(t.seg.count as usize);
+    match t.seg.kind {
+        DEVSHARE_SEGMENTS_CUDA_FD => {
+            let pid = t.producer_pid;
+            let mut producer: Option<crate::backend::pidfd::Process> = None;
+            for fd in t.fds() {
+                pages.push(imported_page(PageKey::Fd { pid, fd }, device, || {
+                    let process = match &mut producer {
+                        Some(p) => p,
+                        none => none.insert(crate::backend::pidfd::Process::open(pid)?),
+                    };
+                    let stolen = process.take_fd(fd)?;
+                    // The driver keeps its own reference: the stolen fd closes right here,
+                    // whatever the import did.
+                    api.mem_import_fd(stolen.as_fd())
+                })?);
+            }
+        }
+        DEVSHARE_SEGMENTS_CUDA_FABRIC => {
+            for fabric in t.fabric_handles() {
+                pages.push(imported_page(PageKey::Fabric(fabric), device, || api.mem_import_fabric(&fabric))?);
+            }
+        }
+        kind => return Err(Error::Internal(format!("segment table kind {kind} reached the cuda backend"))),
+    }
+    Ok(pages)
+}
+
+/// A segmented allocation mapped into this process: one reservation of exactly
+/// `count x segment_size`, segment i mapped at `va + i x segment_size`.
+pub(super) struct CudaSegmentsMapping {
+    va: DevPtr,
+    segment_size: u64,
+    device: c_int,
+    /// Segments mapped so far (all of them once built): an import that fails part way unmaps
+    /// these.
+    mapped: usize,
+    /// Whether the address space is reserved yet.
+    reserved: bool,
+    pages: Vec<Arc<ImportedPage>>,
+}
+
+impl CudaSegmentsMapping {
+    fn len(&self) -> u64 {
+        self.segment_size * self.pages.len() as u64
+    }
+}
+
+impl Mapping for CudaSegmentsMapping {
+    fn base(&self) -> *mut u8 {
+        self.va as *mut u8
+    }
+    fn size(&self) -> u64 {
+        self.len()
+    }
+    fn device(&self) -> Option<i32> {
+        Some(self.device)
+    }
+}
+
+impl Drop for CudaSegmentsMapping {
+    /// After this process's work: unmap each segment, release the pages no other mapping uses,
+    /// give the address space back.
+    fn drop(&mut self) {
+        if let Ok(api) = api() {
+            if let Ok(_g) = api.bind(self.device) {
+                let _ = api.ctx_synchronize();
+                for i in 0..self.mapped {
+                    let _ = api.mem_unmap(self.va + i as u64 * self.segment_size, self.segment_size);
+                }
+                let size = self.len();
+                self.pages.clear();
+                if self.reserved {
+                    let _ = api.mem_address_free(self.va, size);
+                }
+            }
+        }
+        self.pages.clear();
+        runtime::forget_dead(&IMPORTED_PAGES);
+    }
+}
+
+pub(super) fn import_segmented(api: &Runtime<CudaApi>, device: c_int, t: &SegmentTable<'_>, req: &ImportRequest) -> Result<CudaSegmentsMapping> {
+    let _g = api.bind(device)?;
+    check_granularity(api, device, t.seg.segment_size)?;
+    // Owned from here on: an error below undoes what was done (unmap, release, free).
+    let mut m = CudaSegmentsMapping {
+        va: 0,
+        segment_size: t.seg.segment_size,
+        device,
+        mapped: 0,
+        reserved: false,
+        pages: import_pages(api, device, t)?,
+    };
+    m.va = api.mem_address_reserve(m.len())?;
+    m.reserved = true;
+    for i in 0..m.pages.len() {
+        api.mem_map(m.va + i as u64 * m.segment_size, m.segment_size, m.pages[i].handle)?;
+        m.mapped += 1;
+    }
+    let access = if req.read_only { MemAccess::Read } else { MemAccess::ReadWrite };
+    api.mem_set_access(m.va, m.len(), device, access)?;
+    Ok(m)
+}
