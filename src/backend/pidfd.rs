@@ -23,6 +23,19 @@ fn proc_ids(pid: i32) -> Option<(u32, u32)> {
     Some((uid, owner))
 }
 
+/// `CAP_SYS_PTRACE`'s bit in the `Cap*` masks of `/proc/<pid>/status`.
+const CAP_SYS_PTRACE: u64 = 1 << 19;
+
+/// A capability mask (`CapEff:`, `CapPrm:`) of `who` (`self` or a pid) from `/proc/<who>/status`.
+fn caps(who: &str, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{who}/status")).ok()?;
+    u64::from_str_radix(status.lines().find_map(|l| l.strip_prefix(field))?.trim(), 16).ok()
+}
+
+const NOT_DUMPABLE: &str = "the producer is not dumpable (it called prctl(PR_SET_DUMPABLE, 0), or changed its \
+                            credentials, e.g. setuid): nothing but CAP_SYS_PTRACE may take its fds; keep the \
+                            producer dumpable";
+
 /// Why `pidfd_getfd` on `pid` was refused with EPERM, and what fixes it.
 fn eperm_cause(pid: i32) -> String {
     let me = rustix::process::getuid().as_raw();
@@ -34,10 +47,27 @@ fn eperm_cause(pid: i32) -> String {
             );
         }
         if owner == 0 && uid != 0 {
-            return "the producer is not dumpable (it called prctl(PR_SET_DUMPABLE, 0), or changed its \
-                    credentials, e.g. setuid): nothing but CAP_SYS_PTRACE may take its fds; keep the producer \
-                    dumpable"
-                .into();
+            return NOT_DUMPABLE.into();
+        }
+        // Same uid (root included, whose /proc entries are root's either way) and no
+        // CAP_SYS_PTRACE: the kernel also wants the producer's capabilities to be a subset of
+        // ours, and the producer dumpable. Yama restricts only attaching, so when even reading the
+        // producer's /proc/<pid>/exe (ptrace read access) is refused, Yama is not the cause.
+        let lacks_ptrace = caps("self", "CapEff:").is_some_and(|c| c & CAP_SYS_PTRACE == 0);
+        if uid == me && lacks_ptrace {
+            if let (Some(mine), Some(theirs)) = (caps("self", "CapPrm:"), caps(&pid.to_string(), "CapPrm:")) {
+                if theirs & !mine != 0 {
+                    return format!(
+                        "the producer holds capabilities this process lacks (CapPrm {theirs:#x}, this process \
+                         {mine:#x}): taking its fds needs CAP_SYS_PTRACE, or a consumer with at least the \
+                         producer's capabilities"
+                    );
+                }
+            }
+            let read = std::fs::read_link(format!("/proc/{pid}/exe"));
+            if read.is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied) {
+                return NOT_DUMPABLE.into();
+            }
         }
     }
     match ptrace_scope() {
