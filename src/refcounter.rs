@@ -268,7 +268,11 @@ impl Watched {
                  already taken over)",
                 shown(&self.name),
                 if inflight { "with an in-flight reference" } else { "without an in-flight reference" },
-                if recorded { "an in-flight reference not yet taken over" } else { "no in-flight reference to take over" },
+                if recorded {
+                    "an in-flight reference not yet taken over"
+                } else {
+                    "no in-flight reference to take over"
+                },
             )));
         }
         Ok(())
@@ -335,10 +339,7 @@ pub(crate) fn check_outstanding(name: &[u8], slot: u64) -> Result<bool> {
     // SAFETY: valid fd, buf has 8 writable bytes.
     let n = unsafe { libc::pread(std::os::fd::AsRawFd::as_raw_fd(&fd), buf.as_mut_ptr().cast(), 8, at as libc::off_t) };
     if n != 8 {
-        return Err(Error::Mismatch(format!(
-            "ref-counter {} is too small for slot {slot}",
-            shown(name)
-        )));
+        return Err(Error::Mismatch(format!("ref-counter {} is too small for slot {slot}", shown(name))));
     }
     let v = i64::from_ne_bytes(buf);
     if v <= 0 {

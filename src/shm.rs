@@ -36,9 +36,7 @@ impl Map {
     pub(crate) fn new(fd: &OwnedFd, len: usize, writable: bool, what: &str) -> Result<Map> {
         let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
         // SAFETY: mmap with a null hint and a valid fd; the result is checked below.
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len.max(1), prot, libc::MAP_SHARED, fd.as_raw_fd(), 0)
-        };
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len.max(1), prot, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
         if p == libc::MAP_FAILED {
             return Err(Error::last_os(format!("mmap of {what} ({len} bytes)")));
         }
@@ -109,8 +107,8 @@ fn shm_open(name: &[u8], flags: libc::c_int, call: &str) -> Result<OwnedFd> {
 /// Create a new shm object (mode 0600, must not exist) of `size` bytes, after checking that
 /// `/dev/shm` can hold it ([`ensure_capacity`]): nothing is created when it cannot.
 pub(crate) fn create(name: &[u8], size: u64) -> Result<OwnedFd> {
-    let size = libc::off_t::try_from(size)
-        .map_err(|_| Error::InvalidArgument(format!("shm size {size} is too large")))?;
+    let size =
+        libc::off_t::try_from(size).map_err(|_| Error::InvalidArgument(format!("shm size {size} is too large")))?;
     ensure_capacity(size as u64)?;
     let fd = shm_open(name, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, "shm_open(O_CREAT)")?;
     // SAFETY: valid fd.

@@ -35,7 +35,8 @@ fn in_child(child: impl FnOnce() -> bool) -> i32 {
 #[test]
 fn a_forked_child_forgets_inherited_imports_without_releasing_them() {
     let exp = Exporter::host_alloc(4096).unwrap();
-    let desc = |inflight| TensorDesc { dtype: DevshareDType::new(1, 8, 1), shape: &[4096], inflight, ..Default::default() };
+    let desc =
+        |inflight| TensorDesc { dtype: DevshareDType::new(1, 8, 1), shape: &[4096], inflight, ..Default::default() };
     let h = exp.share(&desc(false)).unwrap();
     let pending = exp.share(&desc(true)).unwrap();
     let (data, rc) = (h.key_bytes().to_vec(), h.ref_name_bytes().to_vec());
@@ -54,7 +55,8 @@ fn a_forked_child_forgets_inherited_imports_without_releasing_them() {
     let code = in_child(|| {
         // SAFETY: the child's copies of the parent's objects, each dropped once here; the
         // originals are never dropped in the child (it leaves with _exit).
-        let (a, b, ro, exp) = unsafe { (std::ptr::read(&a), std::ptr::read(&b), std::ptr::read(&ro), std::ptr::read(&exp)) };
+        let (a, b, ro, exp) =
+            unsafe { (std::ptr::read(&a), std::ptr::read(&b), std::ptr::read(&ro), std::ptr::read(&exp)) };
         let seen = unsafe { *b.view().data } == 7; // the inherited mapping is still readable
         let c = b.clone_ref();
         drop(a);

@@ -153,19 +153,41 @@ fn host_keys_outside_the_families_or_not_ours_are_refused_and_left_untouched() {
     let p = pid();
 
     // Names that are never opened at all (they need not exist: refused before shm_open).
-    for name in [format!("/.hidden_{p}"), format!("/..x{p}"), format!("/trust_{p}_nothing"),
-                 format!("/devshare_{p}_short"), format!("/torch_{p}"), format!("/torch_{p}_x1")] {
+    for name in [
+        format!("/.hidden_{p}"),
+        format!("/..x{p}"),
+        format!("/trust_{p}_nothing"),
+        format!("/devshare_{p}_short"),
+        format!("/torch_{p}"),
+        format!("/torch_{p}_x1"),
+    ] {
         let h = with_key(&genuine, name.as_bytes());
         assert_eq!(status(import(&h, ImportRequest::default())), Status::Untrusted, "{name}");
         assert_eq!(status(discard_handle(&h)), Status::Untrusted, "{name}");
     }
 
     let mut cases = vec![
-        ("an existing object outside the families", Foreign::data(&format!("/trust_{p}_data"), 0o600, 4096), Status::Untrusted),
-        ("a devshare name, mode 0644", Foreign::data(&format!("/devshare_{p}_{}", hex32()), 0o644, 4096), Status::Untrusted),
-        ("a devshare name, mode 0640", Foreign::data(&format!("/devshare_{p}_{}", hex32()), 0o640, 4096), Status::Untrusted),
+        (
+            "an existing object outside the families",
+            Foreign::data(&format!("/trust_{p}_data"), 0o600, 4096),
+            Status::Untrusted,
+        ),
+        (
+            "a devshare name, mode 0644",
+            Foreign::data(&format!("/devshare_{p}_{}", hex32()), 0o644, 4096),
+            Status::Untrusted,
+        ),
+        (
+            "a devshare name, mode 0640",
+            Foreign::data(&format!("/devshare_{p}_{}", hex32()), 0o640, 4096),
+            Status::Untrusted,
+        ),
         ("a PyTorch name, mode 0604", Foreign::data(&format!("/torch_{p}_77_0"), 0o604, 4096), Status::Untrusted),
-        ("a devshare name, too small for the handle", Foreign::data(&format!("/devshare_{p}_{}", hex32()), 0o600, 100), Status::Mismatch),
+        (
+            "a devshare name, too small for the handle",
+            Foreign::data(&format!("/devshare_{p}_{}", hex32()), 0o600, 100),
+            Status::Mismatch,
+        ),
     ];
     if is_root() {
         // A root consumer ignores mode bits: ownership is what keeps other users' objects out.
@@ -219,7 +241,10 @@ fn ref_counters_outside_the_families_or_not_ours_are_refused_and_left_untouched(
         ("a devshare name, mode 0644", Foreign::rc(&format!("/devshare_rc_{p}_{}", hex32()), 0o644, RC_SIZE)),
         ("a devshare name, 4096 bytes", Foreign::rc(&format!("/devshare_rc_{p}_{}", hex32()), 0o600, 4096)),
         ("a devshare name, one slot short", Foreign::rc(&format!("/devshare_rc_{p}_{}", hex32()), 0o600, RC_SIZE - 8)),
-        ("a devshare name without devshare's header", Foreign::rc(&format!("/devshare_rc_{p}_{}", hex32()), 0o600, RC_SIZE)),
+        (
+            "a devshare name without devshare's header",
+            Foreign::rc(&format!("/devshare_rc_{p}_{}", hex32()), 0o600, RC_SIZE),
+        ),
         ("a PyTorch name, 80000 bytes", Foreign::rc(&format!("/torch_{p}_5_1"), 0o600, 80000)),
         ("a PyTorch name, mode 0660", Foreign::rc(&format!("/torch_{p}_5_2"), 0o660, RC_SIZE)),
     ];
