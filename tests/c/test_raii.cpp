@@ -1,21 +1,34 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// test_raii: the C++ wrapper devshare.hpp.
+// test_raii: the C++ API devshare.hpp, built with exceptions (its throwing forms; the try_ forms
+// under -fno-exceptions are test_raii_noexcept.cpp).
 //
 //  - type traits: Exporter and Import are move-only with noexcept moves, Handle is a trivially
-//    copyable value;
-//  - struct helpers: tensor_desc() and import_options() carry struct_size and the defaults;
+//    copyable value, Result and every value-returning function are [[nodiscard]];
+//  - struct helpers: tensor_desc(), import_options(), torch_args() carry struct_size and defaults;
 //  - round trip: host_alloc -> share -> text -> from_text -> Import -> data, encode/decode;
 //  - move semantics: moved-from objects are empty and their destructors do nothing; move
 //    assignment closes / releases what the target held;
-//  - errors: devshare::Error with the right status and the library's message;
-//  - Exporter::wait: false on timeout, true once released;
-//  - destructors: an Import going out of scope returns its reference, an Exporter going out of
-//    scope closes (and its objects leave /dev/shm), an Import may outlive its Exporter.
+//  - errors: devshare::Error with the right status and the library's message; its error_code;
+//  - typed share<T>: dtype_of<T>, pointer / byte offset / explicit dtype forms, strides, storage
+//    options, and what they refuse; Handle accessors;
+//  - Import::as<T>: a dtype mismatch is an error (no reinterpretation), read-only imports need
+//    const T, TensorView indexing (strided), flat(), mdspan when the library has it;
+//  - Result<T> next to the throwing forms: try_ calls never throw;
+//  - share_encoded / Import::from_encoded / Import::from_text, discard, host_adopt, DLPack;
+//  - PyTorch tuples: handle_to_torch / handle_from_torch / torch_storage_handle /
+//    handle_from_torch_encoded / torch_discard / Import::from_torch;
+//  - destruction: an Import returns its reference; ~Exporter never forces unless asked: host
+//    closes, a busy device export (CUDA stand-in) is left open and reported to the leak handler,
+//    OnDestroy::wait_then_close waits for the consumer, OnDestroy::force forces; export_segments.
 //
-// Prints "ok - ..." / "FAIL - ..." per case; exit status 0 when all passed.
+// Prints "ok - ..." / "FAIL - ..." per case; exit status 0 when all passed. The device cases
+// need DEVSHARE_CUDA_LIBRARY pointing at the CUDA stand-in (CTest sets it); without it they are
+// skipped with a "# SKIP" line.
 
 #include "devshare.hpp"
+
+#include "cuda_standin.h"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -23,8 +36,11 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -44,7 +60,8 @@ bool check(bool ok, const std::string& what) {
     return ok;
 }
 
-// Runs `f`, which must throw devshare::Error with `status` and a message naming `function`.
+// Runs `f`, which must throw devshare::Error with `status` and a message starting with
+// `function` + ":".
 template <typename F>
 void expect_error(int32_t status, const char* function, const std::string& what, F&& f) {
     try {
@@ -82,7 +99,7 @@ constexpr int64_t kTensorOffset = 2;
 const int64_t kShape[2] = {kRows, kCols};
 
 DevshareTensorDesc float_desc() {
-    DevshareTensorDesc d = devshare::tensor_desc(DevshareDType{DEVSHARE_DTYPE_FLOAT, 32, 1}, 2, kShape);
+    DevshareTensorDesc d = devshare::tensor_desc(devshare::dtype_of<float>(), 2, kShape);
     d.storage_offset = kStorageOffset;
     d.tensor_offset = kTensorOffset;
     return d;
@@ -103,6 +120,7 @@ devshare::Exporter make_exporter() {
 
 // ---------------------------------------------------------------------------------------------
 
+static_assert(DEVSHARE_HPP_EXCEPTIONS == 1, "this test is built with exceptions");
 static_assert(!std::is_copy_constructible<devshare::Exporter>::value, "Exporter is move-only");
 static_assert(!std::is_copy_assignable<devshare::Exporter>::value, "Exporter is move-only");
 static_assert(std::is_nothrow_move_constructible<devshare::Exporter>::value, "Exporter moves are noexcept");
@@ -114,11 +132,42 @@ static_assert(!std::is_copy_assignable<devshare::Import>::value, "Import is move
 static_assert(std::is_nothrow_move_constructible<devshare::Import>::value, "Import moves are noexcept");
 static_assert(std::is_nothrow_move_assignable<devshare::Import>::value, "Import moves are noexcept");
 static_assert(std::is_nothrow_destructible<devshare::Import>::value, "Import destructor never throws");
+static_assert(!std::is_copy_constructible<devshare::DLPackVersioned>::value, "DLPack owners are move-only");
+static_assert(std::is_nothrow_destructible<devshare::DLPackVersioned>::value, "DLPack owners never throw");
 static_assert(std::is_trivially_copyable<devshare::Handle>::value, "Handle is plain data");
 static_assert(sizeof(devshare::Handle) == sizeof(DevshareHandle), "Handle adds nothing to DevshareHandle");
 static_assert(std::is_base_of<std::runtime_error, devshare::Error>::value, "Error is a std::runtime_error");
 static_assert(noexcept(std::declval<const devshare::Import&>().data<float>()), "Import::data is noexcept");
 static_assert(noexcept(std::declval<const devshare::Exporter&>().data()), "Exporter::data is noexcept");
+static_assert(noexcept(std::declval<const devshare::Handle&>().shape()), "Handle accessors are noexcept");
+
+// dtype_of<T>: the DLPack codes of the arithmetic types.
+static_assert(devshare::same_dtype(devshare::dtype_of<int8_t>(), {DEVSHARE_DTYPE_INT, 8, 1}), "int8");
+static_assert(devshare::same_dtype(devshare::dtype_of<int16_t>(), {DEVSHARE_DTYPE_INT, 16, 1}), "int16");
+static_assert(devshare::same_dtype(devshare::dtype_of<int32_t>(), {DEVSHARE_DTYPE_INT, 32, 1}), "int32");
+static_assert(devshare::same_dtype(devshare::dtype_of<int64_t>(), {DEVSHARE_DTYPE_INT, 64, 1}), "int64");
+static_assert(devshare::same_dtype(devshare::dtype_of<long long>(), {DEVSHARE_DTYPE_INT, 64, 1}), "long long");
+static_assert(devshare::same_dtype(devshare::dtype_of<uint8_t>(), {DEVSHARE_DTYPE_UINT, 8, 1}), "uint8");
+static_assert(devshare::same_dtype(devshare::dtype_of<uint16_t>(), {DEVSHARE_DTYPE_UINT, 16, 1}), "uint16");
+static_assert(devshare::same_dtype(devshare::dtype_of<uint32_t>(), {DEVSHARE_DTYPE_UINT, 32, 1}), "uint32");
+static_assert(devshare::same_dtype(devshare::dtype_of<uint64_t>(), {DEVSHARE_DTYPE_UINT, 64, 1}), "uint64");
+static_assert(devshare::same_dtype(devshare::dtype_of<bool>(), {DEVSHARE_DTYPE_BOOL, 8, 1}), "bool");
+static_assert(devshare::same_dtype(devshare::dtype_of<float>(), {DEVSHARE_DTYPE_FLOAT, 32, 1}), "float");
+static_assert(devshare::same_dtype(devshare::dtype_of<const double>(), {DEVSHARE_DTYPE_FLOAT, 64, 1}), "double");
+static_assert(devshare::same_dtype(devshare::dtype_of<std::complex<float>>(), {DEVSHARE_DTYPE_COMPLEX, 64, 1}),
+              "complex64");
+static_assert(!devshare::has_dtype_v<char> && !devshare::has_dtype_v<long double> && !devshare::has_dtype_v<void*>,
+              "no dtype for char, long double, pointers");
+static_assert(devshare::same_dtype(devshare::kBFloat16, {DEVSHARE_DTYPE_BFLOAT, 16, 1}), "kBFloat16");
+#if defined(__FLT16_MAX__) && !defined(__STDCPP_FLOAT16_T__) && (defined(__GNUC__) || defined(__clang__))
+static_assert(devshare::same_dtype(devshare::dtype_of<_Float16>(), devshare::kFloat16), "_Float16 is float16");
+#endif
+
+// [[nodiscard]]: a discarded Result or handle does not compile with -Werror=unused-result; here
+// the attribute is checked where the language exposes it: Result is a [[nodiscard]] type.
+static_assert(std::is_same<decltype(std::declval<const devshare::Exporter&>().try_share_bytes()),
+                           devshare::Result<devshare::Handle>>::value,
+              "try_share_bytes returns Result<Handle>");
 
 void test_struct_helpers() {
     const DevshareTensorDesc d = devshare::tensor_desc();
@@ -140,6 +189,18 @@ void test_struct_helpers() {
     check(def.struct_size == sizeof(DevshareImportOptions) && def.flags == 0 &&
               def.device == DEVSHARE_DEVICE_FROM_HANDLE,
           "devshare::import_options() is read-write on the handle's device");
+    const DevshareTorchArgs a = devshare::torch_args(DEVSHARE_BACKEND_CUDA);
+    check(a.struct_size == sizeof(DevshareTorchArgs) && a.backend == DEVSHARE_BACKEND_CUDA && a.ndim == 0 &&
+              a.handle == nullptr && a.ref_name == nullptr,
+          "devshare::torch_args(backend) has struct_size sizeof(DevshareTorchArgs), the backend, the rest zero");
+    const devshare::TensorDesc td = devshare::TensorDesc::make(devshare::dtype_of<int16_t>(), {2, 5}, {1, 2});
+    const DevshareTensorDesc raw = td.raw();
+    check(raw.struct_size == sizeof(DevshareTensorDesc) && raw.ndim == 2 && raw.shape == td.shape &&
+              raw.strides == td.strides && raw.shape[1] == 5 && raw.strides[1] == 2 &&
+              raw.storage_size == DEVSHARE_STORAGE_TO_END,
+          "TensorDesc::make copies shape and strides; raw() points at them with struct_size set");
+    check(devshare::TensorDesc::make(devshare::dtype_of<int16_t>(), {2, 5}).raw().strides == nullptr,
+          "TensorDesc without strides is C-contiguous (strides nullptr)");
 }
 
 void test_round_trip() {
@@ -171,26 +232,26 @@ void test_round_trip() {
               static_cast<char*>(info.data) == static_cast<char*>(info.storage) + kTensorOffset * 4,
           "Import::info describes the tensor");
     const float* v = imp.data<const float>();
-    bool same = true;
-    for (int i = 0; i < kRows * kCols; i++) {
-        same = same && v[i] == static_cast<float>(i) + 0.5f;
+    bool same = v != nullptr;
+    for (int i = 0; same && i < kRows * kCols; i++) {
+        same = v[i] == static_cast<float>(i) + 0.5f;
     }
-    check(same, "Import::data<float>() reads what the exporter wrote");
+    check(same, "Import::data<const float>() reads what the exporter wrote");
     imp.data<float>()[5] = -7.0f;
     check(tensor_in(exp)[5] == -7.0f, "a write through Import::data is seen in Exporter::data");
     check(imp.handle() == h, "Import::handle() is the imported handle");
     imp.release();
-    check(!imp && imp.data() == nullptr && exp.outstanding() == 0,
+    check(!imp && imp.data() == nullptr && exp.outstanding() == 0 && imp.handle().ndim() == 0,
           "Import::release empties the import and returns the reference");
     imp.release();
     check(!imp, "Import::release on an empty Import does nothing");
 
     const devshare::Handle whole = exp.share_bytes();
-    check(whole.raw().ndim == 1 && whole.raw().shape[0] == 1024 && whole.raw().dtype.code == DEVSHARE_DTYPE_UINT,
+    check(whole.ndim() == 1 && whole.shape()[0] == 1024 && whole.is<uint8_t>(),
           "Exporter::share_bytes shares the whole allocation as 1-D uint8");
     const DevshareImportOptions ro = devshare::import_options(DEVSHARE_IMPORT_READ_ONLY);
     devshare::Import rimp(whole, ro);
-    check(rimp.info().read_only == 1 && rimp.data<const unsigned char>()[0] == 0,
+    check(rimp.read_only() && rimp.data<const unsigned char>()[0] == 0,
           "Import with import_options(DEVSHARE_IMPORT_READ_ONLY) is read-only and readable");
     rimp.release();
     check(exp.outstanding() == 0, "the read-only import returned its reference");
@@ -214,11 +275,13 @@ void test_moves() {
     devshare::Exporter target;
     {
         devshare::Exporter src = make_exporter();
+        src.set_on_destroy(devshare::OnDestroy::wait_then_close, std::chrono::milliseconds(5));
         target = std::move(src);
     }
     const devshare::Handle th = target.share(float_desc());
     check(target.outstanding() == 1 && data_name_exists(th) && tensor_in(target)[1] == 1.5f,
           "a moved-from Exporter going out of scope leaves the target open");
+    check(target.on_destroy() == devshare::OnDestroy::wait_then_close, "a move carries the OnDestroy policy");
 
     // Move assignment into a non-empty Exporter closes what it held.
     const devshare::Handle bh = b.share_bytes();
@@ -236,10 +299,11 @@ void test_moves() {
         devshare::Import src(th);
         check(b.outstanding() == 1, "one import of the handle: 1 outstanding");
         devshare::Import mid(std::move(src));
-        check(!src && src.data() == nullptr && src.info().data == nullptr,
+        check(!src && src.data() == nullptr && src.info().data == nullptr && src.handle().ndim() == 0,
               "moved-from Import (move construction) is empty");
         held = std::move(mid);
-        check(!mid && held, "moved-from Import (move assignment) is empty, the target holds the import");
+        check(!mid && held && held.handle() == th,
+              "moved-from Import (move assignment) is empty, the target holds the import and its handle");
     }
     check(b.outstanding() == 1 && held.data<float>()[1] == 1.5f,
           "moved-from Imports going out of scope did not release: still outstanding and readable");
@@ -256,52 +320,73 @@ void test_moves() {
     held = devshare::Import();
     check(!held && b.outstanding() == 0, "assigning an empty Import releases");
 
-    // Exporter::release hands ownership back to C.
+    // Exporter::release hands ownership back to C; the adopting constructor takes it again.
     const devshare::Handle last = b.share_bytes();
     DevshareExporter* raw = b.release();
     check(raw != nullptr && !b && data_name_exists(last), "Exporter::release gives up ownership without closing");
-    check(devshare_exporter_close(raw, DEVSHARE_CLOSE_FORCE) == DEVSHARE_STATUS_OK && !data_name_exists(last),
-          "the released C exporter is closed by its new owner");
+    {
+        devshare::Exporter again(raw);
+        check(again.get() == raw && again.size() == 1024 && again.data() != nullptr,
+              "Exporter(DevshareExporter*) adopts a C exporter and reads its memory");
+    }
+    check(!data_name_exists(last), "the adopting Exporter closed it when destroyed");
     devshare::Exporter adopted(nullptr);
     check(!adopted, "Exporter(nullptr) is empty");
 }
 
 void test_errors() {
     expect_error(DEVSHARE_STATUS_BAD_TEXT, "devshare_handle_from_text", "Handle::from_text(\"devshare1:not*base64\")",
-                 [] { devshare::Handle::from_text("devshare1:not*base64"); });
+                 [] { (void)devshare::Handle::from_text("devshare1:not*base64"); });
     expect_error(DEVSHARE_STATUS_BAD_TEXT, "devshare_handle_from_text", "Handle::from_text(\"hello\")",
-                 [] { devshare::Handle::from_text(std::string("hello")); });
+                 [] { (void)devshare::Handle::from_text(std::string("hello")); });
     try {
-        devshare::Handle::from_text("nonsense");
+        (void)devshare::Handle::from_text("nonsense");
         check(false, "invalid text is caught as std::runtime_error");
     } catch (const std::runtime_error& e) {
         check(std::strstr(e.what(), "devshare_handle_from_text") != nullptr,
               "devshare::Error is caught as std::runtime_error with the library's message");
     }
+    try {
+        (void)devshare::Handle::from_text("nonsense");
+    } catch (const devshare::Error& e) {
+        const std::error_code ec = e.code();
+        check(ec.value() == DEVSHARE_STATUS_BAD_TEXT && &ec.category() == &devshare::error_category() &&
+                  std::strcmp(ec.category().name(), "devshare") == 0 &&
+                  ec.message() == devshare_status_str(DEVSHARE_STATUS_BAD_TEXT) &&
+                  std::strcmp(e.message(), e.what()) == 0,
+              "Error::code() is a std::error_code of the devshare category with the status and its text");
+    }
+    check(devshare::make_error_code(DEVSHARE_STATUS_TIMEOUT) == std::errc::timed_out &&
+              devshare::make_error_code(DEVSHARE_STATUS_BUSY) == std::errc::device_or_resource_busy &&
+              devshare::make_error_code(DEVSHARE_STATUS_INVALID_ARGUMENT) == std::errc::invalid_argument &&
+              devshare::make_error_code(DEVSHARE_STATUS_BAD_TEXT) != std::errc::invalid_argument &&
+              !devshare::make_error_code(DEVSHARE_STATUS_OK),
+          "devshare error codes compare equal to the matching std::errc conditions; OK is no error");
     expect_error(DEVSHARE_STATUS_INVALID_HANDLE, "devshare_handle_validate", "Handle().validate()",
                  [] { devshare::Handle().validate(); });
     expect_error(DEVSHARE_STATUS_INVALID_HANDLE, "devshare_handle_to_text", "Handle().to_text()",
-                 [] { devshare::Handle().to_text(); });
+                 [] { (void)devshare::Handle().to_text(); });
 
     devshare::Exporter exp = make_exporter();
     const devshare::Handle h = exp.share(float_desc());
     std::vector<uint8_t> bytes = h.encode();
     bytes[bytes.size() / 2] ^= 0x10;
     expect_error(DEVSHARE_STATUS_CHECKSUM_MISMATCH, "devshare_handle_decode", "Handle::decode of a damaged encoding",
-                 [&] { devshare::Handle::decode(bytes); });
+                 [&] { (void)devshare::Handle::decode(bytes); });
     bytes = h.encode();
     bytes.pop_back();
     expect_error(DEVSHARE_STATUS_TRUNCATED, "devshare_handle_decode", "Handle::decode of a cut encoding",
-                 [&] { devshare::Handle::decode(bytes); });
+                 [&] { (void)devshare::Handle::decode(bytes); });
 
     DevshareTensorDesc d = float_desc();
     d.ndim = 9;
     expect_error(DEVSHARE_STATUS_BAD_NDIM, "devshare_exporter_share", "Exporter::share with ndim 9",
-                 [&] { exp.share(d); });
+                 [&] { (void)exp.share(d); });
     DevshareTensorDesc unsized = float_desc();
     unsized.struct_size = 0;
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_exporter_share",
-                 "Exporter::share with a desc whose struct_size is 0 (not initialised)", [&] { exp.share(unsized); });
+                 "Exporter::share with a desc whose struct_size is 0 (not initialised)",
+                 [&] { (void)exp.share(unsized); });
     const DevshareImportOptions bad = devshare::import_options(0x80000000u);
     expect_error(DEVSHARE_STATUS_UNSUPPORTED_VERSION, "devshare_import",
                  "Import with an import flag this library does not know", [&] { devshare::Import imp(h, bad); });
@@ -311,18 +396,487 @@ void test_errors() {
     }
     expect_error(DEVSHARE_STATUS_ALREADY_RELEASED, "devshare_import", "Import of a handle whose reference came back",
                  [&] { devshare::Import imp(h); });
-    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_probe", "devshare::probe(0)", [] { devshare::probe(0); });
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_probe", "devshare::probe(0)",
+                 [] { (void)devshare::probe(0); });
     const DevshareBackendInfo host = devshare::probe(DEVSHARE_BACKEND_HOST);
     check(host.usable == 1 && host.struct_size == sizeof host && std::strcmp(host.name, "host") == 0,
           "devshare::probe(host) is usable, struct_size is sizeof(DevshareBackendInfo)");
     check(devshare::version() == DEVSHARE_VERSION, "devshare::version() == DEVSHARE_VERSION");
+    check(devshare::local_pid(DEVSHARE_BACKEND_HOST) == static_cast<int32_t>(getpid()),
+          "devshare::local_pid(host) is getpid()");
+    devshare::allow_ptrace(0);
+    check(true, "devshare::allow_ptrace(0) (nobody) succeeds");
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_host_alloc", "Exporter::host_alloc(UINT64_MAX)",
-                 [] { devshare::Exporter::host_alloc(UINT64_MAX); });
+                 [] { (void)devshare::Exporter::host_alloc(UINT64_MAX); });
     const devshare::Exporter empty;
     expect_error(DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_exporter_outstanding", "outstanding() of an empty Exporter",
-                 [&] { empty.outstanding(); });
-    expect_error(DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_handle", "handle() of an empty Import",
-                 [] { devshare::Import().handle(); });
+                 [&] { (void)empty.outstanding(); });
+    expect_error(DEVSHARE_STATUS_NULL_ARGUMENT, "devshare::Import::as", "as<float>() of an empty Import",
+                 [] { (void)devshare::Import().as<float>(); });
+    expect_error(DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_to_dlpack_versioned",
+                 "to_dlpack_versioned() of an empty Import", [] { (void)devshare::Import().to_dlpack_versioned(); });
+}
+
+// The typed share: share<T>(first, shape, strides), share_at<T>(offset, ...), an explicit dtype.
+void test_typed_share() {
+    devshare::Exporter exp = make_exporter();
+    const float* first = tensor_in(exp);
+    const devshare::Handle typed = exp.share(first, {kRows, kCols});
+    check(typed.is<float>() && typed.ndim() == 2 && typed.shape() == devshare::Dims(kShape) &&
+              typed.strides() == devshare::Dims({kCols, 1}) && typed.storage_offset() == 0 &&
+              typed.tensor_offset() == static_cast<int64_t>((kStorageOffset / 4) + kTensorOffset) &&
+              typed.storage_size() == 1024 && typed.alloc_size() == 1024,
+          "share(const float*, {rows, cols}): float32, C-contiguous strides, storage the whole allocation, the "
+          "tensor offset computed from the pointer");
+    check(typed.backend() == DEVSHARE_BACKEND_HOST && typed.device() == 0 && !typed.segmented() &&
+              !typed.has_event() && typed.producer_pid() == static_cast<int32_t>(getpid()) && typed.numel() == 12 &&
+              typed.element_size() == 4 && typed.flags() == 0,
+          "Handle accessors: backend host, device 0, not segmented, no event, this pid, 12 elements of 4 bytes");
+    devshare::ShareOptions in_storage;
+    in_storage.storage_offset = kStorageOffset;
+    in_storage.storage_size = 256;
+    const devshare::Handle same_as_desc = exp.share(first, {kRows, kCols}, {}, in_storage);
+    check(same_as_desc.storage_offset() == kStorageOffset && same_as_desc.storage_size() == 256 &&
+              same_as_desc.tensor_offset() == kTensorOffset,
+          "ShareOptions storage_offset / storage_size: the tensor offset is counted from the storage's start");
+    const devshare::Handle at = exp.share_at<float>(kStorageOffset + kTensorOffset * 4, {kRows, kCols});
+    check(at.tensor_offset() == typed.tensor_offset() && at.is<float>(),
+          "share_at<float>(byte offset) is share(pointer) with the offset");
+    const devshare::Handle from_void = exp.share<float>(exp.data(), {4});
+    check(from_void.tensor_offset() == 0 && from_void.numel() == 4, "share<float>(void*) names T explicitly");
+    const devshare::Handle bf16 = exp.share(devshare::kBFloat16, exp.data(), {8, 2}, {1, 8});
+    check(devshare::same_dtype(bf16.dtype(), devshare::kBFloat16) && bf16.strides() == devshare::Dims({1, 8}),
+          "share(kBFloat16, ptr, shape, strides): the explicit dtype and the strides given");
+    const devshare::Handle transposed = exp.share(first, {kCols, kRows}, {1, kCols});
+    check(transposed.strides()[0] == 1 && transposed.strides()[1] == kCols, "share with strides keeps them");
+    const devshare::Handle scalar = exp.share(reinterpret_cast<const int64_t*>(exp.data()) + 3, {});
+    check(scalar.ndim() == 0 && scalar.numel() == 1 && scalar.is<int64_t>() && scalar.tensor_offset() == 3,
+          "share(const int64_t*, {}) shares a 0-d tensor");
+    check(exp.outstanding() == 7, "each typed share is one reference (7)");
+
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Exporter::share", "share of a pointer outside the "
+                 "allocation", [&] { (void)exp.share(first + 1000, {1}); });
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Exporter::share",
+                 "share<float> of an address that is not a whole number of floats into the storage",
+                 [&] { (void)exp.share<float>(static_cast<const char*>(exp.data()) + 2, {1}); });
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::TensorDesc", "share with 1 stride for 2 dimensions",
+                 [&] { (void)exp.share(first, {kRows, kCols}, {1}); });
+    expect_error(DEVSHARE_STATUS_BAD_NDIM, "devshare::TensorDesc", "share with 9 dimensions",
+                 [&] { (void)exp.share(first, {1, 1, 1, 1, 1, 1, 1, 1, 1}); });
+    expect_error(DEVSHARE_STATUS_TENSOR_OUT_OF_BOUNDS, "devshare_exporter_share",
+                 "share of a tensor running past the allocation (the library's check)",
+                 [&] { (void)exp.share(first, {1000}); });
+    const devshare::Exporter empty;
+    expect_error(DEVSHARE_STATUS_NULL_ARGUMENT, "devshare::Exporter::share", "share of an empty Exporter",
+                 [&] { (void)empty.share(first, {1}); });
+    check(exp.outstanding() == 7, "refused shares handed out nothing");
+    const devshare::TensorDesc desc = exp.describe(first, {kRows, kCols});
+    check(desc.tensor_offset == typed.tensor_offset() && desc.ndim == 2 && !desc.has_strides,
+          "Exporter::describe gives the TensorDesc share would use");
+}
+
+void test_as_and_views() {
+    devshare::Exporter exp = make_exporter();
+    const float* first = tensor_in(exp);
+    devshare::Import imp(exp.share(first, {kRows, kCols}));
+    const devshare::TensorView<float> v = imp.as<float>();
+    check(v.ndim() == 2 && v.shape() == devshare::Dims(kShape) && v.strides() == devshare::Dims({kCols, 1}) &&
+              v.numel() == 12 && v.is_contiguous() && v.data() == imp.data(),
+          "Import::as<float>() on a float32 tensor: a view with the handle's shape and strides");
+    check(v(0, 0) == 0.5f && v(1, 2) == 6.5f && v(2, 3) == 11.5f && v.at({2, 1}) == 9.5f,
+          "TensorView(i, j) and at({i, j}) index row-major");
+    v(1, 1) = 42.0f;
+    check(tensor_in(exp)[5] == 42.0f, "a write through the view reaches the exporter's memory");
+    const devshare::Span<float> flat = v.flat();
+    check(flat.size() == 12 && flat[5] == 42.0f, "flat() of a contiguous view spans every element");
+    check(imp.dtype().bits == 32 && imp.ndim() == 2 && imp.shape()[1] == kCols && imp.strides()[0] == kCols &&
+              imp.numel() == 12 && imp.element_size() == 4 && !imp.read_only() &&
+              imp.backend() == DEVSHARE_BACKEND_HOST && imp.device() == 0,
+          "Import accessors: dtype, ndim, shape, strides, numel, element size, read-only, backend, device");
+
+    expect_error(DEVSHARE_STATUS_BAD_DTYPE, "devshare::Import::as<int32>", "as<int32_t>() of a float32 tensor",
+                 [&] { (void)imp.as<int32_t>(); });
+    expect_error(DEVSHARE_STATUS_BAD_DTYPE, "devshare::Import::as<float64>", "as<double>() of a float32 tensor",
+                 [&] { (void)imp.as<double>(); });
+    check(imp.data<int32_t>() == nullptr && imp.data<uint32_t>() == nullptr && imp.data<float>() != nullptr &&
+              imp.data<std::byte>() == imp.data(),
+          "Import::data<T>() is nullptr for a T of another dtype (no reinterpretation); std::byte is unchecked");
+
+    devshare::Import t(exp.share(first, {kCols, kRows}, {1, kCols}));
+    const devshare::TensorView<const float> tv = t.as<const float>();
+    check(tv(3, 2) == 11.5f && tv(1, 0) == 1.5f && !tv.is_contiguous(),
+          "a transposed handle's view indexes through its strides");
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::TensorView::flat", "flat() of a transposed view",
+                 [&] { (void)tv.flat(); });
+
+    devshare::Import ro(exp.share(first, {kRows, kCols}), devshare::import_options(DEVSHARE_IMPORT_READ_ONLY));
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Import::as<float32>",
+                 "as<float>() (writable) of a read-only import", [&] { (void)ro.as<float>(); });
+    check(ro.as<const float>()(2, 3) == 11.5f && ro.data<float>() == nullptr && ro.data<const float>() != nullptr,
+          "a read-only import gives as<const float>() and data<const float>(), not the writable forms");
+#if defined(__cpp_lib_mdspan)
+    const auto md = imp.as<float>().mdspan<2>();
+    check(md.extent(0) == kRows && md.extent(1) == kCols && md[1, 2] == 6.5f, "TensorView::mdspan<2>() indexes alike");
+    const auto mt = tv.mdspan<2>();
+    check(mt.extent(0) == kCols && mt.stride(0) == 1 && mt.stride(1) == kCols && mt[3, 2] == 11.5f,
+          "mdspan<2>() of a transposed view: layout_stride with the handle's strides");
+    expect_error(DEVSHARE_STATUS_BAD_NDIM, "devshare::TensorView::mdspan<3>", "mdspan<3>() of a 2-d view",
+                 [&] { (void)imp.as<float>().mdspan<3>(); });
+    devshare::Import bc(exp.share(first, {kRows, kCols}, {0, 1}));
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::TensorView::mdspan",
+                 "mdspan<2>() of a broadcast view (stride 0), which layout_stride cannot express",
+                 [&] { (void)bc.as<float>().mdspan<2>(); });
+#else
+    std::printf("# SKIP std::mdspan: this standard library has no __cpp_lib_mdspan\n");
+#endif
+}
+
+// Result<T> next to the throwing forms: the same calls, no exceptions.
+void test_result_forms() {
+    devshare::Result<devshare::Exporter> exp = devshare::Exporter::try_host_alloc(256);
+    check(exp.has_value() && static_cast<bool>(exp) && exp->size() == 256 && exp.status() == DEVSHARE_STATUS_OK &&
+              !exp.code() && exp.error().status() == DEVSHARE_STATUS_OK,
+          "try_host_alloc: a Result holding the Exporter; status OK, empty error_code");
+    devshare::Result<devshare::Exporter> bad = devshare::Exporter::try_host_alloc(UINT64_MAX);
+    check(!bad && bad.status() == DEVSHARE_STATUS_INVALID_ARGUMENT && bad.code() == std::errc::invalid_argument &&
+              std::strncmp(bad.error().what(), "devshare_host_alloc:", 20) == 0,
+          "try_host_alloc(UINT64_MAX): an error Result with the status and the library's message");
+    bool threw = false;
+    try {
+        (void)std::move(bad).value();
+    } catch (const devshare::Error& e) {
+        threw = e.status() == DEVSHARE_STATUS_INVALID_ARGUMENT;
+    }
+    check(threw, "Result::value() of an error throws its devshare::Error");
+    const devshare::Result<uint64_t> n = exp->try_outstanding();
+    check(n && *n == 0 && n.value_or(7) == 0, "try_outstanding: Result<uint64_t>");
+    const devshare::Result<uint64_t> none = devshare::Exporter().try_outstanding();
+    check(!none && none.value_or(7) == 7, "Result::value_or gives the fallback on error");
+    const devshare::Result<devshare::Handle> h = exp->try_share<uint8_t>(exp->data(), {16});
+    check(h && h->numel() == 16, "try_share<uint8_t>");
+    const devshare::Result<void> discarded = h->try_discard();
+    const devshare::Result<void> again = h->try_discard();
+    check(discarded && !again && again.status() == DEVSHARE_STATUS_ALREADY_RELEASED,
+          "Result<void>: try_discard succeeds once, then ALREADY_RELEASED");
+    const devshare::Result<bool> w = exp->try_wait(std::chrono::milliseconds(0));
+    check(w && *w, "try_wait: Result<bool> true once nothing is outstanding");
+    check(exp->try_close().has_value() && !*exp, "try_close closes");
+}
+
+// Byte encoding and text: share_encoded, Import::from_encoded, Import::from_text.
+void test_encoded_and_text() {
+    devshare::Exporter exp = make_exporter();
+    const std::vector<uint8_t> enc = exp.share_encoded(exp.describe(tensor_in(exp), {kRows, kCols}));
+    check(!enc.empty() && enc.size() <= DEVSHARE_HANDLE_MAX_ENCODED_SIZE && exp.outstanding() == 1,
+          "Exporter::share_encoded gives the encoding of one new reference");
+    {
+        devshare::Import imp = devshare::Import::from_encoded(enc);
+        check(imp.as<const float>()(2, 3) == 11.5f && imp.handle() == devshare::Handle::decode(enc),
+              "Import::from_encoded imports it");
+    }
+    check(exp.outstanding() == 0, "its release returned the reference");
+    const std::vector<uint8_t> whole = exp.share_bytes_encoded();
+    const std::string text = devshare::Handle::decode(whole).to_text();
+    {
+        devshare::Import imp = devshare::Import::from_text(text);
+        check(imp.numel() == 1024 && imp.as<const uint8_t>().ndim() == 1, "Import::from_text imports handle text");
+    }
+    expect_error(DEVSHARE_STATUS_BAD_MAGIC, "devshare_import_encoded", "Import::from_encoded of other bytes",
+                 [] { (void)devshare::Import::from_encoded(std::vector<uint8_t>(64, 0x55)); });
+    expect_error(DEVSHARE_STATUS_BAD_TEXT, "devshare_import_text", "Import::from_text of other text",
+                 [] { (void)devshare::Import::from_text("devshare1:@@"); });
+    check(exp.segment_table().empty(), "Exporter::segment_table() of a host export is empty");
+}
+
+// Returning references without importing: Handle::discard, torch_discard.
+void test_discard() {
+    devshare::Exporter exp = make_exporter();
+    const devshare::Handle h = exp.share_bytes();
+    const devshare::Handle held = exp.share_bytes();
+    h.discard();
+    check(exp.outstanding() == 1, "Handle::discard returns exactly that handle's reference");
+    expect_error(DEVSHARE_STATUS_ALREADY_RELEASED, "devshare_handle_discard", "Handle::discard again",
+                 [&] { h.discard(); });
+    devshare::Import imp(held);
+    expect_error(DEVSHARE_STATUS_BUSY, "devshare_handle_discard", "Handle::discard of a handle an import holds",
+                 [&] { held.discard(); });
+    imp.release();
+    check(exp.outstanding() == 0, "the refused discard left the reference to the release");
+
+    const devshare::Handle t = exp.share_bytes();
+    DevshareTorchArgs a = devshare::torch_args();
+    a.ref_name = t.raw().ref_name;
+    a.ref_name_len = t.raw().ref_name_len;
+    a.ref_slot = t.raw().ref_slot;
+    devshare::torch_discard(a);
+    check(exp.outstanding() == 0, "devshare::torch_discard returns a tuple's reference");
+    a.ref_slot = DEVSHARE_REF_SLOTS;
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_torch_discard", "torch_discard of slot 10000",
+                 [&] { devshare::torch_discard(a); });
+}
+
+// Exporter::host_adopt: export an existing object (here another exporter's) without copying.
+void test_host_adopt() {
+    devshare::Exporter exp = make_exporter();
+    const devshare::Handle h = exp.share_bytes();
+    const std::string name(reinterpret_cast<const char*>(h.raw().key), h.raw().key_len);
+    devshare::Exporter adopted = devshare::Exporter::host_adopt(name, 1024);
+    check(adopted && adopted.size() == 1024 && adopted.data() != exp.data() &&
+              std::memcmp(adopted.data(), exp.data(), 1024) == 0,
+          "Exporter::host_adopt maps the same object: the same bytes at another address");
+    expect_error(DEVSHARE_STATUS_MISMATCH, "devshare_host_adopt", "host_adopt with the wrong size",
+                 [&] { (void)devshare::Exporter::host_adopt(name, 1025); });
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_host_adopt", "host_adopt of a name without '/'",
+                 [] { (void)devshare::Exporter::host_adopt("no-slash", 64); });
+    h.discard();
+}
+
+void test_dlpack() {
+    devshare::Exporter exp = make_exporter();
+    devshare::DLPackVersioned v;
+    devshare::DLPackLegacy l;
+    {
+        devshare::Import imp(exp.share(tensor_in(exp), {kRows, kCols}),
+                             devshare::import_options(DEVSHARE_IMPORT_READ_ONLY));
+        v = imp.to_dlpack_versioned();
+        l = imp.to_dlpack();
+        check(v && v.get() != nullptr && v.version_major() == 1 && v.read_only() && v.data() == imp.data() &&
+                  v.ndim() == 2 && v.shape() == devshare::Dims(kShape) &&
+                  v.strides() == devshare::Dims({kCols, 1}) && devshare::same_dtype(v.dtype(), imp.dtype()) &&
+                  v.device_type() == 1 && v.device_id() == 0 && v.byte_offset() == 0,
+              "Import::to_dlpack_versioned: DLPack 1.x, read-only, the tensor's data, shape, strides, dtype, kDLCPU");
+        check(l && l.data() == imp.data() && l.shape()[1] == kCols, "Import::to_dlpack (legacy) describes the same");
+    }
+    check(exp.outstanding() == 1, "the DLPack tensors keep the reference after the Import is released");
+    v.reset();
+    check(!v && exp.outstanding() == 1, "reset() runs one deleter: the other tensor still holds it");
+    DLManagedTensor* raw = l.release();
+    check(!l && raw != nullptr && exp.outstanding() == 1, "release() hands the tensor over without its deleter");
+    {
+        devshare::DLPackLegacy back(raw);
+    }
+    check(exp.outstanding() == 0, "the owner's destructor ran the last deleter: the reference is back");
+}
+
+// PyTorch tuples without a device: a CUDA storage handle and a torch_npu segmented 'e' handle.
+void test_torch_tuples() {
+    // A PyTorch CUDA tuple's storage part: the raw 64-byte IPC handle.
+    devshare::TorchStorage s;
+    s.device = 0;
+    s.handle.assign(64, 0);
+    for (size_t i = 0; i < 64; i++) {
+        s.handle[i] = static_cast<uint8_t>(i * 3 + 1);
+    }
+    s.storage_size = 4096;
+    s.storage_offset = 8192;
+    s.ref_name = "/torch_777_99_1";
+    s.ref_slot = 3;
+    const int64_t shape[2] = {16, 64};
+    const DevshareTorchArgs a = devshare::torch_args(DEVSHARE_BACKEND_CUDA, s, devshare::dtype_of<float>(), shape);
+    const devshare::Handle h = devshare::handle_from_torch(a);
+    check(h.backend() == DEVSHARE_BACKEND_CUDA && h.is<float>() && h.shape() == devshare::Dims(shape) &&
+              h.storage_offset() == 8192 && h.storage_size() == 4096 && h.producer_pid() == 777,
+          "handle_from_torch: a cuda handle with the tuple's dtype, shape, offsets and the pid of its ref name");
+    const devshare::TorchStorage back = devshare::handle_to_torch(h);
+    check(back.handle == s.handle && back.storage_size == 4096 && back.storage_offset == 8192 &&
+              back.ref_name == s.ref_name && back.ref_slot == 3 && !back.event_sync_required &&
+              back.raw.struct_size == sizeof(DevshareTorchStorage),
+          "handle_to_torch gives the tuple back: the 64-byte handle, offsets, ref name and slot");
+    check(devshare::torch_storage_handle(h) == s.handle, "torch_storage_handle gives the raw 64-byte handle");
+    const std::vector<uint8_t> enc = devshare::handle_from_torch_encoded(a);
+    check(devshare::Handle::decode(enc) == h, "handle_from_torch_encoded is the encoding of that handle");
+
+    // torch_npu 'e': [1]['e'][u64 segment size][u64 n][n x u64 handles].
+    std::vector<uint8_t> e = {1, 'e'};
+    auto put64 = [&e](uint64_t x) {
+        const uint8_t* p = reinterpret_cast<const uint8_t*>(&x);
+        e.insert(e.end(), p, p + 8);
+    };
+    put64(DEVSHARE_SEGMENT_GRANULARITY);
+    put64(2);
+    put64(0x1111);
+    put64(0x2222);
+    devshare::TorchStorage ns;
+    ns.handle = e;
+    ns.storage_size = 4096;
+    ns.ref_name = "/torch_777_99_1";
+    const int64_t n16[1] = {16};
+    const devshare::Handle seg =
+        devshare::handle_from_torch(devshare::torch_args(DEVSHARE_BACKEND_ACL, ns, devshare::kFloat16, n16));
+    check(seg.segmented() && seg.backend() == DEVSHARE_BACKEND_ACL &&
+              devshare::same_dtype(seg.dtype(), devshare::kFloat16),
+          "handle_from_torch of a torch_npu 'e' handle: a segmented acl handle (float16 as kFloat16)");
+    check(devshare::handle_to_torch(seg).handle == e, "handle_to_torch writes the same 'e' bytes back");
+
+    DevshareTorchArgs broken = a;
+    broken.dtype = devshare::make_dtype(DEVSHARE_DTYPE_OPAQUE_HANDLE, 64);
+    expect_error(DEVSHARE_STATUS_BAD_DTYPE, "devshare_handle_from_torch", "handle_from_torch with an opaque dtype",
+                 [&] { (void)devshare::handle_from_torch(broken); });
+    expect_error(DEVSHARE_STATUS_BAD_DTYPE, "devshare_import_torch", "Import::from_torch with an opaque dtype",
+                 [&] { (void)devshare::Import::from_torch(broken); });
+    devshare::Exporter exp = make_exporter();
+    const devshare::Handle host = exp.share_bytes();
+    expect_error(DEVSHARE_STATUS_UNSUPPORTED, "devshare_handle_to_torch", "handle_to_torch of a host handle",
+                 [&] { (void)devshare::handle_to_torch(host); });
+    host.discard();
+}
+
+// The destructor policy, and the other device-only wrappers, over the CUDA stand-in.
+DevshareExporter* g_leaked = nullptr;
+int32_t g_leak_status = 0;
+std::string g_leak_message;
+
+void record_leak(DevshareExporter* e, int32_t status, const char* message) {
+    g_leaked = e;
+    g_leak_status = status;
+    g_leak_message = message;
+}
+
+void test_device_destruction() {
+    const char* lib = std::getenv("DEVSHARE_CUDA_LIBRARY");
+    if (lib == nullptr || !devshare::probe(DEVSHARE_BACKEND_CUDA).usable) {
+        std::printf("# SKIP device cases: DEVSHARE_CUDA_LIBRARY does not name the CUDA stand-in\n");
+        return;
+    }
+    CUdevice dev = 0;
+    CUcontext ctx = nullptr;
+    if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+        cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+        check(false, "CUDA stand-in: a current context");
+        return;
+    }
+    constexpr size_t kBlock = 1 << 20;
+    CUdeviceptr blocks[5] = {};
+    for (CUdeviceptr& b : blocks) {
+        if (cuMemAlloc(&b, kBlock) != CUDA_SUCCESS) {
+            check(false, "CUDA stand-in: cuMemAlloc");
+            return;
+        }
+    }
+    auto ptr = [](CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); };
+    const devshare::ExporterLeakHandler previous = devshare::set_exporter_leak_handler(&record_leak);
+
+    // close(): a busy device export is refused and stays usable.
+    devshare::Exporter e0 = devshare::Exporter::export_memory(DEVSHARE_BACKEND_CUDA, 0, ptr(blocks[0]), kBlock);
+    const devshare::Handle h0 = e0.share(static_cast<const float*>(e0.data()) + 16, {8, 8});
+    check(h0.backend() == DEVSHARE_BACKEND_CUDA && h0.tensor_offset() == 16 && e0.outstanding() == 1,
+          "export_memory (cuda) + share<float>(device pointer): a cuda handle with the offset");
+    expect_error(DEVSHARE_STATUS_BUSY, "devshare_exporter_close", "Exporter::close() of a busy device export",
+                 [&] { e0.close(); });
+    check(static_cast<bool>(e0), "the refused close left the Exporter open");
+    const devshare::TorchStorage ts = devshare::handle_to_torch(h0);
+    check(ts.handle.size() == 64 && std::memcmp(ts.handle.data(), h0.raw().key, 64) == 0 &&
+              ts.storage_offset == h0.storage_offset(),
+          "handle_to_torch of a cuda handle: the raw 64-byte IPC handle");
+
+    // Default policy: the destructor does not force; the busy export is leaked and reported.
+    g_leaked = nullptr;
+    check(e0.on_destroy() == devshare::OnDestroy::close, "the default OnDestroy policy is close (no force)");
+    DevshareExporter* raw0 = e0.get();
+    { devshare::Exporter gone = std::move(e0); }
+    check(g_leaked == raw0 && g_leak_status == DEVSHARE_STATUS_BUSY &&
+              g_leak_message.find("devshare_exporter_close") != std::string::npos,
+          "~Exporter of a busy device export does not force: it hands the open export to the leak handler "
+          "with BUSY and the library's message");
+    uint64_t n = 0;
+    check(devshare_exporter_outstanding(g_leaked, &n) == DEVSHARE_STATUS_OK && n == 1,
+          "the leaked export is still open with its reference outstanding");
+    h0.discard();
+    check(devshare_exporter_close(g_leaked, 0) == DEVSHARE_STATUS_OK,
+          "after the reference came back the handler's owner closes it normally");
+
+    // OnDestroy::wait_then_close: the destructor waits for the consumer, then closes.
+    g_leaked = nullptr;
+    {
+        devshare::Exporter e1 = devshare::Exporter::export_memory(DEVSHARE_BACKEND_CUDA, 0, ptr(blocks[1]), kBlock);
+        e1.set_on_destroy(devshare::OnDestroy::wait_then_close, std::chrono::milliseconds(10000));
+        const devshare::Handle h1 = e1.share_bytes();
+        std::thread consumer([h1] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            (void)h1.try_discard();
+        });
+        const auto t0 = std::chrono::steady_clock::now();
+        e1 = devshare::Exporter();  // disposes of the export by its policy
+        const auto ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+        consumer.join();
+        check(g_leaked == nullptr && ms >= 80,
+              "OnDestroy::wait_then_close waited for the reference (" + std::to_string(ms) + " ms), then closed");
+    }
+    // ... and after its timeout it does not force either.
+    {
+        devshare::Exporter e2 = devshare::Exporter::export_memory(DEVSHARE_BACKEND_CUDA, 0, ptr(blocks[2]), kBlock);
+        e2.set_on_destroy(devshare::OnDestroy::wait_then_close, std::chrono::milliseconds(20));
+        const devshare::Handle h2 = e2.share_bytes();
+        DevshareExporter* raw2 = e2.get();
+        e2 = devshare::Exporter();
+        check(g_leaked == raw2 && g_leak_status == DEVSHARE_STATUS_BUSY,
+              "OnDestroy::wait_then_close past its timeout leaks and reports, without forcing");
+        h2.discard();
+        check(devshare_exporter_close(g_leaked, 0) == DEVSHARE_STATUS_OK, "which then closes normally");
+    }
+
+    // OnDestroy::force and close(Close::force): asked for, they force.
+    g_leaked = nullptr;
+    {
+        devshare::Exporter e3 = devshare::Exporter::export_memory(DEVSHARE_BACKEND_CUDA, 0, ptr(blocks[3]), kBlock);
+        e3.set_on_destroy(devshare::OnDestroy::force);
+        (void)e3.share_bytes();
+    }
+    check(g_leaked == nullptr, "OnDestroy::force closes a busy export when destroyed (nothing leaked)");
+    devshare::Exporter e4 = devshare::Exporter::export_memory(DEVSHARE_BACKEND_CUDA, 0, ptr(blocks[4]), kBlock);
+    (void)e4.share_bytes();
+    e4.close(devshare::Close::force);
+    check(!e4, "close(Close::force) closes a busy export");
+    devshare::set_exporter_leak_handler(previous);
+
+    // export_segments: a VMM buffer of two segments.
+    constexpr size_t kSeg = DEVSHARE_SEGMENT_GRANULARITY;
+    CUmemAllocationProp prop;
+    std::memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    CUmemGenericAllocationHandle seg[2] = {};
+    CUdeviceptr va = 0;
+    CUmemAccessDesc acc;
+    std::memset(&acc, 0, sizeof acc);
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = 0;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (cuMemCreate(&seg[0], kSeg, &prop, 0) != CUDA_SUCCESS || cuMemCreate(&seg[1], kSeg, &prop, 0) != CUDA_SUCCESS ||
+        cuMemAddressReserve(&va, 2 * kSeg, 0, 0, 0) != CUDA_SUCCESS ||
+        cuMemMap(va, kSeg, 0, seg[0], 0) != CUDA_SUCCESS || cuMemMap(va + kSeg, kSeg, 0, seg[1], 0) != CUDA_SUCCESS ||
+        cuMemSetAccess(va, 2 * kSeg, &acc, 1) != CUDA_SUCCESS) {
+        check(false, "CUDA stand-in: a two-segment VMM buffer");
+    } else {
+        const uint64_t physical[2] = {static_cast<uint64_t>(seg[0]), static_cast<uint64_t>(seg[1])};
+        {
+            devshare::Exporter es =
+                devshare::Exporter::export_segments(DEVSHARE_BACKEND_CUDA, 0, ptr(va), physical, kSeg);
+            check(es.data() == ptr(va) && es.size() == 2 * kSeg, "Exporter::export_segments: the buffer and its size");
+            const devshare::Handle hs = es.share_at<uint32_t>(kSeg, {1024});
+            check(hs.segmented() && hs.is<uint32_t>() && es.segment_table().empty(),
+                  "its handles are segmented; a two-entry table is inline (segment_table() empty)");
+            const devshare::TorchStorage st = devshare::handle_to_torch(hs);
+            check(st.handle.size() == 26 + 4 * 2 && st.handle[0] == 2 && st.handle[1] == 'e',
+                  "handle_to_torch of a segmented cuda handle: PyTorch's version-2 'e' form (26 + 4n bytes)");
+            hs.discard();
+        }
+        check(cuMemUnmap(va, kSeg) == CUDA_SUCCESS && cuMemUnmap(va + kSeg, kSeg) == CUDA_SUCCESS &&
+                  cuMemRelease(seg[0]) == CUDA_SUCCESS && cuMemRelease(seg[1]) == CUDA_SUCCESS &&
+                  cuMemAddressFree(va, 2 * kSeg) == CUDA_SUCCESS,
+              "the VMM buffer is freed after its exporter closed");
+    }
+    expect_error(DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_export_segments", "export_segments without a base",
+                 [&] { (void)devshare::Exporter::export_segments(DEVSHARE_BACKEND_CUDA, 0, nullptr, {}, kSeg); });
+
+    for (CUdeviceptr b : blocks) {
+        (void)cuMemFree(b);
+    }
+    check(cusi_violation_count() == 0,
+          "the CUDA stand-in recorded no driver rule broken (" + std::to_string(cusi_violation_count()) + ")");
 }
 
 void test_wait_and_destructors() {
@@ -341,9 +895,12 @@ void test_wait_and_destructors() {
     check(exp.wait(std::chrono::milliseconds(-1)), "Exporter::wait with a negative timeout returns true at once when "
                                                    "nothing is outstanding");
 
-    // The Exporter's destructor closes; an Import may outlive its Exporter.
+    // The Exporter's destructor closes (host memory: without force, at once); an Import may
+    // outlive its Exporter.
     devshare::Handle outliving;
     devshare::Import survivor;
+    g_leaked = nullptr;
+    devshare::ExporterLeakHandler previous = devshare::set_exporter_leak_handler(&record_leak);
     {
         devshare::Exporter scoped = make_exporter();
         outliving = scoped.share(float_desc());
@@ -351,9 +908,11 @@ void test_wait_and_destructors() {
         (void)scoped.share_bytes();
         check(scoped.outstanding() == 2, "the scoped exporter has 2 references out (one never imported)");
     }
-    check(survivor.data<float>()[kRows * kCols - 1] == static_cast<float>(kRows * kCols - 1) + 0.5f,
-          "an Import stays readable after its Exporter was destroyed (forced close)");
-    survivor.data<float>()[0] = 9.0f;
+    devshare::set_exporter_leak_handler(previous);
+    check(g_leaked == nullptr, "~Exporter of host memory closes without force and leaks nothing");
+    check(survivor.as<float>()(kRows - 1, kCols - 1) == static_cast<float>(kRows * kCols - 1) + 0.5f,
+          "an Import stays readable after its Exporter was destroyed");
+    survivor.as<float>()(0, 0) = 9.0f;
     check(survivor.data<float>()[0] == 9.0f, "and writable");
     survivor = devshare::Import();
     check(names_gone(outliving), "after the Exporter's destructor and the last release, nothing is left in /dev/shm");
@@ -385,6 +944,15 @@ int main() {
         test_round_trip();
         test_moves();
         test_errors();
+        test_typed_share();
+        test_as_and_views();
+        test_result_forms();
+        test_encoded_and_text();
+        test_discard();
+        test_host_adopt();
+        test_dlpack();
+        test_torch_tuples();
+        test_device_destruction();
         test_wait_and_destructors();
     } catch (const devshare::Error& e) {
         check(false, std::string("unexpected devshare::Error: ") + e.what());
