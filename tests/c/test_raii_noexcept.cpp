@@ -1,0 +1,396 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// test_raii_noexcept: devshare.hpp built with -fno-exceptions, through its non-throwing forms
+// (try_* returning devshare::Result<T>). The throwing forms are compiled out (checked here at
+// compile time), and so is everything that would need exceptions.
+//
+//  - the header builds with -fno-exceptions: DEVSHARE_HPP_EXCEPTIONS is 0 and the throwing
+//    forms (share_bytes(), as<T>(), the Import(handle) constructor, ...) do not exist;
+//  - Result<T>: value, error with status and message, error_code, value_or; value() of an error
+//    prints the error and aborts (checked in a child process);
+//  - host round trip with try_ forms: try_host_alloc, try_share<T>, try_to_text,
+//    Import::try_from_text, try_as<T> (a dtype mismatch is an error, not a reinterpret;
+//    read-only needs const T), TensorView indexing;
+//  - try_share_encoded / Import::try_from_encoded, try_discard, try_host_adopt, DLPack, the
+//    torch conversions, probe / local_pid / allow_ptrace, try_wait / try_close;
+//  - ~Exporter without exceptions: a busy device export (CUDA stand-in) is not forced but handed
+//    to the leak handler; OnDestroy::force forces; try_export_segments.
+//
+// Prints "ok - ..." / "FAIL - ..." per case; exit status 0 when all passed.
+
+#include "devshare.hpp"
+
+#include "cuda_standin.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
+#error "test_raii_noexcept must be built with -fno-exceptions"
+#endif
+
+namespace {
+
+int n_cases = 0;
+int n_failed = 0;
+
+bool check(bool ok, const std::string& what) {
+    n_cases++;
+    std::printf("%s - %s\n", ok ? "ok" : "FAIL", what.c_str());
+    std::fflush(stdout);
+    if (!ok) {
+        n_failed++;
+    }
+    return ok;
+}
+
+// `r` failed with `status` and a message starting with `prefix`.
+template <typename R>
+bool failed_with(const R& r, int32_t status, const char* prefix) {
+    const bool ok = !r.has_value() && r.status() == status && r.error().status() == status &&
+                    std::strncmp(r.error().what(), prefix, std::strlen(prefix)) == 0 &&
+                    r.code() == devshare::make_error_code(status);
+    if (!ok) {
+        std::printf("    got status %d: %s\n", static_cast<int>(r.status()), r.error().what());
+    }
+    return ok;
+}
+
+// --- The throwing forms are not there.
+
+template <typename T, typename = void>
+struct has_share_bytes : std::false_type {};
+template <typename T>
+struct has_share_bytes<T, std::void_t<decltype(std::declval<const T&>().share_bytes())>> : std::true_type {};
+template <typename T, typename = void>
+struct has_as : std::false_type {};
+template <typename T>
+struct has_as<T, std::void_t<decltype(std::declval<const T&>().template as<float>())>> : std::true_type {};
+template <typename T, typename = void>
+struct has_to_text : std::false_type {};
+template <typename T>
+struct has_to_text<T, std::void_t<decltype(std::declval<const T&>().to_text())>> : std::true_type {};
+template <typename T, typename = void>
+struct has_close : std::false_type {};
+template <typename T>
+struct has_close<T, std::void_t<decltype(std::declval<T&>().close())>> : std::true_type {};
+
+static_assert(DEVSHARE_HPP_EXCEPTIONS == 0, "-fno-exceptions: the header offers only the try_ forms");
+static_assert(!has_share_bytes<devshare::Exporter>::value, "Exporter::share_bytes() (throwing) is compiled out");
+static_assert(!has_close<devshare::Exporter>::value, "Exporter::close() (throwing) is compiled out");
+static_assert(!has_as<devshare::Import>::value, "Import::as<T>() (throwing) is compiled out");
+static_assert(!has_to_text<devshare::Handle>::value, "Handle::to_text() (throwing) is compiled out");
+static_assert(!std::is_constructible<devshare::Import, const devshare::Handle&>::value,
+              "the throwing Import(handle) constructor is compiled out");
+static_assert(!std::is_constructible<devshare::Exporter, DevshareExporter*>::value,
+              "the throwing Exporter(DevshareExporter*) constructor is compiled out");
+static_assert(std::is_move_constructible<devshare::Result<devshare::Import>>::value &&
+                  !std::is_copy_constructible<devshare::Result<devshare::Import>>::value,
+              "Result<Import> is move-only, like Import");
+
+constexpr int kRows = 3;
+constexpr int kCols = 4;
+
+devshare::Result<devshare::Exporter> make_exporter() {
+    devshare::Result<devshare::Exporter> e = devshare::Exporter::try_host_alloc(1024);
+    if (e) {
+        float* t = static_cast<float*>(e->data());
+        for (int i = 0; i < kRows * kCols; i++) {
+            t[i] = static_cast<float>(i) + 0.5f;
+        }
+    }
+    return e;
+}
+
+void test_result() {
+    const devshare::Result<devshare::Handle> bad = devshare::Handle::try_from_text("hello");
+    check(failed_with(bad, DEVSHARE_STATUS_BAD_TEXT, "devshare_handle_from_text:") &&
+              std::strcmp(bad.error().status_name(), devshare_status_str(DEVSHARE_STATUS_BAD_TEXT)) == 0,
+          "Handle::try_from_text(\"hello\"): an error Result (BAD_TEXT, the library's message)");
+    check(&bad.code().category() == &devshare::error_category() &&
+              devshare::make_error_code(DEVSHARE_STATUS_TIMEOUT) == std::errc::timed_out &&
+              devshare::make_error_code(DEVSHARE_STATUS_BUSY) == std::errc::device_or_resource_busy,
+          "Result::code() is a std::error_code of the devshare category; std::errc equivalents hold");
+    const devshare::Result<uint64_t> none = devshare::Exporter().try_outstanding();
+    check(failed_with(none, DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_exporter_outstanding:") &&
+              none.value_or(5) == 5,
+          "try_outstanding() of an empty Exporter: NULL_ARGUMENT; value_or gives the fallback");
+    const devshare::Result<void> ok_void;
+    check(ok_void.has_value() && ok_void.status() == DEVSHARE_STATUS_OK && !ok_void.code(),
+          "a default Result<void> is success");
+    ok_void.value();  // no-op on success
+    const devshare::Result<int32_t> pid = devshare::try_local_pid(DEVSHARE_BACKEND_HOST);
+    check(pid && pid.value() == static_cast<int32_t>(getpid()), "try_local_pid(host) is getpid(); value() gives it");
+    const devshare::Result<DevshareBackendInfo> probe = devshare::try_probe(DEVSHARE_BACKEND_HOST);
+    check(probe && probe->usable == 1 && failed_with(devshare::try_probe(0), DEVSHARE_STATUS_INVALID_ARGUMENT,
+                                                     "devshare_probe:"),
+          "try_probe: host usable, backend 0 an error");
+    check(devshare::try_allow_ptrace(0).has_value(), "try_allow_ptrace(0) succeeds");
+
+    // value() of an error without exceptions: the error on stderr, then abort().
+    int fds[2];
+    if (pipe(fds) != 0) {
+        check(false, "pipe");
+        return;
+    }
+    const pid_t child = fork();
+    if (child == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        (void)devshare::Handle::try_from_text("hello").value();
+        _exit(0);
+    }
+    close(fds[1]);
+    std::string err;
+    char buf[256];
+    ssize_t got;
+    while ((got = read(fds[0], buf, sizeof buf)) > 0) {
+        err.append(buf, static_cast<size_t>(got));
+    }
+    close(fds[0]);
+    int status = 0;
+    waitpid(child, &status, 0);
+    check(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT &&
+              err.find("devshare: value() of a failed Result") != std::string::npos &&
+              err.find("devshare_handle_from_text") != std::string::npos,
+          "Result::value() of an error aborts after printing the error (no exceptions to throw)");
+}
+
+void test_round_trip() {
+    devshare::Result<devshare::Exporter> exp = make_exporter();
+    if (!check(exp.has_value(), "try_host_alloc")) {
+        return;
+    }
+    const float* first = static_cast<const float*>(exp->data());
+    const devshare::Result<devshare::Handle> h = exp->try_share(first, {kRows, kCols});
+    check(h && h->is<float>() && h->ndim() == 2 && h->shape()[1] == kCols && h->strides()[0] == kCols &&
+              h->tensor_offset() == 0,
+          "try_share(const float*, {rows, cols}): a float32 handle with shape and strides");
+    const devshare::Result<std::string> text = h->try_to_text();
+    check(text && text->rfind("devshare1:", 0) == 0, "Handle::try_to_text");
+    devshare::Result<devshare::Import> imp = devshare::Import::try_from_text(*text);
+    check(imp && imp->numel() == 12 && exp->try_outstanding().value_or(9) == 1, "Import::try_from_text imports it");
+    const devshare::Result<devshare::TensorView<float>> v = imp->try_as<float>();
+    check(v && (*v)(0, 0) == 0.5f && (*v)(2, 3) == 11.5f && v->shape()[0] == kRows,
+          "Import::try_as<float>(): a view indexing the tensor");
+    check(failed_with(imp->try_as<int32_t>(), DEVSHARE_STATUS_BAD_DTYPE, "devshare::Import::as<int32>:"),
+          "Import::try_as<int32_t>() of a float32 tensor: BAD_DTYPE, no reinterpretation");
+    check(imp->data<int32_t>() == nullptr && imp->data<float>() == imp->data(),
+          "Import::data<T>() only for the tensor's T");
+    const devshare::Result<devshare::DLPackVersioned> dl = imp->try_to_dlpack_versioned();
+    check(dl && dl->data() == imp->data() && dl->ndim() == 2, "Import::try_to_dlpack_versioned");
+#if defined(__cpp_lib_mdspan)
+    const auto md = v->try_mdspan<2>();
+    check(md && (*md)[2, 3] == 11.5f && failed_with(v->try_mdspan<1>(), DEVSHARE_STATUS_BAD_NDIM,
+                                                    "devshare::TensorView::mdspan<1>:"),
+          "TensorView::try_mdspan<2>() indexes alike; try_mdspan<1>() of a 2-d view is BAD_NDIM");
+#else
+    std::printf("# SKIP std::mdspan: this standard library has no __cpp_lib_mdspan\n");
+#endif
+    check(imp->try_release().has_value() && !*imp, "Import::try_release");
+    check(exp->try_outstanding().value_or(9) == 1, "the DLPack tensor still holds the reference");
+
+    const devshare::Result<devshare::Handle> ro_h = exp->try_share_at<float>(0, {kRows, kCols});
+    devshare::Result<devshare::Import> ro =
+        devshare::Import::try_from(*ro_h, devshare::import_options(DEVSHARE_IMPORT_READ_ONLY));
+    check(ro && failed_with(ro->try_as<float>(), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Import::as<float32>:") &&
+              ro->try_as<const float>().has_value(),
+          "a read-only import: try_as<float>() refused, try_as<const float>() given");
+
+    check(failed_with(exp->try_share(first + 10000, {1}), DEVSHARE_STATUS_INVALID_ARGUMENT,
+                      "devshare::Exporter::share:"),
+          "try_share of a pointer outside the allocation: INVALID_ARGUMENT from the header");
+    check(failed_with(exp->try_share(first, {1, 1, 1, 1, 1, 1, 1, 1, 1}), DEVSHARE_STATUS_BAD_NDIM,
+                      "devshare::TensorDesc:"),
+          "try_share with 9 dimensions: BAD_NDIM");
+
+    const devshare::Result<devshare::TensorDesc> desc = exp->try_describe(first + 4, {kCols});
+    const devshare::Result<std::vector<uint8_t>> enc = exp->try_share_encoded(*desc);
+    devshare::Result<devshare::Import> from_enc = devshare::Import::try_from_encoded(*enc);
+    check(desc && enc && from_enc && from_enc->try_as<const float>().has_value() &&
+              from_enc->try_as<const float>()->operator()(0) == 4.5f,
+          "try_describe + try_share_encoded + Import::try_from_encoded");
+    check(failed_with(devshare::Import::try_from_encoded(std::vector<uint8_t>(64, 0x55)), DEVSHARE_STATUS_BAD_MAGIC,
+                      "devshare_import_encoded:"),
+          "Import::try_from_encoded of other bytes: BAD_MAGIC");
+
+    const devshare::Result<devshare::Handle> unused = exp->try_share_bytes();
+    check(unused && unused->try_discard().has_value() &&
+              failed_with(unused->try_discard(), DEVSHARE_STATUS_ALREADY_RELEASED, "devshare_handle_discard:"),
+          "Handle::try_discard once, then ALREADY_RELEASED");
+
+    const devshare::Result<devshare::Handle> whole = exp->try_share_bytes();
+    const std::string name(reinterpret_cast<const char*>(whole->raw().key), whole->raw().key_len);
+    const devshare::Result<devshare::Exporter> adopted = devshare::Exporter::try_host_adopt(name, 1024);
+    check(adopted && std::memcmp(adopted->data(), exp->data(), 1024) == 0,
+          "Exporter::try_host_adopt maps the same object");
+    DevshareTorchArgs a = devshare::torch_args();
+    a.ref_name = whole->raw().ref_name;
+    a.ref_name_len = whole->raw().ref_name_len;
+    a.ref_slot = whole->raw().ref_slot;
+    check(devshare::try_torch_discard(a).has_value(), "try_torch_discard returns a tuple's reference");
+    check(failed_with(devshare::try_handle_to_torch(*whole), DEVSHARE_STATUS_UNSUPPORTED, "devshare_handle_to_torch:"),
+          "try_handle_to_torch of a host handle: UNSUPPORTED");
+
+    check(exp->try_wait(std::chrono::milliseconds(0)).value_or(true) == false,
+          "try_wait(0) with the read-only import and the DLPack tensor holding references: false");
+}
+
+void test_torch() {
+    devshare::TorchStorage s;
+    s.handle.assign(64, 7);
+    s.storage_size = 4096;
+    s.ref_name = "/torch_777_99_1";
+    const int64_t shape[1] = {1024};
+    const DevshareTorchArgs a = devshare::torch_args(DEVSHARE_BACKEND_CUDA, s, devshare::dtype_of<float>(), shape);
+    const devshare::Result<devshare::Handle> h = devshare::try_handle_from_torch(a);
+    check(h && h->backend() == DEVSHARE_BACKEND_CUDA && h->numel() == 1024, "try_handle_from_torch");
+    const devshare::Result<devshare::TorchStorage> back = devshare::try_handle_to_torch(*h);
+    check(back && back->handle == s.handle && back->ref_name == s.ref_name, "try_handle_to_torch gives it back");
+    const devshare::Result<std::vector<uint8_t>> raw = devshare::try_torch_storage_handle(*h);
+    check(raw && *raw == s.handle, "try_torch_storage_handle");
+    const devshare::Result<std::vector<uint8_t>> enc = devshare::try_handle_from_torch_encoded(a);
+    check(enc && devshare::Handle::try_decode(*enc).has_value() && *devshare::Handle::try_decode(*enc) == *h,
+          "try_handle_from_torch_encoded decodes to the same handle");
+    DevshareTorchArgs broken = a;
+    broken.ndim = 9;
+    check(failed_with(devshare::Import::try_from_torch(broken), DEVSHARE_STATUS_BAD_NDIM, "devshare_import_torch:"),
+          "Import::try_from_torch of a 9-d tuple: BAD_NDIM");
+}
+
+DevshareExporter* g_leaked = nullptr;
+int32_t g_leak_status = 0;
+
+void record_leak(DevshareExporter* e, int32_t status, const char*) {
+    g_leaked = e;
+    g_leak_status = status;
+}
+
+// The default leak handler, in a child process (forked before this process touches CUDA): a
+// busy device export destroyed with the default policy is reported on stderr.
+void test_default_leak_report() {
+    if (std::getenv("DEVSHARE_CUDA_LIBRARY") == nullptr) {
+        std::printf("# SKIP default leak report: DEVSHARE_CUDA_LIBRARY does not name the CUDA stand-in\n");
+        return;
+    }
+    int fds[2];
+    if (pipe(fds) != 0) {
+        check(false, "pipe");
+        return;
+    }
+    const pid_t child = fork();
+    if (child == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        CUdevice dev = 0;
+        CUcontext ctx = nullptr;
+        CUdeviceptr b = 0;
+        if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+            cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+            cuMemAlloc(&b, 1 << 20) != CUDA_SUCCESS) {
+            _exit(3);
+        }
+        {
+            devshare::Result<devshare::Exporter> e = devshare::Exporter::try_export_memory(
+                DEVSHARE_BACKEND_CUDA, 0, reinterpret_cast<void*>(static_cast<uintptr_t>(b)), 1 << 20);
+            if (!e || !e->try_share_bytes()) {
+                _exit(4);
+            }
+        }
+        _exit(0);
+    }
+    close(fds[1]);
+    std::string err;
+    char buf[512];
+    ssize_t got;
+    while ((got = read(fds[0], buf, sizeof buf)) > 0) {
+        err.append(buf, static_cast<size_t>(got));
+    }
+    close(fds[0]);
+    int status = 0;
+    waitpid(child, &status, 0);
+    check(WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+              err.find("devshare: ~Exporter did not close the export") != std::string::npos &&
+              err.find("busy") != std::string::npos && err.find("references outstanding: 1") != std::string::npos,
+          "the default leak handler reports a busy device export left open by ~Exporter on stderr");
+    if (err.find("~Exporter") == std::string::npos) {
+        std::printf("    child stderr: %s\n", err.c_str());
+    }
+}
+
+void test_device_destruction() {
+    const devshare::Result<DevshareBackendInfo> cuda = devshare::try_probe(DEVSHARE_BACKEND_CUDA);
+    if (std::getenv("DEVSHARE_CUDA_LIBRARY") == nullptr || !cuda || !cuda->usable) {
+        std::printf("# SKIP device cases: DEVSHARE_CUDA_LIBRARY does not name the CUDA stand-in\n");
+        return;
+    }
+    const devshare::ExporterLeakHandler mine = &record_leak;
+    check(devshare::set_exporter_leak_handler(mine) != mine && devshare::set_exporter_leak_handler(nullptr) == mine,
+          "set_exporter_leak_handler returns the previous handler; nullptr restores the default");
+    CUdevice dev = 0;
+    CUcontext ctx = nullptr;
+    CUdeviceptr b0 = 0, b1 = 0;
+    if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+        cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+        cuMemAlloc(&b0, 1 << 20) != CUDA_SUCCESS || cuMemAlloc(&b1, 1 << 20) != CUDA_SUCCESS) {
+        check(false, "CUDA stand-in: a context and two blocks");
+        return;
+    }
+    const devshare::ExporterLeakHandler previous = devshare::set_exporter_leak_handler(&record_leak);
+    void* p0 = reinterpret_cast<void*>(static_cast<uintptr_t>(b0));
+    void* p1 = reinterpret_cast<void*>(static_cast<uintptr_t>(b1));
+
+    devshare::Handle h0;
+    DevshareExporter* raw0 = nullptr;
+    {
+        devshare::Result<devshare::Exporter> e0 = devshare::Exporter::try_export_memory(DEVSHARE_BACKEND_CUDA, 0, p0,
+                                                                                        1 << 20);
+        h0 = e0->try_share<float>(p0, {256}).value();
+        check(failed_with(e0->try_close(), DEVSHARE_STATUS_BUSY, "devshare_exporter_close:") && *e0,
+              "try_close() of a busy device export: BUSY, the Exporter stays open");
+        raw0 = e0->get();
+    }
+    check(g_leaked == raw0 && g_leak_status == DEVSHARE_STATUS_BUSY,
+          "~Exporter (default OnDestroy::close) does not force a busy device export: the leak handler gets it");
+    check(h0.try_discard().has_value() && devshare_exporter_close(g_leaked, 0) == DEVSHARE_STATUS_OK,
+          "once its reference is back the leaked export closes normally");
+
+    g_leaked = nullptr;
+    {
+        devshare::Result<devshare::Exporter> e1 = devshare::Exporter::try_export_memory(DEVSHARE_BACKEND_CUDA, 0, p1,
+                                                                                        1 << 20);
+        e1->set_on_destroy(devshare::OnDestroy::force);
+        (void)e1->try_share_bytes();
+    }
+    check(g_leaked == nullptr, "OnDestroy::force: the destructor forces (nothing leaked)");
+    devshare::set_exporter_leak_handler(previous);
+
+    check(failed_with(devshare::Exporter::try_export_segments(DEVSHARE_BACKEND_CUDA, 0, nullptr, {}, 2 << 20),
+                      DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_export_segments:"),
+          "try_export_segments without a base: NULL_ARGUMENT");
+    (void)cuMemFree(b0);
+    (void)cuMemFree(b1);
+    check(cusi_violation_count() == 0, "the CUDA stand-in recorded no driver rule broken");
+}
+
+}  // namespace
+
+int main() {
+    test_default_leak_report();  // first: it forks, which CUDA allows only before cuInit
+    test_result();
+    test_round_trip();
+    test_torch();
+    test_device_destruction();
+    std::printf("1..%d\n# %d passed, %d failed\n", n_cases, n_cases - n_failed, n_failed);
+    return n_failed == 0 ? 0 : 1;
+}
