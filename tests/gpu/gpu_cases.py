@@ -21,14 +21,16 @@ The parent prints ``PASS <case>`` / ``FAIL <case>: why`` / ``SKIP <case>: why`` 
 
     gpu_cases.py --bundle DIR [--only a_torch_to_c,e2_handoff] [--list] [--dry-run]
 
-``--dry-run`` needs no GPU and no torch: it checks the bundle, compares this file's ctypes
-mirrors of the C structs with gpu_tool's sizeof/offsetof, and round-trips synthetic PyTorch
-tuples through devshare_handle_from_torch / to_text / gpu_tool describe.
+``--dry-run`` needs no GPU and no torch: it checks the bundle, compares the ctypes mirrors of
+every C struct with gpu_tool's sizeof/offsetof (every field), and round-trips synthetic PyTorch
+tuples ('c' and expandable-segment 'e' forms, and the refused ones) through
+devshare_handle_from_torch(_encoded) / to_text / gpu_tool describe.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import ctypes
 import gc
 import json
@@ -53,6 +55,7 @@ from ctypes import (
     c_uint8,
     c_uint16,
     c_uint32,
+    c_void_p,
     cast,
     sizeof,
 )
@@ -130,6 +133,11 @@ class Lib:
         d.devshare_handle_to_text.argtypes = [POINTER(Handle), c_char_p, c_size_t, POINTER(c_size_t)]
         d.devshare_handle_from_text.restype = c_int32
         d.devshare_handle_from_text.argtypes = [c_char_p, POINTER(Handle)]
+        d.devshare_handle_from_torch_encoded.restype = c_int32
+        d.devshare_handle_from_torch_encoded.argtypes = [POINTER(TorchArgs), c_void_p, c_size_t,
+                                                         POINTER(c_size_t)]
+        d.devshare_allow_ptrace.restype = c_int32
+        d.devshare_allow_ptrace.argtypes = [c_int32]
         # devshare_<struct>_init for the structs this suite passes (struct_size and defaults).
         for cls in (Handle, TorchArgs, BackendInfo):
             fn = getattr(d, abi.INIT_FUNCTIONS[cls])
@@ -208,6 +216,28 @@ class Lib:
         del keep
         return st, h, msg
 
+    def from_torch_text(self, **fields):
+        """(status, text, message) from the fields of a reduce_tensor tuple, through
+        devshare_handle_from_torch_encoded: the byte encoding, which also carries an expandable
+        segment's table when it is too long for a DevshareHandle, as text ("devshare1:" +
+        unpadded URL-safe base64, the form devshare_import_text reads)."""
+        a, keep = self._torch_args(**fields)
+        n = c_size_t()
+        st = self.d.devshare_handle_from_torch_encoded(byref(a), None, 0, byref(n))
+        if st == STATUS_BUFFER_TOO_SMALL:
+            buf = ctypes.create_string_buffer(n.value)
+            st = self.d.devshare_handle_from_torch_encoded(byref(a), buf, n.value, byref(n))
+        del keep
+        if st != STATUS_OK:
+            return st, "", self.last_error()
+        return st, text_of_encoding(buf.raw[: n.value]), ""
+
+    def allow_ptrace(self, pid: int) -> None:
+        """devshare_allow_ptrace: let `pid` (-1 any, 0 none) take this process's fds."""
+        st = self.d.devshare_allow_ptrace(pid)
+        if st != STATUS_OK:
+            raise CaseFail(f"devshare_allow_ptrace({pid}): {self.status_name(st)}: {self.last_error()}")
+
     def torch_discard(self, **fields):
         """devshare_torch_discard (return a tuple's reference unopened): (status, message), or
         None when this library does not have it."""
@@ -234,6 +264,36 @@ class Lib:
         if st != STATUS_OK:
             raise CaseFail(f"devshare_handle_to_text: {self.status_name(st)}: {self.last_error()}")
         return buf.raw[: n.value].decode("ascii")
+
+
+def text_of_encoding(data: bytes) -> str:
+    """The text form of an encoded handle: "devshare1:" + unpadded URL-safe base64."""
+    return "devshare1:" + base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def segments_of(h) -> dict | None:
+    """A segmented DevshareHandle's description (its DEVSHARE_EXT_SEGMENTS record), or None."""
+    if not h.flags & abi.HANDLE_FLAG_SEGMENTED:
+        return None
+    ext, i = bytes(h.ext[: h.ext_len]), 0
+    while i + 4 <= len(ext):
+        kind, n = int.from_bytes(ext[i:i + 2], "little"), int.from_bytes(ext[i + 2:i + 4], "little")
+        d = ext[i + 4:i + 4 + n]
+        if kind == abi.EXT_SEGMENTS and n == 20:
+            return {"segment_size": int.from_bytes(d[0:8], "little"), "count": int.from_bytes(d[8:12], "little"),
+                    "kind": {abi.SEGMENTS_CUDA_FD: "fd", abi.SEGMENTS_CUDA_FABRIC: "fabric",
+                             abi.SEGMENTS_ACL: "acl"}.get(int.from_bytes(d[12:14], "little"), "?"),
+                    "inline": bool(int.from_bytes(d[14:16], "little") & abi.SEGMENTS_INLINE)}
+        i += 4 + n
+    return None
+
+
+def ptrace_scope() -> str | None:
+    """Yama's kernel.yama.ptrace_scope, or None without Yama."""
+    try:
+        return pathlib.Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
+    except OSError:
+        return None
 
 
 def torch_dtype_to_dlpack(torch, dt) -> tuple[int, int, int]:
@@ -320,6 +380,14 @@ class Ctx:
     def args_to_text(self, args) -> str:
         return self.lib.to_text(self.args_to_handle(args)[1])
 
+    def args_to_text_full(self, args) -> str:
+        """Text of the handle of a reduce_tensor tuple through devshare_handle_from_torch_encoded:
+        also right for an expandable segment whose table does not fit a DevshareHandle."""
+        st, text, msg = self.lib.from_torch_text(**self.torch_fields(args))
+        if st != STATUS_OK:
+            raise CaseFail(f"devshare_handle_from_torch_encoded: {self.lib.status_name(st)} ({st}): {msg}")
+        return text
+
     def run_tool(self, argv, timeout, input_text=None) -> subprocess.CompletedProcess:
         cmd = [self.tool] + [str(a) for a in argv]
         try:
@@ -342,6 +410,11 @@ class Ctx:
 
     def producer(self, n, start, timeout_ms, mode="sync") -> "Producer":
         return Producer([self.tool, "produce", str(n), repr(float(start)), str(timeout_ms), mode])
+
+    def producer_vmm(self, nseg, n, offset, start, timeout_ms, *options) -> "Producer":
+        """gpu_tool produce-vmm: a C VMM (cuMemCreate + map) producer of nseg 2 MiB segments."""
+        return Producer([self.tool, "produce-vmm", str(nseg), str(n), str(offset), repr(float(start)),
+                         str(timeout_ms), *options])
 
 
 class Producer:
@@ -818,39 +891,277 @@ def case_e2_handoff(cx: Ctx):
     return "measurement: p50 Queue/devshare " + ", ".join(ratios)
 
 
+def _es_args(cx: Ctx, t):
+    """reduce_tensor of a tensor in an expandable segment: the args, or CaseSkip when this torch
+    does not give an 'e' handle."""
+    try:
+        _, args = cx.reductions.reduce_tensor(t)
+    except Exception as e:  # noqa: BLE001
+        raise CaseSkip(f"this torch cannot share expandable-segment memory: {type(e).__name__}: "
+                       f"{str(e)[:200]}") from None
+    h = bytes(args[7] or b"")
+    if len(h) < 2 or h[1:2] != b"e":
+        _return_reference(cx, args)
+        raise CaseSkip(f"torch shared a {len(h)}-byte non-'e' handle with "
+                       f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r} "
+                       f"(expandable segments not in use on this torch/driver?)")
+    if h[0] != 2:
+        # torch >= 2.13 writes version 3, whose layout devshare has not confirmed: it must be
+        # refused by name (checked here); the case needs version 2 (torch 2.5 - 2.12).
+        try:
+            _check_refused_version(cx, args, h[0])
+        finally:
+            _return_reference(cx, args)
+        raise CaseSkip(f"torch {cx.torch.__version__} writes 'e' handles of version {h[0]}, which devshare "
+                       f"refuses by name (checked) until that layout is confirmed; this case needs "
+                       f"version 2 (torch 2.5 - 2.12)")
+    return args
+
+
+def _check_refused_version(cx: Ctx, args, version: int) -> str:
+    st, _, msg = cx.args_to_handle(args, expect_ok=False)
+    info(f"'e' version {version}: devshare_handle_from_torch: {cx.lib.status_name(st)} ({st}): {msg}")
+    check(st == STATUS_UNSUPPORTED_VERSION and f"version {version}" in msg,
+          f"'e' version {version} was not refused by name: {st}: {msg}")
+    return msg
+
+
+def _return_reference(cx: Ctx, args) -> None:
+    """No consumer will open args: return its reference (devshare_torch_discard)."""
+    if args[11]:
+        r = cx.lib.torch_discard(**cx.torch_fields(args))
+        if r is None:
+            decrement_ref_slot(bytes(args[11]), int(args[12]))
+
+
 def case_f_expandable_segments(cx: Ctx):
-    """expandable_segments:True producer -> 'e' handle -> devshare_handle_from_torch refuses."""
-    torch, red = cx.torch, cx.reductions
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    info(f"PYTORCH_CUDA_ALLOC_CONF={conf}")
+    """expandable_segments:True producer -> 'e' handle -> devshare_handle_from_torch reads it."""
+    torch = cx.torch
+    info(f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}")
     t = torch.ones(1 << 20, dtype=torch.float32, device="cuda")
     try:
-        _, args = red.reduce_tensor(t)
+        _, args = cx.reductions.reduce_tensor(t)
     except Exception as e:  # noqa: BLE001
-        raise CaseSkip(f"this torch cannot share expandable-segment memory: "
-                       f"{type(e).__name__}: {str(e)[:200]}") from None
+        raise CaseSkip(f"this torch cannot share expandable-segment memory: {type(e).__name__}: "
+                       f"{str(e)[:200]}") from None
     h = bytes(args[7] or b"")
-    info(f"storage handle: {len(h)} bytes, starts {h[:2]!r}")
+    if len(h) < 2 or h[1:2] != b"e" or h[0] != 2:
+        try:
+            if len(h) < 2 or h[1:2] != b"e":
+                raise CaseSkip(f"torch shared a {len(h)}-byte non-'e' handle (expandable segments not "
+                               f"in use on this torch/driver?)")
+            _check_refused_version(cx, args, h[0])
+        finally:
+            _return_reference(cx, args)
+        return (f"torch {torch.__version__} writes 'e' version {h[0]}: refused by name (its layout is "
+                f"not confirmed); version 2 is what devshare reads")
     try:
-        if len(h) < 2 or h[1:2] != b"e":
-            raise CaseSkip(f"torch shared a {len(h)}-byte non-'e' handle with {conf!r} "
-                           f"(expandable segments not in use on this torch/driver?)")
-        st, _, msg = cx.args_to_handle(args, expect_ok=False)
-        info(f"devshare_handle_from_torch: {cx.lib.status_name(st)} ({st}): {msg}")
-        check(st == STATUS_UNSUPPORTED, f"expected DEVSHARE_STATUS_UNSUPPORTED (-31), got {st}: {msg}")
-        check("expandable_segments" in msg, f"the message does not name expandable_segments: {msg}")
+        info(f"storage handle: {len(h)} bytes, version {h[0]} 'e'; {describe_args(args)}")
+        st, hs, msg = cx.args_to_handle(args, expect_ok=False)
+        info(f"devshare_handle_from_torch: {cx.lib.status_name(st)} ({st}) {msg}".rstrip())
+        check(st == STATUS_OK, f"devshare_handle_from_torch refused an 'e' handle: {st}: {msg}")
+        seg = segments_of(hs)
+        check(seg is not None, f"the handle is not segmented (flags {hs.flags:#x})")
+        info(f"segments: {seg}; producer_pid {hs.producer_pid} (this process {os.getpid()}); "
+             f"alloc_size {hs.alloc_size}, storage_offset {hs.storage_offset}, storage_size {hs.storage_size}")
+        check(hs.producer_pid == os.getpid(), f"producer_pid {hs.producer_pid} is not this process's")
+        check(seg["kind"] in ("fd", "fabric") and seg["count"] >= 1
+              and hs.alloc_size == seg["count"] * seg["segment_size"], f"segments {seg}")
+        check(hs.storage_offset + hs.storage_size <= hs.alloc_size, "storage past the last segment")
     finally:
-        # No consumer will open it: return the reference (devshare_torch_discard where the
-        # library has it, else by hand, as a consumer would).
-        if args[11]:
-            r = cx.lib.torch_discard(**cx.torch_fields(args))
-            if r is None:
-                decrement_ref_slot(bytes(args[11]), int(args[12]))
-            else:
-                info(f"devshare_torch_discard: {cx.lib.status_name(r[0])} {r[1]}".rstrip())
-            left = read_ref_slot(bytes(args[11]), int(args[12]))
-            info(f"ref-counter slot after returning the reference: {left}")
-    return "'e' handle refused with UNSUPPORTED naming expandable_segments"
+        _return_reference(cx, args)
+        info(f"ref-counter slot after devshare_torch_discard: {read_ref_slot(bytes(args[11]), int(args[12]))}")
+    return f"'e' handle read: {seg['count']} x {seg['segment_size']} B {seg['kind']} segments"
+
+
+def case_i_es_torch_to_c(cx: Ctx):
+    """expandable_segments:True torch -> C consumer: packed storages, a storage spanning segments, a long table."""
+    torch = cx.torch
+    dev = torch.device("cuda", 0)
+    info(f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}; ptrace_scope "
+         f"{ptrace_scope() or 'absent (no Yama)'}")
+    # The consumers are this process's children, not its ancestors: under Yama ptrace_scope 1
+    # they may not take our fds unless we say so (PyTorch never does; devshare only on request).
+    cx.lib.allow_ptrace(-1)
+    try:
+        # 1. Several storages packed in one segment: 16 x 1000 float32 (small pool, 2 MiB segments).
+        count, n = 16, 1000
+        ts = [torch.arange(n, dtype=torch.float32, device=dev).add_(float(i * 1000)) for i in range(count)]
+        torch.cuda.synchronize()
+        shares = [_es_args(cx, ts[0])] + [cx.reductions.reduce_tensor(t)[1] for t in ts[1:]]
+        handles = [cx.args_to_handle(a)[1] for a in shares]
+        segs = [segments_of(h) for h in handles]
+        check(all(segs), "a packed storage did not give a segmented handle")
+        groups: dict[bytes, list[int]] = {}
+        for h in handles:  # storages whose handles name the same segments (their inline tables)
+            groups.setdefault(bytes(h.key[: h.key_len]), []).append(h.storage_offset)
+        sizes = sorted((len(v) for v in groups.values()), reverse=True)
+        info(f"packed: {count} storages in {len(groups)} segment list(s) (storages per list: {sizes}); "
+             f"segments {segs[0]}; offsets {sorted(next(iter(groups.values())))[:5]}...")
+        check(sizes[0] >= 2, f"expected storages packed in one segment, got {sizes}")
+        check(all(len(set(v)) == len(v) for v in groups.values()), "two storages of one segment share an offset")
+        lines = [f"{cx.args_to_text_full(a)} {n} {float(i * 1000)!r} {float(-(i + 1))!r}"
+                 for i, a in enumerate(shares)]
+        r = cx.run_tool(["consume-many"], 90, "\n".join(lines) + "\n")
+        out = r.stdout.strip().splitlines()
+        check(r.returncode == 0 and not [x for x in out if x.startswith("FAIL")], f"consume-many: {out[-3:]}")
+        info(f"packed consumer: {out[-1]}")
+        torch.cuda.synchronize()
+        bad = [i for i, t in enumerate(ts) if not bool((t == -(i + 1)).all())]
+        check(not bad, f"packed storages {bad[:5]} do not show the consumer's writes")
+        slots = [read_ref_slot(bytes(a[11]), int(a[12])) for a in shares]
+        check(all(v == 0 for v in slots), f"ref-counter slots after release: {slots}")
+
+        # 2. A storage that spans segments, behind another block (a non-zero storage offset).
+        pad = torch.empty(3 << 20, dtype=torch.float32, device=dev)  # 12 MiB
+        n2 = 12 << 20  # 48 MiB: spans at least 3 segments of the 20 MiB large pool
+        big = torch.arange(n2, dtype=torch.float32, device=dev).remainder_(1 << 20)
+        torch.cuda.synchronize()
+        a2 = _es_args(cx, big)
+        h2 = cx.args_to_handle(a2)[1]
+        s2 = segments_of(h2)
+        info(f"spanning: {s2}, storage_offset {h2.storage_offset}, storage_size {h2.storage_size}")
+        check(s2 and h2.storage_offset % s2["segment_size"] + h2.storage_size > s2["segment_size"],
+              "the 48 MiB storage does not span segments")
+        ok = cx.consume(cx.args_to_text_full(a2), 1 << 20, 0.0, 7.0, timeout=120)
+        info(f"spanning consumer: {ok}")
+        torch.cuda.synchronize()
+        check(bool((big == 7.0).all()), "the spanning storage does not show the consumer's writes")
+        check(read_ref_slot(bytes(a2[11]), int(a2[12])) == 0, "spanning: slot not 0 after release")
+        del pad
+
+        # 3. A segment table too long for the handle struct (over 32 fds): it travels in the text.
+        n3 = 176_000_000  # 704 MB: 34+ segments of 20 MiB
+        huge = torch.zeros(n3, dtype=torch.float32, device=dev)
+        huge[: 1 << 20] = torch.arange(1 << 20, dtype=torch.float32, device=dev)
+        torch.cuda.synchronize()
+        a3 = _es_args(cx, huge)
+        h3 = cx.args_to_handle(a3)[1]
+        s3 = segments_of(h3)
+        info(f"long table: {s3}, {len(bytes(a3[7]))}-byte 'e' handle")
+        check(s3 and not s3["inline"], f"expected a table too long for the struct, got {s3}")
+        ok = cx.consume(cx.args_to_text_full(a3), 1 << 20, 0.0, 3.0, timeout=150)
+        info(f"long-table consumer: {ok}")
+        torch.cuda.synchronize()
+        check(float(huge[0]) == 3.0 and float(huge[-1]) == 3.0, "long table: writes not seen")
+        check(read_ref_slot(bytes(a3[11]), int(a3[12])) == 0, "long table: slot not 0 after release")
+        del huge
+
+        # 4. The package, when present: devshare.share(tensor in an expandable segment).
+        try:
+            import devshare  # noqa: PLC0415
+        except Exception as e:  # noqa: BLE001
+            info(f"package part skipped: import devshare failed: {e}")
+        else:
+            t4 = torch.arange(1 << 16, dtype=torch.float32, device=dev)
+            hp = devshare.share(t4)
+            check(getattr(hp, "segmented", False), "devshare.share gave a handle that is not segmented")
+            cx.consume(hp.to_text(), 1 << 16, 0.0, -9.0)
+            torch.cuda.synchronize()
+            check(bool((t4 == -9.0).all()), "devshare.share: writes not seen")
+            info("package: devshare.share(expandable-segment tensor) -> C consumer: ok")
+    finally:
+        cx.lib.allow_ptrace(0)
+    return "packed, spanning and long-table expandable-segment storages read and written by C consumers; slots 0"
+
+
+def case_j_vmm_c_to_torch(cx: Ctx):
+    """C VMM producer (cuMemCreate + devshare_export_segments) -> stock rebuild_cuda_tensor of the 'e' tuple."""
+    torch, red = cx.torch, cx.reductions
+    storage_cls = _storage_class(torch)
+    info(f"consumer: torch {torch.__version__} (stock rebuild_cuda_tensor); ptrace_scope "
+         f"{ptrace_scope() or 'absent (no Yama)'} (the consumer is the producer's parent: allowed)")
+    done = []
+    for nseg, where in ((3, "inline"), (40, "external")):
+        n, offset, start, write = 1_000_000, (1 << 20) + 4096, 2.0, 5.0  # spans segments 0..2
+        prod = cx.producer_vmm(nseg, n, offset, start, 60000)
+        try:
+            text, f = prod.handle_and_torch()
+            seg = next((x for x in prod.seen if x.startswith("SEGMENTS")), "")
+            info(f"{nseg} segments: {seg}; TORCH handle {len(f['handle'])} bytes, offset {f['offset']}")
+            check(f"table={where}" in seg, f"expected the table {where}: {seg}")
+            check(f["handle"][:2] == b"\x02e" and len(f["handle"]) == 26 + 4 * nseg,
+                  f"the TORCH handle is not a version-2 'e' form of {nseg} fds: {f['handle'][:8].hex()}")
+            args = (torch.Tensor, torch.Size([n]), (1,), 0, storage_cls, torch.float32, f["device"],
+                    f["handle"], f["size"], f["offset"], False, f["ref_name"], f["slot"], f["event"],
+                    f["sync"])
+            t = red.rebuild_cuda_tensor(*args)
+            want = torch.arange(n, dtype=torch.float32, device=t.device).add_(start)
+            check(bool(torch.equal(t, want)), f"values differ: t[:4]={t[:4].tolist()}")
+            t.fill_(write)
+            torch.cuda.synchronize()
+            del t, want
+            gc.collect()
+            torch.cuda.synchronize()
+            torch.cuda.ipc_collect()
+            rel, after = prod.finish()
+            a = after_fields(after)
+            info(f"{nseg} segments: producer {rel}; {after}")
+            check(a["first"] == write and a["last"] == write, f"producer does not see torch's writes: {after}")
+            check(a["pad"] == -1.0, f"torch wrote outside the tensor: {after}")
+            done.append(f"{nseg} ({where})")
+        finally:
+            prod.kill()
+    return f"rebuild_cuda_tensor opened devshare's 'e' tuples of {' and '.join(done)} segments; writes seen, RELEASED"
+
+
+def case_k_ptrace_sibling(cx: Ctx):
+    """Yama ptrace_scope=1: a sibling consumer of a C VMM producer is refused with devshare's message."""
+    scope = ptrace_scope()
+    if scope != "1":
+        raise CaseSkip(f"kernel.yama.ptrace_scope is {scope if scope is not None else 'absent (no Yama)'}, not 1: "
+                       f"the sibling-permission failure this case checks only happens under ptrace_scope=1")
+    n, start = 4096, 1.0
+    # The producer and the consumer are both children of this process: siblings.
+    prod = cx.producer_vmm(2, n, 0, start, 5000)
+    try:
+        text, _ = prod.handle_and_torch()
+        r = cx.run_tool(["consume", text, n, repr(start), "2.0"], 60)
+        last = (r.stdout.strip().splitlines() or [""])[-1]
+        info(f"sibling consumer (rc {r.returncode}): {last[:400]}")
+        check(r.returncode != 0 and last.startswith("FAIL"), "the sibling consumer was not refused")
+        for words in ("pidfd_getfd", "ptrace_scope is 1", "devshare_allow_ptrace", "PR_SET_PTRACER"):
+            check(words in last, f"the message does not name {words!r}: {last}")
+        rel = prod.wait_line(("RELEASED", "TIMEOUT"), 30)
+        check(rel.startswith("TIMEOUT"), f"the refused consumer returned the reference: {rel}")
+    finally:
+        prod.kill()
+    # The fix the message names: the producer allows its consumers (devshare_allow_ptrace(-1)).
+    prod = cx.producer_vmm(2, n, 0, start, 30000, "allow-ptrace")
+    try:
+        text, _ = prod.handle_and_torch()
+        ok = cx.consume(text, n, start, 2.0)
+        rel, _ = prod.finish()
+        info(f"with devshare_allow_ptrace(-1): consumer {ok}; producer {rel}")
+    finally:
+        prod.kill()
+    return "sibling refused under ptrace_scope=1 with the cause and the fix named; devshare_allow_ptrace fixes it"
+
+
+def case_l_vmm_c_to_c(cx: Ctx):
+    """C VMM producer -> C consumer (devshare_import_text): inline and long tables, fd and fabric."""
+    done = []
+    for nseg, opts in ((3, ()), (40, ()), (3, ("fabric",))):
+        n, offset, start, write = 1_000_000, (1 << 20) + 4096, 4.0, -6.0
+        prod = cx.producer_vmm(nseg, n, offset, start, 30000, "allow-ptrace", *opts)
+        try:
+            try:
+                text, _ = prod.handle_and_torch()
+            except CaseFail as e:
+                if "fabric" in opts and "cuMemCreate (fabric)" in str(e):
+                    info(f"fabric handles are not supported here (no multi-node NVLink / IMEX): {e}")
+                    continue
+                raise
+            seg = next((x for x in prod.seen if x.startswith("SEGMENTS")), "")
+            ok = cx.consume(text, n, start, write)
+            rel, after = prod.finish()
+            a = after_fields(after)
+            info(f"{seg}: consumer {ok}; producer {rel}; {after}")
+            check(a["first"] == write and a["last"] == write and a["pad"] == -1.0, f"{seg}: {after}")
+            done.append(seg.split(" ", 1)[1] if " " in seg else seg)
+        finally:
+            prod.kill()
+    return "C VMM export -> C import: " + "; ".join(done)
 
 
 def case_g_package_api(cx: Ctx):
@@ -931,6 +1242,11 @@ CASES = [
     ("f_expandable_segments", case_f_expandable_segments, 60,
      {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, True),
     ("g_package_api", case_g_package_api, 90, {}, True),
+    ("i_es_torch_to_c", case_i_es_torch_to_c, 200,
+     {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, True),
+    ("j_vmm_c_to_torch", case_j_vmm_c_to_torch, 90, {}, True),
+    ("k_ptrace_sibling", case_k_ptrace_sibling, 60, {}, False),
+    ("l_vmm_c_to_c", case_l_vmm_c_to_c, 90, {}, False),
     ("e1_bench_import", case_e1_bench_import, 90, {}, False),
     ("e2_handoff", case_e2_handoff, 200, {}, True),
 ]
@@ -1171,72 +1487,110 @@ def main_dry_run(bundle: pathlib.Path) -> int:
     lib = Lib(os.environ.get("DEVSHARE_LIBRARY") or str(bundle / "libdevshare.so"))
     print(f"    library {lib.path}, version {lib.version()}; cuda probe: {lib.probe_cuda()}", flush=True)
 
-    # The mirrors (python/devshare/_abi.py) == the structs as gpu_tool was compiled. The full
-    # check, every field of every struct, is tests/python/test_abi_layout.py; this one guards
-    # against a bundle built from another header than this checkout's.
+    # The mirrors (python/devshare/_abi.py) == the structs as gpu_tool was compiled: every
+    # struct the package mirrors, every field (sizeof and offsetof). The full check, against the
+    # header itself, is tests/python/test_abi_layout.py; this one guards against a bundle built
+    # from another header than this checkout's.
     out = subprocess.run([tool, "layout"], capture_output=True, text=True, timeout=30).stdout
     c_sizes = dict(kv.split("=") for kv in out.splitlines()[0].split()[1:])
     offs = {}
     for ln in out.splitlines()[1:]:
         parts = ln.split()
         offs[parts[1]] = {k: int(v) for k, v in (kv.split("=") for kv in parts[2:])}
-    bad, seen = [], []
+    bad = [f"gpu_tool layout lacks {c} (which _abi.py mirrors)" for c in abi.STRUCTS if c not in c_sizes]
     for cname, size in c_sizes.items():
         cls = abi.STRUCTS.get(cname)
         if cls is None:
             bad.append(f"gpu_tool layout names {cname}, which _abi.py does not mirror")
             continue
-        seen.append(cname)
         if int(size) != sizeof(cls):
             bad.append(f"sizeof {cname}: C {size}, ctypes {sizeof(cls)}")
-        for field, off in offs.get(cname, {}).items():
+        c_fields = offs.get(cname, {})
+        py_fields = [f[0] for f in cls._fields_]
+        if list(c_fields) != py_fields:
+            bad.append(f"{cname} fields: C {list(c_fields)}, ctypes {py_fields}")
+        for field, off in c_fields.items():
             got = getattr(getattr(cls, field, None), "offset", None)
             if got != off:
                 bad.append(f"{cname}.{field}: C {off}, ctypes {got if got is not None else 'missing'}")
     if bad:
         r.verdict("FAIL", "layout", "; ".join(bad))
     else:
-        r.verdict("PASS", "layout", f"ctypes mirrors of {', '.join(seen)} match gpu_tool layout")
+        r.verdict("PASS", "layout", f"every field of the {len(c_sizes)} mirrored structs matches gpu_tool layout")
 
-    # Synthetic PyTorch tuples through devshare_handle_from_torch -> to_text -> gpu_tool describe
+    # Synthetic PyTorch tuples through devshare_handle_from_torch(_encoded) -> text -> gpu_tool describe
     key = bytes(range(1, 65))
     event = bytes(range(100, 164))
     common = dict(shape=[4, 250], strides=[250, 1], tensor_offset=8, dtype=(2, 32, 1), device=0,
                   storage_size=4096, storage_offset=512, ref_name=b"/torch_4242_77_0", ref_slot=7)
+    mib2 = (2 << 20).to_bytes(8, sys.byteorder)
+
+    def cuda_e(pid, n, records, version=2):
+        # {int32 pid; 4 padding bytes (garbage, as PyTorch leaves them); u64 segment_size; u64 n}
+        return (bytes([version]) + b"e" + pid.to_bytes(4, sys.byteorder, signed=True) + b"\xde\xad\xbe\xef"
+                + mib2 + n.to_bytes(8, sys.byteorder) + records)
+
+    def fds(k):
+        return b"".join((100 + i).to_bytes(4, sys.byteorder) for i in range(k))
+
+    fabric = bytes(range(64)) + bytes(range(64, 128))
+    # name, storage handle, event, sync, expected status, what gpu_tool describe must print
+    # (key, pid, flags, segments) for an accepted one, or words the error message must hold
     cases = [
-        ("dry_c_v2_event", b"\x02c" + key, event, True, STATUS_OK),
-        ("dry_raw64", key, bytes(64), False, STATUS_OK),
-        ("dry_c_v3", b"\x03c" + key, bytes(64), False, STATUS_OK),
-        # version-2 'e': {int32 pid; 4 pad; u64 segment_size; u64 num_handles} + one int32 fd
-        ("dry_expandable", b"\x02e" + (4242).to_bytes(4, "little") + bytes(4)
-         + (1 << 21).to_bytes(8, "little") + (1).to_bytes(8, "little") + (5).to_bytes(4, "little"),
-         bytes(64), False, STATUS_UNSUPPORTED),
-        ("dry_c_v9", b"\x09c" + key, bytes(64), False, STATUS_UNSUPPORTED_VERSION),
+        ("dry_c_v2_event", b"\x02c" + key, event, True, STATUS_OK, {}),
+        ("dry_raw64", key, bytes(64), False, STATUS_OK, {}),
+        ("dry_c_v3", b"\x03c" + key, bytes(64), False, STATUS_OK, {}),
+        ("dry_e_fd", cuda_e(31337, 1, fds(1)), bytes(64), False, STATUS_OK,
+         {"key": fds(1).hex(), "pid": "31337", "flags": "4", "segments": "1x2097152/fd/inline",
+          "alloc_size": str(2 << 20)}),
+        ("dry_e_fd_event", cuda_e(31337, 3, fds(3)), event, True, STATUS_OK,
+         {"key": fds(3).hex(), "pid": "31337", "flags": "5", "segments": "3x2097152/fd/inline"}),
+        ("dry_e_fd_long_table", cuda_e(31337, 40, fds(40)), bytes(64), False, STATUS_OK,
+         {"key": "-", "pid": "31337", "flags": "4", "segments": "40x2097152/fd/external",
+          "alloc_size": str(40 * (2 << 20))}),
+        ("dry_e_fabric", cuda_e(31337, 2, fabric), bytes(64), False, STATUS_OK,
+         {"key": fabric.hex(), "pid": "31337", "flags": "4", "segments": "2x2097152/fabric/inline"}),
+        ("dry_e_v1", cuda_e(31337, 1, fds(1), version=1), bytes(64), False, STATUS_UNSUPPORTED_VERSION,
+         "version 1"),
+        ("dry_e_v3", cuda_e(31337, 1, fds(1), version=3), bytes(64), False, STATUS_UNSUPPORTED_VERSION,
+         "version 3"),
+        ("dry_e_pid0", cuda_e(0, 1, fds(1)), bytes(64), False, int(abi.Status.INVALID_HANDLE), "pid 0"),
+        ("dry_e_length", cuda_e(31337, 3, fds(2)), bytes(64), False, int(abi.Status.BAD_LENGTH), "neither 12"),
+        ("dry_c_v9", b"\x09c" + key, bytes(64), False, STATUS_UNSUPPORTED_VERSION, "version 9"),
     ]
-    for name, handle, ev, sync, want in cases:
-        st, h, msg = lib.from_torch_fields(handle=handle, event_handle=ev, event_sync=sync, **common)
+    for name, handle, ev, sync, want, expect_more in cases:
+        st, text, msg = lib.from_torch_text(handle=handle, event_handle=ev, event_sync=sync, **common)
         if st != want:
             r.verdict("FAIL", name, f"status {st} ({lib.status_name(st)}), expected {want}: {msg}")
             continue
         if st != STATUS_OK:
-            if want == STATUS_UNSUPPORTED and "expandable_segments" not in msg:
-                r.verdict("FAIL", name, f"message does not name expandable_segments: {msg}")
+            if expect_more not in msg:
+                r.verdict("FAIL", name, f"the message does not name {expect_more!r}: {msg}")
             else:
                 r.verdict("PASS", name, f"{lib.status_name(st)}: {msg[:120]}")
             continue
-        text = lib.to_text(h)
+        # The plain struct path must agree with the encoded one (it drops a long table only).
+        st2, h, msg2 = lib.from_torch_fields(handle=handle, event_handle=ev, event_sync=sync, **common)
+        if st2 != STATUS_OK:
+            r.verdict("FAIL", name, f"devshare_handle_from_torch: {lib.status_name(st2)}: {msg2}")
+            continue
+        if not expect_more.get("segments", "").endswith("external") and lib.to_text(h) != text:
+            r.verdict("FAIL", name, "devshare_handle_to_text differs from the encoded tuple's text")
+            continue
         d = subprocess.run([tool, "describe", text], capture_output=True, text=True, timeout=30)
         fields = dict(kv.split("=", 1) for kv in d.stdout.split()[1:] if "=" in kv)
         expect = {"backend": "3", "pid": "4242", "shape": "4,250", "strides": "250,1",
                   "storage_offset": "512", "storage_size": "4096", "tensor_offset": "8",
                   "key": key.hex(), "ref_name": "/torch_4242_77_0", "ref_slot": "7",
                   "flags": "1" if sync else "0", "event": event.hex() if sync else "-"}
+        expect.update(expect_more)
         diff = {k: (fields.get(k), v) for k, v in expect.items() if fields.get(k) != v}
         if d.returncode != 0 or diff:
             r.verdict("FAIL", name, f"gpu_tool describe: rc {d.returncode} {d.stdout.strip()[:200]} "
                       f"differs (got, want): {diff}")
         else:
-            r.verdict("PASS", name, "from_torch -> text -> gpu_tool describe round trip")
+            r.verdict("PASS", name, "from_torch(_encoded) -> text -> gpu_tool describe round trip"
+                      + (f" ({expect_more['segments']})" if "segments" in expect_more else ""))
 
     print("    cases a real run would execute (timeout s, extra env, needs torch):", flush=True)
     for name, fn, timeout, env_extra, needs_torch in CASES:

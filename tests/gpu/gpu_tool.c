@@ -8,8 +8,9 @@
  * integers, so comparisons are exact.
  *
  *   gpu_tool consume <text-handle> <nfloats-to-check> <expect-start> <write-value>
- *       Import the handle (options with a stream this tool created, so an event the handle
- *       carries is waited on with cuStreamWaitEvent), copy the tensor to the host, check that
+ *       Import the handle with devshare_import_text (options with a stream this tool created, so
+ *       an event the handle carries is waited on with cuStreamWaitEvent; the text also carries a
+ *       segment table too long for the handle struct), copy the tensor to the host, check that
  *       element i == expect-start + i for i < nfloats-to-check, write write-value into every
  *       element, synchronise, release. Prints
  *           OK sum=<sum of the checked elements> numel=<n> import_us=<t> release_us=<t>
@@ -52,8 +53,27 @@
  *           CACHED_US n=<k> p50=<t> min=<t> max=<t>
  *           RELEASED
  *
- *   gpu_tool describe <text-handle>     parse (no CUDA) and print the handle's fields
- *   gpu_tool layout                     print sizeof/offsetof of the structs Python mirrors
+ *   gpu_tool produce-vmm <nsegments> <nfloats> <offset-bytes> <start> <timeout-ms> [options]
+ *       A C VMM producer, as PyTorch's expandable segments are made: cuMemCreate nsegments
+ *       physical allocations of 2 MiB (POSIX-fd shareable; "fabric": fabric handles), reserve
+ *       nsegments x 2 MiB of address space, cuMemMap them back to back, cuMemSetAccess
+ *       read-write, fill every float with -1 and the nfloats from offset-bytes on with start + i,
+ *       export them with devshare_export_segments and share that window as a float32 1-D tensor
+ *       (devshare_exporter_share_encoded: the encoding carries a segment table too long for the
+ *       handle struct). Options: "fabric"; "allow-ptrace" calls devshare_allow_ptrace(-1) (any
+ *       process may take this producer's fds under Yama ptrace_scope 1; without it only an
+ *       ancestor may). Prints
+ *           SEGMENTS count=<n> segment_size=<bytes> kind=<fd|fabric> table=<inline|external>
+ *           HANDLE <text>
+ *           TORCH <device> <handle_hex> <size> <offset> <refname_hex|-> <slot> <event_hex> <sync>
+ *       (the TORCH handle is the version-2 'e' form from devshare_torch_storage_handle), then,
+ *       as produce: RELEASED / TIMEOUT, then
+ *           AFTER first=<element 0> last=<element n-1> pad=<float before the window or -1>
+ *       closes the exporter, unmaps, releases and frees the address range, exits 0 (1 on TIMEOUT).
+ *
+ *   gpu_tool describe <text-handle>     parse (no CUDA) and print the handle's fields; for a
+ *                                       segmented handle also segments=<n>x<size>/<kind>/<where>
+ *   gpu_tool layout                     print sizeof/offsetof of every struct Python mirrors
  *
  * Exit status: 0 success, 1 failure (FAIL line on stdout, details on stderr), 2 usage.
  */
@@ -79,6 +99,28 @@ typedef int CUdevice;
 typedef void *CUcontext;
 typedef void *CUstream;
 typedef unsigned long long CUdeviceptr;
+/* VMM (cuMemCreate & co.), as in cuda.h (x86-64 layouts). */
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct {
+    int type; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
+    int id;
+} CUmemLocation;
+typedef struct {
+    int type;                 /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+    int requestedHandleTypes; /* CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1, FABRIC = 8 */
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+typedef struct {
+    CUmemLocation location;
+    int flags; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 */
+} CUmemAccessDesc;
 
 static struct {
     void *lib;
@@ -94,6 +136,17 @@ static struct {
     CUresult (*cuStreamCreate)(CUstream *, unsigned int);
     CUresult (*cuStreamSynchronize)(CUstream);
     CUresult (*cuGetErrorName)(CUresult, const char **); /* optional */
+    /* VMM, for produce-vmm only (optional when loading) */
+    CUresult (*cuMemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, int);
+    CUresult (*cuMemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                            unsigned long long);
+    CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+    CUresult (*cuMemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
+    CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                         unsigned long long);
+    CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
+    CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
 } cu;
 
 static CUstream g_stream;
@@ -174,6 +227,14 @@ static int cuda_setup(void) {
     bad |= load_sym("cuStreamCreate", &cu.cuStreamCreate, 1);
     bad |= load_sym("cuStreamSynchronize", &cu.cuStreamSynchronize, 1);
     bad |= load_sym("cuGetErrorName", &cu.cuGetErrorName, 0);
+    bad |= load_sym("cuMemGetAllocationGranularity", &cu.cuMemGetAllocationGranularity, 0);
+    bad |= load_sym("cuMemCreate", &cu.cuMemCreate, 0);
+    bad |= load_sym("cuMemRelease", &cu.cuMemRelease, 0);
+    bad |= load_sym("cuMemAddressReserve", &cu.cuMemAddressReserve, 0);
+    bad |= load_sym("cuMemAddressFree", &cu.cuMemAddressFree, 0);
+    bad |= load_sym("cuMemMap", &cu.cuMemMap, 0);
+    bad |= load_sym("cuMemUnmap", &cu.cuMemUnmap, 0);
+    bad |= load_sym("cuMemSetAccess", &cu.cuMemSetAccess, 0);
     if (bad) {
         return 1;
     }
@@ -338,20 +399,16 @@ static int check_and_write(CUdeviceptr data, uint64_t numel, uint64_t ncheck, do
     return 0;
 }
 
-/* Import text with this tool's stream and wait for the stream (and so the producer's event). */
+/* Import text with this tool's stream and wait for the stream (and so the producer's event).
+ * devshare_import_text rather than devshare_handle_from_text + devshare_import: the text of a
+ * segmented handle may carry a segment table that the DevshareHandle struct cannot hold. */
 static int import_text(const char *text, DevshareImport **imp, char *why, size_t cap) {
-    DevshareHandle h;
-    int32_t st = devshare_handle_from_text(text, &h);
-    if (st != DEVSHARE_STATUS_OK) {
-        ds_error(why, cap, "devshare_handle_from_text", st);
-        return -1;
-    }
     DevshareImportOptions opt;
     devshare_import_options_init(&opt, sizeof opt);
     opt.stream = g_stream;
-    st = devshare_import(&h, &opt, imp);
+    int32_t st = devshare_import_text(text, &opt, imp);
     if (st != DEVSHARE_STATUS_OK) {
-        ds_error(why, cap, "devshare_import", st);
+        ds_error(why, cap, "devshare_import_text", st);
         return -1;
     }
     CUresult rc = cu.cuStreamSynchronize(g_stream);
@@ -606,6 +663,300 @@ static int cmd_produce(int argc, char **argv) {
     return released ? 0 : 1;
 }
 
+/* "devshare1:" + unpadded URL-safe base64 of an encoded handle (the text form): the C API's
+ * devshare_handle_to_text takes a DevshareHandle, which cannot hold a long segment table. */
+static char *text_of_encoding(const uint8_t *p, size_t n) {
+    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    static const char prefix[] = "devshare1:";
+    char *out = malloc(sizeof prefix + (n + 2) / 3 * 4);
+    if (out == NULL) {
+        return NULL;
+    }
+    char *o = out + sizeof prefix - 1;
+    memcpy(out, prefix, sizeof prefix - 1);
+    size_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
+        *o++ = abc[v >> 18];
+        *o++ = abc[(v >> 12) & 63];
+        *o++ = abc[(v >> 6) & 63];
+        *o++ = abc[v & 63];
+    }
+    if (n - i == 1) {
+        uint32_t v = (uint32_t)p[i] << 16;
+        *o++ = abc[v >> 18];
+        *o++ = abc[(v >> 12) & 63];
+    } else if (n - i == 2) {
+        uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8;
+        *o++ = abc[v >> 18];
+        *o++ = abc[(v >> 12) & 63];
+        *o++ = abc[(v >> 6) & 63];
+    }
+    *o = '\0';
+    return out;
+}
+
+enum { VMM_SEGMENT = 2 << 20, VMM_MAX_SEGMENTS = 4096 };
+
+/* What produce-vmm built, for teardown in reverse order. */
+struct vmm {
+    CUdeviceptr va;
+    size_t count, mapped, created;
+    CUmemGenericAllocationHandle phys[VMM_MAX_SEGMENTS];
+};
+
+static void vmm_free(struct vmm *m) {
+    for (size_t i = 0; i < m->mapped; i++) {
+        cu.cuMemUnmap(m->va + i * (CUdeviceptr)VMM_SEGMENT, VMM_SEGMENT);
+    }
+    for (size_t i = 0; i < m->created; i++) {
+        cu.cuMemRelease(m->phys[i]);
+    }
+    if (m->va != 0) {
+        cu.cuMemAddressFree(m->va, m->count * (size_t)VMM_SEGMENT);
+    }
+    m->mapped = m->created = 0;
+    m->va = 0;
+}
+
+/* cuMemCreate + reserve + map + set access: count segments of VMM_SEGMENT on device 0. */
+static int vmm_build(struct vmm *m, int fabric, char *why, size_t cap) {
+    if (cu.cuMemCreate == NULL || cu.cuMemAddressReserve == NULL || cu.cuMemMap == NULL ||
+        cu.cuMemSetAccess == NULL || cu.cuMemUnmap == NULL || cu.cuMemRelease == NULL ||
+        cu.cuMemAddressFree == NULL || cu.cuMemGetAllocationGranularity == NULL) {
+        snprintf(why, cap, "the CUDA driver library lacks the VMM calls (cuMemCreate & co.)");
+        return -1;
+    }
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = 1;                                /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    prop.requestedHandleTypes = fabric ? 8 : 1;   /* FABRIC : POSIX_FILE_DESCRIPTOR */
+    prop.location.type = 1;                       /* CU_MEM_LOCATION_TYPE_DEVICE */
+    prop.location.id = 0;
+    size_t gran = 0;
+    CUresult rc = cu.cuMemGetAllocationGranularity(&gran, &prop, 0);
+    if (rc != 0) {
+        cu_error(why, cap, "cuMemGetAllocationGranularity", rc);
+        return -1;
+    }
+    if (gran == 0 || VMM_SEGMENT % gran != 0) {
+        snprintf(why, cap, "the allocation granularity %zu does not divide the %d-byte segment", gran,
+                 VMM_SEGMENT);
+        return -1;
+    }
+    for (; m->created < m->count; m->created++) {
+        rc = cu.cuMemCreate(&m->phys[m->created], VMM_SEGMENT, &prop, 0);
+        if (rc != 0) {
+            cu_error(why, cap, fabric ? "cuMemCreate (fabric)" : "cuMemCreate (POSIX fd)", rc);
+            return -1;
+        }
+    }
+    rc = cu.cuMemAddressReserve(&m->va, m->count * (size_t)VMM_SEGMENT, 0, 0, 0);
+    if (rc != 0) {
+        m->va = 0;
+        cu_error(why, cap, "cuMemAddressReserve", rc);
+        return -1;
+    }
+    for (; m->mapped < m->count; m->mapped++) {
+        rc = cu.cuMemMap(m->va + m->mapped * (CUdeviceptr)VMM_SEGMENT, VMM_SEGMENT, 0,
+                         m->phys[m->mapped], 0);
+        if (rc != 0) {
+            cu_error(why, cap, "cuMemMap", rc);
+            return -1;
+        }
+    }
+    CUmemAccessDesc access;
+    memset(&access, 0, sizeof access);
+    access.location.type = 1;
+    access.location.id = 0;
+    access.flags = 3; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
+    rc = cu.cuMemSetAccess(m->va, m->count * (size_t)VMM_SEGMENT, &access, 1);
+    if (rc != 0) {
+        cu_error(why, cap, "cuMemSetAccess", rc);
+        return -1;
+    }
+    return 0;
+}
+
+static int cmd_produce_vmm(int argc, char **argv) {
+    int64_t nseg = 0, n = 0, offset = 0, timeout_ms = 0;
+    double start = 0;
+    int fabric = 0, allow = 0;
+    if (parse_i64(argv[0], &nseg) != 0 || nseg <= 0 || nseg > VMM_MAX_SEGMENTS ||
+        parse_i64(argv[1], &n) != 0 || n <= 0 || parse_i64(argv[2], &offset) != 0 || offset < 0 ||
+        offset % 4 != 0 || parse_f64(argv[3], &start) != 0 || parse_i64(argv[4], &timeout_ms) != 0) {
+        return fail("usage: produce-vmm <nsegments 1..%d> <nfloats> <offset-bytes, a multiple of 4> "
+                    "<start> <timeout-ms> [fabric] [allow-ptrace]", VMM_MAX_SEGMENTS);
+    }
+    for (int i = 5; i < argc; i++) {
+        if (strcmp(argv[i], "fabric") == 0) {
+            fabric = 1;
+        } else if (strcmp(argv[i], "allow-ptrace") == 0) {
+            allow = 1;
+        } else {
+            return fail("produce-vmm: unknown option %s (fabric, allow-ptrace)", argv[i]);
+        }
+    }
+    size_t total = (size_t)nseg * VMM_SEGMENT;
+    if ((uint64_t)offset + (uint64_t)n * 4 > total) {
+        return fail("produce-vmm: %" PRId64 " floats at offset %" PRId64 " do not fit %" PRId64
+                    " segments of %d bytes", n, offset, nseg, VMM_SEGMENT);
+    }
+    if (cuda_setup() != 0) {
+        return 1;
+    }
+    char why[2048];
+    static struct vmm m;
+    m.count = (size_t)nseg;
+    float *host = malloc(total);
+    if (host == NULL) {
+        return fail("out of host memory");
+    }
+    for (size_t i = 0; i < total / sizeof(float); i++) {
+        host[i] = -1.0f;
+    }
+    float *win = host + offset / 4;
+    for (int64_t i = 0; i < n; i++) {
+        win[i] = (float)(start + (double)i);
+    }
+    if (vmm_build(&m, fabric, why, sizeof why) != 0) {
+        vmm_free(&m);
+        free(host);
+        return fail("%s", why);
+    }
+    CUresult rc = cu.cuMemcpyHtoD_v2(m.va, host, total);
+    if (rc == 0) {
+        rc = cu.cuCtxSynchronize();
+    }
+    if (rc != 0) {
+        vmm_free(&m);
+        free(host);
+        return fail("%s", cu_error(why, sizeof why, "cuMemcpyHtoD_v2 (VMM)", rc));
+    }
+    if (allow) {
+        int32_t st = devshare_allow_ptrace(-1);
+        if (st != DEVSHARE_STATUS_OK) {
+            vmm_free(&m);
+            free(host);
+            return fail("%s", ds_error(why, sizeof why, "devshare_allow_ptrace(-1)", st));
+        }
+    }
+    DevshareExporter *ex = NULL;
+    uint64_t phys[VMM_MAX_SEGMENTS];
+    for (size_t i = 0; i < m.count; i++) {
+        phys[i] = m.phys[i];
+    }
+    int32_t st = devshare_export_segments(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)m.va, phys,
+                                          m.count, VMM_SEGMENT, fabric ? DEVSHARE_EXPORT_FABRIC : 0,
+                                          &ex);
+    if (st != DEVSHARE_STATUS_OK) {
+        vmm_free(&m);
+        free(host);
+        return fail("%s", ds_error(why, sizeof why, "devshare_export_segments", st));
+    }
+    int64_t shape[1] = {n};
+    DevshareTensorDesc desc;
+    devshare_tensor_desc_init(&desc, sizeof desc);
+    desc.dtype.code = DEVSHARE_DTYPE_FLOAT;
+    desc.dtype.bits = 32;
+    desc.dtype.lanes = 1;
+    desc.ndim = 1;
+    desc.shape = shape;
+    desc.storage_offset = (uint64_t)offset;
+    desc.storage_size = (uint64_t)n * 4;
+    /* The encoding (and its length) first, then the handle struct, the table and the 'e' bytes. */
+    size_t enc_len = 0, table_len = 0, torch_len = 0;
+    uint8_t *enc = NULL, *table = NULL, *torch = NULL;
+    char *text = NULL;
+    DevshareHandle h;
+    const char *call = "devshare_exporter_share_encoded (length)";
+    st = devshare_exporter_share_encoded(ex, &desc, NULL, 0, &enc_len);
+    if (st == DEVSHARE_STATUS_BUFFER_TOO_SMALL && (enc = malloc(enc_len)) != NULL) {
+        call = "devshare_exporter_share_encoded";
+        st = devshare_exporter_share_encoded(ex, &desc, enc, enc_len, &enc_len);
+    }
+    if (st == DEVSHARE_STATUS_OK) {
+        call = "devshare_handle_decode";
+        st = devshare_handle_decode(enc, enc_len, &h);
+    }
+    if (st == DEVSHARE_STATUS_OK) {
+        call = "devshare_exporter_segment_table";
+        st = devshare_exporter_segment_table(ex, NULL, 0, &table_len);
+        /* OK with length 0: the table is inline (the handle holds it) */
+        if (st == DEVSHARE_STATUS_BUFFER_TOO_SMALL && (table = malloc(table_len)) != NULL) {
+            st = devshare_exporter_segment_table(ex, table, table_len, &table_len);
+        }
+    }
+    if (st == DEVSHARE_STATUS_OK) {
+        call = "devshare_torch_storage_handle";
+        st = devshare_torch_storage_handle(&h, table, table_len, NULL, 0, &torch_len);
+        if (st == DEVSHARE_STATUS_BUFFER_TOO_SMALL && (torch = malloc(torch_len)) != NULL) {
+            st = devshare_torch_storage_handle(&h, table, table_len, torch, torch_len, &torch_len);
+        }
+    }
+    if (st == DEVSHARE_STATUS_OK && (text = text_of_encoding(enc, enc_len)) == NULL) {
+        call = "base64";
+        st = DEVSHARE_STATUS_INTERNAL;
+    }
+    if (st != DEVSHARE_STATUS_OK) {
+        ds_error(why, sizeof why, call, st);
+        devshare_exporter_close(ex, DEVSHARE_CLOSE_FORCE);
+        vmm_free(&m);
+        free(host);
+        free(enc);
+        free(table);
+        free(torch);
+        return fail("%s", why);
+    }
+    printf("SEGMENTS count=%zu segment_size=%d kind=%s table=%s\n", m.count, VMM_SEGMENT,
+           fabric ? "fabric" : "fd", table_len ? "external" : "inline");
+    printf("HANDLE %s\n", text);
+    printf("TORCH %d ", (int)h.device_index);
+    print_hex(torch, torch_len);
+    printf(" %" PRIu64 " %" PRIu64 " ", h.storage_size, h.storage_offset);
+    print_hex(h.ref_name, h.ref_name_len);
+    printf(" %" PRIu64 " ", h.ref_slot);
+    static const uint8_t no_event[DEVSHARE_EVENT_HANDLE_SIZE];
+    print_hex(no_event, sizeof no_event);
+    printf(" 0\n");
+    fflush(stdout);
+    free(enc);
+    free(table);
+    free(torch);
+    free(text);
+
+    st = devshare_exporter_wait(ex, timeout_ms);
+    uint64_t left = 0;
+    devshare_exporter_outstanding(ex, &left);
+    int released = st == DEVSHARE_STATUS_OK;
+    if (released) {
+        printf("RELEASED outstanding=%" PRIu64 "\n", left);
+    } else if (st == DEVSHARE_STATUS_TIMEOUT) {
+        printf("TIMEOUT outstanding=%" PRIu64 "\n", left);
+    } else {
+        printf("FAIL %s\n", ds_error(why, sizeof why, "devshare_exporter_wait", st));
+    }
+    fflush(stdout);
+    rc = cu.cuMemcpyDtoH_v2(host, m.va, total);
+    if (rc == 0) {
+        printf("AFTER first=%.9g last=%.9g pad=%.9g\n", (double)win[0], (double)win[n - 1],
+               offset >= 4 ? (double)win[-1] : -1.0);
+    } else {
+        printf("FAIL %s\n", cu_error(why, sizeof why, "cuMemcpyDtoH_v2", rc));
+        released = 0;
+    }
+    /* Closing the exporter closes its fds; then unmap, release, free the range. */
+    st = devshare_exporter_close(ex, released ? 0 : DEVSHARE_CLOSE_FORCE);
+    if (st != DEVSHARE_STATUS_OK) {
+        printf("FAIL %s\n", ds_error(why, sizeof why, "devshare_exporter_close", st));
+        released = 0;
+    }
+    vmm_free(&m);
+    free(host);
+    fflush(stdout);
+    return released ? 0 : 1;
+}
+
 static int cmd_serve(void) {
     if (cuda_setup() != 0) {
         return 1;
@@ -748,19 +1099,58 @@ static int cmd_describe(const char *text) {
     printf(" ref_name=%.*s ref_slot=%" PRIu64 " event=", (int)h.ref_name_len,
            (const char *)h.ref_name, h.ref_slot);
     print_hex(h.event_handle, (h.flags & DEVSHARE_HANDLE_FLAG_EVENT) ? sizeof h.event_handle : 0);
+    /* A segmented handle's description: the DEVSHARE_EXT_SEGMENTS record in ext,
+     * {u64 segment_size; u32 count; u16 kind; u16 flags; u32 table_crc} (little-endian). */
+    for (size_t i = 0; (h.flags & DEVSHARE_HANDLE_FLAG_SEGMENTED) && i + 4 <= h.ext_len;) {
+        unsigned type = h.ext[i] | (unsigned)h.ext[i + 1] << 8;
+        size_t len = h.ext[i + 2] | (size_t)h.ext[i + 3] << 8;
+        const uint8_t *d = h.ext + i + 4;
+        if (type == DEVSHARE_EXT_SEGMENTS && len == 20 && i + 4 + len <= h.ext_len) {
+            uint64_t size = 0;
+            uint32_t count = 0;
+            for (int b = 7; b >= 0; b--) {
+                size = size << 8 | d[b];
+            }
+            for (int b = 3; b >= 0; b--) {
+                count = count << 8 | d[8 + b];
+            }
+            unsigned kind = d[12] | (unsigned)d[13] << 8, flags = d[14] | (unsigned)d[15] << 8;
+            printf(" segments=%ux%" PRIu64 "/%s/%s", count, size,
+                   kind == DEVSHARE_SEGMENTS_ACL       ? "acl"
+                   : kind == DEVSHARE_SEGMENTS_CUDA_FD ? "fd"
+                   : kind == DEVSHARE_SEGMENTS_CUDA_FABRIC ? "fabric"
+                                                           : "?",
+                   (flags & DEVSHARE_SEGMENTS_INLINE) ? "inline" : "external");
+            break;
+        }
+        i += 4 + len;
+    }
     printf("\n");
     return 0;
 }
 
 #define FIELD(T, f) printf(" %s=%zu", #f, offsetof(T, f))
+#define SIZE(T) printf(" %s=%zu", #T, sizeof(T))
 
+/* Every field of every struct the Python package mirrors (python/devshare/_abi.py STRUCTS; the
+ * dry run requires each of them here, and tests/python/test_abi_layout.py checks the header
+ * against the mirrors field by field). Keep it complete when the header grows. */
 static int cmd_layout(void) {
-    printf("SIZE DevshareHandle=%zu DevshareTorchArgs=%zu DevshareTorchStorage=%zu "
-           "DevshareImportOptions=%zu DevshareTensorDesc=%zu DevshareImportInfo=%zu "
-           "DevshareBackendInfo=%zu\n",
-           sizeof(DevshareHandle), sizeof(DevshareTorchArgs), sizeof(DevshareTorchStorage),
-           sizeof(DevshareImportOptions), sizeof(DevshareTensorDesc), sizeof(DevshareImportInfo),
-           sizeof(DevshareBackendInfo));
+    printf("SIZE");
+    SIZE(DevshareDType);
+    SIZE(DevshareTensorDesc);
+    SIZE(DevshareHandle);
+    SIZE(DevshareImportOptions);
+    SIZE(DevshareImportInfo);
+    SIZE(DevshareBackendInfo);
+    SIZE(DevshareTorchArgs);
+    SIZE(DevshareTorchStorage);
+    printf("\n");
+    printf("OFFSETS DevshareDType");
+    FIELD(DevshareDType, code);
+    FIELD(DevshareDType, bits);
+    FIELD(DevshareDType, lanes);
+    printf("\n");
     printf("OFFSETS DevshareTensorDesc");
     FIELD(DevshareTensorDesc, struct_size);
     FIELD(DevshareTensorDesc, dtype);
@@ -772,12 +1162,44 @@ static int cmd_layout(void) {
     FIELD(DevshareTensorDesc, storage_size);
     FIELD(DevshareTensorDesc, tensor_offset);
     FIELD(DevshareTensorDesc, stream);
-    printf("\nOFFSETS DevshareImportOptions");
+    printf("\n");
+    printf("OFFSETS DevshareHandle");
+    FIELD(DevshareHandle, struct_size);
+    FIELD(DevshareHandle, layout_version);
+    FIELD(DevshareHandle, backend);
+    FIELD(DevshareHandle, flags);
+    FIELD(DevshareHandle, device_index);
+    FIELD(DevshareHandle, device_uuid);
+    FIELD(DevshareHandle, host_id);
+    FIELD(DevshareHandle, producer_pid);
+    FIELD(DevshareHandle, ndim);
+    FIELD(DevshareHandle, alloc_size);
+    FIELD(DevshareHandle, storage_offset);
+    FIELD(DevshareHandle, storage_size);
+    FIELD(DevshareHandle, tensor_offset);
+    FIELD(DevshareHandle, dtype);
+    FIELD(DevshareHandle, key_len);
+    FIELD(DevshareHandle, shape);
+    FIELD(DevshareHandle, strides);
+    FIELD(DevshareHandle, key);
+    FIELD(DevshareHandle, ref_slot);
+    FIELD(DevshareHandle, ref_name_len);
+    FIELD(DevshareHandle, reserved0);
+    FIELD(DevshareHandle, ref_name);
+    FIELD(DevshareHandle, event_handle);
+    FIELD(DevshareHandle, layout_minor);
+    FIELD(DevshareHandle, ext_len);
+    FIELD(DevshareHandle, reserved1);
+    FIELD(DevshareHandle, ext);
+    printf("\n");
+    printf("OFFSETS DevshareImportOptions");
     FIELD(DevshareImportOptions, struct_size);
     FIELD(DevshareImportOptions, flags);
     FIELD(DevshareImportOptions, device);
+    FIELD(DevshareImportOptions, reserved);
     FIELD(DevshareImportOptions, stream);
-    printf("\nOFFSETS DevshareImportInfo");
+    printf("\n");
+    printf("OFFSETS DevshareImportInfo");
     FIELD(DevshareImportInfo, struct_size);
     FIELD(DevshareImportInfo, device);
     FIELD(DevshareImportInfo, data);
@@ -789,27 +1211,19 @@ static int cmd_layout(void) {
     FIELD(DevshareImportInfo, element_size);
     FIELD(DevshareImportInfo, backend);
     FIELD(DevshareImportInfo, read_only);
-    printf("\nOFFSETS DevshareBackendInfo");
+    FIELD(DevshareImportInfo, reserved);
+    printf("\n");
+    printf("OFFSETS DevshareBackendInfo");
     FIELD(DevshareBackendInfo, struct_size);
     FIELD(DevshareBackendInfo, backend);
     FIELD(DevshareBackendInfo, usable);
     FIELD(DevshareBackendInfo, name);
     FIELD(DevshareBackendInfo, detail);
-    printf("\nOFFSETS DevshareTorchStorage");
-    FIELD(DevshareTorchStorage, struct_size);
-    FIELD(DevshareTorchStorage, device);
-    FIELD(DevshareTorchStorage, handle_len);
-    FIELD(DevshareTorchStorage, ref_name_len);
-    FIELD(DevshareTorchStorage, handle);
-    FIELD(DevshareTorchStorage, storage_size);
-    FIELD(DevshareTorchStorage, storage_offset);
-    FIELD(DevshareTorchStorage, ref_slot);
-    FIELD(DevshareTorchStorage, ref_name);
-    FIELD(DevshareTorchStorage, event_handle);
-    FIELD(DevshareTorchStorage, event_sync_required);
-    printf("\nOFFSETS DevshareTorchArgs");
+    printf("\n");
+    printf("OFFSETS DevshareTorchArgs");
     FIELD(DevshareTorchArgs, struct_size);
     FIELD(DevshareTorchArgs, backend);
+    FIELD(DevshareTorchArgs, reserved0);
     FIELD(DevshareTorchArgs, dtype);
     FIELD(DevshareTorchArgs, ndim);
     FIELD(DevshareTorchArgs, shape);
@@ -827,27 +1241,21 @@ static int cmd_layout(void) {
     FIELD(DevshareTorchArgs, event_handle);
     FIELD(DevshareTorchArgs, event_handle_len);
     FIELD(DevshareTorchArgs, event_sync_required);
-    printf("\nOFFSETS DevshareHandle");
-    FIELD(DevshareHandle, flags);
-    FIELD(DevshareHandle, device_index);
-    FIELD(DevshareHandle, producer_pid);
-    FIELD(DevshareHandle, ndim);
-    FIELD(DevshareHandle, alloc_size);
-    FIELD(DevshareHandle, storage_offset);
-    FIELD(DevshareHandle, storage_size);
-    FIELD(DevshareHandle, tensor_offset);
-    FIELD(DevshareHandle, dtype);
-    FIELD(DevshareHandle, key_len);
-    FIELD(DevshareHandle, shape);
-    FIELD(DevshareHandle, strides);
-    FIELD(DevshareHandle, key);
-    FIELD(DevshareHandle, ref_slot);
-    FIELD(DevshareHandle, ref_name_len);
-    FIELD(DevshareHandle, ref_name);
-    FIELD(DevshareHandle, event_handle);
-    FIELD(DevshareHandle, layout_minor);
-    FIELD(DevshareHandle, ext_len);
-    FIELD(DevshareHandle, ext);
+    FIELD(DevshareTorchArgs, reserved1);
+    printf("\n");
+    printf("OFFSETS DevshareTorchStorage");
+    FIELD(DevshareTorchStorage, struct_size);
+    FIELD(DevshareTorchStorage, device);
+    FIELD(DevshareTorchStorage, handle_len);
+    FIELD(DevshareTorchStorage, ref_name_len);
+    FIELD(DevshareTorchStorage, handle);
+    FIELD(DevshareTorchStorage, storage_size);
+    FIELD(DevshareTorchStorage, storage_offset);
+    FIELD(DevshareTorchStorage, ref_slot);
+    FIELD(DevshareTorchStorage, ref_name);
+    FIELD(DevshareTorchStorage, event_handle);
+    FIELD(DevshareTorchStorage, event_sync_required);
+    FIELD(DevshareTorchStorage, reserved);
     printf("\n");
     return 0;
 }
@@ -857,6 +1265,8 @@ static int usage(void) {
             "usage: gpu_tool consume <text-handle> <nfloats-to-check> <expect-start> <write-value>\n"
             "       gpu_tool consume-many            (lines of the above arguments on stdin)\n"
             "       gpu_tool produce <nfloats> <start> <timeout-ms> [sync|event]\n"
+            "       gpu_tool produce-vmm <nsegments> <nfloats> <offset-bytes> <start> <timeout-ms>\n"
+            "                            [fabric] [allow-ptrace]\n"
             "       gpu_tool serve                   (handles on stdin, one per line)\n"
             "       gpu_tool bench-import <text-handle> <iterations>\n"
             "       gpu_tool describe <text-handle>\n"
@@ -878,6 +1288,8 @@ int main(int argc, char **argv) {
         rc = cmd_consume_many();
     } else if (strcmp(cmd, "produce") == 0 && (rest == 3 || rest == 4)) {
         rc = cmd_produce(rest, args);
+    } else if (strcmp(cmd, "produce-vmm") == 0 && rest >= 5 && rest <= 7) {
+        rc = cmd_produce_vmm(rest, args);
     } else if (strcmp(cmd, "serve") == 0 && rest == 0) {
         rc = cmd_serve();
     } else if (strcmp(cmd, "bench-import") == 0 && rest == 2) {

@@ -4,7 +4,7 @@
 #     bash tests/gpu/run.sh [bundle-dir] [gpu_cases.py options]
 #
 # bundle-dir (default build/gpu-bundle) is what scripts/gpu_bundle.sh made: libdevshare.so,
-# libdevshare.so.0 and gpu_tool. Needs python3 with PyTorch built with CUDA (PYTHON=... picks
+# libdevshare.so.1 (its soname) and gpu_tool. Needs python3 with PyTorch built with CUDA (PYTHON=... picks
 # another interpreter) and an NVIDIA GPU; no Rust. Options after the bundle go to gpu_cases.py:
 # --only a,c2 (case names or their letter prefixes), --list, --dry-run (no GPU, no torch needed).
 #
