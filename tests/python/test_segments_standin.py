@@ -13,7 +13,6 @@ records every CUDA rule broken in DEVSHARE_STANDIN_LOG; the test asserts none wa
 
 from __future__ import annotations
 
-import os
 import pathlib
 import sys
 import textwrap
