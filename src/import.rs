@@ -318,7 +318,13 @@ pub fn import_full(h: &DevshareHandle, table: Option<&[u8]>, req: ImportRequest)
         key: h.key,
         segments: segments
             .as_ref()
-            .map(|t| Arc::new((t.seg.segment_size, t.seg.kind, t.producer_pid, t.table.to_vec()))),
+            .map(|t| {
+                // fd numbers mean something only in their producer; shareable and fabric
+                // handles are global, so the same pages from a tuple (no pid) and from a
+                // devshare handle share one mapping.
+                let pid = if t.seg.kind == crate::handle::segments::DEVSHARE_SEGMENTS_CUDA_FD { t.producer_pid } else { 0 };
+                Arc::new((t.seg.segment_size, t.seg.kind, pid, t.table.to_vec()))
+            }),
     };
     let ticket = (h.ref_name_len > 0).then_some(Ticket {
         name_len: h.ref_name_len,
