@@ -155,10 +155,13 @@ pub unsafe extern "C" fn devshare_torch_storage_init(storage: *mut DevshareTorch
 }
 
 /// Build and validate a handle from the fields of a PyTorch (cuda) or torch_npu (acl) tuple.
-/// Expandable-segment ('e') storage handles are refused with `DEVSHARE_STATUS_UNSUPPORTED`
-/// naming the allocator setting that avoids them; unknown handle versions with
-/// `DEVSHARE_STATUS_UNSUPPORTED_VERSION`. The handle's `alloc_size` is the storage's end (the
-/// tuple does not carry the allocation's size).
+/// Expandable-segment ('e') storage handles (torch_npu version 1, PyTorch CUDA version 2) give
+/// segmented handles; when their segment table is longer than the handle holds (see
+/// `DEVSHARE_HANDLE_FLAG_SEGMENTED`), the handle describes it without the table: use
+/// `devshare_import_torch` or `devshare_handle_from_torch_encoded` for those. Unknown or
+/// unconfirmed handle versions are refused with `DEVSHARE_STATUS_UNSUPPORTED_VERSION`, naming
+/// them. For a 'c' handle `alloc_size` is the storage's end (the tuple does not carry the
+/// allocation's size); for an 'e' handle it is segments x segment size.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_handle_from_torch(args: *const DevshareTorchArgs, out: *mut DevshareHandle) -> i32 {
     boundary("devshare_handle_from_torch", || {
