@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -286,6 +287,29 @@ static int32_t bare_tgid(void) {
 }
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+/* Memory of each device: ACL_STANDIN_DEVICE_MEMORY bytes (default 64 GiB, a 910B's HBM). */
+static uint64_t device_memory(void) {
+    const char *s = getenv("ACL_STANDIN_DEVICE_MEMORY");
+    unsigned long long n = s && *s ? strtoull(s, NULL, 10) : 0;
+    return n ? (uint64_t)n : (uint64_t)64 << 30;
+}
+
+/* Bytes this process allocated on device dev (aclrtMalloc, aclrtMallocPhysical); g.mu held. */
+static uint64_t device_used_locked(int dev);
+
+/* Test hooks (aclsi_set_delay): milliseconds some calls sleep before they act, outside the
+ * table lock, so that other threads' calls go on meanwhile. */
+enum { DELAY_CLOSE, DELAY_IMPORT, DELAY_SYNC, DELAY_COUNT };
+static unsigned g_delay_ms[DELAY_COUNT];
+
+static void delay(int which) {
+    unsigned ms = __atomic_load_n(&g_delay_ms[which], __ATOMIC_SEQ_CST);
+    if (!ms) return;
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Shared memory helpers                                                                        */
@@ -645,6 +669,41 @@ EXPORT aclError aclrtResetDevice(int32_t dev) {
 /* ------------------------------------------------------------------------------------------ */
 /* Memory                                                                                       */
 
+static uint64_t device_used_locked(int dev) {
+    uint64_t n = 0;
+    for (alloc_t *a = g.allocs; a; a = a->next)
+        if (a->dev == dev) n += a->rounded;
+    for (vphys_t *p = g.phys; p; p = p->next)
+        if (!p->imported && p->dev == dev) n += p->size;
+    return n;
+}
+
+/* The bound device's memory: every HBM kind (and the location-free ACL_MEM_* kinds) reports
+ * the whole device, ACL_STANDIN_DEVICE_MEMORY; DDR kinds report 0 and 0, as the reference says
+ * for a kind the hardware does not have. free = total - what this process allocated there. */
+EXPORT aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t *free_bytes, size_t *total_bytes) {
+    ENTER(1);
+    if (!free_bytes || !total_bytes)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "aclrtGetMemInfo: NULL free or total");
+    if ((unsigned)attr > (unsigned)ACL_MEM_P2P_HUGE1G)
+        return fail(ACL_ERROR_INVALID_PARAM, VIOLATION, "aclrtGetMemInfo: unknown attr %d",
+                    (int)attr);
+    int ddr = attr == ACL_DDR_MEM || attr == ACL_DDR_MEM_HUGE || attr == ACL_DDR_MEM_NORMAL ||
+              attr == ACL_DDR_MEM_P2P_HUGE || attr == ACL_DDR_MEM_P2P_NORMAL;
+    if (ddr) {
+        *free_bytes = 0;
+        *total_bytes = 0;
+        return ACL_SUCCESS;
+    }
+    lock();
+    uint64_t used = device_used_locked(t_dev);
+    unlock();
+    uint64_t total = device_memory();
+    *total_bytes = (size_t)total;
+    *free_bytes = (size_t)(used > total ? 0 : total - used);
+    return ACL_SUCCESS;
+}
+
 EXPORT aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy) {
     ENTER(1);
     int pol = (int)policy & ~0x300; /* 0x100/0x200: bandwidth type bits, accepted */
@@ -672,6 +731,16 @@ EXPORT aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy pol
     a->size = size;
     a->dev = t_dev;
     lock();
+    uint64_t used = device_used_locked(a->dev), total = device_memory();
+    if (used > total || a->rounded > total - used) { /* error only: the device is full */
+        unlock();
+        free(a);
+        return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, ERROR_ONLY,
+                    "aclrtMalloc: %zu bytes do not fit in device %d's free memory (%llu of %llu "
+                    "bytes free, ACL_STANDIN_DEVICE_MEMORY)", size, t_dev,
+                    (unsigned long long)(used > total ? 0 : total - used),
+                    (unsigned long long)total);
+    }
     snprintf(a->shm, sizeof a->shm, "/aclsi_m_%d_%u", (int)getpid(), g.next_obj++);
     unlock();
     int fd = shm_create(a->shm, obj_len);
@@ -996,6 +1065,7 @@ static aclError import_locked(void **out, const char *key, uint64_t flags) {
 
 EXPORT aclError aclrtIpcMemImportByKey(void **devPtr, const char *key, uint64_t flag) {
     ENTER(1);
+    delay(DELAY_IMPORT);
     LOCKED(import_locked(devPtr, key, flag));
 }
 
@@ -1057,6 +1127,7 @@ static aclError close_locked(const char *key) {
 
 EXPORT aclError aclrtIpcMemClose(const char *key) {
     ENTER(1);
+    delay(DELAY_CLOSE);
     LOCKED(close_locked(key));
 }
 
@@ -1154,6 +1225,13 @@ static aclError malloc_phys_locked(aclrtDrvMemHandle *h, size_t size,
         return fail(ACL_ERROR_INVALID_PARAM, VIOLATION,
                     "%s: size %zu is not a non-zero multiple of the allocation granularity %zu "
                     "(aclrtMemGetAllocationGranularity)", fn, size, gran);
+    uint64_t used = device_used_locked((int)prop->location.id), total = device_memory();
+    if (used > total || size > total - used) /* error only: the device is full */
+        return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, ERROR_ONLY,
+                    "%s: %zu bytes do not fit in device %u's free memory (%llu of %llu bytes "
+                    "free, ACL_STANDIN_DEVICE_MEMORY)", fn, size, prop->location.id,
+                    (unsigned long long)(used > total ? 0 : total - used),
+                    (unsigned long long)total);
     vphys_t *p = calloc(1, sizeof *p);
     if (!p) return fail(ACL_ERROR_RT_MEMORY_ALLOCATION, ERROR_ONLY, "%s: out of memory", fn);
     snprintf(p->shm, sizeof p->shm, "/aclsi_v_%d_%u", (int)getpid(), g.next_obj++);
@@ -1620,6 +1698,7 @@ EXPORT aclError aclrtSynchronizeStream(aclrtStream stream) {
 
 EXPORT aclError aclrtSynchronizeDevice(void) {
     ENTER(1);
+    delay(DELAY_SYNC);
     return ACL_SUCCESS;
 }
 
@@ -1899,6 +1978,23 @@ EXPORT int aclsi_vmm_open_imports(uint64_t shareableHandle) {
     return vmeta_field(shareableHandle, 0);
 }
 EXPORT int aclsi_vmm_freed(uint64_t shareableHandle) { return vmeta_field(shareableHandle, 1); }
+
+/* Test hook: make every later call of `call` in this process sleep `ms` milliseconds before it
+ * acts (outside the stand-in's lock): "aclrtIpcMemClose", "aclrtIpcMemImportByKey" or
+ * "aclrtSynchronizeDevice"; 0 ms turns it off. Returns 0, or -1 for another name. */
+EXPORT int aclsi_set_delay(const char *call, unsigned ms) {
+    static const char *const names[DELAY_COUNT] = {
+        [DELAY_CLOSE] = "aclrtIpcMemClose",
+        [DELAY_IMPORT] = "aclrtIpcMemImportByKey",
+        [DELAY_SYNC] = "aclrtSynchronizeDevice",
+    };
+    for (int i = 0; call && i < DELAY_COUNT; i++)
+        if (strcmp(call, names[i]) == 0) {
+            __atomic_store_n(&g_delay_ms[i], ms, __ATOMIC_SEQ_CST);
+            return 0;
+        }
+    return -1;
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Process lifetime                                                                             */

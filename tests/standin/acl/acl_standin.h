@@ -150,6 +150,7 @@ aclError aclrtSetCurrentContext(aclrtContext context);
 /* ---- memory ---- */
 aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy);
 aclError aclrtFree(void *devPtr);
+aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t *free, size_t *total);
 aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count,
                      aclrtMemcpyKind kind);
 
@@ -228,6 +229,11 @@ int aclsi_vmm_open_imports(uint64_t shareableHandle);
 /* 1 if the exporter freed the physical handle behind a shareable handle (it can no longer be
  * imported), 0 if it is live, -1 if it was never issued (or its exporter is gone). */
 int aclsi_vmm_freed(uint64_t shareableHandle);
+
+/* Test hook: every later call of `call` in this process ("aclrtIpcMemClose",
+ * "aclrtIpcMemImportByKey" or "aclrtSynchronizeDevice") sleeps `ms` milliseconds before it acts,
+ * outside the stand-in's lock (0: no delay). Returns 0, or -1 for another name. */
+int aclsi_set_delay(const char *call, unsigned ms);
 
 #ifdef __cplusplus
 }

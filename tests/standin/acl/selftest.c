@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MIB ((size_t)1 << 20)
@@ -680,6 +681,118 @@ static void scenario_exit_open(void) {
     end_log(3);
 }
 
+/* ---- device memory (aclrtGetMemInfo) and the delay hooks ---- */
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void *thread_meminfo_no_device(void *arg) {
+    (void)arg;
+    size_t f = 0, t = 0;
+    CHECK_RC(aclrtGetMemInfo(ACL_HBM_MEM, &f, &t), ACL_ERROR_RT_CONTEXT_NULL);
+    return NULL;
+}
+
+static void *thread_close(void *key) {
+    CHECK_RC(aclrtSetDevice(0), 0);
+    CHECK_RC(aclrtIpcMemClose(key), 0);
+    return NULL;
+}
+
+static void child_meminfo_delays(void *vp) {
+    (void)vp;
+    child_setup(0);
+    size_t f = 0, t = 0;
+    const size_t GIB = (size_t)1 << 30;
+    CHECK_RC(aclrtGetMemInfo(ACL_HBM_MEM, NULL, &t), ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtGetMemInfo(ACL_HBM_MEM, &f, NULL), ACL_ERROR_INVALID_PARAM);
+    CHECK_RC(aclrtGetMemInfo((aclrtMemAttr)99, &f, &t), ACL_ERROR_INVALID_PARAM);
+    MSG_HAS("unknown attr 99");
+    EXPECT_V(3);
+    pthread_t th;
+    pthread_create(&th, NULL, thread_meminfo_no_device, NULL);
+    pthread_join(th, NULL);
+    EXPECT_V(1);
+    CHECK_RC(aclrtGetMemInfo(ACL_HBM_MEM, &f, &t), 0);
+    CHECK(t == 64 * GIB && f == t, "64 GiB by default, all free: %zu of %zu", f, t);
+    CHECK_RC(aclrtGetMemInfo(ACL_DDR_MEM, &f, &t), 0);
+    CHECK(t == 0 && f == 0, "no DDR on the modelled device");
+    void *big = NULL;
+    CHECK_RC(aclrtMalloc(&big, 4 * MIB, ACL_MEM_MALLOC_HUGE_FIRST), 0);
+    CHECK_RC(aclrtGetMemInfo(ACL_HBM_MEM_HUGE, &f, &t), 0);
+    CHECK(t == 64 * GIB && f == t - 4 * MIB, "free %zu", f);
+    CHECK_RC(aclrtSetDevice(1), 0);
+    CHECK_RC(aclrtGetMemInfo(ACL_HBM_MEM, &f, &t), 0);
+    CHECK(f == t, "device 1 is all free");
+    CHECK_RC(aclrtSetDevice(0), 0);
+    setenv("ACL_STANDIN_DEVICE_MEMORY", "8388608", 1); /* 8 MiB */
+    CHECK_RC(aclrtGetMemInfo(ACL_HBM_MEM, &f, &t), 0);
+    CHECK(t == 8 * MIB && f == 4 * MIB, "8 MiB device, 4 MiB free: %zu of %zu", f, t);
+    void *more = NULL;
+    CHECK_RC(aclrtMalloc(&more, 6 * MIB, ACL_MEM_MALLOC_HUGE_FIRST), ACL_ERROR_RT_MEMORY_ALLOCATION);
+    MSG_HAS("do not fit in device 0's free memory");
+    aclrtPhysicalMemProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.memAttr = ACL_HBM_MEM_HUGE;
+    prop.location.type = ACL_MEM_LOCATION_TYPE_DEVICE;
+    aclrtDrvMemHandle ph = NULL;
+    CHECK_RC(aclrtMallocPhysical(&ph, 6 * MIB, &prop, 0), ACL_ERROR_RT_MEMORY_ALLOCATION);
+    CHECK_RC(aclrtMallocPhysical(&ph, 4 * MIB, &prop, 0), 0);
+    CHECK_RC(aclrtGetMemInfo(ACL_HBM_MEM, &f, &t), 0);
+    CHECK(f == 0, "full: %zu free", f);
+    CHECK_RC(aclrtFreePhysical(ph), 0);
+    EXPECT_V(0); /* a full device is an error only */
+    unsetenv("ACL_STANDIN_DEVICE_MEMORY");
+
+    /* Delays: unknown names refused; a delayed call sleeps before it acts, outside the lock. */
+    CHECK(aclsi_set_delay("aclrtMalloc", 10) == -1, "only the listed calls can be delayed");
+    CHECK(aclsi_set_delay(NULL, 10) == -1, "NULL name");
+    char key[ACL_IPC_MEM_KEY_LEN];
+    CHECK_RC(aclrtIpcMemGetExportKey(big, 4 * MIB, key, sizeof key, 1), 0);
+    CHECK(aclsi_set_delay("aclrtIpcMemImportByKey", 200) == 0, "import delay");
+    void *p = NULL;
+    double t0 = now_ms();
+    CHECK_RC(aclrtIpcMemImportByKey(&p, key, 0), 0); /* self-import without pid validation */
+    CHECK(now_ms() - t0 >= 200, "the import slept %.0f ms", now_ms() - t0);
+    CHECK(aclsi_set_delay("aclrtIpcMemImportByKey", 0) == 0, "import delay off");
+    CHECK(aclsi_open_imports(key) == 1, "imported");
+    CHECK(aclsi_set_delay("aclrtIpcMemClose", 400) == 0, "close delay");
+    t0 = now_ms();
+    pthread_create(&th, NULL, thread_close, key);
+    usleep(100 * 1000);
+    CHECK(aclsi_open_imports(key) == 1, "the close has not acted while it sleeps");
+    void *q = NULL;
+    double t1 = now_ms();
+    CHECK_RC(aclrtMalloc(&q, 4096, ACL_MEM_MALLOC_HUGE_FIRST), 0);
+    CHECK_RC(aclrtFree(q), 0);
+    CHECK(now_ms() - t1 < 200, "other calls go on while a close sleeps (%.0f ms)", now_ms() - t1);
+    pthread_join(th, NULL);
+    CHECK(now_ms() - t0 >= 400, "the close slept %.0f ms", now_ms() - t0);
+    CHECK(aclsi_open_imports(key) == 0, "then it closed the import");
+    CHECK(aclsi_set_delay("aclrtIpcMemClose", 0) == 0, "close delay off");
+    CHECK(aclsi_set_delay("aclrtSynchronizeDevice", 150) == 0, "sync delay");
+    t0 = now_ms();
+    CHECK_RC(aclrtSynchronizeDevice(), 0);
+    CHECK(now_ms() - t0 >= 150, "the sync slept %.0f ms", now_ms() - t0);
+    CHECK(aclsi_set_delay("aclrtSynchronizeDevice", 0) == 0, "sync delay off");
+    t0 = now_ms();
+    CHECK_RC(aclrtSynchronizeDevice(), 0);
+    CHECK(now_ms() - t0 < 100, "no delay once turned off");
+    CHECK_RC(aclrtIpcMemClose(key), 0);
+    CHECK_RC(aclrtFree(big), 0);
+    EXPECT_V(0);
+}
+
+static void scenario_meminfo_delays(void) {
+    new_log("meminfo");
+    pid_t c = spawn(child_meminfo_delays, NULL);
+    join(c, "device memory and delays");
+    end_log(1 + 3 + 1); /* before aclInit, 3 bad arguments, a thread without a device */
+}
+
 /* ---- VMM (expandable segments) ---- */
 
 static aclrtPhysicalMemProp vmm_prop(int dev) {
@@ -1128,6 +1241,7 @@ static int contains_line(const char *list, const char *name) {
 int main(void) {
     unsetenv("ACL_STANDIN_DEVICES");
     unsetenv("ACL_STANDIN_TGID_OFFSET");
+    unsetenv("ACL_STANDIN_DEVICE_MEMORY");
     static char before[1 << 16], after[1 << 16];
     shm_names(before, sizeof before);
     /* Run everything in a child so the leftovers check below sees its exit cleanup too. */
@@ -1140,6 +1254,7 @@ int main(void) {
         scenario_closes();
         scenario_events();
         scenario_exit_open();
+        scenario_meminfo_delays();
         scenario_vmm_local();
         scenario_vmm_ipc();
         exit(failures ? 1 : 0);

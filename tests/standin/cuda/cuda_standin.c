@@ -36,6 +36,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_DEV 16
@@ -168,6 +169,9 @@ static unsigned long long g_vmm_seq;
 static int g_no_fabric;    /* CUDA_STANDIN_NO_FABRIC */
 static unsigned g_seq;
 static atomic_int g_violations;
+/* Test hooks (cusi_set_delay): milliseconds some calls sleep before they act, outside g_mu. */
+enum { DELAY_OPEN, DELAY_CLOSE, DELAY_SYNC, DELAY_COUNT };
+static atomic_uint g_delay_ms[DELAY_COUNT];
 static _Thread_local CUcontext t_cur; /* the current context is per thread */
 
 /* ==== Reporting ===================================================================== */
@@ -198,6 +202,15 @@ static CUresult viol(CUresult code, const char *fmt, ...) {
     ssize_t w = write(2, err, (size_t)m < sizeof err ? (size_t)m : sizeof err - 1);
     (void)w;
     return code;
+}
+
+/* Sleep the delay set for `which` (none by default); the caller holds no lock. */
+static void delay(int which) {
+    unsigned ms = atomic_load(&g_delay_ms[which]);
+    if (!ms) return;
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
 }
 
 static CUresult done(CUresult r) {
@@ -679,6 +692,7 @@ CUresult cuCtxGetDevice(CUdevice *device) {
 }
 
 CUresult cuCtxSynchronize(void) {
+    delay(DELAY_SYNC);
     ENTER(1);
     return done(CUDA_SUCCESS); /* everything is synchronous here */
 }
@@ -919,6 +933,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
 }
 
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+    delay(DELAY_OPEN);
     ENTER(1);
     NEED(pdptr);
     if (Flags & ~(unsigned)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
@@ -1004,6 +1019,7 @@ static void close_mapping(struct region *r) {
 }
 
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+    delay(DELAY_CLOSE);
     ENTER(1);
     struct region *r = find_region(dptr);
     /* Must be a base returned by cuIpcOpenMemHandle and still open. */
@@ -1798,6 +1814,20 @@ int cusi_vmm_access(CUdeviceptr p, int ordinal) {
                                                                       : -1;
     pthread_mutex_unlock(&g_mu);
     return n;
+}
+
+int cusi_set_delay(const char *call, unsigned ms) {
+    static const char *const names[DELAY_COUNT] = {
+        [DELAY_OPEN] = "cuIpcOpenMemHandle",
+        [DELAY_CLOSE] = "cuIpcCloseMemHandle",
+        [DELAY_SYNC] = "cuCtxSynchronize",
+    };
+    for (int i = 0; call && i < DELAY_COUNT; i++)
+        if (!strcmp(call, names[i])) {
+            atomic_store(&g_delay_ms[i], ms);
+            return 0;
+        }
+    return -1;
 }
 
 /* ==== fork() and process exit ======================================================= */

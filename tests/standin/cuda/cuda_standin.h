@@ -268,6 +268,11 @@ int cusi_vmm_allocations(void);
 /* Access of the given device ordinal to the mapped address p: CU_MEM_ACCESS_FLAGS_PROT_NONE /
  * _READ / _READWRITE (what cuMemSetAccess granted), or -1 if p is not VMM-mapped here. */
 int cusi_vmm_access(CUdeviceptr p, int ordinal);
+/* Test hook: every later call of `call` in this process ("cuIpcOpenMemHandle",
+ * "cuIpcCloseMemHandle" or "cuCtxSynchronize") sleeps `ms` milliseconds before it acts, holding
+ * no lock of the stand-in, so other threads' calls go on meanwhile (0: no delay). Returns 0, or
+ * -1 for another name. */
+int cusi_set_delay(const char *call, unsigned ms);
 
 #ifdef __cplusplus
 }

@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static int failures;
@@ -1180,6 +1181,79 @@ static void single(role_fn role) {
     spawn(role, -1, -1, none, 0);
 }
 
+/* =========================================================================================
+ * Scenario "delays": the test hook cusi_set_delay makes opens, closes and synchronizes sleep
+ * before they act, without holding the stand-in's lock.
+ * ========================================================================================= */
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void delay_producer(int in, int out) {
+    setup(0);
+    CUdeviceptr a = 0;
+    CUipcMemHandle h;
+    OK(cuMemAlloc(&a, 2u << 20));
+    OK(cuIpcGetMemHandle(&h, a));
+    put(out, &h, sizeof h);
+    get_tok(in, 'd'); /* consumer done */
+    OK(cuMemFree(a));
+    OK(cuDevicePrimaryCtxRelease(0));
+    finish(0);
+}
+
+static CUcontext g_delay_ctx;
+static CUdeviceptr g_delay_ptr;
+
+static void *delayed_close(void *arg) {
+    (void)arg;
+    OK(cuCtxSetCurrent(g_delay_ctx));
+    OK(cuIpcCloseMemHandle(g_delay_ptr));
+    return NULL;
+}
+
+static void delay_consumer(int in, int out) {
+    g_delay_ctx = setup(0);
+    CUipcMemHandle h;
+    CHECK(get(in, &h, sizeof h));
+    CHECK(cusi_set_delay("cuMemAlloc", 5) == -1 && cusi_set_delay(NULL, 5) == -1);
+    CHECK(cusi_set_delay("cuIpcOpenMemHandle", 200) == 0);
+    double t0 = now_ms();
+    OK(cuIpcOpenMemHandle(&g_delay_ptr, h, 0));
+    CHECK(now_ms() - t0 >= 200);
+    CHECK(cusi_set_delay("cuIpcOpenMemHandle", 0) == 0);
+    CHECK(cusi_live_opens(h) == 1);
+    CHECK(cusi_set_delay("cuIpcCloseMemHandle", 400) == 0);
+    t0 = now_ms();
+    pthread_t th;
+    pthread_create(&th, NULL, delayed_close, NULL);
+    usleep(100 * 1000);
+    CHECK(cusi_live_opens(h) == 1); /* the close has not acted while it sleeps */
+    CUdeviceptr q = 0;
+    double t1 = now_ms();
+    OK(cuMemAlloc(&q, 4096)); /* other calls go on meanwhile */
+    OK(cuMemFree(q));
+    CHECK(now_ms() - t1 < 200);
+    pthread_join(th, NULL);
+    CHECK(now_ms() - t0 >= 400);
+    CHECK(cusi_live_opens(h) == 0);
+    CHECK(cusi_set_delay("cuIpcCloseMemHandle", 0) == 0);
+    CHECK(cusi_set_delay("cuCtxSynchronize", 150) == 0);
+    t0 = now_ms();
+    OK(cuCtxSynchronize());
+    CHECK(now_ms() - t0 >= 150);
+    CHECK(cusi_set_delay("cuCtxSynchronize", 0) == 0);
+    t0 = now_ms();
+    OK(cuCtxSynchronize());
+    CHECK(now_ms() - t0 < 100);
+    put_tok(out, 'd');
+    OK(cuDevicePrimaryCtxRelease(0));
+    finish(0);
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
 
@@ -1310,6 +1384,12 @@ int main(void) {
                "the allocation was imported without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR", 1,
                "exit: 1 imported VMM allocation handles never released (cuMemRelease)", 1,
                "exit: 1 VMM mappings of imported memory never unmapped (cuMemUnmap)", 1, NULL);
+
+    begin("delays");
+    pair(delay_producer, delay_consumer);
+    reap(NULL);
+    expect_log("delays: cusi_set_delay sleeps opens, closes and synchronizes outside the lock", 0,
+               NULL);
 
     printf("%s\n", failures ? "FAILED" : "all passed");
     return failures ? 1 : 0;
