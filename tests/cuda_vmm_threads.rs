@@ -191,7 +191,12 @@ fn threads_import_overlapping_segmented_handles_and_each_page_is_imported_once()
         for (w, e) in exporters.iter().enumerate() {
             let offset = ((r * 7919 + w * 104_729) % (WINDOWS[w].1 * SEG - 8192)) as u64 & !3;
             let h = e
-                .share(&TensorDesc { shape: &[8192], storage_offset: offset, storage_size: Some(8192), ..Default::default() })
+                .share(&TensorDesc {
+                    shape: &[8192],
+                    storage_offset: offset,
+                    storage_size: Some(8192),
+                    ..Default::default()
+                })
                 .unwrap();
             let mut bytes = Vec::new();
             encode_full_into(&h, e.external_table(), &mut bytes).unwrap();
@@ -242,7 +247,11 @@ fn threads_import_overlapping_segmented_handles_and_each_page_is_imported_once()
     let rest: Vec<_> = warm.iter().enumerate().filter(|&(i, _)| i != w).map(|(_, x)| x).collect();
     assert_eq!(drv.counts().0, SEGMENTS as c_int, "each page imported once");
     run(&rest);
-    assert_eq!(drv.counts(), (SEGMENTS as c_int, own.1 + 1, own.2 + SEGMENTS as c_int), "only the held mapping is left");
+    assert_eq!(
+        drv.counts(),
+        (SEGMENTS as c_int, own.1 + 1, own.2 + SEGMENTS as c_int),
+        "only the held mapping is left"
+    );
     held.release();
     assert_eq!(drv.counts(), own, "nothing left");
     assert_eq!(open_fds(), fds_shared, "no taken fd is left open");

@@ -524,7 +524,12 @@ impl CudaApi {
         let mut fd: c_int = -1;
         // SAFETY: for this type the driver writes one `int` through the pointer, into `fd`.
         self.check("cuMemExportToShareableHandle", unsafe {
-            (f.mem_export_to_shareable_handle)((&mut fd as *mut c_int).cast(), handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+            (f.mem_export_to_shareable_handle)(
+                (&mut fd as *mut c_int).cast(),
+                handle,
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
         })?;
         if fd < 0 {
             return Err(Error::Internal(format!("cuMemExportToShareableHandle succeeded but returned fd {fd}")));

@@ -278,7 +278,12 @@ impl Backend for Cuda {
         Ok(Box::new(vmm::import_segmented(api, device, segments, req)?))
     }
 
-    fn export_segments(&self, device: i32, mem: &SegmentedMemory<'_>, opts: &ExportOptions) -> Result<Box<dyn Exported>> {
+    fn export_segments(
+        &self,
+        device: i32,
+        mem: &SegmentedMemory<'_>,
+        opts: &ExportOptions,
+    ) -> Result<Box<dyn Exported>> {
         let api = api()?;
         Ok(Box::new(vmm::export_segments(api, device, mem, opts)?))
     }

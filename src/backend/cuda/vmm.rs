@@ -72,7 +72,7 @@ pub(super) struct CudaSegmentsExport {
     kind: u16,
     table: Vec<u8>,
     /// Kept for the life of the export: each holds its fd open.
-    _pages: Vec<Arc<ExportedPage>>,
+    pages: Vec<Arc<ExportedPage>>,
 }
 
 impl Exported for CudaSegmentsExport {
@@ -80,7 +80,7 @@ impl Exported for CudaSegmentsExport {
         self.base as *mut u8
     }
     fn size(&self) -> u64 {
-        self.segment_size * (self._pages.len() as u64)
+        self.segment_size * (self.pages.len() as u64)
     }
     fn key(&self) -> &[u8] {
         &[]
@@ -115,7 +115,12 @@ fn check_granularity(api: &CudaApi, device: c_int, segment_size: u64) -> Result<
     Ok(())
 }
 
-pub(super) fn export_segments(api: &Runtime<CudaApi>, device: c_int, mem: &SegmentedMemory<'_>, opts: &ExportOptions) -> Result<CudaSegmentsExport> {
+pub(super) fn export_segments(
+    api: &Runtime<CudaApi>,
+    device: c_int,
+    mem: &SegmentedMemory<'_>,
+    opts: &ExportOptions,
+) -> Result<CudaSegmentsExport> {
     let _g = api.bind(device)?;
     check_granularity(api, device, mem.segment_size)?;
     let base = mem.base as DevPtr;
@@ -157,7 +162,7 @@ pub(super) fn export_segments(api: &Runtime<CudaApi>, device: c_int, mem: &Segme
         uuid: uuid(api, device)?,
         kind,
         table,
-        _pages: pages,
+        pages,
     })
 }
 
@@ -293,7 +298,12 @@ impl Drop for CudaSegmentsMapping {
     }
 }
 
-pub(super) fn import_segmented(api: &Runtime<CudaApi>, device: c_int, t: &SegmentTable<'_>, req: &ImportRequest) -> Result<CudaSegmentsMapping> {
+pub(super) fn import_segmented(
+    api: &Runtime<CudaApi>,
+    device: c_int,
+    t: &SegmentTable<'_>,
+    req: &ImportRequest,
+) -> Result<CudaSegmentsMapping> {
     let _g = api.bind(device)?;
     check_granularity(api, device, t.seg.segment_size)?;
     // Owned from here on: an error below undoes what was done (unmap, release, free).
