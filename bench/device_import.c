@@ -24,6 +24,8 @@
 #include "acl_standin.h"
 #include "cuda_standin.h"
 #include "devshare.h"
+#define BENCH_NAME "device_import"
+#include "bench_common.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -34,41 +36,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static void die(const char *what, long code) {
-    char msg[1024] = "";
-    devshare_last_error(msg, sizeof msg);
-    fprintf(stderr, "device_import: %s failed (%ld) %s\n", what, code, msg);
-    exit(2);
-}
-
-#define OK(call)                                                                                                  \
-    do {                                                                                                          \
-        long rc_ = (long)(call);                                                                                  \
-        if (rc_ != 0) {                                                                                           \
-            die(#call, rc_);                                                                                      \
-        }                                                                                                         \
-    } while (0)
-
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static void stats(double *v, int n, double *median, double *mean) {
-    double s = 0;
-    for (int i = 0; i < n; i++) {
-        s += v[i];
-    }
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    *median = v[n / 2];
-    *mean = s / n;
-}
 
 /* ---------------------------------------------------------------------------------------- */
 
