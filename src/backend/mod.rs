@@ -82,8 +82,10 @@ pub trait IpcEvent: Send + Sync {
 pub trait Mapping: Send + Sync {
     /// Start of the allocation in this process.
     fn base(&self) -> *mut u8;
-    /// Bytes of the allocation that are really mapped (checked against the handle); `u64::MAX`
-    /// when the runtime does not say (ACL), and the handle's `alloc_size` is trusted.
+    /// Bytes of the allocation that are really mapped (checked against the handle's
+    /// `alloc_size`; imports never form a pointer beyond it). Where the runtime does not report
+    /// the size (ACL keys) an upper bound it does report (the device's memory), below which the
+    /// handle's `alloc_size` is trusted.
     fn size(&self) -> u64;
     /// Take over the in-flight reference a `DEVSHARE_HANDLE_FLAG_INFLIGHT` handle carries.
     fn take_over_inflight(&self) {}

@@ -32,6 +32,10 @@ pub(crate) const EXPORT_FLAG_DISABLE_PID_VALIDATION: u64 = 1;
 pub(crate) const IMPORT_FLAG_ENABLE_PEER_ACCESS: u64 = 1;
 /// `ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION`: any process may import the shareable handle.
 pub(crate) const VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION: u64 = 1;
+/// `ACL_DDR_MEM` (`aclrtMemAttr`): all DDR memory of the device, huge and normal pages.
+pub(crate) const MEM_ATTR_DDR: i32 = 0;
+/// `ACL_HBM_MEM` (`aclrtMemAttr`): all HBM memory of the device, huge and normal pages.
+pub(crate) const MEM_ATTR_HBM: i32 = 1;
 /// `ACL_MEM_HANDLE_TYPE_NONE`: the only shareable-handle type of the VMM export.
 const ACL_MEM_HANDLE_TYPE_NONE: i32 = 0;
 /// `ACL_EVENT_IPC`: an event another process can open.
@@ -62,6 +66,7 @@ struct Fns {
     device_enable_peer_access: unsafe extern "C" fn(i32, u32) -> AclError,
     synchronize_stream: unsafe extern "C" fn(Stream) -> AclError,
     synchronize_device: unsafe extern "C" fn() -> AclError,
+    get_mem_info: unsafe extern "C" fn(i32, *mut usize, *mut usize) -> AclError,
 }
 
 /// The IPC event calls: Atlas A2/A3 runtimes have them; a runtime without them still shares
@@ -177,6 +182,7 @@ impl AclApi {
                 device_enable_peer_access: lib.required("aclrtDeviceEnablePeerAccess")?,
                 synchronize_stream: lib.required("aclrtSynchronizeStream")?,
                 synchronize_device: lib.required("aclrtSynchronizeDevice")?,
+                get_mem_info: lib.required("aclrtGetMemInfo")?,
             };
             (init, events, vmm, fns, lib.optional("aclGetRecentErrMsg"))
         };
@@ -313,6 +319,16 @@ impl AclApi {
     pub(crate) fn synchronize_device(&self) -> Result<()> {
         // SAFETY: plain call.
         self.check("aclrtSynchronizeDevice", unsafe { (self.fns.synchronize_device)() })
+    }
+
+    /// `aclrtGetMemInfo(attr, &free, &total)` on the bound device: `(free, total)` in bytes, the
+    /// memory of kind `attr` (`MEM_ATTR_*`) that applications can use. Both are 0 for a kind the
+    /// hardware does not have (HBM queries fall back to DDR on devices without HBM).
+    pub(crate) fn get_mem_info(&self, attr: i32) -> Result<(u64, u64)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: two valid out pointers; `attr` is an aclrtMemAttr value (a C enum, int).
+        self.check("aclrtGetMemInfo", unsafe { (self.fns.get_mem_info)(attr, &mut free, &mut total) })?;
+        Ok((free as u64, total as u64))
     }
 
     /// `Ok` when the runtime has the VMM calls.

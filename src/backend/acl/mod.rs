@@ -8,6 +8,12 @@
 //! - Import: `aclrtIpcMemImportByKey` once per (key, device) per process — the import registry
 //!   caches it — and `aclrtIpcMemClose` when the last import of it is released, after a device
 //!   synchronisation, so closes equal imports.
+//! - Sizes: CANN does not report how large the allocation behind a key is, so a key import's
+//!   size is bounded by what the runtime does report — the importing device's memory
+//!   (`aclrtGetMemInfo`, HBM, or DDR on devices without HBM): a handle whose `alloc_size` is
+//!   larger is refused before anything is imported, and the mapping's size is that bound, never
+//!   "unknown". Within it `alloc_size` is trusted. Segmented imports know their size exactly
+//!   (what devshare reserved and mapped).
 //! - Segmented (VMM) memory — torch_npu's expandable segments ('e' handles) and a C producer's
 //!   `aclrtMallocPhysical` memory — is exported and imported by shareable handle: `vmm.rs`.
 //! - ACL contexts are per thread: every call runs with the device bound on the calling thread
@@ -21,7 +27,7 @@ use super::{Backend, ExportOptions, Exported, ImportRequest, IpcEvent, Mapping, 
 use crate::handle::segments::SegmentTable;
 use crate::error::{Error, Result};
 use crate::handle::{AclKey, DevshareHandle, Validated, DEVSHARE_BACKEND_ACL};
-use api::{AclApi, EXPORT_FLAG_DISABLE_PID_VALIDATION, IMPORT_FLAG_ENABLE_PEER_ACCESS};
+use api::{AclApi, EXPORT_FLAG_DISABLE_PID_VALIDATION, IMPORT_FLAG_ENABLE_PEER_ACCESS, MEM_ATTR_DDR, MEM_ATTR_HBM};
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_void, CStr};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -140,10 +146,12 @@ struct AclMapping {
     key: AclKey,
     base: *mut u8,
     device: i32,
+    /// The most the allocation can be: the importing device's memory ([`device_memory`]).
+    bound: u64,
 }
 
 // SAFETY: the mapping is device memory addressed by a plain pointer, never dereferenced here;
-// the registry serialises its creation and drop.
+// its fields never change, and its drop runs once, when the registry drops the last reference.
 unsafe impl Send for AclMapping {}
 // SAFETY: as for Send; shared access only reads the fields.
 unsafe impl Sync for AclMapping {}
@@ -152,9 +160,10 @@ impl Mapping for AclMapping {
     fn base(&self) -> *mut u8 {
         self.base
     }
-    /// Unknown: ACL does not say how large an imported allocation is.
+    /// A bound, not the allocation's size (CANN does not report that): the importing device's
+    /// memory. Handles claiming more are refused; below it `alloc_size` is trusted.
     fn size(&self) -> u64 {
-        u64::MAX
+        self.bound
     }
     fn device(&self) -> Option<i32> {
         Some(self.device)
@@ -171,6 +180,31 @@ impl Drop for AclMapping {
             }
         }
     }
+}
+
+/// Memory of each device, as `aclrtGetMemInfo` reported it (asked once per device).
+static DEVICE_MEMORY: OnceLock<Mutex<HashMap<i32, u64>>> = OnceLock::new();
+
+/// The most one allocation can be on `device` (bound on this thread by the caller): the device's
+/// total memory, `aclrtGetMemInfo(ACL_HBM_MEM)` (which CANN answers from DDR on devices without
+/// HBM), else `ACL_DDR_MEM`. A runtime that reports neither leaves nothing to bound a key
+/// import by: refused.
+fn device_memory(api: &AclApi, device: i32) -> Result<u64> {
+    let cache = DEVICE_MEMORY.get_or_init(Default::default);
+    if let Some(&n) = cache.lock().unwrap_or_else(|p| p.into_inner()).get(&device) {
+        return Ok(n);
+    }
+    let (_, hbm) = api.get_mem_info(MEM_ATTR_HBM)?;
+    let total = if hbm > 0 { hbm } else { api.get_mem_info(MEM_ATTR_DDR)?.1 };
+    if total == 0 {
+        return Err(Error::Unsupported(format!(
+            "aclrtGetMemInfo reports no memory on device {device} (HBM and DDR totals are 0), so \
+             nothing bounds the size of an imported key's allocation, which CANN does not report: \
+             refused rather than trusting the handle's alloc_size"
+        )));
+    }
+    cache.lock().unwrap_or_else(|p| p.into_inner()).insert(device, total);
+    Ok(total)
 }
 
 /// (importing device, peer) pairs for which this process enabled peer access.
@@ -226,6 +260,17 @@ impl Backend for Acl {
         let key = AclKey::normalize(h.key_bytes())?;
         let device = req.device.unwrap_or(h.device_index);
         let _g = api.bind(device)?;
+        // CANN does not report the size of a key's allocation: the device's memory bounds it.
+        // Refused before the import, so nothing needs closing.
+        let bound = device_memory(api, device)?;
+        if h.alloc_size > bound {
+            return Err(Error::Mismatch(format!(
+                "the handle's alloc_size {} is more than the memory of device {device} ({bound} bytes, \
+                 aclrtGetMemInfo): no ACL allocation is that large, so the handle is wrong or forged; \
+                 nothing was imported",
+                h.alloc_size
+            )));
+        }
         let cross = device != h.device_index;
         let flags = match req.peer {
             PeerAccess::ByImportFlag => IMPORT_FLAG_ENABLE_PEER_ACCESS,
@@ -249,9 +294,9 @@ impl Backend for Acl {
             return Err(Error::Internal("aclrtIpcMemImportByKey returned success and a NULL pointer".into()));
         }
         // ACL does not report an imported allocation's size: the handles' alloc_size is trusted
-        // (a PyTorch tuple only tells where its own storage ends; later storages of the same key
-        // may lie further in).
-        Ok(Box::new(AclMapping { key, base: p.cast(), device }))
+        // up to the device's memory (a PyTorch tuple only tells where its own storage ends; later
+        // storages of the same key may lie further in).
+        Ok(Box::new(AclMapping { key, base: p.cast(), device, bound }))
     }
 
     fn import_segmented(

@@ -300,7 +300,8 @@ struct AclSegMapping {
 }
 
 // SAFETY: the mapping is device memory addressed by a plain pointer, never dereferenced here;
-// the registry serialises its creation and drop, and the page cache is behind a mutex.
+// its drop runs once (when the registry drops the last reference), and the page cache it shares
+// with concurrent imports and drops of other mappings is behind a mutex.
 unsafe impl Send for AclSegMapping {}
 // SAFETY: as for Send; shared access only reads the fields.
 unsafe impl Sync for AclSegMapping {}
