@@ -5,8 +5,18 @@
 //! and the mapping goes away when the last import of it is released. It also tracks the
 //! ref-counter reference each handle carries (its "ticket": ref-counter name and slot): a ticket
 //! held by several imports in this process is returned to the producer exactly once, when the
-//! last of them is released. All of it is behind one mutex, so imports and releases may happen on
-//! any thread.
+//! last of them is released. Imports and releases may happen on any thread.
+//!
+//! **Locking.** The tables are behind one mutex, held only while they are read or updated: the
+//! vendor calls — opening an allocation, the device synchronisation and the vendor close of its
+//! last release — run without it. An allocation's entry is *opening* while its first import maps
+//! it, *open* while imports use it, and *closing* while its last release unmaps it. An import that
+//! finds it opening or closing waits (a condition variable) and then takes the new mapping, or
+//! maps the allocation afresh once the close is done: a backend never sees a second open of an
+//! allocation before its close (CUDA refuses one), while imports, cache hits and releases of other
+//! allocations go on. In the same way, the first import of a reference in this process (which
+//! checks the producer's record and claims an in-flight reference) makes other imports of that
+//! reference wait until it succeeded or failed.
 //!
 //! **In-flight references** (`DEVSHARE_HANDLE_FLAG_INFLIGHT`) are checked against the record the
 //! producer keeps in its ref-counter (see [`crate::refcounter`]): a handle whose flag differs is
@@ -28,7 +38,7 @@ use crate::refcounter::{self, Watched};
 use crate::handle::{DEVSHARE_KEY_CAPACITY, DEVSHARE_REF_NAME_CAPACITY};
 use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
 
 /// Registry key of an allocation. Fixed-size (no heap allocation on the cache-hit path); the
 /// bytes beyond `key_len` are zero, as validation guarantees for the handle.
@@ -79,21 +89,34 @@ struct WatchEntry {
     users: usize,
 }
 
-struct Entry {
-    mapping: Arc<dyn Mapping>,
-    users: usize,
+/// An allocation in the registry.
+enum Slot {
+    /// Its first import is mapping it (a vendor call, made without the registry lock): imports of
+    /// the same allocation wait for the outcome.
+    Opening,
+    /// Mapped, for `users` imports.
+    Open { mapping: Arc<dyn Mapping>, users: usize },
+    /// Its last import is unmapping it (synchronisation and vendor close, without the lock):
+    /// imports of the same allocation wait until it is gone, then map it afresh.
+    Closing,
 }
 
 /// The imports in this process holding one reference, and whether the handle they came from
 /// carried an in-flight reference (every later import of it must say the same).
 struct TicketUse {
+    /// Imports holding the reference, including ones still mapping their allocation.
     users: usize,
     inflight: bool,
+    /// The first import of the reference in this process is still under way (it checked the
+    /// producer's record and claimed an in-flight reference, and is mapping): other imports of
+    /// the reference wait until it succeeded (then they share it) or failed (then they check
+    /// afresh).
+    claiming: bool,
 }
 
 #[derive(Default)]
 struct Registry {
-    allocs: FxHashMap<AllocKey, Entry>,
+    allocs: FxHashMap<AllocKey, Slot>,
     tickets: FxHashMap<Ticket, TicketUse>,
     watched: FxHashMap<RefName, WatchEntry>,
     /// [`crate::shm::generation`] the entries belong to.
@@ -131,6 +154,10 @@ impl Registry {
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Default::default);
 
+/// Signalled whenever an allocation stops opening or closing, or a reference stops being
+/// claimed: the imports waiting for one of those look again.
+static CHANGED: Condvar = Condvar::new();
+
 thread_local! {
     /// Whether this thread holds the registry lock (then `fork` must not wait for it).
     static HOLDS_REGISTRY: Cell<bool> = const { Cell::new(false) };
@@ -138,25 +165,53 @@ thread_local! {
     static FORK_GUARD: RefCell<Option<MutexGuard<'static, Registry>>> = const { RefCell::new(None) };
 }
 
-/// The locked registry (of this process's generation).
-struct RegistryGuard(MutexGuard<'static, Registry>);
+/// The locked registry (of this process's generation). It can be let go for a while (around a
+/// vendor call, or to wait for another thread's open or close) and taken again.
+struct RegistryGuard(Option<MutexGuard<'static, Registry>>);
 
 impl std::ops::Deref for RegistryGuard {
     type Target = Registry;
     fn deref(&self) -> &Registry {
-        &self.0
+        self.0.as_ref().expect("the registry is locked")
     }
 }
 
 impl std::ops::DerefMut for RegistryGuard {
     fn deref_mut(&mut self) -> &mut Registry {
-        &mut self.0
+        self.0.as_mut().expect("the registry is locked")
     }
 }
 
 impl Drop for RegistryGuard {
     fn drop(&mut self) {
+        if self.0.take().is_some() {
+            HOLDS_REGISTRY.with(|h| h.set(false));
+        }
+    }
+}
+
+impl RegistryGuard {
+    /// Let the lock go until another thread's open, close or claim ends, then take it again.
+    fn wait(&mut self) {
+        let guard = self.0.take().expect("the registry is locked");
         HOLDS_REGISTRY.with(|h| h.set(false));
+        let guard = CHANGED.wait(guard).unwrap_or_else(|p| p.into_inner());
+        HOLDS_REGISTRY.with(|h| h.set(true));
+        self.0 = Some(guard);
+    }
+
+    /// Let the lock go (for a vendor call).
+    fn unlock(&mut self) {
+        if self.0.take().is_some() {
+            HOLDS_REGISTRY.with(|h| h.set(false));
+        }
+    }
+
+    /// Take the lock again after [`RegistryGuard::unlock`].
+    fn relock(&mut self) {
+        if self.0.is_none() {
+            *self = registry();
+        }
     }
 }
 
@@ -174,7 +229,7 @@ fn registry() -> RegistryGuard {
         std::mem::forget(std::mem::take(&mut reg.watched));
         reg.generation = generation;
     }
-    RegistryGuard(reg)
+    RegistryGuard(Some(reg))
 }
 
 /// atfork prepare: hold the registry lock across `fork` (unless this thread already holds it:
@@ -340,56 +395,230 @@ pub fn import_full(h: &DevshareHandle, table: Option<&[u8]>, req: ImportRequest)
         ));
     }
 
-    let mut reg = registry();
-    // The ref-counter, and whether this import is the first in this process to hold the
-    // handle's reference (then the reference must still be outstanding, the in-flight flag must
-    // match the producer's record, and an in-flight reference is claimed now).
-    let (watch, first_holder) = match &ticket {
-        None => (None, true),
-        Some(t) => {
-            let watch = reg.watch(t)?;
-            let verdict = match reg.tickets.get(t) {
-                Some(held) if held.inflight != inflight => Err(Error::Untrusted(format!(
+    let mut pending = Pending {
+        reg: registry(),
+        key: &key,
+        ticket: ticket.as_ref(),
+        inflight,
+        backend: h.backend,
+        device,
+        watch: None,
+        watched: false,
+        counted: false,
+        first: false,
+        opening: false,
+        committed: false,
+    };
+    // The reference: this import is the first in this process to hold it (then it must still be
+    // outstanding, the in-flight flag must match the producer's record, and an in-flight
+    // reference is claimed now), or shares it with the imports holding it. It counts from here
+    // on, so that a release of the others meanwhile leaves the reference to this import.
+    if let Some(t) = &ticket {
+        while pending.reg.tickets.get(t).is_some_and(|u| u.claiming) {
+            pending.reg.wait();
+        }
+        pending.watch = pending.reg.watch(t)?;
+        pending.watched = true;
+        match pending.reg.tickets.get(t) {
+            Some(held) if held.inflight != inflight => {
+                return Err(Error::Untrusted(format!(
                     "an import in this process holds this reference from a handle {} the in-flight \
                      flag, and this handle says otherwise: one of them was altered",
                     if held.inflight { "with" } else { "without" }
-                ))),
-                Some(_) => Ok(false),
-                None => first_check(watch.as_deref(), t, inflight).map(|()| true),
-            };
-            match verdict {
-                Ok(first) => (watch, first),
-                Err(e) => {
-                    reg.unwatch(t);
-                    return Err(e);
-                }
+                )));
+            }
+            Some(_) => {}
+            None => {
+                first_check(pending.watch.as_deref(), t, inflight)?;
+                pending.first = true;
             }
         }
-    };
-    let mapping = match map_allocation(&mut reg, &key, h, segments.as_ref(), &validated, &req, backend) {
-        Ok(m) => m,
-        Err(e) => {
-            if let Some(t) = &ticket {
-                if first_holder && inflight {
-                    if let Some(w) = &watch {
-                        w.unclaim_inflight(t.slot);
-                    }
-                }
-                reg.unwatch(t);
-            }
-            return Err(e);
-        }
-    };
-    if let Some(t) = &ticket {
-        reg.tickets.entry(t.clone()).or_insert(TicketUse { users: 0, inflight }).users += 1;
+        let first = pending.first;
+        let held = pending.reg.tickets.entry(t.clone()).or_insert(TicketUse { users: 0, inflight, claiming: false });
+        held.users += 1;
+        held.claiming = first;
+        pending.counted = true;
     }
-    if first_holder && inflight {
+    // The allocation: the cached mapping (one more user), or mapped now, without the lock.
+    let mapping = loop {
+        match pending.reg.allocs.get_mut(&key) {
+            Some(Slot::Open { mapping, users }) => {
+                check_view(mapping.as_ref(), h, &validated)?;
+                *users += 1;
+                break mapping.clone();
+            }
+            Some(Slot::Opening | Slot::Closing) => pending.reg.wait(),
+            None => {
+                pending.reg.allocs.insert(key.clone(), Slot::Opening);
+                pending.opening = true;
+                pending.reg.unlock();
+                let opened = (|| -> Result<Arc<dyn Mapping>> {
+                    let m: Arc<dyn Mapping> = match segments.as_ref() {
+                        Some(t) => backend.import_segmented(h, t, &validated, &req)?.into(),
+                        None => backend.import(h, &validated, &req)?.into(),
+                    };
+                    // A mapping that does not hold the handle's storage is undone here, still
+                    // without the lock.
+                    check_view(m.as_ref(), h, &validated)?;
+                    Ok(m)
+                })();
+                pending.reg.relock();
+                let mapping = opened?;
+                pending.reg.allocs.insert(key.clone(), Slot::Open { mapping: mapping.clone(), users: 1 });
+                pending.opening = false;
+                CHANGED.notify_all();
+                break mapping;
+            }
+        }
+    };
+    if pending.first && inflight {
         mapping.take_over_inflight();
-        if let Some(w) = &watch {
+        if let Some(w) = &pending.watch {
             w.drop_inflight_count();
         }
     }
+    let watch = pending.commit();
     Ok(Import { key, ticket, watch, mapping: Some(mapping), handle: *h, validated, generation })
+}
+
+/// An import under way: the registry (locked, or let go around the vendor open) and what the
+/// import registered so far. Dropped before [`Pending::commit`] — an error, or a panic in a
+/// backend — it undoes exactly that and wakes the imports waiting on it.
+struct Pending<'a> {
+    reg: RegistryGuard,
+    key: &'a AllocKey,
+    ticket: Option<&'a Ticket>,
+    inflight: bool,
+    backend: u16,
+    device: i32,
+    /// The ticket's ref-counter mapping.
+    watch: Option<Arc<Watched>>,
+    /// One more user of the ticket's ref-counter mapping is registered.
+    watched: bool,
+    /// This import counts among the ticket's users.
+    counted: bool,
+    /// This import is the first holder of the reference (it checked and claimed it).
+    first: bool,
+    /// The allocation's slot says `Opening` on this import's behalf.
+    opening: bool,
+    committed: bool,
+}
+
+impl Pending<'_> {
+    /// The import succeeded: its registrations stand; the reference, if this import claimed it,
+    /// is now shared with the imports that waited. Returns the ref-counter mapping.
+    fn commit(mut self) -> Option<Arc<Watched>> {
+        if let (Some(t), true) = (self.ticket, self.first) {
+            if let Some(held) = self.reg.tickets.get_mut(t) {
+                held.claiming = false;
+            }
+            CHANGED.notify_all();
+        }
+        self.committed = true;
+        self.watch.take()
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        self.reg.relock();
+        let mut changed = false;
+        if self.opening {
+            self.reg.allocs.remove(self.key);
+            if self.reg.allocs.is_empty() {
+                self.reg.allocs = FxHashMap::default();
+            }
+            changed = true;
+        }
+        let mut give_back = None;
+        let mut last_watch = None;
+        if let Some(t) = self.ticket {
+            if self.counted {
+                if let Some(held) = self.reg.tickets.get_mut(t) {
+                    held.users -= 1;
+                    if self.first {
+                        held.claiming = false;
+                        changed = true;
+                    }
+                    if held.users == 0 {
+                        self.reg.tickets.remove(t);
+                        if self.reg.tickets.is_empty() {
+                            self.reg.tickets = FxHashMap::default();
+                        }
+                        // A first holder that failed leaves the reference with the caller (who
+                        // may retry). A later import that failed after every import it shared
+                        // the reference with was released returns it for them.
+                        if !self.first {
+                            give_back = Some(t.slot);
+                        }
+                    }
+                }
+            }
+            if self.first && self.inflight {
+                if let Some(w) = &self.watch {
+                    w.unclaim_inflight(t.slot);
+                }
+            }
+            if self.watched {
+                last_watch = self.reg.unwatch(t);
+            }
+        }
+        self.reg.unlock();
+        if changed {
+            CHANGED.notify_all();
+        }
+        if let Some(slot) = give_back {
+            if let Ok(b) = backend::get(self.backend) {
+                b.synchronize(self.device);
+            }
+            if let Some(w) = &self.watch {
+                w.release(slot);
+            }
+        }
+        drop(last_watch);
+    }
+}
+
+/// Whether a mapping holds the handle's allocation: it is at least `alloc_size` bytes (for an
+/// ACL key import: the device memory bounding it), and the storage and tensor lie inside it at
+/// addresses that do not wrap ([`view_pointers`]).
+fn check_view(m: &dyn Mapping, h: &DevshareHandle, v: &Validated) -> Result<()> {
+    if m.size() < h.alloc_size {
+        return Err(Error::Mismatch(format!(
+            "the {} mapping of this allocation is {} bytes but the handle's alloc_size is {}",
+            h.backend_name(),
+            m.size(),
+            h.alloc_size
+        )));
+    }
+    if view_pointers(m.base(), m.size(), h, v).is_none() {
+        return Err(Error::StorageOutOfBounds(format!(
+            "storage_offset {} + storage_size {} (tensor at byte {}) does not fit the {}-byte mapping at {:p}",
+            h.storage_offset,
+            h.storage_size,
+            v.data_offset,
+            m.size(),
+            m.base()
+        )));
+    }
+    Ok(())
+}
+
+/// The storage's and the tensor's first byte in a mapping of `size` bytes at `base`, or `None`
+/// unless the storage lies inside the mapping, the tensor's first byte inside the storage (its
+/// end included, for an empty tensor), and `base + storage end` does not wrap the address
+/// space. Nothing is formed before those checks, and only with wrapping arithmetic, so no
+/// pointer outside the mapping ever exists.
+fn view_pointers(base: *mut u8, size: u64, h: &DevshareHandle, v: &Validated) -> Option<(*mut u8, *mut u8)> {
+    let storage_end = h.storage_offset.checked_add(h.storage_size)?;
+    if storage_end > size || v.data_offset < h.storage_offset || v.data_offset > storage_end {
+        return None;
+    }
+    (base as usize).checked_add(usize::try_from(storage_end).ok()?)?;
+    Some((base.wrapping_add(h.storage_offset as usize), base.wrapping_add(v.data_offset as usize)))
 }
 
 /// The first import of a reference in this process: it must still be outstanding, and the
@@ -415,47 +644,6 @@ fn first_check(watch: Option<&Watched>, t: &Ticket, inflight: bool) -> Result<()
     }
 }
 
-/// The cached mapping of the handle's allocation (one more user), or a new one.
-fn map_allocation(
-    reg: &mut Registry,
-    key: &AllocKey,
-    h: &DevshareHandle,
-    segments: Option<&crate::handle::segments::SegmentTable<'_>>,
-    validated: &Validated,
-    req: &ImportRequest,
-    backend: &dyn backend::Backend,
-) -> Result<Arc<dyn Mapping>> {
-    Ok(match reg.allocs.get_mut(key) {
-        Some(entry) => {
-            if entry.mapping.size() < h.alloc_size {
-                return Err(Error::Mismatch(format!(
-                    "the allocation is {} bytes but the handle's alloc_size is {}",
-                    entry.mapping.size(),
-                    h.alloc_size
-                )));
-            }
-            entry.users += 1;
-            entry.mapping.clone()
-        }
-        None => {
-            let mapping: Arc<dyn Mapping> = match segments {
-                Some(t) => backend.import_segmented(h, t, validated, req)?.into(),
-                None => backend.import(h, validated, req)?.into(),
-            };
-            if mapping.size() < h.alloc_size {
-                return Err(Error::Mismatch(format!(
-                    "{} backend mapped {} bytes but the handle's alloc_size is {}",
-                    h.backend_name(),
-                    mapping.size(),
-                    h.alloc_size
-                )));
-            }
-            reg.allocs.insert(key.clone(), Entry { mapping: mapping.clone(), users: 1 });
-            mapping
-        }
-    })
-}
-
 impl Import {
     /// The handle this import was made from.
     pub fn handle(&self) -> &DevshareHandle {
@@ -468,13 +656,15 @@ impl Import {
     }
 
     /// Pointers into this process's mapping.
+    ///
+    /// Checked against the mapping's size (for an ACL key import: the device memory bounding
+    /// it): the import checked it already ([`check_view`]), and a storage outside the mapping
+    /// panics here rather than forming a pointer outside it.
     pub fn view(&self) -> ImportView {
-        let base = self.mapping.as_ref().expect("mapping present until release").base();
-        // SAFETY: validation guarantees storage_offset + storage_size <= alloc_size <= mapped
-        // length, and the tensor lies inside the storage.
-        let (storage, data) = unsafe {
-            (base.add(self.handle.storage_offset as usize), base.add(self.validated.data_offset as usize))
-        };
+        let m = self.mapping.as_ref().expect("mapping present until release");
+        let base = m.base();
+        let (storage, data) = view_pointers(base, m.size(), &self.handle, &self.validated)
+            .expect("an import's storage lies inside its mapping (checked when it was imported)");
         ImportView { data, storage, base, read_only: self.key.read_only, device: self.device() }
     }
 
@@ -499,7 +689,10 @@ impl Import {
             };
         }
         let mut reg = registry();
-        reg.allocs.get_mut(&self.key).expect("an unreleased import has a registry entry").users += 1;
+        match reg.allocs.get_mut(&self.key) {
+            Some(Slot::Open { users, .. }) => *users += 1,
+            _ => unreachable!("an unreleased import's allocation is open"),
+        }
         if let Some(t) = &self.ticket {
             reg.tickets.get_mut(t).expect("an unreleased import holds its ticket").users += 1;
             reg.watched.get_mut(&t.ref_counter()).expect("an unreleased import watches its ref-counter").users += 1;
@@ -533,25 +726,26 @@ impl Import {
         }
         let device = self.device();
         let Some(mapping) = self.mapping.take() else { return };
-        let mut ours = Some(mapping);
         let mut return_ticket = false;
         let mut last_watch = None;
+        let mut closing = false;
         {
             let mut reg = registry();
-            if let Some(entry) = reg.allocs.get_mut(&self.key) {
-                entry.users -= 1;
-                if entry.users == 0 {
-                    // (1) The last user unmaps / closes the vendor import, under the lock: an
-                    // import of the same allocation racing with this release must not open it
-                    // again before it is closed (CUDA refuses a second open).
-                    let last = reg.allocs.remove(&self.key).map(|e| e.mapping);
-                    drop(ours.take());
-                    drop(last);
-                    if reg.allocs.is_empty() {
-                        // Give the table back when nothing is imported, so that leak checkers
-                        // see no memory held by an idle library.
-                        reg.allocs = FxHashMap::default();
+            if let Some(slot) = reg.allocs.get_mut(&self.key) {
+                let last = match slot {
+                    Slot::Open { users, .. } => {
+                        *users -= 1;
+                        *users == 0
                     }
+                    Slot::Opening | Slot::Closing => false,
+                };
+                if last {
+                    // (1) The last user unmaps / closes the vendor import, after letting the lock
+                    // go: meanwhile the slot says closing, so an import of the same allocation
+                    // waits for the close (CUDA refuses a second open before it) while imports
+                    // and releases of other allocations go on.
+                    *slot = Slot::Closing;
+                    closing = true;
                 }
             }
             if let Some(t) = &self.ticket {
@@ -568,8 +762,14 @@ impl Import {
                 }
             }
         }
-        // (1) drop our mapping (for the last user, the close already ran above).
-        drop(ours);
+        if closing {
+            let closed = CloseDone(&self.key);
+            // (1) the last reference to the mapping: device synchronisation and vendor close.
+            drop(mapping);
+            drop(closed);
+        } else {
+            drop(mapping);
+        }
         // (2) finish this process's work on the memory, (3..5) return the reference.
         if return_ticket {
             if let Ok(b) = backend::get(self.key.backend) {
@@ -586,6 +786,26 @@ impl Import {
     }
 }
 
+/// Ends an allocation's closing (also when the close unwinds): removes its slot and wakes the
+/// imports waiting to map it again.
+struct CloseDone<'a>(&'a AllocKey);
+
+impl Drop for CloseDone<'_> {
+    fn drop(&mut self) {
+        let mut reg = registry();
+        if matches!(reg.allocs.get(self.0), Some(Slot::Closing)) {
+            reg.allocs.remove(self.0);
+        }
+        if reg.allocs.is_empty() {
+            // Give the table back when nothing is imported, so that leak checkers see no memory
+            // held by an idle library.
+            reg.allocs = FxHashMap::default();
+        }
+        drop(reg);
+        CHANGED.notify_all();
+    }
+}
+
 impl Drop for Import {
     fn drop(&mut self) {
         self.release_inner();
@@ -594,4 +814,116 @@ impl Drop for Import {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A mapping of `size` bytes at `base`, never dereferenced.
+    struct Fake {
+        base: *mut u8,
+        size: u64,
+    }
+
+    // SAFETY: the address is never dereferenced; the fields never change.
+    unsafe impl Send for Fake {}
+    // SAFETY: as for Send.
+    unsafe impl Sync for Fake {}
+
+    impl Mapping for Fake {
+        fn base(&self) -> *mut u8 {
+            self.base
+        }
+        fn size(&self) -> u64 {
+            self.size
+        }
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    fn handle(alloc_size: u64, storage_offset: u64, storage_size: u64) -> (DevshareHandle, Validated) {
+        let h = DevshareHandle { alloc_size, storage_offset, storage_size, ..Default::default() };
+        (h, Validated { element_size: 1, numel: storage_size, data_offset: storage_offset })
+    }
+
+    fn import_of(m: Fake, h: DevshareHandle, v: Validated) -> Import {
+        Import {
+            key: AllocKey {
+                backend: 0,
+                read_only: false,
+                device: 0,
+                key_len: 0,
+                key: [0; DEVSHARE_KEY_CAPACITY],
+                segments: None,
+            },
+            ticket: None,
+            watch: None,
+            mapping: Some(Arc::new(m)),
+            handle: h,
+            validated: v,
+            generation: crate::shm::generation(),
+        }
+    }
+
+    #[test]
+    fn view_pointers_stay_inside_the_mapping() {
+        let base = 0x7f00_0000_0000usize as *mut u8;
+        let mib2 = 2 << 20;
+        // Inside, up to the last byte, and an empty storage at the very end.
+        let (h, v) = handle(mib2, 4096, mib2 - 4096);
+        let (s, d) = view_pointers(base, mib2, &h, &v).unwrap();
+        assert_eq!((s as usize - base as usize, d as usize - base as usize), (4096, 4096));
+        let (h, v) = handle(mib2, mib2, 0);
+        assert_eq!(view_pointers(base, mib2, &h, &v).unwrap().0 as usize, base as usize + mib2 as usize);
+        // One byte beyond the mapping, a storage at 512 GiB of a 2 MiB mapping, sums that wrap
+        // u64, a tensor outside its storage.
+        let (h, v) = handle(mib2, 4096, mib2 - 4095);
+        assert!(view_pointers(base, mib2, &h, &v).is_none());
+        let (h, v) = handle(1 << 40, 512 * GIB, 4096);
+        assert!(view_pointers(base, mib2, &h, &v).is_none());
+        let (h, v) = handle(u64::MAX, u64::MAX - 10, 20);
+        assert!(view_pointers(base, u64::MAX, &h, &v).is_none());
+        let (h, mut v) = handle(mib2, 0, 4096);
+        v.data_offset = 4097;
+        assert!(view_pointers(base, mib2, &h, &v).is_none());
+        // A mapping "size" that would carry base + offset past the end of the address space.
+        let high = (usize::MAX - 4095) as *mut u8;
+        let (h, v) = handle(1 << 62, 1 << 61, 4096);
+        assert!(view_pointers(high, 1 << 62, &h, &v).is_none());
+    }
+
+    #[test]
+    fn check_view_refuses_a_mapping_smaller_than_the_handle_says() {
+        let m = Fake { base: 0x1000_0000usize as *mut u8, size: 2 << 20 };
+        let (h, v) = handle(1 << 40, 512 * GIB, 4096);
+        assert_eq!(check_view(&m, &h, &v).unwrap_err().status(), crate::error::Status::Mismatch);
+        let (h, v) = handle(2 << 20, 0, 4096);
+        check_view(&m, &h, &v).unwrap();
+        // A mapping whose end wraps the address space.
+        let m = Fake { base: (usize::MAX - 4095) as *mut u8, size: 1 << 62 };
+        let (h, v) = handle(1 << 62, 1 << 61, 4096);
+        assert_eq!(check_view(&m, &h, &v).unwrap_err().status(), crate::error::Status::StorageOutOfBounds);
+    }
+
+    #[test]
+    fn view_never_forms_a_pointer_outside_the_mapping() {
+        let base = 0x7f00_0000_0000usize as *mut u8;
+        let imp = import_of(Fake { base, size: 2 << 20 }, handle(2 << 20, 8192, 4096).0, handle(2 << 20, 8192, 4096).1);
+        let view = imp.view();
+        assert_eq!(view.storage as usize, base as usize + 8192);
+        assert_eq!(view.data as usize, base as usize + 8192);
+        drop(imp);
+        // An import whose mapping is smaller than its storage (what a trusted 1 TiB alloc_size
+        // over a 2 MiB ACL allocation was) refuses to compute the view.
+        let (h, v) = handle(1 << 40, 512 * GIB, 4096);
+        let imp = import_of(Fake { base, size: 2 << 20 }, h, v);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| imp.view()));
+        assert!(r.is_err(), "view() of a storage outside the mapping must not return pointers");
+        drop(imp);
+        // At 2^62 the offset is not even addressable from a high base.
+        let (h, v) = handle(1 << 62, 1 << 61, 4096);
+        let imp = import_of(Fake { base: (usize::MAX - 4095) as *mut u8, size: 1 << 62 }, h, v);
+        assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| imp.view())).is_err());
+    }
 }
