@@ -658,7 +658,7 @@ impl Import {
     /// Pointers into this process's mapping.
     ///
     /// Checked against the mapping's size (for an ACL key import: the device memory bounding
-    /// it): the import checked it already ([`check_view`]), and a storage outside the mapping
+    /// it): the import checked it already (`check_view`), and a storage outside the mapping
     /// panics here rather than forming a pointer outside it.
     pub fn view(&self) -> ImportView {
         let m = self.mapping.as_ref().expect("mapping present until release");
