@@ -120,7 +120,8 @@
 // `DevshareImportOptions::device` value: import on the device the handle names.
 #define DEVSHARE_DEVICE_FROM_HANDLE -1
 
-// Capacity of `DevshareTorchStorage::handle` (the largest form devshare writes is 67 bytes).
+// Capacity of `DevshareTorchStorage::handle`: every 'c' and legacy form (at most 67 bytes) and
+// the shortest 'e' forms fit; longer 'e' forms come from `devshare_torch_storage_handle`.
 #define DEVSHARE_TORCH_HANDLE_CAPACITY 128
 
 // DLPack type code: signed integer.
@@ -219,12 +220,16 @@
 // Encoding minor version written by this library (any minor of the major version is read).
 #define DEVSHARE_ENCODING_MINOR 1
 
-// Largest encoded handle this library writes, in bytes. A later minor version may write longer
-// ones (sections): size buffers with the length query, not only with this constant.
+// Largest encoded handle this library writes for a handle whose segment table (if any) is
+// inline, in bytes. A segmented handle with a longer table, and any handle of a later minor
+// version, may encode longer (sections): size buffers with the length query, not only with
+// this constant.
 #define DEVSHARE_HANDLE_MAX_ENCODED_SIZE 606
 
-// Largest encoding any reader accepts (1 MiB), whatever sections it carries.
-#define DEVSHARE_HANDLE_DECODE_LIMIT (1 << 20)
+// Largest encoding any reader accepts (8 MiB), whatever sections it carries: room for the
+// longest segment table (`DEVSHARE_MAX_SEGMENTS` 64-byte fabric handles, 4 MiB). Writers refuse
+// to produce more.
+#define DEVSHARE_HANDLE_DECODE_LIMIT (8 << 20)
 
 // Handle flag ("must understand"): the allocation is a list of equal VMM segments described by
 // a `DEVSHARE_EXT_SEGMENTS` extension record.
@@ -279,7 +284,9 @@ enum DevshareStatus
   DEVSHARE_STATUS_TRUNCATED = -10,
   // Encoded handle bytes do not start with the devshare magic.
   DEVSHARE_STATUS_BAD_MAGIC = -11,
-  // The encoding or struct layout version is newer or older than this library understands.
+  // A version, flag, field, record or backend from a devshare this library does not understand
+  // (a newer handle layout or encoding, a struct tail or flag of a newer caller), named in
+  // the message.
   DEVSHARE_STATUS_UNSUPPORTED_VERSION = -12,
   // The checksum of the encoded handle does not match its contents.
   DEVSHARE_STATUS_CHECKSUM_MISMATCH = -13,
@@ -456,7 +463,8 @@ typedef struct DevshareHandle {
   uint32_t reserved1;
   // Extension records, back to back: `{uint16_t type; uint16_t len; uint8_t data[len]}`
   // (little-endian). Types with `DEVSHARE_EXT_MUST_UNDERSTAND` must be known to the reader;
-  // others are skipped. Bytes beyond `ext_len` are zero. This version defines no types.
+  // others are skipped. Bytes beyond `ext_len` are zero. This version defines one type:
+  // `DEVSHARE_EXT_SEGMENTS` (a segmented allocation's description).
   uint8_t ext[DEVSHARE_HANDLE_EXT_CAPACITY];
 } DevshareHandle;
 
@@ -583,8 +591,8 @@ typedef struct DevshareTorchStorage {
   int32_t device;
   // Length of the storage handle: 64 (cuda, raw handle), 67 (acl, version-1 'c' handle), or
   // for a segmented handle the length of its 'e' form (18 + 8n acl, 26 + 4n / 26 + 64n cuda).
-  // When it exceeds `DEVSHARE_TORCH_HANDLE_CAPACITY` (every 'e' form but the shortest),
-  // `handle` is all zero: get the bytes with `devshare_torch_storage_handle`.
+  // When it exceeds `DEVSHARE_TORCH_HANDLE_CAPACITY` ('e' forms of more than 13 acl, 25 fd or
+  // 1 fabric segment), `handle` is all zero: get the bytes with `devshare_torch_storage_handle`.
   uint32_t handle_len;
   // Bytes used in `ref_name` (0: none; send `b""`).
   uint32_t ref_name_len;
@@ -864,10 +872,13 @@ int32_t devshare_torch_args_init(struct DevshareTorchArgs *args, uint32_t size);
 int32_t devshare_torch_storage_init(struct DevshareTorchStorage *storage, uint32_t size);
 
 // Build and validate a handle from the fields of a PyTorch (cuda) or torch_npu (acl) tuple.
-// Expandable-segment ('e') storage handles are refused with `DEVSHARE_STATUS_UNSUPPORTED`
-// naming the allocator setting that avoids them; unknown handle versions with
-// `DEVSHARE_STATUS_UNSUPPORTED_VERSION`. The handle's `alloc_size` is the storage's end (the
-// tuple does not carry the allocation's size).
+// Expandable-segment ('e') storage handles (torch_npu version 1, PyTorch CUDA version 2) give
+// segmented handles; when their segment table is longer than the handle holds (see
+// `DEVSHARE_HANDLE_FLAG_SEGMENTED`), the handle describes it without the table: use
+// `devshare_import_torch` or `devshare_handle_from_torch_encoded` for those. Unknown or
+// unconfirmed handle versions are refused with `DEVSHARE_STATUS_UNSUPPORTED_VERSION`, naming
+// them. For a 'c' handle `alloc_size` is the storage's end (the tuple does not carry the
+// allocation's size); for an 'e' handle it is segments x segment size.
 int32_t devshare_handle_from_torch(const struct DevshareTorchArgs *args,
                                    struct DevshareHandle *out);
 

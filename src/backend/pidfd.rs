@@ -96,9 +96,22 @@ pub struct Process {
 
 impl Process {
     /// `pidfd_open(pid)`.
+    ///
+    /// The handle names the process, so it must be one of ours: a process of another user is
+    /// refused (`Untrusted`) even when this one could take its fds (root, `CAP_SYS_PTRACE`), so
+    /// that a handle cannot make a privileged consumer map a third user's exported memory.
     pub fn open(pid: i32) -> Result<Process> {
         let p = Pid::from_raw(pid)
             .ok_or_else(|| Error::InvalidArgument(format!("producer pid {pid} is not a process id")))?;
+        let me = rustix::process::geteuid().as_raw();
+        if let Some((uid, _)) = proc_ids(pid) {
+            if uid != me {
+                return Err(Error::Untrusted(format!(
+                    "the handle's producer, process {pid}, runs as uid {uid}, this process as uid {me}: \
+                     devshare takes segment fds only from processes of its own user"
+                )));
+            }
+        }
         let pidfd = pidfd_open(p, PidfdFlags::empty()).map_err(|e| {
             let why = match e {
                 Errno::SRCH => format!(

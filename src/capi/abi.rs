@@ -13,8 +13,9 @@
 use crate::error::{Error, Result};
 use std::mem::size_of;
 
-/// Sizes above this are refused as corrupt rather than read (no struct will grow this large).
-const MAX_STRUCT_SIZE: usize = 1 << 16;
+/// Sizes above this are refused as corrupt rather than read (no struct will grow this large): a
+/// caller that forgot `*_init` leaves garbage in `struct_size`, and this bounds the damage.
+const MAX_STRUCT_SIZE: usize = 4096;
 
 /// A `#[repr(C)]` struct of the C surface that starts with `struct_size: u32`.
 ///

@@ -210,6 +210,12 @@ pub unsafe extern "C" fn devshare_export_segments(
         if count == 0 {
             return Err(Error::InvalidArgument("count is 0: there is nothing to export".into()));
         }
+        if count > crate::handle::segments::DEVSHARE_MAX_SEGMENTS as usize {
+            return Err(Error::bad_size(
+                "count",
+                format!("{count} segments is above the maximum {}", crate::handle::segments::DEVSHARE_MAX_SEGMENTS),
+            ));
+        }
         let physical = ffi!(arg_slice(physical, count, "physical"))?;
         let unknown = flags & !(DEVSHARE_EXPORT_NO_PID_CHECK | DEVSHARE_EXPORT_FABRIC);
         if unknown != 0 {
@@ -328,11 +334,13 @@ pub unsafe extern "C" fn devshare_exporter_share_encoded(
         let e = &ffi!(arg(exporter, "exporter"))?.0;
         let h = ffi!(share_from_c(e, desc))?;
         let mut bytes = Vec::new();
-        crate::handle::encode::encode_full_into(&h, e.external_table(), &mut bytes)?;
-        if buf.is_null() || cap < bytes.len() {
-            // Give the reference back: the caller asks again with a larger buffer.
-            crate::import::discard_handle(&h)?;
+        let encoded = crate::handle::encode::encode_full_into(&h, e.external_table(), &mut bytes);
+        if encoded.is_err() || buf.is_null() || cap < bytes.len() {
+            // Give the reference back: nothing travels (the caller may ask again with a larger
+            // buffer). A failure to return it is secondary to why nothing travels.
+            let _ = crate::import::discard_handle(&h);
         }
+        encoded?;
         ffi!(write_out(&bytes, false, buf, cap, len_out))
     })
 }

@@ -88,7 +88,11 @@ pub(crate) unsafe fn arg_slice<'a, T>(p: *const T, len: usize, what: &'static st
     if p.is_null() {
         return if len == 0 { Ok(&[]) } else { Err(Error::NullArgument(what)) };
     }
-    // SAFETY: the caller guarantees p points to len elements.
+    // No object is larger than isize::MAX bytes: such a length cannot be what the caller has.
+    if len > isize::MAX as usize / std::mem::size_of::<T>().max(1) {
+        return Err(Error::InvalidArgument(format!("{what}: length {len} is larger than any buffer")));
+    }
+    // SAFETY: the caller guarantees p points to len elements (and len fits an object, above).
     Ok(unsafe { std::slice::from_raw_parts(p, len) })
 }
 

@@ -7,7 +7,8 @@ use crate::error::Error;
 use crate::handle::DevshareHandle;
 use crate::torch::{handle_from_torch, handle_from_torch_full, handle_to_torch, handle_to_torch_full, TorchArgs};
 
-/// Capacity of `DevshareTorchStorage::handle` (the largest form devshare writes is 67 bytes).
+/// Capacity of `DevshareTorchStorage::handle`: every 'c' and legacy form (at most 67 bytes) and
+/// the shortest 'e' forms fit; longer 'e' forms come from `devshare_torch_storage_handle`.
 pub const DEVSHARE_TORCH_HANDLE_CAPACITY: usize = 128;
 
 /// The fields of one `torch.multiprocessing.reductions.reduce_tensor` tuple (15 args) that a
@@ -101,8 +102,8 @@ pub struct DevshareTorchStorage {
     pub device: i32,
     /// Length of the storage handle: 64 (cuda, raw handle), 67 (acl, version-1 'c' handle), or
     /// for a segmented handle the length of its 'e' form (18 + 8n acl, 26 + 4n / 26 + 64n cuda).
-    /// When it exceeds `DEVSHARE_TORCH_HANDLE_CAPACITY` (every 'e' form but the shortest),
-    /// `handle` is all zero: get the bytes with `devshare_torch_storage_handle`.
+    /// When it exceeds `DEVSHARE_TORCH_HANDLE_CAPACITY` ('e' forms of more than 13 acl, 25 fd or
+    /// 1 fabric segment), `handle` is all zero: get the bytes with `devshare_torch_storage_handle`.
     pub handle_len: u32,
     /// Bytes used in `ref_name` (0: none; send `b""`).
     pub ref_name_len: u32,

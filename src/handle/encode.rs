@@ -37,11 +37,15 @@ pub const DEVSHARE_ENCODING_VERSION: u16 = 1;
 pub const DEVSHARE_ENCODING_MINOR: u16 = 1;
 const HEADER_LEN: usize = 12;
 const FIXED_BODY_LEN: usize = 84;
-/// Largest encoded handle this library writes, in bytes. A later minor version may write longer
-/// ones (sections): size buffers with the length query, not only with this constant.
+/// Largest encoded handle this library writes for a handle whose segment table (if any) is
+/// inline, in bytes. A segmented handle with a longer table, and any handle of a later minor
+/// version, may encode longer (sections): size buffers with the length query, not only with
+/// this constant.
 pub const DEVSHARE_HANDLE_MAX_ENCODED_SIZE: usize = 606;
-/// Largest encoding any reader accepts (1 MiB), whatever sections it carries.
-pub const DEVSHARE_HANDLE_DECODE_LIMIT: usize = 1 << 20;
+/// Largest encoding any reader accepts (8 MiB), whatever sections it carries: room for the
+/// longest segment table (`DEVSHARE_MAX_SEGMENTS` 64-byte fabric handles, 4 MiB). Writers refuse
+/// to produce more.
+pub const DEVSHARE_HANDLE_DECODE_LIMIT: usize = 8 << 20;
 static_assertions::const_assert_eq!(
     DEVSHARE_HANDLE_MAX_ENCODED_SIZE,
     HEADER_LEN
@@ -125,6 +129,12 @@ pub fn encode_full_into(h: &DevshareHandle, table: Option<&[u8]>, out: &mut Vec<
         out.extend_from_slice(&0u16.to_le_bytes());
         out.extend_from_slice(&(t.len() as u32).to_le_bytes());
         out.extend_from_slice(t);
+    }
+    if out.len() + 4 > DEVSHARE_HANDLE_DECODE_LIMIT {
+        return Err(Error::BadLength(format!(
+            "the encoding would be {} bytes, above the {DEVSHARE_HANDLE_DECODE_LIMIT}-byte limit readers accept",
+            out.len() + 4
+        )));
     }
     let total = (out.len() + 4) as u32;
     out[8..12].copy_from_slice(&total.to_le_bytes());
@@ -305,7 +315,7 @@ pub fn decode_full(buf: &[u8]) -> Result<Decoded> {
         }
         h.ext[..ext_len].copy_from_slice(r.take(ext_len, "ext")?);
         h.ext_len = ext_len as u16;
-        // Sections: this version defines none, so it skips every one it may ignore.
+        // Sections: the segment table (kept); every other one it may ignore is skipped.
         while r.pos < content.len() {
             let kind = r.u16("section type")?;
             if r.u16("section reserved")? != 0 {

@@ -135,7 +135,8 @@ pub struct DevshareHandle {
     pub reserved1: u32,
     /// Extension records, back to back: `{uint16_t type; uint16_t len; uint8_t data[len]}`
     /// (little-endian). Types with `DEVSHARE_EXT_MUST_UNDERSTAND` must be known to the reader;
-    /// others are skipped. Bytes beyond `ext_len` are zero. This version defines no types.
+    /// others are skipped. Bytes beyond `ext_len` are zero. This version defines one type:
+    /// `DEVSHARE_EXT_SEGMENTS` (a segmented allocation's description).
     pub ext: [u8; DEVSHARE_HANDLE_EXT_CAPACITY],
 }
 

@@ -292,6 +292,9 @@ pub fn validate(h: &DevshareHandle) -> Result<Validated> {
     }
     if segmented.is_none() {
         check_key(h)?;
+    } else {
+        // The inline table (or nothing) is key_len bytes; the rest is zero, as for any key.
+        zero_tail("key", &h.key[(h.key_len as usize).min(DEVSHARE_KEY_CAPACITY)..])?;
     }
     check_ref(h)?;
     if h.flags & DEVSHARE_HANDLE_FLAG_EVENT == 0 {
