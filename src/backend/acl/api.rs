@@ -32,6 +32,10 @@ pub(crate) const EXPORT_FLAG_DISABLE_PID_VALIDATION: u64 = 1;
 pub(crate) const IMPORT_FLAG_ENABLE_PEER_ACCESS: u64 = 1;
 /// `ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION`: any process may import the shareable handle.
 pub(crate) const VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION: u64 = 1;
+/// `ACL_ERROR_INVALID_PARAM`: what `aclrtMemExportToShareableHandle` returns for a second export
+/// of the same physical handle (CANN keeps physical and shareable handle 1:1 in a process; the
+/// stand-in runtime models it with this code).
+pub(crate) const ACL_ERROR_INVALID_PARAM: i64 = 100_000;
 /// `ACL_DDR_MEM` (`aclrtMemAttr`): all DDR memory of the device, huge and normal pages.
 pub(crate) const MEM_ATTR_DDR: i32 = 0;
 /// `ACL_HBM_MEM` (`aclrtMemAttr`): all HBM memory of the device, huge and normal pages.

@@ -12,8 +12,9 @@
 //!   because the same physical memory may be exported again. But a handle value can also be
 //!   reused by a later `aclrtMallocPhysical` once the producer freed the old one, and devshare
 //!   cannot see the free: exporting a retired handle therefore tries the export again — a fresh
-//!   handle exports and replaces the entry; a refusal means the old physical handle is still
-//!   live (exported before), and its cached shareable handle is used.
+//!   handle exports and replaces the entry; CANN's refusal of a second export
+//!   (`ACL_ERROR_INVALID_PARAM`) means the old physical handle is still live (exported before),
+//!   and its cached shareable handle is used. Any other error is returned.
 //! - **Import**: the target device is bound; every shareable handle is imported with
 //!   `aclrtMemImportFromShareableHandle` once per process and refcounted (`PAGES`: shareable
 //!   handle -> imported physical handle, users), because CANN allows one live import per
@@ -32,11 +33,17 @@
 //!   refuses without it) is unverified: only the stand-in runtime has been run.
 //! - Importing a shareable handle in the process that exported it is refused before ACL is
 //!   called (CANN does not support it).
+//! - The address range is reserved before any shareable handle is imported: a size the runtime
+//!   cannot reserve fails before up to `DEVSHARE_MAX_SEGMENTS` imports.
 //! - After `fork` the child is a fresh ACL process: both caches, made by the parent, are
-//!   forgotten there (nothing is freed or unexported).
+//!   forgotten there (nothing is freed or unexported). Each cache belongs to one process
+//!   generation ([`PerGeneration`]), so a fork while another thread holds one (during an export,
+//!   a whitelisting or an import: their ACL calls run under it) leaves the child a fresh,
+//!   unlocked cache rather than a lock no thread of it will let go.
 
-use super::api::{AclApi, DrvMemHandle, VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION};
+use super::api::{AclApi, DrvMemHandle, ACL_ERROR_INVALID_PARAM, VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION};
 use super::{api, enable_peer};
+use crate::backend::cuda::per_generation::PerGeneration;
 use crate::backend::runtime::{self, Stream};
 use crate::backend::{ExportOptions, Exported, ImportRequest, IpcEvent, Mapping, PeerAccess, SegmentedMemory};
 use crate::error::{Error, Result};
@@ -44,32 +51,20 @@ use crate::handle::segments::{SegmentTable, DEVSHARE_SEGMENTS_ACL};
 use crate::handle::DevshareHandle;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{LazyLock, Mutex, MutexGuard};
 
-/// A cache of this process (forgotten in a forked child, whose ACL runtime starts afresh).
+/// A cache of this process generation (a forked child, whose ACL runtime starts afresh, starts
+/// with an empty one; the parent's entries are forgotten there, nothing is freed).
 struct PerProcess<T> {
-    pid: u32,
     map: HashMap<u64, T>,
 }
 
 impl<T> Default for PerProcess<T> {
     fn default() -> Self {
-        PerProcess { pid: std::process::id(), map: HashMap::new() }
+        PerProcess { map: HashMap::new() }
     }
 }
 
-fn lock<T>(m: &'static Mutex<PerProcess<T>>) -> MutexGuard<'static, PerProcess<T>> {
-    // Every update is a single insert/remove/increment: a poisoned lock is still consistent.
-    let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
-    let pid = std::process::id();
-    if g.pid != pid {
-        // A forked child: the entries are the parent's exports and imports. Forget them (the
-        // child's runtime knows none of their handles).
-        std::mem::forget(std::mem::take(&mut g.map));
-        g.pid = pid;
-    }
-    g
-}
+type Cache<T> = PerGeneration<PerProcess<T>>;
 
 /// Give a cache's table back when it is empty, so an idle library holds no memory.
 fn shrink<T>(c: &mut PerProcess<T>) {
@@ -92,11 +87,12 @@ struct PhysExport {
     allowed: Vec<i32>,
 }
 
-static EXPORTS: LazyLock<Mutex<PerProcess<PhysExport>>> = LazyLock::new(Default::default);
+/// Held across the export and whitelisting calls (one export of a handle at a time).
+static EXPORTS: Cache<PhysExport> = PerGeneration::new();
 
 /// The first of `handles` this process exported (it cannot import that one).
 fn exported_here(handles: &[u64]) -> Option<u64> {
-    let cache = lock(&EXPORTS);
+    let cache = EXPORTS.lock();
     if cache.map.is_empty() {
         return None;
     }
@@ -105,7 +101,13 @@ fn exported_here(handles: &[u64]) -> Option<u64> {
 }
 
 /// The shareable handle of `phys` (exported now, or cached); one more exporter listing it.
-fn export_one(api: &AclApi, cache: &mut PerProcess<PhysExport>, phys: u64, device: i32, no_pid_check: bool) -> Result<u64> {
+fn export_one(
+    api: &AclApi,
+    cache: &mut PerProcess<PhysExport>,
+    phys: u64,
+    device: i32,
+    no_pid_check: bool,
+) -> Result<u64> {
     let flags = if no_pid_check { VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION } else { 0 };
     if let Some(e) = cache.map.get_mut(&phys) {
         if e.exporters > 0 {
@@ -125,15 +127,17 @@ fn export_one(api: &AclApi, cache: &mut PerProcess<PhysExport>, phys: u64, devic
             e.exporters += 1;
             return Ok(e.shareable);
         }
-        // Retired: the same live handle (exported before: CANN refuses again, and the cached
-        // shareable handle still stands) or a new one with the same value (exports afresh).
+        // Retired: the same live handle (exported before: CANN refuses a second export, and the
+        // cached shareable handle still stands) or a new one with the same value (exports
+        // afresh). Only that refusal means "still live": any other error is returned.
         match api.mem_export_to_shareable_handle(DrvMemHandle(phys as usize as *mut c_void), flags) {
             Ok(s) => {
                 *e = PhysExport { shareable: s, device, no_pid_check, exporters: 1, allowed: Vec::new() };
                 return Ok(s);
             }
             Err(err) => {
-                if e.device != device || e.no_pid_check != no_pid_check {
+                let refused_again = matches!(err, Error::Vendor { code: ACL_ERROR_INVALID_PARAM, .. });
+                if !refused_again || e.device != device || e.no_pid_check != no_pid_check {
                     return Err(err);
                 }
                 e.exporters = 1;
@@ -180,7 +184,7 @@ impl Drop for AclSegmentsExport {
     /// The shareable handles stay valid as long as the physical memory (the producer's to
     /// free): nothing to undo in ACL, only the count of exporters.
     fn drop(&mut self) {
-        let mut cache = lock(&EXPORTS);
+        let mut cache = EXPORTS.lock();
         for &p in &self.physical {
             unexport_one(&mut cache, p);
         }
@@ -213,10 +217,12 @@ impl Exported for AclSegmentsExport {
         }
         let api = api()?;
         let _g = api.bind(self.device)?;
-        let mut cache = lock(&EXPORTS);
+        let mut cache = EXPORTS.lock();
         for (&phys, s) in self.physical.iter().zip(self.shareables()) {
             let Some(e) = cache.map.get_mut(&phys).filter(|e| e.shareable == s) else {
-                return Err(Error::Internal(format!("physical handle {phys:#x} of a live export is not in the export cache")));
+                return Err(Error::Internal(format!(
+                    "physical handle {phys:#x} of a live export is not in the export cache"
+                )));
             };
             if !e.allowed.contains(&pid) {
                 api.mem_set_pid_to_shareable_handle(s, &[pid])?;
@@ -231,14 +237,18 @@ impl Exported for AclSegmentsExport {
 }
 
 /// [`Backend::export_segments`](crate::backend::Backend::export_segments) for acl.
-pub(super) fn export_segments(device: i32, mem: &SegmentedMemory<'_>, opts: &ExportOptions) -> Result<Box<dyn Exported>> {
+pub(super) fn export_segments(
+    device: i32,
+    mem: &SegmentedMemory<'_>,
+    opts: &ExportOptions,
+) -> Result<Box<dyn Exported>> {
     let api = api()?;
     api.vmm_available()?;
     if let Some(i) = mem.physical.iter().position(|&p| p == 0) {
         return Err(Error::InvalidArgument(format!("physical[{i}] is NULL, not an aclrtDrvMemHandle")));
     }
     let _g = api.bind(device)?;
-    let mut cache = lock(&EXPORTS);
+    let mut cache = EXPORTS.lock();
     let mut table = Vec::with_capacity(mem.physical.len() * 8);
     for (i, &phys) in mem.physical.iter().enumerate() {
         match export_one(api, &mut cache, phys, device, opts.no_pid_check) {
@@ -283,7 +293,8 @@ struct Page {
     users: usize,
 }
 
-static PAGES: LazyLock<Mutex<PerProcess<Page>>> = LazyLock::new(Default::default);
+/// Held across the import calls (one import of a shareable handle at a time).
+static PAGES: Cache<Page> = PerGeneration::new();
 
 /// A segmented allocation mapped in this process. Built step by step: dropping it undoes
 /// exactly the steps done (also after a failure part-way through the import).
@@ -328,29 +339,35 @@ impl AclSegMapping {
 impl Drop for AclSegMapping {
     /// torch_npu's order: synchronise the device, unmap every segment, release the address
     /// range, then free each imported handle whose last user this was.
+    ///
+    /// When the device cannot be bound (or the runtime is gone), nothing is unmapped; the users
+    /// are still given back, but a page whose last user this was stays imported (and cached,
+    /// with no users: a later import of it takes it again), since its segments stay mapped.
     fn drop(&mut self) {
-        let Ok(api) = api() else { return };
-        let Ok(_g) = api.bind(self.device) else { return };
-        if self.mapped > 0 {
-            let _ = api.synchronize_device();
-        }
-        for i in 0..self.mapped {
-            let _ = api.unmap_mem(self.segment(i));
-        }
-        if !self.base.is_null() {
-            let _ = api.release_mem_address(self.base.cast());
+        let api = api().ok();
+        let bound = api.and_then(|api| api.bind(self.device).ok());
+        if let (Some(api), Some(_)) = (api, &bound) {
+            if self.mapped > 0 {
+                let _ = api.synchronize_device();
+            }
+            for i in 0..self.mapped {
+                let _ = api.unmap_mem(self.segment(i));
+            }
+            if !self.base.is_null() {
+                let _ = api.release_mem_address(self.base.cast());
+            }
         }
         if !self.pages.is_empty() {
-            let mut pages = lock(&PAGES);
+            let mut pages = PAGES.lock();
             for s in self.pages.drain(..) {
                 let last = match pages.map.get_mut(&s) {
                     Some(p) => {
-                        p.users -= 1;
+                        p.users = p.users.saturating_sub(1);
                         p.users == 0
                     }
                     None => false,
                 };
-                if last {
+                if let (true, Some(api), Some(_)) = (last, api, &bound) {
                     if let Some(p) = pages.map.remove(&s) {
                         let _ = api.free_physical(p.drv);
                     }
@@ -358,13 +375,14 @@ impl Drop for AclSegMapping {
             }
             shrink(&mut pages);
         }
+        drop(bound);
     }
 }
 
 /// Import (or take one more user of) every shareable handle of `handles` on `device` (bound),
 /// recording each in `m.pages`; the imported physical handles, in order.
 fn acquire_pages(api: &AclApi, m: &mut AclSegMapping, handles: &[u64]) -> Result<Vec<DrvMemHandle>> {
-    let mut pages = lock(&PAGES);
+    let mut pages = PAGES.lock();
     let mut drvs = Vec::with_capacity(handles.len());
     for (i, &s) in handles.iter().enumerate() {
         let drv = match pages.map.get_mut(&s) {
@@ -380,9 +398,9 @@ fn acquire_pages(api: &AclApi, m: &mut AclSegMapping, handles: &[u64]) -> Result
                 p.drv
             }
             None => {
-                let drv = api
-                    .mem_import_from_shareable_handle(s, m.device)
-                    .map_err(|e| in_segment(e, i, handles.len(), &format!("shareable handle {s:#x} on device {}", m.device)))?;
+                let drv = api.mem_import_from_shareable_handle(s, m.device).map_err(|e| {
+                    in_segment(e, i, handles.len(), &format!("shareable handle {s:#x} on device {}", m.device))
+                })?;
                 pages.map.insert(s, Page { drv, device: m.device, users: 1 });
                 drv
             }
@@ -394,7 +412,11 @@ fn acquire_pages(api: &AclApi, m: &mut AclSegMapping, handles: &[u64]) -> Result
 }
 
 /// [`Backend::import_segmented`](crate::backend::Backend::import_segmented) for acl.
-pub(super) fn import_segmented(h: &DevshareHandle, t: &SegmentTable<'_>, req: &ImportRequest) -> Result<Box<dyn Mapping>> {
+pub(super) fn import_segmented(
+    h: &DevshareHandle,
+    t: &SegmentTable<'_>,
+    req: &ImportRequest,
+) -> Result<Box<dyn Mapping>> {
     if req.read_only {
         return Err(Error::Unsupported("ACL imports cannot be mapped read-only".into()));
     }
@@ -435,16 +457,22 @@ pub(super) fn import_segmented(h: &DevshareHandle, t: &SegmentTable<'_>, req: &I
         mapped: 0,
         pages: Vec::with_capacity(handles.len()),
     };
-    // From here on, `?` drops `m`, which undoes what was done.
-    let drvs = acquire_pages(api, &mut m, &handles)?;
+    // From here on, `?` drops `m`, which undoes what was done. The address range comes first:
+    // a size ACL cannot reserve fails before any shareable handle is imported.
     let va = api.reserve_mem_address(total as usize)?;
     if va.is_null() {
         return Err(Error::Internal("aclrtReserveMemAddress returned success and a NULL address".into()));
     }
     m.base = va.cast();
+    let drvs = acquire_pages(api, &mut m, &handles)?;
     for (i, drv) in drvs.into_iter().enumerate() {
         api.map_mem(m.segment(i as u64), t.seg.segment_size as usize, drv).map_err(|e| {
-            in_segment(e, i, handles.len(), &format!("shareable handle {:#x}, {} bytes", handles[i], t.seg.segment_size))
+            in_segment(
+                e,
+                i,
+                handles.len(),
+                &format!("shareable handle {:#x}, {} bytes", handles[i], t.seg.segment_size),
+            )
         })?;
         m.mapped += 1;
     }

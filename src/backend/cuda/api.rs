@@ -517,7 +517,8 @@ impl CudaApi {
     }
 
     /// `cuMemExportToShareableHandle(&fd, handle, POSIX_FILE_DESCRIPTOR, 0)`: a new file
-    /// descriptor of the allocation, owned by the caller.
+    /// descriptor of the allocation, owned by the caller, marked close-on-exec (an exec'd child
+    /// must not keep the device memory alive).
     pub(crate) fn mem_export_fd(&self, handle: MemHandle) -> Result<std::os::fd::OwnedFd> {
         use std::os::fd::FromRawFd;
         let f = self.vmm.get()?;
@@ -536,7 +537,10 @@ impl CudaApi {
         }
         // SAFETY: the driver returned a new descriptor that the caller owns (it must close it);
         // nothing else owns it.
-        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)
+            .map_err(|e| Error::Internal(format!("fcntl(F_SETFD, FD_CLOEXEC) on an exported fd: {e}")))?;
+        Ok(fd)
     }
 
     /// `cuMemExportToShareableHandle(&fabric, handle, FABRIC, 0)`: the allocation's 64-byte

@@ -4,6 +4,7 @@
 //! for the calls and their order.
 
 use super::api::{CudaApi, DevPtr, MemAccess, MemHandle, FABRIC_HANDLE_LEN};
+use super::per_generation::PerGeneration;
 use super::{api, uuid};
 use crate::backend::runtime::{self, Runtime, Stream};
 use crate::backend::{ExportOptions, Exported, ImportRequest, IpcEvent, Mapping, SegmentedMemory};
@@ -12,7 +13,7 @@ use crate::handle::segments::{SegmentTable, DEVSHARE_SEGMENTS_CUDA_FABRIC, DEVSH
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 
 // ---------------------------------------------------------------------------------------------
 // Segmented (VMM) export
@@ -34,20 +35,20 @@ struct ExportedPage {
     shareable: Shareable,
 }
 
-/// Key: (fabric, physical handle). The caller keeps each handle alive while it is exported.
-type ExportedPages = Mutex<HashMap<(bool, MemHandle), Weak<ExportedPage>>>;
-static EXPORTED_PAGES: OnceLock<ExportedPages> = OnceLock::new();
+/// Key: (fabric, physical handle). The caller keeps each handle alive while it is exported. Held
+/// across the export call; a forked child starts with an empty cache (see [`PerGeneration`]).
+static EXPORTED_PAGES: PerGeneration<HashMap<(bool, MemHandle), Weak<ExportedPage>>> = PerGeneration::new();
 
 impl Drop for ExportedPage {
     /// The fd closes with the page (consumers that took it keep their own); the cache forgets it.
     fn drop(&mut self) {
-        runtime::forget_dead(&EXPORTED_PAGES);
+        runtime::prune(&mut EXPORTED_PAGES.lock());
     }
 }
 
 /// The page of `handle`, exported now or shared with a live exporter of it.
 fn exported_page(api: &CudaApi, handle: MemHandle, fabric: bool) -> Result<Arc<ExportedPage>> {
-    let mut cache = EXPORTED_PAGES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    let mut cache = EXPORTED_PAGES.lock();
     if let Some(page) = cache.get(&(fabric, handle)).and_then(Weak::upgrade) {
         return Ok(page);
     }
@@ -186,8 +187,9 @@ struct ImportedPage {
     device: c_int,
 }
 
-type ImportedPages = Mutex<HashMap<PageKey, Weak<ImportedPage>>>;
-static IMPORTED_PAGES: OnceLock<ImportedPages> = OnceLock::new();
+/// Held across the `pidfd_getfd` and import calls; a forked child starts with an empty cache (a
+/// hit there would return the parent's handles; see [`PerGeneration`]).
+static IMPORTED_PAGES: PerGeneration<HashMap<PageKey, Weak<ImportedPage>>> = PerGeneration::new();
 
 impl Drop for ImportedPage {
     /// Never takes the cache's lock (pages may drop while it is held); dead entries are pruned
@@ -203,7 +205,7 @@ impl Drop for ImportedPage {
 
 /// The page `key` names, imported now by `import` or shared with a live mapping of it.
 fn imported_page(key: PageKey, device: c_int, import: impl FnOnce() -> Result<MemHandle>) -> Result<Arc<ImportedPage>> {
-    let mut cache = IMPORTED_PAGES.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    let mut cache = IMPORTED_PAGES.lock();
     if let Some(page) = cache.get(&key).and_then(Weak::upgrade) {
         return Ok(page);
     }
@@ -248,6 +250,8 @@ fn import_pages(api: &CudaApi, device: c_int, t: &SegmentTable<'_>) -> Result<Ve
 /// `count x segment_size`, segment i mapped at `va + i x segment_size`.
 pub(super) struct CudaSegmentsMapping {
     va: DevPtr,
+    /// `count x segment_size`: the reservation's size.
+    size: u64,
     segment_size: u64,
     device: c_int,
     /// Segments mapped so far (all of them once built): an import that fails part way unmaps
@@ -255,13 +259,8 @@ pub(super) struct CudaSegmentsMapping {
     mapped: usize,
     /// Whether the address space is reserved yet.
     reserved: bool,
+    /// Every segment's page once built (the reservation comes first, then the pages).
     pages: Vec<Arc<ImportedPage>>,
-}
-
-impl CudaSegmentsMapping {
-    fn len(&self) -> u64 {
-        self.segment_size * self.pages.len() as u64
-    }
 }
 
 impl Mapping for CudaSegmentsMapping {
@@ -269,7 +268,7 @@ impl Mapping for CudaSegmentsMapping {
         self.va as *mut u8
     }
     fn size(&self) -> u64 {
-        self.len()
+        self.size
     }
     fn device(&self) -> Option<i32> {
         Some(self.device)
@@ -286,15 +285,14 @@ impl Drop for CudaSegmentsMapping {
                 for i in 0..self.mapped {
                     let _ = api.mem_unmap(self.va + i as u64 * self.segment_size, self.segment_size);
                 }
-                let size = self.len();
                 self.pages.clear();
                 if self.reserved {
-                    let _ = api.mem_address_free(self.va, size);
+                    let _ = api.mem_address_free(self.va, self.size);
                 }
             }
         }
         self.pages.clear();
-        runtime::forget_dead(&IMPORTED_PAGES);
+        runtime::prune(&mut IMPORTED_PAGES.lock());
     }
 }
 
@@ -306,22 +304,35 @@ pub(super) fn import_segmented(
 ) -> Result<CudaSegmentsMapping> {
     let _g = api.bind(device)?;
     check_granularity(api, device, t.seg.segment_size)?;
+    let size = t
+        .seg
+        .segment_size
+        .checked_mul(u64::from(t.seg.count))
+        .filter(|&n| usize::try_from(n).is_ok())
+        .ok_or_else(|| Error::bad_size("ext", "count x segment_size does not fit this process's address space"))?;
     // Owned from here on: an error below undoes what was done (unmap, release, free).
     let mut m = CudaSegmentsMapping {
         va: 0,
+        size,
         segment_size: t.seg.segment_size,
         device,
         mapped: 0,
         reserved: false,
-        pages: import_pages(api, device, t)?,
+        pages: Vec::new(),
     };
-    m.va = api.mem_address_reserve(m.len())?;
+    // The address range first: a size the driver cannot reserve fails before any fd is taken
+    // from the producer or any page is imported.
+    m.va = api.mem_address_reserve(size)?;
     m.reserved = true;
+    m.pages = import_pages(api, device, t)?;
+    if m.pages.len() != t.seg.count as usize {
+        return Err(Error::Internal(format!("{} pages imported for {} segments", m.pages.len(), t.seg.count)));
+    }
     for i in 0..m.pages.len() {
         api.mem_map(m.va + i as u64 * m.segment_size, m.segment_size, m.pages[i].handle)?;
         m.mapped += 1;
     }
     let access = if req.read_only { MemAccess::Read } else { MemAccess::ReadWrite };
-    api.mem_set_access(m.va, m.len(), device, access)?;
+    api.mem_set_access(m.va, m.size, device, access)?;
     Ok(m)
 }
