@@ -775,6 +775,12 @@ int32_t devshare_exporter_wait(const struct DevshareExporter *exporter, int64_t 
 // before the close may fail to open: wait for consumers first. Device backends refuse with
 // `DEVSHARE_STATUS_BUSY` while references are outstanding (the exporter stays valid) unless
 // `flags` has `DEVSHARE_CLOSE_FORCE`.
+//
+// `DEVSHARE_CLOSE_FORCE` on a segmented CUDA export (fd table) with references outstanding is
+// unsafe: it closes the exported fds, a later export may get the same fd numbers, and a consumer
+// that still holds an import of the old table (its imports are cached by producer pid and fd
+// numbers) gets the old mapping for a handle of the new memory. Wait for the references (or
+// make sure every consumer released its imports) before closing such an export.
 int32_t devshare_exporter_close(struct DevshareExporter *exporter, uint32_t flags);
 
 // Reset `*handle` to an empty handle of this library's layout (`struct_size` and

@@ -425,6 +425,12 @@ pub unsafe extern "C" fn devshare_exporter_wait(exporter: *const DevshareExporte
 /// before the close may fail to open: wait for consumers first. Device backends refuse with
 /// `DEVSHARE_STATUS_BUSY` while references are outstanding (the exporter stays valid) unless
 /// `flags` has `DEVSHARE_CLOSE_FORCE`.
+///
+/// `DEVSHARE_CLOSE_FORCE` on a segmented CUDA export (fd table) with references outstanding is
+/// unsafe: it closes the exported fds, a later export may get the same fd numbers, and a consumer
+/// that still holds an import of the old table (its imports are cached by producer pid and fd
+/// numbers) gets the old mapping for a handle of the new memory. Wait for the references (or
+/// make sure every consumer released its imports) before closing such an export.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_exporter_close(exporter: *mut DevshareExporter, flags: u32) -> i32 {
     boundary("devshare_exporter_close", || {

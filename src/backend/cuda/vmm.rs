@@ -2,6 +2,19 @@
 //! version 2) and a C producer's `cuMemCreate` + `cuMemMap` buffers, shared as POSIX fds (taken
 //! by consumers with `pidfd_getfd`) or fabric handles. See the backend's module documentation
 //! for the calls and their order.
+//!
+//! A consumer knows an fd-table page by the handle's word only: (producer pid, fd number), in
+//! its page cache here and (with the whole table) in the import registry. That is sound while
+//! the producer keeps the fds open, which it does while references are outstanding (closing
+//! waits for them). A producer that FORCE-closes a segmented export with references outstanding
+//! closes the fds, and a later export of other memory may get the same fd numbers: a consumer
+//! that still holds an import of the old table then gets the old mapping (the old memory) for
+//! the new handle. FORCE-closing a segmented CUDA export with outstanding references is
+//! therefore unsafe (documented at `devshare_exporter_close`).
+//!
+//! Both page caches belong to one process generation ([`PerGeneration`]): a forked child starts
+//! with empty ones (a hit there would return the parent's handles), and a fork while another
+//! thread holds one during a driver call does not leave the child a lock that is never let go.
 
 use super::api::{CudaApi, DevPtr, MemAccess, MemHandle, FABRIC_HANDLE_LEN};
 use super::per_generation::PerGeneration;
