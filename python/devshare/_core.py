@@ -6,11 +6,13 @@ import atexit
 import bisect
 import builtins
 import ctypes
+import math
+import numbers
 import sys
 import weakref
 from ctypes import byref, c_int64, c_uint64, c_void_p
 
-from . import _dlpack, _dtypes, _torch_ipc
+from . import _dlpack, _dtypes, _ints, _torch_ipc
 from ._handle import Handle
 from ._lib import (
     BACKEND_ACL,
@@ -29,6 +31,7 @@ from ._lib import (
     Status,
     TensorDesc,
     call,
+    check_args,
     error_for,
     lib,
     new_struct,
@@ -36,6 +39,10 @@ from ._lib import (
 )
 
 _HEADER_SIZE = 64  # bytes before the data in a file_system-layout shm object
+# The largest host allocation the library makes: header + data must fit an off_t (int64).
+_MAX_ALLOC = (1 << 63) - 1 - _HEADER_SIZE
+# The longest finite wait devshare_exporter_wait takes (int64 milliseconds).
+_MAX_WAIT_MS = (1 << 63) - 1
 
 
 # --- Exporters owned by this process -------------------------------------------------------------
@@ -82,8 +89,8 @@ class _Export:
 
     def share(self, dtype, shape, strides, storage_offset, storage_size, tensor_offset) -> Handle:
         ndim = len(shape)
-        shape_arr = (c_int64 * max(ndim, 1))(*shape)
-        strides_arr = (c_int64 * max(ndim, 1))(*strides)
+        shape_arr = _ints.int64_array("shape", shape)
+        strides_arr = _ints.int64_array("strides", strides)
         desc = _lib_desc(dtype, ndim, shape_arr, strides_arr, storage_offset, storage_size,
                          tensor_offset)
         h = new_struct(HandleStruct)
@@ -102,6 +109,7 @@ class _Export:
     def wait(self, timeout_ms: int) -> bool:
         if self.closed:
             return True
+        check_args(lib.devshare_exporter_wait, (self._ptr, timeout_ms))
         status = lib.devshare_exporter_wait(self._ptr, timeout_ms)
         if status == Status.TIMEOUT:
             return False
@@ -445,15 +453,39 @@ def outstanding(obj) -> int:
         return exp.outstanding() if exp is not None else 0
 
 
+def _timeout_ms(timeout) -> int:
+    """A timeout in seconds (int or float; None or math.inf: forever) as devshare_exporter_wait's
+    int64 milliseconds (-1: forever), rounded up. TypeError for bool and non-numbers, ValueError
+    for NaN, negative values and finite values beyond int64 milliseconds (about 292 million
+    years: ctypes would wrap them into a short wait)."""
+    if timeout is None:
+        return -1
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds (int or float) or None, not "
+                        f"{_type_label(timeout)}")
+    if isinstance(timeout, numbers.Integral):
+        ms = int(timeout) * 1000  # exact for every int
+    else:
+        t = float(timeout)
+        if math.isnan(t):
+            raise ValueError("timeout must be a number of seconds, not NaN")
+        if t == math.inf:
+            return -1
+        ms = math.ceil(t * 1000) if t >= 0 else -1
+    if ms < 0:
+        raise ValueError(f"timeout must be >= 0 seconds (or None to wait forever), not {timeout!r}")
+    if ms > _MAX_WAIT_MS:
+        raise ValueError(f"timeout {timeout!r} s is beyond the longest finite wait "
+                         f"({_MAX_WAIT_MS // 1000} s); use None (or math.inf) to wait forever")
+    return ms
+
+
 def wait(obj, timeout=None) -> bool:
     """Wait until every reference handed out for obj's memory came back. True when they did,
-    False when ``timeout`` seconds passed first (None: wait forever)."""
-    if timeout is None:
-        ms = -1
-    else:
-        if timeout < 0:
-            raise ValueError("timeout must be >= 0 seconds (or None to wait forever)")
-        ms = int(timeout * 1000 + 0.999)
+    False when ``timeout`` seconds passed first (an int or float >= 0; None or ``math.inf``:
+    wait forever). TypeError for a bool or non-number timeout, ValueError for NaN, negative or
+    finite timeouts beyond int64 milliseconds."""
+    ms = _timeout_ms(timeout)
     with registry_lock:
         exp, owner = _export_of(obj)  # owner: keeps an empty() allocation open meanwhile
         if exp is None or exp.closed:
@@ -563,15 +595,35 @@ def dlpack_capsule(handle, versioned: bool = True, read_only: bool = False):
 
 
 def _normalize_shape(shape) -> tuple[int, ...]:
-    if isinstance(shape, int):
-        shape = (shape,)
+    """shape as a tuple of ints in [0, INT64_MAX]: an int (or integer-like: ``operator.index``)
+    or an iterable of them (tuple, list, ``torch.Size``, ...). TypeError for str/bytes (their
+    characters are not dimensions), floats, bools and other non-integers; ValueError for
+    negative or oversized dimensions."""
+    if isinstance(shape, (str, bytes, bytearray, memoryview)):
+        raise TypeError(f"shape must be an int or a sequence of ints, not {_type_label(shape)}")
+    if isinstance(shape, bool):
+        raise TypeError("shape must be an int or a sequence of ints, not bool")
     try:
-        shape = tuple(int(d) for d in shape)
+        return (_ints.index("shape", shape, *_ints.N64),)
+    except TypeError:
+        pass
+    except ValueError:
+        raise ValueError(f"negative or oversized dimension in shape {shape!r} (each must be in "
+                         f"[0, {_ints.N64[1]}])") from None
+    try:
+        dims = tuple(shape)
     except TypeError:
         raise TypeError(f"shape must be an int or a sequence of ints, not {_type_label(shape)}") from None
-    if any(d < 0 for d in shape):
-        raise ValueError(f"negative dimension in shape {shape}")
-    return shape
+    out = []
+    for i, d in enumerate(dims):
+        try:
+            out.append(_ints.index(f"shape[{i}]", d, *_ints.N64))
+        except TypeError:
+            raise TypeError(f"shape[{i}] must be an int, not {_type_label(d)} (shape {shape!r})") from None
+        except ValueError:
+            raise ValueError(f"negative or oversized dimension {d} in shape {shape!r} (each must be "
+                             f"in [0, {_ints.N64[1]}])") from None
+    return tuple(out)
 
 
 def empty(shape, dtype="float32", like: str = "torch"):
@@ -580,6 +632,11 @@ def empty(shape, dtype="float32", like: str = "torch"):
     The memory is a devshare allocation: :func:`share` hands out handles for it (or any view of
     it) without copying, and the allocation is closed when the tensor/array and all its views
     are gone.
+
+    ``shape`` is an int or a sequence of ints (``torch.Size``, numpy integers are fine):
+    TypeError for str, bytes, floats, bools and other types; ValueError for a negative
+    dimension or a size beyond what one allocation can hold (checked exactly, before anything
+    reaches the library); :class:`devshare.Error` when ``/dev/shm`` has no room for it.
     """
     shape = _normalize_shape(shape)
     code, bits, lanes = _dtypes.from_any(dtype)
@@ -595,6 +652,9 @@ def empty(shape, dtype="float32", like: str = "torch"):
     for d in shape:
         numel *= d
     nbytes = numel * (bits // 8) * lanes
+    if nbytes > _MAX_ALLOC:
+        raise ValueError(f"shape {shape} of {_dtypes.type_name(code, bits, lanes)} needs {nbytes} "
+                         f"bytes, more than the largest host allocation ({_MAX_ALLOC} bytes)")
     with registry_lock:
         buf = _HostBuffer(max(nbytes, 1))
         _add_buffer(buf)

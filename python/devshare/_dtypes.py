@@ -113,9 +113,15 @@ def _torch_dtype_name(dt) -> str | None:
 
 
 def from_any(dtype) -> tuple[int, int, int]:
-    """(code, bits, lanes) of a torch dtype, numpy dtype(-like) or a name such as "bfloat16"."""
+    """(code, bits, lanes) of a torch dtype, numpy dtype(-like), a name such as "bfloat16" or a
+    DLPack ``(code, bits, lanes)`` tuple of ints (TypeError for other types, ValueError when a
+    field does not fit its C type)."""
     if isinstance(dtype, tuple) and len(dtype) == 3:
-        return tuple(int(x) for x in dtype)
+        # DLPack (code, bits, lanes): checked like every integer bound for the library.
+        from ._ints import U8, U16, index
+
+        return (index("dtype code", dtype[0], *U8), index("dtype bits", dtype[1], *U8),
+                index("dtype lanes", dtype[2], *U16))
     name = None
     if isinstance(dtype, str):
         name = dtype[len("torch."):] if dtype.startswith("torch.") else dtype

@@ -27,6 +27,7 @@ from ctypes import (
     c_void_p,
 )
 
+from ._ints import check_args, check_fields
 from ._abi import *  # noqa: F401,F403 - re-exported: the package's modules import them from here
 from ._abi import (
     BACKEND_ACL,
@@ -275,7 +276,9 @@ def error_for(status: int) -> Error:
 
 
 def call(fn, *args) -> int:
-    """Call a status-returning library function; raise :class:`Error` when it fails."""
+    """Call a status-returning library function; raise :class:`Error` when it fails. Integer
+    arguments are range-checked against the C types first (ValueError; ctypes would wrap them)."""
+    check_args(fn, args)
     status = fn(*args)
     if status < 0:
         raise error_for(status)
@@ -303,8 +306,10 @@ def new_struct(cls, **fields):
         else:
             call(fn, byref(s))
     names = {f[0] for f in cls._fields_}
-    for k, v in fields.items():
+    for k in fields:
         if k not in names:  # ctypes would silently make a Python attribute
             raise TypeError(f"{cls.__name__} has no field {k!r}")
+    check_fields(cls, fields)  # ctypes would keep the low bits of an out-of-range int
+    for k, v in fields.items():
         setattr(s, k, v)
     return s

@@ -22,12 +22,12 @@ the producing PyTorch keeps the memory (even after its tensor is freed) until th
 from __future__ import annotations
 
 import importlib
-import operator
 import os
 import ctypes
 from ctypes import POINTER, byref, c_int32, c_int64, c_size_t, c_uint8, cast
 
 from . import _dtypes
+from ._ints import check_args as _check_args, index as _index, int64_array as _int64_array
 from ._handle import Handle, _external_table
 from ._lib import (
     BACKEND_ACL,
@@ -72,16 +72,9 @@ def _backend_id(backend) -> int:
 
 
 def _int(name: str, value, lo: int = 0, hi: int = _U64_MAX) -> int:
-    """value as an int in [lo, hi]; TypeError for non-integers, ValueError when out of range."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, not bool")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}") from None
-    if not lo <= v <= hi:
-        raise ValueError(f"{name} {v} is out of range [{lo}, {hi}]")
-    return v
+    """value as an int in [lo, hi]; TypeError for bool and non-integers, ValueError when out of
+    range (see :mod:`devshare._ints`)."""
+    return _index(name, value, lo, hi)
 
 
 def _bytes(name: str, value) -> bytes:
@@ -155,8 +148,8 @@ def handle_from_torch(args, backend: str | int = "cuda", producer_pid: int = 0) 
         raise ValueError(f"{ndim} dimensions is above devshare's maximum of {MAX_NDIM}")
     if len(strides) != ndim:
         raise ValueError(f"{len(strides)} strides (arg 2) for {ndim} dimensions (arg 1)")
-    shape_arr = (c_int64 * max(ndim, 1))(*shape)
-    strides_arr = (c_int64 * max(ndim, 1))(*strides)
+    shape_arr = _int64_array("shape (arg 1)", shape)
+    strides_arr = _int64_array("strides (arg 2)", strides)
     # Keep every buffer referenced until the call returns.
     handle_buf, handle_p, handle_len = _buffer(_bytes("storage handle (arg 7)", a[7]))
     ref_buf, ref_p, ref_len = _buffer(_bytes("ref-counter name (arg 11)", a[11]))
@@ -199,7 +192,9 @@ def _write_bytes(fn, *args, cap: int = HANDLE_MAX_ENCODED_SIZE) -> bytes:
     n = c_size_t()
     for _ in range(2):
         buf = ctypes.create_string_buffer(max(cap, 1))
-        status = fn(*args, buf, len(buf), byref(n))
+        call_args = (*args, buf, len(buf), byref(n))
+        _check_args(fn, call_args)
+        status = fn(*call_args)
         if status != Status.BUFFER_TOO_SMALL:
             break
         cap = n.value
@@ -311,7 +306,8 @@ def _release(args: tuple, backend: int) -> None:
     ignored (the caller's error matters more)."""
     del backend  # the ref-counter protocol is the same for cuda and npu
     name, slot = args[11], args[12]
-    if not isinstance(name, (bytes, bytearray)) or not name or not isinstance(slot, int) or slot < 0:
+    if not isinstance(name, (bytes, bytearray)) or not name or isinstance(slot, bool) \
+            or not isinstance(slot, int) or not 0 <= slot <= _U64_MAX:
         return
     buf = ctypes.create_string_buffer(bytes(name), len(name))
     try:
