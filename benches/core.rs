@@ -113,7 +113,8 @@ unsafe fn run() {
         assert!(fd >= 0);
         let mut st: libc::stat = std::mem::zeroed();
         libc::fstat(fd, &mut st);
-        let p = libc::mmap(null_mut(), st.st_size as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
+        let p =
+            libc::mmap(null_mut(), st.st_size as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0);
         assert_ne!(p, libc::MAP_FAILED);
         libc::munmap(black_box(p), st.st_size as usize);
         libc::close(fd);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Quick start, part 2: build everything and run every test (Rust, C, C++, Python, install and
-# packaging tests), then the C/C++ tests again under ASan + UBSan against a sanitized library
+# Quick start, part 2: check formatting and lints (cargo fmt --check, cargo clippy --all-targets
+# -D warnings, which includes clippy::undocumented_unsafe_blocks for the library), build
+# everything and run every test (Rust, C, C++, Python, install and packaging tests), then the C/C++ tests again under ASan + UBSan against a sanitized library
 # (scripts/sanitize.sh, build-asan/; it prints a SKIPPED line when `cargo +nightly` does not
 # work). Makes or reuses the virtual environment .venv with numpy, torch and pytest for the
 # Python tests. (pip honours PIP_INDEX_URL / PIP_EXTRA_INDEX_URL, e.g. to fetch PyTorch's
@@ -8,6 +9,13 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh --python
+
+echo "== gates: cargo fmt --check, cargo clippy --all-targets -- -D warnings"
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    rustup component add rustfmt clippy
+fi
+cargo fmt --check
+cargo clippy --release --all-targets -- -D warnings
 
 if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv

@@ -36,11 +36,10 @@ pub const DEVSHARE_DTYPE_FLOAT8_LAST: u8 = 14;
 /// Short names for the codes inside the crate.
 pub mod code {
     pub use super::{
-        DEVSHARE_DTYPE_BFLOAT as BFLOAT, DEVSHARE_DTYPE_BOOL as BOOL,
-        DEVSHARE_DTYPE_COMPLEX as COMPLEX, DEVSHARE_DTYPE_FLOAT as FLOAT,
-        DEVSHARE_DTYPE_FLOAT8_FIRST as FLOAT8_FIRST, DEVSHARE_DTYPE_FLOAT8_LAST as FLOAT8_LAST,
-        DEVSHARE_DTYPE_INT as INT, DEVSHARE_DTYPE_OPAQUE_HANDLE as OPAQUE_HANDLE,
-        DEVSHARE_DTYPE_UINT as UINT,
+        DEVSHARE_DTYPE_BFLOAT as BFLOAT, DEVSHARE_DTYPE_BOOL as BOOL, DEVSHARE_DTYPE_COMPLEX as COMPLEX,
+        DEVSHARE_DTYPE_FLOAT as FLOAT, DEVSHARE_DTYPE_FLOAT8_FIRST as FLOAT8_FIRST,
+        DEVSHARE_DTYPE_FLOAT8_LAST as FLOAT8_LAST, DEVSHARE_DTYPE_INT as INT,
+        DEVSHARE_DTYPE_OPAQUE_HANDLE as OPAQUE_HANDLE, DEVSHARE_DTYPE_UINT as UINT,
     };
 }
 
@@ -59,9 +58,7 @@ impl DevshareDType {
             code::COMPLEX => &[64, 128],
             code::BOOL => &[8],
             code::FLOAT8_FIRST..=code::FLOAT8_LAST => &[8],
-            code::OPAQUE_HANDLE => {
-                return Err(Error::BadDtype("opaque handles (code 3) cannot be shared".into()))
-            }
+            code::OPAQUE_HANDLE => return Err(Error::BadDtype("opaque handles (code 3) cannot be shared".into())),
             other => {
                 return Err(Error::BadDtype(format!(
                     "unknown or sub-byte DLPack type code {other} (supported: 0-2, 4-14)"

@@ -268,11 +268,7 @@ impl Error {
     /// An `Os` error from the current `errno`, naming the call that failed.
     pub fn last_os(call: impl Into<String>) -> Error {
         let err = std::io::Error::last_os_error();
-        Error::Os {
-            call: call.into(),
-            errno: err.raw_os_error().unwrap_or(0),
-            message: err.to_string(),
-        }
+        Error::Os { call: call.into(), errno: err.raw_os_error().unwrap_or(0), message: err.to_string() }
     }
 
     pub(crate) fn invalid(field: &'static str, why: impl Into<String>) -> Error {

@@ -148,10 +148,7 @@ impl Exporter {
     /// The segment table that handles of this export need next to them when it does not fit
     /// the handle struct (more than 128 bytes of records); `None` otherwise.
     pub fn external_table(&self) -> Option<&[u8]> {
-        self.alloc
-            .segments()
-            .map(|(_, _, t)| t)
-            .filter(|t| t.len() > crate::handle::DEVSHARE_KEY_CAPACITY)
+        self.alloc.segments().map(|(_, _, t)| t).filter(|t| t.len() > crate::handle::DEVSHARE_KEY_CAPACITY)
     }
 
     /// Start of the exported range in this process (what the caller exported; for host memory
@@ -225,11 +222,7 @@ impl Exporter {
         h.shape[..desc.shape.len()].copy_from_slice(desc.shape);
         match desc.strides {
             Some(s) if s.len() != desc.shape.len() => {
-                return Err(Error::InvalidArgument(format!(
-                    "{} strides for {} dimensions",
-                    s.len(),
-                    desc.shape.len()
-                )))
+                return Err(Error::InvalidArgument(format!("{} strides for {} dimensions", s.len(), desc.shape.len())))
             }
             Some(s) => h.strides[..s.len()].copy_from_slice(s),
             None => {
@@ -291,11 +284,7 @@ impl Exporter {
 
     /// Value of one handle's ref-counter slot (1 while held, 0 once released).
     pub fn slot_value(&self, h: &DevshareHandle) -> Option<i64> {
-        self.shared()
-            .refs
-            .iter()
-            .find(|rc| rc.name() == h.ref_name_bytes())
-            .map(|rc| rc.slot_value(h.ref_slot))
+        self.shared().refs.iter().find(|rc| rc.name() == h.ref_name_bytes()).map(|rc| rc.slot_value(h.ref_slot))
     }
 
     /// Wait until no reference is outstanding, or `timeout` passes (`None`: forever). Fails

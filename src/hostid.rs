@@ -19,10 +19,7 @@ fn parse_uuid(s: &str) -> Option<[u8; 16]> {
 pub fn host_id() -> [u8; 16] {
     static ID: OnceLock<[u8; 16]> = OnceLock::new();
     *ID.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-            .ok()
-            .and_then(|s| parse_uuid(&s))
-            .unwrap_or([0; 16])
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok().and_then(|s| parse_uuid(&s)).unwrap_or([0; 16])
     })
 }
 
@@ -30,10 +27,7 @@ pub fn host_id() -> [u8; 16] {
 mod tests {
     #[test]
     fn boot_id_parses_as_uuid() {
-        assert_eq!(
-            super::parse_uuid("00112233-4455-6677-8899-aabbccddeeff\n").unwrap()[15],
-            0xff
-        );
+        assert_eq!(super::parse_uuid("00112233-4455-6677-8899-aabbccddeeff\n").unwrap()[15], 0xff);
         assert!(super::parse_uuid("zz").is_none());
         assert_ne!(super::host_id(), [0; 16], "this kernel exposes a boot id");
     }

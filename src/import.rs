@@ -34,8 +34,8 @@
 use crate::backend::{self, ImportRequest, Mapping};
 use crate::error::{Error, Result};
 use crate::handle::{validate, DevshareHandle, Validated};
-use crate::refcounter::{self, Watched};
 use crate::handle::{DEVSHARE_KEY_CAPACITY, DEVSHARE_REF_NAME_CAPACITY};
+use crate::refcounter::{self, Watched};
 use rustc_hash::FxHashMap;
 use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
@@ -285,7 +285,10 @@ pub fn discard(name: &[u8], slot: u64) -> Result<()> {
         )));
     }
     if slot >= crate::handle::DEVSHARE_REF_SLOTS {
-        return Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", crate::handle::DEVSHARE_REF_SLOTS)));
+        return Err(Error::InvalidArgument(format!(
+            "slot {slot} is beyond the {} slots",
+            crate::handle::DEVSHARE_REF_SLOTS
+        )));
     }
     let mut t = Ticket { name_len: name.len() as u32, name: [0; DEVSHARE_REF_NAME_CAPACITY], slot };
     t.name[..name.len()].copy_from_slice(name);
@@ -371,21 +374,16 @@ pub fn import_full(h: &DevshareHandle, table: Option<&[u8]>, req: ImportRequest)
         read_only: req.read_only,
         key_len: h.key_len,
         key: h.key,
-        segments: segments
-            .as_ref()
-            .map(|t| {
-                // fd numbers mean something only in their producer; shareable and fabric
-                // handles are global, so the same pages from a tuple (no pid) and from a
-                // devshare handle share one mapping.
-                let pid = if t.seg.kind == crate::handle::segments::DEVSHARE_SEGMENTS_CUDA_FD { t.producer_pid } else { 0 };
-                Arc::new((t.seg.segment_size, t.seg.kind, pid, t.table.to_vec()))
-            }),
+        segments: segments.as_ref().map(|t| {
+            // fd numbers mean something only in their producer; shareable and fabric
+            // handles are global, so the same pages from a tuple (no pid) and from a
+            // devshare handle share one mapping.
+            let pid = if t.seg.kind == crate::handle::segments::DEVSHARE_SEGMENTS_CUDA_FD { t.producer_pid } else { 0 };
+            Arc::new((t.seg.segment_size, t.seg.kind, pid, t.table.to_vec()))
+        }),
     };
-    let ticket = (h.ref_name_len > 0).then_some(Ticket {
-        name_len: h.ref_name_len,
-        name: h.ref_name,
-        slot: h.ref_slot,
-    });
+    let ticket =
+        (h.ref_name_len > 0).then_some(Ticket { name_len: h.ref_name_len, name: h.ref_name, slot: h.ref_slot });
     let inflight = h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT != 0;
     if inflight && ticket.is_none() {
         return Err(Error::Untrusted(

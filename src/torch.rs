@@ -112,7 +112,10 @@ fn segment_header<'a>(name: &str, p: &'a [u8]) -> Result<(u64, u64, &'a [u8])> {
     if n > u64::from(segments::DEVSHARE_MAX_SEGMENTS) {
         return Err(Error::bad_size(
             "handle",
-            format!("{name} 'e' storage handle lists {n} segments, above the maximum {}", segments::DEVSHARE_MAX_SEGMENTS),
+            format!(
+                "{name} 'e' storage handle lists {n} segments, above the maximum {}",
+                segments::DEVSHARE_MAX_SEGMENTS
+            ),
         ));
     }
     Ok((seg, n, &p[16..]))
@@ -208,8 +211,7 @@ pub fn parse_storage_handle(backend: u16, bytes: &[u8]) -> Result<StorageHandle>
     };
     if bytes.is_empty() {
         return Err(Error::InvalidArgument(
-            "the storage handle is empty (PyTorch sends None for an empty storage): there is no memory to share"
-                .into(),
+            "the storage handle is empty (PyTorch sends None for an empty storage): there is no memory to share".into(),
         ));
     }
     let key: &[u8] = if bytes.len() == raw {
@@ -272,10 +274,7 @@ pub fn handle_from_torch_full(a: &TorchArgs<'_>) -> Result<Decoded> {
         ));
     }
     if a.shape.len() > DEVSHARE_MAX_NDIM {
-        return Err(Error::BadNdim(format!(
-            "{} dimensions is above the maximum {DEVSHARE_MAX_NDIM}",
-            a.shape.len()
-        )));
+        return Err(Error::BadNdim(format!("{} dimensions is above the maximum {DEVSHARE_MAX_NDIM}", a.shape.len())));
     }
     if a.ref_name.len() > DEVSHARE_REF_NAME_CAPACITY || !(a.ref_name.is_empty() || is_shm_name(a.ref_name)) {
         return Err(Error::InvalidArgument(format!(
@@ -289,9 +288,10 @@ pub fn handle_from_torch_full(a: &TorchArgs<'_>) -> Result<Decoded> {
         producer_pid: if a.producer_pid > 0 { a.producer_pid } else { pid_from_ref_name(a.ref_name).unwrap_or(0) },
         ndim: a.shape.len() as u32,
         // The allocation's size is not in the tuple: the storage's end is what is known.
-        alloc_size: a.storage_offset.checked_add(a.storage_size).ok_or_else(|| {
-            Error::bad_size("storage_size", "storage_offset + storage_size overflows")
-        })?,
+        alloc_size: a
+            .storage_offset
+            .checked_add(a.storage_size)
+            .ok_or_else(|| Error::bad_size("storage_size", "storage_offset + storage_size overflows"))?,
         storage_offset: a.storage_offset,
         storage_size: a.storage_size,
         tensor_offset: a.tensor_offset,

@@ -61,7 +61,12 @@ fn threads_import_and_release_concurrently_and_every_reference_returns_once() {
         )
         .unwrap(),
     );
-    let desc = |offset: u64| TensorDesc { shape: &[4096], storage_offset: offset, storage_size: Some(4096), ..Default::default() };
+    let desc = |offset: u64| TensorDesc {
+        shape: &[4096],
+        storage_offset: offset,
+        storage_size: Some(4096),
+        ..Default::default()
+    };
     // One held import per device keeps the key open there; threads then hit the cache.
     let held0 = import(&exp.share(&desc(0)).unwrap(), ImportRequest::default()).unwrap();
     let held1 = import(&exp.share(&desc(0)).unwrap(), ImportRequest { device: Some(1), ..Default::default() }).unwrap();

@@ -133,7 +133,12 @@ fn export(base: *mut u8, phys: &[*mut c_void], first: usize, count: usize) -> de
     let physical: Vec<u64> = phys[first..first + count].iter().map(|&p| p as u64).collect();
     // SAFETY: the window lies inside the allocation.
     let mem = SegmentedMemory { base: unsafe { base.add(first * SEG) }, segment_size: SEG as u64, physical: &physical };
-    Exporter::export_segments(DEVSHARE_BACKEND_ACL, 0, &mem, &ExportOptions { no_pid_check: true, ..Default::default() })
+    Exporter::export_segments(
+        DEVSHARE_BACKEND_ACL,
+        0,
+        &mem,
+        &ExportOptions { no_pid_check: true, ..Default::default() },
+    )
 }
 
 fn hex(b: &[u8]) -> String {
@@ -157,7 +162,12 @@ fn producer(rt: &Runtime) {
             // 4 KiB storages at offsets that cross page boundaries of the window.
             let offset = ((r * 7919 + w * 104_729) % (WINDOWS[w].1 * SEG - 8192)) as u64;
             let h = e
-                .share(&TensorDesc { shape: &[4096], storage_offset: offset, storage_size: Some(8192), ..Default::default() })
+                .share(&TensorDesc {
+                    shape: &[4096],
+                    storage_offset: offset,
+                    storage_size: Some(8192),
+                    ..Default::default()
+                })
                 .unwrap();
             let mut bytes = Vec::new();
             encode_full_into(&h, e.external_table(), &mut bytes).unwrap();
@@ -260,7 +270,10 @@ fn threads_import_overlapping_segmented_handles_and_each_page_is_imported_once()
                             let rc = unsafe { (rt.memcpy)(got.as_mut_ptr().cast(), 8192, v.storage.cast(), 8192, 2) };
                             assert_eq!(rc, 0, "aclrtMemcpy D2H");
                             let at = first * SEG + d.handle.storage_offset as usize;
-                            assert!(got.iter().enumerate().all(|(i, &b)| b == ((at + i) % 251) as u8), "storage content");
+                            assert!(
+                                got.iter().enumerate().all(|(i, &b)| b == ((at + i) % 251) as u8),
+                                "storage content"
+                            );
                         }
                         again.release();
                         imp.release();

@@ -231,7 +231,10 @@ fn text_with_a_typo_or_wrong_prefix_is_rejected() {
     let i = typo.len() / 2;
     typo[i] = if typo[i] == b'A' { b'B' } else { b'A' };
     let err = from_text(std::str::from_utf8(&typo).unwrap()).unwrap_err();
-    assert!(matches!(err.status(), Status::ChecksumMismatch | Status::BadMagic | Status::Truncated | Status::BadLength), "{err}");
+    assert!(
+        matches!(err.status(), Status::ChecksumMismatch | Status::BadMagic | Status::Truncated | Status::BadLength),
+        "{err}"
+    );
     let err = from_text(&text.replacen('Q', "*", 1).replacen('A', "*", 1)).unwrap_err();
     assert_eq!(err.status(), Status::BadText, "{err}");
     assert!(err.to_string().contains("'*'"), "{err}");

@@ -2,8 +2,8 @@
 
 #[test]
 fn checked_in_header_equals_cbindgen_output() {
-    let generated = std::fs::read_to_string(env!("DEVSHARE_GENERATED_HEADER"))
-        .expect("build.rs writes the generated header");
+    let generated =
+        std::fs::read_to_string(env!("DEVSHARE_GENERATED_HEADER")).expect("build.rs writes the generated header");
     let checked_in = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/include/devshare.h"))
         .expect("include/devshare.h exists");
     assert!(

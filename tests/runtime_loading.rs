@@ -46,6 +46,11 @@ fn missing_runtimes_are_unavailable_and_the_message_lists_what_was_tried() {
         let e = cuda.export(0, buf.as_mut_ptr(), 4096, &ExportOptions::default()).err().unwrap();
         assert_eq!(e.status(), Status::BackendUnavailable);
         let m = e.to_string();
-        assert!(m.contains("DEVSHARE_CUDA_LIBRARY") && m.contains("/nonexistent/devshare-test/libcuda.so.1") && m.contains("libcuda.so.1:"), "{m}");
+        assert!(
+            m.contains("DEVSHARE_CUDA_LIBRARY")
+                && m.contains("/nonexistent/devshare-test/libcuda.so.1")
+                && m.contains("libcuda.so.1:"),
+            "{m}"
+        );
     }
 }

@@ -7,7 +7,9 @@ use devshare::handle::encode::{decode, decode_full, encode, encode_full_into};
 use devshare::handle::segments::*;
 use devshare::handle::text::{from_text_full, to_text_full};
 use devshare::handle::*;
-use devshare::torch::{handle_from_torch, handle_from_torch_full, handle_to_torch_full, parse_storage_handle, StorageHandle, TorchArgs};
+use devshare::torch::{
+    handle_from_torch, handle_from_torch_full, handle_to_torch_full, parse_storage_handle, StorageHandle, TorchArgs,
+};
 use devshare::Status;
 
 const MIB: u64 = 1 << 20;
@@ -108,12 +110,39 @@ fn every_malformed_e_form_gets_its_own_status() {
         (DEVSHARE_BACKEND_ACL, npu_e(0, &[1]), Status::BadSize, "granularity"),
         (DEVSHARE_BACKEND_ACL, npu_e(3 * MIB, &[1]), Status::BadSize, "granularity"),
         (DEVSHARE_BACKEND_ACL, npu_e(1 << 62, &[1, 2, 3]), Status::BadSize, "overflows"),
-        (DEVSHARE_BACKEND_ACL, { let mut v = npu_e(2 * MIB, &[1]); v[0] = 2; v }, Status::UnsupportedVersion, "version 2"),
+        (
+            DEVSHARE_BACKEND_ACL,
+            {
+                let mut v = npu_e(2 * MIB, &[1]);
+                v[0] = 2;
+                v
+            },
+            Status::UnsupportedVersion,
+            "version 2",
+        ),
         (DEVSHARE_BACKEND_CUDA, cuda_e(9, 2 * MIB, 3, &fds(&[1, 2])), Status::BadLength, "neither 12"),
         (DEVSHARE_BACKEND_CUDA, cuda_e(0, 2 * MIB, 1, &fds(&[5])), Status::InvalidHandle, "pid 0"),
         (DEVSHARE_BACKEND_CUDA, cuda_e(9, 2 * MIB, 2, &fds(&[5, -1])), Status::InvalidHandle, "fd -1 is negative"),
-        (DEVSHARE_BACKEND_CUDA, { let mut v = cuda_e(9, 2 * MIB, 1, &fds(&[5])); v[0] = 3; v }, Status::UnsupportedVersion, "version 3"),
-        (DEVSHARE_BACKEND_CUDA, { let mut v = cuda_e(9, 2 * MIB, 1, &fds(&[5])); v[0] = 1; v }, Status::UnsupportedVersion, "version 1"),
+        (
+            DEVSHARE_BACKEND_CUDA,
+            {
+                let mut v = cuda_e(9, 2 * MIB, 1, &fds(&[5]));
+                v[0] = 3;
+                v
+            },
+            Status::UnsupportedVersion,
+            "version 3",
+        ),
+        (
+            DEVSHARE_BACKEND_CUDA,
+            {
+                let mut v = cuda_e(9, 2 * MIB, 1, &fds(&[5]));
+                v[0] = 1;
+                v
+            },
+            Status::UnsupportedVersion,
+            "version 1",
+        ),
         (DEVSHARE_BACKEND_CUDA, cuda_e(9, 2 * MIB, 0, &[]), Status::InvalidHandle, "zero segments"),
     ];
     for (backend, bytes, status, words) in cases {

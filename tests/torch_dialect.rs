@@ -196,6 +196,9 @@ fn handles_go_back_to_the_tuple_a_stock_consumer_accepts() {
     let t = handle_to_torch(&handle_from_torch(&args(DEVSHARE_BACKEND_ACL, &key)).unwrap()).unwrap();
     assert_eq!(t.handle.len(), 67, "acl: the version-1 'c' form");
     assert_eq!(&t.handle[..2], &[1, b'c']);
-    assert_eq!(parse_storage_handle(DEVSHARE_BACKEND_ACL, &t.handle).unwrap(), parse_storage_handle(DEVSHARE_BACKEND_ACL, &key).unwrap());
+    assert_eq!(
+        parse_storage_handle(DEVSHARE_BACKEND_ACL, &t.handle).unwrap(),
+        parse_storage_handle(DEVSHARE_BACKEND_ACL, &key).unwrap()
+    );
     assert!(!t.event_sync_required && t.event_handle == [0; 64]);
 }

@@ -120,13 +120,14 @@ pub(crate) fn alloc(size: u64) -> Result<Box<dyn Exported>> {
         .ok_or_else(|| Error::InvalidArgument(format!("size {size} is too large")))?;
     let name = shm::random_name(shm::DATA_PREFIX)?;
     let fd = shm::create(&name, total)?;
-    let data = match shm::id_of(&fd, &name).and_then(|id| Ok((id, Map::new(&fd, total as usize, true, "host allocation")?))) {
-        Ok(m) => m,
-        Err(e) => {
-            shm::unlink(&name);
-            return Err(e);
-        }
-    };
+    let data =
+        match shm::id_of(&fd, &name).and_then(|id| Ok((id, Map::new(&fd, total as usize, true, "host allocation")?))) {
+            Ok(m) => m,
+            Err(e) => {
+                shm::unlink(&name);
+                return Err(e);
+            }
+        };
     let (id, data) = data;
     data.atomic_i32(0).store(1, Ordering::SeqCst);
     Ok(Box::new(Counted { name, data, header: None, data_len: size, generation, id }))
@@ -139,14 +140,10 @@ impl Backend for Host {
 
     fn probe(&self) -> Probe {
         match std::fs::metadata("/dev/shm") {
-            Ok(m) if m.is_dir() => Probe {
-                usable: true,
-                detail: "POSIX shared memory in /dev/shm (PyTorch file_system layout)".into(),
-            },
-            _ => Probe {
-                usable: false,
-                detail: "/dev/shm is missing: POSIX shared memory is unavailable".into(),
-            },
+            Ok(m) if m.is_dir() => {
+                Probe { usable: true, detail: "POSIX shared memory in /dev/shm (PyTorch file_system layout)".into() }
+            }
+            _ => Probe { usable: false, detail: "/dev/shm is missing: POSIX shared memory is unavailable".into() },
         }
     }
 
@@ -179,8 +176,7 @@ fn open_counted(name: &[u8], min_data: u64, read_only: bool, what: &str) -> Resu
             "host object {shown} holds {data_len} data bytes but {what} is {min_data}"
         )));
     }
-    let len = usize::try_from(size)
-        .map_err(|_| Error::Mismatch(format!("host object {shown} is too large to map")))?;
+    let len = usize::try_from(size).map_err(|_| Error::Mismatch(format!("host object {shown} is too large to map")))?;
     let data = Map::new(&fd, len, !read_only, "host object")?;
     let header = if read_only { Some(Map::new(&fd, HEADER_SIZE as usize, true, "host header")?) } else { None };
     // Count ourselves in. A count that was already 0 means the last holder is unlinking it:

@@ -167,8 +167,7 @@ pub trait Backend: Sync {
         Ok(req.device.unwrap_or(h.device_index))
     }
     /// Map the allocation a validated handle names (`req.device` is set, by `import_device`).
-    fn import(&self, h: &DevshareHandle, v: &Validated, req: &ImportRequest)
-        -> Result<Box<dyn Mapping>>;
+    fn import(&self, h: &DevshareHandle, v: &Validated, req: &ImportRequest) -> Result<Box<dyn Mapping>>;
     /// Map a segmented allocation (a validated handle with `DEVSHARE_HANDLE_FLAG_SEGMENTED` and
     /// its table): import every segment on `req.device`, reserve exactly
     /// `count x segment_size` of address space and map the segments into it, in order.
@@ -182,7 +181,12 @@ pub trait Backend: Sync {
         Err(Error::Unsupported(format!("{} memory cannot be segmented", h.backend_name())))
     }
     /// Export a C producer's segmented (VMM) allocation on `device`.
-    fn export_segments(&self, _device: i32, _mem: &SegmentedMemory<'_>, _opts: &ExportOptions) -> Result<Box<dyn Exported>> {
+    fn export_segments(
+        &self,
+        _device: i32,
+        _mem: &SegmentedMemory<'_>,
+        _opts: &ExportOptions,
+    ) -> Result<Box<dyn Exported>> {
         Err(Error::Unsupported(format!("the {} backend exports no segmented memory", backend_name_of(self.id()))))
     }
     /// For a handle with `DEVSHARE_HANDLE_FLAG_EVENT`: open its event, make `req.stream` wait on

@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use rustix::io::Errno;
-use rustix::process::{pidfd_getfd, pidfd_open, set_ptracer, Pid, PidfdFlags, PidfdGetfdFlags, PTracer};
+use rustix::process::{pidfd_getfd, pidfd_open, set_ptracer, PTracer, Pid, PidfdFlags, PidfdGetfdFlags};
 use std::os::fd::OwnedFd;
 
 /// Yama's `kernel.yama.ptrace_scope`, when Yama is there.

@@ -449,11 +449,25 @@ mod tests {
 
     #[test]
     fn vendor_errors_say_meaning_then_hint_then_what_the_runtime_said() {
-        let e = vendor_error("aclrtIpcMemImportByKey", 207_006, "no permission", "", " not whitelisted\n", "libascendcl.so");
+        let e = vendor_error(
+            "aclrtIpcMemImportByKey",
+            207_006,
+            "no permission",
+            "",
+            " not whitelisted\n",
+            "libascendcl.so",
+        );
         assert_eq!(e.status(), Status::Vendor);
         assert_eq!(e.vendor_code(), 207_006);
         assert_eq!(message(e), "no permission; runtime says: not whitelisted");
-        let e = vendor_error("cuIpcOpenMemHandle", 201, "CUDA_ERROR_INVALID_CONTEXT: invalid context", "same process", "", "libcuda.so.1");
+        let e = vendor_error(
+            "cuIpcOpenMemHandle",
+            201,
+            "CUDA_ERROR_INVALID_CONTEXT: invalid context",
+            "same process",
+            "",
+            "libcuda.so.1",
+        );
         assert_eq!(message(e), "CUDA_ERROR_INVALID_CONTEXT: invalid context (same process)");
     }
 
@@ -470,7 +484,10 @@ mod tests {
         });
         let e = group.get().unwrap_err();
         assert_eq!(e.status(), Status::Unsupported);
-        assert!(e.to_string().contains("this runtime has no VMM calls: backend unavailable: libx.so has no xMemMap"), "{e}");
+        assert!(
+            e.to_string().contains("this runtime has no VMM calls: backend unavailable: libx.so has no xMemMap"),
+            "{e}"
+        );
         assert_eq!(*Optional::load("unused", || Ok(7u8)).get().unwrap(), 7);
     }
 

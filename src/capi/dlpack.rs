@@ -34,10 +34,7 @@ pub unsafe extern "C" fn devshare_import_to_dlpack_versioned(
 
 /// The same as a legacy `DLManagedTensor` (no version, no flags: it cannot say read-only).
 #[no_mangle]
-pub unsafe extern "C" fn devshare_import_to_dlpack(
-    imp: *const DevshareImport,
-    out: *mut *mut DLManagedTensor,
-) -> i32 {
+pub unsafe extern "C" fn devshare_import_to_dlpack(imp: *const DevshareImport, out: *mut *mut DLManagedTensor) -> i32 {
     boundary("devshare_import_to_dlpack", || {
         let i = ffi!(arg(imp, "import"))?;
         let out = ffi!(arg_mut(out, "out"))?;

@@ -2,9 +2,9 @@
 
 use super::abi::{init, read_input, sized_struct};
 use super::{arg, arg_mut, arg_slice, boundary, write_out};
+use crate::backend::ExportOptions;
 use crate::dtype::DevshareDType;
 use crate::error::Error;
-use crate::backend::ExportOptions;
 use crate::export::{Exporter, TensorDesc};
 use crate::handle::{DevshareHandle, DEVSHARE_MAX_NDIM};
 use std::ffi::c_void;
@@ -53,7 +53,11 @@ pub struct DevshareTensorDesc {
     pub stream: *mut c_void,
 }
 
-sized_struct!(DevshareTensorDesc, "DevshareTensorDesc", first_size = 64, sum = 4 * 4 + 8 * 6,
+sized_struct!(
+    DevshareTensorDesc,
+    "DevshareTensorDesc",
+    first_size = 64,
+    sum = 4 * 4 + 8 * 6,
     defaults = DevshareTensorDesc {
         struct_size: 0,
         dtype: DevshareDType { code: 0, bits: 0, lanes: 0 },
@@ -65,7 +69,8 @@ sized_struct!(DevshareTensorDesc, "DevshareTensorDesc", first_size = 64, sum = 4
         storage_size: DEVSHARE_STORAGE_TO_END,
         tensor_offset: 0,
         stream: std::ptr::null_mut(),
-    });
+    }
+);
 
 /// Initialise a `DevshareTensorDesc` of `size` bytes (pass `sizeof *desc`): all zero (dtype
 /// included: set it), `storage_size = DEVSHARE_STORAGE_TO_END`, `struct_size = size`.
@@ -291,10 +296,7 @@ unsafe fn share_from_c(e: &Exporter, desc: *const DevshareTensorDesc) -> crate::
     }
     let d = ffi!(read_input(desc, "desc"))?;
     if d.ndim as usize > DEVSHARE_MAX_NDIM {
-        return Err(Error::BadNdim(format!(
-            "desc.ndim {} is above the maximum {DEVSHARE_MAX_NDIM}",
-            d.ndim
-        )));
+        return Err(Error::BadNdim(format!("desc.ndim {} is above the maximum {DEVSHARE_MAX_NDIM}", d.ndim)));
     }
     let unknown = d.flags & !(DEVSHARE_SHARE_INFLIGHT | DEVSHARE_SHARE_EVENT);
     if unknown != 0 {

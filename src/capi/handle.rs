@@ -75,9 +75,7 @@ pub unsafe extern "C" fn devshare_handle_from_text(text: *const c_char, out: *mu
     boundary("devshare_handle_from_text", || {
         let out = ffi!(arg_mut(out, "out"))?;
         let t = ffi!(arg(text, "text"))?;
-        let t = ffi!(CStr::from_ptr(t))
-            .to_str()
-            .map_err(|_| Error::BadText("text is not UTF-8".into()))?;
+        let t = ffi!(CStr::from_ptr(t)).to_str().map_err(|_| Error::BadText("text is not UTF-8".into()))?;
         *out = text::from_text(t)?;
         Ok(())
     })

@@ -54,14 +54,19 @@ pub struct DevshareImportOptions {
     pub stream: *mut c_void,
 }
 
-sized_struct!(DevshareImportOptions, "DevshareImportOptions", first_size = 24, sum = 4 * 4 + 8,
+sized_struct!(
+    DevshareImportOptions,
+    "DevshareImportOptions",
+    first_size = 24,
+    sum = 4 * 4 + 8,
     defaults = DevshareImportOptions {
         struct_size: 0,
         flags: 0,
         device: DEVSHARE_DEVICE_FROM_HANDLE,
         reserved: 0,
         stream: std::ptr::null_mut(),
-    });
+    }
+);
 
 /// Where an import lies in this process, from `devshare_import_info`. Initialise with
 /// `devshare_import_info_init(&info, sizeof info)` before the call.
@@ -94,7 +99,11 @@ pub struct DevshareImportInfo {
     pub reserved: u32,
 }
 
-sized_struct!(DevshareImportInfo, "DevshareImportInfo", first_size = 72, sum = 4 + 4 + 8 * 7 + 2 + 2 + 4,
+sized_struct!(
+    DevshareImportInfo,
+    "DevshareImportInfo",
+    first_size = 72,
+    sum = 4 + 4 + 8 * 7 + 2 + 2 + 4,
     defaults = DevshareImportInfo {
         struct_size: 0,
         device: 0,
@@ -108,7 +117,8 @@ sized_struct!(DevshareImportInfo, "DevshareImportInfo", first_size = 72, sum = 4
         backend: 0,
         read_only: 0,
         reserved: 0,
-    });
+    }
+);
 
 impl Default for DevshareImportOptions {
     fn default() -> Self {
@@ -224,9 +234,7 @@ pub unsafe extern "C" fn devshare_import_text(
     boundary("devshare_import_text", || {
         let out = ffi!(arg_mut(out, "out"))?;
         let t = ffi!(arg(text, "text"))?;
-        let t = ffi!(std::ffi::CStr::from_ptr(t))
-            .to_str()
-            .map_err(|_| Error::BadText("text is not UTF-8".into()))?;
+        let t = ffi!(std::ffi::CStr::from_ptr(t)).to_str().map_err(|_| Error::BadText("text is not UTF-8".into()))?;
         let d = crate::handle::text::from_text_full(t)?;
         let req = ffi!(request_from(options))?;
         *out = Box::into_raw(Box::new(DevshareImport(import_full(&d.handle, d.table.as_deref(), req)?)));
@@ -240,9 +248,7 @@ pub unsafe extern "C" fn devshare_import_text(
 /// import returns it), and with `DEVSHARE_STATUS_ALREADY_RELEASED` when it was already returned.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_handle_discard(handle: *const DevshareHandle) -> i32 {
-    boundary("devshare_handle_discard", || {
-        crate::import::discard_handle(ffi!(arg(handle, "handle"))?)
-    })
+    boundary("devshare_handle_discard", || crate::import::discard_handle(ffi!(arg(handle, "handle"))?))
 }
 
 /// Pointers and sizes of an import, into `*out` (initialised with `devshare_import_info_init`).

@@ -24,8 +24,13 @@ pub struct DevshareBackendInfo {
     pub detail: [c_char; 512],
 }
 
-sized_struct!(DevshareBackendInfo, "DevshareBackendInfo", first_size = 536, sum = 4 + 2 + 2 + 16 + 512,
-    defaults = DevshareBackendInfo { struct_size: 0, backend: 0, usable: 0, name: [0; 16], detail: [0; 512] });
+sized_struct!(
+    DevshareBackendInfo,
+    "DevshareBackendInfo",
+    first_size = 536,
+    sum = 4 + 2 + 2 + 16 + 512,
+    defaults = DevshareBackendInfo { struct_size: 0, backend: 0, usable: 0, name: [0; 16], detail: [0; 512] }
+);
 
 /// Initialise `DevshareBackendInfo` of `size` bytes (pass `sizeof *info`) for `devshare_probe`.
 #[no_mangle]

@@ -63,7 +63,11 @@ pub struct DevshareTorchArgs {
     pub reserved1: u32,
 }
 
-sized_struct!(DevshareTorchArgs, "DevshareTorchArgs", first_size = 128, sum = 128,
+sized_struct!(
+    DevshareTorchArgs,
+    "DevshareTorchArgs",
+    first_size = 128,
+    sum = 128,
     defaults = DevshareTorchArgs {
         struct_size: 0,
         backend: 0,
@@ -86,7 +90,8 @@ sized_struct!(DevshareTorchArgs, "DevshareTorchArgs", first_size = 128, sum = 12
         event_handle_len: 0,
         event_sync_required: 0,
         reserved1: 0,
-    });
+    }
+);
 
 /// The 8-tuple `(device, handle, storage_size_bytes, storage_offset_bytes, ref_counter_name,
 /// ref_counter_slot, event_handle, event_sync_required)` that PyTorch's
@@ -125,7 +130,10 @@ pub struct DevshareTorchStorage {
     pub reserved: u32,
 }
 
-sized_struct!(DevshareTorchStorage, "DevshareTorchStorage", first_size = 304,
+sized_struct!(
+    DevshareTorchStorage,
+    "DevshareTorchStorage",
+    first_size = 304,
     sum = 16 + DEVSHARE_TORCH_HANDLE_CAPACITY + 24 + 64 + 64 + 8,
     defaults = DevshareTorchStorage {
         struct_size: 0,
@@ -140,7 +148,8 @@ sized_struct!(DevshareTorchStorage, "DevshareTorchStorage", first_size = 304,
         event_handle: [0; 64],
         event_sync_required: 0,
         reserved: 0,
-    });
+    }
+);
 
 /// Initialise `DevshareTorchArgs` of `size` bytes (pass `sizeof *args`): all zero.
 #[no_mangle]
@@ -257,7 +266,10 @@ unsafe fn torch_args(a: &DevshareTorchArgs) -> crate::error::Result<TorchArgs<'_
 /// slot when it lets go, which the exporter sees in `devshare_exporter_outstanding`. The tensor
 /// part (shape, strides, offset, dtype) is in the handle itself.
 #[no_mangle]
-pub unsafe extern "C" fn devshare_handle_to_torch(handle: *const DevshareHandle, out: *mut DevshareTorchStorage) -> i32 {
+pub unsafe extern "C" fn devshare_handle_to_torch(
+    handle: *const DevshareHandle,
+    out: *mut DevshareTorchStorage,
+) -> i32 {
     boundary("devshare_handle_to_torch", || {
         let h = ffi!(arg(handle, "handle"))?;
         let t = handle_to_torch(h)?;

@@ -82,7 +82,9 @@ pub fn encode_full_into(h: &DevshareHandle, table: Option<&[u8]>, out: &mut Vec<
             )))
         }
         (_, Some(_)) => {
-            return Err(Error::InvalidArgument("a segment table was given for a handle that holds its own (or none)".into()))
+            return Err(Error::InvalidArgument(
+                "a segment table was given for a handle that holds its own (or none)".into(),
+            ))
         }
         (_, None) => None,
     };
@@ -210,10 +212,7 @@ pub fn decode(buf: &[u8]) -> Result<DevshareHandle> {
 pub fn decode_full(buf: &[u8]) -> Result<Decoded> {
     let probe = buf.len().min(MAGIC.len());
     if buf[..probe] != MAGIC[..probe] {
-        return Err(Error::BadMagic(format!(
-            "input starts with {:02x?}, expected \"DVSH\"",
-            &buf[..probe]
-        )));
+        return Err(Error::BadMagic(format!("input starts with {:02x?}, expected \"DVSH\"", &buf[..probe])));
     }
     if buf.len() < HEADER_LEN + 4 {
         return Err(Error::Truncated(format!(
@@ -237,16 +236,10 @@ pub fn decode_full(buf: &[u8]) -> Result<Decoded> {
         )));
     }
     if total > buf.len() {
-        return Err(Error::Truncated(format!(
-            "header says {total} bytes, input has {}",
-            buf.len()
-        )));
+        return Err(Error::Truncated(format!("header says {total} bytes, input has {}", buf.len())));
     }
     if total < buf.len() {
-        return Err(Error::BadLength(format!(
-            "header says {total} bytes, input has {} (trailing bytes)",
-            buf.len()
-        )));
+        return Err(Error::BadLength(format!("header says {total} bytes, input has {} (trailing bytes)", buf.len())));
     }
     let (content, crc) = buf.split_at(total - 4);
     let stored = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
@@ -267,9 +260,7 @@ pub fn decode_full(buf: &[u8]) -> Result<Decoded> {
     h.ndim = ndim as u32;
     let key_len = r.u8("key_len")? as usize;
     if key_len > DEVSHARE_KEY_CAPACITY {
-        return Err(Error::BadKey(format!(
-            "key_len {key_len} exceeds the capacity of {DEVSHARE_KEY_CAPACITY} bytes"
-        )));
+        return Err(Error::BadKey(format!("key_len {key_len} exceeds the capacity of {DEVSHARE_KEY_CAPACITY} bytes")));
     }
     h.flags = r.u32("flags")?;
     h.device_index = r.i32("device_index")?;
@@ -344,10 +335,7 @@ pub fn decode_full(buf: &[u8]) -> Result<Decoded> {
         }
     }
     if r.pos != content.len() {
-        return Err(Error::BadLength(format!(
-            "{} unexpected bytes after the last field",
-            content.len() - r.pos
-        )));
+        return Err(Error::BadLength(format!("{} unexpected bytes after the last field", content.len() - r.pos)));
     }
     validate(&h)?;
     match (segments::segments(&h)?, &table) {
@@ -358,9 +346,7 @@ pub fn decode_full(buf: &[u8]) -> Result<Decoded> {
                 seg.count
             )))
         }
-        (_, Some(_)) => {
-            return Err(Error::invalid("section", "a segment table section for a handle that needs none"))
-        }
+        (_, Some(_)) => return Err(Error::invalid("section", "a segment table section for a handle that needs none")),
         (_, None) => {}
     }
     Ok(Decoded { handle: h, table })

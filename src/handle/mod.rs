@@ -10,9 +10,9 @@ pub mod segments;
 pub mod text;
 mod validate;
 
-pub use validate::{ext_records, validate, ExtRecord, Validated};
 pub(crate) use acl_key::{check_acl_key, AclKey, ACL_KEY_LEN};
 pub(crate) use validate::is_shm_name;
+pub use validate::{ext_records, validate, ExtRecord, Validated};
 
 use crate::dtype::DevshareDType;
 use static_assertions::{assert_eq_align, assert_eq_size, const_assert_eq};

@@ -148,7 +148,10 @@ pub fn segments(h: &DevshareHandle) -> Result<Option<Segments>> {
         return Err(Error::invalid("ext", "a segmented handle has zero segments"));
     }
     if seg.count > DEVSHARE_MAX_SEGMENTS {
-        return Err(Error::bad_size("ext", format!("{} segments is above the maximum {DEVSHARE_MAX_SEGMENTS}", seg.count)));
+        return Err(Error::bad_size(
+            "ext",
+            format!("{} segments is above the maximum {DEVSHARE_MAX_SEGMENTS}", seg.count),
+        ));
     }
     if seg.segment_size == 0 || seg.segment_size % DEVSHARE_SEGMENT_GRANULARITY != 0 {
         return Err(Error::bad_size(
@@ -159,15 +162,17 @@ pub fn segments(h: &DevshareHandle) -> Result<Option<Segments>> {
             ),
         ));
     }
-    let total = seg
-        .segment_size
-        .checked_mul(u64::from(seg.count))
-        .filter(|&t| t <= i64::MAX as u64)
-        .ok_or_else(|| Error::bad_size("ext", format!("{} x {} bytes overflows 2^63-1", seg.count, seg.segment_size)))?;
+    let total =
+        seg.segment_size.checked_mul(u64::from(seg.count)).filter(|&t| t <= i64::MAX as u64).ok_or_else(|| {
+            Error::bad_size("ext", format!("{} x {} bytes overflows 2^63-1", seg.count, seg.segment_size))
+        })?;
     if h.alloc_size != total {
         return Err(Error::bad_size(
             "alloc_size",
-            format!("{} is not segment count {} x segment_size {} = {total}", h.alloc_size, seg.count, seg.segment_size),
+            format!(
+                "{} is not segment count {} x segment_size {} = {total}",
+                h.alloc_size, seg.count, seg.segment_size
+            ),
         ));
     }
     if seg.kind == DEVSHARE_SEGMENTS_CUDA_FD && h.producer_pid <= 0 {
@@ -225,10 +230,12 @@ pub fn check_table(h: &DevshareHandle, seg: &Segments, table: &[u8]) -> Result<(
 pub fn set_segments(h: &mut DevshareHandle, segment_size: u64, kind: u16, table: &[u8]) -> Result<Segments> {
     let rec = record_size(kind).ok_or_else(|| Error::InvalidArgument(format!("segment kind {kind} is unknown")))?;
     if table.is_empty() || table.len() % rec != 0 {
-        return Err(Error::BadLength(format!("segment table of {} bytes is not a list of {rec}-byte records", table.len())));
+        return Err(Error::BadLength(format!(
+            "segment table of {} bytes is not a list of {rec}-byte records",
+            table.len()
+        )));
     }
-    let count = u32::try_from(table.len() / rec)
-        .map_err(|_| Error::bad_size("segments", "too many segments"))?;
+    let count = u32::try_from(table.len() / rec).map_err(|_| Error::bad_size("segments", "too many segments"))?;
     let inline = table.len() <= DEVSHARE_KEY_CAPACITY;
     let seg = Segments { segment_size, count, kind, inline, table_crc: crc32fast::hash(table) };
     h.flags |= DEVSHARE_HANDLE_FLAG_SEGMENTED;
@@ -276,7 +283,9 @@ impl<'a> SegmentTable<'a> {
     pub fn of(h: &'a DevshareHandle, external: Option<&'a [u8]>) -> Result<Option<SegmentTable<'a>>> {
         let Some(seg) = segments(h)? else {
             if external.is_some() {
-                return Err(Error::InvalidArgument("a segment table was given for a handle that is not segmented".into()));
+                return Err(Error::InvalidArgument(
+                    "a segment table was given for a handle that is not segmented".into(),
+                ));
             }
             return Ok(None);
         };

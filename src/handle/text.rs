@@ -1,7 +1,9 @@
 //! The text form of a handle: `devshare1:` followed by the byte encoding in unpadded
 //! URL-safe base64. Safe in environment variables, JSON strings and command lines.
 
-use super::encode::{decode_full, encode_full_into, Decoded, DEVSHARE_HANDLE_DECODE_LIMIT, DEVSHARE_HANDLE_MAX_ENCODED_SIZE};
+use super::encode::{
+    decode_full, encode_full_into, Decoded, DEVSHARE_HANDLE_DECODE_LIMIT, DEVSHARE_HANDLE_MAX_ENCODED_SIZE,
+};
 use super::DevshareHandle;
 use crate::error::{Error, Result};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;

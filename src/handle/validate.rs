@@ -36,18 +36,15 @@ fn zero_tail(field: &'static str, bytes: &[u8]) -> Result<()> {
 pub(crate) fn is_shm_name(name: &[u8]) -> bool {
     name.len() >= 2
         && name[0] == b'/'
-        && name[1..]
-            .iter()
-            .all(|&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-' || c == b'.')
-        && name != b"/." && name != b"/.."
+        && name[1..].iter().all(|&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-' || c == b'.')
+        && name != b"/."
+        && name != b"/.."
 }
 
 fn check_key(h: &DevshareHandle) -> Result<()> {
     let len = h.key_len as usize;
     if len > DEVSHARE_KEY_CAPACITY {
-        return Err(Error::BadKey(format!(
-            "key_len {len} exceeds the capacity of {DEVSHARE_KEY_CAPACITY} bytes"
-        )));
+        return Err(Error::BadKey(format!("key_len {len} exceeds the capacity of {DEVSHARE_KEY_CAPACITY} bytes")));
     }
     let key = &h.key[..len];
     match h.backend {
@@ -62,9 +59,7 @@ fn check_key(h: &DevshareHandle) -> Result<()> {
         DEVSHARE_BACKEND_ACL => check_acl_key(key)?,
         DEVSHARE_BACKEND_CUDA => {
             if len != 64 {
-                return Err(Error::BadKey(format!(
-                    "CUDA IPC memory handle must be 64 bytes, got {len}"
-                )));
+                return Err(Error::BadKey(format!("CUDA IPC memory handle must be 64 bytes, got {len}")));
             }
         }
         _ => unreachable!("backend checked before the key"),
@@ -90,10 +85,7 @@ fn check_ref(h: &DevshareHandle) -> Result<()> {
     if !is_shm_name(&h.ref_name[..len]) {
         return Err(Error::invalid(
             "ref_name",
-            format!(
-                "{:?} is not a shm name ('/' then [A-Za-z0-9_.-])",
-                String::from_utf8_lossy(&h.ref_name[..len])
-            ),
+            format!("{:?} is not a shm name ('/' then [A-Za-z0-9_.-])", String::from_utf8_lossy(&h.ref_name[..len])),
         ));
     }
     if h.ref_slot >= DEVSHARE_REF_SLOTS {
@@ -114,8 +106,8 @@ fn check_tensor(h: &DevshareHandle, element_size: u64) -> Result<(u64, u64)> {
     let first = last;
     for i in 0..ndim {
         let (dim, stride) = (h.shape[i], h.strides[i]);
-        let dim = u64::try_from(dim)
-            .map_err(|_| Error::bad_size("shape", format!("shape[{i}] = {dim} is negative")))?;
+        let dim =
+            u64::try_from(dim).map_err(|_| Error::bad_size("shape", format!("shape[{i}] = {dim} is negative")))?;
         let stride = u64::try_from(stride)
             .map_err(|_| Error::bad_size("strides", format!("strides[{i}] = {stride} is negative")))?;
         numel = numel.checked_mul(dim).filter(|&n| n <= MAX_SIZE).ok_or_else(|| overflow("shape"))?;
@@ -128,9 +120,7 @@ fn check_tensor(h: &DevshareHandle, element_size: u64) -> Result<(u64, u64)> {
     let end_byte = if numel == 0 {
         first_byte
     } else {
-        last.checked_add(1)
-            .and_then(|n| n.checked_mul(element_size))
-            .ok_or_else(|| overflow("strides"))?
+        last.checked_add(1).and_then(|n| n.checked_mul(element_size)).ok_or_else(|| overflow("strides"))?
     };
     if end_byte > h.storage_size {
         return Err(Error::TensorOutOfBounds(format!(
@@ -259,10 +249,7 @@ pub fn validate(h: &DevshareHandle) -> Result<Validated> {
         )));
     }
     if h.device_index < 0 || (h.backend == DEVSHARE_BACKEND_HOST && h.device_index != 0) {
-        return Err(Error::invalid(
-            "device_index",
-            format!("{} (must be >= 0, and 0 for host)", h.device_index),
-        ));
+        return Err(Error::invalid("device_index", format!("{} (must be >= 0, and 0 for host)", h.device_index)));
     }
     if h.producer_pid < 0 {
         return Err(Error::invalid("producer_pid", format!("{} is not a pid (0: unknown)", h.producer_pid)));

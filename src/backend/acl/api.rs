@@ -265,13 +265,16 @@ impl AclApi {
 
     /// `aclrtIpcMemGetExportKey`: the key buffer as the runtime wrote it (bytes after the NUL
     /// unspecified: see [`AclKey::normalize`](crate::handle::AclKey::normalize)).
-    pub(crate) fn ipc_mem_get_export_key(&self, ptr: *mut c_void, size: usize, flags: u64) -> Result<[u8; ACL_KEY_LEN]> {
+    pub(crate) fn ipc_mem_get_export_key(
+        &self,
+        ptr: *mut c_void,
+        size: usize,
+        flags: u64,
+    ) -> Result<[u8; ACL_KEY_LEN]> {
         let mut buf = [0u8; ACL_KEY_LEN];
         // SAFETY: `buf` has the ACL_KEY_LEN bytes the call is told; `ptr` is a device address,
         // never dereferenced here, which the runtime checks against its allocations.
-        let rc = unsafe {
-            (self.fns.ipc_mem_get_export_key)(ptr, size, buf.as_mut_ptr().cast(), ACL_KEY_LEN, flags)
-        };
+        let rc = unsafe { (self.fns.ipc_mem_get_export_key)(ptr, size, buf.as_mut_ptr().cast(), ACL_KEY_LEN, flags) };
         self.check("aclrtIpcMemGetExportKey", rc)?;
         Ok(buf)
     }

@@ -24,8 +24,8 @@ mod vmm;
 
 use super::runtime::{self, prune, OnDemand, Runtime, Stream};
 use super::{Backend, ExportOptions, Exported, ImportRequest, IpcEvent, Mapping, PeerAccess, Probe, SegmentedMemory};
-use crate::handle::segments::SegmentTable;
 use crate::error::{Error, Result};
+use crate::handle::segments::SegmentTable;
 use crate::handle::{AclKey, DevshareHandle, Validated, DEVSHARE_BACKEND_ACL};
 use api::{AclApi, EXPORT_FLAG_DISABLE_PID_VALIDATION, IMPORT_FLAG_ENABLE_PEER_ACCESS, MEM_ATTR_DDR, MEM_ATTR_HBM};
 use std::collections::{HashMap, HashSet};
@@ -74,7 +74,13 @@ impl Drop for KeyEntry {
 type ExportCache = Mutex<HashMap<(i32, usize, u64), Weak<KeyEntry>>>;
 static EXPORTS: OnceLock<ExportCache> = OnceLock::new();
 
-fn export_key(api: &Runtime<AclApi>, device: i32, ptr: *mut u8, size: u64, no_pid_check: bool) -> Result<Arc<KeyEntry>> {
+fn export_key(
+    api: &Runtime<AclApi>,
+    device: i32,
+    ptr: *mut u8,
+    size: u64,
+    no_pid_check: bool,
+) -> Result<Arc<KeyEntry>> {
     let mut cache = EXPORTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
     let id = (device, ptr as usize, size);
     if let Some(entry) = cache.get(&id).and_then(Weak::upgrade) {
@@ -309,7 +315,12 @@ impl Backend for Acl {
         vmm::import_segmented(h, segments, req)
     }
 
-    fn export_segments(&self, device: i32, mem: &SegmentedMemory<'_>, opts: &ExportOptions) -> Result<Box<dyn Exported>> {
+    fn export_segments(
+        &self,
+        device: i32,
+        mem: &SegmentedMemory<'_>,
+        opts: &ExportOptions,
+    ) -> Result<Box<dyn Exported>> {
         vmm::export_segments(device, mem, opts)
     }
 

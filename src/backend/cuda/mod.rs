@@ -91,7 +91,9 @@ fn export_block(api: &Runtime<CudaApi>, device: c_int, ptr: DevPtr, size: u64) -
     }
     let ordinal = attribute(api, IntPointerAttribute::DeviceOrdinal, ptr, "device ordinal")? as c_int;
     if ordinal != device {
-        return Err(Error::InvalidArgument(format!("{ptr:#x} is memory of CUDA device {ordinal}, not of device {device}")));
+        return Err(Error::InvalidArgument(format!(
+            "{ptr:#x} is memory of CUDA device {ordinal}, not of device {device}"
+        )));
     }
     let (base, bsize) = api.mem_get_address_range(ptr)?;
     let offset = ptr - base;
