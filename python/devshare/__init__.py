@@ -10,26 +10,43 @@ CUDA and NPU tensors travel as PyTorch's own IPC tuples (:func:`handle_from_torc
 The library is found through ``DEVSHARE_LIBRARY`` (full path), then next to this package, then
 the build directories of the source checkout this package is imported from, then the system
 loader (``libdevshare.so.1``). It must have ABI major version 1 and minor version 0 or later.
+
+Attributes:
+
+- :data:`library_path` (str): where the loaded library came from, exactly as it was passed to
+  the loader: a full path (``DEVSHARE_LIBRARY``, next to the package, the checkout's build
+  directories) or the bare soname ``"libdevshare.so.1"`` when the system loader found it.
+- :data:`library_version` (str): the loaded library's ``devshare_version()`` as
+  ``"MAJOR.MINOR.PATCH"`` (this package's own version is ``__version__``).
+
+``from devshare import *`` imports the API without :func:`open`, which would shadow the
+builtin; use ``devshare.open``.
 """
 
 from ._lib import (
     Error,
     LibraryNotFoundError,
     Status,
-    library_path,
     status_name,
-    version as library_version,
 )
+from . import _lib
 from ._handle import Handle
 from ._core import collect, dlpack_capsule, empty, open, outstanding, share, wait
 from ._torch_ipc import allow_ptrace, handle_from_torch, local_pid, torch_args
 
 __version__ = "1.0.0"
 
+#: Where the loaded libdevshare came from, as passed to the loader: a full path, or the bare
+#: soname ``"libdevshare.so.1"`` when the system loader found it.
+library_path: str = _lib.library_path
+#: The loaded library's version, ``"MAJOR.MINOR.PATCH"`` (from ``devshare_version()``).
+library_version: str = _lib.version
+
 for _cls in (Error, LibraryNotFoundError, Status, Handle):
     _cls.__module__ = __name__
 del _cls
 
+# Not "open": ``from devshare import *`` must not shadow the builtin (devshare.open stays).
 __all__ = [
     "Error",
     "Handle",
@@ -43,7 +60,6 @@ __all__ = [
     "library_path",
     "library_version",
     "local_pid",
-    "open",
     "outstanding",
     "share",
     "status_name",

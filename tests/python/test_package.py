@@ -224,3 +224,41 @@ def test_library_errors_never_crash_the_interpreter():
         assert e.status == devshare.Status.UNTRUSTED and "no_such_devshare_object" in e.message
     else:
         raise AssertionError("adopting a missing object worked")
+
+
+def test_star_import_does_not_shadow_builtin_open():
+    # issue 13 item 4: `from devshare import *` must leave the builtin open alone.
+    import builtins
+
+    ns: dict = {}
+    exec("from devshare import *", ns)
+    assert "open" not in ns
+    exec("f = open", ns)
+    assert ns["f"] is builtins.open
+    # devshare.open is still there, and everything else of the API is exported.
+    assert devshare.open is devshare._core.open and "open" not in devshare.__all__
+    for name in ("share", "empty", "wait", "outstanding", "Handle", "Error", "library_path",
+                 "library_version", *devshare.__all__):
+        assert name in ns, name
+    assert set(devshare.__all__) <= set(dir(devshare))
+
+
+def test_library_path_and_version_are_documented_accessors():
+    from devshare import _lib
+
+    # library_path: what was passed to the loader, here DEVSHARE_LIBRARY's full path, and the
+    # file this process really mapped.
+    assert isinstance(devshare.library_path, str) and devshare.library_path == _lib.library_path
+    if os.environ.get("DEVSHARE_LIBRARY"):
+        assert devshare.library_path == os.environ["DEVSHARE_LIBRARY"]
+    real = os.path.realpath(devshare.library_path)
+    with open("/proc/self/maps") as f:
+        assert any(line.rstrip("\n").endswith(real) for line in f), real
+    # library_version: the loaded library's devshare_version() as MAJOR.MINOR.PATCH.
+    v = int(_lib.lib.devshare_version())
+    assert devshare.library_version == f"{v >> 16}.{(v >> 8) & 0xFF}.{v & 0xFF}"
+    # Both documented: in the package docstring (help(devshare)) and the README.
+    for name in ("library_path", "library_version"):
+        assert name in devshare.__doc__, name
+    readme = (PYTHON_DIR.parent / "README.md").read_text()
+    assert "devshare.library_path" in readme and "devshare.library_version" in readme
