@@ -31,7 +31,7 @@ from ._lib import (
 )
 from . import _lib
 from ._handle import Handle
-from ._core import collect, dlpack_capsule, empty, open, outstanding, share, wait
+from ._core import collect, discard, dlpack_capsule, empty, open, outstanding, share, wait
 from ._torch_ipc import allow_ptrace, handle_from_torch, local_pid, torch_args
 
 __version__ = "1.0.0"
@@ -54,6 +54,7 @@ __all__ = [
     "Status",
     "allow_ptrace",
     "collect",
+    "discard",
     "dlpack_capsule",
     "empty",
     "handle_from_torch",

@@ -87,12 +87,13 @@ class _Export:
     def contains(self, addr: int, nbytes: int = 0) -> bool:
         return self.base <= addr and addr + nbytes <= self.base + self.size
 
-    def share(self, dtype, shape, strides, storage_offset, storage_size, tensor_offset) -> Handle:
+    def share(self, dtype, shape, strides, storage_offset, storage_size, tensor_offset,
+              inflight: bool = True) -> Handle:
         ndim = len(shape)
         shape_arr = _ints.int64_array("shape", shape)
         strides_arr = _ints.int64_array("strides", strides)
         desc = _lib_desc(dtype, ndim, shape_arr, strides_arr, storage_offset, storage_size,
-                         tensor_offset)
+                         tensor_offset, inflight)
         h = new_struct(HandleStruct)
         call(lib.devshare_exporter_share, self._ptr, byref(desc), byref(h))
         if self.name is None:
@@ -123,7 +124,8 @@ class _Export:
             call(lib.devshare_exporter_close, ptr, 0)
 
 
-def _lib_desc(dtype, ndim, shape_arr, strides_arr, storage_offset, storage_size, tensor_offset):
+def _lib_desc(dtype, ndim, shape_arr, strides_arr, storage_offset, storage_size, tensor_offset,
+              inflight=True):
     # devshare_tensor_desc_init sets struct_size (and the defaults: no stream, ...).
     return new_struct(
         TensorDesc,
@@ -134,7 +136,7 @@ def _lib_desc(dtype, ndim, shape_arr, strides_arr, storage_offset, storage_size,
         storage_offset=storage_offset,
         storage_size=storage_size,
         tensor_offset=tensor_offset,
-        flags=SHARE_INFLIGHT,
+        flags=SHARE_INFLIGHT if inflight else 0,
     )
 
 
@@ -297,14 +299,22 @@ def _is_ndarray(obj) -> bool:
     return numpy is not None and isinstance(obj, numpy.ndarray)
 
 
-def share(obj) -> Handle:
+def share(obj, inflight: bool = True) -> Handle:
     """Share a tensor without copying and return its handle (one reference for one consumer).
 
     Accepts a torch CPU tensor (its storage moves into, or stays in, PyTorch's ``file_system``
     shared memory, as ``torch.multiprocessing`` would do), or a tensor/array whose memory came
     from :func:`empty` or :func:`open`. Any dtype devshare knows, any strides >= 0, views with
-    storage offsets, 0-d and empty tensors. The handle carries an in-flight reference, so the
-    memory stays alive until the consumer opened it, even if the producer lets go first.
+    storage offsets, 0-d and empty tensors. By default the handle carries an in-flight
+    reference, so the memory stays alive until the consumer opened it, even if the producer lets
+    go first; only a devshare import (:func:`open`, ``devshare_import``, :func:`discard`) can
+    take it over.
+
+    ``inflight=False`` makes a handle without one, for a consumer that maps the memory itself
+    (stock PyTorch, see :meth:`Handle.mapping_info`): the memory then stays alive only while this
+    process's exporter does (a torch storage's, until every reference came back; an
+    :func:`empty` buffer's, while the buffer lives), so keep the producer's buffer until the
+    consumer returned the reference (:func:`wait`). Device handles never carry one.
 
     A CUDA tensor, or an NPU tensor (torch_npu, imported when needed), is shared through
     PyTorch's own IPC: ``torch.multiprocessing.reductions.reduce_tensor`` exports its block and
@@ -317,11 +327,13 @@ def share(obj) -> Handle:
     expandable segments give segmented handles (see :func:`handle_from_torch`); a CUDA consumer
     that is not this process's ancestor needs :func:`allow_ptrace` under Yama ``ptrace_scope`` 1.
     """
+    if not isinstance(inflight, bool):
+        raise TypeError(f"inflight must be True or False, not {_type_label(inflight)}")
     with registry_lock:
         if _is_torch_tensor(obj):
-            h, exp = _share_torch(obj)
+            h, exp = _share_torch(obj, inflight)
         elif _is_ndarray(obj):
-            h, exp = _share_numpy(obj)
+            h, exp = _share_numpy(obj, inflight)
         else:
             raise TypeError(f"devshare.share() takes a torch tensor (CPU, CUDA or NPU) or a numpy "
                             f"array from devshare.empty()/open(), not {_type_label(obj)}")
@@ -329,7 +341,7 @@ def share(obj) -> Handle:
         return h
 
 
-def _share_torch(t):
+def _share_torch(t, inflight=True):
     torch = sys.modules["torch"]
     kind = t.device.type
     if kind != "cpu" and kind not in _torch_ipc.DEVICE_BACKENDS:
@@ -351,17 +363,19 @@ def _share_torch(t):
     buf = _buffer_at(addr, nbytes) if addr else None
     if buf is not None:
         exp = buf.export
-        return exp.share(dtype, shape, strides, addr - exp.base, nbytes, t.storage_offset()), exp
+        return exp.share(dtype, shape, strides, addr - exp.base, nbytes, t.storage_offset(),
+                         inflight), exp
     if not storage.is_shared() and addr:
         found = _import_at(addr, nbytes)
         if found is not None:
             # Memory from open(): export the same object again rather than copying it.
             name, size, offset = found
             exp = _adopted_export(name, size)
-            return exp.share(dtype, shape, strides, offset, nbytes, t.storage_offset()), exp
+            return exp.share(dtype, shape, strides, offset, nbytes, t.storage_offset(),
+                             inflight), exp
     _, name, size = storage._share_filename_cpu_()
     exp = _adopted_export(bytes(name), int(size), storage)
-    return exp.share(dtype, shape, strides, 0, int(size), t.storage_offset()), exp
+    return exp.share(dtype, shape, strides, 0, int(size), t.storage_offset(), inflight), exp
 
 
 def _array_extent(a) -> tuple[int, int]:
@@ -378,7 +392,7 @@ def _array_extent(a) -> tuple[int, int]:
     return addr, last + a.itemsize
 
 
-def _share_numpy(a):
+def _share_numpy(a, inflight=True):
     dtype = _dtypes.from_any(a.dtype)
     itemsize = a.itemsize
     for s in a.strides:
@@ -401,8 +415,8 @@ def _share_numpy(a):
         name, size, offset = found
         exp = _adopted_export(name, size)
     if offset % itemsize == 0:
-        return exp.share(dtype, shape, strides, 0, STORAGE_TO_END, offset // itemsize), exp
-    return exp.share(dtype, shape, strides, offset, STORAGE_TO_END, 0), exp
+        return exp.share(dtype, shape, strides, 0, STORAGE_TO_END, offset // itemsize, inflight), exp
+    return exp.share(dtype, shape, strides, offset, STORAGE_TO_END, 0, inflight), exp
 
 
 # --- producer side: outstanding / wait ------------------------------------------------------------
@@ -499,6 +513,19 @@ def wait(obj, timeout=None) -> bool:
         with registry_lock:
             exp.waiters -= 1
         del owner
+
+
+def discard(handle) -> None:
+    """Return a handle's reference without opening it (``devshare_handle_discard``): for a
+    consumer that received a handle it will not use, or for a producer giving back the
+    reference of a handle whose consumer cannot (a stock PyTorch consumer that mapped the
+    memory itself, see :meth:`Handle.mapping_info`; do it once that consumer is done). A handle
+    with an in-flight reference is imported and released at once (the in-flight count is taken
+    over). :class:`devshare.Error` with ``ALREADY_RELEASED`` when the reference was already
+    returned, ``BUSY`` while an import in this process holds it (releasing that import returns
+    it). A handle without a ref-counter has nothing to return."""
+    h = Handle.parse(handle)
+    call(lib.devshare_handle_discard, byref(h._h))
 
 
 # --- consumer side: open --------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import zlib
 
 from . import _dtypes
 from ._lib import (
+    BACKEND_HOST,
     BACKEND_NAMES,
     EXT_SEGMENTS,
     HANDLE_FLAG_EVENT,
@@ -38,6 +39,8 @@ from ._lib import (
 )
 
 _TEXT_PREFIX = b"devshare1:"
+# Bytes before the data in a host (file_system layout) shm object.
+_HOST_HEADER = 64
 #: Segment table kind -> (name, bytes per record).
 _SEGMENT_KINDS = {SEGMENTS_ACL: ("acl", 8), SEGMENTS_CUDA_FD: ("cuda_fd", 4),
                   SEGMENTS_CUDA_FABRIC: ("cuda_fabric", 64)}
@@ -404,6 +407,49 @@ class Handle:
         """False for a segmented handle whose table travels only in its encoding (it is then
         imported with ``devshare_import_encoded``); True otherwise."""
         return self._encoded is None
+
+    def mapping_info(self) -> dict:
+        """What a consumer without devshare (stock PyTorch, numpy, any language) needs to map
+        this host handle's memory itself and to return its reference, as a JSON-ready dict:
+
+        - ``path``: the shm object, ``"/dev/shm" + key`` (PyTorch's ``file_system`` layout: a
+          64-byte header, then the data);
+        - ``size``: the bytes the object holds at least (``64 + alloc_size``);
+        - ``offset``: byte offset of the tensor's storage in the object (``64 + storage_offset``);
+          ``storage_size``: its bytes;
+        - ``dtype`` (torch/numpy name), ``shape``, ``strides`` (elements), ``tensor_offset``
+          (elements from the storage's start);
+        - ``ref_path`` / ``ref_slot``: the ref-counter object and slot that hold this handle's
+          reference (the slot is 1 until the consumer sets it to 0); ``ref_path`` None when the
+          handle carries no reference.
+
+        The README's "Interop with PyTorch CPU tensors" section has a stock consumer that maps
+        the object with ``mmap`` and ``torch.frombuffer`` without counting itself in or
+        unlinking anything. ValueError for device handles (use :meth:`torch_args`) and for a
+        handle with an in-flight reference: only a devshare import can take that over (share
+        with ``devshare.share(obj, inflight=False)`` for such consumers).
+        """
+        if self.backend_id != BACKEND_HOST:
+            raise ValueError(f"mapping_info() describes host handles; a {self.backend} handle opens "
+                             f"through PyTorch's IPC (torch_args())")
+        if self.inflight:
+            raise ValueError("this handle carries an in-flight reference, which only a devshare "
+                             "import can take over (a consumer mapping the object itself would "
+                             "leave its count in the header, and the object in /dev/shm, forever): "
+                             "share it with devshare.share(obj, inflight=False)")
+        ref = self.ref_name
+        return {
+            "path": "/dev/shm" + self.key.decode("ascii"),
+            "size": _HOST_HEADER + self.alloc_size,
+            "offset": _HOST_HEADER + self.storage_offset,
+            "storage_size": self.storage_size,
+            "dtype": self.dtype_name,
+            "shape": list(self.shape),
+            "strides": list(self.strides),
+            "tensor_offset": self.tensor_offset,
+            "ref_path": "/dev/shm" + ref.decode("ascii") if ref else None,
+            "ref_slot": self.ref_slot,
+        }
 
     @property
     def ref_name(self) -> bytes:

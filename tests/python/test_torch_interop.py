@@ -116,60 +116,6 @@ def test_storage_outlives_the_tensor_while_a_consumer_holds_it():
     assert not os.path.exists("/dev/shm" + key.decode())
 
 
-@pytest.mark.parametrize("torch_first", [True, False])
-def test_stock_pytorch_opens_a_devshare_buffer(torch_first):
-    x = devshare.empty((2, 3), torch.float32)
-    x.copy_(torch.arange(6, dtype=torch.float32).reshape(2, 3))
-    h = devshare.share(x)
-    stock = torch.UntypedStorage._new_shared_filename_cpu(b"", h.key, h.alloc_size)
-    y = torch.empty(0, dtype=torch.float32).set_(stock, 0, (2, 3), (3, 1))
-    assert torch.equal(y, x)
-    y[1, 1] = 50.0
-    assert x[1, 1].item() == 50.0
-    assert header_count(h.key) == 3  # exporter + in-flight + stock PyTorch
-    devshare.open(h)  # a devshare consumer takes the in-flight reference over and drops it
-    assert devshare.outstanding(x) == 0 and header_count(h.key) == 2
-    path = "/dev/shm" + h.key.decode()
-    if torch_first:
-        del y, stock
-        gc.collect()
-        assert os.path.exists(path)
-        del x
-    else:
-        del x
-        gc.collect()
-        assert os.path.exists(path)  # PyTorch still maps it: the exporter must not unlink
-        del y, stock
-    gc.collect()
-    assert not os.path.exists(path)
-
-
-def test_stock_pytorch_opens_a_c_buffer():
-    from test_interop_c import _c_export, _finish
-
-    vals = values(torch.int16, (4,), seed=9)
-    p, text = _c_export(torch.int16, (4,), None, 0, 0, 8, vals)
-    try:
-        h = devshare.Handle.from_text(text)
-        stock = torch.UntypedStorage._new_shared_filename_cpu(b"", h.key, h.alloc_size)
-        y = torch.empty(0, dtype=torch.int16).set_(stock, 0, (4,), (1,))
-        assert logical_bytes(y) == logical_bytes(vals)
-        y[0] = 1234
-        # Stock PyTorch gives the C exporter no release signal; a devshare import does.
-        devshare.open(h)
-        data = _finish(p)
-        assert data == "data " + logical_bytes(torch.cat([torch.tensor([1234], dtype=torch.int16),
-                                                         vals[1:]])).hex()
-        assert os.path.exists("/dev/shm" + h.key.decode())  # PyTorch still maps it
-        del y, stock
-        gc.collect()
-        assert not os.path.exists("/dev/shm" + h.key.decode())
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64,
                                    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
                                    torch.bool, torch.complex64, torch.complex128])
