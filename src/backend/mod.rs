@@ -8,6 +8,7 @@
 pub mod acl;
 pub mod cuda;
 pub mod host;
+pub(crate) mod per_generation;
 pub mod pidfd;
 pub mod runtime;
 

@@ -43,7 +43,7 @@
 
 use super::api::{AclApi, DrvMemHandle, ACL_ERROR_INVALID_PARAM, VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION};
 use super::{api, enable_peer};
-use crate::backend::cuda::per_generation::PerGeneration;
+use crate::backend::per_generation::PerGeneration;
 use crate::backend::runtime::{self, Stream};
 use crate::backend::{ExportOptions, Exported, ImportRequest, IpcEvent, Mapping, PeerAccess, SegmentedMemory};
 use crate::error::{Error, Result};

@@ -31,7 +31,6 @@
 //!   thread's previous context is made current again afterwards.
 
 mod api;
-pub(crate) mod per_generation;
 mod vmm;
 
 use super::runtime::{self, OnDemand, Runtime, Stream};

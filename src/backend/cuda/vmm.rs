@@ -17,8 +17,8 @@
 //! thread holds one during a driver call does not leave the child a lock that is never let go.
 
 use super::api::{CudaApi, DevPtr, MemAccess, MemHandle, FABRIC_HANDLE_LEN};
-use super::per_generation::PerGeneration;
 use super::{api, uuid};
+use crate::backend::per_generation::PerGeneration;
 use crate::backend::runtime::{self, Runtime, Stream};
 use crate::backend::{ExportOptions, Exported, ImportRequest, IpcEvent, Mapping, SegmentedMemory};
 use crate::error::{Error, Result};
