@@ -7,7 +7,8 @@ the same memory. When the consumer drops it, the producer's :func:`outstanding` 
 CUDA and NPU tensors travel as PyTorch's own IPC tuples (:func:`handle_from_torch`,
 :func:`torch_args`), so either side may be stock PyTorch / torch_npu.
 
-The library is found through ``DEVSHARE_LIBRARY`` (full path), then next to this package, then
+The library is found through ``DEVSHARE_LIBRARY`` (full path), then the wheel's own copy
+(``devshare/_lib/lib/libdevshare.so.1``), then next to this package, then
 the build directories of the source checkout this package is imported from, then the system
 loader (``libdevshare.so.1``). It must have ABI major version 1 and minor version 0 or later.
 
@@ -18,6 +19,10 @@ Attributes:
   directories) or the bare soname ``"libdevshare.so.1"`` when the system loader found it.
 - :data:`library_version` (str): the loaded library's ``devshare_version()`` as
   ``"MAJOR.MINOR.PATCH"`` (this package's own version is ``__version__``).
+
+Where the wheel's C/C++ side is (pybind11's convention; also ``python -m devshare --cmake-dir |
+--includes | --libs | --pkgconfig-dir``): :func:`get_cmake_dir` (for ``find_package(devshare)``),
+:func:`get_include`, :func:`get_library`, :func:`get_pkgconfig_dir`.
 
 ``from devshare import *`` imports the API without :func:`open`, which would shadow the
 builtin; use ``devshare.open``.
@@ -31,6 +36,7 @@ from ._lib import (
 )
 from . import _lib
 from ._handle import Handle
+from ._paths import get_cmake_dir, get_include, get_library, get_pkgconfig_dir
 from ._core import collect, discard, dlpack_capsule, empty, open, outstanding, share, wait
 from ._torch_ipc import allow_ptrace, handle_from_torch, local_pid, torch_args
 
@@ -57,6 +63,10 @@ __all__ = [
     "discard",
     "dlpack_capsule",
     "empty",
+    "get_cmake_dir",
+    "get_include",
+    "get_library",
+    "get_pkgconfig_dir",
     "handle_from_torch",
     "library_path",
     "library_version",

@@ -168,7 +168,10 @@ def _checkout_root() -> pathlib.Path | None:
 
 def _candidates() -> list[tuple[str, str]]:
     """(description, what to pass to dlopen), in search order."""
-    out = []
+    # The wheel's own library first (devshare/_lib/lib, see _paths): a C/C++ stage built
+    # against the wheel's CMake package or pkg-config files links this file's soname, so both
+    # sides of a mixed process share one libdevshare.
+    out = [("the wheel's library", str(_PACKAGE_DIR / "_lib" / "lib" / _SONAME))]
     for name in ("libdevshare.so", _SONAME):
         out.append(("next to the package", str(_PACKAGE_DIR / name)))
     root = _checkout_root()
