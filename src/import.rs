@@ -674,17 +674,18 @@ impl Import {
     /// Another import of the same handle: shares this one's mapping and reference (both must be
     /// released; the reference is returned when the last is). Costs a registry lock, no mapping.
     pub fn clone_ref(&self) -> Import {
+        let clone = Import {
+            key: self.key.clone(),
+            ticket: self.ticket.clone(),
+            watch: self.watch.clone(),
+            mapping: self.mapping.clone(),
+            handle: self.handle,
+            validated: self.validated,
+            generation: self.generation,
+        };
         if self.generation != crate::shm::generation() {
             // A forked child's copy of its parent's import: the clone is as inert as it is.
-            return Import {
-                key: self.key.clone(),
-                ticket: self.ticket.clone(),
-                watch: self.watch.clone(),
-                mapping: self.mapping.clone(),
-                handle: self.handle,
-                validated: self.validated,
-                generation: self.generation,
-            };
+            return clone;
         }
         let mut reg = registry();
         match reg.allocs.get_mut(&self.key) {
@@ -695,15 +696,7 @@ impl Import {
             reg.tickets.get_mut(t).expect("an unreleased import holds its ticket").users += 1;
             reg.watched.get_mut(&t.ref_counter()).expect("an unreleased import watches its ref-counter").users += 1;
         }
-        Import {
-            key: self.key.clone(),
-            ticket: self.ticket.clone(),
-            watch: self.watch.clone(),
-            mapping: self.mapping.clone(),
-            handle: self.handle,
-            validated: self.validated,
-            generation: self.generation,
-        }
+        clone
     }
 
     /// Release this import, in PyTorch's order: drop the mapping (unmapping it when this was the

@@ -334,7 +334,7 @@ pub fn handle_from_torch_full(a: &TorchArgs<'_>) -> Result<Decoded> {
     }
     validate(&h)?;
     if let (Some(seg), Some(t)) = (segments::segments(&h)?, &external) {
-        segments::check_table(&h, &seg, t)?;
+        segments::check_table(&seg, t)?;
     }
     Ok(Decoded { handle: h, table: external })
 }
@@ -396,7 +396,7 @@ pub fn handle_to_torch_full(h: &DevshareHandle, table: Option<&[u8]>) -> Result<
                         seg.count
                     ))
                 })?;
-                segments::check_table(h, &seg, t)?;
+                segments::check_table(&seg, t)?;
                 t
             };
             expandable_bytes(h, &seg, t)

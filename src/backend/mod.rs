@@ -188,7 +188,10 @@ pub trait Backend: Sync {
         _mem: &SegmentedMemory<'_>,
         _opts: &ExportOptions,
     ) -> Result<Box<dyn Exported>> {
-        Err(Error::Unsupported(format!("the {} backend exports no segmented memory", backend_name_of(self.id()))))
+        Err(Error::Unsupported(format!(
+            "the {} backend exports no segmented memory",
+            crate::handle::backend_name(self.id())
+        )))
     }
     /// For a handle with `DEVSHARE_HANDLE_FLAG_EVENT`: open its event, make `req.stream` wait on
     /// it (or block when there is no stream), destroy it. Runs for every import of such a handle.
@@ -202,10 +205,6 @@ pub trait Backend: Sync {
     fn local_pid(&self, _device: i32) -> Result<i32> {
         Ok(std::process::id() as i32)
     }
-}
-
-fn backend_name_of(id: u16) -> &'static str {
-    crate::handle::backend_name(id)
 }
 
 /// Every backend, indexed by nothing in particular: [`get`] looks them up by id.

@@ -72,7 +72,7 @@ pub fn encode_full_into(h: &DevshareHandle, table: Option<&[u8]>, out: &mut Vec<
     validate(h)?;
     let external = match (segments::segments(h)?, table) {
         (Some(seg), Some(t)) if !seg.inline => {
-            segments::check_table(h, &seg, t)?;
+            segments::check_table(&seg, t)?;
             Some(t)
         }
         (Some(seg), None) if !seg.inline => {
@@ -339,7 +339,7 @@ pub fn decode_full(buf: &[u8]) -> Result<Decoded> {
     }
     validate(&h)?;
     match (segments::segments(&h)?, &table) {
-        (Some(seg), Some(t)) if !seg.inline => segments::check_table(&h, &seg, t)?,
+        (Some(seg), Some(t)) if !seg.inline => segments::check_table(&seg, t)?,
         (Some(seg), None) if !seg.inline => {
             return Err(Error::Truncated(format!(
                 "the handle names {} segments but the encoding carries no segment table",

@@ -187,7 +187,7 @@ pub fn segments(h: &DevshareHandle) -> Result<Option<Segments>> {
                 record_size(seg.kind).unwrap_or(0)
             )));
         }
-        check_table(h, &seg, h.key_bytes())?;
+        check_table(&seg, h.key_bytes())?;
     } else if key_len != 0 {
         return Err(Error::invalid("key_len", "must be 0 when the segment table is not inline"));
     }
@@ -195,7 +195,7 @@ pub fn segments(h: &DevshareHandle) -> Result<Option<Segments>> {
 }
 
 /// Check a segment table against its handle's description: length, checksum and entries.
-pub fn check_table(h: &DevshareHandle, seg: &Segments, table: &[u8]) -> Result<()> {
+pub fn check_table(seg: &Segments, table: &[u8]) -> Result<()> {
     if table.len() != seg.table_len() {
         return Err(Error::BadLength(format!(
             "segment table has {} bytes; {} segments of {} need {}",
@@ -221,7 +221,6 @@ pub fn check_table(h: &DevshareHandle, seg: &Segments, table: &[u8]) -> Result<(
             }
         }
     }
-    let _ = h;
     Ok(())
 }
 
@@ -295,7 +294,7 @@ impl<'a> SegmentTable<'a> {
                 return Err(Error::InvalidArgument("the handle holds its segment table: pass none".into()))
             }
             (false, Some(t)) => {
-                check_table(h, &seg, t)?;
+                check_table(&seg, t)?;
                 t
             }
             (false, None) => {
