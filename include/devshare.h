@@ -61,13 +61,13 @@
 #define DEVSHARE_VERSION_MAJOR 1
 
 // Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
-#define DEVSHARE_VERSION_MINOR 0
+#define DEVSHARE_VERSION_MINOR 1
 
 // Patch version (fixes; no interface change).
 #define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 65536
+#define DEVSHARE_VERSION 65792
 
 // `DevshareTensorDesc::storage_size` value meaning "from `storage_offset` to the end of the
 // allocation".
@@ -123,6 +123,9 @@
 // Capacity of `DevshareTorchStorage::handle`: every 'c' and legacy form (at most 67 bytes) and
 // the shortest 'e' forms fit; longer 'e' forms come from `devshare_torch_storage_handle`.
 #define DEVSHARE_TORCH_HANDLE_CAPACITY 128
+
+// Most peers one channel serves at once; more are refused.
+#define MAX_PEERS 1024
 
 // DLPack type code: signed integer.
 #define DEVSHARE_DTYPE_INT 0
@@ -194,6 +197,12 @@
 // handle, which its first import takes over (PyTorch's `file_system` protocol: the sender
 // counts the receiver in before sending, so the object cannot vanish while the handle travels).
 #define DEVSHARE_HANDLE_FLAG_INFLIGHT 2
+
+// Handle flag (host only): the allocation is a sealed memfd that travels with the handle over
+// a devshare channel (`SCM_RIGHTS`), not a name: the key is empty and the handle cannot be
+// imported on its own — only `devshare_connection_recv`, which receives the descriptor with it,
+// opens it. Such handles carry no ref-counter: their reference is leased to the connection.
+#define DEVSHARE_HANDLE_FLAG_CHANNEL 8
 
 // Handle flags in this range (bits 0..15) change how a handle must be read or used: a reader
 // that does not know a set bit refuses the handle with `DEVSHARE_STATUS_UNSUPPORTED_VERSION`,
@@ -336,6 +345,9 @@ enum DevshareStatus
   // contents are not what its producer records (an in-flight flag it did not send, a
   // ref-counter slot that is neither 0 nor 1). Nothing was changed.
   DEVSHARE_STATUS_UNTRUSTED = -39,
+  // The other end of a channel is gone (its process exited or closed it), or the channel
+  // was closed: nothing more will arrive on it.
+  DEVSHARE_STATUS_CLOSED = -40,
   // A bug in devshare: a panic was caught at the C boundary. Please report it.
   DEVSHARE_STATUS_INTERNAL = -99,
 };
@@ -353,6 +365,14 @@ typedef struct DLManagedTensor DLManagedTensor;
 // DLPack's `DLManagedTensorVersioned` (defined in dlpack.h; opaque here).
 typedef struct DLManagedTensorVersioned DLManagedTensorVersioned;
 
+// The producer end of a channel (opaque). Thread-safe: every function may be called from
+// several threads at once, except `devshare_channel_close`, which must not race with them.
+typedef struct DevshareChannel DevshareChannel;
+
+// The consumer end of a channel (opaque). Thread-safe like `DevshareChannel`; items received
+// from it are ordinary imports, released on any thread.
+typedef struct DevshareConnection DevshareConnection;
+
 // An exported allocation (opaque). Thread-safe: `share`, `outstanding` and `wait` may be called
 // from several threads at once; `close` must not race with other calls on the same exporter.
 typedef struct DevshareExporter DevshareExporter;
@@ -360,6 +380,32 @@ typedef struct DevshareExporter DevshareExporter;
 // One import of a handle (opaque). Imports may be made and released on any thread; one import
 // object must not be released twice or used after release.
 typedef struct DevshareImport DevshareImport;
+
+// A pool of fixed-address slots on a channel (opaque). Thread-safe like `DevshareChannel`.
+typedef struct DevsharePool DevsharePool;
+
+// What the producer knows about a connected peer (`devshare_channel_peer_info`). Initialise
+// with `devshare_peer_info_init(&info, sizeof info)`.
+typedef struct DevsharePeerInfo {
+  // Size of this struct in the caller's header; on return, the bytes the library filled in.
+  uint32_t struct_size;
+  // The peer's process id from `SO_PEERCRED`, as this process's pid namespace sees it.
+  int32_t pid;
+  // The peer's user and group ids, from `SO_PEERCRED`.
+  uint32_t uid;
+  uint32_t gid;
+  // The peer's id on this channel (what `devshare_channel_send` and `devshare_pool_send` take).
+  uint64_t id;
+  // The pid the peer announced in the handshake (its bare tgid): what ACL exports sent to it
+  // are whitelisted for.
+  int32_t tgid;
+  // Always 0.
+  uint32_t reserved;
+  // References leased to the peer and pools it attached, not yet given back.
+  uint64_t leases;
+  // Messages from the peer that were refused (returning a slot or lease it does not hold ...).
+  uint64_t protocol_errors;
+} DevsharePeerInfo;
 
 // An element type, laid out like DLPack's `DLDataType`.
 typedef struct DevshareDType {
@@ -617,6 +663,161 @@ typedef struct DevshareTorchStorage {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+// Initialise a `DevsharePeerInfo` of `size` bytes (pass `sizeof *info`).
+int32_t devshare_peer_info_init(struct DevsharePeerInfo *info, uint32_t size);
+
+// Listen for consumers on `address`: a file-system path (the socket file is created with mode
+// 0600 and removed by `devshare_channel_close`; an existing file is never replaced:
+// `DEVSHARE_STATUS_BUSY`) or `"@name"`, a Linux abstract socket name. By default only processes
+// of this process's effective uid may connect (checked with `SO_PEERCRED`); see
+// `devshare_channel_restrict`.
+//
+// Nothing runs in the background: connections are accepted, releases taken and hang-ups
+// noticed only inside `devshare_channel_service` and the calls that wait (`_wait_peers`,
+// `devshare_pool_acquire`, and `devshare_exporter_wait` on exports sent over the channel), so
+// serve the channel from your loop (poll `devshare_channel_fd`).
+int32_t devshare_channel_listen(const char *address_, struct DevshareChannel **out);
+
+// Who may connect from now on: `n_uids > 0` replaces the allowed uids (default: this
+// process's effective uid alone; listing another uid is how a caller trusts it), `n_pids > 0`
+// admits only those pids. Peers already connected stay.
+int32_t devshare_channel_restrict(struct DevshareChannel *channel,
+                                  const uint32_t *uids,
+                                  size_t n_uids,
+                                  const int32_t *pids,
+                                  size_t n_pids);
+
+// The descriptor to poll (for reading) in your event loop: readable when
+// `devshare_channel_service` has work (a connection, a message, a hang-up). -1 for NULL.
+int32_t devshare_channel_fd(const struct DevshareChannel *channel);
+
+// Accept new peers (credentials checked, handshake), take their releases and returned slots,
+// and notice the ones that hung up — their leases and slots come back at once. Waits at most
+// `timeout_ms` for something to happen (0: do not wait; negative: until something does).
+int32_t devshare_channel_service(struct DevshareChannel *channel, int32_t timeout_ms);
+
+// Serve the channel until at least `n` peers are connected: `DEVSHARE_STATUS_TIMEOUT` after
+// `timeout_ms` (negative: wait forever).
+int32_t devshare_channel_wait_peers(struct DevshareChannel *channel, size_t n, int32_t timeout_ms);
+
+// The ids of the connected peers, oldest first: `*count` receives how many are connected; up to
+// `cap` ids go to `ids` (`DEVSHARE_STATUS_BUFFER_TOO_SMALL` when `cap < *count`).
+int32_t devshare_channel_peer_ids(const struct DevshareChannel *channel,
+                                  uint64_t *ids,
+                                  size_t cap,
+                                  size_t *count);
+
+// What is known about connected peer `peer` (`DEVSHARE_STATUS_NOT_FOUND` when it is not).
+int32_t devshare_channel_peer_info(const struct DevshareChannel *channel,
+                                   uint64_t peer,
+                                   struct DevsharePeerInfo *out);
+
+// Send `peer` one leased reference to a tensor of `exporter` (`desc` NULL: the whole range as
+// bytes; `DEVSHARE_SHARE_*` flags are refused: a lease needs neither). The peer receives it
+// with `devshare_connection_recv`. `devshare_exporter_outstanding` counts it until the peer
+// releases its import or disconnects for any reason. ACL exports are whitelisted for the
+// peer's announced tgid first (once per export and peer). Host memory must come from
+// `devshare_channel_host_alloc` or name-based host exports (`devshare_host_alloc`).
+int32_t devshare_channel_send(struct DevshareChannel *channel,
+                              uint64_t peer,
+                              const struct DevshareExporter *exporter,
+                              const struct DevshareTensorDesc *desc);
+
+// Close the channel and free it: every peer is disconnected (its `devshare_connection_recv`
+// returns `DEVSHARE_STATUS_CLOSED`), their leases stop counting in their exports'
+// outstanding references (the producer can no longer learn when they let go: wait for them
+// first), pools on it are closed, the socket file is removed. NULL is a no-op.
+int32_t devshare_channel_close(struct DevshareChannel *channel);
+
+// Allocate `size` bytes of zeroed host memory as a sealed memfd (`F_SEAL_SHRINK`,
+// `F_SEAL_GROW`, `F_SEAL_SEAL`: no process can shrink it under a reader) and export it for
+// channels. It has no name in /dev/shm: it travels next to its handles over a channel
+// (`devshare_channel_send`, `devshare_pool_create`) and nothing is left behind when any
+// process dies. `devshare_exporter_share` refuses it (`DEVSHARE_STATUS_UNSUPPORTED`).
+// `ptr_out` (may be NULL) receives its address; close with `devshare_exporter_close`.
+int32_t devshare_channel_host_alloc(uint64_t size, struct DevshareExporter **out, void **ptr_out);
+
+// Make a pool of `count` slots of `slot_size` bytes, back to back from the start of
+// `exporter`'s range (one allocation: `devshare_channel_host_alloc`, or an ACL or CUDA export).
+// The pool keeps the export alive (closing the exporter is allowed; the memory goes with the
+// pool). A consumer imports the whole allocation once, with its first item, so **every slot
+// keeps one address in the consumer for the pool's life** — the fixed addresses that captured
+// device graphs (aclgraph, CUDA graphs) replay on. Each attached consumer counts as one
+// outstanding reference of the export until it detaches (after `devshare_pool_close`, once it
+// released its items) or disconnects.
+int32_t devshare_pool_create(struct DevshareChannel *channel,
+                             const struct DevshareExporter *exporter,
+                             uint64_t slot_size,
+                             uint32_t count,
+                             struct DevsharePool **out);
+
+// Take a free slot: `*slot` receives its index, `*ptr` (may be NULL) its address in this
+// process. While every slot is out, waits for one to come back, serving the channel
+// (backpressure): `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` (negative: wait forever).
+int32_t devshare_pool_acquire(struct DevsharePool *pool,
+                              int32_t timeout_ms,
+                              uint32_t *slot,
+                              void **ptr);
+
+// Hand acquired slot `slot` to `peer`, describing the tensor in it: `desc->storage_offset` is
+// relative to the slot, `storage_size` `DEVSHARE_STORAGE_TO_END` means the rest of the slot;
+// `desc` NULL sends the whole slot as bytes. Device work on `desc->stream` is synchronised
+// first. Only a small message travels; the first item to a peer also attaches it (one import
+// of the whole allocation). The slot comes back when the peer releases the item's import or
+// disconnects. Sending a slot that is not acquired is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
+int32_t devshare_pool_send(struct DevsharePool *pool,
+                           uint32_t slot,
+                           uint64_t peer,
+                           const struct DevshareTensorDesc *desc);
+
+// Give back acquired slot `slot` without sending it. A slot that is not acquired (free, or out
+// with a consumer) is `DEVSHARE_STATUS_INVALID_ARGUMENT`, and nothing changes.
+int32_t devshare_pool_release(struct DevsharePool *pool, uint32_t slot);
+
+// Slot size, slot count and how many slots are free now (each out-pointer may be NULL).
+int32_t devshare_pool_info(const struct DevsharePool *pool,
+                           uint64_t *slot_size,
+                           uint32_t *count,
+                           uint32_t *free_slots);
+
+// Close the pool and free it: attached consumers are told; each detaches once it released its
+// items. NULL is a no-op.
+int32_t devshare_pool_close(struct DevsharePool *pool);
+
+// Connect to the channel at `address` (a path or `"@name"`) and shake hands: this process
+// announces its pid (its bare tgid), for which the producer whitelists the ACL exports it sends
+// here. The producer must run as this process's effective uid, or as root
+// (`DEVSHARE_STATUS_UNTRUSTED` otherwise); a producer that refuses this process (uid or pid
+// rules) is `DEVSHARE_STATUS_UNTRUSTED` with its reason. Waits at most `timeout_ms`
+// (negative: forever) for the producer to serve the handshake.
+int32_t devshare_channel_connect(const char *address_,
+                                 int32_t timeout_ms,
+                                 struct DevshareConnection **out);
+
+// The connection's socket, to poll (for reading) in your event loop: readable when an item or
+// the producer's close arrives. -1 for NULL.
+int32_t devshare_connection_fd(const struct DevshareConnection *conn);
+
+// Receive the next item — a leased reference or a pool slot — as an ordinary import:
+// `devshare_import_info` gives its pointers, `devshare_import_release` gives it back to the
+// producer (after this process's device work on it is finished). Waits at most `timeout_ms`
+// (0: do not wait; negative: forever): `DEVSHARE_STATUS_TIMEOUT`. Once the producer is gone
+// and nothing is queued: `DEVSHARE_STATUS_CLOSED`. Imports stay valid after the producer died
+// or the connection closed, until released. A malformed or out-of-bounds item is refused
+// (`DEVSHARE_STATUS_UNTRUSTED` or the handle's status) and given back.
+int32_t devshare_connection_recv(struct DevshareConnection *conn,
+                                 int32_t timeout_ms,
+                                 struct DevshareImport **out);
+
+// For an import that is a pool item: the pool's id (> 0) and the slot. Any other import is
+// `DEVSHARE_STATUS_INVALID_ARGUMENT`. Either out-pointer may be NULL.
+int32_t devshare_import_pool_slot(const struct DevshareImport *imp, uint32_t *pool, uint32_t *slot);
+
+// Close the connection and free it: the producer takes back every lease and slot of it at once
+// (and sees it gone). Imports received from it stay mapped until released; releasing them then
+// sends nothing. NULL is a no-op.
+int32_t devshare_connection_close(struct DevshareConnection *conn);
 
 // A `DLManagedTensorVersioned` (DLPack 1.1) view of an import: data points at the tensor's first
 // element (byte_offset 0), shape and strides in elements, device CPU (host), CUDA (cuda) or

@@ -76,6 +76,9 @@ pub enum Status {
     /// contents are not what its producer records (an in-flight flag it did not send, a
     /// ref-counter slot that is neither 0 nor 1). Nothing was changed.
     Untrusted = -39,
+    /// The other end of a channel is gone (its process exited or closed it), or the channel
+    /// was closed: nothing more will arrive on it.
+    Closed = -40,
     /// A bug in devshare: a panic was caught at the C boundary. Please report it.
     Internal = -99,
 }
@@ -112,6 +115,7 @@ impl Status {
             Status::AlreadyReleased => c"handle reference already released",
             Status::Mismatch => c"exported object does not match the handle",
             Status::Untrusted => c"shared object failed the trust checks (name, owner, mode, size or contents)",
+            Status::Closed => c"the other end of the channel is gone",
             Status::Internal => c"internal error (panic caught)",
         }
     }
@@ -122,7 +126,7 @@ impl Status {
     }
 
     /// All statuses, for lookups and tests.
-    pub(crate) const ALL: [Status; 29] = [
+    pub(crate) const ALL: [Status; 30] = [
         Status::Ok,
         Status::NullArgument,
         Status::InvalidArgument,
@@ -151,6 +155,7 @@ impl Status {
         Status::AlreadyReleased,
         Status::Mismatch,
         Status::Untrusted,
+        Status::Closed,
         Status::Internal,
     ];
 
@@ -217,6 +222,8 @@ pub enum Error {
     Mismatch(String),
     #[error("untrusted: {0}")]
     Untrusted(String),
+    #[error("closed: {0}")]
+    Closed(String),
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -252,6 +259,7 @@ impl Error {
             Error::AlreadyReleased(_) => Status::AlreadyReleased,
             Error::Mismatch(_) => Status::Mismatch,
             Error::Untrusted(_) => Status::Untrusted,
+            Error::Closed(_) => Status::Closed,
             Error::Internal(_) => Status::Internal,
         }
     }

@@ -2,11 +2,13 @@
 //! ref-counter that tells when their consumers let go.
 
 use crate::backend::{self, host, ExportOptions, Exported, IpcEvent};
+use crate::channel::LeaseBook;
 use crate::dtype::DevshareDType;
 use crate::error::{Error, Result};
 use crate::handle::{validate, DevshareHandle, DEVSHARE_MAX_NDIM};
 use crate::refcounter::RefCounter;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// A tensor inside an exported allocation, as the exporter describes it.
@@ -78,6 +80,10 @@ struct Shared {
 pub struct Exporter {
     // Field order is drop order: events and ref-counters go before the export itself.
     shared: Mutex<Shared>,
+    /// References leased over channels (see [`crate::channel`]).
+    leases: Arc<LeaseBook>,
+    /// Unique in this process, for channels to remember which exports a peer may import.
+    id: u64,
     backend: u16,
     alloc: Box<dyn Exported>,
 }
@@ -95,7 +101,34 @@ impl Exporter {
     }
 
     fn new(backend: u16, alloc: Box<dyn Exported>) -> Exporter {
-        Exporter { shared: Mutex::new(Shared::default()), backend, alloc }
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        Exporter {
+            shared: Mutex::new(Shared::default()),
+            leases: Arc::default(),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            backend,
+            alloc,
+        }
+    }
+
+    /// Allocate `size` bytes of host memory as a sealed memfd, shareable only over a channel.
+    pub fn channel_host_alloc(size: u64) -> Result<Exporter> {
+        Ok(Exporter::new(crate::handle::DEVSHARE_BACKEND_HOST, crate::channel::memfd::alloc(size)?))
+    }
+
+    /// Unique id of this export in this process.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The channel leases of this export.
+    pub(crate) fn leases(&self) -> &Arc<LeaseBook> {
+        &self.leases
+    }
+
+    /// The descriptor that travels next to this export's handles over a channel (host memfd).
+    pub(crate) fn channel_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.alloc.channel_fd()
     }
 
     /// Export existing memory on a backend.
@@ -183,6 +216,49 @@ impl Exporter {
     /// Make a handle for a tensor in this allocation. The handle carries a fresh ref-counter
     /// slot set to 1: it is one reference, owed one release by one consumer.
     pub fn share(&self, desc: &TensorDesc<'_>) -> Result<DevshareHandle> {
+        if self.alloc.channel_fd().is_some() {
+            return Err(Error::Unsupported(
+                "this export is a sealed memfd (devshare_channel_host_alloc): it has no name to put in \
+                 a handle and travels only over a channel (devshare_channel_send, devshare_pool_create)"
+                    .into(),
+            ));
+        }
+        let mut h = self.describe(desc)?;
+        if desc.inflight {
+            h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT;
+        }
+        if desc.event {
+            if self.backend == crate::handle::DEVSHARE_BACKEND_HOST {
+                return Err(Error::Unsupported("host memory has no interprocess events (DEVSHARE_SHARE_EVENT)".into()));
+            }
+            h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
+        }
+        validate(&h)?;
+        self.finish_share(h, desc)
+    }
+
+    /// A handle for a tensor in this allocation without a ref-counter slot: its reference is
+    /// leased to a channel connection, which counts it in [`Self::outstanding`]. The device work on
+    /// `desc.stream` is synchronised first (no events: the connection carries none).
+    pub(crate) fn share_leased(&self, desc: &TensorDesc<'_>) -> Result<DevshareHandle> {
+        if desc.inflight || desc.event {
+            return Err(Error::InvalidArgument(
+                "a share over a channel is leased to the connection: in-flight references and events \
+                 (DEVSHARE_SHARE_INFLIGHT, DEVSHARE_SHARE_EVENT) do not apply"
+                    .into(),
+            ));
+        }
+        let mut h = self.describe(desc)?;
+        if self.alloc.channel_fd().is_some() {
+            h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_CHANNEL;
+        }
+        validate(&h)?;
+        self.alloc.prepare_share(desc.stream, false)?;
+        Ok(h)
+    }
+
+    /// The handle fields for a tensor in this allocation: layout and key, no lifetime fields.
+    fn describe(&self, desc: &TensorDesc<'_>) -> Result<DevshareHandle> {
         if desc.shape.len() > DEVSHARE_MAX_NDIM {
             return Err(Error::BadNdim(format!(
                 "{} dimensions is above the maximum {DEVSHARE_MAX_NDIM}",
@@ -236,17 +312,11 @@ impl Exporter {
             }
             None => h.set_key(self.alloc.key()),
         }
-        if desc.inflight {
-            h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT;
-        }
-        if desc.event {
-            if self.backend == crate::handle::DEVSHARE_BACKEND_HOST {
-                return Err(Error::Unsupported("host memory has no interprocess events (DEVSHARE_SHARE_EVENT)".into()));
-            }
-            h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
-        }
-        validate(&h)?;
+        Ok(h)
+    }
 
+    /// Take a ref-counter slot (and record the event) for a described, validated handle.
+    fn finish_share(&self, mut h: DevshareHandle, desc: &TensorDesc<'_>) -> Result<DevshareHandle> {
         // Event or synchronisation first (outside the lock: it may wait for the device), and a
         // failure there must not leave a slot set to 1.
         let event = self.alloc.prepare_share(desc.stream, desc.event)?;
@@ -279,7 +349,8 @@ impl Exporter {
     /// References handed out and not yet released by their consumers. A slot holding anything
     /// but 0 or 1 was written by something else: `Untrusted`, naming it (never summed).
     pub fn outstanding(&self) -> Result<u64> {
-        self.shared().refs.iter().try_fold(0u64, |n, rc| Ok(n + rc.outstanding()?))
+        let leased = self.leases.count();
+        self.shared().refs.iter().try_fold(leased, |n, rc| Ok(n + rc.outstanding()?))
     }
 
     /// Value of one handle's ref-counter slot (1 while held, 0 once released).
@@ -307,7 +378,11 @@ impl Exporter {
                 }
                 pause = pause.min(t - elapsed);
             }
-            std::thread::sleep(pause);
+            // Leases come back through their channels: serve them while waiting (a return wakes
+            // this at once); otherwise poll the ref-counters.
+            if !self.leases.serve_channels(pause) {
+                std::thread::sleep(pause);
+            }
             pause = (pause * 2).min(Duration::from_millis(2));
         }
     }

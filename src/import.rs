@@ -311,6 +311,9 @@ pub fn discard(name: &[u8], slot: u64) -> Result<()> {
 
 /// One import of one handle. Release it with [`Import::release`] (dropping it releases too).
 pub struct Import {
+    /// What returns this import's reference over a channel (its last clone drops it); `None`
+    /// for imports whose reference lives in a ref-counter (or nowhere).
+    lease: Option<Arc<dyn std::any::Any + Send + Sync>>,
     key: AllocKey,
     ticket: Option<Ticket>,
     /// The ticket's ref-counter mapping (shared with the other imports holding references in it).
@@ -344,8 +347,50 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
 
 /// [`import`] for a segmented handle whose segment table travelled next to it (`table`).
 pub fn import_full(h: &DevshareHandle, table: Option<&[u8]>, req: ImportRequest) -> Result<Import> {
+    import_from(h, table, req, None)
+}
+
+/// An allocation that arrived next to its handle (a memfd over a channel) instead of being opened
+/// by the handle's key.
+pub(crate) struct Attached<'a> {
+    /// Registry key of the allocation, computed by the receiver from what it received (never
+    /// taken from the handle), so that two allocations can never share a cache entry.
+    pub key: &'a [u8],
+    /// Maps it, on a cache miss.
+    pub open: &'a mut dyn FnMut() -> Result<Box<dyn Mapping>>,
+}
+
+/// Import `h`, whose allocation came with it (`attached`), holding `lease` until the import and
+/// its clones are released.
+pub(crate) fn import_attached(
+    h: &DevshareHandle,
+    req: ImportRequest,
+    attached: Option<Attached<'_>>,
+    lease: Option<Arc<dyn std::any::Any + Send + Sync>>,
+) -> Result<Import> {
+    let mut imp = import_from(h, None, req, attached)?;
+    imp.lease = lease;
+    Ok(imp)
+}
+
+fn import_from(
+    h: &DevshareHandle,
+    table: Option<&[u8]>,
+    req: ImportRequest,
+    mut attached: Option<Attached<'_>>,
+) -> Result<Import> {
     let generation = crate::shm::generation();
     let validated = validate(h)?;
+    if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_CHANNEL != 0 && attached.is_none() {
+        return Err(Error::Unsupported(
+            "this handle describes host memory passed over a devshare channel (a sealed memfd that \
+             travels next to it): it cannot be imported on its own; devshare_connection_recv opens it"
+                .into(),
+        ));
+    }
+    if attached.as_ref().is_some_and(|a| a.key.is_empty() || a.key.len() > DEVSHARE_KEY_CAPACITY) {
+        return Err(Error::Internal("an attached allocation's key must be 1..=128 bytes".into()));
+    }
     let segments = crate::handle::segments::SegmentTable::of(h, table)?;
     let local = crate::hostid::host_id();
     if h.host_id != [0; 16] && local != [0; 16] && h.host_id != local {
@@ -368,12 +413,20 @@ pub fn import_full(h: &DevshareHandle, table: Option<&[u8]>, req: ImportRequest)
         }
         backend.wait_event(h, &req)?;
     }
+    let (key_len, key_bytes) = match &attached {
+        Some(a) => {
+            let mut k = [0u8; DEVSHARE_KEY_CAPACITY];
+            k[..a.key.len()].copy_from_slice(a.key);
+            (a.key.len() as u32, k)
+        }
+        None => (h.key_len, h.key),
+    };
     let key = AllocKey {
         backend: h.backend,
         device,
         read_only: req.read_only,
-        key_len: h.key_len,
-        key: h.key,
+        key_len,
+        key: key_bytes,
         segments: segments.as_ref().map(|t| {
             // fd numbers mean something only in their producer; shareable and fabric
             // handles are global, so the same pages from a tuple (no pid) and from a
@@ -451,9 +504,10 @@ pub fn import_full(h: &DevshareHandle, table: Option<&[u8]>, req: ImportRequest)
                 pending.opening = true;
                 pending.reg.unlock();
                 let opened = (|| -> Result<Arc<dyn Mapping>> {
-                    let m: Arc<dyn Mapping> = match segments.as_ref() {
-                        Some(t) => backend.import_segmented(h, t, &validated, &req)?.into(),
-                        None => backend.import(h, &validated, &req)?.into(),
+                    let m: Arc<dyn Mapping> = match (segments.as_ref(), attached.as_mut()) {
+                        (_, Some(a)) => (a.open)()?.into(),
+                        (Some(t), None) => backend.import_segmented(h, t, &validated, &req)?.into(),
+                        (None, None) => backend.import(h, &validated, &req)?.into(),
                     };
                     // A mapping that does not hold the handle's storage is undone here, still
                     // without the lock.
@@ -476,7 +530,7 @@ pub fn import_full(h: &DevshareHandle, table: Option<&[u8]>, req: ImportRequest)
         }
     }
     let watch = pending.commit();
-    Ok(Import { key, ticket, watch, mapping: Some(mapping), handle: *h, validated, generation })
+    Ok(Import { lease: None, key, ticket, watch, mapping: Some(mapping), handle: *h, validated, generation })
 }
 
 /// An import under way: the registry (locked, or let go around the vendor open) and what the
@@ -675,6 +729,7 @@ impl Import {
     /// released; the reference is returned when the last is). Costs a registry lock, no mapping.
     pub fn clone_ref(&self) -> Import {
         let clone = Import {
+            lease: self.lease.clone(),
             key: self.key.clone(),
             ticket: self.ticket.clone(),
             watch: self.watch.clone(),
@@ -699,6 +754,34 @@ impl Import {
         clone
     }
 
+    /// Hold `lease` until this import and its clones are released.
+    pub(crate) fn set_lease(&mut self, lease: Arc<dyn std::any::Any + Send + Sync>) {
+        self.lease = Some(lease);
+    }
+
+    /// Which pool slot this import is, when it is a pool item received over a channel.
+    pub fn pool_slot(&self) -> Option<(u32, u32)> {
+        let t = self.lease.as_ref()?.downcast_ref::<crate::channel::consumer::SlotToken>()?;
+        Some((t.pool, t.slot))
+    }
+
+    /// Another view of this import's allocation — a tensor `h` inside it (checked against the
+    /// mapping) — holding `lease` until it and its clones are released. Used for pool slots: the
+    /// allocation was imported once, each item is a view of it.
+    pub(crate) fn derive(&self, h: DevshareHandle, lease: Arc<dyn std::any::Any + Send + Sync>) -> Result<Import> {
+        let validated = validate(&h)?;
+        let m = self.mapping.as_ref().ok_or_else(|| Error::AlreadyReleased("the pool's import is released".into()))?;
+        if h.backend != self.handle.backend || h.alloc_size != self.handle.alloc_size {
+            return Err(Error::Mismatch("a pool item must describe the pool's own allocation".into()));
+        }
+        check_view(m.as_ref(), &h, &validated)?;
+        let mut c = self.clone_ref();
+        c.handle = h;
+        c.validated = validated;
+        c.lease = Some(lease);
+        Ok(c)
+    }
+
     /// Release this import, in PyTorch's order: drop the mapping (unmapping it when this was the
     /// last user in the process), then return the handle's ref-counter reference when this was
     /// the last import holding it.
@@ -713,6 +796,7 @@ impl Import {
             // until it exits).
             std::mem::forget(self.mapping.take());
             std::mem::forget(self.watch.take());
+            std::mem::forget(self.lease.take());
             return;
         }
         let device = self.device();
@@ -774,6 +858,16 @@ impl Import {
         // The ref-counter mapping goes with the last import that held a reference in it.
         self.watch = None;
         drop(last_watch);
+        // A channel lease goes back with the last clone holding it, once this process's work on
+        // the memory is done.
+        if let Some(lease) = self.lease.take() {
+            if Arc::strong_count(&lease) == 1 {
+                if let Ok(b) = backend::get(self.key.backend) {
+                    b.synchronize(device);
+                }
+            }
+            drop(lease);
+        }
     }
 }
 
@@ -840,6 +934,7 @@ mod tests {
 
     fn import_of(m: Fake, h: DevshareHandle, v: Validated) -> Import {
         Import {
+            lease: None,
             key: AllocKey {
                 backend: 0,
                 read_only: false,

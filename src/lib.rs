@@ -9,12 +9,15 @@
 //! - [`export`] / [`import`]: the producer and consumer sides, the per-process import registry,
 //!   and PyTorch's ref-counter protocol ([`refcounter`]).
 //! - [`torch`]: PyTorch's and torch_npu's tuple dialect, to and from handles; [`dlpack`]: DLPack.
+//! - [`channel`]: devshare-to-devshare handoff over a Unix socket: credentials, leases returned
+//!   when a connection closes, sealed memfds, pools of fixed-address slots.
 //! - [`capi`]: the C ABI (`include/devshare.h`), a thin layer over the above.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod backend;
 pub mod capi;
+pub mod channel;
 pub mod dlpack;
 pub mod dtype;
 pub mod error;

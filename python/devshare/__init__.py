@@ -24,6 +24,11 @@ Where the wheel's C/C++ side is (pybind11's convention; also ``python -m devshar
 --includes | --libs | --pkgconfig-dir``): :func:`get_cmake_dir` (for ``find_package(devshare)``),
 :func:`get_include`, :func:`get_library`, :func:`get_pkgconfig_dir`.
 
+Channels (:class:`Channel`, :func:`connect`, :func:`channel_empty`; libdevshare 1.1 or later)
+hand tensors to consumer processes over a Unix socket as leases or pool slots, with
+backpressure, and give them back when the consumer releases them or dies: see
+:mod:`devshare._channel` for the whole picture.
+
 ``from devshare import *`` imports the API without :func:`open`, which would shadow the
 builtin; use ``devshare.open``.
 """
@@ -39,8 +44,18 @@ from ._handle import Handle
 from ._paths import get_cmake_dir, get_include, get_library, get_pkgconfig_dir
 from ._core import collect, discard, dlpack_capsule, empty, open, outstanding, share, wait
 from ._torch_ipc import allow_ptrace, handle_from_torch, local_pid, torch_args
+from ._channel import (
+    Channel,
+    ChannelClosed,
+    Connection,
+    Item,
+    Pool,
+    Slot,
+    channel_empty,
+    connect,
+)
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
 #: Where the loaded libdevshare came from, as passed to the loader: a full path, or the bare
 #: soname ``"libdevshare.so.1"`` when the system loader found it.
@@ -48,18 +63,27 @@ library_path: str = _lib.library_path
 #: The loaded library's version, ``"MAJOR.MINOR.PATCH"`` (from ``devshare_version()``).
 library_version: str = _lib.version
 
-for _cls in (Error, LibraryNotFoundError, Status, Handle):
+for _cls in (Error, LibraryNotFoundError, Status, Handle, Channel, ChannelClosed, Connection, Item,
+             Pool, Slot):
     _cls.__module__ = __name__
 del _cls
 
 # Not "open": ``from devshare import *`` must not shadow the builtin (devshare.open stays).
 __all__ = [
+    "Channel",
+    "ChannelClosed",
+    "Connection",
     "Error",
     "Handle",
+    "Item",
     "LibraryNotFoundError",
+    "Pool",
+    "Slot",
     "Status",
     "allow_ptrace",
+    "channel_empty",
     "collect",
+    "connect",
     "discard",
     "dlpack_capsule",
     "empty",

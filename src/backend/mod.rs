@@ -122,6 +122,11 @@ pub trait Exported: Send + Sync {
     }
     /// Remove the allocation's name now, if it has one that importers open by (host shm).
     fn unlink(&self) {}
+    /// The descriptor that travels next to this export's handles over a channel, for exports
+    /// that have no name (a sealed host memfd); such exports are shareable only over a channel.
+    fn channel_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
     /// Add one in-flight reference for a handle about to be sent (host: header count + 1).
     fn add_inflight(&self) -> Result<()> {
         Err(Error::Unsupported("in-flight references exist only for host memory".into()))

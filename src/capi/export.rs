@@ -22,7 +22,7 @@ pub const DEVSHARE_CLOSE_UNLINK: u32 = 2;
 
 /// An exported allocation (opaque). Thread-safe: `share`, `outstanding` and `wait` may be called
 /// from several threads at once; `close` must not race with other calls on the same exporter.
-pub struct DevshareExporter(Exporter);
+pub struct DevshareExporter(pub(crate) std::sync::Arc<Exporter>);
 
 /// Describes a tensor inside an exported allocation, for `devshare_exporter_share`.
 /// Initialise with `devshare_tensor_desc_init(&desc, sizeof desc)`, then set the fields.
@@ -109,7 +109,7 @@ pub unsafe extern "C" fn devshare_host_alloc(
         if let Some(p) = ffi!(ptr_out.as_mut()) {
             *p = e.ptr().cast();
         }
-        *out = Box::into_raw(Box::new(DevshareExporter(e)));
+        *out = Box::into_raw(Box::new(DevshareExporter(std::sync::Arc::new(e))));
         Ok(())
     })
 }
@@ -134,7 +134,7 @@ pub unsafe extern "C" fn devshare_host_adopt(
         if let Some(p) = ffi!(ptr_out.as_mut()) {
             *p = e.ptr().cast();
         }
-        *out = Box::into_raw(Box::new(DevshareExporter(e)));
+        *out = Box::into_raw(Box::new(DevshareExporter(std::sync::Arc::new(e))));
         Ok(())
     })
 }
@@ -172,7 +172,7 @@ pub unsafe extern "C" fn devshare_export(
         }
         let opts = ExportOptions { no_pid_check: flags & DEVSHARE_EXPORT_NO_PID_CHECK != 0, ..Default::default() };
         let e = Exporter::export(backend, device, ptr.cast(), size, &opts)?;
-        *out = Box::into_raw(Box::new(DevshareExporter(e)));
+        *out = Box::into_raw(Box::new(DevshareExporter(std::sync::Arc::new(e))));
         Ok(())
     })
 }
@@ -235,7 +235,7 @@ pub unsafe extern "C" fn devshare_export_segments(
         };
         let mem = crate::backend::SegmentedMemory { base: base.cast(), segment_size, physical };
         let e = Exporter::export_segments(backend, device, &mem, &opts)?;
-        *out = Box::into_raw(Box::new(DevshareExporter(e)));
+        *out = Box::into_raw(Box::new(DevshareExporter(std::sync::Arc::new(e))));
         Ok(())
     })
 }
@@ -295,6 +295,14 @@ unsafe fn share_from_c(e: &Exporter, desc: *const DevshareTensorDesc) -> crate::
         return e.share_bytes();
     }
     let d = ffi!(read_input(desc, "desc"))?;
+    e.share(&ffi!(tensor_desc_from_c(&d))?)
+}
+
+/// The `TensorDesc` a C description gives (its shape and strides borrowed from the caller).
+///
+/// # Safety
+/// `d.shape` / `d.strides` are NULL or valid for `ndim` entries for the lifetime `'a`.
+pub(crate) unsafe fn tensor_desc_from_c<'a>(d: &DevshareTensorDesc) -> crate::error::Result<TensorDesc<'a>> {
     if d.ndim as usize > DEVSHARE_MAX_NDIM {
         return Err(Error::BadNdim(format!("desc.ndim {} is above the maximum {DEVSHARE_MAX_NDIM}", d.ndim)));
     }
@@ -307,7 +315,7 @@ unsafe fn share_from_c(e: &Exporter, desc: *const DevshareTensorDesc) -> crate::
     let n = d.ndim as usize;
     let shape = ffi!(arg_slice(d.shape, n, "desc.shape"))?;
     let strides = if d.strides.is_null() { None } else { Some(ffi!(arg_slice(d.strides, n, "desc.strides"))?) };
-    e.share(&TensorDesc {
+    Ok(TensorDesc {
         dtype: d.dtype,
         shape,
         strides,

@@ -20,6 +20,7 @@ macro_rules! ffi {
 }
 
 mod abi;
+pub mod channel;
 pub mod dlpack;
 pub mod error;
 pub mod export;

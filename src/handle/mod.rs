@@ -51,6 +51,11 @@ pub const DEVSHARE_HANDLE_FLAG_EVENT: u32 = 1;
 /// handle, which its first import takes over (PyTorch's `file_system` protocol: the sender
 /// counts the receiver in before sending, so the object cannot vanish while the handle travels).
 pub const DEVSHARE_HANDLE_FLAG_INFLIGHT: u32 = 2;
+/// Handle flag (host only): the allocation is a sealed memfd that travels with the handle over
+/// a devshare channel (`SCM_RIGHTS`), not a name: the key is empty and the handle cannot be
+/// imported on its own — only `devshare_connection_recv`, which receives the descriptor with it,
+/// opens it. Such handles carry no ref-counter: their reference is leased to the connection.
+pub const DEVSHARE_HANDLE_FLAG_CHANNEL: u32 = 8;
 /// Handle flags in this range (bits 0..15) change how a handle must be read or used: a reader
 /// that does not know a set bit refuses the handle with `DEVSHARE_STATUS_UNSUPPORTED_VERSION`,
 /// naming the bit.
@@ -59,8 +64,10 @@ pub const DEVSHARE_HANDLE_FLAGS_MUST_UNDERSTAND: u32 = 0x0000_ffff;
 /// ignores it (and keeps it when it re-encodes the handle).
 pub const DEVSHARE_HANDLE_FLAGS_MAY_IGNORE: u32 = 0xffff_0000;
 /// All "must understand" handle flags this library knows.
-pub const DEVSHARE_HANDLE_KNOWN_FLAGS: u32 =
-    DEVSHARE_HANDLE_FLAG_EVENT | DEVSHARE_HANDLE_FLAG_INFLIGHT | segments::DEVSHARE_HANDLE_FLAG_SEGMENTED;
+pub const DEVSHARE_HANDLE_KNOWN_FLAGS: u32 = DEVSHARE_HANDLE_FLAG_EVENT
+    | DEVSHARE_HANDLE_FLAG_INFLIGHT
+    | segments::DEVSHARE_HANDLE_FLAG_SEGMENTED
+    | DEVSHARE_HANDLE_FLAG_CHANNEL;
 /// The "must understand" extension record types this library knows.
 pub(crate) const KNOWN_EXT_TYPES: [u16; 1] = [segments::DEVSHARE_EXT_SEGMENTS];
 /// Extension record types with this bit set must be understood: a reader that does not know

@@ -48,6 +48,14 @@ fn check_key(h: &DevshareHandle) -> Result<()> {
     }
     let key = &h.key[..len];
     match h.backend {
+        DEVSHARE_BACKEND_HOST if h.flags & DEVSHARE_HANDLE_FLAG_CHANNEL != 0 => {
+            if len != 0 {
+                return Err(Error::BadKey(format!(
+                    "a channel (memfd) handle has no key, but key_len is {len}: its memory travels \
+                     as a descriptor next to the handle"
+                )));
+            }
+        }
         DEVSHARE_BACKEND_HOST => {
             if !is_shm_name(key) {
                 return Err(Error::BadKey(format!(
@@ -288,6 +296,18 @@ pub fn validate(h: &DevshareHandle) -> Result<Validated> {
         zero_tail("event_handle", &h.event_handle)?;
     } else if h.backend == DEVSHARE_BACKEND_HOST {
         return Err(Error::invalid("flags", "host handles cannot carry an IPC event"));
+    }
+    if h.flags & DEVSHARE_HANDLE_FLAG_CHANNEL != 0 {
+        if h.backend != DEVSHARE_BACKEND_HOST {
+            return Err(Error::invalid("flags", "only host memory travels as a channel memfd"));
+        }
+        if h.ref_name_len != 0 || h.flags & DEVSHARE_HANDLE_FLAG_INFLIGHT != 0 {
+            return Err(Error::invalid(
+                "flags",
+                "a channel (memfd) handle's reference is leased to its connection: it names no \
+                 ref-counter and carries no in-flight reference",
+            ));
+        }
     }
     if h.flags & DEVSHARE_HANDLE_FLAG_INFLIGHT != 0 && h.backend != DEVSHARE_BACKEND_HOST {
         return Err(Error::invalid("flags", "only host handles carry an in-flight reference"));

@@ -1,0 +1,478 @@
+//! Channels, leases and pools (see `crate::channel`): the producer's channel and pools, the
+//! consumer's connection.
+
+use super::abi::{init, sized_struct, write_output};
+use super::export::{tensor_desc_from_c, DevshareExporter, DevshareTensorDesc};
+use super::import::DevshareImport;
+use super::{arg, arg_mut, arg_slice, boundary, boundary_value};
+use crate::channel::{Channel, Connection, Pool};
+use crate::error::{Error, Result};
+use crate::export::{Exporter, TensorDesc};
+use std::ffi::{c_char, c_void, CStr};
+use std::os::fd::{AsFd, AsRawFd};
+use std::time::Duration;
+
+/// The producer end of a channel (opaque). Thread-safe: every function may be called from
+/// several threads at once, except `devshare_channel_close`, which must not race with them.
+pub struct DevshareChannel(Channel);
+
+/// The consumer end of a channel (opaque). Thread-safe like `DevshareChannel`; items received
+/// from it are ordinary imports, released on any thread.
+pub struct DevshareConnection(Connection);
+
+/// A pool of fixed-address slots on a channel (opaque). Thread-safe like `DevshareChannel`.
+pub struct DevsharePool(Pool);
+
+/// What the producer knows about a connected peer (`devshare_channel_peer_info`). Initialise
+/// with `devshare_peer_info_init(&info, sizeof info)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DevsharePeerInfo {
+    /// Size of this struct in the caller's header; on return, the bytes the library filled in.
+    pub struct_size: u32,
+    /// The peer's process id from `SO_PEERCRED`, as this process's pid namespace sees it.
+    pub pid: i32,
+    /// The peer's user and group ids, from `SO_PEERCRED`.
+    pub uid: u32,
+    pub gid: u32,
+    /// The peer's id on this channel (what `devshare_channel_send` and `devshare_pool_send` take).
+    pub id: u64,
+    /// The pid the peer announced in the handshake (its bare tgid): what ACL exports sent to it
+    /// are whitelisted for.
+    pub tgid: i32,
+    /// Always 0.
+    pub reserved: u32,
+    /// References leased to the peer and pools it attached, not yet given back.
+    pub leases: u64,
+    /// Messages from the peer that were refused (returning a slot or lease it does not hold ...).
+    pub protocol_errors: u64,
+}
+
+sized_struct!(
+    DevsharePeerInfo,
+    "DevsharePeerInfo",
+    first_size = 48,
+    sum = 4 * 6 + 8 * 3,
+    defaults = DevsharePeerInfo {
+        struct_size: 0,
+        pid: 0,
+        uid: 0,
+        gid: 0,
+        id: 0,
+        tgid: 0,
+        reserved: 0,
+        leases: 0,
+        protocol_errors: 0
+    }
+);
+
+/// Initialise a `DevsharePeerInfo` of `size` bytes (pass `sizeof *info`).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_peer_info_init(info: *mut DevsharePeerInfo, size: u32) -> i32 {
+    boundary("devshare_peer_info_init", || ffi!(init(info, size, "info")))
+}
+
+/// A C timeout in milliseconds: negative waits forever.
+fn timeout(ms: i32) -> Option<Duration> {
+    u64::try_from(ms).ok().map(Duration::from_millis)
+}
+
+/// # Safety
+/// `address` is NULL or a NUL-terminated string.
+unsafe fn address<'a>(address: *const c_char) -> Result<&'a str> {
+    if address.is_null() {
+        return Err(Error::NullArgument("address"));
+    }
+    // SAFETY: non-null, NUL-terminated (contract).
+    let s = unsafe { CStr::from_ptr(address) };
+    s.to_str().map_err(|_| Error::InvalidArgument("address is not UTF-8".into()))
+}
+
+/// Listen for consumers on `address`: a file-system path (the socket file is created with mode
+/// 0600 and removed by `devshare_channel_close`; an existing file is never replaced:
+/// `DEVSHARE_STATUS_BUSY`) or `"@name"`, a Linux abstract socket name. By default only processes
+/// of this process's effective uid may connect (checked with `SO_PEERCRED`); see
+/// `devshare_channel_restrict`.
+///
+/// Nothing runs in the background: connections are accepted, releases taken and hang-ups
+/// noticed only inside `devshare_channel_service` and the calls that wait (`_wait_peers`,
+/// `devshare_pool_acquire`, and `devshare_exporter_wait` on exports sent over the channel), so
+/// serve the channel from your loop (poll `devshare_channel_fd`).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_listen(address_: *const c_char, out: *mut *mut DevshareChannel) -> i32 {
+    boundary("devshare_channel_listen", || {
+        let out = ffi!(arg_mut(out, "out"))?;
+        let ch = Channel::listen(ffi!(address(address_))?)?;
+        *out = Box::into_raw(Box::new(DevshareChannel(ch)));
+        Ok(())
+    })
+}
+
+/// Who may connect from now on: `n_uids > 0` replaces the allowed uids (default: this
+/// process's effective uid alone; listing another uid is how a caller trusts it), `n_pids > 0`
+/// admits only those pids. Peers already connected stay.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_restrict(
+    channel: *mut DevshareChannel,
+    uids: *const u32,
+    n_uids: usize,
+    pids: *const i32,
+    n_pids: usize,
+) -> i32 {
+    boundary("devshare_channel_restrict", || {
+        let ch = &ffi!(arg(channel, "channel"))?.0;
+        ch.restrict(ffi!(arg_slice(uids, n_uids, "uids"))?, ffi!(arg_slice(pids, n_pids, "pids"))?)
+    })
+}
+
+/// The descriptor to poll (for reading) in your event loop: readable when
+/// `devshare_channel_service` has work (a connection, a message, a hang-up). -1 for NULL.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_fd(channel: *const DevshareChannel) -> i32 {
+    boundary_value("devshare_channel_fd", -1, || match ffi!(channel.as_ref()) {
+        Some(c) => c.0.fd().as_raw_fd(),
+        None => -1,
+    })
+}
+
+/// Accept new peers (credentials checked, handshake), take their releases and returned slots,
+/// and notice the ones that hung up — their leases and slots come back at once. Waits at most
+/// `timeout_ms` for something to happen (0: do not wait; negative: until something does).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_service(channel: *mut DevshareChannel, timeout_ms: i32) -> i32 {
+    boundary("devshare_channel_service", || ffi!(arg(channel, "channel"))?.0.service(timeout(timeout_ms)))
+}
+
+/// Serve the channel until at least `n` peers are connected: `DEVSHARE_STATUS_TIMEOUT` after
+/// `timeout_ms` (negative: wait forever).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_wait_peers(channel: *mut DevshareChannel, n: usize, timeout_ms: i32) -> i32 {
+    boundary("devshare_channel_wait_peers", || ffi!(arg(channel, "channel"))?.0.wait_peers(n, timeout(timeout_ms)))
+}
+
+/// The ids of the connected peers, oldest first: `*count` receives how many are connected; up to
+/// `cap` ids go to `ids` (`DEVSHARE_STATUS_BUFFER_TOO_SMALL` when `cap < *count`).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_peer_ids(
+    channel: *const DevshareChannel,
+    ids: *mut u64,
+    cap: usize,
+    count: *mut usize,
+) -> i32 {
+    boundary("devshare_channel_peer_ids", || {
+        let ch = &ffi!(arg(channel, "channel"))?.0;
+        let count = ffi!(arg_mut(count, "count"))?;
+        let all = ch.peer_ids()?;
+        *count = all.len();
+        if cap > 0 {
+            if ids.is_null() {
+                return Err(Error::NullArgument("ids"));
+            }
+            let n = cap.min(all.len());
+            // SAFETY: ids holds cap >= n elements (contract).
+            unsafe { std::ptr::copy_nonoverlapping(all.as_ptr(), ids, n) };
+        }
+        if cap < all.len() {
+            return Err(Error::BufferTooSmall { needed: all.len(), given: cap });
+        }
+        Ok(())
+    })
+}
+
+/// What is known about connected peer `peer` (`DEVSHARE_STATUS_NOT_FOUND` when it is not).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_peer_info(
+    channel: *const DevshareChannel,
+    peer: u64,
+    out: *mut DevsharePeerInfo,
+) -> i32 {
+    boundary("devshare_channel_peer_info", || {
+        let ch = &ffi!(arg(channel, "channel"))?.0;
+        let p = ch.peer_info(peer)?;
+        let info = DevsharePeerInfo {
+            struct_size: 0,
+            pid: p.pid,
+            uid: p.uid,
+            gid: p.gid,
+            id: p.id,
+            tgid: p.tgid,
+            reserved: 0,
+            leases: p.leases,
+            protocol_errors: p.protocol_errors,
+        };
+        ffi!(write_output(out, info, "out"))
+    })
+}
+
+/// Send `peer` one leased reference to a tensor of `exporter` (`desc` NULL: the whole range as
+/// bytes; `DEVSHARE_SHARE_*` flags are refused: a lease needs neither). The peer receives it
+/// with `devshare_connection_recv`. `devshare_exporter_outstanding` counts it until the peer
+/// releases its import or disconnects for any reason. ACL exports are whitelisted for the
+/// peer's announced tgid first (once per export and peer). Host memory must come from
+/// `devshare_channel_host_alloc` or name-based host exports (`devshare_host_alloc`).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_send(
+    channel: *mut DevshareChannel,
+    peer: u64,
+    exporter: *const DevshareExporter,
+    desc: *const DevshareTensorDesc,
+) -> i32 {
+    boundary("devshare_channel_send", || {
+        let ch = &ffi!(arg(channel, "channel"))?.0;
+        let e = &ffi!(arg(exporter, "exporter"))?.0;
+        match ffi!(desc.as_ref()) {
+            None => {
+                let shape = [e.size() as i64];
+                ch.send(peer, e, &TensorDesc { shape: &shape, ..Default::default() })
+            }
+            Some(_) => {
+                let d = ffi!(super::abi::read_input(desc, "desc"))?;
+                ch.send(peer, e, &ffi!(tensor_desc_from_c(&d))?)
+            }
+        }
+    })
+}
+
+/// Close the channel and free it: every peer is disconnected (its `devshare_connection_recv`
+/// returns `DEVSHARE_STATUS_CLOSED`), their leases stop counting in their exports'
+/// outstanding references (the producer can no longer learn when they let go: wait for them
+/// first), pools on it are closed, the socket file is removed. NULL is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_close(channel: *mut DevshareChannel) -> i32 {
+    boundary("devshare_channel_close", || {
+        if !channel.is_null() {
+            // SAFETY: channel came from Box::into_raw in devshare_channel_listen; the caller
+            // gives it up here.
+            let ch = ffi!(Box::from_raw(channel));
+            ch.0.close();
+        }
+        Ok(())
+    })
+}
+
+/// Allocate `size` bytes of zeroed host memory as a sealed memfd (`F_SEAL_SHRINK`,
+/// `F_SEAL_GROW`, `F_SEAL_SEAL`: no process can shrink it under a reader) and export it for
+/// channels. It has no name in /dev/shm: it travels next to its handles over a channel
+/// (`devshare_channel_send`, `devshare_pool_create`) and nothing is left behind when any
+/// process dies. `devshare_exporter_share` refuses it (`DEVSHARE_STATUS_UNSUPPORTED`).
+/// `ptr_out` (may be NULL) receives its address; close with `devshare_exporter_close`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_host_alloc(
+    size: u64,
+    out: *mut *mut DevshareExporter,
+    ptr_out: *mut *mut c_void,
+) -> i32 {
+    boundary("devshare_channel_host_alloc", || {
+        let out = ffi!(arg_mut(out, "out"))?;
+        let e = Exporter::channel_host_alloc(size)?;
+        if let Some(p) = ffi!(ptr_out.as_mut()) {
+            *p = e.ptr().cast();
+        }
+        *out = Box::into_raw(Box::new(DevshareExporter(std::sync::Arc::new(e))));
+        Ok(())
+    })
+}
+
+/// Make a pool of `count` slots of `slot_size` bytes, back to back from the start of
+/// `exporter`'s range (one allocation: `devshare_channel_host_alloc`, or an ACL or CUDA export).
+/// The pool keeps the export alive (closing the exporter is allowed; the memory goes with the
+/// pool). A consumer imports the whole allocation once, with its first item, so **every slot
+/// keeps one address in the consumer for the pool's life** — the fixed addresses that captured
+/// device graphs (aclgraph, CUDA graphs) replay on. Each attached consumer counts as one
+/// outstanding reference of the export until it detaches (after `devshare_pool_close`, once it
+/// released its items) or disconnects.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_pool_create(
+    channel: *mut DevshareChannel,
+    exporter: *const DevshareExporter,
+    slot_size: u64,
+    count: u32,
+    out: *mut *mut DevsharePool,
+) -> i32 {
+    boundary("devshare_pool_create", || {
+        let ch = &ffi!(arg(channel, "channel"))?.0;
+        let e = ffi!(arg(exporter, "exporter"))?.0.clone();
+        let out = ffi!(arg_mut(out, "out"))?;
+        let pool = ch.pool(e, slot_size, count)?;
+        *out = Box::into_raw(Box::new(DevsharePool(pool)));
+        Ok(())
+    })
+}
+
+/// Take a free slot: `*slot` receives its index, `*ptr` (may be NULL) its address in this
+/// process. While every slot is out, waits for one to come back, serving the channel
+/// (backpressure): `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` (negative: wait forever).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_pool_acquire(
+    pool: *mut DevsharePool,
+    timeout_ms: i32,
+    slot: *mut u32,
+    ptr: *mut *mut c_void,
+) -> i32 {
+    boundary("devshare_pool_acquire", || {
+        let p = &ffi!(arg(pool, "pool"))?.0;
+        let slot = ffi!(arg_mut(slot, "slot"))?;
+        let (s, addr) = p.acquire(timeout(timeout_ms))?;
+        *slot = s;
+        if let Some(out) = ffi!(ptr.as_mut()) {
+            *out = addr.cast();
+        }
+        Ok(())
+    })
+}
+
+/// Hand acquired slot `slot` to `peer`, describing the tensor in it: `desc->storage_offset` is
+/// relative to the slot, `storage_size` `DEVSHARE_STORAGE_TO_END` means the rest of the slot;
+/// `desc` NULL sends the whole slot as bytes. Device work on `desc->stream` is synchronised
+/// first. Only a small message travels; the first item to a peer also attaches it (one import
+/// of the whole allocation). The slot comes back when the peer releases the item's import or
+/// disconnects. Sending a slot that is not acquired is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_pool_send(
+    pool: *mut DevsharePool,
+    slot: u32,
+    peer: u64,
+    desc: *const DevshareTensorDesc,
+) -> i32 {
+    boundary("devshare_pool_send", || {
+        let p = &ffi!(arg(pool, "pool"))?.0;
+        match ffi!(desc.as_ref()) {
+            None => {
+                let (slot_size, ..) = p.info()?;
+                let shape = [slot_size as i64];
+                p.send(slot, peer, &TensorDesc { shape: &shape, ..Default::default() })
+            }
+            Some(_) => {
+                let d = ffi!(super::abi::read_input(desc, "desc"))?;
+                p.send(slot, peer, &ffi!(tensor_desc_from_c(&d))?)
+            }
+        }
+    })
+}
+
+/// Give back acquired slot `slot` without sending it. A slot that is not acquired (free, or out
+/// with a consumer) is `DEVSHARE_STATUS_INVALID_ARGUMENT`, and nothing changes.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_pool_release(pool: *mut DevsharePool, slot: u32) -> i32 {
+    boundary("devshare_pool_release", || ffi!(arg(pool, "pool"))?.0.release(slot))
+}
+
+/// Slot size, slot count and how many slots are free now (each out-pointer may be NULL).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_pool_info(
+    pool: *const DevsharePool,
+    slot_size: *mut u64,
+    count: *mut u32,
+    free_slots: *mut u32,
+) -> i32 {
+    boundary("devshare_pool_info", || {
+        let (s, c, f) = ffi!(arg(pool, "pool"))?.0.info()?;
+        if let Some(o) = ffi!(slot_size.as_mut()) {
+            *o = s;
+        }
+        if let Some(o) = ffi!(count.as_mut()) {
+            *o = c;
+        }
+        if let Some(o) = ffi!(free_slots.as_mut()) {
+            *o = f;
+        }
+        Ok(())
+    })
+}
+
+/// Close the pool and free it: attached consumers are told; each detaches once it released its
+/// items. NULL is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_pool_close(pool: *mut DevsharePool) -> i32 {
+    boundary("devshare_pool_close", || {
+        if !pool.is_null() {
+            // SAFETY: pool came from Box::into_raw in devshare_pool_create; the caller gives it up.
+            drop(ffi!(Box::from_raw(pool)));
+        }
+        Ok(())
+    })
+}
+
+/// Connect to the channel at `address` (a path or `"@name"`) and shake hands: this process
+/// announces its pid (its bare tgid), for which the producer whitelists the ACL exports it sends
+/// here. The producer must run as this process's effective uid, or as root
+/// (`DEVSHARE_STATUS_UNTRUSTED` otherwise); a producer that refuses this process (uid or pid
+/// rules) is `DEVSHARE_STATUS_UNTRUSTED` with its reason. Waits at most `timeout_ms`
+/// (negative: forever) for the producer to serve the handshake.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_connect(
+    address_: *const c_char,
+    timeout_ms: i32,
+    out: *mut *mut DevshareConnection,
+) -> i32 {
+    boundary("devshare_channel_connect", || {
+        let out = ffi!(arg_mut(out, "out"))?;
+        let c = Connection::connect(ffi!(address(address_))?, timeout(timeout_ms))?;
+        *out = Box::into_raw(Box::new(DevshareConnection(c)));
+        Ok(())
+    })
+}
+
+/// The connection's socket, to poll (for reading) in your event loop: readable when an item or
+/// the producer's close arrives. -1 for NULL.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_connection_fd(conn: *const DevshareConnection) -> i32 {
+    boundary_value("devshare_connection_fd", -1, || match ffi!(conn.as_ref()) {
+        Some(c) => c.0.fd().as_fd().as_raw_fd(),
+        None => -1,
+    })
+}
+
+/// Receive the next item — a leased reference or a pool slot — as an ordinary import:
+/// `devshare_import_info` gives its pointers, `devshare_import_release` gives it back to the
+/// producer (after this process's device work on it is finished). Waits at most `timeout_ms`
+/// (0: do not wait; negative: forever): `DEVSHARE_STATUS_TIMEOUT`. Once the producer is gone
+/// and nothing is queued: `DEVSHARE_STATUS_CLOSED`. Imports stay valid after the producer died
+/// or the connection closed, until released. A malformed or out-of-bounds item is refused
+/// (`DEVSHARE_STATUS_UNTRUSTED` or the handle's status) and given back.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_connection_recv(
+    conn: *mut DevshareConnection,
+    timeout_ms: i32,
+    out: *mut *mut DevshareImport,
+) -> i32 {
+    boundary("devshare_connection_recv", || {
+        let c = &ffi!(arg(conn, "conn"))?.0;
+        let out = ffi!(arg_mut(out, "out"))?;
+        let imp = c.recv(timeout(timeout_ms))?;
+        *out = Box::into_raw(Box::new(DevshareImport::new(imp)));
+        Ok(())
+    })
+}
+
+/// For an import that is a pool item: the pool's id (> 0) and the slot. Any other import is
+/// `DEVSHARE_STATUS_INVALID_ARGUMENT`. Either out-pointer may be NULL.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_import_pool_slot(imp: *const DevshareImport, pool: *mut u32, slot: *mut u32) -> i32 {
+    boundary("devshare_import_pool_slot", || {
+        let i = ffi!(arg(imp, "import"))?.inner();
+        let (p, s) = i.pool_slot().ok_or_else(|| Error::InvalidArgument("the import is not a pool item".into()))?;
+        if let Some(o) = ffi!(pool.as_mut()) {
+            *o = p;
+        }
+        if let Some(o) = ffi!(slot.as_mut()) {
+            *o = s;
+        }
+        Ok(())
+    })
+}
+
+/// Close the connection and free it: the producer takes back every lease and slot of it at once
+/// (and sees it gone). Imports received from it stay mapped until released; releasing them then
+/// sends nothing. NULL is a no-op.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_connection_close(conn: *mut DevshareConnection) -> i32 {
+    boundary("devshare_connection_close", || {
+        if !conn.is_null() {
+            // SAFETY: conn came from Box::into_raw in devshare_channel_connect; the caller gives
+            // it up here.
+            drop(ffi!(Box::from_raw(conn)));
+        }
+        Ok(())
+    })
+}

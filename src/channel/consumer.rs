@@ -1,0 +1,401 @@
+//! The consumer end of a channel: the connection, what arrives on it, and the leases that go back.
+
+use super::wire::{self, In, Out, Received};
+use crate::backend::ImportRequest;
+use crate::error::{Error, Result};
+use crate::handle::encode::decode_full;
+use crate::import::{import_attached, Attached, Import};
+use rustc_hash::FxHashMap;
+use rustix::event::PollFlags;
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The socket and what the leases need to go back.
+pub(crate) struct ConnShared {
+    fd: OwnedFd,
+    generation: u64,
+    /// Set by [`Connection::close`]: nothing is sent any more.
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl ConnShared {
+    /// Send a consumer message; failures are dropped (the producer is gone, or it will learn
+    /// everything from the hang-up).
+    fn tell(&self, msg: &Out) {
+        if self.generation == crate::shm::generation() && !self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            let _ = wire::send(self.fd.as_fd(), &msg.0, &[]);
+        }
+    }
+}
+
+/// A leased reference: released (one `RELEASE` message) when the last import holding it goes.
+struct LeaseToken {
+    conn: Arc<ConnShared>,
+    lease: u64,
+}
+
+impl Drop for LeaseToken {
+    fn drop(&mut self) {
+        let mut m = Out::new(wire::RELEASE);
+        m.u32(0).u64(self.lease);
+        self.conn.tell(&m);
+    }
+}
+
+/// A consumer's attachment to a pool: detached (one `DETACH`) when the pool is closed and its
+/// last item is released.
+struct AttachToken {
+    conn: Arc<ConnShared>,
+    pool: u32,
+}
+
+impl Drop for AttachToken {
+    fn drop(&mut self) {
+        let mut m = Out::new(wire::DETACH);
+        m.u32(self.pool);
+        self.conn.tell(&m);
+    }
+}
+
+/// A pool slot held by this consumer: given back (one `RETURN`) when its import goes.
+pub(crate) struct SlotToken {
+    conn: Arc<ConnShared>,
+    pub(crate) pool: u32,
+    pub(crate) slot: u32,
+    _attach: Arc<AttachToken>,
+}
+
+impl Drop for SlotToken {
+    fn drop(&mut self) {
+        let mut m = Out::new(wire::RETURN);
+        m.u32(self.pool).u32(self.slot).u32(0);
+        self.conn.tell(&m);
+    }
+}
+
+struct AttachedPool {
+    base: Import,
+    slot_size: u64,
+    count: u32,
+    token: Arc<AttachToken>,
+}
+
+struct State {
+    buf: Vec<u8>,
+    fds: Vec<OwnedFd>,
+    pools: FxHashMap<u32, AttachedPool>,
+    eof: bool,
+}
+
+/// The consumer end of a channel.
+pub struct Connection {
+    shared: Arc<ConnShared>,
+    state: Mutex<State>,
+    peer_id: u64,
+    producer_pid: i32,
+}
+
+impl Connection {
+    /// Connect to the channel at `address` and shake hands (waiting at most `timeout` for the
+    /// producer to accept).
+    pub fn connect(address: &str, timeout: Option<Duration>) -> Result<Connection> {
+        let addr = wire::address(address)?;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )
+        .map_err(|e| wire::os("socket(AF_UNIX, SOCK_SEQPACKET)", e))?;
+        loop {
+            match rustix::net::connect(&fd, &addr) {
+                Ok(()) => break,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) => {
+                    // The producer's backlog is full: it is not serving; try again shortly.
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(Error::Timeout(format!("the channel at {address:?} accepted no connection")));
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e @ (rustix::io::Errno::NOENT | rustix::io::Errno::CONNREFUSED)) => {
+                    return Err(Error::NotFound(format!(
+                        "no channel listens at {address:?} ({})",
+                        std::io::Error::from(e)
+                    )))
+                }
+                Err(e) => return Err(wire::os(&format!("connect to {address:?}"), e)),
+            }
+        }
+        // The producer must be this user (or root, who could read our memory anyway).
+        let cred = rustix::net::sockopt::socket_peercred(&fd).map_err(|e| wire::os("getsockopt(SO_PEERCRED)", e))?;
+        let euid = rustix::process::geteuid().as_raw();
+        if cred.uid.as_raw() != euid && cred.uid.as_raw() != 0 {
+            return Err(Error::Untrusted(format!(
+                "the channel at {address:?} is served by uid {}, not this process's uid {euid} (or root)",
+                cred.uid.as_raw()
+            )));
+        }
+        let mut hello = Out::new(wire::HELLO);
+        hello.u32(wire::MAGIC).u16(wire::VERSION).u16(0).i32(std::process::id() as i32);
+        wire::send(fd.as_fd(), &hello.0, &[])?;
+        let mut buf = Vec::new();
+        let mut fds = Vec::new();
+        loop {
+            match wire::recv(fd.as_fd(), &mut buf, &mut fds)? {
+                Received::Message(n) => {
+                    let mut r = In::new(&buf[..n]);
+                    match r.u32()? {
+                        wire::WELCOME => {
+                            let (magic, version) = (r.u32()?, r.u16()?);
+                            let _ = r.u16()?;
+                            let peer_id = r.u64()?;
+                            let producer_pid = r.i32()?;
+                            if magic != wire::MAGIC || version != wire::VERSION {
+                                return Err(Error::UnsupportedVersion(format!(
+                                    "the channel at {address:?} speaks protocol version {version}, this library {}",
+                                    wire::VERSION
+                                )));
+                            }
+                            return Ok(Connection {
+                                shared: Arc::new(ConnShared {
+                                    fd,
+                                    generation: crate::shm::generation(),
+                                    closed: Default::default(),
+                                }),
+                                state: Mutex::new(State { buf, fds, pools: FxHashMap::default(), eof: false }),
+                                peer_id,
+                                producer_pid,
+                            });
+                        }
+                        wire::REFUSED => {
+                            return Err(Error::Untrusted(format!(
+                                "the channel at {address:?} refused this process: {}",
+                                String::from_utf8_lossy(r.rest())
+                            )))
+                        }
+                        t => {
+                            return Err(Error::Untrusted(format!(
+                                "the channel at {address:?} answered the handshake with message type {t}"
+                            )))
+                        }
+                    }
+                }
+                Received::Closed => {
+                    return Err(Error::Closed(format!("the channel at {address:?} closed the connection")))
+                }
+                Received::Empty => {
+                    let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                    if left.is_some_and(|l| l.is_zero()) || !wire::wait_ready(fd.as_fd(), PollFlags::IN, left)? {
+                        return Err(Error::Timeout(format!(
+                            "the channel at {address:?} did not complete the handshake (is its producer serving it?)"
+                        )));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The socket, for a caller's event loop: readable when an item or the close arrives.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.shared.fd.as_fd()
+    }
+
+    /// This consumer's id at the producer.
+    pub fn peer_id(&self) -> u64 {
+        self.peer_id
+    }
+
+    /// The producer's pid (as it reported it).
+    pub fn producer_pid(&self) -> i32 {
+        self.producer_pid
+    }
+
+    fn state(&self) -> Result<MutexGuard<'_, State>> {
+        if self.shared.generation != crate::shm::generation() {
+            return Err(Error::Unsupported(
+                "this connection was inherited through fork: only the process that opened it may use it".into(),
+            ));
+        }
+        if self.shared.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::Closed("the connection is closed".into()));
+        }
+        Ok(self.state.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The next item: a leased reference or a pool slot, as an import whose release gives it back.
+    pub fn recv(&self, timeout: Option<Duration>) -> Result<Import> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            {
+                let mut st = self.state()?;
+                if st.eof {
+                    return Err(Error::Closed("the producer closed the channel or exited".into()));
+                }
+                loop {
+                    let State { buf, fds, .. } = &mut *st;
+                    match wire::recv(self.shared.fd.as_fd(), buf, fds)? {
+                        Received::Empty => break,
+                        Received::Closed => {
+                            st.eof = true;
+                            return Err(Error::Closed("the producer closed the channel or exited".into()));
+                        }
+                        Received::Message(n) => {
+                            if let Some(imp) = self.message(&mut st, n)? {
+                                return Ok(imp);
+                            }
+                        }
+                    }
+                }
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) || !wire::wait_ready(self.fd(), PollFlags::IN, left)? {
+                return Err(Error::Timeout("nothing arrived on the channel".into()));
+            }
+        }
+    }
+
+    /// Handle one received message; an item comes back as an import.
+    fn message(&self, st: &mut State, n: usize) -> Result<Option<Import>> {
+        let fds = std::mem::take(&mut st.fds);
+        let mut r = In::new(&st.buf[..n]);
+        match r.u32()? {
+            wire::SHARE => {
+                let _ = r.u32()?;
+                let lease = r.u64()?;
+                let d = decode_full(r.rest())?;
+                // The token exists from here on: a refused share is released at once.
+                let token: Arc<dyn std::any::Any + Send + Sync> =
+                    Arc::new(LeaseToken { conn: self.shared.clone(), lease });
+                let imp = open(&d.handle, d.table.as_deref(), fds, Some(token))?;
+                Ok(Some(imp))
+            }
+            wire::ATTACH => {
+                let pool = r.u32()?;
+                let slot_size = r.u64()?;
+                let count = r.u32()?;
+                let _ = r.u32()?;
+                let d = decode_full(r.rest())?;
+                let token = Arc::new(AttachToken { conn: self.shared.clone(), pool });
+                let whole = slot_size.checked_mul(u64::from(count));
+                if slot_size == 0 || count == 0 || whole.map_or(true, |w| w > d.handle.storage_size) {
+                    return Err(Error::Untrusted(format!(
+                        "pool {pool}: {count} slots of {slot_size} bytes do not fit its {}-byte allocation",
+                        d.handle.storage_size
+                    )));
+                }
+                let base = open(&d.handle, d.table.as_deref(), fds, None)?;
+                st.pools.insert(pool, AttachedPool { base, slot_size, count, token });
+                Ok(None)
+            }
+            wire::ITEM => {
+                if !fds.is_empty() {
+                    return Err(Error::Untrusted("a pool item came with descriptors".into()));
+                }
+                let (pool, slot, ndim) = (r.u32()?, r.u32()?, r.u32()?);
+                let (code, bits) = {
+                    let b = [r.u16()?.to_le_bytes()];
+                    (b[0][0], b[0][1])
+                };
+                let lanes = r.u16()?;
+                let _ = r.u32()?;
+                let (offset, size, tensor_offset) = (r.u64()?, r.u64()?, r.i64()?);
+                if ndim as usize > crate::handle::DEVSHARE_MAX_NDIM {
+                    return Err(Error::BadNdim(format!("a pool item has {ndim} dimensions")));
+                }
+                let mut shape = [0i64; crate::handle::DEVSHARE_MAX_NDIM];
+                let mut strides = [0i64; crate::handle::DEVSHARE_MAX_NDIM];
+                for s in shape.iter_mut().take(ndim as usize) {
+                    *s = r.i64()?;
+                }
+                for s in strides.iter_mut().take(ndim as usize) {
+                    *s = r.i64()?;
+                }
+                r.end()?;
+                let p = st.pools.get(&pool).ok_or_else(|| {
+                    Error::Untrusted(format!("an item of pool {pool}, which this consumer never attached"))
+                })?;
+                if slot >= p.count || offset.checked_add(size).map_or(true, |e| e > p.slot_size) {
+                    return Err(Error::Untrusted(format!(
+                        "pool {pool} item: slot {slot}, bytes {offset}..+{size} is outside the {} slots of {} bytes",
+                        p.count, p.slot_size
+                    )));
+                }
+                let token: Arc<dyn std::any::Any + Send + Sync> =
+                    Arc::new(SlotToken { conn: self.shared.clone(), pool, slot, _attach: p.token.clone() });
+                let mut h = *p.base.handle();
+                h.storage_offset = p.base.handle().storage_offset + u64::from(slot) * p.slot_size + offset;
+                h.storage_size = size;
+                h.ndim = ndim;
+                h.shape = shape;
+                h.strides = strides;
+                h.tensor_offset = tensor_offset;
+                h.dtype = crate::dtype::DevshareDType::new(code, bits, lanes);
+                Ok(Some(p.base.derive(h, token)?))
+            }
+            wire::POOL_CLOSED => {
+                let pool = r.u32()?;
+                r.end()?;
+                st.pools.remove(&pool);
+                Ok(None)
+            }
+            t => Err(Error::Untrusted(format!("message type {t} is not one a producer sends"))),
+        }
+    }
+
+    /// Close the connection: the producer takes back every lease and slot of it at once (imports
+    /// stay mapped until released; releasing them then sends nothing).
+    pub fn close(&self) {
+        if self.shared.generation != crate::shm::generation() {
+            return;
+        }
+        if !self.shared.closed.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            let _ = rustix::net::shutdown(&self.shared.fd, rustix::net::Shutdown::Both);
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.pools.clear();
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Open a received handle: a channel memfd by its descriptor, anything else by its key.
+fn open(
+    h: &crate::handle::DevshareHandle,
+    table: Option<&[u8]>,
+    mut fds: Vec<OwnedFd>,
+    lease: Option<Arc<dyn std::any::Any + Send + Sync>>,
+) -> Result<Import> {
+    let req = ImportRequest::default();
+    if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_CHANNEL != 0 {
+        if fds.len() != 1 {
+            return Err(Error::Untrusted(format!(
+                "a channel memfd handle came with {} descriptors instead of 1",
+                fds.len()
+            )));
+        }
+        let fd = fds.pop().expect("one descriptor");
+        let key = super::memfd::identity(&fd)?;
+        let alloc_size = h.alloc_size;
+        let mut opener = || super::memfd::open_received(&fd, alloc_size, req.read_only);
+        return import_attached(h, req, Some(Attached { key: &key, open: &mut opener }), lease);
+    }
+    if !fds.is_empty() {
+        return Err(Error::Untrusted("a handle that names its memory came with descriptors".into()));
+    }
+    if table.is_some() {
+        let mut imp = crate::import::import_full(h, table, req)?;
+        if let Some(l) = lease {
+            imp.set_lease(l);
+        }
+        return Ok(imp);
+    }
+    import_attached(h, req, None, lease)
+}

@@ -1,0 +1,129 @@
+//! Host memory for channels: a sealed `memfd`.
+//!
+//! The producer creates an anonymous memfd, sizes it and seals it with `F_SEAL_SHRINK`,
+//! `F_SEAL_GROW` and `F_SEAL_SEAL`: nobody — not the producer, not a consumer that received the
+//! descriptor — can shrink it under a reader (which would turn its reads into SIGBUS) or change
+//! the seals. It has no name in `/dev/shm`, so there is nothing to guess, open or leave behind:
+//! the memory goes away when the last process holding the descriptor or a mapping does, however
+//! it exits.
+//!
+//! A consumer maps a received descriptor only after checking it on the descriptor itself: a
+//! regular file carrying at least `F_SEAL_SHRINK`, at least as large as the handle says. The
+//! import registry caches the mapping by the file's identity (device and inode, from `fstat`),
+//! never by anything the handle or the sender claims.
+
+use crate::backend::{Exported, Mapping};
+use crate::error::{Error, Result};
+use crate::shm::Map;
+use rustix::fs::{fcntl_add_seals, fcntl_get_seals, fstat, ftruncate, memfd_create, FileType, MemfdFlags, SealFlags};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+/// The seals a channel memfd carries; a received one must carry at least `F_SEAL_SHRINK`.
+const SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW).union(SealFlags::SEAL);
+
+fn os(call: &str, e: rustix::io::Errno) -> Error {
+    Error::Os { call: call.into(), errno: e.raw_os_error(), message: std::io::Error::from(e).to_string() }
+}
+
+/// An exported sealed memfd, mapped read-write in the producer.
+struct Memfd {
+    // Drop order: the mapping, then the descriptor.
+    map: Map,
+    fd: OwnedFd,
+    size: u64,
+}
+
+/// Allocate `size` bytes as a sealed memfd (zero-filled).
+pub(crate) fn alloc(size: u64) -> Result<Box<dyn Exported>> {
+    if size == 0 {
+        return Err(Error::InvalidArgument("size is 0: there is nothing to allocate".into()));
+    }
+    let len = usize::try_from(size)
+        .ok()
+        .filter(|&l| l <= isize::MAX as usize)
+        .ok_or_else(|| Error::bad_size("size", format!("{size} bytes cannot be mapped")))?;
+    let fd = memfd_create("devshare-channel", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .map_err(|e| os("memfd_create", e))?;
+    ftruncate(&fd, size).map_err(|e| os(&format!("ftruncate of a memfd to {size} bytes"), e))?;
+    fcntl_add_seals(&fd, SEALS).map_err(|e| os("fcntl(F_ADD_SEALS)", e))?;
+    let map = Map::new(&fd, len, true, "a channel memfd")?;
+    Ok(Box::new(Memfd { map, fd, size }))
+}
+
+impl Exported for Memfd {
+    fn ptr(&self) -> *mut u8 {
+        self.map.ptr()
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn key(&self) -> &[u8] {
+        &[]
+    }
+    fn device_index(&self) -> i32 {
+        0
+    }
+    fn survives_exporter_close(&self) -> bool {
+        // Consumers hold the file through their mappings.
+        true
+    }
+    fn channel_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.fd.as_fd())
+    }
+}
+
+/// A received memfd, mapped in the consumer.
+struct Received {
+    map: Map,
+    size: u64,
+}
+
+impl Mapping for Received {
+    fn base(&self) -> *mut u8 {
+        self.map.ptr()
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+/// The registry key of a received descriptor: its file's identity, from `fstat`.
+pub(crate) fn identity(fd: &OwnedFd) -> Result<[u8; 22]> {
+    let st = fstat(fd).map_err(|e| os("fstat of a received memfd", e))?;
+    let mut key = [0u8; 22];
+    key[..6].copy_from_slice(b"memfd:");
+    key[6..14].copy_from_slice(&st.st_dev.to_le_bytes());
+    key[14..22].copy_from_slice(&st.st_ino.to_le_bytes());
+    Ok(key)
+}
+
+/// Map a received descriptor for a handle of `alloc_size` bytes, after checking it: a regular
+/// file, sealed against shrinking, at least `alloc_size` bytes. Maps the whole file.
+pub(crate) fn open_received(fd: &OwnedFd, alloc_size: u64, read_only: bool) -> Result<Box<dyn Mapping>> {
+    let st = fstat(fd).map_err(|e| os("fstat of a received memfd", e))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(Error::Untrusted("the descriptor received with a channel handle is not a regular file".into()));
+    }
+    let seals = fcntl_get_seals(fd).map_err(|_| {
+        Error::Untrusted("the descriptor received with a channel handle is not a memfd (it has no seals)".into())
+    })?;
+    if !seals.contains(SealFlags::SHRINK) {
+        return Err(Error::Untrusted(
+            "the memfd received with a channel handle is not sealed against shrinking (F_SEAL_SHRINK): \
+             its sender could shrink it under this process's reads"
+                .into(),
+        ));
+    }
+    let size = u64::try_from(st.st_size).unwrap_or(0);
+    if size < alloc_size {
+        return Err(Error::Mismatch(format!(
+            "the received memfd is {size} bytes but the handle's alloc_size is {alloc_size}"
+        )));
+    }
+    let len = usize::try_from(size)
+        .ok()
+        .filter(|&l| l <= isize::MAX as usize)
+        .ok_or_else(|| Error::bad_size("alloc_size", format!("{size} bytes cannot be mapped")))?;
+    let map = Map::new(fd, len, !read_only, "a received channel memfd")?;
+    Ok(Box::new(Received { map, size }))
+}

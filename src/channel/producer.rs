@@ -1,0 +1,712 @@
+//! The producer end of a channel: the listening socket, its peers, their leases, and pools.
+
+use super::wire::{self, In, Out, Received};
+use super::LeaseBook;
+use crate::error::{Error, Result};
+use crate::export::{Exporter, TensorDesc};
+use rustc_hash::{FxHashMap, FxHashSet};
+use rustix::event::epoll;
+use rustix::event::Timespec;
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Most peers one channel serves at once; more are refused.
+pub const MAX_PEERS: usize = 1024;
+
+/// What the library knows about one connected consumer.
+#[derive(Clone, Debug, Default)]
+pub struct PeerInfo {
+    pub id: u64,
+    /// The peer's process id, from `SO_PEERCRED` (as this process's pid namespace sees it).
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+    /// The pid the peer said it has (its bare tgid; what ACL exports are whitelisted for).
+    pub tgid: i32,
+    /// References leased to it and pools it attached, not yet returned.
+    pub leases: u64,
+    /// Messages from it that were refused (a slot it does not hold, a lease it was not given...).
+    pub protocol_errors: u64,
+}
+
+struct Peer {
+    info: PeerInfo,
+    fd: OwnedFd,
+    ready: bool,
+    leases: FxHashMap<u64, Arc<LeaseBook>>,
+    attached: FxHashMap<u32, Arc<LeaseBook>>,
+    /// Exports (by id) this peer's tgid was whitelisted on.
+    allowed: FxHashSet<u64>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum SlotState {
+    Free,
+    Acquired,
+    Sent(u64),
+}
+
+struct PoolState {
+    exporter: Arc<Exporter>,
+    slot_size: u64,
+    count: u32,
+    slots: Vec<SlotState>,
+    free: Vec<u32>,
+}
+
+struct Core {
+    listener: OwnedFd,
+    /// The socket file this channel created (path, device, inode), removed on close if it is
+    /// still the same file.
+    path: Option<(std::path::PathBuf, u64, u64)>,
+    uids: Vec<u32>,
+    pids: Vec<i32>,
+    peers: Vec<Peer>,
+    next_peer: u64,
+    next_lease: u64,
+    pools: FxHashMap<u32, PoolState>,
+    next_pool: u32,
+    buf: Vec<u8>,
+    fds: Vec<OwnedFd>,
+    closed: bool,
+}
+
+pub(crate) struct ChannelShared {
+    core: Mutex<Core>,
+    epoll: OwnedFd,
+    generation: u64,
+}
+
+/// The producer end of a channel. Dropping it closes it.
+pub struct Channel {
+    shared: Arc<ChannelShared>,
+}
+
+fn timespec(d: Duration) -> Timespec {
+    Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) }
+}
+
+impl Channel {
+    /// Listen on `address` (a path, or `@name` for an abstract socket).
+    pub fn listen(address: &str) -> Result<Channel> {
+        let addr = wire::address(address)?;
+        let listener = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )
+        .map_err(|e| wire::os("socket(AF_UNIX, SOCK_SEQPACKET)", e))?;
+        rustix::net::bind(&listener, &addr).map_err(|e| match e {
+            rustix::io::Errno::ADDRINUSE => Error::Busy(format!(
+                "channel address {address:?} is in use (a file exists there, or another channel listens on it); \
+                 devshare never removes a file it did not create"
+            )),
+            e => wire::os(&format!("bind to {address:?}"), e),
+        })?;
+        let mut path = None;
+        if !address.starts_with('@') {
+            // Only this user may connect through the file system (SO_PEERCRED is checked anyway);
+            // set before listen(), so no connection can come before it.
+            rustix::fs::chmod(address, rustix::fs::Mode::from_raw_mode(0o600))
+                .map_err(|e| wire::os(&format!("chmod of {address:?}"), e))?;
+            let st = rustix::fs::stat(address).map_err(|e| wire::os(&format!("stat of {address:?}"), e))?;
+            path = Some((std::path::PathBuf::from(address), st.st_dev, st.st_ino));
+        }
+        let cleanup = |path: &Option<(std::path::PathBuf, u64, u64)>| {
+            if let Some((p, ..)) = path {
+                let _ = std::fs::remove_file(p);
+            }
+        };
+        if let Err(e) = rustix::net::listen(&listener, 128) {
+            cleanup(&path);
+            return Err(wire::os("listen", e));
+        }
+        let ep = match epoll::create(epoll::CreateFlags::CLOEXEC) {
+            Ok(ep) => ep,
+            Err(e) => {
+                cleanup(&path);
+                return Err(wire::os("epoll_create", e));
+            }
+        };
+        if let Err(e) = epoll::add(&ep, &listener, epoll::EventData::new_u64(0), epoll::EventFlags::IN) {
+            cleanup(&path);
+            return Err(wire::os("epoll_ctl", e));
+        }
+        let core = Core {
+            listener,
+            path,
+            uids: vec![rustix::process::geteuid().as_raw()],
+            pids: Vec::new(),
+            peers: Vec::new(),
+            next_peer: 1,
+            next_lease: 1,
+            pools: FxHashMap::default(),
+            next_pool: 1,
+            buf: Vec::new(),
+            fds: Vec::new(),
+            closed: false,
+        };
+        Ok(Channel {
+            shared: Arc::new(ChannelShared { core: Mutex::new(core), epoll: ep, generation: crate::shm::generation() }),
+        })
+    }
+
+    /// The descriptor a caller's event loop polls: readable when [`Self::service`] has work.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.shared.epoll.as_fd()
+    }
+
+    /// Replace the uids that may connect (empty: keep the current set) and, when `pids` is not
+    /// empty, admit only those pids. Connected peers are not affected.
+    pub fn restrict(&self, uids: &[u32], pids: &[i32]) -> Result<()> {
+        if let Some(p) = pids.iter().find(|&&p| p <= 0) {
+            return Err(Error::InvalidArgument(format!("pid {p} is not a process id")));
+        }
+        let mut core = self.shared.lock()?;
+        if !uids.is_empty() {
+            core.uids = uids.to_vec();
+        }
+        if !pids.is_empty() {
+            core.pids = pids.to_vec();
+        }
+        Ok(())
+    }
+
+    /// Accept peers, take their messages, notice hang-ups; wait at most `timeout` for something
+    /// to happen (`None`: until something does).
+    pub fn service(&self, timeout: Option<Duration>) -> Result<()> {
+        self.shared.service(timeout)
+    }
+
+    /// Serve until `n` peers are connected (handshake done).
+    pub fn wait_peers(&self, n: usize, timeout: Option<Duration>) -> Result<()> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let ready = self.shared.lock()?.peers.iter().filter(|p| p.ready).count();
+            if ready >= n {
+                return Ok(());
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(Error::Timeout(format!("{ready} of {n} peers connected")));
+            }
+            self.shared.service(left)?;
+        }
+    }
+
+    /// Ids of the connected peers, oldest first.
+    pub fn peer_ids(&self) -> Result<Vec<u64>> {
+        Ok(self.shared.lock()?.peers.iter().filter(|p| p.ready).map(|p| p.info.id).collect())
+    }
+
+    /// What is known about a connected peer.
+    pub fn peer_info(&self, id: u64) -> Result<PeerInfo> {
+        let core = self.shared.lock()?;
+        let p = core.peer(id)?;
+        let mut info = p.info.clone();
+        info.leases = (p.leases.len() + p.attached.len()) as u64;
+        Ok(info)
+    }
+
+    /// Send `peer` one leased reference to a tensor in `exp`: counted in `exp`'s outstanding
+    /// references until the peer releases it or disconnects.
+    pub fn send(&self, peer: u64, exp: &Exporter, desc: &TensorDesc<'_>) -> Result<()> {
+        let h = exp.share_leased(desc)?;
+        let mut core = self.shared.lock()?;
+        core.allow(peer, exp)?;
+        let lease = core.next_lease;
+        core.next_lease += 1;
+        let mut msg = Out::new(wire::SHARE);
+        msg.u32(0).u64(lease);
+        let mut enc = Vec::new();
+        crate::handle::encode::encode_full_into(&h, exp.external_table(), &mut enc)?;
+        msg.bytes(&enc);
+        check_len(&msg)?;
+        let fds: Vec<BorrowedFd<'_>> = exp.channel_fd().into_iter().collect();
+        let p = core.peer_mut(peer)?;
+        wire::send(p.fd.as_fd(), &msg.0, &fds)?;
+        let book = exp.leases().clone();
+        book.add(&self.shared);
+        p.leases.insert(lease, book);
+        Ok(())
+    }
+
+    /// Close: every peer is disconnected (and sees `Closed`), their leases stop being counted,
+    /// the socket file (if any) is removed.
+    pub fn close(&self) {
+        self.shared.close();
+    }
+
+    /// Make a pool of `count` slots of `slot_size` bytes at the start of `exp`'s range.
+    pub fn pool(&self, exp: Arc<Exporter>, slot_size: u64, count: u32) -> Result<Pool> {
+        if slot_size == 0 {
+            return Err(Error::InvalidArgument("slot_size is 0".into()));
+        }
+        if count == 0 {
+            return Err(Error::InvalidArgument("count is 0: a pool needs at least one slot".into()));
+        }
+        let total = slot_size.checked_mul(u64::from(count)).filter(|&t| t <= exp.size()).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{count} slots of {slot_size} bytes do not fit the export's {} bytes",
+                exp.size()
+            ))
+        })?;
+        let _ = total;
+        let mut core = self.shared.lock()?;
+        let id = core.next_pool;
+        core.next_pool = core.next_pool.checked_add(1).ok_or_else(|| Error::Busy("pool ids are exhausted".into()))?;
+        core.pools.insert(
+            id,
+            PoolState {
+                exporter: exp,
+                slot_size,
+                count,
+                slots: vec![SlotState::Free; count as usize],
+                free: (0..count).rev().collect(),
+            },
+        );
+        Ok(Pool { shared: self.shared.clone(), id })
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        self.shared.close();
+    }
+}
+
+fn check_len(msg: &Out) -> Result<()> {
+    if msg.0.len() > wire::MAX_MESSAGE {
+        return Err(Error::Unsupported(format!(
+            "a handle encoding of {} bytes does not fit one channel message ({} bytes)",
+            msg.0.len(),
+            wire::MAX_MESSAGE
+        )));
+    }
+    Ok(())
+}
+
+impl Core {
+    fn peer(&self, id: u64) -> Result<&Peer> {
+        self.peers
+            .iter()
+            .find(|p| p.info.id == id && p.ready)
+            .ok_or_else(|| Error::NotFound(format!("peer {id} is not connected to this channel")))
+    }
+
+    fn peer_mut(&mut self, id: u64) -> Result<&mut Peer> {
+        self.peers
+            .iter_mut()
+            .find(|p| p.info.id == id && p.ready)
+            .ok_or_else(|| Error::NotFound(format!("peer {id} is not connected to this channel")))
+    }
+
+    /// Whitelist the peer's tgid on `exp` once (ACL; a no-op elsewhere).
+    fn allow(&mut self, peer: u64, exp: &Exporter) -> Result<()> {
+        let p = self.peer_mut(peer)?;
+        if !p.allowed.contains(&exp.id()) {
+            exp.allow_pid(p.info.tgid)?;
+            p.allowed.insert(exp.id());
+        }
+        Ok(())
+    }
+
+    fn accept_all(&mut self, epfd: BorrowedFd<'_>) {
+        loop {
+            let fd = match rustix::net::accept_with(&self.listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK) {
+                Ok(fd) => fd,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(_) => return, // EAGAIN, or a connection that died before we took it
+            };
+            let cred = match rustix::net::sockopt::socket_peercred(&fd) {
+                Ok(c) => c,
+                Err(_) => continue,
+            };
+            let pid = cred.pid.as_raw_nonzero().get();
+            let uid = cred.uid.as_raw();
+            let refuse = if !self.uids.contains(&uid) {
+                Some(format!("uid {uid} may not connect to this channel (allowed: {:?})", self.uids))
+            } else if !self.pids.is_empty() && !self.pids.contains(&pid) {
+                Some(format!("pid {pid} may not connect to this channel (allowed: {:?})", self.pids))
+            } else if self.peers.len() >= MAX_PEERS {
+                Some(format!("the channel already serves {MAX_PEERS} peers"))
+            } else {
+                None
+            };
+            if let Some(why) = refuse {
+                let mut m = Out::new(wire::REFUSED);
+                m.bytes(why.as_bytes());
+                let _ = wire::send(fd.as_fd(), &m.0, &[]);
+                continue;
+            }
+            let id = self.next_peer;
+            self.next_peer += 1;
+            if epoll::add(epfd, &fd, epoll::EventData::new_u64(id), epoll::EventFlags::IN).is_err() {
+                continue;
+            }
+            self.peers.push(Peer {
+                info: PeerInfo { id, pid, uid, gid: cred.gid.as_raw(), ..Default::default() },
+                fd,
+                ready: false,
+                leases: FxHashMap::default(),
+                attached: FxHashMap::default(),
+                allowed: FxHashSet::default(),
+            });
+        }
+    }
+
+    /// Take every queued message of peer `idx`; false when it is gone.
+    fn drain_peer(&mut self, idx: usize) -> bool {
+        let mut buf = std::mem::take(&mut self.buf);
+        let mut fds = std::mem::take(&mut self.fds);
+        let alive = loop {
+            match wire::recv(self.peers[idx].fd.as_fd(), &mut buf, &mut fds) {
+                Ok(Received::Empty) => break true,
+                Ok(Received::Closed) | Err(_) => break false,
+                Ok(Received::Message(n)) => {
+                    if !fds.is_empty() {
+                        // Consumers send no descriptors: close them, count the error.
+                        fds.clear();
+                        self.peers[idx].info.protocol_errors += 1;
+                        continue;
+                    }
+                    match self.message(idx, &buf[..n]) {
+                        Ok(true) => {}
+                        Ok(false) => break false,
+                        Err(_) => self.peers[idx].info.protocol_errors += 1,
+                    }
+                }
+            }
+        };
+        self.buf = buf;
+        self.fds = fds;
+        alive
+    }
+
+    /// Handle one message from peer `idx`; `Ok(false)`: drop the peer.
+    fn message(&mut self, idx: usize, b: &[u8]) -> Result<bool> {
+        let mut r = In::new(b);
+        let ty = r.u32()?;
+        let peer = &mut self.peers[idx];
+        if !peer.ready {
+            if ty != wire::HELLO {
+                return Ok(false);
+            }
+            let (magic, version) = (r.u32()?, r.u16()?);
+            let _ = r.u16()?;
+            let tgid = r.i32()?;
+            r.end()?;
+            let bad = if magic != wire::MAGIC {
+                Some("the handshake is not a devshare channel's".to_string())
+            } else if version != wire::VERSION {
+                Some(format!("channel protocol version {version} is not this producer's {}", wire::VERSION))
+            } else if tgid <= 0 {
+                Some(format!("tgid {tgid} is not a process id"))
+            } else {
+                None
+            };
+            if let Some(why) = bad {
+                let mut m = Out::new(wire::REFUSED);
+                m.bytes(why.as_bytes());
+                let _ = wire::send(peer.fd.as_fd(), &m.0, &[]);
+                return Ok(false);
+            }
+            peer.info.tgid = tgid;
+            let mut m = Out::new(wire::WELCOME);
+            m.u32(wire::MAGIC).u16(wire::VERSION).u16(0).u64(peer.info.id).i32(std::process::id() as i32).u32(0);
+            if wire::send(peer.fd.as_fd(), &m.0, &[]).is_err() {
+                return Ok(false);
+            }
+            peer.ready = true;
+            return Ok(true);
+        }
+        match ty {
+            wire::RELEASE => {
+                let _ = r.u32()?;
+                let lease = r.u64()?;
+                r.end()?;
+                let book = peer
+                    .leases
+                    .remove(&lease)
+                    .ok_or_else(|| Error::Untrusted(format!("lease {lease} is not held by this peer")))?;
+                book.sub(1);
+            }
+            wire::RETURN => {
+                let (pool, slot) = (r.u32()?, r.u32()?);
+                let _ = r.u32()?;
+                r.end()?;
+                let id = peer.info.id;
+                let Some(p) = self.pools.get_mut(&pool) else {
+                    return Ok(true); // a closed pool: nothing to give back to
+                };
+                match p.slots.get(slot as usize) {
+                    Some(SlotState::Sent(holder)) if *holder == id => {
+                        p.slots[slot as usize] = SlotState::Free;
+                        p.free.push(slot);
+                    }
+                    _ => return Err(Error::Untrusted(format!("slot {slot} of pool {pool} is not held by peer {id}"))),
+                }
+            }
+            wire::DETACH => {
+                let pool = r.u32()?;
+                r.end()?;
+                let book = peer
+                    .attached
+                    .remove(&pool)
+                    .ok_or_else(|| Error::Untrusted(format!("pool {pool} is not attached by this peer")))?;
+                book.sub(1);
+            }
+            _ => return Err(Error::Untrusted(format!("message type {ty} is not one a consumer sends"))),
+        }
+        Ok(true)
+    }
+
+    /// Forget peer `idx`: its leases and attachments stop counting, its slots come back.
+    fn drop_peer(&mut self, idx: usize, epfd: BorrowedFd<'_>) {
+        let peer = self.peers.remove(idx);
+        let _ = epoll::delete(epfd, &peer.fd);
+        for book in peer.leases.values().chain(peer.attached.values()) {
+            book.sub(1);
+        }
+        for p in self.pools.values_mut() {
+            for (i, s) in p.slots.iter_mut().enumerate() {
+                if *s == SlotState::Sent(peer.info.id) {
+                    *s = SlotState::Free;
+                    p.free.push(i as u32);
+                }
+            }
+        }
+    }
+}
+
+impl ChannelShared {
+    fn lock(&self) -> Result<MutexGuard<'_, Core>> {
+        if self.generation != crate::shm::generation() {
+            return Err(Error::Unsupported(
+                "this channel was inherited through fork: only the process that opened it may use it".into(),
+            ));
+        }
+        let core = self.core.lock().unwrap_or_else(|p| p.into_inner());
+        if core.closed {
+            return Err(Error::Closed("the channel is closed".into()));
+        }
+        Ok(core)
+    }
+
+    /// See [`Channel::service`].
+    pub(crate) fn service(&self, timeout: Option<Duration>) -> Result<()> {
+        drop(self.lock()?);
+        let mut events = [MaybeUninit::<epoll::Event>::uninit(); 32];
+        let ts = timeout.map(timespec);
+        let n = loop {
+            match epoll::wait(&self.epoll, &mut events, ts.as_ref()) {
+                Ok((ready, _)) => break ready.len(),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(wire::os("epoll_wait", e)),
+            }
+        };
+        let _ = n;
+        // Level-triggered: whatever is ready is still ready now; take all of it under the lock.
+        let mut core = self.lock()?;
+        core.accept_all(self.epoll.as_fd());
+        let mut i = 0;
+        while i < core.peers.len() {
+            if core.drain_peer(i) {
+                i += 1;
+            } else {
+                core.drop_peer(i, self.epoll.as_fd());
+            }
+        }
+        Ok(())
+    }
+
+    fn close(&self) {
+        if self.generation != crate::shm::generation() {
+            return; // a forked child's copy: the parent's peers and files are not ours
+        }
+        let mut core = self.core.lock().unwrap_or_else(|p| p.into_inner());
+        if core.closed {
+            return;
+        }
+        core.closed = true;
+        while !core.peers.is_empty() {
+            core.drop_peer(0, self.epoll.as_fd());
+        }
+        core.pools.clear();
+        if let Some((p, dev, ino)) = core.path.take() {
+            if rustix::fs::stat(&p).is_ok_and(|st| st.st_dev == dev && st.st_ino == ino) {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+}
+
+/// A pool of fixed-address slots on a channel.
+pub struct Pool {
+    shared: Arc<ChannelShared>,
+    id: u32,
+}
+
+impl Pool {
+    fn with<T>(&self, f: impl FnOnce(&mut Core, &mut PoolState) -> Result<T>) -> Result<T> {
+        let mut core = self.shared.lock()?;
+        let mut p = core.pools.remove(&self.id).ok_or_else(|| Error::Closed("the pool is closed".into()))?;
+        let r = f(&mut core, &mut p);
+        core.pools.insert(self.id, p);
+        r
+    }
+
+    /// A free slot and its address; serves the channel while every slot is out.
+    pub fn acquire(&self, timeout: Option<Duration>) -> Result<(u32, *mut u8)> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let got = self.with(|_, p| {
+                Ok(p.free.pop().map(|s| {
+                    p.slots[s as usize] = SlotState::Acquired;
+                    // SAFETY: s < count and count x slot_size fits the export (checked at creation).
+                    (s, unsafe { p.exporter.ptr().add((u64::from(s) * p.slot_size) as usize) })
+                }))
+            })?;
+            if let Some(g) = got {
+                return Ok(g);
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(Error::Timeout("every slot of the pool is still out".into()));
+            }
+            // Another thread may be the one serving the channel: look again at least every 5 ms.
+            let wait = left.map_or(Duration::from_millis(5), |l| l.min(Duration::from_millis(5)));
+            self.shared.service(Some(wait))?;
+        }
+    }
+
+    /// Give back an acquired slot without sending it.
+    pub fn release(&self, slot: u32) -> Result<()> {
+        self.with(|_, p| {
+            match p.slots.get(slot as usize) {
+                Some(SlotState::Acquired) => {}
+                Some(s) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "slot {slot} is {} : only an acquired slot can be released",
+                        describe(*s)
+                    )))
+                }
+                None => return Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", p.count))),
+            }
+            p.slots[slot as usize] = SlotState::Free;
+            p.free.push(slot);
+            Ok(())
+        })
+    }
+
+    /// Send an acquired slot to `peer`, describing the tensor in it (`desc.storage_offset` is
+    /// relative to the slot, `storage_size` `None` means the rest of the slot).
+    pub fn send(&self, slot: u32, peer: u64, desc: &TensorDesc<'_>) -> Result<()> {
+        let shared = self.shared.clone();
+        let id = self.id;
+        self.with(|core, p| {
+            match p.slots.get(slot as usize) {
+                Some(SlotState::Acquired) => {}
+                Some(s) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "slot {slot} is {}: only an acquired slot can be sent",
+                        describe(*s)
+                    )))
+                }
+                None => return Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", p.count))),
+            }
+            let rel_size = match desc.storage_size {
+                Some(s) => s,
+                None => p.slot_size.checked_sub(desc.storage_offset).ok_or_else(|| {
+                    Error::StorageOutOfBounds(format!(
+                        "storage_offset {} is beyond the {}-byte slot",
+                        desc.storage_offset, p.slot_size
+                    ))
+                })?,
+            };
+            if desc.storage_offset.checked_add(rel_size).map_or(true, |e| e > p.slot_size) {
+                return Err(Error::StorageOutOfBounds(format!(
+                    "storage_offset {} + storage_size {rel_size} exceeds the {}-byte slot",
+                    desc.storage_offset, p.slot_size
+                )));
+            }
+            let abs = TensorDesc {
+                storage_offset: u64::from(slot) * p.slot_size + desc.storage_offset,
+                storage_size: Some(rel_size),
+                ..desc.clone()
+            };
+            // Describes and validates the tensor, and synchronises the producing stream.
+            let h = p.exporter.share_leased(&abs)?;
+            core.peer(peer)?;
+            if !core.peer(peer)?.attached.contains_key(&id) {
+                core.allow(peer, &p.exporter)?;
+                let whole = p.slot_size * u64::from(p.count);
+                let shape = [whole as i64];
+                let base = p.exporter.share_leased(&TensorDesc {
+                    shape: &shape,
+                    storage_size: Some(whole),
+                    ..Default::default()
+                })?;
+                let mut m = Out::new(wire::ATTACH);
+                m.u32(id).u64(p.slot_size).u32(p.count).u32(0);
+                let mut enc = Vec::new();
+                crate::handle::encode::encode_full_into(&base, p.exporter.external_table(), &mut enc)?;
+                m.bytes(&enc);
+                check_len(&m)?;
+                let fds: Vec<BorrowedFd<'_>> = p.exporter.channel_fd().into_iter().collect();
+                wire::send(core.peer(peer)?.fd.as_fd(), &m.0, &fds)?;
+                let book = p.exporter.leases().clone();
+                book.add(&shared);
+                core.peer_mut(peer)?.attached.insert(id, book);
+            }
+            let mut m = Out::new(wire::ITEM);
+            m.u32(id).u32(slot).u32(h.ndim);
+            m.bytes(&[h.dtype.code, h.dtype.bits]).u16(h.dtype.lanes).u32(0);
+            m.u64(desc.storage_offset).u64(rel_size).i64(h.tensor_offset);
+            for d in 0..h.ndim as usize {
+                m.i64(h.shape[d]);
+            }
+            for d in 0..h.ndim as usize {
+                m.i64(h.strides[d]);
+            }
+            wire::send(core.peer(peer)?.fd.as_fd(), &m.0, &[])?;
+            p.slots[slot as usize] = SlotState::Sent(peer);
+            Ok(())
+        })
+    }
+
+    /// Slot size, slot count and free slots.
+    pub fn info(&self) -> Result<(u64, u32, u32)> {
+        self.with(|_, p| Ok((p.slot_size, p.count, p.free.len() as u32)))
+    }
+
+    /// Close the pool: attached consumers are told, and detach once their items are released
+    /// (until then the export counts them as outstanding).
+    pub fn close(self) {}
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let Ok(mut core) = self.shared.lock() else { return };
+        if core.pools.remove(&self.id).is_none() {
+            return;
+        }
+        let mut m = Out::new(wire::POOL_CLOSED);
+        m.u32(self.id);
+        for peer in core.peers.iter().filter(|p| p.attached.contains_key(&self.id)) {
+            let _ = wire::send(peer.fd.as_fd(), &m.0, &[]);
+        }
+    }
+}
+
+fn describe(s: SlotState) -> String {
+    match s {
+        SlotState::Free => "free".into(),
+        SlotState::Acquired => "acquired".into(),
+        SlotState::Sent(p) => format!("out with peer {p}"),
+    }
+}
