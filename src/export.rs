@@ -126,9 +126,17 @@ impl Exporter {
         &self.leases
     }
 
-    /// The descriptor that travels next to this export's handles over a channel (host memfd).
-    pub(crate) fn channel_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        self.alloc.channel_fd()
+    /// The descriptors a channel passes next to this export's handles: the memfd, or a CUDA
+    /// segmented export's fds (each once, in table order) when they fit one message.
+    pub(crate) fn channel_fds(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        if let Some(fd) = self.alloc.channel_fd() {
+            return vec![fd];
+        }
+        let fds = self.alloc.segment_fds();
+        if fds.len() > crate::channel::wire::MAX_FDS {
+            return Vec::new(); // too many for one message: consumers take them with pidfd_getfd
+        }
+        fds
     }
 
     /// Export existing memory on a backend.

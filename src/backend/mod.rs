@@ -127,6 +127,12 @@ pub trait Exported: Send + Sync {
     fn channel_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         None
     }
+    /// For a segmented export whose table lists this process's fds (CUDA POSIX fds): each
+    /// distinct fd once, in the order of its first record. A channel passes them with
+    /// `SCM_RIGHTS`, so its consumers need no `pidfd_getfd`.
+    fn segment_fds(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        Vec::new()
+    }
     /// Add one in-flight reference for a handle about to be sent (host: header count + 1).
     fn add_inflight(&self) -> Result<()> {
         Err(Error::Unsupported("in-flight references exist only for host memory".into()))

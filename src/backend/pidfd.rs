@@ -128,6 +128,7 @@ impl Process {
 
     /// A duplicate of the process's file descriptor `fd` (close it when done).
     pub fn take_fd(&self, fd: i32) -> Result<OwnedFd> {
+        TAKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         pidfd_getfd(&self.pidfd, fd, PidfdGetfdFlags::empty()).map_err(|e| {
             let why = match e {
                 Errno::PERM => eperm_cause(self.pid),
@@ -144,6 +145,14 @@ impl Process {
             Error::Os { call: format!("pidfd_getfd(pid {}, fd {fd})", self.pid), errno: e.raw_os_error(), message: why }
         })
     }
+}
+
+static TAKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many fds this process tried to take from others with `pidfd_getfd` (imports of segments
+/// passed over a channel take none).
+pub fn fds_taken() -> u64 {
+    TAKEN.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// `prctl(PR_SET_PTRACER, pid)`: `-1` any process, `0` none.

@@ -141,7 +141,11 @@ impl Connection {
         }
         let mut hello = Out::new(wire::HELLO);
         hello.u32(wire::MAGIC).u16(wire::VERSION).u16(0).i32(std::process::id() as i32);
-        wire::send(fd.as_fd(), &hello.0, &[])?;
+        match wire::send(fd.as_fd(), &hello.0, &[]) {
+            // A producer that refused us at once has closed already: its reason is queued.
+            Ok(()) | Err(Error::Closed(_)) => {}
+            Err(e) => return Err(e),
+        }
         let mut buf = Vec::new();
         let mut fds = Vec::new();
         loop {
@@ -266,10 +270,11 @@ impl Connection {
             wire::SHARE => {
                 let _ = r.u32()?;
                 let lease = r.u64()?;
-                let d = decode_full(r.rest())?;
-                // The token exists from here on: a refused share is released at once.
+                // The token exists from here on: a refused share (a handle form this library
+                // does not understand included) is given back at once.
                 let token: Arc<dyn std::any::Any + Send + Sync> =
                     Arc::new(LeaseToken { conn: self.shared.clone(), lease });
+                let d = decode_full(r.rest())?;
                 let imp = open(&d.handle, d.table.as_deref(), fds, Some(token))?;
                 Ok(Some(imp))
             }
@@ -388,7 +393,30 @@ fn open(
         return import_attached(h, req, Some(Attached { key: &key, open: &mut opener }), lease);
     }
     if !fds.is_empty() {
-        return Err(Error::Untrusted("a handle that names its memory came with descriptors".into()));
+        // A CUDA segmented export's fds, each once in the order of its first record.
+        let seg = crate::handle::segments::SegmentTable::of(h, table)?
+            .filter(|t| t.seg.kind == crate::handle::segments::DEVSHARE_SEGMENTS_CUDA_FD)
+            .ok_or_else(|| Error::Untrusted("a handle that names its memory came with descriptors".into()))?;
+        let mut numbers: Vec<i32> = Vec::new();
+        for n in seg.fds() {
+            if !numbers.contains(&n) {
+                numbers.push(n);
+            }
+        }
+        if numbers.len() != fds.len() {
+            return Err(Error::Untrusted(format!(
+                "a segmented handle listing {} distinct fds came with {} descriptors",
+                numbers.len(),
+                fds.len()
+            )));
+        }
+        let pid = seg.producer_pid;
+        let passed = numbers.into_iter().map(|n| (pid, n)).zip(fds).collect();
+        let mut imp = super::with_passed_fds(passed, || crate::import::import_full(h, table, req))?;
+        if let Some(l) = lease {
+            imp.set_lease(l);
+        }
+        return Ok(imp);
     }
     if table.is_some() {
         let mut imp = crate::import::import_full(h, table, req)?;

@@ -38,6 +38,8 @@ pub use consumer::Connection;
 pub use producer::{Channel, PeerInfo, Pool};
 
 use producer::ChannelShared;
+use std::cell::RefCell;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -82,4 +84,33 @@ impl LeaseBook {
         }
         served
     }
+}
+
+thread_local! {
+    /// Segment fds that arrived over a channel next to the handle being imported on this thread:
+    /// (producer pid, the producer's fd number) -> our descriptor.
+    static PASSED_FDS: RefCell<Vec<((i32, i32), OwnedFd)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The descriptor passed over a channel for the producer's fd `fd`, if the import under way on
+/// this thread received one (the backend imports it instead of taking it with `pidfd_getfd`).
+pub(crate) fn passed_fd(pid: i32, fd: i32) -> Option<OwnedFd> {
+    PASSED_FDS.with(|p| {
+        let mut p = p.borrow_mut();
+        let i = p.iter().position(|(k, _)| *k == (pid, fd))?;
+        Some(p.swap_remove(i).1)
+    })
+}
+
+/// Run `f` with `fds` available to [`passed_fd`]; whatever it did not take is closed after.
+pub(crate) fn with_passed_fds<T>(fds: Vec<((i32, i32), OwnedFd)>, f: impl FnOnce() -> T) -> T {
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            PASSED_FDS.with(|p| p.borrow_mut().clear());
+        }
+    }
+    PASSED_FDS.with(|p| *p.borrow_mut() = fds);
+    let _clear = Clear;
+    f()
 }

@@ -226,7 +226,7 @@ impl Channel {
         crate::handle::encode::encode_full_into(&h, exp.external_table(), &mut enc)?;
         msg.bytes(&enc);
         check_len(&msg)?;
-        let fds: Vec<BorrowedFd<'_>> = exp.channel_fd().into_iter().collect();
+        let fds = exp.channel_fds();
         let p = core.peer_mut(peer)?;
         wire::send(p.fd.as_fd(), &msg.0, &fds)?;
         let book = exp.leases().clone();
@@ -657,7 +657,7 @@ impl Pool {
                 crate::handle::encode::encode_full_into(&base, p.exporter.external_table(), &mut enc)?;
                 m.bytes(&enc);
                 check_len(&m)?;
-                let fds: Vec<BorrowedFd<'_>> = p.exporter.channel_fd().into_iter().collect();
+                let fds = p.exporter.channel_fds();
                 wire::send(core.peer(peer)?.fd.as_fd(), &m.0, &fds)?;
                 let book = p.exporter.leases().clone();
                 book.add(&shared);

@@ -25,8 +25,8 @@ pub(crate) const VERSION: u16 = 1;
 /// Largest message either side sends or accepts (an encoded handle with a long segment table
 /// fits; the default socket buffers hold it).
 pub(crate) const MAX_MESSAGE: usize = 128 * 1024;
-/// Most descriptors one message carries.
-pub(crate) const MAX_FDS: usize = 16;
+/// Most descriptors one message carries (the kernel's `SCM_MAX_FD`).
+pub(crate) const MAX_FDS: usize = 253;
 /// How long a send waits for room in the peer's socket buffer before it gives up.
 pub(crate) const SEND_PATIENCE: Duration = Duration::from_secs(10);
 
@@ -210,6 +210,7 @@ pub(crate) fn recv(sock: BorrowedFd<'_>, buf: &mut Vec<u8>, fds: &mut Vec<OwnedF
     fds.clear();
     buf.resize(MAX_MESSAGE, 0);
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut reset = false;
     loop {
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let mut iov = [IoSliceMut::new(buf)];
@@ -218,6 +219,12 @@ pub(crate) fn recv(sock: BorrowedFd<'_>, buf: &mut Vec<u8>, fds: &mut Vec<OwnedF
             Ok(m) => m,
             Err(Errno::INTR) => continue,
             Err(Errno::AGAIN) => return Ok(Received::Empty),
+            // A peer that closed with our messages unread reports ECONNRESET once, before the
+            // messages it queued for us: read those (its last words, e.g. why it refused us).
+            Err(Errno::CONNRESET) if !reset => {
+                reset = true;
+                continue;
+            }
             Err(Errno::CONNRESET | Errno::NOTCONN) => return Ok(Received::Closed),
             Err(e) => return Err(os("recvmsg on a channel", e)),
         };

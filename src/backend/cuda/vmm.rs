@@ -115,6 +115,16 @@ impl Exported for CudaSegmentsExport {
     fn prepare_share(&self, stream: *mut c_void, event: bool) -> Result<Option<Box<dyn IpcEvent>>> {
         runtime::prepare_share(api()?, self.device, Stream(stream), event)
     }
+    fn segment_fds(&self) -> Vec<std::os::fd::BorrowedFd<'_>> {
+        let mut seen = std::collections::HashSet::new();
+        self.pages
+            .iter()
+            .filter_map(|p| match &p.shareable {
+                Shareable::Fd(fd) if seen.insert(fd.as_raw_fd()) => Some(fd.as_fd()),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// The device's VMM granularity, and an error naming it when `segment_size` is no multiple.
@@ -238,6 +248,10 @@ fn import_pages(api: &CudaApi, device: c_int, t: &SegmentTable<'_>) -> Result<Ve
             let mut producer: Option<crate::backend::pidfd::Process> = None;
             for fd in t.fds() {
                 pages.push(imported_page(PageKey::Fd { pid, fd }, device, || {
+                    // Passed over a channel next to the handle: no pidfd_getfd needed.
+                    if let Some(passed) = crate::channel::passed_fd(pid, fd) {
+                        return api.mem_import_fd(passed.as_fd());
+                    }
                     let process = match &mut producer {
                         Some(p) => p,
                         none => none.insert(crate::backend::pidfd::Process::open(pid)?),

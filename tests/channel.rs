@@ -1,0 +1,606 @@
+//! Channels, leases and pools, in one process (threads on both ends) and against hand-made
+//! peers that speak the wire protocol wrongly on purpose: a hostile producer must never make a
+//! consumer map memory it should not, or outside what was exported; a hostile consumer must
+//! never corrupt the producer's slots or leases. (Cross-process and crash cases are in
+//! tests/c/test_channel.c and tests/c/channel_crash.c.)
+
+use devshare::channel::{Channel, Connection};
+use devshare::export::{Exporter, TensorDesc};
+use devshare::handle::DEVSHARE_HANDLE_FLAG_CHANNEL;
+use devshare::{Error, Status};
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use std::io::IoSlice;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const T: Option<Duration> = Some(Duration::from_secs(10));
+
+fn address(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("@devshare-test-{}-{tag}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+fn status<T>(r: Result<T, Error>) -> Status {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.status(),
+    }
+}
+
+/// A producer serving in the background of the test (the library itself runs no threads).
+fn serve(ch: Arc<Channel>, stop: Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            let _ = ch.service(Some(Duration::from_millis(5)));
+        }
+    })
+}
+
+#[test]
+fn pool_slots_keep_one_address_per_slot_and_carry_the_data() {
+    let addr = address("pool");
+    let ch = Channel::listen(&addr).unwrap();
+    let consumer = std::thread::spawn({
+        let addr = addr.clone();
+        move || {
+            let c = Connection::connect(&addr, T).unwrap();
+            let mut seen: Vec<usize> = vec![0; 4];
+            for i in 0..2000u32 {
+                let imp = c.recv(T).unwrap();
+                let (_, slot) = imp.pool_slot().expect("a pool item");
+                let v = imp.view();
+                let a = v.data as usize;
+                if seen[slot as usize] == 0 {
+                    seen[slot as usize] = a;
+                }
+                assert_eq!(seen[slot as usize], a, "slot {slot} moved at item {i}");
+                // SAFETY: the item is 4096 bytes of u32 (checked by the producer's send).
+                let first = unsafe { *(v.data as *const u32) };
+                assert_eq!(first, i);
+                assert_eq!(imp.handle().shape[0], 1024);
+                imp.release();
+            }
+            seen
+        }
+    });
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Arc::new(Exporter::channel_host_alloc(4 * 4096).unwrap());
+    let pool = ch.pool(exp.clone(), 4096, 4).unwrap();
+    let dtype = devshare::dtype::DevshareDType::new(devshare::dtype::code::UINT, 32, 1);
+    for i in 0..2000u32 {
+        let (slot, p) = pool.acquire(T).unwrap();
+        // SAFETY: the slot is 4096 writable bytes.
+        unsafe { *(p as *mut u32) = i };
+        pool.send(slot, peer, &TensorDesc { dtype, shape: &[1024], ..Default::default() }).unwrap();
+    }
+    let seen = consumer.join().unwrap();
+    assert!(seen.iter().all(|&a| a != 0), "every slot was used");
+    // The consumer's thread ended but its connection object dropped with it: everything is back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pool.info().unwrap().2 != 4 && Instant::now() < deadline {
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+    }
+    assert_eq!(pool.info().unwrap(), (4096, 4, 4));
+    exp.wait(T).unwrap();
+}
+
+#[test]
+fn a_leased_send_counts_until_the_import_is_released_and_wait_serves_the_channel() {
+    let addr = address("lease");
+    let ch = Channel::listen(&addr).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let consumer = std::thread::spawn({
+        let addr = addr.clone();
+        move || {
+            let c = Connection::connect(&addr, T).unwrap();
+            let imp = c.recv(T).unwrap();
+            assert_ne!(imp.handle().flags & DEVSHARE_HANDLE_FLAG_CHANNEL, 0);
+            assert!(imp.pool_slot().is_none());
+            // SAFETY: 64 readable bytes.
+            assert_eq!(unsafe { *imp.view().data }, 7);
+            rx.recv().unwrap(); // held until the producer counted it
+            imp.release();
+            c
+        }
+    });
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Exporter::channel_host_alloc(64).unwrap();
+    // SAFETY: 64 writable bytes.
+    unsafe { *exp.ptr() = 7 };
+    ch.send(peer, &exp, &TensorDesc { shape: &[64], ..Default::default() }).unwrap();
+    assert_eq!(exp.outstanding().unwrap(), 1);
+    assert_eq!(ch.peer_info(peer).unwrap().leases, 1);
+    assert_eq!(status(exp.wait(Some(Duration::from_millis(50)))), Status::Timeout);
+    tx.send(()).unwrap();
+    exp.wait(T).unwrap(); // nobody else serves the channel: wait does
+    assert_eq!(exp.outstanding().unwrap(), 0);
+    drop(consumer.join().unwrap());
+}
+
+#[test]
+fn a_closed_connection_gives_its_leases_and_slots_back_at_once() {
+    let addr = address("hangup");
+    let ch = Channel::listen(&addr).unwrap();
+    let c = std::thread::spawn({
+        let addr = addr.clone();
+        move || Connection::connect(&addr, T).unwrap()
+    });
+    ch.wait_peers(1, T).unwrap();
+    let c = c.join().unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Arc::new(Exporter::channel_host_alloc(8192).unwrap());
+    ch.send(peer, &exp, &TensorDesc { shape: &[16], ..Default::default() }).unwrap();
+    let pool = ch.pool(exp.clone(), 4096, 2).unwrap();
+    for _ in 0..2 {
+        let (s, _) = pool.acquire(T).unwrap();
+        pool.send(s, peer, &TensorDesc { shape: &[4096], ..Default::default() }).unwrap();
+    }
+    let held: Vec<_> = (0..3).map(|_| c.recv(T).unwrap()).collect();
+    assert_eq!(exp.outstanding().unwrap(), 2, "one lease and one pool attachment");
+    assert_eq!(status(pool.acquire(Some(Duration::from_millis(20)))), Status::Timeout, "backpressure");
+    let t0 = Instant::now();
+    drop(c); // closes the connection while the imports are still held
+    exp.wait(T).unwrap();
+    let (s, _) = pool.acquire(T).unwrap();
+    eprintln!("leases and slots back {:?} after the close", t0.elapsed());
+    pool.release(s).unwrap();
+    assert_eq!(pool.info().unwrap().2, 2);
+    // The consumer's mappings stay valid; releasing sends nothing.
+    for imp in held {
+        // SAFETY: mapped until released.
+        let _ = unsafe { std::ptr::read_volatile(imp.view().data) };
+        imp.release();
+    }
+}
+
+#[test]
+fn when_the_producer_closes_consumers_get_closed_and_keep_their_imports() {
+    let addr = address("producer-gone");
+    let ch = Channel::listen(&addr).unwrap();
+    let c = std::thread::spawn({
+        let addr = addr.clone();
+        move || Connection::connect(&addr, T).unwrap()
+    });
+    ch.wait_peers(1, T).unwrap();
+    let c = c.join().unwrap();
+    let exp = Exporter::channel_host_alloc(4096).unwrap();
+    // SAFETY: 4096 writable bytes.
+    unsafe { std::ptr::write_bytes(exp.ptr(), 0x5a, 4096) };
+    ch.send(ch.peer_ids().unwrap()[0], &exp, &TensorDesc { shape: &[4096], ..Default::default() }).unwrap();
+    let imp = c.recv(T).unwrap();
+    ch.close();
+    drop(exp);
+    assert_eq!(status(c.recv(T)), Status::Closed);
+    assert_eq!(status(c.recv(Some(Duration::ZERO))), Status::Closed, "and stays closed");
+    // SAFETY: the import maps 4096 bytes until released.
+    let bytes = unsafe { std::slice::from_raw_parts(imp.view().data, 4096) };
+    assert!(bytes.iter().all(|&b| b == 0x5a));
+    imp.release();
+}
+
+#[test]
+fn channel_memory_is_a_sealed_memfd_with_no_name_that_nobody_can_shrink() {
+    let before = shm_names();
+    let exp = Exporter::channel_host_alloc(1 << 20).unwrap();
+    assert_eq!(shm_names(), before, "nothing appears in /dev/shm");
+    let fd = memfd_of(exp.ptr()).expect("the export's memfd is open in this process");
+    assert_eq!(rustix::fs::ftruncate(&fd, 0), Err(rustix::io::Errno::PERM), "F_SEAL_SHRINK");
+    assert_eq!(rustix::fs::ftruncate(&fd, 2 << 20), Err(rustix::io::Errno::PERM), "F_SEAL_GROW");
+    let seals = rustix::fs::fcntl_get_seals(&fd).unwrap();
+    assert!(seals.contains(rustix::fs::SealFlags::SHRINK | rustix::fs::SealFlags::SEAL));
+    // Its handles cannot be made or imported outside a channel.
+    assert_eq!(status(exp.share_bytes()), Status::Unsupported);
+    let mut h = devshare::handle::DevshareHandle {
+        backend: devshare::handle::DEVSHARE_BACKEND_HOST,
+        flags: DEVSHARE_HANDLE_FLAG_CHANNEL,
+        alloc_size: 4096,
+        storage_size: 4096,
+        ndim: 1,
+        dtype: devshare::dtype::DevshareDType::new(devshare::dtype::code::UINT, 8, 1),
+        ..Default::default()
+    };
+    h.shape[0] = 4096;
+    h.strides[0] = 1;
+    assert_eq!(status(devshare::import::import(&h, Default::default())), Status::Unsupported);
+}
+
+fn shm_names() -> Vec<String> {
+    let me = format!("_{}_", std::process::id());
+    let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.retain(|n| n.contains(&me));
+    v.sort();
+    v
+}
+
+/// The memfd in /proc/self/fd whose mapping contains `p` (found through /proc/self/maps' inode).
+fn memfd_of(p: *mut u8) -> Option<OwnedFd> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let ino = maps.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let range = f.next()?;
+        let (a, b) = range.split_once('-')?;
+        let (a, b) = (usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?);
+        ((a..b).contains(&(p as usize))).then(|| f.nth(3).and_then(|i| i.parse::<u64>().ok()))?
+    })?;
+    for e in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
+        let path = e.path();
+        if let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).open(&path) {
+            if rustix::fs::fstat(&f).is_ok_and(|st| st.st_ino == ino)
+                && std::fs::read_link(&path).is_ok_and(|l| l.to_string_lossy().starts_with("/memfd:"))
+            {
+                return Some(f.into());
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn uids_and_pids_not_admitted_are_refused_with_the_reason() {
+    let addr = address("restrict");
+    let ch = Arc::new(Channel::listen(&addr).unwrap());
+    ch.restrict(&[], &[1]).unwrap(); // only pid 1
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let server = serve(ch.clone(), stop.clone());
+    let Err(err) = Connection::connect(&addr, T) else { panic!("admitted") };
+    assert_eq!(err.status(), Status::Untrusted, "{err}");
+    assert!(err.to_string().contains("may not connect"), "{err}");
+    ch.restrict(&[rustix::process::geteuid().as_raw() + 1], &[std::process::id() as i32]).unwrap();
+    let Err(err) = Connection::connect(&addr, T) else { panic!("admitted") };
+    assert!(err.to_string().contains("uid"), "{err}");
+    ch.restrict(&[rustix::process::geteuid().as_raw()], &[std::process::id() as i32]).unwrap();
+    Connection::connect(&addr, T).unwrap();
+    assert_eq!(status(ch.restrict(&[], &[0])), Status::InvalidArgument);
+    stop.store(true, Ordering::Relaxed);
+    server.join().unwrap();
+}
+
+#[test]
+fn a_path_channel_creates_a_private_socket_file_and_removes_only_its_own() {
+    let dir = std::env::temp_dir().join(format!("devshare-channel-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("sock");
+    let p = path.to_str().unwrap();
+    let ch = Channel::listen(p).unwrap();
+    let st = rustix::fs::stat(&path).unwrap();
+    assert_eq!(st.st_mode & 0o777, 0o600);
+    assert_eq!(status(Channel::listen(p)), Status::Busy, "never replaces an existing file");
+    ch.close();
+    assert!(!path.exists(), "its own socket file is removed");
+    std::fs::write(&path, b"not ours").unwrap();
+    assert_eq!(status(Channel::listen(p)), Status::Busy);
+    assert_eq!(std::fs::read(&path).unwrap(), b"not ours", "someone else's file stays");
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(status(Channel::listen("")), Status::InvalidArgument);
+    assert_eq!(status(Channel::listen(&"x".repeat(200))), Status::InvalidArgument);
+    assert_eq!(status(Connection::connect(&address("nobody"), T)), Status::NotFound);
+}
+
+#[test]
+fn several_consumers_on_threads_share_one_pool() {
+    const CONSUMERS: usize = 4;
+    const ITEMS: usize = 500;
+    let addr = address("threads");
+    let ch = Channel::listen(&addr).unwrap();
+    let consumers: Vec<_> = (0..CONSUMERS)
+        .map(|_| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let c = Connection::connect(&addr, T).unwrap();
+                let mut sum = 0u64;
+                for _ in 0..ITEMS {
+                    let imp = c.recv(T).unwrap();
+                    // SAFETY: each item is at least 8 readable bytes.
+                    sum += unsafe { *(imp.view().data as *const u64) };
+                    // Release on another thread sometimes: imports are released on any thread.
+                    if sum % 3 == 0 {
+                        std::thread::spawn(move || imp.release()).join().unwrap();
+                    } else {
+                        imp.release();
+                    }
+                }
+                sum
+            })
+        })
+        .collect();
+    ch.wait_peers(CONSUMERS, T).unwrap();
+    let peers = ch.peer_ids().unwrap();
+    let exp = Arc::new(Exporter::channel_host_alloc(8 * 256).unwrap());
+    let pool = Arc::new(ch.pool(exp.clone(), 256, 8).unwrap());
+    // Two producer threads send to alternate peers.
+    let producers: Vec<_> = (0..2)
+        .map(|t| {
+            let (pool, peers) = (pool.clone(), peers.clone());
+            std::thread::spawn(move || {
+                for i in 0..(CONSUMERS * ITEMS / 2) {
+                    let (s, p) = pool.acquire(T).unwrap();
+                    // SAFETY: 256 writable bytes.
+                    unsafe { *(p as *mut u64) = 1 };
+                    let peer = peers[(i * 2 + t) % CONSUMERS];
+                    pool.send(s, peer, &TensorDesc { shape: &[256], ..Default::default() }).unwrap();
+                }
+            })
+        })
+        .collect();
+    for p in producers {
+        p.join().unwrap();
+    }
+    let total: u64 = consumers.into_iter().map(|c| c.join().unwrap()).sum();
+    assert_eq!(total, (CONSUMERS * ITEMS) as u64);
+    exp.wait(T).unwrap();
+}
+
+// --- Hand-made peers -------------------------------------------------------------------------
+
+const MAGIC: u32 = u32::from_le_bytes(*b"DSCH");
+
+fn seqpacket() -> OwnedFd {
+    rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap()
+}
+
+fn send_raw(fd: BorrowedFd<'_>, msg: &[u8], fds: &[BorrowedFd<'_>]) {
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() {
+        assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(fds)));
+    }
+    rustix::net::sendmsg(fd, &[IoSlice::new(msg)], &mut control, rustix::net::SendFlags::NOSIGNAL).unwrap();
+}
+
+fn recv_raw(fd: BorrowedFd<'_>) -> Vec<u8> {
+    let mut buf = vec![0u8; 1 << 17];
+    let n = rustix::io::read(fd, &mut buf).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+fn le(parts: &[&[u8]]) -> Vec<u8> {
+    parts.concat()
+}
+
+/// A fake producer: accepts one consumer, answers its handshake, then sends what the test says.
+struct FakeProducer {
+    conn: OwnedFd,
+}
+
+fn fake_producer(tag: &str) -> (String, OwnedFd) {
+    let addr = address(tag);
+    let l = seqpacket();
+    let name = addr.strip_prefix('@').unwrap();
+    rustix::net::bind(&l, &rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap()).unwrap();
+    rustix::net::listen(&l, 4).unwrap();
+    (addr, l)
+}
+
+impl FakeProducer {
+    fn accept(l: &OwnedFd) -> FakeProducer {
+        let conn = rustix::net::accept(l).unwrap();
+        let hello = recv_raw(conn.as_fd());
+        assert_eq!(&hello[..8], &le(&[&1u32.to_le_bytes(), &MAGIC.to_le_bytes()])[..]);
+        let welcome = le(&[
+            &2u32.to_le_bytes(),
+            &MAGIC.to_le_bytes(),
+            &1u16.to_le_bytes(),
+            &0u16.to_le_bytes(),
+            &9u64.to_le_bytes(),
+            &(std::process::id() as i32).to_le_bytes(),
+            &0u32.to_le_bytes(),
+        ]);
+        send_raw(conn.as_fd(), &welcome, &[]);
+        FakeProducer { conn }
+    }
+
+    fn send(&self, msg: &[u8], fds: &[BorrowedFd<'_>]) {
+        send_raw(self.conn.as_fd(), msg, fds);
+    }
+}
+
+/// The byte encoding of a channel (memfd) handle of `alloc` bytes, viewed as `view` bytes at 0.
+fn memfd_handle(alloc: u64, view: u64) -> Vec<u8> {
+    let mut h = devshare::handle::DevshareHandle {
+        backend: devshare::handle::DEVSHARE_BACKEND_HOST,
+        flags: DEVSHARE_HANDLE_FLAG_CHANNEL,
+        alloc_size: alloc,
+        storage_size: view,
+        ndim: 1,
+        dtype: devshare::dtype::DevshareDType::new(devshare::dtype::code::UINT, 8, 1),
+        ..Default::default()
+    };
+    h.shape[0] = view as i64;
+    h.strides[0] = 1;
+    devshare::handle::encode::encode(&h).unwrap()
+}
+
+fn share_msg(lease: u64, enc: &[u8]) -> Vec<u8> {
+    le(&[&4u32.to_le_bytes(), &0u32.to_le_bytes(), &lease.to_le_bytes(), enc])
+}
+
+fn attach_msg(pool: u32, slot_size: u64, count: u32, enc: &[u8]) -> Vec<u8> {
+    le(&[&6u32.to_le_bytes(), &pool.to_le_bytes(), &slot_size.to_le_bytes(), &count.to_le_bytes(), &[0; 4], enc])
+}
+
+fn item_msg(pool: u32, slot: u32, offset: u64, size: u64) -> Vec<u8> {
+    le(&[
+        &7u32.to_le_bytes(),
+        &pool.to_le_bytes(),
+        &slot.to_le_bytes(),
+        &1u32.to_le_bytes(),
+        &[1, 8, 1, 0],
+        &[0; 4],
+        &offset.to_le_bytes(),
+        &size.to_le_bytes(),
+        &0i64.to_le_bytes(),
+        &(size as i64).to_le_bytes(),
+        &1i64.to_le_bytes(),
+    ])
+}
+
+fn sealed_memfd(size: u64) -> OwnedFd {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create("fake", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+    rustix::fs::ftruncate(&fd, size).unwrap();
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW).unwrap();
+    fd
+}
+
+#[test]
+fn a_hostile_producer_cannot_make_a_consumer_map_what_it_should_not() {
+    let (addr, l) = fake_producer("hostile-producer");
+    let server = std::thread::spawn(move || FakeProducer::accept(&l));
+    let c = Connection::connect(&addr, T).unwrap();
+    let p = server.join().unwrap();
+    let expect = |want: Status, what: &str| {
+        let Err(err) = c.recv(T) else { panic!("{what}: accepted") };
+        assert_eq!(err.status(), want, "{what}: {err}");
+    };
+
+    // A memfd that can shrink under the reader.
+    let unsealed = rustix::fs::memfd_create("u", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&unsealed, 4096).unwrap();
+    p.send(&share_msg(1, &memfd_handle(4096, 4096)), &[unsealed.as_fd()]);
+    expect(Status::Untrusted, "an unsealed memfd");
+    // A regular file of the producer's choosing.
+    let file = std::fs::File::open("/proc/self/exe").unwrap();
+    p.send(&share_msg(2, &memfd_handle(4096, 4096)), &[file.as_fd()]);
+    expect(Status::Untrusted, "a regular file instead of a memfd");
+    // A memfd smaller than the handle says.
+    let small = sealed_memfd(4096);
+    p.send(&share_msg(3, &memfd_handle(8192, 8192)), &[small.as_fd()]);
+    expect(Status::Mismatch, "a memfd smaller than alloc_size");
+    // No descriptor at all, or two.
+    p.send(&share_msg(4, &memfd_handle(4096, 4096)), &[]);
+    expect(Status::Untrusted, "a memfd handle without its descriptor");
+    p.send(&share_msg(5, &memfd_handle(4096, 4096)), &[small.as_fd(), small.as_fd()]);
+    expect(Status::Untrusted, "two descriptors");
+    // A handle encoding that does not decode (a view beyond its allocation cannot even be
+    // encoded; decoding validates every field).
+    p.send(&share_msg(6, &[0x44; 40]), &[small.as_fd()]);
+    expect(Status::BadMagic, "bytes that are no handle");
+    // Pool items: for a pool never attached, outside the slots, outside a slot.
+    p.send(&item_msg(1, 0, 0, 16), &[]);
+    expect(Status::Untrusted, "an item of a pool never attached");
+    let pool_fd = sealed_memfd(4 * 4096);
+    p.send(&attach_msg(1, 4096, 4, &memfd_handle(4 * 4096, 4 * 4096)), &[pool_fd.as_fd()]);
+    p.send(&item_msg(1, 4, 0, 16), &[]);
+    expect(Status::Untrusted, "slot 4 of 4");
+    p.send(&item_msg(1, 3, 4000, 200), &[]);
+    expect(Status::Untrusted, "bytes beyond the slot");
+    p.send(&item_msg(1, 0, u64::MAX - 8, 16), &[]);
+    expect(Status::Untrusted, "an overflowing offset");
+    let mut bad_dtype = item_msg(1, 0, 0, 16);
+    bad_dtype[16] = 99;
+    p.send(&bad_dtype, &[]);
+    expect(Status::BadDtype, "an unknown dtype");
+    p.send(&attach_msg(2, 4096, 8, &memfd_handle(4 * 4096, 4 * 4096)), &[pool_fd.as_fd()]);
+    expect(Status::Untrusted, "a pool larger than its allocation");
+    // Garbage.
+    p.send(&[0xff; 3], &[]);
+    expect(Status::Untrusted, "a 3-byte message");
+    p.send(&99u32.to_le_bytes(), &[]);
+    expect(Status::Untrusted, "an unknown message type");
+    // After all that, a good item still arrives, at the right place.
+    p.send(&item_msg(1, 2, 16, 32), &[]);
+    let imp = c.recv(T).unwrap();
+    assert_eq!(imp.pool_slot(), Some((1, 2)));
+    assert_eq!(imp.view().data as usize - imp.view().base as usize, 2 * 4096 + 16);
+    imp.release();
+    // The consumer gave back each refused share and the good item (nothing else).
+    drop(c);
+    let mut returned = Vec::new();
+    loop {
+        let m = recv_raw(p.conn.as_fd());
+        if m.is_empty() {
+            break;
+        }
+        returned.push(u32::from_le_bytes(m[..4].try_into().unwrap()));
+    }
+    // Every refused SHARE is given back, the undecodable one too (a newer producer's handle
+    // form this library refuses must not stay outstanding at the producer).
+    assert_eq!(returned.iter().filter(|&&t| t == 5).count(), 6, "one RELEASE per refused share: {returned:?}");
+    // One RETURN for the refused item (unknown dtype) and one for the good one; one DETACH for
+    // the refused attachment (too many slots): nothing else, and nothing for pool 1 after the
+    // connection closed.
+    assert_eq!(returned.iter().filter(|&&t| t == 8).count(), 2, "RETURNs: {returned:?}");
+    assert_eq!(returned.iter().filter(|&&t| t == 10).count(), 1, "DETACHes: {returned:?}");
+    assert_eq!(returned.len(), 9, "{returned:?}");
+}
+
+#[test]
+fn a_hostile_consumer_cannot_return_what_it_does_not_hold() {
+    let addr = address("hostile-consumer");
+    let ch = Channel::listen(&addr).unwrap();
+    let raw = seqpacket();
+    let name = addr.strip_prefix('@').unwrap();
+    rustix::net::connect(&raw, &rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap()).unwrap();
+    let hello = le(&[
+        &1u32.to_le_bytes(),
+        &MAGIC.to_le_bytes(),
+        &1u16.to_le_bytes(),
+        &0u16.to_le_bytes(),
+        &(std::process::id() as i32).to_le_bytes(),
+    ]);
+    send_raw(raw.as_fd(), &hello, &[]);
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Arc::new(Exporter::channel_host_alloc(4096 * 2).unwrap());
+    let pool = ch.pool(exp.clone(), 4096, 2).unwrap();
+    let (s, _) = pool.acquire(T).unwrap();
+    pool.send(s, peer, &TensorDesc { shape: &[4096], ..Default::default() }).unwrap();
+    let (held, _) = pool.acquire(T).unwrap(); // the producer's own
+    let ret = |pool: u32, slot: u32| le(&[&8u32.to_le_bytes(), &pool.to_le_bytes(), &slot.to_le_bytes(), &[0; 4]]);
+    send_raw(raw.as_fd(), &ret(1, held), &[]); // a slot the producer holds
+    send_raw(raw.as_fd(), &ret(1, 7), &[]); // no such slot
+    send_raw(raw.as_fd(), &le(&[&5u32.to_le_bytes(), &[0; 4], &77u64.to_le_bytes()]), &[]); // no such lease
+    send_raw(raw.as_fd(), &le(&[&10u32.to_le_bytes(), &5u32.to_le_bytes()]), &[]); // not attached
+    send_raw(raw.as_fd(), &ret(1, s), &[exp_fd(&exp).as_fd()]); // with a descriptor
+    send_raw(raw.as_fd(), &le(&[&2u32.to_le_bytes()]), &[]); // a producer's message type
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ch.peer_info(peer).unwrap().protocol_errors < 6 && Instant::now() < deadline {
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+    }
+    assert_eq!(ch.peer_info(peer).unwrap().protocol_errors, 6);
+    assert_eq!(pool.info().unwrap().2, 0, "nothing came back: the producer still holds one, the peer one");
+    assert_eq!(status(pool.send(held + 5, peer, &TensorDesc::default())), Status::InvalidArgument);
+    // The one real return works once; a second is an error, not a second free slot.
+    send_raw(raw.as_fd(), &ret(1, s), &[]);
+    send_raw(raw.as_fd(), &ret(1, s), &[]);
+    while ch.peer_info(peer).unwrap().protocol_errors < 7 && Instant::now() < deadline {
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+    }
+    assert_eq!(pool.info().unwrap().2, 1);
+    assert_eq!(ch.peer_info(peer).unwrap().protocol_errors, 7);
+    pool.release(held).unwrap();
+    assert_eq!(status(pool.release(held)), Status::InvalidArgument, "released twice");
+    assert_eq!(pool.info().unwrap().2, 2);
+}
+
+fn exp_fd(_exp: &Exporter) -> OwnedFd {
+    rustix::fs::memfd_create("extra", rustix::fs::MemfdFlags::CLOEXEC).unwrap()
+}
+
+#[test]
+fn a_handshake_of_another_protocol_is_refused_by_name() {
+    let addr = address("bad-hello");
+    let ch = Arc::new(Channel::listen(&addr).unwrap());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let server = serve(ch.clone(), stop.clone());
+    let raw = seqpacket();
+    let name = addr.strip_prefix('@').unwrap();
+    rustix::net::connect(&raw, &rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap()).unwrap();
+    let hello =
+        le(&[&1u32.to_le_bytes(), &MAGIC.to_le_bytes(), &9u16.to_le_bytes(), &0u16.to_le_bytes(), &1i32.to_le_bytes()]);
+    send_raw(raw.as_fd(), &hello, &[]);
+    let answer = recv_raw(raw.as_fd());
+    assert_eq!(u32::from_le_bytes(answer[..4].try_into().unwrap()), 3, "REFUSED");
+    assert!(String::from_utf8_lossy(&answer[4..]).contains("version 9"));
+    stop.store(true, Ordering::Relaxed);
+    server.join().unwrap();
+    assert!(ch.peer_ids().unwrap().is_empty());
+}
