@@ -164,8 +164,12 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// The tests here count what the driver holds: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn threads_import_overlapping_segmented_handles_and_each_page_is_imported_once() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let drv = driver();
     let log = std::path::PathBuf::from(std::env::var_os("DEVSHARE_STANDIN_LOG").unwrap());
     let _ = std::fs::remove_file(&log);
@@ -268,4 +272,81 @@ fn threads_import_overlapping_segmented_handles_and_each_page_is_imported_once()
     let log_text = std::fs::read_to_string(&log).unwrap_or_default();
     let _ = std::fs::remove_file(&log);
     assert!(log_text.is_empty(), "stand-in violations:\n{log_text}");
+}
+
+/// A pool over a segmented CUDA export, handed over a channel: the segment fds travel with
+/// `SCM_RIGHTS`, so the consumer imports without `pidfd_getfd` (no ptrace permission needed),
+/// once for the pool's life, and every slot reads the producer's data at a fixed address.
+#[test]
+fn a_segmented_pool_travels_over_a_channel_without_pidfd_getfd() {
+    use devshare::channel::{Channel, Connection};
+    const SLOTS: usize = 4;
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let drv = driver();
+    let (va, phys) = drv.allocate(SLOTS);
+    let own = drv.counts();
+    let mem = SegmentedMemory { base: va as *mut u8, segment_size: SEG as u64, physical: &phys };
+    let exp = std::sync::Arc::new(
+        Exporter::export_segments(DEVSHARE_BACKEND_CUDA, 0, &mem, &ExportOptions::default()).unwrap(),
+    );
+    let addr = format!("@devshare-test-{}-cuda-pool", std::process::id());
+    let ch = Channel::listen(&addr).unwrap();
+    let taken_before = devshare::backend::pidfd::fds_taken();
+    let t = Some(Duration::from_secs(20));
+    let consumer = std::thread::spawn({
+        let addr = addr.clone();
+        let drv = &drv as *const Driver as usize;
+        move || {
+            // SAFETY: the driver outlives this thread (joined below).
+            let drv = unsafe { &*(drv as *const Driver) };
+            drv.bind();
+            let c = Connection::connect(&addr, t).unwrap();
+            let mut addrs = [0usize; SLOTS];
+            for round in 0..3 * SLOTS {
+                let imp = c.recv(t).unwrap();
+                let (_, slot) = imp.pool_slot().unwrap();
+                let v = imp.view();
+                if round < SLOTS {
+                    addrs[slot as usize] = v.data as usize;
+                }
+                assert_eq!(addrs[slot as usize], v.data as usize, "slot {slot} keeps its address");
+                let mut got = [0u32; 1024];
+                // SAFETY: 4096 bytes of the item, to a host buffer of that size.
+                assert_eq!(unsafe { (drv.dtoh)(got.as_mut_ptr().cast(), v.data as u64, 4096) }, 0);
+                let at = slot as usize * SEG / 4 + 256;
+                assert!(got.iter().enumerate().all(|(i, &x)| x as usize == at + i), "slot {slot} content");
+                imp.release();
+            }
+            drop(c);
+        }
+    });
+    ch.wait_peers(1, t).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let pool = ch.pool(exp.clone(), SEG as u64, SLOTS as u32).unwrap();
+    for _ in 0..3 * SLOTS {
+        let (slot, _) = pool.acquire(t).unwrap();
+        // 1024 u32 starting 1 KiB into the slot.
+        pool.send(
+            slot,
+            peer,
+            &TensorDesc {
+                dtype: devshare::dtype::DevshareDType::new(1, 32, 1),
+                shape: &[1024],
+                storage_offset: 1024,
+                storage_size: Some(4096),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+    consumer.join().unwrap();
+    assert_eq!(devshare::backend::pidfd::fds_taken(), taken_before, "no fd was taken with pidfd_getfd");
+    exp.wait(t).expect("the consumer detached when its connection closed");
+    drop(pool);
+    drop(ch);
+    assert_eq!(drv.counts(), own, "the consumer's import of the pool is gone");
+    drop(exp);
+    drv.free(va, &phys);
+    // SAFETY: stand-in query.
+    assert_eq!(unsafe { (drv.violations)() }, 0, "no stand-in rule broken");
 }
