@@ -13,11 +13,12 @@ tensors of the same sizes:
                 back; what any pipe-based handoff between these processes costs at least
 
 Latency: one tensor in flight at a time; from just before the producer shares/puts it to just
-after the consumer touched it (both read CLOCK_MONOTONIC). Throughput: N tensors sent back to
-back, N / (last consumer timestamp - first send). Tensors live in shared memory before timing
-for every method (devshare.empty for devshare, torch.empty(...).share_memory_() for the
-queues), so nobody pays for an allocation or a first copy inside the timed region; a pool of
-distinct tensors is handed out round-robin. Consumers are started and warmed up first.
+after the consumer touched it (both read CLOCK_MONOTONIC); measure() also returns the round
+trip, until the producer has read the consumer's acknowledgement (rt_p50_us, rt_p99_us).
+Throughput: N tensors sent back to back, N / (last consumer timestamp - first send). Tensors
+live in shared memory before timing for every method (devshare.empty for devshare,
+torch.empty(...).share_memory_() for the queues), so nobody pays for an allocation or a first
+copy inside the timed region; a pool of distinct tensors is handed out round-robin. Consumers are started and warmed up first.
 
 Usage: python bench/handoff.py [--count N] [--large-count N] [--sizes 4096,67108864]
                                [--consumer build/handoff_consumer]
@@ -138,12 +139,14 @@ def measure(channel, pool, lat_count, tput_count):
     for i, t in enumerate(pool):
         channel.send(-1 - i, time.monotonic_ns(), t)
         channel.ack()
-    lat = []
+    lat, rt = [], []
     for i in range(lat_count):
         t0 = time.monotonic_ns()
         channel.send(i, t0, pool[i % len(pool)])
         _, t1 = channel.ack()
+        t2 = time.monotonic_ns()
         lat.append((t1 - t0) / 1000)
+        rt.append((t2 - t0) / 1000)
     start = time.monotonic_ns()
     for i in range(tput_count):
         channel.send(i, time.monotonic_ns(), pool[i % len(pool)])
@@ -152,6 +155,8 @@ def measure(channel, pool, lat_count, tput_count):
     return {
         "p50_us": statistics.median(lat),
         "p99_us": percentile(lat, 99),
+        "rt_p50_us": statistics.median(rt),
+        "rt_p99_us": percentile(rt, 99),
         "per_s": tput_count / ((last - start) / 1e9),
     }
 
