@@ -21,6 +21,15 @@
 //   devshare::DLPackVersioned / DLPackLegacy  own a DLManagedTensorVersioned / DLManagedTensor
 //                         (run its deleter when destroyed unless release()d to a framework).
 //   devshare::TorchStorage   the 8-tuple PyTorch / torch_npu rebuild a storage from.
+//   devshare::Channel    owns a channel's producer end (DevshareChannel, move-only): listen,
+//                         serve, leased sends of an Exporter's tensors to its peers.
+//   devshare::Connection owns a consumer end (DevshareConnection, move-only): recv() gives each
+//                         item as an Import, whose release gives it back to the producer.
+//   devshare::Pool       owns a pool of fixed-address slots on a channel (DevsharePool,
+//                         move-only); devshare::Slot, one acquired slot (move-only, given back
+//                         unsent when destroyed). See "Channels, connections and pools" below
+//                         the Import class: nothing runs in background threads, and pool slots
+//                         keep one address in the consumer for the pool's life.
 //
 // Two forms of every call that can fail
 //   try_name(...) returns Result<T> (Result<void> for calls without a value) and never throws.
@@ -34,8 +43,9 @@
 //   [[nodiscard]], and so is Result: a handle dropped on the floor is a reference never returned.
 //
 // The C functions and their wrappers
-//   devshare_host_alloc / host_adopt / export / export_segments
-//                                     Exporter::host_alloc / host_adopt / export_memory / export_segments
+//   devshare_host_alloc / host_adopt / export / export_segments / channel_host_alloc
+//                                     Exporter::host_alloc / host_adopt / export_memory / export_segments /
+//                                     channel_host_alloc
 //   devshare_exporter_share           Exporter::share<T>(first, shape, strides), share_at<T>(byte
 //                                     offset, ...), share(DevshareDType, ...), share(desc), share_bytes()
 //   devshare_exporter_share_encoded   Exporter::share_encoded(desc)
@@ -50,6 +60,15 @@
 //   devshare_torch_discard            handle_from_torch / handle_from_torch_encoded / handle_to_torch /
 //                                     torch_storage_handle / torch_discard (free functions)
 //   devshare_probe / local_pid / allow_ptrace / version      probe / local_pid / allow_ptrace / version
+//   devshare_channel_{listen,restrict,fd,service,wait_peers,peer_ids,peer_info,send,close}
+//                                     Channel::listen / restrict / fd / service / wait_peers / peers /
+//                                     peer_info / send<T>, send_at<T>, send(desc), send_bytes / close
+//   devshare_channel_connect, devshare_connection_{fd,recv,close}
+//                                     Connection::connect / fd / recv / close
+//   devshare_import_pool_slot         Import::pool_slot
+//   devshare_pool_{create,acquire,send,release,info,close}
+//                                     Pool::create / acquire (a Slot) / send<T>, send_at<T>, send(desc),
+//                                     send_bytes / release / info / close
 //
 // Destruction
 //   ~Import releases (errors ignored: a release cannot usefully fail).
@@ -67,13 +86,18 @@
 //     OnDestroy::force            close with DEVSHARE_CLOSE_FORCE: device importers lose the memory.
 //   The same applies to what a move assignment replaces. Call close() / try_close() yourself to
 //   handle a refusal (try_close(Close::force) forces).
+//   ~Channel, ~Connection and ~Pool close; ~Slot gives an acquired, unsent slot back to its pool
+//   (see "Channels, connections and pools").
 //
 // Costs: each function is one call into the C library (an Import's construction: three, for
-// its info and handle, which it caches), plus at most one std::string or std::vector for results
-// that are text or bytes. Exporter caches its address and size. Nothing else is cached.
+// its info and handle, which it caches; Connection::recv one more), plus at most one std::string
+// or std::vector for results that are text or bytes (or peer ids). Exporter caches its address
+// and size, Pool its slot size and count, Slot its index, address and size. Nothing else is
+// cached.
 //
-// Threading follows devshare.h: an Exporter may be used from several threads except for close()
-// and destruction; an Import is released once, by whoever owns it.
+// Threading follows devshare.h: an Exporter, a Channel, a Connection or a Pool may be used from
+// several threads except for close() and destruction; an Import is released once, by whoever
+// owns it; a Slot is one thread's at a time.
 //
 // Structs that cross the C boundary start with struct_size (see "Versions and evolution" in
 // devshare.h). The helpers here (tensor_desc, import_options, torch_args, TensorDesc::raw, probe,
@@ -868,6 +892,37 @@ struct ShareOptions {
     uint64_t storage_size = DEVSHARE_STORAGE_TO_END;  // storage size in bytes
 };
 
+namespace detail {
+
+// A TensorDesc for a tensor whose first element is at byte `offset` of a range (an allocation,
+// or a pool slot), its storage as `options` say; `who` starts the error messages.
+inline Result<TensorDesc> describe_at(const char* who, DevshareDType dtype, uint64_t offset, Dims shape, Dims strides,
+                                      const ShareOptions& options) {
+    const uint64_t esize = devshare::element_size(dtype);
+    if (esize == 0) {
+        return error(DEVSHARE_STATUS_BAD_DTYPE,
+                     std::string(who) + ": " + dtype_name(dtype) + " is not a whole number of bytes");
+    }
+    if (offset < options.storage_offset || (offset - options.storage_offset) % esize != 0) {
+        return error(DEVSHARE_STATUS_INVALID_ARGUMENT,
+                     std::string(who) + ": the first element (byte " + std::to_string(offset) +
+                         ") is not a whole number of " + std::to_string(esize) +
+                         "-byte elements after the storage's start (byte " + std::to_string(options.storage_offset) +
+                         ")");
+    }
+    Result<TensorDesc> d = TensorDesc::try_make(dtype, shape, strides);
+    if (d) {
+        d->flags = options.flags;
+        d->stream = options.stream;
+        d->storage_offset = options.storage_offset;
+        d->storage_size = options.storage_size;
+        d->tensor_offset = static_cast<int64_t>((offset - options.storage_offset) / esize);
+    }
+    return d;
+}
+
+}  // namespace detail
+
 // ---------------------------------------------------------------------------------------------
 // PyTorch tuples
 
@@ -1064,6 +1119,20 @@ public:
         return e;
     }
 
+    // Allocate `size` bytes of zero-filled host memory for channels (devshare_channel_host_alloc):
+    // a sealed memfd with no name in /dev/shm that travels over a channel (Channel::send,
+    // Pool::create) and leaves nothing behind when any process dies. share() refuses it
+    // (DEVSHARE_STATUS_UNSUPPORTED): it is for channels only.
+    [[nodiscard]] static Result<Exporter> try_channel_host_alloc(uint64_t size) {
+        Exporter e;
+        const int32_t s = devshare_channel_host_alloc(size, &e.exp_, &e.data_);
+        if (s != DEVSHARE_STATUS_OK) {
+            return Error::from_last(s);
+        }
+        e.size_ = size;
+        return e;
+    }
+
     // Export an existing host shared memory object in PyTorch's file_system layout, e.g. the
     // name storage._share_filename_cpu_() returned (devshare_host_adopt).
     [[nodiscard]] static Result<Exporter> try_host_adopt(const char* name, uint64_t size) {
@@ -1131,6 +1200,7 @@ public:
         : Exporter(try_adopt(raw, policy).value()) {}
 
     [[nodiscard]] static Exporter host_alloc(uint64_t size) { return try_host_alloc(size).value(); }
+    [[nodiscard]] static Exporter channel_host_alloc(uint64_t size) { return try_channel_host_alloc(size).value(); }
     [[nodiscard]] static Exporter host_adopt(const char* name, uint64_t size) {
         return try_host_adopt(name, size).value();
     }
@@ -1207,27 +1277,7 @@ public:
     // first element must lie a whole number of elements after the storage's start).
     [[nodiscard]] Result<TensorDesc> try_describe_at(DevshareDType dtype, uint64_t offset, Dims shape,
                                                      Dims strides = {}, const ShareOptions& options = {}) const {
-        const uint64_t esize = devshare::element_size(dtype);
-        if (esize == 0) {
-            return detail::error(DEVSHARE_STATUS_BAD_DTYPE,
-                                 "devshare::Exporter::share: " + dtype_name(dtype) + " is not a whole number of bytes");
-        }
-        if (offset < options.storage_offset || (offset - options.storage_offset) % esize != 0) {
-            return detail::error(DEVSHARE_STATUS_INVALID_ARGUMENT,
-                                 "devshare::Exporter::share: the first element (byte " + std::to_string(offset) +
-                                     ") is not a whole number of " + std::to_string(esize) +
-                                     "-byte elements after the storage's start (byte " +
-                                     std::to_string(options.storage_offset) + ")");
-        }
-        Result<TensorDesc> d = TensorDesc::try_make(dtype, shape, strides);
-        if (d) {
-            d->flags = options.flags;
-            d->stream = options.stream;
-            d->storage_offset = options.storage_offset;
-            d->storage_size = options.storage_size;
-            d->tensor_offset = static_cast<int64_t>((offset - options.storage_offset) / esize);
-        }
-        return d;
+        return detail::describe_at("devshare::Exporter::share", dtype, offset, shape, strides, options);
     }
 
     // The same for a tensor whose first element is at `first`, an address in [data(), data() +
@@ -1772,6 +1822,13 @@ using DLPackLegacy = DLPackTensor<DLManagedTensor>;
 // ---------------------------------------------------------------------------------------------
 // Import
 
+// Which pool slot an Import received from a channel is (Import::pool_slot): the pool's id on
+// that channel (> 0) and the slot's index.
+struct PoolSlot {
+    uint32_t pool = 0;
+    uint32_t slot = 0;
+};
+
 // Owns one import of a handle (DevshareImport). Move-only; a moved-from or default-constructed
 // Import is empty: data() is nullptr and destroying or releasing it does nothing. Destroying a
 // non-empty Import releases it (errors are ignored); the reference goes back to the exporter
@@ -1964,6 +2021,21 @@ public:
     [[nodiscard]] DLPackLegacy to_dlpack() const { return try_to_dlpack().value(); }
 #endif
 
+    // For an item received from a channel that is a pool slot (Connection::recv): the pool's id
+    // and the slot's index (devshare_import_pool_slot). Any other import (a leased reference, an
+    // import of a handle) is DEVSHARE_STATUS_INVALID_ARGUMENT; an empty Import NULL_ARGUMENT.
+    [[nodiscard]] Result<PoolSlot> try_pool_slot() const {
+        PoolSlot ps;
+        const int32_t s = devshare_import_pool_slot(imp_, &ps.pool, &ps.slot);
+        if (s != DEVSHARE_STATUS_OK) {
+            return Error::from_last(s);
+        }
+        return ps;
+    }
+#if DEVSHARE_HPP_EXCEPTIONS
+    [[nodiscard]] PoolSlot pool_slot() const { return try_pool_slot().value(); }
+#endif
+
     // Pointers and sizes of the import (all zero when empty).
     [[nodiscard]] const DevshareImportInfo& info() const noexcept { return info_; }
     // The handle this import was made from (an empty Handle when the Import is empty).
@@ -2022,6 +2094,755 @@ private:
     DevshareImport* imp_ = nullptr;
     DevshareImportInfo info_{};
     Handle handle_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Channels, connections and pools
+//
+// A producer listens on a Channel (a Unix SOCK_SEQPACKET socket: a file-system path or "@name");
+// consumers connect to it (Connection) and receive items as ordinary Imports. An item is a
+// leased reference to a tensor of an Exporter (Channel::send) or a slot of a Pool (Pool::send).
+// When the consumer's Import goes (destroyed or released), the reference or slot goes back to
+// the producer; when the consumer closes its Connection, exits or dies, all of its leases and
+// slots go back at once.
+//
+// Nothing runs in background threads. The producer's end moves (connections accepted, releases
+// and returned slots taken, hang-ups noticed) only inside Channel::service and the calls that
+// wait on it: Channel::wait_peers, Pool::acquire, and Exporter::wait of an export sent over the
+// channel. Serve the channel from your own loop: poll Channel::fd() for reading and call
+// service(0ms) when it is readable (or call service() regularly). A consumer's
+// Connection::fd() is readable when an item or the producer's close arrives.
+//
+// Pool slots keep one address in the consumer for the pool's life: the consumer imports the
+// whole pool allocation once, with its first item, and every later item of that pool is a slot
+// of the same mapping. That is what captured device graphs (CUDA graphs, aclgraph) need: capture
+// on the slots' addresses once, replay on whichever slot arrives.
+//
+// Timeouts are std::chrono::milliseconds: 0 does not wait, a negative one (kForever) waits
+// forever; the C API takes int32_t milliseconds, so longer ones are cut to about 24.8 days. As
+// with Exporter::wait, running out of time is an answer, not an error: wait_peers gives false,
+// recv an empty Import, acquire an empty Slot. DEVSHARE_STATUS_CLOSED says the other end is gone
+// (or the channel was closed): nothing more will arrive.
+//
+// Destruction: ~Channel closes the channel (every consumer's recv then says CLOSED, its pools
+// are closed, the socket file is removed); ~Connection closes the connection (the producer takes
+// back its leases and slots; Imports received from it stay valid until released); ~Pool closes
+// the pool (consumers keep their items until they release them); ~Slot gives back an acquired
+// slot that was not sent. A Pool may outlive its Channel (its calls then fail with CLOSED); a
+// Slot must not outlive its Pool.
+//
+// Threading follows devshare.h: a Channel, Connection or Pool may be used from several threads
+// at once, except for close() and destruction. A Slot is one thread's at a time.
+
+// A timeout that waits forever (for Channel, Connection, Pool and Exporter::wait).
+inline constexpr std::chrono::milliseconds kForever{-1};
+
+namespace detail {
+
+// A C timeout: milliseconds as int32_t, negative -> -1 (forever), longer ones cut to INT32_MAX.
+[[nodiscard]] constexpr int32_t timeout_ms(std::chrono::milliseconds timeout) noexcept {
+    return timeout.count() < 0 ? -1
+           : timeout.count() > std::numeric_limits<int32_t>::max()
+               ? std::numeric_limits<int32_t>::max()
+               : static_cast<int32_t>(timeout.count());
+}
+
+}  // namespace detail
+
+// The producer end of a channel (DevshareChannel). Move-only; a moved-from or
+// default-constructed Channel is empty and destroying it does nothing. Destroying a non-empty
+// Channel closes it (see "Channels, connections and pools" above).
+class Channel {
+public:
+    Channel() noexcept = default;
+
+    // Listen on `address` (devshare_channel_listen): a file-system path (the socket file is
+    // created with mode 0600 and removed by close; an existing file is never replaced:
+    // DEVSHARE_STATUS_BUSY) or "@name", a Linux abstract socket. Only processes of this
+    // process's effective uid may connect until restrict() says otherwise.
+    [[nodiscard]] static Result<Channel> try_listen(const char* address) {
+        Channel c;
+        const int32_t s = devshare_channel_listen(address, &c.ch_);
+        if (s != DEVSHARE_STATUS_OK) {
+            return Error::from_last(s);
+        }
+        return c;
+    }
+    [[nodiscard]] static Result<Channel> try_listen(const std::string& address) { return try_listen(address.c_str()); }
+
+    // Take ownership of a C channel (nullptr gives an empty Channel).
+    [[nodiscard]] static Channel adopt(DevshareChannel* raw) noexcept {
+        Channel c;
+        c.ch_ = raw;
+        return c;
+    }
+
+#if DEVSHARE_HPP_EXCEPTIONS
+    [[nodiscard]] static Channel listen(const char* address) { return try_listen(address).value(); }
+    [[nodiscard]] static Channel listen(const std::string& address) { return try_listen(address).value(); }
+#endif
+
+    Channel(const Channel&) = delete;
+    Channel& operator=(const Channel&) = delete;
+    Channel(Channel&& other) noexcept : ch_(std::exchange(other.ch_, nullptr)) {}
+    // Closes what this Channel held, then takes over `other`.
+    Channel& operator=(Channel&& other) noexcept {
+        if (this != &other) {
+            (void)devshare_channel_close(ch_);
+            ch_ = std::exchange(other.ch_, nullptr);
+        }
+        return *this;
+    }
+    ~Channel() { (void)devshare_channel_close(ch_); }
+
+    // The C channel, still owned by this object (nullptr when empty).
+    [[nodiscard]] DevshareChannel* get() const noexcept { return ch_; }
+    explicit operator bool() const noexcept { return ch_ != nullptr; }
+    // Give up ownership: the caller must devshare_channel_close the result. Leaves this empty.
+    [[nodiscard]] DevshareChannel* release() noexcept { return std::exchange(ch_, nullptr); }
+
+    // Who may connect from now on (devshare_channel_restrict): a non-empty `uids` replaces the
+    // allowed uids (default: this process's effective uid alone; listing another uid is how you
+    // trust it), a non-empty `pids` admits only those processes. Peers already connected stay.
+    //     ch.restrict({}, {consumer_pid});
+    [[nodiscard]] Result<void> try_restrict(Span<const uint32_t> uids, Span<const int32_t> pids = {}) {
+        return status_result(devshare_channel_restrict(ch_, uids.data(), uids.size(), pids.data(), pids.size()));
+    }
+
+    // The descriptor to poll for reading in your event loop: readable when service() has work
+    // (a connection, a message, a hang-up). -1 when empty.
+    [[nodiscard]] int fd() const noexcept { return devshare_channel_fd(ch_); }
+
+    // Accept new peers (credentials checked, handshake), take their releases and returned slots,
+    // notice the ones that hung up (their leases and slots come back at once)
+    // (devshare_channel_service). Waits at most `timeout` for something to happen (0: does not
+    // wait, negative: until something does).
+    [[nodiscard]] Result<void> try_service(std::chrono::milliseconds timeout) {
+        return status_result(devshare_channel_service(ch_, detail::timeout_ms(timeout)));
+    }
+
+    // Serve the channel until at least `n` peers are connected (devshare_channel_wait_peers):
+    // true, or false when `timeout` passed first (negative: wait forever).
+    [[nodiscard]] Result<bool> try_wait_peers(size_t n, std::chrono::milliseconds timeout) {
+        const int32_t s = devshare_channel_wait_peers(ch_, n, detail::timeout_ms(timeout));
+        if (s == DEVSHARE_STATUS_TIMEOUT) {
+            return false;
+        }
+        if (s != DEVSHARE_STATUS_OK) {
+            return Error::from_last(s);
+        }
+        return true;
+    }
+
+    // The connected peers' ids, oldest first (devshare_channel_peer_ids).
+    [[nodiscard]] Result<std::vector<uint64_t>> try_peers() const {
+        std::vector<uint64_t> ids(8);
+        for (;;) {
+            size_t count = 0;
+            const int32_t s = devshare_channel_peer_ids(ch_, ids.data(), ids.size(), &count);
+            if (s == DEVSHARE_STATUS_BUFFER_TOO_SMALL && count > ids.size()) {
+                ids.resize(count);  // more peers than room (or more connected meanwhile): ask again
+                continue;
+            }
+            if (s != DEVSHARE_STATUS_OK) {
+                return Error::from_last(s);
+            }
+            ids.resize(count);
+            return ids;
+        }
+    }
+
+    // What is known about connected peer `peer` (devshare_channel_peer_info): pid, uid and gid
+    // from SO_PEERCRED, the tgid it announced, its leases and attached pools, refused messages.
+    // DEVSHARE_STATUS_NOT_FOUND when it is not connected.
+    [[nodiscard]] Result<DevsharePeerInfo> try_peer_info(uint64_t peer) const {
+        DevsharePeerInfo info{};
+        int32_t s = devshare_peer_info_init(&info, sizeof info);
+        if (s == DEVSHARE_STATUS_OK) {
+            s = devshare_channel_peer_info(ch_, peer, &info);
+        }
+        if (s != DEVSHARE_STATUS_OK) {
+            return Error::from_last(s);
+        }
+        return info;
+    }
+
+    // --- Leases: each success sends `peer` one leased reference to a tensor of `exporter`
+    // (devshare_channel_send), which the peer receives with Connection::recv.
+    // exporter.outstanding() counts it until the channel learns (in service() or a call that
+    // waits) that the peer released that Import or disconnected; exporter.wait() serves this
+    // channel while it waits. The tensor is described as for
+    // Exporter::share (addresses and offsets in the exporter's allocation); DEVSHARE_SHARE_*
+    // flags are refused (a lease needs neither). Host memory must come from
+    // Exporter::channel_host_alloc or host_alloc.
+
+    // The tensor of element type T whose first element is at `first`:
+    //     ch.send(peer, exp, p, {rows, cols});             // float* p
+    template <typename T>
+    [[nodiscard]] Result<void> try_send(uint64_t peer, const Exporter& exporter, const T* first, Dims shape,
+                                        Dims strides = {}, const ShareOptions& options = {}) {
+        static_assert(has_dtype_v<T>, "devshare::Channel::send<T>: T has no dtype; pass a DevshareDType");
+        return send_desc(peer, exporter, exporter.try_describe(dtype_of<T>(), first, shape, strides, options));
+    }
+    template <typename T>
+    [[nodiscard]] Result<void> try_send(uint64_t peer, const Exporter& exporter, const void* first, Dims shape,
+                                        Dims strides = {}, const ShareOptions& options = {}) {
+        static_assert(has_dtype_v<T>, "devshare::Channel::send<T>: T has no dtype; pass a DevshareDType");
+        return send_desc(peer, exporter, exporter.try_describe(dtype_of<T>(), first, shape, strides, options));
+    }
+    // The same with an explicit dtype (kBFloat16, kFloat16, ...).
+    [[nodiscard]] Result<void> try_send(uint64_t peer, const Exporter& exporter, DevshareDType dtype,
+                                        const void* first, Dims shape, Dims strides = {},
+                                        const ShareOptions& options = {}) {
+        return send_desc(peer, exporter, exporter.try_describe(dtype, first, shape, strides, options));
+    }
+    // The same with the first element's byte offset in the allocation.
+    template <typename T>
+    [[nodiscard]] Result<void> try_send_at(uint64_t peer, const Exporter& exporter, uint64_t offset, Dims shape,
+                                           Dims strides = {}, const ShareOptions& options = {}) {
+        static_assert(has_dtype_v<T>, "devshare::Channel::send_at<T>: T has no dtype; pass a DevshareDType");
+        return send_desc(peer, exporter, exporter.try_describe_at(dtype_of<T>(), offset, shape, strides, options));
+    }
+    [[nodiscard]] Result<void> try_send_at(uint64_t peer, const Exporter& exporter, DevshareDType dtype,
+                                           uint64_t offset, Dims shape, Dims strides = {},
+                                           const ShareOptions& options = {}) {
+        return send_desc(peer, exporter, exporter.try_describe_at(dtype, offset, shape, strides, options));
+    }
+    // A described tensor.
+    [[nodiscard]] Result<void> try_send(uint64_t peer, const Exporter& exporter, const TensorDesc& desc) {
+        const DevshareTensorDesc d = desc.raw();
+        return try_send(peer, exporter, d);
+    }
+    // A C desc (start it from devshare::tensor_desc()).
+    [[nodiscard]] Result<void> try_send(uint64_t peer, const Exporter& exporter, const DevshareTensorDesc& desc) {
+        return status_result(devshare_channel_send(ch_, peer, exporter.get(), &desc));
+    }
+    // The whole allocation as a 1-D uint8 tensor.
+    [[nodiscard]] Result<void> try_send_bytes(uint64_t peer, const Exporter& exporter) {
+        return status_result(devshare_channel_send(ch_, peer, exporter.get(), nullptr));
+    }
+
+    // Close the channel (devshare_channel_close): every peer is disconnected (its recv says
+    // DEVSHARE_STATUS_CLOSED), their leases stop counting in their exports' outstanding
+    // references (wait for them first: the producer can no longer learn when they let go), pools
+    // on it are closed, the socket file is removed. Afterwards this Channel is empty; an empty
+    // Channel's close does nothing.
+    [[nodiscard]] Result<void> try_close() { return status_result(devshare_channel_close(std::exchange(ch_, nullptr))); }
+
+#if DEVSHARE_HPP_EXCEPTIONS
+    void restrict(Span<const uint32_t> uids, Span<const int32_t> pids = {}) { try_restrict(uids, pids).value(); }
+    void service(std::chrono::milliseconds timeout) { try_service(timeout).value(); }
+    [[nodiscard]] bool wait_peers(size_t n, std::chrono::milliseconds timeout) {
+        return try_wait_peers(n, timeout).value();
+    }
+    [[nodiscard]] std::vector<uint64_t> peers() const { return try_peers().value(); }
+    [[nodiscard]] DevsharePeerInfo peer_info(uint64_t peer) const { return try_peer_info(peer).value(); }
+    template <typename T>
+    void send(uint64_t peer, const Exporter& exporter, const T* first, Dims shape, Dims strides = {},
+              const ShareOptions& options = {}) {
+        try_send<T>(peer, exporter, first, shape, strides, options).value();
+    }
+    template <typename T>
+    void send(uint64_t peer, const Exporter& exporter, const void* first, Dims shape, Dims strides = {},
+              const ShareOptions& options = {}) {
+        try_send<T>(peer, exporter, first, shape, strides, options).value();
+    }
+    void send(uint64_t peer, const Exporter& exporter, DevshareDType dtype, const void* first, Dims shape,
+              Dims strides = {}, const ShareOptions& options = {}) {
+        try_send(peer, exporter, dtype, first, shape, strides, options).value();
+    }
+    template <typename T>
+    void send_at(uint64_t peer, const Exporter& exporter, uint64_t offset, Dims shape, Dims strides = {},
+                 const ShareOptions& options = {}) {
+        try_send_at<T>(peer, exporter, offset, shape, strides, options).value();
+    }
+    void send_at(uint64_t peer, const Exporter& exporter, DevshareDType dtype, uint64_t offset, Dims shape,
+                 Dims strides = {}, const ShareOptions& options = {}) {
+        try_send_at(peer, exporter, dtype, offset, shape, strides, options).value();
+    }
+    void send(uint64_t peer, const Exporter& exporter, const TensorDesc& desc) {
+        try_send(peer, exporter, desc).value();
+    }
+    void send(uint64_t peer, const Exporter& exporter, const DevshareTensorDesc& desc) {
+        try_send(peer, exporter, desc).value();
+    }
+    void send_bytes(uint64_t peer, const Exporter& exporter) { try_send_bytes(peer, exporter).value(); }
+    void close() { try_close().value(); }
+#endif
+
+private:
+    Result<void> send_desc(uint64_t peer, const Exporter& exporter, const Result<TensorDesc>& desc) {
+        if (!desc) {
+            return desc.error();
+        }
+        return try_send(peer, exporter, *desc);
+    }
+
+    DevshareChannel* ch_ = nullptr;
+};
+
+// A pool's slot size, slot count and how many slots are free now (Pool::info).
+struct PoolInfo {
+    uint64_t slot_size = 0;
+    uint32_t count = 0;
+    uint32_t free_slots = 0;
+};
+
+// One acquired slot of a Pool (Pool::acquire): its index, its address in this process (for a
+// device pool, a device address) and its size. Move-only; a moved-from, sent, released or
+// default-constructed Slot is empty. Destroying a Slot that is still acquired gives it back to
+// the pool unsent (devshare_pool_release; errors are ignored). A Slot must not outlive its Pool.
+class Slot {
+public:
+    Slot() noexcept = default;
+    Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
+    Slot(Slot&& other) noexcept
+        : pool_(std::exchange(other.pool_, nullptr)),
+          index_(std::exchange(other.index_, 0)),
+          data_(std::exchange(other.data_, nullptr)),
+          size_(std::exchange(other.size_, 0)) {}
+    // Gives back the slot this Slot held (unsent), then takes over `other`.
+    Slot& operator=(Slot&& other) noexcept {
+        if (this != &other) {
+            give_back();
+            pool_ = std::exchange(other.pool_, nullptr);
+            index_ = std::exchange(other.index_, 0);
+            data_ = std::exchange(other.data_, nullptr);
+            size_ = std::exchange(other.size_, 0);
+        }
+        return *this;
+    }
+    ~Slot() { give_back(); }
+
+    // The slot's index in its pool (0 when empty).
+    [[nodiscard]] uint32_t index() const noexcept { return index_; }
+    // The slot's first byte in this process (nullptr when empty): the same address every time
+    // this index is acquired.
+    [[nodiscard]] void* data() const noexcept { return data_; }
+    template <typename T>
+    [[nodiscard]] T* data() const noexcept {
+        return static_cast<T*>(data_);
+    }
+    // The slot's size in bytes (0 when empty).
+    [[nodiscard]] uint64_t size() const noexcept { return size_; }
+    // The C pool the slot belongs to (nullptr when empty).
+    [[nodiscard]] DevsharePool* pool() const noexcept { return pool_; }
+    // Whether this Slot holds an acquired slot.
+    explicit operator bool() const noexcept { return pool_ != nullptr; }
+
+    // Give up ownership: the slot stays acquired, for devshare_pool_send or
+    // devshare_pool_release on pool(). Returns its index and leaves this Slot empty.
+    [[nodiscard]] uint32_t disown() noexcept {
+        const uint32_t index = index_;
+        clear();
+        return index;
+    }
+
+private:
+    friend class Pool;
+
+    Slot(DevsharePool* pool, uint32_t index, void* data, uint64_t size) noexcept
+        : pool_(pool), index_(index), data_(data), size_(size) {}
+
+    void clear() noexcept {
+        pool_ = nullptr;
+        index_ = 0;
+        data_ = nullptr;
+        size_ = 0;
+    }
+    void give_back() noexcept {
+        if (pool_ != nullptr) {
+            (void)devshare_pool_release(pool_, index_);
+            clear();
+        }
+    }
+
+    DevsharePool* pool_ = nullptr;
+    uint32_t index_ = 0;
+    void* data_ = nullptr;
+    uint64_t size_ = 0;
+};
+
+// A pool of fixed-address slots on a channel (DevsharePool). Move-only; a moved-from or
+// default-constructed Pool is empty and destroying it does nothing. Destroying a non-empty Pool
+// closes it: attached consumers are told, and each detaches once it released its items.
+//
+//     devshare::Pool pool = devshare::Pool::create(ch, devshare::Exporter::channel_host_alloc(8 << 20), 1 << 20, 8);
+//     devshare::Slot slot = pool.acquire(devshare::kForever);    // waits while all 8 are out
+//     fill(slot.data<float>(), n);
+//     pool.send(slot, peer, slot.data<float>(), {n});             // the consumer's recv() gets it
+class Pool {
+public:
+    Pool() noexcept = default;
+
+    // Make a pool of `count` slots of `slot_size` bytes, back to back from the start of
+    // `exporter`'s range, on `channel` (devshare_pool_create): one allocation
+    // (Exporter::channel_host_alloc, or an ACL or CUDA export). The pool keeps the export alive:
+    // the Exporter may be closed or destroyed first, its memory goes with the pool. Each
+    // consumer the pool reaches counts as one outstanding reference of the export until it
+    // detaches (after the pool's close, once it released its items) or disconnects.
+    [[nodiscard]] static Result<Pool> try_create(Channel& channel, const Exporter& exporter, uint64_t slot_size,
+                                                 uint32_t count) {
+        Pool p;
+        const int32_t s = devshare_pool_create(channel.get(), exporter.get(), slot_size, count, &p.pool_);
+        if (s != DEVSHARE_STATUS_OK) {
+            return Error::from_last(s);
+        }
+        p.slot_size_ = slot_size;
+        p.count_ = count;
+        return p;
+    }
+
+    // Take ownership of a C pool (nullptr gives an empty Pool); its slot size is asked once.
+    [[nodiscard]] static Result<Pool> try_adopt(DevsharePool* raw) {
+        Pool p;
+        if (raw != nullptr) {
+            const int32_t s = devshare_pool_info(raw, &p.slot_size_, &p.count_, nullptr);
+            if (s != DEVSHARE_STATUS_OK) {
+                return Error::from_last(s);
+            }
+            p.pool_ = raw;
+        }
+        return p;
+    }
+
+#if DEVSHARE_HPP_EXCEPTIONS
+    [[nodiscard]] static Pool create(Channel& channel, const Exporter& exporter, uint64_t slot_size, uint32_t count) {
+        return try_create(channel, exporter, slot_size, count).value();
+    }
+#endif
+
+    Pool(const Pool&) = delete;
+    Pool& operator=(const Pool&) = delete;
+    Pool(Pool&& other) noexcept
+        : pool_(std::exchange(other.pool_, nullptr)),
+          slot_size_(std::exchange(other.slot_size_, 0)),
+          count_(std::exchange(other.count_, 0)) {}
+    // Closes what this Pool held, then takes over `other`.
+    Pool& operator=(Pool&& other) noexcept {
+        if (this != &other) {
+            (void)devshare_pool_close(pool_);
+            pool_ = std::exchange(other.pool_, nullptr);
+            slot_size_ = std::exchange(other.slot_size_, 0);
+            count_ = std::exchange(other.count_, 0);
+        }
+        return *this;
+    }
+    ~Pool() { (void)devshare_pool_close(pool_); }
+
+    // The C pool, still owned by this object (nullptr when empty).
+    [[nodiscard]] DevsharePool* get() const noexcept { return pool_; }
+    explicit operator bool() const noexcept { return pool_ != nullptr; }
+    // Slot size in bytes and slot count (0 when empty).
+    [[nodiscard]] uint64_t slot_size() const noexcept { return slot_size_; }
+    [[nodiscard]] uint32_t count() const noexcept { return count_; }
+
+    // A free slot (devshare_pool_acquire). While every slot is out, waits for one to come back,
+    // serving the channel (backpressure): an empty Slot when `timeout` passed first (0: does not
+    // wait, negative: waits forever).
+    [[nodiscard]] Result<Slot> try_acquire(std::chrono::milliseconds timeout) {
+        uint32_t index = 0;
+        void* ptr = nullptr;
+        const int32_t s = devshare_pool_acquire(pool_, detail::timeout_ms(timeout), &index, &ptr);
+        if (s == DEVSHARE_STATUS_TIMEOUT) {
+            return Slot();
+        }
+        if (s != DEVSHARE_STATUS_OK) {
+            return Error::from_last(s);
+        }
+        return Slot(pool_, index, ptr, slot_size_);
+    }
+
+    // --- Sending: hand acquired `slot` to `peer` (devshare_pool_send). On success `slot` becomes
+    // empty: the slot is the peer's until it releases the item's Import or disconnects, and free
+    // again once the channel learns of that (service(), acquire()). On failure `slot` stays
+    // acquired (and yours). The tensor is described
+    // relative to the slot: addresses lie in [slot.data(), slot.data() + slot.size()], offsets
+    // and ShareOptions::storage_offset count from the slot's start, and the storage is the rest
+    // of the slot unless the options say otherwise. Device work on the options' stream is
+    // synchronised first. Only a small message travels; the first item to a peer also attaches
+    // it to the pool (one import of the whole allocation).
+
+    // The tensor of element type T whose first element is at `first`:
+    //     pool.send(slot, peer, slot.data<float>(), {rows, cols});
+    template <typename T>
+    [[nodiscard]] Result<void> try_send(Slot& slot, uint64_t peer, const T* first, Dims shape, Dims strides = {},
+                                        const ShareOptions& options = {}) {
+        static_assert(has_dtype_v<T>, "devshare::Pool::send<T>: T has no dtype; pass a DevshareDType");
+        return send_desc(slot, peer, describe(slot, dtype_of<T>(), first, shape, strides, options));
+    }
+    template <typename T>
+    [[nodiscard]] Result<void> try_send(Slot& slot, uint64_t peer, const void* first, Dims shape, Dims strides = {},
+                                        const ShareOptions& options = {}) {
+        static_assert(has_dtype_v<T>, "devshare::Pool::send<T>: T has no dtype; pass a DevshareDType");
+        return send_desc(slot, peer, describe(slot, dtype_of<T>(), first, shape, strides, options));
+    }
+    // The same with an explicit dtype (kBFloat16, kFloat16, ...).
+    [[nodiscard]] Result<void> try_send(Slot& slot, uint64_t peer, DevshareDType dtype, const void* first,
+                                        Dims shape, Dims strides = {}, const ShareOptions& options = {}) {
+        return send_desc(slot, peer, describe(slot, dtype, first, shape, strides, options));
+    }
+    // The same with the first element's byte offset in the slot.
+    template <typename T>
+    [[nodiscard]] Result<void> try_send_at(Slot& slot, uint64_t peer, uint64_t offset, Dims shape,
+                                           Dims strides = {}, const ShareOptions& options = {}) {
+        static_assert(has_dtype_v<T>, "devshare::Pool::send_at<T>: T has no dtype; pass a DevshareDType");
+        return send_desc(slot, peer, detail::describe_at(kWho, dtype_of<T>(), offset, shape, strides, options));
+    }
+    [[nodiscard]] Result<void> try_send_at(Slot& slot, uint64_t peer, DevshareDType dtype, uint64_t offset,
+                                           Dims shape, Dims strides = {}, const ShareOptions& options = {}) {
+        return send_desc(slot, peer, detail::describe_at(kWho, dtype, offset, shape, strides, options));
+    }
+    // A described tensor (offsets relative to the slot).
+    [[nodiscard]] Result<void> try_send(Slot& slot, uint64_t peer, const TensorDesc& desc) {
+        const DevshareTensorDesc d = desc.raw();
+        return send_raw(slot, peer, &d);
+    }
+    // A C desc (start it from devshare::tensor_desc(); offsets relative to the slot).
+    [[nodiscard]] Result<void> try_send(Slot& slot, uint64_t peer, const DevshareTensorDesc& desc) {
+        return send_raw(slot, peer, &desc);
+    }
+    // The whole slot as a 1-D uint8 tensor.
+    [[nodiscard]] Result<void> try_send_bytes(Slot& slot, uint64_t peer) { return send_raw(slot, peer, nullptr); }
+
+    // Give back acquired `slot` without sending it (devshare_pool_release); afterwards it is
+    // empty. Releasing an empty Slot does nothing; a Slot of another pool is
+    // DEVSHARE_STATUS_INVALID_ARGUMENT.
+    [[nodiscard]] Result<void> try_release(Slot& slot) {
+        if (!slot) {
+            return Result<void>();
+        }
+        Result<void> mine = check_slot(slot, "devshare::Pool::release");
+        if (!mine) {
+            return mine;
+        }
+        const int32_t s = devshare_pool_release(pool_, slot.index_);
+        slot.clear();  // refused only when not acquired: then it is not this Slot's to give back
+        return status_result(s);
+    }
+
+    // Slot size, slot count and how many slots are free now (devshare_pool_info).
+    [[nodiscard]] Result<PoolInfo> try_info() const {
+        PoolInfo info;
+        const int32_t s = devshare_pool_info(pool_, &info.slot_size, &info.count, &info.free_slots);
+        if (s != DEVSHARE_STATUS_OK) {
+            return Error::from_last(s);
+        }
+        return info;
+    }
+
+    // Close the pool (devshare_pool_close): attached consumers are told, each detaches once it
+    // released its items. Afterwards this Pool is empty; an empty Pool's close does nothing.
+    // Slots still acquired must not be used (nor destroyed) after it.
+    [[nodiscard]] Result<void> try_close() {
+        slot_size_ = 0;
+        count_ = 0;
+        return status_result(devshare_pool_close(std::exchange(pool_, nullptr)));
+    }
+
+#if DEVSHARE_HPP_EXCEPTIONS
+    [[nodiscard]] Slot acquire(std::chrono::milliseconds timeout) { return try_acquire(timeout).value(); }
+    template <typename T>
+    void send(Slot& slot, uint64_t peer, const T* first, Dims shape, Dims strides = {},
+              const ShareOptions& options = {}) {
+        try_send<T>(slot, peer, first, shape, strides, options).value();
+    }
+    template <typename T>
+    void send(Slot& slot, uint64_t peer, const void* first, Dims shape, Dims strides = {},
+              const ShareOptions& options = {}) {
+        try_send<T>(slot, peer, first, shape, strides, options).value();
+    }
+    void send(Slot& slot, uint64_t peer, DevshareDType dtype, const void* first, Dims shape, Dims strides = {},
+              const ShareOptions& options = {}) {
+        try_send(slot, peer, dtype, first, shape, strides, options).value();
+    }
+    template <typename T>
+    void send_at(Slot& slot, uint64_t peer, uint64_t offset, Dims shape, Dims strides = {},
+                 const ShareOptions& options = {}) {
+        try_send_at<T>(slot, peer, offset, shape, strides, options).value();
+    }
+    void send_at(Slot& slot, uint64_t peer, DevshareDType dtype, uint64_t offset, Dims shape, Dims strides = {},
+                 const ShareOptions& options = {}) {
+        try_send_at(slot, peer, dtype, offset, shape, strides, options).value();
+    }
+    void send(Slot& slot, uint64_t peer, const TensorDesc& desc) { try_send(slot, peer, desc).value(); }
+    void send(Slot& slot, uint64_t peer, const DevshareTensorDesc& desc) { try_send(slot, peer, desc).value(); }
+    void send_bytes(Slot& slot, uint64_t peer) { try_send_bytes(slot, peer).value(); }
+    void release(Slot& slot) { try_release(slot).value(); }
+    [[nodiscard]] PoolInfo info() const { return try_info().value(); }
+    void close() { try_close().value(); }
+#endif
+
+private:
+    static constexpr const char* kWho = "devshare::Pool::send";
+
+    // The slot must be acquired from this pool.
+    Result<void> check_slot(const Slot& slot, const char* who) const {
+        if (pool_ == nullptr) {
+            return detail::error(DEVSHARE_STATUS_NULL_ARGUMENT, std::string(who) + ": the Pool is empty");
+        }
+        if (!slot) {
+            return detail::error(DEVSHARE_STATUS_INVALID_ARGUMENT,
+                                 std::string(who) + ": the Slot is empty (sent, released or moved from)");
+        }
+        if (slot.pool_ != pool_) {
+            return detail::error(DEVSHARE_STATUS_INVALID_ARGUMENT,
+                                 std::string(who) + ": slot " + std::to_string(slot.index_) +
+                                     " belongs to another pool");
+        }
+        return Result<void>();
+    }
+
+    // A TensorDesc for the tensor whose first element is at `first`, inside the slot.
+    Result<TensorDesc> describe(const Slot& slot, DevshareDType dtype, const void* first, Dims shape, Dims strides,
+                                const ShareOptions& options) const {
+        Result<void> mine = check_slot(slot, kWho);
+        if (!mine) {
+            return mine.error();
+        }
+        const uintptr_t p = reinterpret_cast<uintptr_t>(first);
+        const uintptr_t b = reinterpret_cast<uintptr_t>(slot.data_);
+        if (first == nullptr || p < b || p - b > slot.size_) {
+            return detail::error(DEVSHARE_STATUS_INVALID_ARGUMENT,
+                                 std::string(kWho) + ": the first element's address is outside slot " +
+                                     std::to_string(slot.index_) + " [data(), data() + " +
+                                     std::to_string(slot.size_) + ")");
+        }
+        return detail::describe_at(kWho, dtype, static_cast<uint64_t>(p - b), shape, strides, options);
+    }
+
+    Result<void> send_desc(Slot& slot, uint64_t peer, const Result<TensorDesc>& desc) {
+        if (!desc) {
+            return desc.error();
+        }
+        return try_send(slot, peer, *desc);
+    }
+
+    Result<void> send_raw(Slot& slot, uint64_t peer, const DevshareTensorDesc* desc) {
+        Result<void> mine = check_slot(slot, kWho);
+        if (!mine) {
+            return mine;
+        }
+        const int32_t s = devshare_pool_send(pool_, slot.index_, peer, desc);
+        if (s != DEVSHARE_STATUS_OK) {
+            return Error::from_last(s);
+        }
+        slot.clear();
+        return Result<void>();
+    }
+
+    DevsharePool* pool_ = nullptr;
+    uint64_t slot_size_ = 0;
+    uint32_t count_ = 0;
+};
+
+// The consumer end of a channel (DevshareConnection). Move-only; a moved-from or
+// default-constructed Connection is empty and destroying it does nothing. Destroying a
+// non-empty Connection closes it: the producer takes back every lease and slot of it at once;
+// Imports received from it stay valid until released (releasing them then sends nothing).
+class Connection {
+public:
+    Connection() noexcept = default;
+
+    // Connect to the channel at `address` (a path or "@name") and shake hands
+    // (devshare_channel_connect), waiting at most `timeout` for the producer to serve the
+    // handshake (it must be serving its channel: service, wait_peers, acquire, ...). This
+    // process announces its pid, for which the producer whitelists the ACL exports it sends
+    // here. The producer must run as this process's effective uid or as root, and must admit
+    // this process (DEVSHARE_STATUS_UNTRUSTED otherwise). No channel there:
+    // DEVSHARE_STATUS_NOT_FOUND; no handshake in time: DEVSHARE_STATUS_TIMEOUT.
+    [[nodiscard]] static Result<Connection> try_connect(const char* address, std::chrono::milliseconds timeout) {
+        Connection c;
+        const int32_t s = devshare_channel_connect(address, detail::timeout_ms(timeout), &c.conn_);
+        if (s != DEVSHARE_STATUS_OK) {
+            return Error::from_last(s);
+        }
+        return c;
+    }
+    [[nodiscard]] static Result<Connection> try_connect(const std::string& address,
+                                                        std::chrono::milliseconds timeout) {
+        return try_connect(address.c_str(), timeout);
+    }
+
+    // Take ownership of a C connection (nullptr gives an empty Connection).
+    [[nodiscard]] static Connection adopt(DevshareConnection* raw) noexcept {
+        Connection c;
+        c.conn_ = raw;
+        return c;
+    }
+
+#if DEVSHARE_HPP_EXCEPTIONS
+    [[nodiscard]] static Connection connect(const char* address, std::chrono::milliseconds timeout) {
+        return try_connect(address, timeout).value();
+    }
+    [[nodiscard]] static Connection connect(const std::string& address, std::chrono::milliseconds timeout) {
+        return try_connect(address, timeout).value();
+    }
+#endif
+
+    Connection(const Connection&) = delete;
+    Connection& operator=(const Connection&) = delete;
+    Connection(Connection&& other) noexcept : conn_(std::exchange(other.conn_, nullptr)) {}
+    // Closes what this Connection held, then takes over `other`.
+    Connection& operator=(Connection&& other) noexcept {
+        if (this != &other) {
+            (void)devshare_connection_close(conn_);
+            conn_ = std::exchange(other.conn_, nullptr);
+        }
+        return *this;
+    }
+    ~Connection() { (void)devshare_connection_close(conn_); }
+
+    // The C connection, still owned by this object (nullptr when empty).
+    [[nodiscard]] DevshareConnection* get() const noexcept { return conn_; }
+    explicit operator bool() const noexcept { return conn_ != nullptr; }
+    // Give up ownership: the caller must devshare_connection_close the result. Leaves this empty.
+    [[nodiscard]] DevshareConnection* release() noexcept { return std::exchange(conn_, nullptr); }
+
+    // The socket to poll for reading in your event loop: readable when an item or the
+    // producer's close arrives. -1 when empty.
+    [[nodiscard]] int fd() const noexcept { return devshare_connection_fd(conn_); }
+
+    // The next item -- a leased reference or a pool slot -- as an Import
+    // (devshare_connection_recv). Destroying or releasing the Import gives the reference or slot
+    // back to the producer: do so once this process's device work on it is finished. For a pool
+    // item, Import::pool_slot() says which pool and slot it is; its data() is the same address
+    // every time that slot arrives. Waits at most `timeout` (0: does not wait, negative: forever):
+    // an empty Import when nothing arrived in time. DEVSHARE_STATUS_CLOSED once the producer
+    // closed the channel or exited and nothing is queued: nothing more will come (Imports
+    // received stay valid until released). A malformed item is refused and given back
+    // (DEVSHARE_STATUS_UNTRUSTED or the handle's status).
+    [[nodiscard]] Result<Import> try_recv(std::chrono::milliseconds timeout) {
+        DevshareImport* raw = nullptr;
+        const int32_t s = devshare_connection_recv(conn_, detail::timeout_ms(timeout), &raw);
+        if (s == DEVSHARE_STATUS_TIMEOUT) {
+            return Import();
+        }
+        if (s != DEVSHARE_STATUS_OK) {
+            return Error::from_last(s);
+        }
+        Result<Import> imp = Import::try_adopt(raw);
+        if (!imp) {
+            (void)devshare_import_release(raw);
+        }
+        return imp;
+    }
+
+    // Close the connection (devshare_connection_close): the producer takes back every lease and
+    // slot of it. Imports received stay valid until released. Afterwards this Connection is
+    // empty; an empty Connection's close does nothing.
+    [[nodiscard]] Result<void> try_close() {
+        return status_result(devshare_connection_close(std::exchange(conn_, nullptr)));
+    }
+
+#if DEVSHARE_HPP_EXCEPTIONS
+    [[nodiscard]] Import recv(std::chrono::milliseconds timeout) { return try_recv(timeout).value(); }
+    void close() { try_close().value(); }
+#endif
+
+private:
+    DevshareConnection* conn_ = nullptr;
 };
 
 }  // namespace devshare

@@ -15,6 +15,11 @@
 //    torch conversions, probe / local_pid / allow_ptrace, try_wait / try_close;
 //  - ~Exporter without exceptions: a busy device export (CUDA stand-in) is not forced but handed
 //    to the leak handler; OnDestroy::force forces; try_export_segments.
+//  - channels with try_ forms, the consumer a forked process: try_listen, try_wait_peers,
+//    try_peers, Pool::try_create over try_channel_host_alloc, try_acquire (an empty Slot on
+//    timeout, ~Slot gives an unsent slot back), try_send<T>; the consumer's try_connect,
+//    try_recv (an empty Import on timeout), try_pool_slot, try_as; after the producer's try_close
+//    the consumer's try_recv is a Result with DEVSHARE_STATUS_CLOSED.
 //
 // Prints "ok - ..." / "FAIL - ..." per case; exit status 0 when all passed.
 
@@ -25,6 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -94,6 +100,29 @@ static_assert(!std::is_constructible<devshare::Import, const devshare::Handle&>:
               "the throwing Import(handle) constructor is compiled out");
 static_assert(!std::is_constructible<devshare::Exporter, DevshareExporter*>::value,
               "the throwing Exporter(DevshareExporter*) constructor is compiled out");
+template <typename T, typename = void>
+struct has_recv : std::false_type {};
+template <typename T>
+struct has_recv<T, std::void_t<decltype(std::declval<T&>().recv(std::chrono::milliseconds(0)))>> : std::true_type {};
+template <typename T, typename = void>
+struct has_acquire : std::false_type {};
+template <typename T>
+struct has_acquire<T, std::void_t<decltype(std::declval<T&>().acquire(std::chrono::milliseconds(0)))>>
+    : std::true_type {};
+template <typename T, typename = void>
+struct has_peers : std::false_type {};
+template <typename T>
+struct has_peers<T, std::void_t<decltype(std::declval<const T&>().peers())>> : std::true_type {};
+
+static_assert(!has_close<devshare::Channel>::value && !has_peers<devshare::Channel>::value,
+              "Channel::close() and peers() (throwing) are compiled out");
+static_assert(!has_recv<devshare::Connection>::value && !has_close<devshare::Connection>::value,
+              "Connection::recv() and close() (throwing) are compiled out");
+static_assert(!has_acquire<devshare::Pool>::value && !has_close<devshare::Pool>::value,
+              "Pool::acquire() and close() (throwing) are compiled out");
+static_assert(std::is_move_constructible<devshare::Result<devshare::Slot>>::value &&
+                  !std::is_copy_constructible<devshare::Result<devshare::Slot>>::value,
+              "Result<Slot> is move-only, like Slot");
 static_assert(std::is_move_constructible<devshare::Result<devshare::Import>>::value &&
                   !std::is_copy_constructible<devshare::Result<devshare::Import>>::value,
               "Result<Import> is move-only, like Import");
@@ -268,6 +297,116 @@ void test_torch() {
           "Import::try_from_torch of a 9-d tuple: BAD_NDIM");
 }
 
+// One line from `fd` (without its newline); empty at end of file.
+std::string read_line(int fd) {
+    std::string line;
+    char c;
+    while (read(fd, &c, 1) == 1 && c != '\n') {
+        line += c;
+    }
+    return line;
+}
+
+// Channels through the try_ forms; the consumer is a child forked before the channel exists. It
+// answers on a pipe with "1 what" / "0 what" lines ("ready" once it is connected).
+void test_channel() {
+    const std::string addr = "@devshare_test_raii_noexcept_" + std::to_string(getpid());
+    const std::chrono::milliseconds wait(20000);  // bound on every wait for the other process
+    int go[2];
+    int rep[2];
+    if (pipe(go) != 0 || pipe(rep) != 0) {
+        check(false, "pipe");
+        return;
+    }
+    std::fflush(stdout);
+    const pid_t child = fork();
+    if (child == 0) {
+        close(go[1]);
+        close(rep[0]);
+        std::string out;
+        const auto say = [&](bool ok, const char* what) { out += std::string(ok ? "1 " : "0 ") + what + "\n"; };
+        char c;
+        if (read(go[0], &c, 1) != 1) {
+            _exit(2);
+        }
+        {
+            devshare::Result<devshare::Connection> conn = devshare::Connection::try_connect(addr, wait);
+            say(conn.has_value() && conn->fd() >= 0, "consumer: Connection::try_connect");
+            if (!conn) {
+                std::fprintf(stderr, "    %s\n", conn.error().what());
+                _exit(3);
+            }
+            const devshare::Result<devshare::Import> nothing = conn->try_recv(std::chrono::milliseconds(0));
+            say(nothing && !*nothing, "consumer: try_recv(0ms) with nothing queued: an empty Import, no error");
+            const std::string ready = out + "ready\n";
+            (void)!write(rep[1], ready.data(), ready.size());
+            out.clear();
+            const devshare::Result<devshare::Import> item = conn->try_recv(wait);
+            say(item && *item, "consumer: try_recv gives the item");
+            if (item && *item) {
+                const devshare::Result<devshare::PoolSlot> ps = item->try_pool_slot();
+                say(ps && ps->pool > 0, "consumer: try_pool_slot names its pool");
+                const devshare::Result<devshare::TensorView<const int32_t>> v = item->try_as<const int32_t>();
+                say(v && v->shape()[0] == 8 && (*v)(0) == 40 && (*v)(7) == 47,
+                    "consumer: try_as<const int32_t>() reads what the producer wrote");
+            }
+            const devshare::Result<devshare::Import> closed = conn->try_recv(wait);
+            say(!closed && closed.status() == DEVSHARE_STATUS_CLOSED &&
+                    std::strncmp(closed.error().what(), "devshare_connection_recv:", 25) == 0,
+                "consumer: try_recv after the producer's close: a Result with DEVSHARE_STATUS_CLOSED");
+            say(conn->try_close().has_value() && !*conn, "consumer: Connection::try_close empties it");
+        }
+        (void)!write(rep[1], out.data(), out.size());
+        _exit(0);
+    }
+    close(go[0]);
+    close(rep[1]);
+    {
+        devshare::Result<devshare::Channel> ch = devshare::Channel::try_listen(addr);
+        check(ch.has_value(), "Channel::try_listen");
+        devshare::Result<devshare::Exporter> exp = devshare::Exporter::try_channel_host_alloc(4 * 256);
+        check(exp && failed_with(exp->try_share_bytes(), DEVSHARE_STATUS_UNSUPPORTED, "devshare_exporter_share:"),
+              "Exporter::try_channel_host_alloc; its try_share_bytes is UNSUPPORTED");
+        devshare::Result<devshare::Pool> pool = devshare::Pool::try_create(*ch, *exp, 256, 4);
+        check(pool && failed_with(devshare::Pool::try_create(*ch, *exp, 256, 5), DEVSHARE_STATUS_INVALID_ARGUMENT,
+                                  "devshare_pool_create:"),
+              "Pool::try_create; 5 slots of 256 in 1024 bytes: INVALID_ARGUMENT");
+        {
+            devshare::Result<devshare::Slot> s = pool->try_acquire(std::chrono::milliseconds(0));
+            check(s && *s && pool->try_info()->free_slots == 3, "Pool::try_acquire gives a Slot");
+        }
+        check(pool->try_info()->free_slots == 4, "~Slot gives the unsent slot back");
+        (void)!write(go[1], "g", 1);
+        check(ch->try_wait_peers(1, wait).value_or(false), "try_wait_peers(1) sees the consumer");
+        const devshare::Result<std::vector<uint64_t>> peers = ch->try_peers();
+        check(peers && peers->size() == 1, "try_peers: one peer");
+        std::string line;
+        while (!(line = read_line(rep[0])).empty() && line != "ready") {
+            check(line[0] == '1', line.substr(2));
+        }
+        devshare::Result<devshare::Slot> s = pool->try_acquire(wait);
+        int32_t* v = s->data<int32_t>();
+        for (int i = 0; i < 8; i++) {
+            v[i] = 40 + i;
+        }
+        const devshare::Result<void> sent = pool->try_send(*s, peers->at(0), v, {8});
+        check(sent && !*s, "Pool::try_send<int32_t> hands the slot over (the Slot is empty)");
+        check(ch->try_close().has_value() && !*ch, "Channel::try_close empties it");
+        check(failed_with(pool->try_acquire(std::chrono::milliseconds(0)), DEVSHARE_STATUS_CLOSED,
+                          "devshare_pool_acquire:"),
+              "a Pool that outlives its Channel: try_acquire is CLOSED");
+    }
+    close(go[1]);
+    std::string line;
+    while (!(line = read_line(rep[0])).empty()) {
+        check(line[0] == '1', line.substr(2));
+    }
+    close(rep[0]);
+    int status = 0;
+    waitpid(child, &status, 0);
+    check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the consumer exited normally");
+}
+
 DevshareExporter* g_leaked = nullptr;
 int32_t g_leak_status = 0;
 
@@ -390,6 +529,7 @@ int main() {
     test_result();
     test_round_trip();
     test_torch();
+    test_channel();  // before test_device_destruction: it forks
     test_device_destruction();
     std::printf("1..%d\n# %d passed, %d failed\n", n_cases, n_cases - n_failed, n_failed);
     return n_failed == 0 ? 0 : 1;

@@ -1,0 +1,664 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// test_raii_channel: devshare.hpp's channels, connections and pools (Channel, Connection, Pool,
+// Slot, Import::pool_slot, Exporter::channel_host_alloc), built with exceptions. The parent is
+// the producer; each case forks its consumer before the producer's channel exists (so the child
+// holds none of the producer's descriptors), drives it over a pipe and records the checks it
+// reports.
+//
+//  - type traits: Channel, Connection, Pool and Slot are move-only with noexcept moves and
+//    destructors;
+//  - in one process: errors are devshare::Error with the library's status and message (a socket
+//    path that exists: BUSY; nothing listening: NOT_FOUND; slots beyond the export and count 0:
+//    INVALID_ARGUMENT; share() of a channel_host_alloc export: UNSUPPORTED; an unknown peer:
+//    NOT_FOUND); the try_ forms return them; the socket file is mode 0600 and ~Channel removes
+//    it; wait_peers without a consumer is false, not an error;
+//  - Slot: ~Slot gives an acquired, unsent slot back (free count back up), so does a move
+//    assignment over it; Pool::release; with every slot out acquire gives an empty Slot; a send
+//    of an empty Slot, of another pool's Slot or of an address outside the slot is refused by
+//    the header, a send to an unknown peer by the library, and the Slot stays acquired;
+//    disown() hands the index to the C API; Import::pool_slot of other imports is refused;
+//  - pool round trip: 1000 items through 4 slots, producer and consumer in separate processes;
+//    on both sides each slot keeps one address (slot k at base + k * slot_size), the data
+//    written by the producer arrives in order, every slot comes home;
+//  - lease: Channel::send of a float tensor: exporter outstanding 1 (peer_info leases 1) while
+//    the consumer holds the Import, 0 once it destroyed it (Exporter::wait serves the channel);
+//    the Import is not a pool item; recv(0ms) with nothing queued is an empty Import;
+//  - a consumer that drops its Connection while it holds two pool slots and a lease: the
+//    producer gets the slots and the lease back, the peer is gone, the consumer's Imports still
+//    read;
+//  - producer close: the consumer still receives what was queued, then recv throws
+//    devshare::Error with DEVSHARE_STATUS_CLOSED and try_recv returns that status; the Import
+//    stays readable; the closed channel's lease no longer counts; a Pool outliving its Channel
+//    answers CLOSED.
+//
+// Prints "ok - ..." / "FAIL - ..." per case (the consumer's checks prefixed "consumer:"); exit
+// status 0 when all passed.
+
+#include "devshare.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using std::chrono::milliseconds;
+
+int n_cases = 0;
+int n_failed = 0;
+
+bool check(bool ok, const std::string& what) {
+    n_cases++;
+    std::printf("%s - %s\n", ok ? "ok" : "FAIL", what.c_str());
+    std::fflush(stdout);
+    if (!ok) {
+        n_failed++;
+    }
+    return ok;
+}
+
+// Runs `f`, which must throw devshare::Error with `status` and a message starting with
+// `function` + ":".
+template <typename F>
+void expect_error(int32_t status, const char* function, const std::string& what, F&& f) {
+    try {
+        f();
+        check(false, what + ": no exception");
+    } catch (const devshare::Error& e) {
+        const std::string msg = e.what();
+        const bool ok = e.status() == status && msg.rfind(std::string(function) + ":", 0) == 0;
+        check(ok, what + " throws devshare::Error(" + devshare_status_str(status) + ")");
+        if (!ok) {
+            std::printf("    got status %d: %s\n", static_cast<int>(e.status()), e.what());
+        }
+    } catch (const std::exception& e) {
+        check(false, what + ": unexpected exception " + e.what());
+    }
+}
+
+// The bound on every wait for the other process (a failure, not a measurement, when reached).
+constexpr milliseconds kWait{20000};
+
+// An abstract socket name carrying this process's pid.
+std::string address(const char* what) {
+    return "@devshare_test_raii_channel_" + std::to_string(getpid()) + "_" + what;
+}
+
+// Serve `ch` until `done()` holds; false when kWait passed first.
+template <typename P>
+bool serve_until(devshare::Channel& ch, P&& done) {
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (!done()) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+            return false;
+        }
+        ch.service(milliseconds(50));
+    }
+    return true;
+}
+
+// The consumer's side of the pipes: commands come as single bytes, checks go back as
+// "1 what" / "0 what" lines; "." ends a report.
+class Consumer {
+public:
+    Consumer(int cmd, int rep) : cmd_(cmd), rep_(rep) {}
+
+    // The parent's next command (0 when the parent is gone).
+    char next() {
+        char c = 0;
+        ssize_t n;
+        do {
+            n = read(cmd_, &c, 1);
+        } while (n < 0 && errno == EINTR);
+        return n == 1 ? c : 0;
+    }
+    bool check(bool ok, const std::string& what) {
+        pending_ += (ok ? "1 " : "0 ") + what + "\n";
+        return ok;
+    }
+    void report() {
+        pending_ += ".\n";
+        size_t off = 0;
+        while (off < pending_.size()) {
+            const ssize_t n = write(rep_, pending_.data() + off, pending_.size() - off);
+            if (n < 0 && errno == EINTR) {
+                continue;
+            }
+            if (n <= 0) {
+                break;
+            }
+            off += static_cast<size_t>(n);
+        }
+        pending_.clear();
+    }
+
+private:
+    int cmd_;
+    int rep_;
+    std::string pending_;
+};
+
+// A forked consumer process running `body`.
+class Child {
+public:
+    template <typename F>
+    explicit Child(F&& body) {
+        int cmd[2];
+        int rep[2];
+        if (pipe(cmd) != 0 || pipe(rep) != 0) {
+            std::perror("pipe");
+            std::exit(2);
+        }
+        std::fflush(stdout);
+        std::fflush(stderr);
+        pid_ = fork();
+        if (pid_ < 0) {
+            std::perror("fork");
+            std::exit(2);
+        }
+        if (pid_ == 0) {
+            close(cmd[1]);
+            close(rep[0]);
+            int rc = 0;
+            {
+                Consumer me(cmd[0], rep[1]);
+                try {
+                    body(me);
+                } catch (const std::exception& e) {
+                    me.check(false, std::string("unexpected exception: ") + e.what());
+                    me.report();
+                    rc = 1;
+                }
+            }
+            _exit(rc);
+        }
+        close(cmd[0]);
+        close(rep[1]);
+        cmd_ = cmd[1];
+        rep_ = fdopen(rep[0], "r");
+    }
+    Child(const Child&) = delete;
+    Child& operator=(const Child&) = delete;
+    ~Child() {
+        (void)wait();
+        if (rep_ != nullptr) {
+            std::fclose(rep_);
+        }
+    }
+
+    [[nodiscard]] pid_t pid() const { return pid_; }
+
+    void tell(char c) {
+        ssize_t n;
+        do {
+            n = write(cmd_, &c, 1);
+        } while (n < 0 && errno == EINTR);
+    }
+
+    // Reads the consumer's next report and records its checks here; false when it ended first.
+    bool take_report() {
+        char line[1024];
+        while (std::fgets(line, sizeof line, rep_) != nullptr) {
+            std::string s(line);
+            if (!s.empty() && s.back() == '\n') {
+                s.pop_back();
+            }
+            if (s == ".") {
+                return true;
+            }
+            check(s.size() > 2 && s[0] == '1', "consumer: " + (s.size() > 2 ? s.substr(2) : s));
+        }
+        return check(false, "consumer: ended before its report");
+    }
+
+    // Tells the consumer to finish (any command it waits for ends it), then waits for it: its
+    // exit status (-1 when it did not exit normally).
+    int wait() {
+        if (pid_ <= 0) {
+            return status_;
+        }
+        if (cmd_ >= 0) {
+            close(cmd_);
+            cmd_ = -1;
+        }
+        int st = 0;
+        while (waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+        }
+        pid_ = 0;
+        status_ = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        return status_;
+    }
+
+private:
+    pid_t pid_ = 0;
+    int cmd_ = -1;
+    FILE* rep_ = nullptr;
+    int status_ = -1;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+static_assert(!std::is_copy_constructible<devshare::Channel>::value, "Channel is move-only");
+static_assert(!std::is_copy_assignable<devshare::Channel>::value, "Channel is move-only");
+static_assert(std::is_nothrow_move_constructible<devshare::Channel>::value, "Channel moves are noexcept");
+static_assert(std::is_nothrow_move_assignable<devshare::Channel>::value, "Channel moves are noexcept");
+static_assert(std::is_nothrow_destructible<devshare::Channel>::value, "~Channel never throws");
+static_assert(!std::is_copy_constructible<devshare::Connection>::value, "Connection is move-only");
+static_assert(std::is_nothrow_move_constructible<devshare::Connection>::value, "Connection moves are noexcept");
+static_assert(std::is_nothrow_move_assignable<devshare::Connection>::value, "Connection moves are noexcept");
+static_assert(std::is_nothrow_destructible<devshare::Connection>::value, "~Connection never throws");
+static_assert(!std::is_copy_constructible<devshare::Pool>::value, "Pool is move-only");
+static_assert(std::is_nothrow_move_constructible<devshare::Pool>::value, "Pool moves are noexcept");
+static_assert(std::is_nothrow_move_assignable<devshare::Pool>::value, "Pool moves are noexcept");
+static_assert(std::is_nothrow_destructible<devshare::Pool>::value, "~Pool never throws");
+static_assert(!std::is_copy_constructible<devshare::Slot>::value, "Slot is move-only");
+static_assert(!std::is_copy_assignable<devshare::Slot>::value, "Slot is move-only");
+static_assert(std::is_nothrow_move_constructible<devshare::Slot>::value, "Slot moves are noexcept");
+static_assert(std::is_nothrow_move_assignable<devshare::Slot>::value, "Slot moves are noexcept");
+static_assert(std::is_nothrow_destructible<devshare::Slot>::value, "~Slot never throws");
+static_assert(std::is_nothrow_default_constructible<devshare::Slot>::value, "an empty Slot is free");
+static_assert(devshare::detail::timeout_ms(devshare::kForever) == -1 &&
+                  devshare::detail::timeout_ms(milliseconds(-5)) == -1 &&
+                  devshare::detail::timeout_ms(std::chrono::hours(24 * 365)) == INT32_MAX &&
+                  devshare::detail::timeout_ms(std::chrono::seconds(2)) == 2000,
+              "timeouts: negative is forever, longer than int32_t milliseconds is cut");
+
+bool file_exists(const std::string& path) {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0;
+}
+
+void test_in_process() {
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string path = std::string(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp") +
+                             "/devshare_test_raii_channel_" + std::to_string(getpid()) + ".sock";
+    const int fd = open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+    check(fd >= 0, "a plain file at the socket path (made by this test)");
+    if (fd >= 0) {
+        close(fd);
+        expect_error(DEVSHARE_STATUS_BUSY, "devshare_channel_listen", "Channel::listen on an existing file",
+                     [&] { (void)devshare::Channel::listen(path); });
+        (void)unlink(path.c_str());
+    }
+    {
+        devshare::Channel ch = devshare::Channel::listen(path);
+        struct stat st;
+        check(stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) && (st.st_mode & 0777) == 0600 && ch.fd() >= 0,
+              "Channel::listen(path): a socket file of mode 0600, fd() a descriptor");
+        devshare::Channel moved = std::move(ch);
+        check(!ch && moved && ch.get() == nullptr && ch.fd() == -1, "a moved-from Channel is empty (fd() -1)");
+    }
+    check(!file_exists(path), "~Channel removed its socket file");
+
+    expect_error(DEVSHARE_STATUS_NOT_FOUND, "devshare_channel_connect", "Connection::connect where nothing listens",
+                 [] { (void)devshare::Connection::connect(address("nothing"), milliseconds(0)); });
+    const devshare::Result<devshare::Connection> none = devshare::Connection::try_connect(address("nothing"), kWait);
+    check(!none && none.status() == DEVSHARE_STATUS_NOT_FOUND, "Connection::try_connect: the same as a Result");
+
+    devshare::Channel ch = devshare::Channel::listen(address("local"));
+    check(ch.peers().empty() && !ch.wait_peers(1, milliseconds(0)) && ch.wait_peers(0, milliseconds(0)),
+          "no consumer: peers() empty, wait_peers(1, 0ms) false (not an error), wait_peers(0) true");
+    ch.service(milliseconds(0));
+    ch.restrict({static_cast<uint32_t>(geteuid())}, {});
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_channel_restrict", "restrict to pid 0",
+                 [&] { ch.restrict({}, {0}); });
+    expect_error(DEVSHARE_STATUS_NOT_FOUND, "devshare_channel_peer_info", "peer_info of an unknown peer",
+                 [&] { (void)ch.peer_info(12345); });
+
+    devshare::Exporter exp = devshare::Exporter::channel_host_alloc(4096);
+    const unsigned char* bytes = static_cast<const unsigned char*>(exp.data());
+    bool zero = bytes != nullptr;
+    for (size_t i = 0; zero && i < 4096; i++) {
+        zero = bytes[i] == 0;
+    }
+    check(zero && exp.size() == 4096, "Exporter::channel_host_alloc: 4096 zeroed bytes at data()");
+    expect_error(DEVSHARE_STATUS_UNSUPPORTED, "devshare_exporter_share", "share_bytes of a channel_host_alloc export",
+                 [&] { (void)exp.share_bytes(); });
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_pool_create", "Pool::create of 5 x 1024 in 4096 bytes",
+                 [&] { (void)devshare::Pool::create(ch, exp, 1024, 5); });
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_pool_create", "Pool::create with count 0",
+                 [&] { (void)devshare::Pool::create(ch, exp, 1024, 0); });
+    const devshare::Result<void> unknown = ch.try_send_bytes(777, exp);
+    check(!unknown && unknown.status() == DEVSHARE_STATUS_NOT_FOUND &&
+              std::strncmp(unknown.error().what(), "devshare_channel_send:", 22) == 0,
+          "Channel::try_send_bytes to an unknown peer: NOT_FOUND as a Result");
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Exporter::share", "Channel::send of an address outside",
+                 [&] { ch.send(1, exp, static_cast<const float*>(exp.data()) + 5000, {4}); });
+    check(exp.outstanding() == 0, "failed sends lease nothing");
+
+    // Slots.
+    devshare::Pool pool = devshare::Pool::create(ch, exp, 1024, 2);
+    check(pool && pool.slot_size() == 1024 && pool.count() == 2 && pool.info().free_slots == 2 &&
+              pool.info().slot_size == 1024 && pool.info().count == 2,
+          "Pool::create: slot_size(), count() and info() say 2 free slots of 1024 bytes");
+    {
+        devshare::Slot s = pool.acquire(milliseconds(0));
+        check(s && s.size() == 1024 && s.index() < 2 && s.pool() == pool.get() &&
+                  s.data() == static_cast<char*>(exp.data()) + s.index() * 1024 && pool.info().free_slots == 1,
+              "Pool::acquire: a Slot at data() + index * slot_size; one slot left free");
+    }
+    check(pool.info().free_slots == 2, "~Slot gives an acquired, unsent slot back (free_slots 1 -> 2)");
+    devshare::Slot a = pool.acquire(milliseconds(0));
+    devshare::Slot b = pool.acquire(milliseconds(0));
+    check(a && b && a.index() != b.index() && pool.info().free_slots == 0, "two acquires take both slots");
+    const devshare::Slot none_free = pool.acquire(milliseconds(0));
+    const devshare::Result<devshare::Slot> later = pool.try_acquire(milliseconds(20));
+    check(!none_free && later && !*later, "every slot out: acquire gives an empty Slot after the timeout (no error)");
+    a = std::move(b);
+    check(a && !b && pool.info().free_slots == 1, "a move assignment gives back the slot it replaces");
+    pool.release(a);
+    check(!a && pool.info().free_slots == 2, "Pool::release gives it back and empties the Slot");
+    pool.release(a);  // an empty Slot: nothing
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Pool::send", "Pool::send of an empty Slot",
+                 [&] { pool.send_bytes(a, 1); });
+
+    devshare::Exporter exp2 = devshare::Exporter::channel_host_alloc(2048);
+    devshare::Pool other = devshare::Pool::create(ch, exp2, 1024, 2);
+    devshare::Slot foreign = other.acquire(milliseconds(0));
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Pool::send", "Pool::send of another pool's Slot",
+                 [&] { pool.send_bytes(foreign, 1); });
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Pool::release", "Pool::release of another pool's Slot",
+                 [&] { pool.release(foreign); });
+    check(foreign && other.info().free_slots == 1, "the other pool's Slot stays acquired");
+
+    devshare::Slot s = pool.acquire(milliseconds(0));
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Pool::send", "Pool::send of an address outside the slot",
+                 [&] { pool.send(s, 1, s.data<float>() + 300, {4}); });
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Pool::send", "Pool::send_at a misaligned offset",
+                 [&] { pool.send_at<float>(s, 1, 2, {4}); });
+    const devshare::Result<void> no_peer = pool.try_send(s, 777, s.data<int32_t>(), {16});
+    check(!no_peer && no_peer.status() == DEVSHARE_STATUS_NOT_FOUND && s && pool.info().free_slots == 1,
+          "Pool::try_send to an unknown peer: NOT_FOUND, the Slot stays acquired");
+    const uint32_t idx = s.disown();
+    check(!s && devshare_pool_release(pool.get(), idx) == DEVSHARE_STATUS_OK && pool.info().free_slots == 2,
+          "Slot::disown leaves the slot acquired for the C API");
+
+    devshare::Exporter plain = devshare::Exporter::host_alloc(64);
+    const devshare::Import imp = devshare::Import::from(plain.share_bytes());
+    const devshare::Result<devshare::PoolSlot> not_item = imp.try_pool_slot();
+    check(!not_item && not_item.status() == DEVSHARE_STATUS_INVALID_ARGUMENT &&
+              devshare::Import().try_pool_slot().status() == DEVSHARE_STATUS_NULL_ARGUMENT,
+          "Import::pool_slot of a handle's import: INVALID_ARGUMENT; of an empty Import: NULL_ARGUMENT");
+}
+
+// 1000 items through 4 slots between two processes.
+void test_pool_round_trip() {
+    constexpr uint32_t kSlots = 4;
+    constexpr uint64_t kSlotSize = 4096;
+    constexpr int kItems = 1000;
+    constexpr int kInts = 64;
+    const std::string addr = address("pool");
+
+    Child child([&](Consumer& me) {
+        me.next();
+        devshare::Connection conn = devshare::Connection::connect(addr, kWait);
+        std::map<uint32_t, const void*> first_seen;
+        uint32_t pool_id = 0;
+        int got = 0, not_pool = 0, other_pool = 0, moved = 0, off_base = 0, bad_data = 0;
+        uintptr_t base = 0;
+        for (int i = 0; i < kItems; i++) {
+            devshare::Import item = conn.recv(kWait);
+            if (!item) {
+                break;
+            }
+            got++;
+            const devshare::Result<devshare::PoolSlot> ps = item.try_pool_slot();
+            if (!ps) {
+                not_pool++;
+                continue;
+            }
+            if (pool_id == 0) {
+                pool_id = ps->pool;
+            }
+            other_pool += ps->pool != pool_id;
+            const uintptr_t at = reinterpret_cast<uintptr_t>(item.data());
+            if (base == 0) {
+                base = at - ps->slot * kSlotSize;
+            }
+            off_base += at != base + ps->slot * kSlotSize;
+            auto seen = first_seen.emplace(ps->slot, item.data());
+            moved += seen.first->second != item.data();
+            const devshare::TensorView<const int32_t> v = item.as<const int32_t>();
+            bool ok = v.shape().size() == 1 && v.shape()[0] == kInts;
+            for (int k = 0; ok && k < kInts; k++) {
+                ok = v(k) == i * 131 + k;
+            }
+            bad_data += !ok;
+        }  // each Import destroyed here: its slot goes back
+        me.check(got == kItems, "received " + std::to_string(got) + " of " + std::to_string(kItems) + " items");
+        me.check(not_pool == 0 && other_pool == 0 && pool_id > 0,
+                 "every item is a pool item of one pool (Import::pool_slot, pool id > 0)");
+        me.check(first_seen.size() == kSlots, "all " + std::to_string(kSlots) + " slots arrived");
+        me.check(moved == 0 && off_base == 0,
+                 "each slot kept one address over 1000 items (slot k at base + k * slot_size)");
+        me.check(bad_data == 0, "each item holds what the producer wrote, in order (int32 [64])");
+        me.report();
+        me.next();
+    });
+
+    devshare::Channel ch = devshare::Channel::listen(addr);
+    child.tell('g');
+    check(ch.wait_peers(1, kWait), "pool: wait_peers(1) sees the consumer");
+    const std::vector<uint64_t> peers = ch.peers();
+    check(peers.size() == 1 && peers[0] > 0, "peers(): one id");
+    if (peers.size() != 1) {
+        return;
+    }
+    const uint64_t peer = peers[0];
+    const DevsharePeerInfo info = ch.peer_info(peer);
+    check(info.id == peer && info.pid == child.pid() && info.uid == geteuid() && info.leases == 0,
+          "peer_info: the consumer's id, pid and uid, no leases yet");
+
+    devshare::Exporter exp = devshare::Exporter::channel_host_alloc(kSlots * kSlotSize);
+    devshare::Pool pool = devshare::Pool::create(ch, exp, kSlotSize, kSlots);
+    char* const base = static_cast<char*>(exp.data());
+    int sent = 0;
+    int off_base = 0;
+    int not_emptied = 0;
+    for (int i = 0; i < kItems; i++) {
+        devshare::Slot slot = pool.acquire(kWait);  // waits (serving the channel) while all 4 are out
+        if (!slot) {
+            break;
+        }
+        off_base += slot.data() != base + slot.index() * kSlotSize;
+        int32_t* v = slot.data<int32_t>();
+        for (int k = 0; k < kInts; k++) {
+            v[k] = i * 131 + k;
+        }
+        pool.send(slot, peer, v, {kInts});
+        not_emptied += static_cast<bool>(slot);
+        sent++;
+    }
+    check(sent == kItems && off_base == 0 && not_emptied == 0,
+          "1000 slots acquired and sent: each at data() + index * slot_size, the Slot empty after send");
+    child.take_report();
+    check(serve_until(ch, [&] { return pool.info().free_slots == kSlots; }),
+          "every slot came home once the consumer destroyed its Imports (free_slots == count)");
+    check(child.wait() == 0, "the consumer exited normally");
+}
+
+// One leased reference: outstanding 1 while the consumer holds it, 0 after.
+void test_lease() {
+    const std::string addr = address("lease");
+    constexpr int kRows = 2;
+    constexpr int kCols = 8;
+    constexpr int kFirst = 4;
+
+    Child child([&](Consumer& me) {
+        me.next();
+        devshare::Connection conn = devshare::Connection::connect(addr, kWait);
+        me.check(conn.fd() >= 0, "Connection::fd() is a descriptor");
+        const devshare::Import nothing = conn.recv(milliseconds(0));
+        me.check(!nothing, "recv(0ms) with nothing queued: an empty Import (a timeout is not an error)");
+        me.report();
+        me.next();
+        devshare::Import item = conn.recv(kWait);
+        me.check(static_cast<bool>(item), "received the leased item");
+        if (item) {
+            const devshare::Result<devshare::PoolSlot> ps = item.try_pool_slot();
+            me.check(!ps && ps.status() == DEVSHARE_STATUS_INVALID_ARGUMENT,
+                     "a lease is not a pool item (Import::try_pool_slot: INVALID_ARGUMENT)");
+            const devshare::TensorView<const float> v = item.as<const float>();
+            me.check(v.shape().size() == 2 && v.shape()[0] == kRows && v.shape()[1] == kCols && v(0, 0) == kFirst + 0.5f &&
+                         v(1, 7) == kFirst + 15 + 0.5f,
+                     "Import::as<const float>(): the [2, 8] tensor the producer sent");
+        }
+        me.report();
+        me.next();
+        item = devshare::Import();  // the move assignment releases the import: the lease goes back
+        me.check(!item, "the Import destroyed");
+        me.report();
+        me.next();
+    });
+
+    devshare::Channel ch = devshare::Channel::listen(addr);
+    child.tell('g');
+    check(ch.wait_peers(1, kWait), "lease: wait_peers(1) sees the consumer");
+    child.take_report();
+    const uint64_t peer = ch.peers().at(0);
+
+    devshare::Exporter exp = devshare::Exporter::channel_host_alloc(4096);
+    float* t = static_cast<float*>(exp.data());
+    for (int i = 0; i < 64; i++) {
+        t[i] = static_cast<float>(i) + 0.5f;
+    }
+    ch.send(peer, exp, t + kFirst, {kRows, kCols});
+    check(exp.outstanding() == 1 && ch.peer_info(peer).leases == 1,
+          "Channel::send: one leased reference outstanding (peer_info leases 1)");
+    child.tell('r');
+    child.take_report();
+    check(!exp.wait(milliseconds(0)) && exp.outstanding() == 1,
+          "while the consumer holds the Import: wait(0ms) false, outstanding 1");
+    child.tell('d');
+    child.take_report();
+    check(exp.wait(kWait) && exp.outstanding() == 0 && ch.peer_info(peer).leases == 0,
+          "after the consumer's Import is destroyed: wait() (serving the channel) true, outstanding 0");
+    check(child.wait() == 0, "the consumer exited normally");
+}
+
+// A consumer drops its Connection while it holds two slots and a lease.
+void test_dropped_connection() {
+    const std::string addr = address("drop");
+
+    Child child([&](Consumer& me) {
+        me.next();
+        devshare::Connection conn = devshare::Connection::connect(addr, kWait);
+        me.next();
+        const devshare::Import first = conn.recv(kWait);
+        const devshare::Import second = conn.recv(kWait);
+        const devshare::Import lease = conn.recv(kWait);
+        const devshare::Result<devshare::PoolSlot> p1 = first.try_pool_slot();
+        const devshare::Result<devshare::PoolSlot> p2 = second.try_pool_slot();
+        me.check(p1 && p2 && p1->slot != p2->slot && lease && !lease.try_pool_slot(),
+                 "holding two pool slots and a lease");
+        me.report();
+        me.next();
+        {
+            const devshare::Connection dropped = std::move(conn);
+        }
+        me.check(!conn, "the Connection dropped (moved out and destroyed)");
+        const bool readable = first && second && lease && first.as<const int32_t>()(0) == 1 &&
+                              second.as<const int32_t>()(0) == 2 &&
+                              static_cast<const unsigned char*>(lease.data())[0] == 7;
+        me.check(readable, "the Imports stay readable after the Connection is gone");
+        me.report();
+        me.next();
+    });
+
+    devshare::Channel ch = devshare::Channel::listen(addr);
+    child.tell('g');
+    check(ch.wait_peers(1, kWait), "drop: wait_peers(1) sees the consumer");
+    const uint64_t peer = ch.peers().at(0);
+    devshare::Exporter exp = devshare::Exporter::channel_host_alloc(3 * 1024);
+    devshare::Pool pool = devshare::Pool::create(ch, exp, 1024, 3);
+    for (int32_t i = 1; i <= 2; i++) {
+        devshare::Slot s = pool.acquire(milliseconds(0));
+        s.data<int32_t>()[0] = i;
+        pool.send_at<int32_t>(s, peer, 0, {256});
+    }
+    devshare::Exporter leased = devshare::Exporter::channel_host_alloc(256);
+    static_cast<unsigned char*>(leased.data())[0] = 7;
+    ch.send_bytes(peer, leased);
+    child.tell('s');
+    child.take_report();
+    check(pool.info().free_slots == 1 && leased.outstanding() == 1 && exp.outstanding() == 1 &&
+              ch.peer_info(peer).leases == 2,
+          "the consumer holds two slots (one free), the lease, and is attached to the pool (peer_info leases 2)");
+    child.tell('c');
+    child.take_report();
+    check(serve_until(ch, [&] { return pool.info().free_slots == 3; }),
+          "the consumer's dropped Connection returns its slots (free_slots 1 -> 3) while it still holds the Imports");
+    check(leased.outstanding() == 0 && exp.outstanding() == 0 && ch.peers().empty(),
+          "and its lease and pool attachment; the peer is gone");
+    check(child.wait() == 0, "the consumer exited normally");
+}
+
+// The producer closes its channel: queued items still arrive, then CLOSED.
+void test_producer_close() {
+    const std::string addr = address("close");
+
+    Child child([&](Consumer& me) {
+        me.next();
+        devshare::Connection conn = devshare::Connection::connect(addr, kWait);
+        me.next();
+        const devshare::Import item = conn.recv(kWait);
+        me.check(item && item.as<const float>()(0) == 3.5f, "the item sent before the close arrives");
+        try {
+            (void)conn.recv(kWait);
+            me.check(false, "recv after the producer closed: no exception");
+        } catch (const devshare::Error& e) {
+            me.check(e.status() == DEVSHARE_STATUS_CLOSED &&
+                         std::strncmp(e.what(), "devshare_connection_recv:", 25) == 0,
+                     "recv after the producer closed throws devshare::Error(DEVSHARE_STATUS_CLOSED)");
+        }
+        const devshare::Result<devshare::Import> again = conn.try_recv(milliseconds(0));
+        me.check(!again && again.status() == DEVSHARE_STATUS_CLOSED, "try_recv: a Result with DEVSHARE_STATUS_CLOSED");
+        me.check(item.as<const float>()(1) == 4.5f, "the received Import stays readable");
+        me.report();
+        me.next();
+    });
+
+    devshare::Channel ch = devshare::Channel::listen(addr);
+    child.tell('g');
+    check(ch.wait_peers(1, kWait), "close: wait_peers(1) sees the consumer");
+    const uint64_t peer = ch.peers().at(0);
+    devshare::Exporter exp = devshare::Exporter::channel_host_alloc(1024);
+    float* t = static_cast<float*>(exp.data());
+    t[0] = 3.5f;
+    t[1] = 4.5f;
+    ch.send<float>(peer, exp, exp.data(), {2});
+    devshare::Exporter pool_exp = devshare::Exporter::channel_host_alloc(1024);
+    devshare::Pool pool = devshare::Pool::create(ch, pool_exp, 512, 2);
+    ch.close();
+    check(!ch && exp.outstanding() == 0, "Channel::close empties it; its lease no longer counts");
+    const devshare::Result<devshare::Slot> after = pool.try_acquire(milliseconds(0));
+    check(!after && after.status() == DEVSHARE_STATUS_CLOSED, "a Pool that outlives its Channel answers CLOSED");
+    child.tell('s');
+    child.take_report();
+    check(child.wait() == 0, "the consumer exited normally");
+}
+
+}  // namespace
+
+int main() {
+    test_in_process();
+    test_pool_round_trip();
+    test_lease();
+    test_dropped_connection();
+    test_producer_close();
+    std::printf("1..%d\n# %d passed, %d failed\n", n_cases, n_cases - n_failed, n_failed);
+    return n_failed == 0 ? 0 : 1;
+}
