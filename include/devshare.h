@@ -694,7 +694,10 @@ int32_t devshare_channel_fd(const struct DevshareChannel *channel);
 
 // Accept new peers (credentials checked, handshake), take their releases and returned slots,
 // and notice the ones that hung up — their leases and slots come back at once. Waits at most
-// `timeout_ms` for something to happen (0: do not wait; negative: until something does).
+// `timeout_ms` for something to happen (0: do not wait; negative: until something does), and
+// returns `DEVSHARE_STATUS_OK` whether or not anything did. Until a call serves the channel, a
+// released lease still counts in `devshare_exporter_outstanding` (`devshare_exporter_wait`
+// serves the channels itself).
 int32_t devshare_channel_service(struct DevshareChannel *channel, int32_t timeout_ms);
 
 // Serve the channel until at least `n` peers are connected: `DEVSHARE_STATUS_TIMEOUT` after
@@ -760,6 +763,10 @@ int32_t devshare_pool_acquire(struct DevsharePool *pool,
                               uint32_t *slot,
                               void **ptr);
 
+// The pool's id on its channel (> 0): what `devshare_import_pool_slot` reports to consumers for
+// its items.
+int32_t devshare_pool_id(const struct DevsharePool *pool, uint32_t *id);
+
 // Hand acquired slot `slot` to `peer`, describing the tensor in it: `desc->storage_offset` is
 // relative to the slot, `storage_size` `DEVSHARE_STORAGE_TO_END` means the rest of the slot;
 // `desc` NULL sends the whole slot as bytes. Device work on `desc->stream` is synchronised
@@ -798,6 +805,12 @@ int32_t devshare_channel_connect(const char *address_,
 // The connection's socket, to poll (for reading) in your event loop: readable when an item or
 // the producer's close arrives. -1 for NULL.
 int32_t devshare_connection_fd(const struct DevshareConnection *conn);
+
+// This consumer's peer id at the producer (what the producer's `devshare_channel_peer_ids`
+// lists for it) and the producer's pid as it reported it; either out-pointer may be NULL.
+int32_t devshare_connection_info(const struct DevshareConnection *conn,
+                                 uint64_t *peer_id,
+                                 int32_t *producer_pid);
 
 // Receive the next item — a leased reference or a pool slot — as an ordinary import:
 // `devshare_import_info` gives its pointers, `devshare_import_release` gives it back to the
@@ -958,7 +971,9 @@ int32_t devshare_exporter_allow_pid(const struct DevshareExporter *exporter, int
 // `getpid()`.
 int32_t devshare_local_pid(uint16_t backend, int32_t device, int32_t *pid);
 
-// Number of references handed out by `devshare_exporter_share` and not yet released.
+// Number of references handed out by `devshare_exporter_share` and not yet released, plus the
+// leases and pool attachments of this export out over channels (those are counted back when a
+// call serves their channel: `devshare_channel_service`, or `devshare_exporter_wait`).
 // `DEVSHARE_STATUS_UNTRUSTED` (`*count` untouched) when a ref-counter slot holds anything but 0
 // or 1: something else wrote to it, and the message names the slot.
 int32_t devshare_exporter_outstanding(const struct DevshareExporter *exporter, uint64_t *count);

@@ -137,7 +137,10 @@ pub unsafe extern "C" fn devshare_channel_fd(channel: *const DevshareChannel) ->
 
 /// Accept new peers (credentials checked, handshake), take their releases and returned slots,
 /// and notice the ones that hung up — their leases and slots come back at once. Waits at most
-/// `timeout_ms` for something to happen (0: do not wait; negative: until something does).
+/// `timeout_ms` for something to happen (0: do not wait; negative: until something does), and
+/// returns `DEVSHARE_STATUS_OK` whether or not anything did. Until a call serves the channel, a
+/// released lease still counts in `devshare_exporter_outstanding` (`devshare_exporter_wait`
+/// serves the channels itself).
 #[no_mangle]
 pub unsafe extern "C" fn devshare_channel_service(channel: *mut DevshareChannel, timeout_ms: i32) -> i32 {
     boundary("devshare_channel_service", || ffi!(arg(channel, "channel"))?.0.service(timeout(timeout_ms)))
@@ -321,6 +324,17 @@ pub unsafe extern "C" fn devshare_pool_acquire(
     })
 }
 
+/// The pool's id on its channel (> 0): what `devshare_import_pool_slot` reports to consumers for
+/// its items.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_pool_id(pool: *const DevsharePool, id: *mut u32) -> i32 {
+    boundary("devshare_pool_id", || {
+        let p = &ffi!(arg(pool, "pool"))?.0;
+        *ffi!(arg_mut(id, "id"))? = p.id();
+        Ok(())
+    })
+}
+
 /// Hand acquired slot `slot` to `peer`, describing the tensor in it: `desc->storage_offset` is
 /// relative to the slot, `storage_size` `DEVSHARE_STORAGE_TO_END` means the rest of the slot;
 /// `desc` NULL sends the whole slot as bytes. Device work on `desc->stream` is synchronised
@@ -420,6 +434,26 @@ pub unsafe extern "C" fn devshare_connection_fd(conn: *const DevshareConnection)
     boundary_value("devshare_connection_fd", -1, || match ffi!(conn.as_ref()) {
         Some(c) => c.0.fd().as_fd().as_raw_fd(),
         None => -1,
+    })
+}
+
+/// This consumer's peer id at the producer (what the producer's `devshare_channel_peer_ids`
+/// lists for it) and the producer's pid as it reported it; either out-pointer may be NULL.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_connection_info(
+    conn: *const DevshareConnection,
+    peer_id: *mut u64,
+    producer_pid: *mut i32,
+) -> i32 {
+    boundary("devshare_connection_info", || {
+        let c = &ffi!(arg(conn, "conn"))?.0;
+        if let Some(o) = ffi!(peer_id.as_mut()) {
+            *o = c.peer_id();
+        }
+        if let Some(o) = ffi!(producer_pid.as_mut()) {
+            *o = c.producer_pid();
+        }
+        Ok(())
     })
 }
 

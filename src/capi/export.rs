@@ -403,7 +403,9 @@ pub unsafe extern "C" fn devshare_local_pid(backend: u16, device: i32, pid: *mut
     })
 }
 
-/// Number of references handed out by `devshare_exporter_share` and not yet released.
+/// Number of references handed out by `devshare_exporter_share` and not yet released, plus the
+/// leases and pool attachments of this export out over channels (those are counted back when a
+/// call serves their channel: `devshare_channel_service`, or `devshare_exporter_wait`).
 /// `DEVSHARE_STATUS_UNTRUSTED` (`*count` untouched) when a ref-counter slot holds anything but 0
 /// or 1: something else wrote to it, and the message names the slot.
 #[no_mangle]

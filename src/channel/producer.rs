@@ -639,9 +639,9 @@ impl Pool {
                 storage_size: Some(rel_size),
                 ..desc.clone()
             };
+            core.peer(peer)?;
             // Describes and validates the tensor, and synchronises the producing stream.
             let h = p.exporter.share_leased(&abs)?;
-            core.peer(peer)?;
             if !core.peer(peer)?.attached.contains_key(&id) {
                 core.allow(peer, &p.exporter)?;
                 let whole = p.slot_size * u64::from(p.count);
@@ -677,6 +677,11 @@ impl Pool {
             p.slots[slot as usize] = SlotState::Sent(peer);
             Ok(())
         })
+    }
+
+    /// The pool's id on its channel (what consumers see with their items).
+    pub fn id(&self) -> u32 {
+        self.id
     }
 
     /// Slot size, slot count and free slots.
