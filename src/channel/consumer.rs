@@ -140,7 +140,7 @@ impl Connection {
             )));
         }
         let mut hello = Out::new(wire::HELLO);
-        hello.u32(wire::MAGIC).u16(wire::VERSION).u16(0).i32(std::process::id() as i32);
+        hello.u32(wire::MAGIC).u16(wire::VERSION).u16(0).i32(announced_pid());
         match wire::send(fd.as_fd(), &hello.0, &[]) {
             // A producer that refused us at once has closed already: its reason is queued.
             Ok(()) | Err(Error::Closed(_)) => {}
@@ -369,6 +369,18 @@ impl Drop for Connection {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// The pid this process announces in the handshake: its bare tgid as the ACL runtime reports it
+/// (what ACL exporters must whitelist: the host pid, also inside a container) when an ACL runtime
+/// with a device is usable — asking binds device 0 on this thread for the call, then restores
+/// the thread's device — else `getpid()`.
+fn announced_pid() -> i32 {
+    let acl = crate::backend::get(crate::handle::DEVSHARE_BACKEND_ACL).ok();
+    acl.filter(|b| b.probe().usable)
+        .and_then(|b| b.local_pid(0).ok())
+        .filter(|&p| p > 0)
+        .unwrap_or(std::process::id() as i32)
 }
 
 /// Open a received handle: a channel memfd by its descriptor, anything else by its key.
