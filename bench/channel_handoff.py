@@ -184,7 +184,14 @@ class PackagePool:
 
 
 def have_package_channels():
-    return all(hasattr(devshare, name) for name in ("Channel", "Pool", "connect", "ChannelClosed"))
+    """Whether the package has channels and the loaded library serves them (a channel opens)."""
+    if not all(hasattr(devshare, name) for name in ("Channel", "Pool", "connect", "ChannelClosed")):
+        return False
+    try:
+        devshare.Channel(f"@devshare-bench-channel-handoff-probe-{os.getpid()}").close()
+    except devshare.Error:
+        return False
+    return True
 
 
 POOLS = {"ctypes": CtypesPool, "package": PackagePool}
