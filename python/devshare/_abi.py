@@ -14,6 +14,9 @@ Struct conventions (devshare.h): structs that start with ``struct_size`` are ver
 caller initialises one with its ``devshare_<struct>_init`` function before use (inputs: then
 fills it; outputs: the library writes at most ``struct_size`` bytes). :data:`INIT_FUNCTIONS`
 names the init function of each struct.
+
+The channel API (ABI 1.1: channels, leases, pools) adds opaque types and the prototypes of
+:func:`channel_signatures`, which devshare._channel binds when the library has them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from ctypes import (
     POINTER,
     Structure,
     c_char,
+    c_char_p,
     c_int32,
     c_int64,
     c_size_t,
@@ -63,6 +67,9 @@ HANDLE_FLAG_EVENT = 1
 HANDLE_FLAG_INFLIGHT = 2
 #: The allocation is a list of equal VMM segments (expandable segments): see the segments record.
 HANDLE_FLAG_SEGMENTED = 4
+#: Host memory that travels over a channel next to its handle (a sealed memfd, no name): only
+#: devshare_connection_recv imports such a handle (ABI 1.1).
+HANDLE_FLAG_CHANNEL = 8
 
 # Segmented handles (include/devshare.h; src/handle/segments.rs). The description is an extension
 # record of type EXT_SEGMENTS in the handle's ext area: {u64 segment_size; u32 count; u16 kind;
@@ -99,7 +106,7 @@ C_MACROS = {name: "DEVSHARE_" + name for name in (
     "IMPORT_READ_ONLY", "IMPORT_PEER_ACCESS_CALL", "IMPORT_NO_PEER_ACCESS", "DEVICE_FROM_HANDLE",
     "STORAGE_TO_END", "CLOSE_FORCE", "CLOSE_UNLINK", "HANDLE_FLAG_SEGMENTED", "EXT_MUST_UNDERSTAND",
     "EXT_SEGMENTS", "SEGMENTS_ACL", "SEGMENTS_CUDA_FD", "SEGMENTS_CUDA_FABRIC", "SEGMENTS_INLINE",
-    "SEGMENT_GRANULARITY", "MAX_SEGMENTS", "EXPORT_FABRIC",
+    "SEGMENT_GRANULARITY", "MAX_SEGMENTS", "EXPORT_FABRIC", "HANDLE_FLAG_CHANNEL",
 )}
 
 
@@ -134,6 +141,8 @@ class Status(enum.IntEnum):
     ALREADY_RELEASED = -37
     MISMATCH = -38
     UNTRUSTED = -39
+    #: The other end of a channel is gone, or the channel was closed (channels, ABI 1.1).
+    CLOSED = -40
     INTERNAL = -99
 
 
@@ -289,6 +298,83 @@ class TorchStorage(Structure):
     ]
 
 
+class PeerInfo(Structure):
+    """``DevsharePeerInfo`` (output of ``devshare_channel_peer_info``): a consumer connected to a
+    channel, as the kernel vouched for it when it connected (``SO_PEERCRED``)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("pid", c_int32),
+        ("uid", c_uint32),
+        ("gid", c_uint32),
+        ("id", c_uint64),  # the channel's id for the peer (> 0)
+        ("tgid", c_int32),  # the pid it announced in the handshake
+        ("reserved", c_uint32),
+        ("leases", c_uint64),  # leases and attached pools it has not given back
+        ("protocol_errors", c_uint64),  # its messages the producer refused
+    ]
+
+
+# --- Opaque types of the channel API (ABI 1.1) -----------------------------------------------------
+
+
+class ChannelStruct(Structure):
+    """Opaque ``DevshareChannel`` (the producer end of a channel)."""
+
+
+class ConnectionStruct(Structure):
+    """Opaque ``DevshareConnection`` (the consumer end of a channel)."""
+
+
+class PoolStruct(Structure):
+    """Opaque ``DevsharePool`` (fixed slots of one allocation, handed out over a channel)."""
+
+
+ChannelP = POINTER(ChannelStruct)
+ConnectionP = POINTER(ConnectionStruct)
+PoolP = POINTER(PoolStruct)
+
+#: The first library minor version with the channel API.
+CHANNEL_MINOR = 1
+
+
+def channel_signatures(exporter_p, import_p) -> list:
+    """(name, restype, argtypes) of the channel, lease and pool functions (ABI 1.1; int32 results
+    are statuses). ``exporter_p`` / ``import_p`` are the ``POINTER(DevshareExporter)`` and
+    ``POINTER(DevshareImport)`` types the rest of the package passes (devshare._lib makes them);
+    the test compares the result with devshare.h's prototypes like the package's other
+    signatures. They are bound by devshare._channel, not at load time, so that a 1.0 library
+    still loads (without channels)."""
+    desc = POINTER(TensorDesc)
+    return [
+        ("devshare_channel_listen", c_int32, [c_char_p, POINTER(ChannelP)]),
+        ("devshare_channel_restrict", c_int32,
+         [ChannelP, POINTER(c_uint32), c_size_t, POINTER(c_int32), c_size_t]),
+        ("devshare_channel_fd", c_int32, [ChannelP]),
+        ("devshare_channel_service", c_int32, [ChannelP, c_int32]),
+        ("devshare_channel_wait_peers", c_int32, [ChannelP, c_size_t, c_int32]),
+        ("devshare_channel_peer_ids", c_int32, [ChannelP, POINTER(c_uint64), c_size_t, POINTER(c_size_t)]),
+        ("devshare_channel_peer_info", c_int32, [ChannelP, c_uint64, POINTER(PeerInfo)]),
+        ("devshare_channel_send", c_int32, [ChannelP, c_uint64, exporter_p, desc]),
+        ("devshare_channel_close", c_int32, [ChannelP]),
+        ("devshare_channel_host_alloc", c_int32, [c_uint64, POINTER(exporter_p), POINTER(c_void_p)]),
+        ("devshare_pool_create", c_int32, [ChannelP, exporter_p, c_uint64, c_uint32, POINTER(PoolP)]),
+        ("devshare_pool_acquire", c_int32, [PoolP, c_int32, POINTER(c_uint32), POINTER(c_void_p)]),
+        ("devshare_pool_id", c_int32, [PoolP, POINTER(c_uint32)]),
+        ("devshare_pool_send", c_int32, [PoolP, c_uint32, c_uint64, desc]),
+        ("devshare_pool_release", c_int32, [PoolP, c_uint32]),
+        ("devshare_pool_info", c_int32, [PoolP, POINTER(c_uint64), POINTER(c_uint32), POINTER(c_uint32)]),
+        ("devshare_pool_close", c_int32, [PoolP]),
+        ("devshare_channel_connect", c_int32, [c_char_p, c_int32, POINTER(ConnectionP)]),
+        ("devshare_connection_fd", c_int32, [ConnectionP]),
+        ("devshare_connection_info", c_int32, [ConnectionP, POINTER(c_uint64), POINTER(c_int32)]),
+        ("devshare_connection_recv", c_int32, [ConnectionP, c_int32, POINTER(import_p)]),
+        ("devshare_import_pool_slot", c_int32, [import_p, POINTER(c_uint32), POINTER(c_uint32)]),
+        ("devshare_connection_close", c_int32, [ConnectionP]),
+        ("devshare_peer_info_init", c_int32, [POINTER(PeerInfo), c_uint32]),
+    ]
+
+
 #: C struct name -> its mirror. Every struct with fields in devshare.h must be here.
 STRUCTS = {
     "DevshareDType": DType,
@@ -299,6 +385,7 @@ STRUCTS = {
     "DevshareBackendInfo": BackendInfo,
     "DevshareTorchArgs": TorchArgs,
     "DevshareTorchStorage": TorchStorage,
+    "DevsharePeerInfo": PeerInfo,
 }
 
 #: Mirror -> the C function that initialises it (struct_size and the defaults). All but
@@ -311,9 +398,11 @@ INIT_FUNCTIONS = {
     BackendInfo: "devshare_backend_info_init",
     TorchArgs: "devshare_torch_args_init",
     TorchStorage: "devshare_torch_storage_init",
+    PeerInfo: "devshare_peer_info_init",
 }
 
 __all__ = [
     "EXPECTED_MAJOR", "EXPECTED_MINOR", *C_MACROS, "C_MACROS", "Status", *(c.__name__ for c in STRUCTS.values()),
-    "STRUCTS", "INIT_FUNCTIONS",
+    "STRUCTS", "INIT_FUNCTIONS", "ChannelStruct", "ConnectionStruct", "PoolStruct", "ChannelP",
+    "ConnectionP", "PoolP", "CHANNEL_MINOR", "channel_signatures",
 ]

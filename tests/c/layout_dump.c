@@ -146,6 +146,17 @@ int main(void) {
     FIELD(DevshareTorchStorage, event_sync_required);
     FIELD(DevshareTorchStorage, reserved);
 
+    STRUCT(DevsharePeerInfo);
+    FIELD(DevsharePeerInfo, struct_size);
+    FIELD(DevsharePeerInfo, pid);
+    FIELD(DevsharePeerInfo, uid);
+    FIELD(DevsharePeerInfo, gid);
+    FIELD(DevsharePeerInfo, id);
+    FIELD(DevsharePeerInfo, tgid);
+    FIELD(DevsharePeerInfo, reserved);
+    FIELD(DevsharePeerInfo, leases);
+    FIELD(DevsharePeerInfo, protocol_errors);
+
     /* Macros: the version, and every one the Python package mirrors (_abi.C_MACROS; the test
      * requires them here). Listing only those keeps this file compiling when the header
      * drops a macro nobody mirrors. */
@@ -177,6 +188,7 @@ int main(void) {
     MACRO(DEVSHARE_STORAGE_TO_END);
     MACRO(DEVSHARE_CLOSE_FORCE);
     MACRO(DEVSHARE_CLOSE_UNLINK);
+    MACRO(DEVSHARE_HANDLE_FLAG_CHANNEL);
 
     STATUS(DEVSHARE_STATUS_OK);
     STATUS(DEVSHARE_STATUS_NULL_ARGUMENT);
@@ -206,6 +218,7 @@ int main(void) {
     STATUS(DEVSHARE_STATUS_ALREADY_RELEASED);
     STATUS(DEVSHARE_STATUS_MISMATCH);
     STATUS(DEVSHARE_STATUS_UNTRUSTED);
+    STATUS(DEVSHARE_STATUS_CLOSED);
     STATUS(DEVSHARE_STATUS_INTERNAL);
     return 0;
 }

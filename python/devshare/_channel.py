@@ -1,0 +1,987 @@
+"""Channels: a producer hands tensors to consumer processes over a Unix socket, as leases.
+
+A :class:`Channel` is the producer end: it listens on an address (a filesystem path, or
+``"@name"`` for a Linux abstract socket) that consumers :func:`connect` to. Only processes of
+this user may connect (:meth:`Channel.restrict` narrows that down to uids or pids), and the
+kernel vouches for who they are (``SO_PEERCRED``).
+
+Two ways to hand a tensor over:
+
+- **Leases** (:meth:`Channel.send`): one reference to a tensor in memory from
+  :func:`channel_empty` (a sealed memfd that exists only for this process and the consumers it
+  was sent to) or :func:`devshare.empty`. :func:`devshare.outstanding` counts it until the
+  consumer releases the item or disconnects; :func:`devshare.wait` waits for that.
+- **Pools** (:meth:`Channel.pool`): ``count`` slots of ``slot_nbytes`` bytes in one allocation.
+  :meth:`Pool.acquire` gives a free slot to fill (blocking while every slot is out:
+  backpressure), :meth:`Slot.send` hands it to a consumer, whose :meth:`Item.release` brings it
+  back. A consumer maps the pool's allocation once, so every slot keeps one address for the
+  pool's life, in the producer and in each consumer.
+
+The consumer (:func:`connect`) gets :class:`Item` objects from :meth:`Connection.recv`: the
+item's :attr:`~Item.tensor` is a zero-copy torch tensor (or numpy array) over the producer's
+memory, valid until :meth:`Item.release`, which gives the reference or slot back to the
+producer at once.
+
+Nothing runs in the background: the library does the channel's work (accepting consumers,
+taking their releases, noticing that one died) inside the calls of this module, and inside
+:func:`devshare.wait`. A producer that is otherwise idle calls :meth:`Channel.service`, for
+example when :meth:`Channel.fileno` becomes readable in a ``select`` / ``poll`` / asyncio loop.
+
+Processes: every object here belongs to the process that made it. A process started with
+multiprocessing's ``spawn`` (or any new process) connects by address. A child made by ``fork``
+(multiprocessing's default start method on Linux) inherits copies of the parent's channels,
+pools, connections and items, but they are the parent's: using one in the child raises
+:class:`RuntimeError`, and the child's garbage collection of them does nothing (no release
+reaches the parent's producer). Connect again in the child. A child forked after consumers
+connected also keeps its copies of their sockets open while it lives, so those consumers see
+the producer's death or close only once that child is gone too: start fork workers before
+listening, or use ``spawn``.
+
+Threads: the objects may be used from several threads. Closing an object while another thread
+is inside one of its calls is refused (:class:`devshare.Error` with status ``BUSY``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+import time
+import weakref
+from ctypes import byref, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
+
+from . import _core, _dtypes, _ints
+from ._lib import (
+    BACKEND_HOST,
+    CHANNEL_MINOR,
+    ChannelP,
+    ConnectionP,
+    DType,
+    Error,
+    ExporterP,
+    HandleStruct,
+    ImportInfo,
+    ImportP,
+    PeerInfo,
+    PoolP,
+    STORAGE_TO_END,
+    Status,
+    TensorDesc,
+    call,
+    channel_signatures,
+    lib,
+    new_struct,
+    registry_lock,
+)
+from ._lib import version as _library_version
+
+# --- Binding the channel functions -------------------------------------------------------------
+
+
+def _bind() -> str | None:
+    """Set the channel functions' prototypes; why the library cannot do channels, or None."""
+    missing = []
+    for name, restype, argtypes in channel_signatures(ExporterP, ImportP):
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            missing.append(name)
+            continue
+        fn.restype = restype
+        fn.argtypes = argtypes
+    if missing:
+        return (f"the loaded libdevshare ({_library_version}) has no channel API (it lacks "
+                f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): channels need "
+                f"libdevshare 1.{CHANNEL_MINOR} or later")
+    return None
+
+
+_UNAVAILABLE = _bind()
+
+
+def _require() -> None:
+    if _UNAVAILABLE:
+        raise Error(Status.UNSUPPORTED, _UNAVAILABLE)
+
+
+class ChannelClosed(Error):
+    """The other end of the channel is gone, or the channel was closed (status ``CLOSED``).
+
+    :meth:`Connection.recv` raises it once the producer closed the channel or exited and every
+    item it sent before was received. Items received earlier stay valid until released.
+    """
+
+
+def _call(fn, *args) -> int:
+    """:func:`devshare._lib.call` (arguments range-checked, Error on failure), with status
+    ``CLOSED`` raised as :class:`ChannelClosed`."""
+    try:
+        return call(fn, *args)
+    except Error as e:
+        if e.status == Status.CLOSED and not isinstance(e, ChannelClosed):
+            raise ChannelClosed(e.status, e.message, e.vendor_error) from None
+        raise
+
+
+_I32_MAX = (1 << 31) - 1
+
+
+def _timed(fn, timeout) -> bool:
+    """Run ``fn(ms)`` (a blocking library call through :func:`_call`) for a timeout in seconds
+    (None or math.inf: forever; validated like :func:`devshare.wait`'s): False when it timed
+    out. The library takes int32 milliseconds (about 24.8 days): longer finite waits are made of
+    several calls."""
+    ms = _core._timeout_ms(timeout)
+    deadline = None if ms <= _I32_MAX else time.monotonic() + ms / 1000
+    while True:
+        if deadline is not None:
+            ms = min(_I32_MAX, max(0, math.ceil((deadline - time.monotonic()) * 1000)))
+        try:
+            fn(ms)
+            return True
+        except Error as e:
+            if e.status != Status.TIMEOUT:
+                raise
+            if deadline is None or ms < _I32_MAX:
+                return False
+
+
+def _address(address) -> bytes:
+    if isinstance(address, bytes):
+        raw = address
+    elif isinstance(address, str) or hasattr(address, "__fspath__"):
+        raw = os.fsencode(address)
+    else:
+        raise TypeError(f"a channel address is a path (str, bytes or os.PathLike) or '@name', not "
+                        f"{_core._type_label(address)}")
+    if not raw or raw == b"@":
+        raise ValueError("a channel address needs a path or a name after '@'")
+    if b"\0" in raw:
+        raise ValueError(f"a channel address cannot contain NUL characters: {address!r}")
+    return raw
+
+
+def _peer_id(peer) -> int:
+    return _ints.index("peer", peer, 1, _ints.U64[1])
+
+
+def _forked(what: str, pid: int) -> RuntimeError:
+    return RuntimeError(
+        f"this {what} belongs to process {pid}; process {os.getpid()} inherited it through fork() "
+        f"and cannot use it (only the process that made it may). Connect again in this process "
+        f"(devshare.connect(address)), or start workers with multiprocessing's 'spawn' method")
+
+
+# --- Objects owned by one process --------------------------------------------------------------
+
+
+class _Owned:
+    """A library object (``_ptr``) this process made: usable only here, closed once.
+
+    ``_fin`` (a weakref.finalize) closes it when the object is garbage; it is alive while the
+    object is open. Calls go through :meth:`_enter` / :meth:`_exit`, which count the threads
+    inside so that :meth:`close` cannot free the object under one of them.
+    """
+
+    _what = "object"
+
+    def _own(self, ptr, closer, *extra) -> None:
+        self._pid = os.getpid()
+        self._ptr = ptr
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._fin = weakref.finalize(self, _close_owned, self._pid, closer, ptr, *extra)
+
+    def _enter(self):
+        with self._lock:
+            if self._pid != os.getpid():
+                raise _forked(self._what, self._pid)
+            if not self._fin.alive:
+                raise ValueError(f"the {self._what} is closed")
+            self._busy += 1
+            return self._ptr
+
+    def _exit(self) -> None:
+        with self._lock:
+            self._busy -= 1
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (or the object was closed with its owner)."""
+        return not self._fin.alive
+
+    def close(self) -> None:
+        """Close it (again: nothing happens). Refused with ``BUSY`` while another thread is
+        inside one of its calls; RuntimeError in a process that inherited it through fork."""
+        with self._lock:
+            if self._pid != os.getpid():
+                raise _forked(self._what, self._pid)
+            if not self._fin.alive:
+                return
+            if self._busy:
+                raise Error(Status.BUSY, f"{self._what}.close(): {self._busy} call(s) of another "
+                                         f"thread are still inside it")
+            self._closing()
+            self._fin()
+
+    def _closing(self) -> None:
+        """Under the lock, before the close: close what depends on this object."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __reduce__(self):
+        raise TypeError(f"a devshare {self._what} cannot be pickled or sent to another process: "
+                        f"send the channel's address and connect there")
+
+
+def _close_owned(pid, closer, ptr, *extra) -> None:
+    # In a child that inherited the object through fork, nothing: it is the parent's.
+    if os.getpid() == pid:
+        closer(ptr, *extra)
+
+
+# --- Host memory for channels --------------------------------------------------------------------
+
+
+class _ChannelBuffer:
+    """Owner of a ``devshare_channel_host_alloc`` allocation (a sealed memfd). Closed when the
+    last tensor/array over it (and the last pool made on it) is gone."""
+
+    __slots__ = ("export", "__weakref__")
+
+    def __init__(self, nbytes: int):
+        ptr = ExporterP()
+        _call(lib.devshare_channel_host_alloc, nbytes, byref(ptr), None)
+        self.export = _core._Export(ptr, None)  # closes ptr if it fails
+        weakref.finalize(self, _close_export, os.getpid(), self.export)
+
+
+def _close_export(pid, export) -> None:
+    if os.getpid() == pid:
+        try:
+            export.close()
+        except Error:  # noqa: BLE001 - nothing to do about it in a finalizer
+            pass
+
+
+def _nbytes(shape, code, bits, lanes) -> int:
+    numel = 1
+    for d in shape:
+        numel *= d
+    nbytes = numel * (bits // 8) * lanes
+    if nbytes > _core._MAX_ALLOC:
+        raise ValueError(f"shape {shape} of {_dtypes.type_name(code, bits, lanes)} needs {nbytes} "
+                         f"bytes, more than the largest host allocation")
+    return nbytes
+
+
+def _check_like(like: str) -> None:
+    if like == "torch":
+        _dtypes.require_torch()
+    elif like == "numpy":
+        _dtypes.require_numpy()
+    else:
+        raise ValueError(f"like must be 'torch' or 'numpy', not {like!r}")
+
+
+def _view(addr: int, nbytes: int, keep, dtype, shape, strides=None, like: str = "torch"):
+    """A zero-copy tensor/array over ``[addr, addr + nbytes)`` (whose first element is at addr),
+    keeping ``keep`` alive as long as it (and every view of it) lives. ``dtype`` is a DLPack
+    (code, bits, lanes), ``strides`` in elements (None: C-contiguous)."""
+    esize = dtype[1] // 8 * dtype[2]
+    numel = 1
+    for d in shape:
+        numel *= d
+    if like == "torch":
+        torch = _dtypes.require_torch()
+        tdtype = _dtypes.to_torch(*dtype)
+        if numel == 0 or nbytes < esize:
+            return torch.empty(shape, dtype=tdtype)  # no memory to share
+        raw = (ctypes.c_uint8 * nbytes).from_address(addr)
+        raw._devshare_keep = keep  # the ctypes array (and so every tensor over it) keeps it
+        flat = torch.frombuffer(raw, dtype=tdtype, count=nbytes // esize)
+        if strides is None:
+            return flat[:numel].view(shape)
+        return flat.as_strided(shape, strides)
+    numpy = _dtypes.require_numpy()
+    ndtype = _dtypes.to_numpy(*dtype)
+    if numel == 0 or nbytes == 0:
+        return numpy.empty(shape, dtype=ndtype)
+    raw = (ctypes.c_uint8 * nbytes).from_address(addr)
+    raw._devshare_keep = keep
+    bstrides = None if strides is None else tuple(s * esize for s in strides)
+    return numpy.ndarray(shape, dtype=ndtype, buffer=raw, strides=bstrides)
+
+
+def channel_empty(shape, dtype="float32", like: str = "torch"):
+    """Uninitialised (zero-filled) host memory for channels, as a torch tensor or numpy array.
+
+    The memory is a sealed memfd (``devshare_channel_host_alloc``): it has no name anyone could
+    open, and reaches another process only over a channel (:meth:`Channel.send`, a pool over it),
+    which passes the descriptor itself. :func:`devshare.share` refuses it. The allocation is
+    closed when the tensor/array and every view of it are gone; consumers that received it keep
+    their mappings until they release them.
+
+    ``shape`` and ``dtype`` as for :func:`devshare.empty`. :func:`devshare.outstanding` and
+    :func:`devshare.wait` count the references :meth:`Channel.send` leased out of it.
+    Also available as :meth:`Channel.host_empty`.
+    """
+    _require()
+    shape = _core._normalize_shape(shape)
+    code, bits, lanes = _dtypes.from_any(dtype)
+    _check_like(like)
+    if like == "torch":
+        _dtypes.to_torch(code, bits, lanes)
+    else:
+        _dtypes.to_numpy(code, bits, lanes)
+    nbytes = _nbytes(shape, code, bits, lanes)
+    with registry_lock:
+        buf = _ChannelBuffer(max(nbytes, 1))
+        # Registered like devshare.empty()'s buffers: outstanding()/wait() and send() find it.
+        _core._add_buffer(buf)
+    return _view(buf.export.base, nbytes, buf, (code, bits, lanes), shape, like=like)
+
+
+def _tensor_desc(dtype, shape, strides, storage_offset, storage_size, tensor_offset):
+    """A TensorDesc for a leased share (no in-flight reference: the channel holds the lease).
+    Returns (desc, arrays that must outlive the call)."""
+    shape_arr = _ints.int64_array("shape", shape)
+    strides_arr = _ints.int64_array("strides", strides)
+    desc = new_struct(
+        TensorDesc,
+        dtype=DType(*dtype),
+        ndim=len(shape),
+        shape=ctypes.cast(shape_arr, ctypes.POINTER(ctypes.c_int64)),
+        strides=ctypes.cast(strides_arr, ctypes.POINTER(ctypes.c_int64)),
+        storage_offset=storage_offset,
+        storage_size=storage_size,
+        tensor_offset=tensor_offset,
+        flags=0,
+    )
+    return desc, (shape_arr, strides_arr)
+
+
+def _contiguous(shape) -> tuple[int, ...]:
+    strides, n = [], 1
+    for d in reversed(shape):
+        strides.append(n)
+        n *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def _layout(obj):
+    """(address of element 0, dtype, shape, element strides, bytes spanned) of a CPU torch
+    tensor or numpy array."""
+    if _core._is_torch_tensor(obj):
+        if obj.device.type != "cpu":
+            raise ValueError(f"only CPU tensors can be sent this way, not {obj.device.type} tensors")
+        if obj.is_conj() or obj.is_neg():
+            raise ValueError("the tensor has a lazy conjugate/negative bit: call resolve_conj() / "
+                             "resolve_neg() first")
+        shape, strides = tuple(obj.shape), tuple(obj.stride())
+        if any(s < 0 for s in strides):
+            raise ValueError("tensors with negative strides cannot be sent")
+        esize = obj.element_size()
+        span = 0 if obj.numel() == 0 else esize * (1 + sum((d - 1) * s for d, s in zip(shape, strides)))
+        return obj.data_ptr(), _dtypes.from_any(obj.dtype), shape, strides, span
+    if _core._is_ndarray(obj):
+        addr, span = _core._array_extent(obj)
+        esize = obj.itemsize
+        for s in obj.strides:
+            if s % esize:
+                raise ValueError(f"stride {s} bytes is not a multiple of the element size {esize}")
+        return (addr, _dtypes.from_any(obj.dtype), tuple(obj.shape),
+                tuple(s // esize for s in obj.strides), span)
+    raise TypeError(f"expected a torch tensor or a numpy array, not {_core._type_label(obj)}")
+
+
+# --- Producer ----------------------------------------------------------------------------------------
+
+
+class Channel(_Owned):
+    """The producer end of a channel, listening on ``address``.
+
+    ``address`` is a filesystem path (the socket file is created with mode 0600; an existing
+    file there is never replaced: :class:`devshare.Error` ``BUSY``) or ``"@name"`` for a Linux
+    abstract socket (no file; gone with the channel). Only processes with this process's
+    effective uid may connect until :meth:`restrict` says otherwise.
+
+    Use it as a context manager, or call :meth:`close`: consumers then see
+    :class:`ChannelClosed` once they received everything sent before, and what they hold stays
+    valid until they release it. Pools made on the channel are closed with it.
+    """
+
+    _what = "Channel"
+
+    #: See :func:`channel_empty`.
+    host_empty = staticmethod(channel_empty)
+
+    def __init__(self, address):
+        _require()
+        raw = _address(address)
+        ptr = ChannelP()
+        _call(lib.devshare_channel_listen, raw, byref(ptr))
+        self.address = os.fsdecode(raw)
+        # Pools made on this channel (closed before it).
+        self._pools: weakref.WeakSet = weakref.WeakSet()
+        self._own(ptr, lib.devshare_channel_close)
+
+    def __repr__(self):
+        state = "closed" if self.closed else "open"
+        return f"<devshare.Channel {self.address!r} {state}>"
+
+    def _closing(self) -> None:
+        for pool in list(self._pools):
+            pool.close()
+
+    def fileno(self) -> int:
+        """A descriptor that becomes readable when :meth:`service` has work (a consumer
+        connecting, releasing or hanging up), for ``select`` / ``poll`` / asyncio's
+        ``loop.add_reader``. It belongs to the channel: do not close or read it."""
+        ptr = self._enter()
+        try:
+            return _call(lib.devshare_channel_fd, ptr)
+        finally:
+            self._exit()
+
+    def service(self, timeout=None) -> None:
+        """Do the channel's pending work: accept consumers (their credentials checked), take
+        releases and returned slots, notice hang-ups (a dead consumer's leases and slots come
+        back at once). Waits at most ``timeout`` seconds (None: until something happens; 0: do
+        not wait) for something to do. The blocking calls (:meth:`wait_peers`,
+        :meth:`Pool.acquire`, :func:`devshare.wait`) do this themselves while they wait."""
+        ptr = self._enter()
+        try:
+            _timed(lambda ms: _call(lib.devshare_channel_service, ptr, ms), timeout)
+        finally:
+            self._exit()
+
+    def wait_peers(self, n: int = 1, timeout=None) -> list[int]:
+        """Serve the channel until at least ``n`` consumers are connected; return the connected
+        peers' ids (:meth:`peers`). TimeoutError when ``timeout`` seconds (None: forever) pass
+        first."""
+        n = _ints.index("n", n, 0, _ints.U64[1])
+        ptr = self._enter()
+        try:
+            done = _timed(lambda ms: _call(lib.devshare_channel_wait_peers, ptr, n, ms), timeout)
+        finally:
+            self._exit()
+        if not done:
+            raise TimeoutError(f"fewer than {n} consumer(s) connected within {timeout} s")
+        return self.peers()
+
+    def peers(self) -> list[int]:
+        """Ids (ints > 0) of the connected consumers, oldest first. As of the last service: call
+        :meth:`service` to take in new connections and hang-ups."""
+        ptr = self._enter()
+        try:
+            cap = 16
+            while True:
+                ids, count = (c_uint64 * cap)(), c_size_t()
+                try:
+                    _call(lib.devshare_channel_peer_ids, ptr, ids, cap, byref(count))
+                except Error as e:
+                    if e.status == Status.BUFFER_TOO_SMALL and count.value > cap:
+                        cap = count.value + 16  # more may connect before the next call
+                        continue
+                    raise
+                return list(ids[: count.value])
+        finally:
+            self._exit()
+
+    def peer_info(self, peer: int) -> dict:
+        """What is known of a connected consumer, a dict: ``id``; ``pid``, ``uid``, ``gid`` as
+        the kernel reported them when it connected; ``tgid``, the pid it announced; ``leases``,
+        items leased to it and pools it attached, not yet given back; ``protocol_errors``, its
+        messages the channel refused (giving back what it does not hold, ...).
+        :class:`devshare.Error` ``NOT_FOUND`` when it is not connected."""
+        peer = _peer_id(peer)
+        info = new_struct(PeerInfo)
+        ptr = self._enter()
+        try:
+            _call(lib.devshare_channel_peer_info, ptr, peer, byref(info))
+        finally:
+            self._exit()
+        return {"id": info.id, "pid": info.pid, "uid": info.uid, "gid": info.gid,
+                "tgid": info.tgid, "leases": info.leases, "protocol_errors": info.protocol_errors}
+
+    def restrict(self, uids=None, pids=None) -> None:
+        """Narrow down who may connect from now on (connected consumers stay): ``uids``, an
+        iterable of user ids, replaces the allowed set (None or empty: keep it; by default only
+        this process's effective uid); ``pids``, when given and not empty, admits only those
+        process ids."""
+        uid_list = [_ints.index("uid", u, *_ints.U32) for u in (uids or ())]
+        pid_list = [_ints.index("pid", p, 1, _ints.I32[1]) for p in (pids or ())]
+        uid_arr = (c_uint32 * len(uid_list))(*uid_list) if uid_list else None
+        pid_arr = (c_int32 * len(pid_list))(*pid_list) if pid_list else None
+        ptr = self._enter()
+        try:
+            _call(lib.devshare_channel_restrict, ptr, uid_arr, len(uid_list), pid_arr, len(pid_list))
+        finally:
+            self._exit()
+
+    def send(self, peer: int, obj) -> None:
+        """Send consumer ``peer`` one leased reference to ``obj``, a CPU torch tensor or numpy
+        array (any strides >= 0, views, offsets) whose memory came from :func:`channel_empty` /
+        :meth:`host_empty` (or :func:`devshare.empty`). Nothing is copied: the consumer maps the
+        same memory. :func:`devshare.outstanding` counts the reference until the consumer
+        releases its item or disconnects; :func:`devshare.wait` (``obj``) waits for that. Keep
+        writing to the memory only once it came back.
+
+        :class:`devshare.Error` ``NOT_FOUND`` when ``peer`` is not connected."""
+        peer = _peer_id(peer)
+        addr, dtype, shape, strides, span = _layout(obj)
+        with registry_lock:
+            buf = _core._buffer_at(addr, span)
+        if buf is None:
+            raise TypeError("this tensor's memory cannot be sent over a channel: allocate it with "
+                            "devshare.channel_empty(shape, dtype) (or devshare.empty), or use a pool")
+        exp = buf.export
+        esize = dtype[1] // 8 * dtype[2]
+        offset = addr - exp.base
+        # The storage is the whole allocation; the tensor starts at element offset // esize, or,
+        # when offset is not a whole number of elements, at its own byte offset.
+        if offset % esize == 0:
+            desc, keep = _tensor_desc(dtype, shape, strides, 0, exp.size, offset // esize)
+        else:
+            desc, keep = _tensor_desc(dtype, shape, strides, offset, exp.size - offset, 0)
+        ptr = self._enter()
+        try:
+            _call(lib.devshare_channel_send, ptr, peer, exp._ptr, byref(desc))
+        finally:
+            self._exit()
+        del keep, buf  # (held until here: the allocation stays open during the call)
+
+    def pool(self, slot_nbytes: int, count: int, memory=None) -> "Pool":
+        """A :class:`Pool` of ``count`` slots of ``slot_nbytes`` bytes on this channel.
+
+        By default over a fresh :func:`channel_empty` allocation of ``slot_nbytes * count``
+        bytes. ``memory``: a tensor/array from :func:`channel_empty` or :func:`devshare.empty`
+        instead; the slots then lie back to back from the start of its allocation (which must
+        hold them all), and the pool keeps it alive."""
+        return Pool(self, slot_nbytes, count, memory)
+
+
+class Pool(_Owned):
+    """Fixed slots of one allocation, handed to consumers of a :class:`Channel` (made by
+    :meth:`Channel.pool`).
+
+    Attributes: ``channel``, ``slot_nbytes``, ``count``, and ``id`` (> 0), the pool's id on
+    its channel, which consumers see as :attr:`Item.pool`.
+
+    :meth:`acquire` a :class:`Slot`, fill it through :meth:`Slot.tensor` / :meth:`Slot.numpy`,
+    :meth:`Slot.send` it; the consumer's :meth:`Item.release` brings it back (so does the
+    consumer's death). :meth:`acquire` blocks while every slot is out. Each slot has one address
+    for the pool's life, here and in every consumer.
+
+    A context manager; :meth:`close` stops handing out slots (the consumers' items stay valid
+    until they release them). Views of slots stay readable after the close.
+    """
+
+    _what = "Pool"
+
+    def __init__(self, channel: Channel, slot_nbytes: int, count: int, memory=None):
+        if not isinstance(channel, Channel):
+            raise TypeError(f"Pool needs a devshare.Channel, not {_core._type_label(channel)}")
+        slot_nbytes = _ints.index("slot_nbytes", slot_nbytes, 1, _ints.N64[1])
+        count = _ints.index("count", count, 1, _ints.U32[1])
+        total = slot_nbytes * count
+        if memory is None:
+            if total > _core._MAX_ALLOC:
+                raise ValueError(f"{count} slots of {slot_nbytes} bytes are more than the largest "
+                                 f"host allocation")
+            keeper = _ChannelBuffer(total)
+        else:
+            addr, _, _, _, span = _layout(memory)
+            with registry_lock:
+                keeper = _core._buffer_at(addr, span)
+            if keeper is None:
+                raise TypeError("a pool's memory must come from devshare.channel_empty() or "
+                                "devshare.empty()")
+            if total > keeper.export.size:
+                raise ValueError(f"{count} slots of {slot_nbytes} bytes do not fit the "
+                                 f"{keeper.export.size}-byte allocation")
+        ptr = PoolP()
+        ch = channel._enter()
+        try:
+            _call(lib.devshare_pool_create, ch, keeper.export._ptr, slot_nbytes, count, byref(ptr))
+        finally:
+            channel._exit()
+        pool_id = c_uint32()
+        try:
+            _call(lib.devshare_pool_id, ptr, byref(pool_id))
+        except BaseException:
+            _call(lib.devshare_pool_close, ptr)
+            raise
+        #: The pool's id on its channel (> 0): what consumers see as :attr:`Item.pool`.
+        self.id = pool_id.value
+        self.channel = channel
+        self.slot_nbytes = slot_nbytes
+        self.count = count
+        self._keeper = keeper  # the memory: slot views hold it too
+        self._own(ptr, lib.devshare_pool_close)
+        channel._pools.add(self)
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"{self.free_slots} free"
+        return f"<devshare.Pool {self.id}: {self.count} x {self.slot_nbytes} bytes, {state}>"
+
+    def _info(self) -> tuple[int, int, int]:
+        size, count, free = c_uint64(), c_uint32(), c_uint32()
+        ptr = self._enter()
+        try:
+            _call(lib.devshare_pool_info, ptr, byref(size), byref(count), byref(free))
+        finally:
+            self._exit()
+        return size.value, count.value, free.value
+
+    @property
+    def free_slots(self) -> int:
+        """Slots neither acquired nor out with a consumer (as of the channel's last service)."""
+        return self._info()[2]
+
+    def acquire(self, timeout=None) -> "Slot":
+        """A free :class:`Slot` to fill. While every slot is acquired or out with consumers it
+        waits (serving the channel, so returns and hang-ups come in): at most ``timeout``
+        seconds (None: forever), then TimeoutError."""
+        idx, addr = c_uint32(), c_void_p()
+        ptr = self._enter()
+        try:
+            done = _timed(lambda ms: _call(lib.devshare_pool_acquire, ptr, ms, byref(idx), byref(addr)),
+                          timeout)
+        finally:
+            self._exit()
+        if not done:
+            raise TimeoutError(f"no slot of the pool came back within {timeout} s (all {self.count} "
+                               f"are out)")
+        return Slot(self, idx.value, addr.value)
+
+
+class Slot:
+    """An acquired pool slot: ``index``, ``address`` (its first byte in this process, the same
+    every time this slot is acquired) and ``nbytes``.
+
+    Fill it through :meth:`tensor` / :meth:`numpy` (zero-copy views), then :meth:`send` it to a
+    consumer, or :meth:`release` it unsent. As a context manager it is released at the end of
+    the ``with`` block unless it was sent. A slot dropped without either goes back to the pool
+    once it and every view of it are gone.
+    """
+
+    __slots__ = ("pool", "index", "address", "nbytes", "_state", "_fin", "__weakref__")
+
+    def __init__(self, pool: Pool, index: int, address: int):
+        self.pool = pool
+        self.index = index
+        self.address = address
+        self.nbytes = pool.slot_nbytes
+        self._state = "acquired"
+        self._fin = weakref.finalize(self, _return_slot, os.getpid(), pool._fin, pool._ptr, index)
+
+    def __repr__(self):
+        return f"<devshare.Slot {self.index} of {self.pool!r}, {self._state}>"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._state == "acquired":
+            self.release()
+
+    def _view(self, shape, dtype, offset, like):
+        code_bits_lanes = _dtypes.from_any(dtype)
+        offset = _ints.index("offset", offset, 0, self.nbytes)
+        esize = code_bits_lanes[1] // 8 * code_bits_lanes[2]
+        if shape is None:
+            shape = ((self.nbytes - offset) // esize,)
+        shape = _core._normalize_shape(shape)
+        need = _nbytes(shape, *code_bits_lanes)
+        if offset + need > self.nbytes:
+            raise ValueError(f"shape {shape} of {_dtypes.type_name(*code_bits_lanes)} at offset "
+                             f"{offset} needs {need} bytes, beyond the {self.nbytes}-byte slot")
+        # The view keeps this Slot (and through it the pool's memory) alive.
+        return _view(self.address + offset, self.nbytes - offset, self, code_bits_lanes, shape,
+                     like=like)
+
+    def tensor(self, shape=None, dtype="uint8", offset: int = 0):
+        """A zero-copy torch tensor over the slot: ``shape`` (None: as many elements as fit)
+        of ``dtype``, C-contiguous, starting ``offset`` bytes into the slot."""
+        return self._view(shape, dtype, offset, "torch")
+
+    def numpy(self, shape=None, dtype="uint8", offset: int = 0):
+        """Like :meth:`tensor`, as a numpy array."""
+        return self._view(shape, dtype, offset, "numpy")
+
+    def _take(self, what: str):
+        if self._state != "acquired":
+            raise Error(Status.INVALID_ARGUMENT, f"Slot.{what}(): slot {self.index} was already "
+                                                 f"{self._state}")
+
+    def send(self, peer: int, shape=None, dtype=None, strides=None, offset: int = 0, *, view=None):
+        """Hand the slot to consumer ``peer``; it comes back when the consumer releases the item
+        (or disconnects). The consumer's tensor is ``shape`` / ``dtype`` (C-contiguous unless
+        ``strides``, in elements) starting ``offset`` bytes into the slot; with neither shape
+        nor dtype, the whole slot as uint8 bytes. ``view``: a tensor/array made from this slot
+        (:meth:`tensor` / :meth:`numpy`, or a view of one) to describe instead. Do not write to
+        the slot after sending it."""
+        peer = _peer_id(peer)
+        self._take("send")
+        if view is not None:
+            if shape is not None or dtype is not None or strides is not None or offset:
+                raise TypeError("Slot.send(): give either view= or shape/dtype/strides/offset")
+            addr, code_bits_lanes, shape, strides, span = _layout(view)
+            if not (self.address <= addr and addr + span <= self.address + self.nbytes):
+                raise ValueError("Slot.send(view=...): the view does not lie in this slot")
+            desc, keep = _tensor_desc(code_bits_lanes, shape, strides, addr - self.address,
+                                      STORAGE_TO_END, 0)
+        elif shape is None and dtype is None and strides is None and not offset:
+            desc, keep = None, None
+        else:
+            code_bits_lanes = _dtypes.from_any("uint8" if dtype is None else dtype)
+            offset = _ints.index("offset", offset, 0, self.nbytes)
+            esize = code_bits_lanes[1] // 8 * code_bits_lanes[2]
+            shape = ((self.nbytes - offset) // esize,) if shape is None else _core._normalize_shape(shape)
+            strides = _contiguous(shape) if strides is None else tuple(strides)
+            if len(strides) != len(shape):
+                raise ValueError(f"strides {strides} and shape {shape} differ in length")
+            desc, keep = _tensor_desc(code_bits_lanes, shape, strides, offset, STORAGE_TO_END, 0)
+        ptr = self.pool._enter()
+        try:
+            _call(lib.devshare_pool_send, ptr, self.index, peer, byref(desc) if desc is not None else None)
+        finally:
+            self.pool._exit()
+        del keep
+        self._state = "sent"
+        self._fin.detach()
+
+    def release(self) -> None:
+        """Give the slot back to the pool unsent."""
+        self._take("release")
+        ptr = self.pool._enter()
+        try:
+            _call(lib.devshare_pool_release, ptr, self.index)
+        finally:
+            self.pool._exit()
+        self._state = "released"
+        self._fin.detach()
+
+
+def _return_slot(pid, pool_fin, pool_ptr, index) -> None:
+    # A slot nobody sent or released, gone with its views: back to the pool, if it is open.
+    if os.getpid() == pid and pool_fin.alive:
+        try:
+            call(lib.devshare_pool_release, pool_ptr, index)
+        except Error:  # noqa: BLE001 - nothing to do about it in a finalizer
+            pass
+
+
+# --- Consumer ----------------------------------------------------------------------------------------
+
+
+class _Lease:
+    """One received import; released once (explicitly or when it is garbage). Tensors made over
+    it keep it alive (see :func:`_view`)."""
+
+    __slots__ = ("_imp", "_pid", "_lock", "_fin", "__weakref__")
+
+    def __init__(self, imp: ImportP):
+        self._imp = imp
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._fin = weakref.finalize(self, _release_import, self._pid, imp)
+
+    @property
+    def released(self) -> bool:
+        return not self._fin.alive
+
+    def release(self) -> None:
+        with self._lock:
+            if self._pid != os.getpid():
+                raise _forked("Item", self._pid)
+            if not self._fin.alive:
+                raise Error(Status.ALREADY_RELEASED, "this item was already released (it is "
+                                                     "given back only once)")
+            self._fin.detach()
+        _call(lib.devshare_import_release, self._imp)
+
+
+def _release_import(pid, imp) -> None:
+    if os.getpid() == pid:
+        lib.devshare_import_release(imp)
+
+
+class Item:
+    """One tensor received from a channel (:meth:`Connection.recv`).
+
+    :attr:`tensor` is a zero-copy torch tensor (or numpy array, ``like="numpy"``) over the
+    producer's memory, valid until :meth:`release`, which gives it back to the producer at once
+    (the pool slot becomes free, the lease stops being outstanding). After the release, neither
+    :attr:`tensor` nor any tensor taken from it may be used: copy (``.clone()``) what you keep.
+    An item that is never released is released when it and every tensor taken from it are
+    gone. As a context manager it is released at the end of the ``with`` block.
+
+    ``pool`` and ``slot``: the pool id (> 0) and slot index for a pool item, None for a lease.
+    """
+
+    __slots__ = ("_lease", "_tensor", "pool", "slot")
+
+    def __init__(self, lease: _Lease, tensor, pool, slot):
+        self._lease = lease
+        self._tensor = tensor
+        self.pool = pool
+        self.slot = slot
+
+    @property
+    def tensor(self):
+        if self._lease.released:
+            raise Error(Status.ALREADY_RELEASED, "this item was released: its tensor is no longer "
+                                                 "valid")
+        return self._tensor
+
+    @property
+    def released(self) -> bool:
+        return self._lease.released
+
+    def release(self) -> None:
+        """Give the item back to the producer. :class:`devshare.Error` ``ALREADY_RELEASED``
+        when it was already (nothing is sent twice)."""
+        self._lease.release()
+        self._tensor = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self._lease.released:
+            self.release()
+
+    def __repr__(self):
+        what = f"slot {self.slot} of pool {self.pool}" if self.pool is not None else "lease"
+        state = "released" if self._lease.released else "held"
+        return f"<devshare.Item {what}, {state}>"
+
+
+# Output structs for every received item, initialised once by their init functions (new_struct)
+# and copied per item.
+_INFO_TEMPLATE = bytes(new_struct(ImportInfo))
+_HANDLE_TEMPLATE = bytes(new_struct(HandleStruct))
+
+
+def _item(imp: ImportP, like: str) -> Item:
+    lease = _Lease(imp)
+    try:
+        pool, slot = c_uint32(), c_uint32()
+        try:
+            _call(lib.devshare_import_pool_slot, imp, byref(pool), byref(slot))
+            where = (pool.value, slot.value)
+        except Error as e:
+            if e.status != Status.INVALID_ARGUMENT:
+                raise
+            where = (None, None)  # a lease, not a pool item
+        info = ImportInfo.from_buffer_copy(_INFO_TEMPLATE)
+        _call(lib.devshare_import_info, imp, byref(info))
+        h = HandleStruct.from_buffer_copy(_HANDLE_TEMPLATE)
+        _call(lib.devshare_import_handle, imp, byref(h))
+        dtype = (h.dtype.code, h.dtype.bits, h.dtype.lanes)
+        shape = tuple(h.shape[: h.ndim])
+        strides = tuple(h.strides[: h.ndim])
+        if info.backend == BACKEND_HOST:
+            data = info.data or 0
+            end = (info.storage or 0) + info.storage_size
+            tensor = _view(data, max(end - data, 0), lease, dtype, shape, strides, like)
+        else:
+            tensor = _device_tensor(imp, like)
+        return Item(lease, tensor, *where)
+    except BaseException:
+        lease.release()
+        raise
+
+
+def _device_tensor(imp, like):
+    # Device memory (a pool or lease of a C/C++ producer's CUDA/ACL export): through DLPack,
+    # whose tensor holds its own reference to the import, so the item comes back once it is
+    # released and that tensor is gone as well.
+    if like != "torch":
+        raise ValueError("device items open as torch tensors only (like='torch')")
+    from . import _dlpack
+
+    torch = _dtypes.require_torch()
+    return torch.from_dlpack(_dlpack.capsule(_dlpack.managed_from_import(imp, versioned=True)))
+
+
+class Connection(_Owned):
+    """The consumer end of a channel (made by :func:`connect`). A context manager; iterating
+    over it yields items (as torch tensors) until the producer is gone (:class:`ChannelClosed`
+    ends the loop). ``address``, ``peer_id`` (this consumer's id at the producer) and
+    ``producer_pid`` (as the producer reported it) describe it.
+
+    :meth:`close` hangs up: the producer takes back every lease and slot of this connection at
+    once, so items still held stay mapped (releasing them later sends nothing) but a pool slot
+    among them may be refilled by the producer: release items before closing."""
+
+    _what = "Connection"
+
+    def __init__(self, address, timeout=None):
+        _require()
+        raw = _address(address)
+        ptr = ConnectionP()
+        if not _timed(lambda ms: _call(lib.devshare_channel_connect, raw, ms, byref(ptr)), timeout):
+            raise TimeoutError(f"connecting to channel {os.fsdecode(raw)!r} took longer than "
+                               f"{timeout} s")
+        self.address = os.fsdecode(raw)
+        self._own(ptr, lib.devshare_connection_close)
+        peer_id, producer_pid = c_uint64(), c_int32()
+        _call(lib.devshare_connection_info, ptr, byref(peer_id), byref(producer_pid))
+        #: This consumer's id at the producer (what :meth:`Channel.peers` lists for it).
+        self.peer_id = peer_id.value
+        #: The producer's process id, as it reported it in the handshake.
+        self.producer_pid = producer_pid.value
+
+    def __repr__(self):
+        state = "closed" if self.closed else "open"
+        return f"<devshare.Connection {self.address!r} {state}>"
+
+    def fileno(self) -> int:
+        """A descriptor that becomes readable when an item (or the producer's close) arrives,
+        for ``select`` / ``poll`` / asyncio's ``loop.add_reader``. Do not close or read it."""
+        ptr = self._enter()
+        try:
+            return _call(lib.devshare_connection_fd, ptr)
+        finally:
+            self._exit()
+
+    def recv(self, timeout=None, like: str = "torch") -> Item:
+        """The next :class:`Item` (a leased tensor or a pool slot), waiting at most ``timeout``
+        seconds (None: forever; 0: only what already arrived): TimeoutError then.
+        :class:`ChannelClosed` once the producer closed the channel or exited and everything it
+        sent was received. ``like``: "torch" (default) or "numpy" for :attr:`Item.tensor`."""
+        _check_like(like)
+        imp = ImportP()
+        ptr = self._enter()
+        try:
+            done = _timed(lambda ms: _call(lib.devshare_connection_recv, ptr, ms, byref(imp)), timeout)
+        finally:
+            self._exit()
+        if not done:
+            raise TimeoutError(f"nothing arrived on channel {self.address!r} within {timeout} s")
+        return _item(imp, like)
+
+    def __iter__(self):
+        while True:
+            try:
+                yield self.recv()
+            except ChannelClosed:
+                return
+
+
+def connect(address, timeout=None) -> Connection:
+    """Connect to the :class:`Channel` listening on ``address`` (its path or ``"@name"``) and
+    return the :class:`Connection`. The producer must run as this user (or root) and admit this
+    process (:meth:`Channel.restrict`). TimeoutError when the handshake takes longer than
+    ``timeout`` seconds (None: no limit); :class:`devshare.Error` when nothing listens there or
+    the producer refuses."""
+    return Connection(address, timeout)

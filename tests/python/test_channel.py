@@ -1,0 +1,701 @@
+"""Channels, leases and pools (devshare.Channel, devshare.connect, devshare.channel_empty).
+
+The producer runs in this process and consumers in child processes started with
+multiprocessing's spawn and fork methods, or as a plain interpreter that imports only numpy;
+the killed-producer test turns that around. Children report through a pipe. Every blocking
+call has a generous limit so that a bug fails the test instead of hanging it; nothing asserts
+on how long anything takes. Channel addresses carry this process's pid.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import multiprocessing
+import os
+import pickle
+import select
+import stat
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+import pytest
+import torch
+
+import devshare
+from conftest import CHILD_PIDS, python_env, run
+
+LIMIT = 120  # seconds: only ever reached when something is broken
+_counter = itertools.count()
+
+
+def _address(tag: str) -> str:
+    return f"@devshare-test-{os.getpid()}-{tag}-{next(_counter)}"
+
+
+def _pattern(nbytes: int, seed: int) -> np.ndarray:
+    """nbytes bytes that differ for every seed and position."""
+    return ((np.arange(nbytes, dtype=np.int64) * 7 + seed * 13) % 251).astype(np.uint8)
+
+
+# --- Children: their code, and how the parent talks to them ------------------------------------
+
+
+def _child(fn, pipe, *args):
+    """Run fn(pipe, *args) in a child; an exception goes back through the pipe."""
+    try:
+        fn(pipe, *args)
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        pipe.send(("error", traceback.format_exc()))
+        raise
+
+
+def _expect(pipe, what: str):
+    """The next message from a child, which must be (what, payload): returns payload."""
+    assert pipe.poll(LIMIT), f"no {what!r} from the child"
+    tag, payload = pipe.recv()
+    if tag == "error":
+        raise AssertionError(f"the child failed:\n{payload}")
+    assert tag == what, (tag, payload)
+    return payload
+
+
+def _wait_for(pipe, what: str):
+    assert pipe.poll(LIMIT), f"the parent never said {what!r}"
+    assert pipe.recv() == what
+
+
+def _bytes_of(t) -> np.ndarray:
+    """The bytes of a received tensor/array (zero copy)."""
+    a = t.numpy() if isinstance(t, torch.Tensor) else t
+    return a.reshape(-1).view(np.uint8)
+
+
+def _consume_and_check(pipe, address, count, like):
+    """Receive count items; item k must hold _pattern(its size, k). Reports, per item, (pool,
+    slot, data address, dtype, shape, whether the bytes were right)."""
+    out = []
+    with devshare.connect(address, timeout=LIMIT) as conn:
+        for k in range(count):
+            with conn.recv(timeout=LIMIT, like=like) as item:
+                t = item.tensor
+                ptr = t.data_ptr() if like == "torch" else t.__array_interface__["data"][0]
+                data = _bytes_of(t)
+                ok = bool(np.array_equal(data, _pattern(data.size, k)))
+                out.append((item.pool, item.slot, ptr, str(t.dtype), tuple(t.shape), ok))
+    pipe.send(("done", out))
+
+
+def _consume_many(pipe, address, count):
+    """Receive count pool items; each starts with its 8-byte sequence number. Reports the
+    addresses seen per slot and the items whose number was wrong."""
+    ptrs: dict[int, set[int]] = {}
+    wrong = []
+    with devshare.connect(address, timeout=LIMIT) as conn:
+        for k in range(count):
+            item = conn.recv(timeout=LIMIT)
+            ptrs.setdefault(item.slot, set()).add(item.tensor.data_ptr())
+            if int(item.tensor[:8].view(torch.int64)[0]) != k:
+                wrong.append(k)
+            item.release()
+    pipe.send(("done", (ptrs, wrong)))
+
+
+def _hold(pipe, address, count):
+    """Receive count items and hold them until the parent says 'release'; then expect one more
+    item, and report the values of all (first float32 of each)."""
+    with devshare.connect(address, timeout=LIMIT) as conn:
+        items = [conn.recv(timeout=LIMIT) for _ in range(count)]
+        pipe.send(("holding", [(i.pool, i.slot) for i in items]))
+        _wait_for(pipe, "release")
+        firsts = [float(i.tensor.view(torch.float32)[0]) for i in items]
+        for i in items:
+            i.release()
+        pipe.send(("released", firsts))
+        with conn.recv(timeout=LIMIT) as last:
+            pipe.send(("last", (last.pool, last.slot, float(last.tensor.view(torch.float32)[0]))))
+
+
+def _hold_until_killed(pipe, address, count):
+    conn = devshare.connect(address, timeout=LIMIT)
+    items = [conn.recv(timeout=LIMIT) for _ in range(count)]
+    pipe.send(("holding", [float(i.tensor.reshape(-1)[0]) for i in items]))
+    time.sleep(10 * LIMIT)  # killed by the parent
+
+
+def _produce_then_wait(pipe, address):
+    """A producer in the child: a pool item and a lease for the first consumer, then it waits
+    to be killed."""
+    with devshare.Channel(address) as ch:
+        pipe.send(("listening", None))
+        (peer,) = ch.wait_peers(1, timeout=LIMIT)
+        pool = ch.pool(4096, 2)
+        slot = pool.acquire(timeout=LIMIT)
+        slot.numpy()[:] = _pattern(4096, 0)
+        slot.send(peer)
+        t = devshare.channel_empty((3, 1000), "int32", like="numpy")
+        t[:] = np.arange(3000, dtype=np.int32).reshape(3, 1000)
+        ch.send(peer, t[1:, ::2])
+        pipe.send(("sent", None))
+        time.sleep(10 * LIMIT)  # killed by the parent
+
+
+@pytest.fixture
+def children():
+    """Start children with start(method, fn, *args) -> (process, parent end of a pipe); the
+    ones still running at the end are killed."""
+    started = []
+
+    def start(method, fn, *args):
+        ctx = multiprocessing.get_context(method)
+        parent_end, child_end = ctx.Pipe()
+        p = ctx.Process(target=_child, args=(fn, child_end) + args, daemon=True)
+        p.start()
+        CHILD_PIDS.add(p.pid)
+        child_end.close()
+        started.append(p)
+        return p, parent_end
+
+    yield start
+    for p in started:
+        if p.is_alive():
+            p.kill()
+        p.join(LIMIT)
+
+
+def _finish(proc):
+    proc.join(LIMIT)
+    assert proc.exitcode == 0, f"the child exited with {proc.exitcode}"
+
+
+# --- Pools -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+@pytest.mark.parametrize("slot_nbytes", [4096, 3 << 20])
+def test_pool_items_arrive_intact(children, method, slot_nbytes):
+    """Whole slots as bytes, typed 2-D views and views at an offset, to a consumer started with
+    spawn and with fork, reading through torch."""
+    address = _address("pool")
+    n = 8
+    with devshare.Channel(address) as ch:
+        proc, pipe = children(method, _consume_and_check, address, n, "torch")
+        (peer,) = ch.wait_peers(1, timeout=LIMIT)
+        assert ch.peer_info(peer)["pid"] == proc.pid
+        with ch.pool(slot_nbytes, 3) as pool:
+            assert (pool.slot_nbytes, pool.count) == (slot_nbytes, 3)
+            for k in range(n):
+                slot = pool.acquire(timeout=LIMIT)
+                if k % 3 == 0:  # the whole slot, as uint8 bytes
+                    slot.numpy()[:] = _pattern(slot_nbytes, k)
+                    slot.send(peer)
+                elif k % 3 == 1:  # float32 rows x 256, filled through torch
+                    rows = slot_nbytes // 1024
+                    t = slot.tensor((rows, 256), torch.float32)
+                    t.view(torch.uint8).reshape(-1).copy_(torch.from_numpy(_pattern(rows * 1024, k)))
+                    slot.send(peer, (rows, 256), torch.float32)
+                else:  # 100 int16 elements 64 bytes into the slot, described by the view itself
+                    v = slot.numpy((100,), "int16", offset=64)
+                    v.view(np.uint8)[:] = _pattern(200, k)
+                    slot.send(peer, view=v)
+            result = _expect(pipe, "done")
+        _finish(proc)
+    assert [r[5] for r in result] == [True] * n, result
+    assert {r[0] for r in result} == {pool.id}, "pool items came without their pool's id"
+    rows = slot_nbytes // 1024
+    assert [(r[3], r[4]) for r in result[:3]] == [
+        ("torch.uint8", (slot_nbytes,)), ("torch.float32", (rows, 256)), ("torch.int16", (100,))]
+    # Every slot keeps one address: items of the same slot were at the same place.
+    by_slot: dict = {}
+    for _, slot, ptr, dtype, _, _ in result:
+        by_slot.setdefault(slot, set()).add(ptr - 64 if dtype == "torch.int16" else ptr)
+    assert all(len(p) == 1 for p in by_slot.values()), by_slot
+
+
+def test_pool_slots_keep_their_addresses_over_1000_items(children):
+    address = _address("addresses")
+    n = 1000
+    with devshare.Channel(address) as ch:
+        proc, pipe = children("fork", _consume_many, address, n)
+        (peer,) = ch.wait_peers(1, timeout=LIMIT)
+        producer_addresses: dict[int, set[int]] = {}
+        with ch.pool(4096, 4) as pool:
+            for k in range(n):
+                slot = pool.acquire(timeout=LIMIT)
+                producer_addresses.setdefault(slot.index, set()).add(slot.address)
+                slot.tensor((512,), torch.int64)[0] = k
+                slot.send(peer)
+            consumer_addresses, wrong = _expect(pipe, "done")
+        _finish(proc)
+    assert wrong == []
+    assert sorted(producer_addresses) == sorted(consumer_addresses) == [0, 1, 2, 3]
+    assert all(len(a) == 1 for a in producer_addresses.values()), producer_addresses
+    assert all(len(a) == 1 for a in consumer_addresses.values()), consumer_addresses
+    # ... 4096 bytes apart, in slot order, in both processes.
+    base = producer_addresses[0].copy().pop()
+    assert all(producer_addresses[i] == {base + 4096 * i} for i in range(4))
+    cbase = consumer_addresses[0].copy().pop()
+    assert all(consumer_addresses[i] == {cbase + 4096 * i} for i in range(4))
+
+
+def test_acquire_blocks_while_the_consumer_holds_every_slot(children):
+    address = _address("backpressure")
+    with devshare.Channel(address) as ch:
+        proc, pipe = children("fork", _hold, address, 2)
+        (peer,) = ch.wait_peers(1, timeout=LIMIT)
+        with ch.pool(4096, 2) as pool:
+            for k in range(2):
+                slot = pool.acquire(timeout=LIMIT)
+                slot.tensor((1,), torch.float32)[0] = 10.0 + k
+                slot.send(peer)
+            held = _expect(pipe, "holding")
+            assert sorted(s for _, s in held) == [0, 1]
+            assert pool.free_slots == 0
+            with pytest.raises(TimeoutError):
+                pool.acquire(timeout=0)
+            with pytest.raises(TimeoutError):
+                pool.acquire(timeout=0.2)  # the consumer holds both until told otherwise
+            assert ch.peer_info(peer)["leases"] >= 1
+            pipe.send("release")
+            assert _expect(pipe, "released") == [10.0, 11.0]
+            slot = pool.acquire(timeout=LIMIT)  # a returned slot
+            slot.tensor((1,), torch.float32)[0] = 12.0
+            slot.send(peer)
+            assert _expect(pipe, "last")[1:] == (slot.index, 12.0)
+        _finish(proc)
+
+
+def test_slots_go_back_unsent_and_are_used_once(children):
+    with devshare.Channel(_address("slots")) as ch, ch.pool(256, 2) as pool:
+        a = pool.acquire(timeout=0)
+        with pool.acquire(timeout=0) as b:
+            assert {a.index, b.index} == {0, 1} and pool.free_slots == 0
+            assert b.address - a.address == 256 * (b.index - a.index)
+        assert pool.free_slots == 1  # the with block gave b back
+        a.release()
+        with pytest.raises(devshare.Error) as e:
+            a.release()
+        assert e.value.status == devshare.Status.INVALID_ARGUMENT
+        with pytest.raises(devshare.Error):
+            a.send(1)
+        assert pool.free_slots == 2
+        # A slot dropped with its views goes back once the last view is gone.
+        c = pool.acquire(timeout=0)
+        view = c.tensor((4,), torch.int32)
+        del c
+        gc.collect()
+        assert pool.free_slots == 1
+        del view
+        gc.collect()
+        assert pool.free_slots == 2
+        # The views are exact: shape, dtype, offset, bounds.
+        with pool.acquire(timeout=0) as d:
+            assert d.numpy().shape == (256,) and d.numpy(dtype="float64").shape == (32,)
+            assert d.tensor((2, 3), torch.int16, offset=4).data_ptr() == d.address + 4
+            with pytest.raises(ValueError, match="beyond the 256-byte slot"):
+                d.tensor((65,), torch.float32)
+    with pytest.raises(ValueError, match="closed"):
+        pool.acquire(timeout=0)
+
+
+def test_a_pool_over_existing_memory(children):
+    address = _address("memory")
+    mem = devshare.channel_empty((4, 1024), torch.uint8)
+    with devshare.Channel(address) as ch:
+        proc, pipe = children("fork", _consume_and_check, address, 4, "numpy")
+        (peer,) = ch.wait_peers(1, timeout=LIMIT)
+        with ch.pool(1024, 4, memory=mem) as pool:
+            for k in range(4):
+                slot = pool.acquire(timeout=LIMIT)
+                assert slot.address == mem.data_ptr() + 1024 * slot.index
+                mem[slot.index] = torch.from_numpy(_pattern(1024, k))
+                slot.send(peer)
+            result = _expect(pipe, "done")
+        _finish(proc)
+    assert [r[5] for r in result] == [True] * 4
+    with devshare.Channel(_address("memory-small")) as ch:
+        with pytest.raises(ValueError, match="do not fit"):
+            ch.pool(1024, 5, memory=mem)
+        with pytest.raises(TypeError, match="channel_empty"):
+            ch.pool(1024, 1, memory=torch.zeros(1024, dtype=torch.uint8))
+
+
+# --- Leases ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pair():
+    """A channel and a connection to it, both in this process (the connect runs in a thread
+    while this thread serves the channel)."""
+    address = _address("pair")
+    ch = devshare.Channel(address)
+    box = {}
+    th = threading.Thread(target=lambda: box.setdefault("conn", devshare.connect(address, timeout=LIMIT)))
+    th.start()
+    (peer,) = ch.wait_peers(1, timeout=LIMIT)
+    th.join(LIMIT)
+    conn = box["conn"]
+    assert (conn.peer_id, conn.producer_pid) == (peer, os.getpid())
+    yield ch, conn, peer
+    conn.close()
+    ch.close()
+
+
+def test_a_leased_send_is_outstanding_until_released(pair):
+    ch, conn, peer = pair
+    t = devshare.channel_empty((16, 64), torch.float32)
+    t.copy_(torch.arange(16 * 64, dtype=torch.float32).reshape(16, 64))
+    assert devshare.outstanding(t) == 0
+    ch.send(peer, t[2:5, 1::3])  # a strided view at an offset
+    assert devshare.outstanding(t) == 1
+    item = conn.recv(timeout=LIMIT)
+    assert item.pool is None and item.slot is None
+    assert torch.equal(item.tensor, t[2:5, 1::3])
+    assert item.tensor.stride() == (64, 3)
+    item.tensor[0, 0] = -1.0  # the same memory, no copy
+    assert t[2, 1].item() == -1.0
+    ch.service(timeout=0)
+    assert devshare.outstanding(t) == 1 and ch.peer_info(peer)["leases"] == 1
+    item.release()
+    assert devshare.wait(t, timeout=LIMIT)
+    assert devshare.outstanding(t) == 0 and ch.peer_info(peer)["leases"] == 0
+
+
+def test_a_leased_send_of_named_host_memory(pair):
+    """devshare.empty() memory (a named shm object) is leased like channel memory."""
+    ch, conn, peer = pair
+    a = devshare.empty((5, 5), "float32", like="numpy")
+    a[:] = np.arange(25, dtype=np.float32).reshape(5, 5)
+    ch.send(peer, a[1:3])
+    assert devshare.outstanding(a) == 1
+    with conn.recv(timeout=LIMIT, like="numpy") as item:
+        assert np.array_equal(item.tensor, a[1:3])
+    assert devshare.wait(a, timeout=LIMIT) and devshare.outstanding(a) == 0
+
+
+def test_releasing_twice_raises_and_returns_once(pair):
+    ch, conn, peer = pair
+    t = devshare.channel_empty(100, "int64")
+    ch.send(peer, t)
+    ch.send(peer, t)
+    first, second = conn.recv(timeout=LIMIT), conn.recv(timeout=LIMIT)
+    first.release()
+    with pytest.raises(devshare.Error) as e:
+        first.release()
+    assert e.value.status == devshare.Status.ALREADY_RELEASED
+    with pytest.raises(devshare.Error):
+        first.tensor  # noqa: B018 - released: no tensor any more
+    # One return reached the producer, not two: the second item is still counted.
+    for _ in range(3):
+        ch.service(timeout=0)
+    assert devshare.outstanding(t) == 1
+    with second:
+        assert second.tensor.shape == (100,)
+    assert second.released
+    assert devshare.wait(t, timeout=LIMIT) and devshare.outstanding(t) == 0
+
+
+def test_items_released_by_garbage_collection(pair):
+    ch, conn, peer = pair
+    t = devshare.channel_empty(10, "float64", like="numpy")
+    t[:] = 4.5
+    ch.send(peer, t)
+    view = conn.recv(timeout=LIMIT, like="numpy").tensor  # the item itself is dropped at once
+    gc.collect()
+    assert view.sum() == 45.0  # the view keeps the item alive
+    ch.service(timeout=0)
+    assert devshare.outstanding(t) == 1
+    del view
+    gc.collect()
+    assert devshare.wait(t, timeout=LIMIT)
+
+
+def test_file_descriptors_become_readable(pair):
+    ch, conn, peer = pair
+    t = devshare.channel_empty(8)
+    assert select.select([conn.fileno()], [], [], 0)[0] == []
+    ch.send(peer, t)
+    assert select.select([conn.fileno()], [], [], LIMIT)[0] == [conn.fileno()]
+    item = conn.recv(timeout=0)
+    item.release()
+    assert select.select([ch.fileno()], [], [], LIMIT)[0] == [ch.fileno()]
+    ch.service(timeout=0)
+    assert devshare.outstanding(t) == 0
+
+
+def test_send_refuses_memory_it_cannot_lease(pair):
+    ch, conn, peer = pair
+    with pytest.raises(TypeError, match="channel_empty"):
+        ch.send(peer, torch.zeros(4))
+    with pytest.raises(devshare.Error) as e:
+        ch.send(peer + 1000, devshare.channel_empty(4))
+    assert e.value.status == devshare.Status.NOT_FOUND
+    with pytest.raises(devshare.Error) as e:
+        devshare.share(devshare.channel_empty(4))  # no name: only channels carry it
+    assert e.value.status == devshare.Status.UNSUPPORTED
+    with pytest.raises(TimeoutError):
+        conn.recv(timeout=0)
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_a_killed_consumer_gives_everything_back(children, method):
+    address = _address("killed-consumer")
+    t = devshare.channel_empty(1000, torch.float32)
+    t.fill_(1.5)
+    with devshare.Channel(address) as ch, ch.pool(4096, 1) as pool:
+        proc, pipe = children(method, _hold_until_killed, address, 3)
+        (peer,) = ch.wait_peers(1, timeout=LIMIT)
+        ch.send(peer, t)
+        ch.send(peer, t[500:])
+        slot = pool.acquire(timeout=LIMIT)
+        slot.tensor((1,), torch.float32)[0] = 2.5
+        slot.send(peer, (1,), torch.float32)
+        assert _expect(pipe, "holding") == [1.5, 1.5, 2.5]
+        assert devshare.outstanding(t) == 2
+        proc.kill()
+        proc.join(LIMIT)
+        assert devshare.wait(t, timeout=LIMIT), "the dead consumer's leases did not come back"
+        assert devshare.outstanding(t) == 0
+        with pool.acquire(timeout=LIMIT):  # its slot came back too
+            pass
+        ch.service(timeout=0)
+        assert ch.peers() == []
+
+
+# --- The producer goes away ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_a_killed_producer_closes_the_channel_and_items_stay_readable(children, method):
+    address = _address("killed-producer")
+    proc, pipe = children(method, _produce_then_wait, address)
+    _expect(pipe, "listening")
+    with devshare.connect(address, timeout=LIMIT) as conn:
+        assert conn.producer_pid == proc.pid
+        _expect(pipe, "sent")
+        slot_item = conn.recv(timeout=LIMIT)
+        lease_item = conn.recv(timeout=LIMIT, like="numpy")
+        proc.kill()
+        proc.join(LIMIT)
+        with pytest.raises(devshare.ChannelClosed) as e:
+            conn.recv(timeout=LIMIT)
+        assert isinstance(e.value, devshare.Error) and e.value.status == devshare.Status.CLOSED
+        # What arrived before stays valid until released.
+        assert np.array_equal(slot_item.tensor.numpy(), _pattern(4096, 0))
+        expected = np.arange(3000, dtype=np.int32).reshape(3, 1000)[1:, ::2]
+        assert np.array_equal(lease_item.tensor, expected)
+        slot_item.release()
+        lease_item.release()
+        assert list(conn) == []  # iterating stops at the close
+
+
+def test_closing_the_channel_ends_the_consumers_stream(pair):
+    ch, conn, peer = pair
+    t = devshare.channel_empty(4, "int32")
+    t[:] = 7
+    ch.send(peer, t)
+    ch.close()
+    assert ch.closed
+    # Queued items first, then ChannelClosed.
+    with conn.recv(timeout=LIMIT) as item:
+        assert item.tensor.tolist() == [7, 7, 7, 7]
+    with pytest.raises(devshare.ChannelClosed):
+        conn.recv(timeout=LIMIT)
+    with pytest.raises(ValueError, match="closed"):
+        ch.send(peer, t)
+    ch.close()  # again: nothing
+
+
+# --- Processes ----------------------------------------------------------------------------------------
+
+
+_INHERITED: dict = {}
+
+
+def _use_inherited(pipe):
+    """In a forked child: every inherited object refuses to work, naming fork."""
+    messages = []
+    for call in (lambda: _INHERITED["channel"].peers(), lambda: _INHERITED["connection"].recv(timeout=0),
+                 lambda: _INHERITED["channel"].close(), lambda: _INHERITED["item"].release(),
+                 lambda: _INHERITED["pool"].acquire(timeout=0)):
+        try:
+            call()
+        except RuntimeError as e:
+            messages.append(str(e))
+        else:
+            messages.append(None)
+    value = int(_INHERITED["item"].tensor[0])  # the memory itself is readable
+    _INHERITED.clear()
+    gc.collect()  # dropping them here must not close or release the parent's
+    pipe.send(("done", (messages, value)))
+
+
+def test_objects_inherited_through_fork_refuse_to_work(pair, children):
+    ch, conn, peer = pair
+    t = devshare.channel_empty(4, "int64")
+    t[:] = 9
+    ch.send(peer, t)
+    _INHERITED.update(channel=ch, connection=conn, item=conn.recv(timeout=LIMIT), pool=ch.pool(64, 1))
+    try:
+        proc, pipe = children("fork", _use_inherited)
+        messages, value = _expect(pipe, "done")
+        _finish(proc)
+    finally:
+        item = _INHERITED.pop("item")
+        _INHERITED.clear()
+    assert value == 9
+    assert all(m is not None and "fork" in m for m in messages), messages
+    # The parent's objects still work: its item is held, its channel serves, its connection receives.
+    ch.service(timeout=0)
+    assert devshare.outstanding(t) == 1 and ch.peers() == [peer]
+    item.release()
+    assert devshare.wait(t, timeout=LIMIT)
+    ch.send(peer, t)
+    conn.recv(timeout=LIMIT).release()
+
+
+def test_channels_cannot_be_pickled(pair):
+    ch, conn, _ = pair
+    for obj in (ch, conn):
+        with pytest.raises(TypeError, match="address"):
+            pickle.dumps(obj)
+
+
+_NUMPY_CONSUMER = r"""
+import sys
+import numpy as np
+import devshare
+
+with devshare.connect(sys.argv[1], timeout=120) as conn:
+    while True:
+        try:
+            item = conn.recv(timeout=120, like="numpy")
+        except devshare.ChannelClosed:
+            break
+        with item:
+            a = item.tensor
+            print(item.pool is not None, a.dtype, a.shape, float(a.sum()), flush=True)
+assert "torch" not in sys.modules, "devshare imported torch"
+print("end", flush=True)
+"""
+
+
+def test_a_numpy_only_consumer_process():
+    """A plain interpreter (no multiprocessing, no torch) consumes through numpy."""
+    address = _address("numpy")
+    with devshare.Channel(address) as ch:
+        box = {}
+        th = threading.Thread(target=lambda: box.setdefault(
+            "r", run([sys.executable, "-c", _NUMPY_CONSUMER, address], timeout=LIMIT, env=python_env())))
+        th.start()
+        (peer,) = ch.wait_peers(1, timeout=LIMIT)
+        with ch.pool(4096, 2) as pool:
+            for k in range(3):
+                with pool.acquire(timeout=LIMIT) as slot:
+                    slot.numpy((1024,), "int32")[:] = k + 1
+                    slot.send(peer, (1024,), "int32")
+            t = devshare.channel_empty((2, 3), "float64", like="numpy")
+            t[:] = 0.5
+            ch.send(peer, t)
+            ch.close()  # the consumer's loop ends after the queued items
+        th.join(LIMIT)
+    r = box["r"]
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["True int32 (1024,) 1024.0", "True int32 (1024,) 2048.0",
+                                     "True int32 (1024,) 3072.0", "False float64 (2, 3) 3.0",
+                                     "end"], r.stdout
+
+
+# --- The channel itself --------------------------------------------------------------------------------
+
+
+def test_path_addresses(tmp_path):
+    path = tmp_path / f"channel-{os.getpid()}.sock"
+    with devshare.Channel(path) as ch:
+        assert stat.S_ISSOCK(path.stat().st_mode) and stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert ch.address == str(path) and ch.peers() == []
+        with pytest.raises(TimeoutError):
+            ch.wait_peers(1, timeout=0)
+        with pytest.raises(devshare.Error) as e:
+            devshare.Channel(path)  # never replaces a file
+        assert e.value.status == devshare.Status.BUSY
+    assert not path.exists()
+    other = tmp_path / f"file-{os.getpid()}"
+    other.write_text("x")
+    with pytest.raises(devshare.Error):
+        devshare.Channel(other)
+    assert other.read_text() == "x"
+    with pytest.raises(devshare.Error):
+        devshare.connect(tmp_path / f"nobody-{os.getpid()}.sock", timeout=LIMIT)
+
+
+def test_restrict_refuses_other_processes():
+    address = _address("restrict")
+    with devshare.Channel(address) as ch:
+        ch.restrict(pids=[os.getppid()])  # not this process
+        errors = []
+
+        def connect():
+            try:
+                devshare.connect(address, timeout=LIMIT).close()
+            except devshare.Error as e:
+                errors.append(e)
+
+        th = threading.Thread(target=connect)
+        th.start()
+        for _ in range(LIMIT):
+            if not th.is_alive():
+                break
+            ch.service(timeout=1)
+        th.join(LIMIT)
+        assert len(errors) == 1 and ch.peers() == []
+        assert errors[0].status == devshare.Status.UNTRUSTED and str(os.getpid()) in errors[0].message
+        ch.restrict(uids=[os.geteuid()], pids=[os.getpid()])
+        th = threading.Thread(target=lambda: devshare.connect(address, timeout=LIMIT).close())
+        th.start()
+        peers = ch.wait_peers(1, timeout=LIMIT)
+        th.join(LIMIT)
+        assert ch.peer_info(peers[0])["uid"] == os.geteuid()
+    with devshare.Channel(_address("bad")) as ch, pytest.raises(ValueError):
+        ch.restrict(pids=[0])
+
+
+def test_channel_prototypes_match_the_header(tmp_path):
+    """The channel functions' ctypes prototypes (devshare._abi.channel_signatures, bound by
+    devshare._channel) equal devshare.h's, and cover every channel, pool and connection
+    function there."""
+    import abi_check
+    from devshare import _abi, _lib
+
+    cc = abi_check.find_cc()
+    assert cc is not None, "no C compiler for tests/c/layout_dump.c"
+    header = abi_check.load_header()
+    checker = abi_check.Checker(header, abi_check.run_dump(tmp_path, cc))
+    sigs = _abi.channel_signatures(_lib.ExporterP, _lib.ImportP)
+    problems = [p for name, restype, argtypes in sigs
+                for p in checker.function_problems(name, restype, argtypes)]
+    assert not problems, problems
+    ours = {name for name, _, _ in sigs}
+    theirs = {f for f in header.functions
+              if f.startswith(("devshare_channel_", "devshare_pool_", "devshare_connection_"))}
+    theirs |= {"devshare_import_pool_slot", "devshare_peer_info_init"}
+    assert ours == theirs
+    # ... and they are the prototypes the package calls with.
+    for name, restype, argtypes in sigs:
+        fn = getattr(_lib.lib, name)
+        assert (fn.restype, list(fn.argtypes)) == (restype, argtypes), name
+
+
+def test_channel_empty():
+    t = devshare.channel_empty((3, 4), torch.bfloat16)
+    assert t.shape == (3, 4) and t.dtype == torch.bfloat16 and not t.any()
+    a = devshare.channel_empty(5, "uint16", like="numpy")
+    assert a.shape == (5,) and a.dtype == np.uint16
+    assert devshare.Channel.host_empty((0, 2)).shape == (0, 2)
+    with pytest.raises(ValueError):
+        devshare.channel_empty((-1,))
+    with pytest.raises(ValueError):
+        devshare.channel_empty(4, like="jax")
