@@ -175,12 +175,22 @@ impl<T> Optional<T> {
 pub(crate) struct OnDemand<A> {
     cell: OnceLock<Runtime<A>>,
     load: fn() -> Result<A>,
+    /// [`crate::shm::generation`] of the process that loaded it (a forked child inherits the
+    /// loaded runtime, not its initialisation).
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl<A> OnDemand<A> {
     /// A runtime that `load` loads (and initialises) on first use.
     pub(crate) const fn new(load: fn() -> Result<A>) -> OnDemand<A> {
-        OnDemand { cell: OnceLock::new(), load }
+        OnDemand { cell: OnceLock::new(), load, generation: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    /// Whether the runtime was loaded (and initialised) by a process this one was forked from:
+    /// then this process must not call it.
+    pub(crate) fn inherited(&self) -> bool {
+        self.cell.get().is_some()
+            && self.generation.load(std::sync::atomic::Ordering::Acquire) != crate::shm::generation()
     }
 
     /// The loaded runtime. Only success is kept: a failed load is tried again next time (the
@@ -191,7 +201,10 @@ impl<A> OnDemand<A> {
             return Ok(rt);
         }
         let api = (self.load)()?;
-        Ok(self.cell.get_or_init(|| Runtime { api, contexts: Mutex::new(HashMap::new()) }))
+        Ok(self.cell.get_or_init(|| {
+            self.generation.store(crate::shm::generation(), std::sync::atomic::Ordering::Release);
+            Runtime { api, contexts: Mutex::new(HashMap::new()) }
+        }))
     }
 }
 

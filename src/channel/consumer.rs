@@ -373,14 +373,10 @@ impl Drop for Connection {
 
 /// The pid this process announces in the handshake: its bare tgid as the ACL runtime reports it
 /// (what ACL exporters must whitelist: the host pid, also inside a container) when an ACL runtime
-/// with a device is usable — asking binds device 0 on this thread for the call, then restores
-/// the thread's device — else `getpid()`.
+/// with a device is usable in this process — asking binds device 0 on this thread for the call,
+/// then restores the thread's device — else `getpid()`.
 fn announced_pid() -> i32 {
-    let acl = crate::backend::get(crate::handle::DEVSHARE_BACKEND_ACL).ok();
-    acl.filter(|b| b.probe().usable)
-        .and_then(|b| b.local_pid(0).ok())
-        .filter(|&p| p > 0)
-        .unwrap_or(std::process::id() as i32)
+    crate::backend::acl::bare_tgid().unwrap_or(std::process::id() as i32)
 }
 
 /// Open a received handle: a channel memfd by its descriptor, anything else by its key.

@@ -42,6 +42,17 @@ fn api() -> Result<&'static Runtime<AclApi>> {
     RUNTIME.get()
 }
 
+/// This process's bare tgid (`aclrtDeviceGetBareTgid`, asked with device 0 bound on this
+/// thread for the call): the pid ACL exporters whitelist for it. `None` when no ACL runtime
+/// with a device is usable here, or when the runtime was initialised by a process this one was
+/// forked from (a forked child must not call it).
+pub(crate) fn bare_tgid() -> Option<i32> {
+    if RUNTIME.inherited() || !ACL.probe().usable {
+        return None;
+    }
+    ACL.local_pid(0).ok().filter(|&p| p > 0)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Export
 
