@@ -604,3 +604,31 @@ fn a_handshake_of_another_protocol_is_refused_by_name() {
     server.join().unwrap();
     assert!(ch.peer_ids().unwrap().is_empty());
 }
+
+#[test]
+fn a_zero_timeout_takes_what_already_arrived() {
+    let addr = address("zero");
+    let ch = Channel::listen(&addr).unwrap();
+    let c = std::thread::spawn({
+        let addr = addr.clone();
+        move || Connection::connect(&addr, T)
+    });
+    // The connection is queued; nobody served the channel yet: a zero-timeout wait takes it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ch.wait_peers(1, Some(Duration::ZERO)).is_err() {
+        assert!(Instant::now() < deadline, "wait_peers(0) never took the pending connection");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let c = c.join().unwrap().unwrap();
+    let exp = Arc::new(Exporter::channel_host_alloc(4096).unwrap());
+    let pool = ch.pool(exp, 4096, 1).unwrap();
+    let (s, _) = pool.acquire(Some(Duration::ZERO)).unwrap();
+    pool.send(s, ch.peer_ids().unwrap()[0], &TensorDesc { shape: &[4096], ..Default::default() }).unwrap();
+    assert_eq!(status(pool.acquire(Some(Duration::ZERO))), Status::Timeout);
+    c.recv(T).unwrap().release(); // the return is queued at the producer now
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pool.acquire(Some(Duration::ZERO)).is_err() {
+        assert!(Instant::now() < deadline, "acquire(0) never took the queued return");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

@@ -185,15 +185,18 @@ impl Channel {
     /// Serve until `n` peers are connected (handshake done).
     pub fn wait_peers(&self, n: usize, timeout: Option<Duration>) -> Result<()> {
         let deadline = timeout.map(|t| Instant::now() + t);
+        let mut last_look = false;
         loop {
             let ready = self.shared.lock()?.peers.iter().filter(|p| p.ready).count();
             if ready >= n {
                 return Ok(());
             }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if left.is_some_and(|l| l.is_zero()) {
+            if last_look {
                 return Err(Error::Timeout(format!("{ready} of {n} peers connected")));
             }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            // Once the time is up, serve what already arrived (without waiting) and look once more.
+            last_look = left.is_some_and(|l| l.is_zero());
             self.shared.service(left)?;
         }
     }
@@ -563,6 +566,7 @@ impl Pool {
     /// A free slot and its address; serves the channel while every slot is out.
     pub fn acquire(&self, timeout: Option<Duration>) -> Result<(u32, *mut u8)> {
         let deadline = timeout.map(|t| Instant::now() + t);
+        let mut last_look = false;
         loop {
             let got = self.with(|_, p| {
                 Ok(p.free.pop().map(|s| {
@@ -574,11 +578,14 @@ impl Pool {
             if let Some(g) = got {
                 return Ok(g);
             }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if left.is_some_and(|l| l.is_zero()) {
+            if last_look {
                 return Err(Error::Timeout("every slot of the pool is still out".into()));
             }
-            // Another thread may be the one serving the channel: look again at least every 5 ms.
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            // Once the time is up, take the returns that already arrived (without waiting) and
+            // look once more: a zero timeout polls. Another thread may be the one serving the
+            // channel: look again at least every 5 ms.
+            last_look = left.is_some_and(|l| l.is_zero());
             let wait = left.map_or(Duration::from_millis(5), |l| l.min(Duration::from_millis(5)));
             self.shared.service(Some(wait))?;
         }

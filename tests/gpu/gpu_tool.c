@@ -1145,6 +1145,7 @@ static int cmd_layout(void) {
     SIZE(DevshareBackendInfo);
     SIZE(DevshareTorchArgs);
     SIZE(DevshareTorchStorage);
+    SIZE(DevsharePeerInfo);
     printf("\n");
     printf("OFFSETS DevshareDType");
     FIELD(DevshareDType, code);
@@ -1256,6 +1257,17 @@ static int cmd_layout(void) {
     FIELD(DevshareTorchStorage, event_handle);
     FIELD(DevshareTorchStorage, event_sync_required);
     FIELD(DevshareTorchStorage, reserved);
+    printf("\n");
+    printf("OFFSETS DevsharePeerInfo");
+    FIELD(DevsharePeerInfo, struct_size);
+    FIELD(DevsharePeerInfo, pid);
+    FIELD(DevsharePeerInfo, uid);
+    FIELD(DevsharePeerInfo, gid);
+    FIELD(DevsharePeerInfo, id);
+    FIELD(DevsharePeerInfo, tgid);
+    FIELD(DevsharePeerInfo, reserved);
+    FIELD(DevsharePeerInfo, leases);
+    FIELD(DevsharePeerInfo, protocol_errors);
     printf("\n");
     return 0;
 }

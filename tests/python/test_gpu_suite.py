@@ -54,7 +54,7 @@ def test_gpu_suite_dry_run_passes(bundle):
     res = suite(bundle, "--dry-run")
     assert res.returncode == 0, res.stdout + res.stderr
     v = verdicts(res.stdout)
-    assert v.get("layout") == "PASS" and "every field of the 8 mirrored structs" in res.stdout
+    assert v.get("layout") == "PASS" and "every field of the 9 mirrored structs" in res.stdout
     for case in ("dry_e_fd", "dry_e_fd_long_table", "dry_e_fabric", "dry_e_v1", "dry_e_v3", "dry_e_pid0"):
         assert v.get(case) == "PASS", res.stdout
     assert re.search(r"^SUMMARY: \d+ passed, 0 failed, 0 skipped$", res.stdout, re.M), res.stdout
