@@ -717,7 +717,9 @@ int32_t devshare_channel_peer_info(const struct DevshareChannel *channel,
                                    struct DevsharePeerInfo *out);
 
 // Send `peer` one leased reference to a tensor of `exporter` (`desc` NULL: the whole range as
-// bytes; `DEVSHARE_SHARE_*` flags are refused: a lease needs neither). The peer receives it
+// bytes). `DEVSHARE_SHARE_EVENT` (device exports) records an interprocess event on
+// `desc->stream` that the consumer's receive waits on, instead of synchronising the stream; it
+// is kept until the lease comes back. `DEVSHARE_SHARE_INFLIGHT` does not apply to leases. The peer receives it
 // with `devshare_connection_recv`. `devshare_exporter_outstanding` counts it until the peer
 // releases its import or disconnects for any reason. ACL exports are whitelisted for the
 // peer's announced tgid first (once per export and peer). Host memory must come from
@@ -770,7 +772,9 @@ int32_t devshare_pool_id(const struct DevsharePool *pool, uint32_t *id);
 // Hand acquired slot `slot` to `peer`, describing the tensor in it: `desc->storage_offset` is
 // relative to the slot, `storage_size` `DEVSHARE_STORAGE_TO_END` means the rest of the slot;
 // `desc` NULL sends the whole slot as bytes. Device work on `desc->stream` is synchronised
-// first. Only a small message travels; the first item to a peer also attaches it (one import
+// first — or, with `DEVSHARE_SHARE_EVENT` (device pools), an interprocess event is recorded on
+// it and travels with the item (64 bytes more), and the consumer's `devshare_connection_recv`
+// waits on it; the event is kept until the slot comes back. Only a small message travels; the first item to a peer also attaches it (one import
 // of the whole allocation). The slot comes back when the peer releases the item's import or
 // disconnects. Sending a slot that is not acquired is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
 int32_t devshare_pool_send(struct DevsharePool *pool,

@@ -246,13 +246,14 @@ impl Exporter {
     }
 
     /// A handle for a tensor in this allocation without a ref-counter slot: its reference is
-    /// leased to a channel connection, which counts it in [`Self::outstanding`]. The device work on
-    /// `desc.stream` is synchronised first (no events: the connection carries none).
-    pub(crate) fn share_leased(&self, desc: &TensorDesc<'_>) -> Result<DevshareHandle> {
-        if desc.inflight || desc.event {
+    /// leased to a channel connection, which counts it in [`Self::outstanding`]. With
+    /// `desc.event` an interprocess event is recorded on `desc.stream` and returned (keep it until
+    /// the lease comes back; the handle carries it); otherwise the stream is synchronised first.
+    pub(crate) fn share_leased(&self, desc: &TensorDesc<'_>) -> Result<(DevshareHandle, Option<Box<dyn IpcEvent>>)> {
+        if desc.inflight {
             return Err(Error::InvalidArgument(
-                "a share over a channel is leased to the connection: in-flight references and events \
-                 (DEVSHARE_SHARE_INFLIGHT, DEVSHARE_SHARE_EVENT) do not apply"
+                "a share over a channel is leased to the connection: in-flight references \
+                 (DEVSHARE_SHARE_INFLIGHT) do not apply"
                     .into(),
             ));
         }
@@ -260,9 +261,18 @@ impl Exporter {
         if self.alloc.channel_fd().is_some() {
             h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_CHANNEL;
         }
+        if desc.event {
+            if self.backend == crate::handle::DEVSHARE_BACKEND_HOST {
+                return Err(Error::Unsupported("host memory has no interprocess events (DEVSHARE_SHARE_EVENT)".into()));
+            }
+            h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
+        }
         validate(&h)?;
-        self.alloc.prepare_share(desc.stream, false)?;
-        Ok(h)
+        let event = self.alloc.prepare_share(desc.stream, desc.event)?;
+        if let Some(e) = &event {
+            h.event_handle = e.handle();
+        }
+        Ok((h, event))
     }
 
     /// The handle fields for a tensor in this allocation: layout and key, no lifetime fields.

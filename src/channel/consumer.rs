@@ -306,7 +306,10 @@ impl Connection {
                     (b[0][0], b[0][1])
                 };
                 let lanes = r.u16()?;
-                let _ = r.u32()?;
+                let flags = r.u32()?;
+                if flags & !wire::ITEM_EVENT != 0 {
+                    return Err(Error::UnsupportedVersion(format!("pool item flags {flags:#x}")));
+                }
                 let (offset, size, tensor_offset) = (r.u64()?, r.u64()?, r.i64()?);
                 if ndim as usize > crate::handle::DEVSHARE_MAX_NDIM {
                     return Err(Error::BadNdim(format!("a pool item has {ndim} dimensions")));
@@ -318,6 +321,14 @@ impl Connection {
                 }
                 for s in strides.iter_mut().take(ndim as usize) {
                     *s = r.i64()?;
+                }
+                let mut event = None;
+                if flags & wire::ITEM_EVENT != 0 {
+                    let mut e = [0u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE];
+                    for b in e.chunks_exact_mut(8) {
+                        b.copy_from_slice(&r.u64()?.to_le_bytes());
+                    }
+                    event = Some(e);
                 }
                 r.end()?;
                 let p = st.pools.get(&pool).ok_or_else(|| {
@@ -339,6 +350,15 @@ impl Connection {
                 h.strides = strides;
                 h.tensor_offset = tensor_offset;
                 h.dtype = crate::dtype::DevshareDType::new(code, bits, lanes);
+                if let Some(e) = event {
+                    // The producer's work on the slot may still be running: wait for its event
+                    // (blocking this thread) before the item is used.
+                    h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
+                    h.event_handle = e;
+                    crate::handle::validate(&h)?;
+                    let req = ImportRequest { device: Some(p.base.device()), ..ImportRequest::default() };
+                    crate::backend::get(h.backend)?.wait_event(&h, &req)?;
+                }
                 Ok(Some(p.base.derive(h, token)?))
             }
             wire::POOL_CLOSED => {

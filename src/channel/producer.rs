@@ -2,6 +2,7 @@
 
 use super::wire::{self, In, Out, Received};
 use super::LeaseBook;
+use crate::backend::IpcEvent;
 use crate::error::{Error, Result};
 use crate::export::{Exporter, TensorDesc};
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -32,11 +33,16 @@ pub struct PeerInfo {
     pub protocol_errors: u64,
 }
 
+/// A reference out with a peer: its export's book, and the event recorded for the share.
+type Lease = (Arc<LeaseBook>, Option<Box<dyn IpcEvent>>);
+
 struct Peer {
     info: PeerInfo,
     fd: OwnedFd,
     ready: bool,
-    leases: FxHashMap<u64, Arc<LeaseBook>>,
+    /// Leases out with the peer: the export's book, and the event recorded for the share (kept
+    /// until the lease comes back).
+    leases: FxHashMap<u64, Lease>,
     attached: FxHashMap<u32, Arc<LeaseBook>>,
     /// Exports (by id) this peer's tgid was whitelisted on.
     allowed: FxHashSet<u64>,
@@ -54,6 +60,8 @@ struct PoolState {
     slot_size: u64,
     count: u32,
     slots: Vec<SlotState>,
+    /// The event recorded for each slot out with a consumer (kept until the slot comes back).
+    events: Vec<Option<Box<dyn IpcEvent>>>,
     free: Vec<u32>,
 }
 
@@ -218,7 +226,7 @@ impl Channel {
     /// Send `peer` one leased reference to a tensor in `exp`: counted in `exp`'s outstanding
     /// references until the peer releases it or disconnects.
     pub fn send(&self, peer: u64, exp: &Exporter, desc: &TensorDesc<'_>) -> Result<()> {
-        let h = exp.share_leased(desc)?;
+        let (h, event) = exp.share_leased(desc)?;
         let mut core = self.shared.lock()?;
         core.allow(peer, exp)?;
         let lease = core.next_lease;
@@ -234,7 +242,7 @@ impl Channel {
         wire::send(p.fd.as_fd(), &msg.0, &fds)?;
         let book = exp.leases().clone();
         book.add(&self.shared);
-        p.leases.insert(lease, book);
+        p.leases.insert(lease, (book, event));
         Ok(())
     }
 
@@ -269,6 +277,7 @@ impl Channel {
                 slot_size,
                 count,
                 slots: vec![SlotState::Free; count as usize],
+                events: (0..count).map(|_| None).collect(),
                 free: (0..count).rev().collect(),
             },
         );
@@ -432,7 +441,7 @@ impl Core {
                 let _ = r.u32()?;
                 let lease = r.u64()?;
                 r.end()?;
-                let book = peer
+                let (book, _event) = peer
                     .leases
                     .remove(&lease)
                     .ok_or_else(|| Error::Untrusted(format!("lease {lease} is not held by this peer")))?;
@@ -449,6 +458,7 @@ impl Core {
                 match p.slots.get(slot as usize) {
                     Some(SlotState::Sent(holder)) if *holder == id => {
                         p.slots[slot as usize] = SlotState::Free;
+                        p.events[slot as usize] = None;
                         p.free.push(slot);
                     }
                     _ => return Err(Error::Untrusted(format!("slot {slot} of pool {pool} is not held by peer {id}"))),
@@ -472,13 +482,14 @@ impl Core {
     fn drop_peer(&mut self, idx: usize, epfd: BorrowedFd<'_>) {
         let peer = self.peers.remove(idx);
         let _ = epoll::delete(epfd, &peer.fd);
-        for book in peer.leases.values().chain(peer.attached.values()) {
+        for book in peer.leases.values().map(|(b, _)| b).chain(peer.attached.values()) {
             book.sub(1);
         }
         for p in self.pools.values_mut() {
             for (i, s) in p.slots.iter_mut().enumerate() {
                 if *s == SlotState::Sent(peer.info.id) {
                     *s = SlotState::Free;
+                    p.events[i] = None;
                     p.free.push(i as u32);
                 }
             }
@@ -647,13 +658,14 @@ impl Pool {
                 ..desc.clone()
             };
             core.peer(peer)?;
-            // Describes and validates the tensor, and synchronises the producing stream.
-            let h = p.exporter.share_leased(&abs)?;
+            // Describes and validates the tensor; synchronises the producing stream, or records
+            // an event on it (DEVSHARE_SHARE_EVENT).
+            let (h, event) = p.exporter.share_leased(&abs)?;
             if !core.peer(peer)?.attached.contains_key(&id) {
                 core.allow(peer, &p.exporter)?;
                 let whole = p.slot_size * u64::from(p.count);
                 let shape = [whole as i64];
-                let base = p.exporter.share_leased(&TensorDesc {
+                let (base, _) = p.exporter.share_leased(&TensorDesc {
                     shape: &shape,
                     storage_size: Some(whole),
                     ..Default::default()
@@ -672,7 +684,7 @@ impl Pool {
             }
             let mut m = Out::new(wire::ITEM);
             m.u32(id).u32(slot).u32(h.ndim);
-            m.bytes(&[h.dtype.code, h.dtype.bits]).u16(h.dtype.lanes).u32(0);
+            m.bytes(&[h.dtype.code, h.dtype.bits]).u16(h.dtype.lanes).u32(u32::from(event.is_some()));
             m.u64(desc.storage_offset).u64(rel_size).i64(h.tensor_offset);
             for d in 0..h.ndim as usize {
                 m.i64(h.shape[d]);
@@ -680,8 +692,12 @@ impl Pool {
             for d in 0..h.ndim as usize {
                 m.i64(h.strides[d]);
             }
+            if let Some(e) = &event {
+                m.bytes(&e.handle());
+            }
             wire::send(core.peer(peer)?.fd.as_fd(), &m.0, &[])?;
             p.slots[slot as usize] = SlotState::Sent(peer);
+            p.events[slot as usize] = event;
             Ok(())
         })
     }

@@ -45,9 +45,12 @@ pub(crate) const RELEASE: u32 = 5;
 /// the handle of the pool's whole allocation (its memfd as `SCM_RIGHTS`).
 pub(crate) const ATTACH: u32 = 6;
 /// Producer -> consumer: `pool u32, slot u32, ndim u32, dtype (code u8, bits u8, lanes u16),
-/// 0 u32, storage_offset u64 (in the slot), storage_size u64, tensor_offset i64,
-/// shape i64 x ndim, strides i64 x ndim`.
+/// flags u32, storage_offset u64 (in the slot), storage_size u64, tensor_offset i64,
+/// shape i64 x ndim, strides i64 x ndim`, then with flag [`ITEM_EVENT`] the 64-byte IPC event
+/// handle to wait on before use.
 pub(crate) const ITEM: u32 = 7;
+/// [`ITEM`] flag: an interprocess event handle follows.
+pub(crate) const ITEM_EVENT: u32 = 1;
 /// Consumer -> producer: `pool u32, slot u32, 0 u32`.
 pub(crate) const RETURN: u32 = 8;
 /// Producer -> consumer: `pool u32`: the pool is closed; detach once its items are released.
