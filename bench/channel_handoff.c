@@ -43,6 +43,7 @@
  *                       [--slots N] [--large-slots N] [--cpus any|one|two]
  *                       [--methods pool,lease,handle,pipe-floor,socket-floor,pipe-copy,breakdown]
  *   channel_handoff consume ADDRESS [--poll]
+ *   channel_handoff syscalls [N]
  *
  * `run` prints one JSON object per measurement on stdout (bench/channel_handoff.py reads
  * them) and a readable line on stderr. --count is the number of items per measurement for
@@ -58,6 +59,12 @@
  * number of items and one line per item with six CLOCK_MONOTONIC times in ns: before recv,
  * poll returned (0 without --poll), recv returned, info returned, touched, released.
  * The pipe consumers are internal modes (handle-consume, pipe-consume SIZE).
+ *
+ * `syscalls` times, N times each in a loop (default 100000) with nobody waiting on the other
+ * end, the system calls these handoffs are made of (getpid, accept4 with nothing pending,
+ * recvmsg with nothing queued, send and recvmsg of a 64-byte SOCK_SEQPACKET message, a pipe's
+ * 8-byte write + read, epoll_wait and ppoll on a ready descriptor): one JSON object per call on
+ * stdout, a readable line on stderr.
  */
 #define _GNU_SOURCE
 
@@ -79,7 +86,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -852,11 +862,126 @@ static int has_method(const char *methods, const char *name) {
     return 0;
 }
 
+/* ------------------------------------------------------------------------- system calls */
+
+/* syscalls [N]: what the system calls a handoff is made of cost on this machine, each repeated
+ * N times in a loop with nothing waiting on the other end (no wake-up). */
+static void syscall_row(const char *name, int64_t t0, int n) {
+    const double ns = (double)(now_ns() - t0) / n;
+    printf("{\"syscall\": \"%s\", \"ns\": %.0f, \"calls\": %d}\n", name, ns, n);
+    fprintf(stderr, "%-58s %7.0f ns\n", name, ns);
+}
+
+static int syscalls(int n) {
+    int sv[2], p[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0 || pipe2(p, O_CLOEXEC) != 0) {
+        die("socketpair/pipe2", errno);
+    }
+    const int lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    const int len = snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "devshare-bench-syscalls-%d", (int)getpid());
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, (socklen_t)(sizeof(sa_family_t) + 1 + (size_t)len)) != 0 ||
+        listen(lfd, 8) != 0) {
+        die("listen", errno);
+    }
+    static unsigned char buf[1 << 17];
+    char name[128], control[256];
+    struct iovec iov = {buf, sizeof buf};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    int64_t t0 = now_ns();
+    for (int i = 0; i < n; i++) {
+        sink += (unsigned)syscall(SYS_getpid);
+    }
+    syscall_row("getpid", t0, n);
+    t0 = now_ns();
+    for (int i = 0; i < n; i++) {
+        if (accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC) >= 0) {
+            die("accept4: a connection", 0);
+        }
+    }
+    syscall_row("accept4, nothing pending (EAGAIN)", t0, n);
+    t0 = now_ns();
+    for (int i = 0; i < n; i++) {
+        m.msg_name = name;
+        m.msg_namelen = sizeof name;
+        m.msg_control = control;
+        m.msg_controllen = sizeof control;
+        if (recvmsg(sv[0], &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) >= 0) {
+            die("recvmsg: a message", 0);
+        }
+    }
+    syscall_row("recvmsg, SOCK_SEQPACKET, nothing queued (EAGAIN)", t0, n);
+    int64_t sent = 0, got = 0;
+    for (int done = 0; done < n;) {
+        int k = 0;
+        int64_t t = now_ns();
+        while (k < 64 && done + k < n && send(sv[1], buf, 64, 0) == 64) {
+            k++;
+        }
+        sent += now_ns() - t;
+        t = now_ns();
+        for (int i = 0; i < k; i++) {
+            m.msg_name = name;
+            m.msg_namelen = sizeof name;
+            m.msg_control = control;
+            m.msg_controllen = sizeof control;
+            if (recvmsg(sv[0], &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC) != 64) {
+                die("recvmsg", errno);
+            }
+        }
+        got += now_ns() - t;
+        done += k;
+    }
+    printf("{\"syscall\": \"send, SOCK_SEQPACKET, 64 bytes\", \"ns\": %.0f, \"calls\": %d}\n", (double)sent / n, n);
+    fprintf(stderr, "%-58s %7.0f ns\n", "send, SOCK_SEQPACKET, 64 bytes", (double)sent / n);
+    printf("{\"syscall\": \"recvmsg, SOCK_SEQPACKET, a queued 64-byte message\", \"ns\": %.0f, \"calls\": %d}\n",
+           (double)got / n, n);
+    fprintf(stderr, "%-58s %7.0f ns\n", "recvmsg, SOCK_SEQPACKET, a queued 64-byte message", (double)got / n);
+    t0 = now_ns();
+    for (int i = 0; i < n; i++) {
+        if (write(p[1], buf, 8) != 8 || read(p[0], buf, 8) != 8) {
+            die("pipe write/read", errno);
+        }
+    }
+    syscall_row("pipe: write 8 bytes + read 8 bytes", t0, n);
+    if (send(sv[1], buf, 8, 0) != 8) {
+        die("send", errno);
+    }
+    const int ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN}, out[32];
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, sv[0], &ev) != 0) {
+        die("epoll", errno);
+    }
+    t0 = now_ns();
+    for (int i = 0; i < n; i++) {
+        if (epoll_wait(ep, out, 32, 5) != 1) {
+            die("epoll_wait", errno);
+        }
+    }
+    syscall_row("epoll_wait, one descriptor ready", t0, n);
+    t0 = now_ns();
+    for (int i = 0; i < n; i++) {
+        struct pollfd pfd = {.fd = sv[0], .events = POLLIN};
+        if (ppoll(&pfd, 1, NULL, NULL) != 1) {
+            die("ppoll", errno);
+        }
+    }
+    syscall_row("ppoll, one descriptor ready", t0, n);
+    close(ep);
+    close(lfd);
+    close(sv[0]);
+    close(sv[1]);
+    close(p[0]);
+    close(p[1]);
+    return 0;
+}
+
 static int usage(void) {
     fprintf(stderr, "usage: channel_handoff run [--count N] [--large-count N] [--sizes 4096,67108864]\n"
                     "                           [--slots N] [--large-slots N] [--cpus any|one|two]\n"
                     "                           [--methods pool,lease,handle,pipe-floor,socket-floor,pipe-copy,breakdown]\n"
-                    "       channel_handoff consume ADDRESS [--poll]\n");
+                    "       channel_handoff consume ADDRESS [--poll]\n"
+                    "       channel_handoff syscalls [N]\n");
     return 2;
 }
 
@@ -974,6 +1099,9 @@ int main(int argc, char **argv) {
     }
     if (argc == 2 && strcmp(argv[1], "handle-consume") == 0) {
         return consume_handles();
+    }
+    if (argc >= 2 && strcmp(argv[1], "syscalls") == 0) {
+        return syscalls(argc >= 3 ? (int)parse_num(argv[2], "syscalls N") : 100000);
     }
     if (argc == 3 && strcmp(argv[1], "pipe-consume") == 0) {
         return consume_pipe(strtoull(argv[2], NULL, 10));

@@ -12,12 +12,16 @@ Rows, for each size:
   handle      C->C     devshare_exporter_share_encoded, the encoding over a pipe,
                        devshare_import_encoded in the consumer, an ack back
   pipe-floor  C->C     8 bytes out, an ack back: the least any pipe-based handoff costs
+  socket-floor C->C    the same over a SOCK_SEQPACKET socket pair, the kind of socket a channel is
   pipe-copy   C->C     the item's bytes through the pipe (sizes below 1 MiB)
-  pool        Py->C    the pool from Python (devshare.Channel / devshare.Pool when the package has
-                       them, the C API through ctypes otherwise), consumer `channel_handoff consume`
-  pool        Py->Py   the same with a Python consumer that takes each item as a torch tensor
-                       (devshare.connect when the package has it, ctypes + DLPack otherwise),
-                       touches it like bench/handoff.py's consumers and drops it
+  pool        Py->C    the pool from Python (devshare.Channel, Channel.pool, Pool.acquire,
+                       Slot.send), consumer `channel_handoff consume`
+  pool        Py->Py   the same with a Python consumer: devshare.connect, Connection.recv, the
+                       item's torch tensor touched like bench/handoff.py's consumers do,
+                       Item.release
+  pool (ctypes) Py->C, Py->Py   the same through the C API and ctypes, with nothing in between
+                       (the consumer's torch tensor through DLPack); when the package has no
+                       channels, these are the "pool" rows
   handle      Py->C    bench/handoff.py's devshare-c (devshare.share, handle text over a pipe)
   handle      Py->Py   bench/handoff.py's devshare-py (devshare.open)
   queue-fd    Py->Py   torch.multiprocessing.Queue, sharing strategy file_descriptor (default)
@@ -29,9 +33,16 @@ consumer has touched it (first and last byte or element), both sides reading CLO
 Round trip: until the producer has the item back (pool: acquire returns the slot; lease:
 devshare_exporter_wait; queues and pipes: the acknowledgement was read). Throughput: N items
 back to back, N / (last consumer touch - first hand). See bench/channel_handoff.c and
-bench/handoff.py for the details of each method. Then the ratios the targets are about, and
+bench/handoff.py for the details of each method.
+
+Every row is measured with the processes where the scheduler puts them ("any"), and with the
+producer and every consumer pinned to one CPU ("one": each handoff is a context switch); the
+C->C rows also with producer and consumer pinned to two different CPUs ("two": each handoff
+wakes the other CPU). On a small or virtual machine the placement moves the figures by more
+than the differences between methods, so ratios are taken within one placement. Then the ratios the targets are about, and
 a step-by-step breakdown of the pool's one-at-a-time handoff (consumer polling the connection's
-fd, then receiving without blocking, so that each step is timed on its own).
+fd, then receiving without blocking, so that each step is timed on its own), and what the system
+calls those steps are made of cost on this machine (`channel_handoff syscalls`).
 
 Usage: python bench/channel_handoff.py [--bin build/channel_handoff]
            [--consumer build/handoff_consumer] [--count N] [--large-count N]
@@ -484,7 +495,10 @@ def main():
                 os.sched_setaffinity(0, allowed)
             rows += r
             breakdowns += b
-    print_tables(rows, breakdowns)
+    out = subprocess.run([args.bin, "syscalls"], stdout=subprocess.PIPE, text=True, check=True,
+                         timeout=600).stdout
+    calls = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    print_tables(rows, breakdowns, calls)
 
 
 def find(rows, size, cpus, method, path):
@@ -500,7 +514,7 @@ TARGETS = [
 ]
 
 
-def print_tables(rows, breakdowns):
+def print_tables(rows, breakdowns, calls=()):
     print()
     print("| size | CPUs | method | path | p50 µs | p99 µs | round trip p50 µs | items/s |")
     print("|---|---|---|---|---|---|---|---|")
@@ -540,6 +554,15 @@ def print_tables(rows, breakdowns):
             print(f"| {size_label(b['size'])} | {b['cpus']} | {b['breakdown']} | {b['path']} | {woken} | "
                   f"{b['recv_us']:.1f} | {b['info_us']:.1f} | {b['touch_us']:.1f} | {b['release_us']:.1f} | "
                   f"{b['back_us']:.1f} | {b['hand_us']:.1f} | {b['p50_us']:.1f} | {b['rt_p50_us']:.1f} |")
+    if calls:
+        print()
+        print(f"System calls on this machine (`channel_handoff syscalls`: {calls[0]['calls']} calls each in a "
+              "loop, nobody waiting on the other end):")
+        print()
+        print("| call | ns |")
+        print("|---|---|")
+        for c in calls:
+            print(f"| {c['syscall']} | {c['ns']:.0f} |")
 
 
 if __name__ == "__main__":
