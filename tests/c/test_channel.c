@@ -3,18 +3,27 @@
  * test_channel: channels, leases and pools between separate processes.
  *
  * The parent is the producer (except in the producer-death case, where it is the consumer);
- * consumers are this program re-executed with "--child host|acl" (a fresh process image: only
+ * consumers are this program re-executed with "--child host|acl|cuda" (a fresh process image: only
  * the pipes are inherited). A consumer prints "PID <pid>" and then answers one line per
  * command on its stdout, always starting with "R":
  *   connect <address> <timeout>   -> R <status> <message>
  *   recv <n> <hold 0|1> <timeout> -> R <got> <pool items> <leases> <address changes>
  *                                      <bad data> <bad order> <failed releases> <status>
- *                                      <slots seen> <odd kinds>
+ *                                      <slots seen> <odd kinds> <events> <events waited once>
  *        (every item: its kind from devshare_import_pool_slot, the data pointer of each pool
  *         slot compared with the one recorded on its first arrival, the pool's base, the data
- *         read back over the whole storage; then held or released)
+ *         read back over the whole storage (device memory through aclrtMemcpy / cuMemcpyDtoH),
+ *         and for a handle with an interprocess event: the event opened again from its bytes
+ *         and the stand-in's count of waits on it read, which devshare_connection_recv must
+ *         have made exactly 1; then held or released)
+ *   cuda_state  -> R <reservations> <mappings> <handle refs> <imported handles> <allocations>
+ *                    <open fds> <violations>   (the CUDA stand-in's VMM state of the consumer)
+ *   lease_opens -> R <live IPC opens of the last lease's cuMemAlloc allocation, all processes>
+ *   getfd <pid> <fd> -> R <0 | errno>   (pidfd_getfd of another process's fd, tried here)
  *   release <k> / release_later <ms> <k> / read / close / memfds / import <text> /
  *   exit_holding / quit
+ * A cuda consumer drops CAP_SYS_PTRACE first, so the kernel's ordinary ptrace rules apply to
+ * it even when the tests run as root.
  *
  * Cases (each named by the behaviour it checks):
  *  - bad inputs return statuses (NULL and empty addresses, over-long paths and names, an
@@ -38,10 +47,29 @@
  *  - ACL (over the stand-in runtime): a pool of an ACL export reaches a channel consumer
  *    without devshare_exporter_allow_pid; a plain handle of that export imported without the
  *    channel is refused by the pid whitelist;
- *  - afterwards no /dev/shm object carries the pid of this process or of a host consumer, and
- *    the stand-in recorded no rule violation.
+ *  - ACL lease with DEVSHARE_SHARE_EVENT: the consumer, whitelisted through the handshake,
+ *    reads the lease; recv waited on the event; the producer keeps the event until the lease
+ *    comes back, then destroys it;
+ *  - CUDA pool (over the stand-in driver): 4 cuMemCreate segments of 2 MiB exported with
+ *    devshare_export_segments, one slot per segment. The producer is made non-dumpable (and
+ *    neither side has CAP_SYS_PTRACE), so the consumer's pidfd_getfd of producer fds fails
+ *    with EPERM (checked by the consumer itself; without the switch it succeeds where Yama
+ *    does not forbid it): the consumer still imports, because the segment fds travel over the
+ *    channel. The allocation is imported once (1 reservation, 4 mappings), each slot keeps its
+ *    address, cuMemcpyDtoH reads what the producer wrote. The same pool with
+ *    DEVSHARE_SHARE_EVENT items (on a stream or NULL): recv waited on each event, the producer
+ *    holds one live event per slot out and destroys it when the slot comes back. After
+ *    devshare_pool_close the consumer detaches on its next recv: nothing reserved, mapped or
+ *    imported is left in it, and once its connection closes it has its first fd count again;
+ *  - CUDA lease with DEVSHARE_SHARE_EVENT (cuMemAlloc + devshare_export, on a stream and with
+ *    NULL): recv waited on the event, one live IPC open while held and none after the release,
+ *    the event kept until the lease comes back;
+ *  - afterwards no /dev/shm object carries the pid of this process or of a host or CUDA
+ *    consumer, and neither stand-in recorded a rule violation (in any process: at exit they
+ *    also check that every opened IPC event and mapping was closed).
  *
- * Needs DEVSHARE_ACL_LIBRARY pointing at the stand-in libascendcl.so (CTest sets it).
+ * Needs DEVSHARE_ACL_LIBRARY and DEVSHARE_CUDA_LIBRARY pointing at the stand-ins
+ * (libascendcl.so, libcuda.so.1; CTest sets them).
  * Prints "ok - ..." / "FAIL - ..." per case; exit status 0 when all passed.
  */
 #define _GNU_SOURCE
@@ -49,12 +77,14 @@
 #include "devshare.h"
 
 #include "acl_standin.h"
+#include "cuda_standin.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <inttypes.h>
+#include <linux/capability.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -62,7 +92,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -100,6 +132,16 @@ static const char *last_error(void) {
     static char msg[2048];
     devshare_last_error(msg, sizeof msg);
     return msg;
+}
+
+/* `text` into buf, cut to fit. */
+static void copy_text(char *buf, size_t cap, const char *text) {
+    size_t n = strlen(text);
+    if (n >= cap) {
+        n = cap - 1;
+    }
+    memcpy(buf, text, n);
+    buf[n] = '\0';
 }
 
 /* An error status whose last error names the function. */
@@ -174,26 +216,126 @@ static void acl_or_die(aclError rc, const char *what) {
     }
 }
 
+static int g_cuda; /* this process reads and writes device memory through the CUDA driver */
+
+static void cu_or_die(CUresult rc, const char *what) {
+    if (rc != CUDA_SUCCESS) {
+        fprintf(stderr, "test_channel: %s = %d\n", what, (int)rc);
+        exit(2);
+    }
+}
+
+/* Device 0's primary context, current on this thread. */
+static void cuda_make_current(void) {
+    static CUcontext ctx;
+    if (!ctx) {
+        CUdevice dev;
+        cu_or_die(cuDeviceGet(&dev, 0), "cuDeviceGet(0)");
+        cu_or_die(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    }
+    cu_or_die(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+}
+
 static void item_fill(void *p, uint64_t size, uint64_t seq) {
-    if (!g_acl) {
+    if (!g_acl && !g_cuda) {
         item_fill_host(p, size, seq);
         return;
     }
     uint8_t *staging = malloc((size_t)size);
     item_fill_host(staging, size, seq);
-    acl_or_die(aclrtMemcpy(p, (size_t)size, staging, (size_t)size, ACL_MEMCPY_HOST_TO_DEVICE), "aclrtMemcpy H2D");
+    if (g_cuda) {
+        cu_or_die(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)p, staging, (size_t)size), "cuMemcpyHtoD");
+    } else {
+        acl_or_die(aclrtMemcpy(p, (size_t)size, staging, (size_t)size, ACL_MEMCPY_HOST_TO_DEVICE), "aclrtMemcpy H2D");
+    }
     free(staging);
 }
 
 static int item_check(const void *p, uint64_t size, uint64_t *seq_out) {
-    if (!g_acl) {
+    if (!g_acl && !g_cuda) {
         return item_check_host(p, size, seq_out);
     }
     uint8_t *staging = malloc((size_t)size);
-    acl_or_die(aclrtMemcpy(staging, (size_t)size, p, (size_t)size, ACL_MEMCPY_DEVICE_TO_HOST), "aclrtMemcpy D2H");
+    if (g_cuda) {
+        cu_or_die(cuMemcpyDtoH(staging, (CUdeviceptr)(uintptr_t)p, (size_t)size), "cuMemcpyDtoH");
+    } else {
+        acl_or_die(aclrtMemcpy(staging, (size_t)size, p, (size_t)size, ACL_MEMCPY_DEVICE_TO_HOST), "aclrtMemcpy D2H");
+    }
     const int ok = item_check_host(staging, size, seq_out);
     free(staging);
     return ok;
+}
+
+/* How often the interprocess event in `bytes` (a handle's event_handle) has been waited on: the
+ * event is opened again here, its count read from the stand-in, then waited on and destroyed as
+ * the driver's rules ask. -1 when it cannot be opened (the producer destroyed it). */
+static int event_waits(const uint8_t *bytes) {
+    int n = -1;
+    if (g_cuda) {
+        CUipcEventHandle eh;
+        memcpy(eh.reserved, bytes, sizeof eh.reserved);
+        CUevent e = NULL;
+        if (cuIpcOpenEventHandle(&e, eh) == CUDA_SUCCESS) {
+            n = cusi_event_waits(e);
+            cu_or_die(cuEventSynchronize(e), "cuEventSynchronize");
+            cu_or_die(cuEventDestroy(e), "cuEventDestroy");
+        }
+    } else if (g_acl) {
+        aclrtIpcEventHandle eh;
+        memcpy(eh.reserved, bytes, sizeof eh.reserved);
+        aclrtEvent e = NULL;
+        if (aclrtIpcOpenEventHandle(eh, &e) == ACL_SUCCESS) {
+            n = aclsi_event_waits(e);
+            acl_or_die(aclrtSynchronizeEvent(e), "aclrtSynchronizeEvent");
+            acl_or_die(aclrtDestroyEvent(e), "aclrtDestroyEvent");
+        }
+    }
+    return n;
+}
+
+/* Drop CAP_SYS_PTRACE from every set of this process (no-op without it), so that the kernel's
+ * ordinary ptrace rules apply to it even when the tests run as root. */
+static void drop_ptrace_capability(void) {
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    if (syscall(SYS_capget, &hdr, data) != 0) {
+        return;
+    }
+    const unsigned bit = 1u << CAP_SYS_PTRACE;
+    if (!((data[0].effective | data[0].permitted | data[0].inheritable) & bit)) {
+        return;
+    }
+    data[0].effective &= ~bit;
+    data[0].permitted &= ~bit;
+    data[0].inheritable &= ~bit;
+    if (syscall(SYS_capset, &hdr, data) != 0) {
+        perror("test_channel: capset (dropping CAP_SYS_PTRACE)");
+        exit(2);
+    }
+}
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
+
+/* Whether this process can take descriptor `fd` of process `pid` with pidfd_getfd (what a
+ * segmented import falls back to when the fds do not travel with the item): 0, or the errno
+ * that refused it. */
+static int pidfd_getfd_errno(pid_t pid, int fd) {
+    const int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0) {
+        return errno;
+    }
+    const int got = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+    const int err = got < 0 ? errno : 0;
+    if (got >= 0) {
+        close(got);
+    }
+    close(pidfd);
+    return err;
 }
 
 /* A 1-D uint8 tensor of n bytes at `offset` in the allocation. */
@@ -309,7 +451,11 @@ static int import_readable(DevshareImport *imp) {
 
 typedef struct {
     int got, pool, lease, addr_bad, data_bad, order_bad, rel_bad, st, slots, kind_bad;
+    int events; /* items whose handle carries an interprocess event */
+    int waited; /* ... that had been waited on exactly once when recv returned */
 } RecvResult;
+
+static DevshareHandle last_lease; /* the handle of the last lease received */
 
 /* Receive n items (holding them or releasing each at once); also used by the parent. */
 static RecvResult consume(DevshareConnection *conn, int n, int hold, int timeout_ms, char *msg, size_t msg_cap) {
@@ -321,7 +467,7 @@ static RecvResult consume(DevshareConnection *conn, int n, int hold, int timeout
         const int32_t st = devshare_connection_recv(conn, timeout_ms, &imp);
         if (st != DEVSHARE_STATUS_OK) {
             r.st = st;
-            snprintf(msg, msg_cap, "%s", last_error());
+            copy_text(msg, msg_cap, last_error());
             break;
         }
         r.got++;
@@ -346,6 +492,16 @@ static RecvResult consume(DevshareConnection *conn, int n, int hold, int timeout
         } else {
             r.order_bad += seq <= last_seq;
             last_seq = seq;
+        }
+        DevshareHandle h;
+        if (devshare_import_handle(imp, &h) == DEVSHARE_STATUS_OK) {
+            if (h.flags & DEVSHARE_HANDLE_FLAG_EVENT) {
+                r.events++;
+                r.waited += event_waits(h.event_handle) == 1;
+            }
+            if (ps == DEVSHARE_STATUS_INVALID_ARGUMENT) {
+                last_lease = h;
+            }
         }
         if (hold && n_held < (int)(sizeof held / sizeof held[0])) {
             held[n_held++] = imp;
@@ -392,7 +548,25 @@ static void own_memfds(int *count, int *refused) {
     closedir(d);
 }
 
+/* Descriptors open in this process. */
+static int open_fds(void) {
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    while (d && readdir(d)) {
+        n++;
+    }
+    if (d) {
+        closedir(d);
+    }
+    return n;
+}
+
 static int consumer_child(void) {
+    if (g_cuda) {
+        drop_ptrace_capability();
+        cu_or_die(cuInit(0), "cuInit");
+        cuda_make_current();
+    }
     if (g_acl) {
         const aclError init = aclInit(NULL);
         if (init != ACL_SUCCESS && init != ACL_ERROR_REPEAT_INITIALIZE) {
@@ -415,8 +589,8 @@ static int consumer_child(void) {
             say("R %d %s", (int)st, st ? last_error() : "");
         } else if (sscanf(line, "recv %d %d %d", &a, &b, &c) == 3) {
             const RecvResult r = consume(conn, a, b, c, msg, sizeof msg);
-            say("R %d %d %d %d %d %d %d %d %d %d %s", r.got, r.pool, r.lease, r.addr_bad, r.data_bad, r.order_bad,
-                r.rel_bad, r.st, r.slots, r.kind_bad, msg);
+            say("R %d %d %d %d %d %d %d %d %d %d %d %d %s", r.got, r.pool, r.lease, r.addr_bad, r.data_bad,
+                r.order_bad, r.rel_bad, r.st, r.slots, r.kind_bad, r.events, r.waited, msg);
         } else if (sscanf(line, "release_later %d %d", &a, &b) == 2) {
             say("R 0");
             usleep((useconds_t)a * 1000u);
@@ -435,6 +609,16 @@ static int consumer_child(void) {
             const int32_t st = devshare_connection_close(conn);
             conn = NULL;
             say("R %d %s", (int)st, st ? last_error() : "");
+        } else if (strcmp(line, "cuda_state") == 0) {
+            say("R %d %d %d %d %d %d %d", cusi_vmm_reservations(), cusi_vmm_mappings(), cusi_vmm_handles(),
+                cusi_vmm_imported_handles(), cusi_vmm_allocations(), open_fds(), cusi_violation_count());
+        } else if (strcmp(line, "lease_opens") == 0) {
+            CUipcMemHandle ih;
+            memcpy(ih.reserved, last_lease.key, sizeof ih.reserved);
+            say("R %d", cusi_live_opens(ih));
+        } else if (sscanf(line, "getfd %d %d", &a, &b) == 2) {
+            const int err = pidfd_getfd_errno((pid_t)a, b);
+            say("R %d %s", err, err ? strerror(err) : "taken");
         } else if (strcmp(line, "memfds") == 0) {
             int count, refused;
             own_memfds(&count, &refused);
@@ -530,12 +714,62 @@ typedef struct {
     int32_t tgid; /* the pid it announces (ACL: its bare tgid) */
 } Child;
 
-static pid_t tracked[MAX_TRACKED]; /* host processes whose /dev/shm names are checked at the end */
+static pid_t tracked[MAX_TRACKED]; /* processes whose /dev/shm names are checked at the end */
 static int n_tracked;
+static char **stale; /* names that carried a tracked pid before its process ran (pid reuse) */
+static size_t n_stale;
 
+static int is_stale(const char *name) {
+    for (size_t i = 0; i < n_stale; i++) {
+        if (strcmp(stale[i], name) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* /dev/shm names carrying `pid` between '_' and '_' or the end (the stand-in's aclsi_* aside).
+ * With `record`, they are remembered as left by an earlier process that had the same pid and
+ * not counted; otherwise the names not remembered are printed and counted. */
+static int shm_names_of(pid_t pid, int record) {
+    char token[32];
+    const int tl = snprintf(token, sizeof token, "_%ld", (long)pid);
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+        if (strncmp(e->d_name, "aclsi_", 6) == 0 || is_stale(e->d_name)) {
+            continue;
+        }
+        for (const char *p = strstr(e->d_name, token); p; p = strstr(p + 1, token)) {
+            if (p[tl] == '_' || p[tl] == '\0') {
+                if (record) {
+                    char **grown = realloc(stale, (n_stale + 1) * sizeof *stale);
+                    char *name = strdup(e->d_name);
+                    if (!grown || !name) {
+                        perror("test_channel: remembering /dev/shm names");
+                        exit(2);
+                    }
+                    stale = grown;
+                    stale[n_stale++] = name;
+                } else {
+                    printf("    left over: /dev/shm/%s\n", e->d_name);
+                    n++;
+                }
+                break;
+            }
+        }
+    }
+    if (d) {
+        closedir(d);
+    }
+    return n;
+}
+
+/* Check `pid`'s /dev/shm names at the end; call before its process creates any. */
 static void track(pid_t pid) {
     if (n_tracked < MAX_TRACKED) {
         tracked[n_tracked++] = pid;
+        shm_names_of(pid, 1);
     }
 }
 
@@ -562,6 +796,9 @@ static Child spawn_child(const char *mode, const char *arg) {
         execl(self_path, self_path, "--child", mode, arg, (char *)NULL);
         _exit(127);
     }
+    if (strcmp(mode, "acl") != 0) {
+        track(c.pid);
+    }
     close(in[0]);
     close(out[1]);
     c.to = in[1];
@@ -574,9 +811,6 @@ static Child spawn_child(const char *mode, const char *arg) {
         exit(1);
     }
     c.tgid = tgid;
-    if (strcmp(mode, "acl") != 0) {
-        track(c.pid);
-    }
     return c;
 }
 
@@ -645,15 +879,16 @@ static int ints(const char *ans, long *v, int max) {
 }
 
 static RecvResult recv_result(const char *ans) {
-    long v[10] = {0};
+    long v[12] = {0};
     RecvResult r = {0};
-    if (ints(ans, v, 10) != 10) {
+    if (ints(ans, v, 12) != 12) {
         printf("    unexpected answer: %s\n", ans);
         r.st = -1000;
         return r;
     }
     r.got = (int)v[0], r.pool = (int)v[1], r.lease = (int)v[2], r.addr_bad = (int)v[3], r.data_bad = (int)v[4];
     r.order_bad = (int)v[5], r.rel_bad = (int)v[6], r.st = (int)v[7], r.slots = (int)v[8], r.kind_bad = (int)v[9];
+    r.events = (int)v[10], r.waited = (int)v[11];
     if (r.st != 0) {
         printf("    consumer: %s\n", ans);
     }
@@ -1422,7 +1657,7 @@ static void test_other_uid(void) {
         } else {
             DevshareConnection *conn = NULL;
             const int32_t st = devshare_channel_connect(address, 5000, &conn);
-            snprintf(out, sizeof out, "R %d %s\n", (int)st, st ? last_error() : "connected");
+            snprintf(out, sizeof out, "R %d %.1000s\n", (int)st, st ? last_error() : "connected");
             if (st == DEVSHARE_STATUS_OK) {
                 devshare_connection_close(conn);
             }
@@ -1552,28 +1787,402 @@ static void test_acl_pool(void) {
     g_acl = 0;
 }
 
-/* /dev/shm names carrying `pid` between '_' and '_' or the end (the stand-in's aclsi_* aside). */
-static int shm_names_of(pid_t pid) {
-    char token[32];
-    const int tl = snprintf(token, sizeof token, "_%ld", (long)pid);
+/* ---------------------------------------------------------------------------------------- */
+/* CUDA (over the stand-in driver) */
+
+#define SEG ((size_t)DEVSHARE_SEGMENT_GRANULARITY) /* 2 MiB segments */
+
+static void cuda_start(void) {
+    static int started;
+    if (!started) {
+        cu_or_die(cuInit(0), "cuInit");
+        started = 1;
+    }
+    cuda_make_current();
+}
+
+/* A VMM buffer: n segments from cuMemCreate (exportable as POSIX fds), mapped back to back,
+ * read-write for device 0. */
+typedef struct {
+    CUdeviceptr va;
+    size_t n;
+    uint64_t h[8]; /* CUmemGenericAllocationHandle, as devshare_export_segments takes them */
+} Vmm;
+
+static void vmm_create(Vmm *v, size_t n) {
+    memset(v, 0, sizeof *v);
+    v->n = n;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    size_t gran = 0;
+    cu_or_die(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+              "cuMemGetAllocationGranularity");
+    if (gran == 0 || SEG % gran) {
+        fprintf(stderr, "test_channel: VMM granularity %zu does not divide the segment size\n", gran);
+        exit(2);
+    }
+    for (size_t i = 0; i < n; i++) {
+        CUmemGenericAllocationHandle h = 0;
+        cu_or_die(cuMemCreate(&h, SEG, &prop, 0), "cuMemCreate");
+        v->h[i] = h;
+    }
+    cu_or_die(cuMemAddressReserve(&v->va, n * SEG, 0, 0, 0), "cuMemAddressReserve");
+    for (size_t i = 0; i < n; i++) {
+        cu_or_die(cuMemMap(v->va + i * SEG, SEG, 0, v->h[i], 0), "cuMemMap");
+    }
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = 0;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    cu_or_die(cuMemSetAccess(v->va, n * SEG, &acc, 1), "cuMemSetAccess");
+}
+
+static void vmm_destroy(Vmm *v) {
+    for (size_t i = 0; i < v->n; i++) {
+        cu_or_die(cuMemUnmap(v->va + i * SEG, SEG), "cuMemUnmap");
+        cu_or_die(cuMemRelease(v->h[i]), "cuMemRelease");
+    }
+    cu_or_die(cuMemAddressFree(v->va, v->n * SEG), "cuMemAddressFree");
+}
+
+/* What the stand-in driver holds in a CUDA consumer, and its open descriptors. */
+typedef struct {
+    int resv, maps, handles, imported, allocs, fds, violations;
+} CudaState;
+
+static CudaState cuda_state(Child *c, DevshareChannel *ch) {
+    tell(c, "cuda_state");
+    const char *a = reply(c, ch);
+    long v[7];
+    CudaState s = {-1, -1, -1, -1, -1, -1, -1};
+    if (ints(a, v, 7) == 7) {
+        s = (CudaState){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5], (int)v[6]};
+    } else {
+        printf("    unexpected answer: %s\n", a);
+    }
+    return s;
+}
+
+static void show_cuda_state(const char *what, CudaState s) {
+    printf("    # %s: %d reservations, %d mappings, %d handle refs, %d imported, %d allocations, %d fds, %d "
+           "violations\n",
+           what, s.resv, s.maps, s.handles, s.imported, s.allocs, s.fds, s.violations);
+}
+
+static int read_ptrace_scope(void) {
+    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
+    int v = -1;
+    if (f) {
+        if (fscanf(f, "%d", &v) != 1) {
+            v = -1;
+        }
+        fclose(f);
+    }
+    return v;
+}
+
+/* Interprocess events this process created and has not destroyed: the stand-ins keep each in a
+ * shared object /dev/shm/<prefix><pid>_<n> ("cusi_e_", "aclsi_e_") until its creator destroys
+ * it. */
+static int live_events(const char *prefix) {
+    char token[64];
+    const int tl = snprintf(token, sizeof token, "%s%ld_", prefix, (long)getpid());
     DIR *d = opendir("/dev/shm");
     int n = 0;
     for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
-        if (strncmp(e->d_name, "aclsi_", 6) == 0) {
-            continue;
-        }
-        for (const char *p = strstr(e->d_name, token); p; p = strstr(p + 1, token)) {
-            if (p[tl] == '_' || p[tl] == '\0') {
-                printf("    left over: /dev/shm/%s\n", e->d_name);
-                n++;
-                break;
-            }
-        }
+        n += strncmp(e->d_name, token, (size_t)tl) == 0;
     }
     if (d) {
         closedir(d);
     }
     return n;
+}
+
+/* A segmented CUDA export (4 cuMemCreate segments of 2 MiB, POSIX fds) as a pool of one slot
+ * per segment, to a consumer that cannot take the producer's descriptors with pidfd_getfd:
+ * the producer is not dumpable and the consumer has no CAP_SYS_PTRACE, as in test_cuda_vmm's
+ * refusal case. The segment fds must travel over the channel. Then the same pool with
+ * DEVSHARE_SHARE_EVENT items. */
+static void test_cuda_pool(void) {
+    enum { COUNT = 4, ROUNDS = 3 };
+    /* Without CAP_SYS_PTRACE on either side (as root too), the kernel's ordinary ptrace rules
+     * decide whether the consumer may take the producer's fds. */
+    drop_ptrace_capability();
+    cuda_start();
+    Vmm v;
+    vmm_create(&v, COUNT);
+    DevshareExporter *exp = NULL;
+    REQUIRE(devshare_export_segments(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)v.va, v.h, COUNT, SEG, 0, &exp));
+    char address[128];
+    make_address(address, sizeof address, "cuda_pool");
+    DevshareChannel *ch = NULL;
+    DevsharePool *pool = NULL;
+    REQUIRE(devshare_channel_listen(address, &ch));
+    REQUIRE(devshare_pool_create(ch, exp, SEG, COUNT, &pool));
+    g_cuda = 1;
+    Child k = spawn_child("cuda", "");
+    const CudaState s0 = cuda_state(&k, ch);
+
+    /* pidfd_getfd of the producer's stderr: the consumer's own probe. */
+    const int scope = read_ptrace_scope();
+    tell(&k, "getfd %d 2", (int)getpid());
+    const char *a = reply(&k, ch);
+    long e[1] = {-1};
+    if (scope <= 0) {
+        CHECK(ints(a, e, 1) == 1 && e[0] == 0,
+              "cuda pool: while the producer is dumpable, its consumer can take a producer fd with pidfd_getfd "
+              "(%s)", a);
+    } else {
+        printf("    # Yama ptrace_scope %d: pidfd_getfd of a dumpable producer: %s\n", scope, a);
+    }
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    tell(&k, "getfd %d 2", (int)getpid());
+    a = reply(&k, ch);
+    CHECK(ints(a, e, 1) == 1 && e[0] == EPERM,
+          "cuda pool: with the producer not dumpable, the consumer (no CAP_SYS_PTRACE) cannot take its fds with "
+          "pidfd_getfd: EPERM (%s)", a);
+
+    const uint64_t peer = connect_child(ch, &k, address, "cuda pool");
+    uint64_t seq = 0;
+    int send_ok = peer != 0, ptr_bad = 0, recv_ok = 1, addr_ok = 1, held_ok = 1, rel_ok = 1, back_ok = 1;
+    CudaState held_state = {0};
+    for (int round = 0; round < ROUNDS && send_ok; round++) {
+        for (int i = 0; i < COUNT && send_ok; i++) {
+            uint32_t slot;
+            void *ptr;
+            int32_t st = devshare_pool_acquire(pool, IO_MS, &slot, &ptr);
+            if (st == DEVSHARE_STATUS_OK) {
+                ptr_bad += slot >= COUNT || (CUdeviceptr)(uintptr_t)ptr != v.va + slot * SEG;
+                item_fill(ptr, SEG, ++seq);
+                st = devshare_pool_send(pool, slot, peer, NULL);
+            }
+            if (st != DEVSHARE_STATUS_OK) {
+                printf("    item %" PRIu64 ": %s: %s\n", seq, devshare_status_str(st), last_error());
+                send_ok = 0;
+            }
+        }
+        tell(&k, "recv %d 1 %d", COUNT, IO_MS);
+        const RecvResult r = recv_result(reply(&k, ch));
+        recv_ok = recv_ok && r.got == COUNT && r.pool == COUNT && r.data_bad == 0 && r.order_bad == 0 &&
+                  r.kind_bad == 0 && r.events == 0;
+        addr_ok = addr_ok && r.addr_bad == 0 && r.slots == COUNT;
+        held_state = cuda_state(&k, ch);
+        held_ok = held_ok && held_state.resv == 1 && held_state.maps == COUNT && held_state.imported == COUNT &&
+                  held_state.violations == 0;
+        tell(&k, "release %d", COUNT);
+        a = reply(&k, ch);
+        rel_ok = rel_ok && strcmp(a, "R 4 0") == 0;
+        back_ok = back_ok && wait_free(ch, pool, COUNT);
+    }
+    CHECK(send_ok && ptr_bad == 0,
+          "cuda pool: %d items through %d slots of a 4-segment cuMemCreate export; slot i is at base + i * 2 MiB",
+          ROUNDS * COUNT, COUNT);
+    CHECK(recv_ok,
+          "cuda pool: the consumer imports every item although pidfd_getfd is refused (the segment fds came over "
+          "the channel) and reads back what the producer wrote with cuMemcpyDtoH");
+    CHECK(addr_ok, "cuda pool: each of the %d slots keeps one device address in the consumer over %d rounds", COUNT,
+          ROUNDS);
+    CHECK(held_ok,
+          "cuda pool: the consumer imported the allocation once: 1 reservation, %d mappings, %d imported handles "
+          "(no violation)", COUNT, COUNT);
+    show_cuda_state("cuda consumer holding 4 slots", held_state);
+    CHECK(rel_ok && back_ok, "cuda pool: the consumer's releases bring every slot back");
+
+    /* The same pool, the same consumer: items carry an interprocess event instead of a sync. */
+    CUstream stream = NULL;
+    cu_or_die(cuStreamCreate(&stream, 0), "cuStreamCreate");
+    int ev_send_ok = 1, ev_recv_ok = 1, ev_waited_ok = 1, kept_ok = 1, gone_ok = 1, ev_rel_ok = 1;
+    const int64_t slot_len = (int64_t)SEG;
+    for (int round = 0; round < ROUNDS && ev_send_ok; round++) {
+        for (int i = 0; i < COUNT && ev_send_ok; i++) {
+            uint32_t slot;
+            void *ptr;
+            int32_t st = devshare_pool_acquire(pool, IO_MS, &slot, &ptr);
+            if (st == DEVSHARE_STATUS_OK) {
+                item_fill(ptr, SEG, ++seq);
+                DevshareTensorDesc d = bytes_desc(0, &slot_len);
+                d.flags = DEVSHARE_SHARE_EVENT;
+                d.stream = seq % 2 ? stream : NULL; /* a stand-in stream, or all work on the device */
+                st = devshare_pool_send(pool, slot, peer, &d);
+            }
+            if (st != DEVSHARE_STATUS_OK) {
+                printf("    item %" PRIu64 ": %s: %s\n", seq, devshare_status_str(st), last_error());
+                ev_send_ok = 0;
+            }
+        }
+        kept_ok = kept_ok && live_events("cusi_e_") == COUNT;
+        tell(&k, "recv %d 1 %d", COUNT, IO_MS);
+        const RecvResult r = recv_result(reply(&k, ch));
+        ev_recv_ok = ev_recv_ok && r.got == COUNT && r.pool == COUNT && r.data_bad == 0 && r.order_bad == 0 &&
+                     r.addr_bad == 0 && r.slots == COUNT;
+        ev_waited_ok = ev_waited_ok && r.events == COUNT && r.waited == COUNT;
+        kept_ok = kept_ok && live_events("cusi_e_") == COUNT;
+        tell(&k, "release %d", COUNT);
+        a = reply(&k, ch);
+        ev_rel_ok = ev_rel_ok && strcmp(a, "R 4 0") == 0 && wait_free(ch, pool, COUNT);
+        gone_ok = gone_ok && live_events("cusi_e_") == 0;
+    }
+    CHECK(ev_send_ok, "cuda pool events: %d items sent with DEVSHARE_SHARE_EVENT (a stream, or NULL)", ROUNDS * COUNT);
+    CHECK(ev_recv_ok, "cuda pool events: the consumer reads every item back, each slot at its earlier address");
+    CHECK(ev_waited_ok,
+          "cuda pool events: every item carries an IPC event that devshare_connection_recv had waited on exactly "
+          "once when it returned (cusi_event_waits)");
+    CHECK(kept_ok, "cuda pool events: the producer keeps one live event per slot out with the consumer");
+    CHECK(ev_rel_ok && gone_ok, "cuda pool events: each slot's event is destroyed when the slot comes back");
+    const CudaState s1 = cuda_state(&k, ch);
+    CHECK(s1.resv == 1 && s1.maps == COUNT && s1.imported == COUNT,
+          "cuda pool events: still the one attachment (%d reservations, %d mappings, %d imported)", s1.resv, s1.maps,
+          s1.imported);
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+
+    check_all_slots_return(pool, COUNT, "cuda pool");
+    const int32_t pc = devshare_pool_close(pool);
+    tell(&k, "recv 1 0 0");
+    const RecvResult rc = recv_result(reply(&k, ch));
+    const CudaState s2 = cuda_state(&k, ch);
+    CHECK(pc == DEVSHARE_STATUS_OK && rc.got == 0 && rc.st == DEVSHARE_STATUS_TIMEOUT && s2.resv == 0 &&
+              s2.maps == 0 && s2.handles == 0 && s2.imported == 0 && s2.allocs == 0 && s2.violations == 0,
+          "cuda pool: after devshare_pool_close the consumer's next recv detaches: nothing reserved, mapped or "
+          "imported is left in it");
+    show_cuda_state("cuda consumer after the pool closed", s2);
+    int32_t st = devshare_exporter_wait(exp, IO_MS);
+    CHECK(st == DEVSHARE_STATUS_OK, "cuda pool: the consumer's detach reaches the producer (devshare_exporter_wait %s)",
+          devshare_status_str(st));
+    tell(&k, "close");
+    a = reply(&k, ch);
+    const CudaState s3 = cuda_state(&k, ch);
+    CHECK(strncmp(a, "R 0", 3) == 0 && s3.fds == s0.fds,
+          "cuda pool: once its connection is closed the consumer has as many fds open as before it connected "
+          "(%d -> %d): every segment fd that came over the channel is closed", s0.fds, s3.fds);
+    CHECK(finish(&k, ch), "cuda pool: the consumer exits cleanly");
+    close_all(NULL, exp, ch, "cuda pool");
+    cu_or_die(cuStreamDestroy(stream), "cuStreamDestroy");
+    vmm_destroy(&v);
+    CHECK(cusi_vmm_reservations() == 0 && cusi_vmm_mappings() == 0 && cusi_vmm_handles() == 0 &&
+              cusi_vmm_allocations() == 0,
+          "cuda pool: the producer holds no VMM object afterwards");
+    g_cuda = 0;
+}
+
+/* A leased devshare_channel_send of a plain CUDA export (cuMemAlloc, legacy IPC handle) with
+ * DEVSHARE_SHARE_EVENT. */
+static void test_cuda_lease_event(void) {
+    const size_t size = 1u << 20;
+    cuda_start();
+    CUdeviceptr dev = 0;
+    cu_or_die(cuMemAlloc(&dev, size), "cuMemAlloc");
+    DevshareExporter *exp = NULL;
+    REQUIRE(devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)dev, size, 0, &exp));
+    char address[128];
+    make_address(address, sizeof address, "cuda_lease");
+    DevshareChannel *ch = NULL;
+    REQUIRE(devshare_channel_listen(address, &ch));
+    g_cuda = 1;
+    Child k = spawn_child("cuda", "");
+    const uint64_t peer = connect_child(ch, &k, address, "cuda lease event");
+    CUstream stream = NULL;
+    cu_or_die(cuStreamCreate(&stream, 0), "cuStreamCreate");
+    const int64_t len = 65536;
+    for (int with_stream = 1; with_stream >= 0 && peer; with_stream--) {
+        const char *how = with_stream ? "recorded on a stream" : "recorded with a NULL stream";
+        item_fill((void *)(uintptr_t)(dev + 8192), (uint64_t)len, 900 + (uint64_t)with_stream);
+        DevshareTensorDesc d = bytes_desc(8192, &len);
+        d.flags = DEVSHARE_SHARE_EVENT;
+        d.stream = with_stream ? stream : NULL;
+        int32_t st = devshare_channel_send(ch, peer, exp, &d);
+        CHECK(st == DEVSHARE_STATUS_OK && outstanding_of(exp) == 1 && live_events("cusi_e_") == 1,
+              "cuda lease event (%s): devshare_channel_send of a cuMemAlloc export with DEVSHARE_SHARE_EVENT; the "
+              "lease is outstanding and the producer holds its event (%s)", how, devshare_status_str(st));
+        tell(&k, "recv 1 1 %d", IO_MS);
+        const RecvResult r = recv_result(reply(&k, ch));
+        CHECK(r.got == 1 && r.lease == 1 && r.data_bad == 0 && r.events == 1 && r.waited == 1,
+              "cuda lease event (%s): the consumer receives the lease and reads it back; recv had waited on its "
+              "IPC event exactly once (%d events, %d waited once)", how, r.events, r.waited);
+        tell(&k, "lease_opens");
+        const char *a = reply(&k, ch);
+        devshare_channel_service(ch, 0);
+        CHECK(strcmp(a, "R 1") == 0 && live_events("cusi_e_") == 1 && outstanding_of(exp) == 1,
+              "cuda lease event (%s): while the consumer holds it: one live IPC open of the allocation (%s), the "
+              "event still kept", how, a);
+        tell(&k, "release 1");
+        a = reply(&k, ch);
+        st = devshare_exporter_wait(exp, IO_MS);
+        CHECK(strcmp(a, "R 1 0") == 0 && st == DEVSHARE_STATUS_OK && outstanding_of(exp) == 0 &&
+                  live_events("cusi_e_") == 0,
+              "cuda lease event (%s): the release brings the lease back (devshare_exporter_wait %s) and the "
+              "producer destroys the event", how, devshare_status_str(st));
+        tell(&k, "lease_opens");
+        a = reply(&k, ch);
+        CHECK(strcmp(a, "R 0") == 0, "cuda lease event (%s): the consumer closed its IPC mapping (%s)", how, a);
+    }
+    const CudaState s = cuda_state(&k, ch);
+    CHECK(s.violations == 0, "cuda lease event: the consumer broke no driver rule (%d)", s.violations);
+    CHECK(finish(&k, ch), "cuda lease event: the consumer exits cleanly");
+    close_all(NULL, exp, ch, "cuda lease event");
+    cu_or_die(cuStreamDestroy(stream), "cuStreamDestroy");
+    cu_or_die(cuMemFree(dev), "cuMemFree");
+    g_cuda = 0;
+}
+
+/* A leased devshare_channel_send of an ACL export with DEVSHARE_SHARE_EVENT: no
+ * devshare_exporter_allow_pid call, the handshake whitelists the consumer. */
+static void test_acl_lease_event(void) {
+    const size_t size = 2u << 20;
+    const aclError init = aclInit(NULL);
+    if (init != ACL_SUCCESS && init != ACL_ERROR_REPEAT_INITIALIZE) {
+        acl_or_die(init, "aclInit");
+    }
+    acl_or_die(aclrtSetDevice(0), "aclrtSetDevice(0)");
+    void *dev = NULL;
+    acl_or_die(aclrtMalloc(&dev, size, ACL_MEM_MALLOC_HUGE_FIRST), "aclrtMalloc");
+    DevshareExporter *exp = NULL;
+    REQUIRE(devshare_export(DEVSHARE_BACKEND_ACL, 0, dev, size, 0, &exp));
+    char address[128];
+    make_address(address, sizeof address, "acl_event");
+    DevshareChannel *ch = NULL;
+    REQUIRE(devshare_channel_listen(address, &ch));
+    g_acl = 1;
+    Child k = spawn_child("acl", "");
+    const uint64_t peer = connect_child(ch, &k, address, "acl lease event");
+    aclrtStream stream = NULL;
+    acl_or_die(aclrtCreateStream(&stream), "aclrtCreateStream");
+    const int64_t len = 65536;
+    item_fill((uint8_t *)dev + 4096, (uint64_t)len, 903);
+    DevshareTensorDesc d = bytes_desc(4096, &len);
+    d.flags = DEVSHARE_SHARE_EVENT;
+    d.stream = stream;
+    int32_t st = peer ? devshare_channel_send(ch, peer, exp, &d) : DEVSHARE_STATUS_NOT_FOUND;
+    CHECK(st == DEVSHARE_STATUS_OK && outstanding_of(exp) == 1 && live_events("aclsi_e_") == 1,
+          "acl lease event: devshare_channel_send of an ACL export with DEVSHARE_SHARE_EVENT; the lease is "
+          "outstanding and the producer holds its event (%s)", devshare_status_str(st));
+    tell(&k, "recv 1 1 %d", IO_MS);
+    const RecvResult r = recv_result(reply(&k, ch));
+    CHECK(r.got == 1 && r.lease == 1 && r.data_bad == 0,
+          "acl lease event: the consumer, never named with devshare_exporter_allow_pid, imports the lease and reads "
+          "it back (whitelisted through the handshake)");
+    CHECK(r.events == 1 && r.waited == 1,
+          "acl lease event: recv had waited on the lease's IPC event exactly once when it returned (%d events, %d "
+          "waited once)", r.events, r.waited);
+    devshare_channel_service(ch, 0);
+    CHECK(live_events("aclsi_e_") == 1 && outstanding_of(exp) == 1,
+          "acl lease event: the producer keeps the event while the consumer holds the lease");
+    tell(&k, "release 1");
+    const char *a = reply(&k, ch);
+    st = devshare_exporter_wait(exp, IO_MS);
+    CHECK(strcmp(a, "R 1 0") == 0 && st == DEVSHARE_STATUS_OK && outstanding_of(exp) == 0 &&
+              live_events("aclsi_e_") == 0,
+          "acl lease event: the release brings the lease back (devshare_exporter_wait %s) and the producer destroys "
+          "the event", devshare_status_str(st));
+    CHECK(finish(&k, ch), "acl lease event: the consumer exits cleanly");
+    close_all(NULL, exp, ch, "acl lease event");
+    acl_or_die(aclrtDestroyStream(stream), "aclrtDestroyStream");
+    acl_or_die(aclrtFree(dev), "aclrtFree");
+    g_acl = 0;
 }
 
 static char log_path[256];
@@ -1589,10 +2198,12 @@ int main(int argc, char **argv) {
             return producer_child(argc > 3 ? argv[3] : "");
         }
         g_acl = strcmp(argv[2], "acl") == 0;
+        g_cuda = strcmp(argv[2], "cuda") == 0;
         return consumer_child();
     }
-    if (!getenv("DEVSHARE_ACL_LIBRARY")) {
-        fprintf(stderr, "test_channel: set DEVSHARE_ACL_LIBRARY to the stand-in libascendcl.so\n");
+    if (!getenv("DEVSHARE_ACL_LIBRARY") || !getenv("DEVSHARE_CUDA_LIBRARY")) {
+        fprintf(stderr, "test_channel: set DEVSHARE_ACL_LIBRARY and DEVSHARE_CUDA_LIBRARY to the stand-ins "
+                        "(libascendcl.so, libcuda.so.1)\n");
         return 2;
     }
     const ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
@@ -1618,13 +2229,17 @@ int main(int argc, char **argv) {
     test_other_uid();
     test_restrict();
     test_acl_pool();
+    test_acl_lease_event();
+    test_cuda_pool();
+    test_cuda_lease_event();
 
     int left = 0;
     for (int i = 0; i < n_tracked; i++) {
-        left += shm_names_of(tracked[i]);
+        left += shm_names_of(tracked[i], 0);
     }
-    CHECK(left == 0, "no /dev/shm object carries the pid of this test or of a host consumer (%d)", left);
-    CHECK(aclsi_violation_count() == 0 && log_is_empty(), "the ACL stand-in recorded no rule violation in any process");
+    CHECK(left == 0, "no /dev/shm object carries the pid of this test or of a host or CUDA consumer (%d)", left);
+    CHECK(aclsi_violation_count() == 0 && cusi_violation_count() == 0 && log_is_empty(),
+          "the ACL and CUDA stand-ins recorded no rule violation in any process");
     if (!log_is_empty()) {
         FILE *f = fopen(log_path, "r");
         char line[512];
