@@ -402,8 +402,10 @@ static int consumer_main(const char *address, const char *point, int k) {
         say("E the consumer was not killed (%s; recv said %s)", point, devshare_status_str(st));
         return 1;
     }
-    char msg[1024];
-    snprintf(msg, sizeof msg, "%s", st == DEVSHARE_STATUS_CLOSED ? "" : last_error());
+    /* The receive's error, kept before the releases below overwrite it. */
+    static char msg[2048];
+    msg[0] = '\0';
+    if (st != DEVSHARE_STATUS_CLOSED) memcpy(msg, last_error(), sizeof msg);
     int held_bad = 0;
     for (int i = 0; i < n_held; i++) {
         DevshareImportInfo info;
