@@ -53,6 +53,7 @@ import argparse
 import ctypes
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -214,21 +215,32 @@ def touch(t):
     return handoff.touch(t)
 
 
-def py_pool_consumer(address, api):
+def py_pool_consumer(address, api, polling=False):
     """Runs in the consumer process: takes items until the channel closes, then prints the same
-    records as `channel_handoff consume` (the poll column is 0)."""
+    records as `channel_handoff consume`. polling: wait in poll(2) on the connection's fd, then
+    receive without blocking (like `channel_handoff consume ADDRESS --poll`), so that the wait
+    and the receive are timed apart; otherwise recv waits (the poll column is 0)."""
     mono = time.monotonic_ns
     recs = []
+    waiter = select.poll()
     if api == "ctypes":
         lib = raw()
         conn = c_void_p()
         ok(lib.devshare_channel_connect(address.encode(), 60000, byref(conn)))
+        waiter.register(lib.devshare_connection_fd(conn), select.POLLIN)
         imp = _lib.ImportP()
         imp_ref = byref(imp)
         recv, release = lib.devshare_connection_recv, lib.devshare_import_release
         while True:
-            tw = mono()
-            st = recv(conn, -1, imp_ref)
+            tw, tp = mono(), 0
+            if polling:
+                waiter.poll()
+                tp = mono()
+                st = recv(conn, 0, imp_ref)
+                if st == TIMEOUT:
+                    continue
+            else:
+                st = recv(conn, -1, imp_ref)
             if st == CLOSED:
                 break
             ok(st)
@@ -242,14 +254,23 @@ def py_pool_consumer(address, api):
             tt = mono()
             del t
             tl = mono()
-            recs.append((tw, 0, tr, ti, tt, tl))
+            recs.append((tw, tp, tr, ti, tt, tl))
         ok(lib.devshare_connection_close(conn))
     else:
         conn = devshare.connect(address, timeout=60)
+        waiter.register(conn.fileno(), select.POLLIN)
         while True:
-            tw = mono()
+            tw, tp = mono(), 0
             try:
-                item = conn.recv()  # the torch tensor is made here
+                if polling:
+                    waiter.poll()
+                    tp = mono()
+                    try:
+                        item = conn.recv(timeout=0)  # the torch tensor is made here
+                    except TimeoutError:
+                        continue
+                else:
+                    item = conn.recv()
             except devshare.ChannelClosed:
                 break
             tr = mono()
@@ -260,7 +281,7 @@ def py_pool_consumer(address, api):
             del t
             item.release()
             tl = mono()
-            recs.append((tw, 0, tr, ti, tt, tl))
+            recs.append((tw, tp, tr, ti, tt, tl))
         conn.close()
     out = [str(len(recs))] + [" ".join(map(str, r)) for r in recs]
     sys.stdout.write("\n".join(out) + "\n")
@@ -343,9 +364,9 @@ def measure_pool(pool_cls, consumer, size, slots, warm, lat, tput):
 def breakdown(times, recs):
     """The median of each step of the one-at-a-time items, like channel_handoff.c's breakdown:
     woken (from just before the send until the consumer's poll returned), recv, info, touch,
-    release, back (until the producer's acquire returned); hand is the send call alone. A
-    consumer that does not poll (the Python one) waits inside recv: its woken is None and its
-    recv runs from just before the send until recv returned."""
+    release, back (until the producer's acquire returned); hand is the send call alone. For a
+    consumer that did not poll, woken is None and recv runs from just before the send until recv
+    returned."""
     t0, ts, t2 = times
     n = len(t0)
 
@@ -412,24 +433,20 @@ def python_rows(args, apis, size, cpus):
     for api in apis:
         method = "pool" if api == apis[0] else f"pool ({api})"
         pool_cls = POOLS[api]
-        py_consumer = [sys.executable, "-c", f"import sys; sys.path.insert(0, {HERE!r}); "
-                       f"import channel_handoff; channel_handoff.py_pool_consumer(sys.argv[1], {api!r})"]
-        for path, consumer in [("Py->C", lambda a: [args.bin, "consume", a]),
-                               ("Py->Py", lambda a: py_consumer + [a])]:
-            r, times, recs = measure_pool(pool_cls, consumer, size, slots, warm, count, count)
+        def py_consumer(address, polling=False):
+            return [sys.executable, "-c", f"import sys; sys.path.insert(0, {HERE!r}); import channel_handoff; "
+                    f"channel_handoff.py_pool_consumer(sys.argv[1], {api!r}, {polling!r})", address]
+
+        for path, consumer in [("Py->C", lambda a: [args.bin, "consume", a]), ("Py->Py", py_consumer)]:
+            r, _, _ = measure_pool(pool_cls, consumer, size, slots, warm, count, count)
             add(r, method, path)
-            if path == "Py->Py":
-                # The Python consumer's steps: recv (with its wait), the torch tensor, touch,
-                # dropping the tensor and releasing the item.
-                b = breakdown(times, recs)
-                b.update(breakdown=method, path=path, size=size, cpus=cpus)
-                breakdowns.append(b)
-        # The Python producer once more, the C consumer polling: each step on its own.
-        _, times, recs = measure_pool(pool_cls, lambda a: [args.bin, "consume", a, "--poll"], size, slots,
-                                      warm, count, 1)
-        b = breakdown(times, recs)
-        b.update(breakdown=method, path="Py->C", size=size, cpus=cpus)
-        breakdowns.append(b)
+        # Once more, one at a time, each consumer polling first: each step on its own.
+        for path, consumer in [("Py->C", lambda a: [args.bin, "consume", a, "--poll"]),
+                               ("Py->Py", lambda a: py_consumer(a, True))]:
+            _, times, recs = measure_pool(pool_cls, consumer, size, slots, warm, count, 1)
+            b = breakdown(times, recs)
+            b.update(breakdown=method, path=path, size=size, cpus=cpus)
+            breakdowns.append(b)
 
     ds_pool = [devshare.empty((size // 4,), torch.float32) for _ in range(slots)]
     q_pool = [torch.empty(size // 4, dtype=torch.float32).share_memory_() for _ in range(slots)]
@@ -540,11 +557,13 @@ def print_tables(rows, breakdowns, calls=()):
                       f"{'yes' if met else 'no'} |")
     if breakdowns:
         print()
-        print("Where one-at-a-time handoffs spend their time (p50 of each step, µs): woken, from just "
-              "before the send until the consumer's poll returned; the consumer's recv, info, touch and "
-              "release; back, until the producer has the item again; hand, the send call alone. The "
-              "Python consumer does not poll (its recv includes the wait: woken is —), its info is "
-              "making the torch tensor and its release is dropping it.")
+        print("Where one-at-a-time handoffs spend their time (p50 of each step, µs; every consumer polls "
+              "the connection's fd, then receives without blocking): woken, from just before the send "
+              "until the consumer's poll returned; the consumer's recv, info, touch and release; back, "
+              "until the producer has the item again; hand, the send call alone. For the Python "
+              "consumers: the package's recv (Connection.recv) makes the item's torch tensor, its info "
+              "is reading Item.tensor, its release is Item.release; the ctypes consumer's info is making "
+              "the tensor through DLPack and releasing its own import, its release is dropping the tensor.")
         print()
         print("| size | CPUs | method | path | woken | recv | info | touch | release | back | hand "
               "| handoff p50 | round trip p50 |")
