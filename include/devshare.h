@@ -125,7 +125,7 @@
 #define DEVSHARE_TORCH_HANDLE_CAPACITY 128
 
 // Most peers one channel serves at once; more are refused.
-#define MAX_PEERS 1024
+#define DEVSHARE_CHANNEL_MAX_PEERS 1024
 
 // DLPack type code: signed integer.
 #define DEVSHARE_DTYPE_INT 0

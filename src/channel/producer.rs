@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Most peers one channel serves at once; more are refused.
-pub const MAX_PEERS: usize = 1024;
+pub const DEVSHARE_CHANNEL_MAX_PEERS: usize = 1024;
 
 /// What the library knows about one connected consumer.
 #[derive(Clone, Debug, Default)]
@@ -344,8 +344,8 @@ impl Core {
                 Some(format!("uid {uid} may not connect to this channel (allowed: {:?})", self.uids))
             } else if !self.pids.is_empty() && !self.pids.contains(&pid) {
                 Some(format!("pid {pid} may not connect to this channel (allowed: {:?})", self.pids))
-            } else if self.peers.len() >= MAX_PEERS {
-                Some(format!("the channel already serves {MAX_PEERS} peers"))
+            } else if self.peers.len() >= DEVSHARE_CHANNEL_MAX_PEERS {
+                Some(format!("the channel already serves {DEVSHARE_CHANNEL_MAX_PEERS} peers"))
             } else {
                 None
             };
@@ -516,23 +516,30 @@ impl ChannelShared {
         drop(self.lock()?);
         let mut events = [MaybeUninit::<epoll::Event>::uninit(); 32];
         let ts = timeout.map(timespec);
+        // Which sources are ready: 0 is the listener, anything else a peer's id.
+        let mut ready = [0u64; 32];
         let n = loop {
             match epoll::wait(&self.epoll, &mut events, ts.as_ref()) {
-                Ok((ready, _)) => break ready.len(),
+                Ok((evs, _)) => {
+                    for (r, e) in ready.iter_mut().zip(evs.iter()) {
+                        *r = e.data.u64();
+                    }
+                    break evs.len();
+                }
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(wire::os("epoll_wait", e)),
             }
         };
-        let _ = n;
-        // Level-triggered: whatever is ready is still ready now; take all of it under the lock.
+        // Level-triggered: what was ready is still ready now (what did not fit in this batch is
+        // reported by the next call); take it under the lock, touching nothing else.
         let mut core = self.lock()?;
-        core.accept_all(self.epoll.as_fd());
-        let mut i = 0;
-        while i < core.peers.len() {
-            if core.drain_peer(i) {
-                i += 1;
-            } else {
-                core.drop_peer(i, self.epoll.as_fd());
+        for &id in &ready[..n] {
+            if id == 0 {
+                core.accept_all(self.epoll.as_fd());
+            } else if let Some(i) = core.peers.iter().position(|p| p.info.id == id) {
+                if !core.drain_peer(i) {
+                    core.drop_peer(i, self.epoll.as_fd());
+                }
             }
         }
         Ok(())
