@@ -63,10 +63,10 @@
 //   devshare_channel_{listen,restrict,fd,service,wait_peers,peer_ids,peer_info,send,close}
 //                                     Channel::listen / restrict / fd / service / wait_peers / peers /
 //                                     peer_info / send<T>, send_at<T>, send(desc), send_bytes / close
-//   devshare_channel_connect, devshare_connection_{fd,recv,close}
-//                                     Connection::connect / fd / recv / close
+//   devshare_channel_connect, devshare_connection_{fd,info,recv,close}
+//                                     Connection::connect / fd / peer_id, producer_pid / recv / close
 //   devshare_import_pool_slot         Import::pool_slot
-//   devshare_pool_{create,acquire,send,release,info,close}
+//   devshare_pool_{create,id,acquire,send,release,info,close}
 //                                     Pool::create / acquire (a Slot) / send<T>, send_at<T>, send(desc),
 //                                     send_bytes / release / info / close
 //
@@ -2538,6 +2538,20 @@ public:
     [[nodiscard]] uint64_t slot_size() const noexcept { return slot_size_; }
     [[nodiscard]] uint32_t count() const noexcept { return count_; }
 
+    // The pool's id on its channel (devshare_pool_id, > 0): what Import::pool_slot() reports to
+    // consumers for its items.
+    [[nodiscard]] Result<uint32_t> try_id() const {
+        uint32_t id = 0;
+        const int32_t s = devshare_pool_id(pool_, &id);
+        if (s != DEVSHARE_STATUS_OK) {
+            return Error::from_last(s);
+        }
+        return id;
+    }
+#if DEVSHARE_HPP_EXCEPTIONS
+    [[nodiscard]] uint32_t id() const { return try_id().value(); }
+#endif
+
     // A free slot (devshare_pool_acquire). While every slot is out, waits for one to come back,
     // serving the channel (backpressure): an empty Slot when `timeout` passed first (0: does not
     // wait, negative: waits forever).
@@ -2803,6 +2817,29 @@ public:
     // The socket to poll for reading in your event loop: readable when an item or the
     // producer's close arrives. -1 when empty.
     [[nodiscard]] int fd() const noexcept { return devshare_connection_fd(conn_); }
+
+    // This consumer's id at the producer (what its Channel::peers() lists for it) and the
+    // producer's pid as it reported it (devshare_connection_info).
+    [[nodiscard]] Result<uint64_t> try_peer_id() const {
+        uint64_t id = 0;
+        const int32_t s = devshare_connection_info(conn_, &id, nullptr);
+        if (s != DEVSHARE_STATUS_OK) {
+            return Error::from_last(s);
+        }
+        return id;
+    }
+    [[nodiscard]] Result<int32_t> try_producer_pid() const {
+        int32_t pid = 0;
+        const int32_t s = devshare_connection_info(conn_, nullptr, &pid);
+        if (s != DEVSHARE_STATUS_OK) {
+            return Error::from_last(s);
+        }
+        return pid;
+    }
+#if DEVSHARE_HPP_EXCEPTIONS
+    [[nodiscard]] uint64_t peer_id() const { return try_peer_id().value(); }
+    [[nodiscard]] int32_t producer_pid() const { return try_producer_pid().value(); }
+#endif
 
     // The next item -- a leased reference or a pool slot -- as an Import
     // (devshare_connection_recv). Destroying or releasing the Import gives the reference or slot

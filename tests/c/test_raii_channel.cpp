@@ -445,6 +445,8 @@ void test_pool_round_trip() {
         me.check(moved == 0 && off_base == 0,
                  "each slot kept one address over 1000 items (slot k at base + k * slot_size)");
         me.check(bad_data == 0, "each item holds what the producer wrote, in order (int32 [64])");
+        me.check(conn.producer_pid() == getppid() && conn.peer_id() > 0,
+                 "Connection::producer_pid is the producer's pid, peer_id an id");
         me.report();
         me.next();
     });
@@ -464,6 +466,8 @@ void test_pool_round_trip() {
 
     devshare::Exporter exp = devshare::Exporter::channel_host_alloc(kSlots * kSlotSize);
     devshare::Pool pool = devshare::Pool::create(ch, exp, kSlotSize, kSlots);
+    check(pool.id() > 0 && devshare::Pool().try_id().status() == DEVSHARE_STATUS_NULL_ARGUMENT,
+          "Pool::id: an id; an empty Pool has none");
     char* const base = static_cast<char*>(exp.data());
     int sent = 0;
     int off_base = 0;
