@@ -46,12 +46,14 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import struct
 import threading
 import time
 import weakref
-from ctypes import byref, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import byref, c_int32, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
 
 from . import _core, _dtypes, _ints
+from ._ints import check_args
 from ._lib import (
     BACKEND_HOST,
     CHANNEL_MINOR,
@@ -63,6 +65,7 @@ from ._lib import (
     HandleStruct,
     ImportInfo,
     ImportP,
+    MAX_NDIM,
     PeerInfo,
     PoolP,
     STORAGE_TO_END,
@@ -70,6 +73,7 @@ from ._lib import (
     TensorDesc,
     call,
     channel_signatures,
+    error_for,
     lib,
     new_struct,
     registry_lock,
@@ -100,6 +104,25 @@ def _bind() -> str | None:
 _UNAVAILABLE = _bind()
 
 
+def _no_int_params(names) -> dict:
+    """The functions (of ``names``) none of whose parameters is a C integer, by ``id`` (ctypes
+    functions are not hashable; the dict holds them, so no id is reused while it is here).
+    Range-checking their arguments (check_args) checks nothing and costs about half a
+    microsecond per call, a tenth of an item's trip: :func:`_call` skips it for them. (ctypes
+    gives the same function object for every ``lib.<name>``: CDLL keeps it as an attribute.)"""
+    out = {}
+    for name in names:
+        fn = getattr(lib, name, None)
+        if fn is not None and fn.argtypes is not None \
+                and all(_ints.ctype_range(t) is None for t in fn.argtypes):
+            out[id(fn)] = fn
+    return out
+
+
+_NO_INT_PARAMS = _no_int_params(["devshare_import_pool_slot", "devshare_import_info",
+                                 "devshare_import_handle", "devshare_import_release"])
+
+
 def _require() -> None:
     if _UNAVAILABLE:
         raise Error(Status.UNSUPPORTED, _UNAVAILABLE)
@@ -116,15 +139,49 @@ class ChannelClosed(Error):
 def _call(fn, *args) -> int:
     """:func:`devshare._lib.call` (arguments range-checked, Error on failure), with status
     ``CLOSED`` raised as :class:`ChannelClosed`."""
-    try:
-        return call(fn, *args)
-    except Error as e:
-        if e.status == Status.CLOSED and not isinstance(e, ChannelClosed):
-            raise ChannelClosed(e.status, e.message, e.vendor_error) from None
-        raise
+    if id(fn) not in _NO_INT_PARAMS:
+        check_args(fn, args)  # what call() does, in this frame (this is on every item's path)
+    status = fn(*args)
+    if status < 0:
+        raise _error(status)
+    return status
+
+
+def _error(status: int) -> Error:
+    e = error_for(status)
+    if e.status == Status.CLOSED:
+        return ChannelClosed(e.status, e.message, e.vendor_error)
+    return e
 
 
 _I32_MAX = (1 << 31) - 1
+_TIMEOUT = int(Status.TIMEOUT)
+# Whole seconds that are fewer than _I32_MAX milliseconds: one library call waits that long.
+_FAST_SECONDS = _I32_MAX // 1000
+_MS_ARGS = {-1: c_int32(-1), 0: c_int32(0)}  # read-only: passed by value
+
+
+def _wait_call(fn, ptr, timeout, *outs) -> bool:
+    """``fn(ptr, ms, *outs)``, a blocking library call, for a timeout in seconds (as
+    :func:`_timed`): False when it timed out. The common timeouts (None, whole seconds) take one
+    call with no closure; TIMEOUT is not turned into an exception on the way."""
+    if timeout is None:
+        ms = -1
+    elif type(timeout) is int and 0 <= timeout <= _FAST_SECONDS:
+        ms = timeout * 1000
+    else:
+        ms = _core._timeout_ms(timeout)
+        if ms > _I32_MAX:
+            return _timed(lambda m: _call(fn, ptr, m, *outs), timeout)
+    # The usual waits as ready-made c_int32s (check_args has less to do with them).
+    args = (ptr, _MS_ARGS.get(ms, ms), *outs)
+    check_args(fn, args)  # as call() does
+    status = fn(*args)
+    if status < 0:
+        if status == _TIMEOUT:
+            return False
+        raise _error(status)
+    return True
 
 
 def _timed(fn, timeout) -> bool:
@@ -162,8 +219,64 @@ def _address(address) -> bytes:
     return raw
 
 
+_U64_MAX = _ints.U64[1]
+
+
 def _peer_id(peer) -> int:
-    return _ints.index("peer", peer, 1, _ints.U64[1])
+    if type(peer) is int and 0 < peer <= _U64_MAX:
+        return peer
+    return _ints.index("peer", peer, 1, _U64_MAX)
+
+
+def _shape(shape) -> tuple[int, ...]:
+    """:func:`devshare._core._normalize_shape`, with a tuple of in-range ints passed through."""
+    if type(shape) is tuple:
+        for d in shape:
+            if type(d) is not int or not 0 <= d <= _N64_MAX:
+                break
+        else:
+            return shape
+    return _core._normalize_shape(shape)
+
+
+_N64_MAX = _ints.N64[1]
+
+# dtype argument (a str or torch.dtype) -> (code, bits, lanes), as _dtypes.from_any gives it.
+_DTYPE_ARGS: dict = {}
+
+
+def _dtype_arg(dtype) -> tuple[int, int, int]:
+    if type(dtype) is str or type(dtype).__module__ == "torch":
+        try:
+            return _DTYPE_ARGS[dtype]
+        except (KeyError, TypeError):
+            pass
+        found = _dtypes.from_any(dtype)
+        if len(_DTYPE_ARGS) < 256:
+            _DTYPE_ARGS[dtype] = found
+        return found
+    return _dtypes.from_any(dtype)
+
+
+# DLPack (code, bits, lanes) -> the torch / numpy dtype (looked up once each).
+_TORCH_DTYPES: dict = {}
+_NUMPY_DTYPES: dict = {}
+
+
+def _torch_dtype(dtype):
+    try:
+        return _TORCH_DTYPES[dtype]
+    except KeyError:
+        found = _TORCH_DTYPES[dtype] = _dtypes.to_torch(*dtype)
+        return found
+
+
+def _numpy_dtype(dtype):
+    try:
+        return _NUMPY_DTYPES[dtype]
+    except KeyError:
+        found = _NUMPY_DTYPES[dtype] = _dtypes.to_numpy(*dtype)
+        return found
 
 
 def _forked(what: str, pid: int) -> RuntimeError:
@@ -180,8 +293,9 @@ class _Owned:
     """A library object (``_ptr``) this process made: usable only here, closed once.
 
     ``_fin`` (a weakref.finalize) closes it when the object is garbage; it is alive while the
-    object is open. Calls go through :meth:`_enter` / :meth:`_exit`, which count the threads
-    inside so that :meth:`close` cannot free the object under one of them.
+    object is open, and so is ``_open[0]``, which the finalizer clears first (a cheaper test for
+    every call than ``_fin.alive``). Calls go through :meth:`_enter` / :meth:`_exit`, which count
+    the threads inside so that :meth:`close` cannot free the object under one of them.
     """
 
     _what = "object"
@@ -191,13 +305,14 @@ class _Owned:
         self._ptr = ptr
         self._lock = threading.Lock()
         self._busy = 0
-        self._fin = weakref.finalize(self, _close_owned, self._pid, closer, ptr, *extra)
+        self._open = [True]
+        self._fin = weakref.finalize(self, _close_owned, self._pid, self._open, closer, ptr, *extra)
 
     def _enter(self):
         with self._lock:
-            if self._pid != os.getpid():
-                raise _forked(self._what, self._pid)
-            if not self._fin.alive:
+            if self._pid != os.getpid() or not self._open[0]:
+                if self._pid != os.getpid():
+                    raise _forked(self._what, self._pid)
                 raise ValueError(f"the {self._what} is closed")
             self._busy += 1
             return self._ptr
@@ -239,7 +354,8 @@ class _Owned:
                         f"send the channel's address and connect there")
 
 
-def _close_owned(pid, closer, ptr, *extra) -> None:
+def _close_owned(pid, is_open, closer, ptr, *extra) -> None:
+    is_open[0] = False
     # In a child that inherited the object through fork, nothing: it is the parent's.
     if os.getpid() == pid:
         closer(ptr, *extra)
@@ -292,24 +408,30 @@ def _check_like(like: str) -> None:
 def _view(addr: int, nbytes: int, keep, dtype, shape, strides=None, like: str = "torch"):
     """A zero-copy tensor/array over ``[addr, addr + nbytes)`` (whose first element is at addr),
     keeping ``keep`` alive as long as it (and every view of it) lives. ``dtype`` is a DLPack
-    (code, bits, lanes), ``strides`` in elements (None: C-contiguous)."""
+    (code, bits, lanes), ``strides`` in elements (None: C-contiguous).
+
+    Every call makes its own storage (a ctypes array over the memory, holding ``keep``): a
+    storage shared between items (or slots) could not keep each one's own owner alive."""
     esize = dtype[1] // 8 * dtype[2]
     numel = 1
     for d in shape:
         numel *= d
     if like == "torch":
         torch = _dtypes.require_torch()
-        tdtype = _dtypes.to_torch(*dtype)
+        tdtype = _torch_dtype(dtype)
         if numel == 0 or nbytes < esize:
             return torch.empty(shape, dtype=tdtype)  # no memory to share
-        raw = (ctypes.c_uint8 * nbytes).from_address(addr)
+        raw = (c_uint8 * nbytes).from_address(addr)
         raw._devshare_keep = keep  # the ctypes array (and so every tensor over it) keeps it
-        flat = torch.frombuffer(raw, dtype=tdtype, count=nbytes // esize)
+        count = nbytes // esize
+        flat = torch.frombuffer(raw, dtype=tdtype, count=count)
+        if len(shape) == 1 and shape[0] == count and (strides is None or strides[0] == 1):
+            return flat  # the whole region, as one row: nothing to slice
         if strides is None:
             return flat[:numel].view(shape)
         return flat.as_strided(shape, strides)
     numpy = _dtypes.require_numpy()
-    ndtype = _dtypes.to_numpy(*dtype)
+    ndtype = _numpy_dtype(dtype)
     if numel == 0 or nbytes == 0:
         return numpy.empty(shape, dtype=ndtype)
     raw = (ctypes.c_uint8 * nbytes).from_address(addr)
@@ -567,6 +689,9 @@ class Channel(_Owned):
         return Pool(self, slot_nbytes, count, memory)
 
 
+_MAX_DESCS = 64
+
+
 class Pool(_Owned):
     """Fixed slots of one allocation, handed to consumers of a :class:`Channel` (made by
     :meth:`Channel.pool`).
@@ -624,6 +749,9 @@ class Pool(_Owned):
         self.slot_nbytes = slot_nbytes
         self.count = count
         self._keeper = keeper  # the memory: slot views hold it too
+        # Slot.send's descriptors by layout (see _desc), and its last peer as a c_uint64.
+        self._descs: dict = {}
+        self._last_peer = (0, None)
         self._own(ptr, lib.devshare_pool_close)
         channel._pools.add(self)
 
@@ -640,6 +768,33 @@ class Pool(_Owned):
             self._exit()
         return size.value, count.value, free.value
 
+    def _peer_arg(self, peer: int) -> c_uint64:
+        """``peer`` (checked by _peer_id) as a c_uint64, the last one kept (check_args has less
+        to do with it)."""
+        last = self._last_peer
+        if last[0] != peer:
+            last = self._last_peer = (peer, c_uint64(peer))
+        return last[1]
+
+    def _desc(self, dtype, shape, strides, offset):
+        """(byref of a TensorDesc for :meth:`Slot.send`, what it holds). The library only reads
+        a descriptor, and a pool's items usually share a few layouts, so the descriptors are
+        kept by layout (up to _MAX_DESCS) instead of being made (and initialised by the
+        library) for every item. Only layouts of plain ints are kept: anything else goes
+        through the checks of :func:`_tensor_desc` every time."""
+        if type(offset) is not int or any(type(x) is not int for x in strides):
+            desc, keep = _tensor_desc(dtype, shape, strides, offset, STORAGE_TO_END, 0)
+            return byref(desc), desc, keep
+        key = (dtype, shape, strides, offset)
+        entry = self._descs.get(key)
+        if entry is None:
+            desc, keep = _tensor_desc(dtype, shape, strides, offset, STORAGE_TO_END, 0)
+            entry = (byref(desc), desc, keep)
+            if len(self._descs) >= _MAX_DESCS:
+                self._descs.clear()
+            self._descs[key] = entry
+        return entry
+
     @property
     def free_slots(self) -> int:
         """Slots neither acquired nor out with a consumer (as of the channel's last service)."""
@@ -652,14 +807,13 @@ class Pool(_Owned):
         idx, addr = c_uint32(), c_void_p()
         ptr = self._enter()
         try:
-            done = _timed(lambda ms: _call(lib.devshare_pool_acquire, ptr, ms, byref(idx), byref(addr)),
-                          timeout)
+            done = _wait_call(lib.devshare_pool_acquire, ptr, timeout, byref(idx), byref(addr))
         finally:
             self._exit()
         if not done:
             raise TimeoutError(f"no slot of the pool came back within {timeout} s (all {self.count} "
                                f"are out)")
-        return Slot(self, idx.value, addr.value)
+        return Slot(self, idx, addr.value)
 
 
 class Slot:
@@ -672,15 +826,26 @@ class Slot:
     once it and every view of it are gone.
     """
 
-    __slots__ = ("pool", "index", "address", "nbytes", "_state", "_fin", "__weakref__")
+    __slots__ = ("pool", "index", "address", "nbytes", "_state", "_pid", "_index_arg", "__weakref__")
 
-    def __init__(self, pool: Pool, index: int, address: int):
+    def __init__(self, pool: Pool, index: c_uint32, address: int):
         self.pool = pool
-        self.index = index
+        self.index = index.value
+        self._index_arg = index  # what acquire filled in: the index as the library's uint32
         self.address = address
         self.nbytes = pool.slot_nbytes
+        self._pid = pool._pid
         self._state = "acquired"
-        self._fin = weakref.finalize(self, _return_slot, os.getpid(), pool._fin, pool._ptr, index)
+
+    def __del__(self):
+        # Gone with every view of it (each holds the Slot), neither sent nor released: back to
+        # the pool. (Not a weakref.finalize: that costs more than the rest of an acquire.)
+        try:
+            if self._state == "acquired":
+                self._state = "dropped"
+                _return_slot(self._pid, self.pool._fin, self.pool._ptr, self.index)
+        except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to do in a finalizer
+            pass
 
     def __repr__(self):
         return f"<devshare.Slot {self.index} of {self.pool!r}, {self._state}>"
@@ -693,12 +858,14 @@ class Slot:
             self.release()
 
     def _view(self, shape, dtype, offset, like):
-        code_bits_lanes = _dtypes.from_any(dtype)
-        offset = _ints.index("offset", offset, 0, self.nbytes)
+        code_bits_lanes = _dtype_arg(dtype)
+        if type(offset) is not int or not 0 <= offset <= self.nbytes:
+            offset = _ints.index("offset", offset, 0, self.nbytes)
         esize = code_bits_lanes[1] // 8 * code_bits_lanes[2]
         if shape is None:
             shape = ((self.nbytes - offset) // esize,)
-        shape = _core._normalize_shape(shape)
+        else:
+            shape = _shape(shape)
         need = _nbytes(shape, *code_bits_lanes)
         if offset + need > self.nbytes:
             raise ValueError(f"shape {shape} of {_dtypes.type_name(*code_bits_lanes)} at offset "
@@ -736,38 +903,38 @@ class Slot:
             addr, code_bits_lanes, shape, strides, span = _layout(view)
             if not (self.address <= addr and addr + span <= self.address + self.nbytes):
                 raise ValueError("Slot.send(view=...): the view does not lie in this slot")
-            desc, keep = _tensor_desc(code_bits_lanes, shape, strides, addr - self.address,
-                                      STORAGE_TO_END, 0)
+            desc = self.pool._desc(code_bits_lanes, shape, strides, addr - self.address)
         elif shape is None and dtype is None and strides is None and not offset:
-            desc, keep = None, None
+            desc = None
         else:
-            code_bits_lanes = _dtypes.from_any("uint8" if dtype is None else dtype)
-            offset = _ints.index("offset", offset, 0, self.nbytes)
+            code_bits_lanes = _dtype_arg("uint8" if dtype is None else dtype)
+            if type(offset) is not int or not 0 <= offset <= self.nbytes:
+                offset = _ints.index("offset", offset, 0, self.nbytes)
             esize = code_bits_lanes[1] // 8 * code_bits_lanes[2]
-            shape = ((self.nbytes - offset) // esize,) if shape is None else _core._normalize_shape(shape)
+            shape = ((self.nbytes - offset) // esize,) if shape is None else _shape(shape)
             strides = _contiguous(shape) if strides is None else tuple(strides)
             if len(strides) != len(shape):
                 raise ValueError(f"strides {strides} and shape {shape} differ in length")
-            desc, keep = _tensor_desc(code_bits_lanes, shape, strides, offset, STORAGE_TO_END, 0)
-        ptr = self.pool._enter()
+            desc = self.pool._desc(code_bits_lanes, shape, strides, offset)
+        pool = self.pool
+        ptr = pool._enter()
         try:
-            _call(lib.devshare_pool_send, ptr, self.index, peer, byref(desc) if desc is not None else None)
+            _call(lib.devshare_pool_send, ptr, self._index_arg, pool._peer_arg(peer),
+                  None if desc is None else desc[0])
         finally:
-            self.pool._exit()
-        del keep
+            pool._exit()
         self._state = "sent"
-        self._fin.detach()
 
     def release(self) -> None:
         """Give the slot back to the pool unsent."""
         self._take("release")
-        ptr = self.pool._enter()
+        pool = self.pool
+        ptr = pool._enter()
         try:
-            _call(lib.devshare_pool_release, ptr, self.index)
+            _call(lib.devshare_pool_release, ptr, self._index_arg)
         finally:
-            self.pool._exit()
+            pool._exit()
         self._state = "released"
-        self._fin.detach()
 
 
 def _return_slot(pid, pool_fin, pool_ptr, index) -> None:
@@ -784,29 +951,39 @@ def _return_slot(pid, pool_fin, pool_ptr, index) -> None:
 
 class _Lease:
     """One received import; released once (explicitly or when it is garbage). Tensors made over
-    it keep it alive (see :func:`_view`)."""
+    it keep it alive (see :func:`_view`).
 
-    __slots__ = ("_imp", "_pid", "_lock", "_fin", "__weakref__")
+    ``_held`` holds the import until the release takes it out: ``list.pop`` is atomic, so of
+    two threads releasing at once exactly one gets it (the other: ALREADY_RELEASED). Garbage
+    that was never released is released by ``__del__`` (not a weakref.finalize, which costs
+    more than the rest of a receive), except in a process that inherited it through fork."""
+
+    __slots__ = ("_held", "_pid", "__weakref__")
 
     def __init__(self, imp: ImportP):
-        self._imp = imp
+        self._held = [imp]
         self._pid = os.getpid()
-        self._lock = threading.Lock()
-        self._fin = weakref.finalize(self, _release_import, self._pid, imp)
 
     @property
     def released(self) -> bool:
-        return not self._fin.alive
+        return not self._held
 
     def release(self) -> None:
-        with self._lock:
-            if self._pid != os.getpid():
-                raise _forked("Item", self._pid)
-            if not self._fin.alive:
-                raise Error(Status.ALREADY_RELEASED, "this item was already released (it is "
-                                                     "given back only once)")
-            self._fin.detach()
-        _call(lib.devshare_import_release, self._imp)
+        if self._pid != os.getpid():
+            raise _forked("Item", self._pid)
+        try:
+            imp = self._held.pop()
+        except IndexError:
+            raise Error(Status.ALREADY_RELEASED, "this item was already released (it is given "
+                                                 "back only once)") from None
+        _call(lib.devshare_import_release, imp)
+
+    def __del__(self):
+        try:
+            if self._held:
+                _release_import(self._pid, self._held.pop())
+        except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to do in a finalizer
+            pass
 
 
 def _release_import(pid, imp) -> None:
@@ -837,7 +1014,7 @@ class Item:
 
     @property
     def tensor(self):
-        if self._lease.released:
+        if not self._lease._held:
             raise Error(Status.ALREADY_RELEASED, "this item was released: its tensor is no longer "
                                                  "valid")
         return self._tensor
@@ -870,25 +1047,44 @@ class Item:
 _INFO_TEMPLATE = bytes(new_struct(ImportInfo))
 _HANDLE_TEMPLATE = bytes(new_struct(HandleStruct))
 
+# The handle fields an item's tensor needs, read straight from the struct's bytes (one unpack
+# instead of a ctypes attribute access per field and element).
+_H_DTYPE_NDIM = struct.Struct("=BBH")  # DType: code, bits, lanes
+_H_DTYPE_OFF = HandleStruct.dtype.offset
+_H_NDIM_OFF = HandleStruct.ndim.offset
+_H_SHAPE_OFF = HandleStruct.shape.offset
+_H_STRIDES_OFF = HandleStruct.strides.offset
+_H_NDIM = struct.Struct("=I")
+_H_DIMS = [struct.Struct(f"={n}q") for n in range(MAX_NDIM + 1)]
+_INVALID_ARGUMENT = int(Status.INVALID_ARGUMENT)
+
 
 def _item(imp: ImportP, like: str) -> Item:
     lease = _Lease(imp)
     try:
         pool, slot = c_uint32(), c_uint32()
-        try:
-            _call(lib.devshare_import_pool_slot, imp, byref(pool), byref(slot))
+        # Not _call: for a lease, INVALID_ARGUMENT is the answer, not an error to describe.
+        fn, args = lib.devshare_import_pool_slot, (imp, byref(pool), byref(slot))
+        if id(fn) not in _NO_INT_PARAMS:
+            check_args(fn, args)  # as call() does
+        status = fn(*args)
+        if status >= 0:
             where = (pool.value, slot.value)
-        except Error as e:
-            if e.status != Status.INVALID_ARGUMENT:
-                raise
+        elif status == _INVALID_ARGUMENT:
             where = (None, None)  # a lease, not a pool item
+        else:
+            raise _error(status)
         info = ImportInfo.from_buffer_copy(_INFO_TEMPLATE)
         _call(lib.devshare_import_info, imp, byref(info))
         h = HandleStruct.from_buffer_copy(_HANDLE_TEMPLATE)
         _call(lib.devshare_import_handle, imp, byref(h))
-        dtype = (h.dtype.code, h.dtype.bits, h.dtype.lanes)
-        shape = tuple(h.shape[: h.ndim])
-        strides = tuple(h.strides[: h.ndim])
+        dtype = _H_DTYPE_NDIM.unpack_from(h, _H_DTYPE_OFF)
+        ndim = _H_NDIM.unpack_from(h, _H_NDIM_OFF)[0]
+        if ndim > MAX_NDIM:  # the library never reports more; ctypes would have cut it too
+            raise Error(Status.UNTRUSTED, f"item with {ndim} dimensions (at most {MAX_NDIM})")
+        dims = _H_DIMS[ndim]
+        shape = dims.unpack_from(h, _H_SHAPE_OFF)
+        strides = dims.unpack_from(h, _H_STRIDES_OFF)
         if info.backend == BACKEND_HOST:
             data = info.data or 0
             end = (info.storage or 0) + info.storage_size
@@ -959,11 +1155,12 @@ class Connection(_Owned):
         seconds (None: forever; 0: only what already arrived): TimeoutError then.
         :class:`ChannelClosed` once the producer closed the channel or exited and everything it
         sent was received. ``like``: "torch" (default) or "numpy" for :attr:`Item.tensor`."""
-        _check_like(like)
+        if like != "torch" or _dtypes.torch_module() is None:
+            _check_like(like)
         imp = ImportP()
         ptr = self._enter()
         try:
-            done = _timed(lambda ms: _call(lib.devshare_connection_recv, ptr, ms, byref(imp)), timeout)
+            done = _wait_call(lib.devshare_connection_recv, ptr, timeout, byref(imp))
         finally:
             self._exit()
         if not done:

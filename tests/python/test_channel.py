@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import math
 import multiprocessing
 import os
 import pickle
@@ -411,6 +412,82 @@ def test_items_released_by_garbage_collection(pair):
     del view
     gc.collect()
     assert devshare.wait(t, timeout=LIMIT)
+
+
+def test_a_pool_item_goes_back_when_the_last_view_of_it_is_gone(pair):
+    ch, conn, peer = pair
+    with ch.pool(64, 1) as pool:
+        pool.acquire(timeout=0).send(peer)
+        view = conn.recv(timeout=LIMIT).tensor[2:5]  # the item and its tensor are dropped at once
+        gc.collect()
+        with pytest.raises(TimeoutError):
+            pool.acquire(timeout=0)  # the view keeps the item, so the slot is still out
+        del view
+        gc.collect()
+        pool.acquire(timeout=LIMIT).release()
+
+
+def test_repeated_and_changing_slot_layouts_arrive_exact(pair):
+    """Slot.send keeps descriptors by layout: each item still gets its own layout, and what
+    would be refused is refused every time."""
+    ch, conn, peer = pair
+    layouts = [((4, 8), torch.float32, None, 0), ((4, 8), torch.float32, None, 0),
+               ((8, 4), torch.float32, (1, 8), 0), ((3,), "int16", None, 6),
+               ((4, 8), torch.float32, None, 0), ((2, 2), torch.int64, (2, 1), 8)]
+    with ch.pool(256, 1) as pool:
+        for k, (shape, dtype, strides, offset) in enumerate(layouts * 2):
+            slot = pool.acquire(timeout=LIMIT)
+            slot.tensor()[:] = torch.from_numpy(_pattern(256, k))
+            slot.send(peer, shape, dtype, strides, offset)
+            flat = slot.tensor(dtype=dtype, offset=offset)
+            want = flat[:math.prod(shape)].view(shape) if strides is None else flat.as_strided(shape, strides)
+            with conn.recv(timeout=LIMIT) as item:
+                assert item.tensor.dtype == want.dtype and item.tensor.shape == want.shape
+                assert item.tensor.stride() == want.stride() and torch.equal(item.tensor, want)
+        with pool.acquire(timeout=LIMIT) as slot:
+            for bad in ((8.0, 1.0), (True, 1)):
+                with pytest.raises(TypeError):
+                    slot.send(peer, (4, 8), torch.float32, bad)
+            with pytest.raises(ValueError, match="out of range"):
+                slot.send(peer, (4, 8), torch.float32, (2**63, 1))
+            v = slot.tensor((4, 8), torch.float32)
+            for _ in range(2):  # view= through the same cache
+                assert slot._state == "acquired"
+                slot.send(peer, view=v[1:3, ::2])
+                with conn.recv(timeout=LIMIT) as item:
+                    assert torch.equal(item.tensor, v[1:3, ::2]) and item.tensor.stride() == (8, 2)
+                slot = pool.acquire(timeout=LIMIT)
+                v = slot.tensor((4, 8), torch.float32)
+
+
+def test_racing_releases_give_an_item_back_once(pair):
+    ch, conn, peer = pair
+    t = devshare.channel_empty(8, "int32")
+    for _ in range(20):
+        ch.send(peer, t)
+        ch.send(peer, t)
+        item, other = conn.recv(timeout=LIMIT), conn.recv(timeout=LIMIT)
+        start, outcomes = threading.Barrier(2), []
+
+        def release():
+            start.wait()
+            try:
+                item.release()
+                outcomes.append("released")
+            except devshare.Error as e:
+                outcomes.append(e.status)
+
+        threads = [threading.Thread(target=release) for _ in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(LIMIT)
+        assert sorted(map(str, outcomes)) == sorted(["released", str(devshare.Status.ALREADY_RELEASED)])
+        for _ in range(3):
+            ch.service(timeout=0)
+        assert devshare.outstanding(t) == 1  # only one went back: `other` is still out
+        other.release()
+        assert devshare.wait(t, timeout=LIMIT)
 
 
 def test_file_descriptors_become_readable(pair):
