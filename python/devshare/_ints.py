@@ -95,8 +95,13 @@ def check_args(fn, args) -> None:
     """Range-check the integer arguments of a library call against ``fn.argtypes``."""
     argtypes = getattr(fn, "argtypes", None) or ()
     for i, (ctype, value) in enumerate(zip(argtypes, args)):
-        if ctype in _RANGES:
-            _check(f"argument {i + 1} of {getattr(fn, '__name__', 'the call')}", ctype, value)
+        rng = _RANGES.get(ctype)
+        # The common case (an int in range, or a ctypes object) without building a message.
+        if rng is None or isinstance(value, ctypes._SimpleCData):
+            continue
+        if type(value) is int and rng[0] <= value <= rng[1]:
+            continue
+        _check(f"argument {i + 1} of {getattr(fn, '__name__', 'the call')}", ctype, value)
 
 
 def check_fields(cls, fields: dict) -> None:
