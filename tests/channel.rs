@@ -632,3 +632,34 @@ fn a_zero_timeout_takes_what_already_arrived() {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+#[test]
+fn a_receive_without_a_time_limit_waits_in_the_kernel_and_close_wakes_it() {
+    let addr = address("blocking");
+    let ch = Channel::listen(&addr).unwrap();
+    let c = std::thread::spawn({
+        let addr = addr.clone();
+        move || Connection::connect(&addr, T).unwrap()
+    });
+    ch.wait_peers(1, T).unwrap();
+    let c = Arc::new(c.join().unwrap());
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Exporter::channel_host_alloc(64).unwrap();
+    // An item arrives to a receive that waits without a limit.
+    let waiting = std::thread::spawn({
+        let c = c.clone();
+        move || c.recv(None).map(|imp| imp.release())
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    ch.send(peer, &exp, &TensorDesc { shape: &[64], ..Default::default() }).unwrap();
+    assert!(waiting.join().unwrap().is_ok());
+    // Closing the connection from another thread wakes a receive that waits without a limit.
+    let waiting = std::thread::spawn({
+        let c = c.clone();
+        move || status(c.recv(None))
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    c.close();
+    assert_eq!(waiting.join().unwrap(), Status::Closed);
+    exp.wait(T).unwrap();
+}

@@ -164,6 +164,9 @@ impl Connection {
                                     wire::VERSION
                                 )));
                             }
+                            // From here on the socket blocks: a receive without a time limit
+                            // waits in recvmsg itself. Every other call passes MSG_DONTWAIT.
+                            rustix::io::ioctl_fionbio(&fd, false).map_err(|e| wire::os("ioctl(FIONBIO)", e))?;
                             return Ok(Connection {
                                 shared: Arc::new(ConnShared {
                                     fd,
@@ -241,7 +244,9 @@ impl Connection {
                 }
                 loop {
                     let State { buf, fds, .. } = &mut *st;
-                    match wire::recv(self.shared.fd.as_fd(), buf, fds)? {
+                    // Without a time limit, wait in the receive itself (shutdown by close()
+                    // wakes it); otherwise take what is queued and poll below.
+                    match wire::recv_with(self.shared.fd.as_fd(), buf, fds, timeout.is_none())? {
                         Received::Empty => break,
                         Received::Closed => {
                             st.eof = true;

@@ -210,6 +210,18 @@ pub(crate) enum Received {
 /// Receive one message without blocking into `buf` (resized to [`MAX_MESSAGE`]); its
 /// descriptors go to `fds` (cleared first). A message cut short by the buffer is refused.
 pub(crate) fn recv(sock: BorrowedFd<'_>, buf: &mut Vec<u8>, fds: &mut Vec<OwnedFd>) -> Result<Received> {
+    recv_with(sock, buf, fds, false)
+}
+
+/// [`recv`], or with `block` (on a blocking socket) waiting in the kernel until a message or the
+/// close arrives — one system call instead of a poll and a receive.
+pub(crate) fn recv_with(
+    sock: BorrowedFd<'_>,
+    buf: &mut Vec<u8>,
+    fds: &mut Vec<OwnedFd>,
+    block: bool,
+) -> Result<Received> {
+    let flags = if block { RecvFlags::CMSG_CLOEXEC } else { RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC };
     fds.clear();
     buf.resize(MAX_MESSAGE, 0);
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
@@ -217,7 +229,7 @@ pub(crate) fn recv(sock: BorrowedFd<'_>, buf: &mut Vec<u8>, fds: &mut Vec<OwnedF
     loop {
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let mut iov = [IoSliceMut::new(buf)];
-        let r = recvmsg(sock, &mut iov, &mut control, RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC);
+        let r = recvmsg(sock, &mut iov, &mut control, flags);
         let msg = match r {
             Ok(m) => m,
             Err(Errno::INTR) => continue,
