@@ -32,6 +32,7 @@
 #define _GNU_SOURCE
 
 #include "devshare.h"
+#include "channel_harness.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -62,50 +63,6 @@ enum {
     EARLY_DELAY_US = 3000, /* ... half of them within this long */
     TARGET_MS = 100,       /* the target for a dead consumer's references to come back */
 };
-
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int64_t now_ms(void) { return now_ns() / 1000000; }
-
-static const char *last_error(void) {
-    static char msg[2048];
-    devshare_last_error(msg, sizeof msg);
-    return msg;
-}
-
-static int read_line_fd(int fd, char *buf, size_t cap, int timeout_ms) {
-    size_t n = 0;
-    const int64_t deadline = now_ms() + timeout_ms;
-    while (n + 1 < cap) {
-        const int64_t left = deadline - now_ms();
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        const int r = poll(&p, 1, left > 0 ? (int)left : 0);
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r <= 0) {
-            return -1;
-        }
-        char c;
-        const ssize_t got = read(fd, &c, 1);
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
-        if (got <= 0) {
-            return -1;
-        }
-        if (c == '\n') {
-            break;
-        }
-        buf[n++] = c;
-    }
-    buf[n] = '\0';
-    return (int)n;
-}
 
 __attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...) {
     char buf[2048];
@@ -144,39 +101,6 @@ static uint64_t rnd(void) {
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Items (as in test_channel): seq, a fill byte, ~seq in the last 8 bytes */
-
-static uint8_t fill_byte(uint64_t seq) { return (uint8_t)(seq % 251u + 1u); }
-
-static void item_fill(uint8_t *p, uint64_t size, uint64_t seq, int half_then_die) {
-    const uint64_t inv = ~seq;
-    memcpy(p, &seq, 8);
-    if (half_then_die) {
-        memset(p + 8, fill_byte(seq), (size_t)(size / 2));
-        self_kill();
-    }
-    memset(p + 8, fill_byte(seq), (size_t)(size - 16));
-    memcpy(p + size - 8, &inv, 8);
-}
-
-static int item_check(const uint8_t *p, uint64_t size, uint64_t *seq_out, int half_then_die) {
-    uint64_t seq, inv;
-    memcpy(&seq, p, 8);
-    memcpy(&inv, p + size - 8, 8);
-    const uint8_t b = fill_byte(seq);
-    for (uint64_t i = 8; i < size - 8; i++) {
-        if (half_then_die && i == size / 2) {
-            self_kill();
-        }
-        if (p[i] != b) {
-            return 0;
-        }
-    }
-    *seq_out = seq;
-    return inv == ~seq;
-}
-
-/* ---------------------------------------------------------------------------------------- */
 /* Producer */
 
 static int producer_main(const char *address, const char *point, int k) {
@@ -196,7 +120,7 @@ static int producer_main(const char *address, const char *point, int k) {
     }
     uint8_t *const lease_base = lease_mem;
     for (int r = 0; r < LEASE_REGIONS; r++) {
-        item_fill(lease_base + (size_t)r * LEASE_REGION, LEASE_REGION, LEASE_SEQ + (uint64_t)r, 0);
+        item_fill_host(lease_base + (size_t)r * LEASE_REGION, LEASE_REGION, LEASE_SEQ + (uint64_t)r, NULL);
     }
     say("L");
     if (strcmp(point, "listening") == 0) {
@@ -251,7 +175,7 @@ static int producer_main(const char *address, const char *point, int k) {
             if (i == k && strcmp(point, "acquired") == 0) {
                 self_kill();
             }
-            item_fill(ptr, SLOT, (uint64_t)i + 1, i == k && strcmp(point, "writing") == 0);
+            item_fill_host(ptr, SLOT, (uint64_t)i + 1, i == k && strcmp(point, "writing") == 0 ? self_kill : NULL);
             st = devshare_pool_send(pool, slot, peer, NULL);
             if (st != DEVSHARE_STATUS_OK) {
                 /* the consumer is gone: the slot may still be ours */
@@ -375,7 +299,8 @@ static int consumer_main(const char *address, const char *point, int k) {
         uint32_t pool = 0, slot = 0;
         uint64_t seq = 0;
         if (devshare_import_info(imp, &info) != DEVSHARE_STATUS_OK ||
-            !item_check(info.storage, info.storage_size, &seq, index == k && strcmp(point, "reading") == 0)) {
+            !item_check_host(info.storage, info.storage_size, &seq,
+                            index == k && strcmp(point, "reading") == 0 ? self_kill : NULL)) {
             data_bad++;
         } else if (devshare_import_pool_slot(imp, &pool, &slot) == DEVSHARE_STATUS_OK) {
             pools++;
@@ -412,7 +337,7 @@ static int consumer_main(const char *address, const char *point, int k) {
         uint64_t seq;
         devshare_import_info_init(&info, sizeof info);
         held_bad += devshare_import_info(held[i], &info) != DEVSHARE_STATUS_OK ||
-                    !item_check(info.storage, info.storage_size, &seq, 0);
+                    !item_check_host(info.storage, info.storage_size, &seq, NULL);
         rel_fails += devshare_import_release(held[i]) != DEVSHARE_STATUS_OK;
     }
     const int32_t close_st = devshare_connection_close(conn);

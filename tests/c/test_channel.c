@@ -75,6 +75,7 @@
 #define _GNU_SOURCE
 
 #include "devshare.h"
+#include "channel_harness.h"
 
 #include "acl_standin.h"
 #include "cuda_standin.h"
@@ -128,12 +129,6 @@ __attribute__((format(printf, 3, 4))) static int check(int ok, int line, const c
 }
 #define CHECK(cond, ...) check((cond) != 0, __LINE__, __VA_ARGS__)
 
-static const char *last_error(void) {
-    static char msg[2048];
-    devshare_last_error(msg, sizeof msg);
-    return msg;
-}
-
 /* `text` into buf, cut to fit. */
 static void copy_text(char *buf, size_t cap, const char *text) {
     size_t n = strlen(text);
@@ -166,46 +161,8 @@ static void require_line(int line, int32_t st, const char *what) {
 }
 #define REQUIRE(call) require_line(__LINE__, (call), #call)
 
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int64_t now_ms(void) { return now_ns() / 1000000; }
-
 /* ---------------------------------------------------------------------------------------- */
-/* Items: a seq number, a fill byte over the middle, ~seq in the last 8 bytes */
-
-static uint8_t fill_byte(uint64_t seq) { return (uint8_t)(seq % 251u + 1u); }
-
-static void item_fill_host(uint8_t *p, uint64_t size, uint64_t seq) {
-    const uint64_t inv = ~seq;
-    memcpy(p, &seq, 8);
-    memset(p + 8, fill_byte(seq), (size_t)(size - 16));
-    memcpy(p + size - 8, &inv, 8);
-}
-
-/* 1 when the bytes are one whole item; its seq in *seq_out. */
-static int item_check_host(const uint8_t *p, uint64_t size, uint64_t *seq_out) {
-    if (size < 16) {
-        return 0;
-    }
-    uint64_t seq, inv;
-    memcpy(&seq, p, 8);
-    memcpy(&inv, p + size - 8, 8);
-    if (inv != ~seq) {
-        return 0;
-    }
-    const uint8_t b = fill_byte(seq);
-    for (uint64_t i = 8; i < size - 8; i++) {
-        if (p[i] != b) {
-            return 0;
-        }
-    }
-    *seq_out = seq;
-    return 1;
-}
+/* Items (channel_harness.h), in host or device memory */
 
 static int g_acl; /* this process reads and writes device memory through ACL */
 
@@ -238,11 +195,11 @@ static void cuda_make_current(void) {
 
 static void item_fill(void *p, uint64_t size, uint64_t seq) {
     if (!g_acl && !g_cuda) {
-        item_fill_host(p, size, seq);
+        item_fill_host(p, size, seq, NULL);
         return;
     }
     uint8_t *staging = malloc((size_t)size);
-    item_fill_host(staging, size, seq);
+    item_fill_host(staging, size, seq, NULL);
     if (g_cuda) {
         cu_or_die(cuMemcpyHtoD((CUdeviceptr)(uintptr_t)p, staging, (size_t)size), "cuMemcpyHtoD");
     } else {
@@ -253,7 +210,7 @@ static void item_fill(void *p, uint64_t size, uint64_t seq) {
 
 static int item_check(const void *p, uint64_t size, uint64_t *seq_out) {
     if (!g_acl && !g_cuda) {
-        return item_check_host(p, size, seq_out);
+        return item_check_host(p, size, seq_out, NULL);
     }
     uint8_t *staging = malloc((size_t)size);
     if (g_cuda) {
@@ -261,7 +218,7 @@ static int item_check(const void *p, uint64_t size, uint64_t *seq_out) {
     } else {
         acl_or_die(aclrtMemcpy(staging, (size_t)size, p, (size_t)size, ACL_MEMCPY_DEVICE_TO_HOST), "aclrtMemcpy D2H");
     }
-    const int ok = item_check_host(staging, size, seq_out);
+    const int ok = item_check_host(staging, size, seq_out, NULL);
     free(staging);
     return ok;
 }
@@ -353,35 +310,7 @@ static DevshareTensorDesc bytes_desc(uint64_t offset, const int64_t *n) {
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Line I/O */
-
-static int read_line_fd(int fd, char *buf, size_t cap, int timeout_ms) {
-    size_t n = 0;
-    while (n + 1 < cap) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        const int r = poll(&p, 1, timeout_ms);
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r <= 0) {
-            return -1;
-        }
-        char c;
-        const ssize_t got = read(fd, &c, 1);
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
-        if (got <= 0) {
-            return -1;
-        }
-        if (c == '\n') {
-            break;
-        }
-        buf[n++] = c;
-    }
-    buf[n] = '\0';
-    return (int)n;
-}
+/* Output */
 
 __attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...) {
     va_list ap;
@@ -1458,7 +1387,7 @@ static void test_leases(void) {
     const uint64_t peer = connect_child(ch, &g, address, "leases");
     const int64_t len = 8192;
     const DevshareTensorDesc d = bytes_desc(4096, &len);
-    item_fill_host((uint8_t *)base + 4096, 8192, 777);
+    item_fill_host((uint8_t *)base + 4096, 8192, 777, NULL);
     st = devshare_channel_send(ch, peer, exp, &d);
     CHECK(st == DEVSHARE_STATUS_OK,
           "leases: devshare_channel_send of a tensor in a memfd export (%s)", devshare_status_str(st));
@@ -1477,7 +1406,7 @@ static void test_leases(void) {
     CHECK(strcmp(a, "R 1 0") == 0 && st == DEVSHARE_STATUS_OK && outstanding_of(exp) == 0 && peer_leases(ch, peer) == 0,
           "leases: the consumer's release brings it to 0 (devshare_exporter_wait %s)", devshare_status_str(st));
 
-    item_fill_host((uint8_t *)base + 4096, 8192, 778);
+    item_fill_host((uint8_t *)base + 4096, 8192, 778, NULL);
     REQUIRE(devshare_channel_send(ch, peer, exp, &d));
     tell(&g, "recv 1 1 %d", IO_MS);
     r = recv_result(reply(&g, ch));
