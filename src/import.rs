@@ -360,15 +360,16 @@ pub(crate) struct Attached<'a> {
     pub open: &'a mut dyn FnMut() -> Result<Box<dyn Mapping>>,
 }
 
-/// Import `h`, whose allocation came with it (`attached`), holding `lease` until the import and
-/// its clones are released.
+/// Import `h` (with its segment table when it is not inline), whose allocation came with it
+/// when `attached` says so, holding `lease` until the import and its clones are released.
 pub(crate) fn import_attached(
     h: &DevshareHandle,
+    table: Option<&[u8]>,
     req: ImportRequest,
     attached: Option<Attached<'_>>,
     lease: Option<Arc<dyn std::any::Any + Send + Sync>>,
 ) -> Result<Import> {
-    let mut imp = import_from(h, None, req, attached)?;
+    let mut imp = import_from(h, table, req, attached)?;
     imp.lease = lease;
     Ok(imp)
 }
@@ -752,11 +753,6 @@ impl Import {
             reg.watched.get_mut(&t.ref_counter()).expect("an unreleased import watches its ref-counter").users += 1;
         }
         clone
-    }
-
-    /// Hold `lease` until this import and its clones are released.
-    pub(crate) fn set_lease(&mut self, lease: Arc<dyn std::any::Any + Send + Sync>) {
-        self.lease = Some(lease);
     }
 
     /// Which pool slot this import is, when it is a pool item received over a channel.

@@ -306,10 +306,7 @@ impl Connection {
                     return Err(Error::Untrusted("a pool item came with descriptors".into()));
                 }
                 let (pool, slot, ndim) = (r.u32()?, r.u32()?, r.u32()?);
-                let (code, bits) = {
-                    let b = [r.u16()?.to_le_bytes()];
-                    (b[0][0], b[0][1])
-                };
+                let [code, bits] = r.array()?;
                 let lanes = r.u16()?;
                 let flags = r.u32()?;
                 if flags & !wire::ITEM_EVENT != 0 {
@@ -327,14 +324,11 @@ impl Connection {
                 for s in strides.iter_mut().take(ndim as usize) {
                     *s = r.i64()?;
                 }
-                let mut event = None;
-                if flags & wire::ITEM_EVENT != 0 {
-                    let mut e = [0u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE];
-                    for b in e.chunks_exact_mut(8) {
-                        b.copy_from_slice(&r.u64()?.to_le_bytes());
-                    }
-                    event = Some(e);
-                }
+                let event = if flags & wire::ITEM_EVENT != 0 {
+                    Some(r.array::<{ crate::handle::DEVSHARE_EVENT_HANDLE_SIZE }>()?)
+                } else {
+                    None
+                };
                 r.end()?;
                 let p = st.pools.get(&pool).ok_or_else(|| {
                     Error::Untrusted(format!("an item of pool {pool}, which this consumer never attached"))
@@ -423,7 +417,7 @@ fn open(
         let key = super::memfd::identity(&fd)?;
         let alloc_size = h.alloc_size;
         let mut opener = || super::memfd::open_received(&fd, alloc_size, req.read_only);
-        return import_attached(h, req, Some(Attached { key: &key, open: &mut opener }), lease);
+        return import_attached(h, None, req, Some(Attached { key: &key, open: &mut opener }), lease);
     }
     if !fds.is_empty() {
         // A CUDA segmented export's fds, each once in the order of its first record.
@@ -445,18 +439,7 @@ fn open(
         }
         let pid = seg.producer_pid;
         let passed = numbers.into_iter().map(|n| (pid, n)).zip(fds).collect();
-        let mut imp = super::with_passed_fds(passed, || crate::import::import_full(h, table, req))?;
-        if let Some(l) = lease {
-            imp.set_lease(l);
-        }
-        return Ok(imp);
+        return super::with_passed_fds(passed, || import_attached(h, table, req, None, lease));
     }
-    if table.is_some() {
-        let mut imp = crate::import::import_full(h, table, req)?;
-        if let Some(l) = lease {
-            imp.set_lease(l);
-        }
-        return Ok(imp);
-    }
-    import_attached(h, req, None, lease)
+    import_attached(h, table, req, None, lease)
 }

@@ -12,6 +12,7 @@
 //! import registry caches the mapping by the file's identity (device and inode, from `fstat`),
 //! never by anything the handle or the sender claims.
 
+use super::wire::os;
 use crate::backend::{Exported, Mapping};
 use crate::error::{Error, Result};
 use crate::shm::Map;
@@ -20,10 +21,6 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 /// The seals a channel memfd carries; a received one must carry at least `F_SEAL_SHRINK`.
 const SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW).union(SealFlags::SEAL);
-
-fn os(call: &str, e: rustix::io::Errno) -> Error {
-    Error::Os { call: call.into(), errno: e.raw_os_error(), message: std::io::Error::from(e).to_string() }
-}
 
 /// An exported sealed memfd, mapped read-write in the producer.
 struct Memfd {

@@ -260,13 +260,12 @@ impl Channel {
         if count == 0 {
             return Err(Error::InvalidArgument("count is 0: a pool needs at least one slot".into()));
         }
-        let total = slot_size.checked_mul(u64::from(count)).filter(|&t| t <= exp.size()).ok_or_else(|| {
+        slot_size.checked_mul(u64::from(count)).filter(|&t| t <= exp.size()).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "{count} slots of {slot_size} bytes do not fit the export's {} bytes",
                 exp.size()
             ))
         })?;
-        let _ = total;
         let mut core = self.shared.lock()?;
         let id = core.next_pool;
         core.next_pool = core.next_pool.checked_add(1).ok_or_else(|| Error::Busy("pool ids are exhausted".into()))?;

@@ -131,6 +131,9 @@ impl<'a> In<'a> {
     pub(crate) fn i64(&mut self) -> Result<i64> {
         Ok(i64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
+    pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        Ok(self.take(N)?.try_into().expect("N bytes"))
+    }
     pub(crate) fn rest(&mut self) -> &'a [u8] {
         let s = &self.b[self.pos..];
         self.pos = self.b.len();
