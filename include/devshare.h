@@ -61,13 +61,13 @@
 #define DEVSHARE_VERSION_MAJOR 1
 
 // Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
-#define DEVSHARE_VERSION_MINOR 1
+#define DEVSHARE_VERSION_MINOR 2
 
 // Patch version (fixes; no interface change).
 #define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 65792
+#define DEVSHARE_VERSION 66048
 
 // `DevshareTensorDesc::storage_size` value meaning "from `storage_offset` to the end of the
 // allocation".
@@ -123,6 +123,28 @@
 // Capacity of `DevshareTorchStorage::handle`: every 'c' and legacy form (at most 67 bytes) and
 // the shortest 'e' forms fit; longer 'e' forms come from `devshare_torch_storage_handle`.
 #define DEVSHARE_TORCH_HANDLE_CAPACITY 128
+
+// Storage-handle format (`devshare_handle_to_torch_as`, `devshare_torch_storage_handle_as`,
+// `devshare_torch_handle_convert`): what devshare 1.0 and 1.1 write — cuda 'c' as the raw
+// 64-byte IPC handle (read by every PyTorch), cuda 'e' as version 2 (read by PyTorch 2.5 to
+// 2.12 only: 2.13 and later misparse it, so name `DEVSHARE_TORCH_FORMAT_V3` for them), acl as
+// version 1 (every torch_npu).
+#define DEVSHARE_TORCH_FORMAT_DEFAULT 0
+
+// Storage-handle format: version byte 1 (torch_npu's 'c' and 'e' forms; a cuda `[1]['c']`).
+#define DEVSHARE_TORCH_FORMAT_V1 1
+
+// Storage-handle format: version byte 2 (PyTorch 2.5 to 2.12; cuda 'e' with the 24-byte header).
+#define DEVSHARE_TORCH_FORMAT_V2 2
+
+// Storage-handle format: version byte 3 (PyTorch 2.13 and later; cuda 'e' with the 32-byte
+// header that names the handle type).
+#define DEVSHARE_TORCH_FORMAT_V3 3
+
+// Storage-handle format: the unprefixed key, the raw 64-byte CUDA handle or 65-byte ACL key
+// (PyTorch 2.4 and earlier, legacy torch_npu; read by every version). Expandable segments have
+// no such form.
+#define DEVSHARE_TORCH_FORMAT_UNVERSIONED 256
 
 // Most peers one channel serves at once; more are refused.
 #define DEVSHARE_CHANNEL_MAX_PEERS 1024
@@ -1131,22 +1153,76 @@ int32_t devshare_import_torch(const struct DevshareTorchArgs *args,
 // 'c' handle) consumer opens with `rebuild_cuda_tensor` / `rebuild_npu_tensor`, for a device
 // handle (typically one `devshare_exporter_share` made). That consumer decrements the handle's
 // slot when it lets go, which the exporter sees in `devshare_exporter_outstanding`. The tensor
-// part (shape, strides, offset, dtype) is in the handle itself.
+// part (shape, strides, offset, dtype) is in the handle itself. Segmented handles get the 'e'
+// form of `DEVSHARE_TORCH_FORMAT_DEFAULT` (PyTorch 2.5 to 2.12): for PyTorch 2.13 and later use
+// `devshare_handle_to_torch_as`.
 int32_t devshare_handle_to_torch(const struct DevshareHandle *handle,
                                  struct DevshareTorchStorage *out);
 
+// `devshare_handle_to_torch` with the storage handle written in `format`
+// (`DEVSHARE_TORCH_FORMAT_*`, or what `devshare_torch_format_for_version` gives for the
+// consumer's torch version). cuda 'c' handles stay the raw 64 bytes whatever the format (every
+// PyTorch reads them); the format picks the cuda 'e' layout (`_V2` for PyTorch 2.5 to 2.12,
+// `_V3` for 2.13 and later) and the acl form (`_V1` or `_UNVERSIONED`). A format that cannot
+// express the handle is refused with `DEVSHARE_STATUS_UNSUPPORTED`, naming why (a cuda 'e'
+// handle in `_V1` or `_UNVERSIONED`; fabric segments in `_V2`, whose reader cannot tell them
+// from fds; acl in `_V2` or `_V3`), and `out` is left untouched.
+int32_t devshare_handle_to_torch_as(const struct DevshareHandle *handle,
+                                    uint32_t format,
+                                    struct DevshareTorchStorage *out);
+
 // Write the storage handle bytes (tuple item 1 of the 8-tuple, arg 7 of `reduce_tensor`) for a
 // device handle into `buf`: the raw 64-byte CUDA handle, the 67-byte torch_npu 'c' form, or a
-// segmented handle's 'e' form (torch_npu version 1, PyTorch CUDA version 2). `table` is the
-// segment table of a segmented handle whose table is not inline
-// (`devshare_exporter_segment_table`), NULL otherwise. `*len_out` (if not NULL) receives the
-// length, also when `buf` is NULL or too small (`DEVSHARE_STATUS_BUFFER_TOO_SMALL`).
+// segmented handle's 'e' form (torch_npu version 1, PyTorch CUDA version 2: for PyTorch 2.13
+// and later use `devshare_torch_storage_handle_as`). `table` is the segment table of a
+// segmented handle whose table is not inline (`devshare_exporter_segment_table`), NULL
+// otherwise. `*len_out` (if not NULL) receives the length, also when `buf` is NULL or too small
+// (`DEVSHARE_STATUS_BUFFER_TOO_SMALL`).
 int32_t devshare_torch_storage_handle(const struct DevshareHandle *handle,
                                       const uint8_t *table,
                                       size_t table_len,
                                       uint8_t *buf,
                                       size_t cap,
                                       size_t *len_out);
+
+// `devshare_torch_storage_handle` in `format` (as in `devshare_handle_to_torch_as`). On any
+// error nothing is written to `buf`.
+int32_t devshare_torch_storage_handle_as(const struct DevshareHandle *handle,
+                                         const uint8_t *table,
+                                         size_t table_len,
+                                         uint32_t format,
+                                         uint8_t *buf,
+                                         size_t cap,
+                                         size_t *len_out);
+
+// The version bridge: rewrite a PyTorch (`backend` cuda) or torch_npu (acl) storage handle —
+// arg 7 of a `reduce_tensor` tuple, item 1 of `_share_cuda_()` / `_share_npu_()`, in any form
+// `devshare_handle_from_torch` reads — as the producer of `format` would have written it, so a
+// consumer of another torch version rebuilds it with its own stock `rebuild_cuda_tensor`
+// (e.g. a torch 2.13 'e' or 'c' handle for torch 2.11: `DEVSHARE_TORCH_FORMAT_V2`, and back with
+// `_V3`). 'c' handles become `[version]['c'][key]`, or the raw key for `_UNVERSIONED` and, cuda,
+// `_DEFAULT`; 'e' handles keep their pid, segment size and records, with zero padding. Nothing
+// else in the tuple changes between versions. What the target cannot express is refused with
+// `DEVSHARE_STATUS_UNSUPPORTED` naming why (see `devshare_handle_to_torch_as`), malformed input
+// with the status `devshare_handle_from_torch` gives it; on any error nothing is written to
+// `buf`. `*len_out` (if not NULL) receives the length, also when `buf` is NULL or too small
+// (`DEVSHARE_STATUS_BUFFER_TOO_SMALL`). The output is at most `handle_len + 8` bytes.
+int32_t devshare_torch_handle_convert(uint16_t backend,
+                                      const uint8_t *handle,
+                                      size_t handle_len,
+                                      uint32_t format,
+                                      uint8_t *buf,
+                                      size_t cap,
+                                      size_t *len_out);
+
+// The storage-handle format a consumer running `torch_version` reads (and whose producer writes
+// it): for cuda, PyTorch's `torch.__version__` — 2.4 and earlier `DEVSHARE_TORCH_FORMAT_UNVERSIONED`,
+// 2.5 to 2.12 `_V2`, 2.13 and later `_V3`; for acl, torch_npu's version (or its torch's) — always
+// `_V1`. Accepts `"2.13"`, `"2.13.0+cu128"`, `"2.14.0a0+git1234"`, `"2.7.1.post2"`;
+// anything without `MAJOR.MINOR` is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
+int32_t devshare_torch_format_for_version(uint16_t backend,
+                                          const char *torch_version,
+                                          uint32_t *format_out);
 
 // Return the reference a PyTorch tuple carries without importing it (args 11 and 12 are read,
 // nothing else): for a consumer that received a tuple it cannot or will not open — e.g. one

@@ -127,11 +127,11 @@ fn every_malformed_e_form_gets_its_own_status() {
             DEVSHARE_BACKEND_CUDA,
             {
                 let mut v = cuda_e(9, 2 * MIB, 1, &fds(&[5]));
-                v[0] = 3;
+                v[0] = 4;
                 v
             },
             Status::UnsupportedVersion,
-            "version 3",
+            "version 4",
         ),
         (
             DEVSHARE_BACKEND_CUDA,

@@ -43,7 +43,24 @@ from . import _lib
 from ._handle import Handle
 from ._paths import get_cmake_dir, get_include, get_library, get_pkgconfig_dir
 from ._core import collect, discard, dlpack_capsule, empty, open, outstanding, share, wait
-from ._torch_ipc import allow_ptrace, handle_from_torch, local_pid, torch_args
+from ._lib import (
+    TORCH_FORMAT_DEFAULT,
+    TORCH_FORMAT_UNVERSIONED,
+    TORCH_FORMAT_V1,
+    TORCH_FORMAT_V2,
+    TORCH_FORMAT_V3,
+)
+from ._torch_ipc import (
+    allow_ptrace,
+    bridge,
+    convert_storage_handle,
+    handle_from_torch,
+    local_pid,
+    local_torch_format,
+    storage_tuple,
+    torch_args,
+    torch_format,
+)
 from ._channel import (
     Channel,
     ChannelClosed,
@@ -55,7 +72,7 @@ from ._channel import (
     connect,
 )
 
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 #: Where the loaded libdevshare came from, as passed to the loader: a full path, or the bare
 #: soname ``"libdevshare.so.1"`` when the system loader found it.
@@ -80,10 +97,17 @@ __all__ = [
     "Pool",
     "Slot",
     "Status",
+    "TORCH_FORMAT_DEFAULT",
+    "TORCH_FORMAT_UNVERSIONED",
+    "TORCH_FORMAT_V1",
+    "TORCH_FORMAT_V2",
+    "TORCH_FORMAT_V3",
     "allow_ptrace",
+    "bridge",
     "channel_empty",
     "collect",
     "connect",
+    "convert_storage_handle",
     "discard",
     "dlpack_capsule",
     "empty",
@@ -95,9 +119,12 @@ __all__ = [
     "library_path",
     "library_version",
     "local_pid",
+    "local_torch_format",
     "outstanding",
     "share",
     "status_name",
+    "storage_tuple",
     "torch_args",
+    "torch_format",
     "wait",
 ]

@@ -97,6 +97,16 @@ STORAGE_TO_END = (1 << 64) - 1
 CLOSE_FORCE = 1
 CLOSE_UNLINK = 2
 
+# Storage-handle formats of PyTorch / torch_npu tuples (ABI 1.2): which bytes to write for arg 7.
+#: What 1.0 and 1.1 wrote: cuda 'c' raw (every PyTorch), cuda 'e' version 2 (PyTorch 2.5-2.12),
+#: acl version 1 (every torch_npu).
+TORCH_FORMAT_DEFAULT = 0
+TORCH_FORMAT_V1 = 1  # version byte 1 (torch_npu)
+TORCH_FORMAT_V2 = 2  # version byte 2 (PyTorch 2.5-2.12)
+TORCH_FORMAT_V3 = 3  # version byte 3 (PyTorch 2.13 and later)
+#: The raw 64-byte CUDA handle / 65-byte ACL key (PyTorch <= 2.4; read by every version).
+TORCH_FORMAT_UNVERSIONED = 0x100
+
 #: Python name -> the devshare.h macro it mirrors (checked against the compiled header).
 C_MACROS = {name: "DEVSHARE_" + name for name in (
     "MAX_NDIM", "KEY_CAPACITY", "REF_NAME_CAPACITY", "EVENT_HANDLE_SIZE", "HANDLE_EXT_CAPACITY",
@@ -107,6 +117,8 @@ C_MACROS = {name: "DEVSHARE_" + name for name in (
     "STORAGE_TO_END", "CLOSE_FORCE", "CLOSE_UNLINK", "HANDLE_FLAG_SEGMENTED", "EXT_MUST_UNDERSTAND",
     "EXT_SEGMENTS", "SEGMENTS_ACL", "SEGMENTS_CUDA_FD", "SEGMENTS_CUDA_FABRIC", "SEGMENTS_INLINE",
     "SEGMENT_GRANULARITY", "MAX_SEGMENTS", "EXPORT_FABRIC", "HANDLE_FLAG_CHANNEL",
+    "TORCH_FORMAT_DEFAULT", "TORCH_FORMAT_V1", "TORCH_FORMAT_V2", "TORCH_FORMAT_V3",
+    "TORCH_FORMAT_UNVERSIONED",
 )}
 
 
@@ -375,6 +387,24 @@ def channel_signatures(exporter_p, import_p) -> list:
     ]
 
 
+#: The first library minor version with the storage-handle formats and the version bridge.
+TORCH_FORMAT_MINOR = 2
+
+
+def torch_format_signatures(handle_p, torch_storage_p) -> list:
+    """(name, restype, argtypes) of the storage-handle format functions (ABI 1.2), bound by
+    devshare._torch_ipc when the library has them (a 1.0 or 1.1 library still loads and writes
+    the default format)."""
+    return [
+        ("devshare_handle_to_torch_as", c_int32, [handle_p, c_uint32, torch_storage_p]),
+        ("devshare_torch_storage_handle_as", c_int32,
+         [handle_p, c_char_p, c_size_t, c_uint32, c_void_p, c_size_t, POINTER(c_size_t)]),
+        ("devshare_torch_handle_convert", c_int32,
+         [c_uint16, c_char_p, c_size_t, c_uint32, c_void_p, c_size_t, POINTER(c_size_t)]),
+        ("devshare_torch_format_for_version", c_int32, [c_uint16, c_char_p, POINTER(c_uint32)]),
+    ]
+
+
 #: C struct name -> its mirror. Every struct with fields in devshare.h must be here.
 STRUCTS = {
     "DevshareDType": DType,
@@ -404,5 +434,6 @@ INIT_FUNCTIONS = {
 __all__ = [
     "EXPECTED_MAJOR", "EXPECTED_MINOR", *C_MACROS, "C_MACROS", "Status", *(c.__name__ for c in STRUCTS.values()),
     "STRUCTS", "INIT_FUNCTIONS", "ChannelStruct", "ConnectionStruct", "PoolStruct", "ChannelP",
-    "ConnectionP", "PoolP", "CHANNEL_MINOR", "channel_signatures",
+    "ConnectionP", "PoolP", "CHANNEL_MINOR", "channel_signatures", "TORCH_FORMAT_MINOR",
+    "torch_format_signatures",
 ]

@@ -13,6 +13,13 @@ library reads and writes the byte forms (``devshare_handle_from_torch`` / ``_to_
 expandable segments ``devshare_handle_from_torch_encoded`` / ``devshare_torch_storage_handle``);
 this module only moves fields between Python objects and the C structs.
 
+Versions: each PyTorch writes the storage handle in its own format and reads only versions up to
+its own (2.5-2.12 write version 2, 2.13+ version 3, with a different 'e' layout; torch_npu writes
+1). What this module writes for a consumer follows ``format`` (a ``TORCH_FORMAT_*`` value or a
+torch version string); the default is the format of the torch installed in this process
+(:func:`local_torch_format`). :func:`bridge` rewrites another producer's tuple for a consumer of
+another version.
+
 Lifetime: each tuple is one reference. ``reduce_tensor`` set a fresh ref-counter slot to 1, and
 the producing PyTorch keeps the memory (even after its tensor is freed) until that slot drops to
 0; the consumer owes exactly one decrement. A stock consumer (``rebuild_cuda_tensor``, and so
@@ -22,9 +29,11 @@ the producing PyTorch keeps the memory (even after its tensor is freed) until th
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
+import sys
 import ctypes
-from ctypes import POINTER, byref, c_int32, c_int64, c_size_t, c_uint8, cast
+from ctypes import POINTER, byref, c_int32, c_int64, c_size_t, c_uint8, c_uint32, cast
 
 from . import _dtypes
 from ._ints import check_args as _check_args, index as _index, int64_array as _int64_array
@@ -39,6 +48,10 @@ from ._lib import (
     DType,
     HandleStruct,
     Status,
+    TORCH_FORMAT_DEFAULT,
+    TORCH_FORMAT_MINOR,
+    TORCH_FORMAT_UNVERSIONED,
+    TORCH_FORMAT_V1,
     TorchArgs,
     Error,
     TorchStorage,
@@ -46,6 +59,8 @@ from ._lib import (
     error_for,
     lib,
     new_struct,
+    torch_format_signatures,
+    version as _library_version,
 )
 
 #: torch device types shared through PyTorch's IPC tuples, and their devshare backends.
@@ -58,6 +73,31 @@ _I64 = (-(1 << 63), (1 << 63) - 1)
 _I32_MAX = (1 << 31) - 1
 
 _storage_class_cache = None
+
+
+def _bind_formats() -> list[str]:
+    """Set the format functions' prototypes (ABI 1.2); the names the library lacks."""
+    missing = []
+    for name, restype, argtypes in torch_format_signatures(POINTER(HandleStruct), POINTER(TorchStorage)):
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            missing.append(name)
+            continue
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return missing
+
+
+_FORMATS_MISSING = _bind_formats()
+_local_formats: dict[int, int] = {}
+
+
+def _need_formats(what: str) -> None:
+    if _FORMATS_MISSING:
+        raise Error(Status.UNSUPPORTED,
+                    f"{what} needs libdevshare 1.{TORCH_FORMAT_MINOR} or later; the loaded library "
+                    f"({_library_version}) lacks {_FORMATS_MISSING[0]}")
 
 
 # --- small conversions ----------------------------------------------------------------------------
@@ -114,6 +154,102 @@ def _unwrap(args) -> tuple:
     return tuple(args)
 
 
+# --- storage-handle formats and the version bridge ------------------------------------------------
+
+
+def torch_format(version: str, backend: str | int = "cuda") -> int:
+    """The storage-handle format (``TORCH_FORMAT_*``) a consumer running torch ``version`` (cuda:
+    ``torch.__version__``; npu: torch_npu's version) reads, and its producer writes: PyTorch
+    <= 2.4 ``TORCH_FORMAT_UNVERSIONED``, 2.5-2.12 ``TORCH_FORMAT_V2``, 2.13 and later
+    ``TORCH_FORMAT_V3``; every torch_npu ``TORCH_FORMAT_V1``."""
+    _need_formats("torch_format")
+    if not isinstance(version, str):
+        raise TypeError(f"version must be a str such as '2.13.0+cu128', not {type(version).__name__}")
+    out = c_uint32()
+    call(lib.devshare_torch_format_for_version, _backend_id(backend), version.encode(), byref(out))
+    return out.value
+
+
+def _installed_torch_version() -> str | None:
+    torch = sys.modules.get("torch")
+    v = getattr(torch, "__version__", None)
+    if v is not None:
+        return str(v)
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def local_torch_format(backend: str | int = "cuda") -> int:
+    """The format the torch of this process reads (cuda: from ``torch.__version__``, or the
+    installed torch's metadata when it is not imported; npu: ``TORCH_FORMAT_V1``), which is the
+    default wherever this package writes a storage handle for a consumer. Without torch, or with
+    a library older than 1.2, ``TORCH_FORMAT_DEFAULT``."""
+    bid = _backend_id(backend)
+    fmt = _local_formats.get(bid)
+    if fmt is None:
+        fmt = TORCH_FORMAT_DEFAULT
+        if not _FORMATS_MISSING:
+            if bid == BACKEND_ACL:
+                fmt = TORCH_FORMAT_V1
+            else:
+                v = _installed_torch_version()
+                if v is not None:
+                    fmt = torch_format(v, bid)
+        _local_formats[bid] = fmt
+    return fmt
+
+
+def _resolve_format(fmt, bid: int) -> int:
+    """A ``format`` argument: None (this process's torch), a ``TORCH_FORMAT_*`` int, or a torch
+    version string."""
+    if fmt is None:
+        # (A host handle: the library refuses it by name.)
+        return local_torch_format(bid) if bid in (BACKEND_CUDA, BACKEND_ACL) else TORCH_FORMAT_DEFAULT
+    if isinstance(fmt, str):
+        return torch_format(fmt, bid)
+    if isinstance(fmt, bool) or not isinstance(fmt, int):
+        raise TypeError(f"format must be None, a TORCH_FORMAT_* int or a torch version str, not "
+                        f"{type(fmt).__name__}")
+    return fmt
+
+
+def convert_storage_handle(handle: bytes, to=None, backend: str | int = "cuda") -> bytes:
+    """The version bridge for one storage handle (arg 7 of ``reduce_tensor``, item 1 of
+    ``_share_cuda_()``): ``handle`` in any form devshare reads, rewritten in the format ``to``
+    (a ``TORCH_FORMAT_*`` value or the consumer's torch version; None: this process's torch) as
+    that version's producer writes it. Raises :class:`devshare.Error` (UNSUPPORTED) for what the
+    target cannot express, e.g. an expandable segment for PyTorch <= 2.4, fabric segments for
+    version 2."""
+    _need_formats("convert_storage_handle")
+    bid = _backend_id(backend)
+    data = _bytes("storage handle", handle)
+    fmt = _resolve_format(to, bid)
+    return _write_bytes(lib.devshare_torch_handle_convert, bid, data, len(data), fmt, cap=len(data) + 8)
+
+
+def bridge(args, to=None, backend: str | int = "cuda"):
+    """A PyTorch / torch_npu sharing tuple with its storage handle rewritten for a consumer of
+    another torch version (:func:`convert_storage_handle`); everything else is unchanged, so the
+    consumer's stock ``rebuild_cuda_tensor`` / ``_new_shared_cuda`` opens it and returns the
+    reference as usual. ``args`` is the 15-tuple of ``reduce_tensor``, its ``(rebuild, args)``
+    pair, or the 8-tuple of ``_share_cuda_()``; the same shape comes back. ``to`` None is this
+    process's torch: call it on the consumer side before rebuilding. An empty storage (handle
+    None) is returned as it is."""
+    pair = None
+    if isinstance(args, tuple) and len(args) == 2 and callable(args[0]) and isinstance(args[1], tuple):
+        pair, args = args[0], args[1]
+    if not isinstance(args, (tuple, list)) or len(args) not in (8, _NARGS):
+        raise ValueError("expected the 15 args of reduce_tensor, its (rebuild, args) pair or the "
+                         "8-tuple of _share_cuda_() / _share_npu_()")
+    i = 7 if len(args) == _NARGS else 1
+    out = tuple(args)
+    if out[i] is not None:
+        out = out[:i] + (convert_storage_handle(out[i], to, backend),) + out[i + 1:]
+    return out if pair is None else (pair, out)
+
+
 # --- tuple -> handle ------------------------------------------------------------------------------
 
 
@@ -129,12 +265,13 @@ def handle_from_torch(args, backend: str | int = "cuda", producer_pid: int = 0) 
 
     Expandable segments (``PYTORCH_CUDA_ALLOC_CONF`` / ``PYTORCH_NPU_ALLOC_CONF``
     ``expandable_segments:True``) give segmented handles: torch_npu's version-1 'e' form and
-    PyTorch CUDA's version-2 'e' form (POSIX fds or fabric handles, told apart by length). A
+    PyTorch CUDA's version-2 (2.5-2.12) and version-3 (2.13 and later) 'e' forms (POSIX fds or
+    fabric handles: version 3 names the type, version 2 is told apart by length). A
     segment table too long for the handle struct is kept in the handle's byte encoding
     (:meth:`Handle.to_bytes` / :meth:`Handle.to_text` carry it). Raises ValueError for an empty
     storage (storage handle None) and :class:`devshare.Error` naming the problem for forms
-    devshare cannot open (CUDA 'e' versions 1 and 3, whose layouts are not confirmed, unknown
-    versions, truncated keys) and for malformed ones, each with its own status.
+    devshare cannot open (CUDA 'e' version 1, whose layout is not known, unknown versions,
+    truncated keys) and for malformed ones, each with its own status.
     """
     a = _unwrap(args)
     bid = _backend_id(backend)
@@ -215,15 +352,14 @@ def _storage_class(torch):
     return _storage_class_cache
 
 
-def torch_args(handle, device: int | None = None) -> tuple:
+def torch_args(handle, device: int | None = None, format=None) -> tuple:  # noqa: A002
     """The 15 args a stock consumer passes to ``rebuild_cuda_tensor`` (cuda handles) or torch_npu's
     ``rebuild_npu_tensor`` (acl handles) to open a device handle, e.g. one a C producer made with
     ``devshare_exporter_share``: tensor class ``torch.Tensor``, shape, strides, tensor offset,
-    storage class, dtype, then the storage 8-tuple from ``devshare_handle_to_torch`` (cuda: the
-    raw 64-byte IPC handle; acl: the 67-byte ``[1]['c'][key]`` form; segmented handles: the 'e'
-    form, torch_npu version 1 or PyTorch CUDA version 2, from ``devshare_torch_storage_handle``)
-    with ``requires_grad`` False in between. Byte fields are ``bytes`` and the sync flag a
-    ``bool``, as PyTorch checks.
+    storage class, dtype, then the storage 8-tuple of :func:`storage_tuple` with
+    ``requires_grad`` False in between. Byte fields are ``bytes`` and the sync flag a ``bool``,
+    as PyTorch checks. ``format`` is the consumer's storage-handle format (see
+    :func:`storage_tuple`; default: the torch of this process).
 
     ``device`` replaces the producer's device index (arg 6) with the receiver's own numbering.
     The tuple carries the handle's one reference: the consumer that rebuilds it decrements the
@@ -232,7 +368,7 @@ def torch_args(handle, device: int | None = None) -> tuple:
     h = Handle.parse(handle)
     torch = _dtypes.require_torch()
     dtype = _dtypes.to_torch(*h.dtype)
-    storage = storage_tuple(h)
+    storage = storage_tuple(h, format)
     if device is not None:
         storage = (_int("device", device, 0, _I32_MAX),) + storage[1:]
     return (
@@ -248,23 +384,35 @@ def torch_args(handle, device: int | None = None) -> tuple:
     )
 
 
-def storage_tuple(h: Handle) -> tuple:
+def storage_tuple(h: Handle, format=None) -> tuple:  # noqa: A002
     """The storage 8-tuple ``(device, handle, storage_size, storage_offset, ref_name, ref_slot,
     event_handle, event_sync_required)`` of ``_share_cuda_()`` / ``_share_npu_()`` for a device
-    handle (no torch needed). Segmented handles give the 'e' storage handle (torch_npu version
-    1, PyTorch CUDA version 2) from ``devshare_torch_storage_handle``, with their segment table
-    wherever it is kept."""
+    handle (no torch needed), with the storage handle in ``format``: a ``TORCH_FORMAT_*`` value
+    or the consumer's torch version string; None (default) the torch of this process
+    (:func:`local_torch_format`). cuda: the raw 64-byte IPC handle (every PyTorch reads it), and
+    for segmented handles the 'e' form of the format (version 2 for PyTorch 2.5-2.12, 3 for 2.13
+    and later); acl: torch_npu's version-1 'c' or 'e' form."""
+    fmt = _resolve_format(format, h.backend_id)
+    if _FORMATS_MISSING and fmt != TORCH_FORMAT_DEFAULT:
+        _need_formats(f"storage-handle format {fmt}")
     if not h.segmented:
         s = new_struct(TorchStorage)  # devshare_torch_storage_init: the size the library may fill
-        call(lib.devshare_handle_to_torch, byref(h._h), byref(s))
+        if _FORMATS_MISSING:
+            call(lib.devshare_handle_to_torch, byref(h._h), byref(s))
+        else:
+            call(lib.devshare_handle_to_torch_as, byref(h._h), fmt, byref(s))
         return (int(s.device), bytes(s.handle[: s.handle_len]), int(s.storage_size),
                 int(s.storage_offset), bytes(s.ref_name[: s.ref_name_len]), int(s.ref_slot),
                 bytes(s.event_handle), bool(s.event_sync_required))
     # The 'e' bytes are longer than DevshareTorchStorage holds, and a table that is not inline
-    # must be passed: devshare_torch_storage_handle (which validates the handle) writes them.
+    # must be passed: devshare_torch_storage_handle_as (which validates the handle) writes them.
     table = None if h.table_inline else h.segment_table
-    storage_handle = _write_bytes(lib.devshare_torch_storage_handle, byref(h._h), table,
-                                  0 if table is None else len(table), cap=256)
+    n = 0 if table is None else len(table)
+    if _FORMATS_MISSING:
+        storage_handle = _write_bytes(lib.devshare_torch_storage_handle, byref(h._h), table, n, cap=256)
+    else:
+        storage_handle = _write_bytes(lib.devshare_torch_storage_handle_as, byref(h._h), table, n, fmt,
+                                      cap=256)
     event = bool(h.flags & HANDLE_FLAG_EVENT)
     return (h.device_index, storage_handle, h.storage_size, h.storage_offset, h.ref_name,
             h.ref_slot, bytes(h._h.event_handle) if event else bytes(EVENT_HANDLE_SIZE), event)
@@ -386,5 +534,5 @@ def open(h: Handle, like: str = "torch", read_only: bool = False):  # noqa: A001
                          f"no read-only device tensors)")
     backend = h.backend_id
     rebuild = _rebuild_function(backend)
-    args = torch_args(h)
+    args = torch_args(h)  # in the format of this process's torch
     return rebuild(*args)

@@ -5,11 +5,34 @@ use super::{arg, arg_mut, arg_slice, boundary};
 use crate::dtype::DevshareDType;
 use crate::error::Error;
 use crate::handle::DevshareHandle;
-use crate::torch::{handle_from_torch, handle_from_torch_full, handle_to_torch, handle_to_torch_full, TorchArgs};
+use crate::torch::{
+    convert_storage_handle, format_for_torch_version, handle_from_torch, handle_from_torch_full, handle_to_torch_as,
+    TorchArgs, TorchFormat, TorchStorage,
+};
+use std::ffi::{c_char, CStr};
 
 /// Capacity of `DevshareTorchStorage::handle`: every 'c' and legacy form (at most 67 bytes) and
 /// the shortest 'e' forms fit; longer 'e' forms come from `devshare_torch_storage_handle`.
 pub const DEVSHARE_TORCH_HANDLE_CAPACITY: usize = 128;
+
+/// Storage-handle format (`devshare_handle_to_torch_as`, `devshare_torch_storage_handle_as`,
+/// `devshare_torch_handle_convert`): what devshare 1.0 and 1.1 write — cuda 'c' as the raw
+/// 64-byte IPC handle (read by every PyTorch), cuda 'e' as version 2 (read by PyTorch 2.5 to
+/// 2.12 only: 2.13 and later misparse it, so name `DEVSHARE_TORCH_FORMAT_V3` for them), acl as
+/// version 1 (every torch_npu).
+pub const DEVSHARE_TORCH_FORMAT_DEFAULT: u32 = 0;
+/// Storage-handle format: version byte 1 (torch_npu's 'c' and 'e' forms; a cuda `[1]['c']`).
+pub const DEVSHARE_TORCH_FORMAT_V1: u32 = 1;
+/// Storage-handle format: version byte 2 (PyTorch 2.5 to 2.12; cuda 'e' with the 24-byte header).
+pub const DEVSHARE_TORCH_FORMAT_V2: u32 = 2;
+/// Storage-handle format: version byte 3 (PyTorch 2.13 and later; cuda 'e' with the 32-byte
+/// header that names the handle type).
+pub const DEVSHARE_TORCH_FORMAT_V3: u32 = 3;
+/// Storage-handle format: the unprefixed key, the raw 64-byte CUDA handle or 65-byte ACL key
+/// (PyTorch 2.4 and earlier, legacy torch_npu; read by every version). Expandable segments have
+/// no such form.
+pub const DEVSHARE_TORCH_FORMAT_UNVERSIONED: u32 = 0x100;
+static_assertions::const_assert_eq!(DEVSHARE_TORCH_FORMAT_UNVERSIONED, crate::torch::format::FORMAT_UNVERSIONED);
 
 /// The fields of one `torch.multiprocessing.reductions.reduce_tensor` tuple (15 args) that a
 /// consumer needs, for `devshare_handle_from_torch`. Arg numbers refer to that tuple; args 6..14
@@ -264,7 +287,9 @@ unsafe fn torch_args(a: &DevshareTorchArgs) -> crate::error::Result<TorchArgs<'_
 /// 'c' handle) consumer opens with `rebuild_cuda_tensor` / `rebuild_npu_tensor`, for a device
 /// handle (typically one `devshare_exporter_share` made). That consumer decrements the handle's
 /// slot when it lets go, which the exporter sees in `devshare_exporter_outstanding`. The tensor
-/// part (shape, strides, offset, dtype) is in the handle itself.
+/// part (shape, strides, offset, dtype) is in the handle itself. Segmented handles get the 'e'
+/// form of `DEVSHARE_TORCH_FORMAT_DEFAULT` (PyTorch 2.5 to 2.12): for PyTorch 2.13 and later use
+/// `devshare_handle_to_torch_as`.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_handle_to_torch(
     handle: *const DevshareHandle,
@@ -272,32 +297,57 @@ pub unsafe extern "C" fn devshare_handle_to_torch(
 ) -> i32 {
     boundary("devshare_handle_to_torch", || {
         let h = ffi!(arg(handle, "handle"))?;
-        let t = handle_to_torch(h)?;
-        let mut s = DevshareTorchStorage {
-            device: t.device,
-            handle_len: t.handle.len() as u32,
-            storage_size: t.storage_size,
-            storage_offset: t.storage_offset,
-            ref_name_len: t.ref_name.len() as u32,
-            ref_slot: t.ref_slot,
-            event_handle: t.event_handle,
-            event_sync_required: u32::from(t.event_sync_required),
-            ..DevshareTorchStorage::defaults()
-        };
-        if t.handle.len() <= DEVSHARE_TORCH_HANDLE_CAPACITY {
-            s.handle[..t.handle.len()].copy_from_slice(&t.handle);
-        }
-        s.ref_name[..t.ref_name.len()].copy_from_slice(&t.ref_name);
-        ffi!(write_output(out, s, "out"))
+        ffi!(write_output(out, storage_struct(&handle_to_torch_as(h, None, TorchFormat::Default)?), "out"))
     })
+}
+
+/// `devshare_handle_to_torch` with the storage handle written in `format`
+/// (`DEVSHARE_TORCH_FORMAT_*`, or what `devshare_torch_format_for_version` gives for the
+/// consumer's torch version). cuda 'c' handles stay the raw 64 bytes whatever the format (every
+/// PyTorch reads them); the format picks the cuda 'e' layout (`_V2` for PyTorch 2.5 to 2.12,
+/// `_V3` for 2.13 and later) and the acl form (`_V1` or `_UNVERSIONED`). A format that cannot
+/// express the handle is refused with `DEVSHARE_STATUS_UNSUPPORTED`, naming why (a cuda 'e'
+/// handle in `_V1` or `_UNVERSIONED`; fabric segments in `_V2`, whose reader cannot tell them
+/// from fds; acl in `_V2` or `_V3`), and `out` is left untouched.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_handle_to_torch_as(
+    handle: *const DevshareHandle,
+    format: u32,
+    out: *mut DevshareTorchStorage,
+) -> i32 {
+    boundary("devshare_handle_to_torch_as", || {
+        let h = ffi!(arg(handle, "handle"))?;
+        let t = handle_to_torch_as(h, None, TorchFormat::from_c(format)?)?;
+        ffi!(write_output(out, storage_struct(&t), "out"))
+    })
+}
+
+fn storage_struct(t: &TorchStorage) -> DevshareTorchStorage {
+    let mut s = DevshareTorchStorage {
+        device: t.device,
+        handle_len: t.handle.len() as u32,
+        storage_size: t.storage_size,
+        storage_offset: t.storage_offset,
+        ref_name_len: t.ref_name.len() as u32,
+        ref_slot: t.ref_slot,
+        event_handle: t.event_handle,
+        event_sync_required: u32::from(t.event_sync_required),
+        ..DevshareTorchStorage::defaults()
+    };
+    if t.handle.len() <= DEVSHARE_TORCH_HANDLE_CAPACITY {
+        s.handle[..t.handle.len()].copy_from_slice(&t.handle);
+    }
+    s.ref_name[..t.ref_name.len()].copy_from_slice(&t.ref_name);
+    s
 }
 
 /// Write the storage handle bytes (tuple item 1 of the 8-tuple, arg 7 of `reduce_tensor`) for a
 /// device handle into `buf`: the raw 64-byte CUDA handle, the 67-byte torch_npu 'c' form, or a
-/// segmented handle's 'e' form (torch_npu version 1, PyTorch CUDA version 2). `table` is the
-/// segment table of a segmented handle whose table is not inline
-/// (`devshare_exporter_segment_table`), NULL otherwise. `*len_out` (if not NULL) receives the
-/// length, also when `buf` is NULL or too small (`DEVSHARE_STATUS_BUFFER_TOO_SMALL`).
+/// segmented handle's 'e' form (torch_npu version 1, PyTorch CUDA version 2: for PyTorch 2.13
+/// and later use `devshare_torch_storage_handle_as`). `table` is the segment table of a
+/// segmented handle whose table is not inline (`devshare_exporter_segment_table`), NULL
+/// otherwise. `*len_out` (if not NULL) receives the length, also when `buf` is NULL or too small
+/// (`DEVSHARE_STATUS_BUFFER_TOO_SMALL`).
 #[no_mangle]
 pub unsafe extern "C" fn devshare_torch_storage_handle(
     handle: *const DevshareHandle,
@@ -308,10 +358,95 @@ pub unsafe extern "C" fn devshare_torch_storage_handle(
     len_out: *mut usize,
 ) -> i32 {
     boundary("devshare_torch_storage_handle", || {
-        let h = ffi!(arg(handle, "handle"))?;
-        let table = if table.is_null() { None } else { Some(ffi!(arg_slice(table, table_len, "table"))?) };
-        let t = handle_to_torch_full(h, table)?;
-        ffi!(super::write_out(&t.handle, false, buf, cap, len_out))
+        ffi!(storage_handle_as(handle, table, table_len, TorchFormat::Default, buf, cap, len_out))
+    })
+}
+
+/// `devshare_torch_storage_handle` in `format` (as in `devshare_handle_to_torch_as`). On any
+/// error nothing is written to `buf`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_torch_storage_handle_as(
+    handle: *const DevshareHandle,
+    table: *const u8,
+    table_len: usize,
+    format: u32,
+    buf: *mut u8,
+    cap: usize,
+    len_out: *mut usize,
+) -> i32 {
+    boundary("devshare_torch_storage_handle_as", || {
+        let format = TorchFormat::from_c(format)?;
+        ffi!(storage_handle_as(handle, table, table_len, format, buf, cap, len_out))
+    })
+}
+
+/// # Safety
+/// The pointers are NULL or valid for their lengths.
+unsafe fn storage_handle_as(
+    handle: *const DevshareHandle,
+    table: *const u8,
+    table_len: usize,
+    format: TorchFormat,
+    buf: *mut u8,
+    cap: usize,
+    len_out: *mut usize,
+) -> crate::error::Result<()> {
+    let h = ffi!(arg(handle, "handle"))?;
+    let table = if table.is_null() { None } else { Some(ffi!(arg_slice(table, table_len, "table"))?) };
+    let t = handle_to_torch_as(h, table, format)?;
+    ffi!(super::write_out(&t.handle, false, buf, cap, len_out))
+}
+
+/// The version bridge: rewrite a PyTorch (`backend` cuda) or torch_npu (acl) storage handle —
+/// arg 7 of a `reduce_tensor` tuple, item 1 of `_share_cuda_()` / `_share_npu_()`, in any form
+/// `devshare_handle_from_torch` reads — as the producer of `format` would have written it, so a
+/// consumer of another torch version rebuilds it with its own stock `rebuild_cuda_tensor`
+/// (e.g. a torch 2.13 'e' or 'c' handle for torch 2.11: `DEVSHARE_TORCH_FORMAT_V2`, and back with
+/// `_V3`). 'c' handles become `[version]['c'][key]`, or the raw key for `_UNVERSIONED` and, cuda,
+/// `_DEFAULT`; 'e' handles keep their pid, segment size and records, with zero padding. Nothing
+/// else in the tuple changes between versions. What the target cannot express is refused with
+/// `DEVSHARE_STATUS_UNSUPPORTED` naming why (see `devshare_handle_to_torch_as`), malformed input
+/// with the status `devshare_handle_from_torch` gives it; on any error nothing is written to
+/// `buf`. `*len_out` (if not NULL) receives the length, also when `buf` is NULL or too small
+/// (`DEVSHARE_STATUS_BUFFER_TOO_SMALL`). The output is at most `handle_len + 8` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_torch_handle_convert(
+    backend: u16,
+    handle: *const u8,
+    handle_len: usize,
+    format: u32,
+    buf: *mut u8,
+    cap: usize,
+    len_out: *mut usize,
+) -> i32 {
+    boundary("devshare_torch_handle_convert", || {
+        let bytes = ffi!(arg_slice(handle, handle_len, "handle"))?;
+        let out = convert_storage_handle(backend, bytes, TorchFormat::from_c(format)?)?;
+        ffi!(super::write_out(&out, false, buf, cap, len_out))
+    })
+}
+
+/// The storage-handle format a consumer running `torch_version` reads (and whose producer writes
+/// it): for cuda, PyTorch's `torch.__version__` — 2.4 and earlier `DEVSHARE_TORCH_FORMAT_UNVERSIONED`,
+/// 2.5 to 2.12 `_V2`, 2.13 and later `_V3`; for acl, torch_npu's version (or its torch's) — always
+/// `_V1`. Accepts `"2.13"`, `"2.13.0+cu128"`, `"2.14.0a0+git1234"`, `"2.7.1.post2"`;
+/// anything without `MAJOR.MINOR` is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_torch_format_for_version(
+    backend: u16,
+    torch_version: *const c_char,
+    format_out: *mut u32,
+) -> i32 {
+    boundary("devshare_torch_format_for_version", || {
+        if torch_version.is_null() {
+            return Err(Error::NullArgument("torch_version"));
+        }
+        let out = ffi!(arg_mut(format_out, "format_out"))?;
+        // SAFETY: non-null, NUL-terminated (contract).
+        let v = unsafe { CStr::from_ptr(torch_version) };
+        let v = v.to_str().map_err(|_| Error::InvalidArgument("torch_version is not UTF-8".into()))?;
+        *out = format_for_torch_version(backend, v)?.to_c();
+        Ok(())
     })
 }
 

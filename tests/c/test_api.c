@@ -1372,6 +1372,126 @@ static void test_output_sizes(void) {
     EXPECT_OK(devshare_exporter_close(exp, 0), "devshare_exporter_close");
 }
 
+/* The 1.2 storage-handle format calls: the version bridge, a torch version's format, a C VMM
+ * producer's handle written per format. A refused conversion leaves the output untouched. */
+static void test_torch_formats(void) {
+    /* A PyTorch 2.13 'e' handle: [3]['e'][pid][pad][segment_size][n][handle_type][pad][2 fds]. */
+    uint8_t v3[34 + 8];
+    memset(v3, 0, sizeof v3);
+    v3[0] = 3;
+    v3[1] = 'e';
+    const int32_t pid = 4321, type_fd = 1, fd0 = 17, fd1 = 18;
+    const uint64_t seg = 2u << 20, n = 2;
+    memcpy(v3 + 2, &pid, 4);
+    memset(v3 + 6, 0xab, 4); /* padding PyTorch does not zero */
+    memcpy(v3 + 10, &seg, 8);
+    memcpy(v3 + 18, &n, 8);
+    memcpy(v3 + 26, &type_fd, 4);
+    memset(v3 + 30, 0xcd, 4);
+    memcpy(v3 + 34, &fd0, 4);
+    memcpy(v3 + 38, &fd1, 4);
+
+    uint8_t out[64];
+    size_t len = 0;
+    EXPECT_OK(devshare_torch_handle_convert(DEVSHARE_BACKEND_CUDA, v3, sizeof v3, DEVSHARE_TORCH_FORMAT_V2, out,
+                                            sizeof out, &len),
+              "devshare_torch_handle_convert: a version-3 'e' handle to version 2");
+    int32_t got_pid = 0, got_fd1 = 0;
+    uint64_t got_seg = 0, got_n = 0;
+    memcpy(&got_pid, out + 2, 4);
+    memcpy(&got_seg, out + 10, 8);
+    memcpy(&got_n, out + 18, 8);
+    memcpy(&got_fd1, out + 30, 4);
+    CHECK(len == 26 + 8 && out[0] == 2 && out[1] == 'e' && got_pid == pid && got_seg == seg && got_n == n &&
+              got_fd1 == fd1 && all_bytes(out + 6, 4, 0),
+          "bridge to version 2: the 24-byte header (pid, zero padding, segment size, count) and the same fds");
+    uint8_t back[64];
+    EXPECT_OK(devshare_torch_handle_convert(DEVSHARE_BACKEND_CUDA, out, len, DEVSHARE_TORCH_FORMAT_V3, back,
+                                            sizeof back, &len),
+              "devshare_torch_handle_convert: and back to version 3");
+    CHECK(len == sizeof v3 && memcmp(back, v3, 6) == 0 && memcmp(back + 10, v3 + 10, 20) == 0 &&
+              memcmp(back + 34, v3 + 34, 8) == 0 && all_bytes(back + 6, 4, 0) && all_bytes(back + 30, 4, 0),
+          "bridge back to version 3: the original's fields, padding zeroed");
+
+    /* Refusals leave the output untouched and name the problem. */
+    memset(out, 0x5a, sizeof out);
+    len = 12345;
+    EXPECT(devshare_torch_handle_convert(DEVSHARE_BACKEND_CUDA, v3, sizeof v3, DEVSHARE_TORCH_FORMAT_UNVERSIONED, out,
+                                         sizeof out, &len),
+           DEVSHARE_STATUS_UNSUPPORTED, "devshare_torch_handle_convert", "an 'e' handle to the unversioned form");
+    CHECK(all_bytes(out, sizeof out, 0x5a) && len == 12345, "a refused conversion writes neither buf nor len_out");
+    CHECK(strstr(last_error(), "2.4 and earlier") != NULL, "the refusal says why (%s)", last_error());
+    EXPECT(devshare_torch_handle_convert(DEVSHARE_BACKEND_CUDA, v3, sizeof v3, 7, out, sizeof out, &len),
+           DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_torch_handle_convert", "format 7");
+    v3[26] = 9;
+    EXPECT(devshare_torch_handle_convert(DEVSHARE_BACKEND_CUDA, v3, sizeof v3, DEVSHARE_TORCH_FORMAT_V2, out,
+                                         sizeof out, &len),
+           DEVSHARE_STATUS_INVALID_HANDLE, "devshare_torch_handle_convert", "handle type 9");
+    CHECK(all_bytes(out, sizeof out, 0x5a), "a malformed input writes nothing");
+    v3[26] = 1;
+    EXPECT(devshare_torch_handle_convert(DEVSHARE_BACKEND_CUDA, NULL, 10, DEVSHARE_TORCH_FORMAT_V2, out, sizeof out,
+                                         &len),
+           DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_torch_handle_convert", "NULL handle");
+    EXPECT(devshare_torch_handle_convert(DEVSHARE_BACKEND_CUDA, v3, sizeof v3, DEVSHARE_TORCH_FORMAT_V2, out, 10,
+                                         &len),
+           DEVSHARE_STATUS_BUFFER_TOO_SMALL, "devshare_torch_handle_convert", "a 10-byte buffer");
+    CHECK(len == 34, "too small: len_out still says 34 (got %zu)", len);
+
+    /* A torch 2.13 'c' handle for torch 2.11: the version byte that consumer accepts. */
+    uint8_t c3[66], c2[66];
+    c3[0] = 3;
+    c3[1] = 'c';
+    memset(c3 + 2, 0x77, 64);
+    EXPECT_OK(devshare_torch_handle_convert(DEVSHARE_BACKEND_CUDA, c3, sizeof c3, DEVSHARE_TORCH_FORMAT_V2, c2,
+                                            sizeof c2, &len),
+              "devshare_torch_handle_convert: a version-3 'c' handle to version 2");
+    CHECK(len == 66 && c2[0] == 2 && c2[1] == 'c' && memcmp(c2 + 2, c3 + 2, 64) == 0, "[2]['c'] + the same 64 bytes");
+
+    uint32_t fmt = 99;
+    EXPECT_OK(devshare_torch_format_for_version(DEVSHARE_BACKEND_CUDA, "2.11.0+cu128", &fmt), "format of 2.11");
+    CHECK(fmt == DEVSHARE_TORCH_FORMAT_V2, "torch 2.11 reads version 2");
+    EXPECT_OK(devshare_torch_format_for_version(DEVSHARE_BACKEND_CUDA, "2.15.0", &fmt), "format of 2.15");
+    CHECK(fmt == DEVSHARE_TORCH_FORMAT_V3, "torch 2.15 reads version 3");
+    EXPECT_OK(devshare_torch_format_for_version(DEVSHARE_BACKEND_CUDA, "2.4.1", &fmt), "format of 2.4");
+    CHECK(fmt == DEVSHARE_TORCH_FORMAT_UNVERSIONED, "torch 2.4 reads the raw handle");
+    EXPECT_OK(devshare_torch_format_for_version(DEVSHARE_BACKEND_ACL, "2.7.1.post2", &fmt), "torch_npu's format");
+    CHECK(fmt == DEVSHARE_TORCH_FORMAT_V1, "torch_npu reads version 1");
+    EXPECT(devshare_torch_format_for_version(DEVSHARE_BACKEND_CUDA, "latest", &fmt), DEVSHARE_STATUS_INVALID_ARGUMENT,
+           "devshare_torch_format_for_version", "\"latest\"");
+    EXPECT(devshare_torch_format_for_version(DEVSHARE_BACKEND_CUDA, NULL, &fmt), DEVSHARE_STATUS_NULL_ARGUMENT,
+           "devshare_torch_format_for_version", "NULL version");
+    EXPECT(devshare_torch_format_for_version(DEVSHARE_BACKEND_CUDA, "2.13", NULL), DEVSHARE_STATUS_NULL_ARGUMENT,
+           "devshare_torch_format_for_version", "NULL format_out");
+
+    /* A C producer's segmented handle (from the version-3 tuple) handed back per format. */
+    DevshareTorchArgs a;
+    require(devshare_torch_args_init(&a, sizeof a), "devshare_torch_args_init");
+    const int64_t shape[1] = {256};
+    a.backend = DEVSHARE_BACKEND_CUDA;
+    a.dtype = (DevshareDType){DEVSHARE_DTYPE_FLOAT, 32, 1};
+    a.ndim = 1;
+    a.shape = shape;
+    a.handle = v3;
+    a.handle_len = sizeof v3;
+    a.storage_size = 1024;
+    DevshareHandle h;
+    require(devshare_handle_from_torch(&a, &h), "devshare_handle_from_torch of a version-3 'e' tuple");
+    DevshareTorchStorage s;
+    require(devshare_torch_storage_init(&s, sizeof s), "devshare_torch_storage_init");
+    EXPECT_OK(devshare_handle_to_torch_as(&h, DEVSHARE_TORCH_FORMAT_V3, &s), "devshare_handle_to_torch_as V3");
+    CHECK(s.handle_len == 42 && s.handle[0] == 3 && memcmp(s.handle + 34, v3 + 34, 8) == 0,
+          "handed back as version 3 (%u bytes)", s.handle_len);
+    EXPECT_OK(devshare_handle_to_torch(&h, &s), "devshare_handle_to_torch (1.1 call)");
+    CHECK(s.handle_len == 34 && s.handle[0] == 2, "the 1.1 call still writes version 2");
+    memset(out, 0x5a, sizeof out);
+    EXPECT(devshare_torch_storage_handle_as(&h, NULL, 0, DEVSHARE_TORCH_FORMAT_V1, out, sizeof out, &len),
+           DEVSHARE_STATUS_UNSUPPORTED, "devshare_torch_storage_handle_as", "a CUDA 'e' handle as version 1");
+    CHECK(all_bytes(out, sizeof out, 0x5a), "nothing written on refusal");
+    EXPECT_OK(devshare_torch_storage_handle_as(&h, NULL, 0, DEVSHARE_TORCH_FORMAT_V3, out, sizeof out, &len),
+              "devshare_torch_storage_handle_as V3");
+    CHECK(len == 42 && out[0] == 3 && memcmp(out + 34, v3 + 34, 8) == 0, "the version-3 bytes with the same fds");
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     test_status_texts();
@@ -1388,6 +1508,7 @@ int main(void) {
     test_init_functions();
     test_future_inputs();
     test_output_sizes();
+    test_torch_formats();
     const int left = count_own_shm();
     CHECK(left == 0, "no /dev/shm object of this process (devshare_%ld_*, devshare_rc_%ld_*) is left", (long)getpid(),
           (long)getpid());

@@ -18,6 +18,7 @@ import torch
 import torch.multiprocessing.reductions as reductions
 
 import devshare
+import pytorch_reader
 
 RAW_CUDA = bytes(range(64))  # a raw cudaIpcMemHandle_t
 ACL_KEY = b"acl-ipc-key-0123456789"  # the C string inside the 65-byte buffer
@@ -70,6 +71,15 @@ def cuda_e(pid: int, segment_size: int, count: int, records: bytes, version=2, p
 
 def fds(numbers) -> bytes:
     return b"".join(f.to_bytes(4, sys.byteorder, signed=True) for f in numbers)
+
+
+def cuda_e3(pid: int, segment_size: int, count: int, handle_type: int, records: bytes,
+            pads=(b"\x11\x22\x33\x44", b"\x55\x66\x77\x88")) -> bytes:
+    """PyTorch 2.13+ CUDA 'e' handle: [3]['e'][i32 pid][4 pad][u64 segment_size][u64 n]
+    [i32 handle_type][4 pad][records]."""
+    return (bytes([3]) + b"e" + pid.to_bytes(4, sys.byteorder, signed=True) + pads[0]
+            + segment_size.to_bytes(8, sys.byteorder) + count.to_bytes(8, sys.byteorder)
+            + handle_type.to_bytes(4, sys.byteorder, signed=True) + pads[1] + records)
 
 
 def same_cuda_e(a: bytes, b: bytes) -> bool:
@@ -289,7 +299,7 @@ def test_cuda_v2_e_handle_with_fds_and_garbage_padding_gives_the_headers_pid_and
     assert h.backend == "cuda" and h.segmented and h.segment_kind == "cuda_fd"
     assert h.segments == (17, 18, 40) and h.segment_size == 2 * MIB and h.alloc_size == 6 * MIB
     assert h.producer_pid == 31337  # the header's pid wins over the ref-counter name's 4242
-    back = devshare.torch_args(h)[7]
+    back = devshare.torch_args(h, format=devshare.TORCH_FORMAT_V2)[7]
     assert same_cuda_e(back, e) and back[6:10] == bytes(4)  # written back with zeroed padding
 
 
@@ -299,7 +309,11 @@ def test_cuda_v2_e_handle_with_fabric_records_is_told_apart_by_its_length():
     h = devshare.handle_from_torch(cuda_args(e, storage_offset=0, size=4 * MIB, shape=torch.Size([4]),
                                              stride=(1,), offset=0))
     assert h.segment_kind == "cuda_fabric" and h.segments == (FABRIC, other) and h.table_inline
-    assert same_cuda_e(devshare.torch_args(h)[7], e)
+    # The default format (what 1.1 wrote) keeps version 2 with fabric records; a torch 2.13+
+    # consumer gets version 3, whose header names the type.
+    assert same_cuda_e(devshare.torch_args(h, format=devshare.TORCH_FORMAT_DEFAULT)[7], e)
+    v3 = devshare.torch_args(h, format="2.13")[7]
+    assert pytorch_reader.read(3, v3) == ("e", 31337, 2 * MIB, True, FABRIC + other)
 
 
 # (kind, records for n segments, the largest n whose table fits the 128-byte key area)
@@ -332,7 +346,7 @@ def test_e_tables_of_1_16_17_and_4096_segments_round_trip_through_bytes_and_text
                  devshare.Handle.parse(data), devshare.Handle.parse(text), pickle.loads(pickle.dumps(h))):
         assert back == h and back.segments == h.segments and back.table_inline == h.table_inline
         assert back.to_bytes() == data and back.to_text() == text
-        wire = devshare.torch_args(back)[7]
+        wire = devshare.torch_args(back, format=devshare.TORCH_FORMAT_DEFAULT)[7]
         assert wire == e if kind == "acl" else same_cuda_e(wire, e)
 
 
@@ -375,8 +389,14 @@ MALFORMED_E = [
     ("pid 0", "cuda", cuda_e(0, 2 * MIB, 1, fds([5])), 0, devshare.Status.INVALID_HANDLE, "pid 0"),
     ("CUDA 'e' version 1", "cuda", cuda_e(9, 2 * MIB, 1, fds([5]), version=1), 0,
      devshare.Status.UNSUPPORTED_VERSION, "version 1"),
-    ("CUDA 'e' version 3", "cuda", cuda_e(9, 2 * MIB, 1, fds([5]), version=3), 0,
-     devshare.Status.UNSUPPORTED_VERSION, "version 3"),
+    ("CUDA 'e' version 4", "cuda", cuda_e(9, 2 * MIB, 1, fds([5]), version=4), 0,
+     devshare.Status.UNSUPPORTED_VERSION, "version 4"),
+    ("CUDA 'e' version 3, unknown handle type", "cuda", cuda_e3(9, 2 * MIB, 1, 3, fds([5])), 0,
+     devshare.Status.INVALID_HANDLE, "handle type 3"),
+    ("CUDA 'e' version 3, type disagrees with the records", "cuda", cuda_e3(9, 2 * MIB, 1, 2, fds([5])), 0,
+     devshare.Status.BAD_LENGTH, "handle type 2 (fabric records)"),
+    ("CUDA 'e' version 3 with a version-2 header", "cuda", cuda_e(9, 2 * MIB, 1, b"", version=3), 0,
+     devshare.Status.BAD_LENGTH, "32 needed"),
     ("torch_npu 'e' version 2", "npu", bytes([2]) + npu_e(2 * MIB, [1])[1:], 0, devshare.Status.UNSUPPORTED_VERSION,
      "version 2"),
 ]
@@ -390,10 +410,108 @@ def test_every_malformed_e_form_gets_its_own_status_and_message(backend, e, stor
     assert words in err.message, err.message
 
 
-def test_cuda_e_versions_1_and_3_are_refused_by_name_as_unconfirmed_layouts():
-    for version in (1, 3):
-        err = status_error(cuda_args(cuda_e(9, 2 * MIB, 1, fds([5]), version=version), storage_offset=0))
-        assert f"version {version}" in err.message and "not confirmed" in err.message
+def test_cuda_e_versions_1_and_4_are_refused_by_name():
+    err = status_error(cuda_args(cuda_e(9, 2 * MIB, 1, fds([5]), version=1), storage_offset=0))
+    assert "version 1" in err.message and "not known" in err.message
+    err = status_error(cuda_args(cuda_e(9, 2 * MIB, 1, fds([5]), version=4), storage_offset=0))
+    assert "version 4" in err.message and "versions 2 and 3" in err.message
+
+
+@pytest.mark.parametrize("kind, records, handle_type", [
+    ("cuda_fd", fds([17, 18, 40]), 1), ("cuda_fd", fds([17, 18, 40]), 0),
+    ("cuda_fabric", FABRIC * 3, 2), ("cuda_fabric", FABRIC * 3, 0)])
+def test_cuda_v3_e_handles_with_garbage_padding_give_the_same_handle_as_v2(kind, records, handle_type):
+    v3 = cuda_e3(31337, 2 * MIB, 3, handle_type, records)
+    v2 = cuda_e(31337, 2 * MIB, 3, records)
+    a = dict(storage_offset=4096, size=MIB, shape=torch.Size([4]), stride=(1,), offset=0)
+    h3, h2 = devshare.handle_from_torch(cuda_args(v3, **a)), devshare.handle_from_torch(cuda_args(v2, **a))
+    assert h3 == h2 and h3.segment_kind == kind and h3.producer_pid == 31337
+    # Written back for a torch 2.13+ consumer: what that consumer's reader makes of it.
+    back = devshare.torch_args(h3, format="2.13.0")[7]
+    assert back[:2] == b"\x03e" and back[6:10] == bytes(4) and back[30:34] == bytes(4)
+    want = pytorch_reader.read(3, v3, fabric_config=(kind == "cuda_fabric" and handle_type == 0))
+    assert pytorch_reader.read(3, back) == want
+
+
+def test_the_default_format_is_the_installed_torchs():
+    own = pytorch_reader.own_version(torch.__version__)
+    assert devshare.local_torch_format() == devshare.torch_format(torch.__version__) == own
+    assert devshare.local_torch_format("npu") == devshare.TORCH_FORMAT_V1
+    h = devshare.handle_from_torch(cuda_args(cuda_e(31337, 2 * MIB, 1, fds([9])), storage_offset=0,
+                                             size=4096))
+    wire = devshare.torch_args(h)[7]
+    assert wire[0] == own and pytorch_reader.read(own, wire)[1:] == (31337, 2 * MIB, False, fds([9]))
+    assert devshare.storage_tuple(h)[1] == wire
+
+
+def test_format_arguments_are_checked():
+    h = devshare.handle_from_torch(cuda_args(cuda_e(31337, 2 * MIB, 1, FABRIC), storage_offset=0, size=4096))
+    with pytest.raises(devshare.Error) as info:
+        devshare.torch_args(h, format=devshare.TORCH_FORMAT_V2)  # fabric: version 2 cannot say so
+    assert info.value.status == devshare.Status.UNSUPPORTED and "no handle type" in info.value.message
+    with pytest.raises(devshare.Error) as info:
+        devshare.storage_tuple(h, format=7)
+    assert info.value.status == devshare.Status.INVALID_ARGUMENT
+    with pytest.raises(devshare.Error) as info:
+        devshare.storage_tuple(h, format="latest")
+    assert info.value.status == devshare.Status.INVALID_ARGUMENT
+    with pytest.raises(TypeError):
+        devshare.storage_tuple(h, format=2.0)
+    with pytest.raises(devshare.Error) as info:
+        devshare.storage_tuple(h, format="2.4.1")  # PyTorch <= 2.4: no expandable-segment IPC
+    assert info.value.status == devshare.Status.UNSUPPORTED
+
+
+# --- the version bridge -------------------------------------------------------------------------------
+
+
+def test_bridge_takes_a_torch_2_13_tuple_to_torch_2_11_and_back():
+    v3 = cuda_e3(31337, 20 * MIB, 2, 1, fds([5, 6]))
+    args = cuda_args(v3, storage_offset=0, size=4096)
+    for_211 = devshare.bridge(args, to="2.11.0+cu128")
+    assert for_211[:7] == args[:7] and for_211[8:] == args[8:]  # only the storage handle changes
+    assert pytorch_reader.read(2, for_211[7]) == pytorch_reader.read(3, v3)
+    with pytest.raises(pytorch_reader.TorchRefused, match="future version"):
+        pytorch_reader.read(2, v3)  # what torch 2.11 does without the bridge
+    back = devshare.bridge(for_211, to=devshare.TORCH_FORMAT_V3)
+    assert pytorch_reader.read(3, back[7]) == pytorch_reader.read(3, v3)
+    # The (rebuild, args) pair and the 8-tuple keep their shape; no handle (empty storage) passes.
+    fn, pair_args = devshare.bridge((reductions.rebuild_cuda_tensor, args), to=2)
+    assert fn is reductions.rebuild_cuda_tensor and pair_args == for_211
+    eight = args[6:10] + args[11:]
+    assert devshare.bridge(eight, to=2) == for_211[6:10] + for_211[11:]
+    empty = args[:7] + (None,) + args[8:]
+    assert devshare.bridge(empty, to=2) == empty
+    with pytest.raises(ValueError, match="15 args"):
+        devshare.bridge(args[:5], to=2)
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_bridge_c_handles_of_each_version_to_each_version_and_raw(version):
+    key = bytes(range(64))
+    c = bytes([version]) + b"c" + key
+    for to in (1, 2, 3):
+        assert devshare.convert_storage_handle(c, to) == bytes([to]) + b"c" + key
+    assert devshare.convert_storage_handle(c, devshare.TORCH_FORMAT_UNVERSIONED) == key
+    assert devshare.convert_storage_handle(key, "2.4.0") == key
+    assert devshare.convert_storage_handle(key, version) == c
+
+
+def test_bridge_keeps_torch_npu_handles_and_refuses_what_the_target_cannot_say():
+    e = npu_e(20 * MIB, [0x11, 0x22])
+    assert devshare.convert_storage_handle(e, 1, backend="npu") == e
+    c = bytes([1]) + b"c" + acl_buffer()
+    assert devshare.convert_storage_handle(c, 1, backend="npu") == bytes([1]) + b"c" + normalized()
+    for to in (2, 3):
+        with pytest.raises(devshare.Error) as info:
+            devshare.convert_storage_handle(e, to, backend="npu")
+        assert info.value.status == devshare.Status.UNSUPPORTED
+    fabric_v3 = cuda_e3(31337, 2 * MIB, 1, 2, FABRIC)
+    with pytest.raises(devshare.Error, match="no handle type"):
+        devshare.convert_storage_handle(fabric_v3, 2)
+    with pytest.raises(devshare.Error) as info:
+        devshare.convert_storage_handle(cuda_e(9, 2 * MIB, 1, fds([5]), version=4), 3)
+    assert info.value.status == devshare.Status.UNSUPPORTED_VERSION
 
 
 # --- handle -> tuple --------------------------------------------------------------------------------
@@ -636,7 +754,9 @@ def test_share_and_open_of_a_cuda_tensor_in_an_expandable_segment_with_a_long_ta
         devshare.open(sent)
     assert len(rebuild.calls) == 2
     for args in rebuild.calls:
-        assert same_cuda_e(args[7], e) and type(args[7]) is bytes
+        # In the format of the torch that rebuilds it (this process's).
+        assert args[7][0] == pytorch_reader.own_version(torch.__version__) and type(args[7]) is bytes
+        assert pytorch_reader.same_segments(args[7], e)
         assert args[8:10] == (96, 256) and args[11] == ref_counter.name and args[12] == ref_counter.slot
     assert ref_counter.slot_value() == 1  # releasing is PyTorch's consumer's job (the recorder's here)
 
@@ -662,7 +782,8 @@ def test_share_of_a_cuda_tensor_with_an_inline_e_table_opens_with_the_e_bytes(mo
     h = devshare.share(on_device(torch.zeros(3), "cuda"))
     assert h.table_inline and h.segments == (9,)
     devshare.open(h)
-    assert same_cuda_e(rebuild.calls[0][7], e)
+    assert pytorch_reader.same_segments(rebuild.calls[0][7], e)
+    assert rebuild.calls[0][7][0] == pytorch_reader.own_version(torch.__version__)
 
 
 def test_allow_ptrace_takes_a_pid_minus_1_or_0():

@@ -55,7 +55,9 @@ def test_gpu_suite_dry_run_passes(bundle):
     assert res.returncode == 0, res.stdout + res.stderr
     v = verdicts(res.stdout)
     assert v.get("layout") == "PASS" and "every field of the 9 mirrored structs" in res.stdout
-    for case in ("dry_e_fd", "dry_e_fd_long_table", "dry_e_fabric", "dry_e_v1", "dry_e_v3", "dry_e_pid0"):
+    for case in ("dry_e_fd", "dry_e_fd_long_table", "dry_e_fabric", "dry_e_v1", "dry_e_v4", "dry_e_pid0",
+                 "dry_e3_fd", "dry_e3_fd_type0", "dry_e3_fabric", "dry_e3_long_table", "dry_e3_bridged_to_v2",
+                 "dry_e3_type9", "dry_e3_type_vs_length"):
         assert v.get(case) == "PASS", res.stdout
     assert re.search(r"^SUMMARY: \d+ passed, 0 failed, 0 skipped$", res.stdout, re.M), res.stdout
 

@@ -20,6 +20,7 @@ import textwrap
 import pytest
 
 import devshare
+import pytorch_reader
 from conftest import python_env, run, spawn
 
 SEGMENT = 2 << 20
@@ -107,6 +108,12 @@ PRODUCER = textwrap.dedent(r"""
     call(lib.devshare_torch_storage_handle, byref(handle._h), table or None, len(table), eb, tlen.value, byref(tlen))
     print("TEXT", handle.to_text())
     print("TORCH", eb.raw[: tlen.value].hex())
+    # The same in version 3 (PyTorch 2.13 and later), through the 1.2 call.
+    lib.devshare_torch_storage_handle_as(byref(handle._h), table or None, len(table), 3, None, 0, byref(tlen))
+    eb = ctypes.create_string_buffer(tlen.value)
+    call(lib.devshare_torch_storage_handle_as, byref(handle._h), table or None, len(table), 3, eb, tlen.value,
+         byref(tlen))
+    print("TORCH3", eb.raw[: tlen.value].hex())
     print("TABLE", table.hex() or "-", flush=True)
 
     status = lib.devshare_exporter_wait(exp, 30000)
@@ -136,7 +143,23 @@ CONSUMER = textwrap.dedent(r"""
     h = devshare.Handle.from_text(text)
     print("HANDLE", h.segment_count, h.segment_kind, "inline" if h.table_inline else "external",
           h.storage_offset, h.storage_size, h.producer_pid)
-    print("TORCH", devshare.torch_args(h)[7].hex(), flush=True)
+    print("TORCH", devshare.torch_args(h, format=devshare.TORCH_FORMAT_DEFAULT)[7].hex())
+    print("TORCH3", devshare.torch_args(h, format="2.13.0")[7].hex(), flush=True)
+    if len(sys.argv) > 5:
+        # Receive it as a PyTorch 2.13+ tuple instead: version 3, handle type argv[5], garbage in
+        # both padding words; it must give the same handle and open the same way.
+        args = list(devshare.torch_args(h, format=3))
+        e = bytearray(args[7])
+        e[6:10], e[30:34] = b"\xde\xad\xbe\xef", b"\xca\xfe\xba\xbe"
+        e[26:30] = int(sys.argv[5]).to_bytes(4, sys.byteorder)
+        args[7] = bytes(e)
+        h3 = devshare.handle_from_torch(tuple(args))
+        fields = ("backend", "flags", "device_index", "producer_pid", "alloc_size", "storage_offset",
+                  "storage_size", "tensor_offset", "dtype", "shape", "strides", "segment_size",
+                  "segment_kind", "segments", "table_inline", "ref_name", "ref_slot")
+        diff = [f for f in fields if getattr(h3, f) != getattr(h, f)]
+        print("SAME", not diff, *diff, flush=True)
+        h = h3
     imp = _core._import(h, False)
     try:
         info = new_struct(_lib.ImportInfo)
@@ -189,10 +212,46 @@ def test_a_vmm_export_opens_through_the_package_with_its_segment_table_inline_or
         got = lines_by_tag(c.stdout)
         assert got["HANDLE"].split() == [str(nseg), "cuda_fd", table, str(offset), str(4 * n),
                                          str(producer.pid)]
-        # The package's 'e' bytes (its table from the text) are the library's (the exporter's table).
-        assert got["TORCH"] == first["TORCH"]
-        wire = bytes.fromhex(first["TORCH"])
+        # The package's 'e' bytes (its table from the text) are the library's (the exporter's table),
+        # in version 2 (the default) and 3, and each is read right by its PyTorch.
+        assert got["TORCH"] == first["TORCH"] and got["TORCH3"] == first["TORCH3"]
+        wire, wire3 = bytes.fromhex(first["TORCH"]), bytes.fromhex(first["TORCH3"])
         assert wire[:2] == b"\x02e" and len(wire) == 26 + 4 * nseg
+        assert wire3[:2] == b"\x03e" and len(wire3) == 34 + 4 * nseg
+        assert pytorch_reader.read(2, wire) == pytorch_reader.read(3, wire3)
+        assert pytorch_reader.read(3, wire3)[1:4] == (producer.pid, SEGMENT, False)
+        assert got["CHECK"].split() == ["ok", str(nseg * SEGMENT), str(n)]
+        out, err = producer.communicate(timeout=60)
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+            producer.communicate()
+    assert producer.returncode == 0, err
+    assert out.split() == ["RELEASED", f"first={float(write)}", "outstanding=0"], (out, err)
+
+
+@pytest.mark.parametrize("nseg, handle_type", [(3, 1), (3, 0), (40, 1)])
+def test_a_version_3_e_tuple_of_a_vmm_export_opens_in_another_process_as_version_2_does(
+        standin_env, nseg, handle_type):
+    """What a PyTorch 2.13+ producer sends (version 3, garbage padding, handle type 1 or 0) gives
+    the consumer the handle the version-2 form gives, which imports (pidfd_getfd of the producer's
+    fds), reads, writes and returns the reference exactly like it."""
+    n, offset, start, write = 600_000, SEGMENT - 4096, 10, -3
+    producer = spawn([sys.executable, "-c", PRODUCER, str(nseg), str(n), str(offset), str(start)],
+                     env=standin_env)
+    try:
+        first = {}
+        for line in producer.stdout:
+            tag, _, rest = line.rstrip("\n").partition(" ")
+            first[tag] = rest
+            if tag in ("TABLE", "FAIL"):
+                break
+        assert "TEXT" in first, first
+        c = run([sys.executable, "-c", CONSUMER, first["TEXT"], str(n), str(start), str(write),
+                 str(handle_type)], env=standin_env, timeout=60)
+        assert c.returncode == 0, c.stderr
+        got = lines_by_tag(c.stdout)
+        assert got["SAME"] == "True"
         assert got["CHECK"].split() == ["ok", str(nseg * SEGMENT), str(n)]
         out, err = producer.communicate(timeout=60)
     finally:
