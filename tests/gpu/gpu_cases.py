@@ -138,6 +138,9 @@ class Lib:
                                                          POINTER(c_size_t)]
         d.devshare_allow_ptrace.restype = c_int32
         d.devshare_allow_ptrace.argtypes = [c_int32]
+        d.devshare_torch_handle_convert.restype = c_int32
+        d.devshare_torch_handle_convert.argtypes = [c_uint16, c_char_p, c_size_t, c_uint32, c_void_p, c_size_t,
+                                                    POINTER(c_size_t)]
         # devshare_<struct>_init for the structs this suite passes (struct_size and defaults).
         for cls in (Handle, TorchArgs, BackendInfo):
             fn = getattr(d, abi.INIT_FUNCTIONS[cls])
@@ -160,6 +163,15 @@ class Lib:
                 raise TypeError(f"{cls.__name__} has no field {k!r}")
             setattr(s, k, v)
         return s
+
+    def convert(self, handle: bytes, fmt: int) -> bytes:
+        """devshare_torch_handle_convert: a CUDA storage handle rewritten in format ``fmt``."""
+        n = c_size_t()
+        buf = ctypes.create_string_buffer(len(handle) + 8)
+        st = self.d.devshare_torch_handle_convert(BACKEND_CUDA, handle, len(handle), fmt, buf, len(buf), byref(n))
+        if st != STATUS_OK:
+            raise CaseFail(f"devshare_torch_handle_convert: {self.status_name(st)}: {self.last_error()}")
+        return buf.raw[: n.value]
 
     def version(self) -> str:
         v = int(self.d.devshare_version())
@@ -349,6 +361,8 @@ class Ctx:
                 raise CaseFail("torch.cuda.is_available() is False")
             torch.cuda.init()
             self._torch = torch
+            # gpu_tool writes PyTorch storage handles in this torch's format (2.13+: version 3).
+            os.environ["DEVSHARE_GPU_TORCH_VERSION"] = str(torch.__version__)
         return self._torch
 
     @property
@@ -905,25 +919,18 @@ def _es_args(cx: Ctx, t):
         raise CaseSkip(f"torch shared a {len(h)}-byte non-'e' handle with "
                        f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')!r} "
                        f"(expandable segments not in use on this torch/driver?)")
-    if h[0] != 2:
-        # torch >= 2.13 writes version 3, whose layout devshare has not confirmed: it must be
-        # refused by name (checked here); the case needs version 2 (torch 2.5 - 2.12).
-        try:
-            _check_refused_version(cx, args, h[0])
-        finally:
-            _return_reference(cx, args)
-        raise CaseSkip(f"torch {cx.torch.__version__} writes 'e' handles of version {h[0]}, which devshare "
-                       f"refuses by name (checked) until that layout is confirmed; this case needs "
-                       f"version 2 (torch 2.5 - 2.12)")
+    want = torch_handle_version(cx.torch.__version__)
+    if h[0] != want:
+        _return_reference(cx, args)
+        raise CaseFail(f"torch {cx.torch.__version__} wrote an 'e' handle of version {h[0]}; interop.md "
+                       f"says {want} (2.5-2.12: 2, 2.13 and later: 3)")
     return args
 
 
-def _check_refused_version(cx: Ctx, args, version: int) -> str:
-    st, _, msg = cx.args_to_handle(args, expect_ok=False)
-    info(f"'e' version {version}: devshare_handle_from_torch: {cx.lib.status_name(st)} ({st}): {msg}")
-    check(st == STATUS_UNSUPPORTED_VERSION and f"version {version}" in msg,
-          f"'e' version {version} was not refused by name: {st}: {msg}")
-    return msg
+def torch_handle_version(version: str) -> int:
+    """The storage-handle version a PyTorch release writes: 2.5-2.12 2, 2.13 and later 3."""
+    major, minor = (int("".join(c for c in p if c.isdigit()) or 0) for p in version.split(".")[:2])
+    return 3 if (major, minor) >= (2, 13) else 2
 
 
 def _return_reference(cx: Ctx, args) -> None:
@@ -1030,6 +1037,22 @@ def case_i_es_torch_to_c(cx: Ctx):
         check(read_ref_slot(bytes(a2[11]), int(a2[12])) == 0, "spanning: slot not 0 after release")
         del pad
 
+        # 2b. The version bridge: this torch's 'e' handle rewritten in the other version (3 -> 2
+        # on torch 2.13+, 2 -> 3 before) opens through devshare's parser for that version.
+        tb = torch.arange(1000, dtype=torch.float32, device=dev).add_(5000.0)
+        torch.cuda.synchronize()
+        ab = list(_es_args(cx, tb))
+        own, before = ab[7][0], len(ab[7])
+        ab[7] = cx.lib.convert(bytes(ab[7]), 2 if own == 3 else 3)
+        # The version-2 header is 8 bytes shorter (no handle type and its padding).
+        check(ab[7][0] == (2 if own == 3 else 3) and len(ab[7]) == before + (-8 if own == 3 else 8),
+              f"bridged handle: {ab[7][:2]!r}, {len(ab[7])} bytes (from {before})")
+        ok = cx.consume(cx.args_to_text_full(tuple(ab)), 1000, 5000.0, -5.0, timeout=60)
+        info(f"bridge: version {own} -> {ab[7][0]} 'e' handle, consumer: {ok}")
+        torch.cuda.synchronize()
+        check(bool((tb == -5.0).all()), "bridged handle: the consumer's writes are not seen")
+        check(read_ref_slot(bytes(ab[11]), int(ab[12])) == 0, "bridged handle: slot not 0 after release")
+
         # 3. A segment table too long for the handle struct (over 32 fds): it travels in the text.
         n3 = 176_000_000  # 704 MB: 34+ segments of 20 MiB
         huge = torch.zeros(n3, dtype=torch.float32, device=dev)
@@ -1080,8 +1103,11 @@ def case_j_vmm_c_to_torch(cx: Ctx):
             seg = next((x for x in prod.seen if x.startswith("SEGMENTS")), "")
             info(f"{nseg} segments: {seg}; TORCH handle {len(f['handle'])} bytes, offset {f['offset']}")
             check(f"table={where}" in seg, f"expected the table {where}: {seg}")
-            check(f["handle"][:2] == b"\x02e" and len(f["handle"]) == 26 + 4 * nseg,
-                  f"the TORCH handle is not a version-2 'e' form of {nseg} fds: {f['handle'][:8].hex()}")
+            # gpu_tool writes the format of this torch (DEVSHARE_GPU_TORCH_VERSION).
+            v = torch_handle_version(torch.__version__)
+            header = 34 if v == 3 else 26
+            check(f["handle"][:2] == bytes([v]) + b"e" and len(f["handle"]) == header + 4 * nseg,
+                  f"the TORCH handle is not a version-{v} 'e' form of {nseg} fds: {f['handle'][:8].hex()}")
             args = (torch.Tensor, torch.Size([n]), (1,), 0, storage_cls, torch.float32, f["device"],
                     f["handle"], f["size"], f["offset"], False, f["ref_name"], f["slot"], f["event"],
                     f["sync"])
@@ -1530,6 +1556,12 @@ def main_dry_run(bundle: pathlib.Path) -> int:
         return (bytes([version]) + b"e" + pid.to_bytes(4, sys.byteorder, signed=True) + b"\xde\xad\xbe\xef"
                 + mib2 + n.to_bytes(8, sys.byteorder) + records)
 
+    def cuda_e3(pid, n, records, handle_type):
+        # 2.13+: {int32 pid; 4 pad; u64 segment_size; u64 n; int32 handle_type; 4 pad}, garbage pads
+        return (b"\x03e" + pid.to_bytes(4, sys.byteorder, signed=True) + b"\xde\xad\xbe\xef" + mib2
+                + n.to_bytes(8, sys.byteorder) + handle_type.to_bytes(4, sys.byteorder) + b"\xca\xfe\xba\xbe"
+                + records)
+
     def fds(k):
         return b"".join((100 + i).to_bytes(4, sys.byteorder) for i in range(k))
 
@@ -1552,8 +1584,22 @@ def main_dry_run(bundle: pathlib.Path) -> int:
          {"key": fabric.hex(), "pid": "31337", "flags": "4", "segments": "2x2097152/fabric/inline"}),
         ("dry_e_v1", cuda_e(31337, 1, fds(1), version=1), bytes(64), False, STATUS_UNSUPPORTED_VERSION,
          "version 1"),
-        ("dry_e_v3", cuda_e(31337, 1, fds(1), version=3), bytes(64), False, STATUS_UNSUPPORTED_VERSION,
-         "version 3"),
+        ("dry_e3_fd", cuda_e3(31337, 3, fds(3), 1), bytes(64), False, STATUS_OK,
+         {"key": fds(3).hex(), "pid": "31337", "flags": "4", "segments": "3x2097152/fd/inline"}),
+        ("dry_e3_fd_type0", cuda_e3(31337, 3, fds(3), 0), bytes(64), False, STATUS_OK,
+         {"key": fds(3).hex(), "pid": "31337", "flags": "4", "segments": "3x2097152/fd/inline"}),
+        ("dry_e3_fabric", cuda_e3(31337, 2, fabric, 2), bytes(64), False, STATUS_OK,
+         {"key": fabric.hex(), "pid": "31337", "flags": "4", "segments": "2x2097152/fabric/inline"}),
+        ("dry_e3_long_table", cuda_e3(31337, 40, fds(40), 1), bytes(64), False, STATUS_OK,
+         {"key": "-", "pid": "31337", "flags": "4", "segments": "40x2097152/fd/external"}),
+        ("dry_e3_bridged_to_v2", lib.convert(cuda_e3(31337, 3, fds(3), 1), 2), bytes(64), False, STATUS_OK,
+         {"key": fds(3).hex(), "pid": "31337", "flags": "4", "segments": "3x2097152/fd/inline"}),
+        ("dry_e3_type9", cuda_e3(31337, 1, fds(1), 9), bytes(64), False, int(abi.Status.INVALID_HANDLE),
+         "handle type 9"),
+        ("dry_e3_type_vs_length", cuda_e3(31337, 1, fds(1), 2), bytes(64), False, int(abi.Status.BAD_LENGTH),
+         "handle type 2"),
+        ("dry_e_v4", cuda_e(31337, 1, fds(1), version=4), bytes(64), False, STATUS_UNSUPPORTED_VERSION,
+         "version 4"),
         ("dry_e_pid0", cuda_e(0, 1, fds(1)), bytes(64), False, int(abi.Status.INVALID_HANDLE), "pid 0"),
         ("dry_e_length", cuda_e(31337, 3, fds(2)), bytes(64), False, int(abi.Status.BAD_LENGTH), "neither 12"),
         ("dry_c_v9", b"\x09c" + key, bytes(64), False, STATUS_UNSUPPORTED_VERSION, "version 9"),

@@ -66,7 +66,7 @@
  *           SEGMENTS count=<n> segment_size=<bytes> kind=<fd|fabric> table=<inline|external>
  *           HANDLE <text>
  *           TORCH <device> <handle_hex> <size> <offset> <refname_hex|-> <slot> <event_hex> <sync>
- *       (the TORCH handle is the version-2 'e' form from devshare_torch_storage_handle), then,
+ *       (the TORCH handle is the 'e' form of the consumer's torch, see torch_format), then,
  *       as produce: RELEASED / TIMEOUT, then
  *           AFTER first=<element 0> last=<element n-1> pad=<float before the window or -1>
  *       closes the exporter, unmaps, releases and frees the address range, exits 0 (1 on TIMEOUT).
@@ -282,6 +282,15 @@ static int parse_f64(const char *s, double *out) {
     }
     *out = v;
     return 0;
+}
+
+/* The storage-handle format the consumer's torch reads: DEVSHARE_GPU_TORCH_VERSION (its
+ * torch.__version__, set by gpu_cases.py) through devshare_torch_format_for_version; unset: the
+ * default (version-2 'e' handles, what 1.1 wrote). */
+static int32_t torch_format(uint32_t *fmt) {
+    const char *v = getenv("DEVSHARE_GPU_TORCH_VERSION");
+    *fmt = DEVSHARE_TORCH_FORMAT_DEFAULT;
+    return v && *v ? devshare_torch_format_for_version(DEVSHARE_BACKEND_CUDA, v, fmt) : DEVSHARE_STATUS_OK;
 }
 
 static void print_hex(const uint8_t *p, size_t n) {
@@ -600,6 +609,7 @@ static int cmd_produce(int argc, char **argv) {
     desc.stream = event ? g_stream : NULL;
     DevshareHandle h;
     DevshareTorchStorage ts;
+    uint32_t fmt = DEVSHARE_TORCH_FORMAT_DEFAULT;
     devshare_torch_storage_init(&ts, sizeof ts);
     char text[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
     const char *call = "devshare_exporter_share";
@@ -609,8 +619,11 @@ static int cmd_produce(int argc, char **argv) {
         st = devshare_handle_to_text(&h, text, sizeof text, NULL);
     }
     if (st == DEVSHARE_STATUS_OK) {
-        call = "devshare_handle_to_torch";
-        st = devshare_handle_to_torch(&h, &ts);
+        call = "devshare_handle_to_torch_as";
+        st = torch_format(&fmt);
+        if (st == DEVSHARE_STATUS_OK) {
+            st = devshare_handle_to_torch_as(&h, fmt, &ts);
+        }
     }
     if (st != DEVSHARE_STATUS_OK) {
         ds_error(why, sizeof why, call, st);
@@ -888,10 +901,14 @@ static int cmd_produce_vmm(int argc, char **argv) {
         }
     }
     if (st == DEVSHARE_STATUS_OK) {
-        call = "devshare_torch_storage_handle";
-        st = devshare_torch_storage_handle(&h, table, table_len, NULL, 0, &torch_len);
+        call = "devshare_torch_storage_handle_as";
+        uint32_t fmt = DEVSHARE_TORCH_FORMAT_DEFAULT;
+        st = torch_format(&fmt);
+        if (st == DEVSHARE_STATUS_OK) {
+            st = devshare_torch_storage_handle_as(&h, table, table_len, fmt, NULL, 0, &torch_len);
+        }
         if (st == DEVSHARE_STATUS_BUFFER_TOO_SMALL && (torch = malloc(torch_len)) != NULL) {
-            st = devshare_torch_storage_handle(&h, table, table_len, torch, torch_len, &torch_len);
+            st = devshare_torch_storage_handle_as(&h, table, table_len, fmt, torch, torch_len, &torch_len);
         }
     }
     if (st == DEVSHARE_STATUS_OK && (text = text_of_encoding(enc, enc_len)) == NULL) {
