@@ -8,6 +8,9 @@
  * this program re-executed with "--child": it prints its pid (devshare_local_pid, the bare
  * tgid on Ascend) and then serves commands, one line each:
  *   import <device|-1> <flags> <hold 0|1> <handle text>  -> "OK <numel>" / "ERR <status> <msg>"
+ *   tuple <handle hex> <size> <offset> <ref|-> <slot> <event hex|-> <sync> <numel>
+ *                                                       -> devshare_import_torch of an 8-tuple
+ *   npu_event <64-byte hex>                              -> torch_npu's consumer steps on an event
  *   release                                               -> "OK <n released>"
  *   quit
  * It reads every imported tensor back through aclrtMemcpy (D2D into its own memory first when
@@ -18,7 +21,10 @@
  * allocation read back at the right offsets; closes == imports; the exporter cannot close while
  * a consumer holds a reference (memory intact) and can after the release; cross-device import
  * with the import flag, with the explicit peer-access call, and refused without peer access;
- * an IPC event recorded on a stream and waited on by the consumer; a duplicate arrival and a
+ * an IPC event recorded on a stream and waited on by the consumer; torch_npu v26 8-tuples (a
+ * raw ACL_EVENT_IPC event in slot 6, slot 7 True: waited on exactly once before the reference
+ * goes back), pre-v26 ones (8 garbage event bytes, False: ignored), and a devshare event in the
+ * v26 form opened by torch_npu's own consumer steps (open, stream wait, destroy); a duplicate arrival and a
  * duplicate import each return exactly one reference; an export without pid validation.
  * At the end the stand-in's violation log must be empty.
  *
@@ -75,6 +81,108 @@ static int child_verify(DevshareImport *imp, int32_t exporter_device, char *why,
     return 1;
 }
 
+/* Hex text to bytes: the number of bytes, or -1. "-" is empty. */
+static int unhex(const char *t, uint8_t *out, size_t cap) {
+    if (strcmp(t, "-") == 0) {
+        return 0;
+    }
+    size_t n = strlen(t);
+    if (n % 2 || n / 2 > cap) {
+        return -1;
+    }
+    for (size_t i = 0; i < n / 2; i++) {
+        unsigned v = 0;
+        if (sscanf(t + 2 * i, "%2x", &v) != 1) {
+            return -1;
+        }
+        out[i] = (uint8_t)v;
+    }
+    return (int)(n / 2);
+}
+
+static void hex_of(const uint8_t *p, size_t n, char *out) {
+    for (size_t i = 0; i < n; i++) {
+        sprintf(out + 2 * i, "%02x", p[i]);
+    }
+    out[2 * n] = 0;
+    if (n == 0) {
+        strcpy(out, "-");
+    }
+}
+
+/* "tuple <handle hex> <storage_size> <storage_offset> <ref name|-> <ref slot> <event hex|-> <sync>
+ * <numel>": a torch_npu _share_npu_ 8-tuple of a float32 vector, imported with
+ * devshare_import_torch (which waits on the event when sync is 1), checked, released. */
+static void child_tuple(const char *args) {
+    char handle_hex[512], ref[80], event_hex[512];
+    unsigned long long size = 0, offset = 0, slot = 0;
+    int sync = 0;
+    long long numel = 0;
+    uint8_t handle[256], event[256];
+    if (sscanf(args, "%511s %llu %llu %79s %llu %511s %d %lld", handle_hex, &size, &offset, ref, &slot, event_hex,
+               &sync, &numel) != 8) {
+        printf("ERR 0 bad tuple command\n");
+        return;
+    }
+    const int handle_len = unhex(handle_hex, handle, sizeof handle);
+    const int event_len = unhex(event_hex, event, sizeof event);
+    DevshareTorchArgs a;
+    DS_OK(devshare_torch_args_init(&a, sizeof a));
+    const int64_t shape[1] = {numel};
+    a.backend = DEVSHARE_BACKEND_ACL;
+    a.dtype = (DevshareDType){DEVSHARE_DTYPE_FLOAT, 32, 1};
+    a.ndim = 1;
+    a.shape = shape;
+    a.handle = handle;
+    a.handle_len = handle_len < 0 ? 0 : (size_t)handle_len;
+    a.storage_size = size;
+    a.storage_offset = offset;
+    a.ref_name = (const uint8_t *)(strcmp(ref, "-") ? ref : "");
+    a.ref_name_len = strcmp(ref, "-") ? strlen(ref) : 0;
+    a.ref_slot = slot;
+    a.event_handle = event;
+    a.event_handle_len = event_len < 0 ? 0 : (size_t)event_len;
+    a.event_sync_required = (uint32_t)sync;
+    DevshareImport *imp = NULL;
+    const int32_t st = devshare_import_torch(&a, NULL, &imp);
+    if (st != DEVSHARE_STATUS_OK) {
+        printf("ERR %d %s\n", st, last_error());
+        return;
+    }
+    char why[256] = "";
+    if (!child_verify(imp, 0, why, sizeof why)) {
+        printf("ERR 0 data: %s\n", why);
+    } else {
+        printf("OK %lld\n", numel);
+    }
+    DS_OK(devshare_import_release(imp));
+}
+
+/* "npu_event <64-byte hex>": what a stock torch_npu v26 consumer does with slot 6 when slot 7 is
+ * True — aclrtIpcOpenEventHandle (by value), aclrtStreamWaitEvent on its stream, aclrtDestroyEvent. */
+static void child_npu_event(const char *hex) {
+    aclrtIpcEventHandle h;
+    if (unhex(hex, (uint8_t *)&h, sizeof h) != (int)sizeof h) {
+        printf("ERR 0 not 64 bytes\n");
+        return;
+    }
+    aclrtEvent ev = NULL;
+    aclrtStream stream = NULL;
+    aclError rc = aclrtIpcOpenEventHandle(h, &ev);
+    if (rc == ACL_SUCCESS) {
+        ACL_OK(aclrtCreateStream(&stream));
+        rc = aclrtStreamWaitEvent(stream, ev);
+        const aclError d = aclrtDestroyEvent(ev);
+        rc = rc != ACL_SUCCESS ? rc : d;
+        ACL_OK(aclrtDestroyStream(stream));
+    }
+    if (rc != ACL_SUCCESS) {
+        printf("ERR %d %s\n", (int)rc, aclGetRecentErrMsg());
+    } else {
+        printf("OK\n");
+    }
+}
+
 static int child_main(void) {
     ACL_OK(aclInit(NULL));
     ACL_OK(aclrtSetDevice(0));
@@ -123,6 +231,10 @@ static int child_main(void) {
                     DS_OK(devshare_import_release(imp));
                 }
             }
+        } else if (strncmp(line, "tuple ", 6) == 0) {
+            child_tuple(line + 6);
+        } else if (strncmp(line, "npu_event ", 10) == 0) {
+            child_npu_event(line + 10);
         } else if (strcmp(line, "release") == 0) {
             for (int i = 0; i < n_held; i++) {
                 DS_OK(devshare_import_release(held[i]));
@@ -297,6 +409,69 @@ int main(int argc, char **argv) {
     check((he.flags & DEVSHARE_HANDLE_FLAG_EVENT) != 0, "a share with DEVSHARE_SHARE_EVENT carries an event");
     a = import_cmd(&c1, &he, -1, 0, 0);
     check(strncmp(a, "OK 1024", 7) == 0, "the consumer waits on the event and reads right (%s)", a);
+
+    /* torch_npu v26 tuples (interop.md section 5): slot 6 a real 64-byte aclrtIpcEventHandle and
+     * slot 7 True. A torch_npu producer makes it with raw ACL calls: an ACL_EVENT_IPC event,
+     * recorded on its stream, aclrtIpcGetEventHandle. The devshare consumer opens it, makes its
+     * stream wait, destroys it, before returning the reference (the stand-in checks the order). */
+    {
+        DevshareHandle hv = share_f32(e, 8192, 4096, 32, 32, 0, 0, NULL);
+        DevshareTorchStorage ts;
+        DS_OK(devshare_torch_storage_init(&ts, sizeof ts));
+        DS_OK(devshare_handle_to_torch_as(&hv, DEVSHARE_TORCH_FORMAT_V1, &ts));
+        aclrtEvent ev = NULL;
+        ACL_OK(aclrtCreateEventExWithFlag(&ev, ACL_EVENT_IPC));
+        ACL_OK(aclrtRecordEvent(ev, stream));
+        aclrtIpcEventHandle eh;
+        ACL_OK(aclrtIpcGetEventHandle(ev, &eh));
+        char hhex[2 * 256 + 1], ehex[2 * 64 + 1];
+        hex_of(ts.handle, ts.handle_len, hhex);
+        hex_of((const uint8_t *)&eh, sizeof eh, ehex);
+        char ref[80];
+        memcpy(ref, ts.ref_name, ts.ref_name_len);
+        ref[ts.ref_name_len] = 0;
+        const int waits = aclsi_event_waits(ev);
+        a = ask(&c1, "tuple %s %llu %llu %s %llu %s 1 1024", hhex, (unsigned long long)ts.storage_size,
+                (unsigned long long)ts.storage_offset, ref, (unsigned long long)ts.ref_slot, ehex);
+        check(strncmp(a, "OK 1024", 7) == 0, "a torch_npu v26 tuple with an event imports and reads right (%s)", a);
+        check(aclsi_event_waits(ev) == waits + 1, "the consumer waited on the producer's event exactly once (%d -> %d)",
+              waits, aclsi_event_waits(ev));
+        check(slot_value(&hv) == 0, "and returned the tuple's reference after the wait");
+        ACL_OK(aclrtDestroyEvent(ev));
+
+        /* Pre-v26: slot 6 is sizeof(aclrtNotify) uninitialised bytes, slot 7 False: ignored
+         * whatever their length (the stand-in would flag any open of them). */
+        DevshareHandle hp = share_f32(e, 8192, 4096, 32, 32, 0, 0, NULL);
+        DS_OK(devshare_handle_to_torch_as(&hp, DEVSHARE_TORCH_FORMAT_V1, &ts));
+        hex_of(ts.handle, ts.handle_len, hhex);
+        memcpy(ref, ts.ref_name, ts.ref_name_len);
+        ref[ts.ref_name_len] = 0;
+        a = ask(&c1, "tuple %s %llu %llu %s %llu %s 0 1024", hhex, (unsigned long long)ts.storage_size,
+                (unsigned long long)ts.storage_offset, ref, (unsigned long long)ts.ref_slot, "deadbeefdeadbeef");
+        check(strncmp(a, "OK 1024", 7) == 0, "a pre-v26 tuple with 8 garbage event bytes and False imports (%s)", a);
+        check(slot_value(&hp) == 0, "and returns its reference");
+
+        /* The other direction: a devshare producer sends a real event (DEVSHARE_SHARE_EVENT) in
+         * the v26 form, which a stock torch_npu consumer opens and waits on; without the flag it
+         * synchronised instead and slot 7 is False with zero bytes. */
+        DevshareHandle hd = share_f32(e, 8192, 4096, 32, 32, 0, DEVSHARE_SHARE_EVENT, stream);
+        DS_OK(devshare_handle_to_torch_as(&hd, DEVSHARE_TORCH_FORMAT_V1, &ts));
+        check(ts.event_sync_required == 1 && memcmp(ts.event_handle, hd.event_handle, 64) == 0,
+              "a devshare share with an event gives slot 7 True and its 64-byte event in slot 6");
+        hex_of(ts.event_handle, 64, ehex);
+        a = ask(&c1, "npu_event %s", ehex);
+        check(strcmp(a, "OK") == 0, "torch_npu's consumer steps (open, stream wait, destroy) accept it (%s)", a);
+        DevshareHandle hs = share_f32(e, 8192, 4096, 32, 32, 0, 0, NULL);
+        DS_OK(devshare_handle_to_torch_as(&hs, DEVSHARE_TORCH_FORMAT_V1, &ts));
+        int zero = 1;
+        for (int i = 0; i < 64; i++) {
+            zero &= ts.event_handle[i] == 0;
+        }
+        check(ts.event_sync_required == 0 && zero, "a share without an event: slot 7 False, slot 6 zero");
+        /* Hand the two tuples' references back: no consumer opens them. */
+        DS_OK(devshare_handle_discard(&hd));
+        DS_OK(devshare_handle_discard(&hs));
+    }
 
     /* Duplicate arrival: two handles for one storage, and one handle imported twice. */
     DevshareHandle d1 = share_f32(e, 0, 4096, 4, 4, 0, 0, NULL);
