@@ -59,6 +59,10 @@
 //   devshare_handle_from_torch / _from_torch_encoded / _to_torch, devshare_torch_storage_handle,
 //   devshare_torch_discard            handle_from_torch / handle_from_torch_encoded / handle_to_torch /
 //                                     torch_storage_handle / torch_discard (free functions)
+//   devshare_handle_to_torch_as, devshare_torch_storage_handle_as
+//                                     handle_to_torch / torch_storage_handle with a format argument
+//   devshare_torch_handle_convert, devshare_torch_format_for_version
+//                                     torch_handle_convert / torch_format_for_version
 //   devshare_probe / local_pid / allow_ptrace / version      probe / local_pid / allow_ptrace / version
 //   devshare_channel_{listen,restrict,fd,service,wait_peers,peer_ids,peer_info,send,close}
 //                                     Channel::listen / restrict / fd / service / wait_peers / peers /
@@ -985,31 +989,59 @@ struct TorchStorage {
     });
 }
 
-// The storage handle bytes (tuple item 1) of a device handle (devshare_torch_storage_handle).
-// `table`: the exporter's segment table (Exporter::segment_table()) for a segmented handle whose
-// table is not inline; empty otherwise.
-[[nodiscard]] inline Result<std::vector<uint8_t>> try_torch_storage_handle(const Handle& handle,
-                                                                           Span<const uint8_t> table = {}) {
+// The storage handle bytes (tuple item 1) of a device handle (devshare_torch_storage_handle, or
+// devshare_torch_storage_handle_as for another `format` than DEVSHARE_TORCH_FORMAT_DEFAULT: the
+// consumer's format, e.g. from torch_format_for_version). `table`: the exporter's segment table
+// (Exporter::segment_table()) for a segmented handle whose table is not inline; empty otherwise.
+[[nodiscard]] inline Result<std::vector<uint8_t>> try_torch_storage_handle(
+    const Handle& handle, Span<const uint8_t> table = {}, uint32_t format = DEVSHARE_TORCH_FORMAT_DEFAULT) {
+    const uint8_t* t = table.empty() ? nullptr : table.data();
     return detail::read_bytes(DEVSHARE_TORCH_HANDLE_CAPACITY, [&](uint8_t* buf, size_t cap, size_t* len) {
-        return devshare_torch_storage_handle(&handle.raw(), table.empty() ? nullptr : table.data(), table.size(), buf,
-                                             cap, len);
+        return format == DEVSHARE_TORCH_FORMAT_DEFAULT
+                   ? devshare_torch_storage_handle(&handle.raw(), t, table.size(), buf, cap, len)
+                   : devshare_torch_storage_handle_as(&handle.raw(), t, table.size(), format, buf, cap, len);
+    });
+}
+
+// The storage-handle format (DEVSHARE_TORCH_FORMAT_*) a consumer running this torch version reads
+// (devshare_torch_format_for_version): e.g. "2.11.0+cu128" -> _V2, "2.13.0" -> _V3.
+[[nodiscard]] inline Result<uint32_t> try_torch_format_for_version(uint16_t backend, const char* torch_version) {
+    uint32_t f = 0;
+    const int32_t s = devshare_torch_format_for_version(backend, torch_version, &f);
+    if (s != DEVSHARE_STATUS_OK) {
+        return Error::from_last(s);
+    }
+    return f;
+}
+
+// The version bridge (devshare_torch_handle_convert): a PyTorch / torch_npu storage handle
+// rewritten in `format`, for a consumer of another torch version.
+[[nodiscard]] inline Result<std::vector<uint8_t>> try_torch_handle_convert(uint16_t backend,
+                                                                           Span<const uint8_t> storage_handle,
+                                                                           uint32_t format) {
+    return detail::read_bytes(storage_handle.size() + 8, [&](uint8_t* buf, size_t cap, size_t* len) {
+        return devshare_torch_handle_convert(backend, storage_handle.data(), storage_handle.size(), format, buf, cap,
+                                             len);
     });
 }
 
 // The storage 8-tuple a stock PyTorch / torch_npu consumer opens, for a device handle
-// (devshare_handle_to_torch; the storage handle completed with devshare_torch_storage_handle
-// when it is longer than the C struct holds, using `table` as there).
-[[nodiscard]] inline Result<TorchStorage> try_handle_to_torch(const Handle& handle, Span<const uint8_t> table = {}) {
+// (devshare_handle_to_torch, or devshare_handle_to_torch_as for another `format`; the storage
+// handle completed with try_torch_storage_handle when it is longer than the C struct holds,
+// using `table` as there).
+[[nodiscard]] inline Result<TorchStorage> try_handle_to_torch(const Handle& handle, Span<const uint8_t> table = {},
+                                                              uint32_t format = DEVSHARE_TORCH_FORMAT_DEFAULT) {
     TorchStorage t;
     (void)devshare_torch_storage_init(&t.raw, sizeof t.raw);  // cannot fail: non-NULL, sizeof
-    const int32_t s = devshare_handle_to_torch(&handle.raw(), &t.raw);
+    const int32_t s = format == DEVSHARE_TORCH_FORMAT_DEFAULT ? devshare_handle_to_torch(&handle.raw(), &t.raw)
+                                                              : devshare_handle_to_torch_as(&handle.raw(), format, &t.raw);
     if (s != DEVSHARE_STATUS_OK) {
         return Error::from_last(s);
     }
     if (t.raw.handle_len <= DEVSHARE_TORCH_HANDLE_CAPACITY) {
         t.handle.assign(t.raw.handle, t.raw.handle + t.raw.handle_len);
     } else {
-        Result<std::vector<uint8_t>> bytes = try_torch_storage_handle(handle, table);
+        Result<std::vector<uint8_t>> bytes = try_torch_storage_handle(handle, table, format);
         if (!bytes) {
             return bytes.error();
         }
@@ -1038,11 +1070,20 @@ struct TorchStorage {
 [[nodiscard]] inline std::vector<uint8_t> handle_from_torch_encoded(const DevshareTorchArgs& args) {
     return try_handle_from_torch_encoded(args).value();
 }
-[[nodiscard]] inline std::vector<uint8_t> torch_storage_handle(const Handle& handle, Span<const uint8_t> table = {}) {
-    return try_torch_storage_handle(handle, table).value();
+[[nodiscard]] inline std::vector<uint8_t> torch_storage_handle(const Handle& handle, Span<const uint8_t> table = {},
+                                                               uint32_t format = DEVSHARE_TORCH_FORMAT_DEFAULT) {
+    return try_torch_storage_handle(handle, table, format).value();
 }
-[[nodiscard]] inline TorchStorage handle_to_torch(const Handle& handle, Span<const uint8_t> table = {}) {
-    return try_handle_to_torch(handle, table).value();
+[[nodiscard]] inline TorchStorage handle_to_torch(const Handle& handle, Span<const uint8_t> table = {},
+                                                 uint32_t format = DEVSHARE_TORCH_FORMAT_DEFAULT) {
+    return try_handle_to_torch(handle, table, format).value();
+}
+[[nodiscard]] inline uint32_t torch_format_for_version(uint16_t backend, const char* torch_version) {
+    return try_torch_format_for_version(backend, torch_version).value();
+}
+[[nodiscard]] inline std::vector<uint8_t> torch_handle_convert(uint16_t backend, Span<const uint8_t> storage_handle,
+                                                               uint32_t format) {
+    return try_torch_handle_convert(backend, storage_handle, format).value();
 }
 inline void torch_discard(const DevshareTorchArgs& args) { try_torch_discard(args).value(); }
 #endif

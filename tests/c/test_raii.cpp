@@ -707,6 +707,28 @@ void test_torch_tuples() {
               devshare::same_dtype(seg.dtype(), devshare::kFloat16),
           "handle_from_torch of a torch_npu 'e' handle: a segmented acl handle (float16 as kFloat16)");
     check(devshare::handle_to_torch(seg).handle == e, "handle_to_torch writes the same 'e' bytes back");
+    check(devshare::handle_to_torch(seg, {}, DEVSHARE_TORCH_FORMAT_V1).handle == e &&
+              devshare::torch_storage_handle(seg, {}, DEVSHARE_TORCH_FORMAT_V1) == e,
+          "with torch_npu's format named: the same bytes");
+    expect_error(DEVSHARE_STATUS_UNSUPPORTED, "devshare_handle_to_torch_as", "a torch_npu 'e' handle as version 3",
+                 [&] { (void)devshare::handle_to_torch(seg, {}, DEVSHARE_TORCH_FORMAT_V3); });
+
+    // The version bridge: a torch 2.13 'c' handle for a torch 2.11 consumer, and back.
+    std::vector<uint8_t> c3 = {3, 'c'};
+    c3.resize(66, 0x42);
+    const uint32_t f211 = devshare::torch_format_for_version(DEVSHARE_BACKEND_CUDA, "2.11.0+cu128");
+    const std::vector<uint8_t> c2 = devshare::torch_handle_convert(DEVSHARE_BACKEND_CUDA, c3, f211);
+    check(f211 == DEVSHARE_TORCH_FORMAT_V2 && c2.size() == 66 && c2[0] == 2 && c2[1] == 'c' &&
+              std::equal(c2.begin() + 2, c2.end(), c3.begin() + 2),
+          "torch_handle_convert: [3]['c'] to torch 2.11's [2]['c'], same key");
+    check(devshare::torch_handle_convert(DEVSHARE_BACKEND_CUDA, c2, DEVSHARE_TORCH_FORMAT_V3) == c3,
+          "and back to version 3");
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_torch_format_for_version", "a version without a minor",
+                 [&] { (void)devshare::torch_format_for_version(DEVSHARE_BACKEND_CUDA, "2"); });
+    const devshare::Result<std::vector<uint8_t>> refused =
+        devshare::try_torch_handle_convert(DEVSHARE_BACKEND_ACL, e, DEVSHARE_TORCH_FORMAT_V2);
+    check(!refused && refused.error().status() == DEVSHARE_STATUS_UNSUPPORTED,
+          "try_torch_handle_convert of a torch_npu 'e' handle to version 2: UNSUPPORTED, no throw");
 
     DevshareTorchArgs broken = a;
     broken.dtype = devshare::make_dtype(DEVSHARE_DTYPE_OPAQUE_HANDLE, 64);
