@@ -146,8 +146,37 @@
 // no such form.
 #define DEVSHARE_TORCH_FORMAT_UNVERSIONED 256
 
-// Most peers one channel serves at once; more are refused.
+// Most peers one channel serves at once (after their handshake); more are refused.
 #define DEVSHARE_CHANNEL_MAX_PEERS 1024
+
+// Most connections one channel holds before their handshake (`HELLO`); more are refused at
+// once, so connections that never speak cannot lock consumers out.
+#define DEVSHARE_CHANNEL_MAX_PENDING 64
+
+// Milliseconds a new connection has to complete its handshake; then it is dropped.
+#define DEVSHARE_CHANNEL_HANDSHAKE_MS 5000
+
+// Messages that may wait for one peer whose socket buffer is full (beyond what the kernel
+// buffers, a few hundred small messages); one more disconnects the peer.
+#define DEVSHARE_CHANNEL_SEND_QUEUE 1024
+
+// Bytes that may wait for one peer, likewise.
+#define DEVSHARE_CHANNEL_SEND_QUEUE_BYTES 4194304
+
+// Descriptors that may wait for one peer (each queued message keeps duplicates of its fds).
+#define DEVSHARE_CHANNEL_SEND_QUEUE_FDS 256
+
+// Milliseconds a peer may leave its waiting messages untouched (none of them taken by the
+// kernel) before it is disconnected: its leases and slots come back, as when it dies.
+#define DEVSHARE_CHANNEL_SEND_PATIENCE_MS 10000
+
+// Refused messages (protocol errors) a peer may send; one more disconnects it.
+#define DEVSHARE_CHANNEL_ERROR_BUDGET 64
+
+// Most slots one pool may have. The producer keeps a few dozen bytes per slot, allocated when
+// the pool is made; a pool is a pipeline's depth, and 65536 items in flight at once is beyond
+// any pipeline (a larger batch belongs in a slot, not in more slots).
+#define DEVSHARE_POOL_MAX_SLOTS 65536
 
 // DLPack type code: signed integer.
 #define DEVSHARE_DTYPE_INT 0
@@ -746,10 +775,27 @@ int32_t devshare_channel_peer_info(const struct DevshareChannel *channel,
 // releases its import or disconnects for any reason. ACL exports are whitelisted for the
 // peer's announced tgid first (once per export and peer). Host memory must come from
 // `devshare_channel_host_alloc` or name-based host exports (`devshare_host_alloc`).
+//
+// No producer call waits for a peer, and none holds the channel while one could: a message the
+// peer's socket has no room for waits in that peer's queue and goes out as the peer reads. A
+// peer whose queue would pass `DEVSHARE_CHANNEL_SEND_QUEUE` messages (or
+// `DEVSHARE_CHANNEL_SEND_QUEUE_BYTES`, `DEVSHARE_CHANNEL_SEND_QUEUE_FDS`), or whose queue does
+// not move for `DEVSHARE_CHANNEL_SEND_PATIENCE_MS`, is disconnected as if it had died: its
+// leases and slots come back, and the send that found it so returns `DEVSHARE_STATUS_CLOSED`.
 int32_t devshare_channel_send(struct DevshareChannel *channel,
                               uint64_t peer,
                               const struct DevshareExporter *exporter,
                               const struct DevshareTensorDesc *desc);
+
+// Disconnect connected peer `peer` now, as if its process had died: its leases stop counting
+// in their exports' outstanding references, its pool slots are free again, and its
+// `devshare_connection_recv` returns `DEVSHARE_STATUS_CLOSED` once it has read what was sent
+// before. `DEVSHARE_STATUS_NOT_FOUND` when no such peer is connected. The channel does the
+// same on its own to a peer that does not read its messages (see
+// `DEVSHARE_CHANNEL_SEND_QUEUE` and `DEVSHARE_CHANNEL_SEND_PATIENCE_MS`), that does not
+// complete its handshake in `DEVSHARE_CHANNEL_HANDSHAKE_MS`, or that sends more than
+// `DEVSHARE_CHANNEL_ERROR_BUDGET` refused messages.
+int32_t devshare_channel_disconnect(struct DevshareChannel *channel, uint64_t peer);
 
 // Close the channel and free it: every peer is disconnected (its `devshare_connection_recv`
 // returns `DEVSHARE_STATUS_CLOSED`), their leases stop counting in their exports'
@@ -762,7 +808,10 @@ int32_t devshare_channel_close(struct DevshareChannel *channel);
 // channels. It has no name in /dev/shm: it travels next to its handles over a channel
 // (`devshare_channel_send`, `devshare_pool_create`) and nothing is left behind when any
 // process dies. `devshare_exporter_share` refuses it (`DEVSHARE_STATUS_UNSUPPORTED`).
-// `ptr_out` (may be NULL) receives its address; close with `devshare_exporter_close`.
+// `ptr_out` (may be NULL) receives its address; close with `devshare_exporter_close`. The rule
+// of `devshare_host_alloc` applies: a size larger than the free room of `/dev/shm` (the shared
+// memory budget a memfd draws on as well) is refused with `DEVSHARE_STATUS_OS` (`ENOSPC`), and
+// size 0 is an empty allocation.
 int32_t devshare_channel_host_alloc(uint64_t size, struct DevshareExporter **out, void **ptr_out);
 
 // Make a pool of `count` slots of `slot_size` bytes, back to back from the start of
@@ -772,7 +821,9 @@ int32_t devshare_channel_host_alloc(uint64_t size, struct DevshareExporter **out
 // keeps one address in the consumer for the pool's life** — the fixed addresses that captured
 // device graphs (aclgraph, CUDA graphs) replay on. Each attached consumer counts as one
 // outstanding reference of the export until it detaches (after `devshare_pool_close`, once it
-// released its items) or disconnects.
+// released its items) or disconnects. `count` is at most `DEVSHARE_POOL_MAX_SLOTS` (a larger
+// one is `DEVSHARE_STATUS_BAD_SIZE`); the slots' bookkeeping is allocated when the pool is
+// made, and a failure to get it is a status too.
 int32_t devshare_pool_create(struct DevshareChannel *channel,
                              const struct DevshareExporter *exporter,
                              uint64_t slot_size,
@@ -799,6 +850,7 @@ int32_t devshare_pool_id(const struct DevsharePool *pool, uint32_t *id);
 // waits on it; the event is kept until the slot comes back. Only a small message travels; the first item to a peer also attaches it (one import
 // of the whole allocation). The slot comes back when the peer releases the item's import or
 // disconnects. Sending a slot that is not acquired is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
+// Like every producer send it never waits for the peer (see `devshare_channel_send`).
 int32_t devshare_pool_send(struct DevsharePool *pool,
                            uint32_t slot,
                            uint64_t peer,

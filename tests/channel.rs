@@ -474,6 +474,12 @@ fn a_hostile_producer_cannot_make_a_consumer_map_what_it_should_not() {
     let small = sealed_memfd(4096);
     p.send(&share_msg(3, &memfd_handle(8192, 8192)), &[small.as_fd()]);
     expect(Status::Mismatch, "a memfd smaller than alloc_size");
+    // A sealed, sparse memfd far larger than its handle: refused, not mapped (165 of these cost
+    // a consumer all its address space when it mapped whole files).
+    let huge = sealed_memfd(1 << 40);
+    p.send(&share_msg(7, &memfd_handle(4096, 4096)), &[huge.as_fd()]);
+    expect(Status::Untrusted, "a 1 TiB memfd behind a 4 KiB handle");
+    drop(huge);
     // No descriptor at all, or two.
     p.send(&share_msg(4, &memfd_handle(4096, 4096)), &[]);
     expect(Status::Untrusted, "a memfd handle without its descriptor");
@@ -523,13 +529,13 @@ fn a_hostile_producer_cannot_make_a_consumer_map_what_it_should_not() {
     }
     // Every refused SHARE is given back, the undecodable one too (a newer producer's handle
     // form this library refuses must not stay outstanding at the producer).
-    assert_eq!(returned.iter().filter(|&&t| t == 5).count(), 6, "one RELEASE per refused share: {returned:?}");
+    assert_eq!(returned.iter().filter(|&&t| t == 5).count(), 7, "one RELEASE per refused share: {returned:?}");
     // One RETURN for the refused item (unknown dtype) and one for the good one; one DETACH for
     // the refused attachment (too many slots): nothing else, and nothing for pool 1 after the
     // connection closed.
     assert_eq!(returned.iter().filter(|&&t| t == 8).count(), 2, "RETURNs: {returned:?}");
     assert_eq!(returned.iter().filter(|&&t| t == 10).count(), 1, "DETACHes: {returned:?}");
-    assert_eq!(returned.len(), 9, "{returned:?}");
+    assert_eq!(returned.len(), 10, "{returned:?}");
 }
 
 #[test]

@@ -215,6 +215,13 @@ pub unsafe extern "C" fn devshare_channel_peer_info(
 /// releases its import or disconnects for any reason. ACL exports are whitelisted for the
 /// peer's announced tgid first (once per export and peer). Host memory must come from
 /// `devshare_channel_host_alloc` or name-based host exports (`devshare_host_alloc`).
+///
+/// No producer call waits for a peer, and none holds the channel while one could: a message the
+/// peer's socket has no room for waits in that peer's queue and goes out as the peer reads. A
+/// peer whose queue would pass `DEVSHARE_CHANNEL_SEND_QUEUE` messages (or
+/// `DEVSHARE_CHANNEL_SEND_QUEUE_BYTES`, `DEVSHARE_CHANNEL_SEND_QUEUE_FDS`), or whose queue does
+/// not move for `DEVSHARE_CHANNEL_SEND_PATIENCE_MS`, is disconnected as if it had died: its
+/// leases and slots come back, and the send that found it so returns `DEVSHARE_STATUS_CLOSED`.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_channel_send(
     channel: *mut DevshareChannel,
@@ -236,6 +243,19 @@ pub unsafe extern "C" fn devshare_channel_send(
             }
         }
     })
+}
+
+/// Disconnect connected peer `peer` now, as if its process had died: its leases stop counting
+/// in their exports' outstanding references, its pool slots are free again, and its
+/// `devshare_connection_recv` returns `DEVSHARE_STATUS_CLOSED` once it has read what was sent
+/// before. `DEVSHARE_STATUS_NOT_FOUND` when no such peer is connected. The channel does the
+/// same on its own to a peer that does not read its messages (see
+/// `DEVSHARE_CHANNEL_SEND_QUEUE` and `DEVSHARE_CHANNEL_SEND_PATIENCE_MS`), that does not
+/// complete its handshake in `DEVSHARE_CHANNEL_HANDSHAKE_MS`, or that sends more than
+/// `DEVSHARE_CHANNEL_ERROR_BUDGET` refused messages.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_disconnect(channel: *mut DevshareChannel, peer: u64) -> i32 {
+    boundary("devshare_channel_disconnect", || ffi!(arg(channel, "channel"))?.0.disconnect(peer))
 }
 
 /// Close the channel and free it: every peer is disconnected (its `devshare_connection_recv`
@@ -260,7 +280,10 @@ pub unsafe extern "C" fn devshare_channel_close(channel: *mut DevshareChannel) -
 /// channels. It has no name in /dev/shm: it travels next to its handles over a channel
 /// (`devshare_channel_send`, `devshare_pool_create`) and nothing is left behind when any
 /// process dies. `devshare_exporter_share` refuses it (`DEVSHARE_STATUS_UNSUPPORTED`).
-/// `ptr_out` (may be NULL) receives its address; close with `devshare_exporter_close`.
+/// `ptr_out` (may be NULL) receives its address; close with `devshare_exporter_close`. The rule
+/// of `devshare_host_alloc` applies: a size larger than the free room of `/dev/shm` (the shared
+/// memory budget a memfd draws on as well) is refused with `DEVSHARE_STATUS_OS` (`ENOSPC`), and
+/// size 0 is an empty allocation.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_channel_host_alloc(
     size: u64,
@@ -285,7 +308,9 @@ pub unsafe extern "C" fn devshare_channel_host_alloc(
 /// keeps one address in the consumer for the pool's life** — the fixed addresses that captured
 /// device graphs (aclgraph, CUDA graphs) replay on. Each attached consumer counts as one
 /// outstanding reference of the export until it detaches (after `devshare_pool_close`, once it
-/// released its items) or disconnects.
+/// released its items) or disconnects. `count` is at most `DEVSHARE_POOL_MAX_SLOTS` (a larger
+/// one is `DEVSHARE_STATUS_BAD_SIZE`); the slots' bookkeeping is allocated when the pool is
+/// made, and a failure to get it is a status too.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_pool_create(
     channel: *mut DevshareChannel,
@@ -345,6 +370,7 @@ pub unsafe extern "C" fn devshare_pool_id(pool: *const DevsharePool, id: *mut u3
 /// waits on it; the event is kept until the slot comes back. Only a small message travels; the first item to a peer also attaches it (one import
 /// of the whole allocation). The slot comes back when the peer releases the item's import or
 /// disconnects. Sending a slot that is not acquired is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
+/// Like every producer send it never waits for the peer (see `devshare_channel_send`).
 #[no_mangle]
 pub unsafe extern "C" fn devshare_pool_send(
     pool: *mut DevsharePool,

@@ -30,18 +30,22 @@ struct Memfd {
     size: u64,
 }
 
-/// Allocate `size` bytes as a sealed memfd (zero-filled).
+/// Allocate `size` bytes as a sealed memfd (zero-filled). The same rule as a named host
+/// allocation: refused (`ENOSPC`, nothing created) when larger than the free room of the shared
+/// memory filesystem `/dev/shm` — the machine's (or container's) budget for shared memory; a
+/// memfd draws on the same memory, and being sparse it would otherwise be created and its users
+/// killed by `SIGBUS` once memory ran out. Size 0 is an empty allocation (a 1-byte file, so
+/// that it can be mapped and sent).
 pub(crate) fn alloc(size: u64) -> Result<Box<dyn Exported>> {
-    if size == 0 {
-        return Err(Error::InvalidArgument("size is 0: there is nothing to allocate".into()));
-    }
-    let len = usize::try_from(size)
+    let file_size = size.max(1);
+    let len = usize::try_from(file_size)
         .ok()
         .filter(|&l| l <= isize::MAX as usize)
         .ok_or_else(|| Error::bad_size("size", format!("{size} bytes cannot be mapped")))?;
+    crate::shm::ensure_capacity(file_size)?;
     let fd = memfd_create("devshare-channel", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
         .map_err(|e| os("memfd_create", e))?;
-    ftruncate(&fd, size).map_err(|e| os(&format!("ftruncate of a memfd to {size} bytes"), e))?;
+    ftruncate(&fd, file_size).map_err(|e| os(&format!("ftruncate of a memfd to {file_size} bytes"), e))?;
     fcntl_add_seals(&fd, SEALS).map_err(|e| os("fcntl(F_ADD_SEALS)", e))?;
     let map = Map::new(&fd, len, true, "a channel memfd")?;
     Ok(Box::new(Memfd { map, fd, size }))
@@ -95,7 +99,11 @@ pub(crate) fn identity(fd: &OwnedFd) -> Result<[u8; 22]> {
 }
 
 /// Map a received descriptor for a handle of `alloc_size` bytes, after checking it: a regular
-/// file, sealed against shrinking, at least `alloc_size` bytes. Maps the whole file.
+/// file, sealed against shrinking, at least `alloc_size` bytes and not larger than `alloc_size`
+/// rounded up to whole pages (a channel memfd is exactly as large as its allocation). A larger
+/// file is refused: mapping it would cost this process address space for memory the handle does
+/// not name (a sealed, sparse 1 TiB memfd behind a 4 KiB handle). Maps the file, that is, what
+/// the handle needs.
 pub(crate) fn open_received(fd: &OwnedFd, alloc_size: u64, read_only: bool) -> Result<Box<dyn Mapping>> {
     let st = fstat(fd).map_err(|e| os("fstat of a received memfd", e))?;
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
@@ -115,6 +123,15 @@ pub(crate) fn open_received(fd: &OwnedFd, alloc_size: u64, read_only: bool) -> R
     if size < alloc_size {
         return Err(Error::Mismatch(format!(
             "the received memfd is {size} bytes but the handle's alloc_size is {alloc_size}"
+        )));
+    }
+    // SAFETY: sysconf has no preconditions.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok().filter(|&p| p > 0).unwrap_or(4096);
+    let needed = alloc_size.max(1).div_ceil(page).saturating_mul(page);
+    if size > needed {
+        return Err(Error::Untrusted(format!(
+            "the received memfd is {size} bytes but its handle names {alloc_size} ({needed} in whole pages): \
+             refused rather than map memory the handle does not name"
         )));
     }
     let len = usize::try_from(size)

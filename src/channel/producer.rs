@@ -9,13 +9,38 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use rustix::event::epoll;
 use rustix::event::Timespec;
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use std::collections::VecDeque;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Most peers one channel serves at once; more are refused.
+/// Most peers one channel serves at once (after their handshake); more are refused.
 pub const DEVSHARE_CHANNEL_MAX_PEERS: usize = 1024;
+/// Most connections one channel holds before their handshake (`HELLO`); more are refused at
+/// once, so connections that never speak cannot lock consumers out.
+pub const DEVSHARE_CHANNEL_MAX_PENDING: usize = 64;
+/// Milliseconds a new connection has to complete its handshake; then it is dropped.
+pub const DEVSHARE_CHANNEL_HANDSHAKE_MS: u64 = 5000;
+/// Messages that may wait for one peer whose socket buffer is full (beyond what the kernel
+/// buffers, a few hundred small messages); one more disconnects the peer.
+pub const DEVSHARE_CHANNEL_SEND_QUEUE: usize = 1024;
+/// Bytes that may wait for one peer, likewise.
+pub const DEVSHARE_CHANNEL_SEND_QUEUE_BYTES: usize = 4_194_304;
+/// Descriptors that may wait for one peer (each queued message keeps duplicates of its fds).
+pub const DEVSHARE_CHANNEL_SEND_QUEUE_FDS: usize = 256;
+/// Milliseconds a peer may leave its waiting messages untouched (none of them taken by the
+/// kernel) before it is disconnected: its leases and slots come back, as when it dies.
+pub const DEVSHARE_CHANNEL_SEND_PATIENCE_MS: u64 = 10_000;
+/// Refused messages (protocol errors) a peer may send; one more disconnects it.
+pub const DEVSHARE_CHANNEL_ERROR_BUDGET: u64 = 64;
+/// Most slots one pool may have. The producer keeps a few dozen bytes per slot, allocated when
+/// the pool is made; a pool is a pipeline's depth, and 65536 items in flight at once is beyond
+/// any pipeline (a larger batch belongs in a slot, not in more slots).
+pub const DEVSHARE_POOL_MAX_SLOTS: u32 = 65536;
+/// Messages taken from one peer per service pass: a peer that floods the channel cannot keep
+/// the others' messages waiting (epoll reports it again on the next pass).
+const PEER_BATCH: usize = 64;
 
 /// What the library knows about one connected consumer.
 #[derive(Clone, Debug, Default)]
@@ -36,10 +61,26 @@ pub struct PeerInfo {
 /// A reference out with a peer: its export's book, and the event recorded for the share.
 type Lease = (Arc<LeaseBook>, Option<Box<dyn IpcEvent>>);
 
+/// A message waiting for room in a peer's socket buffer, with duplicates of its descriptors.
+struct Queued {
+    msg: Vec<u8>,
+    fds: Vec<OwnedFd>,
+}
+
 struct Peer {
     info: PeerInfo,
     fd: OwnedFd,
     ready: bool,
+    /// When the connection was accepted (its handshake deadline counts from here).
+    accepted: Instant,
+    /// Messages the socket had no room for, oldest first; sent when it becomes writable.
+    queue: VecDeque<Queued>,
+    queued_bytes: usize,
+    queued_fds: usize,
+    /// Since when the queue has not moved (none of it taken by the kernel); None when empty.
+    stalled_since: Option<Instant>,
+    /// Why the peer is to be disconnected at the end of the current call.
+    doomed: Option<String>,
     /// Leases out with the peer: the export's book, and the event recorded for the share (kept
     /// until the lease comes back).
     leases: FxHashMap<u64, Lease>,
@@ -225,24 +266,43 @@ impl Channel {
 
     /// Send `peer` one leased reference to a tensor in `exp`: counted in `exp`'s outstanding
     /// references until the peer releases it or disconnects.
+    ///
+    /// Never waits for the peer: a message its socket has no room for waits in its queue
+    /// (bounded: [`DEVSHARE_CHANNEL_SEND_QUEUE`]); a peer past that bound, or whose queue does
+    /// not move for [`DEVSHARE_CHANNEL_SEND_PATIENCE_MS`], is disconnected (`Closed`).
     pub fn send(&self, peer: u64, exp: &Exporter, desc: &TensorDesc<'_>) -> Result<()> {
         let (h, event) = exp.share_leased(desc)?;
+        let epfd = self.shared.epoll.as_fd();
         let mut core = self.shared.lock()?;
-        core.allow(peer, exp)?;
-        let lease = core.next_lease;
-        core.next_lease += 1;
-        let mut msg = Out::new(wire::SHARE);
-        msg.u32(0).u64(lease);
-        let mut enc = Vec::new();
-        crate::handle::encode::encode_full_into(&h, exp.external_table(), &mut enc)?;
-        msg.bytes(&enc);
-        check_len(&msg)?;
-        let fds = exp.channel_fds();
-        let p = core.peer_mut(peer)?;
-        wire::send(p.fd.as_fd(), &msg.0, &fds)?;
-        let book = exp.leases().clone();
-        book.add(&self.shared);
-        p.leases.insert(lease, (book, event));
+        let r = (|| {
+            core.allow(peer, exp)?;
+            let lease = core.next_lease;
+            core.next_lease += 1;
+            let mut msg = Out::new(wire::SHARE);
+            msg.u32(0).u64(lease);
+            let mut enc = Vec::new();
+            crate::handle::encode::encode_full_into(&h, exp.external_table(), &mut enc)?;
+            msg.bytes(&enc);
+            check_len(&msg)?;
+            let fds = exp.channel_fds();
+            let idx = core.index(peer)?;
+            core.post(idx, &msg.0, &fds, epfd)?;
+            let book = exp.leases().clone();
+            book.add(&self.shared);
+            core.peers[idx].leases.insert(lease, (book, event));
+            Ok(())
+        })();
+        core.sweep(epfd);
+        r
+    }
+
+    /// Disconnect one peer now, as if it had died: its leases and pool slots come back at once
+    /// and it sees `Closed`. `NotFound` when no such peer is connected.
+    pub fn disconnect(&self, peer: u64) -> Result<()> {
+        let epfd = self.shared.epoll.as_fd();
+        let mut core = self.shared.lock()?;
+        let idx = core.index(peer)?;
+        core.drop_peer(idx, epfd);
         Ok(())
     }
 
@@ -260,26 +320,34 @@ impl Channel {
         if count == 0 {
             return Err(Error::InvalidArgument("count is 0: a pool needs at least one slot".into()));
         }
+        if count > DEVSHARE_POOL_MAX_SLOTS {
+            return Err(Error::bad_size(
+                "count",
+                format!("{count} slots is above the maximum of {DEVSHARE_POOL_MAX_SLOTS} slots per pool"),
+            ));
+        }
         slot_size.checked_mul(u64::from(count)).filter(|&t| t <= exp.size()).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "{count} slots of {slot_size} bytes do not fit the export's {} bytes",
                 exp.size()
             ))
         })?;
+        // The bookkeeping, allocated fallibly: a failure is a status, never an abort.
+        let n = count as usize;
+        let mut slots = Vec::new();
+        let mut events = Vec::new();
+        let mut free = Vec::new();
+        let oom = |_| Error::bad_size("count", format!("no memory for the bookkeeping of {count} slots"));
+        slots.try_reserve_exact(n).map_err(oom)?;
+        events.try_reserve_exact(n).map_err(oom)?;
+        free.try_reserve_exact(n).map_err(oom)?;
+        slots.resize(n, SlotState::Free);
+        events.resize_with(n, || None);
+        free.extend((0..count).rev());
         let mut core = self.shared.lock()?;
         let id = core.next_pool;
         core.next_pool = core.next_pool.checked_add(1).ok_or_else(|| Error::Busy("pool ids are exhausted".into()))?;
-        core.pools.insert(
-            id,
-            PoolState {
-                exporter: exp,
-                slot_size,
-                count,
-                slots: vec![SlotState::Free; count as usize],
-                events: (0..count).map(|_| None).collect(),
-                free: (0..count).rev().collect(),
-            },
-        );
+        core.pools.insert(id, PoolState { exporter: exp, slot_size, count, slots, events, free });
         Ok(Pool { shared: self.shared.clone(), id })
     }
 }
@@ -316,6 +384,122 @@ impl Core {
             .ok_or_else(|| Error::NotFound(format!("peer {id} is not connected to this channel")))
     }
 
+    /// The index of a connected peer (handshake done, not being disconnected).
+    fn index(&self, id: u64) -> Result<usize> {
+        self.peers
+            .iter()
+            .position(|p| p.info.id == id && p.ready && p.doomed.is_none())
+            .ok_or_else(|| Error::NotFound(format!("peer {id} is not connected to this channel")))
+    }
+
+    /// Send a message to peer `idx`, or queue it when its socket buffer is full. Never waits.
+    /// A peer that is gone, or whose queue is past its bounds, is marked to be disconnected
+    /// ([`Self::sweep`]) and the answer is `Closed`.
+    fn post(&mut self, idx: usize, msg: &[u8], fds: &[BorrowedFd<'_>], epfd: BorrowedFd<'_>) -> Result<()> {
+        let p = &mut self.peers[idx];
+        if let Some(why) = &p.doomed {
+            return Err(Error::Closed(why.clone()));
+        }
+        if p.queue.is_empty() {
+            match wire::try_send(p.fd.as_fd(), msg, fds) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => {
+                    p.doomed = Some(format!("peer {} is gone", p.info.id));
+                    return Err(e);
+                }
+            }
+        }
+        if p.queue.len() >= DEVSHARE_CHANNEL_SEND_QUEUE
+            || p.queued_bytes + msg.len() > DEVSHARE_CHANNEL_SEND_QUEUE_BYTES
+            || p.queued_fds + fds.len() > DEVSHARE_CHANNEL_SEND_QUEUE_FDS
+        {
+            let why = format!(
+                "peer {} was disconnected: it does not read its messages ({} waiting, {} bytes; at most \
+                 {DEVSHARE_CHANNEL_SEND_QUEUE} messages, {DEVSHARE_CHANNEL_SEND_QUEUE_BYTES} bytes and \
+                 {DEVSHARE_CHANNEL_SEND_QUEUE_FDS} descriptors may wait)",
+                p.info.id,
+                p.queue.len(),
+                p.queued_bytes
+            );
+            p.doomed = Some(why.clone());
+            return Err(Error::Closed(why));
+        }
+        let mut owned = Vec::with_capacity(fds.len());
+        for f in fds {
+            owned.push(rustix::io::fcntl_dupfd_cloexec(f, 0).map_err(|e| wire::os("dup of a descriptor to queue", e))?);
+        }
+        if p.queue.is_empty() {
+            p.stalled_since = Some(Instant::now());
+            // Tell us when it can take more.
+            let _ = epoll::modify(
+                epfd,
+                &p.fd,
+                epoll::EventData::new_u64(p.info.id),
+                epoll::EventFlags::IN | epoll::EventFlags::OUT,
+            );
+        }
+        p.queued_bytes += msg.len();
+        p.queued_fds += owned.len();
+        p.queue.push_back(Queued { msg: msg.to_vec(), fds: owned });
+        Ok(())
+    }
+
+    /// Send what waits for peer `idx` while its socket takes it.
+    fn flush(&mut self, idx: usize, epfd: BorrowedFd<'_>) {
+        let p = &mut self.peers[idx];
+        while let Some(q) = p.queue.front() {
+            let fds: Vec<BorrowedFd<'_>> = q.fds.iter().map(|f| f.as_fd()).collect();
+            match wire::try_send(p.fd.as_fd(), &q.msg, &fds) {
+                Ok(true) => {
+                    drop(fds);
+                    let q = p.queue.pop_front().expect("a queued message");
+                    p.queued_bytes -= q.msg.len();
+                    p.queued_fds -= q.fds.len();
+                    p.stalled_since = Some(Instant::now()); // it moved: patience starts again
+                }
+                Ok(false) => return,
+                Err(_) => {
+                    p.doomed = Some(format!("peer {} is gone", p.info.id));
+                    return;
+                }
+            }
+        }
+        p.stalled_since = None;
+        let _ = epoll::modify(epfd, &p.fd, epoll::EventData::new_u64(p.info.id), epoll::EventFlags::IN);
+    }
+
+    /// Disconnect the peers that are marked, past their handshake deadline, past their send
+    /// patience, or past their error budget.
+    fn sweep(&mut self, epfd: BorrowedFd<'_>) {
+        let now = Instant::now();
+        let handshake = Duration::from_millis(DEVSHARE_CHANNEL_HANDSHAKE_MS);
+        let patience = Duration::from_millis(DEVSHARE_CHANNEL_SEND_PATIENCE_MS);
+        let mut i = 0;
+        while i < self.peers.len() {
+            let p = &self.peers[i];
+            let out = p.doomed.is_some()
+                || (!p.ready && now.duration_since(p.accepted) >= handshake)
+                || p.stalled_since.is_some_and(|t| now.duration_since(t) >= patience)
+                || p.info.protocol_errors > DEVSHARE_CHANNEL_ERROR_BUDGET;
+            if out {
+                self.drop_peer(i, epfd);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// The next time [`Self::sweep`] has something to do (a handshake or send-patience deadline).
+    fn next_deadline(&self) -> Option<Instant> {
+        let handshake = Duration::from_millis(DEVSHARE_CHANNEL_HANDSHAKE_MS);
+        let patience = Duration::from_millis(DEVSHARE_CHANNEL_SEND_PATIENCE_MS);
+        self.peers
+            .iter()
+            .filter_map(|p| if !p.ready { Some(p.accepted + handshake) } else { p.stalled_since.map(|t| t + patience) })
+            .min()
+    }
+
     /// Whitelist the peer's tgid on `exp` once (ACL; a no-op elsewhere).
     fn allow(&mut self, peer: u64, exp: &Exporter) -> Result<()> {
         let p = self.peer_mut(peer)?;
@@ -343,15 +527,20 @@ impl Core {
                 Some(format!("uid {uid} may not connect to this channel (allowed: {:?})", self.uids))
             } else if !self.pids.is_empty() && !self.pids.contains(&pid) {
                 Some(format!("pid {pid} may not connect to this channel (allowed: {:?})", self.pids))
-            } else if self.peers.len() >= DEVSHARE_CHANNEL_MAX_PEERS {
+            } else if self.peers.iter().filter(|p| p.ready).count() >= DEVSHARE_CHANNEL_MAX_PEERS {
                 Some(format!("the channel already serves {DEVSHARE_CHANNEL_MAX_PEERS} peers"))
+            } else if self.peers.iter().filter(|p| !p.ready).count() >= DEVSHARE_CHANNEL_MAX_PENDING {
+                Some(format!(
+                    "{DEVSHARE_CHANNEL_MAX_PENDING} connections are waiting for their handshake already; \
+                     try again shortly"
+                ))
             } else {
                 None
             };
             if let Some(why) = refuse {
                 let mut m = Out::new(wire::REFUSED);
                 m.bytes(why.as_bytes());
-                let _ = wire::send(fd.as_fd(), &m.0, &[]);
+                let _ = wire::try_send(fd.as_fd(), &m.0, &[]);
                 continue;
             }
             let id = self.next_peer;
@@ -363,6 +552,12 @@ impl Core {
                 info: PeerInfo { id, pid, uid, gid: cred.gid.as_raw(), ..Default::default() },
                 fd,
                 ready: false,
+                accepted: Instant::now(),
+                queue: VecDeque::new(),
+                queued_bytes: 0,
+                queued_fds: 0,
+                stalled_since: None,
+                doomed: None,
                 leases: FxHashMap::default(),
                 attached: FxHashMap::default(),
                 allowed: FxHashSet::default(),
@@ -370,11 +565,20 @@ impl Core {
         }
     }
 
-    /// Take every queued message of peer `idx`; false when it is gone.
+    /// Take up to [`PEER_BATCH`] queued messages of peer `idx`; false when it is gone or past
+    /// its error budget.
     fn drain_peer(&mut self, idx: usize) -> bool {
         let mut buf = std::mem::take(&mut self.buf);
         let mut fds = std::mem::take(&mut self.fds);
+        let mut taken = 0;
         let alive = loop {
+            if taken == PEER_BATCH {
+                break true;
+            }
+            taken += 1;
+            if self.peers[idx].info.protocol_errors > DEVSHARE_CHANNEL_ERROR_BUDGET {
+                break false;
+            }
             match wire::recv(self.peers[idx].fd.as_fd(), &mut buf, &mut fds) {
                 Ok(Received::Empty) => break true,
                 Ok(Received::Closed) | Err(_) => break false,
@@ -423,13 +627,14 @@ impl Core {
             if let Some(why) = bad {
                 let mut m = Out::new(wire::REFUSED);
                 m.bytes(why.as_bytes());
-                let _ = wire::send(peer.fd.as_fd(), &m.0, &[]);
+                let _ = wire::try_send(peer.fd.as_fd(), &m.0, &[]);
                 return Ok(false);
             }
             peer.info.tgid = tgid;
             let mut m = Out::new(wire::WELCOME);
             m.u32(wire::MAGIC).u16(wire::VERSION).u16(0).u64(peer.info.id).i32(std::process::id() as i32).u32(0);
-            if wire::send(peer.fd.as_fd(), &m.0, &[]).is_err() {
+            // A fresh socket has room for it; one that has not is not worth waiting for.
+            if !matches!(wire::try_send(peer.fd.as_fd(), &m.0, &[]), Ok(true)) {
                 return Ok(false);
             }
             peer.ready = true;
@@ -512,16 +717,26 @@ impl ChannelShared {
 
     /// See [`Channel::service`].
     pub(crate) fn service(&self, timeout: Option<Duration>) -> Result<()> {
-        drop(self.lock()?);
+        // Wake up for the next handshake or send-patience deadline too.
+        let deadline = self.lock()?.next_deadline();
+        let wait = match (timeout, deadline) {
+            (t, None) => t,
+            (t, Some(d)) => {
+                let left = d.saturating_duration_since(Instant::now());
+                Some(t.map_or(left, |t| t.min(left)))
+            }
+        };
         let mut events = [MaybeUninit::<epoll::Event>::uninit(); 32];
-        let ts = timeout.map(timespec);
-        // Which sources are ready: 0 is the listener, anything else a peer's id.
-        let mut ready = [0u64; 32];
+        let ts = wait.map(timespec);
+        // Which sources are ready: 0 is the listener, anything else a peer's id; and whether
+        // a peer's socket can take more of its queue.
+        let mut ready = [(0u64, false); 32];
         let n = loop {
             match epoll::wait(&self.epoll, &mut events, ts.as_ref()) {
                 Ok((evs, _)) => {
                     for (r, e) in ready.iter_mut().zip(evs.iter()) {
-                        *r = e.data.u64();
+                        let flags = e.flags;
+                        *r = (e.data.u64(), flags.contains(epoll::EventFlags::OUT));
                     }
                     break evs.len();
                 }
@@ -531,16 +746,22 @@ impl ChannelShared {
         };
         // Level-triggered: what was ready is still ready now (what did not fit in this batch is
         // reported by the next call); take it under the lock, touching nothing else.
+        let epfd = self.epoll.as_fd();
         let mut core = self.lock()?;
-        for &id in &ready[..n] {
+        for &(id, writable) in &ready[..n] {
             if id == 0 {
-                core.accept_all(self.epoll.as_fd());
+                core.sweep(epfd); // expired handshakes make room first
+                core.accept_all(epfd);
             } else if let Some(i) = core.peers.iter().position(|p| p.info.id == id) {
+                if writable {
+                    core.flush(i, epfd);
+                }
                 if !core.drain_peer(i) {
-                    core.drop_peer(i, self.epoll.as_fd());
+                    core.peers[i].doomed.get_or_insert_with(|| format!("peer {id} hung up"));
                 }
             }
         }
+        core.sweep(epfd);
         Ok(())
     }
 
@@ -577,6 +798,8 @@ impl Pool {
         let mut p = core.pools.remove(&self.id).ok_or_else(|| Error::Closed("the pool is closed".into()))?;
         let r = f(&mut core, &mut p);
         core.pools.insert(self.id, p);
+        // A peer a send found gone or past its queue bounds goes now (its slots come back).
+        core.sweep(self.shared.epoll.as_fd());
         r
     }
 
@@ -632,6 +855,7 @@ impl Pool {
     pub fn send(&self, slot: u32, peer: u64, desc: &TensorDesc<'_>) -> Result<()> {
         let shared = self.shared.clone();
         let id = self.id;
+        let epfd = self.shared.epoll.as_fd();
         self.with(|core, p| {
             match p.slots.get(slot as usize) {
                 Some(SlotState::Acquired) => {}
@@ -683,10 +907,11 @@ impl Pool {
                 m.bytes(&enc);
                 check_len(&m)?;
                 let fds = p.exporter.channel_fds();
-                wire::send(core.peer(peer)?.fd.as_fd(), &m.0, &fds)?;
+                let idx = core.index(peer)?;
+                core.post(idx, &m.0, &fds, epfd)?;
                 let book = p.exporter.leases().clone();
                 book.add(&shared);
-                core.peer_mut(peer)?.attached.insert(id, book);
+                core.peers[idx].attached.insert(id, book);
             }
             let mut m = Out::new(wire::ITEM);
             m.u32(id).u32(slot).u32(h.ndim);
@@ -701,7 +926,8 @@ impl Pool {
             if let Some(e) = &event {
                 m.bytes(&e.handle());
             }
-            wire::send(core.peer(peer)?.fd.as_fd(), &m.0, &[])?;
+            let idx = core.index(peer)?;
+            core.post(idx, &m.0, &[], epfd)?;
             p.slots[slot as usize] = SlotState::Sent(peer);
             p.events[slot as usize] = event;
             Ok(())
@@ -731,9 +957,13 @@ impl Drop for Pool {
         }
         let mut m = Out::new(wire::POOL_CLOSED);
         m.u32(self.id);
-        for peer in core.peers.iter().filter(|p| p.attached.contains_key(&self.id)) {
-            let _ = wire::send(peer.fd.as_fd(), &m.0, &[]);
+        let epfd = self.shared.epoll.as_fd();
+        for i in 0..core.peers.len() {
+            if core.peers[i].attached.contains_key(&self.id) {
+                let _ = core.post(i, &m.0, &[], epfd);
+            }
         }
+        core.sweep(epfd);
     }
 }
 

@@ -168,12 +168,11 @@ pub(crate) fn wait_ready(fd: BorrowedFd<'_>, flags: PollFlags, timeout: Option<D
     }
 }
 
-/// Send one message with `fds` beside it. Waits (at most [`SEND_PATIENCE`]) while the peer's
-/// buffer is full; a peer that is gone is [`Error::Closed`].
-pub(crate) fn send(sock: BorrowedFd<'_>, msg: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+/// Send one message with `fds` beside it without waiting: `Ok(false)` when the peer's socket
+/// buffer has no room (nothing was sent); a peer that is gone is [`Error::Closed`].
+pub(crate) fn try_send(sock: BorrowedFd<'_>, msg: &[u8], fds: &[BorrowedFd<'_>]) -> Result<bool> {
     debug_assert!(msg.len() <= MAX_MESSAGE && fds.len() <= MAX_FDS);
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
-    let deadline = Instant::now() + SEND_PATIENCE;
     loop {
         let mut control = SendAncillaryBuffer::new(&mut space);
         if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
@@ -181,21 +180,32 @@ pub(crate) fn send(sock: BorrowedFd<'_>, msg: &[u8], fds: &[BorrowedFd<'_>]) -> 
         }
         let iov = [IoSlice::new(msg)];
         match sendmsg(sock, &iov, &mut control, SendFlags::NOSIGNAL | SendFlags::DONTWAIT) {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(true),
             Err(Errno::INTR) => continue,
-            Err(Errno::AGAIN) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() || !wait_ready(sock, PollFlags::OUT, Some(left))? {
-                    return Err(Error::Timeout(format!(
-                        "the peer has not read its channel messages for {} s",
-                        SEND_PATIENCE.as_secs()
-                    )));
-                }
-            }
+            Err(Errno::AGAIN) => return Ok(false),
             Err(Errno::PIPE | Errno::CONNRESET | Errno::NOTCONN) => {
                 return Err(Error::Closed("the other end of the channel is gone".into()))
             }
             Err(e) => return Err(os("sendmsg on a channel", e)),
+        }
+    }
+}
+
+/// Send one message with `fds` beside it. Waits (at most [`SEND_PATIENCE`]) while the peer's
+/// buffer is full; a peer that is gone is [`Error::Closed`]. Only the consumer sends this way
+/// (it holds no lock another thread needs meanwhile); the producer queues instead.
+pub(crate) fn send(sock: BorrowedFd<'_>, msg: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+    let deadline = Instant::now() + SEND_PATIENCE;
+    loop {
+        if try_send(sock, msg, fds)? {
+            return Ok(());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || !wait_ready(sock, PollFlags::OUT, Some(left))? {
+            return Err(Error::Timeout(format!(
+                "the peer has not read its channel messages for {} s",
+                SEND_PATIENCE.as_secs()
+            )));
         }
     }
 }
