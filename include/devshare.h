@@ -907,6 +907,15 @@ int32_t devshare_connection_recv(struct DevshareConnection *conn,
 // `DEVSHARE_STATUS_INVALID_ARGUMENT`. Either out-pointer may be NULL.
 int32_t devshare_import_pool_slot(const struct DevshareImport *imp, uint32_t *pool, uint32_t *slot);
 
+// For a channel item (a lease or pool slot from `devshare_connection_recv`): give it back to the
+// producer now — a lease stops counting in its export, a pool slot may be refilled — while the
+// import stays mapped until `devshare_import_release` (which then sends nothing). So a reader
+// that may still hold pointers into the item (a tensor over it) can return the item at once
+// and free the mapping later: what it reads meanwhile is whatever the producer writes there
+// next (for a pool slot, the next item), never a fault. A second call does nothing. Any other
+// import is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
+int32_t devshare_import_give_back(const struct DevshareImport *imp);
+
 // Close the connection and free it: the producer takes back every lease and slot of it at once
 // (and sees it gone). Imports received from it stay mapped until released; releasing them then
 // sends nothing. NULL is a no-op.

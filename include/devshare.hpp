@@ -2077,6 +2077,14 @@ public:
     [[nodiscard]] PoolSlot pool_slot() const { return try_pool_slot().value(); }
 #endif
 
+    // For a channel item: give it back to the producer now (devshare_import_give_back) while
+    // this Import stays mapped until it is released or destroyed; what is read meanwhile is
+    // whatever the producer writes there next. Any other import: DEVSHARE_STATUS_INVALID_ARGUMENT.
+    [[nodiscard]] Result<void> try_give_back() const { return status_result(devshare_import_give_back(imp_)); }
+#if DEVSHARE_HPP_EXCEPTIONS
+    void give_back() const { try_give_back().value(); }
+#endif
+
     // Pointers and sizes of the import (all zero when empty).
     [[nodiscard]] const DevshareImportInfo& info() const noexcept { return info_; }
     // The handle this import was made from (an empty Handle when the Import is empty).
@@ -2293,6 +2301,10 @@ public:
         }
     }
 
+    // Disconnect peer `peer` now, as if it had died (devshare_channel_disconnect): its leases
+    // and slots come back at once. DEVSHARE_STATUS_NOT_FOUND when it is not connected.
+    [[nodiscard]] Result<void> try_disconnect(uint64_t peer) { return status_result(devshare_channel_disconnect(ch_, peer)); }
+
     // What is known about connected peer `peer` (devshare_channel_peer_info): pid, uid and gid
     // from SO_PEERCRED, the tgid it announced, its leases and attached pools, refused messages.
     // DEVSHARE_STATUS_NOT_FOUND when it is not connected.
@@ -2378,6 +2390,7 @@ public:
     }
     [[nodiscard]] std::vector<uint64_t> peers() const { return try_peers().value(); }
     [[nodiscard]] DevsharePeerInfo peer_info(uint64_t peer) const { return try_peer_info(peer).value(); }
+    void disconnect(uint64_t peer) { try_disconnect(peer).value(); }
     template <typename T>
     void send(uint64_t peer, const Exporter& exporter, const T* first, Dims shape, Dims strides = {},
               const ShareOptions& options = {}) {

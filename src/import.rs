@@ -309,11 +309,24 @@ pub fn discard(name: &[u8], slot: u64) -> Result<()> {
     Ok(())
 }
 
+/// What a delivery layer (the channel) attaches to an import it handed over: the reference
+/// that goes back to the producer — when the last clone of the import is released (dropping it
+/// gives it back), or earlier with [`Import::give_back`]. The import layer knows this contract
+/// only; the channel implements it.
+pub trait Lease: Send + Sync {
+    /// Give the reference back now. Once: later calls, and the drop, send nothing.
+    fn give_back(&self);
+    /// The pool and slot, when the import is a pool item.
+    fn pool_slot(&self) -> Option<(u32, u32)> {
+        None
+    }
+}
+
 /// One import of one handle. Release it with [`Import::release`] (dropping it releases too).
 pub struct Import {
     /// What returns this import's reference over a channel (its last clone drops it); `None`
     /// for imports whose reference lives in a ref-counter (or nowhere).
-    lease: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    lease: Option<Arc<dyn Lease>>,
     key: AllocKey,
     ticket: Option<Ticket>,
     /// The ticket's ref-counter mapping (shared with the other imports holding references in it).
@@ -367,7 +380,7 @@ pub(crate) fn import_attached(
     table: Option<&[u8]>,
     req: ImportRequest,
     attached: Option<Attached<'_>>,
-    lease: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    lease: Option<Arc<dyn Lease>>,
 ) -> Result<Import> {
     let mut imp = import_from(h, table, req, attached)?;
     imp.lease = lease;
@@ -757,14 +770,27 @@ impl Import {
 
     /// Which pool slot this import is, when it is a pool item received over a channel.
     pub fn pool_slot(&self) -> Option<(u32, u32)> {
-        let t = self.lease.as_ref()?.downcast_ref::<crate::channel::consumer::SlotToken>()?;
-        Some((t.pool, t.slot))
+        self.lease.as_ref()?.pool_slot()
+    }
+
+    /// For an import that came with a [`Lease`] (a channel item): give its reference back to the
+    /// producer now — a lease stops counting, a pool slot may be refilled — while this import
+    /// stays mapped until it is released (which then sends nothing). What is read from it after
+    /// this is whatever the producer writes there next; it never faults.
+    pub fn give_back(&self) -> Result<()> {
+        let lease = self.lease.as_ref().ok_or_else(|| {
+            Error::InvalidArgument(
+                "this import did not come over a channel: its reference goes back when it is released".into(),
+            )
+        })?;
+        lease.give_back();
+        Ok(())
     }
 
     /// Another view of this import's allocation — a tensor `h` inside it (checked against the
     /// mapping) — holding `lease` until it and its clones are released. Used for pool slots: the
     /// allocation was imported once, each item is a view of it.
-    pub(crate) fn derive(&self, h: DevshareHandle, lease: Arc<dyn std::any::Any + Send + Sync>) -> Result<Import> {
+    pub(crate) fn derive(&self, h: DevshareHandle, lease: Arc<dyn Lease>) -> Result<Import> {
         let validated = validate(&h)?;
         let m = self.mapping.as_ref().ok_or_else(|| Error::AlreadyReleased("the pool's import is released".into()))?;
         if h.backend != self.handle.backend || h.alloc_size != self.handle.alloc_size {

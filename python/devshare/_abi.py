@@ -387,6 +387,15 @@ def channel_signatures(exporter_p, import_p) -> list:
     ]
 
 
+def channel_signatures_1_2(import_p) -> list:
+    """The channel functions 1.2 added (bound when the library has them; without them a peer
+    cannot be disconnected on request and :meth:`Item.release` unmaps at once)."""
+    return [
+        ("devshare_channel_disconnect", c_int32, [ChannelP, c_uint64]),
+        ("devshare_import_give_back", c_int32, [import_p]),
+    ]
+
+
 #: The first library minor version with the storage-handle formats and the version bridge.
 TORCH_FORMAT_MINOR = 2
 
@@ -434,6 +443,6 @@ INIT_FUNCTIONS = {
 __all__ = [
     "EXPECTED_MAJOR", "EXPECTED_MINOR", *C_MACROS, "C_MACROS", "Status", *(c.__name__ for c in STRUCTS.values()),
     "STRUCTS", "INIT_FUNCTIONS", "ChannelStruct", "ConnectionStruct", "PoolStruct", "ChannelP",
-    "ConnectionP", "PoolP", "CHANNEL_MINOR", "channel_signatures", "TORCH_FORMAT_MINOR",
+    "ConnectionP", "PoolP", "CHANNEL_MINOR", "channel_signatures", "channel_signatures_1_2", "TORCH_FORMAT_MINOR",
     "torch_format_signatures",
 ]

@@ -73,6 +73,7 @@ from ._lib import (
     TensorDesc,
     call,
     channel_signatures,
+    channel_signatures_1_2,
     error_for,
     lib,
     new_struct,
@@ -102,6 +103,22 @@ def _bind() -> str | None:
 
 
 _UNAVAILABLE = _bind()
+
+
+def _bind_1_2() -> set:
+    """The 1.2 channel functions the library has (their prototypes set)."""
+    have = set()
+    for name, restype, argtypes in channel_signatures_1_2(ImportP):
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = restype
+            fn.argtypes = argtypes
+            have.add(name)
+    return have
+
+
+_HAVE_1_2 = _bind_1_2()
+_GIVE_BACK = "devshare_import_give_back" in _HAVE_1_2
 
 
 def _no_int_params(names) -> dict:
@@ -289,13 +306,60 @@ def _forked(what: str, pid: int) -> RuntimeError:
 # --- Objects owned by one process --------------------------------------------------------------
 
 
+class _Life:
+    """The life of one library object: the threads inside calls on it, and whether it is open.
+
+    Ending it (:meth:`end`: a garbage object's finalizer, the interpreter's exit, ``close``)
+    closes the library object at once when no call is inside it, and otherwise when the last
+    call leaves (:meth:`leave`): the library never frees an object a call is using, whatever
+    thread ends it and when (a daemon thread inside ``Channel.service`` while the interpreter
+    exits is the usual case)."""
+
+    __slots__ = ("lock", "busy", "open", "deferred", "pid", "closer", "ptr", "extra")
+
+    def __init__(self, pid, closer, ptr, extra):
+        self.lock = threading.Lock()
+        self.busy = 0
+        self.open = True
+        self.deferred = False
+        self.pid = pid
+        self.closer = closer
+        self.ptr = ptr
+        self.extra = extra
+
+    def end(self) -> None:
+        with self.lock:
+            if not self.open:
+                return
+            self.open = False
+            if self.busy:
+                self.deferred = True  # the last call out closes it
+                return
+        self._close()
+
+    def leave(self) -> None:
+        with self.lock:
+            self.busy -= 1
+            run = self.deferred and self.busy == 0
+            if run:
+                self.deferred = False
+        if run:
+            self._close()
+
+    def _close(self) -> None:
+        # In a child that inherited the object through fork, nothing: it is the parent's.
+        if os.getpid() == self.pid:
+            self.closer(self.ptr, *self.extra)
+
+
 class _Owned:
     """A library object (``_ptr``) this process made: usable only here, closed once.
 
-    ``_fin`` (a weakref.finalize) closes it when the object is garbage; it is alive while the
-    object is open, and so is ``_open[0]``, which the finalizer clears first (a cheaper test for
-    every call than ``_fin.alive``). Calls go through :meth:`_enter` / :meth:`_exit`, which count
-    the threads inside so that :meth:`close` cannot free the object under one of them.
+    ``_fin`` (a weakref.finalize of its :class:`_Life`) closes it when the object is garbage or
+    the interpreter exits; it is alive while the object is open. Calls go through
+    :meth:`_enter` / :meth:`_exit`, which count the threads inside: :meth:`close` refuses to
+    close the object under one of them, and a finalizer that runs meanwhile leaves the close to
+    the last call out.
     """
 
     _what = "object"
@@ -303,23 +367,21 @@ class _Owned:
     def _own(self, ptr, closer, *extra) -> None:
         self._pid = os.getpid()
         self._ptr = ptr
-        self._lock = threading.Lock()
-        self._busy = 0
-        self._open = [True]
-        self._fin = weakref.finalize(self, _close_owned, self._pid, self._open, closer, ptr, *extra)
+        self._life = _Life(self._pid, closer, ptr, extra)
+        self._fin = weakref.finalize(self, self._life.end)
 
     def _enter(self):
-        with self._lock:
-            if self._pid != os.getpid() or not self._open[0]:
+        life = self._life
+        with life.lock:
+            if self._pid != os.getpid() or not life.open:
                 if self._pid != os.getpid():
                     raise _forked(self._what, self._pid)
                 raise ValueError(f"the {self._what} is closed")
-            self._busy += 1
+            life.busy += 1
             return self._ptr
 
     def _exit(self) -> None:
-        with self._lock:
-            self._busy -= 1
+        self._life.leave()
 
     @property
     def closed(self) -> bool:
@@ -329,19 +391,20 @@ class _Owned:
     def close(self) -> None:
         """Close it (again: nothing happens). Refused with ``BUSY`` while another thread is
         inside one of its calls; RuntimeError in a process that inherited it through fork."""
-        with self._lock:
+        life = self._life
+        with life.lock:
             if self._pid != os.getpid():
                 raise _forked(self._what, self._pid)
             if not self._fin.alive:
                 return
-            if self._busy:
-                raise Error(Status.BUSY, f"{self._what}.close(): {self._busy} call(s) of another "
+            if life.busy:
+                raise Error(Status.BUSY, f"{self._what}.close(): {life.busy} call(s) of another "
                                          f"thread are still inside it")
             self._closing()
-            self._fin()
+        self._fin()
 
     def _closing(self) -> None:
-        """Under the lock, before the close: close what depends on this object."""
+        """Before the close: close what depends on this object."""
 
     def __enter__(self):
         return self
@@ -352,13 +415,6 @@ class _Owned:
     def __reduce__(self):
         raise TypeError(f"a devshare {self._what} cannot be pickled or sent to another process: "
                         f"send the channel's address and connect there")
-
-
-def _close_owned(pid, is_open, closer, ptr, *extra) -> None:
-    is_open[0] = False
-    # In a child that inherited the object through fork, nothing: it is the parent's.
-    if os.getpid() == pid:
-        closer(ptr, *extra)
 
 
 # --- Host memory for channels --------------------------------------------------------------------
@@ -632,6 +688,22 @@ class Channel(_Owned):
         return {"id": info.id, "pid": info.pid, "uid": info.uid, "gid": info.gid,
                 "tgid": info.tgid, "leases": info.leases, "protocol_errors": info.protocol_errors}
 
+    def disconnect(self, peer: int) -> None:
+        """Disconnect consumer ``peer`` now, as if its process had died: its leases and pool
+        slots come back at once and its :meth:`Connection.recv` raises :class:`ChannelClosed`
+        once it read what was sent before. The channel does the same on its own to a consumer
+        that stops reading (see the README's limits). :class:`devshare.Error` ``NOT_FOUND``
+        when it is not connected."""
+        if "devshare_channel_disconnect" not in _HAVE_1_2:
+            raise Error(Status.UNSUPPORTED, f"Channel.disconnect needs libdevshare 1.2 or later "
+                                            f"(loaded: {_library_version})")
+        peer = _peer_id(peer)
+        ptr = self._enter()
+        try:
+            _call(lib.devshare_channel_disconnect, ptr, peer)
+        finally:
+            self._exit()
+
     def restrict(self, uids=None, pids=None) -> None:
         """Narrow down who may connect from now on (connected consumers stay): ``uids``, an
         iterable of user ids, replaces the allowed set (None or empty: keep it; by default only
@@ -843,7 +915,7 @@ class Slot:
         try:
             if self._state == "acquired":
                 self._state = "dropped"
-                _return_slot(self._pid, self.pool._fin, self.pool._ptr, self.index)
+                _return_slot(self._pid, self.pool, self.index)
         except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to do in a finalizer
             pass
 
@@ -937,32 +1009,45 @@ class Slot:
         self._state = "released"
 
 
-def _return_slot(pid, pool_fin, pool_ptr, index) -> None:
-    # A slot nobody sent or released, gone with its views: back to the pool, if it is open.
-    if os.getpid() == pid and pool_fin.alive:
-        try:
-            call(lib.devshare_pool_release, pool_ptr, index)
-        except Error:  # noqa: BLE001 - nothing to do about it in a finalizer
-            pass
+def _return_slot(pid, pool, index) -> None:
+    # A slot nobody sent or released, gone with its views: back to the pool, if it is open
+    # (entered like any call, so that the pool is not closed under it).
+    if os.getpid() != pid:
+        return
+    try:
+        ptr = pool._enter()
+    except (ValueError, RuntimeError):
+        return
+    try:
+        call(lib.devshare_pool_release, ptr, index)
+    except Error:  # noqa: BLE001 - nothing to do about it in a finalizer
+        pass
+    finally:
+        pool._exit()
 
 
 # --- Consumer ----------------------------------------------------------------------------------------
 
 
 class _Lease:
-    """One received import; released once (explicitly or when it is garbage). Tensors made over
-    it keep it alive (see :func:`_view`).
+    """One received import; given back once (explicitly or when it is garbage). Tensors made
+    over it keep it alive (see :func:`_view`).
 
-    ``_held`` holds the import until the release takes it out: ``list.pop`` is atomic, so of
-    two threads releasing at once exactly one gets it (the other: ALREADY_RELEASED). Garbage
-    that was never released is released by ``__del__`` (not a weakref.finalize, which costs
-    more than the rest of a receive), except in a process that inherited it through fork."""
+    :meth:`release` gives the item back to the producer at once
+    (``devshare_import_give_back``) but keeps the mapping until this object is garbage, that
+    is, until the last tensor over it is gone: a tensor used after the release never faults (it
+    reads what the producer writes there next). ``_held`` holds the import until the release
+    takes it out: ``list.pop`` is atomic, so of two threads releasing at once exactly one gets
+    it (the other: ALREADY_RELEASED). Garbage that was never released is released by ``__del__``
+    (not a weakref.finalize, which costs more than the rest of a receive), except in a process
+    that inherited it through fork."""
 
-    __slots__ = ("_held", "_pid", "__weakref__")
+    __slots__ = ("_held", "_pid", "_mapped", "__weakref__")
 
     def __init__(self, imp: ImportP):
         self._held = [imp]
         self._pid = os.getpid()
+        self._mapped = None  # the import, given back, until this object is garbage
 
     @property
     def released(self) -> bool:
@@ -976,12 +1061,28 @@ class _Lease:
         except IndexError:
             raise Error(Status.ALREADY_RELEASED, "this item was already released (it is given "
                                                  "back only once)") from None
-        _call(lib.devshare_import_release, imp)
+        if not _GIVE_BACK:
+            _call(lib.devshare_import_release, imp)  # a library before 1.2: unmapped at once
+            return
+        try:
+            _call(lib.devshare_import_give_back, imp)
+        except BaseException:
+            lib.devshare_import_release(imp)
+            raise
+        self._mapped = imp
+
+    def release_now(self) -> None:
+        """Give back and unmap at once (no tensor was made over it)."""
+        if self._held:
+            _call(lib.devshare_import_release, self._held.pop())
 
     def __del__(self):
         try:
             if self._held:
                 _release_import(self._pid, self._held.pop())
+            elif self._mapped is not None:
+                _release_import(self._pid, self._mapped)
+                self._mapped = None
         except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to do in a finalizer
             pass
 
@@ -996,8 +1097,10 @@ class Item:
 
     :attr:`tensor` is a zero-copy torch tensor (or numpy array, ``like="numpy"``) over the
     producer's memory, valid until :meth:`release`, which gives it back to the producer at once
-    (the pool slot becomes free, the lease stops being outstanding). After the release, neither
-    :attr:`tensor` nor any tensor taken from it may be used: copy (``.clone()``) what you keep.
+    (the pool slot becomes free, the lease stops being outstanding). After the release a tensor
+    taken from it is stale: it stays mapped while it lives (using it never faults, also after the
+    connection closed) but shows whatever the producer writes there next — for a pool slot, the
+    next item sent in it. Copy (``.clone()``) what you keep.
     An item that is never released is released when it and every tensor taken from it are
     gone. As a context manager it is released at the end of the ``with`` block.
 
@@ -1093,7 +1196,7 @@ def _item(imp: ImportP, like: str) -> Item:
             tensor = _device_tensor(imp, like)
         return Item(lease, tensor, *where)
     except BaseException:
-        lease.release()
+        lease.release_now()
         raise
 
 

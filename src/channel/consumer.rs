@@ -4,11 +4,12 @@ use super::wire::{self, In, Out, Received};
 use crate::backend::ImportRequest;
 use crate::error::{Error, Result};
 use crate::handle::encode::decode_full;
-use crate::import::{import_attached, Attached, Import};
+use crate::import::{import_attached, Attached, Import, Lease};
 use rustc_hash::FxHashMap;
 use rustix::event::PollFlags;
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -24,23 +25,33 @@ impl ConnShared {
     /// Send a consumer message; failures are dropped (the producer is gone, or it will learn
     /// everything from the hang-up).
     fn tell(&self, msg: &Out) {
-        if self.generation == crate::shm::generation() && !self.closed.load(std::sync::atomic::Ordering::Acquire) {
+        if self.generation == crate::shm::generation() && !self.closed.load(Ordering::Acquire) {
             let _ = wire::send(self.fd.as_fd(), &msg.0, &[]);
         }
     }
 }
 
-/// A leased reference: released (one `RELEASE` message) when the last import holding it goes.
+/// A leased reference: released (one `RELEASE` message) when the last import holding it goes,
+/// or when given back earlier.
 struct LeaseToken {
     conn: Arc<ConnShared>,
     lease: u64,
+    given: AtomicBool,
+}
+
+impl Lease for LeaseToken {
+    fn give_back(&self) {
+        if !self.given.swap(true, Ordering::AcqRel) {
+            let mut m = Out::new(wire::RELEASE);
+            m.u32(0).u64(self.lease);
+            self.conn.tell(&m);
+        }
+    }
 }
 
 impl Drop for LeaseToken {
     fn drop(&mut self) {
-        let mut m = Out::new(wire::RELEASE);
-        m.u32(0).u64(self.lease);
-        self.conn.tell(&m);
+        self.give_back();
     }
 }
 
@@ -59,19 +70,33 @@ impl Drop for AttachToken {
     }
 }
 
-/// A pool slot held by this consumer: given back (one `RETURN`) when its import goes.
-pub(crate) struct SlotToken {
+/// A pool slot held by this consumer: given back (one `RETURN`) when its import goes, or when
+/// given back earlier.
+struct SlotToken {
     conn: Arc<ConnShared>,
-    pub(crate) pool: u32,
-    pub(crate) slot: u32,
+    pool: u32,
+    slot: u32,
+    given: AtomicBool,
     _attach: Arc<AttachToken>,
+}
+
+impl Lease for SlotToken {
+    fn give_back(&self) {
+        if !self.given.swap(true, Ordering::AcqRel) {
+            let mut m = Out::new(wire::RETURN);
+            m.u32(self.pool).u32(self.slot).u32(0);
+            self.conn.tell(&m);
+        }
+    }
+
+    fn pool_slot(&self) -> Option<(u32, u32)> {
+        Some((self.pool, self.slot))
+    }
 }
 
 impl Drop for SlotToken {
     fn drop(&mut self) {
-        let mut m = Out::new(wire::RETURN);
-        m.u32(self.pool).u32(self.slot).u32(0);
-        self.conn.tell(&m);
+        self.give_back();
     }
 }
 
@@ -227,7 +252,7 @@ impl Connection {
                 "this connection was inherited through fork: only the process that opened it may use it".into(),
             ));
         }
-        if self.shared.closed.load(std::sync::atomic::Ordering::Acquire) {
+        if self.shared.closed.load(Ordering::Acquire) {
             return Err(Error::Closed("the connection is closed".into()));
         }
         Ok(self.state.lock().unwrap_or_else(|p| p.into_inner()))
@@ -277,8 +302,8 @@ impl Connection {
                 let lease = r.u64()?;
                 // The token exists from here on: a refused share (a handle form this library
                 // does not understand included) is given back at once.
-                let token: Arc<dyn std::any::Any + Send + Sync> =
-                    Arc::new(LeaseToken { conn: self.shared.clone(), lease });
+                let token: Arc<dyn Lease> =
+                    Arc::new(LeaseToken { conn: self.shared.clone(), lease, given: AtomicBool::new(false) });
                 let d = decode_full(r.rest())?;
                 let imp = open(&d.handle, d.table.as_deref(), fds, Some(token))?;
                 Ok(Some(imp))
@@ -339,8 +364,13 @@ impl Connection {
                         p.count, p.slot_size
                     )));
                 }
-                let token: Arc<dyn std::any::Any + Send + Sync> =
-                    Arc::new(SlotToken { conn: self.shared.clone(), pool, slot, _attach: p.token.clone() });
+                let token: Arc<dyn Lease> = Arc::new(SlotToken {
+                    conn: self.shared.clone(),
+                    pool,
+                    slot,
+                    given: AtomicBool::new(false),
+                    _attach: p.token.clone(),
+                });
                 let mut h = *p.base.handle();
                 h.storage_offset = p.base.handle().storage_offset + u64::from(slot) * p.slot_size + offset;
                 h.storage_size = size;
@@ -376,7 +406,7 @@ impl Connection {
         if self.shared.generation != crate::shm::generation() {
             return;
         }
-        if !self.shared.closed.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        if !self.shared.closed.swap(true, Ordering::AcqRel) {
             let _ = rustix::net::shutdown(&self.shared.fd, rustix::net::Shutdown::Both);
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             st.pools.clear();
@@ -403,7 +433,7 @@ fn open(
     h: &crate::handle::DevshareHandle,
     table: Option<&[u8]>,
     mut fds: Vec<OwnedFd>,
-    lease: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    lease: Option<Arc<dyn Lease>>,
 ) -> Result<Import> {
     let req = ImportRequest::default();
     if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_CHANNEL != 0 {

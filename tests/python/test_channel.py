@@ -751,14 +751,14 @@ def test_channel_prototypes_match_the_header(tmp_path):
     assert cc is not None, "no C compiler for tests/c/layout_dump.c"
     header = abi_check.load_header()
     checker = abi_check.Checker(header, abi_check.run_dump(tmp_path, cc))
-    sigs = _abi.channel_signatures(_lib.ExporterP, _lib.ImportP)
+    sigs = _abi.channel_signatures(_lib.ExporterP, _lib.ImportP) + _abi.channel_signatures_1_2(_lib.ImportP)
     problems = [p for name, restype, argtypes in sigs
                 for p in checker.function_problems(name, restype, argtypes)]
     assert not problems, problems
     ours = {name for name, _, _ in sigs}
     theirs = {f for f in header.functions
               if f.startswith(("devshare_channel_", "devshare_pool_", "devshare_connection_"))}
-    theirs |= {"devshare_import_pool_slot", "devshare_peer_info_init"}
+    theirs |= {"devshare_import_pool_slot", "devshare_peer_info_init", "devshare_import_give_back"}
     assert ours == theirs
     # ... and they are the prototypes the package calls with.
     for name, restype, argtypes in sigs:
@@ -776,3 +776,133 @@ def test_channel_empty():
         devshare.channel_empty((-1,))
     with pytest.raises(ValueError):
         devshare.channel_empty(4, like="jax")
+
+
+# --- What one careless peer or thread can no longer do ------------------------------------------
+
+
+def test_a_pool_of_2_31_slots_raises_instead_of_killing_the_interpreter():
+    with devshare.Channel(_address("huge-pool")) as ch:
+        with pytest.raises(devshare.Error):
+            ch.pool(64, 2**31)  # 128 GiB: more than shared memory holds
+        with pytest.raises(devshare.Error) as e:
+            ch.pool(1, 2**31)  # 2 GiB of memory, but more slots than a pool may have
+        assert e.value.status in (devshare.Status.BAD_SIZE, devshare.Status.OS), e.value
+
+
+def test_a_tensor_used_after_its_lease_is_released_stays_mapped(pair):
+    """Item.release() gives the lease back at once, but the memory stays mapped while a tensor
+    over it lives: reading it after the release (and after the producer freed its side) reads
+    memory, never faults."""
+    ch, conn, peer = pair
+    t = devshare.channel_empty(4096, "uint8")
+    t[:] = 7
+    ch.send(peer, t)
+    item = conn.recv(timeout=LIMIT)
+    kept = item.tensor[100:200]
+    item.release()
+    assert devshare.wait(t, timeout=LIMIT) and devshare.outstanding(t) == 0  # back at once
+    del t
+    gc.collect()  # the producer's own mapping and export are gone
+    assert int(kept.sum()) == 7 * 100  # the consumer's mapping is not
+    del kept
+    gc.collect()
+
+
+def test_a_pool_tensor_kept_after_release_shows_the_next_item_and_survives_the_close(pair):
+    """The stale-data case, documented: a view of a pool item kept after its release reads what
+    the producer writes into that slot next. It stays mapped after the connection closes too."""
+    ch, conn, peer = pair
+    pool = ch.pool(64, 1)
+    slot = pool.acquire(timeout=LIMIT)
+    slot.tensor((64,), "uint8")[:] = 1
+    slot.send(peer)
+    first = conn.recv(timeout=LIMIT)
+    stale = first.tensor
+    first.release()
+    slot = pool.acquire(timeout=LIMIT)  # the same (only) slot, back at once
+    slot.tensor((64,), "uint8")[:] = 2
+    slot.send(peer)
+    second = conn.recv(timeout=LIMIT)
+    assert (second.slot, int(second.tensor[0])) == (first.slot, 2)
+    assert int(stale[0]) == 2  # the next item's data: copy what you keep
+    kept = second.tensor
+    second.release()
+    conn.close()
+    pool.close()
+    gc.collect()
+    assert int(kept.sum()) == 2 * 64  # still mapped: nothing faults
+
+
+def test_disconnect_takes_a_consumers_items_back_at_once(pair):
+    ch, conn, peer = pair
+    t = devshare.channel_empty(256, "uint8")
+    ch.send(peer, t)
+    item = conn.recv(timeout=LIMIT)
+    assert devshare.outstanding(t) == 1
+    ch.disconnect(peer)
+    assert devshare.outstanding(t) == 0 and ch.peers() == []
+    with pytest.raises(devshare.ChannelClosed):
+        conn.recv(timeout=LIMIT)
+    with pytest.raises(devshare.Error) as e:
+        ch.disconnect(peer)
+    assert e.value.status == devshare.Status.NOT_FOUND
+    item.release()
+
+
+def test_a_finalizer_that_runs_while_a_call_is_inside_leaves_the_close_to_that_call():
+    """What the interpreter's exit does to a Channel whose service() runs in a daemon thread:
+    the finalizer must not free the library object under the call; the call's exit does."""
+    from devshare import _channel
+
+    closed = []
+
+    class Probe(_channel._Owned):
+        _what = "Probe"
+
+    p = Probe()
+    p._own("ptr", lambda ptr: closed.append(ptr))
+    p._enter()  # a thread is inside a call
+    p._fin()  # the finalizer runs (garbage, or the interpreter's exit)
+    assert closed == [], "closed under a running call"
+    with pytest.raises(ValueError, match="closed"):
+        p._enter()  # no new calls
+    p._exit()  # the call leaves: now it is closed, once
+    assert closed == ["ptr"]
+    p._fin()
+    assert closed == ["ptr"]
+
+
+_EXIT_WITH_DAEMONS = r"""
+import os, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import devshare
+address = "@devshare-exit-%d" % os.getpid()
+ch = devshare.Channel(address)
+def serve():
+    while True:
+        try:
+            ch.service(timeout=0.001)
+        except Exception:
+            return
+threading.Thread(target=serve, daemon=True).start()
+conn = devshare.connect(address, timeout=30)
+def receive():
+    while True:
+        try:
+            conn.recv(timeout=0.001)
+        except TimeoutError:
+            continue
+        except Exception:
+            return
+threading.Thread(target=receive, daemon=True).start()
+time.sleep(0.05)
+# exit with both daemon threads inside calls: the finalizers run now
+"""
+
+
+def test_the_interpreter_exits_cleanly_with_daemon_threads_inside_channel_calls():
+    python_dir = os.path.join(os.path.dirname(__file__), "..", "..", "python")
+    for i in range(20):
+        r = run([sys.executable, "-c", _EXIT_WITH_DAEMONS, python_dir], env=python_env(), timeout=LIMIT)
+        assert r.returncode == 0, f"exit {i}: returncode {r.returncode}: {r.stderr[-2000:]}"
