@@ -2301,6 +2301,12 @@ public:
         }
     }
 
+    // Whitelist ACL exports for the pid a consumer announced even where it is not its kernel pid
+    // (devshare_channel_trust_announced_pids): for consumers in containers.
+    [[nodiscard]] Result<void> try_trust_announced_pids(bool trust) {
+        return status_result(devshare_channel_trust_announced_pids(ch_, trust ? 1u : 0u));
+    }
+
     // Disconnect peer `peer` now, as if it had died (devshare_channel_disconnect): its leases
     // and slots come back at once. DEVSHARE_STATUS_NOT_FOUND when it is not connected.
     [[nodiscard]] Result<void> try_disconnect(uint64_t peer) { return status_result(devshare_channel_disconnect(ch_, peer)); }
@@ -2391,6 +2397,7 @@ public:
     [[nodiscard]] std::vector<uint64_t> peers() const { return try_peers().value(); }
     [[nodiscard]] DevsharePeerInfo peer_info(uint64_t peer) const { return try_peer_info(peer).value(); }
     void disconnect(uint64_t peer) { try_disconnect(peer).value(); }
+    void trust_announced_pids(bool trust) { try_trust_announced_pids(trust).value(); }
     template <typename T>
     void send(uint64_t peer, const Exporter& exporter, const T* first, Dims shape, Dims strides = {},
               const ShareOptions& options = {}) {

@@ -392,6 +392,7 @@ def channel_signatures_1_2(import_p) -> list:
     cannot be disconnected on request and :meth:`Item.release` unmaps at once)."""
     return [
         ("devshare_channel_disconnect", c_int32, [ChannelP, c_uint64]),
+        ("devshare_channel_trust_announced_pids", c_int32, [ChannelP, c_uint32]),
         ("devshare_import_give_back", c_int32, [import_p]),
     ]
 

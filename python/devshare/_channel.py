@@ -704,6 +704,23 @@ class Channel(_Owned):
         finally:
             self._exit()
 
+    def trust_announced_pids(self, trust: bool = True) -> None:
+        """Whitelist ACL exports sent over this channel for the pid a consumer announced (its
+        bare tgid) even where it is not the consumer's pid as the kernel reports it: needed for
+        consumers in containers, whose host pid this process cannot check. Off by default: the
+        kernel's pid is whitelisted instead, so an admitted consumer cannot get NPU memory
+        whitelisted for a process :meth:`restrict` did not admit."""
+        if "devshare_channel_trust_announced_pids" not in _HAVE_1_2:
+            raise Error(Status.UNSUPPORTED, f"Channel.trust_announced_pids needs libdevshare 1.2 "
+                                            f"or later (loaded: {_library_version})")
+        if not isinstance(trust, bool):
+            raise TypeError(f"trust must be a bool, not {type(trust).__name__}")
+        ptr = self._enter()
+        try:
+            _call(lib.devshare_channel_trust_announced_pids, ptr, 1 if trust else 0)
+        finally:
+            self._exit()
+
     def restrict(self, uids=None, pids=None) -> None:
         """Narrow down who may connect from now on (connected consumers stay): ``uids``, an
         iterable of user ids, replaces the allowed set (None or empty: keep it; by default only

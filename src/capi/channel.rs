@@ -245,6 +245,20 @@ pub unsafe extern "C" fn devshare_channel_send(
     })
 }
 
+/// Whether ACL exports sent over this channel are whitelisted for the pid a consumer announced
+/// in its handshake (its bare tgid) when that is not its pid as the kernel reports it
+/// (`SO_PEERCRED`): `trust` nonzero yes, 0 (the default) no — the kernel's pid is whitelisted
+/// instead. A consumer in another pid namespace (a container: Ascend reports host pids) announces
+/// a pid this process cannot check; by default an admitted peer so cannot get ACL memory
+/// whitelisted for a process `devshare_channel_restrict` did not admit. Turn it on for consumers
+/// in containers, whose ACL imports otherwise fail the pid check (207006).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_trust_announced_pids(channel: *mut DevshareChannel, trust: u32) -> i32 {
+    boundary("devshare_channel_trust_announced_pids", || {
+        ffi!(arg(channel, "channel"))?.0.trust_announced_pids(trust != 0)
+    })
+}
+
 /// Disconnect connected peer `peer` now, as if its process had died: its leases stop counting
 /// in their exports' outstanding references, its pool slots are free again, and its
 /// `devshare_connection_recv` returns `DEVSHARE_STATUS_CLOSED` once it has read what was sent

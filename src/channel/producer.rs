@@ -50,7 +50,9 @@ pub struct PeerInfo {
     pub pid: i32,
     pub uid: u32,
     pub gid: u32,
-    /// The pid the peer said it has (its bare tgid; what ACL exports are whitelisted for).
+    /// The pid the peer said it has (its bare tgid). ACL exports sent to it are whitelisted
+    /// for it when it is the kernel's `pid`, or when the channel trusts announced pids
+    /// ([`Channel::trust_announced_pids`]); otherwise for `pid`.
     pub tgid: i32,
     /// References leased to it and pools it attached, not yet returned.
     pub leases: u64,
@@ -113,6 +115,8 @@ struct Core {
     path: Option<(std::path::PathBuf, u64, u64)>,
     uids: Vec<u32>,
     pids: Vec<i32>,
+    /// Whitelist a peer's announced pid even where it is not the kernel's (containers).
+    trust_announced: bool,
     peers: Vec<Peer>,
     next_peer: u64,
     next_lease: u64,
@@ -190,6 +194,7 @@ impl Channel {
             path,
             uids: vec![rustix::process::geteuid().as_raw()],
             pids: Vec::new(),
+            trust_announced: false,
             peers: Vec::new(),
             next_peer: 1,
             next_lease: 1,
@@ -222,6 +227,16 @@ impl Channel {
         if !pids.is_empty() {
             core.pids = pids.to_vec();
         }
+        Ok(())
+    }
+
+    /// Whether ACL exports sent to a peer are whitelisted for the pid it announced even when that
+    /// is not its pid as the kernel reports it (`SO_PEERCRED`). A consumer in another pid
+    /// namespace — a container — announces its host pid (its bare tgid), which this process
+    /// cannot check; by default such a peer's kernel pid is whitelisted instead, so that an
+    /// admitted peer cannot get memory whitelisted for a process [`Self::restrict`] did not admit.
+    pub fn trust_announced_pids(&self, trust: bool) -> Result<()> {
+        self.shared.lock()?.trust_announced = trust;
         Ok(())
     }
 
@@ -500,11 +515,22 @@ impl Core {
             .min()
     }
 
-    /// Whitelist the peer's tgid on `exp` once (ACL; a no-op elsewhere).
+    /// The pid ACL exports sent to `p` are whitelisted for: the one it announced when that is
+    /// its kernel pid or announced pids are trusted, else its kernel pid.
+    fn whitelist_pid(&self, p: &Peer) -> i32 {
+        if p.info.tgid == p.info.pid || self.trust_announced {
+            p.info.tgid
+        } else {
+            p.info.pid
+        }
+    }
+
+    /// Whitelist the peer on `exp` once (ACL; a no-op elsewhere).
     fn allow(&mut self, peer: u64, exp: &Exporter) -> Result<()> {
+        let pid = self.whitelist_pid(self.peer(peer)?);
         let p = self.peer_mut(peer)?;
         if !p.allowed.contains(&exp.id()) {
-            exp.allow_pid(p.info.tgid)?;
+            exp.allow_pid(pid)?;
             p.allowed.insert(exp.id());
         }
         Ok(())
@@ -972,5 +998,41 @@ fn describe(s: SlotState) -> String {
         SlotState::Free => "free".into(),
         SlotState::Acquired => "acquired".into(),
         SlotState::Sent(p) => format!("out with peer {p}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A raw consumer that announces `tgid` in its handshake.
+    fn announce(addr: &str, tgid: i32) -> OwnedFd {
+        let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+            .expect("socket");
+        let name = addr.strip_prefix('@').expect("abstract");
+        rustix::net::connect(&fd, &rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).expect("name"))
+            .expect("connect");
+        let mut hello = Out::new(wire::HELLO);
+        hello.u32(wire::MAGIC).u16(wire::VERSION).u16(0).i32(tgid);
+        assert!(wire::try_send(fd.as_fd(), &hello.0, &[]).expect("send"));
+        fd
+    }
+
+    #[test]
+    fn an_announced_pid_that_is_not_the_kernels_is_whitelisted_only_when_trusted() {
+        let addr = format!("@devshare-unit-tgid-{}", std::process::id());
+        let ch = Channel::listen(&addr).expect("listen");
+        let own = std::process::id() as i32;
+        let _honest = announce(&addr, own);
+        let _other = announce(&addr, own + 3_000_000); // a container's host pid, or a lie
+        ch.wait_peers(2, Some(Duration::from_secs(10))).expect("two peers");
+        let ids = ch.peer_ids().expect("ids");
+        let pids = |ch: &Channel| -> Vec<(i32, i32)> {
+            let core = ch.shared.lock().expect("lock");
+            ids.iter().map(|&id| core.peer(id).map(|p| (p.info.tgid, core.whitelist_pid(p))).expect("peer")).collect()
+        };
+        assert_eq!(pids(&ch), vec![(own, own), (own + 3_000_000, own)], "the kernel's pid, not the announced one");
+        ch.trust_announced_pids(true).expect("trust");
+        assert_eq!(pids(&ch), vec![(own, own), (own + 3_000_000, own + 3_000_000)]);
     }
 }

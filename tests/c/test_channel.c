@@ -1672,6 +1672,9 @@ static void test_acl_pool(void) {
     DevsharePool *pool = NULL;
     REQUIRE(devshare_channel_listen(address, &ch));
     REQUIRE(devshare_pool_create(ch, exp, SLOT, COUNT, &pool));
+    /* The stand-in models a container (bare tgid != pid): whitelist the announced pid. Without
+     * this the kernel's pid is whitelisted, which the import's pid check refuses. */
+    REQUIRE(devshare_channel_trust_announced_pids(ch, 1));
     g_acl = 1;
     Child k = spawn_child("acl", "");
     const uint64_t peer = connect_child(ch, &k, address, "acl pool");
@@ -2086,6 +2089,8 @@ static void test_acl_lease_event(void) {
     make_address(address, sizeof address, "acl_event");
     DevshareChannel *ch = NULL;
     REQUIRE(devshare_channel_listen(address, &ch));
+    /* The stand-in models a container: a consumer's bare tgid is not its pid here. */
+    REQUIRE(devshare_channel_trust_announced_pids(ch, 1));
     g_acl = 1;
     Child k = spawn_child("acl", "");
     const uint64_t peer = connect_child(ch, &k, address, "acl lease event");

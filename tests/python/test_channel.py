@@ -906,3 +906,11 @@ def test_the_interpreter_exits_cleanly_with_daemon_threads_inside_channel_calls(
     for i in range(20):
         r = run([sys.executable, "-c", _EXIT_WITH_DAEMONS, python_dir], env=python_env(), timeout=LIMIT)
         assert r.returncode == 0, f"exit {i}: returncode {r.returncode}: {r.stderr[-2000:]}"
+
+
+def test_trusting_announced_pids_is_a_switch_that_takes_a_bool():
+    with devshare.Channel(_address("trust")) as ch:
+        ch.trust_announced_pids(True)
+        ch.trust_announced_pids(False)
+        with pytest.raises(TypeError):
+            ch.trust_announced_pids(1)
