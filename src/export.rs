@@ -2,14 +2,69 @@
 //! ref-counter that tells when their consumers let go.
 
 use crate::backend::{self, host, ExportOptions, Exported, IpcEvent};
-use crate::channel::LeaseBook;
 use crate::dtype::DevshareDType;
 use crate::error::{Error, Result};
 use crate::handle::{validate, DevshareHandle, DEVSHARE_MAX_NDIM};
 use crate::refcounter::RefCounter;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
+
+/// Most descriptors passed next to one handle (the kernel's `SCM_MAX_FD`); a segmented export
+/// with more leaves its consumers to take them with `pidfd_getfd`.
+pub(crate) const MAX_PASSED_FDS: usize = 253;
+
+/// Something that returns an export's leases when it is served: a delivery layer (the channel)
+/// implements it, and [`Exporter::wait`] serves it while waiting for the leases.
+pub(crate) trait LeaseServer: Send + Sync {
+    /// Take what arrived (returned leases included), waiting at most `pause` for something.
+    fn serve(&self, pause: Duration) -> Result<()>;
+}
+
+/// The leases of one export: references handed out by a delivery layer (counted in
+/// [`Exporter::outstanding`]) and the servers that take them back.
+#[derive(Default)]
+pub struct LeaseBook {
+    count: AtomicU64,
+    servers: Mutex<Vec<Weak<dyn LeaseServer>>>,
+}
+
+impl LeaseBook {
+    /// References leased and not returned.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// One more lease, handed out through `server`.
+    pub(crate) fn add<S: LeaseServer + 'static>(&self, server: &Arc<S>) {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        let mut servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+        servers.retain(|w| w.strong_count() > 0);
+        if !servers.iter().any(|w| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(server))) {
+            let weak: Weak<dyn LeaseServer> = Arc::downgrade(server) as Weak<dyn LeaseServer>;
+            servers.push(weak);
+        }
+    }
+
+    /// `n` leases came back.
+    pub(crate) fn sub(&self, n: u64) {
+        self.count.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// Serve the servers of this export's leases, waiting at most `pause` on the first; false
+    /// when there are none (the caller sleeps instead).
+    pub(crate) fn serve(&self, pause: Duration) -> bool {
+        let live: Vec<Arc<dyn LeaseServer>> = {
+            let servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+            servers.iter().filter_map(Weak::upgrade).collect()
+        };
+        let mut served = false;
+        for (i, s) in live.iter().enumerate() {
+            served |= s.serve(if i == 0 { pause } else { Duration::ZERO }).is_ok();
+        }
+        served
+    }
+}
 
 /// A tensor inside an exported allocation, as the exporter describes it.
 #[derive(Clone, Debug)]
@@ -51,16 +106,7 @@ impl Default for TensorDesc<'_> {
     }
 }
 
-/// C-contiguous strides for a shape (saturating: validation rejects what overflows).
-pub fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
-    let mut strides = vec![0i64; shape.len()];
-    let mut acc: i64 = 1;
-    for i in (0..shape.len()).rev() {
-        strides[i] = acc;
-        acc = acc.saturating_mul(shape[i].max(1));
-    }
-    strides
-}
+pub use crate::handle::contiguous_strides;
 
 /// An event recorded for one share, kept until that share's slot is released.
 struct SentEvent {
@@ -113,7 +159,7 @@ impl Exporter {
 
     /// Allocate `size` bytes of host memory as a sealed memfd, shareable only over a channel.
     pub fn channel_host_alloc(size: u64) -> Result<Exporter> {
-        Ok(Exporter::new(crate::handle::DEVSHARE_BACKEND_HOST, crate::channel::memfd::alloc(size)?))
+        Ok(Exporter::new(crate::handle::DEVSHARE_BACKEND_HOST, crate::backend::memfd::alloc(size)?))
     }
 
     /// Unique id of this export in this process.
@@ -133,7 +179,7 @@ impl Exporter {
             return vec![fd];
         }
         let fds = self.alloc.segment_fds();
-        if fds.len() > crate::channel::wire::MAX_FDS {
+        if fds.len() > MAX_PASSED_FDS {
             return Vec::new(); // too many for one message: consumers take them with pidfd_getfd
         }
         fds
@@ -389,7 +435,7 @@ impl Exporter {
             }
             if let Some(t) = timeout {
                 let elapsed = start.elapsed();
-                if elapsed >= t && !last_look && self.leases.serve_channels(Duration::ZERO) {
+                if elapsed >= t && !last_look && self.leases.serve(Duration::ZERO) {
                     // Time is up: take the returns that already arrived, then look once more.
                     last_look = true;
                     continue;
@@ -404,7 +450,7 @@ impl Exporter {
             }
             // Leases come back through their channels: serve them while waiting (a return wakes
             // this at once); otherwise poll the ref-counters.
-            if !self.leases.serve_channels(pause) {
+            if !self.leases.serve(pause) {
                 std::thread::sleep(pause);
             }
             pause = (pause * 2).min(Duration::from_millis(2));

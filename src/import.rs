@@ -25,7 +25,7 @@
 //!
 //! **fork.** A child forked after imports inherits the registry and the mappings, but the
 //! counts and references they stand for are the parent's. A `pthread_atfork` child handler
-//! (installed by [`crate::shm::generation`]) starts a new generation: the child's registry
+//! (installed by [`crate::fork::generation`]) starts a new generation: the child's registry
 //! forgets every inherited import without unmapping, decrementing or unlinking anything (the
 //! child's copies of the mappings are leaked until it exits), and releasing an inherited
 //! [`Import`] in the child does nothing. The prepare handler takes the registry lock around
@@ -119,7 +119,7 @@ struct Registry {
     allocs: FxHashMap<AllocKey, Slot>,
     tickets: FxHashMap<Ticket, TicketUse>,
     watched: FxHashMap<RefName, WatchEntry>,
-    /// [`crate::shm::generation`] the entries belong to.
+    /// [`crate::fork::generation`] the entries belong to.
     generation: u64,
 }
 
@@ -152,7 +152,11 @@ impl Registry {
     }
 }
 
-static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Default::default);
+static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(|| {
+    // From its first use on, the registry's lock is held across every fork (see RegistryFork).
+    crate::fork::register(&RegistryFork);
+    Mutex::default()
+});
 
 /// Signalled whenever an allocation stops opening or closing, or a reference stops being
 /// claimed: the imports waiting for one of those look again.
@@ -216,7 +220,7 @@ impl RegistryGuard {
 }
 
 fn registry() -> RegistryGuard {
-    let generation = crate::shm::generation();
+    let generation = crate::fork::generation();
     // A panic while holding the lock cannot leave the maps half-updated (every update is a single
     // insert/remove/increment), so a poisoned lock is still consistent.
     let mut reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
@@ -232,25 +236,28 @@ fn registry() -> RegistryGuard {
     RegistryGuard(Some(reg))
 }
 
-/// atfork prepare: hold the registry lock across `fork` (unless this thread already holds it:
-/// then it releases it itself, in both processes).
-pub(crate) fn fork_prepare() {
-    if HOLDS_REGISTRY.with(Cell::get) {
-        return;
+/// The registry's part in `fork` ([`crate::fork::ForkHook`]): hold its lock across the fork
+/// (unless the forking thread holds it already: then it releases it itself, in both
+/// processes), so that no other thread holds it in the child; the child's next use forgets the
+/// parent's entries (see [`registry`]).
+struct RegistryFork;
+
+impl crate::fork::ForkHook for RegistryFork {
+    fn prepare(&self) {
+        if HOLDS_REGISTRY.with(Cell::get) {
+            return;
+        }
+        let guard = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+        FORK_GUARD.with(|g| *g.borrow_mut() = Some(guard));
     }
-    let guard = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
-    FORK_GUARD.with(|g| *g.borrow_mut() = Some(guard));
-}
 
-/// atfork parent: let the lock go.
-pub(crate) fn fork_parent() {
-    FORK_GUARD.with(|g| drop(g.borrow_mut().take()));
-}
+    fn parent(&self) {
+        FORK_GUARD.with(|g| drop(g.borrow_mut().take()));
+    }
 
-/// atfork child (after the generation changed): let the lock go; the next use of the registry
-/// forgets the parent's entries.
-pub(crate) fn fork_child() {
-    FORK_GUARD.with(|g| drop(g.borrow_mut().take()));
+    fn child(&self) {
+        FORK_GUARD.with(|g| drop(g.borrow_mut().take()));
+    }
 }
 
 /// Number of allocations currently mapped by imports in this process.
@@ -334,7 +341,7 @@ pub struct Import {
     mapping: Option<Arc<dyn Mapping>>,
     handle: DevshareHandle,
     validated: Validated,
-    /// [`crate::shm::generation`] at import: released in a forked child, it gives back nothing.
+    /// [`crate::fork::generation`] at import: released in a forked child, it gives back nothing.
     generation: u64,
 }
 
@@ -360,7 +367,7 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
 
 /// [`import`] for a segmented handle whose segment table travelled next to it (`table`).
 pub fn import_full(h: &DevshareHandle, table: Option<&[u8]>, req: ImportRequest) -> Result<Import> {
-    import_from(h, table, req, None)
+    import_from(h, table, req, None, None)
 }
 
 /// An allocation that arrived next to its handle (a memfd over a channel) instead of being opened
@@ -374,15 +381,17 @@ pub(crate) struct Attached<'a> {
 }
 
 /// Import `h` (with its segment table when it is not inline), whose allocation came with it
-/// when `attached` says so, holding `lease` until the import and its clones are released.
+/// when `attached` says so, or whose segments' descriptors came with it (`passed`), holding
+/// `lease` until the import and its clones are released.
 pub(crate) fn import_attached(
     h: &DevshareHandle,
     table: Option<&[u8]>,
     req: ImportRequest,
     attached: Option<Attached<'_>>,
+    passed: Option<&crate::backend::PassedFds>,
     lease: Option<Arc<dyn Lease>>,
 ) -> Result<Import> {
-    let mut imp = import_from(h, table, req, attached)?;
+    let mut imp = import_from(h, table, req, attached, passed)?;
     imp.lease = lease;
     Ok(imp)
 }
@@ -392,8 +401,9 @@ fn import_from(
     table: Option<&[u8]>,
     req: ImportRequest,
     mut attached: Option<Attached<'_>>,
+    passed: Option<&crate::backend::PassedFds>,
 ) -> Result<Import> {
-    let generation = crate::shm::generation();
+    let generation = crate::fork::generation();
     let validated = validate(h)?;
     if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_CHANNEL != 0 && attached.is_none() {
         return Err(Error::Unsupported(
@@ -520,7 +530,7 @@ fn import_from(
                 let opened = (|| -> Result<Arc<dyn Mapping>> {
                     let m: Arc<dyn Mapping> = match (segments.as_ref(), attached.as_mut()) {
                         (_, Some(a)) => (a.open)()?.into(),
-                        (Some(t), None) => backend.import_segmented(h, t, &validated, &req)?.into(),
+                        (Some(t), None) => backend.import_segmented(h, t, &validated, &req, passed)?.into(),
                         (None, None) => backend.import(h, &validated, &req)?.into(),
                     };
                     // A mapping that does not hold the handle's storage is undone here, still
@@ -752,7 +762,7 @@ impl Import {
             validated: self.validated,
             generation: self.generation,
         };
-        if self.generation != crate::shm::generation() {
+        if self.generation != crate::fork::generation() {
             // A forked child's copy of its parent's import: the clone is as inert as it is.
             return clone;
         }
@@ -812,7 +822,7 @@ impl Import {
     }
 
     fn release_inner(&mut self) {
-        if self.generation != crate::shm::generation() {
+        if self.generation != crate::fork::generation() {
             // A forked child's copy of its parent's import: the mapping, its counts and the
             // reference are the parent's. Forget them (the child's copy of the mapping stays
             // until it exits).
@@ -970,7 +980,7 @@ mod tests {
             mapping: Some(Arc::new(m)),
             handle: h,
             validated: v,
-            generation: crate::shm::generation(),
+            generation: crate::fork::generation(),
         }
     }
 

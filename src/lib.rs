@@ -22,6 +22,7 @@ pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod export;
+mod fork;
 pub mod handle;
 pub mod hostid;
 pub mod import;

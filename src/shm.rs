@@ -9,15 +9,13 @@
 //! bits ([`open_trusted`]); callers then check the size their layout needs. A refusal is
 //! [`Error::Untrusted`] and leaves the object exactly as it was.
 //!
-//! **fork.** A child process inherits the parent's mappings but holds none of the counts they
-//! stand for. [`generation`] changes in every child (a `pthread_atfork` child handler), and every
-//! object that counts itself somewhere (host mappings, ref-counters, imports) remembers the
-//! generation it was made in: dropped in another generation, it gives back nothing.
+//! **fork.** A host mapping or object made in one fork generation gives nothing back in another
+//! (the rule and its generation counter live in [`crate::fork`]).
 
 use crate::error::{Error, Result};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64};
 
 /// A mapping of (part of) a shm object; unmapped on drop.
 pub(crate) struct Map {
@@ -351,41 +349,4 @@ pub(crate) fn random_name(prefix: &str) -> Result<Vec<u8>> {
     }
     let hex: String = r.iter().map(|b| format!("{b:02x}")).collect();
     Ok(format!("/{prefix}_{}_{hex}", std::process::id()).into_bytes())
-}
-
-/// The fork generation of this process: 0 in a process that was not forked after devshare was
-/// first used, one more in each child after each `fork` (a `pthread_atfork` child handler, set
-/// up by the first call). Objects that count themselves in shared memory remember the
-/// generation they were made in and give nothing back when dropped in another: a child's copies
-/// of the parent's mappings hold no count of their own.
-pub(crate) fn generation() -> u64 {
-    static HANDLERS: std::sync::Once = std::sync::Once::new();
-    HANDLERS.call_once(|| {
-        // SAFETY: the three handlers are plain functions that live as long as the library (and
-        // glibc unregisters them when a dlopen'ed copy is unloaded: pthread_atfork passes the
-        // object's __dso_handle).
-        let rc = unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
-        // ENOMEM is the only documented failure; without handlers a forked child could give back
-        // its parent's counts, so refuse to go on rather than risk it.
-        assert_eq!(rc, 0, "pthread_atfork failed");
-    });
-    GENERATION.load(Ordering::SeqCst)
-}
-
-static GENERATION: AtomicU64 = AtomicU64::new(0);
-
-/// Before `fork`: take the import registry's lock, so that no other thread holds it in the child.
-extern "C" fn fork_prepare() {
-    crate::import::fork_prepare();
-}
-
-/// After `fork`, in the parent: let the lock go.
-extern "C" fn fork_parent() {
-    crate::import::fork_parent();
-}
-
-/// After `fork`, in the child: a new generation; the registry forgets the parent's imports.
-extern "C" fn fork_child() {
-    GENERATION.fetch_add(1, Ordering::SeqCst);
-    crate::import::fork_child();
 }

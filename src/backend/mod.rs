@@ -8,6 +8,7 @@
 pub mod acl;
 pub mod cuda;
 pub mod host;
+pub(crate) mod memfd;
 pub(crate) mod per_generation;
 pub mod pidfd;
 pub mod runtime;
@@ -47,6 +48,27 @@ pub struct ImportRequest {
 impl Default for ImportRequest {
     fn default() -> Self {
         ImportRequest { read_only: false, device: None, stream: std::ptr::null_mut(), peer: PeerAccess::default() }
+    }
+}
+
+/// Descriptors of a segmented CUDA export's segments that arrived next to its handle (passed
+/// over a channel with `SCM_RIGHTS`), by the producer's pid and fd number: the segmented import
+/// imports these instead of taking the producer's fds with `pidfd_getfd`. Each is used once;
+/// what is not used is closed with this.
+#[derive(Default)]
+pub struct PassedFds(std::sync::Mutex<Vec<((i32, i32), std::os::fd::OwnedFd)>>);
+
+impl PassedFds {
+    /// The descriptors, by (producer pid, the producer's fd number).
+    pub fn new(fds: Vec<((i32, i32), std::os::fd::OwnedFd)>) -> PassedFds {
+        PassedFds(std::sync::Mutex::new(fds))
+    }
+
+    /// The descriptor passed for the producer's fd `fd`, if one was (once).
+    pub(crate) fn take(&self, pid: i32, fd: i32) -> Option<std::os::fd::OwnedFd> {
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let i = v.iter().position(|(k, _)| *k == (pid, fd))?;
+        Some(v.swap_remove(i).1)
     }
 }
 
@@ -183,12 +205,14 @@ pub trait Backend: Sync {
     /// Map a segmented allocation (a validated handle with `DEVSHARE_HANDLE_FLAG_SEGMENTED` and
     /// its table): import every segment on `req.device`, reserve exactly
     /// `count x segment_size` of address space and map the segments into it, in order.
+    /// `passed`: descriptors that arrived with the handle, used instead of the producer's.
     fn import_segmented(
         &self,
         h: &DevshareHandle,
         _segments: &crate::handle::segments::SegmentTable<'_>,
         _v: &Validated,
         _req: &ImportRequest,
+        _passed: Option<&PassedFds>,
     ) -> Result<Box<dyn Mapping>> {
         Err(Error::Unsupported(format!("{} memory cannot be segmented", h.backend_name())))
     }

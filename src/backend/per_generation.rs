@@ -6,7 +6,7 @@
 //! thread it does not have: its first segmented export or import would wait forever. And the
 //! entries are the parent's (its handles, its fds), which the child's runtime does not know.
 //!
-//! So each cache belongs to one [`crate::shm::generation`] (a new one starts in every forked
+//! So each cache belongs to one [`crate::fork::generation`] (a new one starts in every forked
 //! child, from a `pthread_atfork` child handler): the first use in a new generation makes a new,
 //! empty cache with its own lock, and the parent's cache is forgotten (leaked, never unlocked,
 //! read or dropped in the child; nothing in it is released or unexported). Switching caches is
@@ -38,7 +38,7 @@ impl<T: Default + 'static> PerGeneration<T> {
 
     /// This generation's cache, made (empty) on its first use.
     pub(crate) fn get(&self) -> &'static Mutex<T> {
-        let generation = crate::shm::generation();
+        let generation = crate::fork::generation();
         loop {
             let cur = self.current.load(Ordering::Acquire);
             // SAFETY: a non-null pointer here came from `Box::into_raw` and is never freed (see

@@ -175,7 +175,7 @@ impl<T> Optional<T> {
 pub(crate) struct OnDemand<A> {
     cell: OnceLock<Runtime<A>>,
     load: fn() -> Result<A>,
-    /// [`crate::shm::generation`] of the process that loaded it (a forked child inherits the
+    /// [`crate::fork::generation`] of the process that loaded it (a forked child inherits the
     /// loaded runtime, not its initialisation).
     generation: std::sync::atomic::AtomicU64,
 }
@@ -190,7 +190,7 @@ impl<A> OnDemand<A> {
     /// then this process must not call it.
     pub(crate) fn inherited(&self) -> bool {
         self.cell.get().is_some()
-            && self.generation.load(std::sync::atomic::Ordering::Acquire) != crate::shm::generation()
+            && self.generation.load(std::sync::atomic::Ordering::Acquire) != crate::fork::generation()
     }
 
     /// The loaded runtime. Only success is kept: a failed load is tried again next time (the
@@ -202,7 +202,7 @@ impl<A> OnDemand<A> {
         }
         let api = (self.load)()?;
         Ok(self.cell.get_or_init(|| {
-            self.generation.store(crate::shm::generation(), std::sync::atomic::Ordering::Release);
+            self.generation.store(crate::fork::generation(), std::sync::atomic::Ordering::Release);
             Runtime { api, contexts: Mutex::new(HashMap::new()) }
         }))
     }

@@ -25,7 +25,7 @@ impl ConnShared {
     /// Send a consumer message; failures are dropped (the producer is gone, or it will learn
     /// everything from the hang-up).
     fn tell(&self, msg: &Out) {
-        if self.generation == crate::shm::generation() && !self.closed.load(Ordering::Acquire) {
+        if self.generation == crate::fork::generation() && !self.closed.load(Ordering::Acquire) {
             let _ = wire::send(self.fd.as_fd(), &msg.0, &[]);
         }
     }
@@ -195,7 +195,7 @@ impl Connection {
                             return Ok(Connection {
                                 shared: Arc::new(ConnShared {
                                     fd,
-                                    generation: crate::shm::generation(),
+                                    generation: crate::fork::generation(),
                                     closed: Default::default(),
                                 }),
                                 state: Mutex::new(State { buf, fds, pools: FxHashMap::default(), eof: false }),
@@ -247,7 +247,7 @@ impl Connection {
     }
 
     fn state(&self) -> Result<MutexGuard<'_, State>> {
-        if self.shared.generation != crate::shm::generation() {
+        if self.shared.generation != crate::fork::generation() {
             return Err(Error::Unsupported(
                 "this connection was inherited through fork: only the process that opened it may use it".into(),
             ));
@@ -403,7 +403,7 @@ impl Connection {
     /// Close the connection: the producer takes back every lease and slot of it at once (imports
     /// stay mapped until released; releasing them then sends nothing).
     pub fn close(&self) {
-        if self.shared.generation != crate::shm::generation() {
+        if self.shared.generation != crate::fork::generation() {
             return;
         }
         if !self.shared.closed.swap(true, Ordering::AcqRel) {
@@ -444,10 +444,10 @@ fn open(
             )));
         }
         let fd = fds.pop().expect("one descriptor");
-        let key = super::memfd::identity(&fd)?;
+        let key = crate::backend::memfd::identity(&fd)?;
         let alloc_size = h.alloc_size;
-        let mut opener = || super::memfd::open_received(&fd, alloc_size, req.read_only);
-        return import_attached(h, None, req, Some(Attached { key: &key, open: &mut opener }), lease);
+        let mut opener = || crate::backend::memfd::open_received(&fd, alloc_size, req.read_only);
+        return import_attached(h, None, req, Some(Attached { key: &key, open: &mut opener }), None, lease);
     }
     if !fds.is_empty() {
         // A CUDA segmented export's fds, each once in the order of its first record.
@@ -469,7 +469,8 @@ fn open(
         }
         let pid = seg.producer_pid;
         let passed = numbers.into_iter().map(|n| (pid, n)).zip(fds).collect();
-        return super::with_passed_fds(passed, || import_attached(h, table, req, None, lease));
+        let passed = crate::backend::PassedFds::new(passed);
+        return import_attached(h, table, req, None, Some(&passed), lease);
     }
-    import_attached(h, table, req, None, lease)
+    import_attached(h, table, req, None, None, lease)
 }

@@ -30,87 +30,8 @@
 //! thread.
 
 pub mod consumer;
-pub(crate) mod memfd;
 pub mod producer;
 pub(crate) mod wire;
 
 pub use consumer::Connection;
 pub use producer::{Channel, PeerInfo, Pool};
-
-use producer::ChannelShared;
-use std::cell::RefCell;
-use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
-
-/// The channel leases of one export: how many are out, and the channels to serve while waiting
-/// for them.
-#[derive(Default)]
-pub struct LeaseBook {
-    count: AtomicU64,
-    channels: Mutex<Vec<Weak<ChannelShared>>>,
-}
-
-impl LeaseBook {
-    /// References leased and not returned.
-    pub fn count(&self) -> u64 {
-        self.count.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn add(&self, ch: &Arc<ChannelShared>) {
-        self.count.fetch_add(1, Ordering::AcqRel);
-        let mut chans = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        chans.retain(|w| w.strong_count() > 0);
-        if !chans.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(ch))) {
-            chans.push(Arc::downgrade(ch));
-        }
-    }
-
-    pub(crate) fn sub(&self, n: u64) {
-        self.count.fetch_sub(n, Ordering::AcqRel);
-    }
-
-    /// Serve the channels this export was sent over, waiting at most `pause` on the first;
-    /// false when there are none (the caller sleeps instead).
-    pub(crate) fn serve_channels(&self, pause: Duration) -> bool {
-        let live: Vec<Arc<ChannelShared>> = {
-            let chans = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-            chans.iter().filter_map(Weak::upgrade).collect()
-        };
-        let mut served = false;
-        for (i, ch) in live.iter().enumerate() {
-            served |= ch.service(Some(if i == 0 { pause } else { Duration::ZERO })).is_ok();
-        }
-        served
-    }
-}
-
-thread_local! {
-    /// Segment fds that arrived over a channel next to the handle being imported on this thread:
-    /// (producer pid, the producer's fd number) -> our descriptor.
-    static PASSED_FDS: RefCell<Vec<((i32, i32), OwnedFd)>> = const { RefCell::new(Vec::new()) };
-}
-
-/// The descriptor passed over a channel for the producer's fd `fd`, if the import under way on
-/// this thread received one (the backend imports it instead of taking it with `pidfd_getfd`).
-pub(crate) fn passed_fd(pid: i32, fd: i32) -> Option<OwnedFd> {
-    PASSED_FDS.with(|p| {
-        let mut p = p.borrow_mut();
-        let i = p.iter().position(|(k, _)| *k == (pid, fd))?;
-        Some(p.swap_remove(i).1)
-    })
-}
-
-/// Run `f` with `fds` available to [`passed_fd`]; whatever it did not take is closed after.
-pub(crate) fn with_passed_fds<T>(fds: Vec<((i32, i32), OwnedFd)>, f: impl FnOnce() -> T) -> T {
-    struct Clear;
-    impl Drop for Clear {
-        fn drop(&mut self) {
-            PASSED_FDS.with(|p| p.borrow_mut().clear());
-        }
-    }
-    PASSED_FDS.with(|p| *p.borrow_mut() = fds);
-    let _clear = Clear;
-    f()
-}

@@ -1,10 +1,10 @@
 //! The producer end of a channel: the listening socket, its peers, their leases, and pools.
 
 use super::wire::{self, In, Out, Received};
-use super::LeaseBook;
 use crate::backend::IpcEvent;
 use crate::error::{Error, Result};
 use crate::export::{Exporter, TensorDesc};
+use crate::export::{LeaseBook, LeaseServer};
 use rustc_hash::{FxHashMap, FxHashSet};
 use rustix::event::epoll;
 use rustix::event::Timespec;
@@ -205,7 +205,11 @@ impl Channel {
             closed: false,
         };
         Ok(Channel {
-            shared: Arc::new(ChannelShared { core: Mutex::new(core), epoll: ep, generation: crate::shm::generation() }),
+            shared: Arc::new(ChannelShared {
+                core: Mutex::new(core),
+                epoll: ep,
+                generation: crate::fork::generation(),
+            }),
         })
     }
 
@@ -727,9 +731,15 @@ impl Core {
     }
 }
 
+impl LeaseServer for ChannelShared {
+    fn serve(&self, pause: Duration) -> Result<()> {
+        self.service(Some(pause))
+    }
+}
+
 impl ChannelShared {
     fn lock(&self) -> Result<MutexGuard<'_, Core>> {
-        if self.generation != crate::shm::generation() {
+        if self.generation != crate::fork::generation() {
             return Err(Error::Unsupported(
                 "this channel was inherited through fork: only the process that opened it may use it".into(),
             ));
@@ -792,7 +802,7 @@ impl ChannelShared {
     }
 
     fn close(&self) {
-        if self.generation != crate::shm::generation() {
+        if self.generation != crate::fork::generation() {
             return; // a forked child's copy: the parent's peers and files are not ours
         }
         let mut core = self.core.lock().unwrap_or_else(|p| p.into_inner());

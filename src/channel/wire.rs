@@ -26,7 +26,7 @@ pub(crate) const VERSION: u16 = 1;
 /// fits; the default socket buffers hold it).
 pub(crate) const MAX_MESSAGE: usize = 128 * 1024;
 /// Most descriptors one message carries (the kernel's `SCM_MAX_FD`).
-pub(crate) const MAX_FDS: usize = 253;
+pub(crate) const MAX_FDS: usize = crate::export::MAX_PASSED_FDS;
 /// How long a send waits for room in the peer's socket buffer before it gives up.
 pub(crate) const SEND_PATIENCE: Duration = Duration::from_secs(10);
 

@@ -273,3 +273,15 @@ pub fn backend_name(backend: u16) -> &'static str {
         _ => "unknown",
     }
 }
+
+/// C-contiguous strides for a shape, in elements (saturating: validation rejects what
+/// overflows).
+pub fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
+    let mut strides = vec![0i64; shape.len()];
+    let mut acc: i64 = 1;
+    for i in (0..shape.len()).rev() {
+        strides[i] = acc;
+        acc = acc.saturating_mul(shape[i].max(1));
+    }
+    strides
+}

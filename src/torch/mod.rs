@@ -8,12 +8,11 @@ pub mod format;
 
 use crate::dtype::DevshareDType;
 use crate::error::{Error, Result};
-use crate::export::contiguous_strides;
 use crate::handle::encode::Decoded;
 use crate::handle::segments;
 use crate::handle::{
-    is_shm_name, validate, DevshareHandle, DEVSHARE_BACKEND_ACL, DEVSHARE_BACKEND_CUDA, DEVSHARE_EVENT_HANDLE_SIZE,
-    DEVSHARE_HANDLE_FLAG_EVENT, DEVSHARE_MAX_NDIM, DEVSHARE_REF_NAME_CAPACITY,
+    contiguous_strides, is_shm_name, validate, DevshareHandle, DEVSHARE_BACKEND_ACL, DEVSHARE_BACKEND_CUDA,
+    DEVSHARE_EVENT_HANDLE_SIZE, DEVSHARE_HANDLE_FLAG_EVENT, DEVSHARE_MAX_NDIM, DEVSHARE_REF_NAME_CAPACITY,
 };
 pub use format::{
     convert_storage_handle, format_for_torch_version, parse_storage_handle, write_storage_handle, KeyForm,

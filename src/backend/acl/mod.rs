@@ -322,7 +322,9 @@ impl Backend for Acl {
         segments: &SegmentTable<'_>,
         _: &Validated,
         req: &ImportRequest,
+        _passed: Option<&super::PassedFds>,
     ) -> Result<Box<dyn Mapping>> {
+        // ACL segments travel as shareable handles, never as descriptors.
         vmm::import_segmented(h, segments, req)
     }
 

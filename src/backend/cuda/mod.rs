@@ -274,10 +274,11 @@ impl Backend for Cuda {
         segments: &SegmentTable<'_>,
         _: &Validated,
         req: &ImportRequest,
+        passed: Option<&super::PassedFds>,
     ) -> Result<Box<dyn Mapping>> {
         let api = api()?;
         let device = target_device(api, h, req)?;
-        Ok(Box::new(vmm::import_segmented(api, device, segments, req)?))
+        Ok(Box::new(vmm::import_segmented(api, device, segments, req, passed)?))
     }
 
     fn export_segments(

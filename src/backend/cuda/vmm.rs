@@ -240,7 +240,12 @@ fn imported_page(key: PageKey, device: c_int, import: impl FnOnce() -> Result<Me
 
 /// Every segment's physical memory, in address order (nothing is mapped yet). On an error the
 /// pages imported so far are released and every stolen fd is closed.
-fn import_pages(api: &CudaApi, device: c_int, t: &SegmentTable<'_>) -> Result<Vec<Arc<ImportedPage>>> {
+fn import_pages(
+    api: &CudaApi,
+    device: c_int,
+    t: &SegmentTable<'_>,
+    passed: Option<&crate::backend::PassedFds>,
+) -> Result<Vec<Arc<ImportedPage>>> {
     let mut pages = Vec::with_capacity(t.seg.count as usize);
     match t.seg.kind {
         DEVSHARE_SEGMENTS_CUDA_FD => {
@@ -248,8 +253,8 @@ fn import_pages(api: &CudaApi, device: c_int, t: &SegmentTable<'_>) -> Result<Ve
             let mut producer: Option<crate::backend::pidfd::Process> = None;
             for fd in t.fds() {
                 pages.push(imported_page(PageKey::Fd { pid, fd }, device, || {
-                    // Passed over a channel next to the handle: no pidfd_getfd needed.
-                    if let Some(passed) = crate::channel::passed_fd(pid, fd) {
+                    // Passed next to the handle (over a channel): no pidfd_getfd needed.
+                    if let Some(passed) = passed.and_then(|p| p.take(pid, fd)) {
                         return api.mem_import_fd(passed.as_fd());
                     }
                     let process = match &mut producer {
@@ -328,6 +333,7 @@ pub(super) fn import_segmented(
     device: c_int,
     t: &SegmentTable<'_>,
     req: &ImportRequest,
+    passed: Option<&crate::backend::PassedFds>,
 ) -> Result<CudaSegmentsMapping> {
     let _g = api.bind(device)?;
     check_granularity(api, device, t.seg.segment_size)?;
@@ -351,7 +357,7 @@ pub(super) fn import_segmented(
     // from the producer or any page is imported.
     m.va = api.mem_address_reserve(size)?;
     m.reserved = true;
-    m.pages = import_pages(api, device, t)?;
+    m.pages = import_pages(api, device, t, passed)?;
     if m.pages.len() != t.seg.count as usize {
         return Err(Error::Internal(format!("{} pages imported for {} segments", m.pages.len(), t.seg.count)));
     }

@@ -1,4 +1,5 @@
-//! Host memory for channels: a sealed `memfd`.
+//! Host memory that travels as a descriptor: a sealed `memfd` (an allocation kind next to the
+//! named shared memory of [`super::host`]; the channel passes its descriptor).
 //!
 //! The producer creates an anonymous memfd, sizes it and seals it with `F_SEAL_SHRINK`,
 //! `F_SEAL_GROW` and `F_SEAL_SEAL`: nobody — not the producer, not a consumer that received the
@@ -12,12 +13,15 @@
 //! import registry caches the mapping by the file's identity (device and inode, from `fstat`),
 //! never by anything the handle or the sender claims.
 
-use super::wire::os;
 use crate::backend::{Exported, Mapping};
 use crate::error::{Error, Result};
 use crate::shm::Map;
 use rustix::fs::{fcntl_add_seals, fcntl_get_seals, fstat, ftruncate, memfd_create, FileType, MemfdFlags, SealFlags};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+fn os(call: &str, e: rustix::io::Errno) -> Error {
+    Error::Os { call: call.into(), errno: e.raw_os_error(), message: std::io::Error::from(e).to_string() }
+}
 
 /// The seals a channel memfd carries; a received one must carry at least `F_SEAL_SHRINK`.
 const SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW).union(SealFlags::SEAL);

@@ -1,0 +1,84 @@
+//! `fork`: the one home of the fork rules.
+//!
+//! A child process inherits the parent's mappings, registries and sockets but holds none of the
+//! counts, references or connections they stand for. So:
+//!
+//! - **Generations.** [`generation`] is 0 in a process that was not forked after devshare was
+//!   first used and one more in each child after each `fork` (a `pthread_atfork` child handler,
+//!   installed by the first call). Everything that counts itself somewhere (host mappings,
+//!   ref-counters, imports, runtime caches, channels) remembers the generation it was made in
+//!   and, used or dropped in another generation, gives nothing back and refuses to work.
+//! - **Hooks.** A module that holds a lock another thread may hold during `fork` (the import
+//!   registry) implements [`ForkHook`] and [`register`]s it: `prepare` runs in the forking
+//!   thread before `fork` (take the lock), `parent` after it in the parent, `child` after it in
+//!   the child (the generation has already changed). This module calls no one above it: the
+//!   others register with it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, Once};
+
+/// What a module does around `fork` (see the module documentation).
+pub(crate) trait ForkHook: Sync {
+    /// In the forking thread, before `fork`.
+    fn prepare(&self);
+    /// In the parent, after `fork`.
+    fn parent(&self);
+    /// In the child, after `fork` (the generation has changed).
+    fn child(&self);
+}
+
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+static HOOKS: Mutex<Vec<&'static dyn ForkHook>> = Mutex::new(Vec::new());
+
+thread_local! {
+    /// The hook list, held by the forking thread from `prepare` to `parent` / `child`, so that
+    /// no hook registers half-way through a fork.
+    static HELD: std::cell::RefCell<Option<MutexGuard<'static, Vec<&'static dyn ForkHook>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The fork generation of this process (see the module documentation).
+pub(crate) fn generation() -> u64 {
+    static HANDLERS: Once = Once::new();
+    HANDLERS.call_once(|| {
+        // SAFETY: the three handlers are plain functions that live as long as the library (and
+        // glibc unregisters them when a dlopen'ed copy is unloaded: pthread_atfork passes the
+        // object's __dso_handle).
+        let rc = unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+        // ENOMEM is the only documented failure; without handlers a forked child could give back
+        // its parent's counts, so refuse to go on rather than risk it.
+        assert_eq!(rc, 0, "pthread_atfork failed");
+    });
+    GENERATION.load(Ordering::SeqCst)
+}
+
+/// Run `hook` around every later `fork` of this process.
+pub(crate) fn register(hook: &'static dyn ForkHook) {
+    generation(); // the handlers are installed
+    HOOKS.lock().unwrap_or_else(|p| p.into_inner()).push(hook);
+}
+
+extern "C" fn fork_prepare() {
+    let hooks = HOOKS.lock().unwrap_or_else(|p| p.into_inner());
+    for h in hooks.iter() {
+        h.prepare();
+    }
+    HELD.with(|held| *held.borrow_mut() = Some(hooks));
+}
+
+extern "C" fn fork_parent() {
+    if let Some(hooks) = HELD.with(|held| held.borrow_mut().take()) {
+        for h in hooks.iter().rev() {
+            h.parent();
+        }
+    }
+}
+
+extern "C" fn fork_child() {
+    GENERATION.fetch_add(1, Ordering::SeqCst);
+    if let Some(hooks) = HELD.with(|held| held.borrow_mut().take()) {
+        for h in hooks.iter().rev() {
+            h.child();
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! The layer rule of the crate, checked on its sources: every `crate::...` path a file names
+//! (in `use` lines or inline, comments excluded) must point to its own module or to a lower
+//! layer, the files must form no cycle, and there are at most 7 layers.
+//!
+//! ```text
+//! 7 capi
+//! 6 torch, dlpack, channel          (clients of the core)
+//! 5 export, import
+//! 4 backend, refcounter
+//! 3 handle
+//! 2 shm, fork, dtype, hostid        (primitives)
+//! 1 error
+//! ```
+//!
+//! Never: a backend that knows a transport; an exporter or import that names the channel; a
+//! primitive that calls the registry. A lower module that must call up defines a trait the
+//! higher one implements (`export::LeaseServer`, `import::Lease`, `fork::ForkHook`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+const LAYERS: &[(&str, u32)] = &[
+    ("capi", 7),
+    ("torch", 6),
+    ("dlpack", 6),
+    ("channel", 6),
+    ("export", 5),
+    ("import", 5),
+    ("backend", 4),
+    ("refcounter", 4),
+    ("handle", 3),
+    ("shm", 2),
+    ("fork", 2),
+    ("dtype", 2),
+    ("hostid", 2),
+    ("error", 1),
+];
+
+fn layer(module: &str) -> Option<u32> {
+    LAYERS.iter().find(|(m, _)| *m == module).map(|&(_, l)| l)
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The code of a file without comments (line comments, doc comments, block comments).
+fn code(text: &str) -> String {
+    let mut out = String::new();
+    let mut in_block = 0usize;
+    for line in text.lines() {
+        let mut l = line;
+        if in_block > 0 {
+            match l.find("*/") {
+                Some(i) => {
+                    in_block -= 1;
+                    l = &l[i + 2..];
+                }
+                None => continue,
+            }
+        }
+        if let Some(i) = l.find("/*") {
+            if !l[i..].contains("*/") {
+                in_block += 1;
+            }
+            l = &l[..i];
+        }
+        let l = match l.find("//") {
+            Some(i) => &l[..i],
+            None => l,
+        };
+        out.push_str(l);
+        out.push('\n');
+    }
+    out
+}
+
+/// The `crate::a::b::...` paths named in `code`, as their segments.
+fn crate_paths(code: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        let before = rest[..i].chars().last();
+        rest = &rest[i + "crate::".len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue; // e.g. `foo_crate::`
+        }
+        let mut segs = Vec::new();
+        let mut r = rest;
+        loop {
+            let end = r.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(r.len());
+            if end == 0 {
+                break;
+            }
+            segs.push(r[..end].to_string());
+            if r[end..].starts_with("::") {
+                r = &r[end + 2..];
+            } else {
+                break;
+            }
+        }
+        if !segs.is_empty() {
+            out.push(segs);
+        }
+    }
+    out
+}
+
+/// The file a `crate::` path points into: the deepest module file that exists.
+fn file_of(src: &Path, segs: &[String]) -> Option<PathBuf> {
+    let mut best = None;
+    let mut dir = src.to_path_buf();
+    for s in segs {
+        let f = dir.join(format!("{s}.rs"));
+        let m = dir.join(s).join("mod.rs");
+        if f.is_file() {
+            best = Some(f);
+        } else if m.is_file() {
+            best = Some(m);
+        } else {
+            break;
+        }
+        dir = dir.join(s);
+    }
+    best
+}
+
+fn top_module(src: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(src).unwrap();
+    let first = rel.components().next().unwrap().as_os_str().to_string_lossy().to_string();
+    first.trim_end_matches(".rs").to_string()
+}
+
+#[test]
+fn no_module_names_a_higher_layer_and_there_are_no_cycles_and_at_most_7_layers() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    let mut upward = Vec::new();
+    let mut unknown = BTreeSet::new();
+    let mut file_edges: BTreeMap<PathBuf, BTreeSet<PathBuf>> = BTreeMap::new();
+    let mut module_edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        if f.ends_with("lib.rs") {
+            continue;
+        }
+        let from = top_module(&src, f);
+        let Some(from_layer) = layer(&from) else {
+            unknown.insert(from.clone());
+            continue;
+        };
+        let text = std::fs::read_to_string(f).unwrap();
+        for segs in crate_paths(&code(&text)) {
+            let to = &segs[0];
+            let Some(to_layer) = layer(to) else {
+                continue; // a re-export at the crate root (Error, Result, Status)
+            };
+            if to != &from {
+                if to_layer >= from_layer {
+                    upward.push(format!(
+                        "{} (layer {from_layer}) names crate::{} (layer {to_layer})",
+                        f.strip_prefix(&src).unwrap().display(),
+                        segs.join("::")
+                    ));
+                }
+                module_edges.entry(from.clone()).or_default().insert(to.clone());
+            }
+            if let Some(target) = file_of(&src, &segs) {
+                if &target != f {
+                    file_edges.entry(f.clone()).or_default().insert(target);
+                }
+            }
+        }
+    }
+    assert!(unknown.is_empty(), "modules with no layer in tests/layers.rs: {unknown:?}");
+    assert!(upward.is_empty(), "imports against the layer rule:\n{}", upward.join("\n"));
+
+    // No cycle among files: depth-first search with colours.
+    fn visit(
+        n: &PathBuf,
+        edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+        state: &mut BTreeMap<PathBuf, u8>,
+        stack: &mut Vec<PathBuf>,
+    ) -> Option<Vec<PathBuf>> {
+        match state.get(n) {
+            Some(2) => return None,
+            Some(1) => {
+                let i = stack.iter().position(|x| x == n).unwrap();
+                return Some(stack[i..].to_vec());
+            }
+            _ => {}
+        }
+        state.insert(n.clone(), 1);
+        stack.push(n.clone());
+        for m in edges.get(n).into_iter().flatten() {
+            if let Some(c) = visit(m, edges, state, stack) {
+                return Some(c);
+            }
+        }
+        stack.pop();
+        state.insert(n.clone(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for f in file_edges.keys() {
+        if let Some(cycle) = visit(f, &file_edges, &mut state, &mut Vec::new()) {
+            let names: Vec<_> = cycle.iter().map(|p| p.strip_prefix(&src).unwrap().display().to_string()).collect();
+            panic!("a cycle of crate:: imports among files: {}", names.join(" -> "));
+        }
+    }
+
+    // Floors: the longest chain of module dependencies.
+    fn depth(m: &str, edges: &BTreeMap<String, BTreeSet<String>>, memo: &mut BTreeMap<String, usize>) -> usize {
+        if let Some(&d) = memo.get(m) {
+            return d;
+        }
+        let d = 1 + edges.get(m).into_iter().flatten().map(|n| depth(n, edges, memo)).max().unwrap_or(0);
+        memo.insert(m.to_string(), d);
+        d
+    }
+    let mut memo = BTreeMap::new();
+    let floors = module_edges.keys().map(|m| depth(m, &module_edges, &mut memo)).max().unwrap_or(1);
+    println!("{} files, {floors} floors; module graph: {module_edges:?}", files.len());
+    assert!(floors <= 7, "{floors} floors (at most 7)");
+}
+
+#[test]
+fn the_checker_finds_what_it_must() {
+    // Comments do not count; paths do, inline or in `use` lines.
+    let c = code("use crate::a::b; // crate::c::d\n/// [`crate::e`]\nlet x = crate::f::g(1); /* crate::h */");
+    let paths = crate_paths(&c);
+    assert_eq!(paths, vec![vec!["a".to_string(), "b".to_string()], vec!["f".to_string(), "g".to_string()]]);
+    assert_eq!(layer("capi"), Some(7));
+    assert!(layer("channel") > layer("export") && layer("export") > layer("backend"));
+    assert!(layer("backend") > layer("handle") && layer("handle") > layer("shm"));
+}
