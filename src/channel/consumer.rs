@@ -1,6 +1,6 @@
 //! The consumer end of a channel: the connection, what arrives on it, and the leases that go back.
 
-use super::wire::{self, In, Out, Received};
+use super::wire::{self, Message, Received};
 use crate::backend::ImportRequest;
 use crate::error::{Error, Result};
 use crate::handle::encode::decode_full;
@@ -24,9 +24,9 @@ pub(crate) struct ConnShared {
 impl ConnShared {
     /// Send a consumer message; failures are dropped (the producer is gone, or it will learn
     /// everything from the hang-up).
-    fn tell(&self, msg: &Out) {
+    fn tell(&self, msg: Message<'_>) {
         if self.generation == crate::fork::generation() && !self.closed.load(Ordering::Acquire) {
-            let _ = wire::send(self.fd.as_fd(), &msg.0, &[]);
+            let _ = wire::send(self.fd.as_fd(), &msg.encode(), &[]);
         }
     }
 }
@@ -42,9 +42,7 @@ struct LeaseToken {
 impl Lease for LeaseToken {
     fn give_back(&self) {
         if !self.given.swap(true, Ordering::AcqRel) {
-            let mut m = Out::new(wire::RELEASE);
-            m.u32(0).u64(self.lease);
-            self.conn.tell(&m);
+            self.conn.tell(Message::Release { lease: self.lease });
         }
     }
 }
@@ -64,9 +62,7 @@ struct AttachToken {
 
 impl Drop for AttachToken {
     fn drop(&mut self) {
-        let mut m = Out::new(wire::DETACH);
-        m.u32(self.pool);
-        self.conn.tell(&m);
+        self.conn.tell(Message::Detach { pool: self.pool });
     }
 }
 
@@ -83,9 +79,7 @@ struct SlotToken {
 impl Lease for SlotToken {
     fn give_back(&self) {
         if !self.given.swap(true, Ordering::AcqRel) {
-            let mut m = Out::new(wire::RETURN);
-            m.u32(self.pool).u32(self.slot).u32(0);
-            self.conn.tell(&m);
+            self.conn.tell(Message::Return { pool: self.pool, slot: self.slot });
         }
     }
 
@@ -164,9 +158,8 @@ impl Connection {
                 cred.uid.as_raw()
             )));
         }
-        let mut hello = Out::new(wire::HELLO);
-        hello.u32(wire::MAGIC).u16(wire::VERSION).u16(0).i32(announced_pid());
-        match wire::send(fd.as_fd(), &hello.0, &[]) {
+        let hello = Message::Hello { magic: wire::MAGIC, version: wire::VERSION, tgid: announced_pid() };
+        match wire::send(fd.as_fd(), &hello.encode(), &[]) {
             // A producer that refused us at once has closed already: its reason is queued.
             Ok(()) | Err(Error::Closed(_)) => {}
             Err(e) => return Err(e),
@@ -176,13 +169,17 @@ impl Connection {
         loop {
             match wire::recv(fd.as_fd(), &mut buf, &mut fds)? {
                 Received::Message(n) => {
-                    let mut r = In::new(&buf[..n]);
-                    match r.u32()? {
-                        wire::WELCOME => {
-                            let (magic, version) = (r.u32()?, r.u16()?);
-                            let _ = r.u16()?;
-                            let peer_id = r.u64()?;
-                            let producer_pid = r.i32()?;
+                    // A refusal's reason and a wrong version are reported before anything else
+                    // of the message is judged.
+                    let decoded = Message::decode(&buf[..n]);
+                    if let Ok(Message::Refused { reason }) = decoded {
+                        return Err(Error::Untrusted(format!(
+                            "the channel at {address:?} refused this process: {}",
+                            String::from_utf8_lossy(reason)
+                        )));
+                    }
+                    match decoded? {
+                        Message::Welcome { magic, version, peer_id, producer_pid } => {
                             if magic != wire::MAGIC || version != wire::VERSION {
                                 return Err(Error::UnsupportedVersion(format!(
                                     "the channel at {address:?} speaks protocol version {version}, this library {}",
@@ -203,15 +200,9 @@ impl Connection {
                                 producer_pid,
                             });
                         }
-                        wire::REFUSED => {
+                        other => {
                             return Err(Error::Untrusted(format!(
-                                "the channel at {address:?} refused this process: {}",
-                                String::from_utf8_lossy(r.rest())
-                            )))
-                        }
-                        t => {
-                            return Err(Error::Untrusted(format!(
-                                "the channel at {address:?} answered the handshake with message type {t}"
+                                "the channel at {address:?} answered the handshake with {other:?}"
                             )))
                         }
                     }
@@ -295,25 +286,18 @@ impl Connection {
     /// Handle one received message; an item comes back as an import.
     fn message(&self, st: &mut State, n: usize) -> Result<Option<Import>> {
         let fds = std::mem::take(&mut st.fds);
-        let mut r = In::new(&st.buf[..n]);
-        match r.u32()? {
-            wire::SHARE => {
-                let _ = r.u32()?;
-                let lease = r.u64()?;
+        match Message::decode(&st.buf[..n])? {
+            Message::Share { lease, handle } => {
                 // The token exists from here on: a refused share (a handle form this library
                 // does not understand included) is given back at once.
                 let token: Arc<dyn Lease> =
                     Arc::new(LeaseToken { conn: self.shared.clone(), lease, given: AtomicBool::new(false) });
-                let d = decode_full(r.rest())?;
+                let d = decode_full(handle)?;
                 let imp = open(&d.handle, d.table.as_deref(), fds, Some(token))?;
                 Ok(Some(imp))
             }
-            wire::ATTACH => {
-                let pool = r.u32()?;
-                let slot_size = r.u64()?;
-                let count = r.u32()?;
-                let _ = r.u32()?;
-                let d = decode_full(r.rest())?;
+            Message::Attach { pool, slot_size, count, handle } => {
+                let d = decode_full(handle)?;
                 let token = Arc::new(AttachToken { conn: self.shared.clone(), pool });
                 let whole = slot_size.checked_mul(u64::from(count));
                 if slot_size == 0 || count == 0 || whole.map_or(true, |w| w > d.handle.storage_size) {
@@ -326,42 +310,17 @@ impl Connection {
                 st.pools.insert(pool, AttachedPool { base, slot_size, count, token });
                 Ok(None)
             }
-            wire::ITEM => {
+            Message::Item { pool, slot, layout: l, event } => {
                 if !fds.is_empty() {
                     return Err(Error::Untrusted("a pool item came with descriptors".into()));
                 }
-                let (pool, slot, ndim) = (r.u32()?, r.u32()?, r.u32()?);
-                let [code, bits] = r.array()?;
-                let lanes = r.u16()?;
-                let flags = r.u32()?;
-                if flags & !wire::ITEM_EVENT != 0 {
-                    return Err(Error::UnsupportedVersion(format!("pool item flags {flags:#x}")));
-                }
-                let (offset, size, tensor_offset) = (r.u64()?, r.u64()?, r.i64()?);
-                if ndim as usize > crate::handle::DEVSHARE_MAX_NDIM {
-                    return Err(Error::BadNdim(format!("a pool item has {ndim} dimensions")));
-                }
-                let mut shape = [0i64; crate::handle::DEVSHARE_MAX_NDIM];
-                let mut strides = [0i64; crate::handle::DEVSHARE_MAX_NDIM];
-                for s in shape.iter_mut().take(ndim as usize) {
-                    *s = r.i64()?;
-                }
-                for s in strides.iter_mut().take(ndim as usize) {
-                    *s = r.i64()?;
-                }
-                let event = if flags & wire::ITEM_EVENT != 0 {
-                    Some(r.array::<{ crate::handle::DEVSHARE_EVENT_HANDLE_SIZE }>()?)
-                } else {
-                    None
-                };
-                r.end()?;
                 let p = st.pools.get(&pool).ok_or_else(|| {
                     Error::Untrusted(format!("an item of pool {pool}, which this consumer never attached"))
                 })?;
-                if slot >= p.count || offset.checked_add(size).map_or(true, |e| e > p.slot_size) {
+                if slot >= p.count || l.storage_offset.checked_add(l.storage_size).map_or(true, |e| e > p.slot_size) {
                     return Err(Error::Untrusted(format!(
-                        "pool {pool} item: slot {slot}, bytes {offset}..+{size} is outside the {} slots of {} bytes",
-                        p.count, p.slot_size
+                        "pool {pool} item: slot {slot}, bytes {}..+{} is outside the {} slots of {} bytes",
+                        l.storage_offset, l.storage_size, p.count, p.slot_size
                     )));
                 }
                 let token: Arc<dyn Lease> = Arc::new(SlotToken {
@@ -371,32 +330,32 @@ impl Connection {
                     given: AtomicBool::new(false),
                     _attach: p.token.clone(),
                 });
+                // The item is the pool's handle narrowed to the slot's tensor: validated once,
+                // and checked against the pool's mapping, by derive.
                 let mut h = *p.base.handle();
-                h.storage_offset = p.base.handle().storage_offset + u64::from(slot) * p.slot_size + offset;
-                h.storage_size = size;
-                h.ndim = ndim;
-                h.shape = shape;
-                h.strides = strides;
-                h.tensor_offset = tensor_offset;
-                h.dtype = crate::dtype::DevshareDType::new(code, bits, lanes);
+                h.storage_offset = p.base.handle().storage_offset + u64::from(slot) * p.slot_size + l.storage_offset;
+                h.storage_size = l.storage_size;
+                h.ndim = l.ndim;
+                h.shape = l.shape;
+                h.strides = l.strides;
+                h.tensor_offset = l.tensor_offset;
+                h.dtype = l.dtype;
                 if let Some(e) = event {
-                    // The producer's work on the slot may still be running: wait for its event
-                    // (blocking this thread) before the item is used.
                     h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
                     h.event_handle = e;
-                    crate::handle::validate(&h)?;
-                    let req = ImportRequest { device: Some(p.base.device()), ..ImportRequest::default() };
-                    crate::backend::get(h.backend)?.wait_event(&h, &req)?;
                 }
-                Ok(Some(p.base.derive(h, token)?))
+                let imp = p.base.derive(h, token)?;
+                // The producer's work on the slot may still be running: wait for its event
+                // (blocking this thread) before the item is used.
+                let req = ImportRequest { device: Some(p.base.device()), ..ImportRequest::default() };
+                crate::import::wait_for_producer(imp.handle(), &req)?;
+                Ok(Some(imp))
             }
-            wire::POOL_CLOSED => {
-                let pool = r.u32()?;
-                r.end()?;
+            Message::PoolClosed { pool } => {
                 st.pools.remove(&pool);
                 Ok(None)
             }
-            t => Err(Error::Untrusted(format!("message type {t} is not one a producer sends"))),
+            other => Err(Error::Untrusted(format!("{other:?} is not a message a producer sends"))),
         }
     }
 

@@ -1,6 +1,6 @@
 //! The producer end of a channel: the listening socket, its peers, their leases, and pools.
 
-use super::wire::{self, In, Out, Received};
+use super::wire::{self, ItemLayout, Message, Received};
 use crate::backend::IpcEvent;
 use crate::error::{Error, Result};
 use crate::export::{Exporter, TensorDesc};
@@ -297,15 +297,12 @@ impl Channel {
             core.allow(peer, exp)?;
             let lease = core.next_lease;
             core.next_lease += 1;
-            let mut msg = Out::new(wire::SHARE);
-            msg.u32(0).u64(lease);
             let mut enc = Vec::new();
             crate::handle::encode::encode_full_into(&h, exp.external_table(), &mut enc)?;
-            msg.bytes(&enc);
-            check_len(&msg)?;
+            let msg = check_len(Message::Share { lease, handle: &enc }.encode())?;
             let fds = exp.channel_fds();
             let idx = core.index(peer)?;
-            core.post(idx, &msg.0, &fds, epfd)?;
+            core.post(idx, &msg, &fds, epfd)?;
             let book = exp.leases().clone();
             book.add(&self.shared);
             core.peers[idx].leases.insert(lease, (book, event));
@@ -377,15 +374,15 @@ impl Drop for Channel {
     }
 }
 
-fn check_len(msg: &Out) -> Result<()> {
-    if msg.0.len() > wire::MAX_MESSAGE {
+fn check_len(msg: Vec<u8>) -> Result<Vec<u8>> {
+    if msg.len() > wire::MAX_MESSAGE {
         return Err(Error::Unsupported(format!(
             "a handle encoding of {} bytes does not fit one channel message ({} bytes)",
-            msg.0.len(),
+            msg.len(),
             wire::MAX_MESSAGE
         )));
     }
-    Ok(())
+    Ok(msg)
 }
 
 impl Core {
@@ -568,9 +565,7 @@ impl Core {
                 None
             };
             if let Some(why) = refuse {
-                let mut m = Out::new(wire::REFUSED);
-                m.bytes(why.as_bytes());
-                let _ = wire::try_send(fd.as_fd(), &m.0, &[]);
+                let _ = wire::try_send(fd.as_fd(), &Message::Refused { reason: why.as_bytes() }.encode(), &[]);
                 continue;
             }
             let id = self.next_peer;
@@ -634,17 +629,12 @@ impl Core {
 
     /// Handle one message from peer `idx`; `Ok(false)`: drop the peer.
     fn message(&mut self, idx: usize, b: &[u8]) -> Result<bool> {
-        let mut r = In::new(b);
-        let ty = r.u32()?;
+        let msg = Message::decode(b)?;
         let peer = &mut self.peers[idx];
         if !peer.ready {
-            if ty != wire::HELLO {
+            let Message::Hello { magic, version, tgid } = msg else {
                 return Ok(false);
-            }
-            let (magic, version) = (r.u32()?, r.u16()?);
-            let _ = r.u16()?;
-            let tgid = r.i32()?;
-            r.end()?;
+            };
             let bad = if magic != wire::MAGIC {
                 Some("the handshake is not a devshare channel's".to_string())
             } else if version != wire::VERSION {
@@ -655,36 +645,34 @@ impl Core {
                 None
             };
             if let Some(why) = bad {
-                let mut m = Out::new(wire::REFUSED);
-                m.bytes(why.as_bytes());
-                let _ = wire::try_send(peer.fd.as_fd(), &m.0, &[]);
+                let m = Message::Refused { reason: why.as_bytes() }.encode();
+                let _ = wire::try_send(peer.fd.as_fd(), &m, &[]);
                 return Ok(false);
             }
             peer.info.tgid = tgid;
-            let mut m = Out::new(wire::WELCOME);
-            m.u32(wire::MAGIC).u16(wire::VERSION).u16(0).u64(peer.info.id).i32(std::process::id() as i32).u32(0);
+            let m = Message::Welcome {
+                magic: wire::MAGIC,
+                version: wire::VERSION,
+                peer_id: peer.info.id,
+                producer_pid: std::process::id() as i32,
+            }
+            .encode();
             // A fresh socket has room for it; one that has not is not worth waiting for.
-            if !matches!(wire::try_send(peer.fd.as_fd(), &m.0, &[]), Ok(true)) {
+            if !matches!(wire::try_send(peer.fd.as_fd(), &m, &[]), Ok(true)) {
                 return Ok(false);
             }
             peer.ready = true;
             return Ok(true);
         }
-        match ty {
-            wire::RELEASE => {
-                let _ = r.u32()?;
-                let lease = r.u64()?;
-                r.end()?;
+        match msg {
+            Message::Release { lease } => {
                 let (book, _event) = peer
                     .leases
                     .remove(&lease)
                     .ok_or_else(|| Error::Untrusted(format!("lease {lease} is not held by this peer")))?;
                 book.sub(1);
             }
-            wire::RETURN => {
-                let (pool, slot) = (r.u32()?, r.u32()?);
-                let _ = r.u32()?;
-                r.end()?;
+            Message::Return { pool, slot } => {
                 let id = peer.info.id;
                 let Some(p) = self.pools.get_mut(&pool) else {
                     return Ok(true); // a closed pool: nothing to give back to
@@ -698,16 +686,14 @@ impl Core {
                     _ => return Err(Error::Untrusted(format!("slot {slot} of pool {pool} is not held by peer {id}"))),
                 }
             }
-            wire::DETACH => {
-                let pool = r.u32()?;
-                r.end()?;
+            Message::Detach { pool } => {
                 let book = peer
                     .attached
                     .remove(&pool)
                     .ok_or_else(|| Error::Untrusted(format!("pool {pool} is not attached by this peer")))?;
                 book.sub(1);
             }
-            _ => return Err(Error::Untrusted(format!("message type {ty} is not one a consumer sends"))),
+            other => return Err(Error::Untrusted(format!("{other:?} is not a message a consumer sends"))),
         }
         Ok(true)
     }
@@ -936,34 +922,30 @@ impl Pool {
                     storage_size: Some(whole),
                     ..Default::default()
                 })?;
-                let mut m = Out::new(wire::ATTACH);
-                m.u32(id).u64(p.slot_size).u32(p.count).u32(0);
                 let mut enc = Vec::new();
                 crate::handle::encode::encode_full_into(&base, p.exporter.external_table(), &mut enc)?;
-                m.bytes(&enc);
-                check_len(&m)?;
+                let m = check_len(
+                    Message::Attach { pool: id, slot_size: p.slot_size, count: p.count, handle: &enc }.encode(),
+                )?;
                 let fds = p.exporter.channel_fds();
                 let idx = core.index(peer)?;
-                core.post(idx, &m.0, &fds, epfd)?;
+                core.post(idx, &m, &fds, epfd)?;
                 let book = p.exporter.leases().clone();
                 book.add(&shared);
                 core.peers[idx].attached.insert(id, book);
             }
-            let mut m = Out::new(wire::ITEM);
-            m.u32(id).u32(slot).u32(h.ndim);
-            m.bytes(&[h.dtype.code, h.dtype.bits]).u16(h.dtype.lanes).u32(u32::from(event.is_some()));
-            m.u64(desc.storage_offset).u64(rel_size).i64(h.tensor_offset);
-            for d in 0..h.ndim as usize {
-                m.i64(h.shape[d]);
-            }
-            for d in 0..h.ndim as usize {
-                m.i64(h.strides[d]);
-            }
-            if let Some(e) = &event {
-                m.bytes(&e.handle());
-            }
+            let layout = ItemLayout {
+                dtype: h.dtype,
+                ndim: h.ndim,
+                shape: h.shape,
+                strides: h.strides,
+                storage_offset: desc.storage_offset,
+                storage_size: rel_size,
+                tensor_offset: h.tensor_offset,
+            };
+            let m = Message::Item { pool: id, slot, layout, event: event.as_ref().map(|e| e.handle()) }.encode();
             let idx = core.index(peer)?;
-            core.post(idx, &m.0, &[], epfd)?;
+            core.post(idx, &m, &[], epfd)?;
             p.slots[slot as usize] = SlotState::Sent(peer);
             p.events[slot as usize] = event;
             Ok(())
@@ -991,12 +973,11 @@ impl Drop for Pool {
         if core.pools.remove(&self.id).is_none() {
             return;
         }
-        let mut m = Out::new(wire::POOL_CLOSED);
-        m.u32(self.id);
+        let m = Message::PoolClosed { pool: self.id }.encode();
         let epfd = self.shared.epoll.as_fd();
         for i in 0..core.peers.len() {
             if core.peers[i].attached.contains_key(&self.id) {
-                let _ = core.post(i, &m.0, &[], epfd);
+                let _ = core.post(i, &m, &[], epfd);
             }
         }
         core.sweep(epfd);
@@ -1022,9 +1003,8 @@ mod tests {
         let name = addr.strip_prefix('@').expect("abstract");
         rustix::net::connect(&fd, &rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).expect("name"))
             .expect("connect");
-        let mut hello = Out::new(wire::HELLO);
-        hello.u32(wire::MAGIC).u16(wire::VERSION).u16(0).i32(tgid);
-        assert!(wire::try_send(fd.as_fd(), &hello.0, &[]).expect("send"));
+        let hello = Message::Hello { magic: wire::MAGIC, version: wire::VERSION, tgid }.encode();
+        assert!(wire::try_send(fd.as_fd(), &hello, &[]).expect("send"));
         fd
     }
 

@@ -6,7 +6,9 @@
 //! next to the message that needs them and nowhere else; a message that comes with descriptors
 //! it should not have, or without the ones it needs, is refused and its descriptors closed.
 
+use crate::dtype::DevshareDType;
 use crate::error::{Error, Result};
+use crate::handle::{DEVSHARE_EVENT_HANDLE_SIZE, DEVSHARE_MAX_NDIM};
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 use rustix::net::{
@@ -57,6 +59,185 @@ pub(crate) const RETURN: u32 = 8;
 pub(crate) const POOL_CLOSED: u32 = 9;
 /// Consumer -> producer: `pool u32`: this consumer no longer maps the pool.
 pub(crate) const DETACH: u32 = 10;
+
+/// A pool item's tensor, as it travels in an [`ITEM`] message (relative to its slot).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ItemLayout {
+    pub dtype: DevshareDType,
+    pub ndim: u32,
+    /// `ndim` entries are used.
+    pub shape: [i64; DEVSHARE_MAX_NDIM],
+    /// `ndim` entries are used.
+    pub strides: [i64; DEVSHARE_MAX_NDIM],
+    /// In the slot, in bytes.
+    pub storage_offset: u64,
+    pub storage_size: u64,
+    /// In elements.
+    pub tensor_offset: i64,
+}
+
+/// Every message of the protocol, typed: both ends build and read messages only through
+/// [`Message::encode`] and [`Message::decode`]. Byte fields borrow from the received buffer.
+// An item is the message sent per handoff: kept inline (no allocation per item); messages are
+// built and read at once, never stored in bulk.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Message<'a> {
+    /// Consumer -> producer, first: its protocol and the pid it announces (its bare tgid).
+    Hello { magic: u32, version: u16, tgid: i32 },
+    /// Producer -> consumer: accepted, as peer `peer_id`.
+    Welcome { magic: u32, version: u16, peer_id: u64, producer_pid: i32 },
+    /// Producer -> consumer, then the producer closes: why (UTF-8).
+    Refused { reason: &'a [u8] },
+    /// Producer -> consumer: a leased reference (a handle's byte encoding).
+    Share { lease: u64, handle: &'a [u8] },
+    /// Consumer -> producer: a lease given back.
+    Release { lease: u64 },
+    /// Producer -> consumer: a pool's whole allocation (a handle's byte encoding).
+    Attach { pool: u32, slot_size: u64, count: u32, handle: &'a [u8] },
+    /// Producer -> consumer: a slot of an attached pool, and the event to wait on first.
+    Item { pool: u32, slot: u32, layout: ItemLayout, event: Option<[u8; DEVSHARE_EVENT_HANDLE_SIZE]> },
+    /// Consumer -> producer: a slot given back.
+    Return { pool: u32, slot: u32 },
+    /// Producer -> consumer: the pool is closed.
+    PoolClosed { pool: u32 },
+    /// Consumer -> producer: this consumer no longer maps the pool.
+    Detach { pool: u32 },
+}
+
+impl Message<'_> {
+    /// The message's bytes.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut m;
+        match self {
+            Message::Hello { magic, version, tgid } => {
+                m = Out::new(HELLO);
+                m.u32(*magic).u16(*version).u16(0).i32(*tgid);
+            }
+            Message::Welcome { magic, version, peer_id, producer_pid } => {
+                m = Out::new(WELCOME);
+                m.u32(*magic).u16(*version).u16(0).u64(*peer_id).i32(*producer_pid).u32(0);
+            }
+            Message::Refused { reason } => {
+                m = Out::new(REFUSED);
+                m.bytes(reason);
+            }
+            Message::Share { lease, handle } => {
+                m = Out::new(SHARE);
+                m.u32(0).u64(*lease).bytes(handle);
+            }
+            Message::Release { lease } => {
+                m = Out::new(RELEASE);
+                m.u32(0).u64(*lease);
+            }
+            Message::Attach { pool, slot_size, count, handle } => {
+                m = Out::new(ATTACH);
+                m.u32(*pool).u64(*slot_size).u32(*count).u32(0).bytes(handle);
+            }
+            Message::Item { pool, slot, layout: l, event } => {
+                m = Out::new(ITEM);
+                m.u32(*pool).u32(*slot).u32(l.ndim);
+                m.bytes(&[l.dtype.code, l.dtype.bits]).u16(l.dtype.lanes);
+                m.u32(if event.is_some() { ITEM_EVENT } else { 0 });
+                m.u64(l.storage_offset).u64(l.storage_size).i64(l.tensor_offset);
+                let n = (l.ndim as usize).min(DEVSHARE_MAX_NDIM);
+                for d in &l.shape[..n] {
+                    m.i64(*d);
+                }
+                for d in &l.strides[..n] {
+                    m.i64(*d);
+                }
+                if let Some(e) = event {
+                    m.bytes(e);
+                }
+            }
+            Message::Return { pool, slot } => {
+                m = Out::new(RETURN);
+                m.u32(*pool).u32(*slot).u32(0);
+            }
+            Message::PoolClosed { pool } => {
+                m = Out::new(POOL_CLOSED);
+                m.u32(*pool);
+            }
+            Message::Detach { pool } => {
+                m = Out::new(DETACH);
+                m.u32(*pool);
+            }
+        }
+        m.0
+    }
+}
+
+impl<'a> Message<'a> {
+    /// Read a message: every length and field checked (a short or long message, an unknown
+    /// type, more dimensions than a handle holds, unknown item flags are refused by name).
+    pub(crate) fn decode(b: &'a [u8]) -> Result<Message<'a>> {
+        let mut r = In::new(b);
+        let msg = match r.u32()? {
+            HELLO => {
+                let (magic, version) = (r.u32()?, r.u16()?);
+                let _ = r.u16()?;
+                Message::Hello { magic, version, tgid: r.i32()? }
+            }
+            WELCOME => {
+                let (magic, version) = (r.u32()?, r.u16()?);
+                let _ = r.u16()?;
+                let (peer_id, producer_pid) = (r.u64()?, r.i32()?);
+                let _ = r.u32()?;
+                Message::Welcome { magic, version, peer_id, producer_pid }
+            }
+            REFUSED => Message::Refused { reason: r.rest() },
+            SHARE => {
+                let _ = r.u32()?;
+                Message::Share { lease: r.u64()?, handle: r.rest() }
+            }
+            RELEASE => {
+                let _ = r.u32()?;
+                Message::Release { lease: r.u64()? }
+            }
+            ATTACH => {
+                let (pool, slot_size, count) = (r.u32()?, r.u64()?, r.u32()?);
+                let _ = r.u32()?;
+                Message::Attach { pool, slot_size, count, handle: r.rest() }
+            }
+            ITEM => {
+                let (pool, slot, ndim) = (r.u32()?, r.u32()?, r.u32()?);
+                let [code, bits] = r.array()?;
+                let lanes = r.u16()?;
+                let flags = r.u32()?;
+                if flags & !ITEM_EVENT != 0 {
+                    return Err(Error::UnsupportedVersion(format!("pool item flags {flags:#x}")));
+                }
+                let (storage_offset, storage_size, tensor_offset) = (r.u64()?, r.u64()?, r.i64()?);
+                if ndim as usize > DEVSHARE_MAX_NDIM {
+                    return Err(Error::BadNdim(format!("a pool item has {ndim} dimensions")));
+                }
+                let mut shape = [0i64; DEVSHARE_MAX_NDIM];
+                let mut strides = [0i64; DEVSHARE_MAX_NDIM];
+                for s in shape.iter_mut().take(ndim as usize) {
+                    *s = r.i64()?;
+                }
+                for s in strides.iter_mut().take(ndim as usize) {
+                    *s = r.i64()?;
+                }
+                let event = if flags & ITEM_EVENT != 0 { Some(r.array::<DEVSHARE_EVENT_HANDLE_SIZE>()?) } else { None };
+                let dtype = DevshareDType::new(code, bits, lanes);
+                let layout = ItemLayout { dtype, ndim, shape, strides, storage_offset, storage_size, tensor_offset };
+                Message::Item { pool, slot, layout, event }
+            }
+            RETURN => {
+                let (pool, slot) = (r.u32()?, r.u32()?);
+                let _ = r.u32()?;
+                Message::Return { pool, slot }
+            }
+            POOL_CLOSED => Message::PoolClosed { pool: r.u32()? },
+            DETACH => Message::Detach { pool: r.u32()? },
+            t => return Err(Error::Untrusted(format!("channel message type {t} is unknown"))),
+        };
+        r.end()?;
+        Ok(msg)
+    }
+}
 
 pub(crate) fn os(call: &str, e: Errno) -> Error {
     Error::Os { call: call.into(), errno: e.raw_os_error(), message: std::io::Error::from(e).to_string() }
@@ -288,4 +469,83 @@ pub(crate) fn address(address: &str) -> Result<rustix::net::SocketAddrUnix> {
             "channel address {address:?} does not fit a Unix socket address (at most 107 bytes, no NUL)"
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_message() -> Vec<Message<'static>> {
+        let mut shape = [0i64; DEVSHARE_MAX_NDIM];
+        let mut strides = [0i64; DEVSHARE_MAX_NDIM];
+        shape[..3].copy_from_slice(&[2, 3, 4]);
+        strides[..3].copy_from_slice(&[12, 4, 1]);
+        let layout = ItemLayout {
+            dtype: DevshareDType::new(2, 32, 1),
+            ndim: 3,
+            shape,
+            strides,
+            storage_offset: 64,
+            storage_size: 96,
+            tensor_offset: 1,
+        };
+        vec![
+            Message::Hello { magic: MAGIC, version: VERSION, tgid: 4242 },
+            Message::Welcome { magic: MAGIC, version: VERSION, peer_id: 7, producer_pid: 99 },
+            Message::Refused { reason: b"no" },
+            Message::Share { lease: 1 << 40, handle: b"DSH1...." },
+            Message::Release { lease: 3 },
+            Message::Attach { pool: 2, slot_size: 4096, count: 8, handle: b"handle" },
+            Message::Item { pool: 2, slot: 5, layout, event: None },
+            Message::Item { pool: 2, slot: 5, layout: ItemLayout { ndim: 0, ..layout }, event: Some([7; 64]) },
+            Message::Return { pool: 2, slot: 5 },
+            Message::PoolClosed { pool: 2 },
+            Message::Detach { pool: 2 },
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips_through_its_bytes() {
+        for m in every_message() {
+            let b = m.encode();
+            let back = Message::decode(&b).unwrap();
+            // ndim 0 items carry no dimensions: compare what travels.
+            if let (Message::Item { layout: a, .. }, Message::Item { layout: z, .. }) = (&m, &back) {
+                assert_eq!(a.ndim, z.ndim);
+                assert_eq!(&a.shape[..a.ndim as usize], &z.shape[..z.ndim as usize]);
+            } else {
+                assert_eq!(back, m);
+            }
+        }
+    }
+
+    #[test]
+    fn short_long_and_unknown_messages_are_refused() {
+        for m in every_message() {
+            let b = m.encode();
+            // Refused, Share and Attach end in bytes of any length; the others have one length.
+            if !matches!(m, Message::Refused { .. } | Message::Share { .. } | Message::Attach { .. }) {
+                let mut long = b.clone();
+                long.push(0);
+                assert!(Message::decode(&long).is_err(), "{m:?} with a byte more");
+                assert!(Message::decode(&b[..b.len() - 1]).is_err(), "{m:?} cut short");
+            }
+            assert!(Message::decode(&b[..3]).is_err(), "{m:?}: 3 bytes");
+        }
+        assert!(Message::decode(&[1, 2]).is_err());
+        assert!(Message::decode(&99u32.to_le_bytes()).is_err());
+        let mut item = every_message()[6].encode();
+        item[12] = 9; // ndim 9
+        assert_eq!(Message::decode(&item).unwrap_err().status(), crate::Status::BadNdim);
+    }
+
+    #[test]
+    fn the_bytes_are_the_documented_layout() {
+        // HELLO: type 1, magic, version, 0, tgid.
+        let h = Message::Hello { magic: MAGIC, version: 1, tgid: 5 }.encode();
+        assert_eq!(h, [&1u32.to_le_bytes()[..], b"DSCH", &1u16.to_le_bytes(), &[0, 0], &5i32.to_le_bytes()].concat());
+        // RETURN: type 8, pool, slot, 0.
+        let r = Message::Return { pool: 3, slot: 4 }.encode();
+        assert_eq!(r, [8u32, 3, 4, 0].iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>());
+    }
 }

@@ -37,228 +37,11 @@ use crate::handle::{validate, DevshareHandle, Validated};
 use crate::handle::{DEVSHARE_KEY_CAPACITY, DEVSHARE_REF_NAME_CAPACITY};
 use crate::refcounter::{self, Watched};
 use rustc_hash::FxHashMap;
-use std::cell::{Cell, RefCell};
-use std::sync::{Arc, Condvar, LazyLock, Mutex, MutexGuard};
 
-/// Registry key of an allocation. Fixed-size (no heap allocation on the cache-hit path); the
-/// bytes beyond `key_len` are zero, as validation guarantees for the handle.
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
-struct AllocKey {
-    backend: u16,
-    read_only: bool,
-    device: i32,
-    key_len: u32,
-    key: [u8; DEVSHARE_KEY_CAPACITY],
-    /// Segmented allocations: segment size, kind, producer pid and the whole table (the key
-    /// area holds at most part of it). `None` for single allocations (no heap on their path).
-    segments: Option<Arc<SegmentsKey>>,
-}
+use std::sync::Arc;
 
-/// What identifies a segmented allocation: segment size, table kind, producer pid, table.
-type SegmentsKey = (u64, u16, i32, Vec<u8>);
-
-/// A handle's reference: ref-counter name and slot (fixed-size, like [`AllocKey`]).
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
-struct Ticket {
-    name_len: u32,
-    name: [u8; DEVSHARE_REF_NAME_CAPACITY],
-    slot: u64,
-}
-
-impl Ticket {
-    fn name(&self) -> &[u8] {
-        &self.name[..self.name_len as usize]
-    }
-
-    fn ref_counter(&self) -> RefName {
-        RefName { len: self.name_len, name: self.name }
-    }
-}
-
-/// A ref-counter object's name (fixed-size, like [`AllocKey`]).
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
-struct RefName {
-    len: u32,
-    name: [u8; DEVSHARE_REF_NAME_CAPACITY],
-}
-
-/// A ref-counter mapping shared by the imports that hold references in it (`None`: the object
-/// is gone, the producer stopped tracking).
-struct WatchEntry {
-    rc: Option<Arc<Watched>>,
-    users: usize,
-}
-
-/// An allocation in the registry.
-enum Slot {
-    /// Its first import is mapping it (a vendor call, made without the registry lock): imports of
-    /// the same allocation wait for the outcome.
-    Opening,
-    /// Mapped, for `users` imports.
-    Open { mapping: Arc<dyn Mapping>, users: usize },
-    /// Its last import is unmapping it (synchronisation and vendor close, without the lock):
-    /// imports of the same allocation wait until it is gone, then map it afresh.
-    Closing,
-}
-
-/// The imports in this process holding one reference, and whether the handle they came from
-/// carried an in-flight reference (every later import of it must say the same).
-struct TicketUse {
-    /// Imports holding the reference, including ones still mapping their allocation.
-    users: usize,
-    inflight: bool,
-    /// The first import of the reference in this process is still under way (it checked the
-    /// producer's record and claimed an in-flight reference, and is mapping): other imports of
-    /// the reference wait until it succeeded (then they share it) or failed (then they check
-    /// afresh).
-    claiming: bool,
-}
-
-#[derive(Default)]
-struct Registry {
-    allocs: FxHashMap<AllocKey, Slot>,
-    tickets: FxHashMap<Ticket, TicketUse>,
-    watched: FxHashMap<RefName, WatchEntry>,
-    /// [`crate::fork::generation`] the entries belong to.
-    generation: u64,
-}
-
-impl Registry {
-    /// The ref-counter mapping for `t`, opened on first use; one more user.
-    fn watch(&mut self, t: &Ticket) -> Result<Option<Arc<Watched>>> {
-        let name = t.ref_counter();
-        if let Some(e) = self.watched.get_mut(&name) {
-            e.users += 1;
-            return Ok(e.rc.clone());
-        }
-        let rc = Watched::open(t.name())?.map(Arc::new);
-        self.watched.insert(name, WatchEntry { rc: rc.clone(), users: 1 });
-        Ok(rc)
-    }
-
-    /// One user fewer; the mapping (returned, to be dropped outside the lock) goes with the last.
-    fn unwatch(&mut self, t: &Ticket) -> Option<Arc<Watched>> {
-        let name = t.ref_counter();
-        let e = self.watched.get_mut(&name)?;
-        e.users -= 1;
-        if e.users > 0 {
-            return None;
-        }
-        let rc = self.watched.remove(&name).and_then(|e| e.rc);
-        if self.watched.is_empty() {
-            self.watched = FxHashMap::default();
-        }
-        rc
-    }
-}
-
-static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(|| {
-    // From its first use on, the registry's lock is held across every fork (see RegistryFork).
-    crate::fork::register(&RegistryFork);
-    Mutex::default()
-});
-
-/// Signalled whenever an allocation stops opening or closing, or a reference stops being
-/// claimed: the imports waiting for one of those look again.
-static CHANGED: Condvar = Condvar::new();
-
-thread_local! {
-    /// Whether this thread holds the registry lock (then `fork` must not wait for it).
-    static HOLDS_REGISTRY: Cell<bool> = const { Cell::new(false) };
-    /// The registry lock, taken by the atfork prepare handler of the thread that forks.
-    static FORK_GUARD: RefCell<Option<MutexGuard<'static, Registry>>> = const { RefCell::new(None) };
-}
-
-/// The locked registry (of this process's generation). It can be let go for a while (around a
-/// vendor call, or to wait for another thread's open or close) and taken again.
-struct RegistryGuard(Option<MutexGuard<'static, Registry>>);
-
-impl std::ops::Deref for RegistryGuard {
-    type Target = Registry;
-    fn deref(&self) -> &Registry {
-        self.0.as_ref().expect("the registry is locked")
-    }
-}
-
-impl std::ops::DerefMut for RegistryGuard {
-    fn deref_mut(&mut self) -> &mut Registry {
-        self.0.as_mut().expect("the registry is locked")
-    }
-}
-
-impl Drop for RegistryGuard {
-    fn drop(&mut self) {
-        if self.0.take().is_some() {
-            HOLDS_REGISTRY.with(|h| h.set(false));
-        }
-    }
-}
-
-impl RegistryGuard {
-    /// Let the lock go until another thread's open, close or claim ends, then take it again.
-    fn wait(&mut self) {
-        let guard = self.0.take().expect("the registry is locked");
-        HOLDS_REGISTRY.with(|h| h.set(false));
-        let guard = CHANGED.wait(guard).unwrap_or_else(|p| p.into_inner());
-        HOLDS_REGISTRY.with(|h| h.set(true));
-        self.0 = Some(guard);
-    }
-
-    /// Let the lock go (for a vendor call).
-    fn unlock(&mut self) {
-        if self.0.take().is_some() {
-            HOLDS_REGISTRY.with(|h| h.set(false));
-        }
-    }
-
-    /// Take the lock again after [`RegistryGuard::unlock`].
-    fn relock(&mut self) {
-        if self.0.is_none() {
-            *self = registry();
-        }
-    }
-}
-
-fn registry() -> RegistryGuard {
-    let generation = crate::fork::generation();
-    // A panic while holding the lock cannot leave the maps half-updated (every update is a single
-    // insert/remove/increment), so a poisoned lock is still consistent.
-    let mut reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
-    HOLDS_REGISTRY.with(|h| h.set(true));
-    if reg.generation != generation {
-        // A forked child: the entries are the parent's imports. Forget them without releasing
-        // anything (no unmap, no vendor close, no decrement, no unlink): leaked, on purpose.
-        std::mem::forget(std::mem::take(&mut reg.allocs));
-        std::mem::forget(std::mem::take(&mut reg.tickets));
-        std::mem::forget(std::mem::take(&mut reg.watched));
-        reg.generation = generation;
-    }
-    RegistryGuard(Some(reg))
-}
-
-/// The registry's part in `fork` ([`crate::fork::ForkHook`]): hold its lock across the fork
-/// (unless the forking thread holds it already: then it releases it itself, in both
-/// processes), so that no other thread holds it in the child; the child's next use forgets the
-/// parent's entries (see [`registry`]).
-struct RegistryFork;
-
-impl crate::fork::ForkHook for RegistryFork {
-    fn prepare(&self) {
-        if HOLDS_REGISTRY.with(Cell::get) {
-            return;
-        }
-        let guard = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
-        FORK_GUARD.with(|g| *g.borrow_mut() = Some(guard));
-    }
-
-    fn parent(&self) {
-        FORK_GUARD.with(|g| drop(g.borrow_mut().take()));
-    }
-
-    fn child(&self) {
-        FORK_GUARD.with(|g| drop(g.borrow_mut().take()));
-    }
-}
+mod registry;
+use registry::*;
 
 /// Number of allocations currently mapped by imports in this process.
 pub fn cached_allocations() -> usize {
@@ -404,6 +187,39 @@ fn import_from(
     passed: Option<&crate::backend::PassedFds>,
 ) -> Result<Import> {
     let generation = crate::fork::generation();
+    let validated = check_importable(h, attached.as_ref())?;
+    let segments = crate::handle::segments::SegmentTable::of(h, table)?;
+    check_host(h)?;
+    let backend = backend::get(h.backend)?;
+    let device = backend.import_device(h, &req)?;
+    let req = ImportRequest { device: Some(device), ..req };
+    // The producer's event first, before anything is registered: a failed wait leaves nothing
+    // to undo, and the handle's reference stays with the caller (who may retry).
+    wait_for_producer(h, &req)?;
+    let key = alloc_key(h, attached.as_ref(), segments.as_ref(), device, req.read_only);
+    let (ticket, inflight) = ticket_of(h)?;
+    let mut pending = Pending::new(&key, ticket.as_ref(), inflight, h.backend, device);
+    pending.claim_reference()?;
+    let mapping = pending.map(h, &validated, || {
+        Ok(match (segments.as_ref(), attached.as_mut()) {
+            (_, Some(a)) => (a.open)()?.into(),
+            (Some(t), None) => backend.import_segmented(h, t, &validated, &req, passed)?.into(),
+            (None, None) => backend.import(h, &validated, &req)?.into(),
+        })
+    })?;
+    if pending.first && inflight {
+        mapping.take_over_inflight();
+        if let Some(w) = &pending.watch {
+            w.drop_inflight_count();
+        }
+    }
+    let watch = pending.commit();
+    Ok(Import { lease: None, key, ticket, watch, mapping: Some(mapping), handle: *h, validated, generation })
+}
+
+/// Step 1: the handle is valid, and importable by this path (a channel memfd handle only with
+/// its descriptor; an attached allocation's key fits the registry).
+fn check_importable(h: &DevshareHandle, attached: Option<&Attached<'_>>) -> Result<Validated> {
     let validated = validate(h)?;
     if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_CHANNEL != 0 && attached.is_none() {
         return Err(Error::Unsupported(
@@ -412,10 +228,14 @@ fn import_from(
                 .into(),
         ));
     }
-    if attached.as_ref().is_some_and(|a| a.key.is_empty() || a.key.len() > DEVSHARE_KEY_CAPACITY) {
+    if attached.is_some_and(|a| a.key.is_empty() || a.key.len() > DEVSHARE_KEY_CAPACITY) {
         return Err(Error::Internal("an attached allocation's key must be 1..=128 bytes".into()));
     }
-    let segments = crate::handle::segments::SegmentTable::of(h, table)?;
+    Ok(validated)
+}
+
+/// Step 2: the handle was made on this machine (when both sides know their boot id).
+fn check_host(h: &DevshareHandle) -> Result<()> {
     let local = crate::hostid::host_id();
     if h.host_id != [0; 16] && local != [0; 16] && h.host_id != local {
         return Err(Error::WrongHost(format!(
@@ -425,19 +245,33 @@ fn import_from(
             hex(&local)
         )));
     }
-    let backend = backend::get(h.backend)?;
-    let device = backend.import_device(h, &req)?;
-    let req = ImportRequest { device: Some(device), ..req };
-    // The producer's event first, before anything is registered: a failed wait leaves nothing
-    // to undo, and the handle's reference stays with the caller (who may retry). But not for a
-    // handle whose reference was already returned: its producer may have destroyed the event.
-    if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_EVENT != 0 {
-        if h.ref_name_len > 0 {
-            refcounter::check_outstanding(h.ref_name_bytes(), h.ref_slot)?;
-        }
-        backend.wait_event(h, &req)?;
+    Ok(())
+}
+
+/// The one place an import waits for its producer's work: the interprocess event a handle (or a
+/// pool item) carries, opened, waited on by `req.stream` (or this thread), destroyed. Not for a
+/// handle whose reference was already returned: its producer may have destroyed the event.
+pub(crate) fn wait_for_producer(h: &DevshareHandle, req: &ImportRequest) -> Result<()> {
+    if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_EVENT == 0 {
+        return Ok(());
     }
-    let (key_len, key_bytes) = match &attached {
+    if h.ref_name_len > 0 {
+        refcounter::check_outstanding(h.ref_name_bytes(), h.ref_slot)?;
+    }
+    backend::get(h.backend)?.wait_event(h, req)
+}
+
+/// Step 3: the registry key of the allocation: by what arrived with the handle when the
+/// allocation was attached (never what the handle claims), else by its key, with the whole
+/// segment table for segmented allocations.
+fn alloc_key(
+    h: &DevshareHandle,
+    attached: Option<&Attached<'_>>,
+    segments: Option<&crate::handle::segments::SegmentTable<'_>>,
+    device: i32,
+    read_only: bool,
+) -> AllocKey {
+    let (key_len, key) = match attached {
         Some(a) => {
             let mut k = [0u8; DEVSHARE_KEY_CAPACITY];
             k[..a.key.len()].copy_from_slice(a.key);
@@ -445,20 +279,24 @@ fn import_from(
         }
         None => (h.key_len, h.key),
     };
-    let key = AllocKey {
+    AllocKey {
         backend: h.backend,
         device,
-        read_only: req.read_only,
+        read_only,
         key_len,
-        key: key_bytes,
-        segments: segments.as_ref().map(|t| {
+        key,
+        segments: segments.map(|t| {
             // fd numbers mean something only in their producer; shareable and fabric
             // handles are global, so the same pages from a tuple (no pid) and from a
             // devshare handle share one mapping.
             let pid = if t.seg.kind == crate::handle::segments::DEVSHARE_SEGMENTS_CUDA_FD { t.producer_pid } else { 0 };
             Arc::new((t.seg.segment_size, t.seg.kind, pid, t.table.to_vec()))
         }),
-    };
+    }
+}
+
+/// Step 4: the reference the handle carries (its ticket), and whether it is in flight.
+fn ticket_of(h: &DevshareHandle) -> Result<(Option<Ticket>, bool)> {
     let ticket =
         (h.ref_name_len > 0).then_some(Ticket { name_len: h.ref_name_len, name: h.ref_name, slot: h.ref_slot });
     let inflight = h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_INFLIGHT != 0;
@@ -469,33 +307,41 @@ fn import_from(
                 .into(),
         ));
     }
+    Ok((ticket, inflight))
+}
 
-    let mut pending = Pending {
-        reg: registry(),
-        key: &key,
-        ticket: ticket.as_ref(),
-        inflight,
-        backend: h.backend,
-        device,
-        watch: None,
-        watched: false,
-        counted: false,
-        first: false,
-        opening: false,
-        committed: false,
-    };
-    // The reference: this import is the first in this process to hold it (then it must still be
-    // outstanding, the in-flight flag must match the producer's record, and an in-flight
-    // reference is claimed now), or shares it with the imports holding it. It counts from here
-    // on, so that a release of the others meanwhile leaves the reference to this import.
-    if let Some(t) = &ticket {
-        while pending.reg.tickets.get(t).is_some_and(|u| u.claiming) {
-            pending.reg.wait();
+impl<'a> Pending<'a> {
+    fn new(key: &'a AllocKey, ticket: Option<&'a Ticket>, inflight: bool, backend: u16, device: i32) -> Self {
+        Pending {
+            reg: registry(),
+            key,
+            ticket,
+            inflight,
+            backend,
+            device,
+            watch: None,
+            watched: false,
+            counted: false,
+            first: false,
+            opening: false,
+            committed: false,
         }
-        pending.watch = pending.reg.watch(t)?;
-        pending.watched = true;
-        match pending.reg.tickets.get(t) {
-            Some(held) if held.inflight != inflight => {
+    }
+
+    /// Step 5, the reference: this import is the first in this process to hold it (then it must
+    /// still be outstanding, the in-flight flag must match the producer's record, and an
+    /// in-flight reference is claimed now), or shares it with the imports holding it. It counts
+    /// from here on, so that a release of the others meanwhile leaves the reference to this
+    /// import.
+    fn claim_reference(&mut self) -> Result<()> {
+        let Some(t) = self.ticket else { return Ok(()) };
+        while self.reg.tickets.get(t).is_some_and(|u| u.claiming) {
+            self.reg.wait();
+        }
+        self.watch = self.reg.watch(t)?;
+        self.watched = true;
+        match self.reg.tickets.get(t) {
+            Some(held) if held.inflight != self.inflight => {
                 return Err(Error::Untrusted(format!(
                     "an import in this process holds this reference from a handle {} the in-flight \
                      flag, and this handle says otherwise: one of them was altered",
@@ -504,57 +350,57 @@ fn import_from(
             }
             Some(_) => {}
             None => {
-                first_check(pending.watch.as_deref(), t, inflight)?;
-                pending.first = true;
+                first_check(self.watch.as_deref(), t, self.inflight)?;
+                self.first = true;
             }
         }
-        let first = pending.first;
-        let held = pending.reg.tickets.entry(t.clone()).or_insert(TicketUse { users: 0, inflight, claiming: false });
+        let first = self.first;
+        let held = self.reg.tickets.entry(t.clone()).or_insert(TicketUse {
+            users: 0,
+            inflight: self.inflight,
+            claiming: false,
+        });
         held.users += 1;
         held.claiming = first;
-        pending.counted = true;
+        self.counted = true;
+        Ok(())
     }
-    // The allocation: the cached mapping (one more user), or mapped now, without the lock.
-    let mapping = loop {
-        match pending.reg.allocs.get_mut(&key) {
-            Some(Slot::Open { mapping, users }) => {
-                check_view(mapping.as_ref(), h, &validated)?;
-                *users += 1;
-                break mapping.clone();
-            }
-            Some(Slot::Opening | Slot::Closing) => pending.reg.wait(),
-            None => {
-                pending.reg.allocs.insert(key.clone(), Slot::Opening);
-                pending.opening = true;
-                pending.reg.unlock();
-                let opened = (|| -> Result<Arc<dyn Mapping>> {
-                    let m: Arc<dyn Mapping> = match (segments.as_ref(), attached.as_mut()) {
-                        (_, Some(a)) => (a.open)()?.into(),
-                        (Some(t), None) => backend.import_segmented(h, t, &validated, &req, passed)?.into(),
-                        (None, None) => backend.import(h, &validated, &req)?.into(),
-                    };
+
+    /// Step 6, the allocation: the cached mapping (one more user), or mapped now by `open`,
+    /// without the lock; a mapping that does not hold the handle's storage is refused.
+    fn map(
+        &mut self,
+        h: &DevshareHandle,
+        validated: &Validated,
+        open: impl FnOnce() -> Result<Arc<dyn Mapping>>,
+    ) -> Result<Arc<dyn Mapping>> {
+        let mut open = Some(open);
+        loop {
+            match self.reg.allocs.get_mut(self.key) {
+                Some(Slot::Open { mapping, users }) => {
+                    check_view(mapping.as_ref(), h, validated)?;
+                    *users += 1;
+                    return Ok(mapping.clone());
+                }
+                Some(Slot::Opening | Slot::Closing) => self.reg.wait(),
+                None => {
+                    self.reg.allocs.insert(self.key.clone(), Slot::Opening);
+                    self.opening = true;
+                    self.reg.unlock();
+                    let open = open.take().expect("an allocation is opened once per import");
                     // A mapping that does not hold the handle's storage is undone here, still
                     // without the lock.
-                    check_view(m.as_ref(), h, &validated)?;
-                    Ok(m)
-                })();
-                pending.reg.relock();
-                let mapping = opened?;
-                pending.reg.allocs.insert(key.clone(), Slot::Open { mapping: mapping.clone(), users: 1 });
-                pending.opening = false;
-                CHANGED.notify_all();
-                break mapping;
+                    let opened = open().and_then(|m| check_view(m.as_ref(), h, validated).map(|()| m));
+                    self.reg.relock();
+                    let mapping = opened?;
+                    self.reg.allocs.insert(self.key.clone(), Slot::Open { mapping: mapping.clone(), users: 1 });
+                    self.opening = false;
+                    CHANGED.notify_all();
+                    return Ok(mapping);
+                }
             }
         }
-    };
-    if pending.first && inflight {
-        mapping.take_over_inflight();
-        if let Some(w) = &pending.watch {
-            w.drop_inflight_count();
-        }
     }
-    let watch = pending.commit();
-    Ok(Import { lease: None, key, ticket, watch, mapping: Some(mapping), handle: *h, validated, generation })
 }
 
 /// An import under way: the registry (locked, or let go around the vendor open) and what the
