@@ -3,6 +3,8 @@
 //! cold, on two devices; every reference comes back exactly once, closes equal imports, and the
 //! stand-in records no rule violation.
 
+mod common;
+
 use devshare::backend::{ExportOptions, ImportRequest};
 use devshare::export::{Exporter, TensorDesc};
 use devshare::handle::DEVSHARE_BACKEND_ACL;
@@ -20,13 +22,9 @@ struct Runtime {
 }
 
 fn runtime() -> Runtime {
-    let path = format!("{}/acl/libascendcl.so", env!("DEVSHARE_STANDIN_DIR"));
-    let log = std::env::temp_dir().join(format!("devshare_acl_threads_{}.log", std::process::id()));
-    std::env::set_var("DEVSHARE_ACL_LIBRARY", &path);
-    std::env::set_var("DEVSHARE_STANDIN_LOG", &log);
+    let lib = common::load(common::StandIn::Acl, "acl_threads");
     // SAFETY: the stand-in is a plain C library; the symbols have these C signatures.
     unsafe {
-        let lib = libloading::Library::new(&path).expect("the ACL stand-in is built by build.rs");
         let init: unsafe extern "C" fn(*const c_char) -> c_int = *lib.get(b"aclInit").unwrap();
         init(std::ptr::null());
         Runtime {

@@ -11,6 +11,8 @@
 //! A second child shows that re-exporting a physical handle after its exporters closed gives
 //! its cached shareable handle back (CANN refuses a second export of a live handle).
 
+mod common;
+
 use devshare::backend::{ExportOptions, ImportRequest, SegmentedMemory};
 use devshare::export::{Exporter, TensorDesc};
 use devshare::handle::encode::{decode_full, encode_full_into};
@@ -18,7 +20,7 @@ use devshare::handle::DEVSHARE_BACKEND_ACL;
 use devshare::import::import_full;
 use std::ffi::{c_char, c_int, c_void};
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 const SEG: usize = 2 << 20;
@@ -59,16 +61,10 @@ struct Runtime {
 }
 
 fn runtime(log_tag: &str) -> Runtime {
-    let path = format!("{}/acl/libascendcl.so", env!("DEVSHARE_STANDIN_DIR"));
-    std::env::set_var("DEVSHARE_ACL_LIBRARY", &path);
-    if std::env::var_os("DEVSHARE_STANDIN_LOG").is_none() {
-        let log = std::env::temp_dir().join(format!("devshare_{log_tag}_{}.log", std::process::id()));
-        std::env::set_var("DEVSHARE_STANDIN_LOG", &log);
-    }
+    let lib = common::load(common::StandIn::Acl, log_tag);
     // SAFETY: the stand-in is a plain C library; the symbols have these C signatures
     // (tests/standin/acl/acl_standin.h).
     unsafe {
-        let lib = libloading::Library::new(&path).expect("the ACL stand-in is built by build.rs");
         let init: unsafe extern "C" fn(*const c_char) -> c_int = *lib.get(b"aclInit").unwrap();
         init(std::ptr::null());
         Runtime {
@@ -204,10 +200,11 @@ fn reexporter(rt: &Runtime) {
     println!("REEXPORT OK");
 }
 
-/// Runs only as a child of the tests below (does nothing in a normal test run).
+/// A child process of the tests below (run by them with `--ignored`; not a test of its own).
 #[test]
+#[ignore = "a child-process role of the tests below"]
 fn vmm_child_process() {
-    let Ok(role) = std::env::var(ROLE) else { return };
+    let role = std::env::var(ROLE).expect("run by the tests below, which set the role");
     let rt = runtime("acl_vmm_child");
     match role.as_str() {
         "producer" => producer(&rt),
@@ -217,10 +214,7 @@ fn vmm_child_process() {
 }
 
 fn child(role: &str, log: &std::path::Path) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "vmm_child_process", "--nocapture", "--test-threads=1"])
-        .env(ROLE, role)
-        .env("DEVSHARE_STANDIN_LOG", log)
+    common::role("vmm_child_process", &[(ROLE, role.as_ref()), ("DEVSHARE_STANDIN_LOG", log.as_os_str())])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

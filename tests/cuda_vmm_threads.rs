@@ -9,6 +9,8 @@
 //! reserved or mapped beyond the producer's own buffer, no taken fd is left open, every
 //! reference came back, and no driver rule was broken.
 
+mod common;
+
 use devshare::backend::{ExportOptions, ImportRequest, SegmentedMemory};
 use devshare::export::{Exporter, TensorDesc};
 use devshare::handle::encode::{decode_full, encode_full_into, Decoded};
@@ -68,16 +70,10 @@ struct Driver {
 unsafe impl Sync for Driver {}
 
 fn driver() -> Driver {
-    let path = format!("{}/cuda/libcuda.so.1", env!("DEVSHARE_STANDIN_DIR"));
-    std::env::set_var("DEVSHARE_CUDA_LIBRARY", &path);
-    if std::env::var_os("DEVSHARE_STANDIN_LOG").is_none() {
-        let log = std::env::temp_dir().join(format!("devshare_cuda_vmm_threads_{}.log", std::process::id()));
-        std::env::set_var("DEVSHARE_STANDIN_LOG", &log);
-    }
+    let lib = common::load(common::StandIn::Cuda, "cuda_vmm_threads");
     // SAFETY: the stand-in is a plain C library; the symbols have these C signatures
     // (tests/standin/cuda/cuda_standin.h); the calls get valid out pointers.
     unsafe {
-        let lib = libloading::Library::new(&path).expect("the CUDA stand-in is built by build.rs");
         let init: unsafe extern "C" fn(u32) -> c_int = *lib.get(b"cuInit").unwrap();
         let device_get: unsafe extern "C" fn(*mut c_int, c_int) -> c_int = *lib.get(b"cuDeviceGet").unwrap();
         let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int =

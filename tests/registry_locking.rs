@@ -19,6 +19,8 @@
 //! time ([`serial`]). Timing checks have generous margins: a delay of 2 s, and "well within" is
 //! under 1 s; this checks behaviour, not speed.
 
+mod common;
+
 use devshare::backend::{ExportOptions, ImportRequest};
 use devshare::error::Status;
 use devshare::export::{Exporter, TensorDesc};
@@ -26,7 +28,7 @@ use devshare::handle::{DevshareHandle, DEVSHARE_BACKEND_ACL, DEVSHARE_BACKEND_CU
 use devshare::import::{cached_allocations, discard_handle, import, Import};
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -59,16 +61,10 @@ struct Acl {
 }
 
 fn acl() -> Acl {
-    let path = format!("{}/acl/libascendcl.so", env!("DEVSHARE_STANDIN_DIR"));
-    std::env::set_var("DEVSHARE_ACL_LIBRARY", &path);
-    if std::env::var_os("DEVSHARE_STANDIN_LOG").is_none() {
-        let log = std::env::temp_dir().join(format!("devshare_registry_locking_{}.log", std::process::id()));
-        std::env::set_var("DEVSHARE_STANDIN_LOG", &log);
-    }
+    let lib = common::load(common::StandIn::Acl, "registry_locking");
     // SAFETY: the stand-in is a plain C library; the symbols have these C signatures
     // (tests/standin/acl/acl_standin.h).
     unsafe {
-        let lib = libloading::Library::new(&path).expect("the ACL stand-in is built by build.rs");
         let init: unsafe extern "C" fn(*const c_char) -> c_int = *lib.get(b"aclInit").unwrap();
         init(std::ptr::null());
         Acl {
@@ -301,16 +297,10 @@ struct Cuda {
 }
 
 fn cuda() -> Cuda {
-    let path = format!("{}/cuda/libcuda.so.1", env!("DEVSHARE_STANDIN_DIR"));
-    std::env::set_var("DEVSHARE_CUDA_LIBRARY", &path);
-    if std::env::var_os("DEVSHARE_STANDIN_LOG").is_none() {
-        let log = std::env::temp_dir().join(format!("devshare_registry_locking_{}.log", std::process::id()));
-        std::env::set_var("DEVSHARE_STANDIN_LOG", &log);
-    }
+    let lib = common::load(common::StandIn::Cuda, "registry_locking");
     // SAFETY: the stand-in is a plain C library; the symbols have these C signatures
     // (tests/standin/cuda/cuda_standin.h; CUipcMemHandle is 64 bytes passed by value).
     unsafe {
-        let lib = libloading::Library::new(&path).expect("the CUDA stand-in is built by build.rs");
         Cuda {
             violations: *lib.get(b"cusi_violation_count").unwrap(),
             set_delay: *lib.get(b"cusi_set_delay").unwrap(),
@@ -343,15 +333,14 @@ impl Cuda {
 const CUDA_HANDLES: usize = 400;
 const CUDA_ALLOCS: usize = 2;
 
-/// The producer role: a no-op unless this binary was started as the producer. It allocates
-/// `CUDA_ALLOCS` blocks of 2 MiB on device 0, exports them, prints `CUDA_HANDLES` handles of
-/// each (text, one per line, allocation by allocation), and once its stdin closes checks that
-/// every reference came back and exits.
+/// The producer role of the CUDA test below (run by it with `--ignored`; not a test of its own).
+/// It allocates `CUDA_ALLOCS` blocks of 2 MiB on device 0, exports them, prints `CUDA_HANDLES`
+/// handles of each (text, one per line, allocation by allocation), and once its stdin closes
+/// checks that every reference came back and exits.
 #[test]
+#[ignore = "a child-process role of cuda_slow_close_does_not_block_a_cache_hit_and_racing_imports_never_open_twice"]
 fn cuda_producer() {
-    if std::env::var_os("DEVSHARE_TEST_CUDA_PRODUCER").is_none() {
-        return;
-    }
+    assert!(std::env::var_os("DEVSHARE_TEST_CUDA_PRODUCER").is_some(), "run by the CUDA test, which sets the role");
     let rt = cuda();
     // SAFETY: stand-in calls with valid out pointers; the context stays current on this thread.
     let blocks: Vec<u64> = unsafe {
@@ -412,9 +401,7 @@ struct Producer {
 
 impl Producer {
     fn start() -> Producer {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "cuda_producer", "--nocapture", "--test-threads=1"])
-            .env("DEVSHARE_TEST_CUDA_PRODUCER", "1")
+        let mut child = common::role("cuda_producer", &[("DEVSHARE_TEST_CUDA_PRODUCER", "1".as_ref())])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
