@@ -242,3 +242,30 @@ fn the_checker_finds_what_it_must() {
     assert!(layer("channel") > layer("export") && layer("export") > layer("backend"));
     assert!(layer("backend") > layer("handle") && layer("handle") > layer("shm"));
 }
+
+#[test]
+fn the_files_the_readme_and_architecture_md_name_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut missing = Vec::new();
+    for doc in ["README.md", "ARCHITECTURE.md"] {
+        let text = std::fs::read_to_string(root.join(doc)).unwrap();
+        for word in text.split(|c: char| c.is_whitespace() || "`()|,;[]".contains(c)) {
+            let w = word.trim_end_matches(['.', ':']);
+            let path = if w.starts_with("src/") || w.starts_with("tests/") {
+                root.join(w)
+            } else if doc == "ARCHITECTURE.md"
+                && (w.ends_with(".rs") || (w.ends_with('/') && w.len() > 1))
+                && w.chars().all(|c| c.is_ascii_lowercase() || c == '_' || c == '/' || c == '.')
+            {
+                // ARCHITECTURE.md names files relative to src/ (or tests/...).
+                root.join("src").join(w)
+            } else {
+                continue;
+            };
+            if !path.exists() {
+                missing.push(format!("{doc}: {w}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "named but missing: {missing:?}");
+}
