@@ -798,13 +798,14 @@ int32_t devshare_channel_trust_announced_pids(struct DevshareChannel *channel, u
 
 // Disconnect connected peer `peer` now, as if its process had died: its leases stop counting
 // in their exports' outstanding references, its pool slots are free again, and its
-// `devshare_connection_recv` returns `DEVSHARE_STATUS_CLOSED` once it has read what was sent
-// before. `DEVSHARE_STATUS_NOT_FOUND` when no such peer is connected. The channel does the
+// `devshare_connection_recv` returns `DEVSHARE_STATUS_CLOSED` once it has read what its socket
+// had taken (messages still queued for it are dropped). `DEVSHARE_STATUS_NOT_FOUND` when no such peer is connected. The channel does the
 // same on its own to a peer that does not read its messages (see
 // `DEVSHARE_CHANNEL_SEND_QUEUE` and `DEVSHARE_CHANNEL_SEND_PATIENCE_MS`), that does not
 // complete its handshake in `DEVSHARE_CHANNEL_HANDSHAKE_MS`, or that sends more than
 // `DEVSHARE_CHANNEL_ERROR_BUDGET` refused messages.
-int32_t devshare_channel_disconnect(struct DevshareChannel *channel, uint64_t peer);
+int32_t devshare_channel_disconnect(struct DevshareChannel *channel,
+                                    uint64_t peer);
 
 // Close the channel and free it: every peer is disconnected (its `devshare_connection_recv`
 // returns `DEVSHARE_STATUS_CLOSED`), their leases stop counting in their exports'

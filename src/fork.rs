@@ -28,12 +28,16 @@ pub(crate) trait ForkHook: Sync {
 }
 
 static GENERATION: AtomicU64 = AtomicU64::new(0);
-static HOOKS: Mutex<Vec<&'static dyn ForkHook>> = Mutex::new(Vec::new());
+/// Most hooks (the crate registers one); a fixed table, so that the library holds no heap
+/// memory it never frees.
+const MAX_HOOKS: usize = 4;
+type Hooks = [Option<&'static dyn ForkHook>; MAX_HOOKS];
+static HOOKS: Mutex<Hooks> = Mutex::new([None; MAX_HOOKS]);
 
 thread_local! {
     /// The hook list, held by the forking thread from `prepare` to `parent` / `child`, so that
     /// no hook registers half-way through a fork.
-    static HELD: std::cell::RefCell<Option<MutexGuard<'static, Vec<&'static dyn ForkHook>>>> =
+    static HELD: std::cell::RefCell<Option<MutexGuard<'static, Hooks>>> =
         const { std::cell::RefCell::new(None) };
 }
 
@@ -55,12 +59,17 @@ pub(crate) fn generation() -> u64 {
 /// Run `hook` around every later `fork` of this process.
 pub(crate) fn register(hook: &'static dyn ForkHook) {
     generation(); // the handlers are installed
-    HOOKS.lock().unwrap_or_else(|p| p.into_inner()).push(hook);
+    let mut hooks = HOOKS.lock().unwrap_or_else(|p| p.into_inner());
+    let free = hooks.iter_mut().find(|h| h.is_none());
+    debug_assert!(free.is_some(), "more than {MAX_HOOKS} fork hooks");
+    if let Some(slot) = free {
+        *slot = Some(hook);
+    }
 }
 
 extern "C" fn fork_prepare() {
     let hooks = HOOKS.lock().unwrap_or_else(|p| p.into_inner());
-    for h in hooks.iter() {
+    for h in hooks.iter().flatten() {
         h.prepare();
     }
     HELD.with(|held| *held.borrow_mut() = Some(hooks));
@@ -68,7 +77,7 @@ extern "C" fn fork_prepare() {
 
 extern "C" fn fork_parent() {
     if let Some(hooks) = HELD.with(|held| held.borrow_mut().take()) {
-        for h in hooks.iter().rev() {
+        for h in hooks.iter().rev().flatten() {
             h.parent();
         }
     }
@@ -77,7 +86,7 @@ extern "C" fn fork_parent() {
 extern "C" fn fork_child() {
     GENERATION.fetch_add(1, Ordering::SeqCst);
     if let Some(hooks) = HELD.with(|held| held.borrow_mut().take()) {
-        for h in hooks.iter().rev() {
+        for h in hooks.iter().rev().flatten() {
             h.child();
         }
     }

@@ -115,8 +115,10 @@ fn a_consumer_that_stops_reading_is_queued_then_disconnected_and_never_stalls_th
     ch.wait_peers(1, T).unwrap();
     let stuck_id = ch.peer_ids().unwrap()[0];
     let rounds = 20u32;
+    let done = Arc::new(AtomicBool::new(false));
     let honest = std::thread::spawn({
         let addr = addr.clone();
+        let done = done.clone();
         move || {
             let c = Connection::connect(&addr, T).unwrap();
             let mut got = 0;
@@ -124,6 +126,10 @@ fn a_consumer_that_stops_reading_is_queued_then_disconnected_and_never_stalls_th
                 let imp = c.recv(T).unwrap();
                 imp.release();
                 got += 1;
+            }
+            // Stay connected until the producer has checked on this peer.
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(5));
             }
             got
         }
@@ -172,8 +178,10 @@ fn a_consumer_that_stops_reading_is_queued_then_disconnected_and_never_stalls_th
         ch.send(honest_id, &lease_exp, &u8_desc(&[4096])).unwrap();
         honest_sent += 1;
     }
+    assert!(ch.peer_ids().unwrap().contains(&honest_id), "the honest consumer is still connected");
     let stop = Arc::new(AtomicBool::new(false));
     let server = serve(ch.clone(), stop.clone());
+    done.store(true, Ordering::Relaxed);
     assert_eq!(honest.join().unwrap(), rounds, "the honest consumer got every item");
     stop.store(true, Ordering::Relaxed);
     server.join().unwrap();
@@ -300,4 +308,49 @@ fn disconnect_gives_a_peers_leases_and_slots_back_at_once() {
     assert!(!lease.view().data.is_null() && !item.view().data.is_null());
     lease.release();
     item.release();
+}
+
+#[test]
+fn a_producer_that_sends_without_serving_keeps_a_reading_consumer() {
+    // The queue moves on every send, not only when the channel is served: what waits for a
+    // consumer that reads goes out with the producer's next send.
+    let addr = address("no-service");
+    let ch = Arc::new(Channel::listen(&addr).unwrap());
+    let n = 900u32;
+    let received = Arc::new(AtomicU32::new(0));
+    let reader = std::thread::spawn({
+        let addr = addr.clone();
+        let received = received.clone();
+        move || {
+            let c = Connection::connect(&addr, T).unwrap();
+            // Holds what it reads (releases would wait for a producer that does not serve).
+            let items: Vec<_> = (0..n)
+                .map(|_| {
+                    let item = c.recv(T).unwrap();
+                    received.fetch_add(1, Ordering::Relaxed);
+                    item
+                })
+                .collect();
+            items.into_iter().for_each(|i| i.release());
+        }
+    });
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Exporter::channel_host_alloc(4096).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for i in 0..n {
+        // At most 300 ahead of the reader (what it has not read yet: in its socket, or waiting in
+        // its queue). Once the reader drained its socket, what is ahead waits in the queue: a
+        // queue that moved only when served would grow to its bound (256 descriptors) here.
+        while i - received.load(Ordering::Relaxed) > 300 {
+            assert!(Instant::now() < deadline, "the reader is stuck at {} of {i}", received.load(Ordering::Relaxed));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        ch.send(peer, &exp, &u8_desc(&[4096])).unwrap_or_else(|e| panic!("send {i}: {e}"));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = serve(ch.clone(), stop.clone());
+    reader.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    server.join().unwrap();
 }

@@ -63,6 +63,7 @@ from ._lib import (
     Error,
     ExporterP,
     HandleStruct,
+    bind,
     ImportInfo,
     ImportP,
     MAX_NDIM,
@@ -86,15 +87,7 @@ from ._lib import version as _library_version
 
 def _bind() -> str | None:
     """Set the channel functions' prototypes; why the library cannot do channels, or None."""
-    missing = []
-    for name, restype, argtypes in channel_signatures(ExporterP, ImportP):
-        try:
-            fn = getattr(lib, name)
-        except AttributeError:
-            missing.append(name)
-            continue
-        fn.restype = restype
-        fn.argtypes = argtypes
+    missing = bind(channel_signatures(ExporterP, ImportP))
     if missing:
         return (f"the loaded libdevshare ({_library_version}) has no channel API (it lacks "
                 f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): channels need "
@@ -105,19 +98,8 @@ def _bind() -> str | None:
 _UNAVAILABLE = _bind()
 
 
-def _bind_1_2() -> set:
-    """The 1.2 channel functions the library has (their prototypes set)."""
-    have = set()
-    for name, restype, argtypes in channel_signatures_1_2(ImportP):
-        fn = getattr(lib, name, None)
-        if fn is not None:
-            fn.restype = restype
-            fn.argtypes = argtypes
-            have.add(name)
-    return have
-
-
-_HAVE_1_2 = _bind_1_2()
+# The 1.2 channel functions the library has (their prototypes set).
+_HAVE_1_2 = {name for name, _, _ in channel_signatures_1_2(ImportP)} - set(bind(channel_signatures_1_2(ImportP)))
 _GIVE_BACK = "devshare_import_give_back" in _HAVE_1_2
 
 
@@ -379,6 +361,20 @@ class _Owned:
                 raise ValueError(f"the {self._what} is closed")
             life.busy += 1
             return self._ptr
+
+    def _try_enter(self):
+        """:meth:`_enter` for finalizers: None instead of waiting for the lock (the collector
+        may run a finalizer on a thread that holds it) or raising."""
+        life = self._life
+        if not life.lock.acquire(blocking=False):
+            return None
+        try:
+            if self._pid != os.getpid() or not life.open:
+                return None
+            life.busy += 1
+            return self._ptr
+        finally:
+            life.lock.release()
 
     def _exit(self) -> None:
         self._life.leave()
@@ -691,7 +687,7 @@ class Channel(_Owned):
     def disconnect(self, peer: int) -> None:
         """Disconnect consumer ``peer`` now, as if its process had died: its leases and pool
         slots come back at once and its :meth:`Connection.recv` raises :class:`ChannelClosed`
-        once it read what was sent before. The channel does the same on its own to a consumer
+        once it read what its socket had taken (what still waited for it is dropped). The channel does the same on its own to a consumer
         that stops reading (see the README's limits). :class:`devshare.Error` ``NOT_FOUND``
         when it is not connected."""
         if "devshare_channel_disconnect" not in _HAVE_1_2:
@@ -1031,10 +1027,9 @@ def _return_slot(pid, pool, index) -> None:
     # (entered like any call, so that the pool is not closed under it).
     if os.getpid() != pid:
         return
-    try:
-        ptr = pool._enter()
-    except (ValueError, RuntimeError):
-        return
+    ptr = pool._try_enter()
+    if ptr is None:
+        return  # closed, or its lock is held by this very thread: the pool takes it back later
     try:
         call(lib.devshare_pool_release, ptr, index)
     except Error:  # noqa: BLE001 - nothing to do about it in a finalizer
@@ -1081,12 +1076,10 @@ class _Lease:
         if not _GIVE_BACK:
             _call(lib.devshare_import_release, imp)  # a library before 1.2: unmapped at once
             return
-        try:
-            _call(lib.devshare_import_give_back, imp)
-        except BaseException:
-            lib.devshare_import_release(imp)
-            raise
+        # From here on the import is unmapped only when this object is garbage (the last tensor
+        # over it gone), also when the give-back fails.
         self._mapped = imp
+        _call(lib.devshare_import_give_back, imp)
 
     def release_now(self) -> None:
         """Give back and unmap at once (no tensor was made over it)."""

@@ -262,6 +262,20 @@ _version = int(lib.devshare_version())
 version = f"{_version >> 16}.{(_version >> 8) & 0xFF}.{_version & 0xFF}"
 
 
+def bind(signatures) -> list[str]:
+    """Set the prototypes of the library functions in ``signatures`` ((name, restype, argtypes)
+    triples) that the loaded library has; the names it lacks (an older minor version)."""
+    missing = []
+    for name, restype, argtypes in signatures:
+        fn = getattr(lib, name, None)
+        if fn is None:
+            missing.append(name)
+            continue
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return missing
+
+
 # --- Calls and errors ---------------------------------------------------------------------------
 
 

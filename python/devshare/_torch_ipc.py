@@ -55,6 +55,7 @@ from ._lib import (
     TorchArgs,
     Error,
     TorchStorage,
+    bind,
     call,
     error_for,
     lib,
@@ -75,21 +76,8 @@ _I32_MAX = (1 << 31) - 1
 _storage_class_cache = None
 
 
-def _bind_formats() -> list[str]:
-    """Set the format functions' prototypes (ABI 1.2); the names the library lacks."""
-    missing = []
-    for name, restype, argtypes in torch_format_signatures(POINTER(HandleStruct), POINTER(TorchStorage)):
-        try:
-            fn = getattr(lib, name)
-        except AttributeError:
-            missing.append(name)
-            continue
-        fn.restype = restype
-        fn.argtypes = argtypes
-    return missing
-
-
-_FORMATS_MISSING = _bind_formats()
+# The format functions (ABI 1.2) the library lacks (the others' prototypes are set).
+_FORMATS_MISSING = bind(torch_format_signatures(POINTER(HandleStruct), POINTER(TorchStorage)))
 _local_formats: dict[int, int] = {}
 
 

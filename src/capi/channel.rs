@@ -261,8 +261,8 @@ pub unsafe extern "C" fn devshare_channel_trust_announced_pids(channel: *mut Dev
 
 /// Disconnect connected peer `peer` now, as if its process had died: its leases stop counting
 /// in their exports' outstanding references, its pool slots are free again, and its
-/// `devshare_connection_recv` returns `DEVSHARE_STATUS_CLOSED` once it has read what was sent
-/// before. `DEVSHARE_STATUS_NOT_FOUND` when no such peer is connected. The channel does the
+/// `devshare_connection_recv` returns `DEVSHARE_STATUS_CLOSED` once it has read what its socket
+/// had taken (messages still queued for it are dropped). `DEVSHARE_STATUS_NOT_FOUND` when no such peer is connected. The channel does the
 /// same on its own to a peer that does not read its messages (see
 /// `DEVSHARE_CHANNEL_SEND_QUEUE` and `DEVSHARE_CHANNEL_SEND_PATIENCE_MS`), that does not
 /// complete its handshake in `DEVSHARE_CHANNEL_HANDSHAKE_MS`, or that sends more than

@@ -169,8 +169,8 @@ impl Connection {
         loop {
             match wire::recv(fd.as_fd(), &mut buf, &mut fds)? {
                 Received::Message(n) => {
-                    // A refusal's reason and a wrong version are reported before anything else
-                    // of the message is judged.
+                    // A refusal's reason is reported before anything else of the message is
+                    // judged (a WELCOME of another length is refused by its length).
                     let decoded = Message::decode(&buf[..n]);
                     if let Ok(Message::Refused { reason }) = decoded {
                         return Err(Error::Untrusted(format!(

@@ -309,6 +309,10 @@ impl Channel {
             Ok(())
         })();
         core.sweep(epfd);
+        // A peer this call found past its limits is gone now, and so is the lease just queued.
+        if r.is_ok() && core.index(peer).is_err() {
+            return Err(Error::Closed(format!("peer {peer} was disconnected: it does not read its messages")));
+        }
         r
     }
 
@@ -318,6 +322,7 @@ impl Channel {
         let epfd = self.shared.epoll.as_fd();
         let mut core = self.shared.lock()?;
         let idx = core.index(peer)?;
+        core.flush(idx, epfd); // what its socket takes now still reaches it
         core.drop_peer(idx, epfd);
         Ok(())
     }
@@ -412,6 +417,11 @@ impl Core {
     /// A peer that is gone, or whose queue is past its bounds, is marked to be disconnected
     /// ([`Self::sweep`]) and the answer is `Closed`.
     fn post(&mut self, idx: usize, msg: &[u8], fds: &[BorrowedFd<'_>], epfd: BorrowedFd<'_>) -> Result<()> {
+        // What waits goes first (the peer may have read meanwhile), so that a producer that
+        // sends without serving still moves the queue.
+        if !self.peers[idx].queue.is_empty() {
+            self.flush(idx, epfd);
+        }
         let p = &mut self.peers[idx];
         if let Some(why) = &p.doomed {
             return Err(Error::Closed(why.clone()));
@@ -420,10 +430,12 @@ impl Core {
             match wire::try_send(p.fd.as_fd(), msg, fds) {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
-                Err(e) => {
+                Err(e @ Error::Closed(_)) => {
                     p.doomed = Some(format!("peer {} is gone", p.info.id));
                     return Err(e);
                 }
+                // Out of kernel buffers or descriptors in flight: this send fails, the peer stays.
+                Err(e) => return Err(e),
             }
         }
         if p.queue.len() >= DEVSHARE_CHANNEL_SEND_QUEUE
@@ -475,10 +487,13 @@ impl Core {
                     p.stalled_since = Some(Instant::now()); // it moved: patience starts again
                 }
                 Ok(false) => return,
-                Err(_) => {
+                Err(Error::Closed(_)) => {
                     p.doomed = Some(format!("peer {} is gone", p.info.id));
                     return;
                 }
+                // A transient failure (no kernel buffers, too many descriptors in flight): try
+                // again on the next writable event; the patience still counts.
+                Err(_) => return,
             }
         }
         p.stalled_since = None;
@@ -491,6 +506,19 @@ impl Core {
         let now = Instant::now();
         let handshake = Duration::from_millis(DEVSHARE_CHANNEL_HANDSHAKE_MS);
         let patience = Duration::from_millis(DEVSHARE_CHANNEL_SEND_PATIENCE_MS);
+        // Before a deadline is judged, look at the socket: a handshake that arrived, or a queue
+        // the peer has made room for meanwhile, is progress (the caller may not have served).
+        for i in 0..self.peers.len() {
+            let p = &self.peers[i];
+            if p.doomed.is_some() {
+                continue;
+            }
+            if !p.ready && now.duration_since(p.accepted) >= handshake && !self.drain_peer(i) {
+                self.peers[i].doomed.get_or_insert_with(|| "it hung up".into());
+            } else if self.peers[i].stalled_since.is_some_and(|t| now.duration_since(t) >= patience) {
+                self.flush(i, epfd);
+            }
+        }
         let mut i = 0;
         while i < self.peers.len() {
             let p = &self.peers[i];
@@ -797,6 +825,8 @@ impl ChannelShared {
         }
         core.closed = true;
         while !core.peers.is_empty() {
+            // What each peer's socket takes now still reaches it; the rest of its queue is lost.
+            core.flush(0, self.epoll.as_fd());
             core.drop_peer(0, self.epoll.as_fd());
         }
         core.pools.clear();
@@ -878,7 +908,7 @@ impl Pool {
         let shared = self.shared.clone();
         let id = self.id;
         let epfd = self.shared.epoll.as_fd();
-        self.with(|core, p| {
+        let sent = self.with(|core, p| {
             match p.slots.get(slot as usize) {
                 Some(SlotState::Acquired) => {}
                 Some(s) => {
@@ -949,7 +979,12 @@ impl Pool {
             p.slots[slot as usize] = SlotState::Sent(peer);
             p.events[slot as usize] = event;
             Ok(())
-        })
+        });
+        // A peer this send found past its limits is gone now, and its slots are free again.
+        if sent.is_ok() && self.shared.lock()?.index(peer).is_err() {
+            return Err(Error::Closed(format!("peer {peer} was disconnected: it does not read its messages")));
+        }
+        sent
     }
 
     /// The pool's id on its channel (what consumers see with their items).

@@ -122,11 +122,12 @@ impl Registry {
     }
 }
 
-pub(super) static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(|| {
-    // From its first use on, the registry's lock is held across every fork (see RegistryFork).
-    crate::fork::register(&RegistryFork);
-    Mutex::default()
-});
+pub(super) static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
+
+/// From the registry's first use on, its lock is held across every fork (see RegistryFork). The
+/// hook is registered before the registry is first touched, never inside its initialiser, so a
+/// fork can never see the registry half made.
+static HOOK: std::sync::Once = std::sync::Once::new();
 
 /// Signalled whenever an allocation stops opening or closing, or a reference stops being
 /// claimed: the imports waiting for one of those look again.
@@ -190,6 +191,7 @@ impl RegistryGuard {
 }
 
 pub(super) fn registry() -> RegistryGuard {
+    HOOK.call_once(|| crate::fork::register(&RegistryFork));
     let generation = crate::fork::generation();
     // A panic while holding the lock cannot leave the maps half-updated (every update is a single
     // insert/remove/increment), so a poisoned lock is still consistent.

@@ -336,6 +336,9 @@ pub fn write_storage_handle(
     key_form: KeyForm,
 ) -> Result<Vec<u8>> {
     let (raw, _, name) = names(backend)?;
+    if let TorchFormat::Version(v @ (0 | 4..)) = format {
+        return Err(Error::InvalidArgument(format!("storage-handle version {v} does not exist (1, 2 or 3)")));
+    }
     match storage {
         StorageHandle::Key(key) => {
             if key.len() > raw {

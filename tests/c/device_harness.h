@@ -103,6 +103,36 @@ typedef struct {
     int32_t bare_tgid, os_pid;
 } Child;
 
+/* Bytes as hex text ("-" for none), and back: the bytes, or -1 for text that is not hex of at
+ * most `cap` bytes. How the tests put byte fields on a command line. */
+static inline void hex_encode(const uint8_t *b, size_t n, char *out) {
+    for (size_t i = 0; i < n; i++) {
+        sprintf(out + 2 * i, "%02x", b[i]);
+    }
+    out[2 * n] = '\0';
+    if (n == 0) {
+        strcpy(out, "-");
+    }
+}
+
+static inline int hex_decode(const char *hex, uint8_t *out, size_t cap) {
+    if (strcmp(hex, "-") == 0) {
+        return 0;
+    }
+    size_t n = strlen(hex);
+    if (n % 2 || n / 2 > cap) {
+        return -1;
+    }
+    for (size_t i = 0; i < n / 2; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1) {
+            return -1;
+        }
+        out[i] = (uint8_t)v;
+    }
+    return (int)(n / 2);
+}
+
 static char self_path[4096];
 
 /* Start a consumer child, with `env_name`=`env_value` in its environment when env_name is set. */

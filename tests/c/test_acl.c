@@ -81,35 +81,6 @@ static int child_verify(DevshareImport *imp, int32_t exporter_device, char *why,
     return 1;
 }
 
-/* Hex text to bytes: the number of bytes, or -1. "-" is empty. */
-static int unhex(const char *t, uint8_t *out, size_t cap) {
-    if (strcmp(t, "-") == 0) {
-        return 0;
-    }
-    size_t n = strlen(t);
-    if (n % 2 || n / 2 > cap) {
-        return -1;
-    }
-    for (size_t i = 0; i < n / 2; i++) {
-        unsigned v = 0;
-        if (sscanf(t + 2 * i, "%2x", &v) != 1) {
-            return -1;
-        }
-        out[i] = (uint8_t)v;
-    }
-    return (int)(n / 2);
-}
-
-static void hex_of(const uint8_t *p, size_t n, char *out) {
-    for (size_t i = 0; i < n; i++) {
-        sprintf(out + 2 * i, "%02x", p[i]);
-    }
-    out[2 * n] = 0;
-    if (n == 0) {
-        strcpy(out, "-");
-    }
-}
-
 /* "tuple <handle hex> <storage_size> <storage_offset> <ref name|-> <ref slot> <event hex|-> <sync>
  * <numel>": a torch_npu _share_npu_ 8-tuple of a float32 vector, imported with
  * devshare_import_torch (which waits on the event when sync is 1), checked, released. */
@@ -124,8 +95,8 @@ static void child_tuple(const char *args) {
         printf("ERR 0 bad tuple command\n");
         return;
     }
-    const int handle_len = unhex(handle_hex, handle, sizeof handle);
-    const int event_len = unhex(event_hex, event, sizeof event);
+    const int handle_len = hex_decode(handle_hex, handle, sizeof handle);
+    const int event_len = hex_decode(event_hex, event, sizeof event);
     DevshareTorchArgs a;
     DS_OK(devshare_torch_args_init(&a, sizeof a));
     const int64_t shape[1] = {numel};
@@ -162,7 +133,7 @@ static void child_tuple(const char *args) {
  * True — aclrtIpcOpenEventHandle (by value), aclrtStreamWaitEvent on its stream, aclrtDestroyEvent. */
 static void child_npu_event(const char *hex) {
     aclrtIpcEventHandle h;
-    if (unhex(hex, (uint8_t *)&h, sizeof h) != (int)sizeof h) {
+    if (hex_decode(hex, (uint8_t *)&h, sizeof h) != (int)sizeof h) {
         printf("ERR 0 not 64 bytes\n");
         return;
     }
@@ -425,8 +396,8 @@ int main(int argc, char **argv) {
         aclrtIpcEventHandle eh;
         ACL_OK(aclrtIpcGetEventHandle(ev, &eh));
         char hhex[2 * 256 + 1], ehex[2 * 64 + 1];
-        hex_of(ts.handle, ts.handle_len, hhex);
-        hex_of((const uint8_t *)&eh, sizeof eh, ehex);
+        hex_encode(ts.handle, ts.handle_len, hhex);
+        hex_encode((const uint8_t *)&eh, sizeof eh, ehex);
         char ref[80];
         memcpy(ref, ts.ref_name, ts.ref_name_len);
         ref[ts.ref_name_len] = 0;
@@ -443,7 +414,7 @@ int main(int argc, char **argv) {
          * whatever their length (the stand-in would flag any open of them). */
         DevshareHandle hp = share_f32(e, 8192, 4096, 32, 32, 0, 0, NULL);
         DS_OK(devshare_handle_to_torch_as(&hp, DEVSHARE_TORCH_FORMAT_V1, &ts));
-        hex_of(ts.handle, ts.handle_len, hhex);
+        hex_encode(ts.handle, ts.handle_len, hhex);
         memcpy(ref, ts.ref_name, ts.ref_name_len);
         ref[ts.ref_name_len] = 0;
         a = ask(&c1, "tuple %s %llu %llu %s %llu %s 0 1024", hhex, (unsigned long long)ts.storage_size,
@@ -458,7 +429,7 @@ int main(int argc, char **argv) {
         DS_OK(devshare_handle_to_torch_as(&hd, DEVSHARE_TORCH_FORMAT_V1, &ts));
         check(ts.event_sync_required == 1 && memcmp(ts.event_handle, hd.event_handle, 64) == 0,
               "a devshare share with an event gives slot 7 True and its 64-byte event in slot 6");
-        hex_of(ts.event_handle, 64, ehex);
+        hex_encode(ts.event_handle, 64, ehex);
         a = ask(&c1, "npu_event %s", ehex);
         check(strcmp(a, "OK") == 0, "torch_npu's consumer steps (open, stream wait, destroy) accept it (%s)", a);
         DevshareHandle hs = share_f32(e, 8192, 4096, 32, 32, 0, 0, NULL);

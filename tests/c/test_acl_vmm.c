@@ -55,28 +55,6 @@
 #define SEG ((size_t)2 * MIB)
 enum { CMD_CAP = 1 << 16 };
 
-static int hex_decode(const char *hex, uint8_t *out, size_t cap) {
-    size_t n = strlen(hex);
-    if (n % 2 || n / 2 > cap) {
-        return -1;
-    }
-    for (size_t i = 0; i < n / 2; i++) {
-        unsigned v;
-        if (sscanf(hex + 2 * i, "%2x", &v) != 1) {
-            return -1;
-        }
-        out[i] = (uint8_t)v;
-    }
-    return (int)(n / 2);
-}
-
-static void hex_encode(const uint8_t *b, size_t n, char *out) {
-    for (size_t i = 0; i < n; i++) {
-        sprintf(out + 2 * i, "%02x", b[i]);
-    }
-    out[2 * n] = '\0';
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* Child: a consumer serving commands */
 

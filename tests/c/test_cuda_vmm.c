@@ -97,13 +97,6 @@ static void make_current(int ordinal) {
     CU_OK(cuCtxSetCurrent(ctx[ordinal]));
 }
 
-static void to_hex(const uint8_t *b, size_t n, char *out) {
-    for (size_t i = 0; i < n; i++) {
-        sprintf(out + 2 * i, "%02x", b[i]);
-    }
-    out[2 * n] = '\0';
-}
-
 static size_t from_hex(const char *s, uint8_t *out, size_t cap) {
     size_t n = 0;
     unsigned v;
@@ -385,7 +378,7 @@ static void share_encoded_hex(DevshareExporter *e, uint64_t storage_offset, uint
     size_t len = 0;
     DS_OK(devshare_exporter_share_encoded(e, &d, buf, sizeof buf, &len));
     DS_OK(devshare_handle_decode(buf, len, h));
-    to_hex(buf, len, hex);
+    hex_encode(buf, len, hex);
 }
 
 /* Ask a consumer child (allowed to take our fds first: devshare_allow_ptrace). */
@@ -432,7 +425,7 @@ static size_t torch_e_hex(const DevshareHandle *h, const uint8_t *table, size_t 
     if (raw_out) {
         memcpy(raw_out, e, len < 64 ? len : 64);
     }
-    to_hex(e, len, hex);
+    hex_encode(e, len, hex);
     return len;
 }
 

@@ -187,6 +187,19 @@ def standin_env(tmp_path):
     assert not violations, f"CUDA rules broken:\n{violations}"
 
 
+def _start_producer(env, nseg, n, offset, start):
+    """The producer process and its first lines by tag (TEXT, TORCH, TORCH3, TABLE)."""
+    producer = spawn([sys.executable, "-c", PRODUCER, str(nseg), str(n), str(offset), str(start)], env=env)
+    first = {}
+    for line in producer.stdout:
+        tag, _, rest = line.rstrip("\n").partition(" ")
+        first[tag] = rest
+        if tag in ("TABLE", "FAIL"):
+            break
+    assert "TEXT" in first, f"producer: {first} {producer.stderr.read() if producer.poll() is not None else ''}"
+    return producer, first
+
+
 def lines_by_tag(out: str) -> dict:
     return {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] if " " in ln else "" for ln in out.splitlines() if ln}
 
@@ -195,16 +208,8 @@ def lines_by_tag(out: str) -> dict:
 def test_a_vmm_export_opens_through_the_package_with_its_segment_table_inline_or_in_the_text(
         standin_env, nseg, table):
     n, offset, start, write = 600_000, SEGMENT - 4096, 10, -3  # the storage spans segments 0..2
-    producer = spawn([sys.executable, "-c", PRODUCER, str(nseg), str(n), str(offset), str(start)],
-                     env=standin_env)
+    producer, first = _start_producer(standin_env, nseg, n, offset, start)
     try:
-        first = {}
-        for line in producer.stdout:
-            tag, _, rest = line.rstrip("\n").partition(" ")
-            first[tag] = rest
-            if tag == "TABLE" or tag == "FAIL":
-                break
-        assert "TEXT" in first, f"producer: {first} {producer.stderr.read() if producer.poll() is not None else ''}"
         assert (first["TABLE"] == "-") == (table == "inline")
         c = run([sys.executable, "-c", CONSUMER, first["TEXT"], str(n), str(start), str(write)],
                 env=standin_env, timeout=60)
@@ -237,16 +242,8 @@ def test_a_version_3_e_tuple_of_a_vmm_export_opens_in_another_process_as_version
     the consumer the handle the version-2 form gives, which imports (pidfd_getfd of the producer's
     fds), reads, writes and returns the reference exactly like it."""
     n, offset, start, write = 600_000, SEGMENT - 4096, 10, -3
-    producer = spawn([sys.executable, "-c", PRODUCER, str(nseg), str(n), str(offset), str(start)],
-                     env=standin_env)
+    producer, first = _start_producer(standin_env, nseg, n, offset, start)
     try:
-        first = {}
-        for line in producer.stdout:
-            tag, _, rest = line.rstrip("\n").partition(" ")
-            first[tag] = rest
-            if tag in ("TABLE", "FAIL"):
-                break
-        assert "TEXT" in first, first
         c = run([sys.executable, "-c", CONSUMER, first["TEXT"], str(n), str(start), str(write),
                  str(handle_type)], env=standin_env, timeout=60)
         assert c.returncode == 0, c.stderr
