@@ -391,13 +391,15 @@ class _Owned:
         with life.lock:
             if self._pid != os.getpid():
                 raise _forked(self._what, self._pid)
-            if not self._fin.alive:
+            if not self._fin.alive or not life.open:
                 return
             if life.busy:
                 raise Error(Status.BUSY, f"{self._what}.close(): {life.busy} call(s) of another "
                                          f"thread are still inside it")
             self._closing()
-        self._fin()
+            life.open = False  # no call enters from here on: the close below is not deferred
+        if self._fin.detach() is not None:
+            life._close()
 
     def _closing(self) -> None:
         """Before the close: close what depends on this object."""
