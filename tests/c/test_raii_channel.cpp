@@ -317,6 +317,10 @@ void test_in_process() {
                  [&] { ch.restrict({}, {0}); });
     expect_error(DEVSHARE_STATUS_NOT_FOUND, "devshare_channel_peer_info", "peer_info of an unknown peer",
                  [&] { (void)ch.peer_info(12345); });
+    expect_error(DEVSHARE_STATUS_NOT_FOUND, "devshare_channel_disconnect", "disconnect of an unknown peer",
+                 [&] { ch.disconnect(12345); });
+    check(ch.try_trust_announced_pids(true) && ch.try_trust_announced_pids(false).has_value(),
+          "trust_announced_pids(true / false) succeed");
 
     devshare::Exporter exp = devshare::Exporter::channel_host_alloc(4096);
     const unsigned char* bytes = static_cast<const unsigned char*>(exp.data());
