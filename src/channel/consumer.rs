@@ -122,6 +122,9 @@ impl Connection {
     pub fn connect(address: &str, timeout: Option<Duration>) -> Result<Connection> {
         let addr = wire::address(address)?;
         let deadline = timeout.map(|t| Instant::now() + t);
+        // Asked before connecting (it may load the ACL runtime): the handshake goes out right
+        // after the connection, well within the producer's handshake deadline.
+        let tgid = announced_pid();
         let fd = rustix::net::socket_with(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -158,7 +161,7 @@ impl Connection {
                 cred.uid.as_raw()
             )));
         }
-        let hello = Message::Hello { magic: wire::MAGIC, version: wire::VERSION, tgid: announced_pid() };
+        let hello = Message::Hello { magic: wire::MAGIC, version: wire::VERSION, tgid };
         match wire::send(fd.as_fd(), &hello.encode(), &[]) {
             // A producer that refused us at once has closed already: its reason is queued.
             Ok(()) | Err(Error::Closed(_)) => {}
