@@ -99,7 +99,8 @@ _UNAVAILABLE = _bind()
 
 
 # The 1.2 channel functions the library has (their prototypes set).
-_HAVE_1_2 = {name for name, _, _ in channel_signatures_1_2(ImportP)} - set(bind(channel_signatures_1_2(ImportP)))
+_SIGNATURES_1_2 = channel_signatures_1_2(ImportP)
+_HAVE_1_2 = {name for name, _, _ in _SIGNATURES_1_2} - set(bind(_SIGNATURES_1_2))
 _GIVE_BACK = "devshare_import_give_back" in _HAVE_1_2
 
 

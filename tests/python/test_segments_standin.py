@@ -200,6 +200,13 @@ def _start_producer(env, nseg, n, offset, start):
     return producer, first
 
 
+def _expect_released(producer, write):
+    """The producer saw its reference come back and the consumer's writes, and exited cleanly."""
+    out, err = producer.communicate(timeout=60)
+    assert producer.returncode == 0, err
+    assert out.split() == ["RELEASED", f"first={float(write)}", "outstanding=0"], (out, err)
+
+
 def lines_by_tag(out: str) -> dict:
     return {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] if " " in ln else "" for ln in out.splitlines() if ln}
 
@@ -226,13 +233,11 @@ def test_a_vmm_export_opens_through_the_package_with_its_segment_table_inline_or
         assert pytorch_reader.read(2, wire) == pytorch_reader.read(3, wire3)
         assert pytorch_reader.read(3, wire3)[1:4] == (producer.pid, SEGMENT, False)
         assert got["CHECK"].split() == ["ok", str(nseg * SEGMENT), str(n)]
-        out, err = producer.communicate(timeout=60)
+        _expect_released(producer, write)
     finally:
         if producer.poll() is None:
             producer.kill()
             producer.communicate()
-    assert producer.returncode == 0, err
-    assert out.split() == ["RELEASED", f"first={float(write)}", "outstanding=0"], (out, err)
 
 
 @pytest.mark.parametrize("nseg, handle_type", [(3, 1), (3, 0), (40, 1)])
@@ -250,13 +255,11 @@ def test_a_version_3_e_tuple_of_a_vmm_export_opens_in_another_process_as_version
         got = lines_by_tag(c.stdout)
         assert got["SAME"] == "True"
         assert got["CHECK"].split() == ["ok", str(nseg * SEGMENT), str(n)]
-        out, err = producer.communicate(timeout=60)
+        _expect_released(producer, write)
     finally:
         if producer.poll() is None:
             producer.kill()
             producer.communicate()
-    assert producer.returncode == 0, err
-    assert out.split() == ["RELEASED", f"first={float(write)}", "outstanding=0"], (out, err)
 
 
 def test_a_long_table_handle_cut_from_its_text_is_refused_by_name(standin_env):
