@@ -31,7 +31,7 @@
  */
 #define _GNU_SOURCE
 
-#include "devshare.h"
+#define HARNESS_NAME "channel_crash"
 #include "channel_harness.h"
 
 #include <dirent.h>
@@ -63,25 +63,6 @@ enum {
     EARLY_DELAY_US = 3000, /* ... half of them within this long */
     TARGET_MS = 100,       /* the target for a dead consumer's references to come back */
 };
-
-__attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...) {
-    char buf[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        n = 0;
-    }
-    if (n > (int)sizeof buf - 2) {
-        n = (int)sizeof buf - 2;
-    }
-    buf[n++] = '\n';
-    /* one write per line: the reader sees whole lines even when we are killed right after */
-    if (write(1, buf, (size_t)n) < 0) {
-        _exit(3);
-    }
-}
 
 /* Kill ourselves at a chosen point, telling the test when. */
 static void self_kill(void) {
@@ -349,7 +330,6 @@ static int consumer_main(const char *address, const char *point, int k) {
 /* ---------------------------------------------------------------------------------------- */
 /* The test */
 
-static char self_path[4096];
 static int n_failed_iterations;
 
 typedef struct {
@@ -361,19 +341,14 @@ typedef struct {
 
 /* /dev/shm names carrying `pid` between '_' and '_' or the end. */
 static int shm_names(pid_t pid, char names[][256], int cap) {
-    char token[32];
-    const int tl = snprintf(token, sizeof token, "_%ld", (long)pid);
     DIR *d = opendir("/dev/shm");
     int n = 0;
     for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
-        for (const char *p = strstr(e->d_name, token); p; p = strstr(p + 1, token)) {
-            if (p[tl] == '_' || p[tl] == '\0') {
-                if (n < cap) {
-                    snprintf(names[n], 256, "%s", e->d_name);
-                }
-                n++;
-                break;
+        if (shm_name_has_pid(e->d_name, (long)pid)) {
+            if (n < cap) {
+                snprintf(names[n], 256, "%s", e->d_name);
             }
+            n++;
         }
     }
     if (d) {
@@ -402,66 +377,19 @@ static int shm_new(const Proc *p) {
 
 /* Fork a child; it execs only after the parent listed /dev/shm for its pid. */
 static Proc spawn(const char *role, const char *address, const char *point, int k, uint64_t seed) {
-    int in[2], out[2];
-    if (pipe(in) || pipe(out)) {
-        perror("pipe");
-        exit(2);
-    }
-    fflush(stdout);
-    Proc p = {.pid = fork()};
-    if (p.pid < 0) {
-        perror("fork");
-        exit(2);
-    }
-    if (p.pid == 0) {
-        signal(SIGPIPE, SIG_DFL);
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        close(in[0]);
-        close(in[1]);
-        close(out[0]);
-        close(out[1]);
-        char go;
-        if (read(0, &go, 1) != 1) {
-            _exit(126);
-        }
-        char ks[32], ss[32];
-        snprintf(ks, sizeof ks, "%d", k);
-        snprintf(ss, sizeof ss, "%" PRIu64, seed);
-        execl(self_path, self_path, role, address, point, ks, ss, (char *)NULL);
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    p.to = in[1];
-    p.from = out[0];
+    char ks[32], ss[32];
+    snprintf(ks, sizeof ks, "%d", k);
+    snprintf(ss, sizeof ss, "%" PRIu64, seed);
+    char *argv[] = {self_path, (char *)role, (char *)address, (char *)point, ks, ss, NULL};
+    Proc p = {0};
+    p.pid = spawn_piped(argv, &(SpawnOptions){.gated = 1}, &p.to, &p.from);
     p.n_before = shm_names(p.pid, p.shm_before, 8);
-    if (write(p.to, "g", 1) != 1) {
-        perror("write");
-        exit(2);
-    }
+    open_gate(p.to);
     return p;
 }
 
 /* Wait (bounded) for a process to end; its wait status, or -1 when it had to be killed. */
-static int reap(Proc *p) {
-    int status = 0;
-    const int64_t deadline = now_ms() + IO_MS;
-    for (;;) {
-        const pid_t r = waitpid(p->pid, &status, WNOHANG);
-        if (r == p->pid) {
-            break;
-        }
-        if (now_ms() > deadline) {
-            kill(p->pid, SIGKILL);
-            waitpid(p->pid, &status, 0);
-            status = -1;
-            break;
-        }
-        usleep(200);
-    }
-    return status;
-}
+static int reap(Proc *p) { return wait_exit(p->pid, IO_MS); }
 
 static void describe_status(int status, char *buf, size_t cap) {
     if (status == -1) {
@@ -650,12 +578,7 @@ int main(int argc, char **argv) {
         return strcmp(argv[1], "--producer") == 0 ? producer_main(argv[2], argv[3], k)
                                                    : consumer_main(argv[2], argv[3], k);
     }
-    const ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
-    if (n <= 0) {
-        perror("readlink /proc/self/exe");
-        return 2;
-    }
-    self_path[n] = '\0';
+    harness_start(NULL);
     signal(SIGPIPE, SIG_IGN);
     const char *seed_env = getenv("DEVSHARE_CRASH_SEED");
     const uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : (uint64_t)now_ns() ^ (uint64_t)getpid();
@@ -669,29 +592,20 @@ int main(int argc, char **argv) {
     }
     const double secs = (double)(now_ns() - t0) / 1e9;
 
-    int n_cases = 0, n_failed = 0;
-#define CASE(ok, ...)                                                                                  \
-    do {                                                                                               \
-        n_cases++;                                                                                     \
-        n_failed += !(ok);                                                                             \
-        printf("%s - ", (ok) ? "ok" : "FAIL");                                                         \
-        printf(__VA_ARGS__);                                                                           \
-        printf("\n");                                                                                  \
-    } while (0)
-    CASE(consumer_refs_ok == ITERATIONS,
-         "%d consumers SIGKILLed at random points: each one's leases and pool slots came back "
-         "(devshare_exporter_wait(2000) OK, nothing outstanding, every slot free, no peer left) in %d",
-         ITERATIONS, consumer_refs_ok);
-    CASE(producer_death_ok == ITERATIONS,
-         "%d producers SIGKILLed at random points: the consumer's connect failed with an error or its recv ended "
-         "with CLOSED, and its held imports stayed readable and released, in %d",
-         ITERATIONS, producer_death_ok);
-    CASE(no_timeouts, "no wait timed out (%d TIMEOUT statuses)", n_timeouts);
-    CASE(shm_ok == 2 * ITERATIONS,
-         "no /dev/shm object carrying a producer's or consumer's pid was left (%d of %d clean)",
-         shm_ok, 2 * ITERATIONS);
-    CASE(n_failed_iterations == 0, "all %d iterations passed (%d failed) in %.1f s", 2 * ITERATIONS,
-         n_failed_iterations, secs);
+    CHECK(consumer_refs_ok == ITERATIONS,
+          "%d consumers SIGKILLed at random points: each one's leases and pool slots came back "
+          "(devshare_exporter_wait(2000) OK, nothing outstanding, every slot free, no peer left) in %d",
+          ITERATIONS, consumer_refs_ok);
+    CHECK(producer_death_ok == ITERATIONS,
+          "%d producers SIGKILLed at random points: the consumer's connect failed with an error or its recv ended "
+          "with CLOSED, and its held imports stayed readable and released, in %d",
+          ITERATIONS, producer_death_ok);
+    CHECK(no_timeouts, "no wait timed out (%d TIMEOUT statuses)", n_timeouts);
+    CHECK(shm_ok == 2 * ITERATIONS,
+          "no /dev/shm object carrying a producer's or consumer's pid was left (%d of %d clean)",
+          shm_ok, 2 * ITERATIONS);
+    CHECK(n_failed_iterations == 0, "all %d iterations passed (%d failed) in %.1f s", 2 * ITERATIONS,
+          n_failed_iterations, secs);
     printf("# consumer kills: %d before the producer sent anything, %d mid-stream, %d after the last item\n",
            landed[0][0], landed[0][1], landed[0][2]);
     printf("# producer kills: %d before the consumer received anything, %d mid-stream, %d after the last item\n",
@@ -700,6 +614,5 @@ int main(int argc, char **argv) {
         printf("# a dead consumer's references came back at most %.2f ms after its SIGKILL: the %d ms target was %s\n",
                (double)max_back_ns / 1e6, TARGET_MS, max_back_ns <= (int64_t)TARGET_MS * 1000000 ? "met" : "NOT met");
     }
-    printf("%d cases, %d failed\n", n_cases, n_failed);
-    return n_failed ? 1 : 0;
+    return harness_done();
 }

@@ -23,7 +23,8 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "devshare.h"
+#define HARNESS_NAME "tensor_tool"
+#include "harness.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -35,10 +36,8 @@
 enum { WAIT_MS = 30000 };
 
 static void report(const char *what, int32_t status) {
-    char msg[1024];
-    devshare_last_error(msg, sizeof msg);
-    fprintf(stderr, "tensor_tool: %s failed: %s (%d): %s\n", what, devshare_status_str(status),
-            (int)status, msg);
+    char msg[2048];
+    fprintf(stderr, "tensor_tool: %s\n", ds_error(msg, sizeof msg, what, status));
 }
 
 static int usage(void) {
@@ -47,21 +46,6 @@ static int usage(void) {
             "       tensor_tool export <code> <bits> <shape-csv|scalar> <strides-csv|-> "
             "<storage_offset_bytes> <tensor_offset_elems> <alloc_bytes> <hex>\n");
     return 2;
-}
-
-/* A whole decimal int64; 0 on success. */
-static int parse_i64(const char *s, int64_t *out) {
-    if (*s == '\0') {
-        return -1;
-    }
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno != 0 || *end != '\0') {
-        return -1;
-    }
-    *out = (int64_t)v;
-    return 0;
 }
 
 /* Comma-separated int64 list into out[DEVSHARE_MAX_NDIM]; the count in *n. 0 on success. */
@@ -82,38 +66,17 @@ static int parse_csv(const char *s, int64_t *out, uint32_t *n) {
     return *n > 0 ? 0 : -1;
 }
 
-static int hex_value(char c) {
-    if (c >= '0' && c <= '9') {
-        return c - '0';
-    }
-    if (c >= 'a' && c <= 'f') {
-        return c - 'a' + 10;
-    }
-    if (c >= 'A' && c <= 'F') {
-        return c - 'A' + 10;
-    }
-    return -1;
-}
-
 /* Decode exactly `len` bytes of hex into a fresh buffer (NULL on a length or digit error). */
 static uint8_t *parse_hex(const char *hex, uint64_t len) {
-    if ((uint64_t)strlen(hex) != 2 * len) {
-        fprintf(stderr, "tensor_tool: hex has %zu digits, expected %" PRIu64 "\n", strlen(hex),
-                2 * len);
-        return NULL;
-    }
     uint8_t *out = malloc(len > 0 ? (size_t)len : 1);
     if (out == NULL) {
         return NULL;
     }
-    for (uint64_t i = 0; i < len; i++) {
-        int hi = hex_value(hex[2 * i]), lo = hex_value(hex[2 * i + 1]);
-        if (hi < 0 || lo < 0) {
-            fprintf(stderr, "tensor_tool: bad hex digit near offset %" PRIu64 "\n", 2 * i);
-            free(out);
-            return NULL;
-        }
-        out[i] = (uint8_t)(hi << 4 | lo);
+    const int n = hex_decode(hex, out, (size_t)len);
+    if (n < 0 || (uint64_t)n != len) {
+        fprintf(stderr, "tensor_tool: %zu characters of text are not %" PRIu64 " bytes of hex\n", strlen(hex), len);
+        free(out);
+        return NULL;
     }
     return out;
 }

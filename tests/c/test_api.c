@@ -20,7 +20,8 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "devshare.h"
+#define HARNESS_NAME "test_api"
+#include "harness.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -34,59 +35,16 @@
 #include <time.h>
 #include <unistd.h>
 
-static int n_cases, n_failed;
-
-__attribute__((format(printf, 3, 4))) static int check(int ok, int line, const char *fmt, ...) {
-    va_list ap;
-    n_cases++;
-    printf("%s - ", ok ? "ok" : "FAIL");
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    if (!ok) {
-        n_failed++;
-        printf("  (line %d)", line);
-    }
-    printf("\n");
-    fflush(stdout);
-    return ok;
-}
-#define CHECK(cond, ...) check((cond) != 0, __LINE__, __VA_ARGS__)
-
-static const char *last_error(void) {
-    static char msg[2048];
-    devshare_last_error(msg, sizeof msg);
-    return msg;
-}
-
-/* The last error message starts with "<fn>:". */
-static int names(const char *fn) {
-    const char *msg = last_error();
-    const size_t n = strlen(fn);
-    return strncmp(msg, fn, n) == 0 && msg[n] == ':';
-}
-
 /* `got` is the status `want`, and the last error names `fn`. */
 static int expect_line(int line, int32_t got, int32_t want, const char *fn, const char *what) {
-    const int ok = got == want && names(fn);
-    check(ok, line, "%s: %s -> %s", fn, what, devshare_status_str(want));
+    const int ok = got == want && last_error_names(fn);
+    harness_check(ok, line, "%s: %s -> %s", fn, what, devshare_status_str(want));
     if (!ok) {
         printf("    got %d (%s), last error: %s\n", (int)got, devshare_status_str(got), last_error());
     }
     return ok;
 }
 #define EXPECT(got, want, fn, what) expect_line(__LINE__, (got), (want), (fn), (what))
-
-/* `got` is an error (any non-OK status) and the last error names `fn`. */
-static int expect_error_line(int line, int32_t got, const char *fn, const char *what) {
-    const int ok = got < 0 && names(fn);
-    check(ok, line, "%s: %s -> error (%s)", fn, what, devshare_status_str(got));
-    if (!ok) {
-        printf("    got %d, last error: %s\n", (int)got, last_error());
-    }
-    return ok;
-}
-#define EXPECT_ERROR(got, fn, what) expect_error_line(__LINE__, (got), (fn), (what))
 
 #define EXPECT_OK(got, what)                                                                         \
     do {                                                                                             \
@@ -96,18 +54,9 @@ static int expect_error_line(int line, int32_t got, const char *fn, const char *
         }                                                                                            \
     } while (0)
 
-/* Abort the run when a fixture cannot be set up: later cases would only cascade. */
-static void require(int32_t st, const char *what) {
-    if (st != DEVSHARE_STATUS_OK) {
-        printf("FAIL - setup: %s: %s: %s\n", what, devshare_status_str(st), last_error());
-        printf("1..%d (%d failed, setup aborted)\n", n_cases + 1, n_failed + 1);
-        exit(1);
-    }
-}
-
 static uint64_t outstanding(const DevshareExporter *exp) {
     uint64_t n = UINT64_MAX;
-    require(devshare_exporter_outstanding(exp, &n), "devshare_exporter_outstanding");
+    DS_OK(devshare_exporter_outstanding(exp, &n));
     return n;
 }
 
@@ -150,7 +99,7 @@ static const int64_t t_shape[2] = {T_ROWS, T_COLS};
 
 static DevshareTensorDesc float_desc(void) {
     DevshareTensorDesc d;
-    require(devshare_tensor_desc_init(&d, sizeof d), "devshare_tensor_desc_init");
+    DS_OK(devshare_tensor_desc_init(&d, sizeof d));
     d.dtype.code = DEVSHARE_DTYPE_FLOAT;
     d.dtype.bits = 32;
     d.dtype.lanes = 1;
@@ -269,7 +218,7 @@ static void test_version(void) {
 
 static void test_last_error_buffer(void) {
     DevshareBackendInfo info;
-    require(devshare_backend_info_init(&info, sizeof info), "devshare_backend_info_init");
+    DS_OK(devshare_backend_info_init(&info, sizeof info));
     const int32_t st = devshare_probe(0, &info);
     EXPECT(st, DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_probe", "backend id 0");
     const size_t full = devshare_last_error(NULL, 0);
@@ -288,9 +237,9 @@ static void test_last_error_buffer(void) {
     (void)devshare_version();
     (void)devshare_status_str(0);
     DevshareBackendInfo host;
-    require(devshare_backend_info_init(&host, sizeof host), "devshare_backend_info_init");
-    require(devshare_probe(DEVSHARE_BACKEND_HOST, &host), "probe host");
-    CHECK(names("devshare_probe") && strstr(last_error(), "backend 0") != NULL,
+    DS_OK(devshare_backend_info_init(&host, sizeof host));
+    DS_OK(devshare_probe(DEVSHARE_BACKEND_HOST, &host));
+    CHECK(last_error_names("devshare_probe") && strstr(last_error(), "backend 0") != NULL,
           "devshare_last_error: successful calls leave the last failure's message alone");
     CHECK(devshare_last_vendor_error() == 0,
           "devshare_last_vendor_error is 0 after a failure that has no errno");
@@ -300,18 +249,18 @@ static void test_last_error_buffer(void) {
 static void test_null_arguments(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
-    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
     fill_pattern(ptr);
     const DevshareTensorDesc desc = float_desc();
     DevshareHandle h;
-    require(devshare_exporter_share(exp, &desc, &h), "devshare_exporter_share");
+    DS_OK(devshare_exporter_share(exp, &desc, &h));
     uint8_t bytes[DEVSHARE_HANDLE_MAX_ENCODED_SIZE];
     size_t nbytes = 0;
-    require(devshare_handle_encode(&h, bytes, sizeof bytes, &nbytes), "devshare_handle_encode");
+    DS_OK(devshare_handle_encode(&h, bytes, sizeof bytes, &nbytes));
     char text[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
-    require(devshare_handle_to_text(&h, text, sizeof text, NULL), "devshare_handle_to_text");
+    DS_OK(devshare_handle_to_text(&h, text, sizeof text, NULL));
     DevshareImport *imp = NULL;
-    require(devshare_import(&h, NULL, &imp), "devshare_import");
+    DS_OK(devshare_import(&h, NULL, &imp));
 
     /* devshare_last_error: buf is optional (size query). */
     CHECK(devshare_last_error(NULL, 0) > 0 && devshare_last_error(NULL, 16) > 0,
@@ -446,7 +395,7 @@ static void test_null_arguments(void) {
     EXPECT(devshare_import(&h2, NULL, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import", "out NULL");
     CHECK(i2 == NULL, "devshare_import: failures leave *out alone");
     DevshareImportInfo info;
-    require(devshare_import_info_init(&info, sizeof info), "devshare_import_info_init");
+    DS_OK(devshare_import_info_init(&info, sizeof info));
     EXPECT(devshare_import_info(NULL, &info), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_info", "import NULL");
     EXPECT(devshare_import_info(imp, NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_info", "out NULL");
     EXPECT(devshare_import_handle(NULL, &d), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_import_handle", "import NULL");
@@ -503,11 +452,11 @@ static void test_null_arguments(void) {
 static void test_out_of_range(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
-    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
     fill_pattern(ptr);
     char local[64];
     DevshareBackendInfo bi;
-    require(devshare_backend_info_init(&bi, sizeof bi), "devshare_backend_info_init");
+    DS_OK(devshare_backend_info_init(&bi, sizeof bi));
     DevshareExporter *e = NULL;
 
     /* Backend ids. */
@@ -521,8 +470,8 @@ static void test_out_of_range(void) {
     EXPECT(devshare_export(DEVSHARE_BACKEND_HOST, 0, local, sizeof local, 0, &e), DEVSHARE_STATUS_UNSUPPORTED,
            "devshare_export", "host backend (process memory cannot be shared; use devshare_host_alloc)");
     DevshareBackendInfo cuda;
-    require(devshare_backend_info_init(&cuda, sizeof cuda), "devshare_backend_info_init");
-    require(devshare_probe(DEVSHARE_BACKEND_CUDA, &cuda), "probe cuda");
+    DS_OK(devshare_backend_info_init(&cuda, sizeof cuda));
+    DS_OK(devshare_probe(DEVSHARE_BACKEND_CUDA, &cuda));
     if (!cuda.usable) {
         EXPECT(devshare_export(DEVSHARE_BACKEND_CUDA, 0, local, sizeof local, 0, &e), DEVSHARE_STATUS_BACKEND_UNAVAILABLE,
                "devshare_export", "cuda backend where it is unusable");
@@ -630,7 +579,7 @@ static void test_out_of_range(void) {
     CHECK(outstanding(exp) == before, "devshare_exporter_share: refused descriptions hand out no reference");
 
     /* Handle fields: one valid handle, one field broken at a time. */
-    require(devshare_exporter_share(exp, &good, &h), "share");
+    DS_OK(devshare_exporter_share(exp, &good, &h));
     EXPECT_OK(devshare_handle_validate(&h), "devshare_handle_validate accepts a handle fresh from share");
     struct {
         const char *what;
@@ -715,7 +664,7 @@ static void test_out_of_range(void) {
                    "the %d broken handles with the same status",
           nb);
     DevshareHandle empty;
-    require(devshare_handle_init(&empty), "devshare_handle_init");
+    DS_OK(devshare_handle_init(&empty));
     CHECK(empty.struct_size == sizeof(DevshareHandle) && empty.struct_size == DEVSHARE_HANDLE_SIZE &&
               empty.layout_version == DEVSHARE_HANDLE_LAYOUT_VERSION && empty.backend == 0 && empty.key_len == 0,
           "devshare_handle_init sets struct_size (%u) and layout_version, zeroes the rest",
@@ -726,7 +675,7 @@ static void test_out_of_range(void) {
     /* Import options: refused, and the reference is not used up. */
     DevshareImportOptions o;
     DevshareImport *imp = NULL;
-    require(devshare_import_options_init(&o, sizeof o), "devshare_import_options_init");
+    DS_OK(devshare_import_options_init(&o, sizeof o));
     CHECK(o.struct_size == sizeof o && o.flags == 0 && o.device == DEVSHARE_DEVICE_FROM_HANDLE && o.reserved == 0 &&
               o.stream == NULL,
           "devshare_import_options_init: struct_size set, read-write, device from handle, no stream");
@@ -766,7 +715,7 @@ static void test_out_of_range(void) {
     EXPECT_OK(devshare_import(&h, &x, &imp), "devshare_import: options.device 0 for host memory, after the refusals");
     if (imp != NULL) {
         DevshareImportInfo info;
-        require(devshare_import_info_init(&info, sizeof info), "devshare_import_info_init");
+        DS_OK(devshare_import_info_init(&info, sizeof info));
         EXPECT_OK(devshare_import_info(imp, &info), "devshare_import_info");
         CHECK(pattern_ok(info.data, &h), "devshare_import: the data is the exporter's pattern");
         EXPECT_OK(devshare_import_release(imp), "devshare_import_release");
@@ -778,10 +727,10 @@ static void test_out_of_range(void) {
 static void test_encoding(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
-    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
     const DevshareTensorDesc desc = float_desc();
     DevshareHandle h;
-    require(devshare_exporter_share(exp, &desc, &h), "share");
+    DS_OK(devshare_exporter_share(exp, &desc, &h));
 
     uint8_t full[DEVSHARE_HANDLE_MAX_ENCODED_SIZE];
     size_t n = 0;
@@ -913,7 +862,7 @@ static void test_probe(void) {
 static void test_imports(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
-    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
     int zero = 1;
     for (size_t i = 0; i < ALLOC; i++) {
         zero &= ((unsigned char *)ptr)[i] == 0;
@@ -922,15 +871,13 @@ static void test_imports(void) {
     fill_pattern(ptr);
     const DevshareTensorDesc desc = float_desc();
     DevshareHandle h;
-    require(devshare_exporter_share(exp, &desc, &h), "share");
+    DS_OK(devshare_exporter_share(exp, &desc, &h));
     CHECK(outstanding(exp) == 1, "devshare_exporter_outstanding: 1 after one share");
     EXPECT(devshare_exporter_wait(exp, 0), DEVSHARE_STATUS_TIMEOUT, "devshare_exporter_wait",
            "timeout 0 with a reference outstanding");
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const int64_t t0 = now_ns();
     const int32_t wst = devshare_exporter_wait(exp, 50);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    const double waited = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    const double waited = (double)(now_ns() - t0) / 1e6;
     EXPECT(wst, DEVSHARE_STATUS_TIMEOUT, "devshare_exporter_wait", "timeout 50 ms with a reference outstanding");
     CHECK(waited >= 45 && waited < 2000, "devshare_exporter_wait(50 ms) returned after %.1f ms", waited);
 
@@ -938,7 +885,7 @@ static void test_imports(void) {
     DevshareImport *imp = NULL;
     EXPECT_OK(devshare_import(&h, NULL, &imp), "devshare_import");
     DevshareImportInfo info;
-    require(devshare_import_info_init(&info, sizeof info), "devshare_import_info_init");
+    DS_OK(devshare_import_info_init(&info, sizeof info));
     EXPECT_OK(devshare_import_info(imp, &info), "devshare_import_info");
     CHECK((char *)info.storage == (char *)info.base + T_STORAGE_OFFSET &&
               (char *)info.data == (char *)info.storage + T_TENSOR_OFFSET * sizeof(float),
@@ -974,9 +921,9 @@ static void test_imports(void) {
 
     /* Read-only import. */
     DevshareHandle hr;
-    require(devshare_exporter_share(exp, &desc, &hr), "share");
+    DS_OK(devshare_exporter_share(exp, &desc, &hr));
     DevshareImportOptions o;
-    require(devshare_import_options_init(&o, sizeof o), "options");
+    DS_OK(devshare_import_options_init(&o, sizeof o));
     o.flags = DEVSHARE_IMPORT_READ_ONLY;
     EXPECT_OK(devshare_import(&hr, &o, &imp), "devshare_import with DEVSHARE_IMPORT_READ_ONLY");
     if (imp != NULL) {
@@ -998,30 +945,30 @@ static void test_discard(void) {
     EXPECT(devshare_handle_discard(NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_handle_discard", "handle NULL");
     EXPECT(devshare_torch_discard(NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_torch_discard", "args NULL");
     DevshareExporter *exp = NULL;
-    require(devshare_host_alloc(ALLOC, &exp, NULL), "devshare_host_alloc");
+    DS_OK(devshare_host_alloc(ALLOC, &exp, NULL));
     DevshareTensorDesc d = float_desc();
     DevshareHandle h, held;
-    require(devshare_exporter_share(exp, &d, &h), "share");
-    require(devshare_exporter_share(exp, &d, &held), "share");
+    DS_OK(devshare_exporter_share(exp, &d, &h));
+    DS_OK(devshare_exporter_share(exp, &d, &held));
     uint64_t n = 0;
     EXPECT_OK(devshare_handle_discard(&h), "devshare_handle_discard of an unused handle");
-    require(devshare_exporter_outstanding(exp, &n), "outstanding");
+    DS_OK(devshare_exporter_outstanding(exp, &n));
     CHECK(n == 1, "devshare_handle_discard returned exactly that handle's reference (%" PRIu64 " left)", n);
     EXPECT(devshare_handle_discard(&h), DEVSHARE_STATUS_ALREADY_RELEASED, "devshare_handle_discard",
            "the same handle again");
     DevshareImport *imp = NULL;
-    require(devshare_import(&held, NULL, &imp), "import");
+    DS_OK(devshare_import(&held, NULL, &imp));
     EXPECT(devshare_handle_discard(&held), DEVSHARE_STATUS_BUSY, "devshare_handle_discard",
            "a handle an import in this process holds");
-    require(devshare_import_release(imp), "release");
-    require(devshare_exporter_outstanding(exp, &n), "outstanding");
+    DS_OK(devshare_import_release(imp));
+    DS_OK(devshare_exporter_outstanding(exp, &n));
     CHECK(n == 0, "the refused discard left the reference to the release (%" PRIu64 " left)", n);
 
     /* The same through a PyTorch tuple's ref-counter fields. */
     DevshareHandle t;
-    require(devshare_exporter_share(exp, &d, &t), "share");
+    DS_OK(devshare_exporter_share(exp, &d, &t));
     DevshareTorchArgs a;
-    require(devshare_torch_args_init(&a, sizeof a), "devshare_torch_args_init");
+    DS_OK(devshare_torch_args_init(&a, sizeof a));
     a.struct_size = 0;
     EXPECT(devshare_torch_discard(&a), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_torch_discard", "struct_size 0");
     a.struct_size = sizeof a;
@@ -1038,19 +985,19 @@ static void test_discard(void) {
     EXPECT(devshare_torch_discard(&a), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_torch_discard", "slot 10000");
     a.ref_slot = t.ref_slot;
     EXPECT_OK(devshare_torch_discard(&a), "devshare_torch_discard of a tuple's reference");
-    require(devshare_exporter_outstanding(exp, &n), "outstanding");
+    DS_OK(devshare_exporter_outstanding(exp, &n));
     CHECK(n == 0, "devshare_torch_discard returned the tuple's reference (%" PRIu64 " left)", n);
     a.ref_name_len = 0;
     EXPECT_OK(devshare_torch_discard(&a), "devshare_torch_discard of a tuple without a ref-counter (nothing to do)");
-    require(devshare_exporter_close(exp, 0), "close");
+    DS_OK(devshare_exporter_close(exp, 0));
 }
 
 static void test_not_found(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
-    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
     DevshareHandle h;
-    require(devshare_exporter_share(exp, NULL, &h), "share");
+    DS_OK(devshare_exporter_share(exp, NULL, &h));
     char name[DEVSHARE_KEY_CAPACITY + 1];
     key_name(&h, name, sizeof name);
     CHECK(shm_unlink(name) == 0, "shm_unlink(%s) removes the data object behind the exporter's back", name);
@@ -1061,9 +1008,9 @@ static void test_not_found(void) {
     EXPECT_OK(devshare_exporter_close(exp, 0), "devshare_exporter_close after its object was removed");
 
     /* A handle shared by an exporter that is closed now. */
-    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
-    require(devshare_exporter_share(exp, NULL, &h), "share");
-    require(devshare_exporter_close(exp, 0), "close");
+    DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
+    DS_OK(devshare_exporter_share(exp, NULL, &h));
+    DS_OK(devshare_exporter_close(exp, 0));
     EXPECT(devshare_import(&h, NULL, &imp), DEVSHARE_STATUS_NOT_FOUND, "devshare_import",
            "a handle whose exporter closed before anyone imported it");
 }
@@ -1099,19 +1046,19 @@ typedef struct TestDLVersioned {
 static void test_dlpack(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
-    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
     fill_pattern(ptr);
     const DevshareTensorDesc desc = float_desc();
     DevshareHandle h;
-    require(devshare_exporter_share(exp, &desc, &h), "share");
+    DS_OK(devshare_exporter_share(exp, &desc, &h));
     DevshareImportOptions o;
-    require(devshare_import_options_init(&o, sizeof o), "devshare_import_options_init");
+    DS_OK(devshare_import_options_init(&o, sizeof o));
     o.flags = DEVSHARE_IMPORT_READ_ONLY;
     DevshareImport *imp = NULL;
-    require(devshare_import(&h, &o, &imp), "devshare_import");
+    DS_OK(devshare_import(&h, &o, &imp));
     DevshareImportInfo info;
-    require(devshare_import_info_init(&info, sizeof info), "devshare_import_info_init");
-    require(devshare_import_info(imp, &info), "devshare_import_info");
+    DS_OK(devshare_import_info_init(&info, sizeof info));
+    DS_OK(devshare_import_info(imp, &info));
     DLManagedTensorVersioned *mv = NULL;
     DLManagedTensor *ml = NULL;
     EXPECT_OK(devshare_import_to_dlpack_versioned(imp, &mv), "devshare_import_to_dlpack_versioned");
@@ -1215,11 +1162,11 @@ static void test_init_functions(void) {
 static void test_future_inputs(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
-    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
     fill_pattern(ptr);
     const DevshareTensorDesc desc = float_desc();
     DevshareHandle h;
-    require(devshare_exporter_share(exp, &desc, &h), "share");
+    DS_OK(devshare_exporter_share(exp, &desc, &h));
 
     /* DevshareImportOptions of a newer caller. */
     union {
@@ -1227,7 +1174,7 @@ static void test_future_inputs(void) {
         uint64_t align;
         unsigned char b[sizeof(DevshareImportOptions) + TAIL];
     } o;
-    require(devshare_import_options_init(&o.s, sizeof o.b), "devshare_import_options_init(sizeof + TAIL)");
+    DS_OK(devshare_import_options_init(&o.s, sizeof o.b));
     o.s.flags = DEVSHARE_IMPORT_READ_ONLY;
     DevshareImport *imp = NULL;
     o.b[sizeof(DevshareImportOptions)] = 1;
@@ -1244,7 +1191,7 @@ static void test_future_inputs(void) {
               "future_input_with_a_zero_tail_imports: options.struct_size sizeof + 32 with a zero tail");
     if (imp != NULL) {
         DevshareImportInfo info;
-        require(devshare_import_info_init(&info, sizeof info), "devshare_import_info_init");
+        DS_OK(devshare_import_info_init(&info, sizeof info));
         EXPECT_OK(devshare_import_info(imp, &info), "devshare_import_info");
         CHECK(info.read_only == 1 && pattern_ok(info.data, &h),
               "future_input_with_a_zero_tail_imports: the fields this library knows are read (read-only)");
@@ -1258,7 +1205,7 @@ static void test_future_inputs(void) {
         uint64_t align;
         unsigned char b[sizeof(DevshareTensorDesc) + TAIL];
     } d;
-    require(devshare_tensor_desc_init(&d.s, sizeof d.b), "devshare_tensor_desc_init(sizeof + TAIL)");
+    DS_OK(devshare_tensor_desc_init(&d.s, sizeof d.b));
     const uint32_t big_size = d.s.struct_size;
     memcpy(d.b, &desc, sizeof desc); /* this library's fields; the tail stays zero */
     d.s.struct_size = big_size;
@@ -1271,13 +1218,13 @@ static void test_future_inputs(void) {
     EXPECT_OK(devshare_exporter_share(exp, &d.s, &h2),
               "future_input_with_a_zero_tail_is_read: desc.struct_size sizeof + 32 with a zero tail");
     DevshareHandle h3;
-    require(devshare_exporter_share(exp, &desc, &h3), "share");
+    DS_OK(devshare_exporter_share(exp, &desc, &h3));
     CHECK(h2.ndim == h3.ndim && h2.shape[0] == T_ROWS && h2.shape[1] == T_COLS &&
               h2.storage_offset == h3.storage_offset && h2.storage_size == h3.storage_size &&
               h2.tensor_offset == h3.tensor_offset && h2.dtype.code == h3.dtype.code,
           "future_input_with_a_zero_tail_is_read: the handle is the one the library's own size gives");
-    require(devshare_handle_discard(&h2), "discard");
-    require(devshare_handle_discard(&h3), "discard");
+    DS_OK(devshare_handle_discard(&h2));
+    DS_OK(devshare_handle_discard(&h3));
 
     /* DevshareTorchArgs of a newer caller (a tuple without a ref-counter: nothing to return). */
     union {
@@ -1285,7 +1232,7 @@ static void test_future_inputs(void) {
         uint64_t align;
         unsigned char b[sizeof(DevshareTorchArgs) + TAIL];
     } a;
-    require(devshare_torch_args_init(&a.s, sizeof a.b), "devshare_torch_args_init(sizeof + TAIL)");
+    DS_OK(devshare_torch_args_init(&a.s, sizeof a.b));
     EXPECT_OK(devshare_torch_discard(&a.s), "future_input_with_a_zero_tail_is_read: DevshareTorchArgs sizeof + 32");
     a.b[sizeof a.b - 1] = 1;
     EXPECT(devshare_torch_discard(&a.s), DEVSHARE_STATUS_UNSUPPORTED_VERSION, "devshare_torch_discard",
@@ -1298,15 +1245,15 @@ static void test_future_inputs(void) {
 static void test_output_sizes(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
-    require(devshare_host_alloc(ALLOC, &exp, &ptr), "devshare_host_alloc");
+    DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
     const DevshareTensorDesc desc = float_desc();
     DevshareHandle h;
-    require(devshare_exporter_share(exp, &desc, &h), "share");
+    DS_OK(devshare_exporter_share(exp, &desc, &h));
     DevshareImport *imp = NULL;
-    require(devshare_import(&h, NULL, &imp), "devshare_import");
+    DS_OK(devshare_import(&h, NULL, &imp));
     DevshareImportInfo want;
-    require(devshare_import_info_init(&want, sizeof want), "devshare_import_info_init");
-    require(devshare_import_info(imp, &want), "devshare_import_info");
+    DS_OK(devshare_import_info_init(&want, sizeof want));
+    DS_OK(devshare_import_info(imp, &want));
 
     /* A newer caller's larger DevshareImportInfo. */
     union {
@@ -1314,7 +1261,7 @@ static void test_output_sizes(void) {
         uint64_t align;
         unsigned char b[sizeof(DevshareImportInfo) + TAIL];
     } big;
-    require(devshare_import_info_init(&big.s, sizeof big.b), "devshare_import_info_init(sizeof + TAIL)");
+    DS_OK(devshare_import_info_init(&big.s, sizeof big.b));
     CHECK(big.s.struct_size == sizeof big.b && all_bytes(big.b + sizeof(DevshareImportInfo), TAIL, 0),
           "output_larger_than_the_library: devshare_import_info_init(sizeof + 32) zeroes the whole buffer");
     memset(big.b + sizeof(DevshareImportInfo), 0xAB, TAIL);
@@ -1360,7 +1307,7 @@ static void test_output_sizes(void) {
         uint64_t align;
         unsigned char b[sizeof(DevshareBackendInfo) + TAIL];
     } bbig;
-    require(devshare_backend_info_init(&bbig.s, sizeof bbig.b), "devshare_backend_info_init(sizeof + TAIL)");
+    DS_OK(devshare_backend_info_init(&bbig.s, sizeof bbig.b));
     memset(bbig.b + sizeof(DevshareBackendInfo), 0xAB, TAIL);
     EXPECT_OK(devshare_probe(DEVSHARE_BACKEND_HOST, &bbig.s), "output_larger_than_the_library: devshare_probe into sizeof + 32");
     CHECK(bbig.s.struct_size == sizeof(DevshareBackendInfo) && bbig.s.usable == 1 &&
@@ -1465,7 +1412,7 @@ static void test_torch_formats(void) {
 
     /* A C producer's segmented handle (from the version-3 tuple) handed back per format. */
     DevshareTorchArgs a;
-    require(devshare_torch_args_init(&a, sizeof a), "devshare_torch_args_init");
+    DS_OK(devshare_torch_args_init(&a, sizeof a));
     const int64_t shape[1] = {256};
     a.backend = DEVSHARE_BACKEND_CUDA;
     a.dtype = (DevshareDType){DEVSHARE_DTYPE_FLOAT, 32, 1};
@@ -1475,9 +1422,9 @@ static void test_torch_formats(void) {
     a.handle_len = sizeof v3;
     a.storage_size = 1024;
     DevshareHandle h;
-    require(devshare_handle_from_torch(&a, &h), "devshare_handle_from_torch of a version-3 'e' tuple");
+    DS_OK(devshare_handle_from_torch(&a, &h));
     DevshareTorchStorage s;
-    require(devshare_torch_storage_init(&s, sizeof s), "devshare_torch_storage_init");
+    DS_OK(devshare_torch_storage_init(&s, sizeof s));
     EXPECT_OK(devshare_handle_to_torch_as(&h, DEVSHARE_TORCH_FORMAT_V3, &s), "devshare_handle_to_torch_as V3");
     CHECK(s.handle_len == 42 && s.handle[0] == 3 && memcmp(s.handle + 34, v3 + 34, 8) == 0,
           "handed back as version 3 (%u bytes)", s.handle_len);
@@ -1512,6 +1459,5 @@ int main(void) {
     const int left = count_own_shm();
     CHECK(left == 0, "no /dev/shm object of this process (devshare_%ld_*, devshare_rc_%ld_*) is left", (long)getpid(),
           (long)getpid());
-    printf("1..%d\n# %d passed, %d failed\n", n_cases, n_cases - n_failed, n_failed);
-    return n_failed == 0 ? 0 : 1;
+    return harness_done();
 }

@@ -74,7 +74,7 @@
  */
 #define _GNU_SOURCE
 
-#include "devshare.h"
+#define HARNESS_NAME "test_channel"
 #include "channel_harness.h"
 
 #include "acl_standin.h"
@@ -108,26 +108,7 @@ enum {
 };
 
 /* ---------------------------------------------------------------------------------------- */
-/* Reporting */
-
-static int n_cases, n_failed;
-
-__attribute__((format(printf, 3, 4))) static int check(int ok, int line, const char *fmt, ...) {
-    va_list ap;
-    n_cases++;
-    printf("%s - ", ok ? "ok" : "FAIL");
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    if (!ok) {
-        n_failed++;
-        printf("  (line %d)", line);
-    }
-    printf("\n");
-    fflush(stdout);
-    return ok;
-}
-#define CHECK(cond, ...) check((cond) != 0, __LINE__, __VA_ARGS__)
+/* Text */
 
 /* `text` into buf, cut to fit. */
 static void copy_text(char *buf, size_t cap, const char *text) {
@@ -138,28 +119,6 @@ static void copy_text(char *buf, size_t cap, const char *text) {
     memcpy(buf, text, n);
     buf[n] = '\0';
 }
-
-/* An error status whose last error names the function. */
-static int expect_error_line(int line, int32_t st, const char *fn, const char *what) {
-    const int ok = st < 0 && strstr(last_error(), fn) != NULL;
-    check(ok, line, "bad input: %s: %s -> error (%s)", fn, what, devshare_status_str(st));
-    if (!ok) {
-        printf("    got %d, last error: %s\n", (int)st, last_error());
-    }
-    return ok;
-}
-#define EXPECT_ERROR(st, fn, what) expect_error_line(__LINE__, (st), (fn), (what))
-
-/* Abort the run when a fixture cannot be set up: later cases would only cascade. */
-static void require_line(int line, int32_t st, const char *what) {
-    if (st != DEVSHARE_STATUS_OK) {
-        printf("FAIL - setup: %s: %s: %s  (line %d)\n", what, devshare_status_str(st), last_error(), line);
-        printf("%d cases, %d failed (setup aborted)\n", n_cases + 1, n_failed + 1);
-        fflush(stdout);
-        exit(1);
-    }
-}
-#define REQUIRE(call) require_line(__LINE__, (call), #call)
 
 /* ---------------------------------------------------------------------------------------- */
 /* Items (channel_harness.h), in host or device memory */
@@ -250,27 +209,6 @@ static int event_waits(const uint8_t *bytes) {
     return n;
 }
 
-/* Drop CAP_SYS_PTRACE from every set of this process (no-op without it), so that the kernel's
- * ordinary ptrace rules apply to it even when the tests run as root. */
-static void drop_ptrace_capability(void) {
-    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-    struct __user_cap_data_struct data[2];
-    if (syscall(SYS_capget, &hdr, data) != 0) {
-        return;
-    }
-    const unsigned bit = 1u << CAP_SYS_PTRACE;
-    if (!((data[0].effective | data[0].permitted | data[0].inheritable) & bit)) {
-        return;
-    }
-    data[0].effective &= ~bit;
-    data[0].permitted &= ~bit;
-    data[0].inheritable &= ~bit;
-    if (syscall(SYS_capset, &hdr, data) != 0) {
-        perror("test_channel: capset (dropping CAP_SYS_PTRACE)");
-        exit(2);
-    }
-}
-
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
@@ -298,7 +236,7 @@ static int pidfd_getfd_errno(pid_t pid, int fd) {
 /* A 1-D uint8 tensor of n bytes at `offset` in the allocation. */
 static DevshareTensorDesc bytes_desc(uint64_t offset, const int64_t *n) {
     DevshareTensorDesc d;
-    REQUIRE(devshare_tensor_desc_init(&d, sizeof d));
+    DS_OK(devshare_tensor_desc_init(&d, sizeof d));
     d.dtype.code = DEVSHARE_DTYPE_UINT;
     d.dtype.bits = 8;
     d.dtype.lanes = 1;
@@ -307,18 +245,6 @@ static DevshareTensorDesc bytes_desc(uint64_t offset, const int64_t *n) {
     d.storage_offset = offset;
     d.storage_size = (uint64_t)*n;
     return d;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* Output */
-
-__attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-    fflush(stdout);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -477,19 +403,6 @@ static void own_memfds(int *count, int *refused) {
     closedir(d);
 }
 
-/* Descriptors open in this process. */
-static int open_fds(void) {
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-    while (d && readdir(d)) {
-        n++;
-    }
-    if (d) {
-        closedir(d);
-    }
-    return n;
-}
-
 static int consumer_child(void) {
     if (g_cuda) {
         drop_ptrace_capability();
@@ -635,8 +548,6 @@ static int producer_child(const char *address) {
 /* ---------------------------------------------------------------------------------------- */
 /* The parent's side of children */
 
-static char self_path[4096];
-
 typedef struct {
     pid_t pid;
     int to, from;
@@ -661,31 +572,23 @@ static int is_stale(const char *name) {
  * With `record`, they are remembered as left by an earlier process that had the same pid and
  * not counted; otherwise the names not remembered are printed and counted. */
 static int shm_names_of(pid_t pid, int record) {
-    char token[32];
-    const int tl = snprintf(token, sizeof token, "_%ld", (long)pid);
     DIR *d = opendir("/dev/shm");
     int n = 0;
     for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
-        if (strncmp(e->d_name, "aclsi_", 6) == 0 || is_stale(e->d_name)) {
+        if (strncmp(e->d_name, "aclsi_", 6) == 0 || is_stale(e->d_name) || !shm_name_has_pid(e->d_name, (long)pid)) {
             continue;
         }
-        for (const char *p = strstr(e->d_name, token); p; p = strstr(p + 1, token)) {
-            if (p[tl] == '_' || p[tl] == '\0') {
-                if (record) {
-                    char **grown = realloc(stale, (n_stale + 1) * sizeof *stale);
-                    char *name = strdup(e->d_name);
-                    if (!grown || !name) {
-                        perror("test_channel: remembering /dev/shm names");
-                        exit(2);
-                    }
-                    stale = grown;
-                    stale[n_stale++] = name;
-                } else {
-                    printf("    left over: /dev/shm/%s\n", e->d_name);
-                    n++;
-                }
-                break;
+        if (record) {
+            char **grown = realloc(stale, (n_stale + 1) * sizeof *stale);
+            char *name = strdup(e->d_name);
+            if (!grown || !name) {
+                die("remembering /dev/shm names", errno);
             }
+            stale = grown;
+            stale[n_stale++] = name;
+        } else {
+            printf("    left over: /dev/shm/%s\n", e->d_name);
+            n++;
         }
     }
     if (d) {
@@ -703,35 +606,14 @@ static void track(pid_t pid) {
 }
 
 static Child spawn_child(const char *mode, const char *arg) {
-    int in[2], out[2];
-    if (pipe(in) || pipe(out)) {
-        perror("pipe");
-        exit(2);
-    }
-    fflush(stdout);
-    Child c = {.pid = fork()};
-    if (c.pid < 0) {
-        perror("fork");
-        exit(2);
-    }
-    if (c.pid == 0) {
-        signal(SIGPIPE, SIG_DFL);
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        close(in[0]);
-        close(in[1]);
-        close(out[0]);
-        close(out[1]);
-        execl(self_path, self_path, "--child", mode, arg, (char *)NULL);
-        _exit(127);
-    }
+    Child c = {0};
+    char *argv[] = {self_path, "--child", (char *)mode, (char *)arg, NULL};
+    /* Gated: its /dev/shm names are looked at before it runs. */
+    c.pid = spawn_piped(argv, &(SpawnOptions){.gated = 1}, &c.to, &c.from);
     if (strcmp(mode, "acl") != 0) {
         track(c.pid);
     }
-    close(in[0]);
-    close(out[1]);
-    c.to = in[1];
-    c.from = out[0];
+    open_gate(c.to);
     char line[128];
     int pid = 0, tgid = 0;
     if (read_line_fd(c.from, line, sizeof line, IO_MS) <= 0 || sscanf(line, "PID %d %d", &pid, &tgid) < 1 ||
@@ -744,16 +626,12 @@ static Child spawn_child(const char *mode, const char *arg) {
 }
 
 __attribute__((format(printf, 2, 3))) static void tell(Child *c, const char *fmt, ...) {
-    char cmd[4096];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd - 1, fmt, ap);
-    va_end(ap);
-    const size_t len = strlen(cmd);
-    cmd[len] = '\n';
-    if (write(c->to, cmd, len + 1) != (ssize_t)(len + 1)) {
+    if (vwrite_line_fd(c->to, fmt, ap) != 0) {
         printf("    (could not write to child %d: %s)\n", (int)c->pid, strerror(errno));
     }
+    va_end(ap);
 }
 
 /* The child's next answer line; the producer's channel (if any) is serviced meanwhile. */
@@ -826,25 +704,11 @@ static RecvResult recv_result(const char *ans) {
 
 /* Wait for a child to exit (bounded; SIGKILL after IO_MS). 1 when it exited with status 0. */
 static int reap(pid_t pid) {
-    int status = 0;
-    const int64_t deadline = now_ms() + IO_MS;
-    for (;;) {
-        const pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid) {
-            break;
-        }
-        if (r < 0 && errno != EINTR) {
-            return 0;
-        }
-        if (now_ms() > deadline) {
-            printf("    child %d did not exit: killed\n", (int)pid);
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return 0;
-        }
-        usleep(1000);
+    const int status = wait_exit(pid, IO_MS);
+    if (status == -1) {
+        printf("    child %d did not exit: killed\n", (int)pid);
     }
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    return exited_zero(status);
 }
 
 static int finish(Child *c, DevshareChannel *ch) {
@@ -896,7 +760,7 @@ static uint64_t connect_child(DevshareChannel *ch, Child *c, const char *address
     memset(&info, 0, sizeof info);
     int32_t ist = DEVSHARE_STATUS_INVALID_ARGUMENT;
     if (id) {
-        REQUIRE(devshare_peer_info_init(&info, sizeof info));
+        DS_OK(devshare_peer_info_init(&info, sizeof info));
         ist = devshare_channel_peer_info(ch, id, &info);
     }
     if (!CHECK(id != 0 && ist == DEVSHARE_STATUS_OK && info.pid == c->pid && info.uid == geteuid() && info.id == id &&
@@ -912,7 +776,7 @@ static uint64_t connect_child(DevshareChannel *ch, Child *c, const char *address
 static uint32_t free_slots(DevsharePool *pool) {
     uint64_t slot_size = 0;
     uint32_t count = 0, free_n = UINT32_MAX;
-    REQUIRE(devshare_pool_info(pool, &slot_size, &count, &free_n));
+    DS_OK(devshare_pool_info(pool, &slot_size, &count, &free_n));
     return free_n;
 }
 
@@ -1024,10 +888,10 @@ static void test_bad_inputs(void) {
 
     char address[128];
     make_address(address, sizeof address, "bad");
-    REQUIRE(devshare_channel_listen(address, &ch));
+    DS_OK(devshare_channel_listen(address, &ch));
     DevshareChannel *ch2 = NULL;
     EXPECT_ERROR(devshare_channel_listen(address, &ch2), "devshare_channel_listen", "an abstract name in use");
-    REQUIRE(devshare_channel_host_alloc(16384, &exp, NULL));
+    DS_OK(devshare_channel_host_alloc(16384, &exp, NULL));
     DevsharePool *pool = NULL;
     EXPECT_ERROR(devshare_pool_create(ch, exp, 0, 4, &pool), "devshare_pool_create", "slot_size 0");
     EXPECT_ERROR(devshare_pool_create(ch, exp, 4096, 0, &pool), "devshare_pool_create", "count 0");
@@ -1046,11 +910,11 @@ static void test_bad_inputs(void) {
     EXPECT_ERROR(devshare_channel_send(NULL, 1, exp, &d), "devshare_channel_send", "NULL channel");
     EXPECT_ERROR(devshare_channel_send(ch, 1, NULL, &d), "devshare_channel_send", "NULL exporter");
     uint64_t outstanding = 99;
-    REQUIRE(devshare_exporter_outstanding(exp, &outstanding));
+    DS_OK(devshare_exporter_outstanding(exp, &outstanding));
     CHECK(outstanding == 0, "bad input: refused sends leave no reference outstanding (%" PRIu64 ")", outstanding);
 
     DevsharePeerInfo info;
-    REQUIRE(devshare_peer_info_init(&info, sizeof info));
+    DS_OK(devshare_peer_info_init(&info, sizeof info));
     st = devshare_channel_peer_info(ch, 999999, &info);
     EXPECT_ERROR(st, "devshare_channel_peer_info", "unknown peer id");
     CHECK(st == DEVSHARE_STATUS_NOT_FOUND, "devshare_channel_peer_info of an unknown peer: NOT_FOUND (%s)",
@@ -1075,12 +939,12 @@ static void test_bad_inputs(void) {
     uint32_t pid_ = 0, slot_ = 0;
     EXPECT_ERROR(devshare_import_pool_slot(NULL, &pid_, &slot_), "devshare_import_pool_slot", "NULL import");
 
-    REQUIRE(devshare_pool_create(ch, exp, 4096, 4, &pool));
+    DS_OK(devshare_pool_create(ch, exp, 4096, 4, &pool));
     uint32_t slot = 99;
     void *ptr = NULL;
     EXPECT_ERROR(devshare_pool_acquire(NULL, 0, &slot, &ptr), "devshare_pool_acquire", "NULL pool");
     EXPECT_ERROR(devshare_pool_acquire(pool, 0, NULL, &ptr), "devshare_pool_acquire", "NULL slot");
-    REQUIRE(devshare_pool_acquire(pool, 0, &slot, &ptr));
+    DS_OK(devshare_pool_acquire(pool, 0, &slot, &ptr));
     EXPECT_ERROR(devshare_pool_send(pool, slot, 999999, NULL), "devshare_pool_send", "unknown peer id");
     EXPECT_ERROR(devshare_pool_send(NULL, slot, 1, NULL), "devshare_pool_send", "NULL pool");
     const int32_t rst = devshare_pool_release(pool, slot);
@@ -1098,18 +962,18 @@ static void test_host_pool(void) {
     DevshareChannel *ch = NULL;
     DevshareExporter *exp = NULL;
     DevsharePool *pool = NULL;
-    REQUIRE(devshare_channel_listen(address, &ch));
+    DS_OK(devshare_channel_listen(address, &ch));
     void *base = NULL, *alloc_ptr = NULL;
-    REQUIRE(devshare_channel_host_alloc(SLOT * COUNT, &exp, &alloc_ptr));
+    DS_OK(devshare_channel_host_alloc(SLOT * COUNT, &exp, &alloc_ptr));
     uint64_t size = 0;
-    REQUIRE(devshare_exporter_memory(exp, &base, &size));
+    DS_OK(devshare_exporter_memory(exp, &base, &size));
     CHECK(base != NULL && base == alloc_ptr && size >= SLOT * COUNT,
           "host pool: a memfd allocation has an address (ptr_out and devshare_exporter_memory agree) and the size "
           "asked (%" PRIu64 ")", size);
-    REQUIRE(devshare_pool_create(ch, exp, SLOT, COUNT, &pool));
+    DS_OK(devshare_pool_create(ch, exp, SLOT, COUNT, &pool));
     uint64_t ss = 0;
     uint32_t cnt = 0, fr = 0;
-    REQUIRE(devshare_pool_info(pool, &ss, &cnt, &fr));
+    DS_OK(devshare_pool_info(pool, &ss, &cnt, &fr));
     CHECK(ss == SLOT && cnt == COUNT && fr == COUNT,
           "host pool: devshare_pool_info says %u slots of %u bytes, all free",
           COUNT, SLOT);
@@ -1168,17 +1032,17 @@ static void test_backpressure(void) {
     DevshareChannel *ch = NULL;
     DevshareExporter *exp = NULL;
     DevsharePool *pool = NULL;
-    REQUIRE(devshare_channel_listen(address, &ch));
-    REQUIRE(devshare_channel_host_alloc(8192, &exp, NULL));
-    REQUIRE(devshare_pool_create(ch, exp, 4096, 2, &pool));
+    DS_OK(devshare_channel_listen(address, &ch));
+    DS_OK(devshare_channel_host_alloc(8192, &exp, NULL));
+    DS_OK(devshare_pool_create(ch, exp, 4096, 2, &pool));
     Child b = spawn_child("host", "");
     const uint64_t peer = connect_child(ch, &b, address, "backpressure");
     for (uint64_t seq = 1; seq <= 2; seq++) {
         uint32_t slot;
         void *ptr;
-        REQUIRE(devshare_pool_acquire(pool, 0, &slot, &ptr));
+        DS_OK(devshare_pool_acquire(pool, 0, &slot, &ptr));
         item_fill(ptr, 4096, seq);
-        REQUIRE(devshare_pool_send(pool, slot, peer, NULL));
+        DS_OK(devshare_pool_send(pool, slot, peer, NULL));
     }
     tell(&b, "recv 2 1 %d", IO_MS);
     const RecvResult r = recv_result(reply(&b, ch));
@@ -1212,7 +1076,7 @@ static void test_backpressure(void) {
           "backpressure: a blocking devshare_pool_acquire (timeout -1) resumes when the consumer releases a slot "
           "(blocked %.0f ms)", ms);
     if (st == DEVSHARE_STATUS_OK) {
-        REQUIRE(devshare_pool_release(pool, slot));
+        DS_OK(devshare_pool_release(pool, slot));
     }
     tell(&b, "release 1");
     const char *rel = reply(&b, ch);
@@ -1229,9 +1093,9 @@ static void test_two_consumers(void) {
     DevshareChannel *ch = NULL;
     DevshareExporter *exp = NULL;
     DevsharePool *pool = NULL;
-    REQUIRE(devshare_channel_listen(address, &ch));
-    REQUIRE(devshare_channel_host_alloc(SLOT * COUNT, &exp, NULL));
-    REQUIRE(devshare_pool_create(ch, exp, SLOT, COUNT, &pool));
+    DS_OK(devshare_channel_listen(address, &ch));
+    DS_OK(devshare_channel_host_alloc(SLOT * COUNT, &exp, NULL));
+    DS_OK(devshare_pool_create(ch, exp, SLOT, COUNT, &pool));
     Child c[2] = {spawn_child("host", ""), spawn_child("host", "")};
     uint64_t peer[2];
     peer[0] = connect_child(ch, &c[0], address, "two consumers (first)");
@@ -1276,9 +1140,9 @@ static void test_slot_misuse(void) {
     DevshareChannel *ch = NULL;
     DevshareExporter *exp = NULL;
     DevsharePool *pool = NULL;
-    REQUIRE(devshare_channel_listen(address, &ch));
-    REQUIRE(devshare_channel_host_alloc(SLOT * COUNT, &exp, NULL));
-    REQUIRE(devshare_pool_create(ch, exp, SLOT, COUNT, &pool));
+    DS_OK(devshare_channel_listen(address, &ch));
+    DS_OK(devshare_channel_host_alloc(SLOT * COUNT, &exp, NULL));
+    DS_OK(devshare_pool_create(ch, exp, SLOT, COUNT, &pool));
     Child e = spawn_child("host", "");
     const uint64_t peer = connect_child(ch, &e, address, "slot misuse");
 
@@ -1291,7 +1155,7 @@ static void test_slot_misuse(void) {
     CHECK(free_slots(pool) == COUNT, "slot misuse: refused releases leave the free count alone");
     uint32_t s;
     void *ptr;
-    REQUIRE(devshare_pool_acquire(pool, 0, &s, &ptr));
+    DS_OK(devshare_pool_acquire(pool, 0, &s, &ptr));
     st = devshare_pool_release(pool, s);
     const int32_t st2 = devshare_pool_release(pool, s);
     CHECK(st == DEVSHARE_STATUS_OK && st2 == DEVSHARE_STATUS_INVALID_ARGUMENT && free_slots(pool) == COUNT,
@@ -1306,9 +1170,9 @@ static void test_slot_misuse(void) {
     CHECK(free_slots(pool) == COUNT, "slot misuse: refused sends leave the free count alone");
 
     uint32_t s1, s2;
-    REQUIRE(devshare_pool_acquire(pool, 0, &s1, &ptr));
+    DS_OK(devshare_pool_acquire(pool, 0, &s1, &ptr));
     item_fill(ptr, SLOT, 1);
-    REQUIRE(devshare_pool_send(pool, s1, peer, NULL));
+    DS_OK(devshare_pool_send(pool, s1, peer, NULL));
     st = devshare_pool_send(pool, s1, peer, NULL);
     CHECK(st == DEVSHARE_STATUS_INVALID_ARGUMENT, "slot misuse: a slot already sent cannot be sent again (%s)",
           devshare_status_str(st));
@@ -1316,9 +1180,9 @@ static void test_slot_misuse(void) {
     CHECK(st == DEVSHARE_STATUS_INVALID_ARGUMENT,
           "slot misuse: the producer cannot release a slot the consumer holds (%s)",
           devshare_status_str(st));
-    REQUIRE(devshare_pool_acquire(pool, 0, &s2, &ptr));
+    DS_OK(devshare_pool_acquire(pool, 0, &s2, &ptr));
     item_fill(ptr, SLOT, 2);
-    REQUIRE(devshare_pool_send(pool, s2, peer, NULL));
+    DS_OK(devshare_pool_send(pool, s2, peer, NULL));
     tell(&e, "recv 2 1 %d", IO_MS);
     RecvResult r = recv_result(reply(&e, ch));
     CHECK(r.got == 2 && r.data_bad == 0 && r.order_bad == 0,
@@ -1343,9 +1207,9 @@ static void test_slot_misuse(void) {
     Child f = spawn_child("host", "");
     const uint64_t peer_f = connect_child(ch, &f, address, "slot misuse (second consumer)");
     for (uint64_t seq = 3; seq <= 4 && peer_f; seq++) {
-        REQUIRE(devshare_pool_acquire(pool, IO_MS, &s, &ptr));
+        DS_OK(devshare_pool_acquire(pool, IO_MS, &s, &ptr));
         item_fill(ptr, SLOT, seq);
-        REQUIRE(devshare_pool_send(pool, s, peer_f, NULL));
+        DS_OK(devshare_pool_send(pool, s, peer_f, NULL));
     }
     tell(&f, "recv 2 1 %d", IO_MS);
     r = recv_result(reply(&f, ch));
@@ -1366,13 +1230,13 @@ static void test_slot_misuse(void) {
 
 static uint64_t outstanding_of(const DevshareExporter *exp) {
     uint64_t n = UINT64_MAX;
-    REQUIRE(devshare_exporter_outstanding(exp, &n));
+    DS_OK(devshare_exporter_outstanding(exp, &n));
     return n;
 }
 
 static uint64_t peer_leases(DevshareChannel *ch, uint64_t peer) {
     DevsharePeerInfo info;
-    REQUIRE(devshare_peer_info_init(&info, sizeof info));
+    DS_OK(devshare_peer_info_init(&info, sizeof info));
     if (devshare_channel_peer_info(ch, peer, &info) != DEVSHARE_STATUS_OK) {
         return UINT64_MAX;
     }
@@ -1384,10 +1248,10 @@ static void test_leases(void) {
     make_address(address, sizeof address, "leases");
     DevshareChannel *ch = NULL;
     DevshareExporter *exp = NULL;
-    REQUIRE(devshare_channel_listen(address, &ch));
-    REQUIRE(devshare_channel_host_alloc(65536, &exp, NULL));
+    DS_OK(devshare_channel_listen(address, &ch));
+    DS_OK(devshare_channel_host_alloc(65536, &exp, NULL));
     void *base = NULL;
-    REQUIRE(devshare_exporter_memory(exp, &base, NULL));
+    DS_OK(devshare_exporter_memory(exp, &base, NULL));
     DevshareHandle h;
     int32_t st = devshare_exporter_share(exp, NULL, &h);
     CHECK(st == DEVSHARE_STATUS_UNSUPPORTED, "leases: devshare_exporter_share refuses a channel-only memfd export (%s)",
@@ -1418,7 +1282,7 @@ static void test_leases(void) {
           "leases: the consumer's release brings it to 0 (devshare_exporter_wait %s)", devshare_status_str(st));
 
     item_fill_host((uint8_t *)base + 4096, 8192, 778, NULL);
-    REQUIRE(devshare_channel_send(ch, peer, exp, &d));
+    DS_OK(devshare_channel_send(ch, peer, exp, &d));
     tell(&g, "recv 1 1 %d", IO_MS);
     r = recv_result(reply(&g, ch));
     CHECK(r.got == 1 && r.data_bad == 0 && outstanding_of(exp) == 1,
@@ -1506,7 +1370,7 @@ static void test_sealed_memfd(void) {
     unsigned char before[1024], after[1024];
     memfd_set(before);
     DevshareExporter *exp = NULL;
-    REQUIRE(devshare_channel_host_alloc(SIZE, &exp, NULL));
+    DS_OK(devshare_channel_host_alloc(SIZE, &exp, NULL));
     memfd_set(after);
     int found = 0, shrink_refused = 0, grow_refused = 0, sealed = 0;
     for (int fd = 0; fd < 1024; fd++) {
@@ -1531,16 +1395,16 @@ static void test_sealed_memfd(void) {
     make_address(address, sizeof address, "sealed");
     DevshareChannel *ch = NULL;
     DevsharePool *pool = NULL;
-    REQUIRE(devshare_channel_listen(address, &ch));
-    REQUIRE(devshare_pool_create(ch, exp, SLOT, 2, &pool));
+    DS_OK(devshare_channel_listen(address, &ch));
+    DS_OK(devshare_pool_create(ch, exp, SLOT, 2, &pool));
     Child c = spawn_child("host", "");
     const uint64_t peer = connect_child(ch, &c, address, "sealed memfd");
     for (uint64_t seq = 1; seq <= 2 && peer; seq++) {
         uint32_t slot;
         void *ptr;
-        REQUIRE(devshare_pool_acquire(pool, IO_MS, &slot, &ptr));
+        DS_OK(devshare_pool_acquire(pool, IO_MS, &slot, &ptr));
         item_fill(ptr, SLOT, seq);
-        REQUIRE(devshare_pool_send(pool, slot, peer, NULL));
+        DS_OK(devshare_pool_send(pool, slot, peer, NULL));
     }
     tell(&c, "recv 2 1 %d", IO_MS);
     const RecvResult r = recv_result(reply(&c, ch));
@@ -1581,7 +1445,7 @@ static void test_other_uid(void) {
     char address[128];
     make_address(address, sizeof address, "uid");
     DevshareChannel *ch = NULL;
-    REQUIRE(devshare_channel_listen(address, &ch));
+    DS_OK(devshare_channel_listen(address, &ch));
     int pfd[2];
     if (pipe(pfd)) {
         perror("pipe");
@@ -1627,10 +1491,10 @@ static void test_restrict(void) {
     char address[128];
     make_address(address, sizeof address, "restrict");
     DevshareChannel *ch = NULL;
-    REQUIRE(devshare_channel_listen(address, &ch));
+    DS_OK(devshare_channel_listen(address, &ch));
     Child c = spawn_child("host", "");
     const int32_t me = (int32_t)getpid();
-    REQUIRE(devshare_channel_restrict(ch, NULL, 0, &me, 1));
+    DS_OK(devshare_channel_restrict(ch, NULL, 0, &me, 1));
     tell(&c, "connect %s 5000", address);
     const char *a = reply(&c, ch);
     long v[1] = {0};
@@ -1639,7 +1503,7 @@ static void test_restrict(void) {
           "restrict: a pid list without the consumer's pid refuses it (%s)", a);
 
     const uint32_t other_uid = geteuid() == 12345 ? 12346 : 12345;
-    REQUIRE(devshare_channel_restrict(ch, &other_uid, 1, NULL, 0));
+    DS_OK(devshare_channel_restrict(ch, &other_uid, 1, NULL, 0));
     tell(&c, "connect %s 5000", address);
     a = reply(&c, ch);
     CHECK(ints(a, v, 1) == 1 && v[0] == DEVSHARE_STATUS_UNTRUSTED && peer_count(ch, ids, 4) == 0,
@@ -1647,7 +1511,7 @@ static void test_restrict(void) {
 
     const int32_t its_pid = (int32_t)c.pid;
     const uint32_t my_uid = geteuid();
-    REQUIRE(devshare_channel_restrict(ch, &my_uid, 1, &its_pid, 1));
+    DS_OK(devshare_channel_restrict(ch, &my_uid, 1, &its_pid, 1));
     const uint64_t peer = connect_child(ch, &c, address, "restrict (the consumer's own pid and uid)");
     CHECK(peer != 0, "restrict: the consumer is accepted once the lists name it");
     CHECK(finish(&c, ch), "restrict: the consumer exits cleanly");
@@ -1665,22 +1529,22 @@ static void test_acl_pool(void) {
     void *dev = NULL;
     acl_or_die(aclrtMalloc(&dev, size, ACL_MEM_MALLOC_HUGE_FIRST), "aclrtMalloc");
     DevshareExporter *exp = NULL;
-    REQUIRE(devshare_export(DEVSHARE_BACKEND_ACL, 0, dev, size, 0, &exp));
+    DS_OK(devshare_export(DEVSHARE_BACKEND_ACL, 0, dev, size, 0, &exp));
     char address[128];
     make_address(address, sizeof address, "acl");
     DevshareChannel *ch = NULL;
     DevsharePool *pool = NULL;
-    REQUIRE(devshare_channel_listen(address, &ch));
-    REQUIRE(devshare_pool_create(ch, exp, SLOT, COUNT, &pool));
+    DS_OK(devshare_channel_listen(address, &ch));
+    DS_OK(devshare_pool_create(ch, exp, SLOT, COUNT, &pool));
     /* The stand-in models a container (bare tgid != pid): whitelist the announced pid. Without
      * this the kernel's pid is whitelisted, which the import's pid check refuses. */
-    REQUIRE(devshare_channel_trust_announced_pids(ch, 1));
+    DS_OK(devshare_channel_trust_announced_pids(ch, 1));
     g_acl = 1;
     Child k = spawn_child("acl", "");
     const uint64_t peer = connect_child(ch, &k, address, "acl pool");
     DevsharePeerInfo pinfo;
     memset(&pinfo, 0, sizeof pinfo);
-    REQUIRE(devshare_peer_info_init(&pinfo, sizeof pinfo));
+    DS_OK(devshare_peer_info_init(&pinfo, sizeof pinfo));
     const int32_t pst = peer ? devshare_channel_peer_info(ch, peer, &pinfo) : DEVSHARE_STATUS_NOT_FOUND;
     CHECK(pst == DEVSHARE_STATUS_OK && pinfo.tgid == k.tgid && k.tgid != k.pid,
           "acl pool: the consumer announced its bare tgid in the handshake (%d; its pid is %d)", (int)pinfo.tgid,
@@ -1711,9 +1575,9 @@ static void test_acl_pool(void) {
 
     /* A plain handle of the same export, imported by a process that never connected. */
     DevshareHandle h;
-    REQUIRE(devshare_exporter_share(exp, NULL, &h));
+    DS_OK(devshare_exporter_share(exp, NULL, &h));
     char text[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
-    REQUIRE(devshare_handle_to_text(&h, text, sizeof text, NULL));
+    DS_OK(devshare_handle_to_text(&h, text, sizeof text, NULL));
     Child l = spawn_child("acl", "");
     tell(&l, "import %s", text);
     const char *a = reply(&l, ch);
@@ -1817,18 +1681,6 @@ static void show_cuda_state(const char *what, CudaState s) {
            what, s.resv, s.maps, s.handles, s.imported, s.allocs, s.fds, s.violations);
 }
 
-static int read_ptrace_scope(void) {
-    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
-    int v = -1;
-    if (f) {
-        if (fscanf(f, "%d", &v) != 1) {
-            v = -1;
-        }
-        fclose(f);
-    }
-    return v;
-}
-
 /* Interprocess events this process created and has not destroyed: the stand-ins keep each in a
  * shared object /dev/shm/<prefix><pid>_<n> ("cusi_e_", "aclsi_e_") until its creator destroys
  * it. */
@@ -1860,13 +1712,13 @@ static void test_cuda_pool(void) {
     Vmm v;
     vmm_create(&v, COUNT);
     DevshareExporter *exp = NULL;
-    REQUIRE(devshare_export_segments(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)v.va, v.h, COUNT, SEG, 0, &exp));
+    DS_OK(devshare_export_segments(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)v.va, v.h, COUNT, SEG, 0, &exp));
     char address[128];
     make_address(address, sizeof address, "cuda_pool");
     DevshareChannel *ch = NULL;
     DevsharePool *pool = NULL;
-    REQUIRE(devshare_channel_listen(address, &ch));
-    REQUIRE(devshare_pool_create(ch, exp, SEG, COUNT, &pool));
+    DS_OK(devshare_channel_listen(address, &ch));
+    DS_OK(devshare_pool_create(ch, exp, SEG, COUNT, &pool));
     g_cuda = 1;
     Child k = spawn_child("cuda", "");
     const CudaState s0 = cuda_state(&k, ch);
@@ -2020,11 +1872,11 @@ static void test_cuda_lease_event(void) {
     CUdeviceptr dev = 0;
     cu_or_die(cuMemAlloc(&dev, size), "cuMemAlloc");
     DevshareExporter *exp = NULL;
-    REQUIRE(devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)dev, size, 0, &exp));
+    DS_OK(devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)dev, size, 0, &exp));
     char address[128];
     make_address(address, sizeof address, "cuda_lease");
     DevshareChannel *ch = NULL;
-    REQUIRE(devshare_channel_listen(address, &ch));
+    DS_OK(devshare_channel_listen(address, &ch));
     g_cuda = 1;
     Child k = spawn_child("cuda", "");
     const uint64_t peer = connect_child(ch, &k, address, "cuda lease event");
@@ -2084,13 +1936,13 @@ static void test_acl_lease_event(void) {
     void *dev = NULL;
     acl_or_die(aclrtMalloc(&dev, size, ACL_MEM_MALLOC_HUGE_FIRST), "aclrtMalloc");
     DevshareExporter *exp = NULL;
-    REQUIRE(devshare_export(DEVSHARE_BACKEND_ACL, 0, dev, size, 0, &exp));
+    DS_OK(devshare_export(DEVSHARE_BACKEND_ACL, 0, dev, size, 0, &exp));
     char address[128];
     make_address(address, sizeof address, "acl_event");
     DevshareChannel *ch = NULL;
-    REQUIRE(devshare_channel_listen(address, &ch));
+    DS_OK(devshare_channel_listen(address, &ch));
     /* The stand-in models a container: a consumer's bare tgid is not its pid here. */
-    REQUIRE(devshare_channel_trust_announced_pids(ch, 1));
+    DS_OK(devshare_channel_trust_announced_pids(ch, 1));
     g_acl = 1;
     Child k = spawn_child("acl", "");
     const uint64_t peer = connect_child(ch, &k, address, "acl lease event");
@@ -2130,13 +1982,6 @@ static void test_acl_lease_event(void) {
     g_acl = 0;
 }
 
-static char log_path[256];
-
-static int log_is_empty(void) {
-    struct stat st;
-    return stat(log_path, &st) != 0 || st.st_size == 0;
-}
-
 int main(int argc, char **argv) {
     if (argc > 2 && strcmp(argv[1], "--child") == 0) {
         if (strcmp(argv[2], "producer") == 0) {
@@ -2151,15 +1996,7 @@ int main(int argc, char **argv) {
                         "(libascendcl.so, libcuda.so.1)\n");
         return 2;
     }
-    const ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
-    if (n <= 0) {
-        perror("readlink /proc/self/exe");
-        return 2;
-    }
-    self_path[n] = '\0';
-    snprintf(log_path, sizeof log_path, "/tmp/devshare_test_channel_%ld.log", (long)getpid());
-    unlink(log_path);
-    setenv("DEVSHARE_STANDIN_LOG", log_path, 1);
+    harness_start("test_channel");
     signal(SIGPIPE, SIG_IGN); /* a write to a dead child's pipe is an error, not our death */
     track(getpid());
 
@@ -2183,19 +2020,6 @@ int main(int argc, char **argv) {
         left += shm_names_of(tracked[i], 0);
     }
     CHECK(left == 0, "no /dev/shm object carries the pid of this test or of a host or CUDA consumer (%d)", left);
-    CHECK(aclsi_violation_count() == 0 && cusi_violation_count() == 0 && log_is_empty(),
-          "the ACL and CUDA stand-ins recorded no rule violation in any process");
-    if (!log_is_empty()) {
-        FILE *f = fopen(log_path, "r");
-        char line[512];
-        while (f && fgets(line, sizeof line, f)) {
-            printf("# stand-in: %s", line);
-        }
-        if (f) {
-            fclose(f);
-        }
-    }
-    unlink(log_path);
-    printf("%d cases, %d failed\n", n_cases, n_failed);
-    return n_failed ? 1 : 0;
+    harness_check_log(aclsi_violation_count() + cusi_violation_count(), "the ACL and CUDA stand-ins");
+    return harness_done();
 }

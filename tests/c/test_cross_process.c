@@ -25,7 +25,8 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "devshare.h"
+#define HARNESS_NAME "test_cross_process"
+#include "harness.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -59,34 +60,12 @@ enum {
 };
 
 /* ---------------------------------------------------------------------------------------- */
-/* Reporting */
+/* Reporting (harness.h) */
 
-static int n_cases, n_failed;
-
-__attribute__((format(printf, 2, 3))) static int check(int ok, const char *fmt, ...) {
-    va_list ap;
-    n_cases++;
-    printf("%s - ", ok ? "ok" : "FAIL");
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-    fflush(stdout);
-    if (!ok) {
-        n_failed++;
-    }
-    return ok;
-}
-
-static const char *last_error(void) {
-    static char msg[1024];
-    devshare_last_error(msg, sizeof msg);
-    return msg;
-}
-
+/* A devshare status, checked: a failed case naming `what` unless it is OK. */
 static int ok_status(int32_t st, const char *what) {
     if (st != DEVSHARE_STATUS_OK) {
-        check(0, "%s: %s: %s", what, devshare_status_str(st), last_error());
+        CHECK(0, "%s: %s: %s", what, devshare_status_str(st), last_error());
         return 0;
     }
     return 1;
@@ -122,41 +101,6 @@ static int pattern_intact(void *data, const DevshareHandle *h) {
 
 /* ---------------------------------------------------------------------------------------- */
 /* Children */
-
-static char self_path[4096];
-
-static int read_line_fd(int fd, char *buf, size_t cap, int timeout_ms) {
-    size_t n = 0;
-    while (n + 1 < cap) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        const int r = poll(&p, 1, timeout_ms);
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r <= 0) {
-            return -1; /* timeout or error */
-        }
-        char c;
-        const ssize_t got = read(fd, &c, 1);
-        if (got < 0 && errno == EINTR) {
-            continue;
-        }
-        if (got <= 0) {
-            return -1; /* EOF */
-        }
-        if (c == '\n') {
-            break;
-        }
-        buf[n++] = c;
-    }
-    buf[n] = '\0';
-    return (int)n;
-}
-
-static void child_say(const char *line) {
-    printf("%s\n", line);
-    fflush(stdout);
-}
 
 __attribute__((noreturn)) static void child_fail(const char *what, int32_t st) {
     fprintf(stderr, "child %ld: %s: %s: %s\n", (long)getpid(), what, devshare_status_str(st), last_error());
@@ -239,13 +183,13 @@ static int child_main(int argc, char **argv) {
             *element(info.data, &h, ROWS - 1, j) = s;
         }
         child_release(imp);
-        child_say("done");
+        say("done");
         return 0;
     }
     if (strcmp(role, "hold") == 0 && argc > 3) {
         const int col = atoi(argv[3]);
         DevshareImport *imp = child_import(0, &h, &info);
-        child_say("imported");
+        say("imported");
         child_wait_for("release");
         if (!pattern_intact(info.data, &h)) {
             child_fail("pattern broken before release", DEVSHARE_STATUS_OK);
@@ -256,25 +200,25 @@ static int child_main(int argc, char **argv) {
             child_fail("write did not stick", DEVSHARE_STATUS_OK);
         }
         child_release(imp);
-        child_say("released");
+        say("released");
         return 0;
     }
     if (strcmp(role, "readonly-write") == 0) {
         child_import(1, &h, &info);
-        child_say("read ok");
+        say("read ok");
         const struct rlimit no_core = {0, 0};
         setrlimit(RLIMIT_CORE, &no_core);
         signal(SIGSEGV, SIG_DFL); /* no handler (a sanitizer's, say) may turn the fault into an exit */
         volatile float *cell = element(info.data, &h, ROWS - 1, 0);
         *cell = 12345.0f; /* must raise SIGSEGV */
-        child_say("write succeeded");
+        say("write succeeded");
         return 3;
     }
     if (strcmp(role, "exit-holding") == 0) {
         /* Kept reachable until exit (leak checkers do not flag it), never released. */
         static DevshareImport *held;
         held = child_import(0, &h, &info);
-        child_say("imported");
+        say("imported");
         exit(held != NULL ? 0 : 1); /* a normal exit, without devshare_import_release */
     }
     fprintf(stderr, "unknown child role %s\n", role);
@@ -292,45 +236,15 @@ static pid_t created[64];
 static int n_created;
 
 static int spawn(struct child *c, const char *role, const char *arg) {
-    int in[2], out[2];
-    if (pipe(in) != 0 || pipe(out) != 0) {
-        perror("pipe");
-        return -1;
-    }
-    fflush(stdout);
-    fflush(stderr);
-    const pid_t pid = fork();
-    if (pid < 0) {
-        perror("fork");
-        return -1;
-    }
-    if (pid == 0) {
-        dup2(in[0], 0);
-        dup2(out[1], 1);
-        close(in[0]);
-        close(in[1]);
-        close(out[0]);
-        close(out[1]);
-        char *args[] = {self_path, "--child", (char *)role, (char *)arg, NULL};
-        execv(self_path, args);
-        perror("execv");
-        _exit(127);
-    }
-    close(in[0]);
-    close(out[1]);
-    c->pid = pid;
-    c->to = in[1];
-    c->from = out[0];
+    char *argv[] = {self_path, "--child", (char *)role, (char *)arg, NULL};
+    c->pid = spawn_piped(argv, NULL, &c->to, &c->from);
     if (n_created < (int)(sizeof created / sizeof created[0])) {
-        created[n_created++] = pid;
+        created[n_created++] = c->pid;
     }
     return 0;
 }
 
-static int tell(struct child *c, const char *line) {
-    const size_t n = strlen(line);
-    return write(c->to, line, n) == (ssize_t)n && write(c->to, "\n", 1) == 1 ? 0 : -1;
-}
+static int tell(struct child *c, const char *line) { return write_line_fd(c->to, "%s", line); }
 
 /* The child's next line equals `want`. */
 static int hear(struct child *c, const char *want) {
@@ -348,31 +262,14 @@ static int hear(struct child *c, const char *want) {
 
 /* Wait for the child's exit (killing it after IO_TIMEOUT_MS); its wait status, or -1. */
 static int reap(struct child *c) {
-    int status = -1;
-    for (int waited = 0;; waited += 10) {
-        const pid_t r = waitpid(c->pid, &status, WNOHANG);
-        if (r == c->pid) {
-            break;
-        }
-        if (r < 0) {
-            status = -1;
-            break;
-        }
-        if (waited >= IO_TIMEOUT_MS) {
-            printf("    child %ld does not exit: killing it\n", (long)c->pid);
-            kill(c->pid, SIGKILL);
-            waitpid(c->pid, &status, 0);
-            status = -1;
-            break;
-        }
-        nanosleep(&(struct timespec){.tv_sec = 0, .tv_nsec = 10 * 1000 * 1000}, NULL);
+    const int status = wait_exit(c->pid, IO_TIMEOUT_MS);
+    if (status == -1) {
+        printf("    child %ld did not exit: killed\n", (long)c->pid);
     }
     close(c->to);
     close(c->from);
     return status;
 }
-
-static int exited_zero(int status) { return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Parent helpers */
@@ -466,24 +363,24 @@ static void case_a(void) {
         devshare_exporter_close(s.exp, DEVSHARE_CLOSE_FORCE);
         return;
     }
-    check(outstanding(&s) == 1, "(a) one handle shared: 1 reference outstanding");
+    CHECK(outstanding(&s) == 1, "(a) one handle shared: 1 reference outstanding");
     tell(&c, text);
-    check(hear(&c, "done"), "(a) child %ld imported the handle text it read from a pipe, wrote, released",
+    CHECK(hear(&c, "done"), "(a) child %ld imported the handle text it read from a pipe, wrote, released",
           (long)c.pid);
     const int32_t st = devshare_exporter_wait(s.exp, 5000);
-    check(st == DEVSHARE_STATUS_OK && outstanding(&s) == 0,
+    CHECK(st == DEVSHARE_STATUS_OK && outstanding(&s) == 0,
           "(a) devshare_exporter_wait returns OK and outstanding drops to 0 (%s)", devshare_status_str(st));
     int sums = 1;
     for (int j = 0; j < COLS; j++) {
         sums &= *parent_element(&s, ROWS - 1, j) == column_sum(j);
     }
-    check(sums, "(a) the parent sees the child's write: last row = column sums (%g ... %g)",
+    CHECK(sums, "(a) the parent sees the child's write: last row = column sums (%g ... %g)",
           (double)*parent_element(&s, ROWS - 1, 0), (double)*parent_element(&s, ROWS - 1, COLS - 1));
-    check(pattern_intact(s.base + STORAGE_OFFSET + TENSOR_OFFSET * sizeof(float), &h),
+    CHECK(pattern_intact(s.base + STORAGE_OFFSET + TENSOR_OFFSET * sizeof(float), &h),
           "(a) the pattern rows are intact");
-    check(exited_zero(reap(&c)), "(a) the child exited with status 0");
+    CHECK(exited_zero(reap(&c)), "(a) the child exited with status 0");
     ok_status(devshare_exporter_close(s.exp, 0), "(a) devshare_exporter_close");
-    check(names_gone(&h), "(a) after the close, neither the data object nor the ref-counter is in /dev/shm");
+    CHECK(names_gone(&h), "(a) after the close, neither the data object nor the ref-counter is in /dev/shm");
 }
 
 static void case_b(void) {
@@ -502,34 +399,34 @@ static void case_b(void) {
             return;
         }
     }
-    check(h[0].ref_slot != h[1].ref_slot || memcmp(h[0].ref_name, h[1].ref_name, sizeof h[0].ref_name) != 0,
+    CHECK(h[0].ref_slot != h[1].ref_slot || memcmp(h[0].ref_name, h[1].ref_name, sizeof h[0].ref_name) != 0,
           "(b) the two handles carry different ref-counter slots (%" PRIu64 ", %" PRIu64 ")", h[0].ref_slot,
           h[1].ref_slot);
     tell(&c[0], text[0]);
     tell(&c[1], text[1]);
     const int both = hear(&c[0], "imported") & hear(&c[1], "imported");
-    check(both, "(b) both children hold the buffer at the same time");
+    CHECK(both, "(b) both children hold the buffer at the same time");
     uint64_t n = outstanding(&s);
-    check(n == 2, "(b) outstanding = %" PRIu64 " while both hold it (want 2)", n);
+    CHECK(n == 2, "(b) outstanding = %" PRIu64 " while both hold it (want 2)", n);
     tell(&c[0], "release");
-    check(hear(&c[0], "released"), "(b) first child wrote and released");
+    CHECK(hear(&c[0], "released"), "(b) first child wrote and released");
     n = outstanding(&s);
-    check(n == 1, "(b) outstanding = %" PRIu64 " after the first release (want 1)", n);
+    CHECK(n == 1, "(b) outstanding = %" PRIu64 " after the first release (want 1)", n);
     const int32_t st = devshare_exporter_wait(s.exp, 100);
-    check(st == DEVSHARE_STATUS_TIMEOUT, "(b) devshare_exporter_wait times out while the second child holds it (%s)",
+    CHECK(st == DEVSHARE_STATUS_TIMEOUT, "(b) devshare_exporter_wait times out while the second child holds it (%s)",
           devshare_status_str(st));
     tell(&c[1], "release");
-    check(hear(&c[1], "released"), "(b) second child wrote and released");
+    CHECK(hear(&c[1], "released"), "(b) second child wrote and released");
     n = outstanding(&s);
-    check(n == 0, "(b) outstanding = %" PRIu64 " after the second release (want 0)", n);
-    check(devshare_exporter_wait(s.exp, 0) == DEVSHARE_STATUS_OK, "(b) devshare_exporter_wait returns OK");
-    check(*parent_element(&s, ROWS - 1, 0) == 1000.0f && *parent_element(&s, ROWS - 1, 1) == 1001.0f,
+    CHECK(n == 0, "(b) outstanding = %" PRIu64 " after the second release (want 0)", n);
+    CHECK(devshare_exporter_wait(s.exp, 0) == DEVSHARE_STATUS_OK, "(b) devshare_exporter_wait returns OK");
+    CHECK(*parent_element(&s, ROWS - 1, 0) == 1000.0f && *parent_element(&s, ROWS - 1, 1) == 1001.0f,
           "(b) the parent sees both children's writes (%g, %g)", (double)*parent_element(&s, ROWS - 1, 0),
           (double)*parent_element(&s, ROWS - 1, 1));
     const int s0 = reap(&c[0]), s1 = reap(&c[1]);
-    check(exited_zero(s0) && exited_zero(s1), "(b) both children exited with status 0");
+    CHECK(exited_zero(s0) && exited_zero(s1), "(b) both children exited with status 0");
     ok_status(devshare_exporter_close(s.exp, 0), "(b) devshare_exporter_close");
-    check(names_gone(&h[0]) && names_gone(&h[1]), "(b) after the close, nothing of it is left in /dev/shm");
+    CHECK(names_gone(&h[0]) && names_gone(&h[1]), "(b) after the close, nothing of it is left in /dev/shm");
 }
 
 static void case_c(void) {
@@ -545,16 +442,16 @@ static void case_c(void) {
         return;
     }
     tell(&c, text);
-    check(hear(&c, "imported"), "(c) the child holds the buffer");
-    check(outstanding(&s) == 1, "(c) 1 reference outstanding before the exporter closes");
+    CHECK(hear(&c, "imported"), "(c) the child holds the buffer");
+    CHECK(outstanding(&s) == 1, "(c) 1 reference outstanding before the exporter closes");
     const int32_t st = devshare_exporter_close(s.exp, 0);
-    check(st == DEVSHARE_STATUS_OK, "(c) devshare_exporter_close succeeds (host) while the child holds the buffer (%s)",
+    CHECK(st == DEVSHARE_STATUS_OK, "(c) devshare_exporter_close succeeds (host) while the child holds the buffer (%s)",
           devshare_status_str(st));
     tell(&c, "release");
-    check(hear(&c, "released"), "(c) after the close, the child's mapping is still valid: it read the pattern, "
+    CHECK(hear(&c, "released"), "(c) after the close, the child's mapping is still valid: it read the pattern, "
                                 "wrote and read back, released");
-    check(exited_zero(reap(&c)), "(c) the child exited with status 0");
-    check(names_gone(&h), "(c) afterwards neither the data object nor the ref-counter is in /dev/shm");
+    CHECK(exited_zero(reap(&c)), "(c) the child exited with status 0");
+    CHECK(names_gone(&h), "(c) afterwards neither the data object nor the ref-counter is in /dev/shm");
 }
 
 static void case_d(void) {
@@ -570,16 +467,16 @@ static void case_d(void) {
         return;
     }
     tell(&c, text);
-    check(hear(&c, "read ok"), "(d) the child imported read-only and read the pattern");
+    CHECK(hear(&c, "read ok"), "(d) the child imported read-only and read the pattern");
     const int status = reap(&c);
-    check(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV,
+    CHECK(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV,
           "(d) a write through the read-only import killed the child with SIGSEGV (%s %d)",
           status != -1 && WIFSIGNALED(status) ? "signal" : "exit status",
           status == -1 ? -1 : WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
-    check(*parent_element(&s, ROWS - 1, 0) == 0.0f, "(d) the write did not reach the buffer");
-    check(outstanding(&s) == 1, "(d) the dead child's reference stays outstanding");
+    CHECK(*parent_element(&s, ROWS - 1, 0) == 0.0f, "(d) the write did not reach the buffer");
+    CHECK(outstanding(&s) == 1, "(d) the dead child's reference stays outstanding");
     ok_status(devshare_exporter_close(s.exp, DEVSHARE_CLOSE_UNLINK), "(d) devshare_exporter_close(DEVSHARE_CLOSE_UNLINK)");
-    check(names_gone(&h), "(d) after the close with DEVSHARE_CLOSE_UNLINK, nothing of it is left in /dev/shm");
+    CHECK(names_gone(&h), "(d) after the close with DEVSHARE_CLOSE_UNLINK, nothing of it is left in /dev/shm");
 }
 
 static void case_e(void) {
@@ -595,35 +492,33 @@ static void case_e(void) {
         return;
     }
     tell(&c, text);
-    check(hear(&c, "imported"), "(e) the child imported");
-    check(exited_zero(reap(&c)), "(e) the child exited (status 0) without releasing");
+    CHECK(hear(&c, "imported"), "(e) the child imported");
+    CHECK(exited_zero(reap(&c)), "(e) the child exited (status 0) without releasing");
     /* Nothing returns a reference on a consumer's behalf: it stays outstanding. */
-    check(outstanding(&s) == 1, "(e) its reference stays outstanding after it exited");
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK(outstanding(&s) == 1, "(e) its reference stays outstanding after it exited");
+    const int64_t t0 = now_ns();
     const int32_t st = devshare_exporter_wait(s.exp, 300);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    const double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
-    check(st == DEVSHARE_STATUS_TIMEOUT && ms >= 290,
+    const double ms = (double)(now_ns() - t0) / 1e6;
+    CHECK(st == DEVSHARE_STATUS_TIMEOUT && ms >= 290,
           "(e) devshare_exporter_wait(300 ms) returns DEVSHARE_STATUS_TIMEOUT after %.0f ms (%s)", ms,
           devshare_status_str(st));
-    check(outstanding(&s) == 1, "(e) still 1 outstanding after the wait");
+    CHECK(outstanding(&s) == 1, "(e) still 1 outstanding after the wait");
     const int32_t cst = devshare_exporter_close(s.exp, 0);
-    check(cst == DEVSHARE_STATUS_OK, "(e) devshare_exporter_close succeeds (host) with the dead reference (%s)",
+    CHECK(cst == DEVSHARE_STATUS_OK, "(e) devshare_exporter_close succeeds (host) with the dead reference (%s)",
           devshare_status_str(cst));
-    check(shm_exists(h.key, h.key_len), "(e) the dead child's mapping count keeps the data object after a plain close");
-    check(!shm_exists(h.ref_name, h.ref_name_len), "(e) the ref-counter is gone (the dead child never held it open)");
+    CHECK(shm_exists(h.key, h.key_len), "(e) the dead child's mapping count keeps the data object after a plain close");
+    CHECK(!shm_exists(h.ref_name, h.ref_name_len), "(e) the ref-counter is gone (the dead child never held it open)");
     char name[DEVSHARE_KEY_CAPACITY + 1];
     snprintf(name, sizeof name, "%.*s", (int)h.key_len, (const char *)h.key);
-    check(shm_unlink(name) == 0, "(e) the test removes the leftover object itself");
-    check(names_gone(&h), "(e) afterwards nothing of it is left in /dev/shm");
+    CHECK(shm_unlink(name) == 0, "(e) the test removes the leftover object itself");
+    CHECK(names_gone(&h), "(e) afterwards nothing of it is left in /dev/shm");
 }
 
 /* No devshare_<pid>_* / devshare_rc_<pid>_* object of this process or any child it made. */
 static void check_dev_shm(void) {
     DIR *d = opendir("/dev/shm");
     if (d == NULL) {
-        check(0, "/dev/shm can be listed");
+        CHECK(0, "/dev/shm can be listed");
         return;
     }
     int left = 0;
@@ -640,16 +535,11 @@ static void check_dev_shm(void) {
         }
     }
     closedir(d);
-    check(left == 0, "no /dev/shm object of this test's %d processes is left", n_created + 1);
+    CHECK(left == 0, "no /dev/shm object of this test's %d processes is left", n_created + 1);
 }
 
 int main(int argc, char **argv) {
-    const ssize_t n = readlink("/proc/self/exe", self_path, sizeof self_path - 1);
-    if (n > 0) {
-        self_path[n] = '\0';
-    } else {
-        snprintf(self_path, sizeof self_path, "%s", argv[0]);
-    }
+    harness_start(NULL);
     if (argc > 2 && strcmp(argv[1], "--child") == 0) {
         return child_main(argc, argv);
     }
@@ -661,6 +551,5 @@ int main(int argc, char **argv) {
     case_d();
     case_e();
     check_dev_shm();
-    printf("1..%d\n# %d passed, %d failed\n", n_cases, n_cases - n_failed, n_failed);
-    return n_failed == 0 ? 0 : 1;
+    return harness_done();
 }

@@ -232,7 +232,7 @@ int main(int argc, char **argv) {
     DevshareBackendInfo bi;
     DS_OK(devshare_backend_info_init(&bi, sizeof bi));
     DS_OK(devshare_probe(DEVSHARE_BACKEND_CUDA, &bi));
-    check(bi.usable == 1, "probe: cuda usable over the stand-in (%s)", bi.detail);
+    CHECK(bi.usable == 1, "probe: cuda usable over the stand-in (%s)", bi.detail);
 
     CU_OK(cuInit(0));
     make_current(0);
@@ -242,7 +242,7 @@ int main(int argc, char **argv) {
     CU_OK(cuMemAllocAsync(&pool, 64 * KIB, NULL));
     DevshareExporter *e = NULL;
     int32_t st = devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)pool, 64 * KIB, 0, &e);
-    check(st == DEVSHARE_STATUS_UNSUPPORTED && strstr(last_error(), "cudaMallocAsync"),
+    CHECK(st == DEVSHARE_STATUS_UNSUPPORTED && strstr(last_error(), "cudaMallocAsync"),
           "pool memory is refused, naming cudaMallocAsync and what to use instead");
     CU_OK(cuMemFreeAsync(pool, NULL));
 
@@ -260,72 +260,72 @@ int main(int argc, char **argv) {
     void *mem = NULL;
     uint64_t mem_size = 0;
     DS_OK(devshare_exporter_memory(e, &mem, &mem_size));
-    check(mem == (void *)(uintptr_t)(base + win) && mem_size == 256 * KIB,
+    CHECK(mem == (void *)(uintptr_t)(base + win) && mem_size == 256 * KIB,
           "the exporter reports the caller's window, not the block");
     st = devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)(base + win), size, 0, &e);
-    check(st == DEVSHARE_STATUS_INVALID_ARGUMENT, "a window running past its block is refused");
+    CHECK(st == DEVSHARE_STATUS_INVALID_ARGUMENT, "a window running past its block is refused");
     DevshareExporter *e2 = NULL;
     DS_OK(devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)(base + 512 * KIB), 4 * KIB, 0, &e2));
-    check(cusi_handle_fetches(base) == 1, "two exporters of one block fetch its IPC handle once (%d)",
+    CHECK(cusi_handle_fetches(base) == 1, "two exporters of one block fetch its IPC handle once (%d)",
           cusi_handle_fetches(base));
     DevshareHandle h1 = share_f32(e, 0, 4096, 16, 64, 0, 0, NULL);
-    check(h1.alloc_size == size && h1.storage_offset == win, "handles name the whole block and carry the window's offset");
+    CHECK(h1.alloc_size == size && h1.storage_offset == win, "handles name the whole block and carry the window's offset");
     DevshareHandle hz = share_f32(e2, 0, 4096, 4, 4, 0, 0, NULL);
-    check(memcmp(hz.key, h1.key, 64) == 0 && hz.storage_offset == 512 * KIB, "both exporters' handles name one block");
-    check(memcmp(hz.device_uuid, (uint8_t[16]){0}, 16) != 0, "handles carry the device UUID");
+    CHECK(memcmp(hz.key, h1.key, 64) == 0 && hz.storage_offset == 512 * KIB, "both exporters' handles name one block");
+    CHECK(memcmp(hz.device_uuid, (uint8_t[16]){0}, 16) != 0, "handles carry the device UUID");
 
     /* Not in the exporting process. */
     DevshareImport *self_imp = NULL;
     st = devshare_import(&h1, NULL, &self_imp);
-    check(st == DEVSHARE_STATUS_UNSUPPORTED && strstr(last_error(), "exported"),
+    CHECK(st == DEVSHARE_STATUS_UNSUPPORTED && strstr(last_error(), "exported"),
           "importing in the exporting process is refused before the driver is asked (%s)", last_error());
 
     /* A consumer: data, offsets, one open per handle per process. */
     Child c1 = spawn(NULL, NULL);
     const char *a = import_cmd(&c1, &h1, -1, 0, 0, 0);
-    check(strncmp(a, "OK 1024 0", 9) == 0, "a consumer imports the window's first tensor and reads it right (%s)", a);
+    CHECK(strncmp(a, "OK 1024 0", 9) == 0, "a consumer imports the window's first tensor and reads it right (%s)", a);
     a = import_cmd(&c1, &hz, -1, 0, 0, 0);
-    check(strncmp(a, "OK 16 0", 7) == 0, "the second exporter's tensor reads right (%s)", a);
+    CHECK(strncmp(a, "OK 16 0", 7) == 0, "the second exporter's tensor reads right (%s)", a);
     DevshareHandle h2 = share_f32(e, 8192, 8192, 4, 100, 7, 0, NULL);
     DevshareHandle h3 = share_f32(e, 128 * KIB, 128 * KIB, 3, 33, 1000, 0, NULL);
     a = import_cmd(&c1, &h2, -1, 0, 1, 0);
-    check(strncmp(a, "OK 400", 6) == 0, "tensor 2 (storage 8 KiB into the window, offset 7) reads right (%s)", a);
+    CHECK(strncmp(a, "OK 400", 6) == 0, "tensor 2 (storage 8 KiB into the window, offset 7) reads right (%s)", a);
     a = import_cmd(&c1, &h3, -1, 0, 1, 0);
-    check(strncmp(a, "OK 99", 5) == 0, "tensor 3 (storage 128 KiB into the window, offset 1000) reads right (%s)", a);
-    check(cusi_live_opens(ipc_of(&h1)) == 1, "two held imports are one cuIpcOpenMemHandle (%d)",
+    CHECK(strncmp(a, "OK 99", 5) == 0, "tensor 3 (storage 128 KiB into the window, offset 1000) reads right (%s)", a);
+    CHECK(cusi_live_opens(ipc_of(&h1)) == 1, "two held imports are one cuIpcOpenMemHandle (%d)",
           cusi_live_opens(ipc_of(&h1)));
 
     /* Close order. */
     st = devshare_exporter_close(e, 0);
-    check(st == DEVSHARE_STATUS_BUSY, "the exporter cannot close while references are outstanding");
+    CHECK(st == DEVSHARE_STATUS_BUSY, "the exporter cannot close while references are outstanding");
     a = ask(&c1, "release");
-    check(strcmp(a, "OK 2") == 0, "the consumer releases both");
-    check(cusi_live_opens(ipc_of(&h1)) == 0, "the last release closed the IPC mapping");
-    check(outstanding(e) == 0, "no reference outstanding after the releases");
+    CHECK(strcmp(a, "OK 2") == 0, "the consumer releases both");
+    CHECK(cusi_live_opens(ipc_of(&h1)) == 0, "the last release closed the IPC mapping");
+    CHECK(outstanding(e) == 0, "no reference outstanding after the releases");
 
     /* Devices: by UUID under a reordered device list, and by override. */
     Child c2 = spawn("CUDA_STANDIN_VISIBLE", "1,0");
     DevshareHandle hr = share_f32(e, 0, 4096, 16, 64, 0, 0, NULL);
     a = import_cmd(&c2, &hr, -1, 0, 0, 0);
-    check(strncmp(a, "OK 1024 1", 9) == 0,
+    CHECK(strncmp(a, "OK 1024 1", 9) == 0,
           "with devices reordered the consumer imports on the device with the handle's UUID (ordinal 1) (%s)", a);
-    check(finish(&c2), "reordered consumer exits cleanly");
+    CHECK(finish(&c2), "reordered consumer exits cleanly");
     DevshareHandle hx = share_f32(e, 0, 4096, 8, 8, 0, 0, NULL);
     a = import_cmd(&c1, &hx, 1, DEVSHARE_IMPORT_NO_PEER_ACCESS, 0, 0);
-    check(strncmp(a, "ERR -34", 7) == 0 && strstr(a, "705"), "an override to device 1 without peer access fails (%s)", a);
+    CHECK(strncmp(a, "ERR -34", 7) == 0 && strstr(a, "705"), "an override to device 1 without peer access fails (%s)", a);
     a = import_cmd(&c1, &hx, 1, 0, 0, 0);
-    check(strncmp(a, "OK 64 1", 7) == 0, "an override to device 1 with lazy peer access reads right (%s)", a);
+    CHECK(strncmp(a, "OK 64 1", 7) == 0, "an override to device 1 with lazy peer access reads right (%s)", a);
 
     /* Events. */
     CUstream stream = NULL;
     CU_OK(cuStreamCreate(&stream, 0));
     DevshareHandle he = share_f32(e, 4096, 4096, 32, 32, 0, DEVSHARE_SHARE_EVENT, stream);
-    check((he.flags & DEVSHARE_HANDLE_FLAG_EVENT) != 0, "a share with DEVSHARE_SHARE_EVENT carries an event");
+    CHECK((he.flags & DEVSHARE_HANDLE_FLAG_EVENT) != 0, "a share with DEVSHARE_SHARE_EVENT carries an event");
     a = import_cmd(&c1, &he, -1, 0, 0, 0);
-    check(strncmp(a, "OK 1024", 7) == 0, "without a stream the consumer blocks on the event, then reads (%s)", a);
+    CHECK(strncmp(a, "OK 1024", 7) == 0, "without a stream the consumer blocks on the event, then reads (%s)", a);
     DevshareHandle he2 = share_f32(e, 4096, 4096, 32, 32, 0, DEVSHARE_SHARE_EVENT, stream);
     a = import_cmd(&c1, &he2, -1, 0, 0, 1);
-    check(strncmp(a, "OK 1024", 7) == 0, "with a stream the consumer's stream waits on the event (%s)", a);
+    CHECK(strncmp(a, "OK 1024", 7) == 0, "with a stream the consumer's stream waits on the event (%s)", a);
 
     /* Duplicate arrival: two handles for one storage, one handle imported twice. */
     DevshareHandle d1 = share_f32(e, 0, 4096, 4, 4, 0, 0, NULL);
@@ -333,10 +333,10 @@ int main(int argc, char **argv) {
     import_cmd(&c1, &d1, -1, 0, 1, 0);
     import_cmd(&c1, &d2, -1, 0, 1, 0);
     import_cmd(&c1, &d2, -1, 0, 1, 0);
-    check(outstanding(e) == 2, "a duplicate import of one handle holds its single reference");
-    check(slot_value(&d1) == 1 && slot_value(&d2) == 1, "both slots are 1 while held");
+    CHECK(outstanding(e) == 2, "a duplicate import of one handle holds its single reference");
+    CHECK(slot_value(&d1) == 1 && slot_value(&d2) == 1, "both slots are 1 while held");
     ask(&c1, "release");
-    check(outstanding(e) == 0 && slot_value(&d1) == 0 && slot_value(&d2) == 0,
+    CHECK(outstanding(e) == 0 && slot_value(&d1) == 0 && slot_value(&d2) == 0,
           "each arrival returned exactly once: both slots exactly 0, not below (%" PRId64 ", %" PRId64 ")",
           slot_value(&d1), slot_value(&d2));
 
@@ -345,7 +345,7 @@ int main(int argc, char **argv) {
     char ttext[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
     DS_OK(devshare_handle_to_text(&ht, ttext, sizeof ttext, NULL));
     a = ask(&c1, "threads 8 200 %s", ttext);
-    check(strcmp(a, "OK 0") == 0 && outstanding(e) == 0 && cusi_live_opens(ipc_of(&ht)) == 0,
+    CHECK(strcmp(a, "OK 0") == 0 && outstanding(e) == 0 && cusi_live_opens(ipc_of(&ht)) == 0,
           "8 threads without a current context import and release concurrently; one reference returned, "
           "the mapping closed (%s)", a);
 
@@ -353,7 +353,7 @@ int main(int argc, char **argv) {
     DevshareTorchStorage ts;
     DS_OK(devshare_torch_storage_init(&ts, sizeof ts));
     DS_OK(devshare_handle_to_torch(&h1, &ts));
-    check(ts.struct_size == sizeof ts && ts.handle_len == 64 && memcmp(ts.handle, h1.key, 64) == 0 &&
+    CHECK(ts.struct_size == sizeof ts && ts.handle_len == 64 && memcmp(ts.handle, h1.key, 64) == 0 &&
               ts.storage_offset == win && ts.storage_size == 4096 && ts.ref_name_len == h1.ref_name_len &&
               ts.ref_slot == h1.ref_slot && ts.event_sync_required == 0,
           "devshare_handle_to_torch gives the raw 64-byte handle, offsets and the ref-counter");
@@ -362,7 +362,7 @@ int main(int argc, char **argv) {
     DevshareTorchStorage unset;
     memset(&unset, 0, sizeof unset);
     st = devshare_handle_to_torch(&h1, &unset);
-    check(st == DEVSHARE_STATUS_INVALID_ARGUMENT && strstr(last_error(), "struct_size") != NULL,
+    CHECK(st == DEVSHARE_STATUS_INVALID_ARGUMENT && strstr(last_error(), "struct_size") != NULL,
           "devshare_handle_to_torch refuses an output whose struct_size is 0 (not initialised): %s", last_error());
     union {
         DevshareTorchStorage s;
@@ -376,18 +376,17 @@ int main(int argc, char **argv) {
     for (size_t i = sizeof(DevshareTorchStorage); i < sizeof big.b; i++) {
         tail_kept &= big.b[i] == 0xAB;
     }
-    check(big.s.struct_size == sizeof(DevshareTorchStorage) && memcmp(&big.s, &ts, sizeof ts) == 0 && tail_kept,
+    CHECK(big.s.struct_size == sizeof(DevshareTorchStorage) && memcmp(&big.s, &ts, sizeof ts) == 0 && tail_kept,
           "devshare_handle_to_torch into a larger DevshareTorchStorage: struct_size becomes the library's size, "
           "the same bytes, the tail untouched");
 
-    check(finish(&c1), "first consumer exits cleanly");
+    CHECK(finish(&c1), "first consumer exits cleanly");
     DS_OK(devshare_exporter_close(e, 0));
     DS_OK(devshare_exporter_close(e2, DEVSHARE_CLOSE_FORCE)); /* hz's reference was released above */
     CU_OK(cuStreamDestroy(stream));
     CU_OK(cuMemFree(base));
     free(host);
 
-    harness_check_log(cusi_violation_count());
-    printf("%d cases, %d failed\n", n_cases, n_failed);
-    return n_failed ? 1 : 0;
+    harness_check_log(cusi_violation_count(), "the CUDA stand-in");
+    return harness_done();
 }

@@ -55,38 +55,6 @@ enum { LINE_MAX_LEN = 1 << 16, MAX_SEGS = 64 };
 /* ---------------------------------------------------------------------------------------- */
 /* Shared by both sides */
 
-/* Drop CAP_SYS_PTRACE from every set of this process (no-op without it). */
-static void drop_ptrace_capability(void) {
-    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
-    struct __user_cap_data_struct data[2];
-    if (syscall(SYS_capget, &hdr, data) != 0) {
-        return;
-    }
-    const unsigned bit = 1u << CAP_SYS_PTRACE;
-    if (!((data[0].effective | data[0].permitted | data[0].inheritable) & bit)) {
-        return;
-    }
-    data[0].effective &= ~bit;
-    data[0].permitted &= ~bit;
-    data[0].inheritable &= ~bit;
-    if (syscall(SYS_capset, &hdr, data) != 0) {
-        die("capset (dropping CAP_SYS_PTRACE)", errno);
-    }
-}
-
-static int open_fds(void) {
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-    if (!d) {
-        return -1;
-    }
-    while (readdir(d)) {
-        n++;
-    }
-    closedir(d);
-    return n;
-}
-
 static void make_current(int ordinal) {
     static CUcontext ctx[8];
     if (!ctx[ordinal]) {
@@ -95,15 +63,6 @@ static void make_current(int ordinal) {
         CU_OK(cuDevicePrimaryCtxRetain(&ctx[ordinal], dev));
     }
     CU_OK(cuCtxSetCurrent(ctx[ordinal]));
-}
-
-static size_t from_hex(const char *s, uint8_t *out, size_t cap) {
-    size_t n = 0;
-    unsigned v;
-    while (n < cap && sscanf(s + 2 * n, "%2x", &v) == 1) {
-        out[n++] = (uint8_t)v;
-    }
-    return n;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -153,7 +112,10 @@ static int32_t child_import_torch(const char *p, const DevshareImportOptions *o,
         return DEVSHARE_STATUS_INVALID_ARGUMENT;
     }
     static uint8_t bytes[LINE_MAX_LEN / 2];
-    const size_t len = from_hex(p + used, bytes, sizeof bytes);
+    const int len = hex_decode(p + used, bytes, sizeof bytes);
+    if (len < 0) {
+        return DEVSHARE_STATUS_INVALID_ARGUMENT;
+    }
     const int64_t shape[2] = {rows, cols};
     DevshareTorchArgs a;
     DS_OK(devshare_torch_args_init(&a, sizeof a));
@@ -209,8 +171,8 @@ static int child_main(void) {
                     st = devshare_import(&h, &o, &imp);
                 }
             } else if (strcmp(how, "enc") == 0) {
-                const size_t n = from_hex(payload, enc, sizeof enc);
-                st = devshare_import_encoded(enc, n, &o, &imp);
+                const int n = hex_decode(payload, enc, sizeof enc);
+                st = n < 0 ? DEVSHARE_STATUS_INVALID_ARGUMENT : devshare_import_encoded(enc, (size_t)n, &o, &imp);
             } else {
                 st = child_import_torch(payload, &o, &imp);
             }
@@ -382,24 +344,12 @@ static void share_encoded_hex(DevshareExporter *e, uint64_t storage_offset, uint
 }
 
 /* Ask a consumer child (allowed to take our fds first: devshare_allow_ptrace). */
-static const char *ask_child(Child *c, const char *fmt, ...) {
-    static char cmd[LINE_MAX_LEN + 64];
-    static char answer[4096];
+__attribute__((format(printf, 2, 3))) static const char *ask_child(Child *c, const char *fmt, ...) {
+    DS_OK(devshare_allow_ptrace(c->os_pid));
     va_list ap;
     va_start(ap, fmt);
-    const int len = vsnprintf(cmd, sizeof cmd - 1, fmt, ap);
+    const char *answer = vask(c, fmt, ap);
     va_end(ap);
-    if (len < 0 || (size_t)len >= sizeof cmd - 1) {
-        die("command too long", len);
-    }
-    DS_OK(devshare_allow_ptrace(c->os_pid));
-    cmd[len] = '\n';
-    if (write(c->to, cmd, (size_t)len + 1) != (ssize_t)len + 1) {
-        die("write to child", errno);
-    }
-    if (read_line_fd(c->from, answer, sizeof answer, IO_TIMEOUT_MS) < 0) {
-        snprintf(answer, sizeof answer, "ERR 0 no answer from the child");
-    }
     return answer;
 }
 
@@ -465,18 +415,6 @@ static void show_state(const char *what, State s) {
            what, s.resv, s.maps, s.handles, s.imported, s.allocs, s.fds, s.violations);
 }
 
-static int read_ptrace_scope(void) {
-    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
-    int v = -1;
-    if (f) {
-        if (fscanf(f, "%d", &v) != 1) {
-            v = -1;
-        }
-        fclose(f);
-    }
-    return v;
-}
-
 /* Whether fd `fd` of this process is stand-in VMM memory. */
 static int fd_is_vmm_memory(int fd) {
     char path[64], link[256];
@@ -516,7 +454,7 @@ int main(int argc, char **argv) {
     DevshareBackendInfo bi;
     DS_OK(devshare_backend_info_init(&bi, sizeof bi));
     DS_OK(devshare_probe(DEVSHARE_BACKEND_CUDA, &bi));
-    check(bi.usable == 1, "probe: cuda usable over the stand-in (%s)", bi.detail);
+    CHECK(bi.usable == 1, "probe: cuda usable over the stand-in (%s)", bi.detail);
     CU_OK(cuInit(0));
     make_current(0);
     const int parent_fds = open_fds();
@@ -530,24 +468,24 @@ int main(int argc, char **argv) {
     DevshareExporter *e = NULL;
     const uint64_t swapped[5] = {a.h[1], a.h[0], a.h[2], a.h[3], a.h[4]};
     int32_t st = devshare_export_segments(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)a.va, swapped, 5, SEG, 0, &e);
-    check(st == DEVSHARE_STATUS_INVALID_ARGUMENT && strstr(last_error(), "physical[0]"),
+    CHECK(st == DEVSHARE_STATUS_INVALID_ARGUMENT && strstr(last_error(), "physical[0]"),
           "handles listed out of address order are refused, naming the segment (%s)", last_error());
     CUdeviceptr plain = 0;
     CU_OK(cuMemAlloc(&plain, 2 * SEG));
     st = devshare_export_segments(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)plain, a.h, 1, SEG, 0, &e);
-    check(st == DEVSHARE_STATUS_INVALID_ARGUMENT && strstr(last_error(), "not VMM memory"),
+    CHECK(st == DEVSHARE_STATUS_INVALID_ARGUMENT && strstr(last_error(), "not VMM memory"),
           "cuMemAlloc memory is refused as segments (%s)", last_error());
     CU_OK(cuMemFree(plain));
-    check(open_fds() == a_fds, "refused exports leave no fd open in the producer");
+    CHECK(open_fds() == a_fds, "refused exports leave no fd open in the producer");
 
     /* The export: one fd per segment, kept open by the exporter, their numbers in the handle. */
     e = export_vmm(&a, 0, 5, 0);
     void *mem = NULL;
     uint64_t mem_size = 0;
     DS_OK(devshare_exporter_memory(e, &mem, &mem_size));
-    check(mem == (void *)(uintptr_t)a.va && mem_size == 5 * SEG, "the exporter reports the buffer (%p, %" PRIu64 ")",
+    CHECK(mem == (void *)(uintptr_t)a.va && mem_size == 5 * SEG, "the exporter reports the buffer (%p, %" PRIu64 ")",
           mem, mem_size);
-    check(open_fds() == a_fds + 5, "the exporter holds one fd per segment open (%d -> %d)", a_fds, open_fds());
+    CHECK(open_fds() == a_fds + 5, "the exporter holds one fd per segment open (%d -> %d)", a_fds, open_fds());
     /* A tensor spanning three segments: storage from 4 KiB before the end of segment 0, tensor
      * offset 7 elements. */
     const uint64_t s_off = SEG - 4096, s_size = 2 * SEG + 8192;
@@ -556,44 +494,44 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < 5; i++) {
         fds_ok &= fd_is_vmm_memory(table_fd(&h1, i));
     }
-    check((h1.flags & DEVSHARE_HANDLE_FLAG_SEGMENTED) && h1.producer_pid == getpid() && h1.alloc_size == 5 * SEG &&
+    CHECK((h1.flags & DEVSHARE_HANDLE_FLAG_SEGMENTED) && h1.producer_pid == getpid() && h1.alloc_size == 5 * SEG &&
               h1.key_len == 20 && h1.storage_offset == s_off && fds_ok &&
               memcmp(h1.device_uuid, (uint8_t[16]){0}, 16) != 0,
           "a segmented handle: the producer's pid, 5 x 2 MiB, an inline table of 5 open VMM fds, the device UUID");
     DevshareHandle h1b = share_u32(e, s_off, s_size, 1024, 1024, 7);
-    check(memcmp(h1b.key, h1.key, 20) == 0, "every share of an export carries the same fd numbers");
+    CHECK(memcmp(h1b.key, h1.key, 20) == 0, "every share of an export carries the same fd numbers");
 
     /* Consumer 1: reads, overlapping storages, closes equal imports. */
     Child c1 = spawn(NULL, NULL);
     const int c1_fds = state_of(&c1).fds;
     const char *ans = import_text(&c1, &h1, 0, 0, 1);
-    check(strcmp(ans, "OK 1048576 0 3") == 0,
+    CHECK(strcmp(ans, "OK 1048576 0 3") == 0,
           "a consumer (the producer's child) imports a tensor spanning 3 segments and reads it right; its device "
           "has read-write access (%s)", ans);
     State s = state_of(&c1);
-    check(s.resv == 1 && s.maps == 5 && s.imported == 5 && s.handles == 5 && s.fds == c1_fds + 5 && s.violations == 0,
+    CHECK(s.resv == 1 && s.maps == 5 && s.imported == 5 && s.handles == 5 && s.fds == c1_fds + 5 && s.violations == 0,
           "one reservation, 5 mappings, 5 imported handles; no stolen fd left open (only the driver's own)");
     show_state("consumer 1 after one import", s);
     DevshareHandle h2 = share_u32(e, 3 * SEG, SEG + 4096, 512, 512, 0); /* overlaps h1's storage */
     ans = import_text(&c1, &h2, 0, 0, 1);
-    check(strncmp(ans, "OK 262144 0", 11) == 0, "an overlapping storage of the same export reads right (%s)", ans);
+    CHECK(strncmp(ans, "OK 262144 0", 11) == 0, "an overlapping storage of the same export reads right (%s)", ans);
     ans = import_text(&c1, &h1b, 0, 0, 1);
-    check(strncmp(ans, "OK 1048576 0", 12) == 0, "a second handle of the first storage reads right (%s)", ans);
+    CHECK(strncmp(ans, "OK 1048576 0", 12) == 0, "a second handle of the first storage reads right (%s)", ans);
     s = state_of(&c1);
-    check(s.resv == 1 && s.maps == 5 && s.imported == 5,
+    CHECK(s.resv == 1 && s.maps == 5 && s.imported == 5,
           "three imports of one export are one mapping (%d reservations, %d mappings)", s.resv, s.maps);
 
     /* A second exporter over segments 1..3 of the same buffer shares the producer's fds, so the
      * consumer imports each page once and maps the range again. */
     const int e2_fds = open_fds();
     DevshareExporter *e2 = export_vmm(&a, 1, 3, 0);
-    check(open_fds() == e2_fds, "a second export of the same pages opens no new fd (%d -> %d)", e2_fds, open_fds());
+    CHECK(open_fds() == e2_fds, "a second export of the same pages opens no new fd (%d -> %d)", e2_fds, open_fds());
     DevshareHandle h3 = share_u32(e2, 0, 3 * SEG, 1536, 1024, 0);
-    check(memcmp(h3.key, h1.key + 4, 12) == 0, "its table holds the first export's fds of those pages");
+    CHECK(memcmp(h3.key, h1.key + 4, 12) == 0, "its table holds the first export's fds of those pages");
     ans = import_text_at(&c1, &h3, 0, 0, 1, SEG / 4);
-    check(strncmp(ans, "OK 1572864 0", 12) == 0, "the overlapping export's tensor reads right (%s)", ans);
+    CHECK(strncmp(ans, "OK 1572864 0", 12) == 0, "the overlapping export's tensor reads right (%s)", ans);
     s = state_of(&c1);
-    check(s.resv == 2 && s.maps == 8 && s.imported == 5 && s.allocs == 5,
+    CHECK(s.resv == 2 && s.maps == 8 && s.imported == 5 && s.allocs == 5,
           "two storages sharing pages: each page imported once (%d imported), mapped in both reservations (%d)",
           s.imported, s.maps);
 
@@ -601,24 +539,24 @@ int main(int argc, char **argv) {
     DevshareHandle hw = share_u32(e, SEG - 512, 1024, 1, 256, 0); /* crosses the segment 0/1 boundary */
     ans = import_text(&c1, &hw, 0, 1, 0);
     const uint64_t hw_first = (SEG - 512) / 4;
-    check(strncmp(ans, "OK 256 0", 8) == 0 && vmm_holds(&a, hw_first, 256, 1),
+    CHECK(strncmp(ans, "OK 256 0", 8) == 0 && vmm_holds(&a, hw_first, 256, 1),
           "a consumer's writes across a segment boundary are the producer's bytes (%s)", ans);
     vmm_refill(&a, hw_first, 256);
 
     /* Read-only import: the device gets read access only. */
     DevshareHandle hr = share_u32(e, 0, 4096, 32, 32, 0);
     ans = import_text(&c1, &hr, DEVSHARE_IMPORT_READ_ONLY, 0, 0);
-    check(strcmp(ans, "OK 1024 0 1") == 0, "a read-only import maps with read access only (%s)", ans);
+    CHECK(strcmp(ans, "OK 1024 0 1") == 0, "a read-only import maps with read access only (%s)", ans);
 
     /* Close order, then release: nothing stays mapped, reserved, imported or open. */
-    check(devshare_exporter_close(e, 0) == DEVSHARE_STATUS_BUSY, "the exporter cannot close while references are out");
+    CHECK(devshare_exporter_close(e, 0) == DEVSHARE_STATUS_BUSY, "the exporter cannot close while references are out");
     ans = ask_child(&c1, "release");
-    check(strcmp(ans, "OK 4") == 0, "the consumer releases its four imports (%s)", ans);
+    CHECK(strcmp(ans, "OK 4") == 0, "the consumer releases its four imports (%s)", ans);
     s = state_of(&c1);
-    check(is_clean(s, c1_fds), "after release nothing is mapped, reserved or imported, and the consumer has as many "
+    CHECK(is_clean(s, c1_fds), "after release nothing is mapped, reserved or imported, and the consumer has as many "
                                "fds open as before its first import");
     show_state("consumer 1 after release", s);
-    check(outstanding(e) == 0 && outstanding(e2) == 0 && slot_value(&h1) == 0 && slot_value(&h3) == 0,
+    CHECK(outstanding(e) == 0 && outstanding(e2) == 0 && slot_value(&h1) == 0 && slot_value(&h3) == 0,
           "every reference came back (slots exactly 0)");
 
     /* The producer imports its own export (allowed for VMM memory) and sees its own bytes. */
@@ -631,15 +569,15 @@ int main(int argc, char **argv) {
     if (st == DEVSHARE_STATUS_OK) {
         DS_OK(devshare_import_info(own, &oi));
     }
-    check(st == DEVSHARE_STATUS_OK && oi.base != mem && oi.numel == 262144, "the producer can import its own export (%s)",
+    CHECK(st == DEVSHARE_STATUS_OK && oi.base != mem && oi.numel == 262144, "the producer can import its own export (%s)",
           st ? last_error() : "ok");
     if (own) {
         uint32_t first = 0;
         CU_OK(cuMemcpyDtoH(&first, (CUdeviceptr)(uintptr_t)oi.data, 4));
-        check(first == 3 * SEG / 4, "through its own mapping (%u)", first);
+        CHECK(first == 3 * SEG / 4, "through its own mapping (%u)", first);
         DS_OK(devshare_import_release(own));
     }
-    check(open_fds() == own_fds, "its stolen fds are closed (%d -> %d)", own_fds, open_fds());
+    CHECK(open_fds() == own_fds, "its stolen fds are closed (%d -> %d)", own_fds, open_fds());
 
     /* A table too long for the struct (40 segments = 160 bytes of fds): the byte encoding and
      * the PyTorch 'e' tuple carry it. */
@@ -649,15 +587,15 @@ int main(int argc, char **argv) {
     static char hex[LINE_MAX_LEN / 2];
     DevshareHandle hb;
     share_encoded_hex(eb, 30 * SEG + 4096, 5 * SEG, 2048, 1024, 3, hex, &hb);
-    check(hb.key_len == 0 && (hb.flags & DEVSHARE_HANDLE_FLAG_SEGMENTED), "40 segments: the table is not inline");
+    CHECK(hb.key_len == 0 && (hb.flags & DEVSHARE_HANDLE_FLAG_SEGMENTED), "40 segments: the table is not inline");
     ans = ask_child(&c1, "import enc 0 0 1 0 %s", hex);
-    check(strncmp(ans, "OK 2097152 0 3", 14) == 0,
+    CHECK(strncmp(ans, "OK 2097152 0 3", 14) == 0,
           "devshare_import_encoded maps all 40 segments and the tensor in segments 30..34 reads right (%s)", ans);
     s = state_of(&c1);
-    check(s.resv == 1 && s.maps == 40 && s.imported == 40, "40 mappings in one reservation of exactly 80 MiB");
+    CHECK(s.resv == 1 && s.maps == 40 && s.imported == 40, "40 mappings in one reservation of exactly 80 MiB");
     DevshareImport *none = NULL;
     st = devshare_import(&hb, NULL, &none);
-    check(st == DEVSHARE_STATUS_INVALID_ARGUMENT && strstr(last_error(), "devshare_import_encoded"),
+    CHECK(st == DEVSHARE_STATUS_INVALID_ARGUMENT && strstr(last_error(), "devshare_import_encoded"),
           "the struct alone names where the table travels (%s)", last_error());
     /* Torch: what stock PyTorch's rebuild_cuda_tensor would receive. */
     static uint8_t table[40 * 4];
@@ -669,19 +607,19 @@ int main(int argc, char **argv) {
     const size_t elen = torch_e_hex(&ht, table, table_len, hex, raw);
     int32_t e_pid = 0;
     memcpy(&e_pid, raw + 2, 4);
-    check(elen == 26 + 4 * 40 && raw[0] == 2 && raw[1] == 'e' && e_pid == getpid() && table_len == 160,
+    CHECK(elen == 26 + 4 * 40 && raw[0] == 2 && raw[1] == 'e' && e_pid == getpid() && table_len == 160,
           "the 'e' storage handle: version 2, the producer's pid, 26 + 4 x 40 bytes");
     ans = import_torch(&c1, &ht, table, table_len, 1024, 1536, 1, 0);
-    check(strncmp(ans, "OK 1572864 0", 12) == 0 && vmm_holds(&big, 2 * SEG / 4, 1572864, 1),
+    CHECK(strncmp(ans, "OK 1572864 0", 12) == 0 && vmm_holds(&big, 2 * SEG / 4, 1572864, 1),
           "devshare_import_torch of the 'e' bytes (garbage padding) reads and writes right (%s)", ans);
     vmm_refill(&big, 2 * SEG / 4, 1572864);
     DevshareHandle h5 = share_u32(e, 3 * SEG, SEG + 4096, 512, 512, 0);
     ans = import_torch(&c1, &h5, NULL, 0, 512, 512, 0, 0); /* inline table */
-    check(strncmp(ans, "OK 262144 0", 11) == 0, "the 'e' tuple of a 5-segment export reads right (%s)", ans);
+    CHECK(strncmp(ans, "OK 262144 0", 11) == 0, "the 'e' tuple of a 5-segment export reads right (%s)", ans);
     ans = ask_child(&c1, "release");
-    check(strcmp(ans, "OK 1") == 0, "the consumer releases the 40-segment import (%s)", ans);
+    CHECK(strcmp(ans, "OK 1") == 0, "the consumer releases the 40-segment import (%s)", ans);
     s = state_of(&c1);
-    check(is_clean(s, c1_fds), "released: nothing left");
+    CHECK(is_clean(s, c1_fds), "released: nothing left");
 
     /* Part way: the producer closed segment 2's fd. The consumer imports segments 0 and 1, fails
      * on 2, and undoes everything. */
@@ -694,9 +632,9 @@ int main(int argc, char **argv) {
     ans = import_text(&c1, &hm, 0, 0, 0);
     char want[64];
     snprintf(want, sizeof want, "fd %d is not open", fd2);
-    check(strncmp(ans, "ERR -33", 7) == 0 && strstr(ans, want), "a closed fd fails the import, naming it (%s)", ans);
+    CHECK(strncmp(ans, "ERR -33", 7) == 0 && strstr(ans, want), "a closed fd fails the import, naming it (%s)", ans);
     s = state_of(&c1);
-    check(is_clean(s, c1_fds), "the two segments imported before it are unmapped and released, the address space "
+    CHECK(is_clean(s, c1_fds), "the two segments imported before it are unmapped and released, the address space "
                                "freed, the stolen fds closed");
     show_state("consumer 1 after the failed import", s);
     /* Give the number back to something, so the exporter's close of it closes nothing else. */
@@ -718,9 +656,9 @@ int main(int argc, char **argv) {
         if (read_line_fd(c1.from, line, sizeof line, IO_TIMEOUT_MS) < 0) {
             snprintf(line, sizeof line, "no answer");
         }
-        check(strncmp(line, "ERR -33", 7) == 0 && strstr(line, "ptrace_scope is 1") && strstr(line, "devshare_allow_ptrace"),
+        CHECK(strncmp(line, "ERR -33", 7) == 0 && strstr(line, "ptrace_scope is 1") && strstr(line, "devshare_allow_ptrace"),
               "Yama ptrace_scope 1 without devshare_allow_ptrace: refused, naming the fix (%s)", line);
-        check(is_clean(state_of(&c1), c1_fds), "the refused import leaves nothing behind");
+        CHECK(is_clean(state_of(&c1), c1_fds), "the refused import leaves nothing behind");
     } else {
         printf("ok - # SKIP no Yama ptrace_scope 1 here: its refusal is not observable\n");
     }
@@ -728,23 +666,23 @@ int main(int argc, char **argv) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     ans = import_text(&c1, &hd, 0, 0, 0);
     prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
-    check(strncmp(ans, "ERR -33", 7) == 0 && strstr(ans, "pidfd_getfd") && strstr(ans, "dumpable"),
+    CHECK(strncmp(ans, "ERR -33", 7) == 0 && strstr(ans, "pidfd_getfd") && strstr(ans, "dumpable"),
           "a non-dumpable producer: pidfd_getfd refused with the message naming it (%s)", ans);
     s = state_of(&c1);
-    check(is_clean(s, c1_fds), "the refused import leaves nothing mapped, reserved, imported or open");
+    CHECK(is_clean(s, c1_fds), "the refused import leaves nothing mapped, reserved, imported or open");
     ans = import_text(&c1, &hd, 0, 0, 0);
-    check(strncmp(ans, "OK 1024 0", 9) == 0, "dumpable again, the same handle imports (%s)", ans);
+    CHECK(strncmp(ans, "OK 1024 0", 9) == 0, "dumpable again, the same handle imports (%s)", ans);
 
     /* Fabric handles, when the driver has them. */
     Vmm f;
     if (vmm_create(&f, 3, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC)) {
         const int before = open_fds();
         DevshareExporter *ef = export_vmm(&f, 0, 3, DEVSHARE_EXPORT_FABRIC);
-        check(open_fds() == before, "a fabric export keeps no fd open");
+        CHECK(open_fds() == before, "a fabric export keeps no fd open");
         DevshareHandle hf;
         share_encoded_hex(ef, SEG / 2, 2 * SEG, 1024, 1024, 0, hex, &hf);
         ans = ask_child(&c1, "import enc 0 1 0 0 %s", hex);
-        check(strncmp(ans, "OK 1048576 0 3", 14) == 0 && vmm_holds(&f, SEG / 8, 1048576, 1),
+        CHECK(strncmp(ans, "OK 1048576 0 3", 14) == 0 && vmm_holds(&f, SEG / 8, 1048576, 1),
               "3 fabric handles (192 bytes, in the encoding): imported, read and written right (%s)", ans);
         vmm_refill(&f, SEG / 8, 1048576);
         static uint8_t ftable[3 * 64];
@@ -754,27 +692,27 @@ int main(int argc, char **argv) {
         share_encoded_hex(ef, 0, 3 * SEG, 1024, 1536, 0, hex, &hf2);
         uint8_t fraw[64];
         const size_t flen = torch_e_hex(&hf2, ftable, ftable_len, hex, fraw);
-        check(flen == 26 + 64 * 3, "the fabric 'e' form is 26 + 64 x 3 bytes (%zu)", flen);
+        CHECK(flen == 26 + 64 * 3, "the fabric 'e' form is 26 + 64 x 3 bytes (%zu)", flen);
         ans = import_torch(&c1, &hf2, ftable, ftable_len, 1024, 1536, 0, 0);
-        check(strncmp(ans, "OK 1572864 0", 12) == 0, "the fabric 'e' tuple imports and reads right (%s)", ans);
+        CHECK(strncmp(ans, "OK 1572864 0", 12) == 0, "the fabric 'e' tuple imports and reads right (%s)", ans);
         s = state_of(&c1);
-        check(is_clean(s, c1_fds), "fabric imports released: nothing left");
+        CHECK(is_clean(s, c1_fds), "fabric imports released: nothing left");
         Child nf = spawn("CUDA_STANDIN_NO_FABRIC", "1");
         const int nf_fds = state_of(&nf).fds;
         DevshareHandle hf3;
         share_encoded_hex(ef, 0, 4096, 32, 32, 0, hex, &hf3);
         ans = ask_child(&nf, "import enc 0 0 0 0 %s", hex);
-        check(strncmp(ans, "ERR -34", 7) == 0 && strstr(ans, "fabric"),
+        CHECK(strncmp(ans, "ERR -34", 7) == 0 && strstr(ans, "fabric"),
               "a consumer whose driver has no fabric support is refused, with the hint (%s)", ans);
-        check(is_clean(state_of(&nf), nf_fds), "and keeps nothing");
-        check(finish(&nf), "the consumer without fabric exits cleanly");
+        CHECK(is_clean(state_of(&nf), nf_fds), "and keeps nothing");
+        CHECK(finish(&nf), "the consumer without fabric exits cleanly");
         DS_OK(devshare_exporter_close(ef, DEVSHARE_CLOSE_FORCE)); /* hf3's reference was not returned */
         vmm_destroy(&f);
     } else {
         printf("ok - # SKIP the driver has no fabric handles (CUDA_STANDIN_NO_FABRIC)\n");
     }
 
-    check(finish(&c1), "the consumer exits cleanly, with no rule broken (exit code)");
+    CHECK(finish(&c1), "the consumer exits cleanly, with no rule broken (exit code)");
     DS_OK(devshare_exporter_close(em, DEVSHARE_CLOSE_FORCE)); /* hm's import failed: its reference stays out */
     DS_OK(devshare_exporter_close(eb, 0));
     DS_OK(devshare_exporter_close(e2, 0));
@@ -782,12 +720,11 @@ int main(int argc, char **argv) {
     vmm_destroy(&m);
     vmm_destroy(&big);
     vmm_destroy(&a);
-    check(open_fds() == parent_fds, "the closed exporters closed their fds");
-    check(cusi_vmm_reservations() == 0 && cusi_vmm_mappings() == 0 && cusi_vmm_handles() == 0 &&
+    CHECK(open_fds() == parent_fds, "the closed exporters closed their fds");
+    CHECK(cusi_vmm_reservations() == 0 && cusi_vmm_mappings() == 0 && cusi_vmm_handles() == 0 &&
               cusi_vmm_allocations() == 0,
           "the producer holds no VMM object");
 
-    harness_check_log(cusi_violation_count());
-    printf("%d cases, %d failed\n", n_cases, n_failed);
-    return n_failed ? 1 : 0;
+    harness_check_log(cusi_violation_count(), "the CUDA stand-in");
+    return harness_done();
 }
