@@ -21,9 +21,10 @@ The parent prints ``PASS <case>`` / ``FAIL <case>: why`` / ``SKIP <case>: why`` 
 
     gpu_cases.py --bundle DIR [--only a_torch_to_c,e2_handoff] [--list] [--dry-run]
 
-``--dry-run`` needs no GPU and no torch: it checks the bundle, compares the ctypes mirrors of
-every C struct with gpu_tool's sizeof/offsetof (every field), and round-trips synthetic PyTorch
-tuples ('c' and expandable-segment 'e' forms, and the refused ones) through
+``--dry-run`` needs no GPU and no torch: it checks the bundle, checks ``gpu_tool layout`` (the
+lines of tests/c/abi_fields.h) against this checkout's header and the ctypes mirrors with
+tests/python/abi_check.py (every struct and field, macro and status code), and round-trips
+synthetic PyTorch tuples ('c' and expandable-segment 'e' forms, and the refused ones) through
 devshare_handle_from_torch(_encoded) / to_text / gpu_tool describe.
 """
 
@@ -97,6 +98,22 @@ def _load_abi():
 
 
 abi = _load_abi()
+
+
+def _load_abi_check():
+    """tests/python/abi_check.py (the layout checker of the normal test run: standard library
+    only), loaded by file path from this checkout."""
+    import importlib.util  # noqa: PLC0415
+
+    path = ROOT / "tests" / "python" / "abi_check.py"
+    if not path.is_file():
+        raise ImportError(f"{path} not found: run from a devshare checkout (tests/gpu/ next to tests/python/)")
+    mspec = importlib.util.spec_from_file_location("_devshare_gpu_suite_abi_check", path)
+    mod = importlib.util.module_from_spec(mspec)
+    sys.modules[mspec.name] = mod
+    mspec.loader.exec_module(mod)
+    return mod
+
 DType = abi.DType
 TorchArgs = abi.TorchArgs
 Handle = abi.HandleStruct
@@ -1513,36 +1530,28 @@ def main_dry_run(bundle: pathlib.Path) -> int:
     lib = Lib(os.environ.get("DEVSHARE_LIBRARY") or str(bundle / "libdevshare.so"))
     print(f"    library {lib.path}, version {lib.version()}; cuda probe: {lib.probe_cuda()}", flush=True)
 
-    # The mirrors (python/devshare/_abi.py) == the structs as gpu_tool was compiled: every
-    # struct the package mirrors, every field (sizeof and offsetof). The full check, against the
-    # header itself, is tests/python/test_abi_layout.py; this one guards against a bundle built
-    # from another header than this checkout's.
+    # gpu_tool layout prints the lists of tests/c/abi_fields.h (the one list behind
+    # tests/c/layout_dump.c too) as the bundle's gpu_tool was compiled. It is checked with
+    # tests/python/abi_check.py, as the normal test run checks layout_dump: it names exactly what
+    # the list and this checkout's header name (a bundle built from another header or list fails
+    # here), and every mirror of python/devshare/_abi.py matches it (every field's name, order,
+    # offset, size and type kind; sizeof and alignment), as do its constants and status codes.
     out = subprocess.run([tool, "layout"], capture_output=True, text=True, timeout=30).stdout
-    c_sizes = dict(kv.split("=") for kv in out.splitlines()[0].split()[1:])
-    offs = {}
-    for ln in out.splitlines()[1:]:
-        parts = ln.split()
-        offs[parts[1]] = {k: int(v) for k, v in (kv.split("=") for kv in parts[2:])}
-    bad = [f"gpu_tool layout lacks {c} (which _abi.py mirrors)" for c in abi.STRUCTS if c not in c_sizes]
-    for cname, size in c_sizes.items():
-        cls = abi.STRUCTS.get(cname)
-        if cls is None:
-            bad.append(f"gpu_tool layout names {cname}, which _abi.py does not mirror")
-            continue
-        if int(size) != sizeof(cls):
-            bad.append(f"sizeof {cname}: C {size}, ctypes {sizeof(cls)}")
-        c_fields = offs.get(cname, {})
-        py_fields = [f[0] for f in cls._fields_]
-        if list(c_fields) != py_fields:
-            bad.append(f"{cname} fields: C {list(c_fields)}, ctypes {py_fields}")
-        for field, off in c_fields.items():
-            got = getattr(getattr(cls, field, None), "offset", None)
-            if got != off:
-                bad.append(f"{cname}.{field}: C {off}, ctypes {got if got is not None else 'missing'}")
+    try:
+        ac = _load_abi_check()
+        dump = ac.parse_dump(out)
+        header = ac.load_header()
+        bad = ac.check_dump_complete(header, dump, what="gpu_tool layout")
+        bad += ac.check_dump_is_list(ac.load_field_list(), dump, what="gpu_tool layout")
+        bad += ac.Checker(header, dump).mirrors_problems(abi.STRUCTS, complete=True)
+        bad += ac.constant_problems(abi, dump)
+    except (ImportError, OSError, ValueError) as e:
+        dump, bad = None, [f"gpu_tool layout could not be checked: {type(e).__name__}: {e}"]
     if bad:
         r.verdict("FAIL", "layout", "; ".join(bad))
     else:
-        r.verdict("PASS", "layout", f"every field of the {len(c_sizes)} mirrored structs matches gpu_tool layout")
+        r.verdict("PASS", "layout", f"every field of the {len(dump.structs)} mirrored structs matches gpu_tool layout "
+                  f"(and its {len(dump.macros)} macros and {len(dump.statuses)} status codes)")
 
     # Synthetic PyTorch tuples through devshare_handle_from_torch(_encoded) -> text -> gpu_tool describe
     key = bytes(range(1, 65))

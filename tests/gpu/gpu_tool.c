@@ -73,13 +73,17 @@
  *
  *   gpu_tool describe <text-handle>     parse (no CUDA) and print the handle's fields; for a
  *                                       segmented handle also segments=<n>x<size>/<kind>/<where>
- *   gpu_tool layout                     print sizeof/offsetof of every struct Python mirrors
+ *   gpu_tool layout                     print sizeof, alignment and every field's offset and size
+ *                                       of every struct, and every macro and status code
+ *                                       (tests/c/abi_fields.h's lines)
  *
  * Exit status: 0 success, 1 failure (FAIL line on stdout, details on stderr), 2 usage.
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "devshare.h"
+#define HARNESS_NAME "gpu_tool"
+#include "../c/harness.h"
+#include "../c/abi_fields.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -165,15 +169,6 @@ static int fail(const char *fmt, ...) {
     return 1;
 }
 
-/* "<call> failed: <status name> (<code>): <devshare_last_error>" into buf. */
-static const char *ds_error(char *buf, size_t cap, const char *call, int32_t status) {
-    char msg[1024];
-    devshare_last_error(msg, sizeof msg);
-    snprintf(buf, cap, "%s failed: %s (%d): %s", call, devshare_status_str(status), (int)status,
-             msg);
-    return buf;
-}
-
 static const char *cu_error(char *buf, size_t cap, const char *call, CUresult rc) {
     const char *name = NULL;
     if (cu.cuGetErrorName == NULL || cu.cuGetErrorName(rc, &name) != 0 || name == NULL) {
@@ -250,26 +245,6 @@ static int cuda_setup(void) {
 
 /* --- Small helpers ----------------------------------------------------------------------- */
 
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int parse_i64(const char *s, int64_t *out) {
-    if (s == NULL || *s == '\0') {
-        return -1;
-    }
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno != 0 || *end != '\0') {
-        return -1;
-    }
-    *out = (int64_t)v;
-    return 0;
-}
-
 static int parse_f64(const char *s, double *out) {
     if (s == NULL || *s == '\0') {
         return -1;
@@ -294,13 +269,13 @@ static int32_t torch_format(uint32_t *fmt) {
 }
 
 static void print_hex(const uint8_t *p, size_t n) {
-    if (n == 0) {
-        fputc('-', stdout);
+    char *hex = malloc(2 * n + 2);
+    if (hex == NULL) {
+        fputs("?", stdout);
         return;
     }
-    for (size_t i = 0; i < n; i++) {
-        printf("%02x", p[i]);
-    }
+    fputs(hex_encode(p, n, hex), stdout);
+    free(hex);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -1146,146 +1121,11 @@ static int cmd_describe(const char *text) {
     return 0;
 }
 
-#define FIELD(T, f) printf(" %s=%zu", #f, offsetof(T, f))
-#define SIZE(T) printf(" %s=%zu", #T, sizeof(T))
-
-/* Every field of every struct the Python package mirrors (python/devshare/_abi.py STRUCTS; the
- * dry run requires each of them here, and tests/python/test_abi_layout.py checks the header
- * against the mirrors field by field). Keep it complete when the header grows. */
+/* What the C compiler makes of every struct, field, macro and status code of devshare.h: the
+ * lines of tests/c/abi_fields.h's abi_layout_print (the one list behind tests/c/layout_dump.c
+ * too); the dry run checks them against the header and the ctypes mirrors. */
 static int cmd_layout(void) {
-    printf("SIZE");
-    SIZE(DevshareDType);
-    SIZE(DevshareTensorDesc);
-    SIZE(DevshareHandle);
-    SIZE(DevshareImportOptions);
-    SIZE(DevshareImportInfo);
-    SIZE(DevshareBackendInfo);
-    SIZE(DevshareTorchArgs);
-    SIZE(DevshareTorchStorage);
-    SIZE(DevsharePeerInfo);
-    printf("\n");
-    printf("OFFSETS DevshareDType");
-    FIELD(DevshareDType, code);
-    FIELD(DevshareDType, bits);
-    FIELD(DevshareDType, lanes);
-    printf("\n");
-    printf("OFFSETS DevshareTensorDesc");
-    FIELD(DevshareTensorDesc, struct_size);
-    FIELD(DevshareTensorDesc, dtype);
-    FIELD(DevshareTensorDesc, ndim);
-    FIELD(DevshareTensorDesc, flags);
-    FIELD(DevshareTensorDesc, shape);
-    FIELD(DevshareTensorDesc, strides);
-    FIELD(DevshareTensorDesc, storage_offset);
-    FIELD(DevshareTensorDesc, storage_size);
-    FIELD(DevshareTensorDesc, tensor_offset);
-    FIELD(DevshareTensorDesc, stream);
-    printf("\n");
-    printf("OFFSETS DevshareHandle");
-    FIELD(DevshareHandle, struct_size);
-    FIELD(DevshareHandle, layout_version);
-    FIELD(DevshareHandle, backend);
-    FIELD(DevshareHandle, flags);
-    FIELD(DevshareHandle, device_index);
-    FIELD(DevshareHandle, device_uuid);
-    FIELD(DevshareHandle, host_id);
-    FIELD(DevshareHandle, producer_pid);
-    FIELD(DevshareHandle, ndim);
-    FIELD(DevshareHandle, alloc_size);
-    FIELD(DevshareHandle, storage_offset);
-    FIELD(DevshareHandle, storage_size);
-    FIELD(DevshareHandle, tensor_offset);
-    FIELD(DevshareHandle, dtype);
-    FIELD(DevshareHandle, key_len);
-    FIELD(DevshareHandle, shape);
-    FIELD(DevshareHandle, strides);
-    FIELD(DevshareHandle, key);
-    FIELD(DevshareHandle, ref_slot);
-    FIELD(DevshareHandle, ref_name_len);
-    FIELD(DevshareHandle, reserved0);
-    FIELD(DevshareHandle, ref_name);
-    FIELD(DevshareHandle, event_handle);
-    FIELD(DevshareHandle, layout_minor);
-    FIELD(DevshareHandle, ext_len);
-    FIELD(DevshareHandle, reserved1);
-    FIELD(DevshareHandle, ext);
-    printf("\n");
-    printf("OFFSETS DevshareImportOptions");
-    FIELD(DevshareImportOptions, struct_size);
-    FIELD(DevshareImportOptions, flags);
-    FIELD(DevshareImportOptions, device);
-    FIELD(DevshareImportOptions, reserved);
-    FIELD(DevshareImportOptions, stream);
-    printf("\n");
-    printf("OFFSETS DevshareImportInfo");
-    FIELD(DevshareImportInfo, struct_size);
-    FIELD(DevshareImportInfo, device);
-    FIELD(DevshareImportInfo, data);
-    FIELD(DevshareImportInfo, storage);
-    FIELD(DevshareImportInfo, base);
-    FIELD(DevshareImportInfo, alloc_size);
-    FIELD(DevshareImportInfo, storage_size);
-    FIELD(DevshareImportInfo, numel);
-    FIELD(DevshareImportInfo, element_size);
-    FIELD(DevshareImportInfo, backend);
-    FIELD(DevshareImportInfo, read_only);
-    FIELD(DevshareImportInfo, reserved);
-    printf("\n");
-    printf("OFFSETS DevshareBackendInfo");
-    FIELD(DevshareBackendInfo, struct_size);
-    FIELD(DevshareBackendInfo, backend);
-    FIELD(DevshareBackendInfo, usable);
-    FIELD(DevshareBackendInfo, name);
-    FIELD(DevshareBackendInfo, detail);
-    printf("\n");
-    printf("OFFSETS DevshareTorchArgs");
-    FIELD(DevshareTorchArgs, struct_size);
-    FIELD(DevshareTorchArgs, backend);
-    FIELD(DevshareTorchArgs, reserved0);
-    FIELD(DevshareTorchArgs, dtype);
-    FIELD(DevshareTorchArgs, ndim);
-    FIELD(DevshareTorchArgs, shape);
-    FIELD(DevshareTorchArgs, strides);
-    FIELD(DevshareTorchArgs, tensor_offset);
-    FIELD(DevshareTorchArgs, device);
-    FIELD(DevshareTorchArgs, producer_pid);
-    FIELD(DevshareTorchArgs, handle);
-    FIELD(DevshareTorchArgs, handle_len);
-    FIELD(DevshareTorchArgs, storage_size);
-    FIELD(DevshareTorchArgs, storage_offset);
-    FIELD(DevshareTorchArgs, ref_name);
-    FIELD(DevshareTorchArgs, ref_name_len);
-    FIELD(DevshareTorchArgs, ref_slot);
-    FIELD(DevshareTorchArgs, event_handle);
-    FIELD(DevshareTorchArgs, event_handle_len);
-    FIELD(DevshareTorchArgs, event_sync_required);
-    FIELD(DevshareTorchArgs, reserved1);
-    printf("\n");
-    printf("OFFSETS DevshareTorchStorage");
-    FIELD(DevshareTorchStorage, struct_size);
-    FIELD(DevshareTorchStorage, device);
-    FIELD(DevshareTorchStorage, handle_len);
-    FIELD(DevshareTorchStorage, ref_name_len);
-    FIELD(DevshareTorchStorage, handle);
-    FIELD(DevshareTorchStorage, storage_size);
-    FIELD(DevshareTorchStorage, storage_offset);
-    FIELD(DevshareTorchStorage, ref_slot);
-    FIELD(DevshareTorchStorage, ref_name);
-    FIELD(DevshareTorchStorage, event_handle);
-    FIELD(DevshareTorchStorage, event_sync_required);
-    FIELD(DevshareTorchStorage, reserved);
-    printf("\n");
-    printf("OFFSETS DevsharePeerInfo");
-    FIELD(DevsharePeerInfo, struct_size);
-    FIELD(DevsharePeerInfo, pid);
-    FIELD(DevsharePeerInfo, uid);
-    FIELD(DevsharePeerInfo, gid);
-    FIELD(DevsharePeerInfo, id);
-    FIELD(DevsharePeerInfo, tgid);
-    FIELD(DevsharePeerInfo, reserved);
-    FIELD(DevsharePeerInfo, leases);
-    FIELD(DevsharePeerInfo, protocol_errors);
-    printf("\n");
+    abi_layout_print(stdout);
     return 0;
 }
 

@@ -1,19 +1,29 @@
-"""Compare ctypes mirrors of devshare's C ABI with include/devshare.h (used by test_abi_layout.py).
+"""Compare ctypes mirrors of devshare's C ABI with include/devshare.h (used by test_abi_layout.py
+and by the GPU suite's dry run, tests/gpu/gpu_cases.py).
 
-Three views of the ABI are compared, so that none can drift alone:
+One list of the ABI drives the C side: ``tests/c/abi_fields.h`` names every struct with every
+field in declaration order, every ``DEVSHARE_*`` macro and every status code (X-macros), and its
+``abi_layout_print()`` prints what the C compiler makes of them. ``tests/c/layout_dump.c`` and
+``gpu_tool layout`` (tests/gpu) are both that printer. Four views of the ABI are compared, so that
+none can drift alone:
 
 1. the header's text: the field list (names, order, declared types) of every struct, the status
    codes, the macro names, and the function prototypes (:func:`parse_header`);
-2. the C compiler's view: ``tests/c/layout_dump.c`` compiled against ``include/`` prints sizeof,
+2. the list's text (:func:`parse_field_list`): it must name exactly what the header has
+   (:func:`check_list_complete`), which needs no C compiler;
+3. the C compiler's view: the list's printer compiled against ``include/`` prints sizeof,
    alignment, every field's offset and size, macro values and status values (:func:`run_dump`);
-3. the ctypes classes (``_fields_``) and function signatures (``argtypes``/``restype``).
+   it must cover exactly the header too (:func:`check_dump_complete`);
+4. the ctypes classes (``_fields_``), constants and function signatures (``argtypes``/``restype``):
+   :class:`Checker` and :func:`constant_problems`.
 
-A struct or field the header has and the dump lacks (or the other way round) is a problem, so is
-any difference between a mirror and the C layout: a field missing or extra on either side, a
-different order, offset, size or type kind (signedness, pointer, array length, nested struct),
-sizeof or alignment. Every check returns a list of problem strings; empty means equal.
+A struct, field, macro or status code the header has and the list or the dump lacks (or the other
+way round) is a problem, so is any difference between a mirror and the C layout: a field missing
+or extra on either side, a different order, offset, size or type kind (signedness, pointer, array
+length, nested struct), sizeof or alignment, or a constant's value. Every check returns a list of
+problem strings; empty means equal.
 
-Nothing here imports devshare or needs a GPU.
+Nothing here imports devshare or needs a GPU; only the standard library is used.
 """
 
 from __future__ import annotations
@@ -28,7 +38,15 @@ import subprocess
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HEADER = ROOT / "include" / "devshare.h"
+FIELD_LIST = ROOT / "tests" / "c" / "abi_fields.h"
 DUMP_SOURCE = ROOT / "tests" / "c" / "layout_dump.c"
+
+
+def _rel(path: pathlib.Path) -> str:
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 # --- 1. The header's text ------------------------------------------------------------------------
 
@@ -149,7 +167,119 @@ def load_header(path: pathlib.Path = HEADER) -> Header:
     return parse_header(path.read_text())
 
 
-# --- 2. The C compiler's view ----------------------------------------------------------------------
+# --- 2. The list's text (tests/c/abi_fields.h) -------------------------------------------------------
+
+
+@dataclasses.dataclass
+class FieldList:
+    structs: dict[str, list[str]]  # struct -> its fields, in list order
+    macros: list[str]
+    statuses: list[str]
+
+
+def _xmacro_items(text: str, name: str, params: int) -> list[tuple[str, tuple[str, ...]]]:
+    """The entries ``WORD(arg, ...)`` of ``#define name(...)`` and its continuation lines."""
+    m = re.search(rf"^[ \t]*#[ \t]*define[ \t]+{name}\(([^)]*)\)[ \t]*\\?\n", text, re.M)
+    if m is None:
+        raise ParseError(f"#define {name}(...) not found")
+    macro_params = [p.strip() for p in m.group(1).split(",")]
+    if len(macro_params) != params:
+        raise ParseError(f"{name} takes {len(macro_params)} parameters, expected {params}")
+    items = []
+    rest = text[m.end():] if m.group(0).rstrip("\n").endswith("\\") else ""
+    for line in rest.splitlines():
+        cont = line.rstrip().endswith("\\")
+        body = line.rstrip().rstrip("\\").strip()
+        if body:
+            im = re.fullmatch(r"(\w+)\(\s*(\w+)\s*(?:,\s*(\w+)\s*)?\)", body)
+            if im is None or im.group(1) not in macro_params:
+                raise ParseError(f"{name}: entry {body!r} not understood (one {' or '.join(macro_params)}(...) "
+                                 f"a line)")
+            items.append((im.group(1), tuple(a for a in im.groups()[1:] if a is not None)))
+        if not cont:
+            break
+    return items
+
+
+def parse_field_list(text: str) -> FieldList:
+    """The lists of tests/c/abi_fields.h: ABI_STRUCTS(STRUCT, FIELD), ABI_MACROS(MACRO) and
+    ABI_STATUSES(STATUS). Anything else in their bodies, a FIELD outside the STRUCT it names, or a
+    name listed twice is a ParseError."""
+    text = _strip_comments(text)
+    structs: dict[str, list[str]] = {}
+    current = None
+    for kind, args in _xmacro_items(text, "ABI_STRUCTS", 2):
+        if kind == "STRUCT" and len(args) == 1:
+            if args[0] in structs:
+                raise ParseError(f"ABI_STRUCTS lists STRUCT({args[0]}) twice")
+            current = args[0]
+            structs[current] = []
+        elif kind == "FIELD" and len(args) == 2:
+            if args[0] != current:
+                raise ParseError(f"ABI_STRUCTS: FIELD({args[0]}, {args[1]}) is not under STRUCT({args[0]})"
+                                 f"{f' (it follows STRUCT({current}))' if current else ''}")
+            if args[1] in structs[current]:
+                raise ParseError(f"ABI_STRUCTS lists FIELD({args[0]}, {args[1]}) twice")
+            structs[current].append(args[1])
+        else:
+            raise ParseError(f"ABI_STRUCTS: {kind}{args} has the wrong number of arguments")
+    lists = []
+    for name, kind in (("ABI_MACROS", "MACRO"), ("ABI_STATUSES", "STATUS")):
+        names = []
+        for k, args in _xmacro_items(text, name, 1):
+            if len(args) != 1:
+                raise ParseError(f"{name}: {k}{args} has the wrong number of arguments")
+            if args[0] in names:
+                raise ParseError(f"{name} lists {k}({args[0]}) twice")
+            names.append(args[0])
+        lists.append(names)
+    return FieldList(structs, lists[0], lists[1])
+
+
+def load_field_list(path: pathlib.Path = FIELD_LIST) -> FieldList:
+    return parse_field_list(path.read_text())
+
+
+def check_list_complete(header: Header, flist: FieldList, where: pathlib.Path = FIELD_LIST) -> list[str]:
+    """The list names exactly the header's structs, fields (in declaration order), macros and
+    status codes. Each problem says what to change in the list."""
+    bad = []
+    src = _rel(where)
+    for s in header.structs:
+        if s not in flist.structs:
+            bad.append(f"struct {s} is in devshare.h but not in {src} (add STRUCT({s}) and its FIELD lines "
+                       f"to ABI_STRUCTS)")
+    for s in flist.structs:
+        if s not in header.structs:
+            bad.append(f"struct {s} is in {src} but not in devshare.h (remove it from ABI_STRUCTS)")
+    for s in [s for s in header.structs if s in flist.structs]:
+        h = [f for f, _ in header.structs[s]]
+        listed = flist.structs[s]
+        for i, f in enumerate(h):
+            if f not in listed:
+                after = f"after FIELD({s}, {h[i - 1]})" if i else f"right after STRUCT({s})"
+                bad.append(f"{s}: field {f!r} is in devshare.h but not in {src} (add FIELD({s}, {f}) {after})")
+        for f in listed:
+            if f not in h:
+                bad.append(f"{s}: field {f!r} is in {src} but not in devshare.h (remove FIELD({s}, {f}))")
+        common_h = [f for f in h if f in listed]
+        common_l = [f for f in listed if f in h]
+        if common_h != common_l:
+            bad.append(f"{s}: {src} lists the fields in another order than devshare.h: {common_l}, "
+                       f"declared {common_h}")
+    for kind, have, listed in (("macro", sorted(header.macros), flist.macros),
+                               ("status code", list(header.statuses), flist.statuses)):
+        what = "ABI_MACROS" if kind == "macro" else "ABI_STATUSES"
+        for m in have:
+            if m not in listed:
+                bad.append(f"{kind} {m} is in devshare.h but not in {src} (add it to {what})")
+        for m in listed:
+            if m not in have:
+                bad.append(f"{kind} {m} is in {src} but not in devshare.h (remove it from {what})")
+    return bad
+
+
+# --- 3. The C compiler's view ----------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -174,23 +304,27 @@ def find_cc() -> str | None:
 
 
 def parse_dump(out: str) -> Dump:
+    """The lines abi_layout_print (tests/c/abi_fields.h) writes."""
     structs: dict[str, CStruct] = {}
     macros, statuses = {}, {}
     for line in out.splitlines():
         parts = line.split()
         if not parts:
             continue
-        kv = {k: int(v) for k, v in (p.split("=", 1) for p in parts if "=" in p)}
-        if parts[0] == "struct":
-            structs[parts[1]] = CStruct(kv["size"], kv["align"], [])
-        elif parts[0] == "field":
-            structs[parts[1]].fields.append((parts[2], kv["offset"], kv["size"]))
-        elif parts[0] == "macro":
-            macros[parts[1]] = int(parts[2])
-        elif parts[0] == "status":
-            statuses[parts[1]] = int(parts[2])
-        else:
-            raise ValueError(f"layout_dump line not understood: {line!r}")
+        try:
+            kv = {k: int(v) for k, v in (p.split("=", 1) for p in parts if "=" in p)}
+            if parts[0] == "struct":
+                structs[parts[1]] = CStruct(kv["size"], kv["align"], [])
+            elif parts[0] == "field":
+                structs[parts[1]].fields.append((parts[2], kv["offset"], kv["size"]))
+            elif parts[0] == "macro":
+                macros[parts[1]] = int(parts[2])
+            elif parts[0] == "status":
+                statuses[parts[1]] = int(parts[2])
+            else:
+                raise ValueError(parts[0])
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"layout line not understood: {line!r} ({type(e).__name__}: {e})") from None
     return Dump(structs, macros, statuses)
 
 
@@ -205,32 +339,54 @@ def run_dump(workdir: pathlib.Path, cc: str, source: pathlib.Path = DUMP_SOURCE,
     return parse_dump(out)
 
 
-def check_dump_complete(header: Header, dump: Dump) -> list[str]:
-    """The dump covers exactly the header's structs, fields (in order) and status codes."""
+def check_dump_complete(header: Header, dump: Dump, what: str = "the layout dump") -> list[str]:
+    """The dump (``what`` printed it) covers exactly the header's structs, fields (in order), macros
+    and status codes (with the header's values)."""
     bad = []
-    fix = f"(update {DUMP_SOURCE.relative_to(ROOT)})"
+    fix = f"(the dump prints the lists of {_rel(FIELD_LIST)})"
     for s in sorted(set(header.structs) - set(dump.structs)):
-        bad.append(f"struct {s} is in devshare.h but not in the layout dump {fix}")
+        bad.append(f"struct {s} is in devshare.h but not in {what} {fix}")
     for s in sorted(set(dump.structs) - set(header.structs)):
-        bad.append(f"struct {s} is in the layout dump but not in devshare.h {fix}")
+        bad.append(f"struct {s} is in {what} but not in devshare.h {fix}")
     for s in sorted(set(header.structs) & set(dump.structs)):
         h = [f for f, _ in header.structs[s]]
         d = [f for f, _, _ in dump.structs[s].fields]
         if h != d:
             only_h = [f for f in h if f not in d]
             only_d = [f for f in d if f not in h]
-            bad.append(f"{s}: devshare.h fields {h} != layout dump fields {d} (only in the header: "
+            bad.append(f"{s}: devshare.h fields {h} != fields in {what} {d} (only in the header: "
                        f"{only_h}, only in the dump: {only_d}) {fix}")
     if header.statuses != dump.statuses:
-        bad.append(f"status codes differ between devshare.h and the layout dump {fix}: "
+        bad.append(f"status codes differ between devshare.h and {what} {fix}: "
                    f"header {sorted(set(header.statuses.items()) - set(dump.statuses.items()))}, "
                    f"dump {sorted(set(dump.statuses.items()) - set(header.statuses.items()))}")
+    for m in sorted(header.macros - set(dump.macros)):
+        bad.append(f"macro {m} is in devshare.h but not in {what} {fix}")
     for m in sorted(set(dump.macros) - header.macros):
-        bad.append(f"macro {m} is in the layout dump but not in devshare.h {fix}")
+        bad.append(f"macro {m} is in {what} but not in devshare.h {fix}")
     return bad
 
 
-# --- 3. ctypes ------------------------------------------------------------------------------------
+def check_dump_is_list(flist: FieldList, dump: Dump, what: str = "the layout dump") -> list[str]:
+    """The dump names exactly what the list names, in its order: it was printed by a program built
+    from this list (not from an older or newer copy)."""
+    bad = []
+    got = {s: [f for f, _, _ in cs.fields] for s, cs in dump.structs.items()}
+    if got != flist.structs or list(got) != list(flist.structs):
+        bad.append(f"{what} prints other structs or fields than {_rel(FIELD_LIST)} lists: "
+                   f"{what} {got}, the list {flist.structs}")
+    if list(dump.macros) != flist.macros:
+        bad.append(f"{what} prints other macros than {_rel(FIELD_LIST)} lists: "
+                   f"only in {what}: {[m for m in dump.macros if m not in flist.macros]}, "
+                   f"only in the list: {[m for m in flist.macros if m not in dump.macros]}")
+    if list(dump.statuses) != flist.statuses:
+        bad.append(f"{what} prints other status codes than {_rel(FIELD_LIST)} lists: "
+                   f"only in {what}: {[m for m in dump.statuses if m not in flist.statuses]}, "
+                   f"only in the list: {[m for m in flist.statuses if m not in dump.statuses]}")
+    return bad
+
+
+# --- 4. ctypes ------------------------------------------------------------------------------------
 
 _SIGNED = "bhilq"
 _UNSIGNED = "BHILQ"
@@ -340,6 +496,9 @@ class Checker:
                 bad.append(f"{where}: _pack_/_anonymous_ are not used in devshare.h")
             htypes = dict(hfields)
             for name, typ in (f[:2] for f in pyfields):
+                if name in htypes and name not in cfields:
+                    bad.append(f"{where}: field {name!r} is not in the layout dump (the dump prints the "
+                               f"lists of {_rel(FIELD_LIST)})")
                 if name not in cfields or name not in htypes:
                     continue
                 desc = getattr(cls, name)
@@ -402,3 +561,24 @@ def structs_in(module) -> dict[str, type]:
     """Every ctypes.Structure subclass with fields defined or bound in ``module``."""
     return {k: v for k, v in vars(module).items()
             if isinstance(v, type) and issubclass(v, ctypes.Structure) and getattr(v, "_fields_", None)}
+
+
+def constant_problems(abi, dump: Dump) -> list[str]:
+    """The constants of a mirror module (python/devshare/_abi.py: C_MACROS, Status,
+    EXPECTED_MAJOR/MINOR) against the C compiler's values in the dump."""
+    bad = []
+    for pyname, cname in abi.C_MACROS.items():
+        if cname not in dump.macros:
+            bad.append(f"{cname} (mirrored as _abi.{pyname}) is not in the layout dump: not in devshare.h "
+                       f"(or missing from {_rel(FIELD_LIST)})")
+        elif getattr(abi, pyname) != dump.macros[cname]:
+            bad.append(f"_abi.{pyname} = {getattr(abi, pyname)}, C {cname} = {dump.macros[cname]}")
+    py = {"DEVSHARE_STATUS_" + s.name: int(s) for s in abi.Status}
+    for name in sorted(set(py) | set(dump.statuses)):
+        if py.get(name) != dump.statuses.get(name):
+            bad.append(f"status {name}: _abi.Status says {py.get(name)}, C says {dump.statuses.get(name)}")
+    # The mirrors' ABI target is one the header can satisfy: same major, minor not above it.
+    major, minor = dump.macros.get("DEVSHARE_VERSION_MAJOR"), dump.macros.get("DEVSHARE_VERSION_MINOR")
+    if abi.EXPECTED_MAJOR != major or minor is None or abi.EXPECTED_MINOR > minor:
+        bad.append(f"_abi targets ABI {abi.EXPECTED_MAJOR}.{abi.EXPECTED_MINOR}, the header is {major}.{minor}")
+    return bad

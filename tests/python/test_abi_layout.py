@@ -1,10 +1,12 @@
 """Every ctypes mirror of devshare.h (the package's and the GPU suite's) equals the C layout.
 
-tests/c/layout_dump.c is compiled against include/ with the system C compiler and prints what C
-makes of every struct (sizeof, alignment, offset and size of every field), the macros and the
-status codes; abi_check also parses the header's text for the field names and declared types,
-and the function prototypes. See abi_check.py for what is compared. Skipped only when there is
-no C compiler at all.
+tests/c/abi_fields.h is the one list of the ABI (every struct and field, macro and status code)
+behind both C layout printers, tests/c/layout_dump.c and `gpu_tool layout`. Here its text must name
+exactly what include/devshare.h has; layout_dump.c is compiled against include/ with the system C
+compiler and prints what C makes of the list (sizeof, alignment, offset and size of every field,
+every macro's and status code's value); abi_check also parses the header's text for the field
+names and declared types, and the function prototypes. See abi_check.py for what is compared.
+The compiled checks are skipped only when there is no C compiler at all.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import ctypes
 import importlib.util
 import pathlib
 import re
+import shutil
 from ctypes import POINTER, Structure, c_char, c_int32, c_int64, c_uint8, c_uint16, c_uint32, c_void_p
 
 import pytest
@@ -28,6 +31,11 @@ GPU_CASES = ROOT / "tests" / "gpu" / "gpu_cases.py"
 @pytest.fixture(scope="module")
 def header():
     return abi_check.load_header()
+
+
+@pytest.fixture(scope="module")
+def field_list():
+    return abi_check.load_field_list()
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +73,20 @@ def test_header_parses_and_dump_runs(header, dump):
     assert dump.structs["DevshareHandle"].size == dump.macros["DEVSHARE_HANDLE_SIZE"] == 616
 
 
+def test_field_list_covers_the_header(header, field_list):
+    """tests/c/abi_fields.h names every struct, field (in order), macro and status code of the
+    header, and nothing else (no C compiler needed)."""
+    problems = abi_check.check_list_complete(header, field_list)
+    assert not problems, _report(problems)
+
+
 def test_layout_dump_covers_the_header(header, dump):
     problems = abi_check.check_dump_complete(header, dump)
+    assert not problems, _report(problems)
+
+
+def test_layout_dump_prints_the_field_list(field_list, dump):
+    problems = abi_check.check_dump_is_list(field_list, dump)
     assert not problems, _report(problems)
 
 
@@ -106,38 +126,11 @@ def test_gpu_suite_mirrors_match_c(checker, gpu_cases):
     assert not problems, _report(problems)
 
 
-@pytest.fixture(scope="module")
-def macro_values(tmp_path_factory, header):
-    """The C compiler's value of every macro _abi.C_MACROS mirrors, from a small program generated
-    from C_MACROS itself (so a constant the package adds is checked at once, whether or not
-    tests/c/layout_dump.c lists it yet). A macro the header lacks is reported, not compiled."""
-    cc = abi_check.find_cc()
-    if cc is None:
-        pytest.skip("no C compiler (cc, gcc or clang; or $CC)")
-    work = tmp_path_factory.mktemp("macros")
-    lines = [f"    MACRO({c});" for c in sorted(set(_abi.C_MACROS.values())) if c in header.macros]
-    src = work / "macro_dump.c"
-    src.write_text(
-        "#include <stdio.h>\n#include \"devshare.h\"\n"
-        "#define MACRO(m) do { if ((m) < 1 && (m) != 0) printf(\"macro %s %lld\\n\", #m, "
-        "(long long)(m)); else printf(\"macro %s %llu\\n\", #m, (unsigned long long)(m)); } while (0)\n"
-        "int main(void) {\n" + "\n".join(lines) + "\n    return 0;\n}\n")
-    return abi_check.run_dump(work, cc, source=src).macros
-
-
-def test_constants_match_c(dump, macro_values):
-    problems = []
-    for pyname, cname in _abi.C_MACROS.items():
-        if cname not in macro_values:
-            problems.append(f"{cname} (mirrored as _abi.{pyname}) is not in devshare.h")
-        elif getattr(_abi, pyname) != macro_values[cname]:
-            problems.append(f"_abi.{pyname} = {getattr(_abi, pyname)}, C {cname} = {macro_values[cname]}")
-        elif cname in dump.macros and dump.macros[cname] != macro_values[cname]:
-            problems.append(f"{cname}: layout_dump printed {dump.macros[cname]}, C says {macro_values[cname]}")
+def test_constants_match_c(dump):
+    """Every constant _abi mirrors (C_MACROS), every status code, and the ABI version it targets,
+    against the C compiler's values (the dump prints every macro of the header)."""
+    problems = abi_check.constant_problems(_abi, dump)
     assert not problems, _report(problems)
-    # The package's ABI target is one the header can satisfy: same major, minor not above it.
-    assert _abi.EXPECTED_MAJOR == dump.macros["DEVSHARE_VERSION_MAJOR"]
-    assert _abi.EXPECTED_MINOR <= dump.macros["DEVSHARE_VERSION_MINOR"]
 
 
 def test_status_codes_match_c(header, dump):
@@ -254,25 +247,97 @@ def test_checker_requires_every_struct(checker):
     assert "struct DevshareImportInfo has no ctypes mirror" in checker.mirrors_problems(partial, complete=True)
 
 
-def test_a_field_added_to_the_header_only_fails(dump):
+def _dump_with(tmp_path, fields_text=None, header_text=None):
+    """layout_dump built from a copy of tests/c/abi_fields.h (or `fields_text`) against a copy of
+    include/devshare.h (or `header_text`), as a colleague's edit would leave them."""
+    cc = abi_check.find_cc()
+    if cc is None:
+        pytest.skip("no C compiler (cc, gcc or clang; or $CC) to compile tests/c/layout_dump.c")
+    src, inc = tmp_path / "c", tmp_path / "include"
+    src.mkdir()
+    inc.mkdir()
+    shutil.copy(abi_check.DUMP_SOURCE, src / "layout_dump.c")
+    (src / "abi_fields.h").write_text(fields_text or abi_check.FIELD_LIST.read_text())
+    (inc / "devshare.h").write_text(header_text or abi_check.HEADER.read_text())
+    return abi_check.run_dump(tmp_path, cc, source=src / "layout_dump.c", include=inc)
+
+
+def test_a_field_missing_from_the_list_fails(tmp_path, header):
+    """A FIELD line dropped from tests/c/abi_fields.h fails the list check with what to add where,
+    and the dump built from that list fails the header and mirror comparisons."""
+    text = abi_check.FIELD_LIST.read_text()
+    dropped = re.sub(r"^[ \t]*FIELD\(DevshareTensorDesc, stream\)[ \t]*\\\n", "", text, count=1, flags=re.M)
+    assert dropped != text
+    assert abi_check.check_list_complete(header, abi_check.parse_field_list(dropped)) == [
+        "DevshareTensorDesc: field 'stream' is in devshare.h but not in tests/c/abi_fields.h "
+        "(add FIELD(DevshareTensorDesc, stream) after FIELD(DevshareTensorDesc, tensor_offset))"]
+    dump = _dump_with(tmp_path, fields_text=dropped)
+    assert any("only in the header: ['stream']" in p for p in abi_check.check_dump_complete(header, dump))
+    problems = abi_check.Checker(header, dump).struct_problems("DevshareTensorDesc", _abi.TensorDesc)
+    assert any("'stream' is not in the layout dump" in p for p in problems), problems
+    # ... and a struct, a macro or a status code dropped from the list, too.
+    for entry, message in (
+            ("STATUS(DEVSHARE_STATUS_CLOSED)", "status code DEVSHARE_STATUS_CLOSED is in devshare.h but not in"),
+            ("MACRO(DEVSHARE_MAX_NDIM)", "macro DEVSHARE_MAX_NDIM is in devshare.h but not in")):
+        less = re.sub(rf"^[ \t]*{re.escape(entry)}[ \t]*\\\n", "", text, count=1, flags=re.M)
+        assert less != text, entry
+        problems = abi_check.check_list_complete(header, abi_check.parse_field_list(less))
+        assert len(problems) == 1 and problems[0].startswith(message), problems
+    no_peer = re.sub(r"^[ \t]*(STRUCT|FIELD)\(DevsharePeerInfo\b[^\n]*\n", "", text, flags=re.M)
+    assert any(p.startswith("struct DevsharePeerInfo is in devshare.h but not in")
+               for p in abi_check.check_list_complete(header, abi_check.parse_field_list(no_peer)))
+
+
+def test_the_list_parser_refuses_what_it_does_not_understand():
+    text = abi_check.FIELD_LIST.read_text()
+    entry = "    FIELD(DevshareDType, code)"
+    moved = text.replace(entry, "    FIELD(DevshareTensorDesc, code)", 1)
+    twice = text.replace(entry, entry + " \\\n" + entry, 1)
+    odd = text.replace(entry, entry + "; FIELD(DevshareDType, x)", 1)
+    for bad, why in ((moved, "not under STRUCT(DevshareTensorDesc)"), (twice, "twice"), (odd, "not understood"),
+                     (text.replace("#define ABI_STATUSES(STATUS)", "#define ABI_STATUS_LIST(STATUS)"),
+                      "ABI_STATUSES(...) not found")):
+        assert bad != text, why
+        with pytest.raises(abi_check.ParseError, match=re.escape(why)):
+            abi_check.parse_field_list(bad)
+
+
+def test_a_field_added_to_the_header_only_fails(tmp_path, dump, field_list):
     """A field added to devshare.h (as a colleague would, by regenerating it) but neither to the
-    dump nor to the mirror fails both comparisons."""
+    list nor to the mirror fails every comparison: the list's, the dump's (built against that
+    header) and the mirror's."""
     text = abi_check.HEADER.read_text()
     text2 = re.sub(r"(typedef struct DevshareTensorDesc \{\n)", r"\1  uint32_t added_later;\n", text)
     assert text2 != text
     header2 = abi_check.parse_header(text2)
-    assert any("added_later" in p for p in abi_check.check_dump_complete(header2, dump))
-    problems = abi_check.Checker(header2, dump).struct_problems("DevshareTensorDesc", _abi.TensorDesc)
+    assert abi_check.check_list_complete(header2, field_list) == [
+        "DevshareTensorDesc: field 'added_later' is in devshare.h but not in tests/c/abi_fields.h "
+        "(add FIELD(DevshareTensorDesc, added_later) right after STRUCT(DevshareTensorDesc))"]
+    dump2 = _dump_with(tmp_path, header_text=text2)
+    assert any("only in the header: ['added_later']" in p for p in abi_check.check_dump_complete(header2, dump2))
+    problems = abi_check.Checker(header2, dump2).struct_problems("DevshareTensorDesc", _abi.TensorDesc)
     assert any("'added_later' is missing from the mirror" in p for p in problems), problems
-    # ... and a new struct, or a new status code, too.
+    assert any("sizeof is 72 in C, 64 in ctypes" in p for p in problems), problems
+    # ... and a new struct, status code or macro, too.
     text3 = text.replace("#ifdef __cplusplus\nextern",
                          "typedef struct DevshareNew {\n  uint32_t struct_size;\n} DevshareNew;\n\n"
                          "#ifdef __cplusplus\nextern", 1)
+    header3 = abi_check.parse_header(text3)
     assert "struct DevshareNew is in devshare.h but not in the layout dump" in " ".join(
-        abi_check.check_dump_complete(abi_check.parse_header(text3), dump))
+        abi_check.check_dump_complete(header3, dump))
+    assert any(p.startswith("struct DevshareNew is in devshare.h but not in tests/c/abi_fields.h")
+               for p in abi_check.check_list_complete(header3, field_list))
     text4 = text.replace("DEVSHARE_STATUS_OK = 0,", "DEVSHARE_STATUS_OK = 0,\n  DEVSHARE_STATUS_NEW = -4,")
-    assert any("status codes differ" in p
-               for p in abi_check.check_dump_complete(abi_check.parse_header(text4), dump))
+    header4 = abi_check.parse_header(text4)
+    assert any("status codes differ" in p for p in abi_check.check_dump_complete(header4, dump))
+    assert any(p.startswith("status code DEVSHARE_STATUS_NEW is in devshare.h but not in")
+               for p in abi_check.check_list_complete(header4, field_list))
+    text5 = text.replace("#define DEVSHARE_MAX_NDIM 8\n", "#define DEVSHARE_MAX_NDIM 8\n#define DEVSHARE_NEW_LIMIT 9\n")
+    header5 = abi_check.parse_header(text5)
+    assert "macro DEVSHARE_NEW_LIMIT is in devshare.h but not in the layout dump" in " ".join(
+        abi_check.check_dump_complete(header5, dump))
+    assert any(p.startswith("macro DEVSHARE_NEW_LIMIT is in devshare.h but not in")
+               for p in abi_check.check_list_complete(header5, field_list))
 
 
 def test_parser_refuses_what_it_does_not_understand():
