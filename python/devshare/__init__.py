@@ -50,17 +50,8 @@ from ._lib import (
     TORCH_FORMAT_V2,
     TORCH_FORMAT_V3,
 )
-from ._torch_ipc import (
-    allow_ptrace,
-    bridge,
-    convert_storage_handle,
-    handle_from_torch,
-    local_pid,
-    local_torch_format,
-    storage_tuple,
-    torch_args,
-    torch_format,
-)
+from ._torch_tuples import bridge, convert_storage_handle, local_torch_format, torch_format
+from ._torch_ipc import allow_ptrace, handle_from_torch, local_pid, storage_tuple, torch_args
 from ._channel import (
     Channel,
     ChannelClosed,

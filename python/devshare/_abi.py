@@ -403,8 +403,8 @@ TORCH_FORMAT_MINOR = 2
 
 def torch_format_signatures(handle_p, torch_storage_p) -> list:
     """(name, restype, argtypes) of the storage-handle format functions (ABI 1.2), bound by
-    devshare._torch_ipc when the library has them (a 1.0 or 1.1 library still loads and writes
-    the default format)."""
+    devshare._torch_tuples when the library has them (a 1.0 or 1.1 library still loads and
+    writes the default format)."""
     return [
         ("devshare_handle_to_torch_as", c_int32, [handle_p, c_uint32, torch_storage_p]),
         ("devshare_torch_storage_handle_as", c_int32,

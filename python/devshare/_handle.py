@@ -7,28 +7,30 @@ Segmented (expandable-segment) handles whose segment table is too long for the f
 CUDA fabric handles) carry the table only in their byte encoding. Such a Handle keeps that
 encoding next to the struct: :meth:`Handle.to_bytes` / :meth:`Handle.to_text` return it, and
 imports go through ``devshare_import_encoded``.
+
+One job: the handle as a value (construction, transport forms, fields); it owns no memory and
+imports nothing. :func:`struct_of` gives the other modules the struct to pass to the library.
+
+Imports :mod:`devshare._lib`, :mod:`devshare._dtypes`, :mod:`devshare._handle_struct` and
+:mod:`devshare._torch_tuples` (:meth:`Handle.from_torch_args`, :meth:`Handle.torch_args`).
 """
 
 from __future__ import annotations
 
 import base64
 import ctypes
-import zlib
 
-from . import _dtypes
+from . import _dtypes, _torch_tuples
+from ._handle_struct import SEGMENT_KINDS, external_table, segments_record, table_in_encoding
 from ._lib import (
     BACKEND_HOST,
     BACKEND_NAMES,
-    EXT_SEGMENTS,
-    HANDLE_FLAG_EVENT,
     HANDLE_FLAG_INFLIGHT,
     HANDLE_FLAG_SEGMENTED,
     HANDLE_MAX_ENCODED_SIZE,
     HANDLE_MAX_TEXT_SIZE,
-    SEGMENTS_ACL,
     SEGMENTS_CUDA_FABRIC,
     SEGMENTS_CUDA_FD,
-    SEGMENTS_INLINE,
     Error,
     HandleStruct,
     Status,
@@ -41,58 +43,6 @@ from ._lib import (
 _TEXT_PREFIX = b"devshare1:"
 # Bytes before the data in a host (file_system layout) shm object.
 _HOST_HEADER = 64
-#: Segment table kind -> (name, bytes per record).
-_SEGMENT_KINDS = {SEGMENTS_ACL: ("acl", 8), SEGMENTS_CUDA_FD: ("cuda_fd", 4),
-                  SEGMENTS_CUDA_FABRIC: ("cuda_fabric", 64)}
-# Bytes of the encoding before the shape (magic .. dtype; see src/handle/encode.rs).
-_ENC_FIXED = 12 + 2 + 1 + 1 + 4 + 4 + 4 + 16 + 16 + 8 * 4 + 4
-
-
-def _segments_record(h: HandleStruct):
-    """(segment_size, count, kind, inline, table_crc) of a segmented handle's description, or None."""
-    if not h.flags & HANDLE_FLAG_SEGMENTED:
-        return None
-    ext = bytes(h.ext[: h.ext_len])
-    i = 0
-    while i + 4 <= len(ext):
-        kind = int.from_bytes(ext[i:i + 2], "little")
-        n = int.from_bytes(ext[i + 2:i + 4], "little")
-        data = ext[i + 4:i + 4 + n]
-        if kind == EXT_SEGMENTS and len(data) == 20:
-            return (int.from_bytes(data[0:8], "little"), int.from_bytes(data[8:12], "little"),
-                    int.from_bytes(data[12:14], "little"),
-                    bool(int.from_bytes(data[14:16], "little") & SEGMENTS_INLINE),
-                    int.from_bytes(data[16:20], "little"))
-        i += 4 + n
-    return None  # the library validated the handle: not reached
-
-
-def _external_table(h: HandleStruct) -> bool:
-    """Whether h is a segmented handle whose segment table is not in the struct."""
-    seg = _segments_record(h)
-    return seg is not None and not seg[3]
-
-
-def _table_in_encoding(h: HandleStruct, enc: bytes, count: int, kind: int, crc: int) -> bytes:
-    """The segment table section of a (library-validated) encoding of h."""
-    pos = _ENC_FIXED + 16 * h.ndim + h.key_len + 1
-    if h.ref_name_len:
-        pos += h.ref_name_len + 8
-    if h.flags & HANDLE_FLAG_EVENT:
-        pos += 64
-    pos += 1 + h.ext_len
-    end = len(enc) - 4  # the CRC-32 of everything before it
-    while pos + 8 <= end:
-        stype = int.from_bytes(enc[pos:pos + 2], "little")
-        n = int.from_bytes(enc[pos + 4:pos + 8], "little")
-        data = enc[pos + 8:pos + 8 + n]
-        if stype == EXT_SEGMENTS:
-            if len(data) == count * _SEGMENT_KINDS[kind][1] and zlib.crc32(data) == crc:
-                return data
-            break
-        pos += 8 + n
-    raise Error(Status.INTERNAL, "devshare package: the segment table section was not found in "
-                                 "the handle's encoding (please report this)")
 
 
 class Handle:
@@ -110,7 +60,7 @@ class Handle:
         self._h = struct
         # The full byte encoding, kept only when the struct cannot hold everything: a segmented
         # handle whose segment table is not inline (it travels in the encoding only).
-        if _external_table(struct):
+        if external_table(struct):
             if encoded is None:
                 raise ValueError("a segmented handle whose segment table is not inline needs its "
                                  "byte encoding (use Handle.from_bytes / from_text)")
@@ -155,7 +105,7 @@ class Handle:
             raise Error(Status.BAD_TEXT, f"handle text has a NUL character at offset {pos}")
         h = new_struct(HandleStruct)
         call(lib.devshare_handle_from_text, text, ctypes.byref(h))
-        if not _external_table(h):
+        if not external_table(h):
             return cls(h)
         # The table travelled in the text only: keep the bytes it encodes (valid, as just checked).
         body = text.strip()[len(_TEXT_PREFIX):]
@@ -180,16 +130,13 @@ class Handle:
         """A handle from the 15 args ``torch.multiprocessing.reductions.reduce_tensor`` made for
         a CUDA (``backend="cuda"``) or NPU (``backend="npu"``) tensor (the tuple, or the
         ``(rebuild_fn, args)`` pair); see :func:`devshare.handle_from_torch`. Needs no GPU/NPU."""
-        from ._torch_ipc import handle_from_torch
-
-        return handle_from_torch(args, backend, producer_pid)
+        return cls(*_torch_tuples.struct_from_args(args, backend, producer_pid))
 
     def torch_args(self, device: int | None = None) -> tuple:
         """The 15 args for ``rebuild_cuda_tensor`` / ``rebuild_npu_tensor``; see
         :func:`devshare.torch_args`."""
-        from ._torch_ipc import torch_args
-
-        return torch_args(self, device)
+        table = None if self._encoded is None else self.segment_table
+        return _torch_tuples.args_of(self._h, table, device)
 
     def _write(self, fn, cap: int, nul: int) -> bytes:
         # `cap` suffices for what this package's ABI version writes; a newer library may write
@@ -358,14 +305,14 @@ class Handle:
     @property
     def segment_size(self) -> int:
         """Bytes per segment (0 for a handle that is not segmented)."""
-        seg = _segments_record(self._h)
+        seg = segments_record(self._h)
         return seg[0] if seg else 0
 
     @property
     def segment_count(self) -> int:
         """Number of segments (0 for a handle that is not segmented); ``alloc_size`` is
         ``segment_count * segment_size`` and ``storage_offset`` counts from the first segment."""
-        seg = _segments_record(self._h)
+        seg = segments_record(self._h)
         return seg[1] if seg else 0
 
     @property
@@ -373,28 +320,28 @@ class Handle:
         """What the segment table holds: ``"acl"`` (u64 shareable handles), ``"cuda_fd"`` (POSIX
         fd numbers valid in ``producer_pid``) or ``"cuda_fabric"`` (64-byte fabric handles);
         None for a handle that is not segmented."""
-        seg = _segments_record(self._h)
-        return _SEGMENT_KINDS[seg[2]][0] if seg else None
+        seg = segments_record(self._h)
+        return SEGMENT_KINDS[seg[2]][0] if seg else None
 
     @property
     def segment_table(self) -> bytes:
         """The segment table in devshare's form (``segment_count`` little-endian records, in
         address order), wherever it is kept; empty for a handle that is not segmented."""
-        seg = _segments_record(self._h)
+        seg = segments_record(self._h)
         if seg is None:
             return b""
         if seg[3]:
             return self.key
-        return _table_in_encoding(self._h, self._encoded, seg[1], seg[2], seg[4])
+        return table_in_encoding(self._h, self._encoded, seg[1], seg[2], seg[4])
 
     @property
     def segments(self) -> tuple:
         """The segment table as Python values: ints (acl shareable handles, cuda fd numbers) or
         64-byte ``bytes`` (cuda fabric handles); empty for a handle that is not segmented."""
-        seg = _segments_record(self._h)
+        seg = segments_record(self._h)
         if seg is None:
             return ()
-        size = _SEGMENT_KINDS[seg[2]][1]
+        size = SEGMENT_KINDS[seg[2]][1]
         table = self.segment_table
         if seg[2] == SEGMENTS_CUDA_FABRIC:
             return tuple(table[i:i + size] for i in range(0, len(table), size))
@@ -467,3 +414,9 @@ class Handle:
     @property
     def device_uuid(self) -> bytes:
         return bytes(self._h.device_uuid)
+
+
+def struct_of(handle: Handle) -> HandleStruct:
+    """The validated ``DevshareHandle`` struct a :class:`Handle` holds, for the modules that pass
+    it to the library (``byref(struct_of(h))``). Do not change it: handles are values."""
+    return handle._h
