@@ -28,6 +28,8 @@
 
 #include "devshare.hpp"
 
+#include <complex>
+
 #include "cuda_standin.h"
 
 #include <dirent.h>
@@ -165,7 +167,7 @@ static_assert(devshare::same_dtype(devshare::dtype_of<_Float16>(), devshare::kFl
 
 // [[nodiscard]]: a discarded Result or handle does not compile with -Werror=unused-result; here
 // the attribute is checked where the language exposes it: Result is a [[nodiscard]] type.
-static_assert(std::is_same<decltype(std::declval<const devshare::Exporter&>().try_share_bytes()),
+static_assert(std::is_same<decltype(std::declval<const devshare::Exporter&>().try_share(devshare::bytes())),
                            devshare::Result<devshare::Handle>>::value,
               "try_share_bytes returns Result<Handle>");
 
@@ -246,7 +248,7 @@ void test_round_trip() {
     imp.release();
     check(!imp, "Import::release on an empty Import does nothing");
 
-    const devshare::Handle whole = exp.share_bytes();
+    const devshare::Handle whole = exp.share(devshare::bytes());
     check(whole.ndim() == 1 && whole.shape()[0] == 1024 && whole.is<uint8_t>(),
           "Exporter::share_bytes shares the whole allocation as 1-D uint8");
     const DevshareImportOptions ro = devshare::import_options(DEVSHARE_IMPORT_READ_ONLY);
@@ -275,16 +277,17 @@ void test_moves() {
     devshare::Exporter target;
     {
         devshare::Exporter src = make_exporter();
-        src.set_on_destroy(devshare::OnDestroy::wait_then_close, std::chrono::milliseconds(5));
+        src.set_on_destroy(devshare::OnDestroy::wait, std::chrono::milliseconds(5));
         target = std::move(src);
     }
     const devshare::Handle th = target.share(float_desc());
     check(target.outstanding() == 1 && data_name_exists(th) && tensor_in(target)[1] == 1.5f,
           "a moved-from Exporter going out of scope leaves the target open");
-    check(target.on_destroy() == devshare::OnDestroy::wait_then_close, "a move carries the OnDestroy policy");
+    check(target.on_destroy() == devshare::OnDestroy::wait && target.destroy_policy().limit.count() == 5,
+          "a move carries the destroy policy");
 
     // Move assignment into a non-empty Exporter closes what it held.
-    const devshare::Handle bh = b.share_bytes();
+    const devshare::Handle bh = b.share(devshare::bytes());
     check(data_name_exists(bh), "the first exporter's object exists");
     b = std::move(target);
     check(!data_name_exists(bh), "move-assigning into a non-empty Exporter closes what it held");
@@ -321,7 +324,7 @@ void test_moves() {
     check(!held && b.outstanding() == 0, "assigning an empty Import releases");
 
     // Exporter::release hands ownership back to C; the adopting constructor takes it again.
-    const devshare::Handle last = b.share_bytes();
+    const devshare::Handle last = b.share(devshare::bytes());
     DevshareExporter* raw = b.release();
     check(raw != nullptr && !b && data_name_exists(last), "Exporter::release gives up ownership without closing");
     {
@@ -421,7 +424,7 @@ void test_errors() {
 void test_typed_share() {
     devshare::Exporter exp = make_exporter();
     const float* first = tensor_in(exp);
-    const devshare::Handle typed = exp.share(first, {kRows, kCols});
+    const devshare::Handle typed = exp.share(devshare::describe(first, {kRows, kCols}));
     check(typed.is<float>() && typed.ndim() == 2 && typed.shape() == devshare::Dims(kShape) &&
               typed.strides() == devshare::Dims({kCols, 1}) && typed.storage_offset() == 0 &&
               typed.tensor_offset() == static_cast<int64_t>((kStorageOffset / 4) + kTensorOffset) &&
@@ -435,50 +438,57 @@ void test_typed_share() {
     devshare::ShareOptions in_storage;
     in_storage.storage_offset = kStorageOffset;
     in_storage.storage_size = 256;
-    const devshare::Handle same_as_desc = exp.share(first, {kRows, kCols}, {}, in_storage);
+    const devshare::Handle same_as_desc = exp.share(devshare::describe(first, {kRows, kCols}, {}, in_storage));
     check(same_as_desc.storage_offset() == kStorageOffset && same_as_desc.storage_size() == 256 &&
               same_as_desc.tensor_offset() == kTensorOffset,
           "ShareOptions storage_offset / storage_size: the tensor offset is counted from the storage's start");
-    const devshare::Handle at = exp.share_at<float>(kStorageOffset + kTensorOffset * 4, {kRows, kCols});
+    const devshare::Handle at = exp.share(devshare::describe_at<float>(kStorageOffset + kTensorOffset * 4, {kRows, kCols}));
     check(at.tensor_offset() == typed.tensor_offset() && at.is<float>(),
           "share_at<float>(byte offset) is share(pointer) with the offset");
-    const devshare::Handle from_void = exp.share<float>(exp.data(), {4});
+    const devshare::Handle from_void = exp.share(devshare::describe<float>(exp.data(), {4}));
     check(from_void.tensor_offset() == 0 && from_void.numel() == 4, "share<float>(void*) names T explicitly");
-    const devshare::Handle bf16 = exp.share(devshare::kBFloat16, exp.data(), {8, 2}, {1, 8});
+    const devshare::Handle bf16 = exp.share(devshare::describe(devshare::kBFloat16, exp.data(), {8, 2}, {1, 8}));
     check(devshare::same_dtype(bf16.dtype(), devshare::kBFloat16) && bf16.strides() == devshare::Dims({1, 8}),
           "share(kBFloat16, ptr, shape, strides): the explicit dtype and the strides given");
-    const devshare::Handle transposed = exp.share(first, {kCols, kRows}, {1, kCols});
+    const devshare::Handle transposed = exp.share(devshare::describe(first, {kCols, kRows}, {1, kCols}));
     check(transposed.strides()[0] == 1 && transposed.strides()[1] == kCols, "share with strides keeps them");
-    const devshare::Handle scalar = exp.share(reinterpret_cast<const int64_t*>(exp.data()) + 3, {});
+    const devshare::Handle scalar = exp.share(devshare::describe(reinterpret_cast<const int64_t*>(exp.data()) + 3, {}));
     check(scalar.ndim() == 0 && scalar.numel() == 1 && scalar.is<int64_t>() && scalar.tensor_offset() == 3,
           "share(const int64_t*, {}) shares a 0-d tensor");
     check(exp.outstanding() == 7, "each typed share is one reference (7)");
 
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Exporter::share", "share of a pointer outside the "
-                 "allocation", [&] { (void)exp.share(first + 1000, {1}); });
+                 "allocation", [&] { (void)exp.share(devshare::describe(first + 1000, {1})); });
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Exporter::share",
                  "share<float> of an address that is not a whole number of floats into the storage",
-                 [&] { (void)exp.share<float>(static_cast<const char*>(exp.data()) + 2, {1}); });
-    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::TensorDesc", "share with 1 stride for 2 dimensions",
-                 [&] { (void)exp.share(first, {kRows, kCols}, {1}); });
-    expect_error(DEVSHARE_STATUS_BAD_NDIM, "devshare::TensorDesc", "share with 9 dimensions",
-                 [&] { (void)exp.share(first, {1, 1, 1, 1, 1, 1, 1, 1, 1}); });
+                 [&] { (void)exp.share(devshare::describe<float>(static_cast<const char*>(exp.data()) + 2, {1})); });
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Exporter::share: devshare::TensorDesc", "share with 1 stride for 2 dimensions",
+                 [&] { (void)exp.share(devshare::describe(first, {kRows, kCols}, {1})); });
+    expect_error(DEVSHARE_STATUS_BAD_NDIM, "devshare::Exporter::share: devshare::TensorDesc", "share with 9 dimensions",
+                 [&] { (void)exp.share(devshare::describe(first, {1, 1, 1, 1, 1, 1, 1, 1, 1})); });
     expect_error(DEVSHARE_STATUS_TENSOR_OUT_OF_BOUNDS, "devshare_exporter_share",
                  "share of a tensor running past the allocation (the library's check)",
-                 [&] { (void)exp.share(first, {1000}); });
+                 [&] { (void)exp.share(devshare::describe(first, {1000})); });
     const devshare::Exporter empty;
     expect_error(DEVSHARE_STATUS_NULL_ARGUMENT, "devshare::Exporter::share", "share of an empty Exporter",
-                 [&] { (void)empty.share(first, {1}); });
+                 [&] { (void)empty.share(devshare::describe(first, {1})); });
     check(exp.outstanding() == 7, "refused shares handed out nothing");
-    const devshare::TensorDesc desc = exp.describe(first, {kRows, kCols});
-    check(desc.tensor_offset == typed.tensor_offset() && desc.ndim == 2 && !desc.has_strides,
-          "Exporter::describe gives the TensorDesc share would use");
+    const devshare::TensorDesc desc = devshare::describe(first, {kRows, kCols});
+    check(desc.first == devshare::TensorDesc::First::address && desc.address == first && desc.ndim == 2 &&
+              !desc.has_strides && desc.problem == DEVSHARE_STATUS_OK,
+          "describe records the first element's address, the shape and no strides");
+    const devshare::Handle again = exp.share(desc);
+    check(again.tensor_offset() == typed.tensor_offset() && again.ndim() == 2 && exp.outstanding() == 8,
+          "share(describe(...)) is what share with the same arguments was: one new reference");
+    const devshare::Result<devshare::TensorDesc> bad = devshare::TensorDesc::try_make(devshare::dtype_of<float>(), {1, 2}, {1});
+    check(!bad && bad.error().status() == DEVSHARE_STATUS_INVALID_ARGUMENT, "TensorDesc::try_make refuses at once");
+    
 }
 
 void test_as_and_views() {
     devshare::Exporter exp = make_exporter();
     const float* first = tensor_in(exp);
-    devshare::Import imp(exp.share(first, {kRows, kCols}));
+    devshare::Import imp(exp.share(devshare::describe(first, {kRows, kCols})));
     const devshare::TensorView<float> v = imp.as<float>();
     check(v.ndim() == 2 && v.shape() == devshare::Dims(kShape) && v.strides() == devshare::Dims({kCols, 1}) &&
               v.numel() == 12 && v.is_contiguous() && v.data() == imp.data(),
@@ -502,14 +512,14 @@ void test_as_and_views() {
               imp.data<std::byte>() == imp.data(),
           "Import::data<T>() is nullptr for a T of another dtype (no reinterpretation); std::byte is unchecked");
 
-    devshare::Import t(exp.share(first, {kCols, kRows}, {1, kCols}));
+    devshare::Import t(exp.share(devshare::describe(first, {kCols, kRows}, {1, kCols})));
     const devshare::TensorView<const float> tv = t.as<const float>();
     check(tv(3, 2) == 11.5f && tv(1, 0) == 1.5f && !tv.is_contiguous(),
           "a transposed handle's view indexes through its strides");
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::TensorView::flat", "flat() of a transposed view",
                  [&] { (void)tv.flat(); });
 
-    devshare::Import ro(exp.share(first, {kRows, kCols}), devshare::import_options(DEVSHARE_IMPORT_READ_ONLY));
+    devshare::Import ro(exp.share(devshare::describe(first, {kRows, kCols})), devshare::import_options(DEVSHARE_IMPORT_READ_ONLY));
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Import::as<float32>",
                  "as<float>() (writable) of a read-only import", [&] { (void)ro.as<float>(); });
     check(ro.as<const float>()(2, 3) == 11.5f && ro.data<float>() == nullptr && ro.data<const float>() != nullptr,
@@ -522,7 +532,7 @@ void test_as_and_views() {
           "mdspan<2>() of a transposed view: layout_stride with the handle's strides");
     expect_error(DEVSHARE_STATUS_BAD_NDIM, "devshare::TensorView::mdspan<3>", "mdspan<3>() of a 2-d view",
                  [&] { (void)imp.as<float>().mdspan<3>(); });
-    devshare::Import bc(exp.share(first, {kRows, kCols}, {0, 1}));
+    devshare::Import bc(exp.share(devshare::describe(first, {kRows, kCols}, {0, 1})));
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::TensorView::mdspan",
                  "mdspan<2>() of a broadcast view (stride 0), which layout_stride cannot express",
                  [&] { (void)bc.as<float>().mdspan<2>(); });
@@ -534,29 +544,45 @@ void test_as_and_views() {
 // Result<T> next to the throwing forms: the same calls, no exceptions.
 void test_result_forms() {
     devshare::Result<devshare::Exporter> exp = devshare::Exporter::try_host_alloc(256);
-    check(exp.has_value() && static_cast<bool>(exp) && exp->size() == 256 && exp.status() == DEVSHARE_STATUS_OK &&
-              !exp.code() && exp.error().status() == DEVSHARE_STATUS_OK,
-          "try_host_alloc: a Result holding the Exporter; status OK, empty error_code");
+    check(exp.has_value() && static_cast<bool>(exp) && exp->size() == 256,
+          "try_host_alloc: a Result holding the Exporter");
+#if !DEVSHARE_HPP_STD_EXPECTED
+    check(exp.status() == DEVSHARE_STATUS_OK && !exp.code() && exp.error().status() == DEVSHARE_STATUS_OK,
+          "devshare's own Result (C++17): status OK and an empty error_code on success");
+#else
+    static_assert(std::is_same<devshare::Result<int>, std::expected<int, devshare::Error>>::value,
+                  "Result is std::expected where the standard library has it");
+#endif
     devshare::Result<devshare::Exporter> bad = devshare::Exporter::try_host_alloc(UINT64_MAX);
-    check(!bad && bad.status() == DEVSHARE_STATUS_INVALID_ARGUMENT && bad.code() == std::errc::invalid_argument &&
+    check(!bad && bad.error().status() == DEVSHARE_STATUS_INVALID_ARGUMENT &&
+              bad.error().code() == std::errc::invalid_argument &&
               std::strncmp(bad.error().what(), "devshare_host_alloc:", 20) == 0,
           "try_host_alloc(UINT64_MAX): an error Result with the status and the library's message");
     bool threw = false;
+    try {
+        (void)devshare::Exporter::host_alloc(UINT64_MAX);
+    } catch (const devshare::Error& e) {
+        threw = e.status() == DEVSHARE_STATUS_INVALID_ARGUMENT;
+    }
+    check(threw, "the throwing form throws the devshare::Error itself (also where Result is std::expected)");
+#if !DEVSHARE_HPP_STD_EXPECTED
+    threw = false;
     try {
         (void)std::move(bad).value();
     } catch (const devshare::Error& e) {
         threw = e.status() == DEVSHARE_STATUS_INVALID_ARGUMENT;
     }
     check(threw, "Result::value() of an error throws its devshare::Error");
+#endif
     const devshare::Result<uint64_t> n = exp->try_outstanding();
     check(n && *n == 0 && n.value_or(7) == 0, "try_outstanding: Result<uint64_t>");
     const devshare::Result<uint64_t> none = devshare::Exporter().try_outstanding();
     check(!none && none.value_or(7) == 7, "Result::value_or gives the fallback on error");
-    const devshare::Result<devshare::Handle> h = exp->try_share<uint8_t>(exp->data(), {16});
+    const devshare::Result<devshare::Handle> h = exp->try_share(devshare::describe<uint8_t>(exp->data(), {16}));
     check(h && h->numel() == 16, "try_share<uint8_t>");
     const devshare::Result<void> discarded = h->try_discard();
     const devshare::Result<void> again = h->try_discard();
-    check(discarded && !again && again.status() == DEVSHARE_STATUS_ALREADY_RELEASED,
+    check(discarded && !again && again.error().status() == DEVSHARE_STATUS_ALREADY_RELEASED,
           "Result<void>: try_discard succeeds once, then ALREADY_RELEASED");
     const devshare::Result<bool> w = exp->try_wait(std::chrono::milliseconds(0));
     check(w && *w, "try_wait: Result<bool> true once nothing is outstanding");
@@ -566,7 +592,7 @@ void test_result_forms() {
 // Byte encoding and text: share_encoded, Import::from_encoded, Import::from_text.
 void test_encoded_and_text() {
     devshare::Exporter exp = make_exporter();
-    const std::vector<uint8_t> enc = exp.share_encoded(exp.describe(tensor_in(exp), {kRows, kCols}));
+    const std::vector<uint8_t> enc = exp.share_encoded(devshare::describe(tensor_in(exp), {kRows, kCols}));
     check(!enc.empty() && enc.size() <= DEVSHARE_HANDLE_MAX_ENCODED_SIZE && exp.outstanding() == 1,
           "Exporter::share_encoded gives the encoding of one new reference");
     {
@@ -575,7 +601,7 @@ void test_encoded_and_text() {
               "Import::from_encoded imports it");
     }
     check(exp.outstanding() == 0, "its release returned the reference");
-    const std::vector<uint8_t> whole = exp.share_bytes_encoded();
+    const std::vector<uint8_t> whole = exp.share_encoded(devshare::bytes());
     const std::string text = devshare::Handle::decode(whole).to_text();
     {
         devshare::Import imp = devshare::Import::from_text(text);
@@ -591,8 +617,8 @@ void test_encoded_and_text() {
 // Returning references without importing: Handle::discard, torch_discard.
 void test_discard() {
     devshare::Exporter exp = make_exporter();
-    const devshare::Handle h = exp.share_bytes();
-    const devshare::Handle held = exp.share_bytes();
+    const devshare::Handle h = exp.share(devshare::bytes());
+    const devshare::Handle held = exp.share(devshare::bytes());
     h.discard();
     check(exp.outstanding() == 1, "Handle::discard returns exactly that handle's reference");
     expect_error(DEVSHARE_STATUS_ALREADY_RELEASED, "devshare_handle_discard", "Handle::discard again",
@@ -603,7 +629,7 @@ void test_discard() {
     imp.release();
     check(exp.outstanding() == 0, "the refused discard left the reference to the release");
 
-    const devshare::Handle t = exp.share_bytes();
+    const devshare::Handle t = exp.share(devshare::bytes());
     DevshareTorchArgs a = devshare::torch_args();
     a.ref_name = t.raw().ref_name;
     a.ref_name_len = t.raw().ref_name_len;
@@ -618,7 +644,7 @@ void test_discard() {
 // Exporter::host_adopt: export an existing object (here another exporter's) without copying.
 void test_host_adopt() {
     devshare::Exporter exp = make_exporter();
-    const devshare::Handle h = exp.share_bytes();
+    const devshare::Handle h = exp.share(devshare::bytes());
     const std::string name(reinterpret_cast<const char*>(h.raw().key), h.raw().key_len);
     devshare::Exporter adopted = devshare::Exporter::host_adopt(name, 1024);
     check(adopted && adopted.size() == 1024 && adopted.data() != exp.data() &&
@@ -636,7 +662,7 @@ void test_dlpack() {
     devshare::DLPackVersioned v;
     devshare::DLPackLegacy l;
     {
-        devshare::Import imp(exp.share(tensor_in(exp), {kRows, kCols}),
+        devshare::Import imp(exp.share(devshare::describe(tensor_in(exp), {kRows, kCols})),
                              devshare::import_options(DEVSHARE_IMPORT_READ_ONLY));
         v = imp.to_dlpack_versioned();
         l = imp.to_dlpack();
@@ -737,7 +763,7 @@ void test_torch_tuples() {
     expect_error(DEVSHARE_STATUS_BAD_DTYPE, "devshare_import_torch", "Import::from_torch with an opaque dtype",
                  [&] { (void)devshare::Import::from_torch(broken); });
     devshare::Exporter exp = make_exporter();
-    const devshare::Handle host = exp.share_bytes();
+    const devshare::Handle host = exp.share(devshare::bytes());
     expect_error(DEVSHARE_STATUS_UNSUPPORTED, "devshare_handle_to_torch", "handle_to_torch of a host handle",
                  [&] { (void)devshare::handle_to_torch(host); });
     host.discard();
@@ -779,8 +805,9 @@ void test_device_destruction() {
     const devshare::ExporterLeakHandler previous = devshare::set_exporter_leak_handler(&record_leak);
 
     // close(): a busy device export is refused and stays usable.
-    devshare::Exporter e0 = devshare::Exporter::export_memory(DEVSHARE_BACKEND_CUDA, 0, ptr(blocks[0]), kBlock);
-    const devshare::Handle h0 = e0.share(static_cast<const float*>(e0.data()) + 16, {8, 8});
+    devshare::Exporter e0 = devshare::Exporter::export_memory(DEVSHARE_BACKEND_CUDA, 0, ptr(blocks[0]), kBlock, 0,
+                                                              devshare::OnDestroy::leak_and_report);
+    const devshare::Handle h0 = e0.share(devshare::describe(static_cast<const float*>(e0.data()) + 16, {8, 8}));
     check(h0.backend() == DEVSHARE_BACKEND_CUDA && h0.tensor_offset() == 16 && e0.outstanding() == 1,
           "export_memory (cuda) + share<float>(device pointer): a cuda handle with the offset");
     expect_error(DEVSHARE_STATUS_BUSY, "devshare_exporter_close", "Exporter::close() of a busy device export",
@@ -791,9 +818,13 @@ void test_device_destruction() {
               ts.storage_offset == h0.storage_offset(),
           "handle_to_torch of a cuda handle: the raw 64-byte IPC handle");
 
-    // Default policy: the destructor does not force; the busy export is leaked and reported.
+    // OnDestroy::leak_and_report (chosen at construction): the destructor does not force; the busy
+    // export is left open and reported.
     g_leaked = nullptr;
-    check(e0.on_destroy() == devshare::OnDestroy::close, "the default OnDestroy policy is close (no force)");
+    check(devshare::Exporter().on_destroy() == devshare::OnDestroy::wait &&
+              devshare::Exporter().destroy_policy().limit == devshare::kForever &&
+              e0.on_destroy() == devshare::OnDestroy::leak_and_report,
+          "the default destroy policy is wait (no limit); leak_and_report when chosen at construction");
     DevshareExporter* raw0 = e0.get();
     { devshare::Exporter gone = std::move(e0); }
     check(g_leaked == raw0 && g_leak_status == DEVSHARE_STATUS_BUSY &&
@@ -807,12 +838,11 @@ void test_device_destruction() {
     check(devshare_exporter_close(g_leaked, 0) == DEVSHARE_STATUS_OK,
           "after the reference came back the handler's owner closes it normally");
 
-    // OnDestroy::wait_then_close: the destructor waits for the consumer, then closes.
+    // The default policy, OnDestroy::wait: the destructor waits for the consumer, then closes.
     g_leaked = nullptr;
     {
         devshare::Exporter e1 = devshare::Exporter::export_memory(DEVSHARE_BACKEND_CUDA, 0, ptr(blocks[1]), kBlock);
-        e1.set_on_destroy(devshare::OnDestroy::wait_then_close, std::chrono::milliseconds(10000));
-        const devshare::Handle h1 = e1.share_bytes();
+        const devshare::Handle h1 = e1.share(devshare::bytes());
         std::thread consumer([h1] {
             std::this_thread::sleep_for(std::chrono::milliseconds(100));
             (void)h1.try_discard();
@@ -823,17 +853,17 @@ void test_device_destruction() {
             std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
         consumer.join();
         check(g_leaked == nullptr && ms >= 80,
-              "OnDestroy::wait_then_close waited for the reference (" + std::to_string(ms) + " ms), then closed");
+              "the default OnDestroy::wait waited for the reference (" + std::to_string(ms) + " ms), then closed");
     }
     // ... and after its timeout it does not force either.
     {
-        devshare::Exporter e2 = devshare::Exporter::export_memory(DEVSHARE_BACKEND_CUDA, 0, ptr(blocks[2]), kBlock);
-        e2.set_on_destroy(devshare::OnDestroy::wait_then_close, std::chrono::milliseconds(20));
-        const devshare::Handle h2 = e2.share_bytes();
+        devshare::Exporter e2 = devshare::Exporter::export_memory(DEVSHARE_BACKEND_CUDA, 0, ptr(blocks[2]), kBlock, 0,
+                                                                  {devshare::OnDestroy::wait, std::chrono::milliseconds(20)});
+        const devshare::Handle h2 = e2.share(devshare::bytes());
         DevshareExporter* raw2 = e2.get();
         e2 = devshare::Exporter();
         check(g_leaked == raw2 && g_leak_status == DEVSHARE_STATUS_BUSY,
-              "OnDestroy::wait_then_close past its timeout leaks and reports, without forcing");
+              "OnDestroy::wait past its limit leaves the export open and reports it, without forcing");
         h2.discard();
         check(devshare_exporter_close(g_leaked, 0) == DEVSHARE_STATUS_OK, "which then closes normally");
     }
@@ -841,13 +871,13 @@ void test_device_destruction() {
     // OnDestroy::force and close(Close::force): asked for, they force.
     g_leaked = nullptr;
     {
-        devshare::Exporter e3 = devshare::Exporter::export_memory(DEVSHARE_BACKEND_CUDA, 0, ptr(blocks[3]), kBlock);
-        e3.set_on_destroy(devshare::OnDestroy::force);
-        (void)e3.share_bytes();
+        devshare::Exporter e3 = devshare::Exporter::export_memory(DEVSHARE_BACKEND_CUDA, 0, ptr(blocks[3]), kBlock, 0,
+                                                                  devshare::OnDestroy::force);
+        (void)e3.share(devshare::bytes());
     }
     check(g_leaked == nullptr, "OnDestroy::force closes a busy export when destroyed (nothing leaked)");
     devshare::Exporter e4 = devshare::Exporter::export_memory(DEVSHARE_BACKEND_CUDA, 0, ptr(blocks[4]), kBlock);
-    (void)e4.share_bytes();
+    (void)e4.share(devshare::bytes());
     e4.close(devshare::Close::force);
     check(!e4, "close(Close::force) closes a busy export");
     devshare::set_exporter_leak_handler(previous);
@@ -878,7 +908,7 @@ void test_device_destruction() {
             devshare::Exporter es =
                 devshare::Exporter::export_segments(DEVSHARE_BACKEND_CUDA, 0, ptr(va), physical, kSeg);
             check(es.data() == ptr(va) && es.size() == 2 * kSeg, "Exporter::export_segments: the buffer and its size");
-            const devshare::Handle hs = es.share_at<uint32_t>(kSeg, {1024});
+            const devshare::Handle hs = es.share(devshare::describe_at<uint32_t>(kSeg, {1024}));
             check(hs.segmented() && hs.is<uint32_t>() && es.segment_table().empty(),
                   "its handles are segmented; a two-entry table is inline (segment_table() empty)");
             const devshare::TorchStorage st = devshare::handle_to_torch(hs);
@@ -927,7 +957,7 @@ void test_wait_and_destructors() {
         devshare::Exporter scoped = make_exporter();
         outliving = scoped.share(float_desc());
         survivor = devshare::Import(outliving);
-        (void)scoped.share_bytes();
+        (void)scoped.share(devshare::bytes());
         check(scoped.outstanding() == 2, "the scoped exporter has 2 references out (one never imported)");
     }
     devshare::set_exporter_leak_handler(previous);

@@ -58,6 +58,7 @@ libdir="$prefix/lib"
 
 echo "== checking the installed files"
 for f in "lib/libdevshare.so.$version" lib/libdevshare.a include/devshare.h include/devshare.hpp \
+         include/devshare/error.hpp include/devshare/exporter.hpp include/devshare/pool.hpp \
          lib/cmake/devshare/devshareConfig.cmake lib/cmake/devshare/devshareConfigVersion.cmake \
          lib/pkgconfig/devshare.pc lib/pkgconfig/devshare-static.pc; do
     [[ -f "$prefix/$f" && ! -L "$prefix/$f" ]] || fail "$f is not installed as a file"

@@ -44,6 +44,7 @@ contents="$(unzip -Z1 "${repaired[0]}")"
 for f in devshare/__init__.py devshare/__main__.py devshare/_paths.py \
          devshare/_lib/lib/libdevshare.so.1 devshare/_lib/lib/libdevshare.so devshare/_lib/lib/libdevshare.a \
          devshare/_lib/include/devshare.h devshare/_lib/include/devshare.hpp \
+         devshare/_lib/include/devshare/error.hpp devshare/_lib/include/devshare/pool.hpp \
          devshare/_lib/lib/cmake/devshare/devshareConfig.cmake \
          devshare/_lib/lib/cmake/devshare/devshareConfigVersion.cmake \
          devshare/_lib/lib/pkgconfig/devshare.pc devshare/_lib/lib/pkgconfig/devshare-static.pc; do

@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
                     y[i * shape[1] + j] = 2.0f * x(i, j) + 1.0f;  // x may be strided
                 }
             }
-            h = out.share<float>(y, shape);
+            h = out.share(devshare::describe<float>(y, shape));
         }  // the input's import is released here: the producer sees outstanding() == 0
         std::printf("%s\n", h.to_text().c_str());
         std::fflush(stdout);
