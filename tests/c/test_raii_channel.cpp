@@ -10,18 +10,21 @@
 //    destructors;
 //  - in one process: errors are devshare::Error with the library's status and message (a socket
 //    path that exists: BUSY; nothing listening: NOT_FOUND; slots beyond the export and count 0:
-//    INVALID_ARGUMENT; share() of a channel_host_alloc export: UNSUPPORTED; an unknown peer:
-//    NOT_FOUND); the try_ forms return them; the socket file is mode 0600 and ~Channel removes
-//    it; wait_peers without a consumer is false, not an error;
+//    INVALID_ARGUMENT; share(bytes()) of a channel_host_alloc export: UNSUPPORTED; an unknown
+//    peer: NOT_FOUND); the try_ forms return them; the socket file is mode 0600 and ~Channel
+//    removes it; wait_peers without a consumer is false, not an error; Channel::send of an
+//    address outside the exporter's range or of a description with too many dimensions is
+//    refused by the header, naming Channel::send (and the range);
 //  - Slot: ~Slot gives an acquired, unsent slot back (free count back up), so does a move
 //    assignment over it; Pool::release; with every slot out acquire gives an empty Slot; a send
-//    of an empty Slot, of another pool's Slot or of an address outside the slot is refused by
-//    the header, a send to an unknown peer by the library, and the Slot stays acquired;
-//    disown() hands the index to the C API; Import::pool_slot of other imports is refused;
+//    of an empty Slot, of another pool's Slot, of an address outside the slot, of a misaligned
+//    offset or of too many dimensions is refused by the header (naming Pool::send), a send to an
+//    unknown peer by the library, and the Slot stays acquired; disown() hands the index to the C
+//    API; Import::pool_slot of other imports is refused;
 //  - pool round trip: 1000 items through 4 slots, producer and consumer in separate processes;
 //    on both sides each slot keeps one address (slot k at base + k * slot_size), the data
 //    written by the producer arrives in order, every slot comes home;
-//  - lease: Channel::send of a float tensor: exporter outstanding 1 (peer_info leases 1) while
+//  - lease: Channel::send(peer, exp, describe(p, {2, 8})) of a float tensor: exporter outstanding 1 (peer_info leases 1) while
 //    the consumer holds the Import, 0 once it destroyed it (Exporter::wait serves the channel);
 //    the Import is not a pool item; recv(0ms) with nothing queued is an empty Import;
 //  - a consumer that drops its Connection while it holds two pool slots and a lease: the
@@ -32,8 +35,11 @@
 //    stays readable; the closed channel's lease no longer counts; a Pool outliving its Channel
 //    answers CLOSED.
 //
-// Prints "ok - ..." / "FAIL - ..." per case (the consumer's checks prefixed "consumer:"); exit
-// status 0 when all passed.
+// Sends are spelled the one way: ch.send(peer, exp, desc) / pool.send(slot, peer, desc) with desc
+// from devshare::describe(...), describe_at<T>(...) or bytes(). Builds as C++17 and as C++23
+// (Result is then std::expected: r.error() is read only after a failure). Prints "ok - ..." /
+// "FAIL - ..." per case (the consumer's checks prefixed "consumer:"); exit status 0 when all
+// passed.
 
 #include "devshare.hpp"
 
@@ -70,16 +76,15 @@ bool check(bool ok, const std::string& what) {
     return ok;
 }
 
-// Runs `f`, which must throw devshare::Error with `status` and a message starting with
-// `function` + ":".
+// Runs `f`, which must throw devshare::Error with `status` and a message starting with `prefix`.
 template <typename F>
-void expect_error(int32_t status, const char* function, const std::string& what, F&& f) {
+void expect_message(int32_t status, const std::string& prefix, const std::string& what, F&& f) {
     try {
         f();
         check(false, what + ": no exception");
     } catch (const devshare::Error& e) {
         const std::string msg = e.what();
-        const bool ok = e.status() == status && msg.rfind(std::string(function) + ":", 0) == 0;
+        const bool ok = e.status() == status && msg.rfind(prefix, 0) == 0;
         check(ok, what + " throws devshare::Error(" + devshare_status_str(status) + ")");
         if (!ok) {
             std::printf("    got status %d: %s\n", static_cast<int>(e.status()), e.what());
@@ -87,6 +92,20 @@ void expect_error(int32_t status, const char* function, const std::string& what,
     } catch (const std::exception& e) {
         check(false, what + ": unexpected exception " + e.what());
     }
+}
+
+// Runs `f`, which must throw devshare::Error with `status` and a message starting with
+// `function` + ":".
+template <typename F>
+void expect_error(int32_t status, const char* function, const std::string& what, F&& f) {
+    expect_message(status, std::string(function) + ":", what, std::forward<F>(f));
+}
+
+// `r` failed with `status` (error() is read only after a failure: with std::expected it has no
+// Error otherwise).
+template <typename R>
+bool failed_with(const R& r, int32_t status) {
+    return !r.has_value() && r.error().status() == status;
 }
 
 // The bound on every wait for the other process (a failure, not a measurement, when reached).
@@ -306,7 +325,7 @@ void test_in_process() {
     expect_error(DEVSHARE_STATUS_NOT_FOUND, "devshare_channel_connect", "Connection::connect where nothing listens",
                  [] { (void)devshare::Connection::connect(address("nothing"), milliseconds(0)); });
     const devshare::Result<devshare::Connection> none = devshare::Connection::try_connect(address("nothing"), kWait);
-    check(!none && none.status() == DEVSHARE_STATUS_NOT_FOUND, "Connection::try_connect: the same as a Result");
+    check(failed_with(none, DEVSHARE_STATUS_NOT_FOUND), "Connection::try_connect: the same as a Result");
 
     devshare::Channel ch = devshare::Channel::listen(address("local"));
     check(ch.peers().empty() && !ch.wait_peers(1, milliseconds(0)) && ch.wait_peers(0, milliseconds(0)),
@@ -329,18 +348,24 @@ void test_in_process() {
         zero = bytes[i] == 0;
     }
     check(zero && exp.size() == 4096, "Exporter::channel_host_alloc: 4096 zeroed bytes at data()");
-    expect_error(DEVSHARE_STATUS_UNSUPPORTED, "devshare_exporter_share", "share_bytes of a channel_host_alloc export",
-                 [&] { (void)exp.share_bytes(); });
+    expect_error(DEVSHARE_STATUS_UNSUPPORTED, "devshare_exporter_share", "share(bytes()) of a channel_host_alloc export",
+                 [&] { (void)exp.share(devshare::bytes()); });
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_pool_create", "Pool::create of 5 x 1024 in 4096 bytes",
                  [&] { (void)devshare::Pool::create(ch, exp, 1024, 5); });
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare_pool_create", "Pool::create with count 0",
                  [&] { (void)devshare::Pool::create(ch, exp, 1024, 0); });
-    const devshare::Result<void> unknown = ch.try_send_bytes(777, exp);
-    check(!unknown && unknown.status() == DEVSHARE_STATUS_NOT_FOUND &&
+    const devshare::Result<void> unknown = ch.try_send(777, exp, devshare::bytes());
+    check(failed_with(unknown, DEVSHARE_STATUS_NOT_FOUND) &&
               std::strncmp(unknown.error().what(), "devshare_channel_send:", 22) == 0,
-          "Channel::try_send_bytes to an unknown peer: NOT_FOUND as a Result");
-    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Exporter::share", "Channel::send of an address outside",
-                 [&] { ch.send(1, exp, static_cast<const float*>(exp.data()) + 5000, {4}); });
+          "Channel::try_send(777, exp, bytes()) to an unknown peer: NOT_FOUND as a Result");
+    expect_message(DEVSHARE_STATUS_INVALID_ARGUMENT,
+                   "devshare::Channel::send: the first element's address is outside the range [data(), data() + 4096)",
+                   "Channel::send of an address outside the exporter's range",
+                   [&] { ch.send(1, exp, devshare::describe(static_cast<const float*>(exp.data()) + 5000, {4})); });
+    expect_message(DEVSHARE_STATUS_BAD_NDIM,
+                   "devshare::Channel::send: devshare::TensorDesc: more dimensions than DEVSHARE_MAX_NDIM",
+                   "Channel::send of a 9-d description",
+                   [&] { ch.send(1, exp, devshare::describe<float>(exp.data(), {1, 1, 1, 1, 1, 1, 1, 1, 1})); });
     check(exp.outstanding() == 0, "failed sends lease nothing");
 
     // Slots.
@@ -367,34 +392,42 @@ void test_in_process() {
     check(!a && pool.info().free_slots == 2, "Pool::release gives it back and empties the Slot");
     pool.release(a);  // an empty Slot: nothing
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Pool::send", "Pool::send of an empty Slot",
-                 [&] { pool.send_bytes(a, 1); });
+                 [&] { pool.send(a, 1, devshare::bytes()); });
 
     devshare::Exporter exp2 = devshare::Exporter::channel_host_alloc(2048);
     devshare::Pool other = devshare::Pool::create(ch, exp2, 1024, 2);
     devshare::Slot foreign = other.acquire(milliseconds(0));
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Pool::send", "Pool::send of another pool's Slot",
-                 [&] { pool.send_bytes(foreign, 1); });
+                 [&] { pool.send(foreign, 1, devshare::bytes()); });
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Pool::release", "Pool::release of another pool's Slot",
                  [&] { pool.release(foreign); });
     check(foreign && other.info().free_slots == 1, "the other pool's Slot stays acquired");
 
     devshare::Slot s = pool.acquire(milliseconds(0));
-    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Pool::send", "Pool::send of an address outside the slot",
-                 [&] { pool.send(s, 1, s.data<float>() + 300, {4}); });
-    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Pool::send", "Pool::send_at a misaligned offset",
-                 [&] { pool.send_at<float>(s, 1, 2, {4}); });
-    const devshare::Result<void> no_peer = pool.try_send(s, 777, s.data<int32_t>(), {16});
-    check(!no_peer && no_peer.status() == DEVSHARE_STATUS_NOT_FOUND && s && pool.info().free_slots == 1,
+    expect_message(DEVSHARE_STATUS_INVALID_ARGUMENT,
+                   "devshare::Pool::send: the first element's address is outside the range [data(), data() + 1024)",
+                   "Pool::send of an address outside the slot",
+                   [&] { pool.send(s, 1, devshare::describe(s.data<float>() + 300, {4})); });
+    expect_message(DEVSHARE_STATUS_INVALID_ARGUMENT,
+                   "devshare::Pool::send: the first element (byte 2) is not a whole number of 4-byte elements",
+                   "Pool::send of describe_at<float> a misaligned offset",
+                   [&] { pool.send(s, 1, devshare::describe_at<float>(2, {4})); });
+    expect_message(DEVSHARE_STATUS_BAD_NDIM,
+                   "devshare::Pool::send: devshare::TensorDesc: more dimensions than DEVSHARE_MAX_NDIM",
+                   "Pool::send of a 9-d description",
+                   [&] { pool.send(s, 1, devshare::describe(s.data<float>(), {1, 1, 1, 1, 1, 1, 1, 1, 1})); });
+    const devshare::Result<void> no_peer = pool.try_send(s, 777, devshare::describe(s.data<int32_t>(), {16}));
+    check(failed_with(no_peer, DEVSHARE_STATUS_NOT_FOUND) && s && pool.info().free_slots == 1,
           "Pool::try_send to an unknown peer: NOT_FOUND, the Slot stays acquired");
     const uint32_t idx = s.disown();
     check(!s && devshare_pool_release(pool.get(), idx) == DEVSHARE_STATUS_OK && pool.info().free_slots == 2,
           "Slot::disown leaves the slot acquired for the C API");
 
     devshare::Exporter plain = devshare::Exporter::host_alloc(64);
-    const devshare::Import imp = devshare::Import::from(plain.share_bytes());
+    const devshare::Import imp = devshare::Import::from(plain.share(devshare::bytes()));
     const devshare::Result<devshare::PoolSlot> not_item = imp.try_pool_slot();
-    check(!not_item && not_item.status() == DEVSHARE_STATUS_INVALID_ARGUMENT &&
-              devshare::Import().try_pool_slot().status() == DEVSHARE_STATUS_NULL_ARGUMENT,
+    check(failed_with(not_item, DEVSHARE_STATUS_INVALID_ARGUMENT) &&
+              failed_with(devshare::Import().try_pool_slot(), DEVSHARE_STATUS_NULL_ARGUMENT),
           "Import::pool_slot of a handle's import: INVALID_ARGUMENT; of an empty Import: NULL_ARGUMENT");
 }
 
@@ -470,7 +503,7 @@ void test_pool_round_trip() {
 
     devshare::Exporter exp = devshare::Exporter::channel_host_alloc(kSlots * kSlotSize);
     devshare::Pool pool = devshare::Pool::create(ch, exp, kSlotSize, kSlots);
-    check(pool.id() > 0 && devshare::Pool().try_id().status() == DEVSHARE_STATUS_NULL_ARGUMENT,
+    check(pool.id() > 0 && failed_with(devshare::Pool().try_id(), DEVSHARE_STATUS_NULL_ARGUMENT),
           "Pool::id: an id; an empty Pool has none");
     char* const base = static_cast<char*>(exp.data());
     int sent = 0;
@@ -486,7 +519,7 @@ void test_pool_round_trip() {
         for (int k = 0; k < kInts; k++) {
             v[k] = i * 131 + k;
         }
-        pool.send(slot, peer, v, {kInts});
+        pool.send(slot, peer, devshare::describe(v, {kInts}));
         not_emptied += static_cast<bool>(slot);
         sent++;
     }
@@ -517,7 +550,7 @@ void test_lease() {
         me.check(static_cast<bool>(item), "received the leased item");
         if (item) {
             const devshare::Result<devshare::PoolSlot> ps = item.try_pool_slot();
-            me.check(!ps && ps.status() == DEVSHARE_STATUS_INVALID_ARGUMENT,
+            me.check(failed_with(ps, DEVSHARE_STATUS_INVALID_ARGUMENT),
                      "a lease is not a pool item (Import::try_pool_slot: INVALID_ARGUMENT)");
             const devshare::TensorView<const float> v = item.as<const float>();
             me.check(v.shape().size() == 2 && v.shape()[0] == kRows && v.shape()[1] == kCols && v(0, 0) == kFirst + 0.5f &&
@@ -543,9 +576,9 @@ void test_lease() {
     for (int i = 0; i < 64; i++) {
         t[i] = static_cast<float>(i) + 0.5f;
     }
-    ch.send(peer, exp, t + kFirst, {kRows, kCols});
+    ch.send(peer, exp, devshare::describe(t + kFirst, {kRows, kCols}));
     check(exp.outstanding() == 1 && ch.peer_info(peer).leases == 1,
-          "Channel::send: one leased reference outstanding (peer_info leases 1)");
+          "Channel::send(peer, exp, describe(p, {2, 8})): one leased reference outstanding (peer_info leases 1)");
     child.tell('r');
     child.take_report();
     check(!exp.wait(milliseconds(0)) && exp.outstanding() == 1,
@@ -595,11 +628,11 @@ void test_dropped_connection() {
     for (int32_t i = 1; i <= 2; i++) {
         devshare::Slot s = pool.acquire(milliseconds(0));
         s.data<int32_t>()[0] = i;
-        pool.send_at<int32_t>(s, peer, 0, {256});
+        pool.send(s, peer, devshare::describe_at<int32_t>(0, {256}));
     }
     devshare::Exporter leased = devshare::Exporter::channel_host_alloc(256);
     static_cast<unsigned char*>(leased.data())[0] = 7;
-    ch.send_bytes(peer, leased);
+    ch.send(peer, leased, devshare::bytes());
     child.tell('s');
     child.take_report();
     check(pool.info().free_slots == 1 && leased.outstanding() == 1 && exp.outstanding() == 1 &&
@@ -633,7 +666,7 @@ void test_producer_close() {
                      "recv after the producer closed throws devshare::Error(DEVSHARE_STATUS_CLOSED)");
         }
         const devshare::Result<devshare::Import> again = conn.try_recv(milliseconds(0));
-        me.check(!again && again.status() == DEVSHARE_STATUS_CLOSED, "try_recv: a Result with DEVSHARE_STATUS_CLOSED");
+        me.check(failed_with(again, DEVSHARE_STATUS_CLOSED), "try_recv: a Result with DEVSHARE_STATUS_CLOSED");
         me.check(item.as<const float>()(1) == 4.5f, "the received Import stays readable");
         me.report();
         me.next();
@@ -647,13 +680,13 @@ void test_producer_close() {
     float* t = static_cast<float*>(exp.data());
     t[0] = 3.5f;
     t[1] = 4.5f;
-    ch.send<float>(peer, exp, exp.data(), {2});
+    ch.send(peer, exp, devshare::describe<float>(exp.data(), {2}));
     devshare::Exporter pool_exp = devshare::Exporter::channel_host_alloc(1024);
     devshare::Pool pool = devshare::Pool::create(ch, pool_exp, 512, 2);
     ch.close();
     check(!ch && exp.outstanding() == 0, "Channel::close empties it; its lease no longer counts");
     const devshare::Result<devshare::Slot> after = pool.try_acquire(milliseconds(0));
-    check(!after && after.status() == DEVSHARE_STATUS_CLOSED, "a Pool that outlives its Channel answers CLOSED");
+    check(failed_with(after, DEVSHARE_STATUS_CLOSED), "a Pool that outlives its Channel answers CLOSED");
     child.tell('s');
     child.take_report();
     check(child.wait() == 0, "the consumer exited normally");

@@ -5,23 +5,32 @@
 // compile time), and so is everything that would need exceptions.
 //
 //  - the header builds with -fno-exceptions: DEVSHARE_HPP_EXCEPTIONS is 0 and the throwing
-//    forms (share_bytes(), as<T>(), the Import(handle) constructor, ...) do not exist;
+//    forms (share(desc), send(...), as<T>(), the Import(handle) constructor, ...) do not exist;
+//    an Import is two pointers (moves are cheap);
 //  - Result<T>: value, error with status and message, error_code, value_or; value() of an error
-//    prints the error and aborts (checked in a child process);
-//  - host round trip with try_ forms: try_host_alloc, try_share<T>, try_to_text,
-//    Import::try_from_text, try_as<T> (a dtype mismatch is an error, not a reinterpret;
-//    read-only needs const T), TensorView indexing;
+//    aborts (checked in a child process), after printing the error with this header's own
+//    Result (C++17; std::expected's value() aborts without a message);
+//  - host round trip with try_ forms: try_host_alloc, try_share(describe(p, shape)),
+//    try_to_text, Import::try_from_text, try_as<T> (a dtype mismatch is an error, not a
+//    reinterpret; read-only needs const T), TensorView indexing; description problems and
+//    addresses outside the range are reported by try_share, naming it;
 //  - try_share_encoded / Import::try_from_encoded, try_discard, try_host_adopt, DLPack, the
 //    torch conversions, probe / local_pid / allow_ptrace, try_wait / try_close;
-//  - ~Exporter without exceptions: a busy device export (CUDA stand-in) is not forced but handed
-//    to the leak handler; OnDestroy::force forces; try_export_segments.
+//  - ~Exporter without exceptions (CUDA stand-in): the default DestroyPolicy is OnDestroy::wait
+//    with no limit, and a busy device export whose reference another thread gives back while
+//    the destructor waits closes (no leak handler); OnDestroy::leak_and_report given at
+//    construction hands a busy export to the leak handler (the default one reports it on
+//    stderr); {OnDestroy::wait, 20ms} past its limit does too; OnDestroy::force forces;
+//    try_export_segments.
 //  - channels with try_ forms, the consumer a forked process: try_listen, try_wait_peers,
 //    try_peers, Pool::try_create over try_channel_host_alloc, try_acquire (an empty Slot on
-//    timeout, ~Slot gives an unsent slot back), try_send<T>; the consumer's try_connect,
-//    try_recv (an empty Import on timeout), try_pool_slot, try_as; after the producer's try_close
-//    the consumer's try_recv is a Result with DEVSHARE_STATUS_CLOSED.
+//    timeout, ~Slot gives an unsent slot back), try_send(slot, peer, describe(...)); the
+//    consumer's try_connect, try_recv (an empty Import on timeout), try_pool_slot, try_as; after
+//    the producer's try_close the consumer's try_recv is a Result with DEVSHARE_STATUS_CLOSED.
 //
-// Prints "ok - ..." / "FAIL - ..." per case; exit status 0 when all passed.
+// Builds as C++17 (Result is this header's class) and as C++23 (Result is std::expected: the
+// checks read r.error() only after a failure). Prints "ok - ..." / "FAIL - ..." per case; exit
+// status 0 when all passed.
 
 #include "devshare.hpp"
 
@@ -37,6 +46,7 @@
 #include <cstring>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -60,14 +70,22 @@ bool check(bool ok, const std::string& what) {
     return ok;
 }
 
-// `r` failed with `status` and a message starting with `prefix`.
+// `r` failed with `status` and a message starting with `prefix` (error() is read only after a
+// failure: with std::expected it has no Error otherwise).
 template <typename R>
 bool failed_with(const R& r, int32_t status, const char* prefix) {
-    const bool ok = !r.has_value() && r.status() == status && r.error().status() == status &&
-                    std::strncmp(r.error().what(), prefix, std::strlen(prefix)) == 0 &&
-                    r.code() == devshare::make_error_code(status);
+    if (r.has_value()) {
+        std::printf("    succeeded; expected status %d: %s\n", static_cast<int>(status), prefix);
+        return false;
+    }
+    const devshare::Error& e = r.error();
+    bool ok = e.status() == status && std::strncmp(e.what(), prefix, std::strlen(prefix)) == 0 &&
+              e.code() == devshare::make_error_code(status);
+#if !DEVSHARE_HPP_STD_EXPECTED
+    ok = ok && r.status() == status && r.code() == e.code();  // this header's Result's own shortcuts
+#endif
     if (!ok) {
-        std::printf("    got status %d: %s\n", static_cast<int>(r.status()), r.error().what());
+        std::printf("    got status %d: %s\n", static_cast<int>(e.status()), e.what());
     }
     return ok;
 }
@@ -75,9 +93,14 @@ bool failed_with(const R& r, int32_t status, const char* prefix) {
 // --- The throwing forms are not there.
 
 template <typename T, typename = void>
-struct has_share_bytes : std::false_type {};
+struct has_share : std::false_type {};
 template <typename T>
-struct has_share_bytes<T, std::void_t<decltype(std::declval<const T&>().share_bytes())>> : std::true_type {};
+struct has_share<T, std::void_t<decltype(std::declval<const T&>().share(devshare::bytes()))>> : std::true_type {};
+template <typename T, typename = void>
+struct has_share_encoded : std::false_type {};
+template <typename T>
+struct has_share_encoded<T, std::void_t<decltype(std::declval<const T&>().share_encoded(devshare::bytes()))>>
+    : std::true_type {};
 template <typename T, typename = void>
 struct has_as : std::false_type {};
 template <typename T>
@@ -92,7 +115,8 @@ template <typename T>
 struct has_close<T, std::void_t<decltype(std::declval<T&>().close())>> : std::true_type {};
 
 static_assert(DEVSHARE_HPP_EXCEPTIONS == 0, "-fno-exceptions: the header offers only the try_ forms");
-static_assert(!has_share_bytes<devshare::Exporter>::value, "Exporter::share_bytes() (throwing) is compiled out");
+static_assert(!has_share<devshare::Exporter>::value && !has_share_encoded<devshare::Exporter>::value,
+              "Exporter::share(desc) and share_encoded(desc) (throwing) are compiled out");
 static_assert(!has_close<devshare::Exporter>::value, "Exporter::close() (throwing) is compiled out");
 static_assert(!has_as<devshare::Import>::value, "Import::as<T>() (throwing) is compiled out");
 static_assert(!has_to_text<devshare::Handle>::value, "Handle::to_text() (throwing) is compiled out");
@@ -113,19 +137,38 @@ template <typename T, typename = void>
 struct has_peers : std::false_type {};
 template <typename T>
 struct has_peers<T, std::void_t<decltype(std::declval<const T&>().peers())>> : std::true_type {};
+template <typename T, typename = void>
+struct has_channel_send : std::false_type {};
+template <typename T>
+struct has_channel_send<T, std::void_t<decltype(std::declval<T&>().send(
+                               uint64_t{1}, std::declval<const devshare::Exporter&>(), devshare::bytes()))>>
+    : std::true_type {};
+template <typename T, typename = void>
+struct has_pool_send : std::false_type {};
+template <typename T>
+struct has_pool_send<T, std::void_t<decltype(std::declval<T&>().send(std::declval<devshare::Slot&>(), uint64_t{1},
+                                                                     devshare::bytes()))>> : std::true_type {};
 
-static_assert(!has_close<devshare::Channel>::value && !has_peers<devshare::Channel>::value,
-              "Channel::close() and peers() (throwing) are compiled out");
+static_assert(!has_close<devshare::Channel>::value && !has_peers<devshare::Channel>::value &&
+                  !has_channel_send<devshare::Channel>::value,
+              "Channel::close(), peers() and send(peer, exporter, desc) (throwing) are compiled out");
 static_assert(!has_recv<devshare::Connection>::value && !has_close<devshare::Connection>::value,
               "Connection::recv() and close() (throwing) are compiled out");
-static_assert(!has_acquire<devshare::Pool>::value && !has_close<devshare::Pool>::value,
-              "Pool::acquire() and close() (throwing) are compiled out");
+static_assert(!has_acquire<devshare::Pool>::value && !has_close<devshare::Pool>::value &&
+                  !has_pool_send<devshare::Pool>::value,
+              "Pool::acquire(), close() and send(slot, peer, desc) (throwing) are compiled out");
 static_assert(std::is_move_constructible<devshare::Result<devshare::Slot>>::value &&
                   !std::is_copy_constructible<devshare::Result<devshare::Slot>>::value,
               "Result<Slot> is move-only, like Slot");
 static_assert(std::is_move_constructible<devshare::Result<devshare::Import>>::value &&
                   !std::is_copy_constructible<devshare::Result<devshare::Import>>::value,
               "Result<Import> is move-only, like Import");
+static_assert(sizeof(devshare::Import) <= 2 * sizeof(void*),
+              "an Import is two pointers (the C import, and one heap block with its info and handle): moves are "
+              "cheap, copying no DevshareHandle");
+static_assert(std::is_nothrow_move_constructible<devshare::Import>::value &&
+                  std::is_nothrow_move_assignable<devshare::Import>::value,
+              "Import moves are noexcept");
 
 constexpr int kRows = 3;
 constexpr int kCols = 4;
@@ -146,17 +189,21 @@ void test_result() {
     check(failed_with(bad, DEVSHARE_STATUS_BAD_TEXT, "devshare_handle_from_text:") &&
               std::strcmp(bad.error().status_name(), devshare_status_str(DEVSHARE_STATUS_BAD_TEXT)) == 0,
           "Handle::try_from_text(\"hello\"): an error Result (BAD_TEXT, the library's message)");
-    check(&bad.code().category() == &devshare::error_category() &&
+    check(!bad.has_value() && &bad.error().code().category() == &devshare::error_category() &&
               devshare::make_error_code(DEVSHARE_STATUS_TIMEOUT) == std::errc::timed_out &&
               devshare::make_error_code(DEVSHARE_STATUS_BUSY) == std::errc::device_or_resource_busy,
-          "Result::code() is a std::error_code of the devshare category; std::errc equivalents hold");
+          "Error::code() is a std::error_code of the devshare category; std::errc equivalents hold");
     const devshare::Result<uint64_t> none = devshare::Exporter().try_outstanding();
     check(failed_with(none, DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_exporter_outstanding:") &&
               none.value_or(5) == 5,
           "try_outstanding() of an empty Exporter: NULL_ARGUMENT; value_or gives the fallback");
     const devshare::Result<void> ok_void;
+#if DEVSHARE_HPP_STD_EXPECTED
+    check(ok_void.has_value() && static_cast<bool>(ok_void), "a default Result<void> (std::expected) is success");
+#else
     check(ok_void.has_value() && ok_void.status() == DEVSHARE_STATUS_OK && !ok_void.code(),
-          "a default Result<void> is success");
+          "a default Result<void> is success (status() OK, code() empty)");
+#endif
     ok_void.value();  // no-op on success
     const devshare::Result<int32_t> pid = devshare::try_local_pid(DEVSHARE_BACKEND_HOST);
     check(pid && pid.value() == static_cast<int32_t>(getpid()), "try_local_pid(host) is getpid(); value() gives it");
@@ -189,10 +236,17 @@ void test_result() {
     close(fds[0]);
     int status = 0;
     waitpid(child, &status, 0);
+#if DEVSHARE_HPP_STD_EXPECTED
+    // std::expected::value() would throw std::bad_expected_access; without exceptions the
+    // standard library aborts, printing nothing of its own.
+    check(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT,
+          "Result::value() (std::expected) of an error aborts (no exceptions to throw)");
+#else
     check(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT &&
               err.find("devshare: value() of a failed Result") != std::string::npos &&
               err.find("devshare_handle_from_text") != std::string::npos,
           "Result::value() of an error aborts after printing the error (no exceptions to throw)");
+#endif
 }
 
 void test_round_trip() {
@@ -201,10 +255,10 @@ void test_round_trip() {
         return;
     }
     const float* first = static_cast<const float*>(exp->data());
-    const devshare::Result<devshare::Handle> h = exp->try_share(first, {kRows, kCols});
+    const devshare::Result<devshare::Handle> h = exp->try_share(devshare::describe(first, {kRows, kCols}));
     check(h && h->is<float>() && h->ndim() == 2 && h->shape()[1] == kCols && h->strides()[0] == kCols &&
               h->tensor_offset() == 0,
-          "try_share(const float*, {rows, cols}): a float32 handle with shape and strides");
+          "try_share(describe(const float*, {rows, cols})): a float32 handle with shape and strides");
     const devshare::Result<std::string> text = h->try_to_text();
     check(text && text->rfind("devshare1:", 0) == 0, "Handle::try_to_text");
     devshare::Result<devshare::Import> imp = devshare::Import::try_from_text(*text);
@@ -229,36 +283,41 @@ void test_round_trip() {
     check(imp->try_release().has_value() && !*imp, "Import::try_release");
     check(exp->try_outstanding().value_or(9) == 1, "the DLPack tensor still holds the reference");
 
-    const devshare::Result<devshare::Handle> ro_h = exp->try_share_at<float>(0, {kRows, kCols});
+    const devshare::Result<devshare::Handle> ro_h = exp->try_share(devshare::describe_at<float>(0, {kRows, kCols}));
     devshare::Result<devshare::Import> ro =
         devshare::Import::try_from(*ro_h, devshare::import_options(DEVSHARE_IMPORT_READ_ONLY));
     check(ro && failed_with(ro->try_as<float>(), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Import::as<float32>:") &&
               ro->try_as<const float>().has_value(),
           "a read-only import: try_as<float>() refused, try_as<const float>() given");
 
-    check(failed_with(exp->try_share(first + 10000, {1}), DEVSHARE_STATUS_INVALID_ARGUMENT,
-                      "devshare::Exporter::share:"),
-          "try_share of a pointer outside the allocation: INVALID_ARGUMENT from the header");
-    check(failed_with(exp->try_share(first, {1, 1, 1, 1, 1, 1, 1, 1, 1}), DEVSHARE_STATUS_BAD_NDIM,
-                      "devshare::TensorDesc:"),
-          "try_share with 9 dimensions: BAD_NDIM");
+    check(failed_with(exp->try_share(devshare::describe(first + 10000, {1})), DEVSHARE_STATUS_INVALID_ARGUMENT,
+                      "devshare::Exporter::share: the first element's address is outside the range [data(), "
+                      "data() + 1024)"),
+          "try_share of a pointer outside the allocation: INVALID_ARGUMENT from the header, naming the range");
+    check(failed_with(exp->try_share(devshare::describe(first, {1, 1, 1, 1, 1, 1, 1, 1, 1})),
+                      DEVSHARE_STATUS_BAD_NDIM,
+                      "devshare::Exporter::share: devshare::TensorDesc: more dimensions than DEVSHARE_MAX_NDIM"),
+          "try_share with 9 dimensions: BAD_NDIM, reported by try_share");
+    check(failed_with(devshare::TensorDesc::try_make(devshare::dtype_of<float>(), {1, 1, 1, 1, 1, 1, 1, 1, 1}),
+                      DEVSHARE_STATUS_BAD_NDIM, "devshare::TensorDesc: more dimensions than DEVSHARE_MAX_NDIM"),
+          "TensorDesc::try_make with 9 dimensions: BAD_NDIM at once");
 
-    const devshare::Result<devshare::TensorDesc> desc = exp->try_describe(first + 4, {kCols});
-    const devshare::Result<std::vector<uint8_t>> enc = exp->try_share_encoded(*desc);
+    const devshare::TensorDesc desc = devshare::describe(first + 4, {kCols});
+    const devshare::Result<std::vector<uint8_t>> enc = exp->try_share_encoded(desc);
     devshare::Result<devshare::Import> from_enc = devshare::Import::try_from_encoded(*enc);
-    check(desc && enc && from_enc && from_enc->try_as<const float>().has_value() &&
+    check(enc && from_enc && from_enc->try_as<const float>().has_value() &&
               from_enc->try_as<const float>()->operator()(0) == 4.5f,
-          "try_describe + try_share_encoded + Import::try_from_encoded");
+          "describe + try_share_encoded + Import::try_from_encoded");
     check(failed_with(devshare::Import::try_from_encoded(std::vector<uint8_t>(64, 0x55)), DEVSHARE_STATUS_BAD_MAGIC,
                       "devshare_import_encoded:"),
           "Import::try_from_encoded of other bytes: BAD_MAGIC");
 
-    const devshare::Result<devshare::Handle> unused = exp->try_share_bytes();
+    const devshare::Result<devshare::Handle> unused = exp->try_share(devshare::bytes());
     check(unused && unused->try_discard().has_value() &&
               failed_with(unused->try_discard(), DEVSHARE_STATUS_ALREADY_RELEASED, "devshare_handle_discard:"),
           "Handle::try_discard once, then ALREADY_RELEASED");
 
-    const devshare::Result<devshare::Handle> whole = exp->try_share_bytes();
+    const devshare::Result<devshare::Handle> whole = exp->try_share(devshare::bytes());
     const std::string name(reinterpret_cast<const char*>(whole->raw().key), whole->raw().key_len);
     const devshare::Result<devshare::Exporter> adopted = devshare::Exporter::try_host_adopt(name, 1024);
     check(adopted && std::memcmp(adopted->data(), exp->data(), 1024) == 0,
@@ -351,7 +410,7 @@ void test_channel() {
                     "consumer: try_as<const int32_t>() reads what the producer wrote");
             }
             const devshare::Result<devshare::Import> closed = conn->try_recv(wait);
-            say(!closed && closed.status() == DEVSHARE_STATUS_CLOSED &&
+            say(!closed && closed.error().status() == DEVSHARE_STATUS_CLOSED &&
                     std::strncmp(closed.error().what(), "devshare_connection_recv:", 25) == 0,
                 "consumer: try_recv after the producer's close: a Result with DEVSHARE_STATUS_CLOSED");
             say(conn->try_close().has_value() && !*conn, "consumer: Connection::try_close empties it");
@@ -365,8 +424,9 @@ void test_channel() {
         devshare::Result<devshare::Channel> ch = devshare::Channel::try_listen(addr);
         check(ch.has_value(), "Channel::try_listen");
         devshare::Result<devshare::Exporter> exp = devshare::Exporter::try_channel_host_alloc(4 * 256);
-        check(exp && failed_with(exp->try_share_bytes(), DEVSHARE_STATUS_UNSUPPORTED, "devshare_exporter_share:"),
-              "Exporter::try_channel_host_alloc; its try_share_bytes is UNSUPPORTED");
+        check(exp && failed_with(exp->try_share(devshare::bytes()), DEVSHARE_STATUS_UNSUPPORTED,
+                                 "devshare_exporter_share:"),
+              "Exporter::try_channel_host_alloc; its try_share(bytes()) is UNSUPPORTED");
         devshare::Result<devshare::Pool> pool = devshare::Pool::try_create(*ch, *exp, 256, 4);
         check(pool && failed_with(devshare::Pool::try_create(*ch, *exp, 256, 5), DEVSHARE_STATUS_INVALID_ARGUMENT,
                                   "devshare_pool_create:"),
@@ -389,8 +449,8 @@ void test_channel() {
         for (int i = 0; i < 8; i++) {
             v[i] = 40 + i;
         }
-        const devshare::Result<void> sent = pool->try_send(*s, peers->at(0), v, {8});
-        check(sent && !*s, "Pool::try_send<int32_t> hands the slot over (the Slot is empty)");
+        const devshare::Result<void> sent = pool->try_send(*s, peers->at(0), devshare::describe(v, {8}));
+        check(sent && !*s, "Pool::try_send(slot, peer, describe(int32_t*, {8})) hands the slot over (the Slot is empty)");
         check(ch->try_close().has_value() && !*ch, "Channel::try_close empties it");
         check(failed_with(pool->try_acquire(std::chrono::milliseconds(0)), DEVSHARE_STATUS_CLOSED,
                           "devshare_pool_acquire:"),
@@ -409,14 +469,35 @@ void test_channel() {
 
 DevshareExporter* g_leaked = nullptr;
 int32_t g_leak_status = 0;
+int g_leaks = 0;
 
 void record_leak(DevshareExporter* e, int32_t status, const char*) {
     g_leaked = e;
     g_leak_status = status;
+    g_leaks++;
+}
+
+void* device_ptr(CUdeviceptr b) { return reinterpret_cast<void*>(static_cast<uintptr_t>(b)); }
+
+// The CUDA stand-in's primary context made current and `n` blocks of 1 MiB.
+bool cuda_blocks(CUdeviceptr* blocks, int n) {
+    CUdevice dev = 0;
+    CUcontext ctx = nullptr;
+    if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+        cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+        return false;
+    }
+    for (int i = 0; i < n; i++) {
+        if (cuMemAlloc(&blocks[i], 1 << 20) != CUDA_SUCCESS) {
+            return false;
+        }
+    }
+    return true;
 }
 
 // The default leak handler, in a child process (forked before this process touches CUDA): a
-// busy device export destroyed with the default policy is reported on stderr.
+// busy device export destroyed under OnDestroy::leak_and_report (given at construction; the
+// default policy would wait for it) is reported on stderr.
 void test_default_leak_report() {
     if (std::getenv("DEVSHARE_CUDA_LIBRARY") == nullptr) {
         std::printf("# SKIP default leak report: DEVSHARE_CUDA_LIBRARY does not name the CUDA stand-in\n");
@@ -431,18 +512,14 @@ void test_default_leak_report() {
     if (child == 0) {
         dup2(fds[1], 2);
         close(fds[0]);
-        CUdevice dev = 0;
-        CUcontext ctx = nullptr;
         CUdeviceptr b = 0;
-        if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
-            cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
-            cuMemAlloc(&b, 1 << 20) != CUDA_SUCCESS) {
+        if (!cuda_blocks(&b, 1)) {
             _exit(3);
         }
         {
             devshare::Result<devshare::Exporter> e = devshare::Exporter::try_export_memory(
-                DEVSHARE_BACKEND_CUDA, 0, reinterpret_cast<void*>(static_cast<uintptr_t>(b)), 1 << 20);
-            if (!e || !e->try_share_bytes()) {
+                DEVSHARE_BACKEND_CUDA, 0, device_ptr(b), 1 << 20, 0, devshare::OnDestroy::leak_and_report);
+            if (!e || e->on_destroy() != devshare::OnDestroy::leak_and_report || !e->try_share(devshare::bytes())) {
                 _exit(4);
             }
         }
@@ -459,15 +536,19 @@ void test_default_leak_report() {
     int status = 0;
     waitpid(child, &status, 0);
     check(WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
-              err.find("devshare: ~Exporter did not close the export") != std::string::npos &&
-              err.find("busy") != std::string::npos && err.find("references outstanding: 1") != std::string::npos,
-          "the default leak handler reports a busy device export left open by ~Exporter on stderr");
+              err.find("devshare: ~Exporter left the export") != std::string::npos &&
+              err.find(devshare_status_str(DEVSHARE_STATUS_BUSY)) != std::string::npos &&
+              err.find("references outstanding: 1") != std::string::npos,
+          "the default leak handler reports a busy device export left open by ~Exporter "
+          "(OnDestroy::leak_and_report) on stderr");
     if (err.find("~Exporter") == std::string::npos) {
         std::printf("    child stderr: %s\n", err.c_str());
     }
 }
 
 void test_device_destruction() {
+    using std::chrono::milliseconds;
+    using Clock = std::chrono::steady_clock;
     const devshare::Result<DevshareBackendInfo> cuda = devshare::try_probe(DEVSHARE_BACKEND_CUDA);
     if (std::getenv("DEVSHARE_CUDA_LIBRARY") == nullptr || !cuda || !cuda->usable) {
         std::printf("# SKIP device cases: DEVSHARE_CUDA_LIBRARY does not name the CUDA stand-in\n");
@@ -476,49 +557,131 @@ void test_device_destruction() {
     const devshare::ExporterLeakHandler mine = &record_leak;
     check(devshare::set_exporter_leak_handler(mine) != mine && devshare::set_exporter_leak_handler(nullptr) == mine,
           "set_exporter_leak_handler returns the previous handler; nullptr restores the default");
-    CUdevice dev = 0;
-    CUcontext ctx = nullptr;
-    CUdeviceptr b0 = 0, b1 = 0;
-    if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
-        cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
-        cuMemAlloc(&b0, 1 << 20) != CUDA_SUCCESS || cuMemAlloc(&b1, 1 << 20) != CUDA_SUCCESS) {
-        check(false, "CUDA stand-in: a context and two blocks");
+    CUdeviceptr b[4] = {};
+    if (!cuda_blocks(b, 4)) {
+        check(false, "CUDA stand-in: a context and four blocks");
         return;
     }
     const devshare::ExporterLeakHandler previous = devshare::set_exporter_leak_handler(&record_leak);
-    void* p0 = reinterpret_cast<void*>(static_cast<uintptr_t>(b0));
-    void* p1 = reinterpret_cast<void*>(static_cast<uintptr_t>(b1));
-
-    devshare::Handle h0;
-    DevshareExporter* raw0 = nullptr;
-    {
-        devshare::Result<devshare::Exporter> e0 = devshare::Exporter::try_export_memory(DEVSHARE_BACKEND_CUDA, 0, p0,
-                                                                                        1 << 20);
-        h0 = e0->try_share<float>(p0, {256}).value();
-        check(failed_with(e0->try_close(), DEVSHARE_STATUS_BUSY, "devshare_exporter_close:") && *e0,
-              "try_close() of a busy device export: BUSY, the Exporter stays open");
-        raw0 = e0->get();
+    void* p[4];
+    for (int i = 0; i < 4; i++) {
+        p[i] = device_ptr(b[i]);
     }
-    check(g_leaked == raw0 && g_leak_status == DEVSHARE_STATUS_BUSY,
-          "~Exporter (default OnDestroy::close) does not force a busy device export: the leak handler gets it");
-    check(h0.try_discard().has_value() && devshare_exporter_close(g_leaked, 0) == DEVSHARE_STATUS_OK,
+
+    // The default policy: wait, with no limit.
+    const devshare::DestroyPolicy by_default;
+    check(by_default.action == devshare::OnDestroy::wait && by_default.limit == devshare::kForever,
+          "DestroyPolicy{}: OnDestroy::wait with no limit (kForever)");
+    g_leaks = 0;
+    {
+        Clock::time_point start{};
+        std::thread giver;
+        bool given = false;
+        {
+            devshare::Result<devshare::Exporter> e0 =
+                devshare::Exporter::try_export_memory(DEVSHARE_BACKEND_CUDA, 0, p[0], 1 << 20);
+            if (!check(e0.has_value(), "try_export_memory (CUDA stand-in)")) {
+                return;
+            }
+            check(e0->on_destroy() == devshare::OnDestroy::wait && e0->destroy_policy().limit == devshare::kForever,
+                  "an Exporter made without a policy has the default: OnDestroy::wait, no limit");
+            const devshare::Result<devshare::Handle> h0 = e0->try_share(devshare::describe<float>(p[0], {256}));
+            if (!check(h0.has_value(), "try_share(describe<float>(device pointer, {256}))")) {
+                return;
+            }
+            check(failed_with(e0->try_close(), DEVSHARE_STATUS_BUSY, "devshare_exporter_close:") && *e0,
+                  "try_close() of a busy device export: BUSY, the Exporter stays open");
+            // Another thread gives the reference back while ~Exporter waits for it.
+            giver = std::thread([&given, h = *h0] {
+                std::this_thread::sleep_for(milliseconds(200));
+                given = h.try_discard().has_value();
+            });
+            start = Clock::now();
+        }  // ~Exporter: waits for the reference, then closes
+        const Clock::duration waited = Clock::now() - start;
+        giver.join();
+        check(given && g_leaks == 0,
+              "default OnDestroy::wait: ~Exporter of a busy device export waits while another thread gives the "
+              "reference back (Handle::try_discard), then closes: the leak handler is not called");
+        check(waited >= milliseconds(100),
+              "and the destructor returned only after that (it waited " +
+                  std::to_string(std::chrono::duration_cast<milliseconds>(waited).count()) + " ms)");
+    }
+
+    // OnDestroy::leak_and_report given at construction.
+    g_leaked = nullptr;
+    g_leaks = 0;
+    devshare::Handle h1;
+    DevshareExporter* raw1 = nullptr;
+    {
+        devshare::Result<devshare::Exporter> e1 = devshare::Exporter::try_export_memory(
+            DEVSHARE_BACKEND_CUDA, 0, p[1], 1 << 20, 0, devshare::OnDestroy::leak_and_report);
+        if (!check(e1 && e1->on_destroy() == devshare::OnDestroy::leak_and_report,
+                   "try_export_memory(..., OnDestroy::leak_and_report): the policy given at construction")) {
+            return;
+        }
+        h1 = e1->try_share(devshare::describe<float>(p[1], {256})).value();
+        raw1 = e1->get();
+    }
+    check(g_leaks == 1 && g_leaked == raw1 && g_leak_status == DEVSHARE_STATUS_BUSY,
+          "OnDestroy::leak_and_report: ~Exporter does not force a busy device export: the leak handler gets it");
+    check(h1.try_discard().has_value() && devshare_exporter_close(g_leaked, 0) == DEVSHARE_STATUS_OK,
           "once its reference is back the leaked export closes normally");
 
+    // {OnDestroy::wait, 20 ms}: past its limit, as leak_and_report.
     g_leaked = nullptr;
+    g_leaks = 0;
+    devshare::Handle h2;
+    DevshareExporter* raw2 = nullptr;
+    Clock::time_point start{};
     {
-        devshare::Result<devshare::Exporter> e1 = devshare::Exporter::try_export_memory(DEVSHARE_BACKEND_CUDA, 0, p1,
-                                                                                        1 << 20);
-        e1->set_on_destroy(devshare::OnDestroy::force);
-        (void)e1->try_share_bytes();
+        devshare::Result<devshare::Exporter> e2 = devshare::Exporter::try_export_memory(
+            DEVSHARE_BACKEND_CUDA, 0, p[2], 1 << 20, 0, {devshare::OnDestroy::wait, milliseconds(20)});
+        if (!check(e2 && e2->destroy_policy().action == devshare::OnDestroy::wait &&
+                       e2->destroy_policy().limit == milliseconds(20),
+                   "try_export_memory(..., {OnDestroy::wait, 20ms}): the policy given at construction")) {
+            return;
+        }
+        h2 = e2->try_share(devshare::bytes()).value();
+        raw2 = e2->get();
+        start = Clock::now();
     }
-    check(g_leaked == nullptr, "OnDestroy::force: the destructor forces (nothing leaked)");
+    const Clock::duration waited = Clock::now() - start;
+    check(g_leaks == 1 && g_leaked == raw2 && g_leak_status == DEVSHARE_STATUS_BUSY && waited >= milliseconds(20),
+          "{OnDestroy::wait, 20ms}: ~Exporter waits 20 ms for a busy device export, then hands it to the leak "
+          "handler (waited " +
+              std::to_string(std::chrono::duration_cast<milliseconds>(waited).count()) + " ms)");
+    check(h2.try_discard().has_value() && devshare_exporter_close(g_leaked, 0) == DEVSHARE_STATUS_OK,
+          "once its reference is back that export closes normally too");
+
+    // OnDestroy::force, set after construction.
+    g_leaked = nullptr;
+    g_leaks = 0;
+    {
+        devshare::Result<devshare::Exporter> e3 =
+            devshare::Exporter::try_export_memory(DEVSHARE_BACKEND_CUDA, 0, p[3], 1 << 20);
+        if (!check(e3.has_value(), "try_export_memory (CUDA stand-in)")) {
+            return;
+        }
+        e3->set_on_destroy(devshare::OnDestroy::leak_and_report, milliseconds(5));
+        const bool two_args = e3->on_destroy() == devshare::OnDestroy::leak_and_report &&
+                              e3->destroy_policy().limit == milliseconds(5);
+        e3->set_on_destroy(devshare::OnDestroy::force);
+        check(two_args && e3->on_destroy() == devshare::OnDestroy::force &&
+                  e3->destroy_policy().limit == devshare::kForever,
+              "set_on_destroy(action, limit) and set_on_destroy(policy) change the policy; on_destroy() and "
+              "destroy_policy() read it");
+        (void)e3->try_share(devshare::bytes());
+    }
+    check(g_leaks == 0, "OnDestroy::force: the destructor forces (nothing leaked)");
     devshare::set_exporter_leak_handler(previous);
 
     check(failed_with(devshare::Exporter::try_export_segments(DEVSHARE_BACKEND_CUDA, 0, nullptr, {}, 2 << 20),
                       DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_export_segments:"),
           "try_export_segments without a base: NULL_ARGUMENT");
-    (void)cuMemFree(b0);
-    (void)cuMemFree(b1);
+    for (CUdeviceptr block : b) {
+        (void)cuMemFree(block);
+    }
     check(cusi_violation_count() == 0, "the CUDA stand-in recorded no driver rule broken");
 }
 
