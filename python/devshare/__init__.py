@@ -33,25 +33,24 @@ backpressure, and give them back when the consumer releases them or dies: see
 builtin; use ``devshare.open``.
 """
 
-from ._lib import (
-    Error,
-    LibraryNotFoundError,
-    Status,
-    status_name,
-)
 from . import _lib
-from ._handle import Handle
-from ._paths import get_cmake_dir, get_include, get_library, get_pkgconfig_dir
-from ._core import collect, discard, dlpack_capsule, empty, open, outstanding, share, wait
 from ._lib import (
     TORCH_FORMAT_DEFAULT,
     TORCH_FORMAT_UNVERSIONED,
     TORCH_FORMAT_V1,
     TORCH_FORMAT_V2,
     TORCH_FORMAT_V3,
+    Error,
+    LibraryNotFoundError,
+    Status,
+    status_name,
 )
+from ._paths import get_cmake_dir, get_include, get_library, get_pkgconfig_dir
+from ._handle import Handle
 from ._torch_tuples import bridge, convert_storage_handle, local_torch_format, torch_format
+from ._registry import collect
 from ._torch_ipc import allow_ptrace, handle_from_torch, local_pid, storage_tuple, torch_args
+from ._api import discard, dlpack_capsule, empty, open, outstanding, share, wait
 from ._channel import (
     Channel,
     ChannelClosed,

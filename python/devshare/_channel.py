@@ -39,27 +39,32 @@ listening, or use ``spawn``.
 
 Threads: the objects may be used from several threads. Closing an object while another thread
 is inside one of its calls is refused (:class:`devshare.Error` with status ``BUSY``).
+
+This module is the channel API and nothing else: the memory registry it shares with
+:func:`devshare.share` (so that ``outstanding`` / ``wait`` count leases) is
+:mod:`devshare._registry`, and tensors over received memory are made by :mod:`devshare._views`.
+Imports :mod:`devshare._lib`, :mod:`devshare._ints`, :mod:`devshare._dtypes`,
+:mod:`devshare._args`, :mod:`devshare._views` and :mod:`devshare._registry`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import struct
 import threading
 import time
 import weakref
-from ctypes import byref, c_int32, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
+from ctypes import byref, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
 
-from . import _core, _dtypes, _ints
+from . import _dtypes, _ints, _views
+from ._args import normalize_shape, timeout_ms, type_label
 from ._ints import check_args
 from ._lib import (
     BACKEND_HOST,
     CHANNEL_MINOR,
     ChannelP,
     ConnectionP,
-    DType,
     Error,
     ExporterP,
     HandleStruct,
@@ -71,7 +76,6 @@ from ._lib import (
     PoolP,
     STORAGE_TO_END,
     Status,
-    TensorDesc,
     call,
     channel_signatures,
     channel_signatures_1_2,
@@ -81,6 +85,8 @@ from ._lib import (
     registry_lock,
 )
 from ._lib import version as _library_version
+from ._registry import MAX_ALLOC, Export, add_buffer, buffer_at, tensor_desc
+from ._views import array_extent, is_ndarray, is_torch_tensor
 
 # --- Binding the channel functions -------------------------------------------------------------
 
@@ -170,7 +176,7 @@ def _wait_call(fn, ptr, timeout, *outs) -> bool:
     elif type(timeout) is int and 0 <= timeout <= _FAST_SECONDS:
         ms = timeout * 1000
     else:
-        ms = _core._timeout_ms(timeout)
+        ms = timeout_ms(timeout)
         if ms > _I32_MAX:
             return _timed(lambda m: _call(fn, ptr, m, *outs), timeout)
     # The usual waits as ready-made c_int32s (check_args has less to do with them).
@@ -189,7 +195,7 @@ def _timed(fn, timeout) -> bool:
     (None or math.inf: forever; validated like :func:`devshare.wait`'s): False when it timed
     out. The library takes int32 milliseconds (about 24.8 days): longer finite waits are made of
     several calls."""
-    ms = _core._timeout_ms(timeout)
+    ms = timeout_ms(timeout)
     deadline = None if ms <= _I32_MAX else time.monotonic() + ms / 1000
     while True:
         if deadline is not None:
@@ -211,7 +217,7 @@ def _address(address) -> bytes:
         raw = os.fsencode(address)
     else:
         raise TypeError(f"a channel address is a path (str, bytes or os.PathLike) or '@name', not "
-                        f"{_core._type_label(address)}")
+                        f"{type_label(address)}")
     if not raw or raw == b"@":
         raise ValueError("a channel address needs a path or a name after '@'")
     if b"\0" in raw:
@@ -229,14 +235,14 @@ def _peer_id(peer) -> int:
 
 
 def _shape(shape) -> tuple[int, ...]:
-    """:func:`devshare._core._normalize_shape`, with a tuple of in-range ints passed through."""
+    """:func:`devshare._args.normalize_shape`, with a tuple of in-range ints passed through."""
     if type(shape) is tuple:
         for d in shape:
             if type(d) is not int or not 0 <= d <= _N64_MAX:
                 break
         else:
             return shape
-    return _core._normalize_shape(shape)
+    return normalize_shape(shape)
 
 
 _N64_MAX = _ints.N64[1]
@@ -256,27 +262,6 @@ def _dtype_arg(dtype) -> tuple[int, int, int]:
             _DTYPE_ARGS[dtype] = found
         return found
     return _dtypes.from_any(dtype)
-
-
-# DLPack (code, bits, lanes) -> the torch / numpy dtype (looked up once each).
-_TORCH_DTYPES: dict = {}
-_NUMPY_DTYPES: dict = {}
-
-
-def _torch_dtype(dtype):
-    try:
-        return _TORCH_DTYPES[dtype]
-    except KeyError:
-        found = _TORCH_DTYPES[dtype] = _dtypes.to_torch(*dtype)
-        return found
-
-
-def _numpy_dtype(dtype):
-    try:
-        return _NUMPY_DTYPES[dtype]
-    except KeyError:
-        found = _NUMPY_DTYPES[dtype] = _dtypes.to_numpy(*dtype)
-        return found
 
 
 def _forked(what: str, pid: int) -> RuntimeError:
@@ -428,7 +413,7 @@ class _ChannelBuffer:
     def __init__(self, nbytes: int):
         ptr = ExporterP()
         _call(lib.devshare_channel_host_alloc, nbytes, byref(ptr), None)
-        self.export = _core._Export(ptr, None)  # closes ptr if it fails
+        self.export = Export(ptr, None)  # closes ptr if it fails
         weakref.finalize(self, _close_export, os.getpid(), self.export)
 
 
@@ -445,54 +430,10 @@ def _nbytes(shape, code, bits, lanes) -> int:
     for d in shape:
         numel *= d
     nbytes = numel * (bits // 8) * lanes
-    if nbytes > _core._MAX_ALLOC:
+    if nbytes > MAX_ALLOC:
         raise ValueError(f"shape {shape} of {_dtypes.type_name(code, bits, lanes)} needs {nbytes} "
                          f"bytes, more than the largest host allocation")
     return nbytes
-
-
-def _check_like(like: str) -> None:
-    if like == "torch":
-        _dtypes.require_torch()
-    elif like == "numpy":
-        _dtypes.require_numpy()
-    else:
-        raise ValueError(f"like must be 'torch' or 'numpy', not {like!r}")
-
-
-def _view(addr: int, nbytes: int, keep, dtype, shape, strides=None, like: str = "torch"):
-    """A zero-copy tensor/array over ``[addr, addr + nbytes)`` (whose first element is at addr),
-    keeping ``keep`` alive as long as it (and every view of it) lives. ``dtype`` is a DLPack
-    (code, bits, lanes), ``strides`` in elements (None: C-contiguous).
-
-    Every call makes its own storage (a ctypes array over the memory, holding ``keep``): a
-    storage shared between items (or slots) could not keep each one's own owner alive."""
-    esize = dtype[1] // 8 * dtype[2]
-    numel = 1
-    for d in shape:
-        numel *= d
-    if like == "torch":
-        torch = _dtypes.require_torch()
-        tdtype = _torch_dtype(dtype)
-        if numel == 0 or nbytes < esize:
-            return torch.empty(shape, dtype=tdtype)  # no memory to share
-        raw = (c_uint8 * nbytes).from_address(addr)
-        raw._devshare_keep = keep  # the ctypes array (and so every tensor over it) keeps it
-        count = nbytes // esize
-        flat = torch.frombuffer(raw, dtype=tdtype, count=count)
-        if len(shape) == 1 and shape[0] == count and (strides is None or strides[0] == 1):
-            return flat  # the whole region, as one row: nothing to slice
-        if strides is None:
-            return flat[:numel].view(shape)
-        return flat.as_strided(shape, strides)
-    numpy = _dtypes.require_numpy()
-    ndtype = _numpy_dtype(dtype)
-    if numel == 0 or nbytes == 0:
-        return numpy.empty(shape, dtype=ndtype)
-    raw = (ctypes.c_uint8 * nbytes).from_address(addr)
-    raw._devshare_keep = keep
-    bstrides = None if strides is None else tuple(s * esize for s in strides)
-    return numpy.ndarray(shape, dtype=ndtype, buffer=raw, strides=bstrides)
 
 
 def channel_empty(shape, dtype="float32", like: str = "torch"):
@@ -509,9 +450,9 @@ def channel_empty(shape, dtype="float32", like: str = "torch"):
     Also available as :meth:`Channel.host_empty`.
     """
     _require()
-    shape = _core._normalize_shape(shape)
+    shape = normalize_shape(shape)
     code, bits, lanes = _dtypes.from_any(dtype)
-    _check_like(like)
+    _views.check_like(like)
     if like == "torch":
         _dtypes.to_torch(code, bits, lanes)
     else:
@@ -520,27 +461,8 @@ def channel_empty(shape, dtype="float32", like: str = "torch"):
     with registry_lock:
         buf = _ChannelBuffer(max(nbytes, 1))
         # Registered like devshare.empty()'s buffers: outstanding()/wait() and send() find it.
-        _core._add_buffer(buf)
-    return _view(buf.export.base, nbytes, buf, (code, bits, lanes), shape, like=like)
-
-
-def _tensor_desc(dtype, shape, strides, storage_offset, storage_size, tensor_offset):
-    """A TensorDesc for a leased share (no in-flight reference: the channel holds the lease).
-    Returns (desc, arrays that must outlive the call)."""
-    shape_arr = _ints.int64_array("shape", shape)
-    strides_arr = _ints.int64_array("strides", strides)
-    desc = new_struct(
-        TensorDesc,
-        dtype=DType(*dtype),
-        ndim=len(shape),
-        shape=ctypes.cast(shape_arr, ctypes.POINTER(ctypes.c_int64)),
-        strides=ctypes.cast(strides_arr, ctypes.POINTER(ctypes.c_int64)),
-        storage_offset=storage_offset,
-        storage_size=storage_size,
-        tensor_offset=tensor_offset,
-        flags=0,
-    )
-    return desc, (shape_arr, strides_arr)
+        add_buffer(buf)
+    return _views.view(buf.export.base, nbytes, buf, (code, bits, lanes), shape, like=like)
 
 
 def _contiguous(shape) -> tuple[int, ...]:
@@ -554,7 +476,7 @@ def _contiguous(shape) -> tuple[int, ...]:
 def _layout(obj):
     """(address of element 0, dtype, shape, element strides, bytes spanned) of a CPU torch
     tensor or numpy array."""
-    if _core._is_torch_tensor(obj):
+    if is_torch_tensor(obj):
         if obj.device.type != "cpu":
             raise ValueError(f"only CPU tensors can be sent this way, not {obj.device.type} tensors")
         if obj.is_conj() or obj.is_neg():
@@ -566,15 +488,15 @@ def _layout(obj):
         esize = obj.element_size()
         span = 0 if obj.numel() == 0 else esize * (1 + sum((d - 1) * s for d, s in zip(shape, strides)))
         return obj.data_ptr(), _dtypes.from_any(obj.dtype), shape, strides, span
-    if _core._is_ndarray(obj):
-        addr, span = _core._array_extent(obj)
+    if is_ndarray(obj):
+        addr, span = array_extent(obj)
         esize = obj.itemsize
         for s in obj.strides:
             if s % esize:
                 raise ValueError(f"stride {s} bytes is not a multiple of the element size {esize}")
         return (addr, _dtypes.from_any(obj.dtype), tuple(obj.shape),
                 tuple(s // esize for s in obj.strides), span)
-    raise TypeError(f"expected a torch tensor or a numpy array, not {_core._type_label(obj)}")
+    raise TypeError(f"expected a torch tensor or a numpy array, not {type_label(obj)}")
 
 
 # --- Producer ----------------------------------------------------------------------------------------
@@ -747,7 +669,7 @@ class Channel(_Owned):
         peer = _peer_id(peer)
         addr, dtype, shape, strides, span = _layout(obj)
         with registry_lock:
-            buf = _core._buffer_at(addr, span)
+            buf = buffer_at(addr, span)
         if buf is None:
             raise TypeError("this tensor's memory cannot be sent over a channel: allocate it with "
                             "devshare.channel_empty(shape, dtype) (or devshare.empty), or use a pool")
@@ -757,12 +679,14 @@ class Channel(_Owned):
         # The storage is the whole allocation; the tensor starts at element offset // esize, or,
         # when offset is not a whole number of elements, at its own byte offset.
         if offset % esize == 0:
-            desc, keep = _tensor_desc(dtype, shape, strides, 0, exp.size, offset // esize)
+            desc, keep = tensor_desc(dtype, shape, strides, 0, exp.size, offset // esize,
+                                     inflight=False)
         else:
-            desc, keep = _tensor_desc(dtype, shape, strides, offset, exp.size - offset, 0)
+            desc, keep = tensor_desc(dtype, shape, strides, offset, exp.size - offset, 0,
+                                     inflight=False)
         ptr = self._enter()
         try:
-            _call(lib.devshare_channel_send, ptr, peer, exp._ptr, byref(desc))
+            _call(lib.devshare_channel_send, ptr, peer, exp.ptr, byref(desc))
         finally:
             self._exit()
         del keep, buf  # (held until here: the allocation stays open during the call)
@@ -800,19 +724,19 @@ class Pool(_Owned):
 
     def __init__(self, channel: Channel, slot_nbytes: int, count: int, memory=None):
         if not isinstance(channel, Channel):
-            raise TypeError(f"Pool needs a devshare.Channel, not {_core._type_label(channel)}")
+            raise TypeError(f"Pool needs a devshare.Channel, not {type_label(channel)}")
         slot_nbytes = _ints.index("slot_nbytes", slot_nbytes, 1, _ints.N64[1])
         count = _ints.index("count", count, 1, _ints.U32[1])
         total = slot_nbytes * count
         if memory is None:
-            if total > _core._MAX_ALLOC:
+            if total > MAX_ALLOC:
                 raise ValueError(f"{count} slots of {slot_nbytes} bytes are more than the largest "
                                  f"host allocation")
             keeper = _ChannelBuffer(total)
         else:
             addr, _, _, _, span = _layout(memory)
             with registry_lock:
-                keeper = _core._buffer_at(addr, span)
+                keeper = buffer_at(addr, span)
             if keeper is None:
                 raise TypeError("a pool's memory must come from devshare.channel_empty() or "
                                 "devshare.empty()")
@@ -822,7 +746,7 @@ class Pool(_Owned):
         ptr = PoolP()
         ch = channel._enter()
         try:
-            _call(lib.devshare_pool_create, ch, keeper.export._ptr, slot_nbytes, count, byref(ptr))
+            _call(lib.devshare_pool_create, ch, keeper.export.ptr, slot_nbytes, count, byref(ptr))
         finally:
             channel._exit()
         pool_id = c_uint32()
@@ -869,14 +793,14 @@ class Pool(_Owned):
         a descriptor, and a pool's items usually share a few layouts, so the descriptors are
         kept by layout (up to _MAX_DESCS) instead of being made (and initialised by the
         library) for every item. Only layouts of plain ints are kept: anything else goes
-        through the checks of :func:`_tensor_desc` every time."""
+        through the checks of :func:`devshare._registry.tensor_desc` every time."""
         if type(offset) is not int or any(type(x) is not int for x in strides):
-            desc, keep = _tensor_desc(dtype, shape, strides, offset, STORAGE_TO_END, 0)
+            desc, keep = tensor_desc(dtype, shape, strides, offset, STORAGE_TO_END, 0, inflight=False)
             return byref(desc), desc, keep
         key = (dtype, shape, strides, offset)
         entry = self._descs.get(key)
         if entry is None:
-            desc, keep = _tensor_desc(dtype, shape, strides, offset, STORAGE_TO_END, 0)
+            desc, keep = tensor_desc(dtype, shape, strides, offset, STORAGE_TO_END, 0, inflight=False)
             entry = (byref(desc), desc, keep)
             if len(self._descs) >= _MAX_DESCS:
                 self._descs.clear()
@@ -959,8 +883,8 @@ class Slot:
             raise ValueError(f"shape {shape} of {_dtypes.type_name(*code_bits_lanes)} at offset "
                              f"{offset} needs {need} bytes, beyond the {self.nbytes}-byte slot")
         # The view keeps this Slot (and through it the pool's memory) alive.
-        return _view(self.address + offset, self.nbytes - offset, self, code_bits_lanes, shape,
-                     like=like)
+        return _views.view(self.address + offset, self.nbytes - offset, self, code_bits_lanes,
+                           shape, like=like)
 
     def tensor(self, shape=None, dtype="uint8", offset: int = 0):
         """A zero-copy torch tensor over the slot: ``shape`` (None: as many elements as fit)
@@ -1046,7 +970,7 @@ def _return_slot(pid, pool, index) -> None:
 
 class _Lease:
     """One received import; given back once (explicitly or when it is garbage). Tensors made
-    over it keep it alive (see :func:`_view`).
+    over it keep it alive (see :func:`devshare._views.view`).
 
     :meth:`release` gives the item back to the producer at once
     (``devshare_import_give_back``) but keeps the mapping until this object is garbage, that
@@ -1204,7 +1128,7 @@ def _item(imp: ImportP, like: str) -> Item:
         if info.backend == BACKEND_HOST:
             data = info.data or 0
             end = (info.storage or 0) + info.storage_size
-            tensor = _view(data, max(end - data, 0), lease, dtype, shape, strides, like)
+            tensor = _views.view(data, max(end - data, 0), lease, dtype, shape, strides, like)
         else:
             tensor = _device_tensor(imp, like)
         return Item(lease, tensor, *where)
@@ -1219,10 +1143,7 @@ def _device_tensor(imp, like):
     # released and that tensor is gone as well.
     if like != "torch":
         raise ValueError("device items open as torch tensors only (like='torch')")
-    from . import _dlpack
-
-    torch = _dtypes.require_torch()
-    return torch.from_dlpack(_dlpack.capsule(_dlpack.managed_from_import(imp, versioned=True)))
+    return _views.from_import(imp, "torch")
 
 
 class Connection(_Owned):
@@ -1272,7 +1193,7 @@ class Connection(_Owned):
         :class:`ChannelClosed` once the producer closed the channel or exited and everything it
         sent was received. ``like``: "torch" (default) or "numpy" for :attr:`Item.tensor`."""
         if like != "torch" or _dtypes.torch_module() is None:
-            _check_like(like)
+            _views.check_like(like)
         imp = ImportP()
         ptr = self._enter()
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import pathlib
+import pkgutil
 import re
 import shutil
 from ctypes import POINTER, Structure, c_char, c_int32, c_int64, c_uint8, c_uint16, c_uint32, c_void_p
@@ -97,12 +98,14 @@ def test_package_mirrors_match_c(checker):
 
 def test_package_defines_no_other_struct_mirrors():
     """Every ctypes struct with fields in the package is one of the checked mirrors in _abi."""
-    import devshare._core, devshare._dlpack, devshare._dtypes, devshare._handle, devshare._torch_ipc  # noqa: E401,F401,I001
+    names = sorted(m.name for m in pkgutil.iter_modules(devshare.__path__)
+                   if m.name.startswith("_") and not m.name.startswith("__"))
+    assert {"_abi", "_lib", "_api", "_channel", "_handle", "_registry", "_torch_ipc"} <= set(names)
 
     known = set(_abi.STRUCTS.values())
     stray = []
-    for name in ("_abi", "_lib", "_core", "_dlpack", "_dtypes", "_handle", "_torch_ipc"):
-        mod = getattr(devshare, name)
+    for name in names:
+        mod = importlib.import_module(f"devshare.{name}")
         stray += [f"devshare.{name}.{k}" for k, v in abi_check.structs_in(mod).items() if v not in known]
     assert not stray, f"ctypes structs outside devshare._abi.STRUCTS (unchecked): {stray}"
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import devshare
-from devshare import _core, _lib
+from devshare import _args, _lib, _registry
 from conftest import shm_objects, ours
 
 
@@ -75,9 +75,9 @@ def test_a_huge_timeout_is_a_value_error_not_an_immediate_return():
     assert time.monotonic() - t0 < 5
     assert devshare.outstanding(x) == 1  # nothing was released on the way
     # Every finite wait the library can take is accepted (the last representable second).
-    assert _core._timeout_ms((2**63 - 1) // 1000) == (2**63 - 1) // 1000 * 1000
-    assert _core._timeout_ms(0.0001) == 1  # rounded up: a tiny timeout still waits
-    assert _core._timeout_ms(None) == -1 and _core._timeout_ms(math.inf) == -1
+    assert _args.timeout_ms((2**63 - 1) // 1000) == (2**63 - 1) // 1000 * 1000
+    assert _args.timeout_ms(0.0001) == 1  # rounded up: a tiny timeout still waits
+    assert _args.timeout_ms(None) == -1 and _args.timeout_ms(math.inf) == -1
     devshare.open(h)
     gc.collect()
     assert devshare.wait(x, timeout=0) is True
@@ -211,14 +211,14 @@ def test_every_library_call_and_struct_field_is_range_checked():
     # The backstop under the explicit checks: arguments (call) and struct fields (new_struct).
     from devshare import _ints
 
-    exp = _core._Export.alloc(64)
+    exp = _registry.Export.alloc(64)
     try:
         with pytest.raises(ValueError, match="out of range"):
-            _lib.call(_lib.lib.devshare_exporter_wait, exp._ptr, 2**64)
+            _lib.call(_lib.lib.devshare_exporter_wait, exp.ptr, 2**64)
         with pytest.raises(ValueError, match="out of range"):
             exp.wait(2**63)
         with pytest.raises(TypeError):
-            _lib.call(_lib.lib.devshare_exporter_wait, exp._ptr, 0.5)
+            _lib.call(_lib.lib.devshare_exporter_wait, exp.ptr, 0.5)
         with pytest.raises(ValueError, match="out of range"):
             _lib.call(_lib.lib.devshare_host_alloc, 2**64 + 64, ctypes.byref(_lib.ExporterP()), None)
         with pytest.raises(ValueError, match=r"TensorDesc.storage_offset .* out of range"):

@@ -236,7 +236,7 @@ def test_star_import_does_not_shadow_builtin_open():
     exec("f = open", ns)
     assert ns["f"] is builtins.open
     # devshare.open is still there, and everything else of the API is exported.
-    assert devshare.open is devshare._core.open and "open" not in devshare.__all__
+    assert devshare.open is devshare._api.open and "open" not in devshare.__all__
     for name in ("share", "empty", "wait", "outstanding", "Handle", "Error", "library_path",
                  "library_version", *devshare.__all__):
         assert name in ns, name

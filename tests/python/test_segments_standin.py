@@ -136,7 +136,7 @@ CONSUMER = textwrap.dedent(r"""
     import ctypes, struct, sys
     from ctypes import byref
     import devshare
-    from devshare import _core, _lib
+    from devshare import _api, _lib
     from devshare._lib import call, lib, new_struct
 
     text, n, start, write = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
@@ -160,7 +160,7 @@ CONSUMER = textwrap.dedent(r"""
         diff = [f for f in fields if getattr(h3, f) != getattr(h, f)]
         print("SAME", not diff, *diff, flush=True)
         h = h3
-    imp = _core._import(h, False)
+    imp = _api._import(h, False)
     try:
         info = new_struct(_lib.ImportInfo)
         call(lib.devshare_import_info, imp, byref(info))
@@ -278,7 +278,7 @@ def test_a_long_table_handle_cut_from_its_text_is_refused_by_name(standin_env):
             st = lib.devshare_import(ctypes.byref(h._h), None, ctypes.byref(imp))
             print(st, _lib.last_error())
             # then return the reference, through the package (it imports with the encoding)
-            real = devshare._core._import(h, False)
+            real = devshare._api._import(h, False)
             lib.devshare_import_release(real)
         """)
         c = run([sys.executable, "-c", code, text], env=standin_env, timeout=60)
