@@ -7,7 +7,8 @@
     --library         the full path of the wheel's libdevshare.so.1
     --version         the package version
 
-It imports only :mod:`devshare._paths`: no library is loaded.
+Besides the package's ``__version__`` it uses only :mod:`devshare._paths`: it loads no library
+itself.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import argparse
 import shlex
 import sys
 
+# The parent package's __init__ has run (python -m imports it first); the paths need nothing
+# of it, the version is its own.
+from . import __version__, _paths
+
 
 def main(argv=None) -> int:
-    # The parent package's __init__ has run (python -m imports it); the paths need nothing of it.
-    from . import _paths
-
     p = argparse.ArgumentParser(prog="python -m devshare", description=__doc__.splitlines()[0])
     p.add_argument("--cmake-dir", "--cmakedir", action="store_true", help="CMake package directory")
     p.add_argument("--includes", action="store_true", help="-I flags for the headers")
@@ -32,7 +34,6 @@ def main(argv=None) -> int:
     out = []
     try:
         if args.version:
-            from . import __version__
             out.append(__version__)
         if args.cmake_dir:
             out.append(_paths.get_cmake_dir())

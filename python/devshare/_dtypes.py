@@ -1,11 +1,15 @@
 """Element types: DLPack (code, bits, lanes) <-> torch and numpy dtypes.
 
 torch and numpy are imported lazily, so either can be absent.
+
+Imports only :mod:`devshare._ints`.
 """
 
 from __future__ import annotations
 
 import sys
+
+from ._ints import U8, U16, index
 
 INT, UINT, FLOAT, OPAQUE, BFLOAT, COMPLEX, BOOL = 0, 1, 2, 3, 4, 5, 6
 # DLPack's float8 codes.
@@ -118,8 +122,6 @@ def from_any(dtype) -> tuple[int, int, int]:
     field does not fit its C type)."""
     if isinstance(dtype, tuple) and len(dtype) == 3:
         # DLPack (code, bits, lanes): checked like every integer bound for the library.
-        from ._ints import U8, U16, index
-
         return (index("dtype code", dtype[0], *U8), index("dtype bits", dtype[1], *U8),
                 index("dtype lanes", dtype[2], *U16))
     name = None
