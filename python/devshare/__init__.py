@@ -33,6 +33,18 @@ backpressure, and give them back when the consumer releases them or dies: see
 builtin; use ``devshare.open``.
 """
 
+# The package's modules, each with one job, in layers (a module imports only modules of lower
+# layers; tests/python/test_module_graph.py checks it):
+#   _abi, _ints, _paths                  the C ABI's mirrors; integer checks; the wheel's paths
+#   _dtypes, _lib                        element types; loading the library and calling it
+#   _args, _dlpack, _handle_struct       argument checks; DLPack capsules; a handle struct's extras
+#   _torch_tuples, _views                PyTorch IPC tuples <-> handle structs; memory <-> tensors
+#   _handle                              the Handle class
+#   _registry, _torch_ipc                this process's exporters and imports; device tensors
+#   _api                                 share / open / empty / outstanding / wait / discard
+#   _channel                             channels, pools, connections
+#   __init__ (this facade), __main__
+
 from . import _lib
 from ._lib import (
     TORCH_FORMAT_DEFAULT,

@@ -5,6 +5,8 @@ reference to the import and its deleter releases that reference. This module wra
 PyCapsule named ``"dltensor_versioned"`` / ``"dltensor"``. A consumer (torch.from_dlpack,
 numpy.from_dlpack) renames the capsule to ``"used_..."`` and becomes responsible for calling the
 deleter; a capsule that is never consumed calls the deleter when it is destroyed.
+
+Imports only :mod:`devshare._lib`.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ The rules (the README's Python section states them):
   and so are ``float``, ``str``, ``bytes`` and everything else: :class:`TypeError`;
 - a value outside what the C field holds (or what the argument allows) is a :class:`ValueError`
   naming the argument, the value and the range, raised before anything reaches the library.
+
+Imports no module of the package (the bottom layer: every module may use it).
 """
 
 from __future__ import annotations

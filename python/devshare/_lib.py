@@ -5,6 +5,8 @@ The constants, status codes and struct mirrors of include/devshare.h are in :mod
 negative status into a :class:`Error` carrying the status and the library's own message
 (``devshare_last_error``). Structs that the library versions by ``struct_size`` are made with
 :func:`new_struct`, which runs their C ``devshare_<struct>_init`` function.
+
+Imports :mod:`devshare._abi` and :mod:`devshare._ints`.
 """
 
 from __future__ import annotations

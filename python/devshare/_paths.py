@@ -11,6 +11,8 @@ build) carries ``cmake --install``'s tree inside the package, as ``devshare/_lib
 A C/C++ stage built against these and this package, imported in the same process, use one
 libdevshare (the package loads ``_lib/lib/libdevshare.so.1`` first; a program linked against it
 names the same soname). These functions need no library loaded: ``python -m devshare`` uses them.
+
+Imports no module of the package.
 """
 
 from __future__ import annotations
