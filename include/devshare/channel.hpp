@@ -171,7 +171,7 @@ public:
 #endif
 
 private:
-    detail::unique_c<DevshareChannel, &devshare_channel_close> ch_;
+    detail::closed_by<DevshareChannel, &devshare_channel_close> ch_;
 };
 
 // The consumer end of a channel (DevshareConnection). Move-only; a moved-from or
@@ -261,7 +261,7 @@ public:
 #endif
 
 private:
-    detail::unique_c<DevshareConnection, &devshare_connection_close> conn_;
+    detail::closed_by<DevshareConnection, &devshare_connection_close> conn_;
 };
 
 }  // namespace devshare

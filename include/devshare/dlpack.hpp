@@ -8,9 +8,9 @@
 #define DEVSHARE_DLPACK_HPP
 
 #include "dtype.hpp"
+#include "owner.hpp"
 
 #include <cstddef>
-#include <memory>
 
 namespace devshare {
 
@@ -133,7 +133,7 @@ private:
     Layout* layout() const noexcept { return reinterpret_cast<Layout*>(p_.get()); }
     const detail::DLTensorLayout& tensor() const noexcept { return layout()->dl_tensor; }
 
-    std::unique_ptr<M, RunDeleter> p_;
+    detail::unique_c<M, RunDeleter> p_;
 };
 
 using DLPackVersioned = DLPackTensor<DLManagedTensorVersioned>;

@@ -213,6 +213,10 @@ public:
 
     // Address of the allocation in this process (valid until close), nullptr when empty.
     [[nodiscard]] void* data() const noexcept { return data_; }
+    template <typename T>
+    [[nodiscard]] T* data() const noexcept {
+        return static_cast<T*>(data());
+    }
     // Size of the allocation in bytes, 0 when empty.
     [[nodiscard]] uint64_t size() const noexcept { return size_; }
     // The C exporter, still owned by this object (nullptr when empty).
@@ -306,7 +310,7 @@ private:
             return detail::failure(Error::from_last(status));
         }
         Exporter x;
-        x.exp_ = std::unique_ptr<DevshareExporter, detail::ExporterCloser>(e, detail::ExporterCloser{p});
+        x.exp_ = detail::unique_c<DevshareExporter, detail::ExporterCloser>(e, detail::ExporterCloser{p});
         x.data_ = e != nullptr ? data : nullptr;
         x.size_ = e != nullptr ? size : 0;
         return x;
@@ -319,7 +323,7 @@ private:
         return detail::lower("devshare::Exporter::share", desc, data_, size_, c);
     }
 
-    std::unique_ptr<DevshareExporter, detail::ExporterCloser> exp_;
+    detail::unique_c<DevshareExporter, detail::ExporterCloser> exp_;
     detail::cleared<void*> data_;
     detail::cleared<uint64_t> size_;
 };

@@ -219,8 +219,8 @@ struct ShareOptions {
 //     describe_at<float>(byte_offset, {n}) first element at a byte offset in the range
 //     bytes()                              the whole range as 1-D uint8
 //     TensorDesc::make(dtype, shape)       first element at tensor_offset elements into the storage
-// or pass a C DevshareTensorDesc where a TensorDesc is taken (it converts, pointing at it; start
-// it from tensor_desc()). A problem found while describing (too many dimensions, ...) is reported
+// or pass a C DevshareTensorDesc where a TensorDesc is taken (it converts, copied; start it from
+// tensor_desc()). A problem found while describing (too many dimensions, ...) is reported
 // by the call that takes the description. The fields may be changed before that call.
 struct TensorDesc {
     // Where the first element is: tensor_offset elements into the storage, `address`, byte
@@ -240,13 +240,13 @@ struct TensorDesc {
     First first = First::storage;
     const void* address = nullptr;
     uint64_t offset = 0;
-    const DevshareTensorDesc* c = nullptr;
+    DevshareTensorDesc c{};  // a copy of the C desc (its shape and strides stay the caller's)
     int32_t problem = DEVSHARE_STATUS_OK;  // set by make/describe: reported by the call
     const char* problem_text = nullptr;
 
     TensorDesc() = default;
-    // A C desc, used as it is (it must outlive the call it is passed to).
-    TensorDesc(const DevshareTensorDesc& desc) noexcept : first(First::c_desc), c(&desc) {}  // NOLINT: implicit
+    // A C desc, used as it is (copied; its shape and strides must outlive the call).
+    TensorDesc(const DevshareTensorDesc& desc) noexcept : first(First::c_desc), c(desc) {}  // NOLINT: implicit
 
     // A desc of `dtype` with `shape` and `strides` (empty: C-contiguous); the rest default. At
     // most DEVSHARE_MAX_NDIM dimensions; strides empty or as many as shape.
@@ -352,7 +352,7 @@ namespace detail {
     }
     uint64_t at = d.offset;
     switch (d.first) {
-    case TensorDesc::First::c_desc: return d.c;
+    case TensorDesc::First::c_desc: return &d.c;
     case TensorDesc::First::whole_range: return static_cast<const DevshareTensorDesc*>(nullptr);
     case TensorDesc::First::storage: *out = d.raw(); return static_cast<const DevshareTensorDesc*>(out);
     case TensorDesc::First::address: {

@@ -92,7 +92,7 @@ public:
         if (raw == nullptr) {
             return imp;
         }
-        std::unique_ptr<Meta> meta(new Meta);
+        detail::unique_c<Meta, DeleteMeta> meta(new Meta);
         (void)devshare_import_info_init(&meta->info, sizeof meta->info);  // cannot fail: non-NULL, sizeof
         int32_t s = devshare_import_info(raw, &meta->info);
         if (s == DEVSHARE_STATUS_OK) {
@@ -102,7 +102,7 @@ public:
             return detail::failure(Error::from_last(s));
         }
         imp.imp_.reset(raw);
-        imp.meta_ = std::move(meta);
+        imp.meta_.reset(meta.release());
         return imp;
     }
 
@@ -231,6 +231,9 @@ private:
         DevshareImportInfo info{};
         Handle handle;
     };
+    struct DeleteMeta {
+        void operator()(const Meta* m) const noexcept { delete m; }
+    };
     static const Meta& empty() noexcept {
         static const Meta m;
         return m;
@@ -257,8 +260,8 @@ private:
         return imp;
     }
 
-    detail::unique_c<DevshareImport, &devshare_import_release> imp_;
-    std::unique_ptr<const Meta> meta_;
+    detail::closed_by<DevshareImport, &devshare_import_release> imp_;
+    detail::unique_c<const Meta, DeleteMeta> meta_;
 };
 
 }  // namespace devshare

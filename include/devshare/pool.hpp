@@ -79,7 +79,7 @@ private:
         size_ = 0;
     }
 
-    std::unique_ptr<DevsharePool, GiveBack> pool_;
+    detail::unique_c<DevsharePool, GiveBack> pool_;
     detail::cleared<void*> data_;
     detail::cleared<uint64_t> size_;
 };
@@ -234,7 +234,7 @@ private:
         return {};
     }
 
-    detail::unique_c<DevsharePool, &devshare_pool_close> pool_;
+    detail::closed_by<DevsharePool, &devshare_pool_close> pool_;
     detail::cleared<uint64_t> slot_size_;
     detail::cleared<uint32_t> count_;
 };
