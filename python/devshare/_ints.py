@@ -15,7 +15,7 @@ The rules (the README's Python section states them):
 - a value outside what the C field holds (or what the argument allows) is a :class:`ValueError`
   naming the argument, the value and the range, raised before anything reaches the library.
 
-Imports no module of the package (the bottom layer: every module may use it).
+Imports no module of the package (it is in the bottom layer: every module above may use it).
 """
 
 from __future__ import annotations
