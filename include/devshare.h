@@ -61,13 +61,13 @@
 #define DEVSHARE_VERSION_MAJOR 1
 
 // Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
-#define DEVSHARE_VERSION_MINOR 2
+#define DEVSHARE_VERSION_MINOR 3
 
 // Patch version (fixes; no interface change).
 #define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 66048
+#define DEVSHARE_VERSION 66304
 
 // `DevshareTensorDesc::storage_size` value meaning "from `storage_offset` to the end of the
 // allocation".
