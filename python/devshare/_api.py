@@ -36,7 +36,6 @@ from ._lib import (
     registry_lock,
 )
 from ._registry import (
-    MAX_ALLOC,
     Export,
     HostBuffer,
     add_buffer,
@@ -46,6 +45,7 @@ from ._registry import (
     buffer_at,
     buffer_named,
     collect_except,
+    host_nbytes,
     import_at,
     note_import,
 )
@@ -350,13 +350,7 @@ def empty(shape, dtype="float32", like: str = "torch"):
         _dtypes.to_numpy(code, bits, lanes)
     else:
         raise ValueError(f"like must be 'torch' or 'numpy', not {like!r}")
-    numel = 1
-    for d in shape:
-        numel *= d
-    nbytes = numel * (bits // 8) * lanes
-    if nbytes > MAX_ALLOC:
-        raise ValueError(f"shape {shape} of {_dtypes.type_name(code, bits, lanes)} needs {nbytes} "
-                         f"bytes, more than the largest host allocation ({MAX_ALLOC} bytes)")
+    nbytes = host_nbytes(shape, code, bits, lanes)
     with registry_lock:
         buf = HostBuffer(max(nbytes, 1))
         add_buffer(buf)

@@ -85,7 +85,7 @@ from ._lib import (
     registry_lock,
 )
 from ._lib import version as _library_version
-from ._registry import MAX_ALLOC, Export, add_buffer, buffer_at, tensor_desc
+from ._registry import MAX_ALLOC, Export, add_buffer, buffer_at, host_nbytes, tensor_desc
 from ._views import array_extent, is_ndarray, is_torch_tensor
 
 # --- Binding the channel functions -------------------------------------------------------------
@@ -425,17 +425,6 @@ def _close_export(pid, export) -> None:
             pass
 
 
-def _nbytes(shape, code, bits, lanes) -> int:
-    numel = 1
-    for d in shape:
-        numel *= d
-    nbytes = numel * (bits // 8) * lanes
-    if nbytes > MAX_ALLOC:
-        raise ValueError(f"shape {shape} of {_dtypes.type_name(code, bits, lanes)} needs {nbytes} "
-                         f"bytes, more than the largest host allocation")
-    return nbytes
-
-
 def channel_empty(shape, dtype="float32", like: str = "torch"):
     """Uninitialised (zero-filled) host memory for channels, as a torch tensor or numpy array.
 
@@ -457,7 +446,7 @@ def channel_empty(shape, dtype="float32", like: str = "torch"):
         _dtypes.to_torch(code, bits, lanes)
     else:
         _dtypes.to_numpy(code, bits, lanes)
-    nbytes = _nbytes(shape, code, bits, lanes)
+    nbytes = host_nbytes(shape, code, bits, lanes)
     with registry_lock:
         buf = _ChannelBuffer(max(nbytes, 1))
         # Registered like devshare.empty()'s buffers: outstanding()/wait() and send() find it.
@@ -878,7 +867,7 @@ class Slot:
             shape = ((self.nbytes - offset) // esize,)
         else:
             shape = _shape(shape)
-        need = _nbytes(shape, *code_bits_lanes)
+        need = host_nbytes(shape, *code_bits_lanes)
         if offset + need > self.nbytes:
             raise ValueError(f"shape {shape} of {_dtypes.type_name(*code_bits_lanes)} at offset "
                              f"{offset} needs {need} bytes, beyond the {self.nbytes}-byte slot")

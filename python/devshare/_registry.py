@@ -30,7 +30,7 @@ import ctypes
 import weakref
 from ctypes import byref, c_int64, c_uint64, c_void_p
 
-from . import _ints
+from . import _dtypes, _ints
 from ._handle import Handle
 from ._lib import (
     SHARE_INFLIGHT,
@@ -51,6 +51,18 @@ from ._lib import (
 HEADER_SIZE = 64
 #: The largest host allocation the library makes: header + data must fit an off_t (int64).
 MAX_ALLOC = (1 << 63) - 1 - HEADER_SIZE
+
+
+def host_nbytes(shape, code, bits, lanes) -> int:
+    """Bytes of a host tensor of ``shape`` and this dtype; ValueError past :data:`MAX_ALLOC`."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    nbytes = numel * (bits // 8) * lanes
+    if nbytes > MAX_ALLOC:
+        raise ValueError(f"shape {shape} of {_dtypes.type_name(code, bits, lanes)} needs {nbytes} "
+                         f"bytes, more than the largest host allocation ({MAX_ALLOC} bytes)")
+    return nbytes
 
 
 # --- Exporters ------------------------------------------------------------------------------------
