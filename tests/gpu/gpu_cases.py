@@ -25,7 +25,8 @@ The parent prints ``PASS <case>`` / ``FAIL <case>: why`` / ``SKIP <case>: why`` 
 lines of tests/c/abi_fields.h) against this checkout's header and the ctypes mirrors with
 tests/python/abi_check.py (every struct and field, macro and status code), and round-trips
 synthetic PyTorch tuples ('c' and expandable-segment 'e' forms, and the refused ones) through
-devshare_handle_from_torch(_encoded) / to_text / gpu_tool describe.
+devshare_handle_from_torch(_encoded) / to_text / gpu_tool describe, and runs n_graph_replay's
+consumer logic over a host pool with CPU stand-in graphs (when torch is importable).
 """
 
 from __future__ import annotations
@@ -801,7 +802,7 @@ def case_e1_bench_import(cx: Ctx):
     prod = cx.producer(1024, 0.0, 60000, "sync")
     try:
         text, _ = prod.handle_and_torch()
-        r = cx.run_tool(["bench-import", text, 200], 120)
+        r = cx.run_tool(["bench-import", text, 200], 50)
         out = r.stdout.strip().splitlines()
         check(r.returncode == 0 and out and out[-1] == "RELEASED", f"bench-import: {out[-2:]}")
         for ln in out:
@@ -1274,6 +1275,292 @@ def case_g_package_api(cx: Ctx):
     return "open, torch_args, share and handle_from_torch work with CUDA tensors"
 
 
+# --- Pools over a channel: fixed slot addresses, CUDA graphs replayed on them -----------------
+
+#: The pattern gpu_tool produce-pool writes: element j of item i is (i % 4096) + (j % 1024) * 4096.
+POOL_ITEM_PERIOD, POOL_ELEMENT_PERIOD = 4096, 1024
+
+
+def pool_address(tag: str) -> str:
+    """A Linux abstract socket name for one producer of this process."""
+    return f"@devshare-gpu-suite-{os.getpid()}-{tag}"
+
+
+def start_pool_producer(tool: str, kind: str, address: str, slots: int, n: int, items: int,
+                        timeout_ms: int = 60000) -> tuple["Producer", str]:
+    """gpu_tool produce-pool: (the producer, its READY line) once it listens."""
+    prod = Producer([tool, "produce-pool", kind, address, str(slots), str(n), str(items), str(timeout_ms)])
+    try:
+        ready = prod.wait_line("READY", 60)
+    except BaseException:
+        prod.kill()
+        raise
+    return prod, ready
+
+
+def finish_pool_producer(prod: "Producer", items: int) -> str:
+    """The producer's DONE line (every slot came back, the consumer detached); FAIL otherwise."""
+    done = prod.wait_line("DONE", 60)
+    try:
+        rc = prod.p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        prod.kill()
+        raise CaseFail("gpu_tool produce-pool did not exit after DONE") from None
+    check(rc == 0, f"gpu_tool produce-pool exited with {rc}")
+    check(f"items={items} " in done, f"producer: {done}")
+    return done
+
+
+class CudaGraphs:
+    """CUDA graphs: capture(fn) warms fn up on a side stream, captures it into one
+    torch.cuda.CUDAGraph and returns the graph (whose replay() reruns its kernels on the
+    addresses seen at capture)."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.device = torch.device("cuda", torch.cuda.current_device())
+
+    def capture(self, fn):
+        torch = self.torch
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        return g
+
+    def sync(self):
+        self.torch.cuda.current_stream().synchronize()
+
+
+class EagerGraphs:
+    """The dry run's stand-in for CudaGraphs (CPU, no GPU): capture(fn) keeps fn, whose tensors
+    are the ones seen at capture, and replay() calls it again — on the captured tensors, so on
+    the captured addresses, as a CUDA graph would."""
+
+    class Graph:
+        def __init__(self, fn):
+            self.replay = fn
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.device = torch.device("cpu")
+
+    def capture(self, fn):
+        fn()
+        return self.Graph(fn)
+
+    def sync(self):
+        pass
+
+
+def graph_replay_consumer(devshare, graphs, address: str, *, slots: int, n: int, timed: int,
+                          timeout: float = 60.0, fault: str = "") -> dict:
+    """The consumer of one produce-pool run of 2 x (slots + timed) items, in two phases.
+
+    Phase "graph": one graph per slot, captured on that slot's first item (out = x * 2 + 1 into
+    a persistent output tensor); every later item only replays its slot's graph. A slot whose
+    address changed would need its graph captured again: that is counted (a recapture) and
+    fails the run. Phase "clone": every item is copied into one fixed input tensor, and one
+    graph captured on that tensor is replayed. Every output is compared with the reference of
+    the item's pattern. Per-item time: from the return of recv to the release after the output
+    is ready (the time spent waiting for the producer is not in it), over the last `timed`
+    items of each phase. ``fault="stale"`` captures phase 1 on a copy of the slot instead (a
+    graph bound to the wrong address), which the output check must catch."""
+    torch = graphs.torch
+    dev = graphs.device
+    per_phase = slots + timed
+    j = torch.arange(n, dtype=torch.int64, device=dev)
+    base2 = ((j % POOL_ELEMENT_PERIOD) * POOL_ITEM_PERIOD * 2 + 1).to(torch.float32)  # 2*pattern(0)+1
+    del j
+    conn = devshare.connect(address, timeout=timeout)
+    state = {"captures": 0, "recaptures": 0, "slot_ptr": {}, "base": None, "pool": None, "slot_bytes": 4 * n,
+             "moves": []}
+    times = {"graph": [], "clone": []}
+    recv_us = []
+    item_no = 0
+
+    def receive():
+        t0 = time.perf_counter()
+        item = conn.recv(timeout=timeout)
+        t1 = time.perf_counter()
+        recv_us.append((t1 - t0) * 1e6)
+        x = item.tensor
+        check(tuple(x.shape) == (n,) and x.dtype == torch.float32 and x.device.type == dev.type,
+              f"item {item_no}: tensor {tuple(x.shape)} {x.dtype} on {x.device}, expected ({n},) float32 on {dev}")
+        check(item.pool is not None and item.slot is not None and 0 <= item.slot < slots,
+              f"item {item_no}: not a slot of the pool (pool {item.pool}, slot {item.slot})")
+        if state["pool"] is None:
+            state["pool"] = item.pool
+        check(item.pool == state["pool"], f"item {item_no}: pool {item.pool}, earlier items {state['pool']}")
+        # Fixed addresses: noted here, failed at the end (after the graphs had to cope with it).
+        p = x.data_ptr()
+        base = p - item.slot * state["slot_bytes"]
+        if state["base"] is None:
+            state["base"] = base
+        if base != state["base"]:
+            state["moves"].append(f"item {item_no}: slot {item.slot} at {p:#x} puts the pool at {base:#x}, "
+                                  f"earlier items at {state['base']:#x} (one mapping of the allocation expected)")
+        first = state["slot_ptr"].setdefault(item.slot, p)
+        if first != p:
+            state["moves"].append(f"item {item_no}: slot {item.slot} moved from {first:#x} to {p:#x}")
+            state["slot_ptr"][item.slot] = p
+        return item, x, t1
+
+    def expect(out, what):
+        want = base2 + float(2 * (item_no % POOL_ITEM_PERIOD))
+        if not bool(torch.equal(out, want)):
+            bad = int((out != want).nonzero()[0, 0])
+            raise CaseFail(f"{what}: item {item_no} output element {bad} is {float(out[bad])}, expected "
+                           f"{float(want[bad])} (2 x the producer's value + 1)")
+
+    try:
+        # Phase "graph": one graph per slot, on the slot's own address.
+        per_slot = {}  # slot -> (graph, captured input, output, address)
+        for k in range(per_phase):
+            item, x, t0 = receive()
+            entry = per_slot.get(item.slot)
+            captured = entry is None or entry[3] != x.data_ptr()
+            if captured:
+                if entry is not None:
+                    state["recaptures"] += 1
+                src = x.clone() if fault == "stale" else x
+                out = torch.empty_like(x)
+
+                def fn(src=src, out=out):
+                    torch.mul(src, 2, out=out)
+                    out.add_(1)
+
+                g = graphs.capture(fn)
+                state["captures"] += 1
+                entry = per_slot[item.slot] = (g, src, out, x.data_ptr())
+            entry[0].replay()
+            graphs.sync()
+            item.release()
+            t1 = time.perf_counter()
+            if k >= slots and not captured:
+                times["graph"].append((t1 - t0) * 1e6)
+            expect(entry[2], f"graph of slot {item.slot}")
+            del item, x
+            item_no += 1
+        state["graph_slots"] = len(per_slot)
+        # Phase "clone": copy into one fixed input, replay one graph.
+        fixed_in = torch.empty(n, dtype=torch.float32, device=dev)
+        fixed_out = torch.empty_like(fixed_in)
+
+        def fixed_fn():
+            torch.mul(fixed_in, 2, out=fixed_out)
+            fixed_out.add_(1)
+
+        g_fixed = None
+        for k in range(per_phase):
+            item, x, t0 = receive()
+            fixed_in.copy_(x)
+            if g_fixed is None:
+                g_fixed = graphs.capture(fixed_fn)
+                state["captures"] += 1
+            g_fixed.replay()
+            graphs.sync()
+            item.release()
+            t1 = time.perf_counter()
+            if k >= slots:
+                times["clone"].append((t1 - t0) * 1e6)
+            expect(fixed_out, "the fixed-buffer graph")
+            del item, x
+            item_no += 1
+    finally:
+        # Drop the graphs and every tensor over the pool (their imports) before hanging up.
+        per_slot = g_fixed = entry = g = src = out = fn = fixed_in = fixed_out = fixed_fn = None  # noqa: F841
+        item = x = None  # noqa: F841
+        gc.collect()
+        graphs.sync()
+        conn.close()
+    check(state["recaptures"] == 0 and not state["moves"],
+          f"{state['recaptures']} recapture(s) after a slot's first item; {len(state['moves'])} address "
+          f"change(s): {'; '.join(state['moves'][:3])}")
+    check(state["captures"] == state["graph_slots"] + 1,
+          f"{state['captures']} captures for {state['graph_slots']} slots + 1 fixed-buffer graph")
+    return {"items": item_no, "slots_used": len(state["slot_ptr"]), "captures": state["captures"],
+            "recaptures": state["recaptures"], "graph_us": times["graph"], "clone_us": times["clone"],
+            "recv_us": recv_us, "base": state["base"]}
+
+
+def graph_replay_run(tool: str, devshare, graphs, kind: str, *, slots: int, n: int, timed: int,
+                     fault: str = "") -> tuple[dict, str]:
+    """One producer (gpu_tool produce-pool kind) and the consumer above: (figures, DONE line)."""
+    items = 2 * (slots + timed)
+    address = pool_address(f"{kind}-{n}{'-' + fault if fault else ''}")
+    prod, ready = start_pool_producer(tool, kind, address, slots, n, items)
+    try:
+        info(f"{kind}, {slots} slots of {4 * n} B: producer {ready}")
+        r = graph_replay_consumer(devshare, graphs, address, slots=slots, n=n, timed=timed, fault=fault)
+        done = finish_pool_producer(prod, items)
+    finally:
+        prod.kill()
+    return r, done
+
+
+def graph_replay_report(kind: str, n: int, r: dict) -> float:
+    g, c = statistics.median(r["graph_us"]), statistics.median(r["clone_us"])
+    ratio = c / max(g, 1e-3)
+    info(f"{kind} {mib(4 * n):>10}: per item p50 graph-per-slot {g:8.1f} us, clone+one-graph {c:8.1f} us, "
+         f"clone/graph {ratio:5.2f}x (p90 {_p(r['graph_us'], 0.9):.1f} / {_p(r['clone_us'], 0.9):.1f} us; "
+         f"{len(r['graph_us'])} items each; {r['slots_used']} slots used, {r['captures']} captures, "
+         f"{r['recaptures']} recaptures; recv p50 {statistics.median(r['recv_us']):.1f} us)")
+    return ratio
+
+
+def _import_devshare():
+    try:
+        import devshare  # noqa: PLC0415
+    except Exception as e:  # noqa: BLE001
+        raise CaseFail(f"import devshare failed (run.sh puts the checkout's python/ on PYTHONPATH): "
+                       f"{type(e).__name__}: {e}") from None
+    if not hasattr(devshare, "connect"):
+        raise CaseFail("devshare has no connect (the channel API)")
+    return devshare
+
+
+def case_m_pool_c_to_c(cx: Ctx):
+    """C pool producer (cuMemAlloc and VMM exports) -> C consumer over a channel: patterns and fixed slot addresses."""
+    done = []
+    slots, n, items = 4, 300_000, 40  # 1.2 MB slots: in the VMM export some span 2 MiB segments
+    for kind in ("cuda", "vmm"):
+        address = pool_address(f"c-{kind}")
+        prod, ready = start_pool_producer(cx.tool, kind, address, slots, n, items)
+        try:
+            r = cx.run_tool(["consume-pool", address, items, 60000], 90)
+            last = (r.stdout.strip().splitlines() or [""])[-1]
+            check(r.returncode == 0 and last.startswith("OK"), f"{kind}: consume-pool (rc {r.returncode}): {last}")
+            fin = finish_pool_producer(prod, items)
+            info(f"{kind}: producer {ready}")
+            info(f"{kind}: consumer {last}")
+            info(f"{kind}: producer {fin}")
+            done.append(f"{kind} ({last.split('slots=')[1].count(':')} slots used)")
+        finally:
+            prod.kill()
+    return f"{items} items each, every value and slot address checked: " + ", ".join(done)
+
+
+def case_n_graph_replay(cx: Ctx):
+    """CUDA graphs captured once per pool slot (devshare.connect / recv), replayed per item; vs clone into one buffer."""
+    torch = cx.torch
+    devshare = _import_devshare()
+    graphs = CudaGraphs(torch)
+    info(f"consumer: torch {torch.__version__}, devshare package {pathlib.Path(devshare.__file__).parent}")
+    slots, timed = 4, 100
+    ratios = []
+    for kind in ("cuda", "vmm"):
+        for n in (16_384, 4_194_304):  # 64 KiB and 16 MiB slots
+            r, done = graph_replay_run(cx.tool, devshare, graphs, kind, slots=slots, n=n, timed=timed)
+            ratios.append(f"{kind} {mib(4 * n)} {graph_replay_report(kind, n, r):.2f}x")
+            info(f"{kind} {mib(4 * n)}: producer {done}")
+    return "0 recaptures; per-item clone/graph-per-slot p50: " + ", ".join(ratios)
+
+
 # name, function, timeout (s), extra environment, needs torch
 CASES = [
     ("h_c_to_c", case_h_c_to_c, 60, {}, False),
@@ -1285,13 +1572,15 @@ CASES = [
     ("f_expandable_segments", case_f_expandable_segments, 60,
      {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, True),
     ("g_package_api", case_g_package_api, 90, {}, True),
-    ("i_es_torch_to_c", case_i_es_torch_to_c, 200,
+    ("i_es_torch_to_c", case_i_es_torch_to_c, 150,
      {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, True),
     ("j_vmm_c_to_torch", case_j_vmm_c_to_torch, 90, {}, True),
+    ("n_graph_replay", case_n_graph_replay, 120, {}, True),
     ("k_ptrace_sibling", case_k_ptrace_sibling, 60, {}, False),
     ("l_vmm_c_to_c", case_l_vmm_c_to_c, 90, {}, False),
-    ("e1_bench_import", case_e1_bench_import, 90, {}, False),
-    ("e2_handoff", case_e2_handoff, 200, {}, True),
+    ("m_pool_c_to_c", case_m_pool_c_to_c, 60, {}, False),
+    ("e1_bench_import", case_e1_bench_import, 60, {}, False),
+    ("e2_handoff", case_e2_handoff, 120, {}, True),
 ]
 
 
@@ -1332,12 +1621,36 @@ def child_preflight(bundle: pathlib.Path) -> int:
         if r["torch_cuda"]:
             r["device"] = torch.cuda.get_device_name(0)
             r["device_count"] = torch.cuda.device_count()
+            props = torch.cuda.get_device_properties(0)
+            r["device"] += f" (sm_{props.major}{props.minor}, {props.total_memory / (1 << 30):.0f} GiB)"
     except Exception as e:  # noqa: BLE001
         r["torch"] = None
         r["torch_cuda"] = False
         r["torch_error"] = f"{type(e).__name__}: {e}"
+    r["driver"] = driver_version()
     print("PREFLIGHT " + json.dumps(r), flush=True)
     return 0
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version (nvidia-smi) and the CUDA version it supports
+    (cuDriverGetVersion), as far as they can be found."""
+    parts = []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if out.returncode == 0 and out.stdout.strip():
+            parts.append(out.stdout.strip().splitlines()[0].strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        cuda = ctypes.CDLL(os.environ.get("DEVSHARE_CUDA_LIBRARY") or "libcuda.so.1")
+        v = ctypes.c_int(0)
+        if cuda.cuDriverGetVersion(byref(v)) == 0 and v.value:
+            parts.append(f"CUDA {v.value // 1000}.{v.value % 1000 // 10}")
+    except (OSError, AttributeError):
+        pass
+    return ", ".join(parts) or None
 
 
 # --- The parent ----------------------------------------------------------------------------
@@ -1348,12 +1661,16 @@ class Runner:
         self.bundle = bundle
         self.start = time.monotonic()
         self.counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
+        self.rows: list[tuple[str, str, float | None, str]] = []  # case, verdict, seconds, why
+        self.env: dict | None = None  # the preflight's answer, for the closing ENV line
 
     def left(self) -> float:
         return RUN_BUDGET_S - (time.monotonic() - self.start)
 
-    def verdict(self, kind: str, name: str, why: str = "") -> None:
+    def verdict(self, kind: str, name: str, why: str = "", took: float | None = None,
+                detail: str | None = None) -> None:
         self.counts[kind] += 1
+        self.rows.append((name, kind, took, why if detail is None else detail))
         if kind == "PASS":
             print(f"PASS {name}" + (f" ({why})" if why else ""), flush=True)
         else:
@@ -1436,15 +1753,15 @@ class Runner:
         result = next((ln for ln in reversed(got) if ln.startswith("RESULT ")), None)
         tail = "\n".join(err.strip().splitlines()[-15:])
         if timed_out:
-            self.verdict("FAIL", name, f"timed out after {budget:.0f} s (killed)")
+            self.verdict("FAIL", name, f"timed out after {budget:.0f} s (killed)", took)
         elif result is None:
-            self.verdict("FAIL", name, f"the case process died without a verdict (exit {rc})")
+            self.verdict("FAIL", name, f"the case process died without a verdict (exit {rc})", took)
         else:
             kind, _, why = result[7:].partition(" ")
             if kind == "PASS":
-                self.verdict("PASS", name, f"{why}; {took:.1f} s" if why else f"{took:.1f} s")
+                self.verdict("PASS", name, f"{why}; {took:.1f} s" if why else f"{took:.1f} s", took, why)
             else:
-                self.verdict(kind, name, why)
+                self.verdict(kind, name, f"{why} ({took:.1f} s)", took, why)
             if kind != "FAIL":
                 return
         if tail:
@@ -1452,8 +1769,29 @@ class Runner:
             for ln in tail.splitlines():
                 print(f"    {name}|   {ln}", flush=True)
 
-    def summary(self) -> int:
+    def table(self) -> None:
+        """One line per case, as a Markdown table (to paste into a report)."""
+        print("== results", flush=True)
+        print("| case | result | s | detail |", flush=True)
+        print("|---|---|---|---|", flush=True)
+        for name, kind, took, why in self.rows:
+            detail = why.replace("|", "/")
+            detail = detail if len(detail) <= 160 else detail[:157] + "..."
+            print(f"| {name} | {kind} | {'-' if took is None else f'{took:.1f}'} | {detail} |", flush=True)
+
+    def env_line(self) -> str:
+        """GPU, driver, torch and devshare in one line (from the preflight)."""
+        e = self.env or {}
+        return (f"ENV: GPU {e.get('device') or '-'}; driver {e.get('driver') or '-'}; torch {e.get('torch') or '-'} "
+                f"(CUDA build {e.get('torch_cuda_build') or '-'}); devshare {e.get('devshare') or '-'}; python "
+                f"{e.get('python') or '-'}; ptrace_scope {ptrace_scope() or 'absent'}; run "
+                f"{time.monotonic() - self.start:.0f} s of the {RUN_BUDGET_S:.0f} s budget")
+
+    def summary(self, table: bool = False) -> int:
         c = self.counts
+        if table:
+            self.table()
+            print(self.env_line(), flush=True)
         print(f"SUMMARY: {c['PASS']} passed, {c['FAIL']} failed, {c['SKIP']} skipped", flush=True)
         return 1 if c["FAIL"] else 0
 
@@ -1480,10 +1818,12 @@ def main_run(bundle: pathlib.Path, only: list[str] | None) -> int:
     if pf is None:
         for c in selected:
             r.verdict("SKIP", c[0], "preflight failed")
-        return r.summary()
+        return r.summary(table=True)
+    r.env = pf
     print(f"    preflight| python {pf.get('python')}, torch {pf.get('torch')} (CUDA build "
           f"{pf.get('torch_cuda_build')}), device {pf.get('device', '-')}, devshare "
           f"{pf.get('devshare', '-')}", flush=True)
+    print(f"    preflight| driver {pf.get('driver') or '-'}", flush=True)
     print(f"    preflight| devshare cuda backend: {'usable' if pf.get('devshare_cuda') else 'UNUSABLE'}: "
           f"{pf.get('devshare_detail')}", flush=True)
     for k in ALLOC_CONF_VARS:
@@ -1514,7 +1854,7 @@ def main_run(bundle: pathlib.Path, only: list[str] | None) -> int:
         else:
             r.run_case(name, timeout, env_extra)
     print(f"    (run took {time.monotonic() - r.start:.0f} s)", flush=True)
-    return r.summary()
+    return r.summary(table=True)
 
 
 def main_dry_run(bundle: pathlib.Path) -> int:
@@ -1647,11 +1987,69 @@ def main_dry_run(bundle: pathlib.Path) -> int:
             r.verdict("PASS", name, "from_torch(_encoded) -> text -> gpu_tool describe round trip"
                       + (f" ({expect_more['segments']})" if "segments" in expect_more else ""))
 
+    dry_graph_replay(r, tool)
+
     print("    cases a real run would execute (timeout s, extra env, needs torch):", flush=True)
     for name, fn, timeout, env_extra, needs_torch in CASES:
         print(f"      {name:24} {timeout:4d}  {env_extra or ''}  {'torch' if needs_torch else 'C only'}"
               f"  - {fn.__doc__.strip().splitlines()[0]}", flush=True)
     return r.summary()
+
+
+def dry_graph_replay(r: "Runner", tool: str) -> None:
+    """n_graph_replay's consumer logic without a GPU: gpu_tool produce-pool over a host pool
+    (devshare_channel_host_alloc), received with devshare.connect / recv as CPU tensors, with
+    EagerGraphs in place of CUDA graphs (replay reruns the captured function on the captured
+    tensors). Checks the slot addresses, the recapture count and every output, and that a graph
+    bound to the wrong address (a copy of the slot) is caught. Needs torch (CPU is enough) and
+    the package; SKIP without them."""
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError as e:
+        r.verdict("SKIP", "dry_graph_replay_host", f"needs torch (CPU is enough): {e}")
+        return
+    try:
+        devshare = _import_devshare()
+    except CaseFail as e:
+        r.verdict("FAIL", "dry_graph_replay_host", str(e))
+        return
+    graphs = EagerGraphs(torch)
+    for n in (4096, 65536):
+        name = f"dry_graph_replay_host_{n * 4 // 1024}k"
+        got: dict = {}
+        try:
+            lines = _captured_info(lambda: got.update(run=graph_replay_run(
+                tool, devshare, graphs, "host", slots=4, n=n, timed=20)))
+        except (CaseFail, devshare.Error, OSError, TimeoutError) as e:
+            r.verdict("FAIL", name, f"{type(e).__name__}: {e}")
+            continue
+        res, done = got["run"]
+        lines += _captured_info(lambda: graph_replay_report("host", n, res))
+        for ln in lines + [f"producer {done}"]:
+            print(f"    {name}| {ln}", flush=True)
+        r.verdict("PASS", name, f"{res['items']} items, {res['slots_used']} slots, {res['captures']} captures, "
+                  f"{res['recaptures']} recaptures, fixed slot addresses; CPU stand-in graphs, not GPU timings")
+    name = "dry_graph_replay_host_stale_caught"
+    try:
+        _captured_info(lambda: graph_replay_run(tool, devshare, graphs, "host", slots=4, n=4096, timed=20,
+                                                fault="stale"))
+        r.verdict("FAIL", name, "a graph bound to a copy of the slot replayed without a wrong output")
+    except CaseFail as e:
+        if "output element" in str(e):
+            r.verdict("PASS", name, f"caught: {str(e)[:140]}")
+        else:
+            r.verdict("FAIL", name, f"failed for another reason: {e}")
+
+
+def _captured_info(fn) -> list[str]:
+    """The INFO lines fn prints (the dry run shows them indented, as the parent does for cases)."""
+    import contextlib  # noqa: PLC0415
+    import io  # noqa: PLC0415
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        fn()
+    return [ln[5:] if ln.startswith("INFO ") else ln for ln in buf.getvalue().splitlines()]
 
 
 def main() -> int:

@@ -71,6 +71,28 @@
  *           AFTER first=<element 0> last=<element n-1> pad=<float before the window or -1>
  *       closes the exporter, unmaps, releases and frees the address range, exits 0 (1 on TIMEOUT).
  *
+ *   gpu_tool produce-pool <cuda|vmm|host> <address> <slots> <slot-floats> <items> <timeout-ms>
+ *       A pool producer over a channel. Allocates slots x slot-floats float32 — cuda: cuMemAlloc +
+ *       devshare_export; vmm: 2 MiB cuMemCreate segments mapped back to back +
+ *       devshare_export_segments (a slot may span segments); host: devshare_channel_host_alloc,
+ *       no CUDA — listens on <address> (a path or "@name"), makes a pool of <slots> slots
+ *       (devshare_pool_create) and prints
+ *           READY kind=<k> pool=<id> slots=<n> slot_bytes=<b> base=<address here> segments=<n>
+ *       then waits for one consumer and sends it <items> items: item i acquires a slot (checked to
+ *       lie at base + slot x slot_bytes), writes element j = (i % 4096) + (j % 1024) * 4096 (exact
+ *       in float32) into it, synchronises and sends it as float32 [slot-floats]. Once every slot
+ *       is back it closes the pool, waits for the consumer to detach or hang up, and prints
+ *           DONE items=<n> uses=<items per slot, comma-separated> FILL_US n=<k> p50=<t> min=<t> max=<t>
+ *       (exit 0), or FAIL <why> (exit 1) when a step fails or a wait passes <timeout-ms>.
+ *
+ *   gpu_tool consume-pool <address> <items> <timeout-ms> [host]
+ *       Connects to a produce-pool channel and receives <items> items (cuda imports unless
+ *       "host"), each a slot of one pool: checks that every element holds produce-pool's value
+ *       for that item number, that a slot's address never changes and that every slot lies at one
+ *       base + slot x slot bytes (one mapping of the allocation), releases it. Prints
+ *           OK items=<n> pool=<id> base=<address here> slots=<slot>:<address>x<items> ...
+ *       or FAIL <why> (exit 1), then hangs up.
+ *
  *   gpu_tool describe <text-handle>     parse (no CUDA) and print the handle's fields; for a
  *                                       segmented handle also segments=<n>x<size>/<kind>/<where>
  *   gpu_tool layout                     print sizeof, alignment and every field's offset and size
@@ -949,6 +971,339 @@ static int cmd_produce_vmm(int argc, char **argv) {
     return released ? 0 : 1;
 }
 
+/* --- Pools over a channel (produce-pool, consume-pool) ----------------------------------- */
+
+enum { POOL_MAX_SLOTS = 64 };
+
+/* The value produce-pool writes at element j of item i: exact in float32 (below 2^23, and so is
+ * 2 * value + 1), different for consecutive items in every element, and for nearby elements. */
+static float pool_value(int64_t item, uint64_t j) {
+    return (float)((item % 4096) + (int64_t)(j % 1024) * 4096);
+}
+
+static void pool_fill(float *buf, uint64_t n, int64_t item) {
+    for (uint64_t j = 0; j < n; j++) {
+        buf[j] = pool_value(item, j);
+    }
+}
+
+/* Elements of buf that differ from item `item`'s pattern: -1 when all match, else the first. */
+static int64_t pool_mismatch(const float *buf, uint64_t n, int64_t item) {
+    for (uint64_t j = 0; j < n; j++) {
+        if (buf[j] != pool_value(item, j)) {
+            return (int64_t)j;
+        }
+    }
+    return -1;
+}
+
+static int cmd_produce_pool(char **argv) {
+    const char *kind = argv[0], *address = argv[1];
+    int64_t slots = 0, n = 0, items = 0, timeout_ms = 0;
+    int is_cuda = strcmp(kind, "cuda") == 0, is_vmm = strcmp(kind, "vmm") == 0,
+        is_host = strcmp(kind, "host") == 0;
+    if (!(is_cuda || is_vmm || is_host) || parse_i64(argv[2], &slots) != 0 || slots < 1 ||
+        slots > POOL_MAX_SLOTS || parse_i64(argv[3], &n) != 0 || n <= 0 || n > (INT64_C(1) << 32) ||
+        parse_i64(argv[4], &items) != 0 || items < 0 || parse_i64(argv[5], &timeout_ms) != 0 ||
+        timeout_ms <= 0 || timeout_ms > INT32_MAX) {
+        return fail("usage: produce-pool <cuda|vmm|host> <address> <slots 1..%d> <slot-floats> <items> "
+                    "<timeout-ms>", POOL_MAX_SLOTS);
+    }
+    const size_t slot_bytes = (size_t)n * sizeof(float), total = (size_t)slots * slot_bytes;
+    if (!is_host && cuda_setup() != 0) {
+        return 1;
+    }
+    char why[2048];
+    float *buf = malloc(slot_bytes);
+    double *fill_us = malloc(((size_t)items + 1) * sizeof *fill_us);
+    if (buf == NULL || fill_us == NULL) {
+        free(buf);
+        free(fill_us);
+        return fail("out of host memory");
+    }
+    static struct vmm m;
+    CUdeviceptr dbase = 0;
+    void *base = NULL;
+    DevshareExporter *ex = NULL;
+    DevshareChannel *ch = NULL;
+    DevsharePool *pool = NULL;
+    int32_t st = DEVSHARE_STATUS_OK;
+    int ok = 0;
+    const char *call = "";
+    if (is_cuda) {
+        CUresult rc = cu.cuMemAlloc_v2(&dbase, total);
+        if (rc != 0) {
+            dbase = 0;
+            fail("%s", cu_error(why, sizeof why, "cuMemAlloc_v2", rc));
+            goto out;
+        }
+        base = (void *)(uintptr_t)dbase;
+        call = "devshare_export";
+        st = devshare_export(DEVSHARE_BACKEND_CUDA, 0, base, total, 0, &ex);
+    } else if (is_vmm) {
+        m.count = (total + VMM_SEGMENT - 1) / VMM_SEGMENT;
+        if (m.count > VMM_MAX_SEGMENTS) {
+            fail("produce-pool: %zu bytes need more than %d segments", total, VMM_MAX_SEGMENTS);
+            goto out;
+        }
+        if (vmm_build(&m, 0, why, sizeof why) != 0) {
+            fail("%s", why);
+            goto out;
+        }
+        base = (void *)(uintptr_t)m.va;
+        static uint64_t phys[VMM_MAX_SEGMENTS];
+        for (size_t i = 0; i < m.count; i++) {
+            phys[i] = m.phys[i];
+        }
+        call = "devshare_export_segments";
+        st = devshare_export_segments(DEVSHARE_BACKEND_CUDA, 0, base, phys, m.count, VMM_SEGMENT, 0, &ex);
+    } else {
+        call = "devshare_channel_host_alloc";
+        st = devshare_channel_host_alloc(total, &ex, &base);
+    }
+    if (st == DEVSHARE_STATUS_OK) {
+        call = "devshare_channel_listen";
+        st = devshare_channel_listen(address, &ch);
+    }
+    if (st == DEVSHARE_STATUS_OK) {
+        call = "devshare_pool_create";
+        st = devshare_pool_create(ch, ex, slot_bytes, (uint32_t)slots, &pool);
+    }
+    uint32_t pool_id = 0;
+    if (st == DEVSHARE_STATUS_OK) {
+        call = "devshare_pool_id";
+        st = devshare_pool_id(pool, &pool_id);
+    }
+    if (st != DEVSHARE_STATUS_OK) {
+        fail("%s", ds_error(why, sizeof why, call, st));
+        goto out;
+    }
+    printf("READY kind=%s pool=%u slots=%" PRId64 " slot_bytes=%zu base=0x%" PRIxPTR " segments=%zu\n", kind,
+           pool_id, slots, slot_bytes, (uintptr_t)base, is_vmm ? m.count : (size_t)0);
+    fflush(stdout);
+    uint64_t peer = 0;
+    size_t npeers = 0;
+    st = devshare_channel_wait_peers(ch, 1, (int32_t)timeout_ms);
+    if (st == DEVSHARE_STATUS_OK) {
+        st = devshare_channel_peer_ids(ch, &peer, 1, &npeers);
+    }
+    if (st != DEVSHARE_STATUS_OK) {
+        fail("%s", ds_error(why, sizeof why, "no consumer: devshare_channel_wait_peers", st));
+        goto out;
+    }
+    int64_t shape[1] = {n};
+    DevshareTensorDesc desc;
+    devshare_tensor_desc_init(&desc, sizeof desc);
+    desc.dtype.code = DEVSHARE_DTYPE_FLOAT;
+    desc.dtype.bits = 32;
+    desc.dtype.lanes = 1;
+    desc.ndim = 1;
+    desc.shape = shape;
+    int64_t uses[POOL_MAX_SLOTS] = {0};
+    for (int64_t i = 0; i < items; i++) {
+        uint32_t slot = 0;
+        void *p = NULL;
+        st = devshare_pool_acquire(pool, (int32_t)timeout_ms, &slot, &p);
+        if (st != DEVSHARE_STATUS_OK) {
+            fail("item %" PRId64 ": %s", i, ds_error(why, sizeof why, "devshare_pool_acquire", st));
+            goto out;
+        }
+        if (slot >= (uint32_t)slots || (char *)p != (char *)base + (size_t)slot * slot_bytes) {
+            fail("item %" PRId64 ": slot %u at %p, expected base %p + slot x %zu", i, slot, p, base, slot_bytes);
+            goto out;
+        }
+        double t0 = now_us();
+        pool_fill(buf, (uint64_t)n, i);
+        if (is_host) {
+            memcpy(p, buf, slot_bytes);
+        } else {
+            /* A pageable copy may return before the DMA lands: synchronise before the send. */
+            CUresult rc = cu.cuMemcpyHtoD_v2((CUdeviceptr)(uintptr_t)p, buf, slot_bytes);
+            if (rc == 0) {
+                rc = cu.cuCtxSynchronize();
+            }
+            if (rc != 0) {
+                fail("item %" PRId64 ": %s", i, cu_error(why, sizeof why, "cuMemcpyHtoD_v2", rc));
+                goto out;
+            }
+        }
+        fill_us[i] = now_us() - t0;
+        st = devshare_pool_send(pool, slot, peer, &desc);
+        if (st != DEVSHARE_STATUS_OK) {
+            fail("item %" PRId64 ": %s", i, ds_error(why, sizeof why, "devshare_pool_send", st));
+            goto out;
+        }
+        uses[slot]++;
+    }
+    /* Every slot back (the consumer released every item), then close the pool and wait for the
+     * consumer to detach (or hang up): its attachment counts as a reference of the export. */
+    int64_t deadline = now_ms() + timeout_ms;
+    uint32_t free_slots = 0;
+    for (;;) {
+        st = devshare_pool_info(pool, NULL, NULL, &free_slots);
+        if (st != DEVSHARE_STATUS_OK || free_slots == (uint32_t)slots || now_ms() > deadline) {
+            break;
+        }
+        devshare_channel_service(ch, 50);
+    }
+    if (st != DEVSHARE_STATUS_OK || free_slots != (uint32_t)slots) {
+        fail("%u of %" PRId64 " slots came back within %" PRId64 " ms after the last item", free_slots, slots,
+             timeout_ms);
+        goto out;
+    }
+    devshare_pool_close(pool);
+    pool = NULL;
+    st = devshare_exporter_wait(ex, (int32_t)timeout_ms);
+    if (st != DEVSHARE_STATUS_OK) {
+        fail("%s", ds_error(why, sizeof why, "the consumer did not detach: devshare_exporter_wait", st));
+        goto out;
+    }
+    printf("DONE items=%" PRId64 " uses=", items);
+    for (int64_t s = 0; s < slots; s++) {
+        printf("%s%" PRId64, s ? "," : "", uses[s]);
+    }
+    printf(" ");
+    print_stats("FILL_US", fill_us, (size_t)items);
+    ok = 1;
+out:
+    fflush(stdout);
+    devshare_pool_close(pool);
+    devshare_channel_close(ch);
+    if (ex != NULL && (st = devshare_exporter_close(ex, ok ? 0 : DEVSHARE_CLOSE_FORCE)) != DEVSHARE_STATUS_OK) {
+        if (ok) {
+            fail("%s", ds_error(why, sizeof why, "devshare_exporter_close", st));
+        }
+        ok = 0;
+        devshare_exporter_close(ex, DEVSHARE_CLOSE_FORCE);
+    }
+    if (is_vmm) {
+        vmm_free(&m);
+    } else if (is_cuda && dbase != 0 && ok) {
+        cu.cuMemFree_v2(dbase); /* not freed under a consumer that may still map it */
+    }
+    free(buf);
+    free(fill_us);
+    fflush(stdout);
+    return ok ? 0 : 1;
+}
+
+static int cmd_consume_pool(int argc, char **argv) {
+    int64_t items = 0, timeout_ms = 0;
+    int host = argc >= 4 && strcmp(argv[3], "host") == 0;
+    if (parse_i64(argv[1], &items) != 0 || items <= 0 || parse_i64(argv[2], &timeout_ms) != 0 ||
+        timeout_ms <= 0 || timeout_ms > INT32_MAX || (argc >= 4 && !host)) {
+        return fail("usage: consume-pool <address> <items> <timeout-ms> [host]");
+    }
+    if (!host && cuda_setup() != 0) {
+        return 1;
+    }
+    char why[2048];
+    DevshareConnection *conn = NULL;
+    int32_t st = devshare_channel_connect(argv[0], (int32_t)timeout_ms, &conn);
+    if (st != DEVSHARE_STATUS_OK) {
+        return fail("%s", ds_error(why, sizeof why, "devshare_channel_connect", st));
+    }
+    uintptr_t slot_addr[POOL_MAX_SLOTS] = {0}, base = 0;
+    int64_t seen[POOL_MAX_SLOTS] = {0};
+    uint32_t pool_id = 0;
+    float *buf = NULL;
+    size_t cap = 0;
+    int ok = 0;
+    for (int64_t i = 0; i < items; i++) {
+        DevshareImport *imp = NULL;
+        st = devshare_connection_recv(conn, (int32_t)timeout_ms, &imp);
+        if (st != DEVSHARE_STATUS_OK) {
+            fail("item %" PRId64 ": %s", i, ds_error(why, sizeof why, "devshare_connection_recv", st));
+            goto out;
+        }
+        uint32_t pid = 0, slot = 0;
+        CUdeviceptr data = 0;
+        uint64_t numel = 0;
+        DevshareImportInfo info;
+        devshare_import_info_init(&info, sizeof info);
+        st = devshare_import_pool_slot(imp, &pid, &slot);
+        if (st != DEVSHARE_STATUS_OK) {
+            ds_error(why, sizeof why, "devshare_import_pool_slot (not a pool item?)", st);
+        } else if ((st = devshare_import_info(imp, &info)) != DEVSHARE_STATUS_OK) {
+            ds_error(why, sizeof why, "devshare_import_info", st);
+        } else if (info.backend != (host ? DEVSHARE_BACKEND_HOST : DEVSHARE_BACKEND_CUDA)) {
+            snprintf(why, sizeof why, "item backend %u", info.backend);
+            st = DEVSHARE_STATUS_INVALID_ARGUMENT;
+        } else if (host) {
+            data = (CUdeviceptr)(uintptr_t)info.data;
+            numel = info.numel;
+        } else if (float_view(imp, &data, &numel, why, sizeof why) != 0) {
+            st = DEVSHARE_STATUS_INVALID_ARGUMENT;
+        }
+        if (st == DEVSHARE_STATUS_OK && (slot >= POOL_MAX_SLOTS || (pool_id != 0 && pid != pool_id))) {
+            snprintf(why, sizeof why, "pool %u slot %u (first item's pool %u)", pid, slot, pool_id);
+            st = DEVSHARE_STATUS_INVALID_ARGUMENT;
+        }
+        size_t bytes = (size_t)numel * sizeof(float);
+        if (st == DEVSHARE_STATUS_OK && bytes > cap) {
+            free(buf);
+            cap = bytes;
+            if ((buf = malloc(cap)) == NULL) {
+                snprintf(why, sizeof why, "out of host memory");
+                st = DEVSHARE_STATUS_INVALID_ARGUMENT;
+            }
+        }
+        if (st == DEVSHARE_STATUS_OK) {
+            pool_id = pid;
+            /* Fixed addresses: a slot's address never changes, and every slot lies in one
+             * mapping of the whole allocation (slot k at base + k x slot bytes). */
+            uintptr_t a = (uintptr_t)data, b = a - (uintptr_t)slot * bytes;
+            if ((slot_addr[slot] != 0 && slot_addr[slot] != a) || (base != 0 && base != b)) {
+                snprintf(why, sizeof why, "slot %u moved: 0x%" PRIxPTR " (before 0x%" PRIxPTR "), base 0x%" PRIxPTR
+                         " (before 0x%" PRIxPTR ")", slot, a, slot_addr[slot], b, base);
+                st = DEVSHARE_STATUS_INVALID_ARGUMENT;
+            }
+            slot_addr[slot] = a;
+            base = b;
+            seen[slot]++;
+        }
+        if (st == DEVSHARE_STATUS_OK) {
+            if (host) {
+                memcpy(buf, (const void *)(uintptr_t)data, bytes);
+            } else {
+                CUresult rc = cu.cuMemcpyDtoH_v2(buf, data, bytes);
+                if (rc != 0) {
+                    cu_error(why, sizeof why, "cuMemcpyDtoH_v2", rc);
+                    st = DEVSHARE_STATUS_INVALID_ARGUMENT;
+                }
+            }
+        }
+        int64_t bad = st == DEVSHARE_STATUS_OK ? pool_mismatch(buf, numel, i) : -1;
+        if (bad >= 0) {
+            snprintf(why, sizeof why, "item %" PRId64 " (slot %u) element %" PRId64 " is %.9g, expected %.9g", i, slot,
+                     bad, (double)buf[bad], (double)pool_value(i, (uint64_t)bad));
+            st = DEVSHARE_STATUS_INVALID_ARGUMENT;
+        }
+        int32_t rst = devshare_import_release(imp);
+        if (st != DEVSHARE_STATUS_OK) {
+            fail("item %" PRId64 ": %s", i, why);
+            goto out;
+        }
+        if (rst != DEVSHARE_STATUS_OK) {
+            fail("item %" PRId64 ": %s", i, ds_error(why, sizeof why, "devshare_import_release", rst));
+            goto out;
+        }
+    }
+    printf("OK items=%" PRId64 " pool=%u base=0x%" PRIxPTR " slots=", items, pool_id, base);
+    for (int s = 0; s < POOL_MAX_SLOTS; s++) {
+        if (seen[s]) {
+            printf("%d:0x%" PRIxPTR "x%" PRId64 " ", s, slot_addr[s], seen[s]);
+        }
+    }
+    printf("\n");
+    ok = 1;
+out:
+    free(buf);
+    devshare_connection_close(conn);
+    fflush(stdout);
+    return ok ? 0 : 1;
+}
+
 static int cmd_serve(void) {
     if (cuda_setup() != 0) {
         return 1;
@@ -1136,6 +1491,8 @@ static int usage(void) {
             "       gpu_tool produce <nfloats> <start> <timeout-ms> [sync|event]\n"
             "       gpu_tool produce-vmm <nsegments> <nfloats> <offset-bytes> <start> <timeout-ms>\n"
             "                            [fabric] [allow-ptrace]\n"
+            "       gpu_tool produce-pool <cuda|vmm|host> <address> <slots> <slot-floats> <items> <timeout-ms>\n"
+            "       gpu_tool consume-pool <address> <items> <timeout-ms> [host]\n"
             "       gpu_tool serve                   (handles on stdin, one per line)\n"
             "       gpu_tool bench-import <text-handle> <iterations>\n"
             "       gpu_tool describe <text-handle>\n"
@@ -1159,6 +1516,10 @@ int main(int argc, char **argv) {
         rc = cmd_produce(rest, args);
     } else if (strcmp(cmd, "produce-vmm") == 0 && rest >= 5 && rest <= 7) {
         rc = cmd_produce_vmm(rest, args);
+    } else if (strcmp(cmd, "produce-pool") == 0 && rest == 6) {
+        rc = cmd_produce_pool(args);
+    } else if (strcmp(cmd, "consume-pool") == 0 && (rest == 3 || rest == 4)) {
+        rc = cmd_consume_pool(rest, args);
     } else if (strcmp(cmd, "serve") == 0 && rest == 0) {
         rc = cmd_serve();
     } else if (strcmp(cmd, "bench-import") == 0 && rest == 2) {

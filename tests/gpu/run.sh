@@ -8,9 +8,13 @@
 # another interpreter) and an NVIDIA GPU; no Rust. Options after the bundle go to gpu_cases.py:
 # --only a,c2 (case names or their letter prefixes), --list, --dry-run (no GPU, no torch needed).
 #
-# Prints PASS <case> / FAIL <case>: why / SKIP <case>: why per case and a final
-# "SUMMARY: N passed, M failed, K skipped"; exits nonzero on any FAIL. Each case has its own
-# timeout and the whole run is stopped after 470 s.
+# Prints PASS <case> / FAIL <case>: why / SKIP <case>: why per case, then a Markdown table of the
+# cases (one row each: verdict, seconds, detail), an "ENV: GPU ...; driver ...; torch ..." line and
+# a final "SUMMARY: N passed, M failed, K skipped"; exits nonzero on any FAIL.
+#
+# Time bounds: each case runs in its own process with its own timeout (60 to 150 s); no case starts
+# after 440 s (gpu_cases.py RUN_BUDGET_S) and a case never runs past that budget; this script stops
+# everything at 470 s (10 s more to kill), so a run ends within 8 minutes whatever hangs.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
