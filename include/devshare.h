@@ -61,13 +61,13 @@
 #define DEVSHARE_VERSION_MAJOR 1
 
 // Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
-#define DEVSHARE_VERSION_MINOR 3
+#define DEVSHARE_VERSION_MINOR 4
 
 // Patch version (fixes; no interface change).
 #define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 66304
+#define DEVSHARE_VERSION 66560
 
 // `DevshareTensorDesc::storage_size` value meaning "from `storage_offset` to the end of the
 // allocation".
@@ -1020,6 +1020,34 @@ int32_t devshare_export_segments(uint16_t backend,
                                  uint64_t segment_size,
                                  uint32_t flags,
                                  struct DevshareExporter **out);
+
+// Adopt one reference of a device handle that another exporter in this process made — PyTorch's
+// or torch_npu's share of a CUDA / NPU storage (`reduce_tensor`'s tuple, converted with
+// `devshare_handle_from_torch` or `_encoded`) — as an exporter, so that the storage can be
+// leased over channels (`devshare_channel_send`) or shared again (`devshare_exporter_share`).
+//
+// - Its handles name tensors inside the adopted storage: `desc.storage_offset` counts from the
+//   storage's first byte, and `DEVSHARE_STORAGE_TO_END` ends where the storage ends.
+// - The adopted handle's event is not used: each share records its own on `desc.stream`
+//   (`DEVSHARE_SHARE_EVENT`) or synchronises it.
+// - A segmented CUDA handle lists POSIX fd numbers valid in this process (where the allocator
+//   exported them): they are duplicated now, and channels pass the duplicates with
+//   `SCM_RIGHTS`, so consumers need no `pidfd_getfd`. Adopting such a handle made in another
+//   process is refused.
+// - The reference the handle carries (its ref-counter slot) is given back when the exporter is
+//   closed, exactly once: keep the storage alive until `devshare_exporter_close` succeeds
+//   (it refuses with `DEVSHARE_STATUS_BUSY` while leases are out), then let it go; PyTorch then
+//   frees the block at once, with no `ipc_collect`.
+// - ACL: consumers that connect over a channel are whitelisted on the key (or shareable
+//   handles) where the runtime takes it; torch_npu exports without pid validation.
+//
+// `table`/`table_len`: the segment table when it travels outside the handle (NULL/0
+// otherwise). `flags`: 0. Host handles are adopted by name (`devshare_host_adopt`).
+int32_t devshare_exporter_adopt(const struct DevshareHandle *handle,
+                                const uint8_t *table,
+                                size_t table_len,
+                                uint32_t flags,
+                                struct DevshareExporter **out);
 
 // Let the process `pid` take this process's file descriptors with `pidfd_getfd` under Yama
 // `ptrace_scope` = 1 (`prctl(PR_SET_PTRACER, pid)`; `-1`: any process, `0`: nobody again).

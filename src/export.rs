@@ -132,6 +132,25 @@ pub struct Exporter {
     id: u64,
     backend: u16,
     alloc: Box<dyn Exported>,
+    /// For an adopted handle: the reference it carried, given back when the exporter goes.
+    adopted: Option<AdoptedRef>,
+}
+
+/// The one reference an adopted handle carried (a PyTorch ref-counter slot), returned once,
+/// when the exporter that adopted it is dropped (in the process generation that adopted it).
+struct AdoptedRef {
+    name: Vec<u8>,
+    slot: u64,
+    generation: u64,
+}
+
+impl Drop for AdoptedRef {
+    fn drop(&mut self) {
+        if crate::fork::generation() == self.generation {
+            // The producer may be gone or the name malformed: nothing left to return then.
+            let _ = crate::import::discard(&self.name, self.slot);
+        }
+    }
 }
 
 impl Exporter {
@@ -154,7 +173,30 @@ impl Exporter {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             backend,
             alloc,
+            adopted: None,
         }
+    }
+
+    /// Adopt one reference of a device handle that another exporter in this process made —
+    /// PyTorch's or torch_npu's share of a storage (`reduce_tensor`, converted by
+    /// `torch::handle_from_args`) — as an export whose handles name tensors inside that storage
+    /// (`desc.storage_offset` is relative to it). `table`: the segment table when it travels
+    /// outside the handle. The handle's event is not used: shares record their own. The
+    /// reference is given back (its ref-counter slot decremented once) when the exporter is
+    /// dropped, so the caller keeps the storage alive until then and lets it go after.
+    pub fn adopt(h: &DevshareHandle, table: Option<&[u8]>) -> Result<Exporter> {
+        validate(h)?;
+        let segments = crate::handle::segments::SegmentTable::of(h, table)?;
+        let alloc = backend::get(h.backend)?.adopt(h, segments.as_ref())?;
+        let mut e = Exporter::new(h.backend, alloc);
+        if h.ref_name_len > 0 {
+            e.adopted = Some(AdoptedRef {
+                name: h.ref_name_bytes().to_vec(),
+                slot: h.ref_slot,
+                generation: crate::fork::generation(),
+            });
+        }
+        Ok(e)
     }
 
     /// Allocate `size` bytes of host memory as a sealed memfd, shareable only over a channel.
@@ -241,8 +283,12 @@ impl Exporter {
     /// Start of the exported range in this process (what the caller exported; for host memory
     /// the data bytes).
     pub fn ptr(&self) -> *mut u8 {
+        let base = self.alloc.ptr();
+        if base.is_null() {
+            return base; // an adopted export: the address is its allocator's (not known here)
+        }
         // SAFETY: the window lies inside the allocation.
-        unsafe { self.alloc.ptr().add(self.alloc.window().0 as usize) }
+        unsafe { base.add(self.alloc.window().0 as usize) }
     }
 
     /// Size of the exported range in bytes.

@@ -6,6 +6,7 @@
 //! ([`runtime`]), so one binary runs on machines with neither.
 
 pub mod acl;
+pub(crate) mod adopted;
 pub mod cuda;
 pub mod host;
 pub(crate) mod memfd;
@@ -226,6 +227,20 @@ pub trait Backend: Sync {
         Err(Error::Unsupported(format!(
             "the {} backend exports no segmented memory",
             crate::handle::backend_name(self.id())
+        )))
+    }
+    /// Adopt a validated device handle that another exporter in this process made (PyTorch's or
+    /// torch_npu's allocator): an export whose handles name tensors inside the handle's storage
+    /// (see [`adopted`]). `segments`: its segment table, when segmented.
+    fn adopt(
+        &self,
+        h: &DevshareHandle,
+        _segments: Option<&crate::handle::segments::SegmentTable<'_>>,
+    ) -> Result<Box<dyn Exported>> {
+        Err(Error::Unsupported(format!(
+            "{} handles cannot be adopted: adopt device handles (cuda, acl); host memory is adopted \
+             by name (devshare_host_adopt)",
+            h.backend_name()
         )))
     }
     /// For a handle with `DEVSHARE_HANDLE_FLAG_EVENT`: open its event, make `req.stream` wait on

@@ -240,6 +240,49 @@ pub unsafe extern "C" fn devshare_export_segments(
     })
 }
 
+/// Adopt one reference of a device handle that another exporter in this process made — PyTorch's
+/// or torch_npu's share of a CUDA / NPU storage (`reduce_tensor`'s tuple, converted with
+/// `devshare_handle_from_torch` or `_encoded`) — as an exporter, so that the storage can be
+/// leased over channels (`devshare_channel_send`) or shared again (`devshare_exporter_share`).
+///
+/// - Its handles name tensors inside the adopted storage: `desc.storage_offset` counts from the
+///   storage's first byte, and `DEVSHARE_STORAGE_TO_END` ends where the storage ends.
+/// - The adopted handle's event is not used: each share records its own on `desc.stream`
+///   (`DEVSHARE_SHARE_EVENT`) or synchronises it.
+/// - A segmented CUDA handle lists POSIX fd numbers valid in this process (where the allocator
+///   exported them): they are duplicated now, and channels pass the duplicates with
+///   `SCM_RIGHTS`, so consumers need no `pidfd_getfd`. Adopting such a handle made in another
+///   process is refused.
+/// - The reference the handle carries (its ref-counter slot) is given back when the exporter is
+///   closed, exactly once: keep the storage alive until `devshare_exporter_close` succeeds
+///   (it refuses with `DEVSHARE_STATUS_BUSY` while leases are out), then let it go; PyTorch then
+///   frees the block at once, with no `ipc_collect`.
+/// - ACL: consumers that connect over a channel are whitelisted on the key (or shareable
+///   handles) where the runtime takes it; torch_npu exports without pid validation.
+///
+/// `table`/`table_len`: the segment table when it travels outside the handle (NULL/0
+/// otherwise). `flags`: 0. Host handles are adopted by name (`devshare_host_adopt`).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_exporter_adopt(
+    handle: *const DevshareHandle,
+    table: *const u8,
+    table_len: usize,
+    flags: u32,
+    out: *mut *mut DevshareExporter,
+) -> i32 {
+    boundary("devshare_exporter_adopt", || {
+        let out = ffi!(arg_mut(out, "out"))?;
+        let h = ffi!(arg(handle, "handle"))?;
+        if flags != 0 {
+            return Err(Error::UnsupportedVersion(format!("adopt flags {flags:#x} are unknown to this library")));
+        }
+        let table = if table_len == 0 { None } else { Some(ffi!(arg_slice(table, table_len, "table"))?) };
+        let e = Exporter::adopt(h, table)?;
+        *out = Box::into_raw(Box::new(DevshareExporter(std::sync::Arc::new(e))));
+        Ok(())
+    })
+}
+
 /// Let the process `pid` take this process's file descriptors with `pidfd_getfd` under Yama
 /// `ptrace_scope` = 1 (`prctl(PR_SET_PTRACER, pid)`; `-1`: any process, `0`: nobody again).
 /// Needed by a CUDA producer whose segmented exports go to a consumer that is not its

@@ -337,6 +337,12 @@ impl Backend for Acl {
         vmm::export_segments(device, mem, opts)
     }
 
+    fn adopt(&self, h: &DevshareHandle, segments: Option<&SegmentTable<'_>>) -> Result<Box<dyn Exported>> {
+        super::adopted::check(self, h)?;
+        api()?;
+        Ok(Box::new(super::adopted::Adopted::new(&AclAdopt, h, segments, [0; 16])?))
+    }
+
     fn wait_event(&self, h: &DevshareHandle, req: &ImportRequest) -> Result<()> {
         let device = req.device.unwrap_or(h.device_index);
         runtime::wait_event(api()?, device, h.event_handle, Stream(req.stream))
@@ -352,5 +358,37 @@ impl Backend for Acl {
         let api = api()?;
         let _g = api.bind(device)?;
         api.device_get_bare_tgid()
+    }
+}
+
+/// What adopted ACL exports (torch_npu's allocator) need from the runtime: events on its
+/// streams, and the pid whitelist of the key or shareable handles.
+struct AclAdopt;
+
+impl super::adopted::AdoptRuntime for AclAdopt {
+    fn prepare_share(&self, device: i32, stream: *mut c_void, event: bool) -> Result<Option<Box<dyn IpcEvent>>> {
+        runtime::prepare_share(api()?, device, Stream(stream), event)
+    }
+
+    /// Best effort: torch_npu exports keys and shareable handles without pid validation (every
+    /// release), where whitelisting changes nothing and a runtime may refuse it; for memory
+    /// exported with validation the whitelist is what lets `pid` import. A refusal is not an
+    /// error here: an import it would have allowed fails with the runtime's pid message.
+    fn allow_pid(&self, a: &super::adopted::Adopted, pid: i32) -> Result<()> {
+        let api = api()?;
+        let _g = api.bind(a.device)?;
+        match &a.segments {
+            None => {
+                let key = AclKey::normalize(&a.key)?;
+                let _ = api.ipc_mem_set_import_pid(key.as_c_str(), &[pid]);
+            }
+            Some((_, _, table)) => {
+                for c in table.chunks_exact(8) {
+                    let _ =
+                        api.mem_set_pid_to_shareable_handle(u64::from_le_bytes(c.try_into().expect("8 bytes")), &[pid]);
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -291,6 +291,13 @@ impl Backend for Cuda {
         Ok(Box::new(vmm::export_segments(api, device, mem, opts)?))
     }
 
+    fn adopt(&self, h: &DevshareHandle, segments: Option<&SegmentTable<'_>>) -> Result<Box<dyn Exported>> {
+        super::adopted::check(self, h)?;
+        let api = api()?;
+        let uuid = uuid(api, h.device_index)?;
+        Ok(Box::new(super::adopted::Adopted::new(&CudaAdopt, h, segments, uuid)?))
+    }
+
     fn wait_event(&self, h: &DevshareHandle, req: &ImportRequest) -> Result<()> {
         let api = api()?;
         runtime::wait_event(api, target_device(api, h, req)?, h.event_handle, Stream(req.stream))
@@ -300,5 +307,14 @@ impl Backend for Cuda {
         if let Ok(api) = api() {
             api.synchronize(device);
         }
+    }
+}
+
+/// What adopted CUDA exports (PyTorch's allocator) need from the driver: events on its streams.
+struct CudaAdopt;
+
+impl super::adopted::AdoptRuntime for CudaAdopt {
+    fn prepare_share(&self, device: i32, stream: *mut c_void, event: bool) -> Result<Option<Box<dyn IpcEvent>>> {
+        runtime::prepare_share(api()?, device, Stream(stream), event)
     }
 }
