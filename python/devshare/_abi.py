@@ -397,6 +397,19 @@ def channel_signatures_1_2(import_p) -> list:
     ]
 
 
+#: The first library minor version with adopted device exports (devshare_exporter_adopt).
+ADOPT_MINOR = 4
+
+
+def adopt_signatures(handle_p, exporter_p) -> list:
+    """(name, restype, argtypes) of the 1.4 function that adopts a PyTorch / torch_npu device
+    share (bound by devshare._registry when the library has it)."""
+    return [
+        ("devshare_exporter_adopt", c_int32,
+         [handle_p, c_char_p, c_size_t, c_uint32, POINTER(exporter_p)]),
+    ]
+
+
 #: The first library minor version with the storage-handle formats and the version bridge.
 TORCH_FORMAT_MINOR = 2
 
@@ -445,5 +458,5 @@ __all__ = [
     "EXPECTED_MAJOR", "EXPECTED_MINOR", *C_MACROS, "C_MACROS", "Status", *(c.__name__ for c in STRUCTS.values()),
     "STRUCTS", "INIT_FUNCTIONS", "ChannelStruct", "ConnectionStruct", "PoolStruct", "ChannelP",
     "ConnectionP", "PoolP", "CHANNEL_MINOR", "channel_signatures", "channel_signatures_1_2", "TORCH_FORMAT_MINOR",
-    "torch_format_signatures",
+    "torch_format_signatures", "ADOPT_MINOR", "adopt_signatures",
 ]

@@ -37,6 +37,7 @@ from ._lib import (
 )
 from ._registry import (
     Export,
+    device_adoption,
     HostBuffer,
     add_buffer,
     adopted,
@@ -112,25 +113,30 @@ def _share_torch(t, inflight=True):
         return _torch_ipc.share(t), None
     dtype = _dtypes.from_any(t.dtype)
     shape, strides = tuple(t.shape), tuple(t.stride())
+    exp, storage_offset, nbytes = torch_host_export(t)
+    return exp.share(dtype, shape, strides, storage_offset, nbytes, t.storage_offset(),
+                     inflight), exp
+
+
+def torch_host_export(t) -> tuple[Export, int, int]:
+    """The export that shares CPU tensor ``t``'s storage, with the storage's byte offset in it
+    and its size: a devshare allocation's, the re-export of a devshare import, or PyTorch's
+    ``file_system`` shared memory, adopted (a storage in private memory moves there first:
+    ``_share_filename_cpu_`` copies it once and the tensor keeps working). Call with
+    ``registry_lock`` held."""
     storage = t.untyped_storage()
     addr, nbytes = storage.data_ptr(), storage.nbytes()
-
     buf = buffer_at(addr, nbytes) if addr else None
     if buf is not None:
-        exp = buf.export
-        return exp.share(dtype, shape, strides, addr - exp.base, nbytes, t.storage_offset(),
-                         inflight), exp
+        return buf.export, addr - buf.export.base, nbytes
     if not storage.is_shared() and addr:
         found = import_at(addr, nbytes)
         if found is not None:
             # Memory from open(): export the same object again rather than copying it.
             name, size, offset = found
-            exp = adopted_export(name, size)
-            return exp.share(dtype, shape, strides, offset, nbytes, t.storage_offset(),
-                             inflight), exp
+            return adopted_export(name, size), offset, nbytes
     _, name, size = storage._share_filename_cpu_()
-    exp = adopted_export(bytes(name), int(size), storage)
-    return exp.share(dtype, shape, strides, 0, int(size), t.storage_offset(), inflight), exp
+    return adopted_export(bytes(name), int(size), storage), 0, int(size)
 
 
 def _share_numpy(a, inflight=True):
@@ -176,6 +182,8 @@ def _export_of(obj) -> tuple[Export | None, object]:
     if is_torch_tensor(obj):
         storage = obj.untyped_storage()
         addr, nbytes = storage.data_ptr(), storage.nbytes()
+        if obj.device.type != "cpu":  # leased over a channel (Channel.send), if at all
+            return device_adoption((obj.device.type, obj.device.index, addr)), None
         buf = buffer_at(addr, nbytes) if addr else None
         if buf is not None:
             return buf.export, buf

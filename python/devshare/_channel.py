@@ -57,7 +57,8 @@ import time
 import weakref
 from ctypes import byref, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
 
-from . import _dtypes, _ints, _views
+from . import _dtypes, _ints, _torch_ipc, _views
+from ._api import torch_host_export
 from ._args import normalize_shape, timeout_ms, type_label
 from ._ints import check_args
 from ._lib import (
@@ -74,6 +75,7 @@ from ._lib import (
     MAX_NDIM,
     PeerInfo,
     PoolP,
+    SHARE_EVENT,
     STORAGE_TO_END,
     Status,
     call,
@@ -85,7 +87,17 @@ from ._lib import (
     registry_lock,
 )
 from ._lib import version as _library_version
-from ._registry import MAX_ALLOC, Export, add_buffer, buffer_at, host_nbytes, tensor_desc
+from ._registry import (
+    MAX_ALLOC,
+    Export,
+    add_buffer,
+    adopt_device,
+    buffer_at,
+    collect_except,
+    device_adoption,
+    host_nbytes,
+    tensor_desc,
+)
 from ._views import array_extent, is_ndarray, is_torch_tensor
 
 # --- Binding the channel functions -------------------------------------------------------------
@@ -548,6 +560,7 @@ class Channel(_Owned):
             _timed(lambda ms: _call(lib.devshare_channel_service, ptr, ms), timeout)
         finally:
             self._exit()
+        collect_except(keep=None, force=True)
 
     def wait_peers(self, n: int = 1, timeout=None) -> list[int]:
         """Serve the channel until at least ``n`` consumers are connected; return the connected
@@ -646,22 +659,49 @@ class Channel(_Owned):
         finally:
             self._exit()
 
-    def send(self, peer: int, obj) -> None:
-        """Send consumer ``peer`` one leased reference to ``obj``, a CPU torch tensor or numpy
-        array (any strides >= 0, views, offsets) whose memory came from :func:`channel_empty` /
-        :meth:`host_empty` (or :func:`devshare.empty`). Nothing is copied: the consumer maps the
-        same memory. :func:`devshare.outstanding` counts the reference until the consumer
-        releases its item or disconnects; :func:`devshare.wait` (``obj``) waits for that. Keep
-        writing to the memory only once it came back.
+    def send(self, peer: int, obj, *, stream=None) -> None:
+        """Send consumer ``peer`` one leased reference to ``obj``; nothing is copied, the
+        consumer maps the same memory and gets it as :attr:`Item.tensor`. ``obj`` is:
+
+        - a **CUDA or NPU torch tensor** from PyTorch's or torch_npu's caching allocator
+          (plain or expandable segments): shared through PyTorch's own IPC (``reduce_tensor``),
+          adopted by devshare (``devshare_exporter_adopt``) and leased. This process keeps the
+          tensor's storage alive until the lease comes back (the consumer released the item or
+          died), then returns PyTorch's reference and lets the storage go: no
+          ``torch.cuda.ipc_collect()``, no warning at exit. Expandable-segment fds travel with
+          ``SCM_RIGHTS``: the consumer needs no ``pidfd_getfd`` (no ptrace permission).
+          An interprocess event is recorded on ``stream`` (a ``torch.cuda.Stream``, an NPU
+          stream or a raw handle; default: the device's current stream) and kept until the
+          lease returns; the consumer's receive makes its stream wait on it. Nothing
+          synchronises the device.
+        - a **CPU torch tensor**: in memory from :func:`channel_empty` / :func:`devshare.empty`
+          as is; otherwise its storage moves into PyTorch's ``file_system`` shared memory once
+          (one copy, as ``share_memory_()`` does; the tensor keeps working and later sends are
+          zero copy) and is leased from there.
+        - a **numpy array** in :func:`channel_empty` / :func:`devshare.empty` memory.
+
+        Any strides >= 0, views, offsets. :func:`devshare.outstanding` counts the reference
+        until the consumer releases its item or disconnects; :func:`devshare.wait` (``obj``)
+        waits for that. Keep writing to the memory only once it came back. Returns are taken
+        in this channel's calls (:meth:`service`, sends, :meth:`wait_peers`, ...).
 
         :class:`devshare.Error` ``NOT_FOUND`` when ``peer`` is not connected."""
         peer = _peer_id(peer)
+        if is_torch_tensor(obj) and obj.device.type != "cpu":
+            self.send_batch(peer, [obj], stream=stream)
+            return
+        if stream is not None:
+            raise ValueError("stream= applies to CUDA and NPU tensors only")
         addr, dtype, shape, strides, span = _layout(obj)
         with registry_lock:
             buf = buffer_at(addr, span)
         if buf is None:
-            raise TypeError("this tensor's memory cannot be sent over a channel: allocate it with "
-                            "devshare.channel_empty(shape, dtype) (or devshare.empty), or use a pool")
+            if is_torch_tensor(obj):
+                self._send_host_storage(peer, obj)
+                return
+            raise TypeError("this array's memory cannot be sent over a channel: allocate it with "
+                            "devshare.channel_empty(shape, dtype, like='numpy') (or "
+                            "devshare.empty), send a torch tensor, or use a pool")
         exp = buf.export
         esize = dtype[1] // 8 * dtype[2]
         offset = addr - exp.base
@@ -679,6 +719,92 @@ class Channel(_Owned):
         finally:
             self._exit()
         del keep, buf  # (held until here: the allocation stays open during the call)
+
+    def send_batch(self, peer: int, tensors, *, stream=None) -> None:
+        """Send consumer ``peer`` many tensors in one call (a state dict's values, a list of KV
+        blocks), each as its own lease, in order: the consumer receives them as that many
+        items, one :meth:`Connection.recv` each, in the order given (pass a dict to send its
+        values in its order). Each tensor as in :meth:`send`. Tensors of one storage are shared
+        once (one PyTorch reference for all of them), and a consumer maps each allocation (a
+        CUDA block or segment) once however many tensors lie in it. Items already sent stay
+        sent when a later one fails."""
+        peer = _peer_id(peer)
+        items = list(tensors.values()) if isinstance(tensors, dict) else list(tensors)
+        fresh = []
+        try:
+            for t in items:
+                if is_torch_tensor(t) and t.device.type != "cpu":
+                    self._send_device(peer, t, stream, fresh)
+                else:
+                    self.send(peer, t)
+        finally:
+            collect_except(keep=None)
+
+    def _send_device(self, peer: int, t, stream, fresh: list) -> None:
+        """Lease CUDA / NPU tensor ``t``: its storage adopted once while leases of it are out."""
+        _torch_ipc.DEVICE_BACKENDS[t.device.type]  # noqa: B018 - KeyError names the device type
+        raw_stream = _torch_ipc.current_stream(t, stream)
+        storage = t.untyped_storage()
+        key = (t.device.type, t.device.index, storage.data_ptr())
+        dtype = _dtypes.from_any(t.dtype)
+        with registry_lock:
+            exp = device_adoption(key)
+        if exp is None:
+            args, backend = _torch_ipc.reduce(t)
+            exp = self._adopt(args, backend, storage, key)
+            fresh.append(exp)
+        self._lease(peer, exp, dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
+                    raw_stream)
+
+    def _adopt(self, args, backend: int, keep, key) -> Export:
+        """Adopt the reference of a PyTorch / torch_npu share tuple made in this process (its
+        15 args), holding ``keep`` until its leases are back; the reference goes back at once
+        on failure."""
+        h = _torch_ipc.handle_of_args(args, backend)
+        with registry_lock:
+            try:
+                return adopt_device(h, keep, key)
+            except BaseException:
+                _torch_ipc.release(args, backend)
+                raise
+
+    def _lease(self, peer: int, exp: Export, dtype, shape, strides, tensor_offset: int,
+               raw_stream: int) -> None:
+        """One lease of a tensor inside adopted device export ``exp`` (offsets in its storage),
+        with an event recorded on ``raw_stream``."""
+        desc, keep = tensor_desc(dtype, shape, strides, 0, STORAGE_TO_END, tensor_offset,
+                                 inflight=False)
+        desc.flags = SHARE_EVENT
+        desc.stream = raw_stream or None
+        ptr = self._enter()
+        try:
+            _call(lib.devshare_channel_send, ptr, peer, exp.ptr, byref(desc))
+        finally:
+            self._exit()
+        del keep
+
+    def _send_host_storage(self, peer: int, t) -> None:
+        """Lease a CPU torch tensor whose storage is (or now moves into) PyTorch's
+        ``file_system`` shared memory (or a devshare import)."""
+        dtype = _dtypes.from_any(t.dtype)
+        with registry_lock:
+            exp, storage_offset, nbytes = torch_host_export(t)
+            desc, keep = tensor_desc(dtype, tuple(t.shape), tuple(t.stride()), storage_offset,
+                                     nbytes, t.storage_offset(), inflight=False)
+            ptr = self._enter()
+            try:
+                _call(lib.devshare_channel_send, ptr, peer, exp.ptr, byref(desc))
+            finally:
+                self._exit()
+            del keep
+            collect_except(keep=exp)
+
+    def collect(self) -> int:
+        """Serve the channel without waiting, then let go of every CUDA / NPU storage whose
+        leases all came back (returning PyTorch's reference for it); the number let go.
+        :meth:`service` does this too."""
+        self.service(0)
+        return collect_except(keep=None, force=True)
 
     def pool(self, slot_nbytes: int, count: int, memory=None) -> "Pool":
         """A :class:`Pool` of ``count`` slots of ``slot_nbytes`` bytes on this channel.
@@ -1156,6 +1282,8 @@ class Connection(_Owned):
                                f"{timeout} s")
         self.address = os.fsdecode(raw)
         self._own(ptr, lib.devshare_connection_close)
+        # Items received and not yet released (their leases, weakly): release_all().
+        self._items: weakref.WeakSet = weakref.WeakSet()
         peer_id, producer_pid = c_uint64(), c_int32()
         _call(lib.devshare_connection_info, ptr, byref(peer_id), byref(producer_pid))
         #: This consumer's id at the producer (what :meth:`Channel.peers` lists for it).
@@ -1191,7 +1319,27 @@ class Connection(_Owned):
             self._exit()
         if not done:
             raise TimeoutError(f"nothing arrived on channel {self.address!r} within {timeout} s")
-        return _item(imp, like)
+        item = _item(imp, like)
+        self._items.add(item._lease)
+        return item
+
+    def release_all(self) -> int:
+        """Release every item received on this connection and not yet released (gone or not):
+        each goes back to the producer if it is still there, and its memory is unmapped once
+        the last tensor over it is gone (those tensors are stale from now on). What a consumer
+        does when :meth:`recv` raised :class:`ChannelClosed` because the producer died, so that
+        nothing of that producer stays mapped. Returns how many were released. Callable after
+        :meth:`close` too."""
+        n = 0
+        for lease in list(self._items):
+            if not lease.released:
+                try:
+                    lease.release()
+                    n += 1
+                except Error as e:
+                    if e.status != Status.ALREADY_RELEASED:  # another thread was first
+                        raise
+        return n
 
     def __iter__(self):
         while True:

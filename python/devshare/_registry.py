@@ -10,6 +10,10 @@ behind any address and :func:`devshare.outstanding` / :func:`devshare.wait` find
 - exports of existing shm objects (torch storages, re-shared imports), by shm name:
   :func:`adopted_export`, :func:`adopted`, :func:`adopted_of_storage`; closed by
   :func:`collect` once every reference they handed out came back, and at exit;
+- adopted device exports (PyTorch's / torch_npu's share of a CUDA / NPU storage, leased over
+  channels): :func:`adopt_device`, :func:`device_adoption`; each holds what the caller gave it
+  to keep (the storage) until every lease came back, then :func:`collect` closes it (which
+  returns PyTorch's reference) and lets the storage go;
 - host imports made by :func:`devshare.open`: :func:`note_import`, :func:`import_at` (trusted
   only after checking ``/proc/self/maps``).
 
@@ -31,14 +35,18 @@ import weakref
 from ctypes import byref, c_int64, c_uint64, c_void_p
 
 from . import _dtypes, _ints
-from ._handle import Handle
+from ._handle import Handle, struct_of
 from ._lib import (
+    ADOPT_MINOR,
     SHARE_INFLIGHT,
     DType,
+    Error,
     ExporterP,
     HandleStruct,
     Status,
     TensorDesc,
+    adopt_signatures,
+    bind,
     call,
     check_args,
     error_for,
@@ -46,6 +54,7 @@ from ._lib import (
     new_struct,
     registry_lock,
 )
+from ._lib import version as library_version
 
 #: Bytes before the data in a file_system-layout shm object.
 HEADER_SIZE = 64
@@ -98,7 +107,7 @@ class Export:
     storage an adopted export came from, ``waiters`` the threads inside :func:`devshare.wait`
     on it (:func:`collect` must not close it under them)."""
 
-    __slots__ = ("ptr", "name", "base", "size", "storage_ref", "waiters", "__weakref__")
+    __slots__ = ("ptr", "name", "base", "size", "storage_ref", "waiters", "keep", "key", "__weakref__")
 
     def __init__(self, ptr: ExporterP, name: bytes | None):
         self.ptr = ptr
@@ -113,6 +122,8 @@ class Export:
         self.size = size.value
         self.storage_ref = None
         self.waiters = 0
+        self.keep = None  # adopted device exports: the storage, held until closed
+        self.key = None  # adopted device exports: the caller's key for the storage
 
     @classmethod
     def alloc(cls, nbytes: int) -> Export:
@@ -319,14 +330,18 @@ def adopted_of_storage(storage) -> Export | None:
 
 def collect() -> int:
     """Close this process's exporters of torch storages whose references all came back (like
-    ``torch.cuda.ipc_collect``). :func:`share` does this too. Returns how many were closed."""
-    return collect_except(keep=None)
+    ``torch.cuda.ipc_collect``), and let go of CUDA / NPU storages whose channel leases all came
+    back. :func:`share` and the channel calls do this too. Returns how many were closed."""
+    return collect_except(keep=None, force=True)
 
 
-def collect_except(keep) -> int:
-    """:func:`collect`, leaving ``keep`` (an export just shared) open."""
+def collect_except(keep, force: bool = False) -> int:
+    """:func:`collect`, leaving ``keep`` (an export just shared) open. Adopted device exports
+    are looked at only when ``force`` or when many were added since the last look (so that a
+    loop of sends costs O(1) each, amortised)."""
     closed = 0
     with registry_lock:
+        closed += _sweep_devices(keep, force)
         for name, exp in list(_adopted.items()):
             if exp is keep or exp.waiters:
                 continue
@@ -337,11 +352,74 @@ def collect_except(keep) -> int:
     return closed
 
 
+# Adopted device exports, oldest first; and how many there were after the last full sweep
+# (collect_except sweeps them only once that many more were added, or when forced).
+_device_adopted: list[Export] = []
+_device_swept = [0]
+
+
+def _bind_adopt() -> str | None:
+    missing = bind(adopt_signatures(ctypes.POINTER(HandleStruct), ExporterP))
+    return (f"leasing PyTorch's own CUDA / NPU tensors needs libdevshare 1.{ADOPT_MINOR} or later "
+            f"(devshare_exporter_adopt); the loaded library is {library_version}") if missing else None
+
+
+_ADOPT_UNAVAILABLE = _bind_adopt()
+
+
+def adopt_device(h: Handle, keep, key) -> Export:
+    """Adopt the reference device handle ``h`` carries (PyTorch's / torch_npu's share of a
+    storage in this process: ``devshare_exporter_adopt``) as an :class:`Export`, which holds
+    ``keep`` (the storage) until it is closed; ``key`` finds it again (:func:`device_adoption`).
+    On failure the handle's reference is the caller's to return."""
+    if _ADOPT_UNAVAILABLE:
+        raise Error(Status.UNSUPPORTED, _ADOPT_UNAVAILABLE)
+    table = None if h.table_inline else h.segment_table
+    ptr = ExporterP()
+    call(lib.devshare_exporter_adopt, byref(struct_of(h)), table, len(table or b""), 0, byref(ptr))
+    exp = Export(ptr, None)  # closes ptr if it fails
+    exp.keep, exp.key = keep, key
+    _device_adopted.append(exp)
+    return exp
+
+
+def device_adoption(key) -> Export | None:
+    """The newest open adopted device export made with ``key``, or None."""
+    for exp in reversed(_device_adopted):
+        if exp.key == key and not exp.closed:
+            return exp
+    return None
+
+
+def _sweep_devices(keep, force: bool) -> int:
+    """Close the adopted device exports whose leases all came back (not ``keep``, nor one a
+    thread waits on): the library returns PyTorch's reference, then the storage is let go."""
+    if not force and len(_device_adopted) < 2 * _device_swept[0] + 8:
+        return 0
+    closed, live = 0, []
+    for exp in _device_adopted:
+        if exp is keep or exp.waiters or (not exp.closed and exp.outstanding() > 0):
+            live.append(exp)
+            continue
+        exp.close()
+        exp.keep = None
+        closed += 1
+    _device_adopted[:] = live
+    _device_swept[0] = len(live)
+    return closed
+
+
 @atexit.register
 def close_all() -> None:
     """At exit, close every adopted export: its ref-counter name goes away with the last holder
     instead of staying in /dev/shm. Consumers elsewhere keep their mappings."""
     with registry_lock:
+        for exp in _device_adopted:
+            if not exp.waiters and not exp.closed and exp.outstanding() == 0:
+                try:
+                    exp.close()  # returns PyTorch's reference while torch is still loaded
+                except Exception:  # noqa: BLE001 - nothing useful to do at exit
+                    pass
         for name, exp in list(_adopted.items()):
             if exp.waiters:
                 continue  # a thread still waits on it: leave it to the process exit

@@ -176,13 +176,10 @@ def local_pid(backend="npu", device: int = 0) -> int:
 # --- share / open -----------------------------------------------------------------------------------
 
 
-def share(t) -> Handle:
-    """Share a CUDA or NPU tensor through PyTorch's own IPC (``reduce_tensor``): the handle holds
-    the tuple's fields, the producer's pid and the tuple's one reference, which the consumer owes
-    back exactly once. Until then this process's caching allocator keeps the block (also after
-    ``t`` is freed), as with ``torch.multiprocessing``. Conversion errors return the reference
-    before raising.
-    """
+def reduce(t) -> tuple[tuple, int]:
+    """PyTorch's own share of CUDA or NPU tensor ``t`` (``reduce_tensor``): its 15 args, one
+    fresh reference, and the devshare backend id. Checks what devshare cannot carry first
+    (more than 8 dimensions, an unknown dtype), before a reference is taken."""
     kind = t.device.type
     backend = DEVICE_BACKENDS[kind]
     if t.dim() > MAX_NDIM:
@@ -198,11 +195,52 @@ def share(t) -> Handle:
         raise ValueError(f"reduce_tensor shared this {kind} tensor with "
                          f"{getattr(rebuild, '__name__', rebuild)}, not as a device tensor "
                          f"(is torch_npu imported for NPU tensors?)")
+    return args, backend
+
+
+def handle_of_args(args, backend: int) -> Handle:
+    """:func:`handle_from_torch` for a tuple this process's torch just made; on failure the
+    tuple's reference is returned before raising."""
     try:
         return handle_from_torch(args, backend, producer_pid=os.getpid())
     except BaseException:
         _release(args, backend)
         raise
+
+
+def release(args, backend: int) -> None:
+    """Return the reference a tuple carries without opening it (see :func:`_release`)."""
+    _release(args, backend)
+
+
+def current_stream(t, stream=None) -> int:
+    """The stream handle (``cudaStream_t`` / ``aclrtStream``, as an int) that devshare records
+    a share's event on: ``stream`` (a ``torch.cuda.Stream`` / ``torch_npu`` stream, or a raw
+    handle as an int), by default the current stream of ``t``'s device."""
+    if stream is None:
+        if t.device.type == "npu":
+            stream = _import_torch_npu().npu.current_stream(t.device)
+        else:
+            stream = importlib.import_module("torch").cuda.current_stream(t.device)
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return _ints.index("stream", stream, 0, _U64_MAX)
+    for attr in ("cuda_stream", "npu_stream"):
+        raw = getattr(stream, attr, None)
+        if isinstance(raw, int):
+            return raw
+    raise TypeError(f"stream must be a torch.cuda.Stream, an NPU stream or a raw stream handle "
+                    f"(int), not {type(stream).__name__}")
+
+
+def share(t) -> Handle:
+    """Share a CUDA or NPU tensor through PyTorch's own IPC (``reduce_tensor``): the handle holds
+    the tuple's fields, the producer's pid and the tuple's one reference, which the consumer owes
+    back exactly once. Until then this process's caching allocator keeps the block (also after
+    ``t`` is freed), as with ``torch.multiprocessing``. Conversion errors return the reference
+    before raising.
+    """
+    args, backend = reduce(t)
+    return handle_of_args(args, backend)
 
 
 def open(h: Handle, like: str = "torch", read_only: bool = False):  # noqa: A001
