@@ -716,6 +716,56 @@ int main(int argc, char **argv) {
     DS_OK(devshare_exporter_close(em, DEVSHARE_CLOSE_FORCE)); /* hm's import failed: its reference stays out */
     DS_OK(devshare_exporter_close(eb, 0));
     DS_OK(devshare_exporter_close(e2, 0));
+    /* devshare_exporter_adopt: a segmented handle shared in this process (as PyTorch shares an
+     * expandable-segment storage) is adopted: its fds are duplicated, its shares count from the
+     * adopted storage, and its one reference goes back exactly once, when the adopter closes. */
+    {
+        DevshareExporter *src = export_vmm(&a, 0, 2, 0);
+        const DevshareHandle ha = share_u32(src, SEG - 2048, 4096, 4, 256, 0); /* spans 2 segments */
+        const int fds_before = open_fds();
+        DevshareExporter *ad = NULL;
+        DS_OK(devshare_exporter_adopt(&ha, NULL, 0, 0, &ad));
+        uint64_t n = 0;
+        DS_OK(devshare_exporter_outstanding(src, &n));
+        CHECK(n == 1 && open_fds() == fds_before + 2,
+              "adopt: the handle's reference stays out and each segment fd is duplicated (%" PRIu64 ", +%d fds)", n,
+              open_fds() - fds_before);
+        const int64_t shape[2] = {2, 256};
+        DevshareTensorDesc d = desc_u32(shape, 1024, DEVSHARE_STORAGE_TO_END, 0);
+        DevshareHandle hb;
+        DS_OK(devshare_exporter_share(ad, &d, &hb));
+        CHECK(hb.storage_offset == ha.storage_offset + 1024 && hb.storage_size == 4096 - 1024 &&
+                  hb.producer_pid == (int32_t)getpid(),
+              "adopt: a share's storage counts from the adopted storage's first byte");
+        d.storage_offset = 4096;
+        d.storage_size = 4;
+        EXPECT_ERROR(devshare_exporter_share(ad, &d, &hb), "devshare_exporter_share",
+                     "adopt: a share beyond the adopted storage is refused");
+        EXPECT_ERROR(devshare_exporter_close(ad, 0), "devshare_exporter_close",
+                     "adopt: closing with a share outstanding is refused (BUSY)");
+        DS_OK(devshare_handle_discard(&hb));
+        DS_OK(devshare_exporter_close(ad, 0));
+        DS_OK(devshare_exporter_outstanding(src, &n));
+        CHECK(n == 0 && open_fds() == fds_before, "adopt: the close returned the reference once and closed its fds");
+
+        DevshareHandle other = ha;
+        other.producer_pid = (int32_t)getpid() + 1;
+        EXPECT_ERROR(devshare_exporter_adopt(&other, NULL, 0, 0, &ad), "devshare_exporter_adopt",
+                     "adopt: a segmented handle whose fds are another process's is refused");
+        CHECK(strstr(last_error(), "valid in process") != NULL, "adopt: ... naming why (%s)", last_error());
+        EXPECT_ERROR(devshare_exporter_adopt(&ha, NULL, 0, 1, &ad), "devshare_exporter_adopt",
+                     "adopt: unknown flags are refused");
+        EXPECT_ERROR(devshare_exporter_adopt(NULL, NULL, 0, 0, &ad), "devshare_exporter_adopt",
+                     "adopt: a NULL handle is refused");
+        EXPECT_ERROR(devshare_exporter_adopt(&ha, NULL, 0, 0, NULL), "devshare_exporter_adopt",
+                     "adopt: a NULL out pointer is refused");
+        DevshareHandle host;
+        DS_OK(devshare_handle_init(&host));
+        host.backend = DEVSHARE_BACKEND_HOST;
+        EXPECT_ERROR(devshare_exporter_adopt(&host, NULL, 0, 0, &ad), "devshare_exporter_adopt",
+                     "adopt: a handle that does not validate is refused");
+        DS_OK(devshare_exporter_close(src, 0));
+    }
     DS_OK(devshare_exporter_close(e, DEVSHARE_CLOSE_FORCE)); /* hy was never imported */
     vmm_destroy(&m);
     vmm_destroy(&big);
