@@ -146,9 +146,15 @@ struct AdoptedRef {
 
 impl Drop for AdoptedRef {
     fn drop(&mut self) {
-        if crate::fork::generation() == self.generation {
-            // The producer may be gone or the name malformed: nothing left to return then.
-            let _ = crate::import::discard(&self.name, self.slot);
+        if crate::fork::generation() != self.generation {
+            return;
+        }
+        // The consumer's release order (refcounter.rs); a producer that is gone, or a slot
+        // that is not ours to decrement, leaves nothing to return.
+        if let Ok(Some(rc)) = crate::refcounter::Watched::open(&self.name) {
+            if rc.check(self.slot).is_ok() && rc.check_inflight(self.slot, false).is_ok() {
+                rc.release(self.slot);
+            }
         }
     }
 }

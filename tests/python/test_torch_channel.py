@@ -306,6 +306,7 @@ def test_segmented_cuda_storages_need_no_ptrace(env):
         rc, _, err = _finish(cons)
         assert rc == 0, err
         assert _line(prod, "RETURNED") == "0"
+        assert _finish(prod)[0] == 0
     finally:
         for p in (cons, prod):
             if p.poll() is None:
@@ -379,6 +380,7 @@ def test_an_event_outlives_the_producers_references(env):
         cons.send_signal(signal.SIGKILL)
         cons.wait(10)
         assert _line(prod, "RETURNED") == "0"
+        assert _finish(prod)[0] == 0
     finally:
         for p in (cons, prod):
             if p.poll() is None:
