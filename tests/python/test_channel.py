@@ -506,7 +506,9 @@ def test_file_descriptors_become_readable(pair):
 def test_send_refuses_memory_it_cannot_lease(pair):
     ch, conn, peer = pair
     with pytest.raises(TypeError, match="channel_empty"):
-        ch.send(peer, torch.zeros(4))
+        ch.send(peer, np.zeros(4, dtype=np.float32))  # (a CPU torch tensor is moved to shm)
+    with pytest.raises(ValueError, match="stream"):
+        ch.send(peer, devshare.channel_empty(4), stream=0)
     with pytest.raises(devshare.Error) as e:
         ch.send(peer + 1000, devshare.channel_empty(4))
     assert e.value.status == devshare.Status.NOT_FOUND
