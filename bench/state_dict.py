@@ -1,0 +1,337 @@
+#!/usr/bin/env python3
+"""A whole 7B-shaped state dict handed from one process to another: devshare's
+Channel.send_batch against PyTorch's own way (torch.multiprocessing's reductions: what
+torch.multiprocessing.Queue does), measured in one run on the same kind of tensors.
+
+The state dict has the tensor names and shapes of Llama-2-7B (and of Mistral-7B's MLP):
+
+  model.embed_tokens.weight                       32000 x 4096
+  32 layers, each:
+    self_attn.{q,k,v,o}_proj.weight               4096 x 4096
+    mlp.{gate,up}_proj.weight                     11008 x 4096
+    mlp.down_proj.weight                          4096 x 11008
+    input_layernorm.weight, post_attention_layernorm.weight   4096
+  model.norm.weight                               4096
+  lm_head.weight                                  32000 x 4096
+
+291 tensors. --scale N divides every dimension by N (element counts by N^2), keeping the tensor
+count and the relative shapes; the default (N=8, bfloat16) is about 210 MB instead of 13.5 GB.
+The values are synthetic (random), nothing is downloaded.
+
+Approaches (each with its own copy of the state dict and its own consumer process, started
+with multiprocessing's "spawn" and connected to the producer by a multiprocessing Pipe for
+control messages):
+
+  devshare    ch.send_batch(peer, state_dict): each tensor one leased item. The tensors start in
+              private memory: the first send moves each storage once into PyTorch's
+              file_system shared memory (one copy; reported on its own as "first"), the later
+              sends lease the same storages with no copy. The consumer: conn.recv() per
+              item, item.tensor, touch. Release: the consumer drops its tensors and calls
+              conn.release_all(); the producer waits (devshare.wait on every tensor, which
+              serves the channel meanwhile) until every lease came back.
+  torch-fd    ForkingPickler.dumps(state_dict) with sharing strategy file_descriptor (PyTorch's
+              default on Linux): torch.multiprocessing.reductions.reduce_tensor per tensor, the
+              bytes over the Pipe, the consumer's pickle.loads (rebuild: one file descriptor
+              fetched from the producer's resource sharer and mapped per storage), touch.
+              Release: the consumer drops the state dict (unmaps). The producer learns
+              nothing: PyTorch has no return path; the figure is the consumer's drop plus the
+              acknowledgement.
+  torch-fs    the same with sharing strategy file_system (a named shared-memory file per
+              storage, opened by name in the consumer).
+
+The torch-* tensors are in shared memory before timing (share_memory_() under that strategy), so
+both sides pay only the handoff. "Touch": the consumer reads one element of every tensor
+(t.reshape(-1)[0].item()).
+
+Hand-over: from just before the producer starts (send_batch / dumps) until it has read the
+consumer's acknowledgement, sent after it received every tensor and touched each one.
+"Of which producer": until send_batch (devshare) or dumps + send_bytes (torch) returned.
+Release: from the producer's "release" message until (devshare) every tensor's leases are
+back, (torch) the consumer acknowledged that it dropped everything.
+
+Every repetition sends the same tensors. The first repetition of each approach is reported on
+its own ("first": for devshare it includes the move into shared memory; for the torch ways
+the first use of the resource sharer / shared-memory manager) and is left out of median / min.
+
+Usage: python bench/state_dict.py [--scale 8] [--dtype bfloat16] [--layers 32] [--reps 20]
+                                  [--only devshare,torch-fd,torch-fs] [--json FILE]
+       python bench/state_dict.py --quick      (3 layers, scale 32, 1 repetition: a smoke test)
+"""
+
+import argparse
+import json
+import multiprocessing
+import os
+import pickle
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.multiprocessing
+from multiprocessing.reduction import ForkingPickler
+
+HIDDEN, INTERMEDIATE, VOCAB, LAYERS = 4096, 11008, 32000, 32
+APPROACHES = ("devshare", "torch-fd", "torch-fs")
+TIMEOUT = 120.0  # seconds; any single wait longer than this is a failure, not a measurement
+
+
+def state_dict_shapes(scale: int, layers: int) -> list[tuple[str, tuple[int, ...]]]:
+    h, i, v = HIDDEN // scale, INTERMEDIATE // scale, VOCAB // scale
+    shapes = [("model.embed_tokens.weight", (v, h))]
+    for n in range(layers):
+        p = f"model.layers.{n}."
+        for proj in ("q", "k", "v", "o"):
+            shapes.append((f"{p}self_attn.{proj}_proj.weight", (h, h)))
+        shapes.append((f"{p}mlp.gate_proj.weight", (i, h)))
+        shapes.append((f"{p}mlp.up_proj.weight", (i, h)))
+        shapes.append((f"{p}mlp.down_proj.weight", (h, i)))
+        shapes.append((f"{p}input_layernorm.weight", (h,)))
+        shapes.append((f"{p}post_attention_layernorm.weight", (h,)))
+    shapes.append(("model.norm.weight", (h,)))
+    shapes.append(("lm_head.weight", (v, h)))
+    return shapes
+
+
+def make_state_dict(shapes, dtype, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(shape, generator=g, dtype=torch.float32).to(dtype)
+            for name, shape in shapes}
+
+
+def touch(t) -> float:
+    return t.reshape(-1)[0].item()
+
+
+def recv_msg(conn, proc, what: str):
+    """The next control message, or an error naming what was awaited (no silent hang)."""
+    deadline = time.monotonic() + TIMEOUT
+    while not conn.poll(0.5):
+        if proc is not None and not proc.is_alive():
+            raise RuntimeError(f"consumer exited (code {proc.exitcode}) while the producer "
+                               f"waited for {what}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} from the consumer within {TIMEOUT} s")
+    return conn.recv()
+
+
+# ----------------------------------------------------------------------------- consumers
+
+
+def devshare_consumer(address: str, count: int, reps: int, ctl) -> None:
+    import devshare
+
+    conn = devshare.connect(address, timeout=30)
+    ctl.send("ready")
+    for _ in range(reps):
+        items, tensors = [], []
+        for _ in range(count):
+            item = conn.recv(timeout=TIMEOUT)
+            t = item.tensor
+            touch(t)
+            items.append(item)
+            tensors.append(t)
+        ctl.send("got")
+        if ctl.recv() != "release":
+            raise RuntimeError("unexpected control message")
+        tensors.clear()
+        released = conn.release_all()
+        items.clear()
+        ctl.send(released)
+    conn.close()
+
+
+def torch_consumer(reps: int, ctl) -> None:
+    ctl.send("ready")
+    for _ in range(reps):
+        sd = pickle.loads(ctl.recv_bytes())
+        for t in sd.values():
+            touch(t)
+        ctl.send("got")
+        if ctl.recv() != "release":
+            raise RuntimeError("unexpected control message")
+        del sd
+        ctl.send(0)
+
+
+# ----------------------------------------------------------------------------- producers
+
+
+def run_devshare(sd: dict, reps: int, ctx) -> tuple[list[float], list[float], list[float]]:
+    import devshare
+
+    address = f"@devshare-bench-state-dict-{os.getpid()}"
+    ch = devshare.Channel(address)
+    ctl, child = ctx.Pipe()
+    proc = ctx.Process(target=devshare_consumer, args=(address, len(sd), reps, child))
+    proc.start()
+    child.close()
+    hand, rel, prod = [], [], []
+    try:
+        peer = ch.wait_peers(1, timeout=TIMEOUT)[0]
+        recv_msg(ctl, proc, "'ready'")
+        tensors = list(sd.values())
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            ch.send_batch(peer, sd)
+            ts = time.perf_counter()
+            recv_msg(ctl, proc, "'got'")
+            t1 = time.perf_counter()
+            ctl.send("release")
+            # devshare.wait serves the channel while it waits: the consumer's releases are read
+            # as they come (a producer that does not call into the channel meanwhile lets the
+            # socket fill, and the consumer's releases then wait for room).
+            for t in tensors:
+                if not devshare.wait(t, timeout=TIMEOUT):
+                    raise TimeoutError(f"leases not back within {TIMEOUT} s")
+            t2 = time.perf_counter()
+            released = recv_msg(ctl, proc, "the release acknowledgement")
+            if released != len(sd):
+                raise RuntimeError(f"consumer released {released} items, expected {len(sd)}")
+            left = sum(devshare.outstanding(t) for t in tensors)
+            if left:
+                raise RuntimeError(f"{left} leases still outstanding after wait")
+            hand.append((t1 - t0) * 1e3)
+            rel.append((t2 - t1) * 1e3)
+            prod.append((ts - t0) * 1e3)
+        if not all(t.is_shared() for t in tensors):
+            raise RuntimeError("a sent tensor is not in shared memory after send_batch")
+        proc.join(TIMEOUT)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        ch.close()
+    if proc.exitcode != 0:
+        raise RuntimeError(f"devshare consumer exited with code {proc.exitcode}")
+    return hand, rel, prod
+
+
+def run_torch(sd: dict, reps: int, ctx, strategy: str) -> tuple[list[float], list[float],
+                                                                 list[float]]:
+    torch.multiprocessing.set_sharing_strategy(strategy)
+    for t in sd.values():
+        t.share_memory_()
+    ctl, child = ctx.Pipe()
+    proc = ctx.Process(target=torch_consumer, args=(reps, child))
+    proc.start()
+    child.close()
+    hand, rel, prod = [], [], []
+    try:
+        recv_msg(ctl, proc, "'ready'")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            ctl.send_bytes(ForkingPickler.dumps(sd))
+            ts = time.perf_counter()
+            recv_msg(ctl, proc, "'got'")
+            t1 = time.perf_counter()
+            ctl.send("release")
+            recv_msg(ctl, proc, "the release acknowledgement")
+            t2 = time.perf_counter()
+            hand.append((t1 - t0) * 1e3)
+            rel.append((t2 - t1) * 1e3)
+            prod.append((ts - t0) * 1e3)
+        proc.join(TIMEOUT)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    if proc.exitcode != 0:
+        raise RuntimeError(f"torch consumer ({strategy}) exited with code {proc.exitcode}")
+    return hand, rel, prod
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def summary(times: list[float]) -> dict:
+    rest = times[1:]
+    return {"first": times[0],
+            "median": statistics.median(rest) if rest else None,
+            "min": min(rest) if rest else None,
+            "all": times}
+
+
+def fmt(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def ratio(base, x) -> str:
+    return "-" if base is None or x is None or x == 0 else f"{base / x:.1f}x"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scale", type=int, default=8,
+                    help="divide every dimension by this (element counts by its square)")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--layers", type=int, default=LAYERS)
+    ap.add_argument("--reps", type=int, default=20,
+                    help="timed repetitions per approach, after the first")
+    ap.add_argument("--only", default=",".join(APPROACHES))
+    ap.add_argument("--quick", action="store_true",
+                    help="3 layers, scale 32, 1 timed repetition: a smoke test")
+    ap.add_argument("--json", help="also write the raw figures here")
+    args = ap.parse_args()
+    if args.quick:
+        args.layers, args.scale, args.reps = 3, 32, 1
+    only = [a.strip() for a in args.only.split(",") if a.strip()]
+    for a in only:
+        if a not in APPROACHES:
+            ap.error(f"unknown approach {a!r}; known: {', '.join(APPROACHES)}")
+    dtype = getattr(torch, args.dtype)
+
+    shapes = state_dict_shapes(args.scale, args.layers)
+    nbytes = sum(torch.Size(s).numel() for _, s in shapes) * dtype.itemsize
+    mib = nbytes / 2**20
+    print(f"state dict: {len(shapes)} tensors, {mib:.1f} MiB ({args.dtype}, dims / {args.scale}, "
+          f"{args.layers} layers); {args.reps} timed repetitions + 1 first per approach")
+    print(f"torch {torch.__version__}, python {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs")
+
+    ctx = multiprocessing.get_context("spawn")
+    results = {}
+    default_strategy = torch.multiprocessing.get_sharing_strategy()
+    for seed, name in enumerate(only):
+        sd = make_state_dict(shapes, dtype, seed)
+        t0 = time.perf_counter()
+        if name == "devshare":
+            hand, rel, prod = run_devshare(sd, args.reps + 1, ctx)
+        else:
+            strategy = {"torch-fd": "file_descriptor", "torch-fs": "file_system"}[name]
+            hand, rel, prod = run_torch(sd, args.reps + 1, ctx, strategy)
+            torch.multiprocessing.set_sharing_strategy(default_strategy)
+        results[name] = {"hand_over_ms": summary(hand), "release_ms": summary(rel),
+                         "producer_ms": summary(prod)}
+        print(f"  {name}: done in {time.perf_counter() - t0:.1f} s")
+        del sd
+
+    base = results.get("torch-fd")
+    print()
+    print("| approach | tensors | MiB | first hand-over ms | hand-over ms median / min "
+          "| of which producer ms | release ms median / min | hand-over: torch-fd / this "
+          "| release: torch-fd / this |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        h, rl, pr = r["hand_over_ms"], r["release_ms"], r["producer_ms"]
+        print(f"| {name} | {len(shapes)} | {mib:.1f} | {fmt(h['first'])} "
+              f"| {fmt(h['median'])} / {fmt(h['min'])} | {fmt(pr['median'])} "
+              f"| {fmt(rl['median'])} / {fmt(rl['min'])} "
+              f"| {ratio(base and base['hand_over_ms']['median'], h['median'])} "
+              f"| {ratio(base and base['release_ms']['median'], rl['median'])} |")
+    print()
+    print("first: the first repetition (devshare: includes moving every storage into shared "
+          "memory once), not in median / min. of which producer: median time until send_batch / "
+          "dumps + send_bytes returned. torch-* release: the consumer's drop only; the producer "
+          "gets no return.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"tensors": len(shapes), "bytes": nbytes, "scale": args.scale,
+                       "dtype": args.dtype, "layers": args.layers, "reps": args.reps,
+                       "torch": torch.__version__, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
