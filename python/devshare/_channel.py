@@ -692,12 +692,17 @@ class Channel(_Owned):
             return
         if stream is not None:
             raise ValueError("stream= applies to CUDA and NPU tensors only")
+        self._send_host(peer, obj, collect=True)
+
+    def _send_host(self, peer: int, obj, collect: bool) -> None:
+        """:meth:`send` of a CPU tensor or numpy array; ``collect``: look for adopted storages
+        whose references all came back afterwards (a batch does it once, at its end)."""
         addr, dtype, shape, strides, span = _layout(obj)
         with registry_lock:
             buf = buffer_at(addr, span)
         if buf is None:
             if is_torch_tensor(obj):
-                self._send_host_storage(peer, obj)
+                self._send_host_storage(peer, obj, collect)
                 return
             raise TypeError("this array's memory cannot be sent over a channel: allocate it with "
                             "devshare.channel_empty(shape, dtype, like='numpy') (or "
@@ -736,7 +741,7 @@ class Channel(_Owned):
                 if is_torch_tensor(t) and t.device.type != "cpu":
                     self._send_device(peer, t, stream, fresh)
                 else:
-                    self.send(peer, t)
+                    self._send_host(peer, t, collect=False)
         finally:
             collect_except(keep=None)
 
@@ -783,7 +788,7 @@ class Channel(_Owned):
             self._exit()
         del keep
 
-    def _send_host_storage(self, peer: int, t) -> None:
+    def _send_host_storage(self, peer: int, t, collect: bool) -> None:
         """Lease a CPU torch tensor whose storage is (or now moves into) PyTorch's
         ``file_system`` shared memory (or a devshare import)."""
         dtype = _dtypes.from_any(t.dtype)
@@ -797,7 +802,8 @@ class Channel(_Owned):
             finally:
                 self._exit()
             del keep
-            collect_except(keep=exp)
+            if collect:
+                collect_except(keep=exp)
 
     def collect(self) -> int:
         """Serve the channel without waiting, then let go of every CUDA / NPU storage whose

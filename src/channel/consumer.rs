@@ -19,14 +19,58 @@ pub(crate) struct ConnShared {
     generation: u64,
     /// Set by [`Connection::close`]: nothing is sent any more.
     closed: std::sync::atomic::AtomicBool,
+    /// Messages (releases, returns, detaches) the producer's socket had no room for: sent, in
+    /// order, before any later one and by every receive, never dropped while connected.
+    backlog: Mutex<std::collections::VecDeque<Vec<u8>>>,
 }
 
 impl ConnShared {
-    /// Send a consumer message; failures are dropped (the producer is gone, or it will learn
-    /// everything from the hang-up).
+    fn speaks(&self) -> bool {
+        self.generation == crate::fork::generation() && !self.closed.load(Ordering::Acquire)
+    }
+
+    /// Send a consumer message. When the producer has not read its socket for the send
+    /// patience (it is not serving the channel), the message waits in the backlog instead of
+    /// being lost, and later messages join it without waiting again. A producer that is gone
+    /// learns everything from the hang-up: nothing to send then.
     fn tell(&self, msg: Message<'_>) {
-        if self.generation == crate::fork::generation() && !self.closed.load(Ordering::Acquire) {
-            let _ = wire::send(self.fd.as_fd(), &msg.encode(), &[]);
+        if !self.speaks() {
+            return;
+        }
+        let bytes = msg.encode();
+        let mut q = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
+        self.flush_locked(&mut q);
+        if q.is_empty() {
+            match wire::send(self.fd.as_fd(), &bytes, &[]) {
+                Err(Error::Timeout(_)) => {}
+                _ => return, // sent, or the producer is gone
+            }
+        }
+        q.push_back(bytes);
+    }
+
+    /// Send what waits in the backlog while the socket takes it; whether some still waits.
+    fn flush(&self) -> bool {
+        if !self.speaks() {
+            return false;
+        }
+        let mut q = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
+        self.flush_locked(&mut q);
+        !q.is_empty()
+    }
+
+    fn flush_locked(&self, q: &mut std::collections::VecDeque<Vec<u8>>) {
+        while let Some(front) = q.front() {
+            match wire::try_send(self.fd.as_fd(), front, &[]) {
+                Ok(true) => {
+                    q.pop_front();
+                }
+                Ok(false) => return,
+                Err(_) => {
+                    q.clear(); // the producer is gone: the hang-up returned everything
+                    return;
+                }
+            }
         }
     }
 }
@@ -197,6 +241,7 @@ impl Connection {
                                     fd,
                                     generation: crate::fork::generation(),
                                     closed: Default::default(),
+                                    backlog: Default::default(),
                                 }),
                                 state: Mutex::new(State { buf, fds, pools: FxHashMap::default(), eof: false }),
                                 peer_id,
@@ -256,6 +301,9 @@ impl Connection {
     pub fn recv(&self, timeout: Option<Duration>) -> Result<Import> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
+            // Releases the producer's socket had no room for go first; while some still wait,
+            // the wait below also wakes when there is room.
+            let backlog = self.shared.flush();
             {
                 let mut st = self.state()?;
                 if st.eof {
@@ -263,9 +311,9 @@ impl Connection {
                 }
                 loop {
                     let State { buf, fds, .. } = &mut *st;
-                    // Without a time limit, wait in the receive itself (shutdown by close()
-                    // wakes it); otherwise take what is queued and poll below.
-                    match wire::recv_with(self.shared.fd.as_fd(), buf, fds, timeout.is_none())? {
+                    // Without a time limit (and no backlog), wait in the receive itself
+                    // (shutdown by close() wakes it); otherwise take what is queued and poll below.
+                    match wire::recv_with(self.shared.fd.as_fd(), buf, fds, timeout.is_none() && !backlog)? {
                         Received::Empty => break,
                         Received::Closed => {
                             st.eof = true;
@@ -280,7 +328,8 @@ impl Connection {
                 }
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if left.is_some_and(|l| l.is_zero()) || !wire::wait_ready(self.fd(), PollFlags::IN, left)? {
+            let wake = if backlog { PollFlags::IN | PollFlags::OUT } else { PollFlags::IN };
+            if left.is_some_and(|l| l.is_zero()) || !wire::wait_ready(self.fd(), wake, left)? {
                 return Err(Error::Timeout("nothing arrived on the channel".into()));
             }
         }

@@ -916,3 +916,25 @@ def test_trusting_announced_pids_is_a_switch_that_takes_a_bool():
         ch.trust_announced_pids(False)
         with pytest.raises(TypeError):
             ch.trust_announced_pids(1)
+
+
+def test_releases_the_producers_socket_has_no_room_for_are_kept_not_lost(pair):
+    """400 releases while the producer serves nothing: its socket fills up (about 280 small
+    messages). The release that finds it full waits out the send patience once, the rest wait
+    in the consumer's backlog (no further stall), and the consumer's next call sends them: every
+    lease comes back, none is lost."""
+    ch, conn, peer = pair
+    tensors = [devshare.channel_empty(1) for _ in range(400)]
+    ch.send_batch(peer, tensors)
+    items = []
+    while len(items) < 400:
+        ch.service(timeout=0)  # what the consumer's socket had no room for goes out
+        items.append(conn.recv(timeout=LIMIT))
+    assert conn.release_all() == 400  # the producer does not read meanwhile
+    assert all(item.released for item in items)
+    deadline = time.monotonic() + 60
+    while any(devshare.outstanding(t) for t in tensors) and time.monotonic() < deadline:
+        ch.service(timeout=0.05)  # takes what arrived; the socket has room again
+        with pytest.raises(TimeoutError):
+            conn.recv(timeout=0)  # the consumer's next call sends its backlog
+    assert sum(devshare.outstanding(t) for t in tensors) == 0
