@@ -787,6 +787,19 @@ int32_t devshare_channel_send(struct DevshareChannel *channel,
                               const struct DevshareExporter *exporter,
                               const struct DevshareTensorDesc *desc);
 
+// Send `peer` one leased reference to each of `count` tensors, in order: tensor i is
+// `*descs[i]` inside `exporters[i]` (a NULL description: the whole export as bytes), each
+// exactly as `devshare_channel_send` sends one. The consumer receives them as `count` imports,
+// one per `devshare_connection_recv`, in this order. A 1.4 or later consumer gets them in as
+// few messages as the message size (an encoded handle is a few hundred bytes) and `SCM_RIGHTS`
+// limits allow; an older one, one message each. Every share is made first: a description
+// that is refused sends nothing. `count` 0 does nothing.
+int32_t devshare_channel_send_batch(struct DevshareChannel *channel,
+                                    uint64_t peer,
+                                    const struct DevshareExporter *const *exporters,
+                                    const struct DevshareTensorDesc *const *descs,
+                                    size_t count);
+
 // Whether ACL exports sent over this channel are whitelisted for the pid a consumer announced
 // in its handshake (its bare tgid) when that is not its pid as the kernel reports it
 // (`SO_PEERCRED`): `trust` nonzero yes, 0 (the default) no — the kernel's pid is whitelisted

@@ -410,6 +410,15 @@ def adopt_signatures(handle_p, exporter_p) -> list:
     ]
 
 
+def channel_signatures_1_4(exporter_p) -> list:
+    """The channel function 1.4 added: many leases in one call (bound by devshare._channel
+    when the library has it; without it a batch is sent one lease at a time)."""
+    return [
+        ("devshare_channel_send_batch", c_int32,
+         [ChannelP, c_uint64, POINTER(exporter_p), POINTER(POINTER(TensorDesc)), c_size_t]),
+    ]
+
+
 #: The first library minor version with the storage-handle formats and the version bridge.
 TORCH_FORMAT_MINOR = 2
 
@@ -458,5 +467,5 @@ __all__ = [
     "EXPECTED_MAJOR", "EXPECTED_MINOR", *C_MACROS, "C_MACROS", "Status", *(c.__name__ for c in STRUCTS.values()),
     "STRUCTS", "INIT_FUNCTIONS", "ChannelStruct", "ConnectionStruct", "PoolStruct", "ChannelP",
     "ConnectionP", "PoolP", "CHANNEL_MINOR", "channel_signatures", "channel_signatures_1_2", "TORCH_FORMAT_MINOR",
-    "torch_format_signatures", "ADOPT_MINOR", "adopt_signatures",
+    "torch_format_signatures", "ADOPT_MINOR", "adopt_signatures", "channel_signatures_1_4",
 ]

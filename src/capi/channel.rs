@@ -245,6 +245,44 @@ pub unsafe extern "C" fn devshare_channel_send(
     })
 }
 
+/// Send `peer` one leased reference to each of `count` tensors, in order: tensor i is
+/// `*descs[i]` inside `exporters[i]` (a NULL description: the whole export as bytes), each
+/// exactly as `devshare_channel_send` sends one. The consumer receives them as `count` imports,
+/// one per `devshare_connection_recv`, in this order. A 1.4 or later consumer gets them in as
+/// few messages as the message size (an encoded handle is a few hundred bytes) and `SCM_RIGHTS`
+/// limits allow; an older one, one message each. Every share is made first: a description
+/// that is refused sends nothing. `count` 0 does nothing.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_send_batch(
+    channel: *mut DevshareChannel,
+    peer: u64,
+    exporters: *const *const DevshareExporter,
+    descs: *const *const DevshareTensorDesc,
+    count: usize,
+) -> i32 {
+    boundary("devshare_channel_send_batch", || {
+        let ch = &ffi!(arg(channel, "channel"))?.0;
+        let exps = ffi!(super::arg_slice(exporters, count, "exporters"))?;
+        let ds = ffi!(super::arg_slice(descs, count, "descs"))?;
+        let mut read = Vec::new();
+        read.try_reserve_exact(count).map_err(|_| Error::bad_size("count", format!("{count} tensors")))?;
+        for (i, (&e, &d)) in exps.iter().zip(ds).enumerate() {
+            let e = &ffi!(e.as_ref()).ok_or_else(|| Error::InvalidArgument(format!("exporters[{i}] is NULL")))?.0;
+            let d = if d.is_null() { None } else { Some(ffi!(super::abi::read_input(d, "descs[i]"))?) };
+            read.push((e, d, [e.size() as i64]));
+        }
+        let mut items = Vec::with_capacity(count);
+        for (e, d, whole) in &read {
+            let desc = match d {
+                Some(d) => ffi!(tensor_desc_from_c(d))?,
+                None => TensorDesc { shape: whole, ..Default::default() },
+            };
+            items.push((&***e, desc));
+        }
+        ch.send_batch(peer, &items)
+    })
+}
+
 /// Whether ACL exports sent over this channel are whitelisted for the pid a consumer announced
 /// in its handshake (its bare tgid) when that is not its pid as the kernel reports it
 /// (`SO_PEERCRED`): `trust` nonzero yes, 0 (the default) no — the kernel's pid is whitelisted

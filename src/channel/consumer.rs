@@ -150,6 +150,8 @@ struct State {
     fds: Vec<OwnedFd>,
     pools: FxHashMap<u32, AttachedPool>,
     eof: bool,
+    /// Imports of a several-share message not handed out yet, in order.
+    ready: std::collections::VecDeque<Import>,
 }
 
 /// The consumer end of a channel.
@@ -205,7 +207,7 @@ impl Connection {
                 cred.uid.as_raw()
             )));
         }
-        let hello = Message::Hello { magic: wire::MAGIC, version: wire::VERSION, tgid };
+        let hello = Message::Hello { magic: wire::MAGIC, version: wire::VERSION, features: wire::FEATURE_SHARES, tgid };
         match wire::send(fd.as_fd(), &hello.encode(), &[]) {
             // A producer that refused us at once has closed already: its reason is queued.
             Ok(()) | Err(Error::Closed(_)) => {}
@@ -243,7 +245,13 @@ impl Connection {
                                     closed: Default::default(),
                                     backlog: Default::default(),
                                 }),
-                                state: Mutex::new(State { buf, fds, pools: FxHashMap::default(), eof: false }),
+                                state: Mutex::new(State {
+                                    buf,
+                                    fds,
+                                    pools: FxHashMap::default(),
+                                    eof: false,
+                                    ready: Default::default(),
+                                }),
                                 peer_id,
                                 producer_pid,
                             });
@@ -306,6 +314,9 @@ impl Connection {
             let backlog = self.shared.flush();
             {
                 let mut st = self.state()?;
+                if let Some(imp) = st.ready.pop_front() {
+                    return Ok(imp);
+                }
                 if st.eof {
                     return Err(Error::Closed("the producer closed the channel or exited".into()));
                 }
@@ -347,6 +358,39 @@ impl Connection {
                 let d = decode_full(handle)?;
                 let imp = open(&d.handle, d.table.as_deref(), fds, Some(token))?;
                 Ok(Some(imp))
+            }
+            Message::Shares { first_lease, entries } => {
+                let total: usize = entries.iter().map(|(n, _)| *n as usize).sum();
+                if total != fds.len() {
+                    return Err(Error::Untrusted(format!(
+                        "a message of {} shares naming {total} descriptors came with {}",
+                        entries.len(),
+                        fds.len()
+                    )));
+                }
+                // Every share is opened (or its lease given back at once, when refused) and
+                // handed out in order; the first refusal is this call's error, the shares
+                // opened meanwhile wait for the next receives.
+                let mut fds = fds.into_iter();
+                let mut first_error = None;
+                for (i, (nfds, handle)) in entries.iter().enumerate() {
+                    let mine: Vec<OwnedFd> = fds.by_ref().take(*nfds as usize).collect();
+                    let lease = first_lease + i as u64;
+                    let token: Arc<dyn Lease> =
+                        Arc::new(LeaseToken { conn: self.shared.clone(), lease, given: AtomicBool::new(false) });
+                    let opened =
+                        decode_full(handle).and_then(|d| open(&d.handle, d.table.as_deref(), mine, Some(token)));
+                    match opened {
+                        Ok(imp) => st.ready.push_back(imp),
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                }
+                match first_error {
+                    Some(e) => Err(e),
+                    None => Ok(st.ready.pop_front()),
+                }
             }
             Message::Attach { pool, slot_size, count, handle } => {
                 let d = decode_full(handle)?;

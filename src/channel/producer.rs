@@ -89,6 +89,8 @@ struct Peer {
     attached: FxHashMap<u32, Arc<LeaseBook>>,
     /// Exports (by id) this peer's tgid was whitelisted on.
     allowed: FxHashSet<u64>,
+    /// The `wire::FEATURE_*` bits its handshake announced.
+    features: u16,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -310,6 +312,77 @@ impl Channel {
         })();
         core.sweep(epfd);
         // A peer this call found past its limits is gone now, and so is the lease just queued.
+        if r.is_ok() && core.index(peer).is_err() {
+            return Err(Error::Closed(format!("peer {peer} was disconnected: it does not read its messages")));
+        }
+        r
+    }
+
+    /// Send `peer` one leased reference to each tensor of `items` (an export and a tensor in
+    /// it), in order, as [`Self::send`] does for one: to a consumer that reads several shares
+    /// per message (1.4 and later), in as few messages as the message size and descriptor
+    /// limits allow; to older consumers one message each. Every share is made (and validated,
+    /// its event recorded) before anything is sent: a refused description sends nothing.
+    pub fn send_batch(&self, peer: u64, items: &[(&Exporter, TensorDesc<'_>)]) -> Result<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let mut shares = Vec::new();
+        shares.try_reserve_exact(items.len()).map_err(|_| Error::bad_size("count", "too many shares"))?;
+        for (exp, desc) in items {
+            let (h, event) = exp.share_leased(desc)?;
+            let mut enc = Vec::new();
+            crate::handle::encode::encode_full_into(&h, exp.external_table(), &mut enc)?;
+            check_len(enc.clone())?;
+            shares.push((*exp, enc, event));
+        }
+        let epfd = self.shared.epoll.as_fd();
+        let mut core = self.shared.lock()?;
+        let r = (|| {
+            for (exp, _, _) in &shares {
+                core.allow(peer, exp)?;
+            }
+            let batched = core.peer(peer)?.features & wire::FEATURE_SHARES != 0;
+            let mut shares = shares.into_iter().peekable();
+            while shares.peek().is_some() {
+                // One message: as many shares as fit its size and descriptor limits (one at
+                // least), or one per message for a consumer that reads only SHARE.
+                let first_lease = core.next_lease;
+                let mut chunk = Vec::new();
+                let (mut bytes, mut nfds) = (4 + 4 + 8, 0usize);
+                while let Some((exp, enc, _)) = shares.peek() {
+                    let fds = exp.channel_fds().len();
+                    let fits = bytes + 8 + enc.len() <= wire::MAX_MESSAGE
+                        && nfds + fds <= wire::MAX_FDS
+                        && chunk.len() < wire::MAX_SHARES;
+                    if !chunk.is_empty() && (!batched || !fits) {
+                        break;
+                    }
+                    bytes += 8 + enc.len();
+                    nfds += fds;
+                    chunk.push(shares.next().expect("peeked"));
+                }
+                let msg = if batched {
+                    let entries =
+                        chunk.iter().map(|(exp, enc, _)| (exp.channel_fds().len() as u32, &enc[..])).collect();
+                    Message::Shares { first_lease, entries }.encode()
+                } else {
+                    Message::Share { lease: first_lease, handle: &chunk[0].1 }.encode()
+                };
+                let msg = check_len(msg)?;
+                let fds: Vec<BorrowedFd<'_>> = chunk.iter().flat_map(|(exp, _, _)| exp.channel_fds()).collect();
+                let idx = core.index(peer)?;
+                core.post(idx, &msg, &fds, epfd)?;
+                core.next_lease += chunk.len() as u64;
+                for (i, (exp, _, event)) in chunk.into_iter().enumerate() {
+                    let book = exp.leases().clone();
+                    book.add(&self.shared);
+                    core.peers[idx].leases.insert(first_lease + i as u64, (book, event));
+                }
+            }
+            Ok(())
+        })();
+        core.sweep(epfd);
         if r.is_ok() && core.index(peer).is_err() {
             return Err(Error::Closed(format!("peer {peer} was disconnected: it does not read its messages")));
         }
@@ -614,6 +687,7 @@ impl Core {
                 leases: FxHashMap::default(),
                 attached: FxHashMap::default(),
                 allowed: FxHashSet::default(),
+                features: 0,
             });
         }
     }
@@ -660,7 +734,7 @@ impl Core {
         let msg = Message::decode(b)?;
         let peer = &mut self.peers[idx];
         if !peer.ready {
-            let Message::Hello { magic, version, tgid } = msg else {
+            let Message::Hello { magic, version, features, tgid } = msg else {
                 return Ok(false);
             };
             let bad = if magic != wire::MAGIC {
@@ -678,6 +752,7 @@ impl Core {
                 return Ok(false);
             }
             peer.info.tgid = tgid;
+            peer.features = features;
             let m = Message::Welcome {
                 magic: wire::MAGIC,
                 version: wire::VERSION,
@@ -1033,14 +1108,90 @@ mod tests {
 
     /// A raw consumer that announces `tgid` in its handshake.
     fn announce(addr: &str, tgid: i32) -> OwnedFd {
+        announce_with(addr, tgid, 0)
+    }
+
+    /// A raw consumer that announces `tgid` and the `features` it reads.
+    fn announce_with(addr: &str, tgid: i32, features: u16) -> OwnedFd {
         let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
             .expect("socket");
         let name = addr.strip_prefix('@').expect("abstract");
         rustix::net::connect(&fd, &rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).expect("name"))
             .expect("connect");
-        let hello = Message::Hello { magic: wire::MAGIC, version: wire::VERSION, tgid }.encode();
+        let hello = Message::Hello { magic: wire::MAGIC, version: wire::VERSION, features, tgid }.encode();
         assert!(wire::try_send(fd.as_fd(), &hello, &[]).expect("send"));
         fd
+    }
+
+    /// The messages waiting on a raw consumer's socket after the WELCOME: (type, shares in it,
+    /// descriptors that came with it), reading until nothing arrives for 200 ms.
+    fn drain(ch: &Channel, fd: &OwnedFd) -> Vec<(u32, usize, usize)> {
+        let (mut buf, mut fds, mut out) = (Vec::new(), Vec::new(), Vec::new());
+        while {
+            let _ = ch.service(Some(Duration::ZERO)); // what waits in the peer's queue goes out
+            true
+        } && wire::wait_ready(fd.as_fd(), rustix::event::PollFlags::IN, Some(Duration::from_millis(200)))
+            .expect("poll")
+        {
+            match wire::recv(fd.as_fd(), &mut buf, &mut fds).expect("recv") {
+                wire::Received::Message(n) => {
+                    let m = Message::decode(&buf[..n]).expect("decode");
+                    let (ty, shares) = match m {
+                        Message::Share { .. } => (wire::SHARE, 1),
+                        Message::Shares { entries, .. } => (wire::SHARES, entries.len()),
+                        Message::Welcome { .. } => continue,
+                        other => panic!("unexpected {other:?}"),
+                    };
+                    out.push((ty, shares, fds.len()));
+                }
+                _ => break,
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_batch_goes_in_few_messages_to_consumers_that_read_them_and_one_by_one_to_older_ones() {
+        let addr = format!("@devshare-unit-batch-{}", std::process::id());
+        let ch = Channel::listen(&addr).expect("listen");
+        let own = std::process::id() as i32;
+        let new = announce_with(&addr, own, wire::FEATURE_SHARES);
+        let old = announce(&addr, own);
+        ch.wait_peers(2, Some(Duration::from_secs(10))).expect("two peers");
+        let ids = ch.peer_ids().expect("ids");
+        let memfd = Exporter::channel_host_alloc(1 << 16).expect("memfd");
+        let named = Exporter::host_alloc(1 << 16).expect("shm");
+        let shape = [16i64];
+        let items: Vec<(&Exporter, TensorDesc<'_>)> = (0..300)
+            .map(|i| {
+                let e = if i % 3 == 0 { &memfd } else { &named };
+                (
+                    e,
+                    TensorDesc {
+                        shape: &shape,
+                        storage_offset: 64 * i as u64,
+                        storage_size: Some(64),
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect();
+        ch.send_batch(ids[0], &items).expect("batch to a 1.4 consumer");
+        ch.send_batch(ids[1], &items).expect("batch to an older consumer");
+        let got = drain(&ch, &new);
+        assert!(got.iter().all(|&(ty, _, _)| ty == wire::SHARES), "{got:?}");
+        assert_eq!(got.iter().map(|&(_, n, _)| n).sum::<usize>(), 300);
+        assert!(got.len() <= 3, "300 shares of about 700 bytes in {} messages of 128 KiB", got.len());
+        assert_eq!(got.iter().map(|&(_, _, f)| f).sum::<usize>(), 100, "one memfd per memfd share");
+        let got = drain(&ch, &old);
+        assert_eq!(got.len(), 300);
+        assert!(got.iter().all(|&(ty, n, _)| ty == wire::SHARE && n == 1));
+        assert_eq!(memfd.outstanding().unwrap() + named.outstanding().unwrap(), 600);
+        let bad = [(&named, TensorDesc { shape: &shape, storage_offset: 1 << 20, ..Default::default() })];
+        let before = named.outstanding().unwrap();
+        assert!(ch.send_batch(ids[0], &[items[1].clone(), bad[0].clone()]).is_err());
+        assert_eq!(named.outstanding().unwrap(), before, "a refused description sends nothing");
+        ch.close();
     }
 
     #[test]

@@ -32,8 +32,12 @@ pub(crate) const MAX_FDS: usize = crate::export::MAX_PASSED_FDS;
 /// How long a send waits for room in the peer's socket buffer before it gives up.
 pub(crate) const SEND_PATIENCE: Duration = Duration::from_secs(10);
 
-/// Consumer -> producer: `magic u32, version u16, 0 u16, tgid i32`.
+/// Consumer -> producer: `magic u32, version u16, features u16, tgid i32`. `features`: the
+/// `FEATURE_*` bits the consumer reads (0 from consumers before 1.4; producers before 1.4 ignore
+/// the field).
 pub(crate) const HELLO: u32 = 1;
+/// [`HELLO`] feature: the consumer reads [`SHARES`] messages.
+pub(crate) const FEATURE_SHARES: u16 = 1;
 /// Producer -> consumer: `magic u32, version u16, 0 u16, peer id u64, producer pid i32, 0 u32`.
 pub(crate) const WELCOME: u32 = 2;
 /// Producer -> consumer, then the producer closes: a UTF-8 reason.
@@ -59,6 +63,13 @@ pub(crate) const RETURN: u32 = 8;
 pub(crate) const POOL_CLOSED: u32 = 9;
 /// Consumer -> producer: `pool u32`: this consumer no longer maps the pool.
 pub(crate) const DETACH: u32 = 10;
+/// Producer -> consumer (to consumers that announced [`FEATURE_SHARES`]): several leased
+/// references in one message, leases `first lease .. first lease + count`: `count u32,
+/// first lease u64`, then per share `len u32, fds u32` and a handle's byte encoding of `len`
+/// bytes; the descriptors of every share, in order (`fds` each), as `SCM_RIGHTS`.
+pub(crate) const SHARES: u32 = 11;
+/// Most shares one [`SHARES`] message carries.
+pub(crate) const MAX_SHARES: usize = 4096;
 
 /// A pool item's tensor, as it travels in an [`ITEM`] message (relative to its slot).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,8 +94,9 @@ pub(crate) struct ItemLayout {
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Message<'a> {
-    /// Consumer -> producer, first: its protocol and the pid it announces (its bare tgid).
-    Hello { magic: u32, version: u16, tgid: i32 },
+    /// Consumer -> producer, first: its protocol, what it reads, and the pid it announces (its
+    /// bare tgid).
+    Hello { magic: u32, version: u16, features: u16, tgid: i32 },
     /// Producer -> consumer: accepted, as peer `peer_id`.
     Welcome { magic: u32, version: u16, peer_id: u64, producer_pid: i32 },
     /// Producer -> consumer, then the producer closes: why (UTF-8).
@@ -103,6 +115,9 @@ pub(crate) enum Message<'a> {
     PoolClosed { pool: u32 },
     /// Consumer -> producer: this consumer no longer maps the pool.
     Detach { pool: u32 },
+    /// Producer -> consumer: leased references `first_lease..`, each (its descriptor count, a
+    /// handle's byte encoding).
+    Shares { first_lease: u64, entries: Vec<(u32, &'a [u8])> },
 }
 
 impl Message<'_> {
@@ -110,9 +125,9 @@ impl Message<'_> {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut m;
         match self {
-            Message::Hello { magic, version, tgid } => {
+            Message::Hello { magic, version, features, tgid } => {
                 m = Out::new(HELLO);
-                m.u32(*magic).u16(*version).u16(0).i32(*tgid);
+                m.u32(*magic).u16(*version).u16(*features).i32(*tgid);
             }
             Message::Welcome { magic, version, peer_id, producer_pid } => {
                 m = Out::new(WELCOME);
@@ -163,6 +178,13 @@ impl Message<'_> {
                 m = Out::new(DETACH);
                 m.u32(*pool);
             }
+            Message::Shares { first_lease, entries } => {
+                m = Out::new(SHARES);
+                m.u32(entries.len() as u32).u64(*first_lease);
+                for (fds, handle) in entries {
+                    m.u32(handle.len() as u32).u32(*fds).bytes(handle);
+                }
+            }
         }
         m.0
     }
@@ -175,9 +197,8 @@ impl<'a> Message<'a> {
         let mut r = In::new(b);
         let msg = match r.u32()? {
             HELLO => {
-                let (magic, version) = (r.u32()?, r.u16()?);
-                let _ = r.u16()?;
-                Message::Hello { magic, version, tgid: r.i32()? }
+                let (magic, version, features) = (r.u32()?, r.u16()?, r.u16()?);
+                Message::Hello { magic, version, features, tgid: r.i32()? }
             }
             WELCOME => {
                 let (magic, version) = (r.u32()?, r.u16()?);
@@ -232,6 +253,27 @@ impl<'a> Message<'a> {
             }
             POOL_CLOSED => Message::PoolClosed { pool: r.u32()? },
             DETACH => Message::Detach { pool: r.u32()? },
+            SHARES => {
+                let count = r.u32()? as usize;
+                if count == 0 || count > MAX_SHARES {
+                    return Err(Error::Untrusted(format!(
+                        "a message of {count} shares (1..={MAX_SHARES} are possible)"
+                    )));
+                }
+                let first_lease = r.u64()?;
+                if first_lease.checked_add(count as u64).is_none() {
+                    return Err(Error::Untrusted("share lease numbers overflow".into()));
+                }
+                let mut entries = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let (len, fds) = (r.u32()? as usize, r.u32()?);
+                    if fds as usize > MAX_FDS {
+                        return Err(Error::Untrusted(format!("a share with {fds} descriptors")));
+                    }
+                    entries.push((fds, r.bytes(len)?));
+                }
+                Message::Shares { first_lease, entries }
+            }
             t => return Err(Error::Untrusted(format!("channel message type {t} is unknown"))),
         };
         r.end()?;
@@ -314,6 +356,9 @@ impl<'a> In<'a> {
     }
     pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
         Ok(self.take(N)?.try_into().expect("N bytes"))
+    }
+    pub(crate) fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
+        self.take(n)
     }
     pub(crate) fn rest(&mut self) -> &'a [u8] {
         let s = &self.b[self.pos..];
@@ -490,7 +535,7 @@ mod tests {
             tensor_offset: 1,
         };
         vec![
-            Message::Hello { magic: MAGIC, version: VERSION, tgid: 4242 },
+            Message::Hello { magic: MAGIC, version: VERSION, features: FEATURE_SHARES, tgid: 4242 },
             Message::Welcome { magic: MAGIC, version: VERSION, peer_id: 7, producer_pid: 99 },
             Message::Refused { reason: b"no" },
             Message::Share { lease: 1 << 40, handle: b"DSH1...." },
@@ -501,6 +546,7 @@ mod tests {
             Message::Return { pool: 2, slot: 5 },
             Message::PoolClosed { pool: 2 },
             Message::Detach { pool: 2 },
+            Message::Shares { first_lease: 9, entries: vec![(0, &b"DSH1...."[..]), (2, &b"DSH1..+"[..])] },
         ]
     }
 
@@ -540,9 +586,30 @@ mod tests {
     }
 
     #[test]
+    fn shares_messages_that_lie_about_their_counts_are_refused() {
+        let ok = Message::Shares { first_lease: 1, entries: vec![(1, &b"abc"[..])] }.encode();
+        assert!(Message::decode(&ok).is_ok());
+        let mut zero = ok.clone();
+        zero[4..8].copy_from_slice(&0u32.to_le_bytes());
+        assert!(Message::decode(&zero).is_err(), "0 shares");
+        let mut more = ok.clone();
+        more[4..8].copy_from_slice(&2u32.to_le_bytes());
+        assert!(Message::decode(&more).is_err(), "a count above the entries");
+        let mut long = ok.clone();
+        long[16..20].copy_from_slice(&4u32.to_le_bytes());
+        assert!(Message::decode(&long).is_err(), "a length beyond the message");
+        let mut fds = ok.clone();
+        fds[20..24].copy_from_slice(&1000u32.to_le_bytes());
+        assert!(Message::decode(&fds).is_err(), "more descriptors than a message carries");
+        let mut wrap = ok;
+        wrap[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(Message::decode(&wrap).is_err(), "lease numbers that overflow");
+    }
+
+    #[test]
     fn the_bytes_are_the_documented_layout() {
         // HELLO: type 1, magic, version, 0, tgid.
-        let h = Message::Hello { magic: MAGIC, version: 1, tgid: 5 }.encode();
+        let h = Message::Hello { magic: MAGIC, version: 1, features: 0, tgid: 5 }.encode();
         assert_eq!(h, [&1u32.to_le_bytes()[..], b"DSCH", &1u16.to_le_bytes(), &[0, 0], &5i32.to_le_bytes()].concat());
         // RETURN: type 8, pool, slot, 0.
         let r = Message::Return { pool: 3, slot: 4 }.encode();

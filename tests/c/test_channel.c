@@ -1281,6 +1281,38 @@ static void test_leases(void) {
     CHECK(strcmp(a, "R 1 0") == 0 && st == DEVSHARE_STATUS_OK && outstanding_of(exp) == 0 && peer_leases(ch, peer) == 0,
           "leases: the consumer's release brings it to 0 (devshare_exporter_wait %s)", devshare_status_str(st));
 
+    /* devshare_channel_send_batch: three leases in one call (one SHARES message), received in
+     * order, each its own import; refusals send nothing. */
+    const int64_t l4k = 4096;
+    const DevshareTensorDesc bd[3] = {bytes_desc(0, &l4k), bytes_desc(4096, &l4k), bytes_desc(8192, &l4k)};
+    const DevshareTensorDesc *bdp[3] = {&bd[0], &bd[1], &bd[2]};
+    const DevshareExporter *bep[3] = {exp, exp, exp};
+    for (int i = 0; i < 3; i++)
+        item_fill_host((uint8_t *)base + 4096 * (size_t)i, 4096, 900 + (uint64_t)i, NULL);
+    const DevshareTensorDesc far = bytes_desc(65536, &l4k);
+    const DevshareTensorDesc *fp[2] = {&bd[0], &far};
+    EXPECT_ERROR(devshare_channel_send_batch(ch, peer, bep, fp, 2), "devshare_channel_send_batch",
+                 "leases: a batch with a description beyond the export");
+    const DevshareExporter *np[2] = {exp, NULL};
+    EXPECT_ERROR(devshare_channel_send_batch(ch, peer, np, bdp, 2), "devshare_channel_send_batch",
+                 "leases: a batch with a NULL exporter");
+    EXPECT_ERROR(devshare_channel_send_batch(ch, peer, NULL, bdp, 3), "devshare_channel_send_batch",
+                 "leases: a batch with NULL exporters");
+    CHECK(outstanding_of(exp) == 0, "leases: refused batches sent nothing");
+    DS_OK(devshare_channel_send_batch(ch, peer, bep, bdp, 0));
+    st = devshare_channel_send_batch(ch, peer, bep, bdp, 3);
+    CHECK(st == DEVSHARE_STATUS_OK && outstanding_of(exp) == 3 && peer_leases(ch, peer) == 3,
+          "leases: devshare_channel_send_batch of 3 leases (%s), all outstanding at once", devshare_status_str(st));
+    tell(&g, "recv 3 1 %d", IO_MS);
+    r = recv_result(reply(&g, ch));
+    CHECK(r.got == 3 && r.lease == 3 && r.data_bad == 0 && r.kind_bad == 0,
+          "leases: the consumer receives the batch as 3 leases, one per recv, data intact");
+    tell(&g, "release 3");
+    a = reply(&g, ch);
+    st = devshare_exporter_wait(exp, IO_MS);
+    CHECK(strcmp(a, "R 3 0") == 0 && st == DEVSHARE_STATUS_OK && outstanding_of(exp) == 0,
+          "leases: releasing the batch's 3 imports returns its 3 leases (%s)", devshare_status_str(st));
+
     item_fill_host((uint8_t *)base + 4096, 8192, 778, NULL);
     DS_OK(devshare_channel_send(ch, peer, exp, &d));
     tell(&g, "recv 1 1 %d", IO_MS);
