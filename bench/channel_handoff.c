@@ -40,7 +40,7 @@
  *
  * Usage:
  *   channel_handoff run [--count N] [--large-count N] [--sizes 4096,67108864]
- *                       [--slots N] [--large-slots N] [--cpus any|one|two]
+ *                       [--slots N] [--large-slots N] [--cpus any|one|two] [--spin US]
  *                       [--methods pool,lease,handle,pipe-floor,socket-floor,pipe-copy,breakdown]
  *   channel_handoff consume ADDRESS [--poll]
  *   channel_handoff syscalls [N]
@@ -100,6 +100,8 @@ static char self_exe[4096];
 /* --cpus: "any" (the scheduler places both processes), "one" (both on one CPU), "two" (the
  * producer on one CPU, the consumer on another). */
 static const char *cpus_mode = "any";
+/* run --spin: how long both ends of the pool and lease methods spin before sleeping (µs). */
+static uint32_t spin_us = 0;
 static int consumer_cpu = -1; /* "two": the CPU the consumer is pinned to before its exec */
 static volatile unsigned sink; /* what the consumers' touches read, so that no read is optimised away */
 
@@ -136,6 +138,10 @@ typedef struct {
 static int consume_channel(const char *address, int use_poll) {
     DevshareConnection *c = NULL;
     OK(devshare_channel_connect(address, 60000, &c));
+    const char *spin = getenv("DEVSHARE_BENCH_SPIN_US"); /* set by run --spin */
+    if (spin != NULL) {
+        OK(devshare_connection_set_spin(c, (uint32_t)strtoul(spin, NULL, 10)));
+    }
     size_t cap = 4096, n = 0;
     ConsRec *recs = xmalloc(cap * sizeof *recs);
     DevshareImportInfo info;
@@ -522,6 +528,7 @@ static void run_pool(const Plan *pl, int breakdown) {
     }
     DevsharePool *pool = NULL;
     OK(devshare_pool_create(ch, exp, pl->size, pl->slots, &pool));
+    OK(devshare_pool_set_spin(pool, spin_us));
     Child c = spawn("consume", addr, breakdown ? "--poll" : NULL, NO_STDIN);
     const uint64_t peer = wait_peer(ch);
 
@@ -978,7 +985,7 @@ static int syscalls(int n) {
 
 static int usage(void) {
     fprintf(stderr, "usage: channel_handoff run [--count N] [--large-count N] [--sizes 4096,67108864]\n"
-                    "                           [--slots N] [--large-slots N] [--cpus any|one|two]\n"
+                    "                           [--slots N] [--large-slots N] [--cpus any|one|two] [--spin US]\n"
                     "                           [--methods pool,lease,handle,pipe-floor,socket-floor,pipe-copy,breakdown]\n"
                     "       channel_handoff consume ADDRESS [--poll]\n"
                     "       channel_handoff syscalls [N]\n");
@@ -1041,6 +1048,11 @@ static int run(int argc, char **argv) {
             methods = val;
         } else if (strcmp(opt, "--cpus") == 0) {
             cpus_mode = val;
+        } else if (strcmp(opt, "--spin") == 0) {
+            /* Both ends of the pool and lease methods spin up to this many µs (the consumer
+             * inherits it through the environment). */
+            spin_us = (uint32_t)parse_num(val, opt);
+            setenv("DEVSHARE_BENCH_SPIN_US", val, 1);
         } else {
             return usage();
         }

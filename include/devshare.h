@@ -69,6 +69,9 @@
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
 #define DEVSHARE_VERSION 66560
 
+// The longest spin `devshare_pool_set_spin` and `devshare_connection_set_spin` accept (1 s).
+#define DEVSHARE_MAX_SPIN_US 1000000
+
 // `DevshareTensorDesc::storage_size` value meaning "from `storage_offset` to the end of the
 // allocation".
 #define DEVSHARE_STORAGE_TO_END UINT64_MAX
@@ -799,6 +802,18 @@ int32_t devshare_channel_send_batch(struct DevshareChannel *channel,
                                     const struct DevshareExporter *const *exporters,
                                     const struct DevshareTensorDesc *const *descs,
                                     size_t count);
+
+// Let `devshare_pool_acquire` poll for a returned slot for up to `spin_us` microseconds
+// before it sleeps: for a producer thread that owns a CPU core, a return is then taken within
+// about a microsecond instead of after the scheduler wakes the thread (which costs tens of
+// microseconds when producer and consumer run on different cores). It burns its core while it
+// spins. 0 (the default) sleeps at once; at most `DEVSHARE_MAX_SPIN_US`.
+int32_t devshare_pool_set_spin(struct DevsharePool *pool, uint32_t spin_us);
+
+// Let `devshare_connection_recv` poll for an item for up to `spin_us` microseconds before it
+// sleeps (see `devshare_pool_set_spin`); 0 (the default) sleeps at once; at most
+// `DEVSHARE_MAX_SPIN_US`. A receive with a shorter timeout spins only that long.
+int32_t devshare_connection_set_spin(struct DevshareConnection *conn, uint32_t spin_us);
 
 // Whether ACL exports sent over this channel are whitelisted for the pid a consumer announced
 // in its handshake (its bare tgid) when that is not its pid as the kernel reports it

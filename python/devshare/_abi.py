@@ -106,6 +106,8 @@ TORCH_FORMAT_V2 = 2  # version byte 2 (PyTorch 2.5-2.12)
 TORCH_FORMAT_V3 = 3  # version byte 3 (PyTorch 2.13 and later)
 #: The raw 64-byte CUDA handle / 65-byte ACL key (PyTorch <= 2.4; read by every version).
 TORCH_FORMAT_UNVERSIONED = 0x100
+#: The longest spin Pool.set_spin / Connection.set_spin accept, in microseconds.
+MAX_SPIN_US = 1_000_000
 
 #: Python name -> the devshare.h macro it mirrors (checked against the compiled header).
 C_MACROS = {name: "DEVSHARE_" + name for name in (
@@ -118,7 +120,7 @@ C_MACROS = {name: "DEVSHARE_" + name for name in (
     "EXT_SEGMENTS", "SEGMENTS_ACL", "SEGMENTS_CUDA_FD", "SEGMENTS_CUDA_FABRIC", "SEGMENTS_INLINE",
     "SEGMENT_GRANULARITY", "MAX_SEGMENTS", "EXPORT_FABRIC", "HANDLE_FLAG_CHANNEL",
     "TORCH_FORMAT_DEFAULT", "TORCH_FORMAT_V1", "TORCH_FORMAT_V2", "TORCH_FORMAT_V3",
-    "TORCH_FORMAT_UNVERSIONED",
+    "TORCH_FORMAT_UNVERSIONED", "MAX_SPIN_US",
 )}
 
 
@@ -411,11 +413,14 @@ def adopt_signatures(handle_p, exporter_p) -> list:
 
 
 def channel_signatures_1_4(exporter_p) -> list:
-    """The channel function 1.4 added: many leases in one call (bound by devshare._channel
-    when the library has it; without it a batch is sent one lease at a time)."""
+    """The channel functions 1.4 added: many leases in one call, opt-in spinning (bound by
+    devshare._channel when the library has them; without them a batch is sent one lease at a
+    time and spinning is refused)."""
     return [
         ("devshare_channel_send_batch", c_int32,
          [ChannelP, c_uint64, POINTER(exporter_p), POINTER(POINTER(TensorDesc)), c_size_t]),
+        ("devshare_pool_set_spin", c_int32, [PoolP, c_uint32]),
+        ("devshare_connection_set_spin", c_int32, [ConnectionP, c_uint32]),
     ]
 
 

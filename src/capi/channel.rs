@@ -283,6 +283,31 @@ pub unsafe extern "C" fn devshare_channel_send_batch(
     })
 }
 
+/// Let `devshare_pool_acquire` poll for a returned slot for up to `spin_us` microseconds
+/// before it sleeps: for a producer thread that owns a CPU core, a return is then taken within
+/// about a microsecond instead of after the scheduler wakes the thread (which costs tens of
+/// microseconds when producer and consumer run on different cores). It burns its core while it
+/// spins. 0 (the default) sleeps at once; at most `DEVSHARE_MAX_SPIN_US`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_pool_set_spin(pool: *mut DevsharePool, spin_us: u32) -> i32 {
+    boundary("devshare_pool_set_spin", || {
+        ffi!(arg(pool, "pool"))?.0.set_spin(std::time::Duration::from_micros(u64::from(spin_us)))
+    })
+}
+
+/// Let `devshare_connection_recv` poll for an item for up to `spin_us` microseconds before it
+/// sleeps (see `devshare_pool_set_spin`); 0 (the default) sleeps at once; at most
+/// `DEVSHARE_MAX_SPIN_US`. A receive with a shorter timeout spins only that long.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_connection_set_spin(conn: *mut DevshareConnection, spin_us: u32) -> i32 {
+    boundary("devshare_connection_set_spin", || {
+        ffi!(arg(conn, "conn"))?.0.set_spin(std::time::Duration::from_micros(u64::from(spin_us)))
+    })
+}
+
+/// The longest spin `devshare_pool_set_spin` and `devshare_connection_set_spin` accept (1 s).
+pub const DEVSHARE_MAX_SPIN_US: u32 = 1_000_000;
+
 /// Whether ACL exports sent over this channel are whitelisted for the pid a consumer announced
 /// in its handshake (its bare tgid) when that is not its pid as the kernel reports it
 /// (`SO_PEERCRED`): `trust` nonzero yes, 0 (the default) no — the kernel's pid is whitelisted

@@ -160,6 +160,8 @@ pub struct Connection {
     state: Mutex<State>,
     peer_id: u64,
     producer_pid: i32,
+    /// How long [`Connection::recv`] polls before it sleeps (ns; 0: not).
+    spin_ns: std::sync::atomic::AtomicU64,
 }
 
 impl Connection {
@@ -254,6 +256,7 @@ impl Connection {
                                 }),
                                 peer_id,
                                 producer_pid,
+                                spin_ns: Default::default(),
                             });
                         }
                         other => {
@@ -305,9 +308,27 @@ impl Connection {
         Ok(self.state.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
+    /// Let [`Self::recv`] poll for up to `spin` before it sleeps (for a consumer that owns a
+    /// core: an item is taken within a microsecond or so instead of after a wake-up); zero (the
+    /// default) sleeps at once. At most [`super::producer::MAX_SPIN`].
+    pub fn set_spin(&self, spin: Duration) -> Result<()> {
+        let max = super::producer::MAX_SPIN;
+        if spin > max {
+            return Err(Error::InvalidArgument(format!(
+                "a spin of {} us is above the maximum of {} us",
+                spin.as_micros(),
+                max.as_micros()
+            )));
+        }
+        self.spin_ns.store(spin.as_nanos() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// The next item: a leased reference or a pool slot, as an import whose release gives it back.
     pub fn recv(&self, timeout: Option<Duration>) -> Result<Import> {
         let deadline = timeout.map(|t| Instant::now() + t);
+        let spin = self.spin_ns.load(Ordering::Relaxed);
+        let spin_until = (spin > 0).then(|| Instant::now() + Duration::from_nanos(spin));
         loop {
             // Releases the producer's socket had no room for go first; while some still wait,
             // the wait below also wakes when there is room.
@@ -322,9 +343,16 @@ impl Connection {
                 }
                 loop {
                     let State { buf, fds, .. } = &mut *st;
+                    // Spinning (opt-in): look again without sleeping until the spin (or the
+                    // timeout) is over.
+                    let now = spin_until.map(|_| Instant::now());
+                    let spinning = spin_until.zip(now).is_some_and(|(u, n)| n < u)
+                        && deadline.zip(now).map_or(true, |(d, n)| n < d);
                     // Without a time limit (and no backlog), wait in the receive itself
                     // (shutdown by close() wakes it); otherwise take what is queued and poll below.
-                    match wire::recv_with(self.shared.fd.as_fd(), buf, fds, timeout.is_none() && !backlog)? {
+                    let block = timeout.is_none() && !backlog && !spinning;
+                    match wire::recv_with(self.shared.fd.as_fd(), buf, fds, block)? {
+                        Received::Empty if spinning => std::hint::spin_loop(),
                         Received::Empty => break,
                         Received::Closed => {
                             st.eof = true;

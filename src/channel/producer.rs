@@ -442,7 +442,7 @@ impl Channel {
         let id = core.next_pool;
         core.next_pool = core.next_pool.checked_add(1).ok_or_else(|| Error::Busy("pool ids are exhausted".into()))?;
         core.pools.insert(id, PoolState { exporter: exp, slot_size, count, slots, events, free });
-        Ok(Pool { shared: self.shared.clone(), id })
+        Ok(Pool { shared: self.shared.clone(), id, spin_ns: Default::default() })
     }
 }
 
@@ -917,7 +917,12 @@ impl ChannelShared {
 pub struct Pool {
     shared: Arc<ChannelShared>,
     id: u32,
+    /// How long [`Pool::acquire`] polls for a returned slot before it sleeps (ns; 0: not).
+    spin_ns: std::sync::atomic::AtomicU64,
 }
+
+/// The longest spin [`Pool::set_spin`] and the connection's accept (one second).
+pub const MAX_SPIN: Duration = Duration::from_secs(1);
 
 impl Pool {
     fn with<T>(&self, f: impl FnOnce(&mut Core, &mut PoolState) -> Result<T>) -> Result<T> {
@@ -933,6 +938,8 @@ impl Pool {
     /// A free slot and its address; serves the channel while every slot is out.
     pub fn acquire(&self, timeout: Option<Duration>) -> Result<(u32, *mut u8)> {
         let deadline = timeout.map(|t| Instant::now() + t);
+        let spin = self.spin_ns.load(std::sync::atomic::Ordering::Relaxed);
+        let mut spin_until = (spin > 0).then(|| Instant::now() + Duration::from_nanos(spin));
         let mut last_look = false;
         loop {
             let got = self.with(|_, p| {
@@ -948,6 +955,17 @@ impl Pool {
             if last_look {
                 return Err(Error::Timeout("every slot of the pool is still out".into()));
             }
+            if let Some(until) = spin_until {
+                // Spinning (opt-in, for a stage that owns a core): take what arrived without
+                // sleeping, until the spin or the timeout is over.
+                let now = Instant::now();
+                if now < until && deadline.map_or(true, |d| now < d) {
+                    self.shared.service(Some(Duration::ZERO))?;
+                    std::hint::spin_loop();
+                    continue;
+                }
+                spin_until = None;
+            }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             // Once the time is up, take the returns that already arrived (without waiting) and
             // look once more: a zero timeout polls. Another thread may be the one serving the
@@ -956,6 +974,21 @@ impl Pool {
             let wait = left.map_or(Duration::from_millis(5), |l| l.min(Duration::from_millis(5)));
             self.shared.service(Some(wait))?;
         }
+    }
+
+    /// Let [`Self::acquire`] poll for a returned slot for up to `spin` before it sleeps (for a
+    /// producer that owns a core: a return is taken within a microsecond or so instead of after
+    /// a wake-up); zero (the default) sleeps at once. At most [`MAX_SPIN`].
+    pub fn set_spin(&self, spin: Duration) -> Result<()> {
+        if spin > MAX_SPIN {
+            return Err(Error::InvalidArgument(format!(
+                "a spin of {} us is above the maximum of {} us",
+                spin.as_micros(),
+                MAX_SPIN.as_micros()
+            )));
+        }
+        self.spin_ns.store(spin.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// Give back an acquired slot without sending it.

@@ -433,6 +433,9 @@ static int consumer_child(void) {
             const RecvResult r = consume(conn, a, b, c, msg, sizeof msg);
             say("R %d %d %d %d %d %d %d %d %d %d %d %d %s", r.got, r.pool, r.lease, r.addr_bad, r.data_bad,
                 r.order_bad, r.rel_bad, r.st, r.slots, r.kind_bad, r.events, r.waited, msg);
+        } else if (sscanf(line, "spin %d", &a) == 1) {
+            const int32_t st = devshare_connection_set_spin(conn, (uint32_t)a);
+            say("R %d", (int)st);
         } else if (sscanf(line, "release_later %d %d", &a, &b) == 2) {
             say("R 0");
             usleep((useconds_t)a * 1000u);
@@ -952,6 +955,12 @@ static void test_bad_inputs(void) {
           "a slot whose send to an unknown peer was refused is still the producer's: it releases (%s)",
           devshare_status_str(rst));
     EXPECT_ERROR(devshare_pool_info(NULL, NULL, NULL, NULL), "devshare_pool_info", "NULL pool");
+    EXPECT_ERROR(devshare_pool_set_spin(NULL, 10), "devshare_pool_set_spin", "NULL pool");
+    EXPECT_ERROR(devshare_pool_set_spin(pool, DEVSHARE_MAX_SPIN_US + 1), "devshare_pool_set_spin",
+                 "a spin above DEVSHARE_MAX_SPIN_US");
+    DS_OK(devshare_pool_set_spin(pool, DEVSHARE_MAX_SPIN_US));
+    DS_OK(devshare_pool_set_spin(pool, 0));
+    EXPECT_ERROR(devshare_connection_set_spin(NULL, 10), "devshare_connection_set_spin", "NULL connection");
     close_all(pool, exp, ch, "bad input");
 }
 
@@ -980,6 +989,10 @@ static void test_host_pool(void) {
 
     Child a = spawn_child("host", "");
     const uint64_t peer = connect_child(ch, &a, address, "host pool");
+    /* Both ends spin (opt-in) before they sleep: the same 10,000 items, the same checks. */
+    DS_OK(devshare_pool_set_spin(pool, 50));
+    tell(&a, "spin 50");
+    CHECK(strcmp(reply(&a, ch), "R 0") == 0, "host pool: the consumer spins up to 50 us per receive");
     tell(&a, "recv %d 0 %d", ITEMS, IO_MS);
     int send_ok = peer != 0, ptr_bad = 0;
     const int64_t t0 = now_ns();
