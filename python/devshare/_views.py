@@ -138,3 +138,45 @@ def from_import(imp, like: str = "torch"):
         cap = _dlpack.capsule(_dlpack.managed_from_import(imp, versioned=True), versioned=True)
         return torch.from_dlpack(cap)
     return _dtypes.require_numpy().from_dlpack(_dlpack.DLPackSource(imp))
+
+
+def numpy_recipe(addr: int, nbytes: int, keep, dtype, shape):
+    """What :func:`numpy_from` makes C-contiguous numpy arrays of ``shape`` and ``dtype`` (a
+    DLPack (code, bits, lanes)) over ``[addr, addr + nbytes)`` from, checked once: the array
+    type of the range, its address, the numpy dtype and the shape (or, with no element to show,
+    None and what a fresh empty array needs). ``keep``: kept alive by the recipe."""
+    numpy = _dtypes.require_numpy()
+    ndtype = numpy_dtype(dtype)
+    numel = 1
+    for d in shape:
+        numel *= d
+    if numel == 0 or nbytes == 0:
+        return None, 0, ndtype, shape, numpy
+    return ctypes.c_uint8 * nbytes, addr, ndtype, shape, (numpy, keep)
+
+
+def numpy_from(recipe, keep):
+    """A numpy array of its own (shape and all) from a :func:`numpy_recipe`, whose memory keeps
+    ``keep`` alive as long as it and every numpy view of it live: a ctypes array over the range,
+    made for this array, holds it."""
+    array_type, addr, ndtype, shape, extra = recipe
+    if array_type is None:
+        return extra.empty(shape, dtype=ndtype)
+    raw = array_type.from_address(addr)
+    raw._devshare_keep = keep
+    return extra[0].ndarray(shape, ndtype, raw)
+
+
+_USE_COUNT: list = []
+
+
+def storage_users(storage) -> int:
+    """How many tensors (and storage objects) share a torch storage; a number larger than any
+    real count when this torch cannot tell."""
+    if not _USE_COUNT:
+        torch = _dtypes.require_torch()
+        _USE_COUNT.append(getattr(torch._C, "_storage_Use_Count", None))
+    fn = _USE_COUNT[0]
+    if fn is None:
+        return 1 << 62
+    return fn(storage._cdata)
