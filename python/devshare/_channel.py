@@ -55,7 +55,7 @@ import struct
 import threading
 import time
 import weakref
-from ctypes import byref, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import POINTER, byref, c_int32, c_size_t, c_uint32, c_uint64, c_void_p, pointer
 
 from . import _dtypes, _ints, _torch_ipc, _views
 from ._api import torch_host_export
@@ -73,14 +73,17 @@ from ._lib import (
     ImportInfo,
     ImportP,
     MAX_NDIM,
+    MAX_SPIN_US,
     PeerInfo,
     PoolP,
     SHARE_EVENT,
     STORAGE_TO_END,
     Status,
+    TensorDesc,
     call,
     channel_signatures,
     channel_signatures_1_2,
+    channel_signatures_1_4,
     error_for,
     lib,
     new_struct,
@@ -120,6 +123,23 @@ _UNAVAILABLE = _bind()
 _SIGNATURES_1_2 = channel_signatures_1_2(ImportP)
 _HAVE_1_2 = {name for name, _, _ in _SIGNATURES_1_2} - set(bind(_SIGNATURES_1_2))
 _GIVE_BACK = "devshare_import_give_back" in _HAVE_1_2
+# 1.4: many leases in one call (without it, a batch goes one lease per call).
+_SIGNATURES_1_4 = channel_signatures_1_4(ExporterP)
+_HAVE_1_4 = {name for name, _, _ in _SIGNATURES_1_4} - set(bind(_SIGNATURES_1_4))
+_SEND_BATCH = "devshare_channel_send_batch" in _HAVE_1_4
+
+
+def _set_spin(fn, obj, spin_us) -> None:
+    """``fn`` (devshare_pool_set_spin / devshare_connection_set_spin) on ``obj``'s pointer."""
+    if fn not in _HAVE_1_4:
+        raise Error(Status.UNSUPPORTED, f"spinning needs libdevshare 1.4 or later (loaded: "
+                                        f"{_library_version})")
+    us = _ints.index("spin_us", spin_us, 0, MAX_SPIN_US)
+    ptr = obj._enter()
+    try:
+        _call(getattr(lib, fn), ptr, us)
+    finally:
+        obj._exit()
 
 
 def _no_int_params(names) -> dict:
@@ -177,6 +197,7 @@ _TIMEOUT = int(Status.TIMEOUT)
 # Whole seconds that are fewer than _I32_MAX milliseconds: one library call waits that long.
 _FAST_SECONDS = _I32_MAX // 1000
 _MS_ARGS = {-1: c_int32(-1), 0: c_int32(0)}  # read-only: passed by value
+_FOREVER = _MS_ARGS[-1]
 
 
 def _wait_call(fn, ptr, timeout, *outs) -> bool:
@@ -276,6 +297,19 @@ def _dtype_arg(dtype) -> tuple[int, int, int]:
     return _dtypes.from_any(dtype)
 
 
+# This process's id, as os.getpid() gives it, without a system call on every item's path:
+# refreshed in a child made by fork.
+_PID = [os.getpid()]
+
+
+def _refresh_pid() -> None:
+    _PID[0] = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_refresh_pid)
+
+
 def _forked(what: str, pid: int) -> RuntimeError:
     return RuntimeError(
         f"this {what} belongs to process {pid}; process {os.getpid()} inherited it through fork() "
@@ -318,11 +352,13 @@ class _Life:
         self._close()
 
     def leave(self) -> None:
-        with self.lock:
-            self.busy -= 1
-            run = self.deferred and self.busy == 0
-            if run:
-                self.deferred = False
+        lock = self.lock
+        lock.acquire()
+        self.busy -= 1
+        run = self.deferred and self.busy == 0
+        if run:
+            self.deferred = False
+        lock.release()
         if run:
             self._close()
 
@@ -352,13 +388,17 @@ class _Owned:
 
     def _enter(self):
         life = self._life
-        with life.lock:
-            if self._pid != os.getpid() or not life.open:
-                if self._pid != os.getpid():
-                    raise _forked(self._what, self._pid)
-                raise ValueError(f"the {self._what} is closed")
-            life.busy += 1
-            return self._ptr
+        lock = life.lock
+        lock.acquire()
+        # _PID[0] is os.getpid() without the system call (kept by an at-fork hook).
+        if self._pid != _PID[0] or not life.open:
+            lock.release()
+            if self._pid != os.getpid():
+                raise _forked(self._what, self._pid)
+            raise ValueError(f"the {self._what} is closed")
+        life.busy += 1
+        lock.release()
+        return self._ptr
 
     def _try_enter(self):
         """:meth:`_enter` for finalizers: None instead of waiting for the lock (the collector
@@ -686,27 +726,70 @@ class Channel(_Owned):
         in this channel's calls (:meth:`service`, sends, :meth:`wait_peers`, ...).
 
         :class:`devshare.Error` ``NOT_FOUND`` when ``peer`` is not connected."""
-        peer = _peer_id(peer)
-        if is_torch_tensor(obj) and obj.device.type != "cpu":
-            self.send_batch(peer, [obj], stream=stream)
-            return
-        if stream is not None:
+        if stream is not None and not (is_torch_tensor(obj) and obj.device.type != "cpu"):
             raise ValueError("stream= applies to CUDA and NPU tensors only")
-        self._send_host(peer, obj, collect=True)
+        self.send_batch(peer, (obj,), stream=stream)
 
-    def _send_host(self, peer: int, obj, collect: bool) -> None:
-        """:meth:`send` of a CPU tensor or numpy array; ``collect``: look for adopted storages
-        whose references all came back afterwards (a batch does it once, at its end)."""
-        addr, dtype, shape, strides, span = _layout(obj)
-        with registry_lock:
-            buf = buffer_at(addr, span)
-        if buf is None:
-            if is_torch_tensor(obj):
-                self._send_host_storage(peer, obj, collect)
+    def send_batch(self, peer: int, tensors, *, stream=None) -> None:
+        """Send consumer ``peer`` many tensors in one call (a state dict's values, a list of KV
+        blocks), each as its own lease, in order: the consumer receives them as that many
+        items, one :meth:`Connection.recv` each, in the order given (pass a dict to send its
+        values in its order). Each tensor as in :meth:`send`. They travel in as few messages
+        as the message size allows (about 150 tensors per message; one per message to a
+        consumer older than 1.4). Tensors of one storage are shared once (one PyTorch reference
+        for all of them), and a consumer maps each allocation (a CUDA block or segment) once
+        however many tensors lie in it. A tensor that cannot be sent raises before anything
+        is sent."""
+        peer = _peer_id(peer)
+        items = tensors.values() if isinstance(tensors, dict) else tensors
+        adopted = False
+        with registry_lock:  # (adopted exports stay open from their share to their send)
+            try:
+                prepared = []
+                for t in items:
+                    if is_torch_tensor(t) and t.device.type != "cpu":
+                        prep, fresh = self._prepare_device(t, stream)
+                    else:
+                        prep, fresh = self._prepare_host(t)
+                    prepared.append(prep)
+                    adopted |= fresh
+                self._send_prepared(peer, prepared)
+            finally:
+                if adopted:
+                    collect_except(keep=None)
+
+    def _send_prepared(self, peer: int, prepared: list) -> None:
+        """Send the (export, TensorDesc, what keeps it valid) of ``prepared`` as leases, in one
+        call."""
+        if not prepared:
+            return
+        ptr = self._enter()
+        try:
+            if len(prepared) == 1 or not _SEND_BATCH:
+                for exp, desc, _ in prepared:
+                    _call(lib.devshare_channel_send, ptr, peer, exp.ptr, byref(desc))
                 return
-            raise TypeError("this array's memory cannot be sent over a channel: allocate it with "
-                            "devshare.channel_empty(shape, dtype, like='numpy') (or "
-                            "devshare.empty), send a torch tensor, or use a pool")
+            n = len(prepared)
+            exps = (ExporterP * n)(*(exp.ptr for exp, _, _ in prepared))
+            descs = (POINTER(TensorDesc) * n)(*(pointer(desc) for _, desc, _ in prepared))
+            _call(lib.devshare_channel_send_batch, ptr, peer, exps, descs, n)
+        finally:
+            self._exit()
+
+    def _prepare_host(self, obj):
+        """((export, desc, keep), whether a storage was adopted) for a CPU tensor or numpy
+        array: devshare memory as is, a torch storage from PyTorch's file_system memory."""
+        addr, dtype, shape, strides, span = _layout(obj)
+        buf = buffer_at(addr, span)
+        if buf is None:
+            if not is_torch_tensor(obj):
+                raise TypeError("this array's memory cannot be sent over a channel: allocate it "
+                                "with devshare.channel_empty(shape, dtype, like='numpy') (or "
+                                "devshare.empty), send a torch tensor, or use a pool")
+            exp, storage_offset, nbytes = torch_host_export(obj)
+            desc, keep = tensor_desc(dtype, shape, strides, storage_offset, nbytes,
+                                     obj.storage_offset(), inflight=False)
+            return (exp, desc, keep), True
         exp = buf.export
         esize = dtype[1] // 8 * dtype[2]
         offset = addr - exp.base
@@ -718,48 +801,23 @@ class Channel(_Owned):
         else:
             desc, keep = tensor_desc(dtype, shape, strides, offset, exp.size - offset, 0,
                                      inflight=False)
-        ptr = self._enter()
-        try:
-            _call(lib.devshare_channel_send, ptr, peer, exp.ptr, byref(desc))
-        finally:
-            self._exit()
-        del keep, buf  # (held until here: the allocation stays open during the call)
+        return (exp, desc, (keep, buf)), False  # buf: the allocation stays open
 
-    def send_batch(self, peer: int, tensors, *, stream=None) -> None:
-        """Send consumer ``peer`` many tensors in one call (a state dict's values, a list of KV
-        blocks), each as its own lease, in order: the consumer receives them as that many
-        items, one :meth:`Connection.recv` each, in the order given (pass a dict to send its
-        values in its order). Each tensor as in :meth:`send`. Tensors of one storage are shared
-        once (one PyTorch reference for all of them), and a consumer maps each allocation (a
-        CUDA block or segment) once however many tensors lie in it. Items already sent stay
-        sent when a later one fails."""
-        peer = _peer_id(peer)
-        items = list(tensors.values()) if isinstance(tensors, dict) else list(tensors)
-        fresh = []
-        try:
-            for t in items:
-                if is_torch_tensor(t) and t.device.type != "cpu":
-                    self._send_device(peer, t, stream, fresh)
-                else:
-                    self._send_host(peer, t, collect=False)
-        finally:
-            collect_except(keep=None)
-
-    def _send_device(self, peer: int, t, stream, fresh: list) -> None:
-        """Lease CUDA / NPU tensor ``t``: its storage adopted once while leases of it are out."""
+    def _prepare_device(self, t, stream):
+        """((export, desc, keep), whether a storage was adopted now) for CUDA / NPU tensor
+        ``t``: its storage adopted once while leases of it are out."""
         _torch_ipc.DEVICE_BACKENDS[t.device.type]  # noqa: B018 - KeyError names the device type
         raw_stream = _torch_ipc.current_stream(t, stream)
         storage = t.untyped_storage()
         key = (t.device.type, t.device.index, storage.data_ptr())
         dtype = _dtypes.from_any(t.dtype)
-        with registry_lock:
-            exp = device_adoption(key)
-        if exp is None:
+        exp = device_adoption(key)
+        fresh = exp is None
+        if fresh:
             args, backend = _torch_ipc.reduce(t)
             exp = self._adopt(args, backend, storage, key)
-            fresh.append(exp)
-        self._lease(peer, exp, dtype, tuple(t.shape), tuple(t.stride()), t.storage_offset(),
-                    raw_stream)
+        return self._device_desc(exp, dtype, tuple(t.shape), tuple(t.stride()),
+                                 t.storage_offset(), raw_stream), fresh
 
     def _adopt(self, args, backend: int, keep, key) -> Export:
         """Adopt the reference of a PyTorch / torch_npu share tuple made in this process (its
@@ -773,37 +831,21 @@ class Channel(_Owned):
                 _torch_ipc.release(args, backend)
                 raise
 
-    def _lease(self, peer: int, exp: Export, dtype, shape, strides, tensor_offset: int,
-               raw_stream: int) -> None:
-        """One lease of a tensor inside adopted device export ``exp`` (offsets in its storage),
-        with an event recorded on ``raw_stream``."""
+    @staticmethod
+    def _device_desc(exp: Export, dtype, shape, strides, tensor_offset: int, raw_stream: int):
+        """(exp, desc, keep) of a tensor inside adopted device export ``exp`` (offsets in its
+        storage), with an event recorded on ``raw_stream``."""
         desc, keep = tensor_desc(dtype, shape, strides, 0, STORAGE_TO_END, tensor_offset,
                                  inflight=False)
         desc.flags = SHARE_EVENT
         desc.stream = raw_stream or None
-        ptr = self._enter()
-        try:
-            _call(lib.devshare_channel_send, ptr, peer, exp.ptr, byref(desc))
-        finally:
-            self._exit()
-        del keep
+        return exp, desc, keep
 
-    def _send_host_storage(self, peer: int, t, collect: bool) -> None:
-        """Lease a CPU torch tensor whose storage is (or now moves into) PyTorch's
-        ``file_system`` shared memory (or a devshare import)."""
-        dtype = _dtypes.from_any(t.dtype)
-        with registry_lock:
-            exp, storage_offset, nbytes = torch_host_export(t)
-            desc, keep = tensor_desc(dtype, tuple(t.shape), tuple(t.stride()), storage_offset,
-                                     nbytes, t.storage_offset(), inflight=False)
-            ptr = self._enter()
-            try:
-                _call(lib.devshare_channel_send, ptr, peer, exp.ptr, byref(desc))
-            finally:
-                self._exit()
-            del keep
-            if collect:
-                collect_except(keep=exp)
+    def _lease(self, peer: int, exp: Export, dtype, shape, strides, tensor_offset: int,
+               raw_stream: int) -> None:
+        """One lease of a tensor inside adopted device export ``exp``."""
+        self._send_prepared(peer, [self._device_desc(exp, dtype, shape, strides, tensor_offset,
+                                                     raw_stream)])
 
     def collect(self) -> int:
         """Serve the channel without waiting, then let go of every CUDA / NPU storage whose
@@ -823,6 +865,7 @@ class Channel(_Owned):
 
 
 _MAX_DESCS = 64
+_MAX_VIEWS = 1024  # Slot views kept by a pool, Item views kept by a connection
 
 
 class Pool(_Owned):
@@ -885,6 +928,15 @@ class Pool(_Owned):
         # Slot.send's descriptors by layout (see _desc), and its last peer as a c_uint64.
         self._descs: dict = {}
         self._last_peer = (0, None)
+        # Slot.send's descriptors by its plain arguments (shape, dtype, strides, offset).
+        self._sends: dict = {}
+        # Slot.tensor / Slot.numpy's views by (slot index, shape, dtype, offset, like): see
+        # Slot._view.
+        self._views: dict = {}
+        # acquire's out-arguments, ready-made (taken by one call at a time: list.pop is atomic).
+        self._outs: list = []
+        # Each slot's index as the library's uint32 (what Slot.send and Slot.release pass).
+        self._index_args: dict = {}
         self._own(ptr, lib.devshare_pool_close)
         channel._pools.add(self)
 
@@ -933,20 +985,45 @@ class Pool(_Owned):
         """Slots neither acquired nor out with a consumer (as of the channel's last service)."""
         return self._info()[2]
 
+    def set_spin(self, spin_us: int) -> None:
+        """Let :meth:`acquire` poll for a returned slot for up to ``spin_us`` microseconds
+        before it sleeps (0, the default: sleep at once; at most ``MAX_SPIN_US``, 1 s). For a
+        producer with a CPU core of its own; where producer and consumer share a CPU it only
+        slows both down."""
+        _set_spin("devshare_pool_set_spin", self, spin_us)
+
     def acquire(self, timeout=None) -> "Slot":
         """A free :class:`Slot` to fill. While every slot is acquired or out with consumers it
         waits (serving the channel, so returns and hang-ups come in): at most ``timeout``
         seconds (None: forever), then TimeoutError."""
-        idx, addr = c_uint32(), c_void_p()
+        try:
+            out = self._outs.pop()
+        except IndexError:
+            idx, addr = c_uint32(), c_void_p()
+            out = (idx, addr, byref(idx), byref(addr))
         ptr = self._enter()
         try:
-            done = _wait_call(lib.devshare_pool_acquire, ptr, timeout, byref(idx), byref(addr))
+            if timeout is None:  # one library call, no argument checks (all ctypes objects)
+                status = lib.devshare_pool_acquire(ptr, _FOREVER, out[2], out[3])
+                if status < 0:
+                    raise _error(status)
+                done = True
+            else:
+                done = _wait_call(lib.devshare_pool_acquire, ptr, timeout, out[2], out[3])
         finally:
             self._exit()
         if not done:
             raise TimeoutError(f"no slot of the pool came back within {timeout} s (all {self.count} "
                                f"are out)")
-        return Slot(self, idx, addr.value)
+        index, address = out[0].value, out[1].value
+        self._outs.append(out)
+        return Slot(self, index, address)
+
+    def _index_arg(self, index: int) -> c_uint32:
+        arg = self._index_args.get(index)
+        if arg is None:
+            arg = self._index_args[index] = c_uint32(index)
+        return arg
 
 
 class Slot:
@@ -956,15 +1033,27 @@ class Slot:
     Fill it through :meth:`tensor` / :meth:`numpy` (zero-copy views), then :meth:`send` it to a
     consumer, or :meth:`release` it unsent. As a context manager it is released at the end of
     the ``with`` block unless it was sent. A slot dropped without either goes back to the pool
-    once it and every view of it are gone.
+    once it and every view of it are gone: the tensors and arrays :meth:`tensor` /
+    :meth:`numpy` returned, numpy views of those arrays, and torch views of those tensors
+    (slicing, ``view``, ``reshape``, ...; not ``.numpy()``, ``.detach()`` or ``view(dtype)`` of
+    a tensor, which share the memory without holding the slot).
+
+    Views are cheap: the pool keeps one torch tensor per slot and layout (shape, dtype,
+    offset), made the first time, and :meth:`tensor` returns a new tensor object over it (a
+    ``detach()``: the same memory, its own shape and strides, so resizing or reshaping it in
+    place never touches what later calls return); :meth:`numpy` makes a new array each time.
+    A view is for the time the slot is held: after :meth:`send` or :meth:`release`, one kept
+    shows (and writes!) whatever goes into that slot next, the next item sent from it. It
+    stays mapped while it lives (the pool's memory is freed only after its last view), so
+    using it never faults.
     """
 
     __slots__ = ("pool", "index", "address", "nbytes", "_state", "_pid", "_index_arg", "__weakref__")
 
-    def __init__(self, pool: Pool, index: c_uint32, address: int):
+    def __init__(self, pool: Pool, index: int, address: int):
         self.pool = pool
-        self.index = index.value
-        self._index_arg = index  # what acquire filled in: the index as the library's uint32
+        self.index = index
+        self._index_arg = pool._index_arg(index)  # the index as the library's uint32
         self.address = address
         self.nbytes = pool.slot_nbytes
         self._pid = pool._pid
@@ -991,6 +1080,42 @@ class Slot:
             self.release()
 
     def _view(self, shape, dtype, offset, like):
+        # The pool's views by the plain arguments (a tuple of ints or None, an int offset): a
+        # slot has one address for the pool's life, so what was checked and made for a layout
+        # once holds every time.
+        key = None
+        if type(offset) is int:
+            if shape is None:
+                key = (self.index, None, dtype, offset, like)
+            elif type(shape) is tuple:
+                for d in shape:
+                    if type(d) is not int:
+                        break
+                else:
+                    key = (self.index, shape, dtype, offset, like)
+        views = self.pool._views
+        made = None
+        if key is not None:
+            try:
+                made = views.get(key)
+            except TypeError:  # an unhashable dtype: checked and made every time
+                key = None
+        if made is None:
+            made = self._make_view(shape, dtype, offset, like)
+            if key is not None:
+                if len(views) >= _MAX_VIEWS:
+                    views.clear()
+                views[key] = made
+        if like == "torch":
+            # A tensor object of its own over the memory, holding this Slot.
+            t = made.detach()
+            t._devshare_slot = self
+            return t
+        return _views.numpy_from(made, self)  # an array of its own, holding this Slot
+
+    def _make_view(self, shape, dtype, offset, like):
+        """What :meth:`_view` keeps for a layout: a torch tensor (keeping the pool's memory
+        alive), or what numpy arrays over it are made from (:func:`devshare._views.numpy_recipe`)."""
         code_bits_lanes = _dtype_arg(dtype)
         if type(offset) is not int or not 0 <= offset <= self.nbytes:
             offset = _ints.index("offset", offset, 0, self.nbytes)
@@ -1003,9 +1128,11 @@ class Slot:
         if offset + need > self.nbytes:
             raise ValueError(f"shape {shape} of {_dtypes.type_name(*code_bits_lanes)} at offset "
                              f"{offset} needs {need} bytes, beyond the {self.nbytes}-byte slot")
-        # The view keeps this Slot (and through it the pool's memory) alive.
-        return _views.view(self.address + offset, self.nbytes - offset, self, code_bits_lanes,
-                           shape, like=like)
+        if like == "torch":
+            return _views.view(self.address + offset, self.nbytes - offset, self.pool._keeper,
+                               code_bits_lanes, shape, like=like)
+        return _views.numpy_recipe(self.address + offset, self.nbytes - offset, self.pool._keeper,
+                                   code_bits_lanes, shape)
 
     def tensor(self, shape=None, dtype="uint8", offset: int = 0):
         """A zero-copy torch tensor over the slot: ``shape`` (None: as many elements as fit)
@@ -1029,7 +1156,52 @@ class Slot:
         (:meth:`tensor` / :meth:`numpy`, or a view of one) to describe instead. Do not write to
         the slot after sending it."""
         peer = _peer_id(peer)
-        self._take("send")
+        if self._state != "acquired":
+            self._take("send")
+        pool = self.pool
+        # The descriptor by the plain arguments (tuples of ints or None, an int offset), as
+        # checked and made the first time.
+        key = None
+        if view is None and type(offset) is int and type(shape) is tuple \
+                and (strides is None or type(strides) is tuple):
+            for d in shape:
+                if type(d) is not int:
+                    break
+            else:
+                if strides is None:
+                    key = (shape, dtype, None, offset)
+                else:
+                    for d in strides:
+                        if type(d) is not int:
+                            break
+                    else:
+                        key = (shape, dtype, strides, offset)
+        desc = None
+        if key is not None:
+            try:
+                desc = pool._sends.get(key)
+            except TypeError:  # an unhashable dtype
+                key = None
+        if desc is None:
+            desc = self._send_desc(shape, dtype, strides, offset, view)
+            if key is not None and desc is not None:
+                if len(pool._sends) >= _MAX_DESCS:
+                    pool._sends.clear()
+                pool._sends[key] = desc
+        ptr = pool._enter()
+        try:
+            # One library call; every argument is a ctypes object (nothing to range-check).
+            status = lib.devshare_pool_send(ptr, self._index_arg, pool._peer_arg(peer),
+                                            None if desc is None else desc[0])
+        finally:
+            pool._exit()
+        if status < 0:
+            raise _error(status)
+        self._state = "sent"
+
+    def _send_desc(self, shape, dtype, strides, offset, view):
+        """:meth:`send`'s descriptor entry (see :meth:`Pool._desc`), None for the whole slot as
+        bytes."""
         if view is not None:
             if shape is not None or dtype is not None or strides is not None or offset:
                 raise TypeError("Slot.send(): give either view= or shape/dtype/strides/offset")
@@ -1049,14 +1221,7 @@ class Slot:
             if len(strides) != len(shape):
                 raise ValueError(f"strides {strides} and shape {shape} differ in length")
             desc = self.pool._desc(code_bits_lanes, shape, strides, offset)
-        pool = self.pool
-        ptr = pool._enter()
-        try:
-            _call(lib.devshare_pool_send, ptr, self._index_arg, pool._peer_arg(peer),
-                  None if desc is None else desc[0])
-        finally:
-            pool._exit()
-        self._state = "sent"
+        return desc
 
     def release(self) -> None:
         """Give the slot back to the pool unsent."""
@@ -1106,7 +1271,7 @@ class _Lease:
 
     def __init__(self, imp: ImportP):
         self._held = [imp]
-        self._pid = os.getpid()
+        self._pid = _PID[0]
         self._mapped = None  # the import, given back, until this object is garbage
 
     @property
@@ -1127,7 +1292,9 @@ class _Lease:
         # From here on the import is unmapped only when this object is garbage (the last tensor
         # over it gone), also when the give-back fails.
         self._mapped = imp
-        _call(lib.devshare_import_give_back, imp)
+        status = lib.devshare_import_give_back(imp)  # an ImportP: nothing to range-check
+        if status < 0:
+            raise _error(status)
 
     def release_now(self) -> None:
         """Give back and unmap at once (no tensor was made over it)."""
@@ -1162,16 +1329,28 @@ class Item:
     An item that is never released is released when it and every tensor taken from it are
     gone. As a context manager it is released at the end of the ``with`` block.
 
+    A pool item's torch tensor is cheap: the connection keeps one tensor per slot and layout
+    (address, dtype, shape, strides), made the first time, and each item of that slot and
+    layout gets a new tensor object over it (a ``detach()``: the same memory and data pointer,
+    its own shape and strides, so changing them in place never reaches a later item). That
+    tensor, and torch views of it (slicing, ``view``, ``reshape``, ...), hold the item; what
+    shares the memory without being a view of it (``.numpy()``, ``.detach()``, ``view(dtype)``,
+    ``untyped_storage()``) does not hold the item, but does hold the mapping: after the item is
+    released (or dropped), it shows the next item sent in that slot, like any tensor kept after
+    the release, and never faults. Numpy items (``like="numpy"``) and leases get a view of
+    their own each time, which holds the item.
+
     ``pool`` and ``slot``: the pool id (> 0) and slot index for a pool item, None for a lease.
     """
 
-    __slots__ = ("_lease", "_tensor", "pool", "slot")
+    __slots__ = ("_lease", "_tensor", "pool", "slot", "_hold")
 
-    def __init__(self, lease: _Lease, tensor, pool, slot):
+    def __init__(self, lease: _Lease, tensor, pool, slot, hold=None):
         self._lease = lease
         self._tensor = tensor
         self.pool = pool
         self.slot = slot
+        self._hold = hold
 
     @property
     def tensor(self):
@@ -1220,25 +1399,44 @@ _H_DIMS = [struct.Struct(f"={n}q") for n in range(MAX_NDIM + 1)]
 _INVALID_ARGUMENT = int(Status.INVALID_ARGUMENT)
 
 
-def _item(imp: ImportP, like: str) -> Item:
+class _RecvOut:
+    """The out-arguments of an item's library calls, made once per connection (taken by one
+    receive at a time): the pool and slot, the ImportInfo and the handle, and their byrefs."""
+
+    __slots__ = ("pool", "slot", "info", "handle", "pool_ref", "slot_ref", "info_ref", "handle_ref")
+
+    def __init__(self):
+        self.pool, self.slot = c_uint32(), c_uint32()
+        self.info = ImportInfo.from_buffer_copy(_INFO_TEMPLATE)
+        self.handle = HandleStruct.from_buffer_copy(_HANDLE_TEMPLATE)
+        self.pool_ref, self.slot_ref = byref(self.pool), byref(self.slot)
+        self.info_ref, self.handle_ref = byref(self.info), byref(self.handle)
+
+
+def _item(imp: ImportP, like: str, conn=None) -> Item:
     lease = _Lease(imp)
     try:
-        pool, slot = c_uint32(), c_uint32()
-        # Not _call: for a lease, INVALID_ARGUMENT is the answer, not an error to describe.
-        fn, args = lib.devshare_import_pool_slot, (imp, byref(pool), byref(slot))
-        if id(fn) not in _NO_INT_PARAMS:
-            check_args(fn, args)  # as call() does
-        status = fn(*args)
+        outs = None if conn is None else conn._outs
+        try:
+            out = outs.pop()
+        except (AttributeError, IndexError):
+            out = _RecvOut()
+        # One call each, their arguments ctypes objects (nothing to range-check). Not _call:
+        # for a lease, INVALID_ARGUMENT is the answer, not an error to describe.
+        status = lib.devshare_import_pool_slot(imp, out.pool_ref, out.slot_ref)
         if status >= 0:
-            where = (pool.value, slot.value)
+            pool, slot = out.pool.value, out.slot.value
         elif status == _INVALID_ARGUMENT:
-            where = (None, None)  # a lease, not a pool item
+            pool = slot = None  # a lease, not a pool item
         else:
             raise _error(status)
-        info = ImportInfo.from_buffer_copy(_INFO_TEMPLATE)
-        _call(lib.devshare_import_info, imp, byref(info))
-        h = HandleStruct.from_buffer_copy(_HANDLE_TEMPLATE)
-        _call(lib.devshare_import_handle, imp, byref(h))
+        status = lib.devshare_import_info(imp, out.info_ref)
+        if status < 0:
+            raise _error(status)
+        status = lib.devshare_import_handle(imp, out.handle_ref)
+        if status < 0:
+            raise _error(status)
+        h, info = out.handle, out.info
         dtype = _H_DTYPE_NDIM.unpack_from(h, _H_DTYPE_OFF)
         ndim = _H_NDIM.unpack_from(h, _H_NDIM_OFF)[0]
         if ndim > MAX_NDIM:  # the library never reports more; ctypes would have cut it too
@@ -1246,16 +1444,89 @@ def _item(imp: ImportP, like: str) -> Item:
         dims = _H_DIMS[ndim]
         shape = dims.unpack_from(h, _H_SHAPE_OFF)
         strides = dims.unpack_from(h, _H_STRIDES_OFF)
-        if info.backend == BACKEND_HOST:
-            data = info.data or 0
-            end = (info.storage or 0) + info.storage_size
-            tensor = _views.view(data, max(end - data, 0), lease, dtype, shape, strides, like)
+        backend, data = info.backend, info.data or 0
+        end = (info.storage or 0) + info.storage_size
+        if outs is not None:
+            outs.append(out)  # (only after every call succeeded: a failed one may leave it half-written)
+        hold = None
+        if backend == BACKEND_HOST:
+            nbytes = max(end - data, 0)
+            if pool is not None and like == "torch" and conn is not None:
+                tensor, hold = _pool_tensor(conn._views, lease, (pool, slot, data, nbytes, dtype,
+                                                                 shape, strides))
+            else:
+                tensor = _views.view(data, nbytes, lease, dtype, shape, strides, like)
         else:
             tensor = _device_tensor(imp, like)
-        return Item(lease, tensor, *where)
+        return Item(lease, tensor, pool, slot, hold)
     except BaseException:
         lease.release_now()
         raise
+
+
+class _Anchor:
+    """What the memory of a connection's kept item view holds (see :func:`_pool_tensor`): the
+    lease of an item shown through it that is gone while something that is not a view of its
+    tensor (``.numpy()``, ``.detach()``, ...) still uses that memory, so that the memory stays
+    mapped for it; None when nothing needs that."""
+
+    __slots__ = ("lease",)
+
+    def __init__(self):
+        self.lease = None
+
+
+class _Hold:
+    """One pool item shown through a kept view: held by the :class:`Item` and by the item's
+    tensor (and so by every torch view of that tensor, which keeps its base). When all of them
+    are gone: the item goes back (if it was not released), and its import is unmapped unless
+    something else still uses the view's memory, in which case the view's :class:`_Anchor`
+    keeps it mapped instead (until the next item of that slot and layout, which maps the same
+    memory, or the view's end)."""
+
+    __slots__ = ("lease", "entry")
+
+    def __init__(self, lease, entry):
+        self.lease = lease
+        self.entry = entry
+
+    def __del__(self):
+        try:
+            base, storage, anchor = self.entry
+            if _views.storage_users(storage) > 2:  # more than the kept tensor and storage object
+                lease = self.lease
+                if lease._held:
+                    lease.release()  # back to the producer, still mapped
+                anchor.lease = lease
+            else:
+                anchor.lease = None  # nothing else uses it: the lease goes with this object
+        except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to do in a finalizer
+            pass
+
+
+def _pool_tensor(views: dict, lease, key):
+    """(torch tensor, :class:`_Hold`) of a received pool item, through the view the connection
+    keeps for ``key`` (pool, slot, data address, bytes to the slot's end, dtype, shape,
+    strides), made the first time. The address is in the key: the same address again while
+    this item holds the mapping is the same memory (a pool keeps its slots' addresses), so the
+    kept tensor (checked when made) fits this item exactly as it did the first one."""
+    entry = views.get(key)
+    if entry is None:
+        pool, slot, data, nbytes, dtype, shape, strides = key
+        anchor = _Anchor()
+        base = _views.view(data, nbytes, anchor, dtype, shape, strides, "torch")
+        entry = (base, base.untyped_storage(), anchor)
+        if len(views) >= _MAX_VIEWS:
+            views.clear()
+        views[key] = entry
+    else:
+        # An item shown before through this view, gone while its memory was still used: that
+        # memory is this item's (the same mapping), held by this item from now on.
+        entry[2].lease = None
+    hold = _Hold(lease, entry)
+    t = entry[0].detach()
+    t._devshare_item = hold
+    return t, hold
 
 
 def _device_tensor(imp, like):
@@ -1290,6 +1561,9 @@ class Connection(_Owned):
         self._own(ptr, lib.devshare_connection_close)
         # Items received and not yet released (their leases, weakly): release_all().
         self._items: weakref.WeakSet = weakref.WeakSet()
+        # Pool items' tensors by slot and layout (see _pool_tensor), and recv's out-arguments.
+        self._views: dict = {}
+        self._outs: list = []
         peer_id, producer_pid = c_uint64(), c_int32()
         _call(lib.devshare_connection_info, ptr, byref(peer_id), byref(producer_pid))
         #: This consumer's id at the producer (what :meth:`Channel.peers` lists for it).
@@ -1310,6 +1584,12 @@ class Connection(_Owned):
         finally:
             self._exit()
 
+    def set_spin(self, spin_us: int) -> None:
+        """Let :meth:`recv` poll for an item for up to ``spin_us`` microseconds before it sleeps
+        (0, the default: sleep at once; at most ``MAX_SPIN_US``, 1 s). For a consumer with a CPU
+        core of its own; where producer and consumer share a CPU it only slows both down."""
+        _set_spin("devshare_connection_set_spin", self, spin_us)
+
     def recv(self, timeout=None, like: str = "torch") -> Item:
         """The next :class:`Item` (a leased tensor or a pool slot), waiting at most ``timeout``
         seconds (None: forever; 0: only what already arrived): TimeoutError then.
@@ -1320,12 +1600,18 @@ class Connection(_Owned):
         imp = ImportP()
         ptr = self._enter()
         try:
-            done = _wait_call(lib.devshare_connection_recv, ptr, timeout, byref(imp))
+            if timeout is None:  # one library call, no argument checks (all ctypes objects)
+                status = lib.devshare_connection_recv(ptr, _FOREVER, byref(imp))
+                if status < 0:
+                    raise _error(status)
+                done = True
+            else:
+                done = _wait_call(lib.devshare_connection_recv, ptr, timeout, byref(imp))
         finally:
             self._exit()
         if not done:
             raise TimeoutError(f"nothing arrived on channel {self.address!r} within {timeout} s")
-        item = _item(imp, like)
+        item = _item(imp, like, self)
         self._items.add(item._lease)
         return item
 

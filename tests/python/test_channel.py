@@ -939,3 +939,145 @@ def test_releases_the_producers_socket_has_no_room_for_are_kept_not_lost(pair):
         with pytest.raises(TimeoutError):
             conn.recv(timeout=0)  # the consumer's next call sends its backlog
     assert sum(devshare.outstanding(t) for t in tensors) == 0
+
+
+# --- Views kept per slot and layout -------------------------------------------------------------
+
+
+_VIEW_LAYOUTS = [((4, 8), torch.float32, 0), ((32,), torch.int64, 0), ((4, 8), torch.float32, 0),
+                 ((3, 5), torch.int16, 6), ((16,), torch.uint8, 100), ((32,), torch.int64, 0)]
+
+
+@pytest.mark.parametrize("like", ["torch", "numpy"])
+def test_kept_views_show_each_item_exactly_for_changing_layouts(pair, like):
+    """Slot.tensor / Slot.numpy and the consumer's Item.tensor reuse what they made for a slot
+    and layout: every item still gets its own layout and data, the same memory each time the
+    layout repeats, a new object every time, and never the view of another layout."""
+    ch, conn, peer = pair
+    first_ptr: dict = {}
+    with ch.pool(256, 1) as pool:
+        for k, (shape, dtype, offset) in enumerate(_VIEW_LAYOUTS * 3):
+            slot = pool.acquire(timeout=LIMIT)
+            nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            fill = torch.from_numpy(_pattern(nbytes, k))
+            if like == "torch":
+                v = slot.tensor(shape, dtype, offset)
+                assert (v.dtype, tuple(v.shape), v.data_ptr()) == (dtype, shape, slot.address + offset)
+                v.view(-1).view(torch.uint8).copy_(fill)
+                again = slot.tensor(shape, dtype, offset)
+                assert again is not v and again.data_ptr() == v.data_ptr() and torch.equal(again, v)
+            else:
+                v = slot.numpy(shape, str(dtype).split(".")[1], offset)
+                assert v.shape == shape and v.__array_interface__["data"][0] == slot.address + offset
+                v.reshape(-1).view(np.uint8)[:] = fill.numpy()
+            slot.send(peer, shape, dtype, None, offset)
+            with conn.recv(timeout=LIMIT, like=like) as item:
+                t = item.tensor
+                if like == "torch":
+                    assert (t.dtype, tuple(t.shape), t.is_contiguous()) == (dtype, shape, True)
+                    assert torch.equal(t.reshape(-1).view(torch.uint8), fill)
+                    ptr = t.data_ptr()
+                else:
+                    assert t.shape == shape and np.array_equal(t.reshape(-1).view(np.uint8), fill.numpy())
+                    ptr = t.__array_interface__["data"][0]
+                key = (shape, dtype, offset)
+                assert first_ptr.setdefault(key, ptr) == ptr  # one address per slot and layout
+        layouts = {(s, d, o) for s, d, o in _VIEW_LAYOUTS}
+        assert len(first_ptr) == len(layouts)
+        if like == "torch":  # one kept view per slot and layout, on both ends
+            assert len(pool._views) == len(layouts) and len(conn._views) == len(layouts)
+
+
+def test_changing_a_kept_views_shape_in_place_reaches_no_later_item(pair):
+    ch, conn, peer = pair
+    with ch.pool(64, 1) as pool:
+        for k in range(3):
+            slot = pool.acquire(timeout=LIMIT)
+            v = slot.tensor((4, 4), torch.float32)
+            v.fill_(float(k))
+            v.unsqueeze_(0)  # in place, on this object only
+            v.requires_grad_(True)
+            slot.send(peer, (4, 4), torch.float32)
+            with conn.recv(timeout=LIMIT) as item:
+                t = item.tensor
+                assert tuple(t.shape) == (4, 4) and not t.requires_grad and bool((t == k).all())
+                t.resize_(2)  # in place, on this object only
+                t.requires_grad_(True)
+
+
+def test_kept_views_hold_their_item_and_slot_like_fresh_ones(pair):
+    """With the views kept (the second round onwards): an item dropped unreleased goes back when
+    the last torch view of its tensor is gone; a slot dropped unsent, when the last view of what
+    Slot.tensor / Slot.numpy returned is gone; released and acquired again, over and over."""
+    ch, conn, peer = pair
+    with ch.pool(64, 1) as pool:
+        for _ in range(3):
+            slot = pool.acquire(timeout=LIMIT)
+            slot.tensor((16,), torch.int32)[:] = 5
+            slot.send(peer, (16,), torch.int32)
+            view = conn.recv(timeout=LIMIT).tensor[2:5]  # the item is dropped at once
+            gc.collect()
+            with pytest.raises(TimeoutError):
+                pool.acquire(timeout=0)  # the view holds the item: the slot is still out
+            assert view.tolist() == [5, 5, 5]
+            del view
+            gc.collect()
+            for make in (lambda s: s.tensor((16,), torch.int32)[1:], lambda s: s.numpy((16,), "int32")[1:]):
+                view = make(pool.acquire(timeout=LIMIT))  # the slot is dropped unsent at once
+                gc.collect()
+                assert pool.free_slots == 0
+                del view
+                gc.collect()
+                assert pool.free_slots == 1
+            with pool.acquire(timeout=LIMIT) as slot:
+                slot.release()
+
+
+def test_memory_shared_beyond_a_kept_views_item_stays_mapped_and_shows_the_next_item(pair):
+    """What shares an item's memory without holding the item (.numpy() of its tensor): the item
+    goes back when dropped, the memory stays mapped for that array (it shows the next item of
+    the slot), and nothing stays held once that array is gone."""
+    ch, conn, peer = pair
+    with ch.pool(64, 1) as pool:
+        for k in range(4):
+            slot = pool.acquire(timeout=LIMIT)
+            slot.tensor((16,), torch.int32)[:] = k
+            slot.send(peer, (16,), torch.int32)
+            arr = conn.recv(timeout=LIMIT).tensor.numpy()  # the item and its tensor go at once
+            gc.collect()
+            (entry,) = conn._views.values()
+            assert entry[2].lease is not None and entry[2].lease.released  # back, still mapped
+            assert int(arr.sum()) == 16 * k
+            slot = pool.acquire(timeout=LIMIT)  # the item came back
+            slot.tensor((16,), torch.int32)[:] = 100 + k
+            slot.send(peer, (16,), torch.int32)
+            item = conn.recv(timeout=LIMIT)
+            assert entry[2].lease is None  # the new item holds the same memory now
+            assert int(arr.sum()) == 16 * (100 + k)  # the stale array shows the next item
+            item.release()
+            del arr, item
+            gc.collect()
+            assert entry[2].lease is None  # nothing uses the memory: nothing is kept
+            pool.acquire(timeout=LIMIT).release()
+
+
+def test_spinning_is_opt_in_bounded_and_delivers_the_same_items(pair):
+    """Pool.set_spin / Connection.set_spin: 0..1 s accepted, more refused by name, and items
+    still arrive and come back with both ends spinning."""
+    ch, conn, peer = pair
+    pool = ch.pool(slot_nbytes=64, count=2)
+    with pytest.raises(ValueError, match="spin_us"):
+        pool.set_spin(1_000_001)
+    with pytest.raises(ValueError, match="spin_us"):
+        conn.set_spin(-1)
+    pool.set_spin(200)
+    conn.set_spin(200)
+    for i in range(50):
+        slot = pool.acquire(timeout=LIMIT)
+        slot.tensor((4,), "int32").fill_(i)
+        slot.send(peer, shape=(4,), dtype="int32")
+        with conn.recv(timeout=LIMIT) as item:
+            assert item.tensor.tolist() == [i] * 4
+    pool.set_spin(0)
+    conn.set_spin(0)
+    pool.close()
