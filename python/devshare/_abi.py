@@ -413,7 +413,8 @@ def adopt_signatures(handle_p, exporter_p) -> list:
 
 
 def channel_signatures_1_4(exporter_p) -> list:
-    """The channel functions 1.4 added: many leases in one call, opt-in spinning (bound by
+    """The channel functions 1.4 added: many leases in one call, opt-in spinning, the
+    consumer's stream (bound by
     devshare._channel when the library has them; without them a batch is sent one lease at a
     time and spinning is refused)."""
     return [
@@ -421,6 +422,7 @@ def channel_signatures_1_4(exporter_p) -> list:
          [ChannelP, c_uint64, POINTER(exporter_p), POINTER(POINTER(TensorDesc)), c_size_t]),
         ("devshare_pool_set_spin", c_int32, [PoolP, c_uint32]),
         ("devshare_connection_set_spin", c_int32, [ConnectionP, c_uint32]),
+        ("devshare_connection_set_stream", c_int32, [ConnectionP, c_void_p]),
     ]
 
 

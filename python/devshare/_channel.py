@@ -1590,6 +1590,31 @@ class Connection(_Owned):
         core of its own; where producer and consumer share a CPU it only slows both down."""
         _set_spin("devshare_connection_set_spin", self, spin_us)
 
+    def set_stream(self, stream) -> None:
+        """Read received CUDA / NPU items on ``stream`` (a ``torch.cuda.Stream``, an NPU stream,
+        a raw ``CUstream`` / ``aclrtStream`` as an int, or None): each item's event from the
+        producer is then waited for by that stream, on the device, and :meth:`recv` returns
+        without waiting for the producer's work. None (the default): :meth:`recv` waits on the
+        host. Use the stream that will read the items (e.g. ``torch.cuda.current_stream()``)."""
+        if "devshare_connection_set_stream" not in _HAVE_1_4:
+            raise Error(Status.UNSUPPORTED, f"Connection.set_stream needs libdevshare 1.4 or "
+                                            f"later (loaded: {_library_version})")
+        if stream is None:
+            raw = 0
+        elif isinstance(stream, int) and not isinstance(stream, bool):
+            raw = _ints.index("stream", stream, 0, _ints.U64[1])
+        else:
+            raw = getattr(stream, "cuda_stream", None)
+            raw = getattr(stream, "npu_stream", None) if raw is None else raw
+            if not isinstance(raw, int):
+                raise TypeError(f"stream must be a torch.cuda.Stream, an NPU stream, an int or "
+                                f"None, not {type(stream).__name__}")
+        ptr = self._enter()
+        try:
+            _call(lib.devshare_connection_set_stream, ptr, raw or None)
+        finally:
+            self._exit()
+
     def recv(self, timeout=None, like: str = "torch") -> Item:
         """The next :class:`Item` (a leased tensor or a pool slot), waiting at most ``timeout``
         seconds (None: forever; 0: only what already arrived): TimeoutError then.

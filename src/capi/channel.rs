@@ -305,6 +305,20 @@ pub unsafe extern "C" fn devshare_connection_set_spin(conn: *mut DevshareConnect
     })
 }
 
+/// Read the device items this connection receives on `stream` (`CUstream` / `aclrtStream`, of
+/// the device they arrive on): an item's interprocess event (`DEVSHARE_SHARE_EVENT`) is then
+/// waited for by that stream, on the device, and `devshare_connection_recv` returns without
+/// waiting for the producer's work. NULL (the default): `devshare_connection_recv` waits on the
+/// host until the event completed. Host items are unaffected. A stream of another device makes
+/// the receive of such an item fail with the runtime's error.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_connection_set_stream(conn: *mut DevshareConnection, stream: *mut c_void) -> i32 {
+    boundary("devshare_connection_set_stream", || {
+        ffi!(arg(conn, "conn"))?.0.set_stream(stream);
+        Ok(())
+    })
+}
+
 /// The longest spin `devshare_pool_set_spin` and `devshare_connection_set_spin` accept (1 s).
 pub const DEVSHARE_MAX_SPIN_US: u32 = 1_000_000;
 

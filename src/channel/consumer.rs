@@ -162,6 +162,9 @@ pub struct Connection {
     producer_pid: i32,
     /// How long [`Connection::recv`] polls before it sleeps (ns; 0: not).
     spin_ns: std::sync::atomic::AtomicU64,
+    /// The stream received device items are read on (`CUstream` / `aclrtStream`; 0: none, an
+    /// item's event is waited for on the host).
+    stream: std::sync::atomic::AtomicUsize,
 }
 
 impl Connection {
@@ -257,6 +260,7 @@ impl Connection {
                                 peer_id,
                                 producer_pid,
                                 spin_ns: Default::default(),
+                                stream: Default::default(),
                             });
                         }
                         other => {
@@ -324,6 +328,17 @@ impl Connection {
         Ok(())
     }
 
+    /// Read received device items on `stream` (`CUstream` / `aclrtStream` of the device they
+    /// arrive on): an item's interprocess event is then waited for by that stream, on the
+    /// device, instead of by `recv` on the host. Null (the default): `recv` waits.
+    pub fn set_stream(&self, stream: *mut std::ffi::c_void) {
+        self.stream.store(stream as usize, Ordering::Relaxed);
+    }
+
+    fn stream(&self) -> *mut std::ffi::c_void {
+        self.stream.load(Ordering::Relaxed) as *mut std::ffi::c_void
+    }
+
     /// The next item: a leased reference or a pool slot, as an import whose release gives it back.
     pub fn recv(&self, timeout: Option<Duration>) -> Result<Import> {
         let deadline = timeout.map(|t| Instant::now() + t);
@@ -384,7 +399,7 @@ impl Connection {
                 let token: Arc<dyn Lease> =
                     Arc::new(LeaseToken { conn: self.shared.clone(), lease, given: AtomicBool::new(false) });
                 let d = decode_full(handle)?;
-                let imp = open(&d.handle, d.table.as_deref(), fds, Some(token))?;
+                let imp = open(&d.handle, d.table.as_deref(), fds, Some(token), self.stream())?;
                 Ok(Some(imp))
             }
             Message::Shares { first_lease, entries } => {
@@ -401,13 +416,14 @@ impl Connection {
                 // opened meanwhile wait for the next receives.
                 let mut fds = fds.into_iter();
                 let mut first_error = None;
+                let stream = self.stream();
                 for (i, (nfds, handle)) in entries.iter().enumerate() {
                     let mine: Vec<OwnedFd> = fds.by_ref().take(*nfds as usize).collect();
                     let lease = first_lease + i as u64;
                     let token: Arc<dyn Lease> =
                         Arc::new(LeaseToken { conn: self.shared.clone(), lease, given: AtomicBool::new(false) });
-                    let opened =
-                        decode_full(handle).and_then(|d| open(&d.handle, d.table.as_deref(), mine, Some(token)));
+                    let opened = decode_full(handle)
+                        .and_then(|d| open(&d.handle, d.table.as_deref(), mine, Some(token), stream));
                     match opened {
                         Ok(imp) => st.ready.push_back(imp),
                         Err(e) => {
@@ -430,7 +446,7 @@ impl Connection {
                         d.handle.storage_size
                     )));
                 }
-                let base = open(&d.handle, d.table.as_deref(), fds, None)?;
+                let base = open(&d.handle, d.table.as_deref(), fds, None, std::ptr::null_mut())?;
                 st.pools.insert(pool, AttachedPool { base, slot_size, count, token });
                 Ok(None)
             }
@@ -470,8 +486,9 @@ impl Connection {
                 }
                 let imp = p.base.derive(h, token)?;
                 // The producer's work on the slot may still be running: wait for its event
-                // (blocking this thread) before the item is used.
-                let req = ImportRequest { device: Some(p.base.device()), ..ImportRequest::default() };
+                // before the item is used (on the connection's stream, or blocking this thread).
+                let req =
+                    ImportRequest { device: Some(p.base.device()), stream: self.stream(), ..ImportRequest::default() };
                 crate::import::wait_for_producer(imp.handle(), &req)?;
                 Ok(Some(imp))
             }
@@ -517,8 +534,9 @@ fn open(
     table: Option<&[u8]>,
     mut fds: Vec<OwnedFd>,
     lease: Option<Arc<dyn Lease>>,
+    stream: *mut std::ffi::c_void,
 ) -> Result<Import> {
-    let req = ImportRequest::default();
+    let req = ImportRequest { stream, ..ImportRequest::default() };
     if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_CHANNEL != 0 {
         if fds.len() != 1 {
             return Err(Error::Untrusted(format!(

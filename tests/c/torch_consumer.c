@@ -11,6 +11,11 @@
  *   torch_consumer <address> <n> noptrace first drop CAP_SYS_PTRACE, and show that taking the
  *                                         producer's fd 0 with pidfd_getfd is refused
  *                                         ("PTRACE_DENIED"), then as the first form
+ *   torch_consumer <address> <n> stream   as the first form, with device items read on a CUDA
+ *                                         stream of its own (devshare_connection_set_stream;
+ *                                         the driver is DEVSHARE_CUDA_LIBRARY, dlopen'ed)
+ *   torch_consumer <address> <n> badstream  with a stream pointer that is no stream: the
+ *                                         first receive fails ("RECV_FAILED ...")
  *
  * Lines on stdout: "CONNECTED <pid>", per item "ITEM <i> backend=<b> base=<hex> shape=<d0,d1,..>
  * sum=<sum of its elements>", then "DONE", or "HOLDING", "CLOSED", "STILL <i> sum=<...>" per
@@ -22,7 +27,27 @@
 #define HARNESS_NAME "torch_consumer"
 #include "harness.h"
 
+#include <dlfcn.h>
 #include <sys/syscall.h>
+
+/* A CUDA stream of this process's device 0, made through the driver devshare also loads. */
+static void *cuda_stream(void) {
+    const char *path = getenv("DEVSHARE_CUDA_LIBRARY");
+    void *cu = dlopen(path ? path : "libcuda.so.1", RTLD_NOW);
+    if (cu == NULL)
+        die("dlopen of the CUDA driver", 0);
+    int (*init)(unsigned) = (int (*)(unsigned))dlsym(cu, "cuInit");
+    int (*get)(int *, int) = (int (*)(int *, int))dlsym(cu, "cuDeviceGet");
+    int (*retain)(void **, int) = (int (*)(void **, int))dlsym(cu, "cuDevicePrimaryCtxRetain");
+    int (*current)(void *) = (int (*)(void *))dlsym(cu, "cuCtxSetCurrent");
+    int (*create)(void **, unsigned) = (int (*)(void **, unsigned))dlsym(cu, "cuStreamCreate");
+    int dev = 0;
+    void *ctx = NULL, *stream = NULL;
+    if (!init || !get || !retain || !current || !create || init(0) || get(&dev, 0) || retain(&ctx, dev) ||
+        current(ctx) || create(&stream, 0))
+        die("a CUDA stream", 0);
+    return stream;
+}
 
 #define MAX_ITEMS 4096
 
@@ -70,8 +95,11 @@ static void print_item(const char *tag, size_t i, const DevshareImport *imp) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3 || argc > 4 || (argc == 4 && strcmp(argv[3], "hold") != 0 && strcmp(argv[3], "noptrace") != 0)) {
-        fprintf(stderr, "usage: torch_consumer <address> <n> [hold|noptrace]\n");
+    const char *mode = argc == 4 ? argv[3] : "";
+    if (argc < 3 || argc > 4 ||
+        (argc == 4 && strcmp(mode, "hold") && strcmp(mode, "noptrace") && strcmp(mode, "stream") &&
+         strcmp(mode, "badstream"))) {
+        fprintf(stderr, "usage: torch_consumer <address> <n> [hold|noptrace|stream|badstream]\n");
         return 2;
     }
     int64_t n = 0;
@@ -79,13 +107,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "torch_consumer: n must be 0..%d\n", MAX_ITEMS);
         return 2;
     }
-    int hold = argc == 4 && strcmp(argv[3], "hold") == 0;
-    int noptrace = argc == 4 && !hold;
+    int hold = strcmp(mode, "hold") == 0;
+    int noptrace = strcmp(mode, "noptrace") == 0;
     if (noptrace)
         drop_ptrace_capability();
     DevshareConnection *conn = NULL;
     DS_OK(devshare_channel_connect(argv[1], 5000, &conn));
     printf("CONNECTED %d\n", (int)getpid());
+    if (strcmp(mode, "stream") == 0)
+        DS_OK(devshare_connection_set_stream(conn, cuda_stream()));
+    if (strcmp(mode, "badstream") == 0)
+        DS_OK(devshare_connection_set_stream(conn, (void *)(uintptr_t)0x1000));
     if (noptrace) {
         /* The negative control: this process may not take the producer's descriptors. */
         uint64_t peer_id = 0;

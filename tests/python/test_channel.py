@@ -1081,3 +1081,25 @@ def test_spinning_is_opt_in_bounded_and_delivers_the_same_items(pair):
     pool.set_spin(0)
     conn.set_spin(0)
     pool.close()
+
+
+def test_a_connection_stream_is_a_stream_an_int_or_none(pair):
+    """Connection.set_stream takes None, a raw handle or an object with cuda_stream /
+    npu_stream (host items are unaffected: they still arrive), and refuses anything else."""
+    ch, conn, peer = pair
+
+    class FakeStream:
+        cuda_stream = 0
+
+    conn.set_stream(None)
+    conn.set_stream(0)
+    conn.set_stream(FakeStream())
+    with pytest.raises(TypeError, match="stream"):
+        conn.set_stream("default")
+    with pytest.raises(ValueError, match="stream"):
+        conn.set_stream(-1)
+    t = devshare.channel_empty(4)
+    ch.send(peer, t)
+    with conn.recv(timeout=LIMIT) as item:
+        assert item.tensor.shape == (4,)
+    conn.set_stream(None)

@@ -296,6 +296,41 @@ def test_device_storages_reach_c_and_cpp_consumers_and_pytorchs_references_retur
                 p.kill()
 
 
+@pytest.mark.parametrize("kind", ["cuda_c", "cuda_e"])
+def test_a_consumer_stream_waits_for_the_events_instead_of_recv(env, kind, tmp_path):
+    """devshare_connection_set_stream: the items import and read the same with the events
+    waited for on the consumer's own CUDA stream; a pointer that is no stream makes the receive
+    fail with the driver's refusal, which the stand-in records (in a log of its own) as a wait
+    on an unknown stream: the stream really is what waits."""
+    prod, address, expect = _producer(env, kind)
+    cons = _consumer(env, "c", address, 3, "stream")
+    try:
+        assert _sums(cons, 3) == pytest.approx(expect)
+        rc, _, err = _finish(cons)
+        assert rc == 0, err
+        assert _line(prod, "RETURNED") == "0"
+        assert _finish(prod)[0] == 0
+    finally:
+        for p in (cons, prod):
+            if p.poll() is None:
+                p.kill()
+    bad_log = tmp_path / "bad-stream.log"
+    bad_env = dict(env, DEVSHARE_STANDIN_LOG=str(bad_log))
+    prod, address, expect = _producer(bad_env, kind)
+    cons = _consumer(bad_env, "c", address, 3, "badstream")
+    try:
+        failed = _line(cons, "RECV_FAILED")
+        assert "cuStreamWaitEvent" in failed, failed
+        assert "unknown or destroyed stream 0x1000" in bad_log.read_text()
+        _finish(cons)
+        assert _line(prod, "RETURNED") == "0"  # the refused item's lease came back
+        assert _finish(prod)[0] == 0
+    finally:
+        for p in (cons, prod):
+            if p.poll() is None:
+                p.kill()
+
+
 def test_segmented_cuda_storages_need_no_ptrace(env):
     """The producer is non-dumpable and the consumer has no CAP_SYS_PTRACE: pidfd_getfd on the
     producer is refused, yet every expandable-segment item imports (its fds came with it)."""
