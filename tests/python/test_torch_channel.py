@@ -28,7 +28,7 @@ import pytest
 import devshare
 from conftest import bin_dir, python_env, spawn
 
-# The producer: argv = kind (cpu | cuda_c | cuda_e | acl_c), address, mode (wait | stay).
+# The producer: argv = kind (cpu | cuda_c | cuda_e | acl_c | acl_e), address, mode (wait | stay).
 # Prints EXPECT <sum per item>, LISTENING, SENT (after dropping its own references to the
 # tensors), then with "wait": RETURNED <references PyTorch still counts> once every lease is back
 # (or TIMEOUT), with "stay": sleeps until killed.
@@ -109,6 +109,35 @@ PRODUCER = textwrap.dedent(r"""
                 call(lib.devshare_export_segments, _lib.BACKEND_CUDA, 0, va.value, phys, 3, SEG, 0, byref(fake))
             ck(cu.cuMemcpyHtoD_v2(start, data, len(data)), "cuMemcpyHtoD")
             backend = _lib.BACKEND_CUDA
+        elif kind == "acl_e":  # torch_npu's expandable segments: shareable handles
+            acl = ctypes.CDLL(os.environ["DEVSHARE_ACL_LIBRARY"])
+            assert acl.aclInit(None) == 0 and acl.aclrtSetDevice(0) == 0
+            class Loc(Structure):
+                _fields_ = [("id", ctypes.c_uint32), ("type", c_int)]
+            class Prop(Structure):
+                _fields_ = [("handleType", c_int), ("allocationType", c_int), ("memAttr", c_int),
+                            ("location", Loc), ("reserve", c_uint64)]
+            acl.aclrtMallocPhysical.argtypes = [POINTER(c_void_p), c_size_t, POINTER(Prop), c_uint64]
+            acl.aclrtReserveMemAddress.argtypes = [POINTER(c_void_p), c_size_t, c_size_t, c_void_p, c_uint64]
+            acl.aclrtMapMem.argtypes = [c_void_p, c_size_t, c_size_t, c_void_p, c_uint64]
+            prop = Prop(0, 0, 4, Loc(0, 1), 0)  # pinned HBM huge pages on device 0
+            phys = (c_uint64 * 3)()
+            for i in range(3):
+                h = c_void_p()
+                assert acl.aclrtMallocPhysical(byref(h), SEG, byref(prop), 0) == 0
+                phys[i] = h.value
+            va = c_void_p()
+            assert acl.aclrtReserveMemAddress(byref(va), 3 * SEG, 0, None, 0) == 0
+            for i in range(3):
+                assert acl.aclrtMapMem(va.value + i * SEG, SEG, 0, phys[i], 0) == 0
+            first = SEG - 8192  # the first storage spans segments 0 and 1
+            start = va.value + first
+            acl.aclrtMemcpy.argtypes = [c_void_p, c_size_t, c_void_p, c_size_t, c_int]
+            assert acl.aclrtMemcpy(start, len(data), data, len(data), 1) == 0
+            fake = _lib.ExporterP()
+            call(lib.devshare_export_segments, _lib.BACKEND_ACL, 0, va, phys, 3, c_uint64(SEG), 0, byref(fake))
+            backend = _lib.BACKEND_ACL
+            ch.trust_announced_pids()
         else:  # acl_c
             acl = ctypes.CDLL(os.environ["DEVSHARE_ACL_LIBRARY"])
             assert acl.aclInit(None) == 0 and acl.aclrtSetDevice(0) == 0
@@ -201,7 +230,7 @@ CONSUMER = textwrap.dedent(r"""
     conn.close()
 """)
 
-KINDS = ["cpu", "cuda_c", "cuda_e", "acl_c"]
+KINDS = ["cpu", "cuda_c", "cuda_e", "acl_c", "acl_e"]
 
 
 @pytest.fixture
@@ -277,7 +306,7 @@ def test_cpu_tensors_arrive_zero_copy_and_their_leases_come_back(env, consumer):
                 p.kill()
 
 
-@pytest.mark.parametrize("kind", ["cuda_c", "cuda_e", "acl_c"])
+@pytest.mark.parametrize("kind", ["cuda_c", "cuda_e", "acl_c", "acl_e"])
 @pytest.mark.parametrize("consumer", ["c", "cpp"])
 def test_device_storages_reach_c_and_cpp_consumers_and_pytorchs_references_return(env, kind, consumer):
     """Two storages, three items (two in one storage): each storage adopted once, each item an
