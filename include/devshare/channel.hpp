@@ -146,6 +146,34 @@ public:
         return detail::call(devshare_channel_send(get(), peer, exporter.get(), *d));
     }
 
+    // Send `peer` one leased reference to each descs[i] inside *exporters[i], in order, in as
+    // few messages as the limits allow (devshare_channel_send_batch); the peer receives them
+    // one per Connection::recv. Every description is checked first: when one is refused,
+    // nothing is sent.
+    [[nodiscard]] Result<void> try_send_batch(uint64_t peer, Span<const Exporter* const> exporters,
+                                              Span<const TensorDesc> descs) {
+        if (exporters.size() != descs.size()) {
+            return detail::failure(Error(DEVSHARE_STATUS_INVALID_ARGUMENT,
+                                         "devshare::Channel::send_batch: as many exporters as descriptions"));
+        }
+        std::vector<DevshareTensorDesc> c(descs.size());
+        std::vector<const DevshareTensorDesc*> cd(descs.size());
+        std::vector<const DevshareExporter*> ce(descs.size());
+        for (size_t i = 0; i < descs.size(); i++) {
+            if (exporters[i] == nullptr) {
+                return detail::failure(Error(DEVSHARE_STATUS_NULL_ARGUMENT, "devshare::Channel::send_batch: a null exporter"));
+            }
+            const Result<const DevshareTensorDesc*> d = detail::lower("devshare::Channel::send_batch", descs[i],
+                                                                      exporters[i]->data(), exporters[i]->size(), &c[i]);
+            if (!d) {
+                return detail::failure(d.error());
+            }
+            cd[i] = *d;
+            ce[i] = exporters[i]->get();
+        }
+        return detail::call(devshare_channel_send_batch(get(), peer, ce.data(), cd.data(), ce.size()));
+    }
+
     // Close the channel (devshare_channel_close): every peer is disconnected, their leases stop
     // counting in their exports' outstanding references (wait for them first), pools on it are
     // closed, the socket file is removed. Afterwards this Channel is empty.
@@ -166,6 +194,9 @@ public:
     void trust_announced_pids(bool trust) { detail::value(try_trust_announced_pids(trust)); }
     void send(uint64_t peer, const Exporter& exporter, const TensorDesc& desc) {
         detail::value(try_send(peer, exporter, desc));
+    }
+    void send_batch(uint64_t peer, Span<const Exporter* const> exporters, Span<const TensorDesc> descs) {
+        detail::value(try_send_batch(peer, exporters, descs));
     }
     void close() { detail::value(try_close()); }
 #endif
@@ -246,6 +277,21 @@ public:
         return imp;
     }
 
+    // Let recv poll for up to `spin` before it sleeps (devshare_connection_set_spin): for a
+    // consumer with a CPU core of its own. Zero (the default) sleeps at once.
+    [[nodiscard]] Result<void> try_set_spin(std::chrono::microseconds spin) {
+        if (spin.count() < 0 || spin.count() > DEVSHARE_MAX_SPIN_US) {
+            return detail::failure(Error(DEVSHARE_STATUS_INVALID_ARGUMENT,
+                                         "devshare::Connection::set_spin: 0 to DEVSHARE_MAX_SPIN_US microseconds"));
+        }
+        return detail::call(devshare_connection_set_spin(get(), static_cast<uint32_t>(spin.count())));
+    }
+    // Read received device items on `stream` (CUstream / aclrtStream): their events are waited
+    // for by that stream instead of by recv (devshare_connection_set_stream); nullptr: recv waits.
+    [[nodiscard]] Result<void> try_set_stream(void* stream) {
+        return detail::call(devshare_connection_set_stream(get(), stream));
+    }
+
     // Close the connection (devshare_connection_close): the producer takes back every lease and
     // slot of it. Imports received stay valid until released. Afterwards this Connection is empty.
     [[nodiscard]] Result<void> try_close() { return detail::call(devshare_connection_close(conn_.release())); }
@@ -257,6 +303,8 @@ public:
     [[nodiscard]] uint64_t peer_id() const { return detail::value(try_peer_id()); }
     [[nodiscard]] int32_t producer_pid() const { return detail::value(try_producer_pid()); }
     [[nodiscard]] Import recv(std::chrono::milliseconds timeout) { return detail::value(try_recv(timeout)); }
+    void set_spin(std::chrono::microseconds spin) { detail::value(try_set_spin(spin)); }
+    void set_stream(void* stream) { detail::value(try_set_stream(stream)); }
     void close() { detail::value(try_close()); }
 #endif
 

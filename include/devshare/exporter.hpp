@@ -167,6 +167,18 @@ public:
                                                    segment_size, flags, &e);
         return s == DEVSHARE_STATUS_OK ? try_adopt(e, policy) : made(s, e, base, 0, policy);
     }
+    // Adopt the one reference of a device handle that PyTorch's or torch_npu's allocator made in
+    // this process (devshare_exporter_adopt; `table`: its segment table when it travels outside
+    // the handle), so that the storage can be leased over channels. Descriptions count from the
+    // adopted storage's first byte (describe_at); data() is nullptr (the address is the
+    // allocator's). The reference goes back when the Exporter is closed or destroyed: keep the
+    // storage alive until then.
+    [[nodiscard]] static Result<Exporter> try_adopt_torch(const Handle& handle, Span<const uint8_t> table = {},
+                                                          DestroyPolicy policy = {}) {
+        DevshareExporter* e = nullptr;
+        const int32_t s = devshare_exporter_adopt(&handle.raw(), table.data(), table.size(), 0, &e);
+        return s == DEVSHARE_STATUS_OK ? try_adopt(e, policy) : made(s, e, nullptr, 0, policy);
+    }
     // Take ownership of a C exporter (nullptr gives an empty Exporter). On failure (its memory
     // cannot be queried) the exporter stays the caller's.
     [[nodiscard]] static Result<Exporter> try_adopt(DevshareExporter* raw, DestroyPolicy policy = {}) {
@@ -200,6 +212,10 @@ public:
                                                   Span<const uint64_t> physical, uint64_t segment_size,
                                                   uint32_t flags = 0, DestroyPolicy policy = {}) {
         return detail::value(try_export_segments(backend, device, base, physical, segment_size, flags, policy));
+    }
+    [[nodiscard]] static Exporter adopt_torch(const Handle& handle, Span<const uint8_t> table = {},
+                                              DestroyPolicy policy = {}) {
+        return detail::value(try_adopt_torch(handle, table, policy));
     }
 #endif
 

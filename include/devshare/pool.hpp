@@ -199,6 +199,17 @@ public:
     // Close the pool (devshare_pool_close): attached consumers are told, each detaches once it
     // released its items. Afterwards this Pool is empty. Slots still acquired must not be used
     // (nor destroyed) after it.
+    // Let acquire poll for a returned slot for up to `spin` before it sleeps
+    // (devshare_pool_set_spin): for a producer with a CPU core of its own. Zero (the default)
+    // sleeps at once.
+    [[nodiscard]] Result<void> try_set_spin(std::chrono::microseconds spin) {
+        if (spin.count() < 0 || spin.count() > DEVSHARE_MAX_SPIN_US) {
+            return detail::failure(Error(DEVSHARE_STATUS_INVALID_ARGUMENT,
+                                         "devshare::Pool::set_spin: 0 to DEVSHARE_MAX_SPIN_US microseconds"));
+        }
+        return detail::call(devshare_pool_set_spin(get(), static_cast<uint32_t>(spin.count())));
+    }
+
     [[nodiscard]] Result<void> try_close() {
         slot_size_ = 0;
         count_ = 0;
@@ -211,6 +222,7 @@ public:
     }
     [[nodiscard]] uint32_t id() const { return detail::value(try_id()); }
     [[nodiscard]] Slot acquire(std::chrono::milliseconds timeout) { return detail::value(try_acquire(timeout)); }
+    void set_spin(std::chrono::microseconds spin) { detail::value(try_set_spin(spin)); }
     void send(Slot& slot, uint64_t peer, const TensorDesc& desc) { detail::value(try_send(slot, peer, desc)); }
     void release(Slot& slot) { detail::value(try_release(slot)); }
     [[nodiscard]] PoolInfo info() const { return detail::value(try_info()); }

@@ -915,6 +915,24 @@ void test_device_destruction() {
             check(st.handle.size() == 26 + 4 * 2 && st.handle[0] == 2 && st.handle[1] == 'e',
                   "handle_to_torch of a segmented cuda handle: PyTorch's version-2 'e' form (26 + 4n bytes)");
             hs.discard();
+            // adopt_torch: a handle shared in this process (as PyTorch's allocator shares one)
+            // becomes an Exporter over its storage; its reference goes back when it is destroyed.
+            const devshare::Handle ht = es.share(devshare::describe_at<uint32_t>(kSeg - 4096, {2048}));
+            {
+                devshare::Exporter ad = devshare::Exporter::adopt_torch(ht);
+                check(ad.data() == nullptr && ad.size() == ht.raw().storage_size && es.outstanding() == 1,
+                      "Exporter::adopt_torch: no address, the storage's size, the reference held (" +
+                          std::to_string(ad.size()) + " bytes, " + std::to_string(es.outstanding()) + " out)");
+                const devshare::Handle hb = ad.share(devshare::describe_at<uint32_t>(4096, {1024}));
+                check(hb.raw().storage_offset + hb.raw().tensor_offset * 4 == ht.raw().storage_offset + 4096,
+                      "a share of the adopted export counts from the adopted storage (" +
+                          std::to_string(hb.raw().storage_offset) + " + " + std::to_string(hb.raw().tensor_offset) +
+                          " elements)");
+                hb.discard();
+            }
+            check(es.outstanding() == 0, "destroying the adopted Exporter returned the reference once");
+            expect_error(DEVSHARE_STATUS_INVALID_HANDLE, "devshare_exporter_adopt", "adopt_torch of a default handle (no backend)",
+                         [&] { (void)devshare::Exporter::adopt_torch(devshare::Handle()); });
         }
         check(cuMemUnmap(va, kSeg) == CUDA_SUCCESS && cuMemUnmap(va + kSeg, kSeg) == CUDA_SUCCESS &&
                   cuMemRelease(seg[0]) == CUDA_SUCCESS && cuMemRelease(seg[1]) == CUDA_SUCCESS &&

@@ -590,6 +590,56 @@ void test_lease() {
     check(child.wait() == 0, "the consumer exited normally");
 }
 
+// Channel::send_batch: three leases in one call (few messages), received in order by a
+// consumer that spins (Connection::set_spin) and reads on no stream (set_stream(nullptr)).
+void test_lease_batch() {
+    const std::string addr = address("batch");
+    Child child([&](Consumer& me) {
+        me.next();
+        devshare::Connection conn = devshare::Connection::connect(addr, kWait);
+        conn.set_spin(std::chrono::microseconds(100));
+        conn.set_stream(nullptr);
+        me.check(failed_with(conn.try_set_spin(std::chrono::microseconds(DEVSHARE_MAX_SPIN_US + 1)),
+                             DEVSHARE_STATUS_INVALID_ARGUMENT),
+                 "Connection::try_set_spin above DEVSHARE_MAX_SPIN_US: INVALID_ARGUMENT");
+        me.report();
+        me.next();
+        bool in_order = true;
+        for (int i = 0; i < 3; i++) {
+            const devshare::Import item = conn.recv(kWait);
+            in_order = in_order && item && item.as<const float>()(0) == static_cast<float>(10 * i) + 0.5f;
+        }
+        me.check(in_order, "received the batch's 3 leases, in order, each its own tensor");
+        me.report();
+        me.next();
+    });
+
+    devshare::Channel ch = devshare::Channel::listen(addr);
+    child.tell('g');
+    check(ch.wait_peers(1, kWait), "batch: wait_peers(1) sees the consumer");
+    child.take_report();
+    const uint64_t peer = ch.peers().at(0);
+    devshare::Exporter exp = devshare::Exporter::channel_host_alloc(4096);
+    float* t = static_cast<float*>(exp.data());
+    for (int i = 0; i < 64; i++) {
+        t[i] = static_cast<float>(i) + 0.5f;
+    }
+    const devshare::Exporter* exps[3] = {&exp, &exp, &exp};
+    const devshare::TensorDesc descs[3] = {devshare::describe(t, {4}), devshare::describe(t + 10, {4}),
+                                           devshare::describe(t + 20, {4})};
+    const devshare::TensorDesc bad[2] = {devshare::describe(t, {4}), devshare::describe(t + 5000, {4})};
+    check(!ch.try_send_batch(peer, exps, {bad, 2}) && exp.outstanding() == 0,
+          "Channel::try_send_batch with one description beyond the export: an error, nothing sent");
+    check(failed_with(ch.try_send_batch(peer, {exps, 2}, descs), DEVSHARE_STATUS_INVALID_ARGUMENT),
+          "Channel::try_send_batch with 2 exporters for 3 descriptions: INVALID_ARGUMENT");
+    ch.send_batch(peer, exps, descs);
+    check(exp.outstanding() == 3, "Channel::send_batch: three leases outstanding");
+    child.tell('r');
+    child.take_report();
+    check(exp.wait(kWait) && exp.outstanding() == 0, "the consumer's three releases bring it to 0");
+    check(child.wait() == 0, "the consumer exited normally");
+}
+
 // A consumer drops its Connection while it holds two slots and a lease.
 void test_dropped_connection() {
     const std::string addr = address("drop");
@@ -698,6 +748,7 @@ int main() {
     test_in_process();
     test_pool_round_trip();
     test_lease();
+    test_lease_batch();
     test_dropped_connection();
     test_producer_close();
     std::printf("1..%d\n# %d passed, %d failed\n", n_cases, n_cases - n_failed, n_failed);
