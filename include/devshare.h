@@ -498,6 +498,35 @@ typedef struct DevshareTensorDesc {
   void *stream;
 } DevshareTensorDesc;
 
+// Where an import lies in this process, from `devshare_import_info`. Initialise with
+// `devshare_import_info_init(&info, sizeof info)` before the call.
+typedef struct DevshareImportInfo {
+  // Size of this struct in the caller's header; on return, the bytes the library filled in.
+  uint32_t struct_size;
+  // Device the allocation was imported on (0 for host).
+  int32_t device;
+  // The tensor's first element (valid until the import is released).
+  void *data;
+  // The storage's first byte.
+  void *storage;
+  // The allocation's first byte.
+  void *base;
+  // Allocation size in bytes (as the handle says).
+  uint64_t alloc_size;
+  // Storage size in bytes.
+  uint64_t storage_size;
+  // Number of elements of the tensor.
+  uint64_t numel;
+  // Bytes per element.
+  uint64_t element_size;
+  // `DEVSHARE_BACKEND_*`.
+  uint16_t backend;
+  // 1 when mapped read-only.
+  uint16_t read_only;
+  // Reserved, zero.
+  uint32_t reserved;
+} DevshareImportInfo;
+
 // One shared tensor: where its allocation lives, which part of it is the storage, how the tensor
 // is laid out in the storage, and how its lifetime is tracked.
 //
@@ -583,35 +612,6 @@ typedef struct DevshareImportOptions {
   // Unused by the host backend.
   void *stream;
 } DevshareImportOptions;
-
-// Where an import lies in this process, from `devshare_import_info`. Initialise with
-// `devshare_import_info_init(&info, sizeof info)` before the call.
-typedef struct DevshareImportInfo {
-  // Size of this struct in the caller's header; on return, the bytes the library filled in.
-  uint32_t struct_size;
-  // Device the allocation was imported on (0 for host).
-  int32_t device;
-  // The tensor's first element (valid until the import is released).
-  void *data;
-  // The storage's first byte.
-  void *storage;
-  // The allocation's first byte.
-  void *base;
-  // Allocation size in bytes (as the handle says).
-  uint64_t alloc_size;
-  // Storage size in bytes.
-  uint64_t storage_size;
-  // Number of elements of the tensor.
-  uint64_t numel;
-  // Bytes per element.
-  uint64_t element_size;
-  // `DEVSHARE_BACKEND_*`.
-  uint16_t backend;
-  // 1 when mapped read-only.
-  uint16_t read_only;
-  // Reserved, zero.
-  uint32_t reserved;
-} DevshareImportInfo;
 
 // What `devshare_probe` found out about one backend. Initialise with
 // `devshare_backend_info_init(&info, sizeof info)` before the call.
@@ -952,6 +952,17 @@ int32_t devshare_connection_recv(struct DevshareConnection *conn,
 // For an import that is a pool item: the pool's id (> 0) and the slot. Any other import is
 // `DEVSHARE_STATUS_INVALID_ARGUMENT`. Either out-pointer may be NULL.
 int32_t devshare_import_pool_slot(const struct DevshareImport *imp, uint32_t *pool, uint32_t *slot);
+
+// Everything a receive loop reads of an item, in one call: what `devshare_import_info` writes
+// into `*info` (initialised with `devshare_import_info_init`), the handle
+// (`devshare_import_handle`) into `*handle`, and the pool id and slot
+// (`devshare_import_pool_slot`) into `*pool` and `*slot` — 0 and 0 for an item that is not a
+// pool slot (a lease, or any other import: pool ids start at 1). Each out pointer may be NULL.
+int32_t devshare_import_describe(const struct DevshareImport *imp,
+                                 struct DevshareImportInfo *info,
+                                 struct DevshareHandle *handle,
+                                 uint32_t *pool,
+                                 uint32_t *slot);
 
 // For a channel item (a lease or pool slot from `devshare_connection_recv`): give it back to the
 // producer now — a lease stops counting in its export, a pool slot may be refilled — while the

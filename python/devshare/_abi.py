@@ -412,7 +412,7 @@ def adopt_signatures(handle_p, exporter_p) -> list:
     ]
 
 
-def channel_signatures_1_4(exporter_p) -> list:
+def channel_signatures_1_4(exporter_p, import_p) -> list:
     """The channel functions 1.4 added: many leases in one call, opt-in spinning, the
     consumer's stream (bound by
     devshare._channel when the library has them; without them a batch is sent one lease at a
@@ -423,6 +423,8 @@ def channel_signatures_1_4(exporter_p) -> list:
         ("devshare_pool_set_spin", c_int32, [PoolP, c_uint32]),
         ("devshare_connection_set_spin", c_int32, [ConnectionP, c_uint32]),
         ("devshare_connection_set_stream", c_int32, [ConnectionP, c_void_p]),
+        ("devshare_import_describe", c_int32,
+         [import_p, POINTER(ImportInfo), POINTER(HandleStruct), POINTER(c_uint32), POINTER(c_uint32)]),
     ]
 
 

@@ -124,9 +124,10 @@ _SIGNATURES_1_2 = channel_signatures_1_2(ImportP)
 _HAVE_1_2 = {name for name, _, _ in _SIGNATURES_1_2} - set(bind(_SIGNATURES_1_2))
 _GIVE_BACK = "devshare_import_give_back" in _HAVE_1_2
 # 1.4: many leases in one call (without it, a batch goes one lease per call).
-_SIGNATURES_1_4 = channel_signatures_1_4(ExporterP)
+_SIGNATURES_1_4 = channel_signatures_1_4(ExporterP, ImportP)
 _HAVE_1_4 = {name for name, _, _ in _SIGNATURES_1_4} - set(bind(_SIGNATURES_1_4))
 _SEND_BATCH = "devshare_channel_send_batch" in _HAVE_1_4
+_DESCRIBE = "devshare_import_describe" in _HAVE_1_4
 
 
 def _set_spin(fn, obj, spin_us) -> None:
@@ -1421,21 +1422,30 @@ def _item(imp: ImportP, like: str, conn=None) -> Item:
             out = outs.pop()
         except (AttributeError, IndexError):
             out = _RecvOut()
-        # One call each, their arguments ctypes objects (nothing to range-check). Not _call:
-        # for a lease, INVALID_ARGUMENT is the answer, not an error to describe.
-        status = lib.devshare_import_pool_slot(imp, out.pool_ref, out.slot_ref)
-        if status >= 0:
+        # Their arguments are ctypes objects (nothing to range-check).
+        if _DESCRIBE:  # 1.4: one call
+            status = lib.devshare_import_describe(imp, out.info_ref, out.handle_ref, out.pool_ref,
+                                                  out.slot_ref)
+            if status < 0:
+                raise _error(status)
             pool, slot = out.pool.value, out.slot.value
-        elif status == _INVALID_ARGUMENT:
-            pool = slot = None  # a lease, not a pool item
+            if pool == 0:
+                pool = slot = None  # a lease, not a pool item
         else:
-            raise _error(status)
-        status = lib.devshare_import_info(imp, out.info_ref)
-        if status < 0:
-            raise _error(status)
-        status = lib.devshare_import_handle(imp, out.handle_ref)
-        if status < 0:
-            raise _error(status)
+            # Not _call: for a lease, INVALID_ARGUMENT is the answer, not an error to describe.
+            status = lib.devshare_import_pool_slot(imp, out.pool_ref, out.slot_ref)
+            if status >= 0:
+                pool, slot = out.pool.value, out.slot.value
+            elif status == _INVALID_ARGUMENT:
+                pool = slot = None  # a lease, not a pool item
+            else:
+                raise _error(status)
+            status = lib.devshare_import_info(imp, out.info_ref)
+            if status < 0:
+                raise _error(status)
+            status = lib.devshare_import_handle(imp, out.handle_ref)
+            if status < 0:
+                raise _error(status)
         h, info = out.handle, out.info
         dtype = _H_DTYPE_NDIM.unpack_from(h, _H_DTYPE_OFF)
         ndim = _H_NDIM.unpack_from(h, _H_NDIM_OFF)[0]

@@ -256,24 +256,28 @@ pub unsafe extern "C" fn devshare_handle_discard(handle: *const DevshareHandle) 
 pub unsafe extern "C" fn devshare_import_info(imp: *const DevshareImport, out: *mut DevshareImportInfo) -> i32 {
     boundary("devshare_import_info", || {
         let i = &ffi!(arg(imp, "import"))?.0;
-        let v = i.view();
-        let h = i.handle();
-        let info = DevshareImportInfo {
-            struct_size: 0,
-            data: v.data.cast(),
-            storage: v.storage.cast(),
-            base: v.base.cast(),
-            alloc_size: h.alloc_size,
-            storage_size: h.storage_size,
-            numel: i.validated().numel,
-            element_size: i.validated().element_size,
-            backend: h.backend,
-            read_only: u16::from(v.read_only),
-            device: v.device,
-            reserved: 0,
-        };
-        ffi!(write_output(out, info, "out"))
+        ffi!(write_output(out, info_of(i), "out"))
     })
+}
+
+/// What `devshare_import_info` reports of an import (`struct_size` is set on writing).
+pub(crate) fn info_of(i: &crate::import::Import) -> DevshareImportInfo {
+    let v = i.view();
+    let h = i.handle();
+    DevshareImportInfo {
+        struct_size: 0,
+        data: v.data.cast(),
+        storage: v.storage.cast(),
+        base: v.base.cast(),
+        alloc_size: h.alloc_size,
+        storage_size: h.storage_size,
+        numel: i.validated().numel,
+        element_size: i.validated().element_size,
+        backend: h.backend,
+        read_only: u16::from(v.read_only),
+        device: v.device,
+        reserved: 0,
+    }
 }
 
 /// A copy of the handle an import was made from (shape, strides, dtype ...).

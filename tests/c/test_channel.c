@@ -349,7 +349,19 @@ static RecvResult consume(DevshareConnection *conn, int n, int hold, int timeout
             last_seq = seq;
         }
         DevshareHandle h;
-        if (devshare_import_handle(imp, &h) == DEVSHARE_STATUS_OK) {
+        const int32_t hs = devshare_import_handle(imp, &h);
+        /* devshare_import_describe reports the same in one call (pool 0 for a lease). */
+        DevshareImportInfo info2;
+        DevshareHandle h2;
+        uint32_t dpool = 99, dslot = 99;
+        devshare_import_info_init(&info2, sizeof info2);
+        if (devshare_import_describe(imp, &info2, &h2, &dpool, &dslot) != DEVSHARE_STATUS_OK ||
+            info2.data != info.data || info2.storage_size != info.storage_size || info2.numel != info.numel ||
+            (ps == DEVSHARE_STATUS_OK ? dpool != pool || dslot != slot : dpool != 0 || dslot != 0) ||
+            (hs == DEVSHARE_STATUS_OK && memcmp(&h, &h2, sizeof h) != 0)) {
+            r.kind_bad++;
+        }
+        if (hs == DEVSHARE_STATUS_OK) {
             if (h.flags & DEVSHARE_HANDLE_FLAG_EVENT) {
                 r.events++;
                 r.waited += event_waits(h.event_handle) == 1;
@@ -941,6 +953,7 @@ static void test_bad_inputs(void) {
     EXPECT_ERROR(devshare_connection_recv(NULL, 0, &imp), "devshare_connection_recv", "NULL connection");
     uint32_t pid_ = 0, slot_ = 0;
     EXPECT_ERROR(devshare_import_pool_slot(NULL, &pid_, &slot_), "devshare_import_pool_slot", "NULL import");
+    EXPECT_ERROR(devshare_import_describe(NULL, NULL, NULL, &pid_, &slot_), "devshare_import_describe", "NULL import");
 
     DS_OK(devshare_pool_create(ch, exp, 4096, 4, &pool));
     uint32_t slot = 99;
