@@ -7,6 +7,9 @@
  *               (devshare_pool_send); the consumer takes it with devshare_connection_recv,
  *               touches it and gives it back with devshare_import_release; the producer's next
  *               devshare_pool_acquire gets it back.
+ *   user        the pool again, with the producer writing each item as a user does: its first
+ *               8 bytes (the item's sequence number) written after the acquire and before the
+ *               send, inside the timed region (bench/user_pays.py).
  *   lease       devshare_channel_send of one region of a sealed-memfd allocation per item (a
  *               leased reference); the producer waits for it with devshare_exporter_wait.
  *   handle      today's handle-per-item path: devshare_exporter_share_encoded on one of several
@@ -41,7 +44,8 @@
  * Usage:
  *   channel_handoff run [--count N] [--large-count N] [--sizes 4096,67108864]
  *                       [--slots N] [--large-slots N] [--cpus any|one|two] [--spin US]
- *                       [--methods pool,lease,handle,pipe-floor,socket-floor,pipe-copy,breakdown]
+ *                       [--methods pool,user,lease,handle,pipe-floor,socket-floor,pipe-copy,breakdown]
+ *                       [--consumer CMD]
  *   channel_handoff consume ADDRESS [--poll]
  *   channel_handoff syscalls [N]
  *
@@ -53,6 +57,10 @@
  * to one CPU: every handoff is a context switch) or two (pinned to two different CPUs: every
  * handoff wakes the other CPU). Where the scheduler puts them moves the figures by several
  * microseconds on a small machine, so comparisons are made within one placement.
+ *
+ * --consumer CMD runs the channel consumer of the pool, user and lease methods as
+ * `/bin/sh -c 'exec CMD "$@"' sh consume ADDRESS [--poll]` instead of this program (a consumer in
+ * another language that prints the same records, such as `bench/user_pays.py consume`).
  *
  * `consume` is the channel consumer (bench/channel_handoff.py also runs it behind a Python
  * producer): it connects to ADDRESS, takes items until the channel closes, then prints the
@@ -102,6 +110,8 @@ static char self_exe[4096];
 static const char *cpus_mode = "any";
 /* run --spin: how long both ends of the pool and lease methods spin before sleeping (µs). */
 static uint32_t spin_us = 0;
+/* run --consumer: the channel consumer's command (a shell word list), NULL for this program. */
+static const char *consumer_cmd = NULL;
 static int consumer_cpu = -1; /* "two": the CPU the consumer is pinned to before its exec */
 static volatile unsigned sink; /* what the consumers' touches read, so that no read is optimised away */
 
@@ -299,6 +309,14 @@ static Child spawn(const char *mode, const char *arg1, const char *arg2, int io)
             }
         }
         if ((io == PIPES && dup2(in[0], 0) < 0) || (io == SOCKET && dup2(out[1], 0) < 0) || dup2(out[1], 1) < 0) {
+            _exit(127);
+        }
+        if (consumer_cmd != NULL && strcmp(mode, "consume") == 0) {
+            char script[4200];
+            snprintf(script, sizeof script, "exec %s \"$@\"", consumer_cmd);
+            char *sh[] = {(char *)"/bin/sh", (char *)"-c", script, (char *)"sh", (char *)mode, (char *)arg1,
+                          (char *)arg2, NULL};
+            execv("/bin/sh", sh);
             _exit(127);
         }
         char *argv[] = {(char *)"channel_handoff", (char *)mode, (char *)arg1, (char *)arg2, NULL};
@@ -514,8 +532,18 @@ typedef struct {
     int warm, lat, tput;
 } Plan;
 
-/* pool: acquire, send; the consumer receives, touches, releases; acquire again. */
-static void run_pool(const Plan *pl, int breakdown) {
+/* The producer's write of item seq into a slot (user method): its first 8 bytes. */
+static void write_item(void *ptr, uint64_t size, int64_t seq) {
+    if (size >= sizeof seq) {
+        memcpy(ptr, &seq, sizeof seq);
+    } else {
+        memset(ptr, (int)seq, (size_t)size);
+    }
+}
+
+/* pool: acquire, send; the consumer receives, touches, releases; acquire again. write (the
+ * user method): the producer writes each item between its acquire and its send. */
+static void run_pool(const Plan *pl, int breakdown, int write) {
     char addr[128];
     make_address(addr, sizeof addr);
     DevshareChannel *ch = NULL;
@@ -534,20 +562,32 @@ static void run_pool(const Plan *pl, int breakdown) {
 
     uint32_t slot = 0;
     void *ptr = NULL;
-    for (int i = 0; i < pl->warm; i++) {
+    int64_t seq = 0;
+    for (int i = 0; i < pl->warm; i++, seq++) {
         OK(devshare_pool_acquire(pool, -1, &slot, &ptr));
+        if (write) {
+            write_item(ptr, pl->size, seq);
+        }
         OK(devshare_pool_send(pool, slot, peer, NULL));
     }
     /* Every slot back; all but one stay acquired, so that exactly one cycles. */
     uint32_t *held = xmalloc(pl->slots * sizeof *held);
+    void *held_ptr = NULL;
     for (uint32_t k = 0; k < pl->slots; k++) {
         OK(devshare_pool_acquire(pool, -1, &held[k], &ptr));
+        if (k == 0) {
+            held_ptr = ptr;
+        }
     }
     slot = held[0];
+    ptr = held_ptr;
     int64_t *t = xmalloc((size_t)pl->lat * 4 * sizeof *t);
     int64_t *t0 = t, *ts = t + pl->lat, *t1 = t + 2 * pl->lat, *t2 = t + 3 * pl->lat;
-    for (int i = 0; i < pl->lat; i++) {
+    for (int i = 0; i < pl->lat; i++, seq++) {
         t0[i] = now_ns();
+        if (write) {
+            write_item(ptr, pl->size, seq);
+        }
         OK(devshare_pool_send(pool, slot, peer, NULL));
         ts[i] = now_ns();
         OK(devshare_pool_acquire(pool, -1, &slot, &ptr));
@@ -558,8 +598,11 @@ static void run_pool(const Plan *pl, int breakdown) {
         OK(devshare_pool_release(pool, held[k]));
     }
     const int64_t start = now_ns();
-    for (int i = 0; i < pl->tput; i++) {
+    for (int i = 0; i < pl->tput; i++, seq++) {
         OK(devshare_pool_acquire(pool, -1, &slot, &ptr));
+        if (write) {
+            write_item(ptr, pl->size, seq);
+        }
         OK(devshare_pool_send(pool, slot, peer, NULL));
     }
     for (uint32_t k = 0; k < pl->slots; k++) {
@@ -582,7 +625,7 @@ static void run_pool(const Plan *pl, int breakdown) {
     if (breakdown) {
         report_breakdown("pool", pl->size, pl->lat, t0, ts, t2, rl);
     } else {
-        report("pool", pl->size, pl->lat, t0, t1, t2, pl->tput, start, last);
+        report(write ? "user" : "pool", pl->size, pl->lat, t0, t1, t2, pl->tput, start, last);
     }
     OK(devshare_exporter_close(exp, 0));
     free(r);
@@ -986,7 +1029,8 @@ static int syscalls(int n) {
 static int usage(void) {
     fprintf(stderr, "usage: channel_handoff run [--count N] [--large-count N] [--sizes 4096,67108864]\n"
                     "                           [--slots N] [--large-slots N] [--cpus any|one|two] [--spin US]\n"
-                    "                           [--methods pool,lease,handle,pipe-floor,socket-floor,pipe-copy,breakdown]\n"
+                    "                           [--methods pool,user,lease,handle,pipe-floor,socket-floor,pipe-copy,breakdown]\n"
+                    "                           [--consumer CMD]\n"
                     "       channel_handoff consume ADDRESS [--poll]\n"
                     "       channel_handoff syscalls [N]\n");
     return 2;
@@ -1046,6 +1090,8 @@ static int run(int argc, char **argv) {
             sizes = val;
         } else if (strcmp(opt, "--methods") == 0) {
             methods = val;
+        } else if (strcmp(opt, "--consumer") == 0) {
+            consumer_cmd = val;
         } else if (strcmp(opt, "--cpus") == 0) {
             cpus_mode = val;
         } else if (strcmp(opt, "--spin") == 0) {
@@ -1071,7 +1117,10 @@ static int run(int argc, char **argv) {
         pl.tput = pl.lat;
         pl.warm = 2 * (int)pl.slots;
         if (has_method(methods, "pool")) {
-            run_pool(&pl, 0);
+            run_pool(&pl, 0, 0);
+        }
+        if (has_method(methods, "user")) {
+            run_pool(&pl, 0, 1);
         }
         if (has_method(methods, "lease")) {
             run_lease(&pl, 0);
@@ -1089,7 +1138,7 @@ static int run(int argc, char **argv) {
             run_pipe_copy(&pl);
         }
         if (has_method(methods, "breakdown")) {
-            run_pool(&pl, 1);
+            run_pool(&pl, 1, 0);
             run_lease(&pl, 1);
         }
     }
