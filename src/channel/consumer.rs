@@ -507,9 +507,15 @@ impl Connection {
             return;
         }
         if !self.shared.closed.swap(true, Ordering::AcqRel) {
-            let _ = rustix::net::shutdown(&self.shared.fd, rustix::net::Shutdown::Both);
+            // Wake a receive blocked in another thread (it holds the state) without telling the
+            // producer yet; unmap the pools no item holds; only then hang up, so that a producer
+            // that frees its memory once this consumer is gone never frees it under a mapping.
+            let _ = rustix::net::shutdown(&self.shared.fd, rustix::net::Shutdown::Read);
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             st.pools.clear();
+            st.ready.clear();
+            drop(st);
+            let _ = rustix::net::shutdown(&self.shared.fd, rustix::net::Shutdown::Both);
         }
     }
 }

@@ -255,6 +255,15 @@ def test_ctypes_call_sites_are_all_audited():
         "devshare_last_error": "buffer and its length",
         "devshare_last_vendor_error": "no arguments",
         "devshare_torch_discard": "struct from new_struct",
+        # The per-item channel calls (pointers and ctypes objects made and checked once).
+        "devshare_pool_acquire": "pointer, the constant forever timeout, ctypes outputs",
+        "devshare_pool_send": "pointer and ctypes integers checked when made (slot, peer, desc)",
+        "devshare_connection_recv": "pointer, the constant forever timeout, a ctypes output",
+        "devshare_import_give_back": "pointer",
+        "devshare_import_describe": "pointer and ctypes outputs",
+        "devshare_import_pool_slot": "pointer and ctypes outputs",
+        "devshare_import_info": "pointer and a ctypes output",
+        "devshare_import_handle": "pointer and a ctypes output",
     }
     pkg = pathlib.Path(devshare.__file__).parent
     direct = set()
