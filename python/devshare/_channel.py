@@ -99,6 +99,7 @@ from ._registry import (
     collect_except,
     device_adoption,
     host_nbytes,
+    sweep_device_adoptions,
     tensor_desc,
 )
 from ._views import array_extent, is_ndarray, is_torch_tensor
@@ -601,7 +602,7 @@ class Channel(_Owned):
             _timed(lambda ms: _call(lib.devshare_channel_service, ptr, ms), timeout)
         finally:
             self._exit()
-        collect_except(keep=None, force=True)
+        sweep_device_adoptions()  # device storages whose leases came back
 
     def wait_peers(self, n: int = 1, timeout=None) -> list[int]:
         """Serve the channel until at least ``n`` consumers are connected; return the connected

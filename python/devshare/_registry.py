@@ -409,6 +409,15 @@ def _sweep_devices(keep, force: bool) -> int:
     return closed
 
 
+def sweep_device_adoptions() -> int:
+    """Close the adopted device exports whose leases all came back (what a channel's service
+    does after taking returns); nothing to do, and no lock taken, when there are none."""
+    if not _device_adopted:
+        return 0
+    with registry_lock:
+        return _sweep_devices(None, True)
+
+
 @atexit.register
 def close_all() -> None:
     """At exit, close every adopted export: its ref-counter name goes away with the last holder

@@ -17,6 +17,7 @@ Every device test asserts that the stand-ins recorded no broken rule.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -281,6 +282,21 @@ def _sums(p, n, tag="ITEM") -> list[float]:
     return out
 
 
+def _kill(*procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+
+
+@contextlib.contextmanager
+def _reaped(*procs):
+    """Kill whichever of ``procs`` still runs when the block ends (a failed check included)."""
+    try:
+        yield
+    finally:
+        _kill(*procs)
+
+
 def _finish(p, timeout=30):
     try:
         out, err = p.communicate(timeout=timeout)
@@ -294,16 +310,12 @@ def _finish(p, timeout=30):
 def test_cpu_tensors_arrive_zero_copy_and_their_leases_come_back(env, consumer):
     prod, address, expect = _producer(env, "cpu")
     cons = _consumer(env, consumer, address, 3)
-    try:
+    with _reaped(cons, prod):
         assert _sums(cons, 3) == pytest.approx(expect)
         rc, _, err = _finish(cons)
         assert rc == 0, err
         assert _line(prod, "RETURNED") == "0"
         assert _finish(prod)[0] == 0
-    finally:
-        for p in (cons, prod):
-            if p.poll() is None:
-                p.kill()
 
 
 @pytest.mark.parametrize("kind", ["cuda_c", "cuda_e", "acl_c", "acl_e"])
@@ -313,16 +325,12 @@ def test_device_storages_reach_c_and_cpp_consumers_and_pytorchs_references_retur
     ordinary import; once all are released the producer returns both PyTorch references."""
     prod, address, expect = _producer(env, kind)
     cons = _consumer(env, consumer, address, 3)
-    try:
+    with _reaped(cons, prod):
         assert _sums(cons, 3) == pytest.approx(expect)
         rc, _, err = _finish(cons)
         assert rc == 0, err
         assert _line(prod, "RETURNED") == "0"
         assert _finish(prod)[0] == 0
-    finally:
-        for p in (cons, prod):
-            if p.poll() is None:
-                p.kill()
 
 
 @pytest.mark.parametrize("kind", ["cuda_c", "cuda_e"])
@@ -333,31 +341,23 @@ def test_a_consumer_stream_waits_for_the_events_instead_of_recv(env, kind, tmp_p
     on an unknown stream: the stream really is what waits."""
     prod, address, expect = _producer(env, kind)
     cons = _consumer(env, "c", address, 3, "stream")
-    try:
+    with _reaped(cons, prod):
         assert _sums(cons, 3) == pytest.approx(expect)
         rc, _, err = _finish(cons)
         assert rc == 0, err
         assert _line(prod, "RETURNED") == "0"
         assert _finish(prod)[0] == 0
-    finally:
-        for p in (cons, prod):
-            if p.poll() is None:
-                p.kill()
     bad_log = tmp_path / "bad-stream.log"
     bad_env = dict(env, DEVSHARE_STANDIN_LOG=str(bad_log))
     prod, address, expect = _producer(bad_env, kind)
     cons = _consumer(bad_env, "c", address, 3, "badstream")
-    try:
+    with _reaped(cons, prod):
         failed = _line(cons, "RECV_FAILED")
         assert "cuStreamWaitEvent" in failed, failed
         assert "unknown or destroyed stream 0x1000" in bad_log.read_text()
         _finish(cons)
         assert _line(prod, "RETURNED") == "0"  # the refused item's lease came back
         assert _finish(prod)[0] == 0
-    finally:
-        for p in (cons, prod):
-            if p.poll() is None:
-                p.kill()
 
 
 def test_segmented_cuda_storages_need_no_ptrace(env):
@@ -365,34 +365,26 @@ def test_segmented_cuda_storages_need_no_ptrace(env):
     producer is refused, yet every expandable-segment item imports (its fds came with it)."""
     prod, address, expect = _producer(env, "cuda_e")
     cons = _consumer(env, "c", address, 3, "noptrace")
-    try:
+    with _reaped(cons, prod):
         assert _line(cons, "PTRACE_DENIED") == ""
         assert _sums(cons, 3) == pytest.approx(expect)
         rc, _, err = _finish(cons)
         assert rc == 0, err
         assert _line(prod, "RETURNED") == "0"
         assert _finish(prod)[0] == 0
-    finally:
-        for p in (cons, prod):
-            if p.poll() is None:
-                p.kill()
 
 
 @pytest.mark.parametrize("kind", ["cpu", "cuda_c", "cuda_e"])
 def test_a_consumer_killed_while_holding_gives_every_storage_back(env, kind):
     prod, address, expect = _producer(env, kind)
     cons = _consumer(env, "c", address, 3, "hold")
-    try:
+    with _reaped(cons, prod):
         assert _sums(cons, 3) == pytest.approx(expect)
         _line(cons, "HOLDING")
         cons.send_signal(signal.SIGKILL)
         cons.wait(10)
         assert _line(prod, "RETURNED") == "0"
         assert _finish(prod)[0] == 0
-    finally:
-        for p in (cons, prod):
-            if p.poll() is None:
-                p.kill()
 
 
 @pytest.mark.parametrize("kind, consumer", [("cpu", "c"), ("cpu", "python"), ("cuda_c", "c"),
@@ -417,9 +409,7 @@ def test_a_killed_producer_closes_and_what_consumers_hold_stays_readable(env, ki
         rc, _, err = _finish(cons)
         assert rc == 0, err
     finally:
-        for p in (cons, prod):
-            if p.poll() is None:
-                p.kill()
+        _kill(cons, prod)
         _remove_shm_of(prod.pid)
 
 
@@ -436,7 +426,7 @@ def test_an_event_outlives_the_producers_references(env):
     waited on, as a broken rule)."""
     prod, address, expect = _producer(env, "cuda_c")
     cons = _consumer(env, "c", address, 3, "hold")
-    try:
+    with _reaped(cons, prod):
         _line(cons, "CONNECTED")
         _line(prod, "SENT")
         time.sleep(0.3)  # the producer's references are gone; the leases hold the events
@@ -446,7 +436,3 @@ def test_an_event_outlives_the_producers_references(env):
         cons.wait(10)
         assert _line(prod, "RETURNED") == "0"
         assert _finish(prod)[0] == 0
-    finally:
-        for p in (cons, prod):
-            if p.poll() is None:
-                p.kill()
