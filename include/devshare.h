@@ -926,8 +926,9 @@ int32_t devshare_channel_connect(const char *address_,
                                  int32_t timeout_ms,
                                  struct DevshareConnection **out);
 
-// The connection's socket, to poll (for reading) in your event loop: readable when an item or
-// the producer's close arrives. -1 for NULL.
+// The descriptor to poll (for reading) in your event loop — an epoll set of the connection's
+// socket and its ring's wake-up: readable when an item or the producer's close arrives, and
+// again after a receive that left another item waiting. Do not read or close it. -1 for NULL.
 int32_t devshare_connection_fd(const struct DevshareConnection *conn);
 
 // This consumer's peer id at the producer (what the producer's `devshare_channel_peer_ids`

@@ -402,7 +402,7 @@ impl Exporter {
             device_index: self.alloc.device_index(),
             device_uuid: self.alloc.device_uuid(),
             host_id: crate::hostid::host_id(),
-            producer_pid: std::process::id() as i32,
+            producer_pid: crate::fork::pid(),
             ndim: desc.shape.len() as u32,
             alloc_size: self.alloc.size(),
             storage_offset: win_offset + desc.storage_offset,

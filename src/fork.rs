@@ -28,6 +28,8 @@ pub(crate) trait ForkHook: Sync {
 }
 
 static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// This process's pid, once asked (0: not yet, or a forked child that has not asked).
+static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 /// Most hooks (the crate registers one); a fixed table, so that the library holds no heap
 /// memory it never frees.
 const MAX_HOOKS: usize = 4;
@@ -54,6 +56,20 @@ pub(crate) fn generation() -> u64 {
         assert_eq!(rc, 0, "pthread_atfork failed");
     });
     GENERATION.load(Ordering::SeqCst)
+}
+
+/// This process's pid (`getpid()`), asked once per process: the fork handlers forget it in a
+/// child (it is asked on the hot path of every share).
+pub(crate) fn pid() -> i32 {
+    generation(); // the handlers are installed before a pid is kept
+    match PID.load(Ordering::Relaxed) {
+        0 => {
+            let pid = std::process::id() as i32;
+            PID.store(pid, Ordering::Relaxed);
+            pid
+        }
+        pid => pid,
+    }
 }
 
 /// Run `hook` around every later `fork` of this process.
@@ -84,6 +100,7 @@ extern "C" fn fork_parent() {
 }
 
 extern "C" fn fork_child() {
+    PID.store(0, Ordering::SeqCst);
     GENERATION.fetch_add(1, Ordering::SeqCst);
     if let Some(hooks) = HELD.with(|held| held.borrow_mut().take()) {
         for h in hooks.iter().rev().flatten() {

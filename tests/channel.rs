@@ -669,3 +669,310 @@ fn a_receive_without_a_time_limit_waits_in_the_kernel_and_close_wakes_it() {
     assert_eq!(waiting.join().unwrap(), Status::Closed);
     exp.wait(T).unwrap();
 }
+
+// --- The shared-memory ring ---------------------------------------------------------------------
+
+#[test]
+fn pool_items_through_the_ring_and_leases_over_the_socket_arrive_in_the_order_they_were_sent() {
+    let addr = address("ring-order");
+    let ch = Channel::listen(&addr).unwrap();
+    let c = std::thread::scope(|s| {
+        let c = s.spawn(|| Connection::connect(&addr, T).unwrap());
+        ch.wait_peers(1, T).unwrap();
+        c.join().unwrap()
+    });
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Arc::new(Exporter::channel_host_alloc(8 * 1024).unwrap());
+    let pool = ch.pool(exp.clone(), 1024, 8).unwrap();
+    let leased = Exporter::channel_host_alloc(4096).unwrap();
+    // item, item, lease, item, lease, item: the items go through the ring, the leases and the
+    // pool's attachment over the socket.
+    let mut want = Vec::new();
+    for step in 0..6u64 {
+        if step == 2 || step == 4 {
+            ch.send(peer, &leased, &TensorDesc { shape: &[8], storage_offset: 8 * step, ..Default::default() })
+                .unwrap();
+            want.push(format!("lease {}", 8 * step));
+        } else {
+            let (slot, ptr) = pool.acquire(T).unwrap();
+            unsafe { *ptr = step as u8 };
+            pool.send(slot, peer, &TensorDesc { shape: &[16], ..Default::default() }).unwrap();
+            want.push(format!("item {step}"));
+        }
+    }
+    let mut got = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        let imp = c.recv(T).unwrap();
+        let v = imp.view();
+        got.push(match imp.pool_slot() {
+            Some(_) => format!("item {}", unsafe { *(v.data as *const u8) }),
+            None => format!("lease {}", v.data as usize - v.base as usize),
+        });
+        held.push(imp);
+    }
+    assert_eq!(got, want);
+    drop(held);
+    assert!(serve_until(&ch, || pool.info().unwrap().2 == 8), "every slot came back (through the ring)");
+    let _ = exp;
+    assert_eq!(leased.outstanding().unwrap(), 0);
+}
+
+/// Serve `ch` until `done` holds (at most 10 s).
+fn serve_until(ch: &Channel, done: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+    }
+    true
+}
+
+// The ring's layout (src/channel/ring.rs): header words, then 1024 item records of 256 bytes,
+// then 1024 returns of 8 bytes.
+const RING_CAPACITY: usize = 1024;
+const RING_SIZE: usize = 4096 + RING_CAPACITY * (256 + 8);
+const ITEM_TAIL: usize = 64;
+const ITEM_HEAD: usize = 128;
+const RET_TAIL: usize = 256;
+const RET_HEAD: usize = 320;
+
+/// A ring's memory mapped in this process, to play the other side by hand.
+struct RawRing(*mut u8);
+
+impl RawRing {
+    fn map(fd: BorrowedFd<'_>) -> RawRing {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a shared mapping of a file at least RING_SIZE bytes large.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                RING_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        RawRing(p.cast())
+    }
+
+    fn word(&self, offset: usize) -> &std::sync::atomic::AtomicU64 {
+        // SAFETY: 8-aligned, inside the mapping (which lives as long as the test).
+        unsafe { &*self.0.add(offset).cast() }
+    }
+
+    fn ret(&self, index: usize) -> &std::sync::atomic::AtomicU64 {
+        self.word(4096 + RING_CAPACITY * 256 + (index % RING_CAPACITY) * 8)
+    }
+
+    /// Write item record `index`: the socket messages before it, and an ITEM message.
+    fn put_item(&self, index: usize, socket_messages: u64, item: &[u8], len: u64) {
+        let rec = 4096 + (index % RING_CAPACITY) * 256;
+        self.word(rec).store(socket_messages, Ordering::Relaxed);
+        self.word(rec + 8).store(len, Ordering::Relaxed);
+        for (i, chunk) in item.chunks(8).enumerate() {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.word(rec + 16 + 8 * i).store(u64::from_le_bytes(w), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Receive one message on a raw socket with its descriptors.
+fn recv_with_fds(fd: BorrowedFd<'_>) -> (Vec<u8>, Vec<OwnedFd>) {
+    let mut buf = vec![0u8; 1 << 17];
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(8))];
+    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let m = rustix::net::recvmsg(fd, &mut iov, &mut control, rustix::net::RecvFlags::CMSG_CLOEXEC).unwrap();
+    let mut fds = Vec::new();
+    for a in control.drain() {
+        if let rustix::net::RecvAncillaryMessage::ScmRights(r) = a {
+            fds.extend(r);
+        }
+    }
+    buf.truncate(m.bytes);
+    (buf, fds)
+}
+
+fn wake(fd: &OwnedFd) {
+    rustix::io::write(fd, &1u64.to_ne_bytes()).unwrap();
+}
+
+#[test]
+fn a_hostile_consumer_writing_into_its_ring_cannot_free_a_slot_twice_or_crash_the_producer() {
+    let addr = address("ring-hostile-consumer");
+    let ch = Channel::listen(&addr).unwrap();
+    let raw = seqpacket();
+    let name = addr.strip_prefix('@').unwrap();
+    rustix::net::connect(&raw, &rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap()).unwrap();
+    let features: u16 = 1 | 2; // several shares per message, and the ring
+    let hello = le(&[
+        &1u32.to_le_bytes(),
+        &MAGIC.to_le_bytes(),
+        &1u16.to_le_bytes(),
+        &features.to_le_bytes(),
+        &(std::process::id() as i32).to_le_bytes(),
+    ]);
+    send_raw(raw.as_fd(), &hello, &[]);
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let _welcome = recv_raw(raw.as_fd());
+    let exp = Arc::new(Exporter::channel_host_alloc(4096 * 4).unwrap());
+    let pool = ch.pool(exp.clone(), 4096, 4).unwrap();
+    let (sent, _) = pool.acquire(T).unwrap();
+    pool.send(sent, peer, &TensorDesc { shape: &[4096], ..Default::default() }).unwrap();
+    let (held, _) = pool.acquire(T).unwrap(); // the producer's own
+    let (attach, fds) = recv_with_fds(raw.as_fd());
+    assert_eq!((u32::from_le_bytes(attach[..4].try_into().unwrap()), fds.len()), (6, 1), "ATTACH first");
+    let (ring_msg, fds) = recv_with_fds(raw.as_fd());
+    assert_eq!(&ring_msg[..], &le(&[&12u32.to_le_bytes(), &1024u32.to_le_bytes(), &256u32.to_le_bytes()])[..]);
+    assert_eq!(fds.len(), 3, "RING carries its memory and two eventfds");
+    let ring = RawRing::map(fds[0].as_fd());
+    let p_efd = &fds[2];
+    assert_eq!(ring.word(ITEM_TAIL).load(Ordering::SeqCst), 1, "the item travelled in the ring");
+    assert_eq!(ring.word(4096).load(Ordering::SeqCst), 2, "after two socket messages (ATTACH, RING)");
+    ring.word(ITEM_HEAD).store(1, Ordering::SeqCst);
+    assert_eq!(pool.info().unwrap().2, 2);
+
+    // Returns of a slot the producer holds, of no such slot, of a closed pool's slot, of the
+    // sent slot twice: one slot comes back, three protocol errors, nothing freed twice.
+    let put = |i: usize, pool: u32, slot: u32| {
+        ring.ret(i).store(u64::from(pool) | (u64::from(slot) << 32), Ordering::Relaxed)
+    };
+    put(0, 1, held);
+    put(1, 1, 99);
+    put(2, 77, 0);
+    put(3, 1, sent);
+    put(4, 1, sent);
+    ring.word(RET_TAIL).store(5, Ordering::SeqCst);
+    wake(p_efd);
+    assert!(serve_until(&ch, || ch.peer_info(peer).unwrap().protocol_errors == 3));
+    assert_eq!(pool.info().unwrap().2, 3, "the sent slot came back once");
+    assert_eq!(ring.word(RET_HEAD).load(Ordering::SeqCst), 5, "the producer took the five records");
+    pool.release(held).expect("its own slot is still acquired, and released once");
+
+    // A return tail more than a ring ahead of what the producer read: the peer has broken its
+    // ring and is disconnected; its slot comes back.
+    let (again, _) = pool.acquire(T).unwrap();
+    pool.send(again, peer, &TensorDesc { shape: &[16], ..Default::default() }).unwrap();
+    ring.word(RET_TAIL).store(5 + RING_CAPACITY as u64 + 1, Ordering::SeqCst);
+    wake(p_efd);
+    assert!(serve_until(&ch, || ch.peer_ids().unwrap().is_empty()), "the peer is disconnected");
+    assert_eq!(pool.info().unwrap().2, 4, "every slot is free again, none twice");
+    assert!(recv_raw(raw.as_fd()).is_empty() || recv_raw(raw.as_fd()).is_empty(), "the socket hangs up");
+}
+
+#[test]
+fn a_hostile_producer_writing_into_the_ring_gets_refused_records_not_a_crash() {
+    let (addr, l) = fake_producer("ring-hostile-producer");
+    let server = std::thread::spawn(move || FakeProducer::accept(&l));
+    let c = Connection::connect(&addr, T).unwrap();
+    let p = server.join().unwrap();
+    let pool_fd = sealed_memfd(4 * 4096);
+    p.send(&attach_msg(1, 4096, 4, &memfd_handle(4 * 4096, 4 * 4096)), &[pool_fd.as_fd()]);
+    let mem = sealed_memfd(RING_SIZE as u64);
+    let ring = RawRing::map(mem.as_fd());
+    ring.word(0).store(u64::from_le_bytes(*b"DSRING01"), Ordering::SeqCst);
+    let efd = || rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+    let (c_efd, p_efd) = (efd(), efd());
+    let ring_msg = le(&[&12u32.to_le_bytes(), &1024u32.to_le_bytes(), &256u32.to_le_bytes()]);
+    // A ring of another record size, or without its eventfds, is refused.
+    p.send(
+        &le(&[&12u32.to_le_bytes(), &1024u32.to_le_bytes(), &512u32.to_le_bytes()]),
+        &[mem.as_fd(), c_efd.as_fd(), p_efd.as_fd()],
+    );
+    assert_eq!(status(c.recv(Some(Duration::from_millis(500)))), Status::Untrusted, "another record size");
+    p.send(&ring_msg, &[mem.as_fd()]);
+    assert_eq!(status(c.recv(Some(Duration::from_millis(500)))), Status::Untrusted, "one descriptor");
+    p.send(&ring_msg, &[mem.as_fd(), c_efd.as_fd(), p_efd.as_fd()]);
+    let sent_before = 4; // ATTACH and the three RING messages
+    assert_eq!(status(c.recv(Some(Duration::from_millis(200)))), Status::Timeout);
+
+    // A good item, an item outside the pool, then an item that waits for a socket message.
+    ring.put_item(0, sent_before, &item_msg(1, 1, 0, 64), item_msg(1, 1, 0, 64).len() as u64);
+    ring.put_item(1, sent_before, &item_msg(1, 9, 0, 64), item_msg(1, 9, 0, 64).len() as u64);
+    ring.put_item(2, sent_before + 1, &item_msg(1, 2, 0, 64), item_msg(1, 2, 0, 64).len() as u64);
+    ring.word(ITEM_TAIL).store(3, Ordering::SeqCst);
+    wake(&c_efd);
+    let good = c.recv(T).unwrap();
+    assert_eq!(good.pool_slot(), Some((1, 1)));
+    assert_eq!(status(c.recv(T)), Status::Untrusted, "slot 9 of 4");
+    assert_eq!(
+        status(c.recv(Some(Duration::from_millis(300)))),
+        Status::Timeout,
+        "the next record waits for its socket message"
+    );
+    let lease_mem = sealed_memfd(4096);
+    p.send(&share_msg(1, &memfd_handle(4096, 4096)), &[lease_mem.as_fd()]);
+    let first = c.recv(T).unwrap();
+    assert_eq!(first.pool_slot(), None, "the socket message sent before the record comes first");
+    let second = c.recv(T).unwrap();
+    assert_eq!(second.pool_slot(), Some((1, 2)));
+    assert_eq!(ring.word(ITEM_HEAD).load(Ordering::SeqCst), 3, "the consumer published its head");
+
+    // Releasing a ring item returns it through the ring.
+    good.release();
+    assert_eq!(ring.word(RET_TAIL).load(Ordering::SeqCst), 1);
+    assert_eq!(ring.ret(0).load(Ordering::SeqCst), 1 | (1 << 32));
+
+    // A record longer than a record: refused, not read past its end; the ring is broken and
+    // the connection ends (imports stay valid).
+    ring.put_item(3, 0, b"", 1 << 40);
+    ring.word(ITEM_TAIL).store(4, Ordering::SeqCst);
+    wake(&c_efd);
+    assert_eq!(status(c.recv(T)), Status::Untrusted, "a record of 2^40 bytes");
+    assert_eq!(status(c.recv(T)), Status::Closed, "a broken ring ends the connection");
+    assert_eq!(unsafe { *(second.view().data as *const u8) }, 0, "held imports stay readable");
+    drop(first);
+    drop(second);
+    drop(p);
+}
+
+#[test]
+fn the_connection_descriptor_stays_readable_while_ring_items_wait() {
+    let addr = address("ring-level");
+    let ch = Channel::listen(&addr).unwrap();
+    let c = std::thread::scope(|s| {
+        let c = s.spawn(|| Connection::connect(&addr, T).unwrap());
+        ch.wait_peers(1, T).unwrap();
+        c.join().unwrap()
+    });
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Arc::new(Exporter::channel_host_alloc(8 * 1024).unwrap());
+    let pool = ch.pool(exp, 1024, 8).unwrap();
+    let readable = |ms: i32| {
+        let fd = c.fd();
+        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+        let ts = rustix::event::Timespec { tv_sec: i64::from(ms / 1000), tv_nsec: i64::from(ms % 1000) * 1_000_000 };
+        rustix::event::poll(&mut fds, Some(&ts)).unwrap() == 1
+    };
+    assert!(!readable(0), "nothing sent yet");
+    // One item first: the ring exists from here on.
+    let (slot, _) = pool.acquire(T).unwrap();
+    pool.send(slot, peer, &TensorDesc { shape: &[16], ..Default::default() }).unwrap();
+    c.recv(T).unwrap().release();
+    let mut held = Vec::new();
+    std::thread::scope(|s| {
+        // The consumer sleeps in a receive (its wait takes the wake-ups) while three items come.
+        let first = s.spawn(|| c.recv(T).unwrap());
+        std::thread::sleep(Duration::from_millis(100));
+        for _ in 0..3 {
+            let (slot, _) = pool.acquire(T).unwrap();
+            pool.send(slot, peer, &TensorDesc { shape: &[16], ..Default::default() }).unwrap();
+        }
+        held.push(first.join().unwrap());
+    });
+    // An event loop that takes one item per readable event still sees each of the others.
+    for i in 0..2 {
+        assert!(readable(1000), "item {} of 3 waits: the descriptor is readable", i + 2);
+        held.push(c.recv(Some(Duration::ZERO)).unwrap());
+    }
+    assert!(!readable(100) || status(c.recv(Some(Duration::ZERO))) == Status::Timeout, "at most a spurious wake-up");
+    assert!(!readable(100), "nothing waits: not readable");
+    assert_eq!(held.len(), 3);
+}

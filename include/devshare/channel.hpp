@@ -242,7 +242,7 @@ public:
     // Give up ownership: the caller must devshare_connection_close the result. Leaves this empty.
     [[nodiscard]] DevshareConnection* release() noexcept { return conn_.release(); }
 
-    // The socket to poll for reading in your event loop (-1 when empty).
+    // The descriptor to poll for reading in your event loop (-1 when empty).
     [[nodiscard]] int fd() const noexcept { return devshare_connection_fd(get()); }
     // This consumer's id at the producer (what its Channel::peers() lists for it) and the
     // producer's pid as it reported it (devshare_connection_info).

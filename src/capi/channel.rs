@@ -548,8 +548,9 @@ pub unsafe extern "C" fn devshare_channel_connect(
     })
 }
 
-/// The connection's socket, to poll (for reading) in your event loop: readable when an item or
-/// the producer's close arrives. -1 for NULL.
+/// The descriptor to poll (for reading) in your event loop — an epoll set of the connection's
+/// socket and its ring's wake-up: readable when an item or the producer's close arrives, and
+/// again after a receive that left another item waiting. Do not read or close it. -1 for NULL.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_connection_fd(conn: *const DevshareConnection) -> i32 {
     boundary_value("devshare_connection_fd", -1, || match ffi!(conn.as_ref()) {

@@ -1,12 +1,13 @@
 //! The consumer end of a channel: the connection, what arrives on it, and the leases that go back.
 
+use super::ring::{ConsumerRing, ItemRecord};
 use super::wire::{self, Message, Received};
 use crate::backend::ImportRequest;
 use crate::error::{Error, Result};
 use crate::handle::encode::decode_full;
 use crate::import::{import_attached, Attached, Import, Lease};
 use rustc_hash::FxHashMap;
-use rustix::event::PollFlags;
+use rustix::event::{epoll, PollFd, PollFlags};
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,11 +23,24 @@ pub(crate) struct ConnShared {
     /// Messages (releases, returns, detaches) the producer's socket had no room for: sent, in
     /// order, before any later one and by every receive, never dropped while connected.
     backlog: Mutex<std::collections::VecDeque<Vec<u8>>>,
+    /// The shared-memory ring pool items and returns travel in, once the producer sent one.
+    ring: std::sync::OnceLock<ConsumerRing>,
 }
 
 impl ConnShared {
     fn speaks(&self) -> bool {
         self.generation == crate::fork::generation() && !self.closed.load(Ordering::Acquire)
+    }
+
+    /// Give a pool slot back: through the ring when there is one with room, else a `RETURN`.
+    fn give_back_slot(&self, pool: u32, slot: u32) {
+        if !self.speaks() {
+            return;
+        }
+        if self.ring.get().is_some_and(|r| r.push_return(pool, slot)) {
+            return;
+        }
+        self.tell(Message::Return { pool, slot });
     }
 
     /// Send a consumer message. When the producer has not read its socket for the send
@@ -123,7 +137,7 @@ struct SlotToken {
 impl Lease for SlotToken {
     fn give_back(&self) {
         if !self.given.swap(true, Ordering::AcqRel) {
-            self.conn.tell(Message::Return { pool: self.pool, slot: self.slot });
+            self.conn.give_back_slot(self.pool, self.slot);
         }
     }
 
@@ -150,13 +164,26 @@ struct State {
     fds: Vec<OwnedFd>,
     pools: FxHashMap<u32, AttachedPool>,
     eof: bool,
-    /// Imports of a several-share message not handed out yet, in order.
+    /// Imports received but not handed out yet (a several-share message's, the ring records
+    /// that preceded a socket message), in order.
     ready: std::collections::VecDeque<Import>,
+    /// Socket messages received since the handshake (ring records wait for theirs).
+    seen: u64,
+    /// The ring's head (this consumer's own copy; the ring's is only published).
+    head: u64,
+    /// The epoll set was waited on (its edge-triggered wake-ups taken) since this consumer last
+    /// woke itself: leaving an item waiting then needs a wake-up of its own.
+    harvested: bool,
+    /// The producer broke the ring (an impossible index or record): it is not read again.
+    broken: bool,
 }
 
 /// The consumer end of a channel.
 pub struct Connection {
     shared: Arc<ConnShared>,
+    /// What a caller's event loop polls, and receives sleep on: the socket (level-triggered) and
+    /// the ring's wake-up eventfd (edge-triggered, once there is a ring).
+    epoll: OwnedFd,
     state: Mutex<State>,
     peer_id: u64,
     producer_pid: i32,
@@ -212,7 +239,8 @@ impl Connection {
                 cred.uid.as_raw()
             )));
         }
-        let hello = Message::Hello { magic: wire::MAGIC, version: wire::VERSION, features: wire::FEATURE_SHARES, tgid };
+        let features = wire::FEATURE_SHARES | wire::FEATURE_RING;
+        let hello = Message::Hello { magic: wire::MAGIC, version: wire::VERSION, features, tgid };
         match wire::send(fd.as_fd(), &hello.encode(), &[]) {
             // A producer that refused us at once has closed already: its reason is queued.
             Ok(()) | Err(Error::Closed(_)) => {}
@@ -240,15 +268,18 @@ impl Connection {
                                     wire::VERSION
                                 )));
                             }
-                            // From here on the socket blocks: a receive without a time limit
-                            // waits in recvmsg itself. Every other call passes MSG_DONTWAIT.
-                            rustix::io::ioctl_fionbio(&fd, false).map_err(|e| wire::os("ioctl(FIONBIO)", e))?;
+                            let ep =
+                                epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| wire::os("epoll_create", e))?;
+                            epoll::add(&ep, &fd, epoll::EventData::new_u64(0), epoll::EventFlags::IN)
+                                .map_err(|e| wire::os("epoll_ctl", e))?;
                             return Ok(Connection {
+                                epoll: ep,
                                 shared: Arc::new(ConnShared {
                                     fd,
                                     generation: crate::fork::generation(),
                                     closed: Default::default(),
                                     backlog: Default::default(),
+                                    ring: Default::default(),
                                 }),
                                 state: Mutex::new(State {
                                     buf,
@@ -256,6 +287,10 @@ impl Connection {
                                     pools: FxHashMap::default(),
                                     eof: false,
                                     ready: Default::default(),
+                                    seen: 0,
+                                    head: 0,
+                                    harvested: false,
+                                    broken: false,
                                 }),
                                 peer_id,
                                 producer_pid,
@@ -285,9 +320,11 @@ impl Connection {
         }
     }
 
-    /// The socket, for a caller's event loop: readable when an item or the close arrives.
+    /// The descriptor a caller's event loop polls for reading (an epoll set of the socket and
+    /// the ring's wake-up): readable when an item or the close arrives, and while an item that
+    /// a receive left waiting is there.
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.shared.fd.as_fd()
+        self.epoll.as_fd()
     }
 
     /// This consumer's id at the producer.
@@ -344,48 +381,193 @@ impl Connection {
         let deadline = timeout.map(|t| Instant::now() + t);
         let spin = self.spin_ns.load(Ordering::Relaxed);
         let spin_until = (spin > 0).then(|| Instant::now() + Duration::from_nanos(spin));
+        let mut spins = 0u32;
+        // Whether the socket may have a message. With a ring, items need no socket read: the
+        // socket is read when the epoll set says so (or a ring record waits for its messages).
+        let mut socket = self.shared.ring.get().is_none();
+        let mut looked = false;
         loop {
             // Releases the producer's socket had no room for go first; while some still wait,
             // the wait below also wakes when there is room.
             let backlog = self.shared.flush();
-            {
+            let left = {
                 let mut st = self.state()?;
-                if let Some(imp) = st.ready.pop_front() {
+                // Spinning (opt-in): look again without sleeping until the spin (or the
+                // timeout) is over; the ring on every turn, the socket on every 64th.
+                let now = spin_until.map(|_| Instant::now());
+                let spinning =
+                    spin_until.zip(now).is_some_and(|(u, n)| n < u) && deadline.zip(now).map_or(true, |(d, n)| n < d);
+                socket |= spinning && spins % 64 == 0;
+                spins = spins.wrapping_add(1);
+                let took = self.pump(&mut st, socket);
+                socket = self.shared.ring.get().is_none();
+                if let Some(imp) = took? {
+                    self.leave(&mut st);
                     return Ok(imp);
                 }
                 if st.eof {
                     return Err(Error::Closed("the producer closed the channel or exited".into()));
                 }
+                if spinning {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                // About to sleep or to report that nothing came: the producer's next item
+                // wakes the epoll set; one that came meanwhile is taken now.
+                if let Some(r) = self.shared.ring.get() {
+                    r.arm();
+                    if self.takeable(&st, r)? {
+                        continue;
+                    }
+                }
+                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                if left.is_some_and(|l| l.is_zero()) && (looked || self.shared.ring.get().is_none()) {
+                    return Err(Error::Timeout("nothing arrived on the channel".into()));
+                }
+                st.harvested = true;
+                left
+            };
+            // Out of time: one look (without waiting) at what the socket has.
+            looked = left.is_some_and(|l| l.is_zero());
+            match self.sleep(backlog, left)? {
+                None => return Err(Error::Timeout("nothing arrived on the channel".into())),
+                Some(s) => socket = s,
+            }
+        }
+    }
+
+    /// Wait until the epoll set (or, with a backlog, room in the socket) is ready, at most
+    /// `left`: `None` when the time ran out, else whether the socket may have a message.
+    fn sleep(&self, backlog: bool, left: Option<Duration>) -> Result<Option<bool>> {
+        if backlog {
+            let mut fds = [PollFd::new(&self.epoll, PollFlags::IN), PollFd::new(&self.shared.fd, PollFlags::OUT)];
+            let ts = left
+                .map(|d| rustix::event::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
+            return match rustix::event::poll(&mut fds, ts.as_ref()) {
+                Ok(0) => Ok(None),
+                Ok(_) | Err(rustix::io::Errno::INTR) => Ok(Some(true)),
+                Err(e) => Err(wire::os("poll", e)),
+            };
+        }
+        let mut events = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 4];
+        let ts =
+            left.map(|d| rustix::event::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
+        match epoll::wait(&self.epoll, &mut events, ts.as_ref()) {
+            Ok(([], _)) => Ok(None),
+            // Data 0 is the socket, 1 the ring's wake-up.
+            Ok((evs, _)) => Ok(Some(evs.iter().any(|e| e.data.u64() == 0))),
+            Err(rustix::io::Errno::INTR) => Ok(Some(true)),
+            Err(e) => Err(wire::os("epoll_wait", e)),
+        }
+    }
+
+    /// Whether an item can be taken without waiting: one received and not handed out, or a
+    /// ring record whose socket messages arrived.
+    fn takeable(&self, st: &State, r: &ConsumerRing) -> Result<bool> {
+        if !st.ready.is_empty() {
+            return Ok(true);
+        }
+        // A broken ring is "takeable": the next look reports it.
+        Ok(r.peek(st.head).map_or(true, |rec| rec.is_some_and(|rec| rec.socket_messages <= st.seen)))
+    }
+
+    /// Leaving a receive with an item: when another waits and the epoll set may not show it
+    /// (its wake-up was taken by this receive's wait), wake it, so that a caller's event loop
+    /// that takes one item per readable event still sees the next.
+    fn leave(&self, st: &mut State) {
+        if let Some(r) = self.shared.ring.get() {
+            if st.harvested && (!st.ready.is_empty() || r.waiting(st.head).unwrap_or(false)) {
+                r.wake_self();
+                st.harvested = false;
+            }
+        }
+    }
+
+    /// Take the next item that arrived, without waiting: one already received, a ring record
+    /// whose preceding socket messages have arrived, or what the next socket messages carry
+    /// (looked at only with `socket`, or when a ring record waits for them). A socket message
+    /// is handled after the ring records that precede it.
+    fn pump(&self, st: &mut State, socket: bool) -> Result<Option<Import>> {
+        loop {
+            // Looked up on every turn: a RING message taken below starts the ring. A broken
+            // ring is not read again.
+            let ring = self.shared.ring.get().filter(|_| !st.broken);
+            if let Some(imp) = st.ready.pop_front() {
+                return Ok(Some(imp));
+            }
+            let mut behind = false;
+            if let Some(r) = ring {
+                if let Some(rec) = self.peek(st, r)? {
+                    if rec.socket_messages <= st.seen {
+                        st.head = r.advance(st.head);
+                        return self.ring_item(st, &rec).map(Some);
+                    }
+                    behind = true; // it waits for socket messages sent before it
+                }
+            }
+            if !(socket || behind) || st.eof {
+                return Ok(None);
+            }
+            let State { buf, fds, .. } = &mut *st;
+            let n = match wire::recv_with(self.shared.fd.as_fd(), buf, fds, false)? {
+                Received::Empty => return Ok(None),
+                Received::Closed => {
+                    st.eof = true;
+                    return Ok(None);
+                }
+                Received::Message(n) => n,
+            };
+            st.seen += 1;
+            // The ring records sent before this message are handled before it; the first
+            // refusal among them (or of the message) is this call's error, what was taken
+            // meanwhile waits in `ready`.
+            let mut first_error = None;
+            if let Some(r) = ring {
                 loop {
-                    let State { buf, fds, .. } = &mut *st;
-                    // Spinning (opt-in): look again without sleeping until the spin (or the
-                    // timeout) is over.
-                    let now = spin_until.map(|_| Instant::now());
-                    let spinning = spin_until.zip(now).is_some_and(|(u, n)| n < u)
-                        && deadline.zip(now).map_or(true, |(d, n)| n < d);
-                    // Without a time limit (and no backlog), wait in the receive itself
-                    // (shutdown by close() wakes it); otherwise take what is queued and poll below.
-                    let block = timeout.is_none() && !backlog && !spinning;
-                    match wire::recv_with(self.shared.fd.as_fd(), buf, fds, block)? {
-                        Received::Empty if spinning => std::hint::spin_loop(),
-                        Received::Empty => break,
-                        Received::Closed => {
-                            st.eof = true;
-                            return Err(Error::Closed("the producer closed the channel or exited".into()));
-                        }
-                        Received::Message(n) => {
-                            if let Some(imp) = self.message(&mut st, n)? {
-                                return Ok(imp);
+                    match self.peek(st, r) {
+                        Ok(Some(rec)) if rec.socket_messages < st.seen => {
+                            st.head = r.advance(st.head);
+                            match self.ring_item(st, &rec) {
+                                Ok(imp) => st.ready.push_back(imp),
+                                Err(e) => {
+                                    first_error.get_or_insert(e);
+                                }
                             }
+                        }
+                        Ok(_) => break,
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                            break;
                         }
                     }
                 }
             }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            let wake = if backlog { PollFlags::IN | PollFlags::OUT } else { PollFlags::IN };
-            if left.is_some_and(|l| l.is_zero()) || !wire::wait_ready(self.fd(), wake, left)? {
-                return Err(Error::Timeout("nothing arrived on the channel".into()));
+            match self.message(st, n) {
+                Ok(Some(imp)) => st.ready.push_back(imp),
+                Ok(None) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
             }
+            if let Some(e) = first_error {
+                return Err(e);
+            }
+        }
+    }
+
+    /// The ring's next record; a ring the producer broke ends the connection.
+    fn peek(&self, st: &mut State, r: &ConsumerRing) -> Result<Option<ItemRecord>> {
+        r.peek(st.head).inspect_err(|_| {
+            st.eof = true;
+            st.broken = true;
+        })
+    }
+
+    /// A pool item that came through the ring, checked as one from the socket.
+    fn ring_item(&self, st: &mut State, rec: &ItemRecord) -> Result<Import> {
+        match Message::decode(rec.item())? {
+            Message::Item { pool, slot, layout, event } => self.item(st, pool, slot, layout, event),
+            other => Err(Error::Untrusted(format!("a ring record holds {other:?}, not a pool item"))),
         }
     }
 
@@ -433,7 +615,7 @@ impl Connection {
                 }
                 match first_error {
                     Some(e) => Err(e),
-                    None => Ok(st.ready.pop_front()),
+                    None => Ok(None),
                 }
             }
             Message::Attach { pool, slot_size, count, handle } => {
@@ -450,47 +632,22 @@ impl Connection {
                 st.pools.insert(pool, AttachedPool { base, slot_size, count, token });
                 Ok(None)
             }
-            Message::Item { pool, slot, layout: l, event } => {
+            Message::Item { pool, slot, layout, event } => {
                 if !fds.is_empty() {
                     return Err(Error::Untrusted("a pool item came with descriptors".into()));
                 }
-                let p = st.pools.get(&pool).ok_or_else(|| {
-                    Error::Untrusted(format!("an item of pool {pool}, which this consumer never attached"))
-                })?;
-                if slot >= p.count || l.storage_offset.checked_add(l.storage_size).map_or(true, |e| e > p.slot_size) {
-                    return Err(Error::Untrusted(format!(
-                        "pool {pool} item: slot {slot}, bytes {}..+{} is outside the {} slots of {} bytes",
-                        l.storage_offset, l.storage_size, p.count, p.slot_size
-                    )));
+                self.item(st, pool, slot, layout, event).map(Some)
+            }
+            Message::Ring { capacity, record } => {
+                if self.shared.ring.get().is_some() {
+                    return Err(Error::Untrusted("a second ring on one connection".into()));
                 }
-                let token: Arc<dyn Lease> = Arc::new(SlotToken {
-                    conn: self.shared.clone(),
-                    pool,
-                    slot,
-                    given: AtomicBool::new(false),
-                    _attach: p.token.clone(),
-                });
-                // The item is the pool's handle narrowed to the slot's tensor: validated once,
-                // and checked against the pool's mapping, by derive.
-                let mut h = *p.base.handle();
-                h.storage_offset = p.base.handle().storage_offset + u64::from(slot) * p.slot_size + l.storage_offset;
-                h.storage_size = l.storage_size;
-                h.ndim = l.ndim;
-                h.shape = l.shape;
-                h.strides = l.strides;
-                h.tensor_offset = l.tensor_offset;
-                h.dtype = l.dtype;
-                if let Some(e) = event {
-                    h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
-                    h.event_handle = e;
-                }
-                let imp = p.base.derive(h, token)?;
-                // The producer's work on the slot may still be running: wait for its event
-                // before the item is used (on the connection's stream, or blocking this thread).
-                let req =
-                    ImportRequest { device: Some(p.base.device()), stream: self.stream(), ..ImportRequest::default() };
-                crate::import::wait_for_producer(imp.handle(), &req)?;
-                Ok(Some(imp))
+                let r = ConsumerRing::open(capacity, record, fds)?;
+                let flags = epoll::EventFlags::IN | epoll::EventFlags::ET;
+                epoll::add(&self.epoll, r.wake_fd(), epoll::EventData::new_u64(1), flags)
+                    .map_err(|e| wire::os("epoll_ctl", e))?;
+                let _ = self.shared.ring.set(r);
+                Ok(None)
             }
             Message::PoolClosed { pool } => {
                 st.pools.remove(&pool);
@@ -498,6 +655,55 @@ impl Connection {
             }
             other => Err(Error::Untrusted(format!("{other:?} is not a message a producer sends"))),
         }
+    }
+
+    /// A pool item (from the socket or the ring): the slot and its bytes checked against the
+    /// attached pool, then the pool's mapping narrowed to it.
+    fn item(
+        &self,
+        st: &mut State,
+        pool: u32,
+        slot: u32,
+        l: wire::ItemLayout,
+        event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
+    ) -> Result<Import> {
+        let p = st
+            .pools
+            .get(&pool)
+            .ok_or_else(|| Error::Untrusted(format!("an item of pool {pool}, which this consumer never attached")))?;
+        if slot >= p.count || l.storage_offset.checked_add(l.storage_size).map_or(true, |e| e > p.slot_size) {
+            return Err(Error::Untrusted(format!(
+                "pool {pool} item: slot {slot}, bytes {}..+{} is outside the {} slots of {} bytes",
+                l.storage_offset, l.storage_size, p.count, p.slot_size
+            )));
+        }
+        let token: Arc<dyn Lease> = Arc::new(SlotToken {
+            conn: self.shared.clone(),
+            pool,
+            slot,
+            given: AtomicBool::new(false),
+            _attach: p.token.clone(),
+        });
+        // The item is the pool's handle narrowed to the slot's tensor: validated once, and
+        // checked against the pool's mapping, by derive.
+        let mut h = *p.base.handle();
+        h.storage_offset = p.base.handle().storage_offset + u64::from(slot) * p.slot_size + l.storage_offset;
+        h.storage_size = l.storage_size;
+        h.ndim = l.ndim;
+        h.shape = l.shape;
+        h.strides = l.strides;
+        h.tensor_offset = l.tensor_offset;
+        h.dtype = l.dtype;
+        if let Some(e) = event {
+            h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
+            h.event_handle = e;
+        }
+        let imp = p.base.derive(h, token)?;
+        // The producer's work on the slot may still be running: wait for its event before the
+        // item is used (on the connection's stream, or blocking this thread).
+        let req = ImportRequest { device: Some(p.base.device()), stream: self.stream(), ..ImportRequest::default() };
+        crate::import::wait_for_producer(imp.handle(), &req)?;
+        Ok(imp)
     }
 
     /// Close the connection: the producer takes back every lease and slot of it at once (imports

@@ -11,8 +11,8 @@
 //!   taking releases and returns, noticing hang-ups) happens in [`Channel::service`] and in the
 //!   calls that block for it ([`Pool::acquire`], [`Channel::wait_peers`], and
 //!   [`crate::export::Exporter::wait`], which serves the channels its export was sent over).
-//!   The descriptors ([`Channel::fd`], an epoll set; [`Connection::fd`], the socket) fit a
-//!   caller's own poll/epoll/asio loop.
+//!   The descriptors ([`Channel::fd`] and [`Connection::fd`], epoll sets) fit a caller's own
+//!   poll/epoll/asio loop.
 //! - **Host memory** sent over a channel is a sealed memfd ([`memfd`]) passed with
 //!   `SCM_RIGHTS`: no name in `/dev/shm`, nothing to guess or leave behind.
 //! - **Leases.** Every reference sent over a connection belongs to it: released by the
@@ -24,6 +24,8 @@
 //!   allocation once, on its first item (the `ATTACH` message), so every slot keeps one address
 //!   for the pool's life — what captured device graphs replay on. Per item only a small message
 //!   travels each way (`ITEM`, `RETURN`); when every slot is out, `acquire` waits (backpressure).
+//!   Between peers that both read it, host pool items and their returns travel in a
+//!   shared-memory ring per peer instead of the socket ([`ring`]).
 //!
 //! Thread safety: a channel, a pool and a connection may be used from several threads; their
 //! state is behind one mutex each. The import of an item is an ordinary import, released on any
@@ -31,6 +33,7 @@
 
 pub mod consumer;
 pub mod producer;
+pub(crate) mod ring;
 pub(crate) mod wire;
 
 pub use consumer::Connection;

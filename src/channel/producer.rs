@@ -1,5 +1,6 @@
 //! The producer end of a channel: the listening socket, its peers, their leases, and pools.
 
+use super::ring::{self, ProducerRing};
 use super::wire::{self, ItemLayout, Message, Received};
 use crate::backend::IpcEvent;
 use crate::error::{Error, Result};
@@ -91,7 +92,16 @@ struct Peer {
     allowed: FxHashSet<u64>,
     /// The `wire::FEATURE_*` bits its handshake announced.
     features: u16,
+    /// Messages posted to it since the handshake (sent or queued): what its ring records count.
+    posted: u64,
+    /// The shared-memory ring its host pool items travel in, made on its first such item.
+    ring: Option<ProducerRing>,
+    /// Making its ring failed once: its items go over the socket.
+    no_ring: bool,
 }
+
+/// Epoll data of a peer's ring wake-up (its id with this bit set).
+const RING_EVENT: u64 = 1 << 63;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum SlotState {
@@ -501,7 +511,10 @@ impl Core {
         }
         if p.queue.is_empty() {
             match wire::try_send(p.fd.as_fd(), msg, fds) {
-                Ok(true) => return Ok(()),
+                Ok(true) => {
+                    p.posted += 1;
+                    return Ok(());
+                }
                 Ok(false) => {}
                 Err(e @ Error::Closed(_)) => {
                     p.doomed = Some(format!("peer {} is gone", p.info.id));
@@ -543,6 +556,7 @@ impl Core {
         p.queued_bytes += msg.len();
         p.queued_fds += owned.len();
         p.queue.push_back(Queued { msg: msg.to_vec(), fds: owned });
+        p.posted += 1;
         Ok(())
     }
 
@@ -688,6 +702,9 @@ impl Core {
                 attached: FxHashMap::default(),
                 allowed: FxHashSet::default(),
                 features: 0,
+                posted: 0,
+                ring: None,
+                no_ring: false,
             });
         }
     }
@@ -777,17 +794,7 @@ impl Core {
             }
             Message::Return { pool, slot } => {
                 let id = peer.info.id;
-                let Some(p) = self.pools.get_mut(&pool) else {
-                    return Ok(true); // a closed pool: nothing to give back to
-                };
-                match p.slots.get(slot as usize) {
-                    Some(SlotState::Sent(holder)) if *holder == id => {
-                        p.slots[slot as usize] = SlotState::Free;
-                        p.events[slot as usize] = None;
-                        p.free.push(slot);
-                    }
-                    _ => return Err(Error::Untrusted(format!("slot {slot} of pool {pool} is not held by peer {id}"))),
-                }
+                self.take_return(id, pool, slot)?;
             }
             Message::Detach { pool } => {
                 let book = peer
@@ -801,10 +808,104 @@ impl Core {
         Ok(true)
     }
 
+    /// A slot peer `id` gives back (over the socket or its ring): free again, when the peer
+    /// holds it.
+    fn take_return(&mut self, id: u64, pool: u32, slot: u32) -> Result<()> {
+        let Some(p) = self.pools.get_mut(&pool) else {
+            return Ok(()); // a closed pool: nothing to give back to
+        };
+        match p.slots.get(slot as usize) {
+            Some(SlotState::Sent(holder)) if *holder == id => {
+                p.slots[slot as usize] = SlotState::Free;
+                p.events[slot as usize] = None;
+                p.free.push(slot);
+                Ok(())
+            }
+            _ => Err(Error::Untrusted(format!("slot {slot} of pool {pool} is not held by peer {id}"))),
+        }
+    }
+
+    /// Take the returns waiting in the peers' rings; with `arm`, first ask each peer to wake
+    /// the channel for its next return (before sleeping, or leaving the channel idle). A
+    /// return of a slot the peer does not hold counts as a protocol error; a ring whose index
+    /// is impossible disconnects its peer. How many slots came back.
+    fn drain_rings(&mut self, arm: bool) -> usize {
+        let mut got = 0;
+        for i in 0..self.peers.len() {
+            let Some(mut r) = self.peers[i].ring.take() else { continue };
+            if arm {
+                r.arm();
+            }
+            let id = self.peers[i].info.id;
+            let mut refused = 0;
+            let taken = r.take_returns(|pool, slot| match self.take_return(id, pool, slot) {
+                Ok(()) => got += 1,
+                Err(_) => refused += 1,
+            });
+            let p = &mut self.peers[i];
+            p.ring = Some(r);
+            p.info.protocol_errors += refused;
+            if let Err(e) = taken {
+                p.doomed.get_or_insert_with(|| format!("peer {id} broke its ring: {e}"));
+            }
+        }
+        got
+    }
+
+    /// Send pool item `m` to peer `idx`: through its ring when it reads one and the item may
+    /// travel there (a host item: no event), else over the socket.
+    fn post_item(&mut self, idx: usize, m: &[u8], ringable: bool, epfd: BorrowedFd<'_>) -> Result<()> {
+        let p = &mut self.peers[idx];
+        if ringable && p.features & wire::FEATURE_RING != 0 && m.len() <= ring::MAX_ITEM && !p.no_ring {
+            if p.ring.is_none() {
+                match ProducerRing::create() {
+                    Ok(r) => {
+                        let msg = Message::Ring { capacity: ring::CAPACITY, record: ring::RECORD }.encode();
+                        let data = epoll::EventData::new_u64(p.info.id | RING_EVENT);
+                        let flags = epoll::EventFlags::IN | epoll::EventFlags::ET;
+                        if epoll::add(epfd, r.wake_fd(), data, flags).is_err() {
+                            p.no_ring = true;
+                        } else {
+                            let fds = r.fds();
+                            let posted = self.post(idx, &msg, &fds, epfd);
+                            let p = &mut self.peers[idx];
+                            match posted {
+                                Ok(()) => p.ring = Some(r),
+                                Err(e) => {
+                                    let _ = epoll::delete(epfd, r.wake_fd());
+                                    return Err(e);
+                                }
+                            }
+                        }
+                    }
+                    // No memfd or eventfd to spare: this peer's items go over the socket.
+                    Err(_) => p.no_ring = true,
+                }
+            }
+            let p = &mut self.peers[idx];
+            if let Some(r) = p.ring.as_mut() {
+                match r.push_item(p.posted, m) {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => {} // full: the socket carries it, in order
+                    Err(e) => {
+                        let why = format!("peer {} broke its ring: {e}", p.info.id);
+                        p.doomed = Some(why.clone());
+                        return Err(Error::Closed(why));
+                    }
+                }
+            }
+        }
+        self.post(idx, m, &[], epfd)
+    }
+
     /// Forget peer `idx`: its leases and attachments stop counting, its slots come back.
     fn drop_peer(&mut self, idx: usize, epfd: BorrowedFd<'_>) {
         let peer = self.peers.remove(idx);
         let _ = epoll::delete(epfd, &peer.fd);
+        if let Some(r) = &peer.ring {
+            // The consumer holds the same eventfd: the registration would outlive our copy.
+            let _ = epoll::delete(epfd, r.wake_fd());
+        }
         for book in peer.leases.values().map(|(b, _)| b).chain(peer.attached.values()) {
             book.sub(1);
         }
@@ -842,8 +943,22 @@ impl ChannelShared {
 
     /// See [`Channel::service`].
     pub(crate) fn service(&self, timeout: Option<Duration>) -> Result<()> {
-        // Wake up for the next handshake or send-patience deadline too.
-        let deadline = self.lock()?.next_deadline();
+        self.serve(timeout, true)
+    }
+
+    /// [`Self::service`]; `arm`: ask the peers to wake the epoll set for their next ring
+    /// return (not while spinning: a spinner looks at the rings itself, and an armed ring
+    /// costs the consumer a system call per return).
+    fn serve(&self, timeout: Option<Duration>, arm: bool) -> Result<()> {
+        // Returns already in the rings are taken first (and the rings armed: the next return
+        // wakes the epoll set); then no sleep. Wake up for the next handshake or send-patience
+        // deadline too.
+        let (deadline, returned) = {
+            let mut core = self.lock()?;
+            let returned = core.drain_rings(arm);
+            (core.next_deadline(), returned)
+        };
+        let timeout = if returned > 0 { Some(Duration::ZERO) } else { timeout };
         let wait = match (timeout, deadline) {
             (t, None) => t,
             (t, Some(d)) => {
@@ -874,7 +989,9 @@ impl ChannelShared {
         let epfd = self.epoll.as_fd();
         let mut core = self.lock()?;
         for &(id, writable) in &ready[..n] {
-            if id == 0 {
+            if id & RING_EVENT != 0 {
+                // A ring's wake-up: its returns are taken below.
+            } else if id == 0 {
                 core.sweep(epfd); // expired handshakes make room first
                 core.accept_all(epfd);
             } else if let Some(i) = core.peers.iter().position(|p| p.info.id == id) {
@@ -886,6 +1003,7 @@ impl ChannelShared {
                 }
             }
         }
+        core.drain_rings(arm);
         core.sweep(epfd);
         Ok(())
     }
@@ -941,6 +1059,7 @@ impl Pool {
         let spin = self.spin_ns.load(std::sync::atomic::Ordering::Relaxed);
         let mut spin_until = (spin > 0).then(|| Instant::now() + Duration::from_nanos(spin));
         let mut last_look = false;
+        let mut spins = 0u32;
         loop {
             let got = self.with(|_, p| {
                 Ok(p.free.pop().map(|s| {
@@ -952,6 +1071,10 @@ impl Pool {
             if let Some(g) = got {
                 return Ok(g);
             }
+            // Returns that came through a ring are taken without a system call.
+            if self.shared.lock()?.drain_rings(false) > 0 {
+                continue;
+            }
             if last_look {
                 return Err(Error::Timeout("every slot of the pool is still out".into()));
             }
@@ -960,7 +1083,11 @@ impl Pool {
                 // sleeping, until the spin or the timeout is over.
                 let now = Instant::now();
                 if now < until && deadline.map_or(true, |d| now < d) {
-                    self.shared.service(Some(Duration::ZERO))?;
+                    // The rings are looked at on every turn (above); the socket every 64th.
+                    spins += 1;
+                    if spins % 64 == 0 {
+                        self.shared.serve(Some(Duration::ZERO), false)?;
+                    }
                     std::hint::spin_loop();
                     continue;
                 }
@@ -1083,7 +1210,7 @@ impl Pool {
             };
             let m = Message::Item { pool: id, slot, layout, event: event.as_ref().map(|e| e.handle()) }.encode();
             let idx = core.index(peer)?;
-            core.post(idx, &m, &[], epfd)?;
+            core.post_item(idx, &m, event.is_none(), epfd)?;
             p.slots[slot as usize] = SlotState::Sent(peer);
             p.events[slot as usize] = event;
             Ok(())

@@ -70,6 +70,12 @@ pub(crate) const DETACH: u32 = 10;
 pub(crate) const SHARES: u32 = 11;
 /// Most shares one [`SHARES`] message carries.
 pub(crate) const MAX_SHARES: usize = 4096;
+/// [`HELLO`] feature: the consumer reads pool items from a shared-memory ring ([`RING`]).
+pub(crate) const FEATURE_RING: u16 = 2;
+/// Producer -> consumer (to consumers that announced [`FEATURE_RING`]), before the first item
+/// that travels in it: `capacity u32, record size u32`; the ring's sealed memfd, the eventfd
+/// that wakes the consumer and the one that wakes the producer as `SCM_RIGHTS` (see `ring`).
+pub(crate) const RING: u32 = 12;
 
 /// A pool item's tensor, as it travels in an [`ITEM`] message (relative to its slot).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +124,9 @@ pub(crate) enum Message<'a> {
     /// Producer -> consumer: leased references `first_lease..`, each (its descriptor count, a
     /// handle's byte encoding).
     Shares { first_lease: u64, entries: Vec<(u32, &'a [u8])> },
+    /// Producer -> consumer: pool items and returns travel in the ring whose descriptors come
+    /// with this message.
+    Ring { capacity: u32, record: u32 },
 }
 
 impl Message<'_> {
@@ -184,6 +193,10 @@ impl Message<'_> {
                 for (fds, handle) in entries {
                     m.u32(handle.len() as u32).u32(*fds).bytes(handle);
                 }
+            }
+            Message::Ring { capacity, record } => {
+                m = Out::new(RING);
+                m.u32(*capacity).u32(*record);
             }
         }
         m.0
@@ -274,6 +287,7 @@ impl<'a> Message<'a> {
                 }
                 Message::Shares { first_lease, entries }
             }
+            RING => Message::Ring { capacity: r.u32()?, record: r.u32()? },
             t => return Err(Error::Untrusted(format!("channel message type {t} is unknown"))),
         };
         r.end()?;
@@ -547,6 +561,7 @@ mod tests {
             Message::PoolClosed { pool: 2 },
             Message::Detach { pool: 2 },
             Message::Shares { first_lease: 9, entries: vec![(0, &b"DSH1...."[..]), (2, &b"DSH1..+"[..])] },
+            Message::Ring { capacity: 1024, record: 256 },
         ]
     }
 

@@ -1,0 +1,414 @@
+//! The shared-memory fast path of pool items: one ring of items (producer -> consumer) and one of
+//! returns (consumer -> producer) per connected peer, in a sealed memfd the producer creates and
+//! passes with a `RING` message, and two eventfds that wake a side only while it sleeps.
+//!
+//! The socket keeps everything else — the handshake, credentials, descriptors, leases, the
+//! pools' `ATTACH` and `POOL_CLOSED`, death detection — so the crash and trust guarantees do
+//! not depend on the ring. What travels in it is exactly what the socket's `ITEM` and `RETURN`
+//! carry, and each side checks it the same way:
+//!
+//! - Each side keeps the index it advances (the producer's item tail and return head, the
+//!   consumer's item head and return tail) in its own memory and only publishes it; an index it
+//!   reads from the other side is refused unless it lies within one ring's capacity of its own
+//!   (a peer that breaks that rule has broken the ring: the producer disconnects it, the
+//!   consumer stops receiving with `UNTRUSTED`).
+//! - A record is copied out of shared memory before it is read and then decoded and checked
+//!   like a socket message (an item's slot and bytes against the attached pool; a return
+//!   against the producer's own record of which peer holds which slot), so a peer writing into
+//!   the ring while it is read only ever produces a refused record, never an out-of-bounds
+//!   access or a slot freed twice.
+//! - Order. Every item record carries the number of socket messages the producer had sent the
+//!   peer before it; the consumer takes a record only once it has received that many, and
+//!   takes the records that precede a socket message before the message. Items, shares,
+//!   attachments and pool closes therefore arrive in the order they were sent, whichever way
+//!   each went (a full ring sends the item over the socket instead).
+//! - Wake-ups. Each direction has a `pending` word and an eventfd (registered edge-triggered in
+//!   the receiver's epoll set, never read: every write is an edge). The sender publishes its
+//!   index, then sets `pending`; only when it was clear does it write the eventfd (one system
+//!   call). The receiver clears `pending`, looks at the ring once more, and only then sleeps —
+//!   so a side that is awake or spinning costs its peer no system call, and no record is left
+//!   without a wake-up.
+//!
+//! Host pools only: an item with an interprocess event (a device pool) goes over the socket.
+
+use super::wire;
+use crate::error::{Error, Result};
+use crate::shm::Map;
+use rustix::event::{eventfd, EventfdFlags};
+use rustix::fs::{fcntl_add_seals, fcntl_get_seals, fstat, ftruncate, memfd_create, FileType, MemfdFlags, SealFlags};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Records per ring (items, and returns likewise). A full item ring sends over the socket; a
+/// full return ring likewise; nothing waits for room.
+pub(crate) const CAPACITY: u32 = 1024;
+/// Bytes per item record: `socket messages before it u64, length u32, 0 u32`, then the bytes of
+/// an `ITEM` message (at most `RECORD - 16`).
+pub(crate) const RECORD: u32 = 256;
+/// The largest `ITEM` message a record holds.
+pub(crate) const MAX_ITEM: usize = RECORD as usize - 16;
+/// "DSRING01": the first word of a ring's memory.
+const MAGIC: u64 = u64::from_le_bytes(*b"DSRING01");
+const HEADER: usize = 4096;
+// Header words, one cache line each (who writes them in brackets).
+const ITEM_TAIL: usize = 64; // [producer]
+const ITEM_HEAD: usize = 128; // [consumer]
+const C_PENDING: usize = 192; // [both] the consumer has a wake-up coming (or is awake)
+const RET_TAIL: usize = 256; // [consumer]
+const RET_HEAD: usize = 320; // [producer]
+const P_PENDING: usize = 384; // [both]
+
+/// The size of a ring's memory for `capacity` records each way.
+fn ring_size(capacity: u32) -> usize {
+    HEADER + capacity as usize * (RECORD as usize + 8)
+}
+
+fn os(call: &str, e: rustix::io::Errno) -> Error {
+    wire::os(call, e)
+}
+
+/// Write the eventfd once (a wake-up); a full counter or a bad descriptor only loses a wake-up
+/// of a peer that broke it itself.
+fn wake(fd: BorrowedFd<'_>) {
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+}
+
+struct Shared {
+    map: Map,
+    capacity: u32,
+}
+
+impl Shared {
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        self.map.atomic_u64(offset)
+    }
+
+    fn record(&self, index: u64) -> *mut u8 {
+        let i = (index % u64::from(self.capacity)) as usize;
+        // SAFETY: i < capacity and the map holds capacity records after the header.
+        unsafe { self.map.ptr().add(HEADER + i * RECORD as usize) }
+    }
+
+    fn ret(&self, index: u64) -> &AtomicU64 {
+        let i = (index % u64::from(self.capacity)) as usize;
+        self.word(HEADER + self.capacity as usize * RECORD as usize + i * 8)
+    }
+
+    /// Whether `theirs`, an index the other side published, is within one ring of `ours` in the
+    /// direction it must be (`ahead`: theirs is ahead of ours, as a tail is of a head).
+    fn plausible(&self, ours: u64, theirs: u64, ahead: bool) -> bool {
+        let d = if ahead { theirs.wrapping_sub(ours) } else { ours.wrapping_sub(theirs) };
+        d <= u64::from(self.capacity)
+    }
+}
+
+/// The producer's side of one peer's ring.
+pub(crate) struct ProducerRing {
+    shared: Shared,
+    memfd: OwnedFd,
+    /// Written by the producer to wake the consumer.
+    c_efd: OwnedFd,
+    /// Written by the consumer to wake the producer; in the channel's epoll set.
+    p_efd: OwnedFd,
+    tail: u64,
+    ret_head: u64,
+}
+
+impl ProducerRing {
+    pub(crate) fn create() -> Result<ProducerRing> {
+        let size = ring_size(CAPACITY);
+        let memfd = memfd_create("devshare-ring", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(|e| os("memfd_create", e))?;
+        ftruncate(&memfd, size as u64).map_err(|e| os("ftruncate of a ring memfd", e))?;
+        fcntl_add_seals(&memfd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(|e| os("fcntl(F_ADD_SEALS)", e))?;
+        let map = Map::new(&memfd, size, true, "a channel ring")?;
+        let shared = Shared { map, capacity: CAPACITY };
+        shared.word(0).store(MAGIC, Ordering::Relaxed);
+        let flags = EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK;
+        let c_efd = eventfd(0, flags).map_err(|e| os("eventfd", e))?;
+        let p_efd = eventfd(0, flags).map_err(|e| os("eventfd", e))?;
+        Ok(ProducerRing { shared, memfd, c_efd, p_efd, tail: 0, ret_head: 0 })
+    }
+
+    /// The descriptors the `RING` message carries: the memory, the consumer's and the
+    /// producer's eventfd.
+    pub(crate) fn fds(&self) -> [BorrowedFd<'_>; 3] {
+        [self.memfd.as_fd(), self.c_efd.as_fd(), self.p_efd.as_fd()]
+    }
+
+    pub(crate) fn wake_fd(&self) -> BorrowedFd<'_> {
+        self.p_efd.as_fd()
+    }
+
+    /// Put an `ITEM` message in the ring, after `socket_messages` socket messages to the peer.
+    /// `Ok(false)`: the ring is full (send it over the socket); `Err`: the consumer published
+    /// an impossible head.
+    pub(crate) fn push_item(&mut self, socket_messages: u64, item: &[u8]) -> Result<bool> {
+        debug_assert!(item.len() <= MAX_ITEM);
+        let s = &self.shared;
+        let head = s.word(ITEM_HEAD).load(Ordering::Acquire);
+        if !s.plausible(self.tail, head, false) {
+            return Err(Error::Untrusted(format!(
+                "the consumer's ring head {head} is not within {} records behind the tail {}",
+                s.capacity, self.tail
+            )));
+        }
+        if self.tail.wrapping_sub(head) == u64::from(s.capacity) {
+            return Ok(false);
+        }
+        let rec = s.record(self.tail);
+        let mut words = [0u64; RECORD as usize / 8];
+        words[0] = socket_messages;
+        words[1] = item.len() as u64;
+        for (i, chunk) in item.chunks(8).enumerate() {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            words[2 + i] = u64::from_le_bytes(w);
+        }
+        let used = 2 + item.len().div_ceil(8);
+        for (i, w) in words[..used].iter().enumerate() {
+            // SAFETY: the record holds RECORD bytes; 8-aligned (the map is page-aligned).
+            unsafe { std::ptr::write_volatile(rec.cast::<u64>().add(i), *w) };
+        }
+        self.tail = self.tail.wrapping_add(1);
+        s.word(ITEM_TAIL).store(self.tail, Ordering::SeqCst);
+        if s.word(C_PENDING).swap(1, Ordering::SeqCst) == 0 {
+            wake(self.c_efd.as_fd());
+        }
+        Ok(true)
+    }
+
+    /// About to sleep (or to report the channel idle): the next return wakes the producer.
+    pub(crate) fn arm(&self) {
+        self.shared.word(P_PENDING).store(0, Ordering::SeqCst);
+    }
+
+    /// Take up to one ring's worth of returns, each `(pool, slot)` given to `f` in order.
+    /// `Err`: the consumer published an impossible tail.
+    pub(crate) fn take_returns(&mut self, mut f: impl FnMut(u32, u32)) -> Result<usize> {
+        let s = &self.shared;
+        let tail = s.word(RET_TAIL).load(Ordering::SeqCst);
+        if !s.plausible(self.ret_head, tail, true) {
+            return Err(Error::Untrusted(format!(
+                "the consumer's return tail {tail} is not within {} records ahead of the head {}",
+                s.capacity, self.ret_head
+            )));
+        }
+        let n = tail.wrapping_sub(self.ret_head) as usize;
+        for _ in 0..n {
+            let w = s.ret(self.ret_head).load(Ordering::Relaxed);
+            self.ret_head = self.ret_head.wrapping_add(1);
+            f(w as u32, (w >> 32) as u32);
+        }
+        if n > 0 {
+            s.word(RET_HEAD).store(self.ret_head, Ordering::Release);
+        }
+        Ok(n)
+    }
+}
+
+/// A record copied out of the ring: the socket messages that precede it, and an `ITEM`.
+pub(crate) struct ItemRecord {
+    pub socket_messages: u64,
+    len: usize,
+    bytes: [u8; MAX_ITEM],
+}
+
+impl ItemRecord {
+    pub(crate) fn item(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// The consumer's side of the ring.
+pub(crate) struct ConsumerRing {
+    shared: Shared,
+    c_efd: OwnedFd,
+    p_efd: OwnedFd,
+    /// This consumer's return tail (returns may be written from any thread).
+    ret_tail: std::sync::Mutex<u64>,
+}
+
+impl ConsumerRing {
+    /// Map a ring a producer sent (`capacity` and `record` from its `RING` message): a sealed
+    /// memfd of exactly the size they give, and two eventfds.
+    pub(crate) fn open(capacity: u32, record: u32, fds: Vec<OwnedFd>) -> Result<ConsumerRing> {
+        if record != RECORD || capacity == 0 || capacity > 65536 {
+            return Err(Error::Untrusted(format!(
+                "a ring of {capacity} records of {record} bytes (this library reads 1..=65536 records of {RECORD})"
+            )));
+        }
+        let [memfd, c_efd, p_efd]: [OwnedFd; 3] = fds.try_into().map_err(|f: Vec<OwnedFd>| {
+            Error::Untrusted(format!("a ring came with {} descriptors instead of 3", f.len()))
+        })?;
+        let st = fstat(&memfd).map_err(|e| os("fstat of a ring memfd", e))?;
+        let seals = fcntl_get_seals(&memfd).unwrap_or(SealFlags::empty());
+        let size = ring_size(capacity);
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
+            || !seals.contains(SealFlags::SHRINK | SealFlags::GROW)
+            || u64::try_from(st.st_size).ok() != Some(size as u64)
+        {
+            return Err(Error::Untrusted(format!(
+                "a ring's memory is not a memfd of {size} bytes sealed against shrinking and growing"
+            )));
+        }
+        for fd in [&c_efd, &p_efd] {
+            let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+            if link.as_ref().is_ok_and(|l| l.as_os_str() != "anon_inode:[eventfd]") {
+                return Err(Error::Untrusted(format!("a ring's wake-up descriptor is {link:?}, not an eventfd")));
+            }
+            let fl = rustix::fs::fcntl_getfl(fd).map_err(|e| os("fcntl(F_GETFL)", e))?;
+            rustix::fs::fcntl_setfl(fd, fl | rustix::fs::OFlags::NONBLOCK).map_err(|e| os("fcntl(F_SETFL)", e))?;
+        }
+        let map = Map::new(&memfd, size, true, "a channel ring")?;
+        let shared = Shared { map, capacity };
+        if shared.word(0).load(Ordering::Relaxed) != MAGIC {
+            return Err(Error::Untrusted("a ring's memory does not start with its magic".into()));
+        }
+        Ok(ConsumerRing { shared, c_efd, p_efd, ret_tail: std::sync::Mutex::new(0) })
+    }
+
+    /// The eventfd that wakes this consumer (edge-triggered in its epoll set).
+    pub(crate) fn wake_fd(&self) -> BorrowedFd<'_> {
+        self.c_efd.as_fd()
+    }
+
+    /// Wake this consumer's own epoll set (an item is waiting that no wake-up announced).
+    pub(crate) fn wake_self(&self) {
+        wake(self.c_efd.as_fd());
+    }
+
+    /// About to sleep: the producer's next item wakes this consumer.
+    pub(crate) fn arm(&self) {
+        self.shared.word(C_PENDING).store(0, Ordering::SeqCst);
+    }
+
+    /// Whether a record is waiting after `head`. `Err`: the producer published an impossible
+    /// tail.
+    pub(crate) fn waiting(&self, head: u64) -> Result<bool> {
+        let tail = self.shared.word(ITEM_TAIL).load(Ordering::SeqCst);
+        if !self.shared.plausible(head, tail, true) {
+            return Err(Error::Untrusted(format!(
+                "the producer's ring tail {tail} is not within {} records ahead of the head {head}",
+                self.shared.capacity
+            )));
+        }
+        Ok(tail != head)
+    }
+
+    /// The record at `head`, copied, when one is waiting; not taken until [`Self::advance`].
+    pub(crate) fn peek(&self, head: u64) -> Result<Option<ItemRecord>> {
+        if !self.waiting(head)? {
+            return Ok(None);
+        }
+        let rec = self.shared.record(head).cast::<u64>();
+        // SAFETY: the record holds RECORD bytes, 8-aligned.
+        let word = |i: usize| unsafe { std::ptr::read_volatile(rec.add(i)) };
+        let (socket_messages, len) = (word(0), word(1));
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&l| l <= MAX_ITEM)
+            .ok_or_else(|| Error::Untrusted(format!("a ring record of {len} bytes (at most {MAX_ITEM})")))?;
+        let mut bytes = [0u8; MAX_ITEM];
+        for (i, chunk) in bytes[..len.div_ceil(8) * 8].chunks_mut(8).enumerate() {
+            chunk.copy_from_slice(&word(2 + i).to_le_bytes());
+        }
+        Ok(Some(ItemRecord { socket_messages, len, bytes }))
+    }
+
+    /// Take the record at `head` (the new head is `head + 1`).
+    pub(crate) fn advance(&self, head: u64) -> u64 {
+        let h = head.wrapping_add(1);
+        self.shared.word(ITEM_HEAD).store(h, Ordering::Release);
+        h
+    }
+
+    /// Return a slot through the ring; false when the ring has no room (or the producer
+    /// published an impossible head): send it over the socket instead.
+    pub(crate) fn push_return(&self, pool: u32, slot: u32) -> bool {
+        let s = &self.shared;
+        let mut tail = self.ret_tail.lock().unwrap_or_else(|p| p.into_inner());
+        let head = s.word(RET_HEAD).load(Ordering::Acquire);
+        if !s.plausible(*tail, head, false) || tail.wrapping_sub(head) == u64::from(s.capacity) {
+            return false;
+        }
+        s.ret(*tail).store(u64::from(pool) | (u64::from(slot) << 32), Ordering::Relaxed);
+        *tail = tail.wrapping_add(1);
+        s.word(RET_TAIL).store(*tail, Ordering::SeqCst);
+        if s.word(P_PENDING).swap(1, Ordering::SeqCst) == 0 {
+            wake(self.p_efd.as_fd());
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (ProducerRing, ConsumerRing) {
+        let p = ProducerRing::create().expect("create");
+        let fds = p.fds().iter().map(|f| rustix::io::fcntl_dupfd_cloexec(f, 0).expect("dup")).collect();
+        let c = ConsumerRing::open(CAPACITY, RECORD, fds).expect("open");
+        (p, c)
+    }
+
+    #[test]
+    fn items_and_returns_go_round_in_order_and_a_full_ring_says_so() {
+        let (mut p, c) = pair();
+        let mut head = 0;
+        for round in 0..3u64 {
+            for i in 0..u64::from(CAPACITY) {
+                let msg = (round * 10_000 + i).to_le_bytes();
+                assert!(p.push_item(i, &msg[..(i % 8 + 1) as usize]).expect("push"));
+            }
+            assert!(!p.push_item(0, b"x").expect("full"), "a full ring refuses the record, it does not wait");
+            for i in 0..u64::from(CAPACITY) {
+                let r = c.peek(head).expect("peek").expect("a record");
+                assert_eq!(r.socket_messages, i);
+                let want = (round * 10_000 + i).to_le_bytes();
+                assert_eq!(r.item(), &want[..(i % 8 + 1) as usize]);
+                head = c.advance(head);
+            }
+            assert!(c.peek(head).expect("peek").is_none());
+            for s in 0..CAPACITY {
+                assert!(c.push_return(7, s));
+            }
+            assert!(!c.push_return(7, 0), "a full return ring says so");
+            let mut got = Vec::new();
+            assert_eq!(p.take_returns(|pool, slot| got.push((pool, slot))).expect("take"), CAPACITY as usize);
+            assert_eq!(got, (0..CAPACITY).map(|s| (7, s)).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn an_index_the_other_side_cannot_have_published_breaks_the_ring_by_name() {
+        let (mut p, c) = pair();
+        // The consumer claims returns it never wrote; the producer claims items past a ring.
+        c.shared.word(RET_TAIL).store(u64::from(CAPACITY) + 1, Ordering::SeqCst);
+        let e = p.take_returns(|_, _| panic!("no record is read")).expect_err("refused");
+        assert!(e.to_string().contains("return tail"), "{e}");
+        p.shared.word(ITEM_TAIL).store(u64::MAX, Ordering::SeqCst);
+        assert!(c.peek(0).is_err());
+        c.shared.word(ITEM_HEAD).store(5, Ordering::SeqCst); // ahead of the producer's tail 0
+        assert!(p.push_item(0, b"x").is_err());
+        // A record of impossible length is refused, not read past its end.
+        let (mut p, c) = pair();
+        assert!(p.push_item(0, b"ok").expect("push"));
+        // SAFETY: the record is in the map.
+        unsafe { std::ptr::write_volatile(p.shared.record(0).cast::<u64>().add(1), 1 << 40) };
+        assert!(c.peek(0).is_err());
+    }
+
+    #[test]
+    fn a_ring_that_is_not_a_sealed_memfd_of_the_right_size_is_refused() {
+        let p = ProducerRing::create().expect("create");
+        let dup = |f: BorrowedFd<'_>| rustix::io::fcntl_dupfd_cloexec(f, 0).expect("dup");
+        let [m, a, b] = p.fds();
+        assert!(ConsumerRing::open(CAPACITY * 2, RECORD, vec![dup(m), dup(a), dup(b)]).is_err(), "size");
+        assert!(ConsumerRing::open(CAPACITY, RECORD, vec![dup(m), dup(a)]).is_err(), "descriptors");
+        assert!(ConsumerRing::open(CAPACITY, RECORD, vec![dup(a), dup(a), dup(b)]).is_err(), "not a memfd");
+        assert!(ConsumerRing::open(CAPACITY, RECORD, vec![dup(m), dup(m), dup(b)]).is_err(), "not an eventfd");
+    }
+}
