@@ -61,13 +61,13 @@
 #define DEVSHARE_VERSION_MAJOR 1
 
 // Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
-#define DEVSHARE_VERSION_MINOR 4
+#define DEVSHARE_VERSION_MINOR 5
 
 // Patch version (fixes; no interface change).
 #define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 66560
+#define DEVSHARE_VERSION 66816
 
 // The longest spin `devshare_pool_set_spin` and `devshare_connection_set_spin` accept (1 s).
 #define DEVSHARE_MAX_SPIN_US 1000000
@@ -940,8 +940,7 @@ int32_t devshare_connection_info(const struct DevshareConnection *conn,
 // Receive the next item — a leased reference or a pool slot — as an ordinary import:
 // `devshare_import_info` gives its pointers, `devshare_import_release` gives it back to the
 // producer (after this process's device work on it is finished). Waits at most `timeout_ms`
-// (0: do not wait; negative: forever, in the receive system call itself — other receives on
-// the same connection wait for it, and `devshare_connection_close` from another thread would
+// (0: do not wait; negative: forever — `devshare_connection_close` from another thread would
 // free the connection under it: close only after it returned): `DEVSHARE_STATUS_TIMEOUT`. Once the producer is gone
 // and nothing is queued: `DEVSHARE_STATUS_CLOSED`. Imports stay valid after the producer died
 // or the connection closed, until released. A malformed or out-of-bounds item is refused

@@ -582,8 +582,7 @@ pub unsafe extern "C" fn devshare_connection_info(
 /// Receive the next item — a leased reference or a pool slot — as an ordinary import:
 /// `devshare_import_info` gives its pointers, `devshare_import_release` gives it back to the
 /// producer (after this process's device work on it is finished). Waits at most `timeout_ms`
-/// (0: do not wait; negative: forever, in the receive system call itself — other receives on
-/// the same connection wait for it, and `devshare_connection_close` from another thread would
+/// (0: do not wait; negative: forever — `devshare_connection_close` from another thread would
 /// free the connection under it: close only after it returned): `DEVSHARE_STATUS_TIMEOUT`. Once the producer is gone
 /// and nothing is queued: `DEVSHARE_STATUS_CLOSED`. Imports stay valid after the producer died
 /// or the connection closed, until released. A malformed or out-of-bounds item is refused

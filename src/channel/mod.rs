@@ -24,7 +24,7 @@
 //!   allocation once, on its first item (the `ATTACH` message), so every slot keeps one address
 //!   for the pool's life — what captured device graphs replay on. Per item only a small message
 //!   travels each way (`ITEM`, `RETURN`); when every slot is out, `acquire` waits (backpressure).
-//!   Between peers that both read it, host pool items and their returns travel in a
+//!   Between peers that both read it, pool items and their returns travel in a
 //!   shared-memory ring per peer instead of the socket ([`ring`]).
 //!
 //! Thread safety: a channel, a pool and a connection may be used from several threads; their

@@ -852,11 +852,11 @@ impl Core {
         got
     }
 
-    /// Send pool item `m` to peer `idx`: through its ring when it reads one and the item may
-    /// travel there (a host item: no event), else over the socket.
-    fn post_item(&mut self, idx: usize, m: &[u8], ringable: bool, epfd: BorrowedFd<'_>) -> Result<()> {
+    /// Send pool item `m` to peer `idx`: through its ring when it reads one (and the ring has
+    /// room), else over the socket.
+    fn post_item(&mut self, idx: usize, m: &[u8], epfd: BorrowedFd<'_>) -> Result<()> {
         let p = &mut self.peers[idx];
-        if ringable && p.features & wire::FEATURE_RING != 0 && m.len() <= ring::MAX_ITEM && !p.no_ring {
+        if p.features & wire::FEATURE_RING != 0 && m.len() <= ring::MAX_ITEM && !p.no_ring {
             if p.ring.is_none() {
                 match ProducerRing::create() {
                     Ok(r) => {
@@ -1210,7 +1210,7 @@ impl Pool {
             };
             let m = Message::Item { pool: id, slot, layout, event: event.as_ref().map(|e| e.handle()) }.encode();
             let idx = core.index(peer)?;
-            core.post_item(idx, &m, event.is_none(), epfd)?;
+            core.post_item(idx, &m, epfd)?;
             p.slots[slot as usize] = SlotState::Sent(peer);
             p.events[slot as usize] = event;
             Ok(())

@@ -29,7 +29,8 @@
 //!   so a side that is awake or spinning costs its peer no system call, and no record is left
 //!   without a wake-up.
 //!
-//! Host pools only: an item with an interprocess event (a device pool) goes over the socket.
+//! Any pool's items travel here (host or device: a record holds an `ITEM` with its 64-byte
+//! event handle); what the consumer then maps or waits for is decided as for a socket `ITEM`.
 
 use super::wire;
 use crate::error::{Error, Result};

@@ -733,11 +733,21 @@ def test_restrict_refuses_other_processes():
         assert len(errors) == 1 and ch.peers() == []
         assert errors[0].status == devshare.Status.UNTRUSTED and str(os.getpid()) in errors[0].message
         ch.restrict(uids=[os.geteuid()], pids=[os.getpid()])
-        th = threading.Thread(target=lambda: devshare.connect(address, timeout=LIMIT).close())
+        counted = threading.Event()
+
+        def stay():
+            # Connected until the producer counted it: a consumer that hangs up at once may be
+            # gone before wait_peers looks.
+            with devshare.connect(address, timeout=LIMIT):
+                counted.wait(LIMIT)
+
+        th = threading.Thread(target=stay)
         th.start()
         peers = ch.wait_peers(1, timeout=LIMIT)
+        info = ch.peer_info(peers[0])
+        counted.set()
         th.join(LIMIT)
-        assert ch.peer_info(peers[0])["uid"] == os.geteuid()
+        assert info["uid"] == os.geteuid()
     with devshare.Channel(_address("bad")) as ch, pytest.raises(ValueError):
         ch.restrict(pids=[0])
 
