@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install the system tools devshare's build and tests need, when they are missing (Debian/Ubuntu,
-# apt-get): cmake, a C/C++ compiler, pkg-config, and python3-venv for the test environment.
+# apt-get): cmake, a C/C++ compiler, pkg-config, python3-venv for the test environment, and
+# UCX (libucx0, and libucx-dev, whose headers the layout check compiles against) for the remote
+# channel tests.
 # Rust (cargo) must already be there. Safe to run again.
 set -euo pipefail
 
@@ -10,6 +12,11 @@ command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
 command -v make >/dev/null 2>&1 || missing+=(make)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+# UCX for the remote channel tests (tests/remote_ucx.rs skip without it): libucp.so.0 must load by
+# the loader's default search, i.e. be in the ld.so cache.
+ld_cache="$(ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true)"
+[[ "${ld_cache}" == *$'\tlibucp.so.0 '* ]] || missing+=(libucx0)
+[[ -f /usr/include/ucp/api/ucp.h ]] || missing+=(libucx-dev)
 # Debian's python3 can only make a virtual environment (with pip) once python3-venv is there.
 if [[ "${1:-}" == "--python" ]] && [[ ! -x .venv/bin/python ]] \
     && ! python3 -m ensurepip --version >/dev/null 2>&1; then

@@ -314,7 +314,7 @@ pub unsafe extern "C" fn devshare_connection_set_spin(conn: *mut DevshareConnect
 #[no_mangle]
 pub unsafe extern "C" fn devshare_connection_set_stream(conn: *mut DevshareConnection, stream: *mut c_void) -> i32 {
     boundary("devshare_connection_set_stream", || {
-        ffi!(arg(conn, "conn"))?.0.set_stream(stream);
+        ffi!(arg(conn, "conn"))?.0.set_stream(stream)?;
         Ok(())
     })
 }

@@ -179,7 +179,7 @@ struct State {
 }
 
 /// The consumer end of a channel.
-pub struct Connection {
+pub struct LocalConnection {
     shared: Arc<ConnShared>,
     /// What a caller's event loop polls, and receives sleep on: the socket (level-triggered) and
     /// the ring's wake-up eventfd (edge-triggered, once there is a ring).
@@ -194,10 +194,10 @@ pub struct Connection {
     stream: std::sync::atomic::AtomicUsize,
 }
 
-impl Connection {
+impl LocalConnection {
     /// Connect to the channel at `address` and shake hands (waiting at most `timeout` for the
     /// producer to accept).
-    pub fn connect(address: &str, timeout: Option<Duration>) -> Result<Connection> {
+    pub fn connect(address: &str, timeout: Option<Duration>) -> Result<LocalConnection> {
         let addr = wire::address(address)?;
         let deadline = timeout.map(|t| Instant::now() + t);
         // Asked before connecting (it may load the ACL runtime): the handshake goes out right
@@ -272,7 +272,7 @@ impl Connection {
                                 epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| wire::os("epoll_create", e))?;
                             epoll::add(&ep, &fd, epoll::EventData::new_u64(0), epoll::EventFlags::IN)
                                 .map_err(|e| wire::os("epoll_ctl", e))?;
-                            return Ok(Connection {
+                            return Ok(LocalConnection {
                                 epoll: ep,
                                 shared: Arc::new(ConnShared {
                                     fd,
@@ -671,39 +671,16 @@ impl Connection {
             .pools
             .get(&pool)
             .ok_or_else(|| Error::Untrusted(format!("an item of pool {pool}, which this consumer never attached")))?;
-        if slot >= p.count || l.storage_offset.checked_add(l.storage_size).map_or(true, |e| e > p.slot_size) {
-            return Err(Error::Untrusted(format!(
-                "pool {pool} item: slot {slot}, bytes {}..+{} is outside the {} slots of {} bytes",
-                l.storage_offset, l.storage_size, p.count, p.slot_size
-            )));
-        }
-        let token: Arc<dyn Lease> = Arc::new(SlotToken {
-            conn: self.shared.clone(),
-            pool,
-            slot,
-            given: AtomicBool::new(false),
-            _attach: p.token.clone(),
-        });
-        // The item is the pool's handle narrowed to the slot's tensor: validated once, and
-        // checked against the pool's mapping, by derive.
-        let mut h = *p.base.handle();
-        h.storage_offset = p.base.handle().storage_offset + u64::from(slot) * p.slot_size + l.storage_offset;
-        h.storage_size = l.storage_size;
-        h.ndim = l.ndim;
-        h.shape = l.shape;
-        h.strides = l.strides;
-        h.tensor_offset = l.tensor_offset;
-        h.dtype = l.dtype;
-        if let Some(e) = event {
-            h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
-            h.event_handle = e;
-        }
-        let imp = p.base.derive(h, token)?;
-        // The producer's work on the slot may still be running: wait for its event before the
-        // item is used (on the connection's stream, or blocking this thread).
-        let req = ImportRequest { device: Some(p.base.device()), stream: self.stream(), ..ImportRequest::default() };
-        crate::import::wait_for_producer(imp.handle(), &req)?;
-        Ok(imp)
+        let token = |_: ()| -> Arc<dyn Lease> {
+            Arc::new(SlotToken {
+                conn: self.shared.clone(),
+                pool,
+                slot,
+                given: AtomicBool::new(false),
+                _attach: p.token.clone(),
+            })
+        };
+        narrow(&p.base, p.slot_size, p.count, pool, slot, &l, event, token, self.stream())
     }
 
     /// Close the connection: the producer takes back every lease and slot of it at once (imports
@@ -726,10 +703,54 @@ impl Connection {
     }
 }
 
-impl Drop for Connection {
+impl Drop for LocalConnection {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// A pool item: slot `slot` of the pool whose whole allocation `base` maps (`count` slots of
+/// `slot_size` bytes), narrowed to the item's tensor `l` — the slot and its bytes checked
+/// against the pool, the handle validated and checked against the mapping by `derive` — with
+/// the lease `token` makes (only once the item is accepted); waits for the producer's `event`
+/// first (on `stream`, or on this thread).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn narrow(
+    base: &Import,
+    slot_size: u64,
+    count: u32,
+    pool: u32,
+    slot: u32,
+    l: &wire::ItemLayout,
+    event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
+    token: impl FnOnce(()) -> Arc<dyn Lease>,
+    stream: *mut std::ffi::c_void,
+) -> Result<Import> {
+    if slot >= count || l.storage_offset.checked_add(l.storage_size).map_or(true, |e| e > slot_size) {
+        return Err(Error::Untrusted(format!(
+            "pool {pool} item: slot {slot}, bytes {}..+{} is outside the {count} slots of {slot_size} bytes",
+            l.storage_offset, l.storage_size
+        )));
+    }
+    let token = token(());
+    let mut h = *base.handle();
+    h.storage_offset = base.handle().storage_offset + u64::from(slot) * slot_size + l.storage_offset;
+    h.storage_size = l.storage_size;
+    h.ndim = l.ndim;
+    h.shape = l.shape;
+    h.strides = l.strides;
+    h.tensor_offset = l.tensor_offset;
+    h.dtype = l.dtype;
+    if let Some(e) = event {
+        h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
+        h.event_handle = e;
+    }
+    let imp = base.derive(h, token)?;
+    // The producer's work on the slot may still be running: wait for its event before the item
+    // is used (on the connection's stream, or blocking this thread).
+    let req = ImportRequest { device: Some(base.device()), stream, ..ImportRequest::default() };
+    crate::import::wait_for_producer(imp.handle(), &req)?;
+    Ok(imp)
 }
 
 /// The pid this process announces in the handshake: its bare tgid as the ACL runtime reports it
@@ -741,7 +762,7 @@ fn announced_pid() -> i32 {
 }
 
 /// Open a received handle: a channel memfd by its descriptor, anything else by its key.
-fn open(
+pub(crate) fn open(
     h: &crate::handle::DevshareHandle,
     table: Option<&[u8]>,
     mut fds: Vec<OwnedFd>,

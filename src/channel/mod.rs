@@ -31,10 +31,16 @@
 //! state is behind one mutex each. The import of an item is an ordinary import, released on any
 //! thread.
 
+mod api;
 pub mod consumer;
 pub mod producer;
+pub(crate) mod remote;
+pub(crate) mod remote_auth;
+mod remote_consumer;
+mod remote_producer;
 pub(crate) mod ring;
+pub mod ucx;
 pub(crate) mod wire;
 
-pub use consumer::Connection;
-pub use producer::{Channel, PeerInfo, Pool};
+pub use api::{Channel, Connection, Pool};
+pub use producer::PeerInfo;

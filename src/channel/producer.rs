@@ -146,7 +146,7 @@ pub(crate) struct ChannelShared {
 }
 
 /// The producer end of a channel. Dropping it closes it.
-pub struct Channel {
+pub struct LocalChannel {
     shared: Arc<ChannelShared>,
 }
 
@@ -154,9 +154,9 @@ fn timespec(d: Duration) -> Timespec {
     Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) }
 }
 
-impl Channel {
+impl LocalChannel {
     /// Listen on `address` (a path, or `@name` for an abstract socket).
-    pub fn listen(address: &str) -> Result<Channel> {
+    pub fn listen(address: &str) -> Result<LocalChannel> {
         let addr = wire::address(address)?;
         let listener = rustix::net::socket_with(
             AddressFamily::UNIX,
@@ -216,7 +216,7 @@ impl Channel {
             fds: Vec::new(),
             closed: false,
         };
-        Ok(Channel {
+        Ok(LocalChannel {
             shared: Arc::new(ChannelShared {
                 core: Mutex::new(core),
                 epoll: ep,
@@ -417,7 +417,7 @@ impl Channel {
     }
 
     /// Make a pool of `count` slots of `slot_size` bytes at the start of `exp`'s range.
-    pub fn pool(&self, exp: Arc<Exporter>, slot_size: u64, count: u32) -> Result<Pool> {
+    pub fn pool(&self, exp: Arc<Exporter>, slot_size: u64, count: u32) -> Result<LocalPool> {
         if slot_size == 0 {
             return Err(Error::InvalidArgument("slot_size is 0".into()));
         }
@@ -452,11 +452,11 @@ impl Channel {
         let id = core.next_pool;
         core.next_pool = core.next_pool.checked_add(1).ok_or_else(|| Error::Busy("pool ids are exhausted".into()))?;
         core.pools.insert(id, PoolState { exporter: exp, slot_size, count, slots, events, free });
-        Ok(Pool { shared: self.shared.clone(), id, spin_ns: Default::default() })
+        Ok(LocalPool { shared: self.shared.clone(), id, spin_ns: Default::default() })
     }
 }
 
-impl Drop for Channel {
+impl Drop for LocalChannel {
     fn drop(&mut self) {
         self.shared.close();
     }
@@ -1032,7 +1032,7 @@ impl ChannelShared {
 }
 
 /// A pool of fixed-address slots on a channel.
-pub struct Pool {
+pub struct LocalPool {
     shared: Arc<ChannelShared>,
     id: u32,
     /// How long [`Pool::acquire`] polls for a returned slot before it sleeps (ns; 0: not).
@@ -1042,7 +1042,7 @@ pub struct Pool {
 /// The longest spin [`Pool::set_spin`] and the connection's accept (one second).
 pub const MAX_SPIN: Duration = Duration::from_secs(1);
 
-impl Pool {
+impl LocalPool {
     fn with<T>(&self, f: impl FnOnce(&mut Core, &mut PoolState) -> Result<T>) -> Result<T> {
         let mut core = self.shared.lock()?;
         let mut p = core.pools.remove(&self.id).ok_or_else(|| Error::Closed("the pool is closed".into()))?;
@@ -1237,7 +1237,7 @@ impl Pool {
     pub fn close(self) {}
 }
 
-impl Drop for Pool {
+impl Drop for LocalPool {
     fn drop(&mut self) {
         let Ok(mut core) = self.shared.lock() else { return };
         if core.pools.remove(&self.id).is_none() {
@@ -1285,7 +1285,7 @@ mod tests {
 
     /// The messages waiting on a raw consumer's socket after the WELCOME: (type, shares in it,
     /// descriptors that came with it), reading until nothing arrives for 200 ms.
-    fn drain(ch: &Channel, fd: &OwnedFd) -> Vec<(u32, usize, usize)> {
+    fn drain(ch: &LocalChannel, fd: &OwnedFd) -> Vec<(u32, usize, usize)> {
         let (mut buf, mut fds, mut out) = (Vec::new(), Vec::new(), Vec::new());
         while {
             let _ = ch.service(Some(Duration::ZERO)); // what waits in the peer's queue goes out
@@ -1313,7 +1313,7 @@ mod tests {
     #[test]
     fn a_batch_goes_in_few_messages_to_consumers_that_read_them_and_one_by_one_to_older_ones() {
         let addr = format!("@devshare-unit-batch-{}", std::process::id());
-        let ch = Channel::listen(&addr).expect("listen");
+        let ch = LocalChannel::listen(&addr).expect("listen");
         let own = std::process::id() as i32;
         let new = announce_with(&addr, own, wire::FEATURE_SHARES);
         let old = announce(&addr, own);
@@ -1357,13 +1357,13 @@ mod tests {
     #[test]
     fn an_announced_pid_that_is_not_the_kernels_is_whitelisted_only_when_trusted() {
         let addr = format!("@devshare-unit-tgid-{}", std::process::id());
-        let ch = Channel::listen(&addr).expect("listen");
+        let ch = LocalChannel::listen(&addr).expect("listen");
         let own = std::process::id() as i32;
         let _honest = announce(&addr, own);
         let _other = announce(&addr, own + 3_000_000); // a container's host pid, or a lie
         ch.wait_peers(2, Some(Duration::from_secs(10))).expect("two peers");
         let ids = ch.peer_ids().expect("ids");
-        let pids = |ch: &Channel| -> Vec<(i32, i32)> {
+        let pids = |ch: &LocalChannel| -> Vec<(i32, i32)> {
             let core = ch.shared.lock().expect("lock");
             ids.iter().map(|&id| core.peer(id).map(|p| (p.info.tgid, core.whitelist_pid(p))).expect("peer")).collect()
         };

@@ -1,0 +1,305 @@
+//! Pools across machines: the same channel, pool and item API when the consumer is on another
+//! host (`tcp://HOST:PORT` addresses), on UCX.
+//!
+//! - **Control** is devshare's own TCP connection between the two hosts: the handshake (a
+//!   challenge-response over a shared key file, [`super::remote_auth`], and the UCX versions),
+//!   the consumer's UCX worker address, each pool's registration (`ATTACH` from the producer,
+//!   `POOL` with the consumer's slot memory and its packed remote key back), every item
+//!   (`ITEM`, the same bytes as on a Unix channel) and every return (`RETURN`). A dead peer is
+//!   the connection's end, as on a Unix channel.
+//! - **Data** goes through UCX ([`super::ucx`]), loaded at run time. Push: the producer `put`s
+//!   the item's bytes from its slot into a slot of the consumer's own pool (registered once, so
+//!   every consumer slot keeps its address), flushes the endpoint for remote completion, and
+//!   only then sends `ITEM`. Its own slot is free again as soon as the put completed; the
+//!   consumer's slot comes back with `RETURN`. Push rather than pull because the producer knows
+//!   when an item is ready and the consumer then needs no round trip per item, and because the
+//!   producer's slot comes back at once instead of after the consumer's read.
+//! - **Trust.** No `SO_PEERCRED` across hosts: both ends prove knowledge of a key file only
+//!   their user can read (HMAC-SHA256 over fresh nonces of both sides; the key never crosses
+//!   the wire), the producer proving first. A consumer that fails, or speaks another UCX
+//!   version, is refused with the reason before anything is registered or connected for it;
+//!   the consumer's worker address goes only to a producer that proved the key. Not protected:
+//!   the data and the control messages travel unencrypted, and UCX's `tcp` transport writes
+//!   wherever a peer's put says (it does not check remote keys), so anyone who can reach a
+//!   consumer's UCX port can write into that process: use remote channels on a network you
+//!   trust, as UCX itself requires.
+
+use super::wire::{self, In, Out};
+use crate::error::{Error, Result};
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::Instant;
+
+/// Consumer -> producer, first: `magic u32, version u16, 0 u16, nonce [32]`, then its UCX
+/// version (UTF-8).
+pub(crate) const R_HELLO: u32 = 20;
+/// Producer -> consumer: `nonce [32], proof [32]`, then its UCX version.
+pub(crate) const R_CHALLENGE: u32 = 21;
+/// Consumer -> producer: `proof [32]`, then its UCX worker address.
+pub(crate) const R_PROOF: u32 = 22;
+/// Consumer -> producer, answering `ATTACH`: `pool u32, 0 u32, base u64, length u64`, then the
+/// packed remote key of its slot memory.
+pub(crate) const R_POOL: u32 = 23;
+/// First bytes of a remote handshake ("DSRC").
+pub(crate) const MAGIC: u32 = u32::from_le_bytes(*b"DSRC");
+/// Protocol version of remote channels.
+pub(crate) const VERSION: u16 = 1;
+/// Bytes a peer may leave unread (waiting in our buffer) before it is disconnected.
+pub(crate) const MAX_BACKLOG: usize = 4 << 20;
+
+/// A handshake or registration message of a remote channel (the rest are [`wire::Message`]s).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Remote<'a> {
+    Hello { magic: u32, version: u16, nonce: [u8; 32], ucx: &'a [u8] },
+    Challenge { nonce: [u8; 32], proof: [u8; 32], ucx: &'a [u8] },
+    Proof { proof: [u8; 32], worker: &'a [u8] },
+    Pool { pool: u32, base: u64, len: u64, rkey: &'a [u8] },
+}
+
+impl<'a> Remote<'a> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut m;
+        match self {
+            Remote::Hello { magic, version, nonce, ucx } => {
+                m = Out::new(R_HELLO);
+                m.u32(*magic).u16(*version).u16(0).bytes(nonce).bytes(ucx);
+            }
+            Remote::Challenge { nonce, proof, ucx } => {
+                m = Out::new(R_CHALLENGE);
+                m.bytes(nonce).bytes(proof).bytes(ucx);
+            }
+            Remote::Proof { proof, worker } => {
+                m = Out::new(R_PROOF);
+                m.bytes(proof).bytes(worker);
+            }
+            Remote::Pool { pool, base, len, rkey } => {
+                m = Out::new(R_POOL);
+                m.u32(*pool).u32(0).u64(*base).u64(*len).bytes(rkey);
+            }
+        }
+        m.0
+    }
+
+    /// A remote message, or `None` when the type is not one of them (a [`wire::Message`]).
+    pub(crate) fn decode(b: &'a [u8]) -> Result<Option<Remote<'a>>> {
+        let mut r = In::new(b);
+        let msg = match r.u32()? {
+            R_HELLO => {
+                let (magic, version) = (r.u32()?, r.u16()?);
+                let _ = r.u16()?;
+                Remote::Hello { magic, version, nonce: r.array()?, ucx: r.rest() }
+            }
+            R_CHALLENGE => Remote::Challenge { nonce: r.array()?, proof: r.array()?, ucx: r.rest() },
+            R_PROOF => Remote::Proof { proof: r.array()?, worker: r.rest() },
+            R_POOL => {
+                let pool = r.u32()?;
+                let _ = r.u32()?;
+                Remote::Pool { pool, base: r.u64()?, len: r.u64()?, rkey: r.rest() }
+            }
+            _ => return Ok(None),
+        };
+        r.end()?;
+        Ok(Some(msg))
+    }
+}
+
+/// Whether `address` names a remote channel (`tcp://HOST:PORT`).
+pub(crate) fn is_remote(address: &str) -> bool {
+    address.starts_with("tcp://")
+}
+
+/// The socket addresses of `tcp://HOST:PORT` (HOST a name, an IPv4 address or `[IPv6]`).
+pub(crate) fn socket_addrs(address: &str) -> Result<Vec<SocketAddr>> {
+    let rest = address
+        .strip_prefix("tcp://")
+        .ok_or_else(|| Error::InvalidArgument(format!("{address:?} is not a tcp://HOST:PORT address")))?;
+    let bad = || Error::InvalidArgument(format!("{address:?} is not a tcp://HOST:PORT address (a port is needed)"));
+    let (_, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+    port.parse::<u16>().map_err(|_| bad())?;
+    let addrs: Vec<SocketAddr> = rest
+        .to_socket_addrs()
+        .map_err(|e| Error::NotFound(format!("the host of {address:?} does not resolve: {e}")))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(Error::NotFound(format!("the host of {address:?} resolves to no address")));
+    }
+    Ok(addrs)
+}
+
+fn io(what: &str, e: std::io::Error) -> Error {
+    match e.kind() {
+        std::io::ErrorKind::BrokenPipe
+        | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::ConnectionAborted
+        | std::io::ErrorKind::UnexpectedEof => Error::Closed(format!("the other end of the channel is gone ({what})")),
+        _ => Error::Os { call: what.into(), errno: e.raw_os_error().unwrap_or(0), message: e.to_string() },
+    }
+}
+
+/// A non-blocking TCP connection carrying length-prefixed messages (`u32` little-endian length,
+/// at most [`wire::MAX_MESSAGE`] bytes each): what arrived is parsed as it comes; what the
+/// socket had no room for waits (at most [`MAX_BACKLOG`] bytes).
+pub(crate) struct Framed {
+    pub(crate) stream: TcpStream,
+    rbuf: Vec<u8>,
+    /// Bytes of `rbuf` already handed out (dropped on the next read).
+    taken: usize,
+    wbuf: VecDeque<u8>,
+    eof: bool,
+}
+
+impl Framed {
+    pub(crate) fn new(stream: TcpStream) -> Result<Framed> {
+        stream.set_nonblocking(true).map_err(|e| io("fcntl(O_NONBLOCK)", e))?;
+        stream.set_nodelay(true).map_err(|e| io("setsockopt(TCP_NODELAY)", e))?;
+        Ok(Framed { stream, rbuf: Vec::new(), taken: 0, wbuf: VecDeque::new(), eof: false })
+    }
+
+    /// The next whole message, reading what the socket has; `None` when none is complete yet.
+    /// `Closed` once the peer hung up (after the messages it sent).
+    pub(crate) fn next(&mut self) -> Result<Option<Vec<u8>>> {
+        loop {
+            let avail = &self.rbuf[self.taken..];
+            if avail.len() >= 4 {
+                let len = u32::from_le_bytes(avail[..4].try_into().expect("4 bytes")) as usize;
+                if len > wire::MAX_MESSAGE {
+                    return Err(Error::Untrusted(format!(
+                        "a remote channel message of {len} bytes (at most {})",
+                        wire::MAX_MESSAGE
+                    )));
+                }
+                if avail.len() >= 4 + len {
+                    let msg = avail[4..4 + len].to_vec();
+                    self.taken += 4 + len;
+                    return Ok(Some(msg));
+                }
+            }
+            if self.eof {
+                return Err(Error::Closed("the other end of the channel hung up".into()));
+            }
+            if self.taken > 0 {
+                self.rbuf.drain(..self.taken);
+                self.taken = 0;
+            }
+            let old = self.rbuf.len();
+            self.rbuf.resize(old + 64 * 1024, 0);
+            match self.stream.read(&mut self.rbuf[old..]) {
+                Ok(0) => {
+                    self.rbuf.truncate(old);
+                    self.eof = true;
+                }
+                Ok(n) => self.rbuf.truncate(old + n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.rbuf.truncate(old);
+                    return Ok(None);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => self.rbuf.truncate(old),
+                Err(e) => {
+                    self.rbuf.truncate(old);
+                    return Err(io("recv on a remote channel", e));
+                }
+            }
+        }
+    }
+
+    /// Queue one message and send what the socket takes now. `Closed` when the peer is gone or
+    /// has left more than [`MAX_BACKLOG`] bytes unread.
+    pub(crate) fn send(&mut self, msg: &[u8]) -> Result<()> {
+        if self.wbuf.len() + 4 + msg.len() > MAX_BACKLOG {
+            return Err(Error::Closed(format!(
+                "the peer does not read its messages ({} bytes wait; at most {MAX_BACKLOG})",
+                self.wbuf.len()
+            )));
+        }
+        self.wbuf.extend((msg.len() as u32).to_le_bytes());
+        self.wbuf.extend(msg);
+        self.flush()
+    }
+
+    /// Send what waits while the socket takes it.
+    pub(crate) fn flush(&mut self) -> Result<()> {
+        while !self.wbuf.is_empty() {
+            let (a, _) = self.wbuf.as_slices();
+            match self.stream.write(a) {
+                Ok(0) => return Err(Error::Closed("the other end of the channel is gone".into())),
+                Ok(n) => {
+                    self.wbuf.drain(..n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io("send on a remote channel", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether messages wait for room in the socket.
+    pub(crate) fn pending(&self) -> bool {
+        !self.wbuf.is_empty()
+    }
+
+    /// Send everything that waits, waiting for room at most until `deadline`.
+    pub(crate) fn flush_until(&mut self, deadline: Instant) -> Result<()> {
+        loop {
+            self.flush()?;
+            if !self.pending() {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout("the other end of the channel does not read".into()));
+            }
+            use std::os::fd::AsFd;
+            wire::wait_ready(self.stream.as_fd(), rustix::event::PollFlags::OUT, Some(left))?;
+        }
+    }
+
+    /// Wait for the next whole message at most until `deadline` (handshakes).
+    pub(crate) fn next_until(&mut self, deadline: Instant) -> Result<Vec<u8>> {
+        use std::os::fd::AsFd;
+        loop {
+            if let Some(m) = self.next()? {
+                return Ok(m);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !wire::wait_ready(self.stream.as_fd(), rustix::event::PollFlags::IN, Some(left))? {
+                return Err(Error::Timeout("the other end of the channel did not answer the handshake".into()));
+            }
+        }
+    }
+}
+
+/// The UCX settings of a remote channel's context (none: UCX's own defaults and `UCX_*`
+/// environment variables decide the transports).
+pub(crate) const UCX_SETTINGS: &[(&str, &str)] = &[];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_messages_round_trip_and_others_are_left_to_the_channel_wire() {
+        let all = [
+            Remote::Hello { magic: MAGIC, version: VERSION, nonce: [1; 32], ucx: b"1.13.1" },
+            Remote::Challenge { nonce: [2; 32], proof: [3; 32], ucx: b"1.13.1" },
+            Remote::Proof { proof: [4; 32], worker: b"worker address" },
+            Remote::Pool { pool: 3, base: 1 << 40, len: 4096, rkey: b"rkey" },
+        ];
+        for m in all {
+            assert_eq!(Remote::decode(&m.encode()).unwrap(), Some(m));
+        }
+        assert_eq!(Remote::decode(&wire::Message::Return { pool: 1, slot: 2 }.encode()).unwrap(), None);
+        assert!(Remote::decode(&R_CHALLENGE.to_le_bytes()).is_err(), "a short challenge");
+    }
+
+    #[test]
+    fn tcp_addresses_need_a_host_and_a_port() {
+        assert_eq!(socket_addrs("tcp://127.0.0.1:7000").unwrap()[0], "127.0.0.1:7000".parse().unwrap());
+        assert_eq!(socket_addrs("tcp://[::1]:7000").unwrap()[0], "[::1]:7000".parse().unwrap());
+        for bad in ["tcp://127.0.0.1", "tcp://127.0.0.1:x", "tcp://:99999", "udp://1.2.3.4:5"] {
+            assert!(socket_addrs(bad).is_err(), "{bad}");
+        }
+        assert!(is_remote("tcp://h:1") && !is_remote("@name") && !is_remote("/tmp/x"));
+    }
+}

@@ -1,0 +1,403 @@
+//! The consumer end of a remote channel (`tcp://HOST:PORT`): the authenticated connection, the
+//! pools it registers with UCX (its own memory, one registration per pool, so every slot keeps
+//! its address), and the items the producer puts there. See [`super::remote`].
+
+use super::consumer::{narrow, open};
+use super::remote::{self, Framed, Remote};
+use super::remote_auth::{self, Key, Role};
+use super::ucx::{self, Arm, MemRegion};
+use super::wire::{self, Message};
+use crate::error::{Error, Result};
+use crate::handle::DevshareHandle;
+use crate::import::{Import, Lease};
+use rustc_hash::FxHashMap;
+use rustix::event::epoll;
+use std::net::TcpStream;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// What the tokens of received items need: the sending half of the connection.
+struct Shared {
+    writer: Mutex<Framed>,
+    closed: AtomicBool,
+    generation: u64,
+}
+
+impl Shared {
+    /// Send a consumer message (what the socket has no room for waits, and goes out with the
+    /// next receive). A producer that is gone learns everything from the hang-up.
+    fn tell(&self, msg: Message<'_>) {
+        if self.generation != crate::fork::generation() || self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let _ = self.writer.lock().unwrap_or_else(|p| p.into_inner()).send(&msg.encode());
+    }
+}
+
+struct SlotToken {
+    conn: Arc<Shared>,
+    pool: u32,
+    slot: u32,
+    given: AtomicBool,
+    _attach: Arc<AttachToken>,
+}
+
+impl Lease for SlotToken {
+    fn give_back(&self) {
+        if !self.given.swap(true, Ordering::AcqRel) {
+            self.conn.tell(Message::Return { pool: self.pool, slot: self.slot });
+        }
+    }
+
+    fn pool_slot(&self) -> Option<(u32, u32)> {
+        Some((self.pool, self.slot))
+    }
+}
+
+impl Drop for SlotToken {
+    fn drop(&mut self) {
+        self.give_back();
+    }
+}
+
+struct AttachToken {
+    conn: Arc<Shared>,
+    pool: u32,
+}
+
+impl Drop for AttachToken {
+    fn drop(&mut self) {
+        self.conn.tell(Message::Detach { pool: self.pool });
+    }
+}
+
+/// This consumer's copy of a pool: its memory, registered with UCX once.
+struct Attached {
+    /// Unregistered before the memory goes (declared first).
+    _region: MemRegion,
+    base: Import,
+    slot_size: u64,
+    count: u32,
+    token: Arc<AttachToken>,
+}
+
+struct State {
+    reader: Framed,
+    /// Dropped before the worker.
+    pools: FxHashMap<u32, Attached>,
+    worker: Box<ucx::Worker>,
+    context: ucx::Context,
+    eof: bool,
+}
+
+/// The consumer end of a remote channel.
+pub(crate) struct RemoteConnection {
+    shared: Arc<Shared>,
+    state: Mutex<State>,
+    /// The socket (data 0) and the UCX worker's event fd (data 1): what receives sleep on and
+    /// a caller's event loop polls.
+    epoll: OwnedFd,
+    peer_id: u64,
+    producer_pid: i32,
+}
+
+fn os(call: &str, e: std::io::Error) -> Error {
+    Error::Os { call: call.into(), errno: e.raw_os_error().unwrap_or(0), message: e.to_string() }
+}
+
+impl RemoteConnection {
+    /// Connect to the remote channel at `tcp://HOST:PORT`, prove the key and check the
+    /// producer's proof and UCX version (waiting at most `timeout`, 10 s when `None`, for the
+    /// connection and the handshake).
+    pub(crate) fn connect(address: &str, timeout: Option<Duration>) -> Result<RemoteConnection> {
+        let addrs = remote::socket_addrs(address)?;
+        let key = Key::load(&remote_auth::key_path()?)?;
+        let context = ucx::Context::new(remote::UCX_SETTINGS)?;
+        let worker = Box::new(ucx::Worker::new(&context)?);
+        let version = ucx::version()?;
+        let limit = timeout.unwrap_or(Duration::from_secs(10)).max(Duration::from_millis(1));
+        let deadline = Instant::now() + limit;
+        let mut last = None;
+        let mut stream = None;
+        for a in &addrs {
+            match TcpStream::connect_timeout(
+                a,
+                deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
+            ) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let stream = stream.ok_or_else(|| match last {
+            Some(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                Error::NotFound(format!("no channel listens at {address:?} ({e})"))
+            }
+            Some(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                Error::Timeout(format!("the channel at {address:?} accepted no connection"))
+            }
+            Some(e) => os(&format!("connect to {address:?}"), e),
+            None => Error::NotFound(format!("{address:?} resolves to no address")),
+        })?;
+        let writer_stream = stream.try_clone().map_err(|e| os("dup of a socket", e))?;
+        let mut reader = Framed::new(stream)?;
+        let mut writer = Framed::new(writer_stream)?;
+        let mine = remote_auth::nonce()?;
+        writer.send(
+            &Remote::Hello { magic: remote::MAGIC, version: remote::VERSION, nonce: mine, ucx: version.as_bytes() }
+                .encode(),
+        )?;
+        writer.flush_until(deadline)?;
+        let refused = |m: &[u8]| -> Option<Error> {
+            match Message::decode(m) {
+                Ok(Message::Refused { reason }) => Some(Error::Untrusted(format!(
+                    "the channel at {address:?} refused this process: {}",
+                    String::from_utf8_lossy(reason)
+                ))),
+                _ => None,
+            }
+        };
+        let m = reader.next_until(deadline)?;
+        if let Some(e) = refused(&m) {
+            return Err(e);
+        }
+        let Some(Remote::Challenge { nonce: theirs, proof, ucx }) = Remote::decode(&m)? else {
+            return Err(Error::Untrusted(format!(
+                "the channel at {address:?} answered the handshake with something else"
+            )));
+        };
+        if !key.verify(Role::Producer, &mine, &theirs, &proof) {
+            return Err(Error::Untrusted(format!(
+                "the channel at {address:?} did not prove that it has the channel's key"
+            )));
+        }
+        if ucx != version.as_bytes() {
+            return Err(Error::UnsupportedVersion(format!(
+                "the channel at {address:?} has UCX {}, this process UCX {version}: both ends need the same UCX version",
+                String::from_utf8_lossy(ucx)
+            )));
+        }
+        let proof = key.prove(Role::Consumer, &theirs, &mine);
+        writer.send(&Remote::Proof { proof, worker: &worker.address()? }.encode())?;
+        writer.flush_until(deadline)?;
+        let m = reader.next_until(deadline)?;
+        if let Some(e) = refused(&m) {
+            return Err(e);
+        }
+        let Message::Welcome { version: v, peer_id, producer_pid, .. } = Message::decode(&m)? else {
+            return Err(Error::Untrusted(format!("the channel at {address:?} answered the proof with something else")));
+        };
+        if v != remote::VERSION {
+            return Err(Error::UnsupportedVersion(format!("remote channel protocol version {v}")));
+        }
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| wire::os("epoll_create", e))?;
+        epoll::add(&ep, &reader.stream, epoll::EventData::new_u64(0), epoll::EventFlags::IN)
+            .map_err(|e| wire::os("epoll_ctl", e))?;
+        epoll::add(&ep, worker.efd(), epoll::EventData::new_u64(1), epoll::EventFlags::IN)
+            .map_err(|e| wire::os("epoll_ctl", e))?;
+        Ok(RemoteConnection {
+            shared: Arc::new(Shared {
+                writer: Mutex::new(writer),
+                closed: AtomicBool::new(false),
+                generation: crate::fork::generation(),
+            }),
+            state: Mutex::new(State { reader, pools: FxHashMap::default(), worker, context, eof: false }),
+            epoll: ep,
+            peer_id,
+            producer_pid,
+        })
+    }
+
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.epoll.as_fd()
+    }
+
+    pub(crate) fn peer_id(&self) -> u64 {
+        self.peer_id
+    }
+
+    pub(crate) fn producer_pid(&self) -> i32 {
+        self.producer_pid
+    }
+
+    fn state(&self) -> Result<MutexGuard<'_, State>> {
+        if self.shared.generation != crate::fork::generation() {
+            return Err(Error::Unsupported(
+                "this connection was inherited through fork: only the process that opened it may use it".into(),
+            ));
+        }
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed("the connection is closed".into()));
+        }
+        Ok(self.state.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The next item. While it waits it progresses this consumer's UCX worker: the producer's
+    /// puts into this consumer's slots complete only then over software transports (TCP).
+    pub(crate) fn recv(&self, timeout: Option<Duration>) -> Result<Import> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let backlog = {
+                let mut w = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
+                let _ = w.flush();
+                w.pending()
+            };
+            {
+                let mut st = self.state()?;
+                while st.worker.progress() > 0 {}
+                loop {
+                    let m = match st.reader.next() {
+                        Ok(Some(m)) => m,
+                        Ok(None) => break,
+                        Err(Error::Closed(_)) => {
+                            st.eof = true;
+                            break;
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    if let Some(imp) = self.message(&mut st, &m)? {
+                        return Ok(imp);
+                    }
+                }
+                if st.eof {
+                    return Err(Error::Closed("the producer closed the channel or exited".into()));
+                }
+                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                if left.is_some_and(|l| l.is_zero()) {
+                    return Err(Error::Timeout("nothing arrived on the channel".into()));
+                }
+                if st.worker.arm()? == Arm::Busy {
+                    continue;
+                }
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            // Wake for messages, for UCX (the producer's puts), and for room to send releases.
+            let ts = left
+                .map(|d| rustix::event::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
+            let w = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let sock = w.stream.try_clone().map_err(|e| os("dup of a socket", e))?;
+            drop(w);
+            let out = if backlog { rustix::event::PollFlags::OUT } else { rustix::event::PollFlags::empty() };
+            let mut fds = [
+                rustix::event::PollFd::new(&self.epoll, rustix::event::PollFlags::IN),
+                rustix::event::PollFd::new(&sock, out),
+            ];
+            match rustix::event::poll(&mut fds, ts.as_ref()) {
+                Ok(0) => return Err(Error::Timeout("nothing arrived on the channel".into())),
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(wire::os("poll", e)),
+            }
+        }
+    }
+
+    fn message(&self, st: &mut State, b: &[u8]) -> Result<Option<Import>> {
+        if let Some(r) = Remote::decode(b)? {
+            return Err(Error::Untrusted(format!("{r:?} after the handshake")));
+        }
+        match Message::decode(b)? {
+            Message::Attach { pool, slot_size, count, handle } => {
+                if !handle.is_empty() || st.pools.contains_key(&pool) {
+                    return Err(Error::Untrusted(format!("pool {pool} attached twice, or with a handle")));
+                }
+                let whole = slot_size
+                    .checked_mul(u64::from(count))
+                    .filter(|&w| {
+                        slot_size > 0
+                            && count > 0
+                            && count <= super::producer::DEVSHARE_POOL_MAX_SLOTS
+                            && w <= isize::MAX as u64
+                    })
+                    .ok_or_else(|| Error::Untrusted(format!("pool {pool}: {count} slots of {slot_size} bytes")))?;
+                let token = Arc::new(AttachToken { conn: self.shared.clone(), pool });
+                let base = own_memory(whole)?;
+                let ptr = base.view().data;
+                // SAFETY: the memory is this consumer's own mapping of `whole` bytes, held by
+                // `base` for as long as the region (declared before it in Attached) lives; the
+                // producer's puts land there only between items, as the control channel says.
+                let region = unsafe { MemRegion::map(&st.context, ptr, whole as usize) }?;
+                let rkey = region.pack_rkey()?;
+                let reply = Remote::Pool { pool, base: ptr as u64, len: whole, rkey: &rkey }.encode();
+                st.pools.insert(pool, Attached { _region: region, base, slot_size, count, token });
+                self.shared.writer.lock().unwrap_or_else(|p| p.into_inner()).send(&reply)?;
+                Ok(None)
+            }
+            Message::Item { pool, slot, layout, event } => {
+                let p = st.pools.get(&pool).ok_or_else(|| {
+                    Error::Untrusted(format!("an item of pool {pool}, which this consumer never attached"))
+                })?;
+                let token = |_: ()| -> Arc<dyn Lease> {
+                    Arc::new(SlotToken {
+                        conn: self.shared.clone(),
+                        pool,
+                        slot,
+                        given: AtomicBool::new(false),
+                        _attach: p.token.clone(),
+                    })
+                };
+                if event.is_some() {
+                    return Err(Error::Untrusted("a remote item with an event".into()));
+                }
+                narrow(&p.base, p.slot_size, p.count, pool, slot, &layout, None, token, std::ptr::null_mut()).map(Some)
+            }
+            Message::PoolClosed { pool } => {
+                st.pools.remove(&pool);
+                Ok(None)
+            }
+            other => Err(Error::Untrusted(format!("{other:?} is not a message a producer sends"))),
+        }
+    }
+
+    /// Close: the producer takes back every slot of this connection at once; imports stay
+    /// mapped until released.
+    pub(crate) fn close(&self) {
+        if self.shared.generation != crate::fork::generation() {
+            return;
+        }
+        if !self.shared.closed.swap(true, Ordering::AcqRel) {
+            let w = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = w.stream.shutdown(std::net::Shutdown::Read);
+            drop(w);
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.pools.clear();
+            drop(st);
+            let w = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = w.stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for RemoteConnection {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// `len` bytes of this process's own memory (a sealed memfd) as an import: what a remote
+/// pool's slots are, in the consumer.
+fn own_memory(len: u64) -> Result<Import> {
+    use rustix::fs::{fcntl_add_seals, ftruncate, memfd_create, MemfdFlags, SealFlags};
+    crate::shm::ensure_capacity(len)?;
+    let fd = memfd_create("devshare-remote-pool", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .map_err(|e| wire::os("memfd_create", e))?;
+    ftruncate(&fd, len).map_err(|e| wire::os("ftruncate of a memfd", e))?;
+    fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+        .map_err(|e| wire::os("fcntl(F_ADD_SEALS)", e))?;
+    let mut h = DevshareHandle {
+        backend: crate::handle::DEVSHARE_BACKEND_HOST,
+        flags: crate::handle::DEVSHARE_HANDLE_FLAG_CHANNEL,
+        alloc_size: len,
+        storage_size: len,
+        ndim: 1,
+        dtype: crate::dtype::DevshareDType::new(crate::dtype::code::UINT, 8, 1),
+        producer_pid: crate::fork::pid(),
+        ..Default::default()
+    };
+    h.shape[0] = len as i64;
+    h.strides[0] = 1;
+    open(&h, None, vec![fd], None, std::ptr::null_mut())
+}

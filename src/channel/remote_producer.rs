@@ -1,0 +1,764 @@
+//! The producer end of a remote channel (`tcp://HOST:PORT`): the listening TCP socket, its
+//! authenticated peers, and pools whose items are put into each consumer's own slots over UCX.
+//! See [`super::remote`] for the protocol and what is and is not protected.
+
+use super::producer::{
+    PeerInfo, DEVSHARE_CHANNEL_ERROR_BUDGET, DEVSHARE_CHANNEL_HANDSHAKE_MS, DEVSHARE_CHANNEL_MAX_PEERS,
+    DEVSHARE_CHANNEL_MAX_PENDING, DEVSHARE_POOL_MAX_SLOTS,
+};
+use super::remote::{self, Framed, Remote};
+use super::remote_auth::{self, Key, Role};
+use super::ucx::{self, Endpoint, RemoteKey};
+use super::wire::{self, ItemLayout, Message};
+use crate::error::{Error, Result};
+use crate::export::{Exporter, TensorDesc};
+use rustc_hash::FxHashMap;
+use rustix::event::epoll;
+use std::mem::MaybeUninit;
+use std::net::TcpListener;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Most messages taken from one peer per service pass.
+const PEER_BATCH: usize = 64;
+/// Epoll data of the listening socket (peers are their ids, from 1).
+const LISTENER: u64 = 0;
+/// How long [`RemotePool::send`] waits for the consumer's pool registration or a free slot of
+/// it (backpressure) before it gives up.
+const SEND_WAIT: Duration = Duration::from_secs(10);
+
+/// A consumer's copy of one pool: its registered slots and which of them it holds.
+struct PeerPool {
+    /// The consumer's slot memory (None until its `POOL` answer arrived). Borrows the peer's
+    /// endpoint: declared (dropped) before it.
+    rkey: Option<RemoteKey<'static>>,
+    base: u64,
+    free: Vec<u32>,
+    held: Vec<bool>,
+}
+
+enum Handshake {
+    /// Waiting for the consumer's hello.
+    Hello,
+    /// Challenge sent: waiting for its proof.
+    Proof {
+        theirs: [u8; remote_auth::NONCE],
+        mine: [u8; remote_auth::NONCE],
+    },
+    Ready,
+}
+
+struct Peer {
+    /// Dropped first: the remote keys borrow the endpoint.
+    pools: FxHashMap<u32, PeerPool>,
+    /// Boxed: its address is what the keys borrow. Dropped before the channel's worker.
+    ep: Option<Box<Endpoint<'static>>>,
+    id: u64,
+    framed: Framed,
+    state: Handshake,
+    accepted: Instant,
+    doomed: Option<String>,
+    protocol_errors: u64,
+    /// Whether the socket is registered for writability (messages wait for room).
+    writable: bool,
+}
+
+struct PoolState {
+    exporter: Arc<Exporter>,
+    slot_size: u64,
+    count: u32,
+    acquired: Vec<bool>,
+    free: Vec<u32>,
+}
+
+struct Core {
+    /// Dropped before the worker (their endpoints use it).
+    peers: Vec<Peer>,
+    pools: FxHashMap<u32, PoolState>,
+    listener: TcpListener,
+    key: Key,
+    /// Boxed: the endpoints borrow it. Declared after `peers`.
+    worker: Box<ucx::Worker>,
+    ucx_version: String,
+    next_peer: u64,
+    next_pool: u32,
+    closed: bool,
+}
+
+// SAFETY: the UCX worker is made `UCS_THREAD_MODE_SERIALIZED` (any thread, one at a time) and
+// it, its endpoints and remote keys are only touched under the channel's mutex, which holds
+// this struct; everything else in it is `Send`.
+unsafe impl Send for Core {}
+
+pub(crate) struct Shared {
+    core: Mutex<Core>,
+    epoll: OwnedFd,
+    generation: u64,
+}
+
+/// The producer end of a remote channel.
+pub(crate) struct RemoteChannel {
+    shared: Arc<Shared>,
+}
+
+fn timespec(d: Duration) -> rustix::event::Timespec {
+    rustix::event::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) }
+}
+
+impl RemoteChannel {
+    /// Listen on `tcp://HOST:PORT` (only there), with the key of [`remote_auth::key_path`].
+    pub(crate) fn listen(address: &str) -> Result<RemoteChannel> {
+        let addrs = remote::socket_addrs(address)?;
+        let key = Key::load(&remote_auth::key_path()?)?;
+        let context = ucx::Context::new(remote::UCX_SETTINGS)?;
+        let worker = Box::new(ucx::Worker::new(&context)?);
+        let ucx_version = ucx::version()?;
+        let listener = TcpListener::bind(&addrs[..]).map_err(|e| match e.kind() {
+            std::io::ErrorKind::AddrInUse => Error::Busy(format!("channel address {address:?} is in use")),
+            _ => Error::Os {
+                call: format!("bind to {address:?}"),
+                errno: e.raw_os_error().unwrap_or(0),
+                message: e.to_string(),
+            },
+        })?;
+        listener.set_nonblocking(true).map_err(|e| Error::Os {
+            call: "fcntl(O_NONBLOCK)".into(),
+            errno: e.raw_os_error().unwrap_or(0),
+            message: e.to_string(),
+        })?;
+        let ep = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| wire::os("epoll_create", e))?;
+        epoll::add(&ep, &listener, epoll::EventData::new_u64(LISTENER), epoll::EventFlags::IN)
+            .map_err(|e| wire::os("epoll_ctl", e))?;
+        let core = Core {
+            peers: Vec::new(),
+            pools: FxHashMap::default(),
+            listener,
+            key,
+            worker,
+            ucx_version,
+            next_peer: 1,
+            next_pool: 1,
+            closed: false,
+        };
+        Ok(RemoteChannel {
+            shared: Arc::new(Shared { core: Mutex::new(core), epoll: ep, generation: crate::fork::generation() }),
+        })
+    }
+
+    /// The TCP address it listens on (with the port the system chose for port 0).
+    pub(crate) fn local_addr(&self) -> Result<std::net::SocketAddr> {
+        let core = self.shared.lock()?;
+        core.listener.local_addr().map_err(|e| Error::Os {
+            call: "getsockname".into(),
+            errno: e.raw_os_error().unwrap_or(0),
+            message: e.to_string(),
+        })
+    }
+
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.shared.epoll.as_fd()
+    }
+
+    pub(crate) fn service(&self, timeout: Option<Duration>) -> Result<()> {
+        self.shared.service(timeout)
+    }
+
+    pub(crate) fn wait_peers(&self, n: usize, timeout: Option<Duration>) -> Result<()> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut last_look = false;
+        loop {
+            let ready = self.shared.lock()?.peers.iter().filter(|p| p.ready()).count();
+            if ready >= n {
+                return Ok(());
+            }
+            if last_look {
+                return Err(Error::Timeout(format!("{ready} of {n} peers connected")));
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            last_look = left.is_some_and(|l| l.is_zero());
+            self.shared.service(left)?;
+        }
+    }
+
+    pub(crate) fn peer_ids(&self) -> Result<Vec<u64>> {
+        Ok(self.shared.lock()?.peers.iter().filter(|p| p.ready()).map(|p| p.id).collect())
+    }
+
+    pub(crate) fn peer_info(&self, id: u64) -> Result<PeerInfo> {
+        let core = self.shared.lock()?;
+        let p = core.peer(id)?;
+        let held: usize = p.pools.values().map(|pp| pp.held.iter().filter(|&&h| h).count()).sum();
+        Ok(PeerInfo {
+            id,
+            leases: (p.pools.len() + held) as u64,
+            protocol_errors: p.protocol_errors,
+            ..Default::default()
+        })
+    }
+
+    pub(crate) fn disconnect(&self, peer: u64) -> Result<()> {
+        let epfd = self.shared.epoll.as_fd();
+        let mut core = self.shared.lock()?;
+        let idx = core.index(peer)?;
+        let _ = core.peers[idx].framed.flush();
+        core.drop_peer(idx, epfd);
+        Ok(())
+    }
+
+    pub(crate) fn close(&self) {
+        self.shared.close();
+    }
+
+    /// A pool of `count` slots of `slot_size` bytes at the start of `exp`'s range (host
+    /// memory; device memory is refused by name).
+    pub(crate) fn pool(&self, exp: Arc<Exporter>, slot_size: u64, count: u32) -> Result<RemotePool> {
+        if exp.backend() != crate::handle::DEVSHARE_BACKEND_HOST {
+            return Err(Error::Unsupported(format!(
+                "a remote channel's pools are host memory; this export is on backend {} (CUDA pools \
+                 over UCX's CUDA transports are planned; Ascend devices across hosts are planned on \
+                 a Mooncake-based backend)",
+                exp.backend()
+            )));
+        }
+        if slot_size == 0 || count == 0 || count > DEVSHARE_POOL_MAX_SLOTS {
+            return Err(Error::InvalidArgument(format!(
+                "a pool of {count} slots of {slot_size} bytes (1..={DEVSHARE_POOL_MAX_SLOTS} slots of at least 1 byte)"
+            )));
+        }
+        slot_size.checked_mul(u64::from(count)).filter(|&t| t <= exp.size()).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{count} slots of {slot_size} bytes do not fit the export's {} bytes",
+                exp.size()
+            ))
+        })?;
+        let n = count as usize;
+        let mut core = self.shared.lock()?;
+        let id = core.next_pool;
+        core.next_pool = core.next_pool.checked_add(1).ok_or_else(|| Error::Busy("pool ids are exhausted".into()))?;
+        core.pools.insert(
+            id,
+            PoolState { exporter: exp, slot_size, count, acquired: vec![false; n], free: (0..count).rev().collect() },
+        );
+        Ok(RemotePool { shared: self.shared.clone(), id })
+    }
+}
+
+impl Drop for RemoteChannel {
+    fn drop(&mut self) {
+        self.shared.close();
+    }
+}
+
+impl Peer {
+    fn ready(&self) -> bool {
+        matches!(self.state, Handshake::Ready) && self.doomed.is_none()
+    }
+
+    /// Refuse the peer: tell it why (what the socket takes now), then drop it.
+    fn refuse(&mut self, why: String) {
+        let _ = self.framed.send(&Message::Refused { reason: why.as_bytes() }.encode());
+        self.doomed = Some(why);
+    }
+}
+
+impl Core {
+    fn peer(&self, id: u64) -> Result<&Peer> {
+        self.peers
+            .iter()
+            .find(|p| p.id == id && p.ready())
+            .ok_or_else(|| Error::NotFound(format!("peer {id} is not connected to this channel")))
+    }
+
+    fn index(&self, id: u64) -> Result<usize> {
+        self.peers
+            .iter()
+            .position(|p| p.id == id && p.ready())
+            .ok_or_else(|| Error::NotFound(format!("peer {id} is not connected to this channel")))
+    }
+
+    /// Send a message to peer `idx` (what its socket has no room for waits, bounded).
+    fn post(&mut self, idx: usize, msg: &[u8], epfd: BorrowedFd<'_>) -> Result<()> {
+        let p = &mut self.peers[idx];
+        if let Err(e) = p.framed.send(msg) {
+            p.doomed.get_or_insert_with(|| format!("peer {}: {e}", p.id));
+            return Err(e);
+        }
+        p.watch(epfd);
+        Ok(())
+    }
+
+    fn accept_all(&mut self, epfd: BorrowedFd<'_>) {
+        loop {
+            let (stream, _) = match self.listener.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => return,
+            };
+            let Ok(mut framed) = Framed::new(stream) else { continue };
+            let ready = self.peers.iter().filter(|p| p.ready()).count();
+            let pending = self.peers.len() - ready;
+            let refuse = if ready >= DEVSHARE_CHANNEL_MAX_PEERS {
+                Some(format!("the channel already serves {DEVSHARE_CHANNEL_MAX_PEERS} peers"))
+            } else if pending >= DEVSHARE_CHANNEL_MAX_PENDING {
+                Some(format!("{DEVSHARE_CHANNEL_MAX_PENDING} connections are waiting for their handshake already"))
+            } else {
+                None
+            };
+            if let Some(why) = refuse {
+                let _ = framed.send(&Message::Refused { reason: why.as_bytes() }.encode());
+                continue;
+            }
+            let id = self.next_peer;
+            self.next_peer += 1;
+            if epoll::add(epfd, &framed.stream, epoll::EventData::new_u64(id), epoll::EventFlags::IN).is_err() {
+                continue;
+            }
+            self.peers.push(Peer {
+                pools: FxHashMap::default(),
+                ep: None,
+                id,
+                framed,
+                state: Handshake::Hello,
+                accepted: Instant::now(),
+                doomed: None,
+                protocol_errors: 0,
+                writable: false,
+            });
+        }
+    }
+
+    /// Take up to [`PEER_BATCH`] messages of peer `idx`.
+    fn drain_peer(&mut self, idx: usize) {
+        for _ in 0..PEER_BATCH {
+            let p = &mut self.peers[idx];
+            if p.doomed.is_some() {
+                return;
+            }
+            if p.protocol_errors > DEVSHARE_CHANNEL_ERROR_BUDGET {
+                p.doomed =
+                    Some(format!("peer {} sent more than {DEVSHARE_CHANNEL_ERROR_BUDGET} refused messages", p.id));
+                return;
+            }
+            let msg = match p.framed.next() {
+                Ok(Some(m)) => m,
+                Ok(None) => return,
+                Err(e) => {
+                    p.doomed = Some(format!("peer {}: {e}", p.id));
+                    return;
+                }
+            };
+            if let Err(e) = self.message(idx, &msg) {
+                let p = &mut self.peers[idx];
+                if p.ready() {
+                    p.protocol_errors += 1;
+                } else {
+                    // A handshake that fails ends the connection, with the reason.
+                    p.refuse(e.to_string());
+                }
+            }
+        }
+    }
+
+    /// Handle one message of peer `idx`.
+    fn message(&mut self, idx: usize, b: &[u8]) -> Result<()> {
+        let p = &mut self.peers[idx];
+        match std::mem::replace(&mut p.state, Handshake::Ready) {
+            Handshake::Hello => {
+                p.state = Handshake::Hello;
+                let Some(Remote::Hello { magic, version, nonce: theirs, ucx }) = Remote::decode(b)? else {
+                    return Err(Error::Untrusted("the handshake is not a devshare remote channel's".into()));
+                };
+                if magic != remote::MAGIC || version != remote::VERSION {
+                    return Err(Error::UnsupportedVersion(format!(
+                        "remote channel protocol {magic:#x} version {version} is not this producer's version {}",
+                        remote::VERSION
+                    )));
+                }
+                if ucx != self.ucx_version.as_bytes() {
+                    return Err(Error::UnsupportedVersion(format!(
+                        "the consumer has UCX {}, this producer UCX {}: both ends need the same UCX version",
+                        String::from_utf8_lossy(ucx),
+                        self.ucx_version
+                    )));
+                }
+                let mine = remote_auth::nonce()?;
+                let proof = self.key.prove(Role::Producer, &theirs, &mine);
+                let m = Remote::Challenge { nonce: mine, proof, ucx: self.ucx_version.as_bytes() }.encode();
+                let p = &mut self.peers[idx];
+                p.framed.send(&m)?;
+                p.state = Handshake::Proof { theirs, mine };
+                Ok(())
+            }
+            Handshake::Proof { theirs, mine } => {
+                let Some(Remote::Proof { proof, worker }) = Remote::decode(b)? else {
+                    return Err(Error::Untrusted("the consumer answered the challenge with something else".into()));
+                };
+                if !self.key.verify(Role::Consumer, &mine, &theirs, &proof) {
+                    return Err(Error::Untrusted("the consumer did not prove that it has the channel's key".into()));
+                }
+                if worker.is_empty() || worker.len() > 64 * 1024 {
+                    return Err(Error::Untrusted(format!("a UCX worker address of {} bytes", worker.len())));
+                }
+                // SAFETY: the worker outlives every endpoint (peers are dropped before it, see
+                // Core); the address comes whole from a consumer that proved the key.
+                let w: &'static ucx::Worker = unsafe { &*(&*self.worker as *const ucx::Worker) };
+                // SAFETY: as above: an authenticated peer's address, as it sent it.
+                let ep = unsafe { Endpoint::connect(w, worker) }?;
+                let welcome = Message::Welcome {
+                    magic: wire::MAGIC,
+                    version: remote::VERSION,
+                    peer_id: self.peers[idx].id,
+                    producer_pid: crate::fork::pid(),
+                }
+                .encode();
+                let p = &mut self.peers[idx];
+                p.ep = Some(Box::new(ep));
+                p.framed.send(&welcome)?;
+                p.state = Handshake::Ready;
+                Ok(())
+            }
+            Handshake::Ready => {
+                if let Some(r) = Remote::decode(b)? {
+                    let Remote::Pool { pool, base, len, rkey } = r else {
+                        return Err(Error::Untrusted(format!("{r:?} after the handshake")));
+                    };
+                    let Some(ps) = self.pools.get(&pool) else { return Ok(()) }; // closed meanwhile
+                    let whole = ps.slot_size * u64::from(ps.count);
+                    let p = &mut self.peers[idx];
+                    let pp = p.pools.get_mut(&pool).filter(|pp| pp.rkey.is_none()).ok_or_else(|| {
+                        Error::Untrusted(format!("a registration of pool {pool}, which was not asked for"))
+                    })?;
+                    if len != whole {
+                        return Err(Error::Untrusted(format!("pool {pool} registered with {len} bytes, not {whole}")));
+                    }
+                    let ep: &Endpoint<'static> = p.ep.as_deref().expect("a ready peer has an endpoint");
+                    // SAFETY: the endpoint is boxed and outlives its pools' keys (Peer drops
+                    // `pools` first); the key comes whole from the authenticated consumer.
+                    let ep: &'static Endpoint<'static> = unsafe { &*(ep as *const Endpoint<'static>) };
+                    // SAFETY: as above.
+                    let key = unsafe { ep.unpack_rkey(rkey, base, len as usize) }?;
+                    pp.rkey = Some(key);
+                    pp.base = base;
+                    pp.free = (0..ps.count).rev().collect();
+                    pp.held = vec![false; ps.count as usize];
+                    return Ok(());
+                }
+                match Message::decode(b)? {
+                    Message::Return { pool, slot } => {
+                        let p = &mut self.peers[idx];
+                        let Some(pp) = p.pools.get_mut(&pool) else { return Ok(()) };
+                        match pp.held.get_mut(slot as usize) {
+                            Some(h) if *h => {
+                                *h = false;
+                                pp.free.push(slot);
+                                Ok(())
+                            }
+                            _ => Err(Error::Untrusted(format!(
+                                "slot {slot} of pool {pool} is not held by peer {}",
+                                p.id
+                            ))),
+                        }
+                    }
+                    Message::Detach { pool } => {
+                        self.peers[idx].pools.remove(&pool);
+                        Ok(())
+                    }
+                    other => Err(Error::Untrusted(format!("{other:?} is not a message a consumer sends"))),
+                }
+            }
+        }
+    }
+
+    fn drop_peer(&mut self, idx: usize, epfd: BorrowedFd<'_>) {
+        let peer = self.peers.remove(idx);
+        let _ = epoll::delete(epfd, &peer.framed.stream);
+        let _ = peer.framed.stream.shutdown(std::net::Shutdown::Both);
+        // Its keys, then its endpoint (forced when it failed), go with it.
+        drop(peer);
+    }
+
+    /// Drop the peers that are marked, past their handshake deadline or their error budget.
+    fn sweep(&mut self, epfd: BorrowedFd<'_>) {
+        let handshake = Duration::from_millis(DEVSHARE_CHANNEL_HANDSHAKE_MS);
+        let mut i = 0;
+        while i < self.peers.len() {
+            let p = &self.peers[i];
+            let late = !matches!(p.state, Handshake::Ready) && p.accepted.elapsed() >= handshake;
+            if p.doomed.is_some() || late || p.protocol_errors > DEVSHARE_CHANNEL_ERROR_BUDGET {
+                self.drop_peer(i, epfd);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let handshake = Duration::from_millis(DEVSHARE_CHANNEL_HANDSHAKE_MS);
+        self.peers.iter().filter(|p| !matches!(p.state, Handshake::Ready)).map(|p| p.accepted + handshake).min()
+    }
+}
+
+impl Peer {
+    /// Watch the socket for room while messages wait, and stop once they went.
+    fn watch(&mut self, epfd: BorrowedFd<'_>) {
+        let want = self.framed.pending();
+        if want != self.writable {
+            let flags = if want { epoll::EventFlags::IN | epoll::EventFlags::OUT } else { epoll::EventFlags::IN };
+            if epoll::modify(epfd, &self.framed.stream, epoll::EventData::new_u64(self.id), flags).is_ok() {
+                self.writable = want;
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> Result<MutexGuard<'_, Core>> {
+        if self.generation != crate::fork::generation() {
+            return Err(Error::Unsupported(
+                "this channel was inherited through fork: only the process that opened it may use it".into(),
+            ));
+        }
+        let core = self.core.lock().unwrap_or_else(|p| p.into_inner());
+        if core.closed {
+            return Err(Error::Closed("the channel is closed".into()));
+        }
+        Ok(core)
+    }
+
+    fn service(&self, timeout: Option<Duration>) -> Result<()> {
+        let deadline = self.lock()?.next_deadline();
+        let wait = match (timeout, deadline) {
+            (t, None) => t,
+            (t, Some(d)) => {
+                let left = d.saturating_duration_since(Instant::now());
+                Some(t.map_or(left, |t| t.min(left)))
+            }
+        };
+        let mut events = [MaybeUninit::<epoll::Event>::uninit(); 32];
+        let ts = wait.map(timespec);
+        let mut ready = [0u64; 32];
+        let n = loop {
+            match epoll::wait(&self.epoll, &mut events, ts.as_ref()) {
+                Ok((evs, _)) => {
+                    for (r, e) in ready.iter_mut().zip(evs.iter()) {
+                        *r = e.data.u64();
+                    }
+                    break evs.len();
+                }
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(wire::os("epoll_wait", e)),
+            }
+        };
+        let epfd = self.epoll.as_fd();
+        let mut core = self.lock()?;
+        while core.worker.progress() > 0 {}
+        for &id in &ready[..n] {
+            if id == LISTENER {
+                core.sweep(epfd);
+                core.accept_all(epfd);
+            } else if let Some(i) = core.peers.iter().position(|p| p.id == id) {
+                let p = &mut core.peers[i];
+                if let Err(e) = p.framed.flush() {
+                    p.doomed.get_or_insert_with(|| format!("peer {id}: {e}"));
+                }
+                p.watch(epfd);
+                core.drain_peer(i);
+            }
+        }
+        core.sweep(epfd);
+        Ok(())
+    }
+
+    fn close(&self) {
+        if self.generation != crate::fork::generation() {
+            return;
+        }
+        let mut core = self.core.lock().unwrap_or_else(|p| p.into_inner());
+        if core.closed {
+            return;
+        }
+        core.closed = true;
+        while !core.peers.is_empty() {
+            let _ = core.peers[0].framed.flush();
+            core.drop_peer(0, self.epoll.as_fd());
+        }
+        core.pools.clear();
+    }
+}
+
+/// A pool of a remote channel: the producer's slots, put into each consumer's own slots.
+pub(crate) struct RemotePool {
+    shared: Arc<Shared>,
+    id: u32,
+}
+
+impl RemotePool {
+    fn with<T>(&self, f: impl FnOnce(&mut Core, &mut PoolState) -> Result<T>) -> Result<T> {
+        let mut core = self.shared.lock()?;
+        let mut p = core.pools.remove(&self.id).ok_or_else(|| Error::Closed("the pool is closed".into()))?;
+        let r = f(&mut core, &mut p);
+        core.pools.insert(self.id, p);
+        core.sweep(self.shared.epoll.as_fd());
+        r
+    }
+
+    pub(crate) fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub(crate) fn info(&self) -> Result<(u64, u32, u32)> {
+        self.with(|_, p| Ok((p.slot_size, p.count, p.free.len() as u32)))
+    }
+
+    /// A free slot of the producer's pool (they come back as soon as an item's put completed;
+    /// the consumers' slots are the backpressure, in [`Self::send`]).
+    pub(crate) fn acquire(&self, timeout: Option<Duration>) -> Result<(u32, *mut u8)> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut last_look = false;
+        loop {
+            let got = self.with(|_, p| {
+                Ok(p.free.pop().map(|s| {
+                    p.acquired[s as usize] = true;
+                    // SAFETY: s < count and count x slot_size fits the export (checked at creation).
+                    (s, unsafe { p.exporter.ptr().add((u64::from(s) * p.slot_size) as usize) })
+                }))
+            })?;
+            if let Some(g) = got {
+                return Ok(g);
+            }
+            if last_look {
+                return Err(Error::Timeout("every slot of the pool is acquired".into()));
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            last_look = left.is_some_and(|l| l.is_zero());
+            let wait = left.map_or(Duration::from_millis(5), |l| l.min(Duration::from_millis(5)));
+            self.shared.service(Some(wait))?;
+        }
+    }
+
+    pub(crate) fn release(&self, slot: u32) -> Result<()> {
+        self.with(|_, p| match p.acquired.get(slot as usize) {
+            Some(true) => {
+                p.acquired[slot as usize] = false;
+                p.free.push(slot);
+                Ok(())
+            }
+            Some(false) => Err(Error::InvalidArgument(format!("slot {slot} is not acquired"))),
+            None => Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", p.count))),
+        })
+    }
+
+    /// Put the tensor `desc` describes in an acquired slot into a free slot of `peer`'s copy of
+    /// the pool, then tell it (`ITEM`); the producer's slot is free again once the put
+    /// completed. The first item to a peer asks it to register its copy (`ATTACH`) and waits for
+    /// the answer; while every slot of the peer's copy is held, waits for one to come back
+    /// (serving the channel), at most 10 s (`Timeout`; the slot stays acquired).
+    pub(crate) fn send(&self, slot: u32, peer: u64, desc: &TensorDesc<'_>) -> Result<()> {
+        let deadline = Instant::now() + SEND_WAIT;
+        let epfd = self.shared.epoll.as_fd();
+        loop {
+            let sent = self.with(|core, p| {
+                match p.acquired.get(slot as usize) {
+                    Some(true) => {}
+                    Some(false) => {
+                        return Err(Error::InvalidArgument(format!(
+                            "slot {slot} is not acquired: only an acquired slot can be sent"
+                        )))
+                    }
+                    None => return Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", p.count))),
+                }
+                let rel_size = match desc.storage_size {
+                    Some(s) => s,
+                    None => p.slot_size.checked_sub(desc.storage_offset).ok_or_else(|| {
+                        Error::StorageOutOfBounds(format!(
+                            "storage_offset {} is beyond the {}-byte slot",
+                            desc.storage_offset, p.slot_size
+                        ))
+                    })?,
+                };
+                if desc.storage_offset.checked_add(rel_size).map_or(true, |e| e > p.slot_size) {
+                    return Err(Error::StorageOutOfBounds(format!(
+                        "storage_offset {} + storage_size {rel_size} exceeds the {}-byte slot",
+                        desc.storage_offset, p.slot_size
+                    )));
+                }
+                let abs = TensorDesc {
+                    storage_offset: u64::from(slot) * p.slot_size + desc.storage_offset,
+                    storage_size: Some(rel_size),
+                    ..desc.clone()
+                };
+                let idx = core.index(peer)?;
+                // Describes and validates the tensor (host memory: nothing to synchronise).
+                let (h, _event) = p.exporter.share_leased(&abs)?;
+                if !core.peers[idx].pools.contains_key(&self.id) {
+                    let m =
+                        Message::Attach { pool: self.id, slot_size: p.slot_size, count: p.count, handle: &[] }.encode();
+                    core.post(idx, &m, epfd)?;
+                    let pp = PeerPool { rkey: None, base: 0, free: Vec::new(), held: Vec::new() };
+                    core.peers[idx].pools.insert(self.id, pp);
+                }
+                let peer_ref = &mut core.peers[idx];
+                let pp = peer_ref.pools.get_mut(&self.id).expect("attached above");
+                let (Some(rkey), Some(cslot)) = (pp.rkey.as_ref(), pp.free.last().copied()) else {
+                    return Ok(false); // waiting for the registration or a free slot of the peer
+                };
+                let remote = pp.base + u64::from(cslot) * p.slot_size + desc.storage_offset;
+                let ep = peer_ref.ep.as_deref().expect("a ready peer has an endpoint");
+                // SAFETY: the bytes lie in the export (checked above); the export lives in the
+                // pool state while this call runs.
+                let src = unsafe { p.exporter.ptr().add(abs.storage_offset as usize) };
+                // SAFETY: as above; the put and flush complete (or fail) before this returns.
+                let put = unsafe { ep.put(src, rel_size as usize, remote, rkey) }.and_then(|()| ep.flush());
+                if let Err(e) = put {
+                    peer_ref.doomed = Some(format!("peer {peer}: {e}"));
+                    return Err(Error::Closed(format!("the transfer to peer {peer} failed: {e}")));
+                }
+                pp.free.pop();
+                pp.held[cslot as usize] = true;
+                let layout = ItemLayout {
+                    dtype: h.dtype,
+                    ndim: h.ndim,
+                    shape: h.shape,
+                    strides: h.strides,
+                    storage_offset: desc.storage_offset,
+                    storage_size: rel_size,
+                    tensor_offset: h.tensor_offset,
+                };
+                let m = Message::Item { pool: self.id, slot: cslot, layout, event: None }.encode();
+                core.post(idx, &m, epfd)?;
+                p.acquired[slot as usize] = false;
+                p.free.push(slot);
+                Ok(true)
+            })?;
+            if sent {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout(format!(
+                    "peer {peer} did not register its copy of the pool, or holds every slot of it, for {} s",
+                    SEND_WAIT.as_secs()
+                )));
+            }
+            self.shared.service(Some(left.min(Duration::from_millis(5))))?;
+        }
+    }
+}
+
+impl Drop for RemotePool {
+    fn drop(&mut self) {
+        let Ok(mut core) = self.shared.lock() else { return };
+        if core.pools.remove(&self.id).is_none() {
+            return;
+        }
+        let m = Message::PoolClosed { pool: self.id }.encode();
+        let epfd = self.shared.epoll.as_fd();
+        for i in 0..core.peers.len() {
+            if core.peers[i].pools.remove(&self.id).is_some() {
+                let _ = core.post(i, &m, epfd);
+            }
+        }
+        core.sweep(epfd);
+    }
+}

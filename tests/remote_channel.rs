@@ -1,0 +1,319 @@
+//! Remote channels (`tcp://HOST:PORT`): pools across hosts on UCX, over loopback TCP here
+//! (`UCX_TLS=tcp`). Skipped, with a line saying why, when no UCX library loads.
+
+mod common;
+
+use devshare::channel::{Channel, Connection};
+use devshare::export::{Exporter, TensorDesc};
+use devshare::Status;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+const T: Option<Duration> = Some(Duration::from_secs(20));
+const ROLE: &str = "DEVSHARE_REMOTE_ROLE";
+const KEY_ENV: &str = "DEVSHARE_CHANNEL_KEY_FILE";
+
+/// A key file of `bytes`, mode 0600, in a directory of this test process.
+fn key_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("devshare-remote-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
+/// UCX over TCP and this process's key; `false` (the test is skipped) without UCX.
+fn setup() -> bool {
+    static READY: OnceLock<bool> = OnceLock::new();
+    *READY.get_or_init(|| {
+        std::env::set_var("UCX_TLS", "tcp");
+        std::env::set_var("UCX_WARN_UNUSED_ENV_VARS", "n");
+        // The killed peers below make UCX log its lost connections: expected here.
+        std::env::set_var("UCX_LOG_LEVEL", "fatal");
+        if std::env::var_os(KEY_ENV).is_none() {
+            std::env::set_var(KEY_ENV, key_file("channel.key", b"a key shared by both ends, 41 bytes long"));
+        }
+        match devshare::channel::ucx::probe() {
+            Ok(_) => true,
+            Err(e) => {
+                eprintln!("SKIPPED: no UCX library: {e}");
+                false
+            }
+        }
+    })
+}
+
+fn listen() -> (Channel, String) {
+    let ch = Channel::listen("tcp://127.0.0.1:0").unwrap();
+    let addr = format!("tcp://{}", ch.tcp_address().unwrap().unwrap());
+    (ch, addr)
+}
+
+fn pattern(seq: u64, i: usize) -> u8 {
+    (seq as usize * 31 + i * 7 + 1) as u8
+}
+
+#[test]
+fn items_arrive_byte_exact_in_slots_that_keep_their_address_and_wait_for_the_consumers_slots() {
+    if !setup() {
+        return;
+    }
+    const BIG: u64 = 64 << 20;
+    let (ch, addr) = listen();
+    let released = Arc::new(AtomicBool::new(false));
+    let r2 = released.clone();
+    let consumer = std::thread::spawn(move || {
+        let c = Connection::connect(&addr, T).unwrap();
+        let mut bases = std::collections::HashMap::new();
+        // 4 KiB at an odd offset, six times through two slots: byte-exact, one address per slot.
+        for seq in 0..6u64 {
+            let imp = c.recv(T).unwrap();
+            let (pool, slot) = imp.pool_slot().unwrap();
+            assert_eq!(pool, 1);
+            let v = imp.view();
+            let data = v.data as *const u8;
+            // SAFETY: the item's 4096 bytes are mapped while `imp` lives.
+            let bytes = unsafe { std::slice::from_raw_parts(data, 4096) };
+            assert!(bytes.iter().enumerate().all(|(i, &b)| b == pattern(seq, i)), "item {seq} is byte-exact");
+            let base = v.data as usize - 13;
+            assert_eq!(*bases.entry(slot).or_insert(base), base, "slot {slot} keeps its address");
+            imp.release();
+        }
+        // Backpressure: both of this consumer's slots held; the producer's next send waits.
+        let a = c.recv(T).unwrap();
+        let b = c.recv(T).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        r2.store(true, Ordering::SeqCst);
+        drop(a);
+        // The third item, then 64 MiB items byte-exact.
+        let third = c.recv(T).unwrap();
+        drop(third);
+        drop(b);
+        for seq in 0..3u64 {
+            let imp = c.recv(T).unwrap();
+            let v = imp.view();
+            // SAFETY: the item's bytes are mapped while `imp` lives.
+            let bytes = unsafe { std::slice::from_raw_parts(v.data as *const u8, BIG as usize) };
+            let wrong = bytes.iter().enumerate().position(|(i, &b)| b != pattern(100 + seq, i));
+            assert_eq!(wrong, None, "64 MiB item {seq}");
+            imp.release();
+        }
+        assert_eq!(c.recv(T).err().map(|e| e.status()), Some(Status::Closed));
+    });
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Arc::new(Exporter::channel_host_alloc(2 * BIG).unwrap());
+    let pool = ch.pool(exp.clone(), BIG, 2).unwrap();
+    let send = |seq: u64, offset: u64, len: u64| {
+        let (slot, ptr) = pool.acquire(T).unwrap();
+        for i in 0..len as usize {
+            // SAFETY: inside the acquired slot.
+            unsafe { *ptr.add(offset as usize + i) = pattern(seq, i) };
+        }
+        let shape = [len as i64];
+        pool.send(slot, peer, &TensorDesc { shape: &shape, storage_offset: offset, ..Default::default() }).unwrap();
+    };
+    for seq in 0..6 {
+        send(seq, 13, 4096);
+    }
+    assert_eq!(pool.info().unwrap().2, 2, "the producer's slots come back once the put completed");
+    send(6, 13, 4096);
+    send(7, 13, 4096);
+    send(8, 13, 4096); // waits until the consumer gives a slot back
+    assert!(released.load(Ordering::SeqCst), "the send waited for a slot of the consumer");
+    for seq in 0..3 {
+        send(100 + seq, 0, BIG);
+    }
+    assert_eq!(ch.peer_info(peer).unwrap().protocol_errors, 0);
+    drop(pool);
+    ch.close();
+    consumer.join().unwrap();
+}
+
+#[test]
+fn what_a_remote_channel_does_not_carry_is_refused_by_name() {
+    if !setup() {
+        return;
+    }
+    let (ch, _) = listen();
+    assert_eq!(ch.restrict(&[0], &[]).unwrap_err().status(), Status::Unsupported);
+    let dev = Arc::new(Exporter::channel_host_alloc(4096).unwrap());
+    assert_eq!(ch.send(1, &dev, &TensorDesc::default()).unwrap_err().status(), Status::Unsupported);
+    let pool = ch.pool(dev, 1024, 4).unwrap();
+    assert_eq!(pool.set_spin(Duration::from_micros(10)).unwrap_err().status(), Status::Unsupported);
+    assert_eq!(Channel::listen("tcp://127.0.0.1").err().unwrap().status(), Status::InvalidArgument);
+    assert_eq!(Connection::connect("tcp://127.0.0.1:1", T).err().unwrap().status(), Status::NotFound);
+}
+
+/// A consumer in a child process: connects with the key its environment names and reports.
+#[test]
+#[ignore = "a role of the tests below, run in a child process"]
+fn remote_child() {
+    let Ok(role) = std::env::var(ROLE) else { return };
+    assert!(setup());
+    let addr = std::env::var("DEVSHARE_REMOTE_ADDRESS").unwrap();
+    let out = std::io::stdout();
+    match role.as_str() {
+        "connect" => {
+            let r = Connection::connect(&addr, T);
+            let mut o = out.lock();
+            match r {
+                Ok(_) => writeln!(o, "said: connected").unwrap(),
+                Err(e) => writeln!(o, "said: refused {:?} {e}", e.status()).unwrap(),
+            }
+        }
+        "hold" => {
+            // Receive one item, say so, and hold it until killed.
+            let c = Connection::connect(&addr, T).unwrap();
+            let imp = c.recv(T).unwrap();
+            writeln!(out.lock(), "said: holding {:?}", imp.pool_slot()).unwrap();
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        "produce" => {
+            // A producer: one item to the first peer, then wait to be killed.
+            let ch = Channel::listen("tcp://127.0.0.1:0").unwrap();
+            writeln!(out.lock(), "said: tcp://{}", ch.tcp_address().unwrap().unwrap()).unwrap();
+            ch.wait_peers(1, T).unwrap();
+            let peer = ch.peer_ids().unwrap()[0];
+            let exp = Arc::new(Exporter::channel_host_alloc(4096 * 2).unwrap());
+            let pool = ch.pool(exp, 4096, 2).unwrap();
+            let (slot, _) = pool.acquire(T).unwrap();
+            pool.send(slot, peer, &TensorDesc { shape: &[16], ..Default::default() }).unwrap();
+            writeln!(out.lock(), "said: sent").unwrap();
+            loop {
+                ch.service(Some(Duration::from_millis(100))).unwrap();
+            }
+        }
+        r => panic!("unknown role {r}"),
+    }
+}
+
+fn child(role: &str, addr: &str, key: Option<&std::path::Path>) -> std::process::Child {
+    let mut c = common::role("remote_child", &[(ROLE, role.as_ref()), ("DEVSHARE_REMOTE_ADDRESS", addr.as_ref())]);
+    match key {
+        Some(k) => {
+            c.env(KEY_ENV, k);
+        }
+        None => {
+            c.env(KEY_ENV, "/nonexistent/devshare/channel.key");
+        }
+    }
+    c.stdout(Stdio::piped()).spawn().unwrap()
+}
+
+/// Serve `ch` while waiting for the child's first line.
+fn first_line(ch: &Channel, child: &mut std::process::Child) -> String {
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // The first line the role says (the test harness prints lines of its own).
+        let mut lines = BufReader::new(stdout).lines().map_while(|l| l.ok());
+        let said = lines.by_ref().find_map(|l| l.split_once("said: ").map(|(_, r)| r.to_string()));
+        let _ = tx.send(said.unwrap_or_default());
+        lines.for_each(drop); // the rest, so that the child's harness can finish writing
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(l) = rx.try_recv() {
+            return l;
+        }
+        assert!(Instant::now() < deadline, "the child said nothing");
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+    }
+}
+
+#[test]
+fn a_peer_with_the_wrong_key_no_key_or_garbage_is_refused_and_nothing_is_registered_for_it() {
+    if !setup() {
+        return;
+    }
+    let (ch, addr) = listen();
+    let wrong = key_file("wrong.key", b"another key, of the right length at least");
+    let mut c = child("connect", &addr, Some(&wrong));
+    let said = first_line(&ch, &mut c);
+    assert!(said.starts_with("refused Untrusted") && said.contains("key"), "{said}");
+    c.wait().unwrap();
+    let mut c = child("connect", &addr, None);
+    let said = first_line(&ch, &mut c);
+    assert!(said.starts_with("refused NotFound") && said.contains("channel.key"), "{said}");
+    c.wait().unwrap();
+    // Garbage instead of the handshake, and a silent connection: dropped, never a peer.
+    let mut raw = std::net::TcpStream::connect(addr.strip_prefix("tcp://").unwrap()).unwrap();
+    raw.write_all(&[8, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut buf = Vec::new();
+    raw.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    loop {
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+        let mut b = [0u8; 4096];
+        match std::io::Read::read(&mut raw, &mut b) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&b[..n]),
+            Err(_) => {}
+        }
+        assert!(Instant::now() < deadline, "the garbage connection was not dropped");
+    }
+    assert!(String::from_utf8_lossy(&buf).contains("not a devshare remote channel"), "{buf:?}");
+    assert!(ch.peer_ids().unwrap().is_empty(), "no peer was admitted");
+    // The right key still gets in.
+    let mut c = child("connect", &addr, Some(std::path::Path::new(&std::env::var_os(KEY_ENV).unwrap())));
+    assert_eq!(first_line(&ch, &mut c), "connected");
+    c.wait().unwrap();
+}
+
+#[test]
+fn a_killed_consumer_costs_the_producer_nothing_and_a_killed_producer_ends_the_consumers_receive() {
+    if !setup() {
+        return;
+    }
+    let key = std::path::PathBuf::from(std::env::var_os(KEY_ENV).unwrap());
+    // The consumer dies holding an item: the producer sees it gone and goes on.
+    let (ch, addr) = listen();
+    let mut c = child("hold", &addr, Some(&key));
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Arc::new(Exporter::channel_host_alloc(4096 * 2).unwrap());
+    let pool = ch.pool(exp, 4096, 2).unwrap();
+    let (slot, _) = pool.acquire(T).unwrap();
+    pool.send(slot, peer, &TensorDesc { shape: &[16], ..Default::default() }).unwrap();
+    assert!(first_line(&ch, &mut c).starts_with("holding Some((1, 0))"));
+    c.kill().unwrap();
+    c.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ch.peer_ids().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the dead consumer is still a peer");
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+    }
+    assert_eq!(pool.info().unwrap().2, 2, "every slot of the producer is free");
+    let (slot, _) = pool.acquire(T).unwrap();
+    let e = pool.send(slot, peer, &TensorDesc { shape: &[16], ..Default::default() }).unwrap_err();
+    assert_eq!(e.status(), Status::NotFound, "{e}");
+    pool.release(slot).unwrap();
+
+    // The producer dies: the consumer's receive fails with CLOSED, at once.
+    let mut p = common::role("remote_child", &[(ROLE, "produce".as_ref()), ("DEVSHARE_REMOTE_ADDRESS", "".as_ref())])
+        .env(KEY_ENV, &key)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(p.stdout.take().unwrap())
+        .lines()
+        .map_while(|l| l.ok())
+        .filter_map(|l| l.split_once("said: ").map(|(_, r)| r.to_string()));
+    let addr = lines.next().unwrap();
+    let c = Connection::connect(&addr, T).unwrap();
+    let item = c.recv(T).unwrap();
+    assert_eq!(lines.next().unwrap(), "sent");
+    std::thread::spawn(move || lines.for_each(drop));
+    p.kill().unwrap();
+    p.wait().unwrap();
+    assert_eq!(c.recv(T).err().map(|e| e.status()), Some(Status::Closed), "CLOSED, not a timeout");
+    // SAFETY: the item's 16 bytes stay mapped while it lives.
+    let _ = unsafe { *(item.view().data as *const u8) };
+    drop(item);
+}
