@@ -123,6 +123,10 @@
 // `DevshareImportOptions::device` value: import on the device the handle names.
 #define DEVSHARE_DEVICE_FROM_HANDLE -1
 
+// `devshare_probe` target (not a handle backend): the transport of remote (`tcp://`) channels,
+// UCX (`libucp.so.0`, loaded at run time; `DEVSHARE_UCX_LIBRARY` names another).
+#define DEVSHARE_PROBE_REMOTE 256
+
 // Capacity of `DevshareTorchStorage::handle`: every 'c' and legacy form (at most 67 bytes) and
 // the shortest 'e' forms fit; longer 'e' forms come from `devshare_torch_storage_handle`.
 #define DEVSHARE_TORCH_HANDLE_CAPACITY 128
@@ -727,6 +731,14 @@ int32_t devshare_peer_info_init(struct DevsharePeerInfo *info, uint32_t size);
 // of this process's effective uid may connect (checked with `SO_PEERCRED`); see
 // `devshare_channel_restrict`.
 //
+// Or `"tcp://HOST:PORT"` (1.5): a remote channel for consumers on other hosts, listening only
+// on that address. Its peers prove knowledge of the channel key file (`DEVSHARE_CHANNEL_KEY_FILE`,
+// else `~/.config/devshare/channel.key`: the same bytes on both hosts, mode 0600, owned by the
+// user) and must have the same UCX version; it carries pools of host memory only (leases,
+// `_restrict`, spinning: `DEVSHARE_STATUS_UNSUPPORTED`). UCX (`libucp.so.0`) is loaded at run
+// time: `DEVSHARE_STATUS_BACKEND_UNAVAILABLE` without it (`devshare_probe(DEVSHARE_PROBE_REMOTE)`
+// says why). The data and messages travel unencrypted: use it on a network you trust.
+//
 // Nothing runs in the background: connections are accepted, releases taken and hang-ups
 // noticed only inside `devshare_channel_service` and the calls that wait (`_wait_peers`,
 // `devshare_pool_acquire`, and `devshare_exporter_wait` on exports sent over the channel), so
@@ -922,6 +934,14 @@ int32_t devshare_pool_close(struct DevsharePool *pool);
 // (`DEVSHARE_STATUS_UNTRUSTED` otherwise); a producer that refuses this process (uid or pid
 // rules) is `DEVSHARE_STATUS_UNTRUSTED` with its reason. Waits at most `timeout_ms`
 // (negative: forever) for the producer to serve the handshake.
+//
+// `"tcp://HOST:PORT"` connects to a remote channel (see `devshare_channel_listen`): the
+// producer and this process prove the channel key to each other (the key never crosses the
+// wire; a producer without it, or with another UCX version, is refused here), then items of its
+// pools are put into this process's own copy of each pool (registered once: one address per
+// slot). Over TCP the producer's puts complete while this process receives (or polls
+// `devshare_connection_fd` and receives): a send waits for it at most 10 s. Waits at most
+// `timeout_ms` (negative: 10 s) for the connection and the handshake.
 int32_t devshare_channel_connect(const char *address_,
                                  int32_t timeout_ms,
                                  struct DevshareConnection **out);
@@ -1255,10 +1275,11 @@ int32_t devshare_import_release(struct DevshareImport *imp);
 int32_t devshare_backend_info_init(struct DevshareBackendInfo *info, uint32_t size);
 
 // Report whether `backend` is usable here, into `*out` (initialised with
-// `devshare_backend_info_init`). Unknown backend ids are
-// `DEVSHARE_STATUS_INVALID_ARGUMENT`; an unusable backend is `DEVSHARE_STATUS_OK` with `usable = 0`.
-int32_t devshare_probe(uint16_t backend,
-                       struct DevshareBackendInfo *out);
+// `devshare_backend_info_init`): a `DEVSHARE_BACKEND_*`, or `DEVSHARE_PROBE_REMOTE` for remote
+// channels' UCX (name "ucx"; detail: its version and path, or why it does not load). Unknown
+// ids are `DEVSHARE_STATUS_INVALID_ARGUMENT`; an unusable backend is `DEVSHARE_STATUS_OK` with
+// `usable = 0`.
+int32_t devshare_probe(uint16_t backend, struct DevshareBackendInfo *out);
 
 // Initialise `DevshareTorchArgs` of `size` bytes (pass `sizeof *args`): all zero.
 int32_t devshare_torch_args_init(struct DevshareTorchArgs *args, uint32_t size);

@@ -94,6 +94,14 @@ unsafe fn address<'a>(address: *const c_char) -> Result<&'a str> {
 /// of this process's effective uid may connect (checked with `SO_PEERCRED`); see
 /// `devshare_channel_restrict`.
 ///
+/// Or `"tcp://HOST:PORT"` (1.5): a remote channel for consumers on other hosts, listening only
+/// on that address. Its peers prove knowledge of the channel key file (`DEVSHARE_CHANNEL_KEY_FILE`,
+/// else `~/.config/devshare/channel.key`: the same bytes on both hosts, mode 0600, owned by the
+/// user) and must have the same UCX version; it carries pools of host memory only (leases,
+/// `_restrict`, spinning: `DEVSHARE_STATUS_UNSUPPORTED`). UCX (`libucp.so.0`) is loaded at run
+/// time: `DEVSHARE_STATUS_BACKEND_UNAVAILABLE` without it (`devshare_probe(DEVSHARE_PROBE_REMOTE)`
+/// says why). The data and messages travel unencrypted: use it on a network you trust.
+///
 /// Nothing runs in the background: connections are accepted, releases taken and hang-ups
 /// noticed only inside `devshare_channel_service` and the calls that wait (`_wait_peers`,
 /// `devshare_pool_acquire`, and `devshare_exporter_wait` on exports sent over the channel), so
@@ -534,6 +542,14 @@ pub unsafe extern "C" fn devshare_pool_close(pool: *mut DevsharePool) -> i32 {
 /// (`DEVSHARE_STATUS_UNTRUSTED` otherwise); a producer that refuses this process (uid or pid
 /// rules) is `DEVSHARE_STATUS_UNTRUSTED` with its reason. Waits at most `timeout_ms`
 /// (negative: forever) for the producer to serve the handshake.
+///
+/// `"tcp://HOST:PORT"` connects to a remote channel (see `devshare_channel_listen`): the
+/// producer and this process prove the channel key to each other (the key never crosses the
+/// wire; a producer without it, or with another UCX version, is refused here), then items of its
+/// pools are put into this process's own copy of each pool (registered once: one address per
+/// slot). Over TCP the producer's puts complete while this process receives (or polls
+/// `devshare_connection_fd` and receives): a send waits for it at most 10 s. Waits at most
+/// `timeout_ms` (negative: 10 s) for the connection and the handshake.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_channel_connect(
     address_: *const c_char,

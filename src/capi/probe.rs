@@ -46,18 +46,31 @@ fn fill(dst: &mut [c_char], s: &str) {
     dst[n..].fill(0);
 }
 
+/// `devshare_probe` target (not a handle backend): the transport of remote (`tcp://`) channels,
+/// UCX (`libucp.so.0`, loaded at run time; `DEVSHARE_UCX_LIBRARY` names another).
+pub const DEVSHARE_PROBE_REMOTE: u16 = 256;
+
 /// Report whether `backend` is usable here, into `*out` (initialised with
-/// `devshare_backend_info_init`). Unknown backend ids are
-/// `DEVSHARE_STATUS_INVALID_ARGUMENT`; an unusable backend is `DEVSHARE_STATUS_OK` with `usable = 0`.
+/// `devshare_backend_info_init`): a `DEVSHARE_BACKEND_*`, or `DEVSHARE_PROBE_REMOTE` for remote
+/// channels' UCX (name "ucx"; detail: its version and path, or why it does not load). Unknown
+/// ids are `DEVSHARE_STATUS_INVALID_ARGUMENT`; an unusable backend is `DEVSHARE_STATUS_OK` with
+/// `usable = 0`.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_probe(backend: u16, out: *mut DevshareBackendInfo) -> i32 {
     boundary("devshare_probe", || {
-        let p = backend::get(backend)?.probe();
         let mut info = DevshareBackendInfo::defaults();
         info.backend = backend;
-        info.usable = u16::from(p.usable);
-        fill(&mut info.name, backend_name(backend));
-        fill(&mut info.detail, &p.detail);
+        if backend == DEVSHARE_PROBE_REMOTE {
+            let p = crate::channel::ucx::probe();
+            info.usable = u16::from(p.is_ok());
+            fill(&mut info.name, "ucx");
+            fill(&mut info.detail, &p.unwrap_or_else(|e| e.to_string()));
+        } else {
+            let p = backend::get(backend)?.probe();
+            info.usable = u16::from(p.usable);
+            fill(&mut info.name, backend_name(backend));
+            fill(&mut info.detail, &p.detail);
+        }
         ffi!(write_output(out, info, "out"))
     })
 }

@@ -178,6 +178,7 @@
     MACRO(DEVSHARE_CHANNEL_ERROR_BUDGET)         \
     MACRO(DEVSHARE_POOL_MAX_SLOTS)               \
     MACRO(DEVSHARE_MAX_SPIN_US)                  \
+    MACRO(DEVSHARE_PROBE_REMOTE)                 \
     MACRO(DEVSHARE_DTYPE_INT)                    \
     MACRO(DEVSHARE_DTYPE_UINT)                   \
     MACRO(DEVSHARE_DTYPE_FLOAT)                  \
