@@ -167,6 +167,16 @@ fn remote_child() {
                 Err(e) => writeln!(o, "said: refused {:?} {e}", e.status()).unwrap(),
             }
         }
+        "stream" => {
+            // Receive and release items as they come, saying so after the third, until killed.
+            let c = Connection::connect(&addr, T).unwrap();
+            for n in 1.. {
+                c.recv(T).unwrap().release();
+                if n == 3 {
+                    writeln!(out.lock(), "said: streaming").unwrap();
+                }
+            }
+        }
         "hold" => {
             // Receive one item, say so, and hold it until killed.
             let c = Connection::connect(&addr, T).unwrap();
@@ -316,4 +326,55 @@ fn a_killed_consumer_costs_the_producer_nothing_and_a_killed_producer_ends_the_c
     // SAFETY: the item's 16 bytes stay mapped while it lives.
     let _ = unsafe { *(item.view().data as *const u8) };
     drop(item);
+}
+
+#[test]
+fn a_consumer_killed_in_the_middle_of_64_mib_transfers_fails_the_send_without_a_hang() {
+    if !setup() {
+        return;
+    }
+    const BIG: u64 = 64 << 20;
+    let key = std::path::PathBuf::from(std::env::var_os(KEY_ENV).unwrap());
+    let (ch, addr) = listen();
+    let mut c = child("stream", &addr, Some(&key));
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Arc::new(Exporter::channel_host_alloc(2 * BIG).unwrap());
+    let pool = ch.pool(exp, BIG, 2).unwrap();
+    let stdout = c.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines().map_while(|l| l.ok());
+        if lines.by_ref().any(|l| l.contains("said: streaming")) {
+            let _ = tx.send(());
+        }
+        lines.for_each(drop);
+    });
+    let mut killed = false;
+    let mut failed = None;
+    for _ in 0..200 {
+        if !killed && rx.try_recv().is_ok() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+            killed = true;
+        }
+        let (slot, _) = pool.acquire(T).unwrap();
+        match pool.send(slot, peer, &TensorDesc { shape: &[BIG as i64], ..Default::default() }) {
+            Ok(()) => {}
+            Err(e) => {
+                pool.release(slot).unwrap(); // a failed send leaves the slot acquired
+                failed = Some(e.status());
+                break;
+            }
+        }
+    }
+    assert!(killed, "the consumer streamed three items");
+    let status = failed.expect("a send to the killed consumer failed");
+    assert!(matches!(status, Status::Closed | Status::NotFound), "{status:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ch.peer_ids().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the dead consumer is still a peer");
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+    }
+    assert_eq!(pool.info().unwrap().2, 2, "every slot of the producer is free");
 }
