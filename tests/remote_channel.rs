@@ -368,6 +368,10 @@ fn a_consumer_killed_in_the_middle_of_64_mib_transfers_fails_the_send_without_a_
             }
         }
     }
+    if !killed {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
     assert!(killed, "the consumer streamed three items");
     let status = failed.expect("a send to the killed consumer failed");
     assert!(matches!(status, Status::Closed | Status::NotFound), "{status:?}");
