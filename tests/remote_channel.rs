@@ -155,7 +155,8 @@ fn what_a_remote_channel_does_not_carry_is_refused_by_name() {
 #[ignore = "a role of the tests below, run in a child process"]
 fn remote_child() {
     let Ok(role) = std::env::var(ROLE) else { return };
-    assert!(setup());
+    let usable = setup();
+    assert!(usable || role == "nolib", "UCX loads in the child");
     let addr = std::env::var("DEVSHARE_REMOTE_ADDRESS").unwrap();
     let out = std::io::stdout();
     match role.as_str() {
@@ -174,6 +175,27 @@ fn remote_child() {
                 c.recv(T).unwrap().release();
                 if n == 3 {
                     writeln!(out.lock(), "said: streaming").unwrap();
+                }
+            }
+        }
+        "nolib" => {
+            // UCX named by DEVSHARE_UCX_LIBRARY is not UCX: listening and connecting say so.
+            let l = Channel::listen("tcp://127.0.0.1:0").err().map(|e| e.status());
+            let c = Connection::connect(&addr, T).err().map(|e| e.status());
+            writeln!(out.lock(), "said: {l:?} {c:?}").unwrap();
+        }
+        "produce_big" => {
+            // A producer streaming 64 MiB items to the first peer until killed.
+            let ch = Channel::listen("tcp://127.0.0.1:0").unwrap();
+            writeln!(out.lock(), "said: tcp://{}", ch.tcp_address().unwrap().unwrap()).unwrap();
+            ch.wait_peers(1, T).unwrap();
+            let peer = ch.peer_ids().unwrap()[0];
+            let exp = Arc::new(Exporter::channel_host_alloc(2 << 26).unwrap());
+            let pool = ch.pool(exp, 64 << 20, 2).unwrap();
+            loop {
+                let (slot, _) = pool.acquire(T).unwrap();
+                if pool.send(slot, peer, &TensorDesc { shape: &[64 << 20], ..Default::default() }).is_err() {
+                    break;
                 }
             }
         }
@@ -378,4 +400,105 @@ fn a_consumer_killed_in_the_middle_of_64_mib_transfers_fails_the_send_without_a_
         ch.service(Some(Duration::from_millis(10))).unwrap();
     }
     assert_eq!(pool.info().unwrap().2, 2, "every slot of the producer is free");
+}
+
+#[test]
+fn without_ucx_listening_and_connecting_are_backend_unavailable() {
+    if !setup() {
+        return;
+    }
+    let key = std::path::PathBuf::from(std::env::var_os(KEY_ENV).unwrap());
+    let mut c = common::role(
+        "remote_child",
+        &[
+            (ROLE, "nolib".as_ref()),
+            ("DEVSHARE_REMOTE_ADDRESS", "tcp://127.0.0.1:1".as_ref()),
+            ("DEVSHARE_UCX_LIBRARY", "libm.so.6".as_ref()),
+        ],
+    )
+    .env(KEY_ENV, &key)
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(c.stdout.take().unwrap()).lines().map_while(|l| l.ok());
+    let said = lines.by_ref().find_map(|l| l.split_once("said: ").map(|(_, r)| r.to_string())).unwrap_or_default();
+    lines.for_each(drop); // the rest, so that the child's harness can finish writing
+    c.wait().unwrap();
+    assert_eq!(said, "Some(BackendUnavailable) Some(BackendUnavailable)");
+}
+
+#[test]
+fn a_peer_with_another_ucx_version_is_refused_with_both_versions_before_anything_is_registered() {
+    if !setup() {
+        return;
+    }
+    let (ch, addr) = listen();
+    let mut raw = std::net::TcpStream::connect(addr.strip_prefix("tcp://").unwrap()).unwrap();
+    // A hello as a consumer with UCX "1.99.0" sends it: type 20, magic "DSRC", version 1.
+    let mut hello = Vec::new();
+    hello.extend(20u32.to_le_bytes());
+    hello.extend(u32::from_le_bytes(*b"DSRC").to_le_bytes());
+    hello.extend(1u16.to_le_bytes());
+    hello.extend(0u16.to_le_bytes());
+    hello.extend([7u8; 32]);
+    hello.extend(b"1.99.0");
+    let mut frame = (hello.len() as u32).to_le_bytes().to_vec();
+    frame.extend(hello);
+    raw.write_all(&frame).unwrap();
+    raw.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut buf = Vec::new();
+    loop {
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+        let mut b = [0u8; 4096];
+        match std::io::Read::read(&mut raw, &mut b) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&b[..n]),
+            Err(_) => {}
+        }
+        assert!(Instant::now() < deadline, "the connection was not dropped");
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let ours = devshare::channel::ucx::version().unwrap();
+    assert!(text.contains("UCX 1.99.0") && text.contains(&ours), "{text}");
+    assert!(ch.peer_ids().unwrap().is_empty(), "no peer was admitted");
+}
+
+#[test]
+fn a_producer_killed_in_the_middle_of_64_mib_transfers_ends_the_consumers_receive() {
+    if !setup() {
+        return;
+    }
+    let key = std::path::PathBuf::from(std::env::var_os(KEY_ENV).unwrap());
+    let mut p =
+        common::role("remote_child", &[(ROLE, "produce_big".as_ref()), ("DEVSHARE_REMOTE_ADDRESS", "".as_ref())])
+            .env(KEY_ENV, &key)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+    let mut lines = BufReader::new(p.stdout.take().unwrap())
+        .lines()
+        .map_while(|l| l.ok())
+        .filter_map(|l| l.split_once("said: ").map(|(_, r)| r.to_string()));
+    let addr = lines.next().unwrap();
+    std::thread::spawn(move || lines.for_each(drop));
+    let c = Connection::connect(&addr, T).unwrap();
+    for _ in 0..2 {
+        c.recv(T).unwrap().release();
+    }
+    // Killed while it puts the next items (the consumer is not receiving: they are in flight).
+    p.kill().unwrap();
+    p.wait().unwrap();
+    let mut got = 0;
+    let end = loop {
+        match c.recv(T) {
+            Ok(item) => {
+                got += 1;
+                item.release();
+                assert!(got < 10, "items keep coming from a dead producer");
+            }
+            Err(e) => break e.status(),
+        }
+    };
+    assert_eq!(end, Status::Closed, "CLOSED, not a timeout or a garbled item");
 }
