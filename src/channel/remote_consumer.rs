@@ -249,18 +249,16 @@ impl RemoteConnection {
             };
             {
                 let mut st = self.state()?;
-                while st.worker.progress() > 0 {}
-                loop {
-                    let m = match st.reader.next() {
-                        Ok(Some(m)) => m,
-                        Ok(None) => break,
-                        Err(Error::Closed(_)) => {
-                            st.eof = true;
-                            break;
-                        }
-                        Err(e) => return Err(e),
-                    };
-                    if let Some(imp) = self.message(&mut st, &m)? {
+                // The control connection first: once it says the producer is gone, this worker
+                // is never progressed again. Every item's bytes were in place before its ITEM
+                // was sent (the producer flushed), and UCX 1.13 aborts the process from inside
+                // progress when it cannot acknowledge a put to a producer that died mid-transfer.
+                if let Some(imp) = self.take_messages(&mut st)? {
+                    return Ok(imp);
+                }
+                if !st.eof {
+                    while st.worker.progress() > 0 {}
+                    if let Some(imp) = self.take_messages(&mut st)? {
                         return Ok(imp);
                     }
                 }
@@ -291,6 +289,28 @@ impl RemoteConnection {
                 Ok(0) => return Err(Error::Timeout("nothing arrived on the channel".into())),
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(wire::os("poll", e)),
+            }
+        }
+    }
+
+    /// Handle the control messages that arrived, until one is an item; notes the producer's
+    /// hang-up in `st.eof`.
+    fn take_messages(&self, st: &mut State) -> Result<Option<Import>> {
+        if st.eof {
+            return Ok(None);
+        }
+        loop {
+            let m = match st.reader.next() {
+                Ok(Some(m)) => m,
+                Ok(None) => return Ok(None),
+                Err(Error::Closed(_)) => {
+                    st.eof = true;
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            };
+            if let Some(imp) = self.message(st, &m)? {
+                return Ok(Some(imp));
             }
         }
     }
