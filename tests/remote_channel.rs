@@ -259,6 +259,24 @@ fn first_line(ch: &Channel, child: &mut std::process::Child) -> String {
     }
 }
 
+/// Serve `ch` while reading what it says to the hand-made peer `raw`, until it drops the
+/// connection (at most 10 s).
+fn until_dropped(ch: &Channel, mut raw: std::net::TcpStream) -> Vec<u8> {
+    raw.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut buf = Vec::new();
+    loop {
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+        let mut b = [0u8; 4096];
+        match std::io::Read::read(&mut raw, &mut b) {
+            Ok(0) => return buf,
+            Ok(n) => buf.extend_from_slice(&b[..n]),
+            Err(_) => {}
+        }
+        assert!(Instant::now() < deadline, "the connection was not dropped");
+    }
+}
+
 #[test]
 fn a_peer_with_the_wrong_key_no_key_or_garbage_is_refused_and_nothing_is_registered_for_it() {
     if !setup() {
@@ -277,19 +295,7 @@ fn a_peer_with_the_wrong_key_no_key_or_garbage_is_refused_and_nothing_is_registe
     // Garbage instead of the handshake, and a silent connection: dropped, never a peer.
     let mut raw = std::net::TcpStream::connect(addr.strip_prefix("tcp://").unwrap()).unwrap();
     raw.write_all(&[8, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut buf = Vec::new();
-    raw.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    loop {
-        ch.service(Some(Duration::from_millis(10))).unwrap();
-        let mut b = [0u8; 4096];
-        match std::io::Read::read(&mut raw, &mut b) {
-            Ok(0) => break,
-            Ok(n) => buf.extend_from_slice(&b[..n]),
-            Err(_) => {}
-        }
-        assert!(Instant::now() < deadline, "the garbage connection was not dropped");
-    }
+    let buf = until_dropped(&ch, raw);
     assert!(String::from_utf8_lossy(&buf).contains("not a devshare remote channel"), "{buf:?}");
     assert!(ch.peer_ids().unwrap().is_empty(), "no peer was admitted");
     // The right key still gets in.
@@ -445,19 +451,7 @@ fn a_peer_with_another_ucx_version_is_refused_with_both_versions_before_anything
     let mut frame = (hello.len() as u32).to_le_bytes().to_vec();
     frame.extend(hello);
     raw.write_all(&frame).unwrap();
-    raw.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut buf = Vec::new();
-    loop {
-        ch.service(Some(Duration::from_millis(10))).unwrap();
-        let mut b = [0u8; 4096];
-        match std::io::Read::read(&mut raw, &mut b) {
-            Ok(0) => break,
-            Ok(n) => buf.extend_from_slice(&b[..n]),
-            Err(_) => {}
-        }
-        assert!(Instant::now() < deadline, "the connection was not dropped");
-    }
+    let buf = until_dropped(&ch, raw);
     let text = String::from_utf8_lossy(&buf);
     let ours = devshare::channel::ucx::version().unwrap();
     assert!(text.contains("UCX 1.99.0") && text.contains(&ours), "{text}");

@@ -32,37 +32,6 @@ impl ConnShared {
         self.generation == crate::fork::generation() && !self.closed.load(Ordering::Acquire)
     }
 
-    /// Give a pool slot back: through the ring when there is one with room, else a `RETURN`.
-    fn give_back_slot(&self, pool: u32, slot: u32) {
-        if !self.speaks() {
-            return;
-        }
-        if self.ring.get().is_some_and(|r| r.push_return(pool, slot)) {
-            return;
-        }
-        self.tell(Message::Return { pool, slot });
-    }
-
-    /// Send a consumer message. When the producer has not read its socket for the send
-    /// patience (it is not serving the channel), the message waits in the backlog instead of
-    /// being lost, and later messages join it without waiting again. A producer that is gone
-    /// learns everything from the hang-up: nothing to send then.
-    fn tell(&self, msg: Message<'_>) {
-        if !self.speaks() {
-            return;
-        }
-        let bytes = msg.encode();
-        let mut q = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
-        self.flush_locked(&mut q);
-        if q.is_empty() {
-            match wire::send(self.fd.as_fd(), &bytes, &[]) {
-                Err(Error::Timeout(_)) => {}
-                _ => return, // sent, or the producer is gone
-            }
-        }
-        q.push_back(bytes);
-    }
-
     /// Send what waits in the backlog while the socket takes it; whether some still waits.
     fn flush(&self) -> bool {
         if !self.speaks() {
@@ -86,6 +55,50 @@ impl ConnShared {
                 }
             }
         }
+    }
+}
+
+/// Where a consumer's pool tokens send their messages: a Unix connection (`ConnShared`) or a
+/// remote one.
+pub(crate) trait Teller: Send + Sync {
+    /// Send a consumer message; a producer that is gone learns everything from the hang-up.
+    fn tell(&self, msg: Message<'_>);
+
+    /// Give a pool slot back (a `RETURN`, unless the connection has a faster way).
+    fn give_back_slot(&self, pool: u32, slot: u32) {
+        self.tell(Message::Return { pool, slot });
+    }
+}
+
+impl Teller for ConnShared {
+    /// When the producer has not read its socket for the send patience (it is not serving the
+    /// channel), the message waits in the backlog instead of being lost, and later messages join
+    /// it without waiting again.
+    fn tell(&self, msg: Message<'_>) {
+        if !self.speaks() {
+            return;
+        }
+        let bytes = msg.encode();
+        let mut q = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
+        self.flush_locked(&mut q);
+        if q.is_empty() {
+            match wire::send(self.fd.as_fd(), &bytes, &[]) {
+                Err(Error::Timeout(_)) => {}
+                _ => return, // sent, or the producer is gone
+            }
+        }
+        q.push_back(bytes);
+    }
+
+    /// Through the ring when there is one with room, else a `RETURN`.
+    fn give_back_slot(&self, pool: u32, slot: u32) {
+        if !self.speaks() {
+            return;
+        }
+        if self.ring.get().is_some_and(|r| r.push_return(pool, slot)) {
+            return;
+        }
+        self.tell(Message::Return { pool, slot });
     }
 }
 
@@ -113,9 +126,15 @@ impl Drop for LeaseToken {
 
 /// A consumer's attachment to a pool: detached (one `DETACH`) when the pool is closed and its
 /// last item is released.
-struct AttachToken {
-    conn: Arc<ConnShared>,
+pub(crate) struct AttachToken {
+    conn: Arc<dyn Teller>,
     pool: u32,
+}
+
+impl AttachToken {
+    pub(crate) fn new(conn: Arc<dyn Teller>, pool: u32) -> Arc<AttachToken> {
+        Arc::new(AttachToken { conn, pool })
+    }
 }
 
 impl Drop for AttachToken {
@@ -127,7 +146,7 @@ impl Drop for AttachToken {
 /// A pool slot held by this consumer: given back (one `RETURN`) when its import goes, or when
 /// given back earlier.
 struct SlotToken {
-    conn: Arc<ConnShared>,
+    conn: Arc<dyn Teller>,
     pool: u32,
     slot: u32,
     given: AtomicBool,
@@ -442,10 +461,10 @@ impl LocalConnection {
     /// Wait until the epoll set (or, with a backlog, room in the socket) is ready, at most
     /// `left`: `None` when the time ran out, else whether the socket may have a message.
     fn sleep(&self, backlog: bool, left: Option<Duration>) -> Result<Option<bool>> {
+        let ts =
+            left.map(|d| rustix::event::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
         if backlog {
             let mut fds = [PollFd::new(&self.epoll, PollFlags::IN), PollFd::new(&self.shared.fd, PollFlags::OUT)];
-            let ts = left
-                .map(|d| rustix::event::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
             return match rustix::event::poll(&mut fds, ts.as_ref()) {
                 Ok(0) => Ok(None),
                 Ok(_) | Err(rustix::io::Errno::INTR) => Ok(Some(true)),
@@ -453,8 +472,6 @@ impl LocalConnection {
             };
         }
         let mut events = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 4];
-        let ts =
-            left.map(|d| rustix::event::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
         match epoll::wait(&self.epoll, &mut events, ts.as_ref()) {
             Ok(([], _)) => Ok(None),
             // Data 0 is the socket, 1 the ring's wake-up.
@@ -623,7 +640,7 @@ impl LocalConnection {
             }
             Message::Attach { pool, slot_size, count, handle } => {
                 let d = decode_full(handle)?;
-                let token = Arc::new(AttachToken { conn: self.shared.clone(), pool });
+                let token = AttachToken::new(self.shared.clone(), pool);
                 let whole = slot_size.checked_mul(u64::from(count));
                 if slot_size == 0 || count == 0 || whole.map_or(true, |w| w > d.handle.storage_size) {
                     return Err(Error::Untrusted(format!(
@@ -674,16 +691,7 @@ impl LocalConnection {
             .pools
             .get(&pool)
             .ok_or_else(|| Error::Untrusted(format!("an item of pool {pool}, which this consumer never attached")))?;
-        let token = |_: ()| -> Arc<dyn Lease> {
-            Arc::new(SlotToken {
-                conn: self.shared.clone(),
-                pool,
-                slot,
-                given: AtomicBool::new(false),
-                _attach: p.token.clone(),
-            })
-        };
-        narrow(&p.base, p.slot_size, p.count, pool, slot, &l, event, token, self.stream())
+        narrow(&p.base, p.slot_size, p.count, pool, slot, &l, event, (self.shared.clone(), &p.token), self.stream())
     }
 
     /// Close the connection: the producer takes back every lease and slot of it at once (imports
@@ -714,9 +722,10 @@ impl Drop for LocalConnection {
 
 /// A pool item: slot `slot` of the pool whose whole allocation `base` maps (`count` slots of
 /// `slot_size` bytes), narrowed to the item's tensor `l` — the slot and its bytes checked
-/// against the pool, the handle validated and checked against the mapping by `derive` — with
-/// the lease `token` makes (only once the item is accepted); waits for the producer's `event`
-/// first (on `stream`, or on this thread).
+/// against the pool, the handle validated and checked against the mapping by `derive` — whose
+/// lease gives the slot back through `conn` (made only once the slot is in bounds, so that a
+/// refused slot is not given back) and holds the pool's attachment; waits for the producer's
+/// `event` first (on `stream`, or on this thread).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn narrow(
     base: &Import,
@@ -726,7 +735,7 @@ pub(crate) fn narrow(
     slot: u32,
     l: &wire::ItemLayout,
     event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
-    token: impl FnOnce(()) -> Arc<dyn Lease>,
+    (conn, attach): (Arc<dyn Teller>, &Arc<AttachToken>),
     stream: *mut std::ffi::c_void,
 ) -> Result<Import> {
     if slot >= count || l.storage_offset.checked_add(l.storage_size).map_or(true, |e| e > slot_size) {
@@ -735,7 +744,8 @@ pub(crate) fn narrow(
             l.storage_offset, l.storage_size
         )));
     }
-    let token = token(());
+    let token: Arc<dyn Lease> =
+        Arc::new(SlotToken { conn, pool, slot, given: AtomicBool::new(false), _attach: attach.clone() });
     let mut h = *base.handle();
     h.storage_offset = base.handle().storage_offset + u64::from(slot) * slot_size + l.storage_offset;
     h.storage_size = l.storage_size;

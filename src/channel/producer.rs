@@ -1161,26 +1161,7 @@ impl LocalPool {
                 }
                 None => return Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", p.count))),
             }
-            let rel_size = match desc.storage_size {
-                Some(s) => s,
-                None => p.slot_size.checked_sub(desc.storage_offset).ok_or_else(|| {
-                    Error::StorageOutOfBounds(format!(
-                        "storage_offset {} is beyond the {}-byte slot",
-                        desc.storage_offset, p.slot_size
-                    ))
-                })?,
-            };
-            if desc.storage_offset.checked_add(rel_size).map_or(true, |e| e > p.slot_size) {
-                return Err(Error::StorageOutOfBounds(format!(
-                    "storage_offset {} + storage_size {rel_size} exceeds the {}-byte slot",
-                    desc.storage_offset, p.slot_size
-                )));
-            }
-            let abs = TensorDesc {
-                storage_offset: u64::from(slot) * p.slot_size + desc.storage_offset,
-                storage_size: Some(rel_size),
-                ..desc.clone()
-            };
+            let (rel_size, abs) = slot_desc(desc, slot, p.slot_size)?;
             core.peer(peer)?;
             // Describes and validates the tensor; synchronises the producing stream, or records
             // an event on it (DEVSHARE_SHARE_EVENT).
@@ -1206,15 +1187,7 @@ impl LocalPool {
                 book.add(&shared);
                 core.peers[idx].attached.insert(id, book);
             }
-            let layout = ItemLayout {
-                dtype: h.dtype,
-                ndim: h.ndim,
-                shape: h.shape,
-                strides: h.strides,
-                storage_offset: desc.storage_offset,
-                storage_size: rel_size,
-                tensor_offset: h.tensor_offset,
-            };
+            let layout = ItemLayout::of(&h, desc.storage_offset, rel_size);
             let m = Message::Item { pool: id, slot, layout, event: event.as_ref().map(|e| e.handle()) }.encode();
             let idx = core.index(peer)?;
             core.post_item(idx, &m, epfd)?;
@@ -1259,6 +1232,33 @@ impl Drop for LocalPool {
         }
         core.sweep(epfd);
     }
+}
+
+/// A tensor in slot `slot` of a pool of `slot_size`-byte slots, `desc` relative to the slot
+/// (`storage_size` `None`: the rest of the slot): its bytes in the slot, checked to lie inside
+/// it, and the description relative to the pool's export.
+pub(crate) fn slot_desc<'a>(desc: &TensorDesc<'a>, slot: u32, slot_size: u64) -> Result<(u64, TensorDesc<'a>)> {
+    let rel_size = match desc.storage_size {
+        Some(s) => s,
+        None => slot_size.checked_sub(desc.storage_offset).ok_or_else(|| {
+            Error::StorageOutOfBounds(format!(
+                "storage_offset {} is beyond the {slot_size}-byte slot",
+                desc.storage_offset
+            ))
+        })?,
+    };
+    if desc.storage_offset.checked_add(rel_size).map_or(true, |e| e > slot_size) {
+        return Err(Error::StorageOutOfBounds(format!(
+            "storage_offset {} + storage_size {rel_size} exceeds the {slot_size}-byte slot",
+            desc.storage_offset
+        )));
+    }
+    let abs = TensorDesc {
+        storage_offset: u64::from(slot) * slot_size + desc.storage_offset,
+        storage_size: Some(rel_size),
+        ..desc.clone()
+    };
+    Ok((rel_size, abs))
 }
 
 fn describe(s: SlotState) -> String {

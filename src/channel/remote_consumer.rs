@@ -2,14 +2,14 @@
 //! pools it registers with UCX (its own memory, one registration per pool, so every slot keeps
 //! its address), and the items the producer puts there. See [`super::remote`].
 
-use super::consumer::{narrow, open};
+use super::consumer::{narrow, open, AttachToken, Teller};
 use super::remote::{self, Framed, Remote};
 use super::remote_auth::{self, Key, Role};
 use super::ucx::{self, Arm, MemRegion};
 use super::wire::{self, Message};
 use crate::error::{Error, Result};
 use crate::handle::DevshareHandle;
-use crate::import::{Import, Lease};
+use crate::import::Import;
 use rustc_hash::FxHashMap;
 use rustix::event::epoll;
 use std::net::TcpStream;
@@ -26,51 +26,13 @@ struct Shared {
     generation: u64,
 }
 
-impl Shared {
-    /// Send a consumer message (what the socket has no room for waits, and goes out with the
-    /// next receive). A producer that is gone learns everything from the hang-up.
+impl Teller for Shared {
+    /// What the socket has no room for waits, and goes out with the next receive.
     fn tell(&self, msg: Message<'_>) {
         if self.generation != crate::fork::generation() || self.closed.load(Ordering::Acquire) {
             return;
         }
         let _ = self.writer.lock().unwrap_or_else(|p| p.into_inner()).send(&msg.encode());
-    }
-}
-
-struct SlotToken {
-    conn: Arc<Shared>,
-    pool: u32,
-    slot: u32,
-    given: AtomicBool,
-    _attach: Arc<AttachToken>,
-}
-
-impl Lease for SlotToken {
-    fn give_back(&self) {
-        if !self.given.swap(true, Ordering::AcqRel) {
-            self.conn.tell(Message::Return { pool: self.pool, slot: self.slot });
-        }
-    }
-
-    fn pool_slot(&self) -> Option<(u32, u32)> {
-        Some((self.pool, self.slot))
-    }
-}
-
-impl Drop for SlotToken {
-    fn drop(&mut self) {
-        self.give_back();
-    }
-}
-
-struct AttachToken {
-    conn: Arc<Shared>,
-    pool: u32,
-}
-
-impl Drop for AttachToken {
-    fn drop(&mut self) {
-        self.conn.tell(Message::Detach { pool: self.pool });
     }
 }
 
@@ -100,6 +62,9 @@ pub(crate) struct RemoteConnection {
     /// The socket (data 0) and the UCX worker's event fd (data 1): what receives sleep on and
     /// a caller's event loop polls.
     epoll: OwnedFd,
+    /// The socket, to wait for room in it while messages wait (a descriptor of its own: the
+    /// writer's lock is not held while waiting).
+    sock: OwnedFd,
     peer_id: u64,
     producer_pid: i32,
 }
@@ -200,7 +165,9 @@ impl RemoteConnection {
             .map_err(|e| wire::os("epoll_ctl", e))?;
         epoll::add(&ep, worker.efd(), epoll::EventData::new_u64(1), epoll::EventFlags::IN)
             .map_err(|e| wire::os("epoll_ctl", e))?;
+        let sock = rustix::io::fcntl_dupfd_cloexec(&reader.stream, 0).map_err(|e| wire::os("dup of a socket", e))?;
         Ok(RemoteConnection {
+            sock,
             shared: Arc::new(Shared {
                 writer: Mutex::new(writer),
                 closed: AtomicBool::new(false),
@@ -277,13 +244,10 @@ impl RemoteConnection {
             // Wake for messages, for UCX (the producer's puts), and for room to send releases.
             let ts = left
                 .map(|d| rustix::event::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
-            let w = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
-            let sock = w.stream.try_clone().map_err(|e| os("dup of a socket", e))?;
-            drop(w);
             let out = if backlog { rustix::event::PollFlags::OUT } else { rustix::event::PollFlags::empty() };
             let mut fds = [
                 rustix::event::PollFd::new(&self.epoll, rustix::event::PollFlags::IN),
-                rustix::event::PollFd::new(&sock, out),
+                rustix::event::PollFd::new(&self.sock, out),
             ];
             match rustix::event::poll(&mut fds, ts.as_ref()) {
                 Ok(0) => return Err(Error::Timeout("nothing arrived on the channel".into())),
@@ -333,7 +297,7 @@ impl RemoteConnection {
                             && w <= isize::MAX as u64
                     })
                     .ok_or_else(|| Error::Untrusted(format!("pool {pool}: {count} slots of {slot_size} bytes")))?;
-                let token = Arc::new(AttachToken { conn: self.shared.clone(), pool });
+                let token = AttachToken::new(self.shared.clone(), pool);
                 let base = own_memory(whole)?;
                 let ptr = base.view().data;
                 // SAFETY: the memory is this consumer's own mapping of `whole` bytes, held by
@@ -350,19 +314,11 @@ impl RemoteConnection {
                 let p = st.pools.get(&pool).ok_or_else(|| {
                     Error::Untrusted(format!("an item of pool {pool}, which this consumer never attached"))
                 })?;
-                let token = |_: ()| -> Arc<dyn Lease> {
-                    Arc::new(SlotToken {
-                        conn: self.shared.clone(),
-                        pool,
-                        slot,
-                        given: AtomicBool::new(false),
-                        _attach: p.token.clone(),
-                    })
-                };
                 if event.is_some() {
                     return Err(Error::Untrusted("a remote item with an event".into()));
                 }
-                narrow(&p.base, p.slot_size, p.count, pool, slot, &layout, None, token, std::ptr::null_mut()).map(Some)
+                let conn = (self.shared.clone() as Arc<dyn Teller>, &p.token);
+                narrow(&p.base, p.slot_size, p.count, pool, slot, &layout, None, conn, std::ptr::null_mut()).map(Some)
             }
             Message::PoolClosed { pool } => {
                 st.pools.remove(&pool);

@@ -3,7 +3,7 @@
 //! See [`super::remote`] for the protocol and what is and is not protected.
 
 use super::producer::{
-    PeerInfo, DEVSHARE_CHANNEL_ERROR_BUDGET, DEVSHARE_CHANNEL_HANDSHAKE_MS, DEVSHARE_CHANNEL_MAX_PEERS,
+    slot_desc, PeerInfo, DEVSHARE_CHANNEL_ERROR_BUDGET, DEVSHARE_CHANNEL_HANDSHAKE_MS, DEVSHARE_CHANNEL_MAX_PEERS,
     DEVSHARE_CHANNEL_MAX_PENDING, DEVSHARE_POOL_MAX_SLOTS,
 };
 use super::remote::{self, Framed, Remote};
@@ -668,26 +668,7 @@ impl RemotePool {
                     }
                     None => return Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", p.count))),
                 }
-                let rel_size = match desc.storage_size {
-                    Some(s) => s,
-                    None => p.slot_size.checked_sub(desc.storage_offset).ok_or_else(|| {
-                        Error::StorageOutOfBounds(format!(
-                            "storage_offset {} is beyond the {}-byte slot",
-                            desc.storage_offset, p.slot_size
-                        ))
-                    })?,
-                };
-                if desc.storage_offset.checked_add(rel_size).map_or(true, |e| e > p.slot_size) {
-                    return Err(Error::StorageOutOfBounds(format!(
-                        "storage_offset {} + storage_size {rel_size} exceeds the {}-byte slot",
-                        desc.storage_offset, p.slot_size
-                    )));
-                }
-                let abs = TensorDesc {
-                    storage_offset: u64::from(slot) * p.slot_size + desc.storage_offset,
-                    storage_size: Some(rel_size),
-                    ..desc.clone()
-                };
+                let (rel_size, abs) = slot_desc(desc, slot, p.slot_size)?;
                 let idx = core.index(peer)?;
                 // Describes and validates the tensor (host memory: nothing to synchronise).
                 let (h, _event) = p.exporter.share_leased(&abs)?;
@@ -716,15 +697,7 @@ impl RemotePool {
                 }
                 pp.free.pop();
                 pp.held[cslot as usize] = true;
-                let layout = ItemLayout {
-                    dtype: h.dtype,
-                    ndim: h.ndim,
-                    shape: h.shape,
-                    strides: h.strides,
-                    storage_offset: desc.storage_offset,
-                    storage_size: rel_size,
-                    tensor_offset: h.tensor_offset,
-                };
+                let layout = ItemLayout::of(&h, desc.storage_offset, rel_size);
                 let m = Message::Item { pool: self.id, slot: cslot, layout, event: None }.encode();
                 core.post(idx, &m, epfd)?;
                 p.acquired[slot as usize] = false;

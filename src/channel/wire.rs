@@ -93,6 +93,22 @@ pub(crate) struct ItemLayout {
     pub tensor_offset: i64,
 }
 
+impl ItemLayout {
+    /// The layout of the tensor `h` describes, at `storage_offset` in its slot with
+    /// `storage_size` bytes.
+    pub(crate) fn of(h: &crate::handle::DevshareHandle, storage_offset: u64, storage_size: u64) -> ItemLayout {
+        ItemLayout {
+            dtype: h.dtype,
+            ndim: h.ndim,
+            shape: h.shape,
+            strides: h.strides,
+            storage_offset,
+            storage_size,
+            tensor_offset: h.tensor_offset,
+        }
+    }
+}
+
 /// Every message of the protocol, typed: both ends build and read messages only through
 /// [`Message::encode`] and [`Message::decode`]. Byte fields borrow from the received buffer.
 // An item is the message sent per handoff: kept inline (no allocation per item); messages are
