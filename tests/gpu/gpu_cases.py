@@ -760,13 +760,20 @@ def case_d_event_side_stream(cx: Ctx):
         raise CaseSkip("this torch has no torch.cuda._sleep to delay the side stream")
     dev = torch.device("cuda", 0)
     n, start, write = 1 << 20, 11.0, -7.0
-    # Calibrate the GPU spin: cycles per millisecond.
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    torch.cuda._sleep(50_000_000)
-    e1.record()
-    e1.synchronize()
-    per_ms = 50_000_000 / max(e0.elapsed_time(e1), 1e-3)
+    # Calibrate the GPU spin: cycles per millisecond. The first launch loads the sleep kernel
+    # (lazy module loading), which an event pair around it would count as sleep; so warm up
+    # first, then take the fastest of two timed sleeps.
+    torch.cuda._sleep(1000)
+    torch.cuda.synchronize()
+    per_ms = 0.0
+    for _ in range(2):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        torch.cuda._sleep(50_000_000)
+        e1.record()
+        e1.synchronize()
+        per_ms = max(per_ms, 50_000_000 / max(e0.elapsed_time(e1), 1e-3))
+    info(f"GPU sleep calibration: {per_ms / 1000:.0f} k cycles per ms")
     sleep_ms = 1500
     t = torch.zeros(n, dtype=torch.float32, device=dev)
     torch.cuda.synchronize()
@@ -775,11 +782,21 @@ def case_d_event_side_stream(cx: Ctx):
         torch.cuda._sleep(int(per_ms * sleep_ms))
         torch.arange(n, out=t)
         t.add_(start)
+        busy_before = not s.query()
+        t0 = time.monotonic()
         _, args = red.reduce_tensor(t)
     shared_at = time.monotonic()
+    share_ms = (shared_at - t0) * 1000
     pending = not s.query()
     info(describe_args(args))
-    info(f"side stream still busy when shared: {pending} (GPU sleep ~{sleep_ms} ms)")
+    info(f"side stream busy before the share: {busy_before}; reduce_tensor took {share_ms:.0f} ms; "
+         f"busy after it: {pending} (GPU sleep ~{sleep_ms} ms)")
+    check(busy_before, "the side stream had finished before the share (GPU sleep calibration "
+          "wrong?), so the consumer's wait on the event could not be tested")
+    # Whether torch's share waited for the stream itself (then nothing is left for the event).
+    torch_waited = not pending and share_ms > sleep_ms / 2
+    check(pending or torch_waited, "the side stream finished during the share, which took only "
+          f"{share_ms:.0f} ms of the ~{sleep_ms} ms sleep")
     check(bool(args[14]), "event_sync_required is False: torch synchronised instead of sending an "
           "event (more than 1000 events in flight?)")
     text = cx.args_to_text(args)
@@ -792,8 +809,12 @@ def case_d_event_side_stream(cx: Ctx):
     torch.cuda.synchronize()
     check(bool((t == write).all()), "torch does not see the consumer's writes")
     check(read_ref_slot(bytes(args[11]), int(args[12])) == 0, "ref-counter slot not 0 after release")
-    if not pending:
-        info("note: the side stream had finished before the share, so ordering was not stressed")
+    if torch_waited:
+        raise CaseSkip(f"this torch's reduce_tensor waited for the side stream itself ({share_ms:.0f} "
+                       "ms), so no work was left behind the event for the consumer to wait on "
+                       "(values, writes and the event flag were checked)")
+    check(took > sleep_ms / 3, f"the consumer finished {took:.0f} ms after the share, before the "
+          f"side stream's ~{sleep_ms} ms sleep could have ended: it did not wait on the event")
     return f"consumer read the side stream's values through the IPC event ({took:.0f} ms after share)"
 
 
