@@ -302,6 +302,11 @@ impl Exporter {
         self.alloc.window().1
     }
 
+    /// Device index of this export in this process (0 for host memory).
+    pub fn device(&self) -> i32 {
+        self.alloc.device_index()
+    }
+
     /// Backend id of this export.
     pub fn backend(&self) -> u16 {
         self.backend

@@ -496,3 +496,184 @@ fn a_producer_killed_in_the_middle_of_64_mib_transfers_ends_the_consumers_receiv
     };
     assert_eq!(end, Status::Closed, "CLOSED, not a timeout or a garbled item");
 }
+
+/// The CUDA stand-in's driver calls these tests make themselves, device 0 bound on the calling
+/// thread. Its allocations are host memory and say so (`CU_MEMORYTYPE_HOST`), which lets a UCX
+/// built without CUDA move them; `set_memory_type(2)` makes them report device memory.
+struct Cu {
+    lib: libloading::Library,
+}
+
+/// The CUDA tests below change what the stand-in reports process-wide: one at a time.
+static CUDA_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+impl Cu {
+    fn new() -> Cu {
+        let cu = Cu { lib: common::load(common::StandIn::Cuda, "remote") };
+        // SAFETY: the stand-in's functions, with their cuda.h signatures.
+        unsafe {
+            let init: libloading::Symbol<unsafe extern "C" fn(u32) -> i32> = cu.lib.get(b"cuInit").unwrap();
+            assert_eq!(init(0), 0);
+        }
+        cu.bind();
+        cu
+    }
+
+    fn bind(&self) {
+        // SAFETY: as above.
+        unsafe {
+            let retain: libloading::Symbol<unsafe extern "C" fn(*mut *mut std::ffi::c_void, i32) -> i32> =
+                self.lib.get(b"cuDevicePrimaryCtxRetain").unwrap();
+            let set: libloading::Symbol<unsafe extern "C" fn(*mut std::ffi::c_void) -> i32> =
+                self.lib.get(b"cuCtxSetCurrent").unwrap();
+            let mut ctx = std::ptr::null_mut();
+            assert_eq!(retain(&mut ctx, 0), 0);
+            assert_eq!(set(ctx), 0);
+        }
+    }
+
+    fn alloc(&self, len: usize) -> u64 {
+        let mut p = 0u64;
+        // SAFETY: as above.
+        let rc = unsafe {
+            self.lib.get::<unsafe extern "C" fn(*mut u64, usize) -> i32>(b"cuMemAlloc_v2").unwrap()(&mut p, len)
+        };
+        assert_eq!(rc, 0);
+        p
+    }
+
+    fn free(&self, p: u64) {
+        // SAFETY: as above; a block of `alloc`.
+        assert_eq!(unsafe { self.lib.get::<unsafe extern "C" fn(u64) -> i32>(b"cuMemFree_v2").unwrap()(p) }, 0);
+    }
+
+    fn htod(&self, dst: u64, src: &[u8]) {
+        // SAFETY: as above; the stand-in checks that `dst` is device memory.
+        let f =
+            unsafe { self.lib.get::<unsafe extern "C" fn(u64, *const u8, usize) -> i32>(b"cuMemcpyHtoD_v2").unwrap() };
+        // SAFETY: as above.
+        assert_eq!(unsafe { f(dst, src.as_ptr(), src.len()) }, 0);
+    }
+
+    fn dtoh(&self, dst: &mut [u8], src: u64) {
+        // SAFETY: as above.
+        let f =
+            unsafe { self.lib.get::<unsafe extern "C" fn(*mut u8, u64, usize) -> i32>(b"cuMemcpyDtoH_v2").unwrap() };
+        // SAFETY: as above; the stand-in checks that `src` is device memory.
+        assert_eq!(unsafe { f(dst.as_mut_ptr(), src, dst.len()) }, 0);
+    }
+
+    fn set_memory_type(&self, t: u32) {
+        // SAFETY: the stand-in's test hook.
+        unsafe { self.lib.get::<unsafe extern "C" fn(u32)>(b"cusi_set_memory_type").unwrap()(t) }
+    }
+
+    /// A CUDA export of `slots` slots of `slot` bytes (device 0), and its device pointer.
+    fn export(&self, slot: usize, slots: usize) -> (Arc<Exporter>, u64) {
+        let p = self.alloc(slot * slots);
+        let exp = Exporter::export(
+            devshare::handle::DEVSHARE_BACKEND_CUDA,
+            0,
+            p as *mut u8,
+            (slot * slots) as u64,
+            &Default::default(),
+        )
+        .unwrap();
+        (Arc::new(exp), p)
+    }
+}
+
+#[test]
+fn a_cuda_pool_arrives_in_the_consumers_own_device_memory_whose_slots_keep_their_address() {
+    if !setup() {
+        return;
+    }
+    let _one = CUDA_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+    let cu = Cu::new();
+    let (ch, addr) = listen();
+    let consumer = std::thread::spawn(move || {
+        let cu = Cu::new();
+        let c = Connection::connect(&addr, T).unwrap();
+        let mut bases = std::collections::HashMap::new();
+        for seq in 0..8u64 {
+            let imp = c.recv(T).unwrap();
+            assert_eq!(imp.handle().backend, devshare::handle::DEVSHARE_BACKEND_CUDA, "a CUDA item");
+            let (_, slot) = imp.pool_slot().unwrap();
+            let v = imp.view();
+            let mut bytes = vec![0u8; 4096];
+            cu.dtoh(&mut bytes, v.data as u64); // the stand-in refuses anything but device memory
+            assert!(bytes.iter().enumerate().all(|(i, &b)| b == pattern(seq, i)), "item {seq} is byte-exact");
+            let base = v.data as usize - 13;
+            assert_eq!(*bases.entry(slot).or_insert(base), base, "slot {slot} keeps its address");
+            imp.release();
+        }
+        assert_eq!(bases.len(), 2, "both slots were used");
+        assert_eq!(c.recv(T).err().map(|e| e.status()), Some(Status::Closed));
+    });
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let (exp, dev) = cu.export(8192, 2);
+    let pool = ch.pool(exp.clone(), 8192, 2).unwrap();
+    for seq in 0..8u64 {
+        let (slot, ptr) = pool.acquire(T).unwrap();
+        assert_eq!(ptr as u64, dev + u64::from(slot) * 8192, "the producer's slot is its device memory");
+        let bytes: Vec<u8> = (0..4096).map(|i| pattern(seq, i)).collect();
+        cu.htod(ptr as u64 + 13, &bytes);
+        let shape = [4096i64];
+        pool.send(slot, peer, &TensorDesc { shape: &shape, storage_offset: 13, ..Default::default() }).unwrap();
+    }
+    assert_eq!(ch.peer_info(peer).unwrap().protocol_errors, 0);
+    drop(pool);
+    ch.close();
+    consumer.join().unwrap();
+    drop(exp);
+    cu.free(dev);
+    // SAFETY: the stand-in's test hook.
+    let violations = unsafe { cu.lib.get::<unsafe extern "C" fn() -> i32>(b"cusi_violation_count").unwrap()() };
+    assert_eq!(violations, 0, "the stand-in saw driver rules broken (see its log)");
+}
+
+#[test]
+fn a_cuda_pool_of_device_memory_needs_a_ucx_that_moves_it_at_both_ends() {
+    if !setup() {
+        return;
+    }
+    let _one = CUDA_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+    let cu = Cu::new();
+    if devshare::channel::ucx::Context::new(&[]).unwrap().moves_cuda_memory().unwrap() {
+        println!("SKIPPED: this UCX moves CUDA memory, so nothing is refused");
+        return;
+    }
+    let (ch, addr) = listen();
+    let (exp, dev) = cu.export(4096, 2);
+    // The producer: a pool of what the driver calls device memory is refused, saying why.
+    cu.set_memory_type(2);
+    let e = ch.pool(exp.clone(), 4096, 2).err().expect("refused");
+    assert_eq!(e.status(), Status::Unsupported);
+    assert!(e.to_string().contains("cannot move CUDA device memory") && e.to_string().contains("libucx-cu12"), "{e}");
+    // The consumer: the same refusal when the pool arrives, and the connection ends, so the
+    // producer's send fails at once instead of waiting for a registration.
+    cu.set_memory_type(1);
+    let pool = ch.pool(exp.clone(), 4096, 2).unwrap();
+    cu.set_memory_type(2);
+    let consumer = std::thread::spawn(move || {
+        let c = Connection::connect(&addr, T).unwrap();
+        let e = c.recv(T).err().expect("refused");
+        assert_eq!(e.status(), Status::Unsupported, "{e}");
+        assert!(e.to_string().contains("cannot move CUDA device memory"), "{e}");
+        assert_eq!(c.recv(T).err().map(|e| e.status()), Some(Status::Closed));
+    });
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let (slot, _) = pool.acquire(T).unwrap();
+    let shape = [16i64];
+    let started = Instant::now();
+    let e = pool.send(slot, peer, &TensorDesc { shape: &shape, ..Default::default() }).expect_err("the peer left");
+    assert!(started.elapsed() < Duration::from_secs(5), "the send failed at once ({:?}): {e}", started.elapsed());
+    cu.set_memory_type(1);
+    consumer.join().unwrap();
+    drop(pool);
+    ch.close();
+    drop(exp);
+    cu.free(dev);
+}

@@ -251,6 +251,20 @@ pub trait Backend: Sync {
     /// Before a consumer returns a reference to its producer: make sure this process's work on
     /// `device` is finished (PyTorch synchronises the stream that used the memory).
     fn synchronize(&self, _device: i32) {}
+    /// `len` bytes of device memory on `device` that this process allocates for itself (no
+    /// export, no import: a remote channel consumer's copy of a pool), as a mapping that frees it
+    /// when dropped, and whether the CPU addresses it directly (the driver reports host memory).
+    fn alloc_private(&self, _device: i32, _len: u64) -> Result<(Box<dyn Mapping>, bool)> {
+        Err(Error::Unsupported(format!(
+            "the {} backend allocates no private device memory",
+            crate::handle::backend_name(self.id())
+        )))
+    }
+    /// Whether the CPU addresses the memory at `ptr` directly (host memory, or a driver that
+    /// reports it as such); `false` for device memory and for what the driver does not know.
+    fn cpu_addressable(&self, _ptr: *mut u8) -> bool {
+        self.id() == crate::handle::DEVSHARE_BACKEND_HOST
+    }
     /// The pid an exporter must pass to `allow_pid` for this process to import on `device`.
     fn local_pid(&self, _device: i32) -> Result<i32> {
         Ok(std::process::id() as i32)

@@ -270,6 +270,42 @@ impl Framed {
     }
 }
 
+/// What a remote pool's slots are, as the handle field of its `ATTACH` message tells the
+/// consumer (which allocates its own copy of that kind): empty for host memory, or `b"cuda"`
+/// then the device ordinal (`u32`, little-endian) for CUDA device memory. A 1.5 consumer
+/// refuses anything but empty, so a CUDA pool never reaches one as host memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PoolMemory {
+    Host,
+    Cuda { device: i32 },
+}
+
+impl PoolMemory {
+    pub(crate) fn encode(self) -> Vec<u8> {
+        match self {
+            PoolMemory::Host => Vec::new(),
+            PoolMemory::Cuda { device } => {
+                let mut b = b"cuda".to_vec();
+                b.extend_from_slice(&(device as u32).to_le_bytes());
+                b
+            }
+        }
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<PoolMemory> {
+        match b {
+            [] => Ok(PoolMemory::Host),
+            [b'c', b'u', b'd', b'a', d @ ..] if d.len() == 4 => {
+                let device = u32::from_le_bytes(d.try_into().expect("4 bytes"));
+                i32::try_from(device)
+                    .map(|device| PoolMemory::Cuda { device })
+                    .map_err(|_| Error::Untrusted(format!("a CUDA pool on device {device}")))
+            }
+            _ => Err(Error::Untrusted(format!("a pool whose memory is described by {} unknown bytes", b.len()))),
+        }
+    }
+}
+
 /// The UCX settings of a remote channel's context (none: UCX's own defaults and `UCX_*`
 /// environment variables decide the transports).
 pub(crate) const UCX_SETTINGS: &[(&str, &str)] = &[];
@@ -291,6 +327,18 @@ mod tests {
         }
         assert_eq!(Remote::decode(&wire::Message::Return { pool: 1, slot: 2 }.encode()).unwrap(), None);
         assert!(Remote::decode(&R_CHALLENGE.to_le_bytes()).is_err(), "a short challenge");
+    }
+
+    #[test]
+    fn pool_memory_round_trips_and_unknown_kinds_are_refused() {
+        for m in [PoolMemory::Host, PoolMemory::Cuda { device: 0 }, PoolMemory::Cuda { device: 7 }] {
+            assert_eq!(PoolMemory::decode(&m.encode()).unwrap(), m);
+        }
+        let mut big = b"cuda".to_vec();
+        big.extend_from_slice(&u32::MAX.to_le_bytes());
+        for bad in [&b"cuda"[..], b"cuda\0\0\0", b"acl\0\0\0\0\0", &big[..], b"cuda\0\0\0\0\0"] {
+            assert!(PoolMemory::decode(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

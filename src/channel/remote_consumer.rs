@@ -3,7 +3,7 @@
 //! its address), and the items the producer puts there. See [`super::remote`].
 
 use super::consumer::{narrow, open, AttachToken, Teller};
-use super::remote::{self, Framed, Remote};
+use super::remote::{self, Framed, PoolMemory, Remote};
 use super::remote_auth::{self, Key, Role};
 use super::ucx::{self, Arm, MemRegion};
 use super::wire::{self, Message};
@@ -285,9 +285,10 @@ impl RemoteConnection {
         }
         match Message::decode(b)? {
             Message::Attach { pool, slot_size, count, handle } => {
-                if !handle.is_empty() || st.pools.contains_key(&pool) {
-                    return Err(Error::Untrusted(format!("pool {pool} attached twice, or with a handle")));
+                if st.pools.contains_key(&pool) {
+                    return Err(Error::Untrusted(format!("pool {pool} attached twice")));
                 }
+                let memory = PoolMemory::decode(handle)?;
                 let whole = slot_size
                     .checked_mul(u64::from(count))
                     .filter(|&w| {
@@ -298,9 +299,15 @@ impl RemoteConnection {
                     })
                     .ok_or_else(|| Error::Untrusted(format!("pool {pool}: {count} slots of {slot_size} bytes")))?;
                 let token = AttachToken::new(self.shared.clone(), pool);
-                let base = own_memory(whole)?;
+                let base = match memory {
+                    PoolMemory::Host => own_memory(whole),
+                    PoolMemory::Cuda { device } => own_device_memory(&st.context, device, whole),
+                };
+                // A pool this consumer cannot hold ends the connection: the producer then sees
+                // the hang-up (its send fails at once) instead of waiting for a registration.
+                let base = base.inspect_err(|_| self.hang_up())?;
                 let ptr = base.view().data;
-                // SAFETY: the memory is this consumer's own mapping of `whole` bytes, held by
+                // SAFETY: the memory is this consumer's own allocation of `whole` bytes, held by
                 // `base` for as long as the region (declared before it in Attached) lives; the
                 // producer's puts land there only between items, as the control channel says.
                 let region = unsafe { MemRegion::map(&st.context, ptr, whole as usize) }?;
@@ -326,6 +333,12 @@ impl RemoteConnection {
             }
             other => Err(Error::Untrusted(format!("{other:?} is not a message a producer sends"))),
         }
+    }
+
+    /// Shut the connection down in both directions (the next receive reports `CLOSED`).
+    fn hang_up(&self) {
+        let w = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = w.stream.shutdown(std::net::Shutdown::Both);
     }
 
     /// Close: the producer takes back every slot of this connection at once; imports stay
@@ -376,4 +389,45 @@ fn own_memory(len: u64) -> Result<Import> {
     h.shape[0] = len as i64;
     h.strides[0] = 1;
     open(&h, None, vec![fd], None, std::ptr::null_mut())
+}
+
+/// `len` bytes of this process's own CUDA device memory on `device` (`cuMemAlloc`), as an
+/// import: what a remote CUDA pool's slots are, in the consumer. Refused when the memory is
+/// device memory (not host memory the CPU addresses) and this UCX cannot move that.
+fn own_device_memory(context: &ucx::Context, device: i32, len: u64) -> Result<Import> {
+    use std::sync::atomic::AtomicU64;
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let backend = crate::backend::get(crate::handle::DEVSHARE_BACKEND_CUDA)?;
+    let (mapping, cpu_addressable) = backend.alloc_private(device, len)?;
+    if !cpu_addressable && !context.moves_cuda_memory()? {
+        return Err(Error::Unsupported(format!(
+            "a CUDA pool arrived, and {} cannot move CUDA device memory: {}",
+            context.describe(),
+            super::remote_producer::NO_CUDA
+        )));
+    }
+    // The registry's key for this allocation: unique in the process, never an IPC handle (the
+    // handle's key says what it is, and the driver refuses to open it elsewhere).
+    let mut key = [0u8; crate::handle::DEVSHARE_KEY_CAPACITY];
+    let text = format!("devshare remote pool {} {}", crate::fork::pid(), NEXT.fetch_add(1, Ordering::Relaxed));
+    key[..text.len()].copy_from_slice(text.as_bytes());
+    let mut h = DevshareHandle {
+        backend: crate::handle::DEVSHARE_BACKEND_CUDA,
+        device_index: device,
+        alloc_size: len,
+        storage_size: len,
+        ndim: 1,
+        dtype: crate::dtype::DevshareDType::new(crate::dtype::code::UINT, 8, 1),
+        producer_pid: crate::fork::pid(),
+        key_len: 64,
+        ..Default::default()
+    };
+    h.key[..64].copy_from_slice(&key[..64]);
+    h.shape[0] = len as i64;
+    h.strides[0] = 1;
+    let mut mapping = Some(mapping);
+    let mut opener = || mapping.take().ok_or_else(|| Error::Internal("a private allocation mapped twice".into()));
+    let req = crate::backend::ImportRequest { device: Some(device), ..Default::default() };
+    let attached = crate::import::Attached { key: &key[..64], open: &mut opener };
+    crate::import::import_attached(&h, None, req, Some(attached), None, None)
 }

@@ -6,7 +6,7 @@ use super::producer::{
     slot_desc, PeerInfo, DEVSHARE_CHANNEL_ERROR_BUDGET, DEVSHARE_CHANNEL_HANDSHAKE_MS, DEVSHARE_CHANNEL_MAX_PEERS,
     DEVSHARE_CHANNEL_MAX_PENDING, DEVSHARE_POOL_MAX_SLOTS,
 };
-use super::remote::{self, Framed, Remote};
+use super::remote::{self, Framed, PoolMemory, Remote};
 use super::remote_auth::{self, Key, Role};
 use super::ucx::{self, Endpoint, RemoteKey};
 use super::wire::{self, ItemLayout, Message};
@@ -19,6 +19,12 @@ use std::net::TcpListener;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+/// What to do about a UCX that cannot move CUDA device memory.
+pub(crate) const NO_CUDA: &str = "it was built without CUDA support (Debian's and Ubuntu's libucx0 \
+     are) or UCX_TLS leaves out cuda_copy; use a UCX built with CUDA (the libucx-cu12 or \
+     libucx-cu13 wheel, NVIDIA HPC-X or DOCA/MOFED) on both hosts, e.g. DEVSHARE_UCX_LIBRARY=<its \
+     lib>/libucp.so.0";
 
 /// Most messages taken from one peer per service pass.
 const PEER_BATCH: usize = 64;
@@ -66,6 +72,8 @@ struct Peer {
 
 struct PoolState {
     exporter: Arc<Exporter>,
+    /// What the consumers allocate their copies of (the exporter's kind of memory).
+    memory: PoolMemory,
     slot_size: u64,
     count: u32,
     acquired: Vec<bool>,
@@ -81,6 +89,8 @@ struct Core {
     /// Boxed: the endpoints borrow it. Declared after `peers`.
     worker: Box<ucx::Worker>,
     ucx_version: String,
+    /// Whether this UCX moves CUDA device memory ([`ucx::Context::moves_cuda_memory`]).
+    moves_cuda: bool,
     next_peer: u64,
     next_pool: u32,
     closed: bool,
@@ -114,6 +124,7 @@ impl RemoteChannel {
         let context = ucx::Context::new(remote::UCX_SETTINGS)?;
         let worker = Box::new(ucx::Worker::new(&context)?);
         let ucx_version = ucx::version()?;
+        let moves_cuda = context.moves_cuda_memory()?;
         let listener = TcpListener::bind(&addrs[..]).map_err(|e| match e.kind() {
             std::io::ErrorKind::AddrInUse => Error::Busy(format!("channel address {address:?} is in use")),
             _ => Error::Os {
@@ -137,6 +148,7 @@ impl RemoteChannel {
             key,
             worker,
             ucx_version,
+            moves_cuda,
             next_peer: 1,
             next_pool: 1,
             closed: false,
@@ -210,17 +222,38 @@ impl RemoteChannel {
         self.shared.close();
     }
 
-    /// A pool of `count` slots of `slot_size` bytes at the start of `exp`'s range (host
-    /// memory; device memory is refused by name).
+    /// A pool of `count` slots of `slot_size` bytes at the start of `exp`'s range: host memory,
+    /// or CUDA device memory when this UCX moves it (ACL memory is refused by name).
     pub(crate) fn pool(&self, exp: Arc<Exporter>, slot_size: u64, count: u32) -> Result<RemotePool> {
-        if exp.backend() != crate::handle::DEVSHARE_BACKEND_HOST {
-            return Err(Error::Unsupported(format!(
-                "a remote channel's pools are host memory; this export is on backend {} (CUDA pools \
-                 over UCX's CUDA transports are planned; Ascend devices across hosts are planned on \
-                 a Mooncake-based backend)",
-                exp.backend()
-            )));
-        }
+        let memory = match exp.backend() {
+            crate::handle::DEVSHARE_BACKEND_HOST => PoolMemory::Host,
+            crate::handle::DEVSHARE_BACKEND_CUDA => {
+                if exp.ptr().is_null() {
+                    return Err(Error::Unsupported(
+                        "an adopted (PyTorch) export has no address in this process that UCX could \
+                         read: make the pool over memory this process exported (devshare_export, \
+                         devshare_export_segments)"
+                            .into(),
+                    ));
+                }
+                let device_memory = !crate::backend::get(exp.backend())?.cpu_addressable(exp.ptr());
+                if device_memory && !self.shared.lock()?.moves_cuda {
+                    return Err(Error::Unsupported(format!(
+                        "{} cannot move CUDA device memory: {}",
+                        ucx::probe()?,
+                        NO_CUDA
+                    )));
+                }
+                PoolMemory::Cuda { device: exp.device() }
+            }
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "a remote channel's pools are host or CUDA memory; this export is {} memory \
+                     (Ascend devices across hosts are planned on a Mooncake-based backend)",
+                    crate::handle::backend_name(other)
+                )))
+            }
+        };
         if slot_size == 0 || count == 0 || count > DEVSHARE_POOL_MAX_SLOTS {
             return Err(Error::InvalidArgument(format!(
                 "a pool of {count} slots of {slot_size} bytes (1..={DEVSHARE_POOL_MAX_SLOTS} slots of at least 1 byte)"
@@ -238,7 +271,14 @@ impl RemoteChannel {
         core.next_pool = core.next_pool.checked_add(1).ok_or_else(|| Error::Busy("pool ids are exhausted".into()))?;
         core.pools.insert(
             id,
-            PoolState { exporter: exp, slot_size, count, acquired: vec![false; n], free: (0..count).rev().collect() },
+            PoolState {
+                exporter: exp,
+                memory,
+                slot_size,
+                count,
+                acquired: vec![false; n],
+                free: (0..count).rev().collect(),
+            },
         );
         Ok(RemotePool { shared: self.shared.clone(), id })
     }
@@ -668,13 +708,17 @@ impl RemotePool {
                     }
                     None => return Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", p.count))),
                 }
-                let (rel_size, abs) = slot_desc(desc, slot, p.slot_size)?;
+                let (rel_size, mut abs) = slot_desc(desc, slot, p.slot_size)?;
                 let idx = core.index(peer)?;
-                // Describes and validates the tensor (host memory: nothing to synchronise).
-                let (h, _event) = p.exporter.share_leased(&abs)?;
+                // Describes and validates the tensor, and for device memory synchronises the
+                // stream that wrote it (an event could not cross hosts; the put must read the
+                // finished bytes anyway).
+                abs.event = false;
+                let (h, _) = p.exporter.share_leased(&abs)?;
                 if !core.peers[idx].pools.contains_key(&self.id) {
-                    let m =
-                        Message::Attach { pool: self.id, slot_size: p.slot_size, count: p.count, handle: &[] }.encode();
+                    let memory = p.memory.encode();
+                    let m = Message::Attach { pool: self.id, slot_size: p.slot_size, count: p.count, handle: &memory }
+                        .encode();
                     core.post(idx, &m, epfd)?;
                     let pp = PeerPool { rkey: None, base: 0, free: Vec::new(), held: Vec::new() };
                     core.peers[idx].pools.insert(self.id, pp);

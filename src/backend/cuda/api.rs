@@ -49,7 +49,12 @@ pub(crate) enum IntPointerAttribute {
     DeviceOrdinal = 9,
     /// `CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`: whether `cuIpcGetMemHandle` works.
     IsLegacyCudaIpcCapable = 10,
+    /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`: a `CUmemorytype` ([`CU_MEMORYTYPE_HOST`], ...).
+    MemoryType = 2,
 }
+
+/// `CU_MEMORYTYPE_HOST`: memory the CPU reads and writes directly.
+pub(crate) const CU_MEMORYTYPE_HOST: u32 = 1;
 
 /// `CUmemGenericAllocationHandle`: a physical VMM allocation (created, imported or retained),
 /// compared by value, never dereferenced.
@@ -125,6 +130,8 @@ struct Fns {
     ctx_set_current: unsafe extern "C" fn(Context) -> CuResult,
     ctx_synchronize: unsafe extern "C" fn() -> CuResult,
     mem_get_address_range: unsafe extern "C" fn(*mut DevPtr, *mut usize, DevPtr) -> CuResult,
+    mem_alloc: unsafe extern "C" fn(*mut DevPtr, usize) -> CuResult,
+    mem_free: unsafe extern "C" fn(DevPtr) -> CuResult,
     pointer_get_attribute: unsafe extern "C" fn(*mut c_void, c_int, DevPtr) -> CuResult,
     ipc_get_mem_handle: unsafe extern "C" fn(*mut IpcHandle, DevPtr) -> CuResult,
     ipc_open_mem_handle: unsafe extern "C" fn(*mut DevPtr, IpcHandle, c_uint) -> CuResult,
@@ -201,6 +208,8 @@ impl CudaApi {
                 ctx_synchronize: lib.required("cuCtxSynchronize")?,
                 // The plain name is the old 32-bit ABI: only the _v2 symbol has this signature.
                 mem_get_address_range: lib.required("cuMemGetAddressRange_v2")?,
+                mem_alloc: lib.required("cuMemAlloc_v2")?,
+                mem_free: lib.required("cuMemFree_v2")?,
                 pointer_get_attribute: lib.required("cuPointerGetAttribute")?,
                 ipc_get_mem_handle: lib.required("cuIpcGetMemHandle")?,
                 ipc_open_mem_handle: lib.first_of(&["cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"])?,
@@ -330,6 +339,20 @@ impl CudaApi {
         // SAFETY: valid out pointers; `ptr` is a device address, which the driver checks.
         self.check("cuMemGetAddressRange", unsafe { (self.fns.mem_get_address_range)(&mut base, &mut size, ptr) })?;
         Ok((base, size))
+    }
+
+    /// `cuMemAlloc`: `size` bytes of device memory in the current context.
+    pub(crate) fn mem_alloc(&self, size: u64) -> Result<DevPtr> {
+        let mut ptr: DevPtr = 0;
+        // SAFETY: valid out pointer; the driver checks the size.
+        self.check("cuMemAlloc", unsafe { (self.fns.mem_alloc)(&mut ptr, size as usize) })?;
+        Ok(ptr)
+    }
+
+    /// `cuMemFree` of a [`Self::mem_alloc`] block.
+    pub(crate) fn mem_free(&self, ptr: DevPtr) -> Result<()> {
+        // SAFETY: the caller's own block, freed once.
+        self.check("cuMemFree", unsafe { (self.fns.mem_free)(ptr) })
     }
 
     /// `cuPointerGetAttribute` for an int-sized attribute.

@@ -184,6 +184,42 @@ impl Drop for CudaMapping {
     }
 }
 
+/// Device memory this process allocated for itself (`cuMemAlloc`): a remote channel consumer's
+/// copy of a CUDA pool. Freed, after this process's work, when dropped.
+struct PrivateMapping {
+    base: DevPtr,
+    size: u64,
+    device: c_int,
+}
+
+impl Mapping for PrivateMapping {
+    fn base(&self) -> *mut u8 {
+        self.base as *mut u8
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn device(&self) -> Option<i32> {
+        Some(self.device)
+    }
+}
+
+impl Drop for PrivateMapping {
+    fn drop(&mut self) {
+        if let Ok(api) = api() {
+            if let Ok(_g) = api.bind(self.device) {
+                let _ = api.ctx_synchronize();
+                let _ = api.mem_free(self.base);
+            }
+        }
+    }
+}
+
+/// Whether the driver reports the memory at `ptr` as host memory (`CU_MEMORYTYPE_HOST`).
+fn reports_host(api: &CudaApi, ptr: DevPtr) -> bool {
+    api.pointer_get_attribute(IntPointerAttribute::MemoryType, ptr).is_ok_and(|t| t == api::CU_MEMORYTYPE_HOST)
+}
+
 /// The device to import on: the caller's choice, else the local device with the handle's UUID
 /// (ordinals differ between processes with different `CUDA_VISIBLE_DEVICES`), else the
 /// handle's device index.
@@ -307,6 +343,24 @@ impl Backend for Cuda {
         if let Ok(api) = api() {
             api.synchronize(device);
         }
+    }
+
+    fn alloc_private(&self, device: i32, len: u64) -> Result<(Box<dyn Mapping>, bool)> {
+        let api = api()?;
+        let count = api.device_get_count()?;
+        if device < 0 || device >= count {
+            return Err(Error::InvalidArgument(format!(
+                "CUDA device {device}: this process sees {count} CUDA device(s) (CUDA_VISIBLE_DEVICES?)"
+            )));
+        }
+        let _g = api.bind(device)?;
+        let base = api.mem_alloc(len)?;
+        let host = reports_host(api, base);
+        Ok((Box::new(PrivateMapping { base, size: len, device }), host))
+    }
+
+    fn cpu_addressable(&self, ptr: *mut u8) -> bool {
+        api().is_ok_and(|api| reports_host(api, ptr as DevPtr))
     }
 }
 
