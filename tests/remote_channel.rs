@@ -199,6 +199,15 @@ fn remote_child() {
                 }
             }
         }
+        "one_device" => {
+            // A consumer that sees one CUDA device (the stand-in's CUDA_STANDIN_VISIBLE=0):
+            // a pool on device 1 is refused, and the connection ends.
+            let _cu = Cu::new();
+            let c = Connection::connect(&addr, T).unwrap();
+            let e = c.recv(T).err().expect("a pool on a device this process does not see");
+            let then = c.recv(T).err().map(|e| e.status());
+            writeln!(out.lock(), "said: {:?} {then:?} {e}", e.status()).unwrap();
+        }
         "hold" => {
             // Receive one item, say so, and hold it until killed.
             let c = Connection::connect(&addr, T).unwrap();
@@ -498,14 +507,10 @@ fn a_producer_killed_in_the_middle_of_64_mib_transfers_ends_the_consumers_receiv
 }
 
 /// The CUDA stand-in's driver calls these tests make themselves, device 0 bound on the calling
-/// thread. Its allocations are host memory and say so (`CU_MEMORYTYPE_HOST`), which lets a UCX
-/// built without CUDA move them; `set_memory_type(2)` makes them report device memory.
+/// thread.
 struct Cu {
     lib: libloading::Library,
 }
-
-/// The CUDA tests below change what the stand-in reports process-wide: one at a time.
-static CUDA_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Cu {
     fn new() -> Cu {
@@ -563,11 +568,6 @@ impl Cu {
         assert_eq!(unsafe { f(dst.as_mut_ptr(), src, dst.len()) }, 0);
     }
 
-    fn set_memory_type(&self, t: u32) {
-        // SAFETY: the stand-in's test hook.
-        unsafe { self.lib.get::<unsafe extern "C" fn(u32)>(b"cusi_set_memory_type").unwrap()(t) }
-    }
-
     /// A CUDA export of `slots` slots of `slot` bytes (device 0), and its device pointer.
     fn export(&self, slot: usize, slots: usize) -> (Arc<Exporter>, u64) {
         let p = self.alloc(slot * slots);
@@ -588,7 +588,6 @@ fn a_cuda_pool_arrives_in_the_consumers_own_device_memory_whose_slots_keep_their
     if !setup() {
         return;
     }
-    let _one = CUDA_TESTS.lock().unwrap_or_else(|p| p.into_inner());
     let cu = Cu::new();
     let (ch, addr) = listen();
     let consumer = std::thread::spawn(move || {
@@ -634,46 +633,53 @@ fn a_cuda_pool_arrives_in_the_consumers_own_device_memory_whose_slots_keep_their
 }
 
 #[test]
-fn a_cuda_pool_of_device_memory_needs_a_ucx_that_moves_it_at_both_ends() {
+fn a_consumer_that_cannot_hold_a_cuda_pool_says_why_and_hangs_up_so_the_send_fails_at_once() {
     if !setup() {
         return;
     }
-    let _one = CUDA_TESTS.lock().unwrap_or_else(|p| p.into_inner());
     let cu = Cu::new();
-    if devshare::channel::ucx::Context::new(&[]).unwrap().moves_cuda_memory().unwrap() {
-        println!("SKIPPED: this UCX moves CUDA memory, so nothing is refused");
-        return;
-    }
     let (ch, addr) = listen();
-    let (exp, dev) = cu.export(4096, 2);
-    // The producer: a pool of what the driver calls device memory is refused, saying why.
-    cu.set_memory_type(2);
-    let e = ch.pool(exp.clone(), 4096, 2).err().expect("refused");
-    assert_eq!(e.status(), Status::Unsupported);
-    assert!(e.to_string().contains("cannot move CUDA device memory") && e.to_string().contains("libucx-cu12"), "{e}");
-    // The consumer: the same refusal when the pool arrives, and the connection ends, so the
-    // producer's send fails at once instead of waiting for a registration.
-    cu.set_memory_type(1);
-    let pool = ch.pool(exp.clone(), 4096, 2).unwrap();
-    cu.set_memory_type(2);
-    let consumer = std::thread::spawn(move || {
-        let c = Connection::connect(&addr, T).unwrap();
-        let e = c.recv(T).err().expect("refused");
-        assert_eq!(e.status(), Status::Unsupported, "{e}");
-        assert!(e.to_string().contains("cannot move CUDA device memory"), "{e}");
-        assert_eq!(c.recv(T).err().map(|e| e.status()), Some(Status::Closed));
-    });
+    let mut c = common::role(
+        "remote_child",
+        &[
+            (ROLE, "one_device".as_ref()),
+            ("DEVSHARE_REMOTE_ADDRESS", addr.as_ref()),
+            ("CUDA_STANDIN_VISIBLE", "0".as_ref()),
+        ],
+    );
+    let mut kid = c.stdout(Stdio::piped()).spawn().unwrap();
     ch.wait_peers(1, T).unwrap();
     let peer = ch.peer_ids().unwrap()[0];
+    // Device 1 of this process (the stand-in's default: two visible devices).
+    let p = {
+        let set: libloading::Symbol<unsafe extern "C" fn(*mut std::ffi::c_void) -> i32> =
+            // SAFETY: the stand-in's functions, with their cuda.h signatures.
+            unsafe { cu.lib.get(b"cuCtxSetCurrent").unwrap() };
+        let retain: libloading::Symbol<unsafe extern "C" fn(*mut *mut std::ffi::c_void, i32) -> i32> =
+            // SAFETY: as above.
+            unsafe { cu.lib.get(b"cuDevicePrimaryCtxRetain").unwrap() };
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: as above.
+        unsafe { assert_eq!(retain(&mut ctx, 1), 0) };
+        // SAFETY: as above.
+        unsafe { assert_eq!(set(ctx), 0) };
+        cu.alloc(8192)
+    };
+    let exp = Arc::new(
+        Exporter::export(devshare::handle::DEVSHARE_BACKEND_CUDA, 1, p as *mut u8, 8192, &Default::default()).unwrap(),
+    );
+    let pool = ch.pool(exp.clone(), 4096, 2).unwrap();
     let (slot, _) = pool.acquire(T).unwrap();
-    let shape = [16i64];
     let started = Instant::now();
-    let e = pool.send(slot, peer, &TensorDesc { shape: &shape, ..Default::default() }).expect_err("the peer left");
+    let e = pool.send(slot, peer, &TensorDesc { shape: &[16], ..Default::default() }).expect_err("the peer left");
     assert!(started.elapsed() < Duration::from_secs(5), "the send failed at once ({:?}): {e}", started.elapsed());
-    cu.set_memory_type(1);
-    consumer.join().unwrap();
+    let said = first_line(&ch, &mut kid);
+    assert!(
+        said.starts_with("InvalidArgument Some(Closed)") && said.contains("CUDA device 1: this process sees 1"),
+        "{said}"
+    );
+    assert!(kid.wait().unwrap().success());
     drop(pool);
-    ch.close();
     drop(exp);
-    cu.free(dev);
+    cu.free(p);
 }

@@ -253,17 +253,25 @@ pub trait Backend: Sync {
     fn synchronize(&self, _device: i32) {}
     /// `len` bytes of device memory on `device` that this process allocates for itself (no
     /// export, no import: a remote channel consumer's copy of a pool), as a mapping that frees it
-    /// when dropped, and whether the CPU addresses it directly (the driver reports host memory).
-    fn alloc_private(&self, _device: i32, _len: u64) -> Result<(Box<dyn Mapping>, bool)> {
+    /// when dropped.
+    fn alloc_private(&self, _device: i32, _len: u64) -> Result<Box<dyn Mapping>> {
         Err(Error::Unsupported(format!(
             "the {} backend allocates no private device memory",
             crate::handle::backend_name(self.id())
         )))
     }
-    /// Whether the CPU addresses the memory at `ptr` directly (host memory, or a driver that
-    /// reports it as such); `false` for device memory and for what the driver does not know.
-    fn cpu_addressable(&self, _ptr: *mut u8) -> bool {
-        self.id() == crate::handle::DEVSHARE_BACKEND_HOST
+    /// Copy `len` bytes of this process's memory on `device` at `src` to host memory at `dst`
+    /// (`to_host`), or host memory at `src` to device memory at `dst`; returns once the bytes
+    /// are there.
+    ///
+    /// # Safety
+    /// The host side is `len` valid bytes (writable at `dst` for `to_host`); the device side is
+    /// checked by the runtime.
+    unsafe fn copy(&self, _device: i32, _to_host: bool, _dst: *mut u8, _src: *const u8, _len: usize) -> Result<()> {
+        Err(Error::Unsupported(format!(
+            "the {} backend copies no device memory",
+            crate::handle::backend_name(self.id())
+        )))
     }
     /// The pid an exporter must pass to `allow_pid` for this process to import on `device`.
     fn local_pid(&self, _device: i32) -> Result<i32> {

@@ -40,7 +40,11 @@ impl Teller for Shared {
 struct Attached {
     /// Unregistered before the memory goes (declared first).
     _region: MemRegion,
+    /// The registered host memory the producer puts into.
     base: Import,
+    /// A CUDA pool's slots: this consumer's own device memory, where each item is copied from
+    /// `base` before it is handed out.
+    device: Option<Import>,
     slot_size: u64,
     count: u32,
     token: Arc<AttachToken>,
@@ -288,7 +292,7 @@ impl RemoteConnection {
                 if st.pools.contains_key(&pool) {
                     return Err(Error::Untrusted(format!("pool {pool} attached twice")));
                 }
-                let memory = PoolMemory::decode(handle)?;
+                let memory_kind = PoolMemory::decode(handle)?;
                 let whole = slot_size
                     .checked_mul(u64::from(count))
                     .filter(|&w| {
@@ -299,13 +303,14 @@ impl RemoteConnection {
                     })
                     .ok_or_else(|| Error::Untrusted(format!("pool {pool}: {count} slots of {slot_size} bytes")))?;
                 let token = AttachToken::new(self.shared.clone(), pool);
-                let base = match memory {
-                    PoolMemory::Host => own_memory(whole),
-                    PoolMemory::Cuda { device } => own_device_memory(&st.context, device, whole),
+                let memory = |m| match m {
+                    PoolMemory::Host => Ok(None),
+                    PoolMemory::Cuda { device } => own_device_memory(device, whole).map(Some),
                 };
                 // A pool this consumer cannot hold ends the connection: the producer then sees
                 // the hang-up (its send fails at once) instead of waiting for a registration.
-                let base = base.inspect_err(|_| self.hang_up())?;
+                let (base, device) =
+                    own_memory(whole).and_then(|b| Ok((b, memory(memory_kind)?))).inspect_err(|_| self.hang_up())?;
                 let ptr = base.view().data;
                 // SAFETY: the memory is this consumer's own allocation of `whole` bytes, held by
                 // `base` for as long as the region (declared before it in Attached) lives; the
@@ -313,7 +318,7 @@ impl RemoteConnection {
                 let region = unsafe { MemRegion::map(&st.context, ptr, whole as usize) }?;
                 let rkey = region.pack_rkey()?;
                 let reply = Remote::Pool { pool, base: ptr as u64, len: whole, rkey: &rkey }.encode();
-                st.pools.insert(pool, Attached { _region: region, base, slot_size, count, token });
+                st.pools.insert(pool, Attached { _region: region, base, device, slot_size, count, token });
                 self.shared.writer.lock().unwrap_or_else(|p| p.into_inner()).send(&reply)?;
                 Ok(None)
             }
@@ -325,7 +330,34 @@ impl RemoteConnection {
                     return Err(Error::Untrusted("a remote item with an event".into()));
                 }
                 let conn = (self.shared.clone() as Arc<dyn Teller>, &p.token);
-                narrow(&p.base, p.slot_size, p.count, pool, slot, &layout, None, conn, std::ptr::null_mut()).map(Some)
+                let Some(device) = &p.device else {
+                    return narrow(
+                        &p.base,
+                        p.slot_size,
+                        p.count,
+                        pool,
+                        slot,
+                        &layout,
+                        None,
+                        conn,
+                        std::ptr::null_mut(),
+                    )
+                    .map(Some);
+                };
+                // Checks the item's bytes against the pool (and gives the slot back if the copy
+                // below fails: the import is dropped).
+                let imp = narrow(device, p.slot_size, p.count, pool, slot, &layout, None, conn, std::ptr::null_mut())?;
+                let at = u64::from(slot) * p.slot_size + layout.storage_offset;
+                let backend = crate::backend::get(device.handle().backend)?;
+                // SAFETY: `at..+storage_size` lies in the host copy of the pool (narrow checked
+                // the item against the same slots), which the producer finished putting before
+                // it sent the item; the device side is the item's storage in this consumer's
+                // own device memory.
+                unsafe {
+                    let src = p.base.view().data.add(at as usize);
+                    backend.copy(device.device(), false, imp.view().storage, src, layout.storage_size as usize)
+                }?;
+                Ok(Some(imp))
             }
             Message::PoolClosed { pool } => {
                 st.pools.remove(&pool);
@@ -392,23 +424,14 @@ fn own_memory(len: u64) -> Result<Import> {
 }
 
 /// `len` bytes of this process's own CUDA device memory on `device` (`cuMemAlloc`), as an
-/// import: what a remote CUDA pool's slots are, in the consumer. Refused when the memory is
-/// device memory (not host memory the CPU addresses) and this UCX cannot move that.
-fn own_device_memory(context: &ucx::Context, device: i32, len: u64) -> Result<Import> {
+/// import: a remote CUDA pool's slots, in the consumer.
+fn own_device_memory(device: i32, len: u64) -> Result<Import> {
     use std::sync::atomic::AtomicU64;
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    let backend = crate::backend::get(crate::handle::DEVSHARE_BACKEND_CUDA)?;
-    let (mapping, cpu_addressable) = backend.alloc_private(device, len)?;
-    if !cpu_addressable && !context.moves_cuda_memory()? {
-        return Err(Error::Unsupported(format!(
-            "a CUDA pool arrived, and {} cannot move CUDA device memory: {}",
-            context.describe(),
-            super::remote_producer::NO_CUDA
-        )));
-    }
+    let mapping = crate::backend::get(crate::handle::DEVSHARE_BACKEND_CUDA)?.alloc_private(device, len)?;
     // The registry's key for this allocation: unique in the process, never an IPC handle (the
     // handle's key says what it is, and the driver refuses to open it elsewhere).
-    let mut key = [0u8; crate::handle::DEVSHARE_KEY_CAPACITY];
+    let mut key = [0u8; 64];
     let text = format!("devshare remote pool {} {}", crate::fork::pid(), NEXT.fetch_add(1, Ordering::Relaxed));
     key[..text.len()].copy_from_slice(text.as_bytes());
     let mut h = DevshareHandle {
@@ -422,12 +445,12 @@ fn own_device_memory(context: &ucx::Context, device: i32, len: u64) -> Result<Im
         key_len: 64,
         ..Default::default()
     };
-    h.key[..64].copy_from_slice(&key[..64]);
+    h.key[..64].copy_from_slice(&key);
     h.shape[0] = len as i64;
     h.strides[0] = 1;
     let mut mapping = Some(mapping);
     let mut opener = || mapping.take().ok_or_else(|| Error::Internal("a private allocation mapped twice".into()));
     let req = crate::backend::ImportRequest { device: Some(device), ..Default::default() };
-    let attached = crate::import::Attached { key: &key[..64], open: &mut opener };
+    let attached = crate::import::Attached { key: &key, open: &mut opener };
     crate::import::import_attached(&h, None, req, Some(attached), None, None)
 }

@@ -20,12 +20,6 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// What to do about a UCX that cannot move CUDA device memory.
-pub(crate) const NO_CUDA: &str = "it was built without CUDA support (Debian's and Ubuntu's libucx0 \
-     are) or UCX_TLS leaves out cuda_copy; use a UCX built with CUDA (the libucx-cu12 or \
-     libucx-cu13 wheel, NVIDIA HPC-X or DOCA/MOFED) on both hosts, e.g. DEVSHARE_UCX_LIBRARY=<its \
-     lib>/libucp.so.0";
-
 /// Most messages taken from one peer per service pass.
 const PEER_BATCH: usize = 64;
 /// Epoll data of the listening socket (peers are their ids, from 1).
@@ -74,6 +68,8 @@ struct PoolState {
     exporter: Arc<Exporter>,
     /// What the consumers allocate their copies of (the exporter's kind of memory).
     memory: PoolMemory,
+    /// CUDA pools: the host buffer an item is copied to before the put (one slot).
+    staging: Vec<u8>,
     slot_size: u64,
     count: u32,
     acquired: Vec<bool>,
@@ -89,8 +85,6 @@ struct Core {
     /// Boxed: the endpoints borrow it. Declared after `peers`.
     worker: Box<ucx::Worker>,
     ucx_version: String,
-    /// Whether this UCX moves CUDA device memory ([`ucx::Context::moves_cuda_memory`]).
-    moves_cuda: bool,
     next_peer: u64,
     next_pool: u32,
     closed: bool,
@@ -124,7 +118,6 @@ impl RemoteChannel {
         let context = ucx::Context::new(remote::UCX_SETTINGS)?;
         let worker = Box::new(ucx::Worker::new(&context)?);
         let ucx_version = ucx::version()?;
-        let moves_cuda = context.moves_cuda_memory()?;
         let listener = TcpListener::bind(&addrs[..]).map_err(|e| match e.kind() {
             std::io::ErrorKind::AddrInUse => Error::Busy(format!("channel address {address:?} is in use")),
             _ => Error::Os {
@@ -148,7 +141,6 @@ impl RemoteChannel {
             key,
             worker,
             ucx_version,
-            moves_cuda,
             next_peer: 1,
             next_pool: 1,
             closed: false,
@@ -223,7 +215,8 @@ impl RemoteChannel {
     }
 
     /// A pool of `count` slots of `slot_size` bytes at the start of `exp`'s range: host memory,
-    /// or CUDA device memory when this UCX moves it (ACL memory is refused by name).
+    /// or CUDA device memory, whose items cross through host memory at both ends (any UCX; ACL
+    /// memory is refused by name).
     pub(crate) fn pool(&self, exp: Arc<Exporter>, slot_size: u64, count: u32) -> Result<RemotePool> {
         let memory = match exp.backend() {
             crate::handle::DEVSHARE_BACKEND_HOST => PoolMemory::Host,
@@ -235,14 +228,6 @@ impl RemoteChannel {
                          devshare_export_segments)"
                             .into(),
                     ));
-                }
-                let device_memory = !crate::backend::get(exp.backend())?.cpu_addressable(exp.ptr());
-                if device_memory && !self.shared.lock()?.moves_cuda {
-                    return Err(Error::Unsupported(format!(
-                        "{} cannot move CUDA device memory: {}",
-                        ucx::probe()?,
-                        NO_CUDA
-                    )));
                 }
                 PoolMemory::Cuda { device: exp.device() }
             }
@@ -266,6 +251,10 @@ impl RemoteChannel {
             ))
         })?;
         let n = count as usize;
+        let staging = match memory {
+            PoolMemory::Host => Vec::new(),
+            PoolMemory::Cuda { .. } => vec![0; slot_size as usize],
+        };
         let mut core = self.shared.lock()?;
         let id = core.next_pool;
         core.next_pool = core.next_pool.checked_add(1).ok_or_else(|| Error::Busy("pool ids are exhausted".into()))?;
@@ -274,6 +263,7 @@ impl RemoteChannel {
             PoolState {
                 exporter: exp,
                 memory,
+                staging,
                 slot_size,
                 count,
                 acquired: vec![false; n],
@@ -732,7 +722,16 @@ impl RemotePool {
                 let ep = peer_ref.ep.as_deref().expect("a ready peer has an endpoint");
                 // SAFETY: the bytes lie in the export (checked above); the export lives in the
                 // pool state while this call runs.
-                let src = unsafe { p.exporter.ptr().add(abs.storage_offset as usize) };
+                let mut src = unsafe { p.exporter.ptr().add(abs.storage_offset as usize) } as *const u8;
+                if let PoolMemory::Cuda { device } = p.memory {
+                    // Device memory crosses through host memory: UCX's TCP transport cannot put
+                    // from it (UCX 1.22 refuses, or with its newer protocols takes the process
+                    // down).
+                    let backend = crate::backend::get(p.exporter.backend())?;
+                    // SAFETY: `staging` is one slot, and the item lies in one slot (checked).
+                    unsafe { backend.copy(device, true, p.staging.as_mut_ptr(), src, rel_size as usize) }?;
+                    src = p.staging.as_ptr();
+                }
                 // SAFETY: as above; the put and flush complete (or fail) before this returns.
                 let put = unsafe { ep.put(src, rel_size as usize, remote, rkey) }.and_then(|()| ep.flush());
                 if let Err(e) = put {

@@ -105,10 +105,6 @@ const UCP_ERR_HANDLING_MODE_PEER: c_int = 1;
 const UCP_MEM_MAP_PARAM_FIELD_ADDRESS: u64 = 1 << 0;
 const UCP_MEM_MAP_PARAM_FIELD_LENGTH: u64 = 1 << 1;
 
-const UCP_ATTR_FIELD_MEMORY_TYPES: u64 = 1 << 2;
-/// `UCS_MEMORY_TYPE_CUDA`: bit of `ucp_context_attr_t.memory_types` for `cuMemAlloc` memory.
-const UCS_MEMORY_TYPE_CUDA: c_int = 1;
-
 const UCP_OP_ATTR_FIELD_FLAGS: u32 = 1 << 4;
 const UCP_EP_CLOSE_FLAG_FORCE: u32 = 1 << 0;
 
@@ -190,17 +186,6 @@ struct EpParams {
     conn_request: *mut c_void,
     name: *const c_char,
     local_sockaddr: SockAddr,
-}
-
-/// `ucp_context_attr_t` (UCX writes only the fields its mask asks for).
-#[repr(C)]
-struct ContextAttr {
-    field_mask: u64,
-    request_size: usize,
-    thread_mode: c_int,
-    memory_types: u64,
-    /// `UCP_ENTITY_NAME_MAX`.
-    name: [c_char; 32],
 }
 
 /// `ucp_mem_map_params_t` (1.22 adds `exported_memh_buffer` at the end).
@@ -315,12 +300,6 @@ pub fn c_layout() -> Vec<(&'static str, usize)> {
         o!(EpParams, "ucp_ep_params_t", conn_request),
         o!(EpParams, "ucp_ep_params_t", name),
         o!(EpParams, "ucp_ep_params_t", local_sockaddr),
-        ("sizeof ucp_context_attr_t", size_of::<ContextAttr>()),
-        o!(ContextAttr, "ucp_context_attr_t", field_mask),
-        o!(ContextAttr, "ucp_context_attr_t", request_size),
-        o!(ContextAttr, "ucp_context_attr_t", thread_mode),
-        o!(ContextAttr, "ucp_context_attr_t", memory_types),
-        o!(ContextAttr, "ucp_context_attr_t", name),
         ("sizeof ucp_mem_map_params_t", size_of::<MemMapParams>()),
         o!(MemMapParams, "ucp_mem_map_params_t", field_mask),
         o!(MemMapParams, "ucp_mem_map_params_t", address),
@@ -369,8 +348,6 @@ pub fn c_constants() -> Vec<(&'static str, i64)> {
         ("UCP_MEM_MAP_PARAM_FIELD_ADDRESS", UCP_MEM_MAP_PARAM_FIELD_ADDRESS as i64),
         ("UCP_MEM_MAP_PARAM_FIELD_LENGTH", UCP_MEM_MAP_PARAM_FIELD_LENGTH as i64),
         ("UCP_OP_ATTR_FIELD_FLAGS", UCP_OP_ATTR_FIELD_FLAGS.into()),
-        ("UCP_ATTR_FIELD_MEMORY_TYPES", UCP_ATTR_FIELD_MEMORY_TYPES as i64),
-        ("UCS_MEMORY_TYPE_CUDA", UCS_MEMORY_TYPE_CUDA.into()),
         ("UCP_EP_CLOSE_FLAG_FORCE", UCP_EP_CLOSE_FLAG_FORCE.into()),
     ]
 }
@@ -478,7 +455,6 @@ struct Fns {
     config_release: unsafe extern "C" fn(Handle),
     init_version: unsafe extern "C" fn(c_uint, c_uint, *const UcpParams, Handle, *mut Handle) -> Status,
     cleanup: unsafe extern "C" fn(Handle),
-    context_query: unsafe extern "C" fn(Handle, *mut ContextAttr) -> Status,
     worker_create: unsafe extern "C" fn(Handle, *const WorkerParams, *mut Handle) -> Status,
     worker_destroy: unsafe extern "C" fn(Handle),
     worker_query: unsafe extern "C" fn(Handle, *mut WorkerAttr) -> Status,
@@ -544,7 +520,6 @@ impl Ucp {
                 config_release: lib.required("ucp_config_release")?,
                 init_version: lib.required("ucp_init_version")?,
                 cleanup: lib.required("ucp_cleanup")?,
-                context_query: lib.required("ucp_context_query")?,
                 worker_create: lib.required("ucp_worker_create")?,
                 worker_destroy: lib.required("ucp_worker_destroy")?,
                 worker_query: lib.required("ucp_worker_query")?,
@@ -832,23 +807,6 @@ impl Ucp {
         Ok(memh)
     }
 
-    /// `ucp_context_query` for the memory types the context's transports can move.
-    ///
-    /// # Safety
-    /// `context` is live.
-    unsafe fn memory_types(&self, context: Handle) -> Result<u64> {
-        let mut attr = ContextAttr {
-            field_mask: UCP_ATTR_FIELD_MEMORY_TYPES,
-            request_size: 0,
-            thread_mode: 0,
-            memory_types: 0,
-            name: [0; 32],
-        };
-        // SAFETY: the caller's promise; UCX writes only `memory_types`, which the mask asks for.
-        self.check("ucp_context_query", unsafe { (self.fns.context_query)(context, &mut attr) })?;
-        Ok(attr.memory_types)
-    }
-
     /// `ucp_mem_unmap`.
     ///
     /// # Safety
@@ -980,15 +938,6 @@ impl Context {
     /// `"UCX <version> at <path>"`, as [`probe`] says.
     pub fn describe(&self) -> String {
         format!("UCX {} at {}", self.0.api.version, self.0.api.path)
-    }
-
-    /// Whether this UCX moves CUDA device memory (`cuMemAlloc`): built with CUDA support, with
-    /// its CUDA transports enabled (`UCX_TLS` naming `cuda_copy`, or all).
-    pub fn moves_cuda_memory(&self) -> Result<bool> {
-        self.live()?;
-        // SAFETY: our live context.
-        let types = unsafe { self.api().memory_types(self.handle()) }?;
-        Ok(types & (1 << UCS_MEMORY_TYPE_CUDA) != 0)
     }
 
     fn api(&self) -> &'static Ucp {

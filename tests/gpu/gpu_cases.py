@@ -754,34 +754,37 @@ def case_c2_c_to_torch_event(cx: Ctx):
 
 
 def case_d_event_side_stream(cx: Ctx):
-    """torch writes on a side stream behind a ~1.5 s GPU sleep and shares at once (event)."""
+    """torch writes on a side stream behind ~1.5 s of GPU work and shares at once (event)."""
     torch, red = cx.torch, cx.reductions
-    if not hasattr(torch.cuda, "_sleep"):
-        raise CaseSkip("this torch has no torch.cuda._sleep to delay the side stream")
     dev = torch.device("cuda", 0)
     n, start, write = 1 << 20, 11.0, -7.0
-    # Calibrate the GPU spin: cycles per millisecond. The first launch loads the sleep kernel
-    # (lazy module loading), which an event pair around it would count as sleep; so warm up
-    # first, then take the fastest of two timed sleeps.
-    torch.cuda._sleep(1000)
+    # Keep the side stream busy with float32 matrix products: time a few, then queue ~1.5 s.
+    a = torch.randn(4096, 4096, device=dev)
+    b = torch.randn(4096, 4096, device=dev)
+    c = torch.empty_like(a)
+    for _ in range(3):
+        torch.mm(a, b, out=c)
     torch.cuda.synchronize()
-    per_ms = 0.0
-    for _ in range(2):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        torch.cuda._sleep(50_000_000)
-        e1.record()
-        e1.synchronize()
-        per_ms = max(per_ms, 50_000_000 / max(e0.elapsed_time(e1), 1e-3))
-    info(f"GPU sleep calibration: {per_ms / 1000:.0f} k cycles per ms")
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(10):
+        torch.mm(a, b, out=c)
+    e1.record()
+    e1.synchronize()
+    per_mm = max(e0.elapsed_time(e1) / 10, 1e-3)
     sleep_ms = 1500
+    count = min(max(int(sleep_ms / per_mm), 1), 100_000)
+    info(f"GPU work: {count} products of 4096 x 4096 float32 at {per_mm:.2f} ms each "
+         f"(CUDA_LAUNCH_BLOCKING={os.environ.get('CUDA_LAUNCH_BLOCKING', '<unset>')})")
     t = torch.zeros(n, dtype=torch.float32, device=dev)
+    values = torch.arange(n, dtype=torch.float32, device=dev) + start
     torch.cuda.synchronize()
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
-        torch.cuda._sleep(int(per_ms * sleep_ms))
-        torch.arange(n, out=t)
-        t.add_(start)
+        for _ in range(count):
+            torch.mm(a, b, out=c)
+        # A copy, not arange(out=): on torch 2.11 arange(out=) waited for the stream.
+        t.copy_(values)
         busy_before = not s.query()
         t0 = time.monotonic()
         _, args = red.reduce_tensor(t)
@@ -790,13 +793,13 @@ def case_d_event_side_stream(cx: Ctx):
     pending = not s.query()
     info(describe_args(args))
     info(f"side stream busy before the share: {busy_before}; reduce_tensor took {share_ms:.0f} ms; "
-         f"busy after it: {pending} (GPU sleep ~{sleep_ms} ms)")
-    check(busy_before, "the side stream had finished before the share (GPU sleep calibration "
-          "wrong?), so the consumer's wait on the event could not be tested")
+         f"busy after it: {pending} (GPU work ~{sleep_ms} ms)")
+    check(busy_before, "the side stream had finished before the share, so the consumer's wait on "
+          "the event could not be tested")
     # Whether torch's share waited for the stream itself (then nothing is left for the event).
     torch_waited = not pending and share_ms > sleep_ms / 2
     check(pending or torch_waited, "the side stream finished during the share, which took only "
-          f"{share_ms:.0f} ms of the ~{sleep_ms} ms sleep")
+          f"{share_ms:.0f} ms of the ~{sleep_ms} ms of work")
     check(bool(args[14]), "event_sync_required is False: torch synchronised instead of sending an "
           "event (more than 1000 events in flight?)")
     text = cx.args_to_text(args)
@@ -814,7 +817,7 @@ def case_d_event_side_stream(cx: Ctx):
                        "ms), so no work was left behind the event for the consumer to wait on "
                        "(values, writes and the event flag were checked)")
     check(took > sleep_ms / 3, f"the consumer finished {took:.0f} ms after the share, before the "
-          f"side stream's ~{sleep_ms} ms sleep could have ended: it did not wait on the event")
+          f"side stream's ~{sleep_ms} ms of work could have ended: it did not wait on the event")
     return f"consumer read the side stream's values through the IPC event ({took:.0f} ms after share)"
 
 
@@ -1510,10 +1513,11 @@ def graph_replay_consumer(devshare, graphs, address: str, *, slots: int, n: int,
 
 
 def graph_replay_run(tool: str, devshare, graphs, kind: str, *, slots: int, n: int, timed: int,
-                     fault: str = "") -> tuple[dict, str]:
-    """One producer (gpu_tool produce-pool kind) and the consumer above: (figures, DONE line)."""
+                     fault: str = "", address: str = "") -> tuple[dict, str]:
+    """One producer (gpu_tool produce-pool kind) and the consumer above: (figures, DONE line).
+    `address`: where the producer listens (default: an abstract socket of this process)."""
     items = 2 * (slots + timed)
-    address = pool_address(f"{kind}-{n}{'-' + fault if fault else ''}")
+    address = address or pool_address(f"{kind}-{n}{'-' + fault if fault else ''}")
     prod, ready = start_pool_producer(tool, kind, address, slots, n, items)
     try:
         info(f"{kind}, {slots} slots of {4 * n} B: producer {ready}")
@@ -1582,6 +1586,80 @@ def case_n_graph_replay(cx: Ctx):
     return "0 recaptures; per-item clone/graph-per-slot p50: " + ", ".join(ratios)
 
 
+def free_tcp_port() -> int:
+    """A TCP port of 127.0.0.1 that was free a moment ago."""
+    import socket  # noqa: PLC0415
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def remote_channel_key() -> None:
+    """A fresh channel key (0600) for this case's remote channels, named in the environment
+    that the gpu_tool children inherit; says which UCX is used."""
+    info(f"UCX: {os.environ.get('DEVSHARE_UCX_LIBRARY') or 'libucp.so.0 from the loader path'}")
+    key = os.path.join(tempfile.mkdtemp(prefix="devshare-gpu-key-"), "channel.key")
+    with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+        f.write(os.urandom(32))
+    os.environ["DEVSHARE_CHANNEL_KEY_FILE"] = key
+
+
+def case_o2_remote_graph_replay(cx: Ctx):
+    """n_graph_replay over a remote channel (tcp://127.0.0.1, UCX_TLS=tcp): Python consumer, CUDA items in its own memory."""
+    devshare = _import_devshare()
+    graphs = CudaGraphs(cx.torch)
+    remote_channel_key()
+    os.environ["UCX_TLS"] = "tcp"
+    n = 16_384  # 64 KiB slots
+    r, done = graph_replay_run(cx.tool, devshare, graphs, "cuda", slots=4, n=n, timed=100,
+                               address=f"tcp://127.0.0.1:{free_tcp_port()}")
+    ratio = graph_replay_report("remote cuda", n, r)
+    info(f"remote cuda {mib(4 * n)}: producer {done}")
+    return f"0 recaptures over tcp://; clone/graph-per-slot p50 {ratio:.2f}x"
+
+
+def case_o_remote_cuda_pool(cx: Ctx):
+    """Remote channel (tcp://127.0.0.1) with CUDA pools on UCX: cuMemAlloc and VMM exports into the consumer's own device memory."""
+    remote_channel_key()
+    slots, n = 4, 300_000  # 1.2 MB slots: in the VMM export some span 2 MiB segments
+    done = []
+    # tcp: what crosses hosts without RDMA; then UCX's own choice on one host. Device memory
+    # crosses through host memory at both ends, so UCX needs no CUDA support.
+    for tls in ("tcp", None):
+        if tls:
+            os.environ["UCX_TLS"] = tls
+        else:
+            os.environ.pop("UCX_TLS", None)
+        label = f"UCX_TLS={tls or '(all)'}"
+        for kind in ("cuda", "vmm"):
+            took = {}
+            for items in (40, 240):
+                address = f"tcp://127.0.0.1:{free_tcp_port()}"
+                prod, ready = start_pool_producer(cx.tool, kind, address, slots, n, items)
+                try:
+                    t0 = time.monotonic()
+                    r = cx.run_tool(["consume-pool", address, items, 60000], 90)
+                    took[items] = time.monotonic() - t0
+                    last = (r.stdout.strip().splitlines() or [""])[-1]
+                    if r.returncode != 0 or not last.startswith("OK"):
+                        time.sleep(0.5)  # the producer's own FAIL line says more
+                        raise CaseFail(f"{label} {kind}: consume-pool (rc {r.returncode}): {last}; "
+                                       f"producer: {prod.seen[-2:]} {''.join(prod.err)[-300:].strip()}")
+                    fin = finish_pool_producer(prod, items)
+                finally:
+                    prod.kill()
+                if items == 40:
+                    info(f"{label} {kind}: producer {ready}")
+                    info(f"{label} {kind}: consumer {last}")
+                    info(f"{label} {kind}: producer {fin}")
+            per_item = (took[240] - took[40]) / 200 * 1e6
+            info(f"{label} {kind}: consumer wall time {took[40] * 1000:.0f} ms for 40 items and "
+                 f"{took[240] * 1000:.0f} ms for 240 (connect included): {per_item:.0f} us per "
+                 f"{mib(4 * n)} item, {4 * n / max(per_item, 1e-3):.0f} MB/s")
+            done.append(f"{label} {kind} {per_item:.0f} us/item")
+    return "every value and slot address checked, in the consumer's own memory: " + ", ".join(done)
+
+
 # name, function, timeout (s), extra environment, needs torch
 CASES = [
     ("h_c_to_c", case_h_c_to_c, 60, {}, False),
@@ -1589,7 +1667,8 @@ CASES = [
     ("b_packed_block", case_b_packed_block, 90, {}, True),
     ("c_c_to_torch", case_c_c_to_torch, 60, {}, True),
     ("c2_c_to_torch_event", case_c2_c_to_torch_event, 60, {}, True),
-    ("d_event_side_stream", case_d_event_side_stream, 60, {}, True),
+    # Launches must be asynchronous for the stream to be busy at the share.
+    ("d_event_side_stream", case_d_event_side_stream, 60, {"CUDA_LAUNCH_BLOCKING": "0"}, True),
     ("f_expandable_segments", case_f_expandable_segments, 60,
      {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, True),
     ("g_package_api", case_g_package_api, 90, {}, True),
@@ -1600,6 +1679,8 @@ CASES = [
     ("k_ptrace_sibling", case_k_ptrace_sibling, 60, {}, False),
     ("l_vmm_c_to_c", case_l_vmm_c_to_c, 90, {}, False),
     ("m_pool_c_to_c", case_m_pool_c_to_c, 60, {}, False),
+    ("o_remote_cuda_pool", case_o_remote_cuda_pool, 90, {}, False),
+    ("o2_remote_graph_replay", case_o2_remote_graph_replay, 90, {}, True),
     ("e1_bench_import", case_e1_bench_import, 60, {}, False),
     ("e2_handoff", case_e2_handoff, 120, {}, True),
 ]
@@ -2050,6 +2131,29 @@ def dry_graph_replay(r: "Runner", tool: str) -> None:
             print(f"    {name}| {ln}", flush=True)
         r.verdict("PASS", name, f"{res['items']} items, {res['slots_used']} slots, {res['captures']} captures, "
                   f"{res['recaptures']} recaptures, fixed slot addresses; CPU stand-in graphs, not GPU timings")
+    # The same over a remote channel (tcp://, host pool): needs UCX; SKIP without it.
+    name = "dry_graph_replay_host_remote"
+    try:
+        ctypes.CDLL(os.environ.get("DEVSHARE_UCX_LIBRARY") or "libucp.so.0")
+        ucx = ""
+    except OSError as e:
+        ucx = str(e)
+    if ucx:
+        r.verdict("SKIP", name, f"remote channels need UCX (libucp.so.0): {ucx}")
+    else:
+        try:
+            got = {}
+            lines = _captured_info(remote_channel_key)
+            lines += _captured_info(lambda: got.update(run=graph_replay_run(
+                tool, devshare, graphs, "host", slots=4, n=4096, timed=20,
+                address=f"tcp://127.0.0.1:{free_tcp_port()}")))
+            res, done = got["run"]
+            for ln in lines + [f"producer {done}"]:
+                print(f"    {name}| {ln}", flush=True)
+            r.verdict("PASS", name, f"{res['items']} items over tcp://, {res['slots_used']} slots, "
+                      f"{res['recaptures']} recaptures, fixed slot addresses")
+        except (CaseFail, devshare.Error, OSError, TimeoutError) as e:
+            r.verdict("FAIL", name, f"{type(e).__name__}: {e}")
     name = "dry_graph_replay_host_stale_caught"
     try:
         _captured_info(lambda: graph_replay_run(tool, devshare, graphs, "host", slots=4, n=4096, timed=20,

@@ -49,12 +49,7 @@ pub(crate) enum IntPointerAttribute {
     DeviceOrdinal = 9,
     /// `CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`: whether `cuIpcGetMemHandle` works.
     IsLegacyCudaIpcCapable = 10,
-    /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`: a `CUmemorytype` ([`CU_MEMORYTYPE_HOST`], ...).
-    MemoryType = 2,
 }
-
-/// `CU_MEMORYTYPE_HOST`: memory the CPU reads and writes directly.
-pub(crate) const CU_MEMORYTYPE_HOST: u32 = 1;
 
 /// `CUmemGenericAllocationHandle`: a physical VMM allocation (created, imported or retained),
 /// compared by value, never dereferenced.
@@ -132,6 +127,8 @@ struct Fns {
     mem_get_address_range: unsafe extern "C" fn(*mut DevPtr, *mut usize, DevPtr) -> CuResult,
     mem_alloc: unsafe extern "C" fn(*mut DevPtr, usize) -> CuResult,
     mem_free: unsafe extern "C" fn(DevPtr) -> CuResult,
+    memcpy_dtoh: unsafe extern "C" fn(*mut c_void, DevPtr, usize) -> CuResult,
+    memcpy_htod: unsafe extern "C" fn(DevPtr, *const c_void, usize) -> CuResult,
     pointer_get_attribute: unsafe extern "C" fn(*mut c_void, c_int, DevPtr) -> CuResult,
     ipc_get_mem_handle: unsafe extern "C" fn(*mut IpcHandle, DevPtr) -> CuResult,
     ipc_open_mem_handle: unsafe extern "C" fn(*mut DevPtr, IpcHandle, c_uint) -> CuResult,
@@ -210,6 +207,8 @@ impl CudaApi {
                 mem_get_address_range: lib.required("cuMemGetAddressRange_v2")?,
                 mem_alloc: lib.required("cuMemAlloc_v2")?,
                 mem_free: lib.required("cuMemFree_v2")?,
+                memcpy_dtoh: lib.required("cuMemcpyDtoH_v2")?,
+                memcpy_htod: lib.required("cuMemcpyHtoD_v2")?,
                 pointer_get_attribute: lib.required("cuPointerGetAttribute")?,
                 ipc_get_mem_handle: lib.required("cuIpcGetMemHandle")?,
                 ipc_open_mem_handle: lib.first_of(&["cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"])?,
@@ -353,6 +352,24 @@ impl CudaApi {
     pub(crate) fn mem_free(&self, ptr: DevPtr) -> Result<()> {
         // SAFETY: the caller's own block, freed once.
         self.check("cuMemFree", unsafe { (self.fns.mem_free)(ptr) })
+    }
+
+    /// `cuMemcpyDtoH`: `len` bytes from device memory to host memory, synchronously.
+    ///
+    /// # Safety
+    /// `dst` is `len` writable bytes of host memory.
+    pub(crate) unsafe fn memcpy_dtoh(&self, dst: *mut u8, src: DevPtr, len: usize) -> Result<()> {
+        // SAFETY: the caller's promise; the driver checks `src`.
+        self.check("cuMemcpyDtoH", unsafe { (self.fns.memcpy_dtoh)(dst.cast(), src, len) })
+    }
+
+    /// `cuMemcpyHtoD`: `len` bytes from host memory to device memory, synchronously.
+    ///
+    /// # Safety
+    /// `src` is `len` readable bytes of host memory.
+    pub(crate) unsafe fn memcpy_htod(&self, dst: DevPtr, src: *const u8, len: usize) -> Result<()> {
+        // SAFETY: the caller's promise; the driver checks `dst`.
+        self.check("cuMemcpyHtoD", unsafe { (self.fns.memcpy_htod)(dst, src.cast(), len) })
     }
 
     /// `cuPointerGetAttribute` for an int-sized attribute.

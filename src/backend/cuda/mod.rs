@@ -215,11 +215,6 @@ impl Drop for PrivateMapping {
     }
 }
 
-/// Whether the driver reports the memory at `ptr` as host memory (`CU_MEMORYTYPE_HOST`).
-fn reports_host(api: &CudaApi, ptr: DevPtr) -> bool {
-    api.pointer_get_attribute(IntPointerAttribute::MemoryType, ptr).is_ok_and(|t| t == api::CU_MEMORYTYPE_HOST)
-}
-
 /// The device to import on: the caller's choice, else the local device with the handle's UUID
 /// (ordinals differ between processes with different `CUDA_VISIBLE_DEVICES`), else the
 /// handle's device index.
@@ -345,7 +340,7 @@ impl Backend for Cuda {
         }
     }
 
-    fn alloc_private(&self, device: i32, len: u64) -> Result<(Box<dyn Mapping>, bool)> {
+    fn alloc_private(&self, device: i32, len: u64) -> Result<Box<dyn Mapping>> {
         let api = api()?;
         let count = api.device_get_count()?;
         if device < 0 || device >= count {
@@ -355,12 +350,19 @@ impl Backend for Cuda {
         }
         let _g = api.bind(device)?;
         let base = api.mem_alloc(len)?;
-        let host = reports_host(api, base);
-        Ok((Box::new(PrivateMapping { base, size: len, device }), host))
+        Ok(Box::new(PrivateMapping { base, size: len, device }))
     }
 
-    fn cpu_addressable(&self, ptr: *mut u8) -> bool {
-        api().is_ok_and(|api| reports_host(api, ptr as DevPtr))
+    unsafe fn copy(&self, device: i32, to_host: bool, dst: *mut u8, src: *const u8, len: usize) -> Result<()> {
+        let api = api()?;
+        let _g = api.bind(device)?;
+        if to_host {
+            // SAFETY: the caller's promise for the host side; the driver checks the device side.
+            unsafe { api.memcpy_dtoh(dst, src as DevPtr, len) }
+        } else {
+            // SAFETY: as above.
+            unsafe { api.memcpy_htod(dst as DevPtr, src, len) }
+        }
     }
 }
 

@@ -172,8 +172,6 @@ static atomic_int g_violations;
 /* Test hooks (cusi_set_delay): milliseconds some calls sleep before they act, outside g_mu. */
 enum { DELAY_OPEN, DELAY_CLOSE, DELAY_SYNC, DELAY_COUNT };
 static atomic_uint g_delay_ms[DELAY_COUNT];
-/* Test hook (cusi_set_memory_type): what CU_POINTER_ATTRIBUTE_MEMORY_TYPE reports. */
-static atomic_uint g_memory_type = CU_MEMORYTYPE_HOST;
 static _Thread_local CUcontext t_cur; /* the current context is per thread */
 
 /* ==== Reporting ===================================================================== */
@@ -840,13 +838,6 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdevi
         *(int *)data = o >= 0 ? o : r->ctx->ordinal;
         break;
     }
-    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-        /* Every allocation of this stand-in is host memory the CPU addresses directly (a real
-         * cuMemAlloc block reports CU_MEMORYTYPE_DEVICE): callers that move bytes with the CPU
-         * (UCX built without CUDA) may then do so, as they could with pinned host memory.
-         * cusi_set_memory_type(CU_MEMORYTYPE_DEVICE) makes it report what a GPU would. */
-        *(unsigned *)data = atomic_load(&g_memory_type);
-        break;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
         /* Only cuMemAlloc memory can be exported with cuIpcGetMemHandle. */
         *(int *)data = r->kind == K_ALLOC;
@@ -1823,10 +1814,6 @@ int cusi_vmm_access(CUdeviceptr p, int ordinal) {
                                                                       : -1;
     pthread_mutex_unlock(&g_mu);
     return n;
-}
-
-void cusi_set_memory_type(unsigned type) {
-    atomic_store(&g_memory_type, type);
 }
 
 int cusi_set_delay(const char *call, unsigned ms) {

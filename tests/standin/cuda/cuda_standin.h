@@ -61,12 +61,9 @@ enum { CU_STREAM_DEFAULT = 0x0, CU_STREAM_NON_BLOCKING = 0x1 };
 
 enum {
     CU_POINTER_ATTRIBUTE_CONTEXT = 1,
-    CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
     CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
     CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10
 };
-
-enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2 };
 
 /* ---- Virtual memory management (cuMemCreate & co.; PyTorch's expandable segments) ---- */
 typedef unsigned long long CUmemGenericAllocationHandle;
@@ -276,9 +273,6 @@ int cusi_vmm_access(CUdeviceptr p, int ordinal);
  * no lock of the stand-in, so other threads' calls go on meanwhile (0: no delay). Returns 0, or
  * -1 for another name. */
 int cusi_set_delay(const char *call, unsigned ms);
-/* What CU_POINTER_ATTRIBUTE_MEMORY_TYPE reports for every allocation (CU_MEMORYTYPE_HOST, the
- * truth for this stand-in, until changed). */
-void cusi_set_memory_type(unsigned type);
 
 #ifdef __cplusplus
 }
