@@ -61,13 +61,13 @@
 #define DEVSHARE_VERSION_MAJOR 1
 
 // Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
-#define DEVSHARE_VERSION_MINOR 5
+#define DEVSHARE_VERSION_MINOR 6
 
 // Patch version (fixes; no interface change).
 #define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 66816
+#define DEVSHARE_VERSION 67072
 
 // The longest spin `devshare_pool_set_spin` and `devshare_connection_set_spin` accept (1 s).
 #define DEVSHARE_MAX_SPIN_US 1000000
@@ -734,8 +734,9 @@ int32_t devshare_peer_info_init(struct DevsharePeerInfo *info, uint32_t size);
 // Or `"tcp://HOST:PORT"` (1.5): a remote channel for consumers on other hosts, listening only
 // on that address. Its peers prove knowledge of the channel key file (`DEVSHARE_CHANNEL_KEY_FILE`,
 // else `~/.config/devshare/channel.key`: the same bytes on both hosts, mode 0600, owned by the
-// user) and must have the same UCX version; it carries pools of host memory only (leases,
-// `_restrict`, spinning: `DEVSHARE_STATUS_UNSUPPORTED`). UCX (`libucp.so.0`) is loaded at run
+// user) and must have the same UCX version; it carries pools of host memory and (1.6) of CUDA
+// memory, whose items cross through host memory at both ends into each consumer's own device
+// memory (leases, `_restrict`, spinning, ACL pools: `DEVSHARE_STATUS_UNSUPPORTED`). UCX (`libucp.so.0`) is loaded at run
 // time: `DEVSHARE_STATUS_BACKEND_UNAVAILABLE` without it (`devshare_probe(DEVSHARE_PROBE_REMOTE)`
 // says why). The data and messages travel unencrypted: use it on a network you trust.
 //
@@ -743,7 +744,8 @@ int32_t devshare_peer_info_init(struct DevsharePeerInfo *info, uint32_t size);
 // noticed only inside `devshare_channel_service` and the calls that wait (`_wait_peers`,
 // `devshare_pool_acquire`, and `devshare_exporter_wait` on exports sent over the channel), so
 // serve the channel from your loop (poll `devshare_channel_fd`).
-int32_t devshare_channel_listen(const char *address_, struct DevshareChannel **out);
+int32_t devshare_channel_listen(const char *address_,
+                                struct DevshareChannel **out);
 
 // Who may connect from now on: `n_uids > 0` replaces the allowed uids (default: this
 // process's effective uid alone; listing another uid is how a caller trusts it), `n_pids > 0`

@@ -97,8 +97,9 @@ unsafe fn address<'a>(address: *const c_char) -> Result<&'a str> {
 /// Or `"tcp://HOST:PORT"` (1.5): a remote channel for consumers on other hosts, listening only
 /// on that address. Its peers prove knowledge of the channel key file (`DEVSHARE_CHANNEL_KEY_FILE`,
 /// else `~/.config/devshare/channel.key`: the same bytes on both hosts, mode 0600, owned by the
-/// user) and must have the same UCX version; it carries pools of host memory only (leases,
-/// `_restrict`, spinning: `DEVSHARE_STATUS_UNSUPPORTED`). UCX (`libucp.so.0`) is loaded at run
+/// user) and must have the same UCX version; it carries pools of host memory and (1.6) of CUDA
+/// memory, whose items cross through host memory at both ends into each consumer's own device
+/// memory (leases, `_restrict`, spinning, ACL pools: `DEVSHARE_STATUS_UNSUPPORTED`). UCX (`libucp.so.0`) is loaded at run
 /// time: `DEVSHARE_STATUS_BACKEND_UNAVAILABLE` without it (`devshare_probe(DEVSHARE_PROBE_REMOTE)`
 /// says why). The data and messages travel unencrypted: use it on a network you trust.
 ///

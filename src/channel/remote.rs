@@ -14,6 +14,11 @@
 //!   consumer's slot comes back with `RETURN`. Push rather than pull because the producer knows
 //!   when an item is ready and the consumer then needs no round trip per item, and because the
 //!   producer's slot comes back at once instead of after the consumer's read.
+//! - **CUDA pools** (1.6) cross through host memory at both ends: the producer copies the item
+//!   to a host staging buffer before the put, into the consumer's registered host copy of the
+//!   pool, and the consumer copies it into its own `cuMemAlloc` copy (fixed addresses too)
+//!   before handing the item out. UCX then needs no CUDA support; UCX 1.22's TCP path could not
+//!   put from device memory (refused by its older protocols, fatal with its newer ones).
 //! - **Trust.** No `SO_PEERCRED` across hosts: both ends prove knowledge of a key file only
 //!   their user can read (HMAC-SHA256 over fresh nonces of both sides; the key never crosses
 //!   the wire), the producer proving first. A consumer that fails, or speaks another UCX
