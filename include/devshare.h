@@ -951,6 +951,9 @@ int32_t devshare_channel_connect(const char *address_,
 // The descriptor to poll (for reading) in your event loop — an epoll set of the connection's
 // socket and its ring's wake-up: readable when an item or the producer's close arrives, and
 // again after a receive that left another item waiting. Do not read or close it. -1 for NULL.
+// Once a program has taken it, each item that arrives while this consumer is outside
+// `devshare_connection_recv` costs the producer one system call (the wake-up an event loop
+// needs); a consumer that only receives never pays it.
 int32_t devshare_connection_fd(const struct DevshareConnection *conn);
 
 // This consumer's peer id at the producer (what the producer's `devshare_channel_peer_ids`

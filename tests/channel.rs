@@ -976,3 +976,46 @@ fn the_connection_descriptor_stays_readable_while_ring_items_wait() {
     assert!(!readable(100), "nothing waits: not readable");
     assert_eq!(held.len(), 3);
 }
+
+#[test]
+fn an_event_loop_that_polls_after_a_blocking_receive_is_woken_by_the_next_item() {
+    let addr = address("ring-poll-after-recv");
+    let ch = Channel::listen(&addr).unwrap();
+    let c = std::thread::scope(|s| {
+        let c = s.spawn(|| Connection::connect(&addr, T).unwrap());
+        ch.wait_peers(1, T).unwrap();
+        c.join().unwrap()
+    });
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Arc::new(Exporter::channel_host_alloc(8 * 1024).unwrap());
+    let pool = ch.pool(exp, 1024, 8).unwrap();
+    let send = || {
+        let (slot, _) = pool.acquire(T).unwrap();
+        pool.send(slot, peer, &TensorDesc { shape: &[16], ..Default::default() }).unwrap();
+    };
+    let readable = |ms: i32| {
+        let fd = c.fd();
+        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+        let ts = rustix::event::Timespec { tv_sec: i64::from(ms / 1000), tv_nsec: i64::from(ms % 1000) * 1_000_000 };
+        rustix::event::poll(&mut fds, Some(&ts)).unwrap() == 1
+    };
+    // One item first: the ring exists from here on.
+    send();
+    c.recv(T).unwrap().release();
+    for round in 0..3 {
+        // The consumer sleeps in a receive, whose wait takes the item's wake-up...
+        std::thread::scope(|s| {
+            let r = s.spawn(|| c.recv(T).unwrap());
+            std::thread::sleep(Duration::from_millis(50));
+            send();
+            r.join().unwrap().release();
+        });
+        // ...then an event loop sleeps on the descriptor: the next item must wake it.
+        while readable(0) {
+            assert_eq!(status(c.recv(Some(Duration::ZERO))), Status::Timeout, "only a spurious wake-up");
+        }
+        send();
+        assert!(readable(5000), "round {round}: the item after a blocking receive makes the descriptor readable");
+        c.recv(Some(Duration::ZERO)).unwrap().release();
+    }
+}

@@ -568,6 +568,9 @@ pub unsafe extern "C" fn devshare_channel_connect(
 /// The descriptor to poll (for reading) in your event loop — an epoll set of the connection's
 /// socket and its ring's wake-up: readable when an item or the producer's close arrives, and
 /// again after a receive that left another item waiting. Do not read or close it. -1 for NULL.
+/// Once a program has taken it, each item that arrives while this consumer is outside
+/// `devshare_connection_recv` costs the producer one system call (the wake-up an event loop
+/// needs); a consumer that only receives never pays it.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_connection_fd(conn: *const DevshareConnection) -> i32 {
     boundary_value("devshare_connection_fd", -1, || match ffi!(conn.as_ref()) {

@@ -211,6 +211,9 @@ pub struct LocalConnection {
     /// The stream received device items are read on (`CUstream` / `aclrtStream`; 0: none, an
     /// item's event is waited for on the host).
     stream: std::sync::atomic::AtomicUsize,
+    /// Whether the caller took the descriptor ([`Self::fd`]): then an event loop may sleep on it
+    /// between receives, and every receive leaves the ring armed (see `leave`).
+    polled: AtomicBool,
 }
 
 impl LocalConnection {
@@ -315,6 +318,7 @@ impl LocalConnection {
                                 producer_pid,
                                 spin_ns: Default::default(),
                                 stream: Default::default(),
+                                polled: AtomicBool::new(false),
                             });
                         }
                         other => {
@@ -343,6 +347,15 @@ impl LocalConnection {
     /// the ring's wake-up): readable when an item or the close arrives, and while an item that
     /// a receive left waiting is there.
     pub fn fd(&self) -> BorrowedFd<'_> {
+        if !self.polled.swap(true, Ordering::SeqCst) {
+            // From now on receives leave the ring armed (see `leave`); the receives before may
+            // have left it unarmed, so arm it here and wake the descriptor once (at most a
+            // spurious wake-up), for items that already wait.
+            if let Some(r) = self.shared.ring.get() {
+                r.arm();
+                r.wake_self();
+            }
+        }
         self.epoll.as_fd()
     }
 
@@ -495,11 +508,21 @@ impl LocalConnection {
     /// (its wake-up was taken by this receive's wait), wake it, so that a caller's event loop
     /// that takes one item per readable event still sees the next.
     fn leave(&self, st: &mut State) {
-        if let Some(r) = self.shared.ring.get() {
-            if st.harvested && (!st.ready.is_empty() || r.waiting(st.head).unwrap_or(false)) {
+        let Some(r) = self.shared.ring.get() else { return };
+        if self.polled.load(Ordering::SeqCst) {
+            // An event loop may sleep on the descriptor before the next receive, which then
+            // arms nothing: arm now, so that the producer's next item wakes the descriptor
+            // (even when this receive's own wait took the last wake-up), and wake it for what
+            // already waits. Consumers that only receive skip this (a receive looks before it
+            // sleeps), which saves the producer a system call per item.
+            r.arm();
+            if !st.ready.is_empty() || r.waiting(st.head).unwrap_or(false) {
                 r.wake_self();
-                st.harvested = false;
             }
+            st.harvested = false;
+        } else if st.harvested && (!st.ready.is_empty() || r.waiting(st.head).unwrap_or(false)) {
+            r.wake_self();
+            st.harvested = false;
         }
     }
 
