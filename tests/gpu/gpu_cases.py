@@ -1596,7 +1596,12 @@ def free_tcp_port() -> int:
 
 def remote_channel_key() -> None:
     """A fresh channel key (0600) for this case's remote channels, named in the environment
-    that the gpu_tool children inherit; says which UCX is used."""
+    that the gpu_tool children inherit; says which UCX is used (CaseSkip when none loads)."""
+    ucx = os.environ.get("DEVSHARE_UCX_LIBRARY") or "libucp.so.0"
+    try:
+        ctypes.CDLL(ucx)
+    except OSError as e:
+        raise CaseSkip(f"remote channels need UCX ({ucx}), which does not load here: {e}") from None
     info(f"UCX: {os.environ.get('DEVSHARE_UCX_LIBRARY') or 'libucp.so.0 from the loader path'}")
     key = os.path.join(tempfile.mkdtemp(prefix="devshare-gpu-key-"), "channel.key")
     with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
