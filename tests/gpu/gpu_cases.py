@@ -1665,6 +1665,69 @@ def case_o_remote_cuda_pool(cx: Ctx):
     return "every value and slot address checked, in the consumer's own memory: " + ", ".join(done)
 
 
+# The consumer of p_torch_channel_send (its own process): argv = address, count, numel. Prints
+# ITEM <i> <ok> <device> per item (every element checked on the GPU), then DONE.
+_SEND_CONSUMER = r"""
+import sys
+import devshare
+import torch
+address, count, numel = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+conn = devshare.connect(address, timeout=30)
+for i in range(count):
+    item = conn.recv(timeout=30)
+    t = item.tensor
+    ok = t.is_cuda and t.numel() == numel and bool((t == float(i)).all())
+    print("ITEM", i, int(ok), t.device, flush=True)
+    del t
+    item.release()
+print("DONE", flush=True)
+"""
+
+
+def case_p_torch_channel_send(cx: Ctx):
+    """torch CUDA tensors over a channel (Channel.send: reduce_tensor + adopt) to a Python consumer process; PyTorch's references come back."""
+    torch = cx.torch
+    devshare = _import_devshare()
+    if not hasattr(devshare, "Channel"):
+        raise CaseSkip("this devshare package has no Channel")
+    count, numel = 12, 1 << 20
+    address = pool_address("send")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    with devshare.Channel(address) as ch:
+        cons = subprocess.Popen([sys.executable, "-c", _SEND_CONSUMER, address, str(count), str(numel)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            peer = ch.wait_peers(1, timeout=30)[0]
+            for i in range(count):
+                t = torch.full((numel,), float(i), device="cuda")
+                ch.send(peer, t)  # an event on the current stream; nothing synchronises
+                del t
+            held = torch.cuda.memory_allocated() - base
+            out, err = cons.communicate(timeout=60)
+        finally:
+            if cons.poll() is None:
+                cons.kill()
+                cons.wait()
+        lines = out.splitlines()
+        items = [ln.split() for ln in lines if ln.startswith("ITEM")]
+        check(lines[-1:] == ["DONE"] and len(items) == count,
+              f"consumer (rc {cons.returncode}): {lines[-3:]} {err.strip()[-300:]}")
+        bad = [it for it in items if it[2] != "1"]
+        check(not bad, f"items with wrong values or not on a CUDA device: {bad[:3]}")
+        info(f"{count} tensors of {numel} float32 sent; consumer saw them on {items[0][3]}; "
+             f"held by the channel while out: {held / 2**20:.0f} MiB")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and torch.cuda.memory_allocated() > base:
+            ch.service(0.05)
+            ch.collect()
+    torch.cuda.synchronize()
+    after = torch.cuda.memory_allocated() - base
+    info(f"memory_allocated after the leases came back: {after / 2**20:.2f} MiB above the start")
+    check(after == 0, f"{after} bytes still allocated after every lease came back")
+    return f"{count} CUDA tensors leased to a Python consumer, values checked on its GPU; every storage freed"
+
+
 # name, function, timeout (s), extra environment, needs torch
 CASES = [
     ("h_c_to_c", case_h_c_to_c, 60, {}, False),
@@ -1686,6 +1749,7 @@ CASES = [
     ("m_pool_c_to_c", case_m_pool_c_to_c, 60, {}, False),
     ("o_remote_cuda_pool", case_o_remote_cuda_pool, 90, {}, False),
     ("o2_remote_graph_replay", case_o2_remote_graph_replay, 90, {}, True),
+    ("p_torch_channel_send", case_p_torch_channel_send, 90, {}, True),
     ("e1_bench_import", case_e1_bench_import, 60, {}, False),
     ("e2_handoff", case_e2_handoff, 120, {}, True),
 ]
