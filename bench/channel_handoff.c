@@ -156,7 +156,9 @@ static int consume_channel(const char *address, int use_poll) {
     ConsRec *recs = xmalloc(cap * sizeof *recs);
     DevshareImportInfo info;
     devshare_import_info_init(&info, sizeof info);
-    const int fd = devshare_connection_fd(c);
+    /* Only an event loop takes the descriptor: once taken, each item that arrives while the
+     * consumer is outside recv costs the producer a wake-up (devshare_connection_fd). */
+    const int fd = use_poll ? devshare_connection_fd(c) : -1;
     for (;;) {
         ConsRec r = {0};
         DevshareImport *imp = NULL;

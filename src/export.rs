@@ -134,6 +134,9 @@ pub struct Exporter {
     alloc: Box<dyn Exported>,
     /// For an adopted handle: the reference it carried, given back when the exporter goes.
     adopted: Option<AdoptedRef>,
+    /// The first leased share's handle, fully validated: later leased shares that differ from
+    /// it only in their layout (every pool item) check only that (`validate_layout`).
+    leased_template: std::sync::OnceLock<DevshareHandle>,
 }
 
 /// The one reference an adopted handle carried (a PyTorch ref-counter slot), returned once,
@@ -180,6 +183,7 @@ impl Exporter {
             backend,
             alloc,
             adopted: None,
+            leased_template: std::sync::OnceLock::new(),
         }
     }
 
@@ -370,7 +374,15 @@ impl Exporter {
             }
             h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
         }
-        validate(&h)?;
+        match self.leased_template.get() {
+            Some(t) => {
+                crate::handle::validate_layout(&h, t)?;
+            }
+            None => {
+                validate(&h)?;
+                let _ = self.leased_template.set(h);
+            }
+        }
         let event = self.alloc.prepare_share(desc.stream, desc.event)?;
         if let Some(e) = &event {
             h.event_handle = e.handle();

@@ -12,6 +12,7 @@ mod validate;
 
 pub(crate) use acl_key::{check_acl_key, AclKey, ACL_KEY_LEN};
 pub(crate) use validate::is_shm_name;
+pub(crate) use validate::validate_layout;
 pub use validate::{ext_records, validate, ExtRecord, Validated};
 
 use crate::dtype::DevshareDType;

@@ -226,6 +226,47 @@ fn check_ext(h: &DevshareHandle) -> Result<()> {
     Ok(())
 }
 
+/// [`validate`] for a handle that is `base` (which passed it) with another tensor in the same
+/// storage range rules: only the layout fields (`dtype`, `ndim`, `shape`, `strides`,
+/// `storage_offset`, `storage_size`, `tensor_offset`) may differ, and only they are checked. A
+/// handle that differs anywhere else gets the full [`validate`]. This is the per-item check of
+/// pool items, whose key, names, flags and segments are their pool's.
+pub(crate) fn validate_layout(h: &DevshareHandle, base: &DevshareHandle) -> Result<Validated> {
+    let mut same = *base;
+    same.dtype = h.dtype;
+    same.ndim = h.ndim;
+    same.shape = h.shape;
+    same.strides = h.strides;
+    same.storage_offset = h.storage_offset;
+    same.storage_size = h.storage_size;
+    same.tensor_offset = h.tensor_offset;
+    if same != *h {
+        return validate(h);
+    }
+    if h.ndim as usize > DEVSHARE_MAX_NDIM {
+        return Err(Error::BadNdim(format!("{} is above the maximum {DEVSHARE_MAX_NDIM}", h.ndim)));
+    }
+    let ndim = h.ndim as usize;
+    if h.shape[ndim..].iter().any(|&d| d != 0) {
+        return Err(Error::invalid("shape", "entries at and beyond ndim must be 0"));
+    }
+    if h.strides[ndim..].iter().any(|&d| d != 0) {
+        return Err(Error::invalid("strides", "entries at and beyond ndim must be 0"));
+    }
+    let element_size = h.dtype.element_size()?;
+    check_size("storage_offset", h.storage_offset)?;
+    check_size("storage_size", h.storage_size)?;
+    let storage_end = h.storage_offset + h.storage_size; // both < 2^63: no overflow
+    if storage_end > h.alloc_size {
+        return Err(Error::StorageOutOfBounds(format!(
+            "storage_offset {} + storage_size {} = {storage_end} exceeds alloc_size {}",
+            h.storage_offset, h.storage_size, h.alloc_size
+        )));
+    }
+    let (numel, tensor_byte) = check_tensor(h, element_size)?;
+    Ok(Validated { element_size, numel, data_offset: h.storage_offset + tensor_byte })
+}
+
 /// Validate every field of `h`; on success return what was derived on the way.
 ///
 /// A handle that passes describes a tensor that lies entirely inside its storage, which lies
@@ -320,4 +361,95 @@ pub fn validate(h: &DevshareHandle) -> Result<Validated> {
     }
     let (numel, tensor_byte) = check_tensor(h, element_size)?;
     Ok(Validated { element_size, numel, data_offset: h.storage_offset + tensor_byte })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DevshareDType;
+    use proptest::prelude::*;
+
+    fn pool_base() -> DevshareHandle {
+        let mut h = DevshareHandle {
+            backend: crate::handle::DEVSHARE_BACKEND_HOST,
+            producer_pid: 42,
+            dtype: DevshareDType::new(1, 8, 1),
+            ndim: 1,
+            alloc_size: 1 << 16,
+            storage_size: 1 << 16,
+            ..Default::default()
+        };
+        h.shape[0] = 1 << 16;
+        h.strides[0] = 1;
+        let key = b"/devshare_42_pool";
+        h.key[..key.len()].copy_from_slice(key);
+        h.key_len = key.len() as u32;
+        h
+    }
+
+    fn same_verdict(h: &DevshareHandle, base: &DevshareHandle) -> std::result::Result<(), TestCaseError> {
+        let full = validate(h);
+        let fast = validate_layout(h, base);
+        prop_assert_eq!(full.is_ok(), fast.is_ok(), "full {:?}, layout-only {:?}", full, fast);
+        if let (Ok(a), Ok(b)) = (full, fast) {
+            prop_assert_eq!(a, b);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_pool_item_inside_its_pool_passes_the_layout_only_check_as_it_passes_validate() {
+        let base = pool_base();
+        let mut h = base;
+        h.dtype = DevshareDType::new(2, 32, 1);
+        h.storage_offset = 4096;
+        h.storage_size = 4096;
+        h.shape[0] = 1024;
+        let v = validate_layout(&h, &base).unwrap();
+        assert_eq!(v, validate(&h).unwrap());
+        assert_eq!((v.element_size, v.numel, v.data_offset), (4, 1024, 4096));
+        h.shape[0] = 1025; // one float past the storage
+        assert!(matches!(validate_layout(&h, &base), Err(Error::TensorOutOfBounds(_))));
+        h.shape[0] = 1024;
+        h.storage_offset = (1 << 16) - 4095; // the storage past the allocation
+        assert!(matches!(validate_layout(&h, &base), Err(Error::StorageOutOfBounds(_))));
+    }
+
+    proptest! {
+        /// A pool item's check (layout fields only, against its validated pool handle) accepts
+        /// and refuses exactly what the full validation does, for any layout, and for a handle
+        /// with any one byte changed elsewhere (which takes the full validation).
+        #[test]
+        fn the_layout_only_check_agrees_with_full_validation(
+            dtype in (0u8..8, prop_oneof![Just(8u8), Just(16), Just(32), Just(64), any::<u8>()], 0u16..3),
+            ndim in 0u32..10,
+            dims in proptest::collection::vec(prop_oneof![-2i64..70000, any::<i64>()], 16),
+            storage_offset in prop_oneof![0u64..70000, any::<u64>()],
+            storage_size in prop_oneof![0u64..70000, any::<u64>()],
+            tensor_offset in prop_oneof![-2i64..70000, any::<i64>()],
+            flip in proptest::option::of((0usize..crate::handle::DEVSHARE_HANDLE_SIZE, any::<u8>())),
+        ) {
+            let base = pool_base();
+            prop_assert!(validate(&base).is_ok());
+            let mut h = base;
+            h.dtype = DevshareDType::new(dtype.0, dtype.1, dtype.2);
+            h.ndim = ndim;
+            let n = crate::handle::DEVSHARE_MAX_NDIM;
+            h.shape.copy_from_slice(&dims[..n]);
+            h.strides.copy_from_slice(&dims[n..2 * n]);
+            h.storage_offset = storage_offset;
+            h.storage_size = storage_size;
+            h.tensor_offset = tensor_offset;
+            same_verdict(&h, &base)?;
+            if let Some((at, byte)) = flip {
+                // SAFETY: DevshareHandle is plain old data without padding (a C struct of
+                // integers and byte arrays, sized DEVSHARE_HANDLE_SIZE).
+                let bytes = unsafe {
+                    std::slice::from_raw_parts_mut((&mut h as *mut DevshareHandle).cast::<u8>(), crate::handle::DEVSHARE_HANDLE_SIZE)
+                };
+                bytes[at] = byte;
+                same_verdict(&h, &base)?;
+            }
+        }
+    }
 }

@@ -647,7 +647,8 @@ impl Import {
     /// mapping) — holding `lease` until it and its clones are released. Used for pool slots: the
     /// allocation was imported once, each item is a view of it.
     pub(crate) fn derive(&self, h: DevshareHandle, lease: Arc<dyn Lease>) -> Result<Import> {
-        let validated = validate(&h)?;
+        // The pool's handle passed `validate` when it was imported; an item changes its layout.
+        let validated = crate::handle::validate_layout(&h, &self.handle)?;
         let m = self.mapping.as_ref().ok_or_else(|| Error::AlreadyReleased("the pool's import is released".into()))?;
         if h.backend != self.handle.backend || h.alloc_size != self.handle.alloc_size {
             return Err(Error::Mismatch("a pool item must describe the pool's own allocation".into()));
