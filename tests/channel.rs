@@ -933,6 +933,14 @@ fn a_hostile_producer_writing_into_the_ring_gets_refused_records_not_a_crash() {
     drop(p);
 }
 
+/// Whether the connection's descriptor becomes readable within `ms` milliseconds.
+fn readable_within(c: &Connection, ms: i32) -> bool {
+    let fd = c.fd();
+    let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
+    let ts = rustix::event::Timespec { tv_sec: i64::from(ms / 1000), tv_nsec: i64::from(ms % 1000) * 1_000_000 };
+    rustix::event::poll(&mut fds, Some(&ts)).unwrap() == 1
+}
+
 #[test]
 fn the_connection_descriptor_stays_readable_while_ring_items_wait() {
     let addr = address("ring-level");
@@ -945,12 +953,7 @@ fn the_connection_descriptor_stays_readable_while_ring_items_wait() {
     let peer = ch.peer_ids().unwrap()[0];
     let exp = Arc::new(Exporter::channel_host_alloc(8 * 1024).unwrap());
     let pool = ch.pool(exp, 1024, 8).unwrap();
-    let readable = |ms: i32| {
-        let fd = c.fd();
-        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
-        let ts = rustix::event::Timespec { tv_sec: i64::from(ms / 1000), tv_nsec: i64::from(ms % 1000) * 1_000_000 };
-        rustix::event::poll(&mut fds, Some(&ts)).unwrap() == 1
-    };
+    let readable = |ms: i32| readable_within(&c, ms);
     assert!(!readable(0), "nothing sent yet");
     // One item first: the ring exists from here on.
     let (slot, _) = pool.acquire(T).unwrap();
@@ -993,12 +996,7 @@ fn an_event_loop_that_polls_after_a_blocking_receive_is_woken_by_the_next_item()
         let (slot, _) = pool.acquire(T).unwrap();
         pool.send(slot, peer, &TensorDesc { shape: &[16], ..Default::default() }).unwrap();
     };
-    let readable = |ms: i32| {
-        let fd = c.fd();
-        let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::IN)];
-        let ts = rustix::event::Timespec { tv_sec: i64::from(ms / 1000), tv_nsec: i64::from(ms % 1000) * 1_000_000 };
-        rustix::event::poll(&mut fds, Some(&ts)).unwrap() == 1
-    };
+    let readable = |ms: i32| readable_within(&c, ms);
     // One item first: the ring exists from here on.
     send();
     c.recv(T).unwrap().release();

@@ -247,6 +247,20 @@ fn child(role: &str, addr: &str, key: Option<&std::path::Path>) -> std::process:
     c.stdout(Stdio::piped()).spawn().unwrap()
 }
 
+/// A producer child in `role` with the key file `key`, and what it says (its `said:` lines).
+fn producer_child(role: &str, key: &std::path::Path) -> (std::process::Child, impl Iterator<Item = String>) {
+    let mut p = common::role("remote_child", &[(ROLE, role.as_ref()), ("DEVSHARE_REMOTE_ADDRESS", "".as_ref())])
+        .env(KEY_ENV, key)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(p.stdout.take().unwrap())
+        .lines()
+        .map_while(|l| l.ok())
+        .filter_map(|l| l.split_once("said: ").map(|(_, r)| r.to_string()));
+    (p, lines)
+}
+
 /// Serve `ch` while waiting for the child's first line.
 fn first_line(ch: &Channel, child: &mut std::process::Child) -> String {
     let stdout = child.stdout.take().unwrap();
@@ -343,15 +357,7 @@ fn a_killed_consumer_costs_the_producer_nothing_and_a_killed_producer_ends_the_c
     pool.release(slot).unwrap();
 
     // The producer dies: the consumer's receive fails with CLOSED, at once.
-    let mut p = common::role("remote_child", &[(ROLE, "produce".as_ref()), ("DEVSHARE_REMOTE_ADDRESS", "".as_ref())])
-        .env(KEY_ENV, &key)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(p.stdout.take().unwrap())
-        .lines()
-        .map_while(|l| l.ok())
-        .filter_map(|l| l.split_once("said: ").map(|(_, r)| r.to_string()));
+    let (mut p, mut lines) = producer_child("produce", &key);
     let addr = lines.next().unwrap();
     let c = Connection::connect(&addr, T).unwrap();
     let item = c.recv(T).unwrap();
@@ -473,16 +479,7 @@ fn a_producer_killed_in_the_middle_of_64_mib_transfers_ends_the_consumers_receiv
         return;
     }
     let key = std::path::PathBuf::from(std::env::var_os(KEY_ENV).unwrap());
-    let mut p =
-        common::role("remote_child", &[(ROLE, "produce_big".as_ref()), ("DEVSHARE_REMOTE_ADDRESS", "".as_ref())])
-            .env(KEY_ENV, &key)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-    let mut lines = BufReader::new(p.stdout.take().unwrap())
-        .lines()
-        .map_while(|l| l.ok())
-        .filter_map(|l| l.split_once("said: ").map(|(_, r)| r.to_string()));
+    let (mut p, mut lines) = producer_child("produce_big", &key);
     let addr = lines.next().unwrap();
     std::thread::spawn(move || lines.for_each(drop));
     let c = Connection::connect(&addr, T).unwrap();

@@ -226,6 +226,37 @@ fn check_ext(h: &DevshareHandle) -> Result<()> {
     Ok(())
 }
 
+/// `ndim` within the maximum, `shape` and `strides` zero beyond it, and a known dtype: its
+/// element size.
+fn check_dims(h: &DevshareHandle) -> Result<u64> {
+    if h.ndim as usize > DEVSHARE_MAX_NDIM {
+        return Err(Error::BadNdim(format!("{} is above the maximum {DEVSHARE_MAX_NDIM}", h.ndim)));
+    }
+    let ndim = h.ndim as usize;
+    if h.shape[ndim..].iter().any(|&d| d != 0) {
+        return Err(Error::invalid("shape", "entries at and beyond ndim must be 0"));
+    }
+    if h.strides[ndim..].iter().any(|&d| d != 0) {
+        return Err(Error::invalid("strides", "entries at and beyond ndim must be 0"));
+    }
+    let element_size = h.dtype.element_size()?;
+    Ok(element_size)
+}
+
+/// The storage lies inside the allocation (`alloc_size` checked already), sizes below 2^63.
+fn check_storage(h: &DevshareHandle) -> Result<()> {
+    check_size("storage_offset", h.storage_offset)?;
+    check_size("storage_size", h.storage_size)?;
+    let storage_end = h.storage_offset + h.storage_size; // both < 2^63: no overflow
+    if storage_end > h.alloc_size {
+        return Err(Error::StorageOutOfBounds(format!(
+            "storage_offset {} + storage_size {} = {storage_end} exceeds alloc_size {}",
+            h.storage_offset, h.storage_size, h.alloc_size
+        )));
+    }
+    Ok(())
+}
+
 /// [`validate`] for a handle that is `base` (which passed it) with another tensor in the same
 /// storage range rules: only the layout fields (`dtype`, `ndim`, `shape`, `strides`,
 /// `storage_offset`, `storage_size`, `tensor_offset`) may differ, and only they are checked. A
@@ -243,26 +274,8 @@ pub(crate) fn validate_layout(h: &DevshareHandle, base: &DevshareHandle) -> Resu
     if same != *h {
         return validate(h);
     }
-    if h.ndim as usize > DEVSHARE_MAX_NDIM {
-        return Err(Error::BadNdim(format!("{} is above the maximum {DEVSHARE_MAX_NDIM}", h.ndim)));
-    }
-    let ndim = h.ndim as usize;
-    if h.shape[ndim..].iter().any(|&d| d != 0) {
-        return Err(Error::invalid("shape", "entries at and beyond ndim must be 0"));
-    }
-    if h.strides[ndim..].iter().any(|&d| d != 0) {
-        return Err(Error::invalid("strides", "entries at and beyond ndim must be 0"));
-    }
-    let element_size = h.dtype.element_size()?;
-    check_size("storage_offset", h.storage_offset)?;
-    check_size("storage_size", h.storage_size)?;
-    let storage_end = h.storage_offset + h.storage_size; // both < 2^63: no overflow
-    if storage_end > h.alloc_size {
-        return Err(Error::StorageOutOfBounds(format!(
-            "storage_offset {} + storage_size {} = {storage_end} exceeds alloc_size {}",
-            h.storage_offset, h.storage_size, h.alloc_size
-        )));
-    }
+    let element_size = check_dims(h)?;
+    check_storage(h)?;
     let (numel, tensor_byte) = check_tensor(h, element_size)?;
     Ok(Validated { element_size, numel, data_offset: h.storage_offset + tensor_byte })
 }
@@ -303,29 +316,11 @@ pub fn validate(h: &DevshareHandle) -> Result<Validated> {
     if h.producer_pid < 0 {
         return Err(Error::invalid("producer_pid", format!("{} is not a pid (0: unknown)", h.producer_pid)));
     }
-    if h.ndim as usize > DEVSHARE_MAX_NDIM {
-        return Err(Error::BadNdim(format!("{} is above the maximum {DEVSHARE_MAX_NDIM}", h.ndim)));
-    }
-    let ndim = h.ndim as usize;
-    if h.shape[ndim..].iter().any(|&d| d != 0) {
-        return Err(Error::invalid("shape", "entries at and beyond ndim must be 0"));
-    }
-    if h.strides[ndim..].iter().any(|&d| d != 0) {
-        return Err(Error::invalid("strides", "entries at and beyond ndim must be 0"));
-    }
-    let element_size = h.dtype.element_size()?;
+    let element_size = check_dims(h)?;
     // The segment description (and an inline table) before the sizes: it defines alloc_size.
     let segmented = super::segments::segments(h)?;
     check_size("alloc_size", h.alloc_size)?;
-    check_size("storage_offset", h.storage_offset)?;
-    check_size("storage_size", h.storage_size)?;
-    let storage_end = h.storage_offset + h.storage_size; // both < 2^63: no overflow
-    if storage_end > h.alloc_size {
-        return Err(Error::StorageOutOfBounds(format!(
-            "storage_offset {} + storage_size {} = {storage_end} exceeds alloc_size {}",
-            h.storage_offset, h.storage_size, h.alloc_size
-        )));
-    }
+    check_storage(h)?;
     if segmented.is_none() {
         check_key(h)?;
     } else {

@@ -154,10 +154,13 @@ impl Exported for CudaExport {
 // ---------------------------------------------------------------------------------------------
 // Import
 
+/// An IPC import (closed on drop), or this process's own allocation (freed on drop: a remote
+/// channel consumer's copy of a CUDA pool, `owned`).
 struct CudaMapping {
     base: DevPtr,
     size: u64,
     device: c_int,
+    owned: bool,
 }
 
 impl Mapping for CudaMapping {
@@ -173,43 +176,13 @@ impl Mapping for CudaMapping {
 }
 
 impl Drop for CudaMapping {
-    /// Close the handle this mapping opened, once, after this process's work.
+    /// Close the handle this mapping opened (or free the allocation), once, after this
+    /// process's work.
     fn drop(&mut self) {
         if let Ok(api) = api() {
             if let Ok(_g) = api.bind(self.device) {
                 let _ = api.ctx_synchronize();
-                let _ = api.ipc_close_mem_handle(self.base);
-            }
-        }
-    }
-}
-
-/// Device memory this process allocated for itself (`cuMemAlloc`): a remote channel consumer's
-/// copy of a CUDA pool. Freed, after this process's work, when dropped.
-struct PrivateMapping {
-    base: DevPtr,
-    size: u64,
-    device: c_int,
-}
-
-impl Mapping for PrivateMapping {
-    fn base(&self) -> *mut u8 {
-        self.base as *mut u8
-    }
-    fn size(&self) -> u64 {
-        self.size
-    }
-    fn device(&self) -> Option<i32> {
-        Some(self.device)
-    }
-}
-
-impl Drop for PrivateMapping {
-    fn drop(&mut self) {
-        if let Ok(api) = api() {
-            if let Ok(_g) = api.bind(self.device) {
-                let _ = api.ctx_synchronize();
-                let _ = api.mem_free(self.base);
+                let _ = if self.owned { api.mem_free(self.base) } else { api.ipc_close_mem_handle(self.base) };
             }
         }
     }
@@ -293,7 +266,7 @@ impl Backend for Cuda {
         handle.copy_from_slice(h.key_bytes());
         let base = api.ipc_open_mem_handle(handle, flags)?;
         // Owned from here on: on an error below, its drop closes the handle.
-        let mut mapping = CudaMapping { base, size: 0, device };
+        let mut mapping = CudaMapping { base, size: 0, device, owned: false };
         let (_, size) = api.mem_get_address_range(base)?;
         mapping.size = size as u64;
         Ok(Box::new(mapping))
@@ -350,7 +323,7 @@ impl Backend for Cuda {
         }
         let _g = api.bind(device)?;
         let base = api.mem_alloc(len)?;
-        Ok(Box::new(PrivateMapping { base, size: len, device }))
+        Ok(Box::new(CudaMapping { base, size: len, device, owned: true }))
     }
 
     unsafe fn copy(&self, device: i32, to_host: bool, dst: *mut u8, src: *const u8, len: usize) -> Result<()> {
