@@ -61,13 +61,13 @@
 #define DEVSHARE_VERSION_MAJOR 1
 
 // Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
-#define DEVSHARE_VERSION_MINOR 6
+#define DEVSHARE_VERSION_MINOR 7
 
 // Patch version (fixes; no interface change).
 #define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 67072
+#define DEVSHARE_VERSION 67328
 
 // The longest spin `devshare_pool_set_spin` and `devshare_connection_set_spin` accept (1 s).
 #define DEVSHARE_MAX_SPIN_US 1000000
@@ -501,6 +501,38 @@ typedef struct DevshareTensorDesc {
   // the handle is returned; with it, the event is recorded on it. Ignored for host memory.
   void *stream;
 } DevshareTensorDesc;
+
+// One received item as `devshare_connection_recv_item` reports it: the import and everything a
+// receive loop reads of it. Initialise with `devshare_item_init(&item, sizeof item)`.
+typedef struct DevshareItem {
+  // Size of this struct in the caller's header; on return, the bytes the library filled in.
+  uint32_t struct_size;
+  // Reserved, zero.
+  uint32_t reserved;
+  // The received import, the caller's to release (`devshare_import_release`, after
+  // `devshare_import_give_back` if it likes).
+  struct DevshareImport *import;
+  // The pool's id (> 0) and the slot for a pool item; 0 and 0 for a lease.
+  uint32_t pool;
+  uint32_t slot;
+  // Device the memory is on in this process (0 for host).
+  int32_t device;
+  // `DEVSHARE_BACKEND_*`.
+  uint16_t backend;
+  // 1 when mapped read-only.
+  uint16_t read_only;
+  // The tensor's number of dimensions, 0..=`DEVSHARE_MAX_NDIM`.
+  uint32_t ndim;
+  // The tensor's element type.
+  struct DevshareDType dtype;
+  // The tensor's first element in this process (valid until the import is released).
+  void *data;
+  // Bytes from `data` to the end of the item's storage: what the tensor may address.
+  uint64_t nbytes;
+  // Shape and strides in elements; entries at and beyond `ndim` are 0.
+  int64_t shape[DEVSHARE_MAX_NDIM];
+  int64_t strides[DEVSHARE_MAX_NDIM];
+} DevshareItem;
 
 // Where an import lies in this process, from `devshare_import_info`. Initialise with
 // `devshare_import_info_init(&info, sizeof info)` before the call.
@@ -973,6 +1005,20 @@ int32_t devshare_connection_info(const struct DevshareConnection *conn,
 int32_t devshare_connection_recv(struct DevshareConnection *conn,
                                  int32_t timeout_ms,
                                  struct DevshareImport **out);
+
+// Initialise a `DevshareItem` of `size` bytes (pass `sizeof *item`).
+int32_t devshare_item_init(struct DevshareItem *item, uint32_t size);
+
+// `devshare_connection_recv` and `devshare_import_describe` in one call, for bindings that pay
+// per call: receive the next item into `*out` (initialised with `devshare_item_init`), its
+// import in `out->import`. `release`: NULL, or an import the caller is done with (from any
+// source), released first as `devshare_import_release` does, whatever happens next — so a
+// loop that frees each item after the next receive makes one call per item. On failure
+// `*out` is left as it was. Waits and fails like `devshare_connection_recv`.
+int32_t devshare_connection_recv_item(struct DevshareConnection *conn,
+                                      int32_t timeout_ms,
+                                      struct DevshareImport *release,
+                                      struct DevshareItem *out);
 
 // For an import that is a pool item: the pool's id (> 0) and the slot. Any other import is
 // `DEVSHARE_STATUS_INVALID_ARGUMENT`. Either out-pointer may be NULL.

@@ -251,6 +251,27 @@ class ImportInfo(Structure):
     ]
 
 
+class ItemStruct(Structure):
+    """``DevshareItem`` (output of ``devshare_connection_recv_item``)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("reserved", c_uint32),
+        ("import", c_void_p),  # DevshareImport * (a keyword: getattr(item, "import"))
+        ("pool", c_uint32),
+        ("slot", c_uint32),
+        ("device", c_int32),
+        ("backend", c_uint16),
+        ("read_only", c_uint16),
+        ("ndim", c_uint32),
+        ("dtype", DType),
+        ("data", c_void_p),
+        ("nbytes", c_uint64),
+        ("shape", c_int64 * MAX_NDIM),
+        ("strides", c_int64 * MAX_NDIM),
+    ]
+
+
 class BackendInfo(Structure):
     """``DevshareBackendInfo`` (output of ``devshare_probe``)."""
 
@@ -428,6 +449,16 @@ def channel_signatures_1_4(exporter_p, import_p) -> list:
     ]
 
 
+def channel_signatures_1_7(import_p) -> list:
+    """The channel function 1.7 added: a receive that reports the item and releases the
+    previous one in the same call (bound by devshare._channel when the library has it; without
+    it a receive takes two calls and a release one more)."""
+    return [
+        ("devshare_item_init", c_int32, [POINTER(ItemStruct), c_uint32]),
+        ("devshare_connection_recv_item", c_int32, [ConnectionP, c_int32, import_p, POINTER(ItemStruct)]),
+    ]
+
+
 #: The first library minor version with the storage-handle formats and the version bridge.
 TORCH_FORMAT_MINOR = 2
 
@@ -457,6 +488,7 @@ STRUCTS = {
     "DevshareTorchArgs": TorchArgs,
     "DevshareTorchStorage": TorchStorage,
     "DevsharePeerInfo": PeerInfo,
+    "DevshareItem": ItemStruct,
 }
 
 #: Mirror -> the C function that initialises it (struct_size and the defaults). All but
@@ -470,6 +502,7 @@ INIT_FUNCTIONS = {
     TorchArgs: "devshare_torch_args_init",
     TorchStorage: "devshare_torch_storage_init",
     PeerInfo: "devshare_peer_info_init",
+    ItemStruct: "devshare_item_init",
 }
 
 __all__ = [
@@ -477,4 +510,5 @@ __all__ = [
     "STRUCTS", "INIT_FUNCTIONS", "ChannelStruct", "ConnectionStruct", "PoolStruct", "ChannelP",
     "ConnectionP", "PoolP", "CHANNEL_MINOR", "channel_signatures", "channel_signatures_1_2", "TORCH_FORMAT_MINOR",
     "torch_format_signatures", "ADOPT_MINOR", "adopt_signatures", "channel_signatures_1_4",
+    "channel_signatures_1_7",
 ]

@@ -72,6 +72,7 @@ from ._lib import (
     bind,
     ImportInfo,
     ImportP,
+    ItemStruct,
     MAX_NDIM,
     MAX_SPIN_US,
     PeerInfo,
@@ -84,6 +85,7 @@ from ._lib import (
     channel_signatures,
     channel_signatures_1_2,
     channel_signatures_1_4,
+    channel_signatures_1_7,
     error_for,
     lib,
     new_struct,
@@ -129,6 +131,28 @@ _SIGNATURES_1_4 = channel_signatures_1_4(ExporterP, ImportP)
 _HAVE_1_4 = {name for name, _, _ in _SIGNATURES_1_4} - set(bind(_SIGNATURES_1_4))
 _SEND_BATCH = "devshare_channel_send_batch" in _HAVE_1_4
 _DESCRIBE = "devshare_import_describe" in _HAVE_1_4
+# 1.7: a receive that reports the item and releases the previous one, in one call.
+_SIGNATURES_1_7 = channel_signatures_1_7(ImportP)
+_HAVE_1_7 = {name for name, _, _ in _SIGNATURES_1_7} - set(bind(_SIGNATURES_1_7))
+
+
+def _raw(name):
+    """The library function ``name`` as a second ctypes function object, without argtypes (None
+    when the library lacks it). ctypes converts every argument of a function with argtypes
+    through the type's ``from_param``, about 0.1 µs an argument; the per-item calls pass
+    ready-made ctypes objects of exactly the C parameter types (or None for NULL), which need
+    none of it. The result stays a C int: the status."""
+    try:
+        return lib[name]
+    except AttributeError:
+        return None
+
+
+_RAW_ACQUIRE = _raw("devshare_pool_acquire")
+_RAW_SEND = _raw("devshare_pool_send")
+_RAW_GIVE_BACK = _raw("devshare_import_give_back") if _GIVE_BACK else None
+_RAW_RELEASE = _raw("devshare_import_release")
+_RAW_RECV_ITEM = _raw("devshare_connection_recv_item") if "devshare_connection_recv_item" in _HAVE_1_7 else None
 
 
 def _set_spin(fn, obj, spin_us) -> None:
@@ -329,42 +353,56 @@ class _Life:
     closes the library object at once when no call is inside it, and otherwise when the last
     call leaves (:meth:`leave`): the library never frees an object a call is using, whatever
     thread ends it and when (a daemon thread inside ``Channel.service`` while the interpreter
-    exits is the usual case)."""
+    exits is the usual case).
 
-    __slots__ = ("lock", "busy", "open", "deferred", "pid", "closer", "ptr", "extra")
+    Without a lock on the calls' path (two lock round trips cost about 0.4 µs a call, a tenth of
+    an item's trip): a call appends to ``inside`` and then reads ``open``; an end clears
+    ``open`` and then looks at ``inside`` (through ``copy()``, which, like ``append`` and
+    ``pop``, holds the list's own lock where there is no GIL). Whichever comes second sees the
+    other: either the call sees the object closed, or the end sees the call and leaves the
+    close to it (``deferred``; the call's exit looks at ``deferred`` after its ``pop``, and the
+    end looks at ``inside`` again after setting it). ``token`` is taken (``pop``, atomic) by
+    whoever closes, so the object is closed exactly once."""
+
+    __slots__ = ("lock", "inside", "open", "deferred", "token", "pid", "closer", "ptr", "extra")
 
     def __init__(self, pid, closer, ptr, extra):
-        self.lock = threading.Lock()
-        self.busy = 0
+        self.lock = threading.Lock()  # serialises the ends (close, finalizer) only
+        self.inside = []
         self.open = True
         self.deferred = False
+        self.token = [True]
         self.pid = pid
         self.closer = closer
         self.ptr = ptr
         self.extra = extra
+
+    @property
+    def busy(self) -> int:
+        """How many calls are inside (as of now)."""
+        return len(self.inside.copy())
 
     def end(self) -> None:
         with self.lock:
             if not self.open:
                 return
             self.open = False
-            if self.busy:
-                self.deferred = True  # the last call out closes it
+        if self.inside.copy():
+            self.deferred = True  # the last call out closes it
+            if self.inside.copy():
                 return
         self._close()
 
     def leave(self) -> None:
-        lock = self.lock
-        lock.acquire()
-        self.busy -= 1
-        run = self.deferred and self.busy == 0
-        if run:
-            self.deferred = False
-        lock.release()
-        if run:
+        """A call's exit (after its ``inside.pop()``) when ``deferred`` is set."""
+        if not self.inside.copy():
             self._close()
 
     def _close(self) -> None:
+        try:
+            self.token.pop()
+        except IndexError:
+            return  # another thread closed it
         # In a child that inherited the object through fork, nothing: it is the parent's.
         if os.getpid() == self.pid:
             self.closer(self.ptr, *self.extra)
@@ -390,34 +428,43 @@ class _Owned:
 
     def _enter(self):
         life = self._life
-        lock = life.lock
-        lock.acquire()
+        life.inside.append(None)
         # _PID[0] is os.getpid() without the system call (kept by an at-fork hook).
-        if self._pid != _PID[0] or not life.open:
-            lock.release()
-            if self._pid != os.getpid():
-                raise _forked(self._what, self._pid)
-            raise ValueError(f"the {self._what} is closed")
-        life.busy += 1
-        lock.release()
+        if not life.open or self._pid != _PID[0]:
+            return self._enter_refused()
         return self._ptr
 
-    def _try_enter(self):
-        """:meth:`_enter` for finalizers: None instead of waiting for the lock (the collector
-        may run a finalizer on a thread that holds it) or raising."""
+    def _enter_refused(self):
+        """:meth:`_enter` that saw the object closed or this process not its owner: raise (after
+        leaving), unless it was a close that another thread's call made fail with ``BUSY``,
+        which reopens the object while holding the lock."""
         life = self._life
-        if not life.lock.acquire(blocking=False):
-            return None
-        try:
-            if self._pid != os.getpid() or not life.open:
-                return None
-            life.busy += 1
+        with life.lock:
+            reopened = life.open
+        if reopened and self._pid == os.getpid():
             return self._ptr
-        finally:
-            life.lock.release()
+        self._exit()
+        if self._pid != os.getpid():
+            raise _forked(self._what, self._pid)
+        raise ValueError(f"the {self._what} is closed")
+
+    def _try_enter(self):
+        """:meth:`_enter` for finalizers: None instead of raising (and never waits for a lock:
+        the collector may run a finalizer on a thread that holds one)."""
+        life = self._life
+        if not life.open or self._pid != os.getpid():
+            return None
+        life.inside.append(None)
+        if not life.open:
+            self._exit()
+            return None
+        return self._ptr
 
     def _exit(self) -> None:
-        self._life.leave()
+        life = self._life
+        life.inside.pop()
+        if life.deferred:
+            life.leave()
 
     @property
     def closed(self) -> bool:
@@ -433,11 +480,17 @@ class _Owned:
                 raise _forked(self._what, self._pid)
             if not self._fin.alive or not life.open:
                 return
-            if life.busy:
-                raise Error(Status.BUSY, f"{self._what}.close(): {life.busy} call(s) of another "
+            life.open = False  # no call enters from here on (one that does meanwhile waits)
+            busy = len(life.inside.copy())
+            if busy:
+                life.open = True
+                raise Error(Status.BUSY, f"{self._what}.close(): {busy} call(s) of another "
                                          f"thread are still inside it")
-            self._closing()
-            life.open = False  # no call enters from here on: the close below is not deferred
+            try:
+                self._closing()
+            except BaseException:
+                life.open = True
+                raise
         if self._fin.detach() is not None:
             life._close()
 
@@ -930,6 +983,8 @@ class Pool(_Owned):
         # Slot.send's descriptors by layout (see _desc), and its last peer as a c_uint64.
         self._descs: dict = {}
         self._last_peer = (0, None)
+        # Slot.send's last arguments and their descriptor entry (see Slot._desc_for).
+        self._last_send = (None, None, None, None, None)
         # Slot.send's descriptors by its plain arguments (shape, dtype, strides, offset).
         self._sends: dict = {}
         # Slot.tensor / Slot.numpy's views by (slot index, shape, dtype, offset, like): see
@@ -1003,17 +1058,23 @@ class Pool(_Owned):
         except IndexError:
             idx, addr = c_uint32(), c_void_p()
             out = (idx, addr, byref(idx), byref(addr))
-        ptr = self._enter()
+        # self._enter() / self._exit(), written out (this is on every item's path).
+        life = self._life
+        inside = life.inside
+        inside.append(None)
+        ptr = self._ptr if life.open and self._pid == _PID[0] else self._enter_refused()
         try:
             if timeout is None:  # one library call, no argument checks (all ctypes objects)
-                status = lib.devshare_pool_acquire(ptr, _FOREVER, out[2], out[3])
+                status = _RAW_ACQUIRE(ptr, _FOREVER, out[2], out[3])
                 if status < 0:
                     raise _error(status)
                 done = True
             else:
                 done = _wait_call(lib.devshare_pool_acquire, ptr, timeout, out[2], out[3])
         finally:
-            self._exit()
+            inside.pop()
+            if life.deferred:
+                life.leave()
         if not done:
             raise TimeoutError(f"no slot of the pool came back within {timeout} s (all {self.count} "
                                f"are out)")
@@ -1055,7 +1116,8 @@ class Slot:
     def __init__(self, pool: Pool, index: int, address: int):
         self.pool = pool
         self.index = index
-        self._index_arg = pool._index_arg(index)  # the index as the library's uint32
+        # The index as the library's uint32.
+        self._index_arg = pool._index_args.get(index) or pool._index_arg(index)
         self.address = address
         self.nbytes = pool.slot_nbytes
         self._pid = pool._pid
@@ -1161,8 +1223,37 @@ class Slot:
         if self._state != "acquired":
             self._take("send")
         pool = self.pool
-        # The descriptor by the plain arguments (tuples of ints or None, an int offset), as
-        # checked and made the first time.
+        last = pool._last_send
+        if shape is last[0] and dtype is last[1] and strides is last[2] and offset is last[3] \
+                and view is None:
+            # The very objects of the last send (a tuple cannot change): its descriptor.
+            desc = last[4]
+        else:
+            desc = self._desc_for(shape, dtype, strides, offset, view)
+        last = pool._last_peer
+        peer_arg = last[1] if last[0] == peer else pool._peer_arg(peer)
+        # pool._enter() / pool._exit(), written out (this is on every item's path).
+        life = pool._life
+        inside = life.inside
+        inside.append(None)
+        ptr = pool._ptr if life.open and pool._pid == _PID[0] else pool._enter_refused()
+        try:
+            # One library call; every argument is a ctypes object of the C type (no argtypes
+            # conversion, nothing to range-check).
+            status = _RAW_SEND(ptr, self._index_arg, peer_arg, None if desc is None else desc[0])
+        finally:
+            inside.pop()
+            if life.deferred:
+                life.leave()
+        if status < 0:
+            raise _error(status)
+        self._state = "sent"
+
+    def _desc_for(self, shape, dtype, strides, offset, view):
+        """:meth:`send`'s descriptor entry (None: the whole slot as bytes): by the plain
+        arguments (tuples of ints or None, an int offset), as checked and made the first time,
+        and remembered as the pool's last send."""
+        pool = self.pool
         key = None
         if view is None and type(offset) is int and type(shape) is tuple \
                 and (strides is None or type(strides) is tuple):
@@ -1190,16 +1281,9 @@ class Slot:
                 if len(pool._sends) >= _MAX_DESCS:
                     pool._sends.clear()
                 pool._sends[key] = desc
-        ptr = pool._enter()
-        try:
-            # One library call; every argument is a ctypes object (nothing to range-check).
-            status = lib.devshare_pool_send(ptr, self._index_arg, pool._peer_arg(peer),
-                                            None if desc is None else desc[0])
-        finally:
-            pool._exit()
-        if status < 0:
-            raise _error(status)
-        self._state = "sent"
+        if key is not None:
+            pool._last_send = (shape, dtype, strides, offset, desc)
+        return desc
 
     def _send_desc(self, shape, dtype, strides, offset, view):
         """:meth:`send`'s descriptor entry (see :meth:`Pool._desc`), None for the whole slot as
@@ -1269,32 +1353,33 @@ class _Lease:
     (not a weakref.finalize, which costs more than the rest of a receive), except in a process
     that inherited it through fork."""
 
-    __slots__ = ("_held", "_pid", "_mapped", "__weakref__")
+    __slots__ = ("_held", "_pid", "_mapped", "_grave", "__weakref__")
 
-    def __init__(self, imp: ImportP):
+    def __init__(self, imp: ImportP, grave=None):
         self._held = [imp]
         self._pid = _PID[0]
         self._mapped = None  # the import, given back, until this object is garbage
+        self._grave = grave  # a pool item's: where its import goes once given back and garbage
 
     @property
     def released(self) -> bool:
         return not self._held
 
     def release(self) -> None:
-        if self._pid != os.getpid():
+        if self._pid != _PID[0]:
             raise _forked("Item", self._pid)
         try:
             imp = self._held.pop()
         except IndexError:
             raise Error(Status.ALREADY_RELEASED, "this item was already released (it is given "
                                                  "back only once)") from None
-        if not _GIVE_BACK:
+        if _RAW_GIVE_BACK is None:
             _call(lib.devshare_import_release, imp)  # a library before 1.2: unmapped at once
             return
         # From here on the import is unmapped only when this object is garbage (the last tensor
         # over it gone), also when the give-back fails.
         self._mapped = imp
-        status = lib.devshare_import_give_back(imp)  # an ImportP: nothing to range-check
+        status = _RAW_GIVE_BACK(imp)  # an ImportP
         if status < 0:
             raise _error(status)
 
@@ -1308,15 +1393,62 @@ class _Lease:
             if self._held:
                 _release_import(self._pid, self._held.pop())
             elif self._mapped is not None:
-                _release_import(self._pid, self._mapped)
-                self._mapped = None
+                imp, self._mapped = self._mapped, None
+                grave = self._grave
+                if grave is None or not grave.bury(imp, self._pid):
+                    _release_import(self._pid, imp)
         except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to do in a finalizer
             pass
 
 
 def _release_import(pid, imp) -> None:
-    if os.getpid() == pid:
-        lib.devshare_import_release(imp)
+    if _PID[0] == pid:
+        _RAW_RELEASE(imp)
+
+
+class _Grave:
+    """A connection's pool item imports that were given back and are garbage: the next receive
+    releases one (``devshare_connection_recv_item``'s ``release``), in the library call it makes
+    anyway, instead of a call of its own. Given back already, such an import only holds the
+    pool's mapping (and its own few bytes) meanwhile. Bounded: past ``_MAX_GRAVE`` the import
+    is released at once; the connection's close releases what is left (``open`` is cleared
+    first, and an import buried after that is taken out by its own burier)."""
+
+    __slots__ = ("imps", "open", "pid")
+
+    def __init__(self):
+        self.imps = []
+        self.open = True
+        self.pid = _PID[0]
+
+    def bury(self, imp, pid) -> bool:
+        """Keep ``imp`` for the next receive; False when it must be released now."""
+        imps = self.imps
+        if not self.open or pid != self.pid or len(imps) >= _MAX_GRAVE:
+            return False
+        imps.append(imp)
+        if not self.open:  # closed meanwhile: release what is there (each pop is one import)
+            self.empty()
+        return True
+
+    def take(self):
+        """An import to release (None: none)."""
+        try:
+            return self.imps.pop()
+        except IndexError:
+            return None
+
+    def empty(self) -> None:
+        imps = self.imps
+        while True:
+            try:
+                imp = imps.pop()
+            except IndexError:
+                return
+            _release_import(self.pid, imp)
+
+
+_MAX_GRAVE = 64
 
 
 class Item:
@@ -1475,6 +1607,77 @@ def _item(imp: ImportP, like: str, conn=None) -> Item:
         raise
 
 
+_ITEM_TEMPLATE = bytes(new_struct(ItemStruct)) if _RAW_RECV_ITEM is not None else b""
+_ITEM_KEY = ItemStruct.pool.offset  # the bytes from here on tell a pool item's view apart
+_ITEM_HEAD = struct.Struct("=IIiHHIBBHQQ")  # pool, slot, device, backend, read_only, ndim, dtype, data, nbytes
+_ITEM_SHAPE = ItemStruct.shape.offset
+_ITEM_STRIDES = ItemStruct.strides.offset
+_IMPORT_AT = ItemStruct.struct_size.size + ItemStruct.reserved.size  # where the import pointer is
+
+
+class _ItemOut:
+    """``devshare_connection_recv_item``'s out-argument, made once per connection (taken by one
+    receive at a time): the struct, its byref, and a byte view of it."""
+
+    __slots__ = ("item", "ref", "bytes")
+
+    def __init__(self):
+        self.item = ItemStruct.from_buffer_copy(_ITEM_TEMPLATE)
+        self.ref = byref(self.item)
+        self.bytes = memoryview(self.item).cast("B")
+
+
+def _received(out: _ItemOut, like: str, conn) -> Item:
+    """The :class:`Item` of what ``devshare_connection_recv_item`` wrote into ``out``."""
+    mv = out.bytes
+    imp = ImportP.from_buffer_copy(mv, _IMPORT_AT)
+    views = conn._views
+    if like == "torch":
+        # A pool item seen before: its tensor through the view kept for its slot and layout,
+        # under the struct's bytes from the pool id on (the address included; kept only for
+        # host pool items).
+        key = mv[_ITEM_KEY:].tobytes()
+        entry = views.get(key)
+        if entry is not None:
+            lease = _Lease(imp, conn._grave)
+            # An item shown before through this view, gone while its memory was still used:
+            # that memory is this item's (the same mapping), held by it from now on.
+            entry[2].lease = None
+            hold = _Hold(lease, entry)
+            tensor = entry[0].detach()
+            tensor._devshare_item = hold
+            return Item(lease, tensor, entry[3], entry[4], hold)
+    pool, slot, device, backend, read_only, ndim, code, bits, lanes, data, nbytes = _ITEM_HEAD.unpack_from(mv, _ITEM_KEY)
+    lease = _Lease(imp, conn._grave if pool else None)
+    try:
+        if backend == BACKEND_HOST:
+            if pool and like == "torch":
+                if ndim > MAX_NDIM:
+                    raise Error(Status.UNTRUSTED, f"item with {ndim} dimensions (at most {MAX_NDIM})")
+                dims = _H_DIMS[ndim]
+                entry = _new_pool_view(views, key, data or 0, nbytes, (code, bits, lanes),
+                                       dims.unpack_from(mv, _ITEM_SHAPE),
+                                       dims.unpack_from(mv, _ITEM_STRIDES), pool, slot)
+                hold = _Hold(lease, entry)
+                tensor = entry[0].detach()
+                tensor._devshare_item = hold
+                return Item(lease, tensor, pool, slot, hold)
+            if ndim > MAX_NDIM:
+                raise Error(Status.UNTRUSTED, f"item with {ndim} dimensions (at most {MAX_NDIM})")
+            dims = _H_DIMS[ndim]
+            tensor = _views.view(data or 0, nbytes, lease, (code, bits, lanes),
+                                 dims.unpack_from(mv, _ITEM_SHAPE), dims.unpack_from(mv, _ITEM_STRIDES),
+                                 like)
+        else:
+            tensor = _device_tensor(imp, like)
+        if pool:
+            return Item(lease, tensor, pool, slot)
+        return Item(lease, tensor, None, None)
+    except BaseException:
+        lease.release_now()
+        raise
+
+
 class _Anchor:
     """What the memory of a connection's kept item view holds (see :func:`_pool_tensor`): the
     lease of an item shown through it that is gone while something that is not a view of its
@@ -1503,8 +1706,9 @@ class _Hold:
 
     def __del__(self):
         try:
-            base, storage, anchor = self.entry
-            if _views.storage_users(storage) > 2:  # more than the kept tensor and storage object
+            entry = self.entry
+            anchor = entry[2]
+            if _views.storage_users(entry[1]) > entry[5]:  # more than the entry's own
                 lease = self.lease
                 if lease._held:
                     lease.release()  # back to the producer, still mapped
@@ -1524,12 +1728,7 @@ def _pool_tensor(views: dict, lease, key):
     entry = views.get(key)
     if entry is None:
         pool, slot, data, nbytes, dtype, shape, strides = key
-        anchor = _Anchor()
-        base = _views.view(data, nbytes, anchor, dtype, shape, strides, "torch")
-        entry = (base, base.untyped_storage(), anchor)
-        if len(views) >= _MAX_VIEWS:
-            views.clear()
-        views[key] = entry
+        entry = _new_pool_view(views, key, data, nbytes, dtype, shape, strides)
     else:
         # An item shown before through this view, gone while its memory was still used: that
         # memory is this item's (the same mapping), held by this item from now on.
@@ -1538,6 +1737,23 @@ def _pool_tensor(views: dict, lease, key):
     t = entry[0].detach()
     t._devshare_item = hold
     return t, hold
+
+
+def _new_pool_view(views: dict, key, data, nbytes, dtype, shape, strides, pool=None, slot=None):
+    """The entry :func:`_pool_tensor` keeps for ``key``: (the kept torch tensor over the item's
+    memory, its storage, its :class:`_Anchor`, the pool id, the slot, how many users the
+    storage has with nothing but the entry), made now and kept in ``views``."""
+    anchor = _Anchor()
+    base = _views.view(data, nbytes, anchor, dtype, shape, strides, "torch")
+    storage = base.untyped_storage()
+    # The kept tensor, the storage object, and the tensor the kept one is a view of, if any
+    # (-1 where this torch cannot tell: then the memory is always taken to be in use).
+    users = _views.storage_users(storage)
+    entry = (base, storage, anchor, pool, slot, users if users < 1 << 62 else -1)
+    if len(views) >= _MAX_VIEWS:
+        views.clear()
+    views[key] = entry
+    return entry
 
 
 def _device_tensor(imp, like):
@@ -1569,7 +1785,10 @@ class Connection(_Owned):
             raise TimeoutError(f"connecting to channel {os.fsdecode(raw)!r} took longer than "
                                f"{timeout} s")
         self.address = os.fsdecode(raw)
-        self._own(ptr, lib.devshare_connection_close)
+        # Pool items' imports that are garbage, released by the next receive (see _Grave); the
+        # close releases what is left, also the finalizer's.
+        self._grave = _Grave()
+        self._own(ptr, _close_connection, self._grave)
         # Items received and not yet released (their leases, weakly): release_all().
         self._items: weakref.WeakSet = weakref.WeakSet()
         # Pool items' tensors by slot and layout (see _pool_tensor), and recv's out-arguments.
@@ -1633,6 +1852,8 @@ class Connection(_Owned):
         sent was received. ``like``: "torch" (default) or "numpy" for :attr:`Item.tensor`."""
         if like != "torch" or _dtypes.torch_module() is None:
             _views.check_like(like)
+        if _RAW_RECV_ITEM is not None:
+            return self._recv_item(timeout, like)
         imp = ImportP()
         ptr = self._enter()
         try:
@@ -1650,6 +1871,62 @@ class Connection(_Owned):
         item = _item(imp, like, self)
         self._items.add(item._lease)
         return item
+
+    def _recv_item(self, timeout, like) -> Item:
+        """:meth:`recv` with ``devshare_connection_recv_item`` (1.7): one library call, which also
+        releases one import of :class:`_Grave`."""
+        outs = self._outs
+        try:
+            out = outs.pop()
+        except IndexError:
+            out = _ItemOut()
+        if timeout is None:
+            ms = _FOREVER
+        elif type(timeout) is int and 0 <= timeout <= _FAST_SECONDS:
+            ms = c_int32(timeout * 1000)
+        else:
+            ms = timeout_ms(timeout)
+            if ms > _I32_MAX:  # longer than one call waits: calls of the longest wait in turn
+                ms = None
+            else:
+                ms = c_int32(ms)
+        # self._enter() / self._exit(), written out (this is on every item's path).
+        life = self._life
+        inside = life.inside
+        inside.append(None)
+        ptr = self._ptr if life.open and self._pid == _PID[0] else self._enter_refused()
+        try:
+            if ms is None:
+                def once(m):
+                    if not self._recv_call(ptr, c_int32(m), out):
+                        raise Error(Status.TIMEOUT, "nothing arrived")
+                done = _timed(once, timeout)
+            else:
+                status = _RAW_RECV_ITEM(ptr, ms, self._grave.take(), out.ref)
+                if status < 0 and status != _TIMEOUT:
+                    raise _error(status)
+                done = status >= 0
+        finally:
+            inside.pop()
+            if life.deferred:
+                life.leave()
+        if not done:
+            outs.append(out)
+            raise TimeoutError(f"nothing arrived on channel {self.address!r} within {timeout} s")
+        item = _received(out, like, self)
+        outs.append(out)  # (only once read: a failed call may leave it half-written)
+        self._items.add(item._lease)
+        return item
+
+    def _recv_call(self, ptr, ms, out) -> bool:
+        """One ``devshare_connection_recv_item`` (False: it timed out); it releases one import
+        of the grave on the way, whatever it returns."""
+        status = _RAW_RECV_ITEM(ptr, ms, self._grave.take(), out.ref)
+        if status < 0:
+            if status == _TIMEOUT:
+                return False
+            raise _error(status)
+        return True
 
     def release_all(self) -> int:
         """Release every item received on this connection and not yet released (gone or not):
@@ -1675,6 +1952,13 @@ class Connection(_Owned):
                 yield self.recv()
             except ChannelClosed:
                 return
+
+
+def _close_connection(ptr, grave) -> None:
+    """A connection's close (also its finalizer's): the imports of its grave first."""
+    grave.open = False
+    grave.empty()
+    lib.devshare_connection_close(ptr)
 
 
 def connect(address, timeout=None) -> Connection:

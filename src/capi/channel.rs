@@ -622,6 +622,134 @@ pub unsafe extern "C" fn devshare_connection_recv(
     })
 }
 
+/// One received item as `devshare_connection_recv_item` reports it: the import and everything a
+/// receive loop reads of it. Initialise with `devshare_item_init(&item, sizeof item)`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DevshareItem {
+    /// Size of this struct in the caller's header; on return, the bytes the library filled in.
+    pub struct_size: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// The received import, the caller's to release (`devshare_import_release`, after
+    /// `devshare_import_give_back` if it likes).
+    pub import: *mut DevshareImport,
+    /// The pool's id (> 0) and the slot for a pool item; 0 and 0 for a lease.
+    pub pool: u32,
+    pub slot: u32,
+    /// Device the memory is on in this process (0 for host).
+    pub device: i32,
+    /// `DEVSHARE_BACKEND_*`.
+    pub backend: u16,
+    /// 1 when mapped read-only.
+    pub read_only: u16,
+    /// The tensor's number of dimensions, 0..=`DEVSHARE_MAX_NDIM`.
+    pub ndim: u32,
+    /// The tensor's element type.
+    pub dtype: crate::dtype::DevshareDType,
+    /// The tensor's first element in this process (valid until the import is released).
+    pub data: *mut c_void,
+    /// Bytes from `data` to the end of the item's storage: what the tensor may address.
+    pub nbytes: u64,
+    /// Shape and strides in elements; entries at and beyond `ndim` are 0.
+    pub shape: [i64; crate::handle::DEVSHARE_MAX_NDIM],
+    pub strides: [i64; crate::handle::DEVSHARE_MAX_NDIM],
+}
+
+sized_struct!(
+    DevshareItem,
+    "DevshareItem",
+    first_size = 184,
+    sum = 4 * 2 + 8 + 4 * 3 + 2 * 2 + 4 + 4 + 8 + 8 + 8 * 2 * crate::handle::DEVSHARE_MAX_NDIM,
+    defaults = DevshareItem {
+        struct_size: 0,
+        reserved: 0,
+        import: std::ptr::null_mut(),
+        pool: 0,
+        slot: 0,
+        device: 0,
+        backend: 0,
+        read_only: 0,
+        ndim: 0,
+        dtype: crate::dtype::DevshareDType { code: 0, bits: 0, lanes: 0 },
+        data: std::ptr::null_mut(),
+        nbytes: 0,
+        shape: [0; crate::handle::DEVSHARE_MAX_NDIM],
+        strides: [0; crate::handle::DEVSHARE_MAX_NDIM]
+    }
+);
+
+/// Initialise a `DevshareItem` of `size` bytes (pass `sizeof *item`).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_item_init(item: *mut DevshareItem, size: u32) -> i32 {
+    boundary("devshare_item_init", || ffi!(init(item, size, "item")))
+}
+
+/// `devshare_connection_recv` and `devshare_import_describe` in one call, for bindings that pay
+/// per call: receive the next item into `*out` (initialised with `devshare_item_init`), its
+/// import in `out->import`. `release`: NULL, or an import the caller is done with (from any
+/// source), released first as `devshare_import_release` does, whatever happens next — so a
+/// loop that frees each item after the next receive makes one call per item. On failure
+/// `*out` is left as it was. Waits and fails like `devshare_connection_recv`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_connection_recv_item(
+    conn: *mut DevshareConnection,
+    timeout_ms: i32,
+    release: *mut DevshareImport,
+    out: *mut DevshareItem,
+) -> i32 {
+    boundary("devshare_connection_recv_item", || {
+        if !release.is_null() {
+            // SAFETY: the caller hands over an import from Box::into_raw (devshare_import,
+            // devshare_connection_recv ...), released once: here.
+            unsafe { Box::from_raw(release) }.into_inner().release();
+        }
+        let c = &ffi!(arg(conn, "conn"))?.0;
+        if out.is_null() {
+            return Err(Error::NullArgument("out"));
+        }
+        let imp = c.recv(timeout(timeout_ms))?;
+        let item = item_of(&imp);
+        let boxed = Box::into_raw(Box::new(DevshareImport::new(imp)));
+        let written = ffi!(write_output(out, DevshareItem { import: boxed, ..item }, "out"));
+        if written.is_err() {
+            // SAFETY: boxed came from Box::into_raw just above and was handed to nobody.
+            unsafe { Box::from_raw(boxed) }.into_inner().release();
+        }
+        written
+    })
+}
+
+/// What `devshare_connection_recv_item` reports of an import (all but the import pointer).
+fn item_of(i: &crate::import::Import) -> DevshareItem {
+    let v = i.view();
+    let h = i.handle();
+    let (pool, slot) = i.pool_slot().unwrap_or((0, 0));
+    let end = (v.storage as usize).wrapping_add(h.storage_size as usize);
+    let nbytes = end.saturating_sub(v.data as usize) as u64;
+    let n = (h.ndim as usize).min(crate::handle::DEVSHARE_MAX_NDIM);
+    let mut shape = [0; crate::handle::DEVSHARE_MAX_NDIM];
+    let mut strides = [0; crate::handle::DEVSHARE_MAX_NDIM];
+    shape[..n].copy_from_slice(&h.shape[..n]);
+    strides[..n].copy_from_slice(&h.strides[..n]);
+    DevshareItem {
+        struct_size: 0,
+        reserved: 0,
+        import: std::ptr::null_mut(),
+        pool,
+        slot,
+        device: v.device,
+        backend: h.backend,
+        read_only: u16::from(v.read_only),
+        ndim: n as u32,
+        dtype: h.dtype,
+        data: v.data.cast(),
+        nbytes,
+        shape,
+        strides,
+    }
+}
+
 /// For an import that is a pool item: the pool's id (> 0) and the slot. Any other import is
 /// `DEVSHARE_STATUS_INVALID_ARGUMENT`. Either out-pointer may be NULL.
 #[no_mangle]

@@ -34,6 +34,10 @@ impl DevshareImport {
     pub(crate) fn inner(&self) -> &Import {
         &self.0
     }
+
+    pub(crate) fn into_inner(self) -> Import {
+        self.0
+    }
 }
 
 /// Options for `devshare_import`; initialise with

@@ -41,6 +41,21 @@
     FIELD(DevsharePeerInfo, reserved)                \
     FIELD(DevsharePeerInfo, leases)                  \
     FIELD(DevsharePeerInfo, protocol_errors)         \
+    STRUCT(DevshareItem)                             \
+    FIELD(DevshareItem, struct_size)                 \
+    FIELD(DevshareItem, reserved)                    \
+    FIELD(DevshareItem, import)                      \
+    FIELD(DevshareItem, pool)                        \
+    FIELD(DevshareItem, slot)                        \
+    FIELD(DevshareItem, device)                      \
+    FIELD(DevshareItem, backend)                     \
+    FIELD(DevshareItem, read_only)                   \
+    FIELD(DevshareItem, ndim)                        \
+    FIELD(DevshareItem, dtype)                       \
+    FIELD(DevshareItem, data)                        \
+    FIELD(DevshareItem, nbytes)                      \
+    FIELD(DevshareItem, shape)                       \
+    FIELD(DevshareItem, strides)                     \
     STRUCT(DevshareDType)                            \
     FIELD(DevshareDType, code)                       \
     FIELD(DevshareDType, bits)                       \

@@ -317,9 +317,22 @@ static RecvResult consume(DevshareConnection *conn, int n, int hold, int timeout
     RecvResult r = {0};
     uint64_t last_seq = 0;
     msg[0] = '\0';
+    /* Every other item comes through devshare_connection_recv_item, which also releases the
+     * import before it (given back at once, released by the next receive). */
+    DevshareImport *given_back = NULL;
     for (int i = 0; i < n; i++) {
         DevshareImport *imp = NULL;
-        const int32_t st = devshare_connection_recv(conn, timeout_ms, &imp);
+        DevshareItem item;
+        const int as_item = i % 2 == 1;
+        int32_t st;
+        if (as_item) {
+            devshare_item_init(&item, sizeof item);
+            st = devshare_connection_recv_item(conn, timeout_ms, given_back, &item);
+            given_back = NULL; /* released, whatever the receive did */
+            imp = item.import;
+        } else {
+            st = devshare_connection_recv(conn, timeout_ms, &imp);
+        }
         if (st != DEVSHARE_STATUS_OK) {
             r.st = st;
             copy_text(msg, msg_cap, last_error());
@@ -361,6 +374,16 @@ static RecvResult consume(DevshareConnection *conn, int n, int hold, int timeout
             (hs == DEVSHARE_STATUS_OK && memcmp(&h, &h2, sizeof h) != 0)) {
             r.kind_bad++;
         }
+        /* ... and so does devshare_connection_recv_item. */
+        if (as_item &&
+            (item.struct_size != sizeof item || item.data != info.data || item.device != info.device ||
+             item.backend != info.backend || item.read_only != info.read_only ||
+             item.nbytes != (uint64_t)((char *)info.storage + info.storage_size - (char *)info.data) ||
+             (ps == DEVSHARE_STATUS_OK ? item.pool != pool || item.slot != slot : item.pool != 0 || item.slot != 0) ||
+             hs != DEVSHARE_STATUS_OK || item.ndim != h.ndim || memcmp(&item.dtype, &h.dtype, sizeof h.dtype) != 0 ||
+             memcmp(item.shape, h.shape, sizeof h.shape) != 0 || memcmp(item.strides, h.strides, sizeof h.strides) != 0)) {
+            r.kind_bad++;
+        }
         if (hs == DEVSHARE_STATUS_OK) {
             if (h.flags & DEVSHARE_HANDLE_FLAG_EVENT) {
                 r.events++;
@@ -372,9 +395,18 @@ static RecvResult consume(DevshareConnection *conn, int n, int hold, int timeout
         }
         if (hold && n_held < (int)(sizeof held / sizeof held[0])) {
             held[n_held++] = imp;
+        } else if (i + 1 < n && i % 2 == 0) {
+            /* Back to the producer now; the next receive (recv_item) releases it. */
+            if (devshare_import_give_back(imp) != DEVSHARE_STATUS_OK) {
+                r.rel_bad++;
+            }
+            given_back = imp;
         } else if (devshare_import_release(imp) != DEVSHARE_STATUS_OK) {
             r.rel_bad++;
         }
+    }
+    if (given_back && devshare_import_release(given_back) != DEVSHARE_STATUS_OK) {
+        r.rel_bad++;
     }
     r.slots = n_seen;
     return r;
@@ -954,6 +986,11 @@ static void test_bad_inputs(void) {
     uint32_t pid_ = 0, slot_ = 0;
     EXPECT_ERROR(devshare_import_pool_slot(NULL, &pid_, &slot_), "devshare_import_pool_slot", "NULL import");
     EXPECT_ERROR(devshare_import_describe(NULL, NULL, NULL, &pid_, &slot_), "devshare_import_describe", "NULL import");
+    DevshareItem item_;
+    EXPECT_ERROR(devshare_item_init(&item_, 8), "devshare_item_init", "a size below the struct's");
+    devshare_item_init(&item_, sizeof item_);
+    EXPECT_ERROR(devshare_connection_recv_item(NULL, 0, NULL, &item_), "devshare_connection_recv_item",
+                 "NULL connection");
 
     DS_OK(devshare_pool_create(ch, exp, 4096, 4, &pool));
     uint32_t slot = 99;

@@ -764,7 +764,7 @@ def test_channel_prototypes_match_the_header(tmp_path):
     header = abi_check.load_header()
     checker = abi_check.Checker(header, abi_check.run_dump(tmp_path, cc))
     sigs = (_abi.channel_signatures(_lib.ExporterP, _lib.ImportP) + _abi.channel_signatures_1_2(_lib.ImportP)
-            + _abi.channel_signatures_1_4(_lib.ExporterP, _lib.ImportP))
+            + _abi.channel_signatures_1_4(_lib.ExporterP, _lib.ImportP) + _abi.channel_signatures_1_7(_lib.ImportP))
     problems = [p for name, restype, argtypes in sigs
                 for p in checker.function_problems(name, restype, argtypes)]
     assert not problems, problems
@@ -772,7 +772,7 @@ def test_channel_prototypes_match_the_header(tmp_path):
     theirs = {f for f in header.functions
               if f.startswith(("devshare_channel_", "devshare_pool_", "devshare_connection_"))}
     theirs |= {"devshare_import_pool_slot", "devshare_peer_info_init", "devshare_import_give_back",
-               "devshare_import_describe"}
+               "devshare_import_describe", "devshare_item_init"}
     assert ours == theirs
     # ... and they are the prototypes the package calls with.
     for name, restype, argtypes in sigs:
@@ -846,6 +846,52 @@ def test_a_pool_tensor_kept_after_release_shows_the_next_item_and_survives_the_c
     pool.close()
     gc.collect()
     assert int(kept.sum()) == 2 * 64  # still mapped: nothing faults
+
+
+def _pool_mappings(nbytes: int) -> int:
+    """How many mappings of channel memory of exactly ``nbytes`` this process has."""
+    n = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "devshare-channel" in line:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                n += hi - lo == nbytes
+    return n
+
+
+@pytest.mark.skipif(not devshare._channel._RAW_RECV_ITEM, reason="needs libdevshare 1.7")
+@pytest.mark.parametrize("end", ["pool closed", "connection closed"])
+def test_dropped_pool_items_are_unmapped_by_the_next_receive_or_the_close(pair, end):
+    """A pool item given back and dropped leaves its import to the connection's next receive
+    (released in the same library call); whatever is left when the pool or the connection
+    closes is released then: nothing of the pool stays mapped in the consumer."""
+    ch, conn, peer = pair
+    nbytes = 3 * 8192  # a size no other mapping here has
+    pool = ch.pool(nbytes // 2, 2)
+    producer_only = _pool_mappings(nbytes)
+    for k in range(3):
+        slot = pool.acquire(timeout=LIMIT)
+        slot.tensor((8,), "int64")[0] = k
+        slot.send(peer, (8,), "int64")
+        item = conn.recv(timeout=LIMIT)
+        assert int(item.tensor[0]) == k
+        assert len(conn._grave.imps) == 0, "the receive released the import left before it"
+        item.release()
+        del item, slot
+        gc.collect()
+        assert len(conn._grave.imps) == 1, "given back and dropped: left for the next receive"
+        assert _pool_mappings(nbytes) == producer_only + 1
+    if end == "pool closed":
+        pool.close()
+        with pytest.raises(TimeoutError):
+            conn.recv(timeout=0)  # takes the pool's close, and releases the import left
+        assert conn._grave.imps == []
+    else:
+        conn.close()
+        assert conn._grave.imps == [] and not conn._grave.open
+        pool.close()
+    gc.collect()
+    assert _pool_mappings(nbytes) == producer_only, "the consumer still maps the pool"
 
 
 def test_disconnect_takes_a_consumers_items_back_at_once(pair):
@@ -1044,12 +1090,13 @@ def test_kept_views_hold_their_item_and_slot_like_fresh_ones(pair):
                 slot.release()
 
 
-def test_memory_shared_beyond_a_kept_views_item_stays_mapped_and_shows_the_next_item(pair):
+@pytest.mark.parametrize("slot_nbytes", [64, 128])  # the item: the whole slot, or a view into it
+def test_memory_shared_beyond_a_kept_views_item_stays_mapped_and_shows_the_next_item(pair, slot_nbytes):
     """What shares an item's memory without holding the item (.numpy() of its tensor): the item
     goes back when dropped, the memory stays mapped for that array (it shows the next item of
     the slot), and nothing stays held once that array is gone."""
     ch, conn, peer = pair
-    with ch.pool(64, 1) as pool:
+    with ch.pool(slot_nbytes, 1) as pool:
         for k in range(4):
             slot = pool.acquire(timeout=LIMIT)
             slot.tensor((16,), torch.int32)[:] = k

@@ -264,13 +264,22 @@ def test_ctypes_call_sites_are_all_audited():
         "devshare_import_pool_slot": "pointer and ctypes outputs",
         "devshare_import_info": "pointer and a ctypes output",
         "devshare_import_handle": "pointer and a ctypes output",
+        "devshare_connection_close": "pointer (the connection's close)",
+        "devshare_connection_recv_item": "pointer, a c_int32 timeout, an import pointer or None, "
+                                         "a ctypes output",
     }
     pkg = pathlib.Path(devshare.__file__).parent
     direct = set()
+    raw = set()
     for path in pkg.glob("*.py"):
-        for m in re.finditer(r"(?<!call\()\blib\.(devshare_\w+)\(", path.read_text()):
+        text = path.read_text()
+        for m in re.finditer(r"(?<!call\()\blib\.(devshare_\w+)\(", text):
             direct.add(m.group(1))
+        # Bound without argtypes (_raw): their callers must pass ctypes objects of the C types.
+        raw.update(re.findall(r"\b_raw\(\"(devshare_\w+)\"\)", text))
     assert direct <= set(audited), f"unaudited direct library calls: {sorted(direct - set(audited))}"
+    assert raw, "the per-item calls are bound without argtypes"
+    assert raw <= set(audited), f"unaudited calls without argtypes: {sorted(raw - set(audited))}"
     # Functions called through a variable (fn(...)) check their arguments too.
     for path in pkg.glob("*.py"):
         text = path.read_text()
