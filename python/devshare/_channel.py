@@ -1477,14 +1477,13 @@ class Item:
     ``pool`` and ``slot``: the pool id (> 0) and slot index for a pool item, None for a lease.
     """
 
-    __slots__ = ("_lease", "_tensor", "pool", "slot", "_hold")
+    __slots__ = ("_lease", "_tensor", "pool", "slot")
 
-    def __init__(self, lease: _Lease, tensor, pool, slot, hold=None):
+    def __init__(self, lease: _Lease, tensor, pool, slot):
         self._lease = lease
         self._tensor = tensor
         self.pool = pool
         self.slot = slot
-        self._hold = hold
 
     @property
     def tensor(self):
@@ -1591,17 +1590,16 @@ def _item(imp: ImportP, like: str, conn=None) -> Item:
         end = (info.storage or 0) + info.storage_size
         if outs is not None:
             outs.append(out)  # (only after every call succeeded: a failed one may leave it half-written)
-        hold = None
         if backend == BACKEND_HOST:
             nbytes = max(end - data, 0)
             if pool is not None and like == "torch" and conn is not None:
-                tensor, hold = _pool_tensor(conn._views, lease, (pool, slot, data, nbytes, dtype,
-                                                                 shape, strides))
+                tensor, lease = _pool_tensor(conn._views, lease, (pool, slot, data, nbytes, dtype,
+                                                                  shape, strides))
             else:
                 tensor = _views.view(data, nbytes, lease, dtype, shape, strides, like)
         else:
             tensor = _device_tensor(imp, like)
-        return Item(lease, tensor, pool, slot, hold)
+        return Item(lease, tensor, pool, slot)
     except BaseException:
         lease.release_now()
         raise
@@ -1639,14 +1637,13 @@ def _received(out: _ItemOut, like: str, conn) -> Item:
         key = mv[_ITEM_KEY:].tobytes()
         entry = views.get(key)
         if entry is not None:
-            lease = _Lease(imp, conn._grave)
+            lease = _PoolLease(imp, conn._grave, entry)
             # An item shown before through this view, gone while its memory was still used:
             # that memory is this item's (the same mapping), held by it from now on.
             entry[2].lease = None
-            hold = _Hold(lease, entry)
             tensor = entry[0].detach()
-            tensor._devshare_item = hold
-            return Item(lease, tensor, entry[3], entry[4], hold)
+            tensor._devshare_item = lease
+            return Item(lease, tensor, entry[3], entry[4])
     pool, slot, device, backend, read_only, ndim, code, bits, lanes, data, nbytes = _ITEM_HEAD.unpack_from(mv, _ITEM_KEY)
     lease = _Lease(imp, conn._grave if pool else None)
     try:
@@ -1658,10 +1655,10 @@ def _received(out: _ItemOut, like: str, conn) -> Item:
                 entry = _new_pool_view(views, key, data or 0, nbytes, (code, bits, lanes),
                                        dims.unpack_from(mv, _ITEM_SHAPE),
                                        dims.unpack_from(mv, _ITEM_STRIDES), pool, slot)
-                hold = _Hold(lease, entry)
+                lease = _PoolLease(lease._held.pop(), conn._grave, entry)
                 tensor = entry[0].detach()
-                tensor._devshare_item = hold
-                return Item(lease, tensor, pool, slot, hold)
+                tensor._devshare_item = lease
+                return Item(lease, tensor, pool, slot)
             if ndim > MAX_NDIM:
                 raise Error(Status.UNTRUSTED, f"item with {ndim} dimensions (at most {MAX_NDIM})")
             dims = _H_DIMS[ndim]
@@ -1690,37 +1687,61 @@ class _Anchor:
         self.lease = None
 
 
-class _Hold:
-    """One pool item shown through a kept view: held by the :class:`Item` and by the item's
-    tensor (and so by every torch view of that tensor, which keeps its base). When all of them
-    are gone: the item goes back (if it was not released), and its import is unmapped unless
-    something else still uses the view's memory, in which case the view's :class:`_Anchor`
-    keeps it mapped instead (until the next item of that slot and layout, which maps the same
-    memory, or the view's end)."""
+class _PoolLease(_Lease):
+    """The lease of a pool item shown through a kept view: held by the :class:`Item` and by the
+    item's tensor (and so by every torch view of that tensor, which keeps its base). When all of
+    them are gone: the item goes back (if it was not released), and its import is unmapped
+    unless something else still uses the view's memory, in which case the view's
+    :class:`_Anchor` keeps it mapped instead (until the next item of that slot and layout, which
+    maps the same memory, or the view's end)."""
 
-    __slots__ = ("lease", "entry")
+    __slots__ = ("_entry",)
 
-    def __init__(self, lease, entry):
-        self.lease = lease
-        self.entry = entry
+    def __init__(self, imp, grave, entry):
+        self._held = [imp]
+        self._pid = _PID[0]
+        self._mapped = None
+        self._grave = grave
+        self._entry = entry
 
     def __del__(self):
         try:
-            entry = self.entry
-            anchor = entry[2]
-            if _views.storage_users(entry[1]) > entry[5]:  # more than the entry's own
-                lease = self.lease
-                if lease._held:
-                    lease.release()  # back to the producer, still mapped
-                anchor.lease = lease
-            else:
-                anchor.lease = None  # nothing else uses it: the lease goes with this object
+            entry = self._entry
+            count = entry[6]
+            if self._pid == _PID[0] and (count is None or count(entry[7]) > entry[5]):
+                # More users than the entry's own: the memory is still used. Back to the
+                # producer, still mapped: the anchor takes the import (in a lease of its own;
+                # this one is going).
+                if self._held:
+                    self.release()
+                keep = _Lease.__new__(_Lease)
+                keep._held, keep._pid, keep._grave = [], self._pid, self._grave
+                keep._mapped, self._mapped = self._mapped, None
+                entry[2].lease = keep
+                return
+            entry[2].lease = None  # nothing else uses it: the import goes with this lease
+            imp = self._mapped
+            if imp is not None and not self._held:
+                # Released and garbage, the usual end: _Lease.__del__ and _Grave.bury, written
+                # out (this is on every item's path).
+                self._mapped = None
+                grave = self._grave
+                if grave is not None and grave.open and grave.pid == self._pid \
+                        and len(grave.imps) < _MAX_GRAVE:
+                    grave.imps.append(imp)
+                    if not grave.open:  # closed meanwhile
+                        grave.empty()
+                else:
+                    _release_import(self._pid, imp)
+                return
         except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to do in a finalizer
             pass
+        _Lease.__del__(self)
 
 
 def _pool_tensor(views: dict, lease, key):
-    """(torch tensor, :class:`_Hold`) of a received pool item, through the view the connection
+    """(torch tensor, :class:`_PoolLease`) of a received pool item (whose import moves from
+    ``lease`` to the new lease), through the view the connection
     keeps for ``key`` (pool, slot, data address, bytes to the slot's end, dtype, shape,
     strides), made the first time. The address is in the key: the same address again while
     this item holds the mapping is the same memory (a pool keeps its slots' addresses), so the
@@ -1733,23 +1754,26 @@ def _pool_tensor(views: dict, lease, key):
         # An item shown before through this view, gone while its memory was still used: that
         # memory is this item's (the same mapping), held by this item from now on.
         entry[2].lease = None
-    hold = _Hold(lease, entry)
+    pool_lease = _PoolLease(lease._held.pop(), None, entry)
     t = entry[0].detach()
-    t._devshare_item = hold
-    return t, hold
+    t._devshare_item = pool_lease
+    return t, pool_lease
 
 
 def _new_pool_view(views: dict, key, data, nbytes, dtype, shape, strides, pool=None, slot=None):
     """The entry :func:`_pool_tensor` keeps for ``key``: (the kept torch tensor over the item's
     memory, its storage, its :class:`_Anchor`, the pool id, the slot, how many users the
-    storage has with nothing but the entry), made now and kept in ``views``."""
+    storage has with nothing but the entry, and what counts them: a function of the storage's
+    ``_cdata`` and that, or None where this torch cannot tell), made now and kept in
+    ``views``."""
     anchor = _Anchor()
     base = _views.view(data, nbytes, anchor, dtype, shape, strides, "torch")
     storage = base.untyped_storage()
     # The kept tensor, the storage object, and the tensor the kept one is a view of, if any
     # (-1 where this torch cannot tell: then the memory is always taken to be in use).
-    users = _views.storage_users(storage)
-    entry = (base, storage, anchor, pool, slot, users if users < 1 << 62 else -1)
+    count = _views.storage_counter()
+    users = -1 if count is None else count(storage._cdata)
+    entry = (base, storage, anchor, pool, slot, users, count, storage._cdata)
     if len(views) >= _MAX_VIEWS:
         views.clear()
     views[key] = entry

@@ -170,13 +170,11 @@ def numpy_from(recipe, keep):
 _USE_COUNT: list = []
 
 
-def storage_users(storage) -> int:
-    """How many tensors (and storage objects) share a torch storage; a number larger than any
-    real count when this torch cannot tell."""
+def storage_counter():
+    """torch's function of a storage's ``_cdata`` that tells how many tensors (and storage
+    objects) share it; None when this torch has none."""
     if not _USE_COUNT:
         torch = _dtypes.require_torch()
         _USE_COUNT.append(getattr(torch._C, "_storage_Use_Count", None))
-    fn = _USE_COUNT[0]
-    if fn is None:
-        return 1 << 62
-    return fn(storage._cdata)
+    return _USE_COUNT[0]
+
