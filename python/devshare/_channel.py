@@ -152,7 +152,8 @@ _RAW_ACQUIRE = _raw("devshare_pool_acquire")
 _RAW_SEND = _raw("devshare_pool_send")
 _RAW_GIVE_BACK = _raw("devshare_import_give_back") if _GIVE_BACK else None
 _RAW_RELEASE = _raw("devshare_import_release")
-_RAW_RECV_ITEM = _raw("devshare_connection_recv_item") if "devshare_connection_recv_item" in _HAVE_1_7 else None
+_RAW_RECV_ITEM = (_raw("devshare_connection_recv_item") if "devshare_connection_recv_item" in _HAVE_1_7
+                  else None)
 
 
 def _set_spin(fn, obj, spin_us) -> None:
@@ -1449,6 +1450,7 @@ class _Grave:
 
 
 _MAX_GRAVE = 64
+_weakref = weakref.ref
 
 
 class Item:
@@ -1607,7 +1609,8 @@ def _item(imp: ImportP, like: str, conn=None) -> Item:
 
 _ITEM_TEMPLATE = bytes(new_struct(ItemStruct)) if _RAW_RECV_ITEM is not None else b""
 _ITEM_KEY = ItemStruct.pool.offset  # the bytes from here on tell a pool item's view apart
-_ITEM_HEAD = struct.Struct("=IIiHHIBBHQQ")  # pool, slot, device, backend, read_only, ndim, dtype, data, nbytes
+# pool, slot, device, backend, read_only, ndim, dtype (code, bits, lanes), data, nbytes
+_ITEM_HEAD = struct.Struct("=IIiHHIBBHQQ")
 _ITEM_SHAPE = ItemStruct.shape.offset
 _ITEM_STRIDES = ItemStruct.strides.offset
 _IMPORT_AT = ItemStruct.struct_size.size + ItemStruct.reserved.size  # where the import pointer is
@@ -1626,25 +1629,13 @@ class _ItemOut:
 
 
 def _received(out: _ItemOut, like: str, conn) -> Item:
-    """The :class:`Item` of what ``devshare_connection_recv_item`` wrote into ``out``."""
+    """The :class:`Item` of what ``devshare_connection_recv_item`` wrote into ``out``, for all
+    but a pool item whose kept view exists (:meth:`Connection.recv` makes that one)."""
     mv = out.bytes
     imp = ImportP.from_buffer_copy(mv, _IMPORT_AT)
     views = conn._views
-    if like == "torch":
-        # A pool item seen before: its tensor through the view kept for its slot and layout,
-        # under the struct's bytes from the pool id on (the address included; kept only for
-        # host pool items).
-        key = mv[_ITEM_KEY:].tobytes()
-        entry = views.get(key)
-        if entry is not None:
-            lease = _PoolLease(imp, conn._grave, entry)
-            # An item shown before through this view, gone while its memory was still used:
-            # that memory is this item's (the same mapping), held by it from now on.
-            entry[2].lease = None
-            tensor = entry[0].detach()
-            tensor._devshare_item = lease
-            return Item(lease, tensor, entry[3], entry[4])
-    pool, slot, device, backend, read_only, ndim, code, bits, lanes, data, nbytes = _ITEM_HEAD.unpack_from(mv, _ITEM_KEY)
+    pool, slot, device, backend, read_only, ndim, code, bits, lanes, data, nbytes = \
+        _ITEM_HEAD.unpack_from(mv, _ITEM_KEY)
     lease = _Lease(imp, conn._grave if pool else None)
     try:
         if backend == BACKEND_HOST:
@@ -1652,8 +1643,9 @@ def _received(out: _ItemOut, like: str, conn) -> Item:
                 if ndim > MAX_NDIM:
                     raise Error(Status.UNTRUSTED, f"item with {ndim} dimensions (at most {MAX_NDIM})")
                 dims = _H_DIMS[ndim]
-                entry = _new_pool_view(views, key, data or 0, nbytes, (code, bits, lanes),
-                                       dims.unpack_from(mv, _ITEM_SHAPE),
+                # Its view, made now and kept under the struct's bytes from the pool id on.
+                entry = _new_pool_view(views, mv[_ITEM_KEY:].tobytes(), data or 0, nbytes,
+                                       (code, bits, lanes), dims.unpack_from(mv, _ITEM_SHAPE),
                                        dims.unpack_from(mv, _ITEM_STRIDES), pool, slot)
                 lease = _PoolLease(lease._held.pop(), conn._grave, entry)
                 tensor = entry[0].detach()
@@ -1815,6 +1807,11 @@ class Connection(_Owned):
         self._own(ptr, _close_connection, self._grave)
         # Items received and not yet released (their leases, weakly): release_all().
         self._items: weakref.WeakSet = weakref.WeakSet()
+        # WeakSet.add without its frame, for the item path: what it adds to its set (a weak
+        # reference that removes itself); removals pending from an iteration are committed by
+        # the set's next method call.
+        self._items_add = self._items.data.add
+        self._items_gone = self._items._remove
         # Pool items' tensors by slot and layout (see _pool_tensor), and recv's out-arguments.
         self._views: dict = {}
         self._outs: list = []
@@ -1876,29 +1873,9 @@ class Connection(_Owned):
         sent was received. ``like``: "torch" (default) or "numpy" for :attr:`Item.tensor`."""
         if like != "torch" or _dtypes.torch_module() is None:
             _views.check_like(like)
-        if _RAW_RECV_ITEM is not None:
-            return self._recv_item(timeout, like)
-        imp = ImportP()
-        ptr = self._enter()
-        try:
-            if timeout is None:  # one library call, no argument checks (all ctypes objects)
-                status = lib.devshare_connection_recv(ptr, _FOREVER, byref(imp))
-                if status < 0:
-                    raise _error(status)
-                done = True
-            else:
-                done = _wait_call(lib.devshare_connection_recv, ptr, timeout, byref(imp))
-        finally:
-            self._exit()
-        if not done:
-            raise TimeoutError(f"nothing arrived on channel {self.address!r} within {timeout} s")
-        item = _item(imp, like, self)
-        self._items.add(item._lease)
-        return item
-
-    def _recv_item(self, timeout, like) -> Item:
-        """:meth:`recv` with ``devshare_connection_recv_item`` (1.7): one library call, which also
-        releases one import of :class:`_Grave`."""
+        if _RAW_RECV_ITEM is None:  # a library before 1.7
+            return self._recv_describe(timeout, like)
+        # One devshare_connection_recv_item, which also releases one import of the grave.
         outs = self._outs
         try:
             out = outs.pop()
@@ -1926,7 +1903,15 @@ class Connection(_Owned):
                         raise Error(Status.TIMEOUT, "nothing arrived")
                 done = _timed(once, timeout)
             else:
-                status = _RAW_RECV_ITEM(ptr, ms, self._grave.take(), out.ref)
+                dead = self._grave.imps
+                if dead:
+                    try:
+                        dead = dead.pop()
+                    except IndexError:  # another thread took the last one
+                        dead = None
+                else:
+                    dead = None
+                status = _RAW_RECV_ITEM(ptr, ms, dead, out.ref)
                 if status < 0 and status != _TIMEOUT:
                     raise _error(status)
                 done = status >= 0
@@ -1937,8 +1922,45 @@ class Connection(_Owned):
         if not done:
             outs.append(out)
             raise TimeoutError(f"nothing arrived on channel {self.address!r} within {timeout} s")
+        mv = out.bytes
+        if like == "torch":
+            # A pool item seen before: its tensor through the view kept for its slot and layout,
+            # under the struct's bytes from the pool id on (the address included; kept only
+            # for host pool items). (_received, written out: this is on every item's path.)
+            entry = self._views.get(mv[_ITEM_KEY:].tobytes())
+            if entry is not None:
+                lease = _PoolLease(ImportP.from_buffer_copy(mv, _IMPORT_AT), self._grave, entry)
+                outs.append(out)
+                # An item shown before through this view, gone while its memory was still
+                # used: that memory is this item's (the same mapping), held by it from now on.
+                entry[2].lease = None
+                tensor = entry[0].detach()
+                tensor._devshare_item = lease
+                self._items_add(_weakref(lease, self._items_gone))
+                return Item(lease, tensor, entry[3], entry[4])
         item = _received(out, like, self)
         outs.append(out)  # (only once read: a failed call may leave it half-written)
+        self._items_add(_weakref(item._lease, self._items_gone))
+        return item
+
+    def _recv_describe(self, timeout, like) -> Item:
+        """:meth:`recv` with ``devshare_connection_recv`` and ``devshare_import_describe`` (a
+        library before 1.7)."""
+        imp = ImportP()
+        ptr = self._enter()
+        try:
+            if timeout is None:  # one library call, no argument checks (all ctypes objects)
+                status = lib.devshare_connection_recv(ptr, _FOREVER, byref(imp))
+                if status < 0:
+                    raise _error(status)
+                done = True
+            else:
+                done = _wait_call(lib.devshare_connection_recv, ptr, timeout, byref(imp))
+        finally:
+            self._exit()
+        if not done:
+            raise TimeoutError(f"nothing arrived on channel {self.address!r} within {timeout} s")
+        item = _item(imp, like, self)
         self._items.add(item._lease)
         return item
 
