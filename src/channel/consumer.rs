@@ -769,7 +769,7 @@ pub(crate) fn narrow(
     }
     let token: Arc<dyn Lease> =
         Arc::new(SlotToken { conn, pool, slot, given: AtomicBool::new(false), _attach: attach.clone() });
-    let mut h = *base.handle();
+    let mut h = Box::new(*base.handle());
     h.storage_offset = base.handle().storage_offset + u64::from(slot) * slot_size + l.storage_offset;
     h.storage_size = l.storage_size;
     h.ndim = l.ndim;

@@ -122,7 +122,9 @@ pub struct Import {
     /// The ticket's ref-counter mapping (shared with the other imports holding references in it).
     watch: Option<Arc<Watched>>,
     mapping: Option<Arc<dyn Mapping>>,
-    handle: DevshareHandle,
+    /// Boxed: an import moves through a few results on a channel item's path, and the handle is
+    /// most of its size.
+    handle: Box<DevshareHandle>,
     validated: Validated,
     /// [`crate::fork::generation`] at import: released in a forked child, it gives back nothing.
     generation: u64,
@@ -214,7 +216,7 @@ fn import_from(
         }
     }
     let watch = pending.commit();
-    Ok(Import { lease: None, key, ticket, watch, mapping: Some(mapping), handle: *h, validated, generation })
+    Ok(Import { lease: None, key, ticket, watch, mapping: Some(mapping), handle: Box::new(*h), validated, generation })
 }
 
 /// Step 1: the handle is valid, and importable by this path (a channel memfd handle only with
@@ -598,14 +600,19 @@ impl Import {
     /// Another import of the same handle: shares this one's mapping and reference (both must be
     /// released; the reference is returned when the last is). Costs a registry lock, no mapping.
     pub fn clone_ref(&self) -> Import {
+        self.clone_with(self.handle.clone(), self.validated, self.lease.clone())
+    }
+
+    /// [`Self::clone_ref`] with another handle (of the same allocation), its validation and lease.
+    fn clone_with(&self, handle: Box<DevshareHandle>, validated: Validated, lease: Option<Arc<dyn Lease>>) -> Import {
         let clone = Import {
-            lease: self.lease.clone(),
+            lease,
             key: self.key.clone(),
             ticket: self.ticket.clone(),
             watch: self.watch.clone(),
             mapping: self.mapping.clone(),
-            handle: self.handle,
-            validated: self.validated,
+            handle,
+            validated,
             generation: self.generation,
         };
         if self.generation != crate::fork::generation() {
@@ -646,7 +653,7 @@ impl Import {
     /// Another view of this import's allocation — a tensor `h` inside it (checked against the
     /// mapping) — holding `lease` until it and its clones are released. Used for pool slots: the
     /// allocation was imported once, each item is a view of it.
-    pub(crate) fn derive(&self, h: DevshareHandle, lease: Arc<dyn Lease>) -> Result<Import> {
+    pub(crate) fn derive(&self, h: Box<DevshareHandle>, lease: Arc<dyn Lease>) -> Result<Import> {
         // The pool's handle passed `validate` when it was imported; an item changes its layout.
         let validated = crate::handle::validate_layout(&h, &self.handle)?;
         let m = self.mapping.as_ref().ok_or_else(|| Error::AlreadyReleased("the pool's import is released".into()))?;
@@ -654,11 +661,7 @@ impl Import {
             return Err(Error::Mismatch("a pool item must describe the pool's own allocation".into()));
         }
         check_view(m.as_ref(), &h, &validated)?;
-        let mut c = self.clone_ref();
-        c.handle = h;
-        c.validated = validated;
-        c.lease = Some(lease);
-        Ok(c)
+        Ok(self.clone_with(h, validated, Some(lease)))
     }
 
     /// Release this import, in PyTorch's order: drop the mapping (unmapping it when this was the
@@ -825,7 +828,7 @@ mod tests {
             ticket: None,
             watch: None,
             mapping: Some(Arc::new(m)),
-            handle: h,
+            handle: Box::new(h),
             validated: v,
             generation: crate::fork::generation(),
         }
