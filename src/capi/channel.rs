@@ -482,8 +482,7 @@ pub unsafe extern "C" fn devshare_pool_send(
         let p = &ffi!(arg(pool, "pool"))?.0;
         match ffi!(desc.as_ref()) {
             None => {
-                let (slot_size, ..) = p.info()?;
-                let shape = [slot_size as i64];
+                let shape = [p.slot_size()? as i64];
                 p.send(slot, peer, &TensorDesc { shape: &shape, ..Default::default() })
             }
             Some(_) => {

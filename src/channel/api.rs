@@ -185,6 +185,14 @@ impl Pool {
         }
     }
 
+    /// Bytes per slot.
+    pub fn slot_size(&self) -> Result<u64> {
+        match &self.0 {
+            PoolKind::Local(p) => Ok(p.slot_size()),
+            PoolKind::Remote(p) => p.info().map(|(s, ..)| s),
+        }
+    }
+
     /// Close the pool (attached consumers are told).
     pub fn close(self) {}
 }

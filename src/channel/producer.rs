@@ -452,7 +452,7 @@ impl LocalChannel {
         let id = core.next_pool;
         core.next_pool = core.next_pool.checked_add(1).ok_or_else(|| Error::Busy("pool ids are exhausted".into()))?;
         core.pools.insert(id, PoolState { exporter: exp, slot_size, count, slots, events, free });
-        Ok(LocalPool { shared: self.shared.clone(), id, spin_ns: Default::default() })
+        Ok(LocalPool { shared: self.shared.clone(), id, slot_size, spin_ns: Default::default() })
     }
 }
 
@@ -590,6 +590,15 @@ impl Core {
     /// Disconnect the peers that are marked, past their handshake deadline, past their send
     /// patience, or past their error budget.
     fn sweep(&mut self, epfd: BorrowedFd<'_>) {
+        // Nothing to judge (the usual case, on every send): no clock read.
+        if self.peers.iter().all(|p| {
+            p.ready
+                && p.doomed.is_none()
+                && p.stalled_since.is_none()
+                && p.info.protocol_errors <= DEVSHARE_CHANNEL_ERROR_BUDGET
+        }) {
+            return;
+        }
         let now = Instant::now();
         let handshake = Duration::from_millis(DEVSHARE_CHANNEL_HANDSHAKE_MS);
         let patience = Duration::from_millis(DEVSHARE_CHANNEL_SEND_PATIENCE_MS);
@@ -1035,6 +1044,8 @@ impl ChannelShared {
 pub struct LocalPool {
     shared: Arc<ChannelShared>,
     id: u32,
+    /// Bytes per slot (fixed for the pool's life: read without the lock).
+    slot_size: u64,
     /// How long [`Pool::acquire`] polls for a returned slot before it sleeps (ns; 0: not).
     spin_ns: std::sync::atomic::AtomicU64,
 }
@@ -1044,13 +1055,22 @@ pub const MAX_SPIN: Duration = Duration::from_secs(1);
 
 impl LocalPool {
     fn with<T>(&self, f: impl FnOnce(&mut Core, &mut PoolState) -> Result<T>) -> Result<T> {
+        self.with_then(f, |_, r| r)
+    }
+
+    /// [`Self::with`], then `then` with the outcome, under the same lock.
+    fn with_then<T>(
+        &self,
+        f: impl FnOnce(&mut Core, &mut PoolState) -> Result<T>,
+        then: impl FnOnce(&mut Core, Result<T>) -> Result<T>,
+    ) -> Result<T> {
         let mut core = self.shared.lock()?;
         let mut p = core.pools.remove(&self.id).ok_or_else(|| Error::Closed("the pool is closed".into()))?;
         let r = f(&mut core, &mut p);
         core.pools.insert(self.id, p);
         // A peer a send found gone or past its queue bounds goes now (its slots come back).
         core.sweep(self.shared.epoll.as_fd());
-        r
+        then(&mut core, r)
     }
 
     /// A free slot and its address; serves the channel while every slot is out.
@@ -1150,61 +1170,70 @@ impl LocalPool {
         let shared = self.shared.clone();
         let id = self.id;
         let epfd = self.shared.epoll.as_fd();
-        let sent = self.with(|core, p| {
-            match p.slots.get(slot as usize) {
-                Some(SlotState::Acquired) => {}
-                Some(s) => {
-                    return Err(Error::InvalidArgument(format!(
-                        "slot {slot} is {}: only an acquired slot can be sent",
-                        describe(*s)
-                    )))
+        self.with_then(
+            |core, p| {
+                match p.slots.get(slot as usize) {
+                    Some(SlotState::Acquired) => {}
+                    Some(s) => {
+                        return Err(Error::InvalidArgument(format!(
+                            "slot {slot} is {}: only an acquired slot can be sent",
+                            describe(*s)
+                        )))
+                    }
+                    None => return Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", p.count))),
                 }
-                None => return Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", p.count))),
-            }
-            let (rel_size, abs) = slot_desc(desc, slot, p.slot_size)?;
-            core.peer(peer)?;
-            // Describes and validates the tensor; synchronises the producing stream, or records
-            // an event on it (DEVSHARE_SHARE_EVENT).
-            let (h, event) = p.exporter.share_leased(&abs)?;
-            if !core.peer(peer)?.attached.contains_key(&id) {
-                core.allow(peer, &p.exporter)?;
-                let whole = p.slot_size * u64::from(p.count);
-                let shape = [whole as i64];
-                let (base, _) = p.exporter.share_leased(&TensorDesc {
-                    shape: &shape,
-                    storage_size: Some(whole),
-                    ..Default::default()
-                })?;
-                let mut enc = Vec::new();
-                crate::handle::encode::encode_full_into(&base, p.exporter.external_table(), &mut enc)?;
-                let m = check_len(
-                    Message::Attach { pool: id, slot_size: p.slot_size, count: p.count, handle: &enc }.encode(),
-                )?;
-                let fds = p.exporter.channel_fds();
+                let (rel_size, abs) = slot_desc(desc, slot, p.slot_size)?;
+                core.peer(peer)?;
+                // Describes and validates the tensor; synchronises the producing stream, or records
+                // an event on it (DEVSHARE_SHARE_EVENT).
+                let (h, event) = p.exporter.share_leased(&abs)?;
+                if !core.peer(peer)?.attached.contains_key(&id) {
+                    core.allow(peer, &p.exporter)?;
+                    let whole = p.slot_size * u64::from(p.count);
+                    let shape = [whole as i64];
+                    let (base, _) = p.exporter.share_leased(&TensorDesc {
+                        shape: &shape,
+                        storage_size: Some(whole),
+                        ..Default::default()
+                    })?;
+                    let mut enc = Vec::new();
+                    crate::handle::encode::encode_full_into(&base, p.exporter.external_table(), &mut enc)?;
+                    let m = check_len(
+                        Message::Attach { pool: id, slot_size: p.slot_size, count: p.count, handle: &enc }.encode(),
+                    )?;
+                    let fds = p.exporter.channel_fds();
+                    let idx = core.index(peer)?;
+                    core.post(idx, &m, &fds, epfd)?;
+                    let book = p.exporter.leases().clone();
+                    book.add(&shared);
+                    core.peers[idx].attached.insert(id, book);
+                }
+                let layout = ItemLayout::of(&h, desc.storage_offset, rel_size);
+                let m = Message::Item { pool: id, slot, layout, event: event.as_ref().map(|e| e.handle()) }.encode();
                 let idx = core.index(peer)?;
-                core.post(idx, &m, &fds, epfd)?;
-                let book = p.exporter.leases().clone();
-                book.add(&shared);
-                core.peers[idx].attached.insert(id, book);
-            }
-            let layout = ItemLayout::of(&h, desc.storage_offset, rel_size);
-            let m = Message::Item { pool: id, slot, layout, event: event.as_ref().map(|e| e.handle()) }.encode();
-            let idx = core.index(peer)?;
-            core.post_item(idx, &m, epfd)?;
-            p.slots[slot as usize] = SlotState::Sent(peer);
-            p.events[slot as usize] = event;
-            Ok(())
-        });
-        // A peer this send found past its limits is gone now, and its slots are free again.
-        if sent.is_ok() && self.shared.lock()?.index(peer).is_err() {
-            return Err(Error::Closed(format!("peer {peer} was disconnected: it does not read its messages")));
-        }
-        sent
+                core.post_item(idx, &m, epfd)?;
+                p.slots[slot as usize] = SlotState::Sent(peer);
+                p.events[slot as usize] = event;
+                Ok(())
+            },
+            |core, sent| {
+                // A peer this send found past its limits is gone now, and its slots are free again.
+                if sent.is_ok() && core.index(peer).is_err() {
+                    return Err(Error::Closed(format!("peer {peer} was disconnected: it does not read its messages")));
+                }
+                sent
+            },
+        )
     }
 
     /// The pool's id on its channel (what consumers see with their items).
     pub fn id(&self) -> u32 {
         self.id
+    }
+
+    /// Bytes per slot.
+    pub fn slot_size(&self) -> u64 {
+        self.slot_size
     }
 
     /// Slot size, slot count and free slots.
