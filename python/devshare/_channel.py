@@ -989,8 +989,9 @@ class Pool(_Owned):
         # Slot.send's descriptors by its plain arguments (shape, dtype, strides, offset).
         self._sends: dict = {}
         # Slot.tensor / Slot.numpy's views by (slot index, shape, dtype, offset, like): see
-        # Slot._view.
+        # Slot._view; and each slot's last torch layout (shape, dtype, offset, view) by index.
         self._views: dict = {}
+        self._last_views: dict = {}
         # acquire's out-arguments, ready-made (taken by one call at a time: list.pop is atomic).
         self._outs: list = []
         # Each slot's index as the library's uint32 (what Slot.send and Slot.release pass).
@@ -1172,6 +1173,9 @@ class Slot:
                     views.clear()
                 views[key] = made
         if like == "torch":
+            if key is not None:
+                # This slot's last torch layout, for tensor()'s look by identity.
+                self.pool._last_views[self.index] = (shape, dtype, offset, made)
             # A tensor object of its own over the memory, holding this Slot.
             t = made.detach()
             t._devshare_slot = self
@@ -1202,6 +1206,12 @@ class Slot:
     def tensor(self, shape=None, dtype="uint8", offset: int = 0):
         """A zero-copy torch tensor over the slot: ``shape`` (None: as many elements as fit)
         of ``dtype``, C-contiguous, starting ``offset`` bytes into the slot."""
+        last = self.pool._last_views.get(self.index)
+        if last is not None and shape is last[0] and dtype is last[1] and offset is last[2]:
+            # The very objects of this slot's last call (a tuple cannot change): its view.
+            t = last[3].detach()
+            t._devshare_slot = self
+            return t
         return self._view(shape, dtype, offset, "torch")
 
     def numpy(self, shape=None, dtype="uint8", offset: int = 0):
