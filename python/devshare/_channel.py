@@ -1881,8 +1881,9 @@ class Connection(_Owned):
         seconds (None: forever; 0: only what already arrived): TimeoutError then.
         :class:`ChannelClosed` once the producer closed the channel or exited and everything it
         sent was received. ``like``: "torch" (default) or "numpy" for :attr:`Item.tensor`."""
-        if like != "torch" or _dtypes.torch_module() is None:
-            _views.check_like(like)
+        if like != "torch" or not _TORCH_SEEN:
+            _views.check_like(like)  # raises unless that package imports
+            _see_torch(like)
         if _RAW_RECV_ITEM is None:  # a library before 1.7
             return self._recv_describe(timeout, like)
         # One devshare_connection_recv_item, which also releases one import of the grave.
@@ -2008,6 +2009,16 @@ class Connection(_Owned):
                 yield self.recv()
             except ChannelClosed:
                 return
+
+
+# Whether torch imported for a receive (checked once, not on every item).
+_TORCH_SEEN = False
+
+
+def _see_torch(like: str) -> None:
+    global _TORCH_SEEN
+    if like == "torch":
+        _TORCH_SEEN = True
 
 
 def _close_connection(ptr, grave) -> None:
