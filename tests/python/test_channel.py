@@ -968,6 +968,65 @@ def test_the_interpreter_exits_cleanly_with_daemon_threads_inside_channel_calls(
         assert r.returncode == 0, f"exit {i}: returncode {r.returncode}: {r.stderr[-2000:]}"
 
 
+_CLOSE_RACE = r"""
+import os, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import devshare
+address = "@devshare-close-race-%d" % os.getpid()
+ch = devshare.Channel(address)
+box = {}
+th = threading.Thread(target=lambda: box.setdefault("conn", devshare.connect(address, timeout=30)))
+th.start()
+(peer,) = ch.wait_peers(1, timeout=30)
+th.join()
+conn = box["conn"]
+pool = ch.pool(64, 1)
+held = pool.acquire(timeout=0)  # every slot out: acquire(timeout=0) times out
+errors = []
+def hammer(call):
+    while True:
+        try:
+            call()
+        except TimeoutError:
+            time.sleep(0.0001)  # (outside a call now and then, so that a close can get through)
+            continue
+        except ValueError as e:  # closed: the end
+            if "closed" not in str(e):
+                errors.append(repr(e))
+            return
+        except BaseException as e:
+            errors.append(repr(e))
+            return
+busy = 0
+for obj, call in ((conn, lambda: conn.recv(timeout=0)), (pool, lambda: pool.acquire(timeout=0))):
+    threads = [threading.Thread(target=hammer, args=(call,)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    while True:
+        try:
+            obj.close()
+            break
+        except devshare.Error as e:
+            assert e.status == devshare.Status.BUSY, e
+            busy += 1
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive()
+print("busy", busy, "errors", errors)
+sys.exit(1 if errors else 0)
+"""
+
+
+def test_closing_under_racing_calls_is_refused_or_ends_them_cleanly():
+    """Threads calling recv / acquire in a loop while another closes the object: each close is
+    refused (BUSY) while a call is inside, one succeeds, every later call raises 'closed', and
+    nothing crashes (the library object is freed only with no call inside)."""
+    python_dir = os.path.join(os.path.dirname(__file__), "..", "..", "python")
+    for i in range(3):
+        r = run([sys.executable, "-c", _CLOSE_RACE, python_dir], env=python_env(), timeout=LIMIT)
+        assert r.returncode == 0, f"run {i}: returncode {r.returncode}: {r.stdout[-2000:]} {r.stderr[-2000:]}"
+
+
 def test_trusting_announced_pids_is_a_switch_that_takes_a_bool():
     with devshare.Channel(_address("trust")) as ch:
         ch.trust_announced_pids(True)
