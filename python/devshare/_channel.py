@@ -1484,7 +1484,8 @@ class Item:
     ``untyped_storage()``) does not hold the item, but does hold the mapping: after the item is
     released (or dropped), it shows the next item sent in that slot, like any tensor kept after
     the release, and never faults. Numpy items (``like="numpy"``) and leases get a view of
-    their own each time, which holds the item.
+    their own each time, which holds the item (a numpy pool item's from what the connection
+    kept of its slot and layout the first time).
 
     ``pool`` and ``slot``: the pool id (> 0) and slot index for a pool item, None for a lease.
     """
@@ -1664,9 +1665,17 @@ def _received(out: _ItemOut, like: str, conn) -> Item:
             if ndim > MAX_NDIM:
                 raise Error(Status.UNTRUSTED, f"item with {ndim} dimensions (at most {MAX_NDIM})")
             dims = _H_DIMS[ndim]
-            tensor = _views.view(data or 0, nbytes, lease, (code, bits, lanes),
-                                 dims.unpack_from(mv, _ITEM_SHAPE), dims.unpack_from(mv, _ITEM_STRIDES),
-                                 like)
+            shape, strides = dims.unpack_from(mv, _ITEM_SHAPE), dims.unpack_from(mv, _ITEM_STRIDES)
+            if pool and like == "numpy":
+                # The recipe of its arrays, kept for the next items of this slot and layout.
+                recipe = _views.numpy_recipe(data or 0, nbytes, None, (code, bits, lanes), shape, strides)
+                views = conn._np_views
+                if len(views) >= _MAX_VIEWS:
+                    views.clear()
+                views[mv[_ITEM_KEY:].tobytes()] = (recipe, pool, slot)
+                tensor = _views.numpy_from(recipe, lease)
+            else:
+                tensor = _views.view(data or 0, nbytes, lease, (code, bits, lanes), shape, strides, like)
         else:
             tensor = _device_tensor(imp, like)
         if pool:
@@ -1822,8 +1831,10 @@ class Connection(_Owned):
         # the set's next method call.
         self._items_add = self._items.data.add
         self._items_gone = self._items._remove
-        # Pool items' tensors by slot and layout (see _pool_tensor), and recv's out-arguments.
+        # Pool items' tensors by slot and layout (see _pool_tensor), numpy arrays' recipes
+        # likewise (with the pool id and slot), and recv's out-arguments.
         self._views: dict = {}
+        self._np_views: dict = {}
         self._outs: list = []
         peer_id, producer_pid = c_uint64(), c_int32()
         _call(lib.devshare_connection_info, ptr, byref(peer_id), byref(producer_pid))
@@ -1949,6 +1960,16 @@ class Connection(_Owned):
                 tensor._devshare_item = lease
                 self._items_add(_weakref(lease, self._items_gone))
                 return Item(lease, tensor, entry[3], entry[4])
+        else:
+            # A numpy pool item seen before: an array of its own (holding the item), from the
+            # recipe kept for its slot and layout.
+            entry = self._np_views.get(mv[_ITEM_KEY:].tobytes())
+            if entry is not None:
+                lease = _Lease(ImportP.from_buffer_copy(mv, _IMPORT_AT), self._grave)
+                outs.append(out)
+                array = _views.numpy_from(entry[0], lease)
+                self._items_add(_weakref(lease, self._items_gone))
+                return Item(lease, array, entry[1], entry[2])
         item = _received(out, like, self)
         outs.append(out)  # (only once read: a failed call may leave it half-written)
         self._items_add(_weakref(item._lease, self._items_gone))

@@ -427,9 +427,11 @@ def test_a_pool_item_goes_back_when_the_last_view_of_it_is_gone(pair):
         pool.acquire(timeout=LIMIT).release()
 
 
-def test_repeated_and_changing_slot_layouts_arrive_exact(pair):
-    """Slot.send keeps descriptors by layout: each item still gets its own layout, and what
-    would be refused is refused every time."""
+@pytest.mark.parametrize("like", ["torch", "numpy"])
+def test_repeated_and_changing_slot_layouts_arrive_exact(pair, like):
+    """Slot.send keeps descriptors by layout, and the consumer its views (or numpy recipes) by
+    slot and layout: each item still gets its own layout, and what would be refused is refused
+    every time."""
     ch, conn, peer = pair
     layouts = [((4, 8), torch.float32, None, 0), ((4, 8), torch.float32, None, 0),
                ((8, 4), torch.float32, (1, 8), 0), ((3,), "int16", None, 6),
@@ -441,9 +443,14 @@ def test_repeated_and_changing_slot_layouts_arrive_exact(pair):
             slot.send(peer, shape, dtype, strides, offset)
             flat = slot.tensor(dtype=dtype, offset=offset)
             want = flat[:math.prod(shape)].view(shape) if strides is None else flat.as_strided(shape, strides)
-            with conn.recv(timeout=LIMIT) as item:
-                assert item.tensor.dtype == want.dtype and item.tensor.shape == want.shape
-                assert item.tensor.stride() == want.stride() and torch.equal(item.tensor, want)
+            with conn.recv(timeout=LIMIT, like=like) as item:
+                if like == "torch":
+                    assert item.tensor.dtype == want.dtype and item.tensor.shape == want.shape
+                    assert item.tensor.stride() == want.stride() and torch.equal(item.tensor, want)
+                else:
+                    w = want.numpy()
+                    assert item.tensor.dtype == w.dtype and item.tensor.shape == w.shape
+                    assert item.tensor.strides == w.strides and np.array_equal(item.tensor, w)
         with pool.acquire(timeout=LIMIT) as slot:
             for bad in ((8.0, 1.0), (True, 1)):
                 with pytest.raises(TypeError):
