@@ -514,6 +514,21 @@ static void case_e(void) {
     CHECK(names_gone(&h), "(e) afterwards nothing of it is left in /dev/shm");
 }
 
+/* When the test started (CLOCK_REALTIME): an object named for one of its pids but older than
+ * that is another process's that had the same pid before (left by a process that died). */
+static struct timespec test_start;
+
+static int made_since_start(const char *name) {
+    char path[300];
+    struct stat st;
+    snprintf(path, sizeof path, "/dev/shm/%s", name);
+    if (stat(path, &st) != 0) {
+        return 0; /* gone meanwhile */
+    }
+    return st.st_ctim.tv_sec > test_start.tv_sec ||
+           (st.st_ctim.tv_sec == test_start.tv_sec && st.st_ctim.tv_nsec >= test_start.tv_nsec);
+}
+
 /* No devshare_<pid>_* / devshare_rc_<pid>_* object of this process or any child it made. */
 static void check_dev_shm(void) {
     DIR *d = opendir("/dev/shm");
@@ -528,7 +543,8 @@ static void check_dev_shm(void) {
             char p1[48], p2[48];
             snprintf(p1, sizeof p1, "devshare_%ld_", pid);
             snprintf(p2, sizeof p2, "devshare_rc_%ld_", pid);
-            if (strncmp(e->d_name, p1, strlen(p1)) == 0 || strncmp(e->d_name, p2, strlen(p2)) == 0) {
+            if ((strncmp(e->d_name, p1, strlen(p1)) == 0 || strncmp(e->d_name, p2, strlen(p2)) == 0) &&
+                made_since_start(e->d_name)) {
                 printf("    left over: /dev/shm/%s\n", e->d_name);
                 left++;
             }
@@ -540,6 +556,7 @@ static void check_dev_shm(void) {
 
 int main(int argc, char **argv) {
     harness_start(NULL);
+    clock_gettime(CLOCK_REALTIME, &test_start);
     if (argc > 2 && strcmp(argv[1], "--child") == 0) {
         return child_main(argc, argv);
     }
