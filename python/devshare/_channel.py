@@ -378,11 +378,6 @@ class _Life:
         self.ptr = ptr
         self.extra = extra
 
-    @property
-    def busy(self) -> int:
-        """How many calls are inside (as of now)."""
-        return len(self.inside.copy())
-
     def end(self) -> None:
         with self.lock:
             if not self.open:
