@@ -18,6 +18,13 @@ One 4 KiB item in flight at a time. Each round trip is one item through both pro
                      (round-robin), q.put((seq, t)); the consumer q.get(), t[0].item(), and an
                      ack back on a second Queue; the round trip ends when the producer has the ack
   pipe, C->C         8 bytes out through a pipe, 8 bytes back (`channel_handoff`, "pipe-floor")
+  floor, Py->Py      what the package's own Python adds, measured: the same handoff with both
+                     ends making the same library calls through bare ctypes (devshare_pool_acquire,
+                     devshare_pool_send, devshare_connection_recv_item, devshare_import_give_back),
+                     one torch tensor kept per slot and written / read as above, and no package
+                     objects (no Slot, Item, lease, per-item view or bookkeeping): the least a
+                     Python binding that hands out torch tensors does; not an API (it uses the
+                     package's internals)
 
 The round trip runs from just before the producer writes the item until its next acquire (or
 the ack) returns: the producer's per-item work, the handoff, the consumer's read and release,
@@ -34,6 +41,7 @@ C->C pipelined with 4 KiB and 64 MiB items. Ratios are taken within one placemen
 Usage: python bench/user_pays.py [--bin build/channel_handoff] [--quick] [--count N]
            [--c-count N] [--large-count N] [--spin US] [--placements one,two,any]
        python bench/user_pays.py consume ADDRESS [--poll]    (the Python consumer, internal)
+       python bench/user_pays.py consume-floor ADDRESS       (the floor's consumer, internal)
 """
 
 import argparse
@@ -91,6 +99,59 @@ def py_consumer(address, polling=False):
     sys.stdout.flush()
 
 
+def floor_views():
+    """The floor's tensors: one per slot address, made the first time (no holder)."""
+    from devshare import _views
+
+    views = {}
+
+    def view(address):
+        t = views.get(address)
+        if t is None:
+            t = views[address] = _views.view(address, SIZE, None, (2, 32, 1), SHAPE, None, "torch")
+        return t
+    return view
+
+
+def floor_consumer(address):
+    """The floor's consumer: :func:`py_consumer` with bare library calls (see the module's
+    docstring). Each receive frees the previous item's import (given back already), as the
+    package does."""
+    import devshare
+    from devshare import _channel as C
+
+    mono = time.monotonic_ns
+    conn = devshare.connect(address, timeout=60)
+    ptr, out = conn._ptr, C._ItemOut()
+    recv, give_back, forever, at = C._RAW_RECV_ITEM, C._RAW_GIVE_BACK, C._FOREVER, C._IMPORT_AT
+    item, view = out.item, floor_views()
+    recs = []
+    sink = 0.0
+    prev = None
+    while True:
+        tw = mono()
+        status = recv(ptr, forever, prev, out.ref)
+        prev = None
+        if status < 0:
+            if status == C.Status.CLOSED:
+                break
+            raise C._error(status)
+        imp = C.ImportP.from_buffer_copy(out.bytes, at)
+        tr = mono()
+        sink += view(item.data)[0].item()
+        tt = mono()
+        status = give_back(imp)
+        if status < 0:
+            raise C._error(status)
+        prev = imp
+        tl = mono()
+        recs.append((tw, 0, tr, tr, tt, tl))
+    conn.close()
+    out = [str(len(recs))] + [" ".join(map(str, r)) for r in recs]
+    sys.stdout.write("\n".join(out) + "\n")
+    sys.stdout.flush()
+
+
 def queue_consumer(q, acks):
     acks.put("ready")
     while True:
@@ -113,8 +174,9 @@ def pin(cpus):
     return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
 
 
-def measure_py_pool(consumer_cmd, consumer_cpus, warm, lat, tput, spin=0):
-    """A Python producer: round trips (one slot cycling) and pipelined throughput (8 slots)."""
+def measure_py_pool(consumer_cmd, consumer_cpus, warm, lat, tput, spin=0, floor=False):
+    """A Python producer: round trips (one slot cycling) and pipelined throughput (8 slots).
+    ``floor``: the producer's side of the floor (bare library calls; see the docstring)."""
     import devshare
 
     _seq[0] += 1
@@ -130,39 +192,42 @@ def measure_py_pool(consumer_cmd, consumer_cpus, warm, lat, tput, spin=0):
     try:
         (peer,) = ch.wait_peers(1, timeout=120)
         mono = time.monotonic_ns
-        for i in range(warm):
-            slot = pool.acquire()
-            v = slot.tensor(SHAPE, "float32")
-            v[0] = i
-            slot.send(peer, SHAPE, "float32")
-            del v, slot
-        held = [pool.acquire() for _ in range(SLOTS)]  # all back; all but one stay out
-        slot = held.pop(0)
-        t0, t2 = [0] * lat, [0] * lat
-        for i in range(lat):
-            t0[i] = mono()
-            v = slot.tensor(SHAPE, "float32")
-            v[0] = i
-            slot.send(peer, SHAPE, "float32")
-            del v
-            slot = pool.acquire()
-            t2[i] = mono()
-        held.append(slot)
-        for s in held:
-            s.release()
-        del held, slot, s
-        start = mono()
-        for i in range(tput):
-            slot = pool.acquire()
-            v = slot.tensor(SHAPE, "float32")
-            v[0] = i
-            slot.send(peer, SHAPE, "float32")
-            del v, slot
-        back = [pool.acquire() for _ in range(SLOTS)]
-        end = mono()
-        for s in back:
-            s.release()
-        del back, s
+        if floor:
+            t0, t2, start, end = floor_producer(pool, peer, warm, lat, tput)
+        else:
+            for i in range(warm):
+                slot = pool.acquire()
+                v = slot.tensor(SHAPE, "float32")
+                v[0] = i
+                slot.send(peer, SHAPE, "float32")
+                del v, slot
+            held = [pool.acquire() for _ in range(SLOTS)]  # all back; all but one stay out
+            slot = held.pop(0)
+            t0, t2 = [0] * lat, [0] * lat
+            for i in range(lat):
+                t0[i] = mono()
+                v = slot.tensor(SHAPE, "float32")
+                v[0] = i
+                slot.send(peer, SHAPE, "float32")
+                del v
+                slot = pool.acquire()
+                t2[i] = mono()
+            held.append(slot)
+            for s in held:
+                s.release()
+            del held, slot, s
+            start = mono()
+            for i in range(tput):
+                slot = pool.acquire()
+                v = slot.tensor(SHAPE, "float32")
+                v[0] = i
+                slot.send(peer, SHAPE, "float32")
+                del v, slot
+            back = [pool.acquire() for _ in range(SLOTS)]
+            end = mono()
+            for s in back:
+                s.release()
+            del back, s
         pool.close()
         ch.close()
         out, _ = proc.communicate(timeout=600)
@@ -180,6 +245,60 @@ def measure_py_pool(consumer_cmd, consumer_cpus, warm, lat, tput, spin=0):
     rt = [(t2[i] - t0[i]) / 1000 for i in range(lat)]
     return {"p50_us": percentile(one, 50), "rt_p50_us": percentile(rt, 50), "rt_p99_us": percentile(rt, 99),
             "per_s": tput / ((end - start) / 1e9)}
+
+
+def floor_producer(pool, peer, warm, lat, tput):
+    """:func:`measure_py_pool`'s loops with bare library calls: (t0, t2, start, end)."""
+    from ctypes import byref, c_uint32, c_void_p
+
+    from devshare import _channel as C
+
+    mono = time.monotonic_ns
+    ptr, peer_arg = pool._ptr, pool._peer_arg(peer)
+    desc = pool._desc((2, 32, 1), SHAPE, (1,), 0)[0]
+    acquire, send, forever = C._RAW_ACQUIRE, C._RAW_SEND, C._FOREVER
+    index, address = c_uint32(), c_void_p()
+    index_ref, address_ref = byref(index), byref(address)
+    index_args = [c_uint32(k) for k in range(SLOTS)]
+    view = floor_views()
+
+    def check(status):
+        if status < 0:
+            raise C._error(status)
+
+    for i in range(warm):
+        check(acquire(ptr, forever, index_ref, address_ref))
+        view(address.value)[0] = i
+        check(send(ptr, index_args[index.value], peer_arg, desc))
+    held = []
+    for _ in range(SLOTS):  # all back; all but one stay out
+        check(acquire(ptr, forever, index_ref, address_ref))
+        held.append((index.value, address.value))
+    k, a = held.pop(0)
+    t0, t2 = [0] * lat, [0] * lat
+    for i in range(lat):
+        t0[i] = mono()
+        view(a)[0] = i
+        check(send(ptr, index_args[k], peer_arg, desc))
+        check(acquire(ptr, forever, index_ref, address_ref))
+        k, a = index.value, address.value
+        t2[i] = mono()
+    held.append((k, a))
+    for k, _ in held:
+        check(C.lib.devshare_pool_release(ptr, index_args[k]))
+    start = mono()
+    for i in range(tput):
+        check(acquire(ptr, forever, index_ref, address_ref))
+        view(address.value)[0] = i
+        check(send(ptr, index_args[index.value], peer_arg, desc))
+    back = []
+    for _ in range(SLOTS):
+        check(acquire(ptr, forever, index_ref, address_ref))
+        back.append(index.value)
+    end = mono()
+    for k in back:
+        check(C.lib.devshare_pool_release(ptr, index_args[k]))
+    return t0, t2, start, end
 
 
 def measure_queue(consumer_cpus, producer_cpus, warm, lat, tput):
@@ -258,6 +377,8 @@ def run_c(args, cpus, methods, sizes=str(SIZE), spin=0, consumer=None, count=Non
 def main():
     if len(sys.argv) >= 3 and sys.argv[1] == "consume":
         return py_consumer(sys.argv[2], "--poll" in sys.argv[3:])
+    if len(sys.argv) >= 3 and sys.argv[1] == "consume-floor":
+        return floor_consumer(sys.argv[2])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default=os.path.join("build", "channel_handoff"),
                     help="the channel_handoff program (bench/channel_handoff.c)")
@@ -286,6 +407,7 @@ def main():
           f"{args.count} round trips per Python row, {args.c_count} per C row", flush=True)
     py_cons = [sys.executable, os.path.join(HERE, "user_pays.py"), "consume"]
     c_cons = [args.bin, "consume"]
+    floor_cons = [sys.executable, os.path.join(HERE, "user_pays.py"), "consume-floor"]
     py_cons_text = " ".join(shlex.quote(a) for a in py_cons[:-1])  # channel_handoff adds "consume ADDRESS"
     rows = []
 
@@ -309,6 +431,8 @@ def main():
         try:
             add(placement, "Py->Py", measure_py_pool(py_cons, cons, warm, args.count, args.tput_count))
             add(placement, "Py->C", measure_py_pool(c_cons, cons, warm, args.count, args.tput_count))
+            add(placement, "floor Py->Py", measure_py_pool(floor_cons, cons, warm, args.count, args.tput_count,
+                                                           floor=True))
             add(placement, "Queue Py->Py", measure_queue(cons, prod, min(warm, 64), args.count,
                                                          min(args.count, args.tput_count)))
         finally:
