@@ -1819,13 +1819,13 @@ class Connection(_Owned):
         # close releases what is left, also the finalizer's.
         self._grave = _Grave()
         self._own(ptr, _close_connection, self._grave)
-        # Items received and not yet released (their leases, weakly): release_all().
-        self._items: weakref.WeakSet = weakref.WeakSet()
-        # WeakSet.add without its frame, for the item path: what it adds to its set (a weak
-        # reference that removes itself); removals pending from an iteration are committed by
-        # the set's next method call.
-        self._items_add = self._items.data.add
-        self._items_gone = self._items._remove
+        # Items received and not yet released, for release_all(): a set of weak references to
+        # their leases, each removed from the set by its own callback, the set's discard (a C
+        # function: no Python frame when an item goes, unlike a WeakSet's). release_all()
+        # iterates over a copy, so a removal never meets an iteration.
+        self._items: set = set()
+        self._items_add = self._items.add
+        self._items_gone = self._items.discard
         # Pool items' tensors by slot and layout (see _pool_tensor), numpy arrays' recipes
         # likewise (with the pool id and slot), and recv's out-arguments.
         self._views: dict = {}
@@ -1988,7 +1988,7 @@ class Connection(_Owned):
         if not done:
             raise TimeoutError(f"nothing arrived on channel {self.address!r} within {timeout} s")
         item = _item(imp, like, self)
-        self._items.add(item._lease)
+        self._items_add(_weakref(item._lease, self._items_gone))
         return item
 
     def _recv_call(self, ptr, ms, out) -> bool:
@@ -2009,8 +2009,9 @@ class Connection(_Owned):
         nothing of that producer stays mapped. Returns how many were released. Callable after
         :meth:`close` too."""
         n = 0
-        for lease in list(self._items):
-            if not lease.released:
+        for ref in list(self._items):
+            lease = ref()
+            if lease is not None and not lease.released:
                 try:
                     lease.release()
                     n += 1

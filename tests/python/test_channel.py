@@ -428,6 +428,36 @@ def test_a_pool_item_goes_back_when_the_last_view_of_it_is_gone(pair):
 
 
 @pytest.mark.parametrize("like", ["torch", "numpy"])
+def test_release_all_gives_back_the_held_items_only(pair, like):
+    """Of four pool items, one released, one dropped, one kept only through a view of its
+    tensor and one held: release_all gives back the two still held (the view's and the held
+    one) and nothing twice; the slots all come back, and the connection keeps no record of
+    items that went (1000 more items leave nothing behind)."""
+    ch, conn, peer = pair
+    with ch.pool(64, 4) as pool:
+        for _ in range(4):
+            pool.acquire(timeout=0).send(peer)
+        released, dropped, viewed, held = (conn.recv(timeout=LIMIT, like=like) for _ in range(4))
+        released.release()
+        del dropped
+        view = viewed.tensor[1:3]
+        del viewed
+        gc.collect()
+        assert conn.release_all() == 2
+        assert held.released
+        assert conn.release_all() == 0
+        for _ in range(4):
+            pool.acquire(timeout=LIMIT).release()
+        del view, held, released
+        gc.collect()
+        for k in range(1000):
+            pool.acquire(timeout=LIMIT).send(peer)
+            conn.recv(timeout=LIMIT, like=like).release()
+        gc.collect()
+        assert len(conn._items) == 0, "records of items that went stay behind"
+
+
+@pytest.mark.parametrize("like", ["torch", "numpy"])
 def test_repeated_and_changing_slot_layouts_arrive_exact(pair, like):
     """Slot.send keeps descriptors by layout, and the consumer its views (or numpy recipes) by
     slot and layout: each item still gets its own layout, and what would be refused is refused
