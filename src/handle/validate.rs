@@ -263,21 +263,68 @@ fn check_storage(h: &DevshareHandle) -> Result<()> {
 /// handle that differs anywhere else gets the full [`validate`]. This is the per-item check of
 /// pool items, whose key, names, flags and segments are their pool's.
 pub(crate) fn validate_layout(h: &DevshareHandle, base: &DevshareHandle) -> Result<Validated> {
-    let mut same = *base;
-    same.dtype = h.dtype;
-    same.ndim = h.ndim;
-    same.shape = h.shape;
-    same.strides = h.strides;
-    same.storage_offset = h.storage_offset;
-    same.storage_size = h.storage_size;
-    same.tensor_offset = h.tensor_offset;
-    if same != *h {
+    if !same_but_layout(h, base) {
         return validate(h);
     }
     let element_size = check_dims(h)?;
     check_storage(h)?;
     let (numel, tensor_byte) = check_tensor(h, element_size)?;
     Ok(Validated { element_size, numel, data_offset: h.storage_offset + tensor_byte })
+}
+
+/// Whether `a` and `b` agree in every field but the layout ones, field by field, without
+/// copying either (a handle is 616 bytes and this runs twice per pool item). The destructuring
+/// names every field: a field added to the struct fails to compile here until it is sorted in.
+fn same_but_layout(a: &DevshareHandle, b: &DevshareHandle) -> bool {
+    let DevshareHandle {
+        struct_size,
+        layout_version,
+        backend,
+        flags,
+        device_index,
+        device_uuid,
+        host_id,
+        producer_pid,
+        ndim: _,
+        alloc_size,
+        storage_offset: _,
+        storage_size: _,
+        tensor_offset: _,
+        dtype: _,
+        key_len,
+        shape: _,
+        strides: _,
+        key,
+        ref_slot,
+        ref_name_len,
+        reserved0,
+        ref_name,
+        event_handle,
+        layout_minor,
+        ext_len,
+        reserved1,
+        ext,
+    } = a;
+    *struct_size == b.struct_size
+        && *layout_version == b.layout_version
+        && *backend == b.backend
+        && *flags == b.flags
+        && *device_index == b.device_index
+        && *device_uuid == b.device_uuid
+        && *host_id == b.host_id
+        && *producer_pid == b.producer_pid
+        && *alloc_size == b.alloc_size
+        && *key_len == b.key_len
+        && *key == b.key
+        && *ref_slot == b.ref_slot
+        && *ref_name_len == b.ref_name_len
+        && *reserved0 == b.reserved0
+        && *ref_name == b.ref_name
+        && *event_handle == b.event_handle
+        && *layout_minor == b.layout_minor
+        && *ext_len == b.ext_len
+        && *reserved1 == b.reserved1
+        && *ext == b.ext
 }
 
 /// Validate every field of `h`; on success return what was derived on the way.
