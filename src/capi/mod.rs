@@ -69,7 +69,7 @@ pub(crate) fn boundary_value<T>(name: &'static str, fallback: T, f: impl FnOnce(
 /// A non-null `p` must point to a valid, properly aligned `T` for the returned lifetime.
 pub(crate) unsafe fn arg<'a, T>(p: *const T, what: &'static str) -> Result<&'a T> {
     // SAFETY: the caller guarantees validity when non-null.
-    unsafe { p.as_ref() }.ok_or(Error::NullArgument(what))
+    unsafe { p.as_ref() }.ok_or_else(|| Error::NullArgument(what))
 }
 
 /// A mutable reference from a C pointer, or `NullArgument` naming the parameter.
@@ -78,7 +78,7 @@ pub(crate) unsafe fn arg<'a, T>(p: *const T, what: &'static str) -> Result<&'a T
 /// As for [`arg`], and no other reference to `*p` may be live.
 pub(crate) unsafe fn arg_mut<'a, T>(p: *mut T, what: &'static str) -> Result<&'a mut T> {
     // SAFETY: the caller guarantees validity when non-null.
-    unsafe { p.as_mut() }.ok_or(Error::NullArgument(what))
+    unsafe { p.as_mut() }.ok_or_else(|| Error::NullArgument(what))
 }
 
 /// A slice from a C pointer and length; NULL is allowed only for length 0.
