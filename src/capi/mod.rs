@@ -69,7 +69,10 @@ pub(crate) fn boundary_value<T>(name: &'static str, fallback: T, f: impl FnOnce(
 /// A non-null `p` must point to a valid, properly aligned `T` for the returned lifetime.
 pub(crate) unsafe fn arg<'a, T>(p: *const T, what: &'static str) -> Result<&'a T> {
     // SAFETY: the caller guarantees validity when non-null.
-    unsafe { p.as_ref() }.ok_or_else(|| Error::NullArgument(what))
+    match unsafe { p.as_ref() } {
+        Some(r) => Ok(r),
+        None => Err(Error::NullArgument(what)),
+    }
 }
 
 /// A mutable reference from a C pointer, or `NullArgument` naming the parameter.
@@ -78,7 +81,10 @@ pub(crate) unsafe fn arg<'a, T>(p: *const T, what: &'static str) -> Result<&'a T
 /// As for [`arg`], and no other reference to `*p` may be live.
 pub(crate) unsafe fn arg_mut<'a, T>(p: *mut T, what: &'static str) -> Result<&'a mut T> {
     // SAFETY: the caller guarantees validity when non-null.
-    unsafe { p.as_mut() }.ok_or_else(|| Error::NullArgument(what))
+    match unsafe { p.as_mut() } {
+        Some(r) => Ok(r),
+        None => Err(Error::NullArgument(what)),
+    }
 }
 
 /// A slice from a C pointer and length; NULL is allowed only for length 0.
