@@ -390,8 +390,63 @@ impl Exporter {
         Ok((h, event))
     }
 
+    /// [`Self::share_leased`], with what the caller needs of the handle read by `f` where the
+    /// handle lies (a channel's item message takes its layout; the handle is not returned).
+    /// Once a leased share was described and validated, a later one of a plain (unsegmented)
+    /// allocation starts from that first handle and sets only the layout (and the pid and the
+    /// event flag) instead of describing the allocation again: every pool item after the first.
+    pub(crate) fn share_leased_with<R>(
+        &self,
+        desc: &TensorDesc<'_>,
+        f: impl FnOnce(&DevshareHandle) -> R,
+    ) -> Result<(R, Option<Box<dyn IpcEvent>>)> {
+        let template = match self.leased_template.get() {
+            Some(t) if !desc.inflight && self.alloc.segments().is_none() => t,
+            _ => {
+                let (h, event) = self.share_leased(desc)?;
+                return Ok((f(&h), event));
+            }
+        };
+        if desc.event && self.backend == crate::handle::DEVSHARE_BACKEND_HOST {
+            return Err(Error::Unsupported("host memory has no interprocess events (DEVSHARE_SHARE_EVENT)".into()));
+        }
+        let mut h = *template;
+        self.set_layout(desc, &mut h)?;
+        h.producer_pid = crate::fork::pid();
+        let event_flag = crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
+        h.flags = (template.flags & !event_flag) | if desc.event { event_flag } else { 0 };
+        crate::handle::validate_layout(&h, template)?;
+        let event = self.alloc.prepare_share(desc.stream, desc.event)?;
+        if let Some(e) = &event {
+            h.event_handle = e.handle();
+        }
+        Ok((f(&h), event))
+    }
+
     /// The handle fields for a tensor in this allocation: layout and key, no lifetime fields.
     fn describe(&self, desc: &TensorDesc<'_>) -> Result<DevshareHandle> {
+        let mut h = DevshareHandle {
+            backend: self.backend,
+            device_index: self.alloc.device_index(),
+            device_uuid: self.alloc.device_uuid(),
+            host_id: crate::hostid::host_id(),
+            producer_pid: crate::fork::pid(),
+            alloc_size: self.alloc.size(),
+            ..Default::default()
+        };
+        self.set_layout(desc, &mut h)?;
+        match self.alloc.segments() {
+            Some((segment_size, kind, table)) => {
+                crate::handle::segments::set_segments(&mut h, segment_size, kind, table)?;
+            }
+            None => h.set_key(self.alloc.key()),
+        }
+        Ok(h)
+    }
+
+    /// The layout fields of `h` (dtype, ndim, shape, strides, storage range, tensor offset) for
+    /// the tensor `desc` describes in this allocation, checked against the exported window.
+    fn set_layout(&self, desc: &TensorDesc<'_>, h: &mut DevshareHandle) -> Result<()> {
         if desc.shape.len() > DEVSHARE_MAX_NDIM {
             return Err(Error::BadNdim(format!(
                 "{} dimensions is above the maximum {DEVSHARE_MAX_NDIM}",
@@ -414,21 +469,15 @@ impl Exporter {
                 desc.storage_offset
             )));
         }
-        let mut h = DevshareHandle {
-            backend: self.backend,
-            device_index: self.alloc.device_index(),
-            device_uuid: self.alloc.device_uuid(),
-            host_id: crate::hostid::host_id(),
-            producer_pid: crate::fork::pid(),
-            ndim: desc.shape.len() as u32,
-            alloc_size: self.alloc.size(),
-            storage_offset: win_offset + desc.storage_offset,
-            storage_size,
-            tensor_offset: desc.tensor_offset,
-            dtype: desc.dtype,
-            ..Default::default()
-        };
+        h.ndim = desc.shape.len() as u32;
+        h.storage_offset = win_offset + desc.storage_offset;
+        h.storage_size = storage_size;
+        h.tensor_offset = desc.tensor_offset;
+        h.dtype = desc.dtype;
+        // Entries at and beyond ndim are zero (h may hold another layout's).
+        h.shape = [0; DEVSHARE_MAX_NDIM];
         h.shape[..desc.shape.len()].copy_from_slice(desc.shape);
+        h.strides = [0; DEVSHARE_MAX_NDIM];
         match desc.strides {
             Some(s) if s.len() != desc.shape.len() => {
                 return Err(Error::InvalidArgument(format!("{} strides for {} dimensions", s.len(), desc.shape.len())))
@@ -439,13 +488,7 @@ impl Exporter {
                 h.strides[..s.len()].copy_from_slice(&s);
             }
         }
-        match self.alloc.segments() {
-            Some((segment_size, kind, table)) => {
-                crate::handle::segments::set_segments(&mut h, segment_size, kind, table)?;
-            }
-            None => h.set_key(self.alloc.key()),
-        }
-        Ok(h)
+        Ok(())
     }
 
     /// Take a ref-counter slot (and record the event) for a described, validated handle.

@@ -1186,7 +1186,8 @@ impl LocalPool {
                 core.peer(peer)?;
                 // Describes and validates the tensor; synchronises the producing stream, or records
                 // an event on it (DEVSHARE_SHARE_EVENT).
-                let (h, event) = p.exporter.share_leased(&abs)?;
+                let (layout, event) =
+                    p.exporter.share_leased_with(&abs, |h| ItemLayout::of(h, desc.storage_offset, rel_size))?;
                 if !core.peer(peer)?.attached.contains_key(&id) {
                     core.allow(peer, &p.exporter)?;
                     let whole = p.slot_size * u64::from(p.count);
@@ -1208,7 +1209,6 @@ impl LocalPool {
                     book.add(&shared);
                     core.peers[idx].attached.insert(id, book);
                 }
-                let layout = ItemLayout::of(&h, desc.storage_offset, rel_size);
                 let m = Message::Item { pool: id, slot, layout, event: event.as_ref().map(|e| e.handle()) }.encode();
                 let idx = core.index(peer)?;
                 core.post_item(idx, &m, epfd)?;
