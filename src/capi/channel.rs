@@ -615,8 +615,7 @@ pub unsafe extern "C" fn devshare_connection_recv(
     boundary("devshare_connection_recv", || {
         let c = &ffi!(arg(conn, "conn"))?.0;
         let out = ffi!(arg_mut(out, "out"))?;
-        let imp = c.recv(timeout(timeout_ms))?;
-        *out = Box::into_raw(Box::new(DevshareImport::new(imp)));
+        *out = DevshareImport::into_raw(c.recv_boxed(timeout(timeout_ms))?);
         Ok(())
     })
 }
@@ -699,17 +698,18 @@ pub unsafe extern "C" fn devshare_connection_recv_item(
 ) -> i32 {
     boundary("devshare_connection_recv_item", || {
         if !release.is_null() {
+            // Dropping the box releases the import where it lies.
             // SAFETY: the caller hands over an import from Box::into_raw (devshare_import,
             // devshare_connection_recv ...), released once: here.
-            unsafe { Box::from_raw(release) }.into_inner().release();
+            drop(unsafe { Box::from_raw(release) });
         }
         let c = &ffi!(arg(conn, "conn"))?.0;
         if out.is_null() {
             return Err(Error::NullArgument("out"));
         }
-        let imp = c.recv(timeout(timeout_ms))?;
+        let imp = c.recv_boxed(timeout(timeout_ms))?;
         let item = item_of(&imp);
-        let boxed = Box::into_raw(Box::new(DevshareImport::new(imp)));
+        let boxed = DevshareImport::into_raw(imp);
         let written = ffi!(write_output(out, DevshareItem { import: boxed, ..item }, "out"));
         if written.is_err() {
             // SAFETY: boxed came from Box::into_raw just above and was handed to nobody.

@@ -24,11 +24,18 @@ pub const DEVSHARE_DEVICE_FROM_HANDLE: i32 = -1;
 
 /// One import of a handle (opaque). Imports may be made and released on any thread; one import
 /// object must not be released twice or used after release.
-pub struct DevshareImport(Import);
+// The import is boxed: a received item's import is made in a box of its own and keeps it on
+// its way out (an import is 320 bytes).
+pub struct DevshareImport(Box<Import>);
 
 impl DevshareImport {
     pub(crate) fn new(imp: Import) -> DevshareImport {
-        DevshareImport(imp)
+        DevshareImport(Box::new(imp))
+    }
+
+    /// The C pointer of an import boxed already (the import is not moved).
+    pub(crate) fn into_raw(imp: Box<Import>) -> *mut DevshareImport {
+        Box::into_raw(Box::new(DevshareImport(imp)))
     }
 
     pub(crate) fn inner(&self) -> &Import {
@@ -36,7 +43,7 @@ impl DevshareImport {
     }
 
     pub(crate) fn into_inner(self) -> Import {
-        self.0
+        *self.0
     }
 }
 
@@ -189,7 +196,7 @@ pub unsafe extern "C" fn devshare_import(
         let h = ffi!(arg(handle, "handle"))?;
         let out = ffi!(arg_mut(out, "out"))?;
         let req = ffi!(request_from(options))?;
-        *out = Box::into_raw(Box::new(DevshareImport(import(h, req)?)));
+        *out = Box::into_raw(Box::new(DevshareImport::new(import(h, req)?)));
         Ok(())
     })
 }
@@ -223,7 +230,7 @@ pub unsafe extern "C" fn devshare_import_encoded(
         }
         let d = crate::handle::encode::decode_full(ffi!(arg_slice(buf, len, "buf"))?)?;
         let req = ffi!(request_from(options))?;
-        *out = Box::into_raw(Box::new(DevshareImport(import_full(&d.handle, d.table.as_deref(), req)?)));
+        *out = Box::into_raw(Box::new(DevshareImport::new(import_full(&d.handle, d.table.as_deref(), req)?)));
         Ok(())
     })
 }
@@ -241,7 +248,7 @@ pub unsafe extern "C" fn devshare_import_text(
         let t = ffi!(std::ffi::CStr::from_ptr(t)).to_str().map_err(|_| Error::BadText("text is not UTF-8".into()))?;
         let d = crate::handle::text::from_text_full(t)?;
         let req = ffi!(request_from(options))?;
-        *out = Box::into_raw(Box::new(DevshareImport(import_full(&d.handle, d.table.as_deref(), req)?)));
+        *out = Box::into_raw(Box::new(DevshareImport::new(import_full(&d.handle, d.table.as_deref(), req)?)));
         Ok(())
     })
 }

@@ -260,6 +260,14 @@ impl Connection {
         }
     }
 
+    /// [`Self::recv`], boxed (what the C API hands out).
+    pub(crate) fn recv_boxed(&self, timeout: Option<Duration>) -> Result<Box<Import>> {
+        match &self.0 {
+            ConnKind::Local(c) => c.recv_boxed(timeout),
+            ConnKind::Remote(c) => c.recv(timeout).map(Box::new),
+        }
+    }
+
     pub fn close(&self) {
         match &self.0 {
             ConnKind::Local(c) => c.close(),

@@ -185,7 +185,7 @@ struct State {
     eof: bool,
     /// Imports received but not handed out yet (a several-share message's, the ring records
     /// that preceded a socket message), in order.
-    ready: std::collections::VecDeque<Import>,
+    ready: std::collections::VecDeque<Box<Import>>,
     /// Socket messages received since the handshake (ring records wait for theirs).
     seen: u64,
     /// The ring's head (this consumer's own copy; the ring's is only published).
@@ -410,6 +410,12 @@ impl LocalConnection {
 
     /// The next item: a leased reference or a pool slot, as an import whose release gives it back.
     pub fn recv(&self, timeout: Option<Duration>) -> Result<Import> {
+        self.recv_boxed(timeout).map(|imp| *imp)
+    }
+
+    /// [`Self::recv`], the import boxed as it was made (what the C API hands out, without
+    /// moving it on the way).
+    pub(crate) fn recv_boxed(&self, timeout: Option<Duration>) -> Result<Box<Import>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let spin = self.spin_ns.load(Ordering::Relaxed);
         let spin_until = (spin > 0).then(|| Instant::now() + Duration::from_nanos(spin));
@@ -530,7 +536,7 @@ impl LocalConnection {
     /// whose preceding socket messages have arrived, or what the next socket messages carry
     /// (looked at only with `socket`, or when a ring record waits for them). A socket message
     /// is handled after the ring records that precede it.
-    fn pump(&self, st: &mut State, socket: bool) -> Result<Option<Import>> {
+    fn pump(&self, st: &mut State, socket: bool) -> Result<Option<Box<Import>>> {
         loop {
             // Looked up on every turn: a RING message taken below starts the ring. A broken
             // ring is not read again.
@@ -607,7 +613,7 @@ impl LocalConnection {
     }
 
     /// A pool item that came through the ring, checked as one from the socket.
-    fn ring_item(&self, st: &mut State, rec: &ItemRecord) -> Result<Import> {
+    fn ring_item(&self, st: &mut State, rec: &ItemRecord) -> Result<Box<Import>> {
         match Message::decode(rec.item())? {
             Message::Item { pool, slot, layout, event } => self.item(st, pool, slot, layout, event),
             other => Err(Error::Untrusted(format!("a ring record holds {other:?}, not a pool item"))),
@@ -615,7 +621,7 @@ impl LocalConnection {
     }
 
     /// Handle one received message; an item comes back as an import.
-    fn message(&self, st: &mut State, n: usize) -> Result<Option<Import>> {
+    fn message(&self, st: &mut State, n: usize) -> Result<Option<Box<Import>>> {
         let fds = std::mem::take(&mut st.fds);
         match Message::decode(&st.buf[..n])? {
             Message::Share { lease, handle } => {
@@ -625,7 +631,7 @@ impl LocalConnection {
                     Arc::new(LeaseToken { conn: self.shared.clone(), lease, given: AtomicBool::new(false) });
                 let d = decode_full(handle)?;
                 let imp = open(&d.handle, d.table.as_deref(), fds, Some(token), self.stream())?;
-                Ok(Some(imp))
+                Ok(Some(Box::new(imp)))
             }
             Message::Shares { first_lease, entries } => {
                 let total: usize = entries.iter().map(|(n, _)| *n as usize).sum();
@@ -650,7 +656,7 @@ impl LocalConnection {
                     let opened = decode_full(handle)
                         .and_then(|d| open(&d.handle, d.table.as_deref(), mine, Some(token), stream));
                     match opened {
-                        Ok(imp) => st.ready.push_back(imp),
+                        Ok(imp) => st.ready.push_back(Box::new(imp)),
                         Err(e) => {
                             first_error.get_or_insert(e);
                         }
@@ -709,7 +715,7 @@ impl LocalConnection {
         slot: u32,
         l: wire::ItemLayout,
         event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
-    ) -> Result<Import> {
+    ) -> Result<Box<Import>> {
         let p = st
             .pools
             .get(&pool)
@@ -760,7 +766,7 @@ pub(crate) fn narrow(
     event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
     (conn, attach): (Arc<dyn Teller>, &Arc<AttachToken>),
     stream: *mut std::ffi::c_void,
-) -> Result<Import> {
+) -> Result<Box<Import>> {
     if slot >= count || l.storage_offset.checked_add(l.storage_size).map_or(true, |e| e > slot_size) {
         return Err(Error::Untrusted(format!(
             "pool {pool} item: slot {slot}, bytes {}..+{} is outside the {count} slots of {slot_size} bytes",

@@ -342,7 +342,7 @@ impl RemoteConnection {
                         conn,
                         std::ptr::null_mut(),
                     )
-                    .map(Some);
+                    .map(|imp| Some(*imp));
                 };
                 // Checks the item's bytes against the pool (and gives the slot back if the copy
                 // below fails: the import is dropped).
@@ -357,7 +357,7 @@ impl RemoteConnection {
                     let src = p.base.view().data.add(at as usize);
                     backend.copy(device.device(), false, imp.view().storage, src, layout.storage_size as usize)
                 }?;
-                Ok(Some(imp))
+                Ok(Some(*imp))
             }
             Message::PoolClosed { pool } => {
                 st.pools.remove(&pool);

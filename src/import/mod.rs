@@ -653,7 +653,9 @@ impl Import {
     /// Another view of this import's allocation — a tensor `h` inside it (checked against the
     /// mapping) — holding `lease` until it and its clones are released. Used for pool slots: the
     /// allocation was imported once, each item is a view of it.
-    pub(crate) fn derive(&self, h: Box<DevshareHandle>, lease: Arc<dyn Lease>) -> Result<Import> {
+    /// Boxed: a received item's import travels up the receive path and out through the C API
+    /// as this box (an import is 320 bytes).
+    pub(crate) fn derive(&self, h: Box<DevshareHandle>, lease: Arc<dyn Lease>) -> Result<Box<Import>> {
         // The pool's handle passed `validate` when it was imported; an item changes its layout.
         let validated = crate::handle::validate_layout(&h, &self.handle)?;
         let m = self.mapping.as_ref().ok_or_else(|| Error::AlreadyReleased("the pool's import is released".into()))?;
@@ -661,7 +663,7 @@ impl Import {
             return Err(Error::Mismatch("a pool item must describe the pool's own allocation".into()));
         }
         check_view(m.as_ref(), &h, &validated)?;
-        Ok(self.clone_with(h, validated, Some(lease)))
+        Ok(Box::new(self.clone_with(h, validated, Some(lease))))
     }
 
     /// Release this import, in PyTorch's order: drop the mapping (unmapping it when this was the
