@@ -605,3 +605,77 @@ impl Exporter {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DevshareDType;
+    use proptest::prelude::*;
+
+    /// A layout inside a 4096-byte allocation, valid or not.
+    #[derive(Debug, Clone)]
+    struct Layout {
+        bits: u8,
+        shape: Vec<i64>,
+        strides: Option<Vec<i64>>,
+        storage_offset: u64,
+        storage_size: Option<u64>,
+        tensor_offset: i64,
+    }
+
+    impl Layout {
+        fn desc(&self) -> TensorDesc<'_> {
+            TensorDesc {
+                dtype: DevshareDType::new(crate::dtype::code::INT, self.bits, 1),
+                shape: &self.shape,
+                strides: self.strides.as_deref(),
+                storage_offset: self.storage_offset,
+                storage_size: self.storage_size,
+                tensor_offset: self.tensor_offset,
+                ..Default::default()
+            }
+        }
+    }
+
+    fn layouts() -> impl Strategy<Value = Layout> {
+        (0usize..=3).prop_flat_map(|n| {
+            (
+                prop_oneof![Just(8u8), Just(16), Just(32), Just(64)],
+                prop::collection::vec(0i64..20, n),
+                prop::option::of(prop::collection::vec(-4i64..40, n)),
+                0u64..5000,
+                prop::option::of(0u64..5000),
+                -2i64..50,
+            )
+                .prop_map(|(bits, shape, strides, storage_offset, storage_size, tensor_offset)| Layout {
+                    bits,
+                    shape,
+                    strides,
+                    storage_offset,
+                    storage_size,
+                    tensor_offset,
+                })
+        })
+    }
+
+    proptest! {
+        /// After the first leased share, share_leased_with starts from that share's handle
+        /// instead of describing the allocation again: for any layout it must see exactly the
+        /// handle share_leased makes, or refuse exactly when share_leased refuses.
+        #[test]
+        fn the_leased_share_from_the_template_is_the_described_one(first in layouts(), then in layouts()) {
+            let exp = Exporter::channel_host_alloc(4096).unwrap();
+            // Whether or not the first share passes, the template is the first that does.
+            let _ = exp.share_leased(&first.desc());
+            let _ = exp.share_leased(&TensorDesc { shape: &[4096], ..Default::default() });
+            prop_assert!(exp.leased_template.get().is_some());
+            let full = exp.share_leased(&then.desc()).map(|(h, _)| h);
+            let fast = exp.share_leased_with(&then.desc(), |h| *h).map(|(h, _)| h);
+            match (full, fast) {
+                (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+                (Err(a), Err(b)) => prop_assert_eq!(a.status(), b.status()),
+                (a, b) => prop_assert!(false, "share_leased ok: {}, share_leased_with ok: {}", a.is_ok(), b.is_ok()),
+            }
+        }
+    }
+}
