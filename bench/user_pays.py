@@ -94,6 +94,11 @@ def py_consumer(address, polling=False):
         tl = mono()
         recs.append((tw, 0, tr, tr, tt, tl))
     conn.close()
+    write_records(recs)
+
+
+def write_records(recs):
+    """What `channel_handoff consume` prints: the count, then one line of times per item."""
     out = [str(len(recs))] + [" ".join(map(str, r)) for r in recs]
     sys.stdout.write("\n".join(out) + "\n")
     sys.stdout.flush()
@@ -147,9 +152,7 @@ def floor_consumer(address):
         tl = mono()
         recs.append((tw, 0, tr, tr, tt, tl))
     conn.close()
-    out = [str(len(recs))] + [" ".join(map(str, r)) for r in recs]
-    sys.stdout.write("\n".join(out) + "\n")
-    sys.stdout.flush()
+    write_records(recs)
 
 
 def queue_consumer(q, acks):

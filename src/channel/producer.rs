@@ -1148,16 +1148,7 @@ impl LocalPool {
     /// Give back an acquired slot without sending it.
     pub fn release(&self, slot: u32) -> Result<()> {
         self.with(|_, p| {
-            match p.slots.get(slot as usize) {
-                Some(SlotState::Acquired) => {}
-                Some(s) => {
-                    return Err(Error::InvalidArgument(format!(
-                        "slot {slot} is {} : only an acquired slot can be released",
-                        describe(*s)
-                    )))
-                }
-                None => return Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", p.count))),
-            }
+            acquired(p, slot, "released")?;
             p.slots[slot as usize] = SlotState::Free;
             p.free.push(slot);
             Ok(())
@@ -1172,16 +1163,7 @@ impl LocalPool {
         let epfd = self.shared.epoll.as_fd();
         self.with_then(
             |core, p| {
-                match p.slots.get(slot as usize) {
-                    Some(SlotState::Acquired) => {}
-                    Some(s) => {
-                        return Err(Error::InvalidArgument(format!(
-                            "slot {slot} is {}: only an acquired slot can be sent",
-                            describe(*s)
-                        )))
-                    }
-                    None => return Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", p.count))),
-                }
+                acquired(p, slot, "sent")?;
                 let (rel_size, abs) = slot_desc(desc, slot, p.slot_size)?;
                 core.peer(peer)?;
                 // Describes and validates the tensor; synchronises the producing stream, or records
@@ -1288,6 +1270,17 @@ pub(crate) fn slot_desc<'a>(desc: &TensorDesc<'a>, slot: u32, slot_size: u64) ->
         ..desc.clone()
     };
     Ok((rel_size, abs))
+}
+
+/// `slot` of `p` is acquired (what may be `done` to it: "sent", "released"), else why not.
+fn acquired(p: &PoolState, slot: u32, done: &str) -> Result<()> {
+    match p.slots.get(slot as usize) {
+        Some(SlotState::Acquired) => Ok(()),
+        Some(s) => {
+            Err(Error::InvalidArgument(format!("slot {slot} is {}: only an acquired slot can be {done}", describe(*s))))
+        }
+        None => Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", p.count))),
+    }
 }
 
 fn describe(s: SlotState) -> String {
