@@ -670,6 +670,79 @@ fn a_receive_without_a_time_limit_waits_in_the_kernel_and_close_wakes_it() {
     exp.wait(T).unwrap();
 }
 
+/// Run `f` on a thread of its own and wait at most 10 s for its answer (a thread that never
+/// wakes fails the test instead of hanging it).
+fn within_10s<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> impl FnOnce() -> R {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    move || rx.recv_timeout(Duration::from_secs(10)).expect("the waiting thread woke within 10 s")
+}
+
+#[test]
+fn an_acquire_without_a_time_limit_waits_without_a_timer_and_what_other_threads_do_wakes_it() {
+    let addr = address("untimed");
+    let ch = Arc::new(Channel::listen(&addr).unwrap());
+    let c = std::thread::scope(|s| {
+        let c = s.spawn(|| Connection::connect(&addr, T).unwrap());
+        ch.wait_peers(1, T).unwrap();
+        c.join().unwrap()
+    });
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Arc::new(Exporter::channel_host_alloc(4096).unwrap());
+    let pool = Arc::new(ch.pool(exp.clone(), 4096, 1).unwrap());
+    let asleep = || std::thread::sleep(Duration::from_millis(50));
+    let acquire_forever = |pool: &Arc<devshare::channel::Pool>| {
+        let pool = pool.clone();
+        within_10s(move || pool.acquire(None).map(|(s, _)| s))
+    };
+
+    // A slot another thread releases.
+    let (slot, _) = pool.acquire(T).unwrap();
+    let waiter = acquire_forever(&pool);
+    asleep();
+    pool.release(slot).unwrap();
+    assert_eq!(waiter().unwrap(), slot);
+
+    // Two threads waiting without a limit (only one of them without a timer): each gets the
+    // slot in turn.
+    let hand_on = |pool: &Arc<devshare::channel::Pool>| {
+        let pool = pool.clone();
+        within_10s(move || {
+            let (s, _) = pool.acquire(None)?;
+            std::thread::sleep(Duration::from_millis(20));
+            pool.release(s)
+        })
+    };
+    let (w1, w2) = (hand_on(&pool), hand_on(&pool));
+    asleep();
+    pool.release(slot).unwrap();
+    w1().unwrap();
+    w2().unwrap();
+
+    // A return that another thread's service takes (it may take the ring's wake-up itself).
+    let (slot, _) = pool.acquire(T).unwrap();
+    pool.send(slot, peer, &TensorDesc { shape: &[4096], ..Default::default() }).unwrap();
+    let imp = c.recv(T).unwrap();
+    let waiter = acquire_forever(&pool);
+    asleep();
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        imp.release();
+    });
+    ch.service(Some(Duration::from_millis(200))).unwrap();
+    releaser.join().unwrap();
+    assert_eq!(waiter().unwrap(), slot);
+
+    // A close from another thread.
+    let waiter = acquire_forever(&pool);
+    asleep();
+    ch.close();
+    assert_eq!(status(waiter()), Status::Closed);
+    drop(c);
+}
+
 // --- The shared-memory ring ---------------------------------------------------------------------
 
 #[test]

@@ -13,6 +13,7 @@ use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -102,6 +103,8 @@ struct Peer {
 
 /// Epoll data of a peer's ring wake-up (its id with this bit set).
 const RING_EVENT: u64 = 1 << 63;
+/// Epoll data of the channel's nudge (see [`ChannelShared::untimed`]); no peer has id 0.
+const NUDGE_EVENT: u64 = RING_EVENT;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum SlotState {
@@ -137,12 +140,76 @@ struct Core {
     buf: Vec<u8>,
     fds: Vec<OwnedFd>,
     closed: bool,
+    /// Something changed that a thread waiting without a time limit must look at (a slot
+    /// became free, a pool or the channel closed, a deadline began): the lock's guard nudges
+    /// it on the way out ([`Locked`]).
+    stir: bool,
 }
 
 pub(crate) struct ChannelShared {
     core: Mutex<Core>,
     epoll: OwnedFd,
     generation: u64,
+    /// The thread ([`thread_token`]; 0: none) that waits in the epoll set without a time limit
+    /// (an acquire with none: no timer to arm, which costs more than the wake-up itself). At
+    /// most one at a time: the others look again at least every 5 ms. What other threads
+    /// change that it must see ([`Core::stir`]) writes `nudge`, an eventfd in the epoll set
+    /// (edge triggered, never read).
+    untimed: AtomicU64,
+    nudge: OwnedFd,
+}
+
+/// This thread's token for [`ChannelShared::untimed`]: the address of a thread-local (not 0,
+/// and distinct among the threads alive).
+fn thread_token() -> u64 {
+    thread_local!(static TOKEN: u8 = const { 0 });
+    TOKEN.with(|t| t as *const u8 as u64)
+}
+
+/// The channel's lock, held: on release, a change a thread waiting without a time limit must
+/// see ([`Core::stir`]) nudges that thread (after the unlock: it takes the lock to look).
+struct Locked<'a> {
+    guard: std::mem::ManuallyDrop<MutexGuard<'a, Core>>,
+    shared: &'a ChannelShared,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Core {
+        &mut self.guard
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let stirred = std::mem::take(&mut self.guard.stir);
+        // SAFETY: dropped once, here; not used after.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.guard) };
+        // Paired with the waiter's claim (`claim_untimed`, then the lock): either the waiter
+        // took the lock after this unlock and sees the change, or this load sees its claim.
+        // (Its own changes it sees: no nudge.)
+        if stirred {
+            let waiter = self.shared.untimed.load(Ordering::SeqCst);
+            if waiter != 0 && waiter != thread_token() {
+                self.shared.nudge();
+            }
+        }
+    }
+}
+
+/// The claim of the one wait without a time limit; given up when dropped.
+struct Untimed<'a>(&'a AtomicU64);
+
+impl Drop for Untimed<'_> {
+    fn drop(&mut self) {
+        self.0.store(0, Ordering::SeqCst);
+    }
 }
 
 /// The producer end of a channel. Dropping it closes it.
@@ -215,12 +282,30 @@ impl LocalChannel {
             buf: Vec::new(),
             fds: Vec::new(),
             closed: false,
+            stir: false,
         };
+        let nudge = match rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        ) {
+            Ok(fd) => fd,
+            Err(e) => {
+                cleanup(&core.path);
+                return Err(wire::os("eventfd", e));
+            }
+        };
+        let flags = epoll::EventFlags::IN | epoll::EventFlags::ET;
+        if let Err(e) = epoll::add(&ep, &nudge, epoll::EventData::new_u64(NUDGE_EVENT), flags) {
+            cleanup(&core.path);
+            return Err(wire::os("epoll_ctl", e));
+        }
         Ok(LocalChannel {
             shared: Arc::new(ChannelShared {
                 core: Mutex::new(core),
                 epoll: ep,
                 generation: crate::fork::generation(),
+                untimed: AtomicU64::new(0),
+                nudge,
             }),
         })
     }
@@ -545,7 +630,8 @@ impl Core {
         }
         if p.queue.is_empty() {
             p.stalled_since = Some(Instant::now());
-            // Tell us when it can take more.
+            self.stir = true; // a send-patience deadline begins
+                              // Tell us when it can take more.
             let _ = epoll::modify(
                 epfd,
                 &p.fd,
@@ -715,6 +801,7 @@ impl Core {
                 ring: None,
                 no_ring: false,
             });
+            self.stir = true; // a handshake deadline begins
         }
     }
 
@@ -828,6 +915,7 @@ impl Core {
                 p.slots[slot as usize] = SlotState::Free;
                 p.events[slot as usize] = None;
                 p.free.push(slot);
+                self.stir = true;
                 Ok(())
             }
             _ => Err(Error::Untrusted(format!("slot {slot} of pool {pool} is not held by peer {id}"))),
@@ -924,6 +1012,7 @@ impl Core {
                     *s = SlotState::Free;
                     p.events[i] = None;
                     p.free.push(i as u32);
+                    self.stir = true;
                 }
             }
         }
@@ -937,7 +1026,7 @@ impl LeaseServer for ChannelShared {
 }
 
 impl ChannelShared {
-    fn lock(&self) -> Result<MutexGuard<'_, Core>> {
+    fn lock(&self) -> Result<Locked<'_>> {
         if self.generation != crate::fork::generation() {
             return Err(Error::Unsupported(
                 "this channel was inherited through fork: only the process that opened it may use it".into(),
@@ -947,18 +1036,33 @@ impl ChannelShared {
         if core.closed {
             return Err(Error::Closed("the channel is closed".into()));
         }
-        Ok(core)
+        Ok(Locked { guard: std::mem::ManuallyDrop::new(core), shared: self })
+    }
+
+    /// Wake the thread that waits without a time limit (a no-op when none does: an edge no
+    /// wait takes is reported to the next one, which then looks once for nothing).
+    fn nudge(&self) {
+        let _ = rustix::io::write(&self.nudge, &1u64.to_ne_bytes());
+    }
+
+    /// Claim the one wait without a time limit (`None`: another thread has it). Made before
+    /// the look that decides to wait: see [`Locked`]'s drop.
+    fn claim_untimed(&self) -> Option<Untimed<'_>> {
+        let me = thread_token();
+        self.untimed.compare_exchange(0, me, Ordering::SeqCst, Ordering::SeqCst).ok().map(|_| Untimed(&self.untimed))
     }
 
     /// See [`Channel::service`].
     pub(crate) fn service(&self, timeout: Option<Duration>) -> Result<()> {
-        self.serve(timeout, true)
+        self.serve(timeout, true, None)
     }
 
     /// [`Self::service`]; `arm`: ask the peers to wake the epoll set for their next ring
     /// return (not while spinning: a spinner looks at the rings itself, and an armed ring
     /// costs the consumer a system call per return).
-    fn serve(&self, timeout: Option<Duration>, arm: bool) -> Result<()> {
+    /// `untimed`: this thread's claim of the wait without a time limit (its wait is `timeout`
+    /// then, normally none), given up as soon as the wait is over.
+    fn serve(&self, timeout: Option<Duration>, arm: bool, untimed: Option<Untimed<'_>>) -> Result<()> {
         // Returns already in the rings are taken first (and the rings armed: the next return
         // wakes the epoll set); then no sleep. Wake up for the next handshake or send-patience
         // deadline too.
@@ -993,6 +1097,13 @@ impl ChannelShared {
                 Err(e) => return Err(wire::os("epoll_wait", e)),
             }
         };
+        let mine = untimed.is_some();
+        drop(untimed);
+        // A nudge meant for the thread that waits without a time limit, taken by this wait:
+        // pass it on (that thread is still asleep).
+        if !mine && ready[..n].iter().any(|&(id, _)| id == NUDGE_EVENT) && self.untimed.load(Ordering::SeqCst) != 0 {
+            self.nudge();
+        }
         // Level-triggered: what was ready is still ready now (what did not fit in this batch is
         // reported by the next call); take it under the lock, touching nothing else.
         let epfd = self.epoll.as_fd();
@@ -1021,11 +1132,14 @@ impl ChannelShared {
         if self.generation != crate::fork::generation() {
             return; // a forked child's copy: the parent's peers and files are not ours
         }
-        let mut core = self.core.lock().unwrap_or_else(|p| p.into_inner());
+        let core = self.core.lock().unwrap_or_else(|p| p.into_inner());
         if core.closed {
             return;
         }
+        // Through the guard that nudges a thread waiting without a time limit (it sees Closed).
+        let mut core = Locked { guard: std::mem::ManuallyDrop::new(core), shared: self };
         core.closed = true;
+        core.stir = true;
         while !core.peers.is_empty() {
             // What each peer's socket takes now still reaches it; the rest of its queue is lost.
             core.flush(0, self.epoll.as_fd());
@@ -1081,6 +1195,9 @@ impl LocalPool {
         let mut last_look = false;
         let mut spins = 0u32;
         loop {
+            // Without a time limit (and not spinning), the wait below may be the channel's one
+            // wait without a timer: claimed before the look that decides to wait (see `Locked`).
+            let untimed = if deadline.is_none() && spin_until.is_none() { self.shared.claim_untimed() } else { None };
             // A free slot, after the returns that came through a ring (taken without a system
             // call), under one lock: the path a spinning acquire turns on.
             let got = {
@@ -1113,7 +1230,7 @@ impl LocalPool {
                     // The rings are looked at on every turn (above); the socket every 64th.
                     spins += 1;
                     if spins % 64 == 0 {
-                        self.shared.serve(Some(Duration::ZERO), false)?;
+                        self.shared.serve(Some(Duration::ZERO), false, None)?;
                     }
                     std::hint::spin_loop();
                     continue;
@@ -1123,10 +1240,12 @@ impl LocalPool {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             // Once the time is up, take the returns that already arrived (without waiting) and
             // look once more: a zero timeout polls. Another thread may be the one serving the
-            // channel: look again at least every 5 ms.
+            // channel: look again at least every 5 ms, unless this is the wait without a timer
+            // (which what other threads change wakes).
             last_look = left.is_some_and(|l| l.is_zero());
             let wait = left.map_or(Duration::from_millis(5), |l| l.min(Duration::from_millis(5)));
-            self.shared.service(Some(wait))?;
+            let wait = if untimed.is_some() { None } else { Some(wait) };
+            self.shared.serve(wait, true, untimed)?;
         }
     }
 
@@ -1147,10 +1266,11 @@ impl LocalPool {
 
     /// Give back an acquired slot without sending it.
     pub fn release(&self, slot: u32) -> Result<()> {
-        self.with(|_, p| {
+        self.with(|core, p| {
             acquired(p, slot, "released")?;
             p.slots[slot as usize] = SlotState::Free;
             p.free.push(slot);
+            core.stir = true;
             Ok(())
         })
     }
@@ -1234,6 +1354,7 @@ impl Drop for LocalPool {
         if core.pools.remove(&self.id).is_none() {
             return;
         }
+        core.stir = true;
         let m = Message::PoolClosed { pool: self.id }.encode();
         let epfd = self.shared.epoll.as_fd();
         for i in 0..core.peers.len() {
