@@ -925,6 +925,9 @@ int32_t devshare_pool_create(struct DevshareChannel *channel,
 // Take a free slot: `*slot` receives its index, `*ptr` (may be NULL) its address in this
 // process. While every slot is out, waits for one to come back, serving the channel
 // (backpressure): `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` (negative: wait forever).
+// Waiting forever, one thread of the channel at a time sleeps without a timer, woken by what
+// arrives and by what other threads of this process do to the channel (a slot released, a
+// pool or the channel closed); other threads waiting meanwhile look again every 5 ms.
 int32_t devshare_pool_acquire(struct DevsharePool *pool,
                               int32_t timeout_ms,
                               uint32_t *slot,

@@ -432,6 +432,9 @@ pub unsafe extern "C" fn devshare_pool_create(
 /// Take a free slot: `*slot` receives its index, `*ptr` (may be NULL) its address in this
 /// process. While every slot is out, waits for one to come back, serving the channel
 /// (backpressure): `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` (negative: wait forever).
+/// Waiting forever, one thread of the channel at a time sleeps without a timer, woken by what
+/// arrives and by what other threads of this process do to the channel (a slot released, a
+/// pool or the channel closed); other threads waiting meanwhile look again every 5 ms.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_pool_acquire(
     pool: *mut DevsharePool,
