@@ -121,6 +121,8 @@ struct PoolState {
     /// The event recorded for each slot out with a consumer (kept until the slot comes back).
     events: Vec<Option<Box<dyn IpcEvent>>>,
     free: Vec<u32>,
+    /// How many slots are out with consumers.
+    out: u32,
 }
 
 struct Core {
@@ -536,7 +538,7 @@ impl LocalChannel {
         let mut core = self.shared.lock()?;
         let id = core.next_pool;
         core.next_pool = core.next_pool.checked_add(1).ok_or_else(|| Error::Busy("pool ids are exhausted".into()))?;
-        core.pools.insert(id, PoolState { exporter: exp, slot_size, count, slots, events, free });
+        core.pools.insert(id, PoolState { exporter: exp, slot_size, count, slots, events, free, out: 0 });
         Ok(LocalPool { shared: self.shared.clone(), id, slot_size, spin_ns: Default::default() })
     }
 }
@@ -913,6 +915,7 @@ impl Core {
         match p.slots.get(slot as usize) {
             Some(SlotState::Sent(holder)) if *holder == id => {
                 p.slots[slot as usize] = SlotState::Free;
+                p.out -= 1;
                 p.events[slot as usize] = None;
                 p.free.push(slot);
                 self.stir = true;
@@ -1010,6 +1013,7 @@ impl Core {
             for (i, s) in p.slots.iter_mut().enumerate() {
                 if *s == SlotState::Sent(peer.info.id) {
                     *s = SlotState::Free;
+                    p.out -= 1;
                     p.events[i] = None;
                     p.free.push(i as u32);
                     self.stir = true;
@@ -1197,7 +1201,8 @@ impl LocalPool {
         loop {
             // Without a time limit (and not spinning), the wait below may be the channel's one
             // wait without a timer: claimed before the look that decides to wait (see `Locked`).
-            let untimed = if deadline.is_none() && spin_until.is_none() { self.shared.claim_untimed() } else { None };
+            let mut untimed =
+                if deadline.is_none() && spin_until.is_none() { self.shared.claim_untimed() } else { None };
             // A free slot, after the returns that came through a ring (taken without a system
             // call), under one lock: the path a spinning acquire turns on.
             let got = {
@@ -1206,6 +1211,14 @@ impl LocalPool {
                     core.drain_rings(false);
                 }
                 let p = core.pools.get_mut(&self.id).ok_or_else(|| Error::Closed("the pool is closed".into()))?;
+                if p.free.is_empty() && p.out > 1 {
+                    // Several items in flight: a pipeline, whose consumer is still busy with the
+                    // others when the first comes back. Its wait keeps the timer: pipelines
+                    // measured more items per second with it (on one CPU the consumer then takes
+                    // more returns per switch), while one item in flight comes back sooner to a
+                    // wait without it (BENCHMARKS.md, "What bounds the rest").
+                    untimed = None;
+                }
                 p.free.pop().map(|s| {
                     p.slots[s as usize] = SlotState::Acquired;
                     // SAFETY: s < count and count x slot_size fits the export (checked at creation).
@@ -1315,6 +1328,7 @@ impl LocalPool {
                 let idx = core.index(peer)?;
                 core.post_item(idx, &m, epfd)?;
                 p.slots[slot as usize] = SlotState::Sent(peer);
+                p.out += 1;
                 p.events[slot as usize] = event;
                 Ok(())
             },
@@ -1415,6 +1429,43 @@ fn describe(s: SlotState) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pool_counts_its_slots_out_through_sends_returns_and_a_consumer_gone() {
+        const T: Option<Duration> = Some(Duration::from_secs(10));
+        let addr = format!("@devshare-unit-out-{}", std::process::id());
+        let ch = LocalChannel::listen(&addr).expect("listen");
+        let c = std::thread::scope(|s| {
+            let c = s.spawn(|| super::super::consumer::LocalConnection::connect(&addr, T));
+            ch.wait_peers(1, T).expect("peers");
+            c.join().expect("join").expect("connect")
+        });
+        let peer = ch.peer_ids().expect("ids")[0];
+        let pool = ch.pool(Arc::new(Exporter::channel_host_alloc(4 * 64).expect("alloc")), 64, 4).expect("pool");
+        let out = || pool.shared.lock().expect("lock").pools[&pool.id].out;
+        let serve_until = |want: u32| {
+            let end = Instant::now() + Duration::from_secs(10);
+            while out() != want && Instant::now() < end {
+                ch.service(Some(Duration::from_millis(10))).expect("service");
+            }
+            out()
+        };
+        for _ in 0..3 {
+            let (s, _) = pool.acquire(T).expect("acquire");
+            pool.send(s, peer, &TensorDesc { shape: &[64], ..Default::default() }).expect("send");
+        }
+        let (kept, _) = pool.acquire(T).expect("acquire");
+        assert_eq!(out(), 3, "three sent, one acquired");
+        c.recv(T).expect("recv").release();
+        c.recv(T).expect("recv").release();
+        assert_eq!(serve_until(1), 1, "two came back");
+        pool.release(kept).expect("release");
+        let held = c.recv(T).expect("recv");
+        drop(c); // the consumer goes with its item: the producer takes the slot back
+        assert_eq!(serve_until(0), 0, "the last came back with its consumer gone");
+        assert_eq!(pool.info().expect("info").2, 4);
+        held.release();
+    }
 
     /// A raw consumer that announces `tgid` in its handshake.
     fn announce(addr: &str, tgid: i32) -> OwnedFd {
