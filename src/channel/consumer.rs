@@ -352,6 +352,7 @@ impl LocalConnection {
             // have left it unarmed, so arm it here and wake the descriptor once (at most a
             // spurious wake-up), for items that already wait.
             if let Some(r) = self.shared.ring.get() {
+                r.be_prompt();
                 r.arm();
                 r.wake_self();
             }
@@ -453,9 +454,11 @@ impl LocalConnection {
                     std::hint::spin_loop();
                     continue;
                 }
-                // About to sleep or to report that nothing came: the producer's next item
-                // wakes the epoll set; one that came meanwhile is taken now.
+                // About to sleep or to report that nothing came: the returns whose wake-up was
+                // put off wake the producer now; the producer's next item wakes the epoll set,
+                // and one that came meanwhile is taken now.
                 if let Some(r) = self.shared.ring.get() {
+                    r.pay_owed();
                     r.arm();
                     if self.takeable(&st, r)? {
                         continue;
@@ -692,6 +695,9 @@ impl LocalConnection {
                     return Err(Error::Untrusted("a second ring on one connection".into()));
                 }
                 let r = ConsumerRing::open(capacity, record, fds)?;
+                if self.polled.load(Ordering::SeqCst) {
+                    r.be_prompt(); // an event loop polls the descriptor (see `fd`)
+                }
                 let flags = epoll::EventFlags::IN | epoll::EventFlags::ET;
                 epoll::add(&self.epoll, r.wake_fd(), epoll::EventData::new_u64(1), flags)
                     .map_err(|e| wire::os("epoll_ctl", e))?;

@@ -101,6 +101,18 @@ struct Peer {
     no_ring: bool,
 }
 
+/// Whether a look at the rings asks their consumers to wake the channel for the next return.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Arm {
+    /// No (a spinner looks at the rings itself).
+    No,
+    /// Yes, at once.
+    Now,
+    /// Yes; the waiter looks again within 5 ms by itself, so a consumer on its CPU may put
+    /// the wake-up off while it has more items to take (see `ring`, "put-off returns").
+    Patient,
+}
+
 /// Epoll data of a peer's ring wake-up (its id with this bit set).
 const RING_EVENT: u64 = 1 << 63;
 /// Epoll data of the channel's nudge (see [`ChannelShared::untimed`]); no peer has id 0.
@@ -930,12 +942,12 @@ impl Core {
     /// the channel for its next return (before sleeping, or leaving the channel idle). A
     /// return of a slot the peer does not hold counts as a protocol error; a ring whose index
     /// is impossible disconnects its peer. How many slots came back.
-    fn drain_rings(&mut self, arm: bool) -> usize {
+    fn drain_rings(&mut self, arm: Arm) -> usize {
         let mut got = 0;
         for i in 0..self.peers.len() {
             let Some(mut r) = self.peers[i].ring.take() else { continue };
-            if arm {
-                r.arm();
+            if arm != Arm::No {
+                r.arm(arm == Arm::Patient);
             }
             let id = self.peers[i].info.id;
             let mut refused = 0;
@@ -1059,15 +1071,15 @@ impl ChannelShared {
 
     /// See [`Channel::service`].
     pub(crate) fn service(&self, timeout: Option<Duration>) -> Result<()> {
-        self.serve(timeout, true, None)
+        self.serve(timeout, Arm::Now, None)
     }
 
-    /// [`Self::service`]; `arm`: ask the peers to wake the epoll set for their next ring
-    /// return (not while spinning: a spinner looks at the rings itself, and an armed ring
-    /// costs the consumer a system call per return).
+    /// [`Self::service`]; `arm`: whether to ask the peers to wake the epoll set for their next
+    /// ring return ([`Arm`]; not while spinning: a spinner looks at the rings itself, and an
+    /// armed ring costs the consumer a system call per return).
     /// `untimed`: this thread's claim of the wait without a time limit (its wait is `timeout`
     /// then, normally none), given up as soon as the wait is over.
-    fn serve(&self, timeout: Option<Duration>, arm: bool, untimed: Option<Untimed<'_>>) -> Result<()> {
+    fn serve(&self, timeout: Option<Duration>, arm: Arm, untimed: Option<Untimed<'_>>) -> Result<()> {
         // Returns already in the rings are taken first (and the rings armed: the next return
         // wakes the epoll set); then no sleep. Wake up for the next handshake or send-patience
         // deadline too.
@@ -1209,7 +1221,7 @@ impl LocalPool {
             let got = {
                 let mut core = self.shared.lock()?;
                 if core.pools.get(&self.id).is_some_and(|p| p.free.is_empty()) {
-                    core.drain_rings(false);
+                    core.drain_rings(Arm::No);
                 }
                 let p = core.pools.get_mut(&self.id).ok_or_else(|| Error::Closed("the pool is closed".into()))?;
                 if p.free.is_empty() && p.out > 1 {
@@ -1244,7 +1256,7 @@ impl LocalPool {
                     // The rings are looked at on every turn (above); the socket every 64th.
                     spins += 1;
                     if spins % 64 == 0 {
-                        self.shared.serve(Some(Duration::ZERO), false, None)?;
+                        self.shared.serve(Some(Duration::ZERO), Arm::No, None)?;
                     }
                     std::hint::spin_loop();
                     continue;
@@ -1259,7 +1271,9 @@ impl LocalPool {
             last_look = left.is_some_and(|l| l.is_zero());
             let wait = left.map_or(Duration::from_millis(5), |l| l.min(Duration::from_millis(5)));
             let wait = if untimed.is_some() { None } else { Some(wait) };
-            self.shared.serve(wait, true, untimed)?;
+            // A timed wait looks again within 5 ms: its consumers may put a return's wake-up off.
+            let arm = if untimed.is_some() { Arm::Now } else { Arm::Patient };
+            self.shared.serve(wait, arm, untimed)?;
         }
     }
 

@@ -28,6 +28,11 @@
 //!   call). The receiver clears `pending`, looks at the ring once more, and only then sleeps —
 //!   so a side that is awake or spinning costs its peer no system call, and no record is left
 //!   without a wake-up.
+//! - Put-off returns. A producer that waits with a timer (it looks at its rings again within
+//!   5 ms) publishes the CPU it armed on. A consumer running on that CPU with more items
+//!   waiting in the ring puts the return's wake-up off until it sleeps or finds nothing
+//!   ([`ConsumerRing::pay_owed`]): woken at once, the producer would only take this CPU from
+//!   the consumer for one return at a time. Between two CPUs every return wakes at once.
 //!
 //! Any pool's items travel here (host or device: a record holds an `ITEM` with its 64-byte
 //! event handle); what the consumer then maps or waits for is decided as for a socket `ITEM`.
@@ -38,7 +43,7 @@ use crate::shm::Map;
 use rustix::event::{eventfd, EventfdFlags};
 use rustix::fs::{fcntl_add_seals, fcntl_get_seals, fstat, ftruncate, memfd_create, FileType, MemfdFlags, SealFlags};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Records per ring (items, and returns likewise). A full item ring sends over the socket; a
 /// full return ring likewise; nothing waits for room.
@@ -58,6 +63,7 @@ const C_PENDING: usize = 192; // [both] the consumer has a wake-up coming (or is
 const RET_TAIL: usize = 256; // [consumer]
 const RET_HEAD: usize = 320; // [producer]
 const P_PENDING: usize = 384; // [both]
+const P_CPU: usize = 448; // [producer] the CPU it armed the ring on, plus one, when it may wait for a return (0: wake it at once)
 
 /// The size of a ring's memory for `capacity` records each way.
 fn ring_size(capacity: u32) -> usize {
@@ -66,6 +72,13 @@ fn ring_size(capacity: u32) -> usize {
 
 fn os(call: &str, e: rustix::io::Errno) -> Error {
     wire::os(call, e)
+}
+
+/// The CPU this thread runs on, plus one (0: unknown).
+fn cpu_plus_one() -> u64 {
+    // SAFETY: sched_getcpu takes nothing and only returns a number (or -1).
+    let cpu = unsafe { libc::sched_getcpu() };
+    u64::try_from(cpu).map_or(0, |c| c + 1)
 }
 
 /// Write the eventfd once (a wake-up); a full counter or a bad descriptor only loses a wake-up
@@ -180,8 +193,12 @@ impl ProducerRing {
         Ok(true)
     }
 
-    /// About to sleep (or to report the channel idle): the next return wakes the producer.
-    pub(crate) fn arm(&self) {
+    /// About to sleep (or to report the channel idle): the next return wakes the producer;
+    /// `patient`: the producer looks at the ring again within 5 ms by itself, so a consumer
+    /// on this CPU may put that wake-up off (see the module's "put-off returns").
+    pub(crate) fn arm(&self, patient: bool) {
+        let cpu = if patient { cpu_plus_one() } else { 0 };
+        self.shared.word(P_CPU).store(cpu, Ordering::Relaxed);
         self.shared.word(P_PENDING).store(0, Ordering::SeqCst);
     }
 
@@ -229,6 +246,11 @@ pub(crate) struct ConsumerRing {
     p_efd: OwnedFd,
     /// This consumer's return tail (returns may be written from any thread).
     ret_tail: std::sync::Mutex<u64>,
+    /// A return whose wake-up was put off ([`Self::push_return`]), until [`Self::pay_owed`].
+    owed: AtomicBool,
+    /// Returns wake the producer at once: an event loop polls this consumer's descriptor and
+    /// may never sleep in a receive, where a put-off wake-up is paid.
+    prompt: AtomicBool,
 }
 
 impl ConsumerRing {
@@ -267,7 +289,14 @@ impl ConsumerRing {
         if shared.word(0).load(Ordering::Relaxed) != MAGIC {
             return Err(Error::Untrusted("a ring's memory does not start with its magic".into()));
         }
-        Ok(ConsumerRing { shared, c_efd, p_efd, ret_tail: std::sync::Mutex::new(0) })
+        Ok(ConsumerRing {
+            shared,
+            c_efd,
+            p_efd,
+            ret_tail: std::sync::Mutex::new(0),
+            owed: AtomicBool::new(false),
+            prompt: AtomicBool::new(false),
+        })
     }
 
     /// The eventfd that wakes this consumer (edge-triggered in its epoll set).
@@ -337,10 +366,42 @@ impl ConsumerRing {
         s.ret(*tail).store(u64::from(pool) | (u64::from(slot) << 32), Ordering::Relaxed);
         *tail = tail.wrapping_add(1);
         s.word(RET_TAIL).store(*tail, Ordering::SeqCst);
+        drop(tail);
+        // A producer asleep on this CPU (it said so, and that it looks again by itself), while
+        // more items wait for this consumer: its wake-up would only take the CPU from this
+        // consumer for one return; put it off until this consumer sleeps or finds nothing.
+        let cpu = s.word(P_CPU).load(Ordering::Relaxed);
+        if cpu != 0
+            && !self.prompt.load(Ordering::Relaxed)
+            && s.word(P_PENDING).load(Ordering::SeqCst) == 0
+            && cpu == cpu_plus_one()
+            && s.word(ITEM_TAIL).load(Ordering::SeqCst) != s.word(ITEM_HEAD).load(Ordering::SeqCst)
+        {
+            self.owed.store(true, Ordering::SeqCst);
+            return true;
+        }
         if s.word(P_PENDING).swap(1, Ordering::SeqCst) == 0 {
             wake(self.p_efd.as_fd());
         }
         true
+    }
+
+    /// Wake the producer for the returns whose wake-up was put off (before this consumer
+    /// sleeps, or reports that nothing came).
+    pub(crate) fn pay_owed(&self) {
+        if self.owed.load(Ordering::Relaxed) && self.owed.swap(false, Ordering::SeqCst) {
+            let s = &self.shared;
+            if s.word(P_PENDING).swap(1, Ordering::SeqCst) == 0 {
+                wake(self.p_efd.as_fd());
+            }
+        }
+    }
+
+    /// From now on every return wakes the producer at once (an event loop polls the
+    /// consumer's descriptor); what was put off is paid now.
+    pub(crate) fn be_prompt(&self) {
+        self.prompt.store(true, Ordering::SeqCst);
+        self.pay_owed();
     }
 }
 
@@ -353,6 +414,66 @@ mod tests {
         let fds = p.fds().iter().map(|f| rustix::io::fcntl_dupfd_cloexec(f, 0).expect("dup")).collect();
         let c = ConsumerRing::open(CAPACITY, RECORD, fds).expect("open");
         (p, c)
+    }
+
+    /// Whether `fd` (an eventfd) was written since it was last read; reads it.
+    fn woken(fd: &OwnedFd) -> bool {
+        rustix::io::read(fd, &mut [0u8; 8]).is_ok()
+    }
+
+    #[test]
+    fn a_return_wakes_the_producer_at_once_unless_it_sleeps_on_this_cpu_and_items_wait() {
+        // Stay on one CPU: the producer's CPU is compared with this thread's.
+        let cpu = cpu_plus_one().checked_sub(1).expect("sched_getcpu") as usize;
+        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and sched_setaffinity (this
+        // thread) get a valid set of the size passed.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+        }
+        let (mut p, c) = pair();
+        let mut head = 0;
+        for i in 0..3u8 {
+            assert!(p.push_item(0, &[i]).expect("push"));
+        }
+        head = c.advance(head); // one item taken, two wait
+                                // A producer that armed without patience (it waits without a timer): at once.
+        p.arm(false);
+        assert!(c.push_return(1, 0));
+        assert!(woken(&p.p_efd), "a producer that waits without a timer is woken by every return");
+        // Patient, on this CPU, items waiting: put off until the consumer pays.
+        p.arm(true);
+        assert!(c.push_return(1, 1));
+        assert!(!woken(&p.p_efd), "put off while the consumer has items to take");
+        c.pay_owed();
+        assert!(woken(&p.p_efd), "paid before the consumer sleeps");
+        c.pay_owed();
+        assert!(!woken(&p.p_efd), "paid once");
+        // Patient, but on another CPU: at once.
+        p.arm(true);
+        p.shared.word(P_CPU).store(cpu as u64 + 2, Ordering::Relaxed);
+        assert!(c.push_return(1, 2));
+        assert!(woken(&p.p_efd), "a producer on another CPU is woken at once");
+        // Patient, this CPU, but nothing waits for the consumer: at once.
+        head = c.advance(c.advance(head));
+        assert!(c.peek(head).expect("peek").is_none());
+        p.arm(true);
+        assert!(c.push_return(1, 3));
+        assert!(woken(&p.p_efd), "with nothing left to take, a return wakes at once");
+        // A consumer whose descriptor an event loop polls: at once, and what it owed is paid.
+        assert!(p.push_item(0, b"x").expect("push"));
+        p.arm(true);
+        assert!(c.push_return(1, 4));
+        assert!(!woken(&p.p_efd));
+        c.be_prompt();
+        assert!(woken(&p.p_efd), "what was put off is paid when the consumer turns prompt");
+        p.arm(true);
+        assert!(c.push_return(1, 5));
+        assert!(woken(&p.p_efd), "a prompt consumer wakes at once");
+        let mut got = Vec::new();
+        p.take_returns(|pool, slot| got.push((pool, slot))).expect("take");
+        assert_eq!(got, (0..6).map(|s| (1, s)).collect::<Vec<_>>(), "every return arrived, in order");
     }
 
     #[test]
