@@ -370,11 +370,14 @@ impl ConsumerRing {
         // A producer asleep on this CPU (it said so, and that it looks again by itself), while
         // more items wait for this consumer: its wake-up would only take the CPU from this
         // consumer for one return; put it off until this consumer sleeps or finds nothing.
-        let cpu = s.word(P_CPU).load(Ordering::Relaxed);
-        if cpu != 0
-            && !self.prompt.load(Ordering::Relaxed)
+        // (`pending` first: the CPU read after it is the one the producer armed with, or a
+        // later one, never an earlier arm's.)
+        if !self.prompt.load(Ordering::Relaxed)
             && s.word(P_PENDING).load(Ordering::SeqCst) == 0
-            && cpu == cpu_plus_one()
+            && {
+                let cpu = s.word(P_CPU).load(Ordering::Relaxed);
+                cpu != 0 && cpu == cpu_plus_one()
+            }
             && s.word(ITEM_TAIL).load(Ordering::SeqCst) != s.word(ITEM_HEAD).load(Ordering::SeqCst)
         {
             self.owed.store(true, Ordering::SeqCst);
