@@ -195,15 +195,19 @@ def measure_py_pool(consumer_cmd, consumer_cpus, warm, lat, tput, spin=0, floor=
     try:
         (peer,) = ch.wait_peers(1, timeout=120)
         mono = time.monotonic_ns
-        if floor:
-            t0, t2, start, end = floor_producer(pool, peer, warm, lat, tput)
-        else:
-            for i in range(warm):
+        def send_each(n):
+            """n items through the API, each acquired, written and sent (pipelined)."""
+            for i in range(n):
                 slot = pool.acquire()
                 v = slot.tensor(SHAPE, "float32")
                 v[0] = i
                 slot.send(peer, SHAPE, "float32")
                 del v, slot
+
+        if floor:
+            t0, t2, start, end = floor_producer(pool, peer, warm, lat, tput)
+        else:
+            send_each(warm)
             held = [pool.acquire() for _ in range(SLOTS)]  # all back; all but one stay out
             slot = held.pop(0)
             t0, t2 = [0] * lat, [0] * lat
@@ -220,12 +224,7 @@ def measure_py_pool(consumer_cmd, consumer_cpus, warm, lat, tput, spin=0, floor=
                 s.release()
             del held, slot, s
             start = mono()
-            for i in range(tput):
-                slot = pool.acquire()
-                v = slot.tensor(SHAPE, "float32")
-                v[0] = i
-                slot.send(peer, SHAPE, "float32")
-                del v, slot
+            send_each(tput)
             back = [pool.acquire() for _ in range(SLOTS)]
             end = mono()
             for s in back:

@@ -1270,9 +1270,8 @@ impl LocalPool {
             // (which what other threads change wakes).
             last_look = left.is_some_and(|l| l.is_zero());
             let wait = left.map_or(Duration::from_millis(5), |l| l.min(Duration::from_millis(5)));
-            let wait = if untimed.is_some() { None } else { Some(wait) };
             // A timed wait looks again within 5 ms: its consumers may put a return's wake-up off.
-            let arm = if untimed.is_some() { Arm::Now } else { Arm::Patient };
+            let (wait, arm) = if untimed.is_some() { (None, Arm::Now) } else { (Some(wait), Arm::Patient) };
             self.shared.serve(wait, arm, untimed)?;
         }
     }
