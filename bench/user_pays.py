@@ -20,7 +20,7 @@ One 4 KiB item in flight at a time. Each round trip is one item through both pro
   pipe, C->C         8 bytes out through a pipe, 8 bytes back (`channel_handoff`, "pipe-floor")
   floor, Py->Py      what the package's own Python adds, measured: the same handoff with both
                      ends making the same library calls through bare ctypes (devshare_pool_acquire,
-                     devshare_pool_send, devshare_connection_recv_item, devshare_import_give_back),
+                     devshare_pool_send, devshare_connection_recv_args, devshare_import_give_back),
                      one torch tensor kept per slot and written / read as above, and no package
                      objects (no Slot, Item, lease, per-item view or bookkeeping): the least a
                      Python binding that hands out torch tensors does; not an API (it uses the
@@ -127,21 +127,25 @@ def floor_consumer(address):
 
     mono = time.monotonic_ns
     conn = devshare.connect(address, timeout=60)
-    ptr, out = conn._ptr, C._ItemOut()
-    recv, give_back, forever, at = C._RAW_RECV_ITEM, C._RAW_GIVE_BACK, C._FOREVER, C._IMPORT_AT
+    if C._RAW_RECV_ARGS is None:
+        raise SystemExit("the floor needs libdevshare 1.8 (devshare_connection_recv_args)")
+    out = C._ItemOut(conn._at)  # its DevshareRecvArgs: the connection set, no time limit
+    recv, ref, head, words, at = C._RAW_RECV_ARGS, out.ref, out.head, out.words, C._IMPORT_WORD
+    give_back = C._RAW_GIVE_BACK
     item, view = out.item, floor_views()
     recs = []
     sink = 0.0
-    prev = None
+    prev = 0
     while True:
         tw = mono()
-        status = recv(ptr, forever, prev, out.ref)
-        prev = None
+        head[2] = prev  # DevshareRecvArgs.release
+        status = recv(ref)
+        prev = 0
         if status < 0:
             if status == C.Status.CLOSED:
                 break
             raise C._error(status)
-        imp = C.ImportP.from_buffer_copy(out.bytes, at)
+        imp = words[at]
         tr = mono()
         sink += view(item.data)[0].item()
         tt = mono()

@@ -61,13 +61,13 @@
 #define DEVSHARE_VERSION_MAJOR 1
 
 // Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
-#define DEVSHARE_VERSION_MINOR 7
+#define DEVSHARE_VERSION_MINOR 8
 
 // Patch version (fixes; no interface change).
 #define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 67328
+#define DEVSHARE_VERSION 67584
 
 // The longest spin `devshare_pool_set_spin` and `devshare_connection_set_spin` accept (1 s).
 #define DEVSHARE_MAX_SPIN_US 1000000
@@ -532,7 +532,34 @@ typedef struct DevshareItem {
   // Shape and strides in elements; entries at and beyond `ndim` are 0.
   int64_t shape[DEVSHARE_MAX_NDIM];
   int64_t strides[DEVSHARE_MAX_NDIM];
+  // (1.8) For a pool item, an id of everything above but `import`: two items of one
+  // connection with the same id have the same pool, slot, device, backend, `read_only`,
+  // `ndim`, dtype, `data`, `nbytes`, shape and strides, and an id is never given to another
+  // description on that connection. Ids count up from 1; 0 for an item that is not a pool
+  // slot. What a binding keys a view it keeps per slot and layout by. Written only when the
+  // caller's struct has room for it (`struct_size` on return says so).
+  uint64_t layout_id;
 } DevshareItem;
+
+// `devshare_connection_recv_item`'s arguments in one struct, for
+// `devshare_connection_recv_args`: a binding whose every argument costs (Python's ctypes,
+// about 40 ns each) keeps one per connection, sets `release` (and `timeout_ms` when it
+// changes) and passes one pointer. Initialise with `devshare_recv_args_init(&args, sizeof
+// args)`, which also initialises `item`, then set `conn`.
+typedef struct DevshareRecvArgs {
+  // Size of this struct in the caller's header (`item` included).
+  uint32_t struct_size;
+  // As `devshare_connection_recv_item`'s (negative: wait without a limit; the default).
+  int32_t timeout_ms;
+  // The connection to receive from.
+  struct DevshareConnection *conn;
+  // NULL, or an import the caller is done with, released first whatever happens next (as
+  // `devshare_connection_recv_item`'s `release`); the call sets it back to NULL.
+  struct DevshareImport *release;
+  // The received item, as `devshare_connection_recv_item` writes it (its own `struct_size`,
+  // set by `devshare_recv_args_init`, fits in this struct's).
+  struct DevshareItem item;
+} DevshareRecvArgs;
 
 // Where an import lies in this process, from `devshare_import_info`. Initialise with
 // `devshare_import_info_init(&info, sizeof info)` before the call.
@@ -1022,6 +1049,18 @@ int32_t devshare_connection_recv_item(struct DevshareConnection *conn,
                                       int32_t timeout_ms,
                                       struct DevshareImport *release,
                                       struct DevshareItem *out);
+
+// Initialise a `DevshareRecvArgs` of `size` bytes (pass `sizeof *args`): no connection, no
+// release, wait without a limit, and `item` initialised for the rest of the size.
+int32_t devshare_recv_args_init(struct DevshareRecvArgs *args, uint32_t size);
+
+// `devshare_connection_recv_item(args->conn, args->timeout_ms, args->release, &args->item)`
+// with one argument; `args->release` is NULL when it returns (that import was released,
+// whatever the receive did). An `args->struct_size` below `sizeof(DevshareRecvArgs)` of 1.8
+// is `DEVSHARE_STATUS_INVALID_ARGUMENT` before anything is read (nothing is released); an
+// `args->item.struct_size` larger than what `args->struct_size` leaves for it is too (the
+// release still happens).
+int32_t devshare_connection_recv_args(struct DevshareRecvArgs *args);
 
 // For an import that is a pool item: the pool's id (> 0) and the slot. Any other import is
 // `DEVSHARE_STATUS_INVALID_ARGUMENT`. Either out-pointer may be NULL.

@@ -269,6 +269,19 @@ class ItemStruct(Structure):
         ("nbytes", c_uint64),
         ("shape", c_int64 * MAX_NDIM),
         ("strides", c_int64 * MAX_NDIM),
+        ("layout_id", c_uint64),  # 1.8; a library before it leaves it 0
+    ]
+
+
+class RecvArgs(Structure):
+    """``DevshareRecvArgs`` (1.8: ``devshare_connection_recv_args``'s one argument)."""
+
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("timeout_ms", c_int32),
+        ("conn", c_void_p),  # DevshareConnection *
+        ("release", c_void_p),  # DevshareImport *
+        ("item", ItemStruct),
     ]
 
 
@@ -459,6 +472,15 @@ def channel_signatures_1_7(import_p) -> list:
     ]
 
 
+def channel_signatures_1_8() -> list:
+    """The channel functions 1.8 added: the receive of 1.7 with its arguments in one struct
+    (one ctypes argument per item instead of four)."""
+    return [
+        ("devshare_recv_args_init", c_int32, [POINTER(RecvArgs), c_uint32]),
+        ("devshare_connection_recv_args", c_int32, [POINTER(RecvArgs)]),
+    ]
+
+
 #: The first library minor version with the storage-handle formats and the version bridge.
 TORCH_FORMAT_MINOR = 2
 
@@ -489,6 +511,7 @@ STRUCTS = {
     "DevshareTorchStorage": TorchStorage,
     "DevsharePeerInfo": PeerInfo,
     "DevshareItem": ItemStruct,
+    "DevshareRecvArgs": RecvArgs,
 }
 
 #: Mirror -> the C function that initialises it (struct_size and the defaults). All but
@@ -503,6 +526,7 @@ INIT_FUNCTIONS = {
     TorchStorage: "devshare_torch_storage_init",
     PeerInfo: "devshare_peer_info_init",
     ItemStruct: "devshare_item_init",
+    RecvArgs: "devshare_recv_args_init",
 }
 
 __all__ = [
@@ -510,5 +534,5 @@ __all__ = [
     "STRUCTS", "INIT_FUNCTIONS", "ChannelStruct", "ConnectionStruct", "PoolStruct", "ChannelP",
     "ConnectionP", "PoolP", "CHANNEL_MINOR", "channel_signatures", "channel_signatures_1_2", "TORCH_FORMAT_MINOR",
     "torch_format_signatures", "ADOPT_MINOR", "adopt_signatures", "channel_signatures_1_4",
-    "channel_signatures_1_7",
+    "channel_signatures_1_7", "channel_signatures_1_8",
 ]

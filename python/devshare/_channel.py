@@ -55,7 +55,8 @@ import struct
 import threading
 import time
 import weakref
-from ctypes import POINTER, byref, c_int32, c_size_t, c_uint32, c_uint64, c_void_p, pointer
+from ctypes import (POINTER, byref, c_int32, c_size_t, c_uint32, c_uint64, c_void_p, cast,
+                    pointer, sizeof)
 
 from . import _dtypes, _ints, _torch_ipc, _views
 from ._api import torch_host_export
@@ -77,6 +78,7 @@ from ._lib import (
     MAX_SPIN_US,
     PeerInfo,
     PoolP,
+    RecvArgs,
     SHARE_EVENT,
     STORAGE_TO_END,
     Status,
@@ -86,6 +88,7 @@ from ._lib import (
     channel_signatures_1_2,
     channel_signatures_1_4,
     channel_signatures_1_7,
+    channel_signatures_1_8,
     error_for,
     lib,
     new_struct,
@@ -134,6 +137,9 @@ _DESCRIBE = "devshare_import_describe" in _HAVE_1_4
 # 1.7: a receive that reports the item and releases the previous one, in one call.
 _SIGNATURES_1_7 = channel_signatures_1_7(ImportP)
 _HAVE_1_7 = {name for name, _, _ in _SIGNATURES_1_7} - set(bind(_SIGNATURES_1_7))
+# 1.8: that receive with its arguments in one struct (one ctypes argument instead of four).
+_SIGNATURES_1_8 = channel_signatures_1_8()
+_HAVE_1_8 = {name for name, _, _ in _SIGNATURES_1_8} - set(bind(_SIGNATURES_1_8))
 
 
 def _raw(name):
@@ -150,9 +156,25 @@ def _raw(name):
 
 _RAW_ACQUIRE = _raw("devshare_pool_acquire")
 _RAW_SEND = _raw("devshare_pool_send")
-_RAW_GIVE_BACK = _raw("devshare_import_give_back") if _GIVE_BACK else None
-_RAW_RELEASE = _raw("devshare_import_release")
+
+
+def _by_address(name):
+    """The library function ``name`` (one ``DevshareImport *`` parameter) as a second ctypes
+    function object whose parameter is a ``c_void_p``: it takes an import as an ``ImportP`` or
+    as its address, an int (which a pool item's lease keeps: reading the address out of the
+    received struct costs a tenth of making an ``ImportP`` of it, and converting it here about
+    25 ns). None when the library lacks it."""
+    fn = _raw(name)
+    if fn is not None:
+        fn.argtypes = [c_void_p]
+    return fn
+
+
+_RAW_GIVE_BACK = _by_address("devshare_import_give_back") if _GIVE_BACK else None
+_RAW_RELEASE = _by_address("devshare_import_release")
 _RAW_RECV_ITEM = (_raw("devshare_connection_recv_item") if "devshare_connection_recv_item" in _HAVE_1_7
+                  else None)
+_RAW_RECV_ARGS = (_raw("devshare_connection_recv_args") if "devshare_connection_recv_args" in _HAVE_1_8
                   else None)
 
 
@@ -1347,7 +1369,8 @@ def _return_slot(pid, pool, index) -> None:
 
 
 class _Lease:
-    """One received import; given back once (explicitly or when it is garbage). Tensors made
+    """One received import (an ``ImportP``, or its address as an int: a pool item's, see
+    :class:`_ItemOut`); given back once (explicitly or when it is garbage). Tensors made
     over it keep it alive (see :func:`devshare._views.view`).
 
     :meth:`release` gives the item back to the producer at once
@@ -1392,7 +1415,9 @@ class _Lease:
     def release_now(self) -> None:
         """Give back and unmap at once (no tensor was made over it)."""
         if self._held:
-            _call(lib.devshare_import_release, self._held.pop())
+            status = _RAW_RELEASE(self._held.pop())
+            if status < 0:
+                raise _error(status)
 
     def __del__(self):
         try:
@@ -1437,12 +1462,12 @@ class _Grave:
             self.empty()
         return True
 
-    def take(self):
-        """An import to release (None: none)."""
+    def take(self) -> int:
+        """The address of an import to release (0: none)."""
         try:
             return self.imps.pop()
         except IndexError:
-            return None
+            return 0
 
     def empty(self) -> None:
         imps = self.imps
@@ -1614,24 +1639,52 @@ def _item(imp: ImportP, like: str, conn=None) -> Item:
 
 
 _ITEM_TEMPLATE = bytes(new_struct(ItemStruct)) if _RAW_RECV_ITEM is not None else b""
-_ITEM_KEY = ItemStruct.pool.offset  # the bytes from here on tell a pool item's view apart
+# A pool item's kept view is found by the item's layout_id (1.8), or with a library before 1.8
+# (which leaves it 0) by the struct's bytes from the pool id to the layout_id, which tell a pool
+# item's view apart. (Ints and bytes never compare equal: the two kinds of key never meet.)
+_ITEM_KEY = ItemStruct.pool.offset
+_ITEM_KEY_END = ItemStruct.layout_id.offset
+_LAYOUT_WORD = _ITEM_KEY_END // 8
 # pool, slot, device, backend, read_only, ndim, dtype (code, bits, lanes), data, nbytes
 _ITEM_HEAD = struct.Struct("=IIiHHIBBHQQ")
 _ITEM_SHAPE = ItemStruct.shape.offset
 _ITEM_STRIDES = ItemStruct.strides.offset
 _IMPORT_AT = ItemStruct.struct_size.size + ItemStruct.reserved.size  # where the import pointer is
+_IMPORT_WORD = _IMPORT_AT // 8
+assert _IMPORT_AT % 8 == 0 and _ITEM_KEY_END % 8 == 0 and sizeof(ItemStruct) % 8 == 0
 
 
 class _ItemOut:
-    """``devshare_connection_recv_item``'s out-argument, made once per connection (taken by one
-    receive at a time): the struct, its byref, and a byte view of it."""
+    """A receive's out-argument, made once per connection (taken by one receive at a time):
+    with a 1.8 library the ``DevshareRecvArgs`` of ``devshare_connection_recv_args`` (``call``;
+    ``head`` its first three 64-bit words, the connection's address in [1] and the import to
+    release in [2]; ``ms`` its int32s, the timeout in [1]), else the ``DevshareItem`` of
+    ``devshare_connection_recv_item``; ``ref`` what the call takes. ``item`` is the item, with a
+    byte view and a 64-bit word view of it; ``dead`` a ``c_void_p`` for the import that
+    ``devshare_connection_recv_item`` releases."""
 
-    __slots__ = ("item", "ref", "bytes")
+    __slots__ = ("call", "head", "ms", "item", "ref", "bytes", "words", "dead")
 
-    def __init__(self):
-        self.item = ItemStruct.from_buffer_copy(_ITEM_TEMPLATE)
-        self.ref = byref(self.item)
+    def __init__(self, conn: int):
+        if _RAW_RECV_ARGS is not None:
+            self.call = RecvArgs.from_buffer_copy(_ARGS_TEMPLATE)
+            self.call.conn = conn
+            head = memoryview(self.call).cast("B")[:_ARGS_HEAD]
+            self.head = head.cast("Q")
+            self.ms = head.cast("i")
+            self.ref = byref(self.call)
+            self.item = self.call.item  # (shares the args' memory)
+        else:
+            self.item = ItemStruct.from_buffer_copy(_ITEM_TEMPLATE)
+            self.ref = byref(self.item)
         self.bytes = memoryview(self.item).cast("B")
+        self.words = self.bytes.cast("Q")  # words[_IMPORT_WORD]: the import's address
+        self.dead = c_void_p()
+
+
+_ARGS_TEMPLATE = bytes(new_struct(RecvArgs)) if _RAW_RECV_ARGS is not None else b""
+_ARGS_HEAD = RecvArgs.item.offset
+assert _ARGS_HEAD == 24 and RecvArgs.release.offset == 16 and RecvArgs.timeout_ms.offset == 4
 
 
 def _received(out: _ItemOut, like: str, conn) -> Item:
@@ -1642,15 +1695,18 @@ def _received(out: _ItemOut, like: str, conn) -> Item:
     views = conn._views
     pool, slot, device, backend, read_only, ndim, code, bits, lanes, data, nbytes = \
         _ITEM_HEAD.unpack_from(mv, _ITEM_KEY)
-    lease = _Lease(imp, conn._grave if pool else None)
+    # The lease keeps the import's address: a pool item's goes to the grave, whose imports
+    # the next receive releases by address.
+    lease = _Lease(out.words[_IMPORT_WORD], conn._grave if pool else None)
     try:
         if backend == BACKEND_HOST:
             if pool and like == "torch":
                 if ndim > MAX_NDIM:
                     raise Error(Status.UNTRUSTED, f"item with {ndim} dimensions (at most {MAX_NDIM})")
                 dims = _H_DIMS[ndim]
-                # Its view, made now and kept under the struct's bytes from the pool id on.
-                entry = _new_pool_view(views, mv[_ITEM_KEY:].tobytes(), data or 0, nbytes,
+                # Its view, made now and kept under the item's layout_id (or its description).
+                key = out.words[_LAYOUT_WORD] or mv[_ITEM_KEY:_ITEM_KEY_END].tobytes()
+                entry = _new_pool_view(views, key, data or 0, nbytes,
                                        (code, bits, lanes), dims.unpack_from(mv, _ITEM_SHAPE),
                                        dims.unpack_from(mv, _ITEM_STRIDES), pool, slot)
                 lease = _PoolLease(lease._held.pop(), conn._grave, entry)
@@ -1667,7 +1723,8 @@ def _received(out: _ItemOut, like: str, conn) -> Item:
                 views = conn._np_views
                 if len(views) >= _MAX_VIEWS:
                     views.clear()
-                views[mv[_ITEM_KEY:].tobytes()] = (recipe, pool, slot)
+                key = out.words[_LAYOUT_WORD] or mv[_ITEM_KEY:_ITEM_KEY_END].tobytes()
+                views[key] = (recipe, pool, slot)
                 tensor = _views.numpy_from(recipe, lease)
             else:
                 tensor = _views.view(data or 0, nbytes, lease, (code, bits, lanes), shape, strides, like)
@@ -1815,6 +1872,7 @@ class Connection(_Owned):
             raise TimeoutError(f"connecting to channel {os.fsdecode(raw)!r} took longer than "
                                f"{timeout} s")
         self.address = os.fsdecode(raw)
+        self._at = cast(ptr, c_void_p).value  # the connection's address, for DevshareRecvArgs
         # Pool items' imports that are garbage, released by the next receive (see _Grave); the
         # close releases what is left, also the finalizer's.
         self._grave = _Grave()
@@ -1892,22 +1950,21 @@ class Connection(_Owned):
             _see_torch(like)
         if _RAW_RECV_ITEM is None:  # a library before 1.7
             return self._recv_describe(timeout, like)
-        # One devshare_connection_recv_item, which also releases one import of the grave.
+        # One devshare_connection_recv_args (or _item), which also releases one import of the
+        # grave.
         outs = self._outs
         try:
             out = outs.pop()
         except IndexError:
-            out = _ItemOut()
+            out = _ItemOut(self._at)
         if timeout is None:
-            ms = _FOREVER
+            ms = -1
         elif type(timeout) is int and 0 <= timeout <= _FAST_SECONDS:
-            ms = c_int32(timeout * 1000)
+            ms = timeout * 1000
         else:
             ms = timeout_ms(timeout)
             if ms > _I32_MAX:  # longer than one call waits: calls of the longest wait in turn
                 ms = None
-            else:
-                ms = c_int32(ms)
         # self._enter() / self._exit(), written out (this is on every item's path).
         life = self._life
         inside = life.inside
@@ -1916,8 +1973,9 @@ class Connection(_Owned):
         try:
             if ms is None:
                 def once(m):
-                    if not self._recv_call(ptr, c_int32(m), out):
-                        raise Error(Status.TIMEOUT, "nothing arrived")
+                    status = self._recv_call(ptr, m, out, self._grave.take())
+                    if status < 0:
+                        raise _error(status)
                 done = _timed(once, timeout)
             else:
                 dead = self._grave.imps
@@ -1925,10 +1983,15 @@ class Connection(_Owned):
                     try:
                         dead = dead.pop()
                     except IndexError:  # another thread took the last one
-                        dead = None
+                        dead = 0
                 else:
-                    dead = None
-                status = _RAW_RECV_ITEM(ptr, ms, dead, out.ref)
+                    dead = 0
+                if _RAW_RECV_ARGS is not None:
+                    out.head[2] = dead
+                    out.ms[1] = ms
+                    status = _RAW_RECV_ARGS(out.ref)
+                else:
+                    status = self._recv_call(ptr, ms, out, dead)
                 if status < 0 and status != _TIMEOUT:
                     raise _error(status)
                 done = status >= 0
@@ -1942,11 +2005,11 @@ class Connection(_Owned):
         mv = out.bytes
         if like == "torch":
             # A pool item seen before: its tensor through the view kept for its slot and layout,
-            # under the struct's bytes from the pool id on (the address included; kept only
+            # under its layout_id (or its description: see _LAYOUT_WORD; kept only
             # for host pool items). (_received, written out: this is on every item's path.)
-            entry = self._views.get(mv[_ITEM_KEY:].tobytes())
+            entry = self._views.get(out.words[_LAYOUT_WORD] or mv[_ITEM_KEY:_ITEM_KEY_END].tobytes())
             if entry is not None:
-                lease = _PoolLease(ImportP.from_buffer_copy(mv, _IMPORT_AT), self._grave, entry)
+                lease = _PoolLease(out.words[_IMPORT_WORD], self._grave, entry)
                 outs.append(out)
                 # An item shown before through this view, gone while its memory was still
                 # used: that memory is this item's (the same mapping), held by it from now on.
@@ -1958,11 +2021,18 @@ class Connection(_Owned):
         else:
             # A numpy pool item seen before: an array of its own (holding the item), from the
             # recipe kept for its slot and layout.
-            entry = self._np_views.get(mv[_ITEM_KEY:].tobytes())
+            entry = self._np_views.get(out.words[_LAYOUT_WORD] or mv[_ITEM_KEY:_ITEM_KEY_END].tobytes())
             if entry is not None:
-                lease = _Lease(ImportP.from_buffer_copy(mv, _IMPORT_AT), self._grave)
+                lease = _Lease(out.words[_IMPORT_WORD], self._grave)
                 outs.append(out)
-                array = _views.numpy_from(entry[0], lease)
+                # (_views.numpy_from, written out: this is on every item's path.)
+                array_type, addr, ndtype, shape, extra, bstrides = entry[0]
+                if array_type is None:
+                    array = extra.empty(shape, dtype=ndtype)
+                else:
+                    raw = array_type.from_address(addr)
+                    raw._devshare_keep = lease
+                    array = extra[0](shape, ndtype, raw, 0, bstrides)
                 self._items_add(_weakref(lease, self._items_gone))
                 return Item(lease, array, entry[1], entry[2])
         item = _received(out, like, self)
@@ -1991,15 +2061,20 @@ class Connection(_Owned):
         self._items_add(_weakref(item._lease, self._items_gone))
         return item
 
-    def _recv_call(self, ptr, ms, out) -> bool:
-        """One ``devshare_connection_recv_item`` (False: it timed out); it releases one import
-        of the grave on the way, whatever it returns."""
-        status = _RAW_RECV_ITEM(ptr, ms, self._grave.take(), out.ref)
-        if status < 0:
-            if status == _TIMEOUT:
-                return False
-            raise _error(status)
-        return True
+    def _recv_call(self, ptr, ms: int, out, dead: int) -> int:
+        """One receive into ``out`` waiting at most ``ms`` milliseconds (-1: forever) that
+        releases the import at address ``dead`` (0: none) on the way, whatever it returns; its
+        status. (``recv`` makes a 1.8 library's call itself.)"""
+        if _RAW_RECV_ARGS is not None:
+            out.head[2] = dead
+            out.ms[1] = ms
+            return _RAW_RECV_ARGS(out.ref)
+        arg = None
+        if dead:
+            arg = out.dead
+            arg.value = dead
+        m = _MS_ARGS.get(ms)
+        return _RAW_RECV_ITEM(ptr, c_int32(ms) if m is None else m, arg, out.ref)
 
     def release_all(self) -> int:
         """Release every item received on this connection and not yet released (gone or not):

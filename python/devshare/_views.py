@@ -143,9 +143,10 @@ def from_import(imp, like: str = "torch"):
 def numpy_recipe(addr: int, nbytes: int, keep, dtype, shape, strides=None):
     """What :func:`numpy_from` makes numpy arrays of ``shape`` and ``dtype`` (a DLPack (code,
     bits, lanes)) over ``[addr, addr + nbytes)`` from, checked once: the array type of the
-    range, its address, the numpy dtype, the shape and the strides in bytes (None:
-    C-contiguous; ``strides`` are in elements), or, with no element to show, None and what a
-    fresh empty array needs. ``keep``: kept alive by the recipe."""
+    range, its address, the numpy dtype, the shape, (``numpy.ndarray``, ``keep``) and the
+    strides in bytes (None: C-contiguous, also when ``strides``, in elements, say so), or, with
+    no element to show, None and what a fresh empty array needs (the numpy module for the
+    fifth). ``keep``: kept alive by the recipe."""
     numpy = _dtypes.require_numpy()
     ndtype = numpy_dtype(dtype)
     numel = 1
@@ -155,19 +156,26 @@ def numpy_recipe(addr: int, nbytes: int, keep, dtype, shape, strides=None):
         return None, 0, ndtype, shape, numpy, None
     esize = dtype[1] // 8 * dtype[2]
     bstrides = None if strides is None else tuple(s * esize for s in strides)
-    return ctypes.c_uint8 * nbytes, addr, ndtype, shape, (numpy, keep), bstrides
+    if bstrides is not None:
+        contiguous, step = [], esize
+        for d in reversed(shape):
+            contiguous.append(step)
+            step *= d
+        if tuple(reversed(contiguous)) == bstrides:
+            bstrides = None  # numpy makes a C-contiguous array faster without strides
+    return ctypes.c_uint8 * nbytes, addr, ndtype, shape, (numpy.ndarray, keep), bstrides
 
 
 def numpy_from(recipe, keep):
     """A numpy array of its own (shape and all) from a :func:`numpy_recipe`, whose memory keeps
     ``keep`` alive as long as it and every numpy view of it live: a ctypes array over the range,
-    made for this array, holds it."""
+    made for this array, holds it. (Connection.recv makes a pool item's this way itself.)"""
     array_type, addr, ndtype, shape, extra, bstrides = recipe
     if array_type is None:
         return extra.empty(shape, dtype=ndtype)
     raw = array_type.from_address(addr)
     raw._devshare_keep = keep
-    return extra[0].ndarray(shape, ndtype, raw, 0, bstrides)
+    return extra[0](shape, ndtype, raw, 0, bstrides)
 
 
 _USE_COUNT: list = []

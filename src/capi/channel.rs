@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::export::{Exporter, TensorDesc};
 use std::ffi::{c_char, c_void, CStr};
 use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// The producer end of a channel (opaque). Thread-safe: every function may be called from
@@ -18,7 +19,69 @@ pub struct DevshareChannel(Channel);
 
 /// The consumer end of a channel (opaque). Thread-safe like `DevshareChannel`; items received
 /// from it are ordinary imports, released on any thread.
-pub struct DevshareConnection(Connection);
+pub struct DevshareConnection(Connection, Mutex<LayoutIds>);
+
+/// The `layout_id`s `devshare_connection_recv_item` reports for a connection's pool items: one
+/// per distinct pool, slot, address, extent, device, backend, read-only flag, dtype, shape and
+/// strides, counted up from 1 and never given twice, so that a binding can key what it builds
+/// for an item (a tensor view over its memory) by one integer instead of the whole description.
+/// Bounded: past [`MAX_LAYOUT_IDS`] descriptions the table starts afresh (with new ids), so a
+/// producer that sends endless layouts costs a few KiB here, not memory without end.
+#[derive(Default)]
+struct LayoutIds {
+    ids: rustc_hash::FxHashMap<LayoutKey, u64>,
+    last: u64,
+}
+
+/// A pool item's description but its import: [`DevshareItem`] from `pool` on (the shape and
+/// strides beyond `ndim` are 0).
+#[derive(PartialEq, Eq, Hash)]
+struct LayoutKey {
+    pool: u32,
+    slot: u32,
+    device: i32,
+    backend: u16,
+    read_only: u16,
+    ndim: u32,
+    dtype: (u8, u8, u16),
+    data: usize,
+    nbytes: u64,
+    shape: [i64; crate::handle::DEVSHARE_MAX_NDIM],
+    strides: [i64; crate::handle::DEVSHARE_MAX_NDIM],
+}
+
+const MAX_LAYOUT_IDS: usize = 4096;
+
+impl LayoutIds {
+    /// The id of `item`'s description (0 for an item that is not a pool slot).
+    fn of(&mut self, item: &DevshareItem) -> u64 {
+        if item.pool == 0 {
+            return 0;
+        }
+        let key = LayoutKey {
+            pool: item.pool,
+            slot: item.slot,
+            device: item.device,
+            backend: item.backend,
+            read_only: item.read_only,
+            ndim: item.ndim,
+            dtype: (item.dtype.code, item.dtype.bits, item.dtype.lanes),
+            data: item.data as usize,
+            nbytes: item.nbytes,
+            shape: item.shape,
+            strides: item.strides,
+        };
+        if let Some(&id) = self.ids.get(&key) {
+            return id;
+        }
+        if self.ids.len() >= MAX_LAYOUT_IDS {
+            self.ids.clear();
+        }
+        self.last += 1;
+        self.ids.insert(key, self.last);
+        self.last
+    }
+}
 
 /// A pool of fixed-address slots on a channel (opaque). Thread-safe like `DevshareChannel`.
 pub struct DevsharePool(Pool);
@@ -562,7 +625,7 @@ pub unsafe extern "C" fn devshare_channel_connect(
     boundary("devshare_channel_connect", || {
         let out = ffi!(arg_mut(out, "out"))?;
         let c = Connection::connect(ffi!(address(address_))?, timeout(timeout_ms))?;
-        *out = Box::into_raw(Box::new(DevshareConnection(c)));
+        *out = Box::into_raw(Box::new(DevshareConnection(c, Mutex::default())));
         Ok(())
     })
 }
@@ -655,13 +718,20 @@ pub struct DevshareItem {
     /// Shape and strides in elements; entries at and beyond `ndim` are 0.
     pub shape: [i64; crate::handle::DEVSHARE_MAX_NDIM],
     pub strides: [i64; crate::handle::DEVSHARE_MAX_NDIM],
+    /// (1.8) For a pool item, an id of everything above but `import`: two items of one
+    /// connection with the same id have the same pool, slot, device, backend, `read_only`,
+    /// `ndim`, dtype, `data`, `nbytes`, shape and strides, and an id is never given to another
+    /// description on that connection. Ids count up from 1; 0 for an item that is not a pool
+    /// slot. What a binding keys a view it keeps per slot and layout by. Written only when the
+    /// caller's struct has room for it (`struct_size` on return says so).
+    pub layout_id: u64,
 }
 
 sized_struct!(
     DevshareItem,
     "DevshareItem",
     first_size = 184,
-    sum = 4 * 2 + 8 + 4 * 3 + 2 * 2 + 4 + 4 + 8 + 8 + 8 * 2 * crate::handle::DEVSHARE_MAX_NDIM,
+    sum = 4 * 2 + 8 + 4 * 3 + 2 * 2 + 4 + 4 + 8 + 8 + 8 * 2 * crate::handle::DEVSHARE_MAX_NDIM + 8,
     defaults = DevshareItem {
         struct_size: 0,
         reserved: 0,
@@ -676,7 +746,8 @@ sized_struct!(
         data: std::ptr::null_mut(),
         nbytes: 0,
         shape: [0; crate::handle::DEVSHARE_MAX_NDIM],
-        strides: [0; crate::handle::DEVSHARE_MAX_NDIM]
+        strides: [0; crate::handle::DEVSHARE_MAX_NDIM],
+        layout_id: 0
     }
 );
 
@@ -700,25 +771,136 @@ pub unsafe extern "C" fn devshare_connection_recv_item(
     out: *mut DevshareItem,
 ) -> i32 {
     boundary("devshare_connection_recv_item", || {
-        if !release.is_null() {
-            // Dropping the box releases the import where it lies.
-            // SAFETY: the caller hands over an import from Box::into_raw (devshare_import,
-            // devshare_connection_recv ...), released once: here.
-            drop(unsafe { Box::from_raw(release) });
+        // SAFETY: the contract of devshare_connection_recv_item, which recv_item's is.
+        unsafe { recv_item(conn, timeout_ms, release, out) }
+    })
+}
+
+/// `devshare_connection_recv_item`'s work.
+///
+/// # Safety
+/// `release` is NULL or an import from `Box::into_raw` that the caller hands over; `out` is
+/// NULL or points to at least `(*out).struct_size` writable bytes.
+unsafe fn recv_item(
+    conn: *mut DevshareConnection,
+    timeout_ms: i32,
+    release: *mut DevshareImport,
+    out: *mut DevshareItem,
+) -> Result<()> {
+    if !release.is_null() {
+        // Dropping the box releases the import where it lies.
+        // SAFETY: the caller hands over an import from Box::into_raw (devshare_import,
+        // devshare_connection_recv ...), released once: here.
+        drop(unsafe { Box::from_raw(release) });
+    }
+    let conn = ffi!(arg(conn, "conn"))?;
+    if out.is_null() {
+        return Err(Error::NullArgument("out"));
+    }
+    let imp = conn.0.recv_boxed(timeout(timeout_ms))?;
+    let mut item = item_of(&imp);
+    item.layout_id = conn.1.lock().unwrap_or_else(|p| p.into_inner()).of(&item);
+    let boxed = DevshareImport::into_raw(imp);
+    let written = ffi!(write_output(out, DevshareItem { import: boxed, ..item }, "out"));
+    if written.is_err() {
+        // SAFETY: boxed came from Box::into_raw just above and was handed to nobody.
+        unsafe { Box::from_raw(boxed) }.into_inner().release();
+    }
+    written
+}
+
+/// `devshare_connection_recv_item`'s arguments in one struct, for
+/// `devshare_connection_recv_args`: a binding whose every argument costs (Python's ctypes,
+/// about 40 ns each) keeps one per connection, sets `release` (and `timeout_ms` when it
+/// changes) and passes one pointer. Initialise with `devshare_recv_args_init(&args, sizeof
+/// args)`, which also initialises `item`, then set `conn`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DevshareRecvArgs {
+    /// Size of this struct in the caller's header (`item` included).
+    pub struct_size: u32,
+    /// As `devshare_connection_recv_item`'s (negative: wait without a limit; the default).
+    pub timeout_ms: i32,
+    /// The connection to receive from.
+    pub conn: *mut DevshareConnection,
+    /// NULL, or an import the caller is done with, released first whatever happens next (as
+    /// `devshare_connection_recv_item`'s `release`); the call sets it back to NULL.
+    pub release: *mut DevshareImport,
+    /// The received item, as `devshare_connection_recv_item` writes it (its own `struct_size`,
+    /// set by `devshare_recv_args_init`, fits in this struct's).
+    pub item: DevshareItem,
+}
+
+sized_struct!(
+    DevshareRecvArgs,
+    "DevshareRecvArgs",
+    first_size = 216,
+    sum = 4 * 2 + 8 * 2 + std::mem::size_of::<DevshareItem>(),
+    defaults = DevshareRecvArgs {
+        struct_size: 0,
+        timeout_ms: -1,
+        conn: std::ptr::null_mut(),
+        release: std::ptr::null_mut(),
+        item: <DevshareItem as super::abi::SizedStruct>::defaults()
+    }
+);
+
+/// Where `DevshareRecvArgs::item` starts.
+const RECV_ARGS_ITEM: usize = std::mem::offset_of!(DevshareRecvArgs, item);
+
+/// Initialise a `DevshareRecvArgs` of `size` bytes (pass `sizeof *args`): no connection, no
+/// release, wait without a limit, and `item` initialised for the rest of the size.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_recv_args_init(args: *mut DevshareRecvArgs, size: u32) -> i32 {
+    boundary("devshare_recv_args_init", || {
+        ffi!(init(args, size, "args"))?;
+        // SAFETY: init checked args (non-NULL, `size` >= the struct's first size, writable).
+        let item = unsafe { std::ptr::addr_of_mut!((*args).item) };
+        ffi!(init(item, size - RECV_ARGS_ITEM as u32, "args.item"))
+    })
+}
+
+/// `devshare_connection_recv_item(args->conn, args->timeout_ms, args->release, &args->item)`
+/// with one argument; `args->release` is NULL when it returns (that import was released,
+/// whatever the receive did). An `args->struct_size` below `sizeof(DevshareRecvArgs)` of 1.8
+/// is `DEVSHARE_STATUS_INVALID_ARGUMENT` before anything is read (nothing is released); an
+/// `args->item.struct_size` larger than what `args->struct_size` leaves for it is too (the
+/// release still happens).
+#[no_mangle]
+pub unsafe extern "C" fn devshare_connection_recv_args(args: *mut DevshareRecvArgs) -> i32 {
+    boundary("devshare_connection_recv_args", || {
+        if args.is_null() {
+            return Err(Error::NullArgument("args"));
         }
-        let c = &ffi!(arg(conn, "conn"))?.0;
-        if out.is_null() {
-            return Err(Error::NullArgument("out"));
+        // Fields are read and written through the pointer (no reference to the caller's
+        // struct, whose size is its own), and only once its size is known to hold them.
+        // SAFETY: args is non-NULL and points to at least 4 readable bytes (contract).
+        let size = super::abi::checked_size::<DevshareRecvArgs>(unsafe { (*args).struct_size }, "args")?;
+        // SAFETY: args holds the struct's first size (checked), which has every field.
+        let (timeout_ms, conn, release, item_size) =
+            unsafe { ((*args).timeout_ms, (*args).conn, (*args).release, (*args).item.struct_size) };
+        // SAFETY: as above.
+        unsafe { (*args).release = std::ptr::null_mut() };
+        let room = size - RECV_ARGS_ITEM;
+        let checked = if item_size as usize > room {
+            Err(Error::InvalidArgument(format!(
+                "args.item.struct_size {item_size} is more than the {room} bytes args.struct_size leaves for it"
+            )))
+        } else {
+            Ok(())
+        };
+        if let Err(e) = checked {
+            if !release.is_null() {
+                // SAFETY: as in recv_item: the caller handed this import over.
+                drop(unsafe { Box::from_raw(release) });
+            }
+            return Err(e);
         }
-        let imp = c.recv_boxed(timeout(timeout_ms))?;
-        let item = item_of(&imp);
-        let boxed = DevshareImport::into_raw(imp);
-        let written = ffi!(write_output(out, DevshareItem { import: boxed, ..item }, "out"));
-        if written.is_err() {
-            // SAFETY: boxed came from Box::into_raw just above and was handed to nobody.
-            unsafe { Box::from_raw(boxed) }.into_inner().release();
-        }
-        written
+        // SAFETY: within the args (checked above).
+        let item = unsafe { std::ptr::addr_of_mut!((*args).item) };
+        // SAFETY: item points into *args with item.struct_size bytes of room (checked above);
+        // release was handed over and is released there.
+        unsafe { recv_item(conn, timeout_ms, release, item) }
     })
 }
 
@@ -749,6 +931,7 @@ fn item_of(i: &crate::import::Import) -> DevshareItem {
         nbytes,
         shape,
         strides,
+        layout_id: 0,
     }
 }
 
@@ -826,4 +1009,41 @@ pub unsafe extern "C" fn devshare_connection_close(conn: *mut DevshareConnection
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(pool: u32, slot: u32, shape0: i64) -> DevshareItem {
+        let mut i = <DevshareItem as super::super::abi::SizedStruct>::defaults();
+        (i.pool, i.slot, i.ndim, i.shape[0], i.strides[0]) = (pool, slot, 1, shape0, 1);
+        i
+    }
+
+    #[test]
+    fn layout_ids_name_one_description_each_and_are_never_given_twice_also_past_the_bound() {
+        let mut ids = LayoutIds::default();
+        assert_eq!(ids.of(&item(0, 0, 4)), 0, "a lease has no id");
+        let a = ids.of(&item(1, 0, 4));
+        assert_ne!(a, 0);
+        assert_eq!(ids.of(&item(1, 0, 4)), a, "the same description, the same id");
+        let b = ids.of(&item(1, 1, 4));
+        let c = ids.of(&item(1, 0, 8));
+        let mut d = item(1, 0, 4);
+        d.data = 4096 as *mut c_void;
+        let d = ids.of(&d);
+        let all = [a, b, c, d];
+        for (k, x) in all.iter().enumerate() {
+            assert!(!all[k + 1..].contains(x), "another slot, shape or address, another id: {all:?}");
+        }
+        // A producer that sends endless layouts: the table stays bounded and starts afresh
+        // with new ids, so the first description now gets an id it never had.
+        for n in 0..2 * MAX_LAYOUT_IDS as i64 {
+            ids.of(&item(2, 0, 100 + n));
+        }
+        assert!(ids.ids.len() <= MAX_LAYOUT_IDS);
+        let again = ids.of(&item(1, 0, 4));
+        assert!(again > d && !all.contains(&again), "{again} after {all:?}");
+    }
 }

@@ -56,6 +56,13 @@
     FIELD(DevshareItem, nbytes)                      \
     FIELD(DevshareItem, shape)                       \
     FIELD(DevshareItem, strides)                     \
+    FIELD(DevshareItem, layout_id)                   \
+    STRUCT(DevshareRecvArgs)                         \
+    FIELD(DevshareRecvArgs, struct_size)             \
+    FIELD(DevshareRecvArgs, timeout_ms)              \
+    FIELD(DevshareRecvArgs, conn)                    \
+    FIELD(DevshareRecvArgs, release)                 \
+    FIELD(DevshareRecvArgs, item)                    \
     STRUCT(DevshareDType)                            \
     FIELD(DevshareDType, code)                       \
     FIELD(DevshareDType, bits)                       \

@@ -312,20 +312,70 @@ typedef struct {
 
 static DevshareHandle last_lease; /* the handle of the last lease received */
 
+/* The layout_id of each pool item description seen (the DevshareItem with its import and
+ * struct_size cleared): one description, one id; one id, one description. */
+static struct {
+    DevshareItem desc;
+    uint64_t id;
+} layouts[256];
+static int n_layouts;
+
+/* Whether item's layout_id agrees with every earlier one: the same id as the same description
+ * had before, or an id no other description had. 0 for a lease, never for a pool item. */
+static int layout_id_agrees(const DevshareItem *item) {
+    if (item->pool == 0) {
+        return item->layout_id == 0;
+    }
+    if (item->layout_id == 0) {
+        return 0;
+    }
+    DevshareItem desc = *item;
+    desc.struct_size = 0;
+    desc.import = NULL;
+    desc.layout_id = 0;
+    for (int k = 0; k < n_layouts; k++) {
+        const int same_desc = memcmp(&layouts[k].desc, &desc, sizeof desc) == 0;
+        if (same_desc != (layouts[k].id == item->layout_id)) {
+            return 0;
+        }
+        if (same_desc) {
+            return 1;
+        }
+    }
+    if (n_layouts < (int)(sizeof layouts / sizeof layouts[0])) {
+        layouts[n_layouts].desc = desc;
+        layouts[n_layouts].id = item->layout_id;
+        n_layouts++;
+    }
+    return 1;
+}
+
 /* Receive n items (holding them or releasing each at once); also used by the parent. */
 static RecvResult consume(DevshareConnection *conn, int n, int hold, int timeout_ms, char *msg, size_t msg_cap) {
     RecvResult r = {0};
     uint64_t last_seq = 0;
     msg[0] = '\0';
-    /* Every other item comes through devshare_connection_recv_item, which also releases the
-     * import before it (given back at once, released by the next receive). */
+    /* Every other item comes through devshare_connection_recv_item or (in turn)
+     * devshare_connection_recv_args, which also release the import before it (given back at
+     * once, released by the next receive). */
     DevshareImport *given_back = NULL;
+    DevshareRecvArgs args;
+    devshare_recv_args_init(&args, sizeof args);
+    args.conn = conn;
     for (int i = 0; i < n; i++) {
         DevshareImport *imp = NULL;
         DevshareItem item;
         const int as_item = i % 2 == 1;
         int32_t st;
-        if (as_item) {
+        if (as_item && i % 4 == 3) {
+            args.timeout_ms = timeout_ms;
+            args.release = given_back;
+            st = devshare_connection_recv_args(&args);
+            r.rel_bad += args.release != NULL; /* the call takes it (released, whatever it did) */
+            given_back = NULL;
+            item = args.item;
+            imp = item.import;
+        } else if (as_item) {
             devshare_item_init(&item, sizeof item);
             st = devshare_connection_recv_item(conn, timeout_ms, given_back, &item);
             given_back = NULL; /* released, whatever the receive did */
@@ -381,7 +431,8 @@ static RecvResult consume(DevshareConnection *conn, int n, int hold, int timeout
              item.nbytes != (uint64_t)((char *)info.storage + info.storage_size - (char *)info.data) ||
              (ps == DEVSHARE_STATUS_OK ? item.pool != pool || item.slot != slot : item.pool != 0 || item.slot != 0) ||
              hs != DEVSHARE_STATUS_OK || item.ndim != h.ndim || memcmp(&item.dtype, &h.dtype, sizeof h.dtype) != 0 ||
-             memcmp(item.shape, h.shape, sizeof h.shape) != 0 || memcmp(item.strides, h.strides, sizeof h.strides) != 0)) {
+             memcmp(item.shape, h.shape, sizeof h.shape) != 0 || memcmp(item.strides, h.strides, sizeof h.strides) != 0 ||
+             !layout_id_agrees(&item))) {
             r.kind_bad++;
         }
         if (hs == DEVSHARE_STATUS_OK) {
@@ -991,6 +1042,21 @@ static void test_bad_inputs(void) {
     devshare_item_init(&item_, sizeof item_);
     EXPECT_ERROR(devshare_connection_recv_item(NULL, 0, NULL, &item_), "devshare_connection_recv_item",
                  "NULL connection");
+    DevshareRecvArgs args_;
+    EXPECT_ERROR(devshare_recv_args_init(&args_, 16), "devshare_recv_args_init", "a size below the struct's");
+    EXPECT_ERROR(devshare_recv_args_init(NULL, sizeof args_), "devshare_recv_args_init", "NULL args");
+    DS_OK(devshare_recv_args_init(&args_, sizeof args_));
+    CHECK(args_.struct_size == sizeof args_ && args_.timeout_ms < 0 && args_.conn == NULL && args_.release == NULL &&
+              args_.item.struct_size == sizeof args_.item,
+          "devshare_recv_args_init: its size, no limit, no connection, no release, the item set up");
+    EXPECT_ERROR(devshare_connection_recv_args(NULL), "devshare_connection_recv_args", "NULL args");
+    EXPECT_ERROR(devshare_connection_recv_args(&args_), "devshare_connection_recv_args", "NULL connection");
+    args_.item.struct_size = sizeof args_.item + 8;
+    EXPECT_ERROR(devshare_connection_recv_args(&args_), "devshare_connection_recv_args",
+                 "an item size beyond the args");
+    CHECK(strstr(last_error(), "args.item.struct_size") != NULL, "the message names args.item.struct_size");
+    args_.struct_size = 8;
+    EXPECT_ERROR(devshare_connection_recv_args(&args_), "devshare_connection_recv_args", "a size below the struct's");
 
     DS_OK(devshare_pool_create(ch, exp, 4096, 4, &pool));
     uint32_t slot = 99;

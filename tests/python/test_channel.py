@@ -801,7 +801,8 @@ def test_channel_prototypes_match_the_header(tmp_path):
     header = abi_check.load_header()
     checker = abi_check.Checker(header, abi_check.run_dump(tmp_path, cc))
     sigs = (_abi.channel_signatures(_lib.ExporterP, _lib.ImportP) + _abi.channel_signatures_1_2(_lib.ImportP)
-            + _abi.channel_signatures_1_4(_lib.ExporterP, _lib.ImportP) + _abi.channel_signatures_1_7(_lib.ImportP))
+            + _abi.channel_signatures_1_4(_lib.ExporterP, _lib.ImportP) + _abi.channel_signatures_1_7(_lib.ImportP)
+            + _abi.channel_signatures_1_8())
     problems = [p for name, restype, argtypes in sigs
                 for p in checker.function_problems(name, restype, argtypes)]
     assert not problems, problems
@@ -809,7 +810,7 @@ def test_channel_prototypes_match_the_header(tmp_path):
     theirs = {f for f in header.functions
               if f.startswith(("devshare_channel_", "devshare_pool_", "devshare_connection_"))}
     theirs |= {"devshare_import_pool_slot", "devshare_peer_info_init", "devshare_import_give_back",
-               "devshare_import_describe", "devshare_item_init"}
+               "devshare_import_describe", "devshare_item_init", "devshare_recv_args_init"}
     assert ours == theirs
     # ... and they are the prototypes the package calls with.
     for name, restype, argtypes in sigs:
@@ -897,11 +898,14 @@ def _pool_mappings(nbytes: int) -> int:
 
 
 @pytest.mark.skipif(not devshare._channel._RAW_RECV_ITEM, reason="needs libdevshare 1.7")
+@pytest.mark.parametrize("receive", ["args", "item"])
 @pytest.mark.parametrize("end", ["pool closed", "connection closed"])
-def test_dropped_pool_items_are_unmapped_by_the_next_receive_or_the_close(pair, end):
+def test_dropped_pool_items_are_unmapped_by_the_next_receive_or_the_close(pair, end, receive, monkeypatch):
     """A pool item given back and dropped leaves its import to the connection's next receive
-    (released in the same library call); whatever is left when the pool or the connection
-    closes is released then: nothing of the pool stays mapped in the consumer."""
+    (released in the same library call, devshare_connection_recv_args or _recv_item); whatever
+    is left when the pool or the connection closes is released then: nothing of the pool stays
+    mapped in the consumer."""
+    _receive_as(monkeypatch, receive)
     ch, conn, peer = pair
     nbytes = 3 * 8192  # a size no other mapping here has
     pool = ch.pool(nbytes // 2, 2)
@@ -1101,11 +1105,33 @@ _VIEW_LAYOUTS = [((4, 8), torch.float32, 0), ((32,), torch.int64, 0), ((4, 8), t
                  ((3, 5), torch.int16, 6), ((16,), torch.uint8, 100), ((32,), torch.int64, 0)]
 
 
+def _receive_as(monkeypatch, receive):
+    """Make the package receive as with an older library: "item", devshare_connection_recv_item
+    (1.7) instead of devshare_connection_recv_args; "bytes-key", also without the item's
+    layout_id (a 1.7 library leaves it 0), so kept views are found by the struct's bytes. Here
+    that is the word of the last stride, 0 for every item of fewer dimensions than the most.
+    "args": as the package does with this library."""
+    from devshare import _abi, _channel
+    if receive == "args":
+        assert _channel._RAW_RECV_ARGS is not None, "this library has devshare_connection_recv_args"
+        return int
+    monkeypatch.setattr(_channel, "_RAW_RECV_ARGS", None)
+    if receive == "item":
+        return int
+    last_stride = _abi.ItemStruct.strides.offset + 8 * (_abi.MAX_NDIM - 1)
+    monkeypatch.setattr(_channel, "_LAYOUT_WORD", last_stride // 8)
+    return bytes
+
+
+@pytest.mark.parametrize("receive", ["args", "item", "bytes-key"])
 @pytest.mark.parametrize("like", ["torch", "numpy"])
-def test_kept_views_show_each_item_exactly_for_changing_layouts(pair, like):
+def test_kept_views_show_each_item_exactly_for_changing_layouts(pair, like, receive, monkeypatch):
     """Slot.tensor / Slot.numpy and the consumer's Item.tensor reuse what they made for a slot
     and layout: every item still gets its own layout and data, the same memory each time the
-    layout repeats, a new object every time, and never the view of another layout."""
+    layout repeats, a new object every time, and never the view of another layout. The
+    consumer finds what it kept by the item's layout_id, or with a library that reports none by
+    the item's description; and receives with one call of either kind."""
+    key_type = _receive_as(monkeypatch, receive)
     ch, conn, peer = pair
     first_ptr: dict = {}
     with ch.pool(256, 1) as pool:
@@ -1139,6 +1165,8 @@ def test_kept_views_show_each_item_exactly_for_changing_layouts(pair, like):
         assert len(first_ptr) == len(layouts)
         if like == "torch":  # one kept view per slot and layout, on both ends
             assert len(pool._views) == len(layouts) and len(conn._views) == len(layouts)
+        kept = conn._views if like == "torch" else conn._np_views
+        assert len(kept) == len(layouts) and {type(k) for k in kept} == {key_type}
 
 
 def test_changing_a_kept_views_shape_in_place_reaches_no_later_item(pair):

@@ -57,7 +57,7 @@ def test_gpu_suite_dry_run_passes(bundle):
     res = suite(bundle, "--dry-run")
     assert res.returncode == 0, res.stdout + res.stderr
     v = verdicts(res.stdout)
-    assert v.get("layout") == "PASS" and "every field of the 10 mirrored structs" in res.stdout
+    assert v.get("layout") == "PASS" and "every field of the 11 mirrored structs" in res.stdout
     for case in ("dry_e_fd", "dry_e_fd_long_table", "dry_e_fabric", "dry_e_v1", "dry_e_v4", "dry_e_pid0",
                  "dry_e3_fd", "dry_e3_fd_type0", "dry_e3_fabric", "dry_e3_long_table", "dry_e3_bridged_to_v2",
                  "dry_e3_type9", "dry_e3_type_vs_length", "dry_graph_replay_host_16k", "dry_graph_replay_host_256k",

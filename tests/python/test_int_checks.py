@@ -267,6 +267,8 @@ def test_ctypes_call_sites_are_all_audited():
         "devshare_connection_close": "pointer (the connection's close)",
         "devshare_connection_recv_item": "pointer, a c_int32 timeout, an import pointer or None, "
                                          "a ctypes output",
+        "devshare_connection_recv_args": "a byref of the DevshareRecvArgs whose fields the "
+                                         "package sets through int views (int32 timeout, pointers)",
     }
     pkg = pathlib.Path(devshare.__file__).parent
     direct = set()
