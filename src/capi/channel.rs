@@ -799,7 +799,12 @@ unsafe fn recv_item(
     }
     let imp = conn.0.recv_boxed(timeout(timeout_ms))?;
     let mut item = item_of(&imp);
-    item.layout_id = conn.1.lock().unwrap_or_else(|p| p.into_inner()).of(&item);
+    // Only for a caller whose struct has room for it (a 1.7 caller's has not).
+    // SAFETY: out is non-NULL and points to at least 4 readable bytes (contract).
+    let room = unsafe { out.cast::<u32>().read_unaligned() } as usize;
+    if room >= std::mem::offset_of!(DevshareItem, layout_id) + 8 {
+        item.layout_id = conn.1.lock().unwrap_or_else(|p| p.into_inner()).of(&item);
+    }
     let boxed = DevshareImport::into_raw(imp);
     let written = ffi!(write_output(out, DevshareItem { import: boxed, ..item }, "out"));
     if written.is_err() {
