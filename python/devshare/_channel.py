@@ -1654,6 +1654,12 @@ _IMPORT_WORD = _IMPORT_AT // 8
 assert _IMPORT_AT % 8 == 0 and _ITEM_KEY_END % 8 == 0 and sizeof(ItemStruct) % 8 == 0
 
 
+def _view_key(out) -> object:
+    """The key of a received pool item's kept view (or numpy recipe): its layout_id, or its
+    description's bytes (see ``_ITEM_KEY``). (Connection.recv writes it out.)"""
+    return out.words[_LAYOUT_WORD] or out.bytes[_ITEM_KEY:_ITEM_KEY_END].tobytes()
+
+
 class _ItemOut:
     """A receive's out-argument, made once per connection (taken by one receive at a time):
     with a 1.8 library the ``DevshareRecvArgs`` of ``devshare_connection_recv_args`` (``call``;
@@ -1705,8 +1711,7 @@ def _received(out: _ItemOut, like: str, conn) -> Item:
                     raise Error(Status.UNTRUSTED, f"item with {ndim} dimensions (at most {MAX_NDIM})")
                 dims = _H_DIMS[ndim]
                 # Its view, made now and kept under the item's layout_id (or its description).
-                key = out.words[_LAYOUT_WORD] or mv[_ITEM_KEY:_ITEM_KEY_END].tobytes()
-                entry = _new_pool_view(views, key, data or 0, nbytes,
+                entry = _new_pool_view(views, _view_key(out), data or 0, nbytes,
                                        (code, bits, lanes), dims.unpack_from(mv, _ITEM_SHAPE),
                                        dims.unpack_from(mv, _ITEM_STRIDES), pool, slot)
                 lease = _PoolLease(lease._held.pop(), conn._grave, entry)
@@ -1723,8 +1728,7 @@ def _received(out: _ItemOut, like: str, conn) -> Item:
                 views = conn._np_views
                 if len(views) >= _MAX_VIEWS:
                     views.clear()
-                key = out.words[_LAYOUT_WORD] or mv[_ITEM_KEY:_ITEM_KEY_END].tobytes()
-                views[key] = (recipe, pool, slot)
+                views[_view_key(out)] = (recipe, pool, slot)
                 tensor = _views.numpy_from(recipe, lease)
             else:
                 tensor = _views.view(data or 0, nbytes, lease, (code, bits, lanes), shape, strides, like)
@@ -2007,6 +2011,7 @@ class Connection(_Owned):
             # A pool item seen before: its tensor through the view kept for its slot and layout,
             # under its layout_id (or its description: see _LAYOUT_WORD; kept only
             # for host pool items). (_received, written out: this is on every item's path.)
+            # (_view_key, written out.)
             entry = self._views.get(out.words[_LAYOUT_WORD] or mv[_ITEM_KEY:_ITEM_KEY_END].tobytes())
             if entry is not None:
                 lease = _PoolLease(out.words[_IMPORT_WORD], self._grave, entry)

@@ -33,11 +33,7 @@ pub(crate) unsafe trait SizedStruct: Copy {
 
 /// `size` as a caller's `struct_size` of `T`: at least its first size, at most
 /// [`MAX_STRUCT_SIZE`].
-pub(crate) fn checked_size<T: SizedStruct>(size: u32, param: &str) -> Result<usize> {
-    check_size::<T>(size, param)
-}
-
-fn check_size<T: SizedStruct>(size: u32, param: &str) -> Result<usize> {
+pub(crate) fn check_size<T: SizedStruct>(size: u32, param: &str) -> Result<usize> {
     let size = size as usize;
     if size < T::FIRST_SIZE {
         return Err(Error::InvalidArgument(format!(

@@ -880,7 +880,7 @@ pub unsafe extern "C" fn devshare_connection_recv_args(args: *mut DevshareRecvAr
         // Fields are read and written through the pointer (no reference to the caller's
         // struct, whose size is its own), and only once its size is known to hold them.
         // SAFETY: args is non-NULL and points to at least 4 readable bytes (contract).
-        let size = super::abi::checked_size::<DevshareRecvArgs>(unsafe { (*args).struct_size }, "args")?;
+        let size = super::abi::check_size::<DevshareRecvArgs>(unsafe { (*args).struct_size }, "args")?;
         // SAFETY: args holds the struct's first size (checked), which has every field.
         let (timeout_ms, conn, release, item_size) =
             unsafe { ((*args).timeout_ms, (*args).conn, (*args).release, (*args).item.struct_size) };

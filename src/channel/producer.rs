@@ -645,8 +645,8 @@ impl Core {
         }
         if p.queue.is_empty() {
             p.stalled_since = Some(Instant::now());
-            self.stir = true; // a send-patience deadline begins
-                              // Tell us when it can take more.
+            // A send-patience deadline begins; tell us when it can take more.
+            self.stir = true;
             let _ = epoll::modify(
                 epfd,
                 &p.fd,

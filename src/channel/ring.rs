@@ -383,20 +383,22 @@ impl ConsumerRing {
             self.owed.store(true, Ordering::SeqCst);
             return true;
         }
-        if s.word(P_PENDING).swap(1, Ordering::SeqCst) == 0 {
+        self.wake_producer();
+        true
+    }
+
+    /// Wake the producer unless a wake-up is already pending.
+    fn wake_producer(&self) {
+        if self.shared.word(P_PENDING).swap(1, Ordering::SeqCst) == 0 {
             wake(self.p_efd.as_fd());
         }
-        true
     }
 
     /// Wake the producer for the returns whose wake-up was put off (before this consumer
     /// sleeps, or reports that nothing came).
     pub(crate) fn pay_owed(&self) {
         if self.owed.load(Ordering::Relaxed) && self.owed.swap(false, Ordering::SeqCst) {
-            let s = &self.shared;
-            if s.word(P_PENDING).swap(1, Ordering::SeqCst) == 0 {
-                wake(self.p_efd.as_fd());
-            }
+            self.wake_producer();
         }
     }
 
@@ -440,8 +442,9 @@ mod tests {
         for i in 0..3u8 {
             assert!(p.push_item(0, &[i]).expect("push"));
         }
-        head = c.advance(head); // one item taken, two wait
-                                // A producer that armed without patience (it waits without a timer): at once.
+        // One item taken, two wait. A producer that armed without patience (it waits without
+        // a timer): at once.
+        head = c.advance(head);
         p.arm(false);
         assert!(c.push_return(1, 0));
         assert!(woken(&p.p_efd), "a producer that waits without a timer is woken by every return");
