@@ -7,7 +7,8 @@
 //! before anything is mapped writable, written, counted or unlinked, the opened descriptor must
 //! be a regular file owned by this process's effective uid with no group or other permission
 //! bits ([`open_trusted`]); callers then check the size their layout needs. A refusal is
-//! [`Error::Untrusted`] and leaves the object exactly as it was.
+//! [`Error::Untrusted`] and leaves the object exactly as it was. Every open is non-blocking
+//! (a FIFO under a name must not hang the caller: see `shm_open`).
 //!
 //! **fork.** A host mapping or object made in one fork generation gives nothing back in another
 //! (the rule and its generation counter live in [`crate::fork`]).
@@ -79,10 +80,17 @@ fn c_name(name: &[u8]) -> Result<CString> {
     CString::new(name).map_err(|_| Error::InvalidArgument("shm name contains a NUL byte".into()))
 }
 
+/// `shm_open` with the flags every open of a name takes: `O_NOFOLLOW` (no symbolic link is
+/// followed), `O_CLOEXEC`, and `O_NONBLOCK`, because the names come from handles and peers: a
+/// FIFO put under one would otherwise block `open(2)` until a writer came, hanging an import or
+/// a release past any timeout. Nothing opened here is read through the descriptor's blocking
+/// mode (regular files are mapped or `pread`), and what is not a regular file is refused after
+/// `fstat` ([`open_trusted`]) or left alone ([`unlink_if_same`]).
 fn shm_open(name: &[u8], flags: libc::c_int, call: &str) -> Result<OwnedFd> {
     let c = c_name(name)?;
+    let flags = flags | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK;
     // SAFETY: c is a valid NUL-terminated string.
-    let fd = unsafe { libc::shm_open(c.as_ptr(), flags | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o600) };
+    let fd = unsafe { libc::shm_open(c.as_ptr(), flags, 0o600) };
     if fd < 0 {
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() == Some(libc::ENOENT) {
@@ -282,7 +290,12 @@ pub(crate) fn open_trusted(name: &[u8], kind: Kind, writable: bool) -> Result<Op
     let shown = String::from_utf8_lossy(name);
     let what = kind.what();
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return Err(Error::Untrusted(format!("{what} {shown} is not a regular file (mode {:o})", st.st_mode)));
+        return Err(Error::Untrusted(format!(
+            "{what} {shown} is {}, not a regular file: devshare maps only regular shared memory \
+             objects (mode {:o})",
+            file_kind(st.st_mode),
+            st.st_mode
+        )));
     }
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
@@ -301,6 +314,20 @@ pub(crate) fn open_trusted(name: &[u8], kind: Kind, writable: bool) -> Result<Op
         )));
     }
     Ok(Opened { size: st.st_size as u64, id: ObjectId::of(&st), fd })
+}
+
+/// What a file of mode `mode` is, in words (for messages that say why it was refused).
+pub(crate) fn file_kind(mode: libc::mode_t) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "a regular file",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFIFO => "a FIFO (pipe)",
+        libc::S_IFSOCK => "a socket",
+        libc::S_IFCHR => "a character device",
+        libc::S_IFBLK => "a block device",
+        libc::S_IFLNK => "a symbolic link",
+        _ => "an anonymous inode (eventfd, pidfd, epoll, dma-buf, ...)",
+    }
 }
 
 fn fstat(fd: &OwnedFd, name: &[u8]) -> Result<libc::stat> {

@@ -5,7 +5,9 @@
 //!   object is left byte for byte as it was, through import, discard and release;
 //! - item 2: the in-flight flag is checked against the producer's record;
 //! - item 4: corrupt ref-counter slots are reported, never summed;
-//! - item 9: an allocation `/dev/shm` cannot hold is refused before anything is created.
+//! - item 9: an allocation `/dev/shm` cannot hold is refused before anything is created;
+//! - a name a handle gives is never opened in a way that can block (a FIFO put under a
+//!   ref-counter's or a data object's name fails the import or is left at release, at once).
 //!
 //! Every object a test makes itself carries this process's pid in its name and is removed by
 //! that exact name; nothing is ever removed by prefix.
@@ -21,6 +23,8 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
+
+mod common;
 
 /// The tests look at /dev/shm and header counts: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -436,4 +440,123 @@ fn an_allocation_dev_shm_cannot_hold_is_refused_and_leaves_nothing() {
     let ok = Exporter::host_alloc(1 << 20).unwrap();
     drop(ok);
     assert_eq!(own_names(), before);
+}
+
+/// Run `f` on a thread and give its result, or `None` when it has not returned within `secs`
+/// (the thread is then left blocked: the caller unblocks it before failing).
+fn within<R: Send + 'static>(secs: u64, f: impl FnOnce() -> R + Send + 'static) -> Option<R> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs)).ok()
+}
+
+/// A FIFO under a shm name, made by the test (the hostile producer's object); removed by its
+/// exact name on drop.
+struct Fifo {
+    name: Vec<u8>,
+}
+
+impl Fifo {
+    fn new(name: &[u8]) -> Fifo {
+        let c = CString::new(path(name).into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: c is NUL-terminated.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo: {}", std::io::Error::last_os_error());
+        Fifo { name: name.to_vec() }
+    }
+
+    /// Let a reader blocked in open(2) go (a writer's non-blocking open succeeds once one waits).
+    fn unblock(&self) {
+        let c = CString::new(path(&self.name).into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: c is NUL-terminated; the descriptor, if any, is closed at once.
+        unsafe {
+            let fd = libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_NONBLOCK | libc::O_CLOEXEC);
+            if fd >= 0 {
+                libc::close(fd);
+            }
+        }
+    }
+}
+
+impl Drop for Fifo {
+    fn drop(&mut self) {
+        self.unblock();
+        let _ = std::fs::remove_file(path(&self.name));
+    }
+}
+
+/// The CUDA stand-in driver, loaded once for this process (before devshare first looks for a
+/// CUDA runtime, under the tests' lock).
+fn cuda() {
+    static LIB: std::sync::OnceLock<libloading::Library> = std::sync::OnceLock::new();
+    LIB.get_or_init(|| common::load(common::StandIn::Cuda, "trust"));
+}
+
+/// The tuple fields of a CUDA storage: 1024 bytes at the start of the storage handle's memory,
+/// made in this process, whose reference is slot `ref_slot` of `ref_name`.
+fn cuda_args<'a>(handle: &'a [u8], ref_name: &'a [u8], ref_slot: u64) -> devshare::torch::TorchArgs<'a> {
+    devshare::torch::TorchArgs {
+        backend: devshare::handle::DEVSHARE_BACKEND_CUDA,
+        dtype: DevshareDType::new(1, 8, 1),
+        shape: &[1024],
+        strides: None,
+        tensor_offset: 0,
+        device: 0,
+        producer_pid: pid() as i32,
+        handle,
+        storage_size: 1024,
+        storage_offset: 0,
+        ref_name,
+        ref_slot,
+        event_handle: &[],
+        event_sync_required: false,
+    }
+}
+
+/// A hostile producer replaces a ref-counter's name by a FIFO (whose open(2) waits for a
+/// writer): an import of an event handle naming it (it checks the reference before waiting on
+/// the event) must fail at once, naming the object, not hang.
+#[test]
+fn a_fifo_under_a_handle_s_ref_counter_name_fails_the_import_at_once() {
+    let _g = lock();
+    cuda();
+    let fifo = Fifo::new(format!("/torch_{}_91_1", pid()).as_bytes());
+    let raw = [7u8; 64];
+    let event = [3u8; 64];
+    let mut a = cuda_args(&raw, &fifo.name, 0);
+    a.event_handle = &event;
+    a.event_sync_required = true;
+    let h = devshare::torch::handle_from_torch(&a).unwrap();
+    let got = within(5, move || match import(&h, ImportRequest::default()) {
+        Ok(i) => {
+            i.release();
+            (Status::Ok, String::new())
+        }
+        Err(e) => (e.status(), e.to_string()),
+    });
+    fifo.unblock();
+    let (s, m) = got.expect("the import of a handle whose ref-counter is a FIFO hung");
+    assert_eq!(s, Status::Untrusted, "{m}");
+    assert!(m.contains("not a regular file") && m.contains(&String::from_utf8_lossy(&fifo.name).into_owned()), "{m}");
+}
+
+/// A hostile producer removes its names and puts FIFOs under them before its consumer's
+/// release: the release (which, as the last holder, checks whether each name still stands
+/// for the object it mapped before unlinking) returns at once and leaves the FIFOs.
+#[test]
+fn a_fifo_under_a_released_object_s_name_does_not_hang_the_release() {
+    let _g = lock();
+    let exp = Exporter::host_alloc(4096).unwrap();
+    let h = exp.share(&desc(false)).unwrap();
+    let imp = import(&h, ImportRequest::default()).unwrap();
+    exp.prepare_close(false, true).unwrap();
+    drop(exp);
+    let data = Fifo::new(h.key_bytes());
+    let rc = Fifo::new(h.ref_name_bytes());
+    let done = within(5, move || imp.release());
+    data.unblock();
+    rc.unblock();
+    assert!(done.is_some(), "the release hung on a FIFO put under a name it had mapped");
+    assert!(path(&data.name).exists() && path(&rc.name).exists(), "the FIFOs were left alone");
 }
