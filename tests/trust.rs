@@ -7,7 +7,9 @@
 //! - item 4: corrupt ref-counter slots are reported, never summed;
 //! - item 9: an allocation `/dev/shm` cannot hold is refused before anything is created;
 //! - a name a handle gives is never opened in a way that can block (a FIFO put under a
-//!   ref-counter's or a data object's name fails the import or is left at release, at once).
+//!   ref-counter's or a data object's name fails the import or is left at release, at once);
+//! - adoption (`Exporter::adopt`, what `devshare_exporter_adopt` calls) passes on only the
+//!   memory a tuple describes (an 'e' tuple's fds must be memory, not any open file or socket).
 //!
 //! Every object a test makes itself carries this process's pid in its name and is removed by
 //! that exact name; nothing is ever removed by prefix.
@@ -19,7 +21,8 @@ use devshare::handle::{DevshareHandle, DEVSHARE_HANDLE_FLAG_INFLIGHT};
 use devshare::import::{discard, discard_handle, import};
 use devshare::Status;
 use std::ffi::CString;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -493,6 +496,19 @@ fn cuda() {
     LIB.get_or_init(|| common::load(common::StandIn::Cuda, "trust"));
 }
 
+/// A PyTorch CUDA version-2 'e' storage handle: one record per segment (an fd number).
+fn cuda_e(pid: u32, segment_size: u64, fds: &[i32]) -> Vec<u8> {
+    let mut v = vec![2u8, b'e'];
+    v.extend_from_slice(&(pid as i32).to_ne_bytes());
+    v.extend_from_slice(&[0; 4]);
+    v.extend_from_slice(&segment_size.to_ne_bytes());
+    v.extend_from_slice(&(fds.len() as u64).to_ne_bytes());
+    for fd in fds {
+        v.extend_from_slice(&fd.to_ne_bytes());
+    }
+    v
+}
+
 /// The tuple fields of a CUDA storage: 1024 bytes at the start of the storage handle's memory,
 /// made in this process, whose reference is slot `ref_slot` of `ref_name`.
 fn cuda_args<'a>(handle: &'a [u8], ref_name: &'a [u8], ref_slot: u64) -> devshare::torch::TorchArgs<'a> {
@@ -512,6 +528,15 @@ fn cuda_args<'a>(handle: &'a [u8], ref_name: &'a [u8], ref_slot: u64) -> devshar
         event_handle: &[],
         event_sync_required: false,
     }
+}
+
+const SEGMENT: u64 = 2 << 20;
+
+/// An anonymous memfd of `size` bytes: what an expandable segment's fd is in the stand-in.
+fn memfd(size: u64) -> OwnedFd {
+    let fd = rustix::fs::memfd_create("trust-segment", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&fd, size).unwrap();
+    fd
 }
 
 /// A hostile producer replaces a ref-counter's name by a FIFO (whose open(2) waits for a
@@ -559,4 +584,61 @@ fn a_fifo_under_a_released_object_s_name_does_not_hang_the_release() {
     rc.unblock();
     assert!(done.is_some(), "the release hung on a FIFO put under a name it had mapped");
     assert!(path(&data.name).exists() && path(&rc.name).exists(), "the FIFOs were left alone");
+}
+
+/// Adopt an 'e' tuple whose one segment is fd `fd`, with no reference to take over.
+fn adopt_segment_fd(fd: i32) -> devshare::Result<Exporter> {
+    let bytes = cuda_e(pid(), SEGMENT, &[fd]);
+    let d = devshare::torch::handle_from_torch_full(&cuda_args(&bytes, b"", 0))?;
+    Exporter::adopt(&d.handle, d.table.as_deref())
+}
+
+/// A forged 'e' tuple names open descriptors of this process that are not the memory of an
+/// expandable segment: a private file (read and written through the duplicate a channel would
+/// pass), a socket, a pipe, a directory, a memfd smaller than a segment. Each is refused,
+/// naming the fd and what it is; a memfd as large as a segment (what the CUDA stand-in's
+/// segments are) is adopted.
+#[test]
+fn adoption_refuses_segment_fds_that_are_not_segment_memory() {
+    let _g = lock();
+    cuda();
+    let file_path = std::env::temp_dir().join(format!("devshare_trust_{}_private", pid()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&file_path)
+        .unwrap();
+    file.set_len(4 * SEGMENT).unwrap();
+    // A shared memory object is a file of a tmpfs directory (whose seals F_GET_SEALS reads),
+    // not a memfd.
+    let shm = Foreign::data(&format!("/trust_{}_segment", pid()), 0o600, 4 * SEGMENT as usize);
+    let shm_file = std::fs::OpenOptions::new().read(true).write(true).open(path(&shm.name)).unwrap();
+    let (sock, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    let (pipe_r, _pipe_w) = std::io::pipe().unwrap();
+    let dir = std::fs::File::open(std::env::temp_dir()).unwrap();
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let small = memfd(4096);
+    let cases: [(&str, i32, &str); 7] = [
+        ("a private regular file", file.as_raw_fd(), "memfd"),
+        ("a shared memory object", shm_file.as_raw_fd(), "memfd"),
+        ("a character device", null.as_raw_fd(), "character device (1:3)"),
+        ("a socket", sock.as_raw_fd(), "socket"),
+        ("a pipe", pipe_r.as_raw_fd(), "pipe"),
+        ("a directory", dir.as_raw_fd(), "directory"),
+        ("a memfd smaller than a segment", small.as_raw_fd(), "4096 bytes"),
+    ];
+    for (what, fd, says) in cases {
+        let err = adopt_segment_fd(fd).err().unwrap_or_else(|| panic!("{what} (fd {fd}) was adopted"));
+        let m = err.to_string();
+        assert_eq!(err.status(), Status::Untrusted, "{what}: {m}");
+        assert!(m.contains(&format!("fd {fd}")) && m.contains(says), "{what}: {m}");
+    }
+    std::fs::remove_file(&file_path).unwrap();
+    let segment = memfd(SEGMENT);
+    let adopted = adopt_segment_fd(segment.as_raw_fd()).unwrap();
+    assert_eq!(adopted.outstanding().unwrap(), 0);
+    drop(adopted);
 }

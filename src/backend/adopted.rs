@@ -63,7 +63,7 @@ impl Adopted {
                         t.producer_pid
                     )));
                 }
-                let (table, owned) = duplicate_fds(t)?;
+                let (table, owned) = duplicate_fds(t, t.seg.segment_size)?;
                 fds = owned;
                 Some((t.seg.segment_size, t.seg.kind, table))
             }
@@ -83,8 +83,9 @@ impl Adopted {
 }
 
 /// Duplicate each distinct fd of an fd table (close-on-exec) and rewrite the table with the
-/// duplicates' numbers. An fd that is not open here is refused by number.
-fn duplicate_fds(t: &SegmentTable<'_>) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
+/// duplicates' numbers. An fd that is not open here is refused by number, and one that is not
+/// the memory of a segment of `segment_size` bytes by what it is ([`check_segment_fd`]).
+fn duplicate_fds(t: &SegmentTable<'_>, segment_size: u64) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut owned: Vec<(i32, OwnedFd)> = Vec::new();
     let mut table = Vec::with_capacity(t.table.len());
     for fd in t.fds() {
@@ -103,6 +104,7 @@ fn duplicate_fds(t: &SegmentTable<'_>) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
                          the handle was not shared here"
                     ))
                 })?;
+                check_segment_fd(&d, fd, segment_size)?;
                 let n = d.as_raw_fd();
                 owned.push((fd, d));
                 n
@@ -111,6 +113,61 @@ fn duplicate_fds(t: &SegmentTable<'_>) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
         table.extend_from_slice(&new.to_le_bytes());
     }
     Ok((table, owned.into_iter().map(|(_, d)| d).collect()))
+}
+
+/// Major number of NVIDIA's character devices (`NV_MAJOR_DEVICE_NUMBER`: `/dev/nvidia<N>`,
+/// `/dev/nvidiactl`).
+const NVIDIA_MAJOR: u32 = 195;
+
+/// Whether `fd` (number `number` in the handle) can be the memory of one segment of
+/// `segment_size` bytes. The duplicate is passed with `SCM_RIGHTS` to every consumer of the
+/// export, so an fd a forged tuple names — a private file, a socket, a pipe — would hand that
+/// object to them, readable and writable. Only what `cuMemExportToShareableHandle` makes passes:
+///
+/// - the NVIDIA driver's fd, a character device of NVIDIA's major (its control device: the
+///   driver's own import looks the fd up by that device and refuses any other);
+/// - a memfd of at least `segment_size` bytes (what drivers that keep the memory in host pages
+///   make, the CUDA stand-in among them): `F_GET_SEALS` succeeds only on shmem files, and a
+///   memfd has no link in any directory and is named `/memfd:...` in `/proc/self/fd`, which
+///   tells it from a file of a tmpfs directory.
+///
+/// Anything else is [`Error::Untrusted`], naming the fd and what it is.
+fn check_segment_fd(d: &OwnedFd, number: i32, segment_size: u64) -> Result<()> {
+    use rustix::fs::{fstat, FileType};
+    let refuse = |what: String| {
+        Err(Error::Untrusted(format!(
+            "segment fd {number} of the handle is {what}, not the memory of a {segment_size}-byte \
+             expandable segment (a memfd of at least that size, or an NVIDIA driver fd): it is \
+             not adopted, so that it is never passed to consumers"
+        )))
+    };
+    let st = fstat(d).map_err(|e| Error::Os {
+        call: format!("fstat(segment fd {number})"),
+        errno: e.raw_os_error(),
+        message: e.to_string(),
+    })?;
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::CharacterDevice => {
+            let major = rustix::fs::major(st.st_rdev);
+            if major == NVIDIA_MAJOR {
+                return Ok(());
+            }
+            refuse(format!("a character device ({major}:{}) that is not NVIDIA's", rustix::fs::minor(st.st_rdev)))
+        }
+        FileType::RegularFile => {
+            let link = std::fs::read_link(format!("/proc/self/fd/{}", d.as_raw_fd())).ok();
+            let named_memfd = link.as_ref().map_or(true, |l| l.as_os_str().as_encoded_bytes().starts_with(b"/memfd:"));
+            if rustix::fs::fcntl_get_seals(d).is_err() || st.st_nlink != 0 || !named_memfd {
+                let shown = link.map_or_else(|| "a regular file".to_owned(), |l| format!("the file {}", l.display()));
+                return refuse(format!("{shown}, a regular file and not a memfd"));
+            }
+            if (st.st_size as u64) < segment_size {
+                return refuse(format!("a memfd of {} bytes", st.st_size));
+            }
+            Ok(())
+        }
+        _ => refuse(crate::shm::file_kind(st.st_mode as libc::mode_t).to_owned()),
+    }
 }
 
 impl Exported for Adopted {

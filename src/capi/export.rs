@@ -252,7 +252,9 @@ pub unsafe extern "C" fn devshare_export_segments(
 /// - A segmented CUDA handle lists POSIX fd numbers valid in this process (where the allocator
 ///   exported them): they are duplicated now, and channels pass the duplicates with
 ///   `SCM_RIGHTS`, so consumers need no `pidfd_getfd`. Adopting such a handle made in another
-///   process is refused.
+///   process is refused. Each fd must be a segment's memory — an NVIDIA driver fd, or a memfd
+///   at least a segment large — and any other open descriptor (a file, a socket, a pipe) is
+///   refused with `DEVSHARE_STATUS_UNTRUSTED` naming it, so that it never reaches a consumer.
 /// - The reference the handle carries (its ref-counter slot) is given back when the exporter is
 ///   closed, exactly once: keep the storage alive until `devshare_exporter_close` succeeds
 ///   (it refuses with `DEVSHARE_STATUS_BUSY` while leases are out), then let it go; PyTorch then
