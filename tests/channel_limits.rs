@@ -2,9 +2,12 @@
 //! a huge pool, stall every caller by not reading, lock consumers out with connections that never
 //! finish their handshake, or flood it with refused messages. Each test fails without its limit.
 
+mod common;
+
 use devshare::channel::producer::{
     DEVSHARE_CHANNEL_ERROR_BUDGET, DEVSHARE_CHANNEL_HANDSHAKE_MS, DEVSHARE_CHANNEL_MAX_PENDING,
-    DEVSHARE_CHANNEL_SEND_PATIENCE_MS, DEVSHARE_CHANNEL_SEND_QUEUE, DEVSHARE_POOL_MAX_SLOTS,
+    DEVSHARE_CHANNEL_MAX_PENDING_PER_SOURCE, DEVSHARE_CHANNEL_SEND_PATIENCE_MS, DEVSHARE_CHANNEL_SEND_QUEUE,
+    DEVSHARE_POOL_MAX_SLOTS,
 };
 use devshare::channel::{Channel, Connection};
 use devshare::export::{Exporter, TensorDesc};
@@ -231,6 +234,39 @@ fn a_stuck_peer_of_leases_hits_the_descriptor_bound_and_its_leases_come_back() {
     let e = refused.expect("disconnected before 5000 leases with descriptors were queued");
     assert_eq!(e.status(), Status::Closed, "{e}");
     assert_eq!(exp.outstanding().unwrap(), 0, "every lease of the disconnected peer came back");
+}
+
+#[test]
+fn connections_of_one_process_that_never_say_hello_keep_no_other_process_waiting() {
+    let addr = address("per-process");
+    let ch = Arc::new(Channel::listen(&addr).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = serve(ch.clone(), stop.clone());
+    // This process takes far more than every place waiting for a handshake (1024 of these
+    // once kept a consumer of another process out for more than 10 s)...
+    let raws: Vec<OwnedFd> = (0..1024).map(|_| raw_connect(&addr)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let waiting = raws.iter().filter(|fd| !hung_up(fd, Duration::from_millis(1))).count();
+    assert!(waiting <= DEVSHARE_CHANNEL_MAX_PENDING_PER_SOURCE, "{waiting} of one process's connections wait");
+    // ...and a consumer in another process gets in at once, well within one handshake deadline.
+    let started = Instant::now();
+    let out = common::role("limits_child", &[("DEVSHARE_LIMITS_ADDRESS", addr.as_ref())]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("said: connected"), "{text}");
+    assert!(started.elapsed() < Duration::from_millis(DEVSHARE_CHANNEL_HANDSHAKE_MS), "{:?}", started.elapsed());
+    stop.store(true, Ordering::Relaxed);
+    server.join().unwrap();
+}
+
+/// A consumer in a child process: connects to the channel its environment names, says so.
+#[test]
+#[ignore = "a role of the test above, run in a child process"]
+fn limits_child() {
+    let Ok(addr) = std::env::var("DEVSHARE_LIMITS_ADDRESS") else { return };
+    match Connection::connect(&addr, Some(Duration::from_secs(3))) {
+        Ok(_) => println!("said: connected"),
+        Err(e) => println!("said: refused {e}"),
+    }
 }
 
 #[test]

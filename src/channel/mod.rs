@@ -31,6 +31,7 @@
 //! state is behind one mutex each. The import of an item is an ordinary import, released on any
 //! thread.
 
+mod admission;
 mod api;
 pub mod consumer;
 pub mod producer;

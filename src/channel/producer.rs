@@ -1,5 +1,6 @@
 //! The producer end of a channel: the listening socket, its peers, their leases, and pools.
 
+use super::admission::{self, Admission};
 use super::ring::{self, ProducerRing};
 use super::wire::{self, ItemLayout, Message, Received};
 use crate::backend::IpcEvent;
@@ -22,6 +23,10 @@ pub const DEVSHARE_CHANNEL_MAX_PEERS: usize = 1024;
 /// Most connections one channel holds before their handshake (`HELLO`); more are refused at
 /// once, so connections that never speak cannot lock consumers out.
 pub const DEVSHARE_CHANNEL_MAX_PENDING: usize = 64;
+/// Most of those connections one source may hold (a process on a Unix channel, an address over
+/// TCP): more from it are refused at once, and when every place is taken a source with fewer
+/// gets in by dropping the oldest connection of the source that holds the most.
+pub const DEVSHARE_CHANNEL_MAX_PENDING_PER_SOURCE: usize = 8;
 /// Milliseconds a new connection has to complete its handshake; then it is dropped.
 pub const DEVSHARE_CHANNEL_HANDSHAKE_MS: u64 = 5000;
 /// Messages that may wait for one peer whose socket buffer is full (beyond what the kernel
@@ -60,6 +65,9 @@ pub struct PeerInfo {
     pub leases: u64,
     /// Messages from it that were refused (a slot it does not hold, a lease it was not given...).
     pub protocol_errors: u64,
+    /// How items reach it: 0 a Unix channel (shared memory), 1 a remote channel's
+    /// authenticated connection (the stream path), 2 UCX.
+    pub transport: u32,
 }
 
 /// A reference out with a peer: its export's book, and the event recorded for the share.
@@ -781,13 +789,27 @@ impl Core {
                 Some(format!("pid {pid} may not connect to this channel (allowed: {:?})", self.pids))
             } else if self.peers.iter().filter(|p| p.ready).count() >= DEVSHARE_CHANNEL_MAX_PEERS {
                 Some(format!("the channel already serves {DEVSHARE_CHANNEL_MAX_PEERS} peers"))
-            } else if self.peers.iter().filter(|p| !p.ready).count() >= DEVSHARE_CHANNEL_MAX_PENDING {
-                Some(format!(
-                    "{DEVSHARE_CHANNEL_MAX_PENDING} connections are waiting for their handshake already; \
-                     try again shortly"
-                ))
             } else {
-                None
+                // Limits per process: connections of one process that never say hello cannot
+                // keep another's consumer out.
+                let waiting: Vec<(usize, (i32, Instant))> = self
+                    .peers
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| !p.ready && p.doomed.is_none())
+                    .map(|(i, p)| (i, (p.info.pid, p.accepted)))
+                    .collect();
+                let places: Vec<(i32, Instant)> = waiting.iter().map(|(_, w)| *w).collect();
+                match admission::admit(&places, pid) {
+                    Admission::Admit => None,
+                    Admission::Evict(i) => {
+                        let victim = waiting[i].0;
+                        self.peers[victim].doomed = Some("its place was given to another process's connection".into());
+                        self.drop_peer(victim, epfd);
+                        None
+                    }
+                    Admission::Refuse(why) => Some(why),
+                }
             };
             if let Some(why) = refuse {
                 let _ = wire::try_send(fd.as_fd(), &Message::Refused { reason: why.as_bytes() }.encode(), &[]);
