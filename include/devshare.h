@@ -61,13 +61,24 @@
 #define DEVSHARE_VERSION_MAJOR 1
 
 // Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
-#define DEVSHARE_VERSION_MINOR 8
+#define DEVSHARE_VERSION_MINOR 9
 
 // Patch version (fixes; no interface change).
 #define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 67584
+#define DEVSHARE_VERSION 67840
+
+// `DevsharePeerInfo.transport`: a Unix channel's peer (items in shared memory).
+#define DEVSHARE_TRANSPORT_UNIX 0
+
+// `DevsharePeerInfo.transport`: a remote channel's peer whose items travel on the
+// authenticated connection (the default).
+#define DEVSHARE_TRANSPORT_STREAM 1
+
+// `DevsharePeerInfo.transport`: a remote channel's peer whose items are UCX puts (both ends
+// set `DEVSHARE_REMOTE_DATA=ucx`).
+#define DEVSHARE_TRANSPORT_UCX 2
 
 // The longest spin `devshare_pool_set_spin` and `devshare_connection_set_spin` accept (1 s).
 #define DEVSHARE_MAX_SPIN_US 1000000
@@ -159,6 +170,11 @@
 // Most connections one channel holds before their handshake (`HELLO`); more are refused at
 // once, so connections that never speak cannot lock consumers out.
 #define DEVSHARE_CHANNEL_MAX_PENDING 64
+
+// Most of those connections one source may hold (a process on a Unix channel, an address over
+// TCP): more from it are refused at once, and when every place is taken a source with fewer
+// gets in by dropping the oldest connection of the source that holds the most.
+#define DEVSHARE_CHANNEL_MAX_PENDING_PER_SOURCE 8
 
 // Milliseconds a new connection has to complete its handshake; then it is dropped.
 #define DEVSHARE_CHANNEL_HANDSHAKE_MS 5000
@@ -463,6 +479,12 @@ typedef struct DevsharePeerInfo {
   uint64_t leases;
   // Messages from the peer that were refused (returning a slot or lease it does not hold ...).
   uint64_t protocol_errors;
+  // How items reach the peer (1.9): `DEVSHARE_TRANSPORT_UNIX` (shared memory over a Unix
+  // channel), `DEVSHARE_TRANSPORT_STREAM` (a remote channel's authenticated connection) or
+  // `DEVSHARE_TRANSPORT_UCX` (UCX, where both ends chose it). Absent from a 1.8 caller's struct.
+  uint32_t transport;
+  // Always 0.
+  uint32_t reserved2;
 } DevsharePeerInfo;
 
 // An element type, laid out like DLPack's `DLDataType`.
@@ -1199,7 +1221,11 @@ int32_t devshare_export_segments(uint16_t backend,
 // - The reference the handle carries (its ref-counter slot) is given back when the exporter is
 //   closed, exactly once: keep the storage alive until `devshare_exporter_close` succeeds
 //   (it refuses with `DEVSHARE_STATUS_BUSY` while leases are out), then let it go; PyTorch then
-//   frees the block at once, with no `ipc_collect`.
+//   frees the block at once, with no `ipc_collect`. Only the share's own reference is taken:
+//   a ref-counter of another process (PyTorch's names carry its pid), a devshare ref-counter of
+//   an exporter of other memory or of none alive here (`DEVSHARE_STATUS_UNTRUSTED`), or a slot
+//   that another adoption or an import in this process holds (`DEVSHARE_STATUS_BUSY`) is
+//   refused, and a refused handle's reference stays the caller's.
 // - ACL: consumers that connect over a channel are whitelisted on the key (or shareable
 //   handles) where the runtime takes it; torch_npu exports without pid validation.
 //

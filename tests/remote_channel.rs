@@ -1,5 +1,7 @@
-//! Remote channels (`tcp://HOST:PORT`): pools across hosts on UCX, over loopback TCP here
-//! (`UCX_TLS=tcp`). Skipped, with a line saying why, when no UCX library loads.
+//! Remote channels (`tcp://HOST:PORT`): pools across hosts, over loopback here. Items travel on
+//! the authenticated connection by default; the tests of the UCX path (`DEVSHARE_REMOTE_DATA=ucx`,
+//! `UCX_TLS=tcp`) are skipped, with a line saying why, when no UCX library loads. The tests from
+//! an attacker's side (no key, a wrong proof, a relay, a flood) are at the end.
 
 mod common;
 
@@ -27,8 +29,15 @@ fn key_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
     p
 }
 
-/// UCX over TCP and this process's key; `false` (the test is skipped) without UCX.
+/// This process's key (and UCX over TCP, for the tests that choose UCX); always `true`: the
+/// stream path needs no UCX.
 fn setup() -> bool {
+    ucx_setup();
+    true
+}
+
+/// As [`setup`]; `false` (the UCX test is skipped) without UCX.
+fn ucx_setup() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     *READY.get_or_init(|| {
         std::env::set_var("UCX_TLS", "tcp");
@@ -60,15 +69,34 @@ fn pattern(seq: u64, i: usize) -> u8 {
 
 #[test]
 fn items_arrive_byte_exact_in_slots_that_keep_their_address_and_wait_for_the_consumers_slots() {
-    if !setup() {
+    setup();
+    assert_eq!(byte_exact(), 1, "items travel on the authenticated connection by default");
+}
+
+#[test]
+fn on_the_ucx_path_items_arrive_byte_exact_too_when_both_ends_choose_it() {
+    if !ucx_setup() {
         return;
     }
+    // The data path is chosen per process (DEVSHARE_REMOTE_DATA): both ends in a child.
+    let out = common::role("remote_child", &[(ROLE, "byte_exact".as_ref()), ("DEVSHARE_REMOTE_ADDRESS", "".as_ref())])
+        .env("DEVSHARE_REMOTE_DATA", "ucx")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("said: byte exact on 2"), "{text}");
+}
+
+/// One producer and one consumer (a thread) in this process: 4 KiB items at an odd offset,
+/// backpressure, then 64 MiB items, every byte checked; returns the data path the consumer took.
+fn byte_exact() -> u32 {
     const BIG: u64 = 64 << 20;
     let (ch, addr) = listen();
     let released = Arc::new(AtomicBool::new(false));
     let r2 = released.clone();
     let consumer = std::thread::spawn(move || {
         let c = Connection::connect(&addr, T).unwrap();
+        let path = c.transport();
         let mut bases = std::collections::HashMap::new();
         // 4 KiB at an odd offset, six times through two slots: byte-exact, one address per slot.
         for seq in 0..6u64 {
@@ -104,6 +132,7 @@ fn items_arrive_byte_exact_in_slots_that_keep_their_address_and_wait_for_the_con
             imp.release();
         }
         assert_eq!(c.recv(T).err().map(|e| e.status()), Some(Status::Closed));
+        path
     });
     ch.wait_peers(1, T).unwrap();
     let peer = ch.peer_ids().unwrap()[0];
@@ -129,10 +158,12 @@ fn items_arrive_byte_exact_in_slots_that_keep_their_address_and_wait_for_the_con
     for seq in 0..3 {
         send(100 + seq, 0, BIG);
     }
-    assert_eq!(ch.peer_info(peer).unwrap().protocol_errors, 0);
+    let info = ch.peer_info(peer).unwrap();
+    assert_eq!(info.protocol_errors, 0);
     drop(pool);
     ch.close();
-    consumer.join().unwrap();
+    assert_eq!(consumer.join().unwrap(), info.transport, "both ends name the same path");
+    info.transport
 }
 
 #[test]
@@ -155,8 +186,9 @@ fn what_a_remote_channel_does_not_carry_is_refused_by_name() {
 #[ignore = "a role of the tests below, run in a child process"]
 fn remote_child() {
     let Ok(role) = std::env::var(ROLE) else { return };
-    let usable = setup();
-    assert!(usable || role == "nolib", "UCX loads in the child");
+    let usable = ucx_setup();
+    let ucx = std::env::var("DEVSHARE_REMOTE_DATA").as_deref() == Ok("ucx");
+    assert!(usable || role == "nolib" || !ucx, "UCX loads in the child");
     let addr = std::env::var("DEVSHARE_REMOTE_ADDRESS").unwrap();
     let out = std::io::stdout();
     match role.as_str() {
@@ -177,6 +209,27 @@ fn remote_child() {
                     writeln!(out.lock(), "said: streaming").unwrap();
                 }
             }
+        }
+        "byte_exact" => {
+            let path = byte_exact();
+            writeln!(out.lock(), "said: byte exact on {path}").unwrap();
+        }
+        "listeners" => {
+            // A producer and a consumer with an item between them, then the sockets listening.
+            let (ch, addr) = listen();
+            let c = std::thread::spawn(move || {
+                let c = Connection::connect(&addr, T).unwrap();
+                c.recv(T).unwrap().release();
+                c
+            });
+            ch.wait_peers(1, T).unwrap();
+            let exp = Arc::new(Exporter::channel_host_alloc(4096).unwrap());
+            let pool = ch.pool(exp, 4096, 1).unwrap();
+            let (slot, _) = pool.acquire(T).unwrap();
+            pool.send(slot, ch.peer_ids().unwrap()[0], &TensorDesc { shape: &[16], ..Default::default() }).unwrap();
+            let _c = c.join().unwrap();
+            let own = ch.tcp_address().unwrap().unwrap().to_string();
+            writeln!(out.lock(), "said: {own} {:?}", listening_sockets()).unwrap();
         }
         "nolib" => {
             // UCX named by DEVSHARE_UCX_LIBRARY is not UCX: listening and connecting say so.
@@ -319,7 +372,7 @@ fn a_peer_with_the_wrong_key_no_key_or_garbage_is_refused_and_nothing_is_registe
     let mut raw = std::net::TcpStream::connect(addr.strip_prefix("tcp://").unwrap()).unwrap();
     raw.write_all(&[8, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
     let buf = until_dropped(&ch, raw);
-    assert!(String::from_utf8_lossy(&buf).contains("not a devshare remote channel"), "{buf:?}");
+    assert!(String::from_utf8_lossy(&buf).contains("not one this devshare remote channel speaks"), "{buf:?}");
     assert!(ch.peer_ids().unwrap().is_empty(), "no peer was admitted");
     // The right key still gets in.
     let mut c = child("connect", &addr, Some(std::path::Path::new(&std::env::var_os(KEY_ENV).unwrap())));
@@ -424,11 +477,31 @@ fn a_consumer_killed_in_the_middle_of_64_mib_transfers_fails_the_send_without_a_
 }
 
 #[test]
-fn without_ucx_listening_and_connecting_are_backend_unavailable() {
-    if !setup() {
+fn without_ucx_the_ucx_path_is_backend_unavailable_and_the_stream_path_works() {
+    if !ucx_setup() {
         return;
     }
     let key = std::path::PathBuf::from(std::env::var_os(KEY_ENV).unwrap());
+    let mut c = common::role(
+        "remote_child",
+        &[
+            (ROLE, "nolib".as_ref()),
+            ("DEVSHARE_REMOTE_ADDRESS", "tcp://127.0.0.1:1".as_ref()),
+            ("DEVSHARE_UCX_LIBRARY", "libm.so.6".as_ref()),
+        ],
+    )
+    .env(KEY_ENV, &key)
+    .env("DEVSHARE_REMOTE_DATA", "ucx")
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(c.stdout.take().unwrap()).lines().map_while(|l| l.ok());
+    let said = lines.by_ref().find_map(|l| l.split_once("said: ").map(|(_, r)| r.to_string())).unwrap_or_default();
+    lines.for_each(drop); // the rest, so that the child's harness can finish writing
+    c.wait().unwrap();
+    assert_eq!(said, "Some(BackendUnavailable) Some(BackendUnavailable)");
+    // The same library setting without the UCX path: listening works, connecting finds nothing
+    // at port 1.
     let mut c = common::role(
         "remote_child",
         &[
@@ -443,34 +516,9 @@ fn without_ucx_listening_and_connecting_are_backend_unavailable() {
     .unwrap();
     let mut lines = BufReader::new(c.stdout.take().unwrap()).lines().map_while(|l| l.ok());
     let said = lines.by_ref().find_map(|l| l.split_once("said: ").map(|(_, r)| r.to_string())).unwrap_or_default();
-    lines.for_each(drop); // the rest, so that the child's harness can finish writing
+    lines.for_each(drop);
     c.wait().unwrap();
-    assert_eq!(said, "Some(BackendUnavailable) Some(BackendUnavailable)");
-}
-
-#[test]
-fn a_peer_with_another_ucx_version_is_refused_with_both_versions_before_anything_is_registered() {
-    if !setup() {
-        return;
-    }
-    let (ch, addr) = listen();
-    let mut raw = std::net::TcpStream::connect(addr.strip_prefix("tcp://").unwrap()).unwrap();
-    // A hello as a consumer with UCX "1.99.0" sends it: type 20, magic "DSRC", version 1.
-    let mut hello = Vec::new();
-    hello.extend(20u32.to_le_bytes());
-    hello.extend(u32::from_le_bytes(*b"DSRC").to_le_bytes());
-    hello.extend(1u16.to_le_bytes());
-    hello.extend(0u16.to_le_bytes());
-    hello.extend([7u8; 32]);
-    hello.extend(b"1.99.0");
-    let mut frame = (hello.len() as u32).to_le_bytes().to_vec();
-    frame.extend(hello);
-    raw.write_all(&frame).unwrap();
-    let buf = until_dropped(&ch, raw);
-    let text = String::from_utf8_lossy(&buf);
-    let ours = devshare::channel::ucx::version().unwrap();
-    assert!(text.contains("UCX 1.99.0") && text.contains(&ours), "{text}");
-    assert!(ch.peer_ids().unwrap().is_empty(), "no peer was admitted");
+    assert_eq!(said, "None Some(NotFound)");
 }
 
 #[test]
@@ -679,4 +727,446 @@ fn a_consumer_that_cannot_hold_a_cuda_pool_says_why_and_hangs_up_so_the_send_fai
     drop(pool);
     drop(exp);
     cu.free(p);
+}
+
+// ---- From an attacker's side: hand-made peers, relays and floods. ----
+
+/// Serve `ch` on a thread until the returned guard is dropped.
+struct Server(Arc<AtomicBool>, Option<std::thread::JoinHandle<()>>);
+
+impl Server {
+    fn new(ch: &Arc<Channel>) -> Server {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ch, s) = (ch.clone(), stop.clone());
+        let t = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let _ = ch.service(Some(Duration::from_millis(5)));
+            }
+        });
+        Server(stop, Some(t))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+        let _ = self.1.take().unwrap().join();
+    }
+}
+
+fn listen_shared() -> (Arc<Channel>, String) {
+    let (ch, addr) = listen();
+    (Arc::new(ch), addr)
+}
+
+/// HMAC-SHA256(key, label || first || second || bound), made here independently of the library.
+fn mac(key: &[u8], consumer: bool, first: &[u8], second: &[u8], bound: &[u8]) -> Vec<u8> {
+    use hmac::Mac;
+    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).unwrap();
+    let label: &[u8] = if consumer { b"devshare-channel consumer" } else { b"devshare-channel producer" };
+    for part in [label, first, second, bound] {
+        m.update(part);
+    }
+    m.finalize().into_bytes().to_vec()
+}
+
+/// A hello as the library's consumer sends it: type 20, magic "DSRC", version, data path, nonce.
+fn hello_msg(version: u16, data: u16, nonce: &[u8; 32], ucx: &[u8]) -> Vec<u8> {
+    let mut m = 20u32.to_le_bytes().to_vec();
+    m.extend(u32::from_le_bytes(*b"DSRC").to_le_bytes());
+    m.extend(version.to_le_bytes());
+    m.extend(data.to_le_bytes());
+    m.extend(nonce);
+    m.extend(ucx);
+    m
+}
+
+/// What the consumer's proof covers: the hello's length and bytes, then the worker address.
+fn consumer_bound(hello: &[u8], worker: &[u8]) -> Vec<u8> {
+    let mut b = (hello.len() as u64).to_le_bytes().to_vec();
+    b.extend(hello);
+    b.extend(worker);
+    b
+}
+
+/// A hand-made peer of a remote channel that `ch`'s [`Server`] serves meanwhile.
+struct Raw(std::net::TcpStream);
+
+impl Raw {
+    fn connect(addr: &str) -> Raw {
+        let s = std::net::TcpStream::connect(addr.strip_prefix("tcp://").unwrap()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Raw(s)
+    }
+
+    /// A connection to `addr` from the loopback address `from` (127.0.0.0/8 is all this host).
+    fn connect_from(addr: &str, from: std::net::Ipv4Addr) -> std::net::TcpStream {
+        use rustix::net::{AddressFamily, SocketAddrV4, SocketType};
+        let fd = rustix::net::socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+        rustix::net::bind(&fd, &SocketAddrV4::new(from, 0)).unwrap();
+        let to: std::net::SocketAddr = addr.strip_prefix("tcp://").unwrap().parse().unwrap();
+        rustix::net::connect(&fd, &to).unwrap();
+        std::net::TcpStream::from(fd)
+    }
+
+    fn send(&mut self, msg: &[u8]) {
+        let mut f = (msg.len() as u32).to_le_bytes().to_vec();
+        f.extend(msg);
+        self.0.write_all(&f).unwrap();
+    }
+
+    /// The next message (`None` once the producer hung up).
+    fn next(&mut self) -> Option<Vec<u8>> {
+        use std::io::Read;
+        let mut len = [0u8; 4];
+        self.0.read_exact(&mut len).ok()?;
+        let mut m = vec![0u8; u32::from_le_bytes(len) as usize];
+        self.0.read_exact(&mut m).ok()?;
+        Some(m)
+    }
+
+    /// Raw bytes of the stream (an item's).
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        use std::io::Read;
+        let mut b = vec![0u8; n];
+        self.0.read_exact(&mut b).unwrap();
+        b
+    }
+
+    /// Hello and proof with `key`, on the stream path; the challenge's nonce.
+    fn handshake(&mut self, key: &[u8]) -> Option<Vec<u8>> {
+        let mine = [0x42u8; 32];
+        let hello = hello_msg(2, 0, &mine, b"");
+        self.send(&hello);
+        let ch = self.next()?;
+        assert_eq!(u32::from_le_bytes(ch[..4].try_into().unwrap()), 21, "a challenge");
+        assert_eq!(ch.len(), 4 + 32 + 32, "a challenge carries a nonce and a proof only");
+        let theirs = &ch[4..36];
+        let mut proof = 22u32.to_le_bytes().to_vec();
+        proof.extend(mac(key, true, theirs, &mine, &consumer_bound(&hello, b"")));
+        self.send(&proof);
+        self.next()
+    }
+}
+
+fn msg_type(m: &[u8]) -> u32 {
+    u32::from_le_bytes(m[..4].try_into().unwrap())
+}
+
+/// The reason of a REFUSED message (type 3).
+fn refusal(m: &[u8]) -> String {
+    assert_eq!(msg_type(m), 3, "a refusal, not {m:?}");
+    String::from_utf8_lossy(&m[4..]).into_owned()
+}
+
+fn the_key() -> Vec<u8> {
+    std::fs::read(std::env::var_os(KEY_ENV).unwrap()).unwrap()
+}
+
+#[test]
+fn a_peer_whose_proof_is_wrong_is_refused_never_listed_and_told_nothing_of_a_pool() {
+    setup();
+    let (ch, addr) = listen_shared();
+    let exp = Arc::new(Exporter::channel_host_alloc(4096).unwrap());
+    let _pool = ch.pool(exp, 4096, 1).unwrap();
+    let _server = Server::new(&ch);
+    // Random bytes, a proof made with another key, and the right key over another hello (what
+    // a relay that changed a field would send): each refused, and the connection ends.
+    let wrong: [&dyn Fn(&[u8], &[u8], &[u8]) -> Vec<u8>; 3] = [
+        &|_, _, _| vec![0x5a; 32],
+        &|theirs, mine, hello| {
+            mac(b"not the channel's key, 34 bytes..", true, theirs, mine, &consumer_bound(hello, b""))
+        },
+        &|theirs, mine, _| {
+            mac(&the_key(), true, theirs, mine, &consumer_bound(&hello_msg(2, 1, &[0x42; 32], b""), b""))
+        },
+    ];
+    for make in wrong {
+        let mut raw = Raw::connect(&addr);
+        let mine = [0x42u8; 32];
+        let hello = hello_msg(2, 0, &mine, b"");
+        raw.send(&hello);
+        let challenge = raw.next().expect("a challenge");
+        let mut proof = 22u32.to_le_bytes().to_vec();
+        proof.extend(make(&challenge[4..36], &mine, &hello));
+        raw.send(&proof);
+        let m = raw.next().expect("a refusal");
+        assert!(refusal(&m).contains("did not prove"), "{}", refusal(&m));
+        assert_eq!(raw.next(), None, "the connection ends after the refusal");
+        assert!(ch.peer_ids().unwrap().is_empty(), "a peer without the key was listed");
+    }
+    // The library's own consumer, with the key, still gets in.
+    let c = Connection::connect(&addr, T).unwrap();
+    assert_eq!(ch.peer_ids().unwrap(), vec![c.peer_id()]);
+}
+
+#[test]
+fn a_refusal_before_the_proof_tells_nothing_about_the_producer() {
+    setup();
+    let (ch, addr) = listen_shared();
+    let _server = Server::new(&ch);
+    // Another protocol version, an unknown data path, garbage: the same words, no versions.
+    for hello in [hello_msg(1, 0, &[7; 32], b"1.99.0"), hello_msg(2, 9, &[7; 32], b""), b"\x14\0\0\0DSRC".to_vec()] {
+        let mut raw = Raw::connect(&addr);
+        raw.send(&hello);
+        let text = refusal(&raw.next().expect("a refusal"));
+        assert_eq!(text, "untrusted: the handshake is not one this devshare remote channel speaks");
+    }
+    // A hello that asks for UCX with a made-up UCX version gets a challenge that holds a nonce
+    // and a proof only (no UCX version), and a wrong proof then learns nothing more.
+    let mut raw = Raw::connect(&addr);
+    raw.send(&hello_msg(2, 1, &[7; 32], b"1.99.0"));
+    let challenge = raw.next().unwrap();
+    assert_eq!(challenge.len(), 4 + 32 + 32);
+    let mut proof = 22u32.to_le_bytes().to_vec();
+    proof.extend([0u8; 32]);
+    proof.extend(b"a guessed worker address");
+    raw.send(&proof);
+    let text = refusal(&raw.next().unwrap());
+    assert!(!text.contains("UCX") && !text.contains("1."), "{text}");
+}
+
+/// A TCP relay to `upstream` for one connection: the client's messages pass through `edit`
+/// (by their index), the producer's bytes pass as they are; what the client sent is kept.
+fn relay(
+    upstream: &str,
+    edit: impl Fn(usize, &mut Vec<u8>) + Send + 'static,
+) -> (String, Arc<std::sync::Mutex<Vec<Vec<u8>>>>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = format!("tcp://{}", l.local_addr().unwrap());
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (up, kept) = (upstream.strip_prefix("tcp://").unwrap().to_string(), seen.clone());
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let (mut client, _) = l.accept().unwrap();
+        let mut server = std::net::TcpStream::connect(up).unwrap();
+        let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut s2, &mut c2);
+            let _ = c2.shutdown(std::net::Shutdown::Both);
+        });
+        for i in 0.. {
+            let mut len = [0u8; 4];
+            if client.read_exact(&mut len).is_err() {
+                break;
+            }
+            let mut m = vec![0u8; u32::from_le_bytes(len) as usize];
+            if client.read_exact(&mut m).is_err() {
+                break;
+            }
+            kept.lock().unwrap().push(m.clone());
+            edit(i, &mut m);
+            let mut f = (m.len() as u32).to_le_bytes().to_vec();
+            f.extend(m);
+            if server.write_all(&f).is_err() {
+                break;
+            }
+        }
+        let _ = server.shutdown(std::net::Shutdown::Both);
+    });
+    (addr, seen)
+}
+
+#[test]
+fn a_relay_that_changes_any_handshake_field_is_caught_and_a_replayed_handshake_is_refused() {
+    setup();
+    let (ch, addr) = listen_shared();
+    let _server = Server::new(&ch);
+    // The hello's data path changed on the way (to ask for UCX): the consumer sees that the
+    // producer's proof does not cover the hello it sent.
+    let (via, _) = relay(&addr, |i, m| {
+        if i == 0 {
+            m[10] = 1;
+        }
+    });
+    let e = Connection::connect(&via, T).err().expect("refused");
+    assert_eq!(e.status(), Status::Untrusted, "{e}");
+    assert!(e.to_string().contains("changed on the way"), "{e}");
+    // A worker address appended to the proof (what once aborted a producer in UCX's address
+    // parser): the producer's check of the proof fails, and both sides carry on.
+    let (via, _) = relay(&addr, |i, m| {
+        if i == 1 {
+            m.extend(b"\xff\xff\xff\xff a forged UCX worker address");
+        }
+    });
+    let e = Connection::connect(&via, T).err().expect("refused");
+    assert!(e.to_string().contains("did not prove"), "{e}");
+    // A real handshake, recorded, then replayed on a new connection: the producer's fresh nonce
+    // makes the old proof worthless.
+    let (via, seen) = relay(&addr, |_, _| {});
+    let c = Connection::connect(&via, T).unwrap();
+    let recorded = seen.lock().unwrap().clone();
+    assert_eq!(recorded.len(), 2, "hello and proof");
+    let mut raw = Raw::connect(&addr);
+    raw.send(&recorded[0]);
+    assert_eq!(msg_type(&raw.next().unwrap()), 21);
+    raw.send(&recorded[1]);
+    assert!(refusal(&raw.next().unwrap()).contains("did not prove"));
+    assert_eq!(ch.peer_ids().unwrap(), vec![c.peer_id()], "only the real consumer is a peer");
+}
+
+#[test]
+fn a_flood_of_keyless_connections_from_one_address_keeps_no_other_addresss_consumer_waiting() {
+    setup();
+    let (ch, addr) = listen_shared();
+    let _server = Server::new(&ch);
+    let flood_from = std::net::Ipv4Addr::new(127, 0, 0, 2);
+    // 200 connections that never speak, and 50 that send a wrong proof, all from 127.0.0.2
+    // (200 once took every place of the 64 waiting for a handshake, for 5 s at a time).
+    let mut flood: Vec<std::net::TcpStream> = (0..200).map(|_| Raw::connect_from(&addr, flood_from)).collect();
+    for _ in 0..50 {
+        // (Most are refused at once, and their writes may fail: that is the point.)
+        let mut s = Raw::connect_from(&addr, flood_from);
+        let mut frame = |m: Vec<u8>| {
+            let mut f = (m.len() as u32).to_le_bytes().to_vec();
+            f.extend(m);
+            let _ = s.write_all(&f);
+        };
+        frame(hello_msg(2, 0, &[1; 32], b""));
+        let mut proof = 22u32.to_le_bytes().to_vec();
+        proof.extend([3u8; 32]);
+        frame(proof);
+        flood.push(s);
+    }
+    // A consumer from 127.0.0.1 gets in at once, well within one handshake deadline.
+    let started = Instant::now();
+    let c = Connection::connect(&addr, Some(Duration::from_secs(3))).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(ch.peer_ids().unwrap(), vec![c.peer_id()], "none of the flood is a peer");
+    // At most one source's share of the flood is still waiting.
+    std::thread::sleep(Duration::from_millis(300));
+    let open = flood
+        .iter()
+        .filter(|s| {
+            s.set_nonblocking(true).unwrap();
+            let mut b = [0u8; 512];
+            loop {
+                match std::io::Read::read(&mut &**s, &mut b) {
+                    Ok(0) => return false,
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+                    Err(_) => return false,
+                }
+            }
+        })
+        .count();
+    assert!(open <= devshare::channel::producer::DEVSHARE_CHANNEL_MAX_PENDING_PER_SOURCE, "{open} still open");
+}
+
+#[test]
+fn a_consumer_with_the_key_that_forges_a_registration_or_a_return_is_refused_and_its_slots_are_all_it_gets() {
+    setup();
+    let (ch, addr) = listen_shared();
+    let server = Server::new(&ch);
+    let mut raw = Raw::connect(&addr);
+    let welcome = raw.handshake(&the_key()).expect("a welcome");
+    assert_eq!(msg_type(&welcome), 2);
+    drop(server);
+    let peer = ch.peer_ids().unwrap()[0];
+    assert_eq!(ch.peer_info(peer).unwrap().transport, 1, "the stream path");
+    let exp = Arc::new(Exporter::channel_host_alloc(2 * 4096).unwrap());
+    let pool = Arc::new(ch.pool(exp, 4096, 2).unwrap());
+    let (slot, ptr) = pool.acquire(T).unwrap();
+    // SAFETY: the acquired slot's 4096 bytes.
+    unsafe { std::ptr::write_bytes(ptr, 0xab, 4096) };
+    let sender = {
+        let pool = pool.clone();
+        std::thread::spawn(move || {
+            pool.send(slot, peer, &TensorDesc { shape: &[100], storage_size: Some(100), ..Default::default() })
+        })
+    };
+    let attach = raw.next().unwrap();
+    assert_eq!(msg_type(&attach), 6, "ATTACH");
+    let pool_msg = |len: u64, rkey: &[u8]| {
+        let mut m = 23u32.to_le_bytes().to_vec();
+        m.extend(1u32.to_le_bytes());
+        m.extend(0u32.to_le_bytes());
+        m.extend(0x7fff_0000_0000u64.to_le_bytes());
+        m.extend(len.to_le_bytes());
+        m.extend(rkey);
+        m
+    };
+    raw.send(&pool_msg(1 << 40, b"")); // a size that is not the pool's
+    raw.send(&pool_msg(2 * 4096, b"a forged UCX remote key")); // a key on the stream path
+    raw.send(&pool_msg(2 * 4096, b"")); // the honest answer
+    let data = raw.next().unwrap();
+    assert_eq!(msg_type(&data), 24, "the item's bytes come first");
+    let len = u64::from_le_bytes(data[20..28].try_into().unwrap());
+    assert_eq!(len, 100, "only the item's bytes travel");
+    assert!(raw.bytes(100).iter().all(|&b| b == 0xab));
+    let item = raw.next().unwrap();
+    assert_eq!(msg_type(&item), 7, "ITEM");
+    sender.join().unwrap().unwrap();
+    let ret = |pool: u32, slot: u32| {
+        let mut m = 8u32.to_le_bytes().to_vec();
+        m.extend(pool.to_le_bytes());
+        m.extend(slot.to_le_bytes());
+        m.extend(0u32.to_le_bytes());
+        m
+    };
+    let held = u32::from_le_bytes(item[8..12].try_into().unwrap());
+    raw.send(&ret(1, held ^ 1)); // a slot it does not hold
+    raw.send(&ret(1, 9)); // a slot beyond the pool
+    raw.send(&ret(1, held)); // its own
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ch.peer_info(peer).unwrap().protocol_errors < 4 {
+        assert!(Instant::now() < deadline, "{:?}", ch.peer_info(peer).unwrap());
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+    }
+    ch.service(Some(Duration::from_millis(50))).unwrap();
+    let info = ch.peer_info(peer).unwrap();
+    assert_eq!(info.protocol_errors, 4, "two forged registrations and two forged returns");
+    assert_eq!(info.leases, 1, "the pool it attached; the slot it returned is back");
+}
+
+#[test]
+fn on_the_stream_path_nothing_listens_but_the_channels_own_address() {
+    setup();
+    let run = |data: &str| {
+        let out =
+            common::role("remote_child", &[(ROLE, "listeners".as_ref()), ("DEVSHARE_REMOTE_ADDRESS", "".as_ref())])
+                .env("DEVSHARE_REMOTE_DATA", data)
+                .output()
+                .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines().find_map(|l| l.split_once("said: ").map(|(_, r)| r.to_string())).unwrap_or(text)
+    };
+    let said = run("stream");
+    let (channel, listening) = said.split_once(' ').unwrap();
+    assert_eq!(listening, format!("[{channel:?}]"), "the process listens only where it was told");
+    // The check sees what UCX's TCP transport opens when both ends choose UCX.
+    if ucx_setup() {
+        let said = run("ucx");
+        let (_, listening) = said.split_once(' ').unwrap();
+        assert!(listening.matches(':').count() > 1, "UCX listened nowhere else? {said}");
+    }
+}
+
+/// The TCP sockets this process listens on, as `address:port` (from `/proc/net/tcp{,6}` and
+/// this process's descriptors).
+fn listening_sockets() -> Vec<String> {
+    let mine: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
+        .collect();
+    let mut out = Vec::new();
+    for (file, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
+        let Ok(text) = std::fs::read_to_string(file) else { continue };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 10 || f[3] != "0A" || !mine.contains(f[9]) {
+                continue;
+            }
+            let (ip, port) = f[1].split_once(':').unwrap();
+            let port = u16::from_str_radix(port, 16).unwrap();
+            let ip = if v6 {
+                ip.to_string()
+            } else {
+                std::net::Ipv4Addr::from(u32::from_str_radix(ip, 16).unwrap().swap_bytes()).to_string()
+            };
+            out.push(format!("{ip}:{port}"));
+        }
+    }
+    out
 }

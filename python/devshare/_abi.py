@@ -108,6 +108,11 @@ TORCH_FORMAT_V3 = 3  # version byte 3 (PyTorch 2.13 and later)
 TORCH_FORMAT_UNVERSIONED = 0x100
 #: The longest spin Pool.set_spin / Connection.set_spin accept, in microseconds.
 MAX_SPIN_US = 1_000_000
+#: How items reach a peer (PeerInfo.transport): shared memory on a Unix channel, a remote
+#: channel's authenticated connection, or UCX puts.
+TRANSPORT_UNIX = 0
+TRANSPORT_STREAM = 1
+TRANSPORT_UCX = 2
 
 #: Python name -> the devshare.h macro it mirrors (checked against the compiled header).
 C_MACROS = {name: "DEVSHARE_" + name for name in (
@@ -120,7 +125,7 @@ C_MACROS = {name: "DEVSHARE_" + name for name in (
     "EXT_SEGMENTS", "SEGMENTS_ACL", "SEGMENTS_CUDA_FD", "SEGMENTS_CUDA_FABRIC", "SEGMENTS_INLINE",
     "SEGMENT_GRANULARITY", "MAX_SEGMENTS", "EXPORT_FABRIC", "HANDLE_FLAG_CHANNEL",
     "TORCH_FORMAT_DEFAULT", "TORCH_FORMAT_V1", "TORCH_FORMAT_V2", "TORCH_FORMAT_V3",
-    "TORCH_FORMAT_UNVERSIONED", "MAX_SPIN_US",
+    "TORCH_FORMAT_UNVERSIONED", "MAX_SPIN_US", "TRANSPORT_UNIX", "TRANSPORT_STREAM", "TRANSPORT_UCX",
 )}
 
 
@@ -360,6 +365,8 @@ class PeerInfo(Structure):
         ("reserved", c_uint32),
         ("leases", c_uint64),  # leases and attached pools it has not given back
         ("protocol_errors", c_uint64),  # its messages the producer refused
+        ("transport", c_uint32),  # TRANSPORT_UNIX / _STREAM / _UCX (1.9)
+        ("reserved2", c_uint32),
     ]
 
 

@@ -125,6 +125,9 @@ def _bind() -> str | None:
 _UNAVAILABLE = _bind()
 
 
+#: PeerInfo.transport's numbers, as peer_info names them.
+_TRANSPORTS = {0: "unix", 1: "stream", 2: "ucx"}
+
 # The 1.2 channel functions the library has (their prototypes set).
 _SIGNATURES_1_2 = channel_signatures_1_2(ImportP)
 _HAVE_1_2 = {name for name, _, _ in _SIGNATURES_1_2} - set(bind(_SIGNATURES_1_2))
@@ -712,7 +715,9 @@ class Channel(_Owned):
         """What is known of a connected consumer, a dict: ``id``; ``pid``, ``uid``, ``gid`` as
         the kernel reported them when it connected; ``tgid``, the pid it announced; ``leases``,
         items leased to it and pools it attached, not yet given back; ``protocol_errors``, its
-        messages the channel refused (giving back what it does not hold, ...).
+        messages the channel refused (giving back what it does not hold, ...); ``transport``, how
+        its items travel: ``"unix"`` (shared memory), ``"stream"`` (a remote channel's
+        authenticated connection) or ``"ucx"``.
         :class:`devshare.Error` ``NOT_FOUND`` when it is not connected."""
         peer = _peer_id(peer)
         info = new_struct(PeerInfo)
@@ -722,7 +727,8 @@ class Channel(_Owned):
         finally:
             self._exit()
         return {"id": info.id, "pid": info.pid, "uid": info.uid, "gid": info.gid,
-                "tgid": info.tgid, "leases": info.leases, "protocol_errors": info.protocol_errors}
+                "tgid": info.tgid, "leases": info.leases, "protocol_errors": info.protocol_errors,
+                "transport": _TRANSPORTS.get(info.transport, str(info.transport))}
 
     def disconnect(self, peer: int) -> None:
         """Disconnect consumer ``peer`` now, as if its process had died: its leases and pool

@@ -109,13 +109,28 @@ pub struct DevsharePeerInfo {
     pub leases: u64,
     /// Messages from the peer that were refused (returning a slot or lease it does not hold ...).
     pub protocol_errors: u64,
+    /// How items reach the peer (1.9): `DEVSHARE_TRANSPORT_UNIX` (shared memory over a Unix
+    /// channel), `DEVSHARE_TRANSPORT_STREAM` (a remote channel's authenticated connection) or
+    /// `DEVSHARE_TRANSPORT_UCX` (UCX, where both ends chose it). Absent from a 1.8 caller's struct.
+    pub transport: u32,
+    /// Always 0.
+    pub reserved2: u32,
 }
+
+/// `DevsharePeerInfo.transport`: a Unix channel's peer (items in shared memory).
+pub const DEVSHARE_TRANSPORT_UNIX: u32 = 0;
+/// `DevsharePeerInfo.transport`: a remote channel's peer whose items travel on the
+/// authenticated connection (the default).
+pub const DEVSHARE_TRANSPORT_STREAM: u32 = 1;
+/// `DevsharePeerInfo.transport`: a remote channel's peer whose items are UCX puts (both ends
+/// set `DEVSHARE_REMOTE_DATA=ucx`).
+pub const DEVSHARE_TRANSPORT_UCX: u32 = 2;
 
 sized_struct!(
     DevsharePeerInfo,
     "DevsharePeerInfo",
     first_size = 48,
-    sum = 4 * 6 + 8 * 3,
+    sum = 4 * 8 + 8 * 3,
     defaults = DevsharePeerInfo {
         struct_size: 0,
         pid: 0,
@@ -125,7 +140,9 @@ sized_struct!(
         tgid: 0,
         reserved: 0,
         leases: 0,
-        protocol_errors: 0
+        protocol_errors: 0,
+        transport: 0,
+        reserved2: 0
     }
 );
 
@@ -274,6 +291,8 @@ pub unsafe extern "C" fn devshare_channel_peer_info(
             reserved: 0,
             leases: p.leases,
             protocol_errors: p.protocol_errors,
+            transport: p.transport,
+            reserved2: 0,
         };
         ffi!(write_output(out, info, "out"))
     })

@@ -236,6 +236,15 @@ impl Connection {
         }
     }
 
+    /// How items reach this connection, as [`PeerInfo::transport`] numbers it: 0 a Unix
+    /// channel, 1 a remote channel's authenticated connection, 2 UCX.
+    pub fn transport(&self) -> u32 {
+        match &self.0 {
+            ConnKind::Local(_) => 0,
+            ConnKind::Remote(c) => c.data_path().reported(),
+        }
+    }
+
     pub fn set_spin(&self, spin: Duration) -> Result<()> {
         match &self.0 {
             ConnKind::Local(c) => c.set_spin(spin),

@@ -36,43 +36,99 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Instant;
 
-/// Consumer -> producer, first: `magic u32, version u16, 0 u16, nonce [32]`, then its UCX
-/// version (UTF-8).
+/// Consumer -> producer, first: `magic u32, version u16, data u16, nonce [32]`, then its UCX
+/// version (UTF-8; empty unless `data` asks for [`DataPath::Ucx`]).
 pub(crate) const R_HELLO: u32 = 20;
-/// Producer -> consumer: `nonce [32], proof [32]`, then its UCX version.
+/// Producer -> consumer: `nonce [32], proof [32]`; the proof covers the whole hello.
 pub(crate) const R_CHALLENGE: u32 = 21;
-/// Consumer -> producer: `proof [32]`, then its UCX worker address.
+/// Consumer -> producer: `proof [32]`, then its UCX worker address (empty on the stream path);
+/// the proof covers the hello and the address.
 pub(crate) const R_PROOF: u32 = 22;
 /// Consumer -> producer, answering `ATTACH`: `pool u32, 0 u32, base u64, length u64`, then the
-/// packed remote key of its slot memory.
+/// packed remote key of its slot memory (empty on the stream path: the answer only says the
+/// consumer holds its copy of the pool).
 pub(crate) const R_POOL: u32 = 23;
+/// Producer -> consumer, on the stream path: `pool u32, slot u32, offset u64, length u64`, then
+/// (outside the frame) `length` bytes of the item, which the consumer reads straight into its
+/// slot at `offset`; the item's `ITEM` message follows.
+pub(crate) const R_DATA: u32 = 24;
 /// First bytes of a remote handshake ("DSRC").
 pub(crate) const MAGIC: u32 = u32::from_le_bytes(*b"DSRC");
-/// Protocol version of remote channels.
-pub(crate) const VERSION: u16 = 1;
+/// Protocol version of remote channels (2: the stream path, proofs bound to the handshake).
+pub(crate) const VERSION: u16 = 2;
 /// Bytes a peer may leave unread (waiting in our buffer) before it is disconnected.
 pub(crate) const MAX_BACKLOG: usize = 4 << 20;
+/// Items up to this size are queued with their messages and written in one system call; larger
+/// ones are written straight from the slot.
+pub(crate) const INLINE_PAYLOAD: usize = 256 << 10;
+/// The environment variable that selects UCX for a remote channel's items (`ucx`), on both ends.
+pub(crate) const DATA_VAR: &str = "DEVSHARE_REMOTE_DATA";
+
+/// How a remote channel's item bytes travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DataPath {
+    /// On the authenticated connection itself, read straight into the consumer's slot (the
+    /// default): nothing but the channel's own port is open, and only a peer that proved the
+    /// key can make either process read or write anything.
+    Stream,
+    /// UCX puts into the consumer's registered slots (one-sided RDMA where the NIC checks
+    /// remote keys). Both ends opt in with `DEVSHARE_REMOTE_DATA=ucx`: UCX's TCP transport
+    /// listens on every interface and does not check remote keys.
+    Ucx,
+}
+
+impl DataPath {
+    pub(crate) fn code(self) -> u16 {
+        match self {
+            DataPath::Stream => 0,
+            DataPath::Ucx => 1,
+        }
+    }
+
+    pub(crate) fn from_code(c: u16) -> Option<DataPath> {
+        match c {
+            0 => Some(DataPath::Stream),
+            1 => Some(DataPath::Ucx),
+            _ => None,
+        }
+    }
+
+    /// The number `peer_info` and the C API report: 1 the stream, 2 UCX (0 is a Unix channel).
+    pub(crate) fn reported(self) -> u32 {
+        u32::from(self.code()) + 1
+    }
+
+    /// What this process asked for with [`DATA_VAR`]: `ucx`, `stream` or unset (the stream).
+    pub(crate) fn from_env() -> Result<DataPath> {
+        match std::env::var(DATA_VAR).as_deref() {
+            Err(_) | Ok("") | Ok("stream") => Ok(DataPath::Stream),
+            Ok("ucx") => Ok(DataPath::Ucx),
+            Ok(other) => Err(Error::InvalidArgument(format!("{DATA_VAR}={other:?}: use \"stream\" or \"ucx\""))),
+        }
+    }
+}
 
 /// A handshake or registration message of a remote channel (the rest are [`wire::Message`]s).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Remote<'a> {
-    Hello { magic: u32, version: u16, nonce: [u8; 32], ucx: &'a [u8] },
-    Challenge { nonce: [u8; 32], proof: [u8; 32], ucx: &'a [u8] },
+    Hello { magic: u32, version: u16, data: u16, nonce: [u8; 32], ucx: &'a [u8] },
+    Challenge { nonce: [u8; 32], proof: [u8; 32] },
     Proof { proof: [u8; 32], worker: &'a [u8] },
     Pool { pool: u32, base: u64, len: u64, rkey: &'a [u8] },
+    Data { pool: u32, slot: u32, offset: u64, len: u64 },
 }
 
 impl<'a> Remote<'a> {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut m;
         match self {
-            Remote::Hello { magic, version, nonce, ucx } => {
+            Remote::Hello { magic, version, data, nonce, ucx } => {
                 m = Out::new(R_HELLO);
-                m.u32(*magic).u16(*version).u16(0).bytes(nonce).bytes(ucx);
+                m.u32(*magic).u16(*version).u16(*data).bytes(nonce).bytes(ucx);
             }
-            Remote::Challenge { nonce, proof, ucx } => {
+            Remote::Challenge { nonce, proof } => {
                 m = Out::new(R_CHALLENGE);
-                m.bytes(nonce).bytes(proof).bytes(ucx);
+                m.bytes(nonce).bytes(proof);
             }
             Remote::Proof { proof, worker } => {
                 m = Out::new(R_PROOF);
@@ -81,6 +137,10 @@ impl<'a> Remote<'a> {
             Remote::Pool { pool, base, len, rkey } => {
                 m = Out::new(R_POOL);
                 m.u32(*pool).u32(0).u64(*base).u64(*len).bytes(rkey);
+            }
+            Remote::Data { pool, slot, offset, len } => {
+                m = Out::new(R_DATA);
+                m.u32(*pool).u32(*slot).u64(*offset).u64(*len);
             }
         }
         m.0
@@ -91,22 +151,32 @@ impl<'a> Remote<'a> {
         let mut r = In::new(b);
         let msg = match r.u32()? {
             R_HELLO => {
-                let (magic, version) = (r.u32()?, r.u16()?);
-                let _ = r.u16()?;
-                Remote::Hello { magic, version, nonce: r.array()?, ucx: r.rest() }
+                let (magic, version, data) = (r.u32()?, r.u16()?, r.u16()?);
+                Remote::Hello { magic, version, data, nonce: r.array()?, ucx: r.rest() }
             }
-            R_CHALLENGE => Remote::Challenge { nonce: r.array()?, proof: r.array()?, ucx: r.rest() },
+            R_CHALLENGE => Remote::Challenge { nonce: r.array()?, proof: r.array()? },
             R_PROOF => Remote::Proof { proof: r.array()?, worker: r.rest() },
             R_POOL => {
                 let pool = r.u32()?;
                 let _ = r.u32()?;
                 Remote::Pool { pool, base: r.u64()?, len: r.u64()?, rkey: r.rest() }
             }
+            R_DATA => Remote::Data { pool: r.u32()?, slot: r.u32()?, offset: r.u64()?, len: r.u64()? },
             _ => return Ok(None),
         };
         r.end()?;
         Ok(Some(msg))
     }
+}
+
+/// What the consumer's proof covers: its whole hello (as sent, type included) and the worker
+/// address it sends after the proof.
+pub(crate) fn consumer_bound(hello: &[u8], worker: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(8 + hello.len() + worker.len());
+    b.extend((hello.len() as u64).to_le_bytes());
+    b.extend(hello);
+    b.extend(worker);
+    b
 }
 
 /// Whether `address` names a remote channel (`tcp://HOST:PORT`).
@@ -222,6 +292,79 @@ impl Framed {
         self.flush()
     }
 
+    /// Queue `head`, the raw `payload` and `tail` (messages framed, the payload not) and send
+    /// them, in that order, waiting for room at most until `deadline`. A payload up to
+    /// [`INLINE_PAYLOAD`] bytes is queued with the messages (one system call when the socket
+    /// has room); a larger one is written straight from where it lies once what waited before
+    /// it went. On an error the connection's byte stream is broken: the caller ends it.
+    pub(crate) fn send_with_payload(
+        &mut self,
+        head: &[u8],
+        payload: &[u8],
+        tail: &[u8],
+        deadline: Instant,
+    ) -> Result<()> {
+        // Whoever does not read is waited for (bounded by the deadline) before the queue grows
+        // past half of what it may hold.
+        let queued = 8 + head.len() + tail.len() + if payload.len() <= INLINE_PAYLOAD { payload.len() } else { 0 };
+        if self.wbuf.len() + queued > MAX_BACKLOG / 2 {
+            self.flush_until(deadline)?;
+        }
+        if payload.len() <= INLINE_PAYLOAD {
+            self.wbuf.extend((head.len() as u32).to_le_bytes());
+            self.wbuf.extend(head);
+            self.wbuf.extend(payload);
+            self.wbuf.extend((tail.len() as u32).to_le_bytes());
+            self.wbuf.extend(tail);
+            return self.flush();
+        }
+        self.wbuf.extend((head.len() as u32).to_le_bytes());
+        self.wbuf.extend(head);
+        self.flush_until(deadline)?;
+        let mut done = 0;
+        while done < payload.len() {
+            match self.stream.write(&payload[done..]) {
+                Ok(0) => return Err(Error::Closed("the other end of the channel is gone".into())),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(Error::Timeout("the other end of the channel does not read".into()));
+                    }
+                    use std::os::fd::AsFd;
+                    wire::wait_ready(self.stream.as_fd(), rustix::event::PollFlags::OUT, Some(left))?;
+                }
+                Err(e) => return Err(io("send on a remote channel", e)),
+            }
+        }
+        self.send(tail)
+    }
+
+    /// Move the next bytes of the stream (after the last message handed out) into `dst`: what
+    /// was read already first, then straight from the socket until it has no more. The number
+    /// of bytes moved (less than `dst.len()` when the rest has not arrived yet); `Closed` once
+    /// the peer hung up before `dst` was filled.
+    pub(crate) fn read_raw(&mut self, dst: &mut [u8]) -> Result<usize> {
+        let buffered = (self.rbuf.len() - self.taken).min(dst.len());
+        dst[..buffered].copy_from_slice(&self.rbuf[self.taken..self.taken + buffered]);
+        self.taken += buffered;
+        let mut done = buffered;
+        while done < dst.len() {
+            if self.eof {
+                return Err(Error::Closed("the other end of the channel hung up in the middle of an item".into()));
+            }
+            match self.stream.read(&mut dst[done..]) {
+                Ok(0) => self.eof = true,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io("recv on a remote channel", e)),
+            }
+        }
+        Ok(done)
+    }
+
     /// Send what waits while the socket takes it.
     pub(crate) fn flush(&mut self) -> Result<()> {
         while !self.wbuf.is_empty() {
@@ -322,8 +465,10 @@ mod tests {
     #[test]
     fn remote_messages_round_trip_and_others_are_left_to_the_channel_wire() {
         let all = [
-            Remote::Hello { magic: MAGIC, version: VERSION, nonce: [1; 32], ucx: b"1.13.1" },
-            Remote::Challenge { nonce: [2; 32], proof: [3; 32], ucx: b"1.13.1" },
+            Remote::Hello { magic: MAGIC, version: VERSION, data: 1, nonce: [1; 32], ucx: b"1.13.1" },
+            Remote::Hello { magic: MAGIC, version: VERSION, data: 0, nonce: [1; 32], ucx: b"" },
+            Remote::Challenge { nonce: [2; 32], proof: [3; 32] },
+            Remote::Data { pool: 2, slot: 7, offset: 12, len: 64 << 20 },
             Remote::Proof { proof: [4; 32], worker: b"worker address" },
             Remote::Pool { pool: 3, base: 1 << 40, len: 4096, rkey: b"rkey" },
         ];

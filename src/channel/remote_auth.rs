@@ -11,8 +11,6 @@
 //! HMAC-SHA256 comes from the RustCrypto `hmac` and `sha2` crates; the random nonces from the
 //! kernel's `getrandom` (through rustix).
 
-// Until the remote channel (channel/remote*.rs) calls it, only this file's tests use it.
-
 use std::ffi::OsString;
 use std::fmt;
 use std::io::Read;
@@ -203,22 +201,33 @@ impl Key {
         mac
     }
 
-    /// The proof that `role` holds this key: HMAC-SHA256(key, label(role) || first || second),
-    /// label `devshare-channel producer` or `devshare-channel consumer`.
+    /// The proof that `role` holds this key, bound to the handshake: HMAC-SHA256(key,
+    /// label(role) || first || second || bound), label `devshare-channel producer` or
+    /// `devshare-channel consumer`. `bound` is every field of the handshake the proof vouches
+    /// for (what the consumer said in its hello, what it sends after its proof), so an on-path
+    /// relay without the key cannot change any of them unnoticed. The label and nonces have
+    /// fixed sizes, so the concatenation is unambiguous.
     ///
     /// The nonce order: the **producer** proves with `first` = the consumer's nonce, `second` =
     /// its own (producer) nonce; the **consumer** proves with `first` = the producer's nonce,
     /// `second` = its own (consumer) nonce. That is, each end puts the other's nonce (its
     /// challenge) first and its own second.
-    pub(crate) fn prove(&self, role: Role, first: &[u8; NONCE], second: &[u8; NONCE]) -> [u8; MAC] {
-        self.mac(&[role.label(), first, second]).finalize().into_bytes().into()
+    pub(crate) fn prove(&self, role: Role, first: &[u8; NONCE], second: &[u8; NONCE], bound: &[u8]) -> [u8; MAC] {
+        self.mac(&[role.label(), first, second, bound]).finalize().into_bytes().into()
     }
 
-    /// Whether `mac` is the proof [`Key::prove`] makes for `role` with `first` and `second` (the
-    /// same order as there), compared in constant time. A `mac` of any length other than
-    /// [`MAC`] is refused.
-    pub(crate) fn verify(&self, role: Role, first: &[u8; NONCE], second: &[u8; NONCE], mac: &[u8]) -> bool {
-        self.mac(&[role.label(), first, second]).verify_slice(mac).is_ok()
+    /// Whether `mac` is the proof [`Key::prove`] makes for `role` with `first`, `second` and
+    /// `bound` (the same order as there), compared in constant time. A `mac` of any length
+    /// other than [`MAC`] is refused.
+    pub(crate) fn verify(
+        &self,
+        role: Role,
+        first: &[u8; NONCE],
+        second: &[u8; NONCE],
+        bound: &[u8],
+        mac: &[u8],
+    ) -> bool {
+        self.mac(&[role.label(), first, second, bound]).verify_slice(mac).is_ok()
     }
 }
 
@@ -410,13 +419,13 @@ mod tests {
         let key = Key { bytes: vec![0x5a; 32] };
         let (pn, cn) = (nonce().unwrap(), nonce().unwrap());
         assert_ne!(pn, cn);
-        let by_producer = key.prove(Role::Producer, &cn, &pn);
-        let by_consumer = key.prove(Role::Consumer, &pn, &cn);
+        let by_producer = key.prove(Role::Producer, &cn, &pn, &[]);
+        let by_consumer = key.prove(Role::Consumer, &pn, &cn, &[]);
         assert_ne!(by_producer, by_consumer);
-        assert!(key.verify(Role::Producer, &cn, &pn, &by_producer));
-        assert!(key.verify(Role::Consumer, &pn, &cn, &by_consumer));
+        assert!(key.verify(Role::Producer, &cn, &pn, &[], &by_producer));
+        assert!(key.verify(Role::Consumer, &pn, &cn, &[], &by_consumer));
         // Deterministic: the same inputs make the same proof.
-        assert_eq!(key.prove(Role::Producer, &cn, &pn), by_producer);
+        assert_eq!(key.prove(Role::Producer, &cn, &pn, &[]), by_producer);
     }
 
     #[test]
@@ -424,23 +433,34 @@ mod tests {
         let key = Key { bytes: vec![0x5a; 32] };
         let other = Key { bytes: vec![0x5b; 32] };
         let (pn, cn) = (nonce().unwrap(), nonce().unwrap());
-        let mac = key.prove(Role::Producer, &cn, &pn);
-        assert!(key.verify(Role::Producer, &cn, &pn, &mac));
-        assert!(!other.verify(Role::Producer, &cn, &pn, &mac), "wrong key");
-        assert!(!key.verify(Role::Consumer, &cn, &pn, &mac), "swapped role");
-        assert!(!key.verify(Role::Producer, &pn, &cn, &mac), "swapped nonces");
-        assert!(!key.verify(Role::Producer, &cn, &pn, &mac[..MAC - 1]), "truncated");
-        assert!(!key.verify(Role::Producer, &cn, &pn, &mac[..16]), "truncated to half");
-        assert!(!key.verify(Role::Producer, &cn, &pn, &[]), "empty");
+        let mac = key.prove(Role::Producer, &cn, &pn, &[]);
+        assert!(key.verify(Role::Producer, &cn, &pn, &[], &mac));
+        assert!(!other.verify(Role::Producer, &cn, &pn, &[], &mac), "wrong key");
+        assert!(!key.verify(Role::Consumer, &cn, &pn, &[], &mac), "swapped role");
+        assert!(!key.verify(Role::Producer, &pn, &cn, &[], &mac), "swapped nonces");
+        assert!(!key.verify(Role::Producer, &cn, &pn, &[], &mac[..MAC - 1]), "truncated");
+        assert!(!key.verify(Role::Producer, &cn, &pn, &[], &mac[..16]), "truncated to half");
+        assert!(!key.verify(Role::Producer, &cn, &pn, &[], &[]), "empty");
         let mut long = mac.to_vec();
         long.push(0);
-        assert!(!key.verify(Role::Producer, &cn, &pn, &long), "extended");
+        assert!(!key.verify(Role::Producer, &cn, &pn, &[], &long), "extended");
         let mut flipped = mac;
         flipped[MAC - 1] ^= 1;
-        assert!(!key.verify(Role::Producer, &cn, &pn, &flipped), "one bit flipped");
+        assert!(!key.verify(Role::Producer, &cn, &pn, &[], &flipped), "one bit flipped");
         // A consumer's proof is not a producer's, even with the nonces in the producer's order.
-        let reflected = key.prove(Role::Consumer, &cn, &pn);
-        assert!(!key.verify(Role::Producer, &cn, &pn, &reflected), "reflected");
+        let reflected = key.prove(Role::Consumer, &cn, &pn, &[]);
+        assert!(!key.verify(Role::Producer, &cn, &pn, &[], &reflected), "reflected");
+    }
+
+    #[test]
+    fn a_proof_vouches_for_the_bound_fields_and_nothing_else() {
+        let key = Key { bytes: vec![0x5a; 32] };
+        let (pn, cn) = (nonce().unwrap(), nonce().unwrap());
+        let mac = key.prove(Role::Consumer, &pn, &cn, b"worker address");
+        assert!(key.verify(Role::Consumer, &pn, &cn, b"worker address", &mac));
+        assert!(!key.verify(Role::Consumer, &pn, &cn, b"worker addresS", &mac), "one field changed");
+        assert!(!key.verify(Role::Consumer, &pn, &cn, b"worker", &mac), "a field cut");
+        assert!(!key.verify(Role::Consumer, &pn, &cn, &[], &mac), "the field dropped");
     }
 
     /// RFC 4231, test case 2: key "Jefe", data "what do ya want for nothing?", through the same
@@ -462,11 +482,11 @@ mod tests {
         let key = Key { bytes: (0..32).collect() };
         let (first, second) = ([0x11; NONCE], [0x22; NONCE]);
         assert_eq!(
-            hex(&key.prove(Role::Producer, &first, &second)),
+            hex(&key.prove(Role::Producer, &first, &second, &[])),
             "24abd385928aaeb3b1b1d09ca858735e85a94d800eb1e6321d5784f95447ec6c"
         );
         assert_eq!(
-            hex(&key.prove(Role::Consumer, &first, &second)),
+            hex(&key.prove(Role::Consumer, &first, &second, &[])),
             "d01807ca4cb756f002eb5d8315c6ef11070bddce3850d6b3bfcdef895838bc5b"
         );
         assert_eq!(PRODUCER_LABEL.len(), CONSUMER_LABEL.len());

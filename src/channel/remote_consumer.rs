@@ -3,7 +3,7 @@
 //! its address), and the items the producer puts there. See [`super::remote`].
 
 use super::consumer::{narrow, open, AttachToken, Teller};
-use super::remote::{self, Framed, PoolMemory, Remote};
+use super::remote::{self, DataPath, Framed, PoolMemory, Remote};
 use super::remote_auth::{self, Key, Role};
 use super::ucx::{self, Arm, MemRegion};
 use super::wire::{self, Message};
@@ -38,8 +38,8 @@ impl Teller for Shared {
 
 /// This consumer's copy of a pool: its memory, registered with UCX once.
 struct Attached {
-    /// Unregistered before the memory goes (declared first).
-    _region: MemRegion,
+    /// Unregistered before the memory goes (declared first); UCX path only.
+    _region: Option<MemRegion>,
     /// The registered host memory the producer puts into.
     base: Import,
     /// A CUDA pool's slots: this consumer's own device memory, where each item is copied from
@@ -50,12 +50,27 @@ struct Attached {
     token: Arc<AttachToken>,
 }
 
+/// This consumer's UCX worker, on the UCX path.
+struct Ucx {
+    worker: Box<ucx::Worker>,
+    context: ucx::Context,
+}
+
+/// An item's bytes arriving on the stream path: where the rest goes.
+struct Incoming {
+    pool: u32,
+    /// Offset of the next byte in the pool's host memory.
+    at: usize,
+    left: usize,
+}
+
 struct State {
     reader: Framed,
     /// Dropped before the worker.
     pools: FxHashMap<u32, Attached>,
-    worker: Box<ucx::Worker>,
-    context: ucx::Context,
+    /// The item whose bytes are being read (stream path).
+    incoming: Option<Incoming>,
+    ucx: Option<Ucx>,
     eof: bool,
 }
 
@@ -71,6 +86,7 @@ pub(crate) struct RemoteConnection {
     sock: OwnedFd,
     peer_id: u64,
     producer_pid: i32,
+    data: DataPath,
 }
 
 fn os(call: &str, e: std::io::Error) -> Error {
@@ -84,9 +100,16 @@ impl RemoteConnection {
     pub(crate) fn connect(address: &str, timeout: Option<Duration>) -> Result<RemoteConnection> {
         let addrs = remote::socket_addrs(address)?;
         let key = Key::load(&remote_auth::key_path()?)?;
-        let context = ucx::Context::new(remote::UCX_SETTINGS)?;
-        let worker = Box::new(ucx::Worker::new(&context)?);
-        let version = ucx::version()?;
+        let data = DataPath::from_env()?;
+        // UCX only where asked for: on the stream path nothing else listens or is registered.
+        let ucx = match data {
+            DataPath::Stream => None,
+            DataPath::Ucx => {
+                let context = ucx::Context::new(remote::UCX_SETTINGS)?;
+                let worker = Box::new(ucx::Worker::new(&context)?);
+                Some((context, worker, ucx::version()?))
+            }
+        };
         let limit = timeout.unwrap_or(Duration::from_secs(10)).max(Duration::from_millis(1));
         let deadline = Instant::now() + limit;
         let mut last = None;
@@ -117,15 +140,22 @@ impl RemoteConnection {
         let mut reader = Framed::new(stream)?;
         let mut writer = Framed::new(writer_stream)?;
         let mine = remote_auth::nonce()?;
-        writer.send(
-            &Remote::Hello { magic: remote::MAGIC, version: remote::VERSION, nonce: mine, ucx: version.as_bytes() }
-                .encode(),
-        )?;
+        let version = ucx.as_ref().map_or("", |(_, _, v)| v.as_str());
+        let hello = Remote::Hello {
+            magic: remote::MAGIC,
+            version: remote::VERSION,
+            data: data.code(),
+            nonce: mine,
+            ucx: version.as_bytes(),
+        }
+        .encode();
+        writer.send(&hello)?;
         writer.flush_until(deadline)?;
         let refused = |m: &[u8]| -> Option<Error> {
             match Message::decode(m) {
                 Ok(Message::Refused { reason }) => Some(Error::Untrusted(format!(
-                    "the channel at {address:?} refused this process: {}",
+                    "the channel at {address:?} refused this process (remote channel protocol version {}): {}",
+                    remote::VERSION,
                     String::from_utf8_lossy(reason)
                 ))),
                 _ => None,
@@ -135,24 +165,24 @@ impl RemoteConnection {
         if let Some(e) = refused(&m) {
             return Err(e);
         }
-        let Some(Remote::Challenge { nonce: theirs, proof, ucx }) = Remote::decode(&m)? else {
+        let Some(Remote::Challenge { nonce: theirs, proof }) = Remote::decode(&m)? else {
             return Err(Error::Untrusted(format!(
                 "the channel at {address:?} answered the handshake with something else"
             )));
         };
-        if !key.verify(Role::Producer, &mine, &theirs, &proof) {
+        // The producer's proof covers this hello as the producer received it.
+        if !key.verify(Role::Producer, &mine, &theirs, &hello, &proof) {
             return Err(Error::Untrusted(format!(
-                "the channel at {address:?} did not prove that it has the channel's key"
+                "the channel at {address:?} did not prove that it has the channel's key (or the handshake \
+                 was changed on the way)"
             )));
         }
-        if ucx != version.as_bytes() {
-            return Err(Error::UnsupportedVersion(format!(
-                "the channel at {address:?} has UCX {}, this process UCX {version}: both ends need the same UCX version",
-                String::from_utf8_lossy(ucx)
-            )));
-        }
-        let proof = key.prove(Role::Consumer, &theirs, &mine);
-        writer.send(&Remote::Proof { proof, worker: &worker.address()? }.encode())?;
+        let worker_address = match &ucx {
+            Some((_, w, _)) => w.address()?,
+            None => Vec::new(),
+        };
+        let proof = key.prove(Role::Consumer, &theirs, &mine, &remote::consumer_bound(&hello, &worker_address));
+        writer.send(&Remote::Proof { proof, worker: &worker_address }.encode())?;
         writer.flush_until(deadline)?;
         let m = reader.next_until(deadline)?;
         if let Some(e) = refused(&m) {
@@ -167,8 +197,14 @@ impl RemoteConnection {
         let ep = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| wire::os("epoll_create", e))?;
         epoll::add(&ep, &reader.stream, epoll::EventData::new_u64(0), epoll::EventFlags::IN)
             .map_err(|e| wire::os("epoll_ctl", e))?;
-        epoll::add(&ep, worker.efd(), epoll::EventData::new_u64(1), epoll::EventFlags::IN)
-            .map_err(|e| wire::os("epoll_ctl", e))?;
+        let ucx = match ucx {
+            Some((context, worker, _)) => {
+                epoll::add(&ep, worker.efd(), epoll::EventData::new_u64(1), epoll::EventFlags::IN)
+                    .map_err(|e| wire::os("epoll_ctl", e))?;
+                Some(Ucx { worker, context })
+            }
+            None => None,
+        };
         let sock = rustix::io::fcntl_dupfd_cloexec(&reader.stream, 0).map_err(|e| wire::os("dup of a socket", e))?;
         Ok(RemoteConnection {
             sock,
@@ -177,11 +213,17 @@ impl RemoteConnection {
                 closed: AtomicBool::new(false),
                 generation: crate::fork::generation(),
             }),
-            state: Mutex::new(State { reader, pools: FxHashMap::default(), worker, context, eof: false }),
+            state: Mutex::new(State { reader, pools: FxHashMap::default(), incoming: None, ucx, eof: false }),
             epoll: ep,
             peer_id,
             producer_pid,
+            data,
         })
+    }
+
+    /// How this connection's items travel.
+    pub(crate) fn data_path(&self) -> DataPath {
+        self.data
     }
 
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
@@ -227,8 +269,10 @@ impl RemoteConnection {
                 if let Some(imp) = self.take_messages(&mut st)? {
                     return Ok(imp);
                 }
-                if !st.eof {
-                    while st.worker.progress() > 0 {}
+                if !st.eof && st.ucx.is_some() {
+                    if let Some(u) = &st.ucx {
+                        while u.worker.progress() > 0 {}
+                    }
                     if let Some(imp) = self.take_messages(&mut st)? {
                         return Ok(imp);
                     }
@@ -240,8 +284,10 @@ impl RemoteConnection {
                 if left.is_some_and(|l| l.is_zero()) {
                     return Err(Error::Timeout("nothing arrived on the channel".into()));
                 }
-                if st.worker.arm()? == Arm::Busy {
-                    continue;
+                if let Some(u) = &st.ucx {
+                    if u.worker.arm()? == Arm::Busy {
+                        continue;
+                    }
                 }
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
@@ -249,11 +295,15 @@ impl RemoteConnection {
             let ts = left
                 .map(|d| rustix::event::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
             let out = if backlog { rustix::event::PollFlags::OUT } else { rustix::event::PollFlags::empty() };
-            let mut fds = [
+            let mut both = [
                 rustix::event::PollFd::new(&self.epoll, rustix::event::PollFlags::IN),
                 rustix::event::PollFd::new(&self.sock, out),
             ];
-            match rustix::event::poll(&mut fds, ts.as_ref()) {
+            // The stream path has only the socket to wait on.
+            let mut one = [rustix::event::PollFd::new(&self.sock, out | rustix::event::PollFlags::IN)];
+            let fds: &mut [rustix::event::PollFd<'_>] =
+                if self.data == DataPath::Stream { &mut one } else { &mut both };
+            match rustix::event::poll(fds, ts.as_ref()) {
                 Ok(0) => return Err(Error::Timeout("nothing arrived on the channel".into())),
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(wire::os("poll", e)),
@@ -268,6 +318,9 @@ impl RemoteConnection {
             return Ok(None);
         }
         loop {
+            if !self.take_bytes(st)? {
+                return Ok(None);
+            }
             let m = match st.reader.next() {
                 Ok(Some(m)) => m,
                 Ok(None) => return Ok(None),
@@ -283,9 +336,53 @@ impl RemoteConnection {
         }
     }
 
+    /// Read the bytes of the item that is arriving (stream path) straight into its slot; true
+    /// once none are missing.
+    fn take_bytes(&self, st: &mut State) -> Result<bool> {
+        let Some(inc) = &mut st.incoming else { return Ok(true) };
+        let Some(p) = st.pools.get(&inc.pool) else {
+            return Err(Error::Internal("an arriving item's pool went".into()));
+        };
+        // SAFETY: `at..at + left` lies in the pool's host memory (checked against its slots
+        // when the item's header came), which `p.base` keeps mapped; nothing else writes there
+        // meanwhile (the producer sends a slot's bytes only while this consumer does not hold
+        // it, and the consumer hands out no item of a slot before its bytes arrived).
+        let dst = unsafe { std::slice::from_raw_parts_mut(p.base.view().data.add(inc.at), inc.left) };
+        match st.reader.read_raw(dst) {
+            Ok(n) => {
+                inc.at += n;
+                inc.left -= n;
+                if inc.left > 0 {
+                    return Ok(false);
+                }
+                st.incoming = None;
+                Ok(true)
+            }
+            Err(Error::Closed(_)) => {
+                st.eof = true;
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn message(&self, st: &mut State, b: &[u8]) -> Result<Option<Import>> {
         if let Some(r) = Remote::decode(b)? {
-            return Err(Error::Untrusted(format!("{r:?} after the handshake")));
+            let Remote::Data { pool, slot, offset, len } = r else {
+                return Err(Error::Untrusted(format!("{r:?} after the handshake")));
+            };
+            let p = st.pools.get(&pool).filter(|_| st.ucx.is_none()).ok_or_else(|| {
+                Error::Untrusted(format!("the bytes of an item of pool {pool}, which this consumer never attached"))
+            })?;
+            if slot >= p.count || offset.checked_add(len).map_or(true, |e| e > p.slot_size) {
+                return Err(Error::Untrusted(format!(
+                    "pool {pool} item bytes: slot {slot}, bytes {offset}..+{len} is outside the {} slots of {} bytes",
+                    p.count, p.slot_size
+                )));
+            }
+            let at = (u64::from(slot) * p.slot_size + offset) as usize;
+            st.incoming = Some(Incoming { pool, at, left: len as usize });
+            return Ok(None);
         }
         match Message::decode(b)? {
             Message::Attach { pool, slot_size, count, handle } => {
@@ -312,17 +409,28 @@ impl RemoteConnection {
                 let (base, device) =
                     own_memory(whole).and_then(|b| Ok((b, memory(memory_kind)?))).inspect_err(|_| self.hang_up())?;
                 let ptr = base.view().data;
-                // SAFETY: the memory is this consumer's own allocation of `whole` bytes, held by
-                // `base` for as long as the region (declared before it in Attached) lives; the
-                // producer's puts land there only between items, as the control channel says.
-                let region = unsafe { MemRegion::map(&st.context, ptr, whole as usize) }?;
-                let rkey = region.pack_rkey()?;
-                let reply = Remote::Pool { pool, base: ptr as u64, len: whole, rkey: &rkey }.encode();
+                let (region, reply) = match &st.ucx {
+                    Some(u) => {
+                        // SAFETY: the memory is this consumer's own allocation of `whole` bytes,
+                        // held by `base` for as long as the region (declared before it in
+                        // Attached) lives; the producer's puts land there only between items, as
+                        // the control channel says.
+                        let region = unsafe { MemRegion::map(&u.context, ptr, whole as usize) }?;
+                        let rkey = region.pack_rkey()?;
+                        let reply = Remote::Pool { pool, base: ptr as u64, len: whole, rkey: &rkey }.encode();
+                        (Some(region), reply)
+                    }
+                    // The stream path registers nothing: the answer says the copy is there.
+                    None => (None, Remote::Pool { pool, base: 0, len: whole, rkey: &[] }.encode()),
+                };
                 st.pools.insert(pool, Attached { _region: region, base, device, slot_size, count, token });
                 self.shared.writer.lock().unwrap_or_else(|p| p.into_inner()).send(&reply)?;
                 Ok(None)
             }
             Message::Item { pool, slot, layout, event } => {
+                if st.incoming.is_some() {
+                    return Err(Error::Internal("an item before its bytes arrived".into()));
+                }
                 let p = st.pools.get(&pool).ok_or_else(|| {
                     Error::Untrusted(format!("an item of pool {pool}, which this consumer never attached"))
                 })?;

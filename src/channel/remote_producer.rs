@@ -2,11 +2,12 @@
 //! authenticated peers, and pools whose items are put into each consumer's own slots over UCX.
 //! See [`super::remote`] for the protocol and what is and is not protected.
 
+use super::admission::{self, Admission};
 use super::producer::{
     slot_desc, PeerInfo, DEVSHARE_CHANNEL_ERROR_BUDGET, DEVSHARE_CHANNEL_HANDSHAKE_MS, DEVSHARE_CHANNEL_MAX_PEERS,
-    DEVSHARE_CHANNEL_MAX_PENDING, DEVSHARE_POOL_MAX_SLOTS,
+    DEVSHARE_POOL_MAX_SLOTS,
 };
-use super::remote::{self, Framed, PoolMemory, Remote};
+use super::remote::{self, DataPath, Framed, PoolMemory, Remote};
 use super::remote_auth::{self, Key, Role};
 use super::ucx::{self, Endpoint, RemoteKey};
 use super::wire::{self, ItemLayout, Message};
@@ -33,6 +34,8 @@ struct PeerPool {
     /// The consumer's slot memory (None until its `POOL` answer arrived). Borrows the peer's
     /// endpoint: declared (dropped) before it.
     rkey: Option<RemoteKey<'static>>,
+    /// Whether the consumer answered `ATTACH` (holds its copy; on UCX, registered it).
+    registered: bool,
     base: u64,
     free: Vec<u32>,
     held: Vec<bool>,
@@ -41,10 +44,11 @@ struct PeerPool {
 enum Handshake {
     /// Waiting for the consumer's hello.
     Hello,
-    /// Challenge sent: waiting for its proof.
+    /// Challenge sent: waiting for its proof (which covers the hello, kept here as it came).
     Proof {
         theirs: [u8; remote_auth::NONCE],
         mine: [u8; remote_auth::NONCE],
+        hello: Vec<u8>,
     },
     Ready,
 }
@@ -55,8 +59,12 @@ struct Peer {
     /// Boxed: its address is what the keys borrow. Dropped before the channel's worker.
     ep: Option<Box<Endpoint<'static>>>,
     id: u64,
+    /// Where the connection came from: its pending handshake counts against this address.
+    source: std::net::IpAddr,
     framed: Framed,
     state: Handshake,
+    /// How its items travel (chosen by the consumer, allowed by this producer).
+    data: DataPath,
     accepted: Instant,
     doomed: Option<String>,
     protocol_errors: u64,
@@ -82,9 +90,9 @@ struct Core {
     pools: FxHashMap<u32, PoolState>,
     listener: TcpListener,
     key: Key,
+    /// The UCX worker and version, when this producer allows UCX ([`remote::DATA_VAR`]).
     /// Boxed: the endpoints borrow it. Declared after `peers`.
-    worker: Box<ucx::Worker>,
-    ucx_version: String,
+    ucx: Option<(Box<ucx::Worker>, String)>,
     next_peer: u64,
     next_pool: u32,
     closed: bool,
@@ -115,9 +123,14 @@ impl RemoteChannel {
     pub(crate) fn listen(address: &str) -> Result<RemoteChannel> {
         let addrs = remote::socket_addrs(address)?;
         let key = Key::load(&remote_auth::key_path()?)?;
-        let context = ucx::Context::new(remote::UCX_SETTINGS)?;
-        let worker = Box::new(ucx::Worker::new(&context)?);
-        let ucx_version = ucx::version()?;
+        // UCX only where asked for: otherwise nothing but the channel's own port listens.
+        let ucx = match DataPath::from_env()? {
+            DataPath::Stream => None,
+            DataPath::Ucx => {
+                let context = ucx::Context::new(remote::UCX_SETTINGS)?;
+                Some((Box::new(ucx::Worker::new(&context)?), ucx::version()?))
+            }
+        };
         let listener = TcpListener::bind(&addrs[..]).map_err(|e| match e.kind() {
             std::io::ErrorKind::AddrInUse => Error::Busy(format!("channel address {address:?} is in use")),
             _ => Error::Os {
@@ -139,8 +152,7 @@ impl RemoteChannel {
             pools: FxHashMap::default(),
             listener,
             key,
-            worker,
-            ucx_version,
+            ucx,
             next_peer: 1,
             next_pool: 1,
             closed: false,
@@ -197,6 +209,7 @@ impl RemoteChannel {
             id,
             leases: (p.pools.len() + held) as u64,
             protocol_errors: p.protocol_errors,
+            transport: p.data.reported(),
             ..Default::default()
         })
     }
@@ -320,20 +333,36 @@ impl Core {
 
     fn accept_all(&mut self, epfd: BorrowedFd<'_>) {
         loop {
-            let (stream, _) = match self.listener.accept() {
+            let (stream, from) = match self.listener.accept() {
                 Ok(s) => s,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => return,
             };
+            let source = from.ip().to_canonical();
             let Ok(mut framed) = Framed::new(stream) else { continue };
-            let ready = self.peers.iter().filter(|p| p.ready()).count();
-            let pending = self.peers.len() - ready;
-            let refuse = if ready >= DEVSHARE_CHANNEL_MAX_PEERS {
+            let refuse = if self.peers.iter().filter(|p| p.ready()).count() >= DEVSHARE_CHANNEL_MAX_PEERS {
                 Some(format!("the channel already serves {DEVSHARE_CHANNEL_MAX_PEERS} peers"))
-            } else if pending >= DEVSHARE_CHANNEL_MAX_PENDING {
-                Some(format!("{DEVSHARE_CHANNEL_MAX_PENDING} connections are waiting for their handshake already"))
             } else {
-                None
+                // Limits per address: connections from one host that never prove the key cannot
+                // keep another host's consumer out.
+                let waiting: Vec<(usize, (std::net::IpAddr, Instant))> = self
+                    .peers
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| !matches!(p.state, Handshake::Ready) && p.doomed.is_none())
+                    .map(|(i, p)| (i, (p.source, p.accepted)))
+                    .collect();
+                let places: Vec<(std::net::IpAddr, Instant)> = waiting.iter().map(|(_, w)| *w).collect();
+                match admission::admit(&places, source) {
+                    Admission::Admit => None,
+                    Admission::Evict(i) => {
+                        let victim = waiting[i].0;
+                        self.peers[victim].refuse("its place was given to a connection from another address".into());
+                        self.drop_peer(victim, epfd);
+                        None
+                    }
+                    Admission::Refuse(why) => Some(why),
+                }
             };
             if let Some(why) = refuse {
                 let _ = framed.send(&Message::Refused { reason: why.as_bytes() }.encode());
@@ -348,8 +377,10 @@ impl Core {
                 pools: FxHashMap::default(),
                 ep: None,
                 id,
+                source,
                 framed,
                 state: Handshake::Hello,
+                data: DataPath::Stream,
                 accepted: Instant::now(),
                 doomed: None,
                 protocol_errors: 0,
@@ -392,49 +423,53 @@ impl Core {
 
     /// Handle one message of peer `idx`.
     fn message(&mut self, idx: usize, b: &[u8]) -> Result<()> {
-        let p = &mut self.peers[idx];
-        match std::mem::replace(&mut p.state, Handshake::Ready) {
-            Handshake::Hello => {
-                p.state = Handshake::Hello;
-                let Some(Remote::Hello { magic, version, nonce: theirs, ucx }) = Remote::decode(b)? else {
-                    return Err(Error::Untrusted("the handshake is not a devshare remote channel's".into()));
+        // Before the proof: a refusal says nothing about this producer (no versions, no
+        // reasons beyond the handshake's form), and nothing is made for the peer.
+        let not_ours = || Error::Untrusted("the handshake is not one this devshare remote channel speaks".into());
+        let state = match &self.peers[idx].state {
+            Handshake::Hello => None,
+            Handshake::Proof { theirs, mine, hello } => Some((*theirs, *mine, hello.clone())),
+            Handshake::Ready => return self.ready_message(idx, b),
+        };
+        match state {
+            None => {
+                let Ok(Some(Remote::Hello { magic, version, data, nonce: theirs, .. })) = Remote::decode(b) else {
+                    return Err(not_ours());
                 };
-                if magic != remote::MAGIC || version != remote::VERSION {
-                    return Err(Error::UnsupportedVersion(format!(
-                        "remote channel protocol {magic:#x} version {version} is not this producer's version {}",
-                        remote::VERSION
-                    )));
-                }
-                if ucx != self.ucx_version.as_bytes() {
-                    return Err(Error::UnsupportedVersion(format!(
-                        "the consumer has UCX {}, this producer UCX {}: both ends need the same UCX version",
-                        String::from_utf8_lossy(ucx),
-                        self.ucx_version
-                    )));
+                if magic != remote::MAGIC || version != remote::VERSION || DataPath::from_code(data).is_none() {
+                    return Err(not_ours());
                 }
                 let mine = remote_auth::nonce()?;
-                let proof = self.key.prove(Role::Producer, &theirs, &mine);
-                let m = Remote::Challenge { nonce: mine, proof, ucx: self.ucx_version.as_bytes() }.encode();
+                // The proof covers the whole hello: a relay that changed any field of it is
+                // caught by the consumer.
+                let proof = self.key.prove(Role::Producer, &theirs, &mine, b);
+                let m = Remote::Challenge { nonce: mine, proof }.encode();
                 let p = &mut self.peers[idx];
                 p.framed.send(&m)?;
-                p.state = Handshake::Proof { theirs, mine };
+                p.state = Handshake::Proof { theirs, mine, hello: b.to_vec() };
                 Ok(())
             }
-            Handshake::Proof { theirs, mine } => {
-                let Some(Remote::Proof { proof, worker }) = Remote::decode(b)? else {
-                    return Err(Error::Untrusted("the consumer answered the challenge with something else".into()));
+            Some((theirs, mine, hello)) => {
+                let Ok(Some(Remote::Proof { proof, worker })) = Remote::decode(b) else {
+                    return Err(not_ours());
                 };
-                if !self.key.verify(Role::Consumer, &mine, &theirs, &proof) {
+                if !self.key.verify(Role::Consumer, &mine, &theirs, &remote::consumer_bound(&hello, worker), &proof) {
                     return Err(Error::Untrusted("the consumer did not prove that it has the channel's key".into()));
                 }
-                if worker.is_empty() || worker.len() > 64 * 1024 {
-                    return Err(Error::Untrusted(format!("a UCX worker address of {} bytes", worker.len())));
-                }
-                // SAFETY: the worker outlives every endpoint (peers are dropped before it, see
-                // Core); the address comes whole from a consumer that proved the key.
-                let w: &'static ucx::Worker = unsafe { &*(&*self.worker as *const ucx::Worker) };
-                // SAFETY: as above: an authenticated peer's address, as it sent it.
-                let ep = unsafe { Endpoint::connect(w, worker) }?;
+                // Proved: from here on the peer may learn why it is refused.
+                let Some(Remote::Hello { data, ucx, .. }) = Remote::decode(&hello)? else {
+                    return Err(Error::Internal("a hello that decoded before does not".into()));
+                };
+                let data = DataPath::from_code(data).ok_or_else(not_ours)?;
+                let ep = match data {
+                    DataPath::Stream => {
+                        if !worker.is_empty() {
+                            return Err(Error::Untrusted("a UCX worker address on the stream path".into()));
+                        }
+                        None
+                    }
+                    DataPath::Ucx => Some(self.endpoint(ucx, worker)?),
+                };
                 let welcome = Message::Welcome {
                     magic: wire::MAGIC,
                     version: remote::VERSION,
@@ -443,61 +478,94 @@ impl Core {
                 }
                 .encode();
                 let p = &mut self.peers[idx];
-                p.ep = Some(Box::new(ep));
+                p.ep = ep;
+                p.data = data;
                 p.framed.send(&welcome)?;
                 p.state = Handshake::Ready;
                 Ok(())
             }
-            Handshake::Ready => {
-                if let Some(r) = Remote::decode(b)? {
-                    let Remote::Pool { pool, base, len, rkey } = r else {
-                        return Err(Error::Untrusted(format!("{r:?} after the handshake")));
-                    };
-                    let Some(ps) = self.pools.get(&pool) else { return Ok(()) }; // closed meanwhile
-                    let whole = ps.slot_size * u64::from(ps.count);
-                    let p = &mut self.peers[idx];
-                    let pp = p.pools.get_mut(&pool).filter(|pp| pp.rkey.is_none()).ok_or_else(|| {
-                        Error::Untrusted(format!("a registration of pool {pool}, which was not asked for"))
-                    })?;
-                    if len != whole {
-                        return Err(Error::Untrusted(format!("pool {pool} registered with {len} bytes, not {whole}")));
-                    }
-                    let ep: &Endpoint<'static> = p.ep.as_deref().expect("a ready peer has an endpoint");
+        }
+    }
+
+    /// Handle one message of peer `idx`, which proved the key.
+    fn ready_message(&mut self, idx: usize, b: &[u8]) -> Result<()> {
+        if let Some(r) = Remote::decode(b)? {
+            let Remote::Pool { pool, base, len, rkey } = r else {
+                return Err(Error::Untrusted(format!("{r:?} after the handshake")));
+            };
+            let Some(ps) = self.pools.get(&pool) else { return Ok(()) }; // closed meanwhile
+            let whole = ps.slot_size * u64::from(ps.count);
+            let p = &mut self.peers[idx];
+            let pp =
+                p.pools.get_mut(&pool).filter(|pp| !pp.registered).ok_or_else(|| {
+                    Error::Untrusted(format!("a registration of pool {pool}, which was not asked for"))
+                })?;
+            if len != whole {
+                return Err(Error::Untrusted(format!("pool {pool} registered with {len} bytes, not {whole}")));
+            }
+            match p.ep.as_deref() {
+                None if !rkey.is_empty() => {
+                    return Err(Error::Untrusted(format!("pool {pool} registered with a UCX key on the stream path")))
+                }
+                None => {}
+                Some(ep) => {
                     // SAFETY: the endpoint is boxed and outlives its pools' keys (Peer drops
                     // `pools` first); the key comes whole from the authenticated consumer.
                     let ep: &'static Endpoint<'static> = unsafe { &*(ep as *const Endpoint<'static>) };
                     // SAFETY: as above.
-                    let key = unsafe { ep.unpack_rkey(rkey, base, len as usize) }?;
-                    pp.rkey = Some(key);
+                    pp.rkey = Some(unsafe { ep.unpack_rkey(rkey, base, len as usize) }?);
                     pp.base = base;
-                    pp.free = (0..ps.count).rev().collect();
-                    pp.held = vec![false; ps.count as usize];
-                    return Ok(());
-                }
-                match Message::decode(b)? {
-                    Message::Return { pool, slot } => {
-                        let p = &mut self.peers[idx];
-                        let Some(pp) = p.pools.get_mut(&pool) else { return Ok(()) };
-                        match pp.held.get_mut(slot as usize) {
-                            Some(h) if *h => {
-                                *h = false;
-                                pp.free.push(slot);
-                                Ok(())
-                            }
-                            _ => Err(Error::Untrusted(format!(
-                                "slot {slot} of pool {pool} is not held by peer {}",
-                                p.id
-                            ))),
-                        }
-                    }
-                    Message::Detach { pool } => {
-                        self.peers[idx].pools.remove(&pool);
-                        Ok(())
-                    }
-                    other => Err(Error::Untrusted(format!("{other:?} is not a message a consumer sends"))),
                 }
             }
+            pp.registered = true;
+            pp.free = (0..ps.count).rev().collect();
+            pp.held = vec![false; ps.count as usize];
+            return Ok(());
         }
+        match Message::decode(b)? {
+            Message::Return { pool, slot } => {
+                let p = &mut self.peers[idx];
+                let Some(pp) = p.pools.get_mut(&pool) else { return Ok(()) };
+                match pp.held.get_mut(slot as usize) {
+                    Some(h) if *h => {
+                        *h = false;
+                        pp.free.push(slot);
+                        Ok(())
+                    }
+                    _ => Err(Error::Untrusted(format!("slot {slot} of pool {pool} is not held by peer {}", p.id))),
+                }
+            }
+            Message::Detach { pool } => {
+                self.peers[idx].pools.remove(&pool);
+                Ok(())
+            }
+            other => Err(Error::Untrusted(format!("{other:?} is not a message a consumer sends"))),
+        }
+    }
+
+    /// An endpoint toward an authenticated consumer that asked for UCX: refused unless this
+    /// producer allows UCX too, and unless both have the same UCX version.
+    fn endpoint(&self, ucx: &[u8], worker: &[u8]) -> Result<Box<Endpoint<'static>>> {
+        let Some((w, version)) = &self.ucx else {
+            return Err(Error::Unsupported(format!(
+                "this channel moves items on its own connection only; UCX is used where both ends set {}=ucx",
+                remote::DATA_VAR
+            )));
+        };
+        if ucx != version.as_bytes() {
+            return Err(Error::UnsupportedVersion(format!(
+                "the consumer has UCX {}, this producer UCX {version}: both ends need the same UCX version",
+                String::from_utf8_lossy(ucx)
+            )));
+        }
+        if worker.is_empty() || worker.len() > 64 * 1024 {
+            return Err(Error::Untrusted(format!("a UCX worker address of {} bytes", worker.len())));
+        }
+        // SAFETY: the worker outlives every endpoint (peers are dropped before it, see Core).
+        let w: &'static ucx::Worker = unsafe { &*(&**w as *const ucx::Worker) };
+        // SAFETY: as above; the address comes from a consumer that proved the key, and the
+        // proof covers it (a relay could not have changed it).
+        Ok(Box::new(unsafe { Endpoint::connect(w, worker) }?))
     }
 
     fn drop_peer(&mut self, idx: usize, epfd: BorrowedFd<'_>) {
@@ -582,7 +650,9 @@ impl Shared {
         };
         let epfd = self.epoll.as_fd();
         let mut core = self.lock()?;
-        while core.worker.progress() > 0 {}
+        if let Some((w, _)) = &core.ucx {
+            while w.progress() > 0 {}
+        }
         for &id in &ready[..n] {
             if id == LISTENER {
                 core.sweep(epfd);
@@ -679,11 +749,13 @@ impl RemotePool {
         })
     }
 
-    /// Put the tensor `desc` describes in an acquired slot into a free slot of `peer`'s copy of
-    /// the pool, then tell it (`ITEM`); the producer's slot is free again once the put
-    /// completed. The first item to a peer asks it to register its copy (`ATTACH`) and waits for
-    /// the answer; while every slot of the peer's copy is held, waits for one to come back
-    /// (serving the channel), at most 10 s (`Timeout`; the slot stays acquired).
+    /// Send the tensor `desc` describes in an acquired slot into a free slot of `peer`'s copy
+    /// of the pool: on the stream path its bytes and its `ITEM` message go on the connection in
+    /// one write (a large item's bytes straight from the slot), on UCX a put, a flush, then
+    /// `ITEM`. The producer's slot is free again once its bytes left it. The first item to a
+    /// peer asks it to make its copy (`ATTACH`) and waits for the answer; while every slot of
+    /// the peer's copy is held, waits for one to come back (serving the channel), at most 10 s
+    /// (`Timeout`; the slot stays acquired).
     pub(crate) fn send(&self, slot: u32, peer: u64, desc: &TensorDesc<'_>) -> Result<()> {
         let deadline = Instant::now() + SEND_WAIT;
         let epfd = self.shared.epoll.as_fd();
@@ -701,8 +773,8 @@ impl RemotePool {
                 let (rel_size, mut abs) = slot_desc(desc, slot, p.slot_size)?;
                 let idx = core.index(peer)?;
                 // Describes and validates the tensor, and for device memory synchronises the
-                // stream that wrote it (an event could not cross hosts; the put must read the
-                // finished bytes anyway).
+                // stream that wrote it (an event could not cross hosts; the bytes must be the
+                // finished ones anyway).
                 abs.event = false;
                 let (h, _) = p.exporter.share_leased(&abs)?;
                 if !core.peers[idx].pools.contains_key(&self.id) {
@@ -710,39 +782,57 @@ impl RemotePool {
                     let m = Message::Attach { pool: self.id, slot_size: p.slot_size, count: p.count, handle: &memory }
                         .encode();
                     core.post(idx, &m, epfd)?;
-                    let pp = PeerPool { rkey: None, base: 0, free: Vec::new(), held: Vec::new() };
+                    let pp = PeerPool { rkey: None, registered: false, base: 0, free: Vec::new(), held: Vec::new() };
                     core.peers[idx].pools.insert(self.id, pp);
                 }
                 let peer_ref = &mut core.peers[idx];
                 let pp = peer_ref.pools.get_mut(&self.id).expect("attached above");
-                let (Some(rkey), Some(cslot)) = (pp.rkey.as_ref(), pp.free.last().copied()) else {
+                let Some(cslot) = pp.free.last().copied().filter(|_| pp.registered) else {
                     return Ok(false); // waiting for the registration or a free slot of the peer
                 };
-                let remote = pp.base + u64::from(cslot) * p.slot_size + desc.storage_offset;
-                let ep = peer_ref.ep.as_deref().expect("a ready peer has an endpoint");
                 // SAFETY: the bytes lie in the export (checked above); the export lives in the
                 // pool state while this call runs.
                 let mut src = unsafe { p.exporter.ptr().add(abs.storage_offset as usize) } as *const u8;
                 if let PoolMemory::Cuda { device } = p.memory {
-                    // Device memory crosses through host memory: UCX's TCP transport cannot put
-                    // from it (UCX 1.22 refuses, or with its newer protocols takes the process
-                    // down).
+                    // Device memory crosses through host memory at both ends.
                     let backend = crate::backend::get(p.exporter.backend())?;
                     // SAFETY: `staging` is one slot, and the item lies in one slot (checked).
                     unsafe { backend.copy(device, true, p.staging.as_mut_ptr(), src, rel_size as usize) }?;
                     src = p.staging.as_ptr();
                 }
-                // SAFETY: as above; the put and flush complete (or fail) before this returns.
-                let put = unsafe { ep.put(src, rel_size as usize, remote, rkey) }.and_then(|()| ep.flush());
-                if let Err(e) = put {
+                let layout = ItemLayout::of(&h, desc.storage_offset, rel_size);
+                let item = Message::Item { pool: self.id, slot: cslot, layout, event: None }.encode();
+                let moved = match (peer_ref.ep.as_deref(), pp.rkey.as_ref()) {
+                    (Some(ep), Some(rkey)) => {
+                        let remote = pp.base + u64::from(cslot) * p.slot_size + desc.storage_offset;
+                        // SAFETY: as above; the put and flush complete (or fail) before this
+                        // returns.
+                        unsafe { ep.put(src, rel_size as usize, remote, rkey) }
+                            .and_then(|()| ep.flush())
+                            .and_then(|()| peer_ref.framed.send(&item))
+                    }
+                    (None, None) => {
+                        let head =
+                            Remote::Data { pool: self.id, slot: cslot, offset: desc.storage_offset, len: rel_size }
+                                .encode();
+                        // SAFETY: `src` holds the item's `rel_size` bytes (the export's, or the
+                        // staging copy), unchanged while this call runs.
+                        let bytes = unsafe { std::slice::from_raw_parts(src, rel_size as usize) };
+                        peer_ref.framed.send_with_payload(&head, bytes, &item, deadline)
+                    }
+                    _ => Err(Error::Internal("a pool registered without its data path".into())),
+                };
+                if let Err(e) = moved {
+                    // Part of an item may have gone: the connection cannot carry another.
                     peer_ref.doomed = Some(format!("peer {peer}: {e}"));
-                    return Err(Error::Closed(format!("the transfer to peer {peer} failed: {e}")));
+                    return Err(match e {
+                        Error::Timeout(_) => e,
+                        e => Error::Closed(format!("the transfer to peer {peer} failed: {e}")),
+                    });
                 }
                 pp.free.pop();
                 pp.held[cslot as usize] = true;
-                let layout = ItemLayout::of(&h, desc.storage_offset, rel_size);
-                let m = Message::Item { pool: self.id, slot: cslot, layout, event: None }.encode();
-                core.post(idx, &m, epfd)?;
+                peer_ref.watch(epfd);
                 p.acquired[slot as usize] = false;
                 p.free.push(slot);
                 Ok(true)

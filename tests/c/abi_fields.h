@@ -41,6 +41,8 @@
     FIELD(DevsharePeerInfo, reserved)                \
     FIELD(DevsharePeerInfo, leases)                  \
     FIELD(DevsharePeerInfo, protocol_errors)         \
+    FIELD(DevsharePeerInfo, transport)               \
+    FIELD(DevsharePeerInfo, reserved2)               \
     STRUCT(DevshareItem)                             \
     FIELD(DevshareItem, struct_size)                 \
     FIELD(DevshareItem, reserved)                    \
@@ -192,6 +194,7 @@
     MACRO(DEVSHARE_TORCH_FORMAT_UNVERSIONED)     \
     MACRO(DEVSHARE_CHANNEL_MAX_PEERS)            \
     MACRO(DEVSHARE_CHANNEL_MAX_PENDING)          \
+    MACRO(DEVSHARE_CHANNEL_MAX_PENDING_PER_SOURCE) \
     MACRO(DEVSHARE_CHANNEL_HANDSHAKE_MS)         \
     MACRO(DEVSHARE_CHANNEL_SEND_QUEUE)           \
     MACRO(DEVSHARE_CHANNEL_SEND_QUEUE_BYTES)     \
