@@ -6,8 +6,9 @@ use crate::dtype::DevshareDType;
 use crate::error::{Error, Result};
 use crate::handle::{validate, DevshareHandle, DEVSHARE_MAX_NDIM};
 use crate::refcounter::RefCounter;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 /// Most descriptors passed next to one handle (the kernel's `SCM_MAX_FD`); a segmented export
@@ -139,25 +140,155 @@ pub struct Exporter {
     leased_template: std::sync::OnceLock<DevshareHandle>,
 }
 
-/// The one reference an adopted handle carried (a PyTorch ref-counter slot), returned once,
-/// when the exporter that adopted it is dropped (in the process generation that adopted it).
+/// Which allocation a ref-counter's references keep alive: what a share's handle names (its
+/// backend, and its key or segment table).
+#[derive(Clone, PartialEq, Eq)]
+struct AllocId {
+    backend: u16,
+    key: Vec<u8>,
+    segments: Option<(u64, u16, Vec<u8>)>,
+}
+
+impl AllocId {
+    /// The allocation a validated handle names (`segments`: its table, when segmented).
+    fn of_handle(h: &DevshareHandle, segments: Option<&crate::handle::segments::SegmentTable<'_>>) -> AllocId {
+        match segments {
+            Some(t) => AllocId {
+                backend: h.backend,
+                key: Vec::new(),
+                segments: Some((t.seg.segment_size, t.seg.kind, t.table.to_vec())),
+            },
+            None => AllocId { backend: h.backend, key: h.key_bytes().to_vec(), segments: None },
+        }
+    }
+}
+
+/// A live exporter's ref-counter: the allocation its references belong to, and the fork
+/// generation that made it (a forked child's copies of its parent's exporters own nothing).
+type Owner = (AllocId, u64);
+
+/// A reference: ref-counter name and slot.
+type RefSlot = (Vec<u8>, u64);
+
+/// The ref-counters of this process's live exporters, by name.
+static OWN_REF_COUNTERS: LazyLock<Mutex<FxHashMap<Vec<u8>, Owner>>> = LazyLock::new(Mutex::default);
+
+/// The references live adoptions in this process hold.
+static ADOPTED_REFS: LazyLock<Mutex<FxHashSet<RefSlot>>> = LazyLock::new(Mutex::default);
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The one reference an adopted handle carried (a ref-counter slot), taken over at adoption and
+/// returned once, when the exporter that adopted it is dropped (in the fork generation that
+/// adopted it).
+///
+/// PyTorch's protocol: each share of a storage takes a fresh slot of its producer's ref-counter
+/// set to 1, the one reference its tuple stands for; whoever holds the tuple holds that
+/// reference and decrements the slot once when done, and the producer frees the memory when
+/// the slot reads 0. Adoption takes the tuple's reference over like any consumer, so it may
+/// only ever return a reference that is the tuple's own: a forged tuple naming another
+/// exporter's slot (which that exporter's consumer holds) would otherwise take the reference
+/// from that consumer when the adoption closes. [`AdoptedRef::take`] therefore checks, before
+/// anything is adopted, that the reference belongs to the memory the handle names and that
+/// nothing else in this process holds it:
+///
+/// - a devshare ref-counter must be one of a live exporter of this process, exporting the very
+///   allocation the handle names (same backend, key or segment table);
+/// - a PyTorch ref-counter (`/torch_<pid>_...`, named after the process that made it) must be
+///   this process's: an adopted handle is a share made here;
+/// - no other adoption, and no import, in this process may hold the same slot;
+/// - the slot must still be outstanding and not in flight.
+///
+/// What cannot be told from the shared memory is which holder of a genuine share's tuple is
+/// which: a copy of a share's own tuple, adopted while its real consumer also holds it, is the
+/// same double use as discarding a copy (`devshare_handle_discard`), and stays the caller's
+/// to avoid. The mapping checked at adoption is the one the reference is returned through: the
+/// name is not looked up again.
 struct AdoptedRef {
     name: Vec<u8>,
     slot: u64,
+    rc: crate::refcounter::Watched,
     generation: u64,
+}
+
+impl AdoptedRef {
+    /// Check and claim the reference `h` carries (see the type's doc). `Ok(None)` when the
+    /// handle names no ref-counter, or the ref-counter is gone (there is nothing to return).
+    fn take(
+        h: &DevshareHandle,
+        segments: Option<&crate::handle::segments::SegmentTable<'_>>,
+    ) -> Result<Option<AdoptedRef>> {
+        if h.ref_name_len == 0 {
+            return Ok(None);
+        }
+        let (name, slot) = (h.ref_name_bytes(), h.ref_slot);
+        let shown = String::from_utf8_lossy(name);
+        if crate::shm::is_devshare_name(name, crate::shm::RC_PREFIX) {
+            let generation = crate::fork::generation();
+            let owner = locked(&OWN_REF_COUNTERS).get(name).filter(|(_, g)| *g == generation).map(|(id, _)| id.clone());
+            match owner {
+                None => {
+                    return Err(Error::Untrusted(format!(
+                        "the handle's ref-counter {shown} is devshare's, but no live exporter of this process \
+                         made it: an adopted handle is a share made in this process, and its reference is \
+                         its exporter's"
+                    )))
+                }
+                Some(id) if id != AllocId::of_handle(h, segments) => {
+                    return Err(Error::Untrusted(format!(
+                        "the handle's ref-counter {shown} belongs to an exporter of other memory than the \
+                         handle names: slot {slot} is another share's reference, held by that share's \
+                         consumer, and an adoption returns only its own"
+                    )))
+                }
+                Some(_) => {}
+            }
+        } else if let Some(pid) = crate::shm::torch_name_pid(name) {
+            let me = crate::fork::pid();
+            if pid != me as u64 {
+                return Err(Error::Untrusted(format!(
+                    "the handle's ref-counter {shown} was made by process {pid}, not by this one ({me}): \
+                     PyTorch names a share's ref-counter after the process that shares it, and an adopted \
+                     handle is a share made in this process"
+                )));
+            }
+        }
+        let key = (name.to_vec(), slot);
+        let mut adopted = locked(&ADOPTED_REFS);
+        if adopted.contains(&key) {
+            return Err(Error::Busy(format!(
+                "slot {slot} of ref-counter {shown} is held by another adoption in this process: a \
+                 reference is adopted once"
+            )));
+        }
+        if crate::refcounter::held_here(name, slot) {
+            return Err(Error::Busy(format!(
+                "slot {slot} of ref-counter {shown} is held by an import in this process: its release \
+                 returns it, so it cannot be adopted as well"
+            )));
+        }
+        let Some(rc) = crate::refcounter::Watched::open(name)? else {
+            return Ok(None); // the producer is gone: nothing to return
+        };
+        rc.check(slot)?;
+        rc.check_inflight(slot, false)?;
+        adopted.insert(key);
+        Ok(Some(AdoptedRef { name: name.to_vec(), slot, rc, generation: crate::fork::generation() }))
+    }
 }
 
 impl Drop for AdoptedRef {
     fn drop(&mut self) {
+        locked(&ADOPTED_REFS).remove(&(std::mem::take(&mut self.name), self.slot));
         if crate::fork::generation() != self.generation {
             return;
         }
-        // The consumer's release order (refcounter.rs); a producer that is gone, or a slot
-        // that is not ours to decrement, leaves nothing to return.
-        if let Ok(Some(rc)) = crate::refcounter::Watched::open(&self.name) {
-            if rc.check(self.slot).is_ok() && rc.check_inflight(self.slot, false).is_ok() {
-                rc.release(self.slot);
-            }
+        // The consumer's release order (refcounter.rs); a slot that is no longer ours to
+        // decrement (returned, or in flight) is left alone.
+        if self.rc.check(self.slot).is_ok() && self.rc.check_inflight(self.slot, false).is_ok() {
+            self.rc.release(self.slot);
         }
     }
 }
@@ -194,18 +325,19 @@ impl Exporter {
     /// outside the handle. The handle's event is not used: shares record their own. The
     /// reference is given back (its ref-counter slot decremented once) when the exporter is
     /// dropped, so the caller keeps the storage alive until then and lets it go after.
+    ///
+    /// The reference must be the handle's own (see `AdoptedRef`): a devshare ref-counter of
+    /// another allocation, another process's PyTorch ref-counter, or a slot another adoption or
+    /// an import in this process holds is refused before anything is adopted.
     pub fn adopt(h: &DevshareHandle, table: Option<&[u8]>) -> Result<Exporter> {
         validate(h)?;
         let segments = crate::handle::segments::SegmentTable::of(h, table)?;
         let alloc = backend::get(h.backend)?.adopt(h, segments.as_ref())?;
+        // Last: once the reference is taken nothing fails, so a failed adoption leaves it with
+        // the caller.
+        let reference = AdoptedRef::take(h, segments.as_ref())?;
         let mut e = Exporter::new(h.backend, alloc);
-        if h.ref_name_len > 0 {
-            e.adopted = Some(AdoptedRef {
-                name: h.ref_name_bytes().to_vec(),
-                slot: h.ref_slot,
-                generation: crate::fork::generation(),
-            });
-        }
+        e.adopted = reference;
         Ok(e)
     }
 
@@ -491,6 +623,16 @@ impl Exporter {
         Ok(())
     }
 
+    /// The allocation this export's handles name (what `describe` puts in them).
+    fn alloc_id(&self) -> AllocId {
+        match self.alloc.segments() {
+            Some((size, kind, table)) => {
+                AllocId { backend: self.backend, key: Vec::new(), segments: Some((size, kind, table.to_vec())) }
+            }
+            None => AllocId { backend: self.backend, key: self.alloc.key().to_vec(), segments: None },
+        }
+    }
+
     /// Take a ref-counter slot (and record the event) for a described, validated handle.
     fn finish_share(&self, mut h: DevshareHandle, desc: &TensorDesc<'_>) -> Result<DevshareHandle> {
         // Event or synchronisation first (outside the lock: it may wait for the device), and a
@@ -501,7 +643,10 @@ impl Exporter {
         let Shared { refs, events } = &mut *shared;
         events.retain(|e| refs[e.rc].slot_value(e.slot) > 0);
         if refs.last().map_or(true, |rc| !rc.has_free_slot()) {
-            refs.push(RefCounter::create()?);
+            let rc = RefCounter::create()?;
+            let id = self.alloc_id();
+            locked(&OWN_REF_COUNTERS).insert(rc.name().to_vec(), (id, crate::fork::generation()));
+            refs.push(rc);
         }
         if desc.inflight {
             self.alloc.add_inflight()?;
@@ -603,6 +748,21 @@ impl Exporter {
             }
         }
         Ok(())
+    }
+}
+
+impl Drop for Exporter {
+    /// Its ref-counters no longer stand for a live export of this process: an adoption naming
+    /// one is refused from now on (see `AdoptedRef`).
+    fn drop(&mut self) {
+        let shared = self.shared.get_mut().unwrap_or_else(|p| p.into_inner());
+        if shared.refs.is_empty() {
+            return;
+        }
+        let mut own = locked(&OWN_REF_COUNTERS);
+        for rc in &shared.refs {
+            own.remove(rc.name());
+        }
     }
 }
 

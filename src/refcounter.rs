@@ -320,6 +320,26 @@ impl Watched {
     }
 }
 
+/// Who in this process holds references taken over from ref-counters: the import registry
+/// implements it, so that an adoption (in the exporter, which does not name the import layer)
+/// can refuse a reference an import holds, whose release returns it.
+pub(crate) trait Holders: Send + Sync {
+    /// Whether slot `slot` of ref-counter `name` is held here.
+    fn holds(&self, name: &[u8], slot: u64) -> bool;
+}
+
+static HOLDERS: std::sync::OnceLock<&'static dyn Holders> = std::sync::OnceLock::new();
+
+/// Register the holders of references in this process (once; later calls change nothing).
+pub(crate) fn register_holders(h: &'static dyn Holders) {
+    let _ = HOLDERS.set(h);
+}
+
+/// Whether slot `slot` of ref-counter `name` is held by an import in this process.
+pub(crate) fn held_here(name: &[u8], slot: u64) -> bool {
+    HOLDERS.get().is_some_and(|h| h.holds(name, slot))
+}
+
 /// Consumer side, before use: the handle's reference must still be outstanding. `Ok(false)` when
 /// the ref-counter is gone (the producer stopped tracking), `Ok(true)` when the slot is > 0.
 ///

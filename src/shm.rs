@@ -223,6 +223,17 @@ pub(crate) fn is_torch_name(name: &[u8]) -> bool {
     pid_ok && tail >= 1
 }
 
+/// The pid in a PyTorch name (`/torch_<pid>_...`): the process that created the object, as
+/// `at::NewProcessWideShmHandle` names it. `None` for other names.
+pub(crate) fn torch_name_pid(name: &[u8]) -> Option<u64> {
+    if !is_torch_name(name) {
+        return None;
+    }
+    let rest = &name[b"/torch_".len()..];
+    let end = rest.iter().position(|&c| c == b'_')?;
+    std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
+}
+
 /// Whether devshare may open `name` as a `kind` object: devshare's own family for that kind, or
 /// PyTorch's (whose data objects and ref-counters share one form).
 pub(crate) fn is_family(name: &[u8], kind: Kind) -> bool {

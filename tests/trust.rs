@@ -9,7 +9,8 @@
 //! - a name a handle gives is never opened in a way that can block (a FIFO put under a
 //!   ref-counter's or a data object's name fails the import or is left at release, at once);
 //! - adoption (`Exporter::adopt`, what `devshare_exporter_adopt` calls) passes on only the
-//!   memory a tuple describes (an 'e' tuple's fds must be memory, not any open file or socket).
+//!   memory a tuple describes (an 'e' tuple's fds must be memory, not any open file or socket)
+//!   and returns only a reference that is its own (not another exporter's slot).
 //!
 //! Every object a test makes itself carries this process's pid in its name and is removed by
 //! that exact name; nothing is ever removed by prefix.
@@ -641,4 +642,74 @@ fn adoption_refuses_segment_fds_that_are_not_segment_memory() {
     let adopted = adopt_segment_fd(segment.as_raw_fd()).unwrap();
     assert_eq!(adopted.outstanding().unwrap(), 0);
     drop(adopted);
+}
+
+/// The value of slot `slot` of a ref-counter object this test can read.
+fn slot_of(name: &[u8], slot: u64) -> i64 {
+    let bytes = std::fs::read(path(name)).unwrap();
+    let at = 64 + 8 * slot as usize;
+    i64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap())
+}
+
+/// A forged tuple names another exporter's reference: the slot of a live devshare exporter's
+/// share that its consumer holds, or a slot of another process's PyTorch ref-counter. Adopting
+/// it is refused, naming the ref-counter, so no close can return (decrement) a reference the
+/// adoption never held: the victim's consumer still imports and releases its share, and the
+/// victim's count is right throughout. A PyTorch-style reference of this process's own is still
+/// adopted and returned once; adopting it a second time while the first holds it is refused.
+#[test]
+fn adoption_returns_only_a_reference_of_its_own() {
+    let _g = lock();
+    cuda();
+    let segment = memfd(SEGMENT);
+    let bytes = cuda_e(pid(), SEGMENT, &[segment.as_raw_fd()]);
+    let adopt = |name: &[u8], slot: u64| {
+        let d = devshare::torch::handle_from_torch_full(&cuda_args(&bytes, name, slot)).unwrap();
+        Exporter::adopt(&d.handle, d.table.as_deref())
+    };
+
+    // A live devshare exporter (of other memory) whose consumer holds its share's reference.
+    let victim = Exporter::host_alloc(4096).unwrap();
+    let hv = victim.share(&desc(false)).unwrap();
+    match adopt(hv.ref_name_bytes(), hv.ref_slot) {
+        Ok(a) => drop(a), // closing it must not have returned the victim's reference
+        Err(e) => {
+            assert_eq!(e.status(), Status::Untrusted, "{e}");
+            assert!(e.to_string().contains(&String::from_utf8_lossy(hv.ref_name_bytes()).into_owned()), "{e}");
+        }
+    }
+    assert_eq!(victim.outstanding().unwrap(), 1, "the victim's reference is still out");
+    let imp = import(&hv, ImportRequest::default()).expect("the victim's consumer imports its share");
+    // ...and while that consumer holds it in this process, adopting it is refused as well.
+    assert!(adopt(hv.ref_name_bytes(), hv.ref_slot).is_err());
+    imp.release();
+    assert_eq!(victim.outstanding().unwrap(), 0, "the victim's consumer returned its reference, once");
+
+    // Another process's PyTorch ref-counter: an adopted tuple is a share of this process's.
+    let theirs = Foreign::rc(&format!("/torch_{}_{}_93", pid() + 1, pid()), 0o600, RC_SIZE);
+    match adopt(&theirs.name, 0) {
+        Ok(a) => drop(a),
+        Err(e) => assert_eq!(e.status(), Status::Untrusted, "{e}"),
+    }
+    assert_eq!(slot_of(&theirs.name, 0), 1, "another process's reference was not returned");
+
+    // This process's own PyTorch-style reference: adopted once, returned once on close.
+    let ours = Foreign::rc(&format!("/torch_{}_94_1", pid()), 0o600, RC_SIZE);
+    let a = adopt(&ours.name, 0).unwrap();
+    let again = adopt(&ours.name, 0).err().expect("a reference an adoption holds is adopted again");
+    assert_eq!(again.status(), Status::Busy, "{again}");
+    assert_eq!(slot_of(&ours.name, 0), 1);
+    drop(a);
+    assert_eq!(slot_of(&ours.name, 0), 0, "the adoption returned its reference on close");
+
+    // A reference an import in this process holds (its release returns it) is not adopted.
+    let held = Foreign::rc(&format!("/torch_{}_94_2", pid()), 0o600, RC_SIZE);
+    let host = Exporter::host_alloc(4096).unwrap();
+    let genuine = host.share(&desc(false)).unwrap();
+    let imp = import(&with_ref(&genuine, &held.name, 0), ImportRequest::default()).unwrap();
+    let busy = adopt(&held.name, 0).err().expect("a reference an import holds was adopted");
+    assert_eq!(busy.status(), Status::Busy, "{busy}");
+    imp.release();
+    assert_eq!(slot_of(&held.name, 0), 0, "the import returned it, once");
+    discard_handle(&genuine).unwrap();
 }

@@ -258,7 +258,11 @@ pub unsafe extern "C" fn devshare_export_segments(
 /// - The reference the handle carries (its ref-counter slot) is given back when the exporter is
 ///   closed, exactly once: keep the storage alive until `devshare_exporter_close` succeeds
 ///   (it refuses with `DEVSHARE_STATUS_BUSY` while leases are out), then let it go; PyTorch then
-///   frees the block at once, with no `ipc_collect`.
+///   frees the block at once, with no `ipc_collect`. Only the share's own reference is taken:
+///   a ref-counter of another process (PyTorch's names carry its pid), a devshare ref-counter of
+///   an exporter of other memory or of none alive here (`DEVSHARE_STATUS_UNTRUSTED`), or a slot
+///   that another adoption or an import in this process holds (`DEVSHARE_STATUS_BUSY`) is
+///   refused, and a refused handle's reference stays the caller's.
 /// - ACL: consumers that connect over a channel are whitelisted on the key (or shareable
 ///   handles) where the runtime takes it; torch_npu exports without pid validation.
 ///

@@ -124,9 +124,10 @@ impl Registry {
 
 pub(super) static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 
-/// From the registry's first use on, its lock is held across every fork (see RegistryFork). The
-/// hook is registered before the registry is first touched, never inside its initialiser, so a
-/// fork can never see the registry half made.
+/// From the registry's first use on, its lock is held across every fork (see RegistryFork), and
+/// adoptions ask it which references imports hold (see ImportHolders). The hooks are registered
+/// before the registry is first touched, never inside its initialiser, so a fork can never see
+/// the registry half made.
 static HOOK: std::sync::Once = std::sync::Once::new();
 
 /// Signalled whenever an allocation stops opening or closing, or a reference stops being
@@ -191,7 +192,10 @@ impl RegistryGuard {
 }
 
 pub(super) fn registry() -> RegistryGuard {
-    HOOK.call_once(|| crate::fork::register(&RegistryFork));
+    HOOK.call_once(|| {
+        crate::fork::register(&RegistryFork);
+        crate::refcounter::register_holders(&ImportHolders);
+    });
     let generation = crate::fork::generation();
     // A panic while holding the lock cannot leave the maps half-updated (every update is a single
     // insert/remove/increment), so a poisoned lock is still consistent.
@@ -206,6 +210,22 @@ pub(super) fn registry() -> RegistryGuard {
         reg.generation = generation;
     }
     RegistryGuard(Some(reg))
+}
+
+/// The references imports in this process hold, for an adoption that must not take one of them
+/// over as well ([`crate::refcounter::Holders`]). Before the registry's first use nothing is
+/// registered, and no import holds anything.
+struct ImportHolders;
+
+impl crate::refcounter::Holders for ImportHolders {
+    fn holds(&self, name: &[u8], slot: u64) -> bool {
+        if name.is_empty() || name.len() > DEVSHARE_REF_NAME_CAPACITY {
+            return false;
+        }
+        let mut t = Ticket { name_len: name.len() as u32, name: [0; DEVSHARE_REF_NAME_CAPACITY], slot };
+        t.name[..name.len()].copy_from_slice(name);
+        registry().tickets.contains_key(&t)
+    }
 }
 
 /// The registry's part in `fork` ([`crate::fork::ForkHook`]): hold its lock across the fork
