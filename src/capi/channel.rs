@@ -177,11 +177,14 @@ unsafe fn address<'a>(address: *const c_char) -> Result<&'a str> {
 /// Or `"tcp://HOST:PORT"` (1.5): a remote channel for consumers on other hosts, listening only
 /// on that address. Its peers prove knowledge of the channel key file (`DEVSHARE_CHANNEL_KEY_FILE`,
 /// else `~/.config/devshare/channel.key`: the same bytes on both hosts, mode 0600, owned by the
-/// user) and must have the same UCX version; it carries pools of host memory and (1.6) of CUDA
-/// memory, whose items cross through host memory at both ends into each consumer's own device
-/// memory (leases, `_restrict`, spinning, ACL pools: `DEVSHARE_STATUS_UNSUPPORTED`). UCX (`libucp.so.0`) is loaded at run
-/// time: `DEVSHARE_STATUS_BACKEND_UNAVAILABLE` without it (`devshare_probe(DEVSHARE_PROBE_REMOTE)`
-/// says why). The data and messages travel unencrypted: use it on a network you trust.
+/// user); before that nothing exists for them, and the proofs cover the whole handshake. It
+/// carries pools of host memory and (1.6) of CUDA memory, whose items cross through host memory
+/// at both ends into each consumer's own device memory (leases, `_restrict`, spinning, ACL
+/// pools: `DEVSHARE_STATUS_UNSUPPORTED`). Items travel on the authenticated connection (1.9),
+/// read straight into the consumer's slots; where both ends set `DEVSHARE_REMOTE_DATA=ucx` they
+/// are UCX puts instead (`libucp.so.0`, loaded at run time: `DEVSHARE_STATUS_BACKEND_UNAVAILABLE`
+/// without it; `devshare_probe(DEVSHARE_PROBE_REMOTE)` says which path and why). The data and
+/// messages travel unencrypted: use it on a network you trust, or in a tunnel.
 ///
 /// Nothing runs in the background: connections are accepted, releases taken and hang-ups
 /// noticed only inside `devshare_channel_service` and the calls that wait (`_wait_peers`,

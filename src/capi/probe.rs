@@ -46,13 +46,16 @@ fn fill(dst: &mut [c_char], s: &str) {
     dst[n..].fill(0);
 }
 
-/// `devshare_probe` target (not a handle backend): the transport of remote (`tcp://`) channels,
-/// UCX (`libucp.so.0`, loaded at run time; `DEVSHARE_UCX_LIBRARY` names another).
+/// `devshare_probe` target (not a handle backend): how this process's remote (`tcp://`) channels
+/// move items: on the authenticated connection (name "stream", always usable), or, with
+/// `DEVSHARE_REMOTE_DATA=ucx`, as UCX puts (name "ucx"; `libucp.so.0`, loaded at run time,
+/// `DEVSHARE_UCX_LIBRARY` names another).
 pub const DEVSHARE_PROBE_REMOTE: u16 = 256;
 
 /// Report whether `backend` is usable here, into `*out` (initialised with
 /// `devshare_backend_info_init`): a `DEVSHARE_BACKEND_*`, or `DEVSHARE_PROBE_REMOTE` for remote
-/// channels' UCX (name "ucx"; detail: its version and path, or why it does not load). Unknown
+/// channels (name: the data path this process takes, "stream" or "ucx"; detail: that path and
+/// UCX's version and path, or why it does not load). Unknown
 /// ids are `DEVSHARE_STATUS_INVALID_ARGUMENT`; an unusable backend is `DEVSHARE_STATUS_OK` with
 /// `usable = 0`.
 #[no_mangle]
@@ -61,10 +64,10 @@ pub unsafe extern "C" fn devshare_probe(backend: u16, out: *mut DevshareBackendI
         let mut info = DevshareBackendInfo::defaults();
         info.backend = backend;
         if backend == DEVSHARE_PROBE_REMOTE {
-            let p = crate::channel::ucx::probe();
-            info.usable = u16::from(p.is_ok());
-            fill(&mut info.name, "ucx");
-            fill(&mut info.detail, &p.unwrap_or_else(|e| e.to_string()));
+            let (path, usable, detail) = crate::channel::remote_probe();
+            info.usable = u16::from(usable);
+            fill(&mut info.name, path);
+            fill(&mut info.detail, &detail);
         } else {
             let p = backend::get(backend)?.probe();
             info.usable = u16::from(p.usable);

@@ -44,4 +44,21 @@ pub mod ucx;
 pub(crate) mod wire;
 
 pub use api::{Channel, Connection, Pool};
+
+/// How this process's remote channels move items: the path's name (`stream` or `ucx`), whether
+/// it is usable here, and a line saying so (with what UCX is, or why it does not load).
+pub fn remote_probe() -> (&'static str, bool, String) {
+    let ucx = ucx::probe();
+    let ucx_text = match &ucx {
+        Ok(v) => format!("UCX puts where both ends set {}=ucx: {v}", remote::DATA_VAR),
+        Err(e) => format!("UCX puts where both ends set {}=ucx: not available ({e})", remote::DATA_VAR),
+    };
+    match remote::DataPath::from_env() {
+        Ok(remote::DataPath::Stream) => {
+            ("stream", true, format!("items on the authenticated connection (this process); {ucx_text}"))
+        }
+        Ok(remote::DataPath::Ucx) => ("ucx", ucx.is_ok(), format!("{ucx_text} (this process)")),
+        Err(e) => ("stream", false, e.to_string()),
+    }
+}
 pub use producer::PeerInfo;

@@ -1,33 +1,36 @@
 //! Pools across machines: the same channel, pool and item API when the consumer is on another
-//! host (`tcp://HOST:PORT` addresses), on UCX.
+//! host (`tcp://HOST:PORT` addresses).
 //!
-//! - **Control** is devshare's own TCP connection between the two hosts: the handshake (a
-//!   challenge-response over a shared key file, [`super::remote_auth`], and the UCX versions),
-//!   the consumer's UCX worker address, each pool's registration (`ATTACH` from the producer,
-//!   `POOL` with the consumer's slot memory and its packed remote key back), every item
-//!   (`ITEM`, the same bytes as on a Unix channel) and every return (`RETURN`). A dead peer is
-//!   the connection's end, as on a Unix channel.
-//! - **Data** goes through UCX ([`super::ucx`]), loaded at run time. Push: the producer `put`s
-//!   the item's bytes from its slot into a slot of the consumer's own pool (registered once, so
-//!   every consumer slot keeps its address), flushes the endpoint for remote completion, and
-//!   only then sends `ITEM`. Its own slot is free again as soon as the put completed; the
-//!   consumer's slot comes back with `RETURN`. Push rather than pull because the producer knows
-//!   when an item is ready and the consumer then needs no round trip per item, and because the
-//!   producer's slot comes back at once instead of after the consumer's read.
-//! - **CUDA pools** (1.6) cross through host memory at both ends: the producer copies the item
-//!   to a host staging buffer before the put, into the consumer's registered host copy of the
-//!   pool, and the consumer copies it into its own `cuMemAlloc` copy (fixed addresses too)
-//!   before handing the item out. UCX then needs no CUDA support; UCX 1.22's TCP path could not
-//!   put from device memory (refused by its older protocols, fatal with its newer ones).
+//! - **One connection** per consumer, devshare's own TCP connection, carries everything: the
+//!   handshake (a challenge-response over a shared key file, [`super::remote_auth`]), each
+//!   pool's registration (`ATTACH` from the producer, `POOL` back when the consumer holds its
+//!   copy), every item and every return (`RETURN`). A dead peer is the connection's end, as on a
+//!   Unix channel.
+//! - **Items on the stream path** (the default, [`DataPath::Stream`]): the producer writes a
+//!   `DATA` header (pool, slot, offset, length), the item's bytes and its `ITEM` message, in one
+//!   write for small items and straight from its slot for large ones
+//!   ([`Framed::send_with_payload`]); the consumer checks the header against its copy of the
+//!   pool and reads the bytes straight into its slot ([`Framed::read_raw`]). One copy (the
+//!   wire's), no round trip beyond the item and its return. The consumer's slots are its own
+//!   memory, allocated once per pool, so every slot keeps its address.
+//! - **Items over UCX** ([`DataPath::Ucx`], where both ends set `DEVSHARE_REMOTE_DATA=ucx`):
+//!   the producer `put`s the bytes into the consumer's registered copy of the pool ([`super::ucx`]),
+//!   flushes for remote completion, then sends `ITEM`. For RDMA networks, whose NICs check
+//!   remote keys.
+//! - **CUDA pools** cross through host memory at both ends: the producer copies the item to a
+//!   host staging buffer (one slot, allocated with the pool) before it goes, and the consumer
+//!   copies it from its host copy of the pool into its own `cuMemAlloc` copy (fixed addresses
+//!   too) before handing the item out.
 //! - **Trust.** No `SO_PEERCRED` across hosts: both ends prove knowledge of a key file only
-//!   their user can read (HMAC-SHA256 over fresh nonces of both sides; the key never crosses
-//!   the wire), the producer proving first. A consumer that fails, or speaks another UCX
-//!   version, is refused with the reason before anything is registered or connected for it;
-//!   the consumer's worker address goes only to a producer that proved the key. Not protected:
-//!   the data and the control messages travel unencrypted, and UCX's `tcp` transport writes
-//!   wherever a peer's put says (it does not check remote keys), so anyone who can reach a
-//!   consumer's UCX port can write into that process: use remote channels on a network you
-//!   trust, as UCX itself requires.
+//!   their user can read (HMAC-SHA256 over fresh nonces of both sides and the handshake's fields:
+//!   the producer's proof covers the consumer's whole hello, the consumer's covers its hello and
+//!   what follows its proof; the key never crosses the wire), the producer proving first.
+//!   Before its proof a peer gets nothing: no peer-table entry, no endpoint, no pool, and a
+//!   refusal that names nothing of the producer; connections waiting for their handshake are
+//!   limited per source address ([`super::admission`]). Not protected: the connection is not
+//!   encrypted and its messages after the handshake are not authenticated one by one, so an
+//!   on-path attacker can read or change items (within the consumer's slots, whose bounds every
+//!   header is checked against): use remote channels on a network you trust or in a tunnel.
 
 use super::wire::{self, In, Out};
 use crate::error::{Error, Result};
@@ -61,6 +64,8 @@ pub(crate) const MAX_BACKLOG: usize = 4 << 20;
 /// Items up to this size are queued with their messages and written in one system call; larger
 /// ones are written straight from the slot.
 pub(crate) const INLINE_PAYLOAD: usize = 256 << 10;
+/// Bytes a connection reads at a time (more for a larger message).
+const READ_CHUNK: usize = 64 << 10;
 /// The environment variable that selects UCX for a remote channel's items (`ucx`), on both ends.
 pub(crate) const DATA_VAR: &str = "DEVSHARE_REMOTE_DATA";
 
@@ -217,9 +222,10 @@ fn io(what: &str, e: std::io::Error) -> Error {
 /// socket had no room for waits (at most [`MAX_BACKLOG`] bytes).
 pub(crate) struct Framed {
     pub(crate) stream: TcpStream,
+    /// What was read: `rbuf[taken..filled]` is not handed out yet.
     rbuf: Vec<u8>,
-    /// Bytes of `rbuf` already handed out (dropped on the next read).
     taken: usize,
+    filled: usize,
     wbuf: VecDeque<u8>,
     eof: bool,
 }
@@ -228,14 +234,15 @@ impl Framed {
     pub(crate) fn new(stream: TcpStream) -> Result<Framed> {
         stream.set_nonblocking(true).map_err(|e| io("fcntl(O_NONBLOCK)", e))?;
         stream.set_nodelay(true).map_err(|e| io("setsockopt(TCP_NODELAY)", e))?;
-        Ok(Framed { stream, rbuf: Vec::new(), taken: 0, wbuf: VecDeque::new(), eof: false })
+        Ok(Framed { stream, rbuf: vec![0; READ_CHUNK], taken: 0, filled: 0, wbuf: VecDeque::new(), eof: false })
     }
 
     /// The next whole message, reading what the socket has; `None` when none is complete yet.
     /// `Closed` once the peer hung up (after the messages it sent).
     pub(crate) fn next(&mut self) -> Result<Option<Vec<u8>>> {
         loop {
-            let avail = &self.rbuf[self.taken..];
+            let avail = &self.rbuf[self.taken..self.filled];
+            let mut need = 4;
             if avail.len() >= 4 {
                 let len = u32::from_le_bytes(avail[..4].try_into().expect("4 bytes")) as usize;
                 if len > wire::MAX_MESSAGE {
@@ -249,31 +256,28 @@ impl Framed {
                     self.taken += 4 + len;
                     return Ok(Some(msg));
                 }
+                need = 4 + len;
             }
             if self.eof {
                 return Err(Error::Closed("the other end of the channel hung up".into()));
             }
+            // Room for the rest of this message, without clearing the buffer on every read:
+            // what is unread moves to the front, and the buffer grows only for a message larger
+            // than it (at most one of MAX_MESSAGE bytes).
             if self.taken > 0 {
-                self.rbuf.drain(..self.taken);
+                self.rbuf.copy_within(self.taken..self.filled, 0);
+                self.filled -= self.taken;
                 self.taken = 0;
             }
-            let old = self.rbuf.len();
-            self.rbuf.resize(old + 64 * 1024, 0);
-            match self.stream.read(&mut self.rbuf[old..]) {
-                Ok(0) => {
-                    self.rbuf.truncate(old);
-                    self.eof = true;
-                }
-                Ok(n) => self.rbuf.truncate(old + n),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    self.rbuf.truncate(old);
-                    return Ok(None);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => self.rbuf.truncate(old),
-                Err(e) => {
-                    self.rbuf.truncate(old);
-                    return Err(io("recv on a remote channel", e));
-                }
+            if need > self.rbuf.len() {
+                self.rbuf.resize(need, 0);
+            }
+            match self.stream.read(&mut self.rbuf[self.filled..]) {
+                Ok(0) => self.eof = true,
+                Ok(n) => self.filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io("recv on a remote channel", e)),
             }
         }
     }
@@ -292,11 +296,13 @@ impl Framed {
         self.flush()
     }
 
-    /// Queue `head`, the raw `payload` and `tail` (messages framed, the payload not) and send
-    /// them, in that order, waiting for room at most until `deadline`. A payload up to
-    /// [`INLINE_PAYLOAD`] bytes is queued with the messages (one system call when the socket
-    /// has room); a larger one is written straight from where it lies once what waited before
-    /// it went. On an error the connection's byte stream is broken: the caller ends it.
+    /// Send `head`, the raw `payload` and `tail` (messages framed, the payload not), in that
+    /// order after what waits already, and return once all of it is in the socket (the kernel's
+    /// buffer), waiting for room at most until `deadline`: an item sent is one the peer gets
+    /// even when the channel closes right after. A payload up to [`INLINE_PAYLOAD`] bytes goes
+    /// with the messages (one system call when the socket has room); a larger one is written
+    /// straight from where it lies. On an error the connection's byte stream is broken: the
+    /// caller ends it.
     pub(crate) fn send_with_payload(
         &mut self,
         head: &[u8],
@@ -304,41 +310,33 @@ impl Framed {
         tail: &[u8],
         deadline: Instant,
     ) -> Result<()> {
-        // Whoever does not read is waited for (bounded by the deadline) before the queue grows
-        // past half of what it may hold.
-        let queued = 8 + head.len() + tail.len() + if payload.len() <= INLINE_PAYLOAD { payload.len() } else { 0 };
-        if self.wbuf.len() + queued > MAX_BACKLOG / 2 {
-            self.flush_until(deadline)?;
-        }
-        if payload.len() <= INLINE_PAYLOAD {
-            self.wbuf.extend((head.len() as u32).to_le_bytes());
-            self.wbuf.extend(head);
-            self.wbuf.extend(payload);
-            self.wbuf.extend((tail.len() as u32).to_le_bytes());
-            self.wbuf.extend(tail);
-            return self.flush();
-        }
         self.wbuf.extend((head.len() as u32).to_le_bytes());
         self.wbuf.extend(head);
-        self.flush_until(deadline)?;
-        let mut done = 0;
-        while done < payload.len() {
-            match self.stream.write(&payload[done..]) {
-                Ok(0) => return Err(Error::Closed("the other end of the channel is gone".into())),
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(Error::Timeout("the other end of the channel does not read".into()));
+        if payload.len() <= INLINE_PAYLOAD {
+            self.wbuf.extend(payload);
+        } else {
+            self.flush_until(deadline)?;
+            let mut done = 0;
+            while done < payload.len() {
+                match self.stream.write(&payload[done..]) {
+                    Ok(0) => return Err(Error::Closed("the other end of the channel is gone".into())),
+                    Ok(n) => done += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            return Err(Error::Timeout("the other end of the channel does not read".into()));
+                        }
+                        use std::os::fd::AsFd;
+                        wire::wait_ready(self.stream.as_fd(), rustix::event::PollFlags::OUT, Some(left))?;
                     }
-                    use std::os::fd::AsFd;
-                    wire::wait_ready(self.stream.as_fd(), rustix::event::PollFlags::OUT, Some(left))?;
+                    Err(e) => return Err(io("send on a remote channel", e)),
                 }
-                Err(e) => return Err(io("send on a remote channel", e)),
             }
         }
-        self.send(tail)
+        self.wbuf.extend((tail.len() as u32).to_le_bytes());
+        self.wbuf.extend(tail);
+        self.flush_until(deadline)
     }
 
     /// Move the next bytes of the stream (after the last message handed out) into `dst`: what
@@ -346,7 +344,7 @@ impl Framed {
     /// of bytes moved (less than `dst.len()` when the rest has not arrived yet); `Closed` once
     /// the peer hung up before `dst` was filled.
     pub(crate) fn read_raw(&mut self, dst: &mut [u8]) -> Result<usize> {
-        let buffered = (self.rbuf.len() - self.taken).min(dst.len());
+        let buffered = (self.filled - self.taken).min(dst.len());
         dst[..buffered].copy_from_slice(&self.rbuf[self.taken..self.taken + buffered]);
         self.taken += buffered;
         let mut done = buffered;

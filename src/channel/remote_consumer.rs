@@ -1,6 +1,7 @@
-//! The consumer end of a remote channel (`tcp://HOST:PORT`): the authenticated connection, the
-//! pools it registers with UCX (its own memory, one registration per pool, so every slot keeps
-//! its address), and the items the producer puts there. See [`super::remote`].
+//! The consumer end of a remote channel (`tcp://HOST:PORT`): the authenticated connection, its
+//! copies of the pools (its own memory, allocated once per pool, so every slot keeps its
+//! address; registered with UCX on the UCX path), and the items that arrive there. See
+//! [`super::remote`].
 
 use super::consumer::{narrow, open, AttachToken, Teller};
 use super::remote::{self, DataPath, Framed, PoolMemory, Remote};

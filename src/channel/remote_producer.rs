@@ -1,5 +1,6 @@
 //! The producer end of a remote channel (`tcp://HOST:PORT`): the listening TCP socket, its
-//! authenticated peers, and pools whose items are put into each consumer's own slots over UCX.
+//! authenticated peers, and pools whose items go into each consumer's own slots (on the
+//! connection, or as UCX puts).
 //! See [`super::remote`] for the protocol and what is and is not protected.
 
 use super::admission::{self, Admission};

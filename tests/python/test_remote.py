@@ -1,6 +1,6 @@
 """Remote channels (``tcp://HOST:PORT``) from Python: the README's pool producer/consumer pair
-over loopback TCP (UCX with ``UCX_TLS=tcp``), the key both ends must hold, and what a remote
-channel refuses.
+over loopback TCP (items on the authenticated connection; no UCX needed), the key both ends must
+hold, and what a remote channel refuses.
 
 The producer runs in this process and the consumer in a child interpreter (conftest's
 ``spawn``), which reports one line per item on its stdout; children still running when a test
@@ -9,14 +9,12 @@ file of random bytes, mode 0600, in the test's ``tmp_path`` (set with monkeypatc
 with ``env=`` to the child). Every blocking call has a generous limit so that a bug fails the
 test instead of hanging it; nothing asserts on how long anything takes.
 
-The whole module is skipped when UCX (``libucp.so.0``) cannot be loaded: remote channels need
-it at run time. Where it loads, every test here runs and can fail.
+Every test here runs and can fail; none needs UCX.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import socket
 import sys
@@ -31,12 +29,6 @@ import torch
 
 import devshare
 from conftest import python_env, spawn
-
-try:
-    ctypes.CDLL("libucp.so.0")
-except OSError as _e:
-    pytest.skip(f"remote channels need UCX (libucp.so.0), which does not load here: {_e}",
-                allow_module_level=True)
 
 LIMIT = 120  # seconds: only ever reached when something is broken
 
@@ -190,7 +182,9 @@ def test_the_readme_pair_over_tcp_delivers_every_item_in_slots_that_keep_their_a
                 else:
                     slot.numpy(SHAPE, dtype)[:] = frame
                 slot.send(peer, shape=SHAPE, dtype=dtype)
-            assert ch.peer_info(peer)["protocol_errors"] == 0
+            info = ch.peer_info(peer)
+            assert info["protocol_errors"] == 0
+            assert info["transport"] == "stream", info  # on the authenticated connection
         rc, out, err = _finish(cons)  # its loop ends once the channel is closed
     assert rc == 0, f"consumer exited with {rc}; stderr:\n{err}"
     lines = out.splitlines()
