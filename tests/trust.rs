@@ -613,6 +613,14 @@ fn adoption_refuses_segment_fds_that_are_not_segment_memory() {
         .open(&file_path)
         .unwrap();
     file.set_len(4 * SEGMENT).unwrap();
+    /// Removes the file by its exact path, also when an assertion fails.
+    struct Removed(std::path::PathBuf);
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _removed = Removed(file_path.clone());
     // A shared memory object is a file of a tmpfs directory (whose seals F_GET_SEALS reads),
     // not a memfd.
     let shm = Foreign::data(&format!("/trust_{}_segment", pid()), 0o600, 4 * SEGMENT as usize);
@@ -637,7 +645,6 @@ fn adoption_refuses_segment_fds_that_are_not_segment_memory() {
         assert_eq!(err.status(), Status::Untrusted, "{what}: {m}");
         assert!(m.contains(&format!("fd {fd}")) && m.contains(says), "{what}: {m}");
     }
-    std::fs::remove_file(&file_path).unwrap();
     let segment = memfd(SEGMENT);
     let adopted = adopt_segment_fd(segment.as_raw_fd()).unwrap();
     assert_eq!(adopted.outstanding().unwrap(), 0);
