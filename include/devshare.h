@@ -134,8 +134,10 @@
 // `DevshareImportOptions::device` value: import on the device the handle names.
 #define DEVSHARE_DEVICE_FROM_HANDLE -1
 
-// `devshare_probe` target (not a handle backend): the transport of remote (`tcp://`) channels,
-// UCX (`libucp.so.0`, loaded at run time; `DEVSHARE_UCX_LIBRARY` names another).
+// `devshare_probe` target (not a handle backend): how this process's remote (`tcp://`) channels
+// move items: on the authenticated connection (name "stream", always usable), or, with
+// `DEVSHARE_REMOTE_DATA=ucx`, as UCX puts (name "ucx"; `libucp.so.0`, loaded at run time,
+// `DEVSHARE_UCX_LIBRARY` names another).
 #define DEVSHARE_PROBE_REMOTE 256
 
 // Capacity of `DevshareTorchStorage::handle`: every 'c' and legacy form (at most 67 bytes) and
@@ -815,18 +817,20 @@ int32_t devshare_peer_info_init(struct DevsharePeerInfo *info, uint32_t size);
 // Or `"tcp://HOST:PORT"` (1.5): a remote channel for consumers on other hosts, listening only
 // on that address. Its peers prove knowledge of the channel key file (`DEVSHARE_CHANNEL_KEY_FILE`,
 // else `~/.config/devshare/channel.key`: the same bytes on both hosts, mode 0600, owned by the
-// user) and must have the same UCX version; it carries pools of host memory and (1.6) of CUDA
-// memory, whose items cross through host memory at both ends into each consumer's own device
-// memory (leases, `_restrict`, spinning, ACL pools: `DEVSHARE_STATUS_UNSUPPORTED`). UCX (`libucp.so.0`) is loaded at run
-// time: `DEVSHARE_STATUS_BACKEND_UNAVAILABLE` without it (`devshare_probe(DEVSHARE_PROBE_REMOTE)`
-// says why). The data and messages travel unencrypted: use it on a network you trust.
+// user); before that nothing exists for them, and the proofs cover the whole handshake. It
+// carries pools of host memory and (1.6) of CUDA memory, whose items cross through host memory
+// at both ends into each consumer's own device memory (leases, `_restrict`, spinning, ACL
+// pools: `DEVSHARE_STATUS_UNSUPPORTED`). Items travel on the authenticated connection (1.9),
+// read straight into the consumer's slots; where both ends set `DEVSHARE_REMOTE_DATA=ucx` they
+// are UCX puts instead (`libucp.so.0`, loaded at run time: `DEVSHARE_STATUS_BACKEND_UNAVAILABLE`
+// without it; `devshare_probe(DEVSHARE_PROBE_REMOTE)` says which path and why). The data and
+// messages travel unencrypted: use it on a network you trust, or in a tunnel.
 //
 // Nothing runs in the background: connections are accepted, releases taken and hang-ups
 // noticed only inside `devshare_channel_service` and the calls that wait (`_wait_peers`,
 // `devshare_pool_acquire`, and `devshare_exporter_wait` on exports sent over the channel), so
 // serve the channel from your loop (poll `devshare_channel_fd`).
-int32_t devshare_channel_listen(const char *address_,
-                                struct DevshareChannel **out);
+int32_t devshare_channel_listen(const char *address_, struct DevshareChannel **out);
 
 // Who may connect from now on: `n_uids > 0` replaces the allowed uids (default: this
 // process's effective uid alone; listing another uid is how a caller trusts it), `n_pids > 0`
@@ -1397,7 +1401,8 @@ int32_t devshare_backend_info_init(struct DevshareBackendInfo *info, uint32_t si
 
 // Report whether `backend` is usable here, into `*out` (initialised with
 // `devshare_backend_info_init`): a `DEVSHARE_BACKEND_*`, or `DEVSHARE_PROBE_REMOTE` for remote
-// channels' UCX (name "ucx"; detail: its version and path, or why it does not load). Unknown
+// channels (name: the data path this process takes, "stream" or "ucx"; detail: that path and
+// UCX's version and path, or why it does not load). Unknown
 // ids are `DEVSHARE_STATUS_INVALID_ARGUMENT`; an unusable backend is `DEVSHARE_STATUS_OK` with
 // `usable = 0`.
 int32_t devshare_probe(uint16_t backend, struct DevshareBackendInfo *out);

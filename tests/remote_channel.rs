@@ -872,7 +872,9 @@ fn a_peer_whose_proof_is_wrong_is_refused_never_listed_and_told_nothing_of_a_poo
     let _server = Server::new(&ch);
     // Random bytes, a proof made with another key, and the right key over another hello (what
     // a relay that changed a field would send): each refused, and the connection ends.
-    let wrong: [&dyn Fn(&[u8], &[u8], &[u8]) -> Vec<u8>; 3] = [
+    // Each makes a proof from (the challenge's nonce, the hand-made peer's nonce, its hello).
+    type MakeProof<'a> = &'a dyn Fn(&[u8], &[u8], &[u8]) -> Vec<u8>;
+    let wrong: [MakeProof; 3] = [
         &|_, _, _| vec![0x5a; 32],
         &|theirs, mine, hello| {
             mac(b"not the channel's key, 34 bytes..", true, theirs, mine, &consumer_bound(hello, b""))
