@@ -19,6 +19,11 @@
  *               what any pipe-based handoff between these two processes costs at least.
  *   socket-floor  the floor again over one SOCK_SEQPACKET socket pair, the kind of socket a
  *               channel is: what the transport itself costs.
+ *   remote      the pool on a tcp://127.0.0.1 channel (a remote channel over loopback): the
+ *               item's bytes travel on the authenticated connection into the consumer's own
+ *               copy of the slot; the round trip ends when its release is back.
+ *   tcp-copy    the item's bytes over a loopback TCP connection (TCP_NODELAY) into the
+ *               consumer's buffer, then an ack back: the baseline of the remote method.
  *   pipe-copy   the item's bytes themselves through the pipe into the consumer's buffer, then
  *               an ack back (sizes below 1 MiB only).
  *   breakdown   the pool and lease again, with the consumer waiting in poll(2) on
@@ -44,7 +49,7 @@
  * Usage:
  *   channel_handoff run [--count N] [--large-count N] [--sizes 4096,67108864]
  *                       [--slots N] [--large-slots N] [--cpus any|one|two] [--spin US]
- *                       [--methods pool,user,lease,handle,pipe-floor,socket-floor,pipe-copy,breakdown]
+ *                       [--methods pool,user,lease,handle,pipe-floor,socket-floor,pipe-copy,remote,tcp-copy,breakdown]
  *                       [--consumer CMD]
  *   channel_handoff consume ADDRESS [--poll]
  *   channel_handoff syscalls [N]
@@ -94,8 +99,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -283,7 +292,34 @@ typedef struct {
     int from; /* the child's stdout */
 } Child;
 
-enum { NO_STDIN, PIPES, SOCKET };
+enum { NO_STDIN, PIPES, SOCKET, TCP };
+
+/* A connected pair of loopback TCP sockets (TCP_NODELAY on both): what a plain TCP copy uses. */
+static void tcp_pair(int fds[2]) {
+    const int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) != 0 || listen(l, 1) != 0 ||
+        getsockname(l, (struct sockaddr *)&a, &len) != 0) {
+        die("tcp listen", errno);
+    }
+    fds[1] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fds[1] < 0 || connect(fds[1], (struct sockaddr *)&a, sizeof a) != 0) {
+        die("tcp connect", errno);
+    }
+    fds[0] = accept4(l, NULL, NULL, SOCK_CLOEXEC);
+    if (fds[0] < 0) {
+        die("tcp accept", errno);
+    }
+    close(l);
+    const int one = 1;
+    for (int k = 0; k < 2; k++) {
+        if (setsockopt(fds[k], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) {
+            die("TCP_NODELAY", errno);
+        }
+    }
+}
 
 /* This program again as the consumer: stdout a pipe (NO_STDIN), or stdin and stdout pipes
  * (PIPES), or both one end of a SOCK_SEQPACKET socket pair (SOCKET: to == from). */
@@ -293,6 +329,8 @@ static Child spawn(const char *mode, const char *arg1, const char *arg2, int io)
         if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, out) != 0) {
             die("socketpair", errno);
         }
+    } else if (io == TCP) {
+        tcp_pair(out);
     } else if ((io == PIPES && pipe2(in, O_CLOEXEC) != 0) || pipe2(out, O_CLOEXEC) != 0) {
         die("pipe2", errno);
     }
@@ -310,7 +348,8 @@ static Child spawn(const char *mode, const char *arg1, const char *arg2, int io)
                 _exit(126);
             }
         }
-        if ((io == PIPES && dup2(in[0], 0) < 0) || (io == SOCKET && dup2(out[1], 0) < 0) || dup2(out[1], 1) < 0) {
+        if ((io == PIPES && dup2(in[0], 0) < 0) || ((io == SOCKET || io == TCP) && dup2(out[1], 0) < 0) ||
+            dup2(out[1], 1) < 0) {
             _exit(127);
         }
         if (consumer_cmd != NULL && strcmp(mode, "consume") == 0) {
@@ -329,7 +368,7 @@ static Child spawn(const char *mode, const char *arg1, const char *arg2, int io)
         close(in[0]);
     }
     close(out[1]);
-    return (Child){pid, io == PIPES ? in[1] : (io == SOCKET ? out[0] : -1), out[0]};
+    return (Child){pid, io == PIPES ? in[1] : (io == SOCKET || io == TCP ? out[0] : -1), out[0]};
 }
 
 static void reap(Child *c) {
@@ -873,7 +912,7 @@ static void run_socket_floor(const Plan *pl) {
     run_pipe("socket-floor", pl, SOCKET, "pipe-consume", "0", floor_msg, NULL);
 }
 
-static void run_pipe_copy(const Plan *pl) {
+static void run_copy(const Plan *pl, const char *method, int io) {
     CopyCtx c = {xmalloc(pl->slots * sizeof *c.buf), pl->slots, pl->size};
     for (uint32_t k = 0; k < pl->slots; k++) {
         c.buf[k] = xmalloc(pl->size);
@@ -881,11 +920,140 @@ static void run_pipe_copy(const Plan *pl) {
     }
     char arg[32];
     snprintf(arg, sizeof arg, "%" PRIu64, pl->size);
-    run_pipe("pipe-copy", pl, PIPES, "pipe-consume", arg, copy_msg, &c);
+    run_pipe(method, pl, io, "pipe-consume", arg, copy_msg, &c);
     for (uint32_t k = 0; k < pl->slots; k++) {
         free(c.buf[k]);
     }
     free(c.buf);
+}
+
+static void run_pipe_copy(const Plan *pl) {
+    run_copy(pl, "pipe-copy", PIPES);
+}
+
+/* tcp-copy: the item's bytes over a loopback TCP connection into the consumer's buffer, a
+ * 16-byte ack back: what a remote channel's item costs at least. */
+static void run_tcp_copy(const Plan *pl) {
+    run_copy(pl, "tcp-copy", TCP);
+}
+
+/* A key file for remote channels when none is named (DEVSHARE_CHANNEL_KEY_FILE, inherited by
+ * the consumer): 32 random bytes, mode 0600, removed at exit. */
+static char key_path[64];
+
+static void remove_key(void) {
+    unlink(key_path);
+}
+
+static void ensure_key(void) {
+    if (getenv("DEVSHARE_CHANNEL_KEY_FILE") != NULL || key_path[0] != '\0') {
+        return;
+    }
+    snprintf(key_path, sizeof key_path, "/tmp/devshare-bench-key-XXXXXX");
+    const int fd = mkstemp(key_path);
+    unsigned char key[32];
+    FILE *r = fopen("/dev/urandom", "rb");
+    if (fd < 0 || r == NULL || fread(key, 1, sizeof key, r) != sizeof key || fchmod(fd, 0600) != 0) {
+        die("channel key file", errno);
+    }
+    fclose(r);
+    write_all(fd, key, sizeof key);
+    close(fd);
+    atexit(remove_key);
+    setenv("DEVSHARE_CHANNEL_KEY_FILE", key_path, 1);
+}
+
+/* A tcp://127.0.0.1:PORT address whose port was free a moment ago. */
+static void tcp_address(char *buf, size_t cap) {
+    const int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(l, (struct sockaddr *)&a, &len) != 0) {
+        die("free port", errno);
+    }
+    snprintf(buf, cap, "tcp://127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+    close(l);
+}
+
+/* Services the channel until the peer holds none of the pool's slots (its leases: the pool it
+ * attached, plus each slot it holds). */
+static void until_returned(DevshareChannel *ch, uint64_t peer) {
+    DevsharePeerInfo info;
+    for (;;) {
+        OK(devshare_peer_info_init(&info, sizeof info));
+        OK(devshare_channel_peer_info(ch, peer, &info));
+        if (info.leases <= 1) {
+            return;
+        }
+        const int32_t st = devshare_channel_service(ch, 1000);
+        if (st != DEVSHARE_STATUS_OK && st != DEVSHARE_STATUS_TIMEOUT) {
+            die("devshare_channel_service", st);
+        }
+    }
+}
+
+/* remote: a pool on a tcp:// channel (the consumer the same as the pool method's). The
+ * producer's slot is free once the item's bytes are in the socket; the round trip ends when the
+ * consumer's release came back (its slot of its copy of the pool). Throughput: up to `slots`
+ * items in flight (the consumer's slots are the backpressure). */
+static void run_remote(const Plan *pl) {
+    ensure_key();
+    char addr[128];
+    DevshareChannel *ch = NULL;
+    int32_t st = DEVSHARE_STATUS_BUSY;
+    for (int tries = 0; tries < 20 && st == DEVSHARE_STATUS_BUSY; tries++) {
+        tcp_address(addr, sizeof addr);
+        st = devshare_channel_listen(addr, &ch);
+    }
+    OK(st);
+    DevshareExporter *exp = NULL;
+    void *base = NULL;
+    OK(devshare_channel_host_alloc(pl->size * pl->slots, &exp, &base));
+    for (uint32_t k = 0; k < pl->slots; k++) {
+        memset((char *)base + k * pl->size, (int)(k + 1), pl->size);
+    }
+    DevsharePool *pool = NULL;
+    OK(devshare_pool_create(ch, exp, pl->size, pl->slots, &pool));
+    Child c = spawn("consume", addr, NULL, NO_STDIN);
+    const uint64_t peer = wait_peer(ch);
+    uint32_t slot = 0;
+    void *ptr = NULL;
+    for (int i = 0; i < pl->warm; i++) {
+        OK(devshare_pool_acquire(pool, -1, &slot, &ptr));
+        OK(devshare_pool_send(pool, slot, peer, NULL));
+    }
+    until_returned(ch, peer);
+    int64_t *t = xmalloc((size_t)pl->lat * 3 * sizeof *t);
+    int64_t *t0 = t, *t1 = t + pl->lat, *t2 = t + 2 * pl->lat;
+    for (int i = 0; i < pl->lat; i++) {
+        t0[i] = now_ns();
+        OK(devshare_pool_acquire(pool, -1, &slot, &ptr));
+        OK(devshare_pool_send(pool, slot, peer, NULL));
+        until_returned(ch, peer);
+        t2[i] = now_ns();
+    }
+    const int64_t start = now_ns();
+    for (int i = 0; i < pl->tput; i++) {
+        OK(devshare_pool_acquire(pool, -1, &slot, &ptr));
+        OK(devshare_pool_send(pool, slot, peer, NULL));
+    }
+    until_returned(ch, peer);
+    OK(devshare_pool_close(pool));
+    OK(devshare_channel_close(ch));
+    ConsRec *r = collect_records(&c, (size_t)(pl->warm + pl->lat + pl->tput));
+    const ConsRec *rl = r + pl->warm, *rt = r + pl->warm + pl->lat;
+    for (int i = 0; i < pl->lat; i++) {
+        t1[i] = rl[i].touch;
+    }
+    int64_t last = 0;
+    for (int i = 0; i < pl->tput; i++) {
+        last = rt[i].touch > last ? rt[i].touch : last;
+    }
+    report("remote", pl->size, pl->lat, t0, t1, t2, pl->tput, start, last);
+    OK(devshare_exporter_close(exp, 0));
+    free(r);
+    free(t);
 }
 
 /* ------------------------------------------------------------------------------------ main */
@@ -1031,7 +1199,7 @@ static int syscalls(int n) {
 static int usage(void) {
     fprintf(stderr, "usage: channel_handoff run [--count N] [--large-count N] [--sizes 4096,67108864]\n"
                     "                           [--slots N] [--large-slots N] [--cpus any|one|two] [--spin US]\n"
-                    "                           [--methods pool,user,lease,handle,pipe-floor,socket-floor,pipe-copy,breakdown]\n"
+                    "                           [--methods pool,user,lease,handle,pipe-floor,socket-floor,pipe-copy,remote,tcp-copy,breakdown]\n"
                     "                           [--consumer CMD]\n"
                     "       channel_handoff consume ADDRESS [--poll]\n"
                     "       channel_handoff syscalls [N]\n");
@@ -1074,7 +1242,7 @@ static void place_processes(void) {
 static int run(int argc, char **argv) {
     long count = 2000, large_count = 200, slots = 64, large_slots = 4;
     const char *sizes = "4096,67108864";
-    const char *methods = "pool,lease,handle,pipe-floor,socket-floor,pipe-copy,breakdown";
+    const char *methods = "pool,lease,handle,pipe-floor,socket-floor,pipe-copy,remote,tcp-copy,breakdown";
     for (int i = 2; i < argc; i++) {
         if (i + 1 >= argc) {
             return usage();
@@ -1138,6 +1306,12 @@ static int run(int argc, char **argv) {
         }
         if (has_method(methods, "pipe-copy") && !large) {
             run_pipe_copy(&pl);
+        }
+        if (has_method(methods, "remote")) {
+            run_remote(&pl);
+        }
+        if (has_method(methods, "tcp-copy")) {
+            run_tcp_copy(&pl);
         }
         if (has_method(methods, "breakdown")) {
             run_pool(&pl, 1, 0);

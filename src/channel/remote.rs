@@ -226,6 +226,9 @@ pub(crate) struct Framed {
     rbuf: Vec<u8>,
     taken: usize,
     filled: usize,
+    /// Whether the last read found the socket emptied (a short read, or nothing): reading again
+    /// before a poll says it is readable ([`Self::readable`]) would only cost a system call.
+    drained: bool,
     wbuf: VecDeque<u8>,
     eof: bool,
 }
@@ -234,11 +237,20 @@ impl Framed {
     pub(crate) fn new(stream: TcpStream) -> Result<Framed> {
         stream.set_nonblocking(true).map_err(|e| io("fcntl(O_NONBLOCK)", e))?;
         stream.set_nodelay(true).map_err(|e| io("setsockopt(TCP_NODELAY)", e))?;
-        Ok(Framed { stream, rbuf: vec![0; READ_CHUNK], taken: 0, filled: 0, wbuf: VecDeque::new(), eof: false })
+        Ok(Framed {
+            stream,
+            rbuf: vec![0; READ_CHUNK],
+            taken: 0,
+            filled: 0,
+            drained: false,
+            wbuf: VecDeque::new(),
+            eof: false,
+        })
     }
 
-    /// The next whole message, reading what the socket has; `None` when none is complete yet.
-    /// `Closed` once the peer hung up (after the messages it sent).
+    /// The next whole message, reading what the socket has; `None` when none is complete yet
+    /// (without a read when the last one emptied the socket: call [`Self::readable`] once a
+    /// poll says more came). `Closed` once the peer hung up (after the messages it sent).
     pub(crate) fn next(&mut self) -> Result<Option<Vec<u8>>> {
         loop {
             let avail = &self.rbuf[self.taken..self.filled];
@@ -272,10 +284,20 @@ impl Framed {
             if need > self.rbuf.len() {
                 self.rbuf.resize(need, 0);
             }
+            if self.drained {
+                return Ok(None);
+            }
+            let space = self.rbuf.len() - self.filled;
             match self.stream.read(&mut self.rbuf[self.filled..]) {
                 Ok(0) => self.eof = true,
-                Ok(n) => self.filled += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+                Ok(n) => {
+                    self.filled += n;
+                    self.drained = n < space;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.drained = true;
+                    return Ok(None);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(io("recv on a remote channel", e)),
             }
@@ -348,14 +370,21 @@ impl Framed {
         dst[..buffered].copy_from_slice(&self.rbuf[self.taken..self.taken + buffered]);
         self.taken += buffered;
         let mut done = buffered;
-        while done < dst.len() {
+        while done < dst.len() && !self.drained {
             if self.eof {
                 return Err(Error::Closed("the other end of the channel hung up in the middle of an item".into()));
             }
+            let want = dst.len() - done;
             match self.stream.read(&mut dst[done..]) {
                 Ok(0) => self.eof = true,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Ok(n) => {
+                    done += n;
+                    self.drained = n < want;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.drained = true;
+                    break;
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(io("recv on a remote channel", e)),
             }
@@ -412,7 +441,13 @@ impl Framed {
             if left.is_zero() || !wire::wait_ready(self.stream.as_fd(), rustix::event::PollFlags::IN, Some(left))? {
                 return Err(Error::Timeout("the other end of the channel did not answer the handshake".into()));
             }
+            self.readable();
         }
+    }
+
+    /// A poll said the socket is readable (or may be): the next read goes to it again.
+    pub(crate) fn readable(&mut self) {
+        self.drained = false;
     }
 }
 

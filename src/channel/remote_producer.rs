@@ -660,6 +660,7 @@ impl Shared {
                 core.accept_all(epfd);
             } else if let Some(i) = core.peers.iter().position(|p| p.id == id) {
                 let p = &mut core.peers[i];
+                p.framed.readable();
                 if let Err(e) = p.framed.flush() {
                     p.doomed.get_or_insert_with(|| format!("peer {id}: {e}"));
                 }
