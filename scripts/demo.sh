@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-cmake -S . -B build && cmake --build build -j2 --target demo
+cmake -S . -B build
+cmake --build build -j2 --target demo

@@ -44,7 +44,11 @@ if ((${#py_missing[@]})); then
     .venv/bin/python -m pip install --quiet "${py_missing[@]}"
 fi
 
-cmake -S . -B build && cmake --build build -j2 && ctest --test-dir build --output-on-failure
+# One command per line: under `set -e` a failure inside an `a && b && c` list other than the last
+# would not stop the script.
+cmake -S . -B build
+cmake --build build -j2
+ctest --test-dir build --output-on-failure
 # The mixed-deployment guide (README): wheel from an sdist, auditwheel, a fresh venv with the
 # wheel installed, a torch -> C++ stage (find_package against the wheel) -> torch round trip.
 bash tests/wheel/run.sh build/wheel-test

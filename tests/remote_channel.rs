@@ -210,6 +210,10 @@ fn remote_child() {
                 }
             }
         }
+        "cuda_big" => {
+            let said = cuda_big();
+            writeln!(out.lock(), "said: {said}").unwrap();
+        }
         "byte_exact" => {
             let path = byte_exact();
             writeln!(out.lock(), "said: byte exact on {path}").unwrap();
@@ -675,6 +679,65 @@ fn a_cuda_pool_arrives_in_the_consumers_own_device_memory_whose_slots_keep_their
     // SAFETY: the stand-in's test hook.
     let violations = unsafe { cu.lib.get::<unsafe extern "C" fn() -> i32>(b"cusi_violation_count").unwrap()() };
     assert_eq!(violations, 0, "the stand-in saw driver rules broken (see its log)");
+}
+
+#[test]
+fn large_cuda_items_cross_in_chunks_through_pinned_host_memory_byte_exact() {
+    // In a child process: the stand-in's count of pinned ranges is per process.
+    setup();
+    let out = common::role("remote_child", &[(ROLE, "cuda_big".as_ref()), ("DEVSHARE_REMOTE_ADDRESS", "".as_ref())])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("said: pinned 2 then 0, 3 items byte-exact"), "{text}");
+}
+
+/// Three items of 3 MiB + 5 bytes (past the chunk size, at an odd offset) from a CUDA pool to a
+/// consumer thread; says how many host ranges were pinned while both ends lived, and after.
+fn cuda_big() -> String {
+    const SLOT: usize = 4 << 20;
+    const LEN: usize = (3 << 20) + 5;
+    let cu = Cu::new();
+    let (ch, addr) = listen();
+    let consumer = std::thread::spawn(move || {
+        let cu = Cu::new();
+        let c = Connection::connect(&addr, T).unwrap();
+        for seq in 0..3u64 {
+            let imp = c.recv(T).unwrap_or_else(|e| panic!("item {seq}: {e}"));
+            let mut bytes = vec![0u8; LEN];
+            cu.dtoh(&mut bytes, imp.view().data as u64);
+            let wrong = bytes.iter().enumerate().position(|(i, &b)| b != pattern(seq, i));
+            assert_eq!(wrong, None, "item {seq}");
+            imp.release();
+        }
+        assert_eq!(c.recv(T).err().map(|e| e.status()), Some(Status::Closed));
+    });
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let (exp, dev) = cu.export(SLOT, 2);
+    let pool = ch.pool(exp.clone(), SLOT as u64, 2).unwrap();
+    for seq in 0..3u64 {
+        let (slot, ptr) = pool.acquire(T).unwrap();
+        let bytes: Vec<u8> = (0..LEN).map(|i| pattern(seq, i)).collect();
+        cu.htod(ptr as u64 + 7, &bytes);
+        let shape = [LEN as i64];
+        pool.send(slot, peer, &TensorDesc { shape: &shape, storage_offset: 7, ..Default::default() }).unwrap();
+    }
+    // SAFETY: the stand-in's test hooks.
+    let registered = unsafe { cu.lib.get::<unsafe extern "C" fn() -> i32>(b"cusi_host_registered").unwrap() };
+    // SAFETY: as above.
+    let during = unsafe { registered() };
+    drop(pool);
+    ch.close();
+    consumer.join().unwrap();
+    drop(exp);
+    cu.free(dev);
+    // SAFETY: as above.
+    let after = unsafe { registered() };
+    // SAFETY: as above.
+    let violations = unsafe { cu.lib.get::<unsafe extern "C" fn() -> i32>(b"cusi_violation_count").unwrap()() };
+    assert_eq!(violations, 0, "the stand-in saw driver rules broken (see its log)");
+    format!("pinned {during} then {after}, 3 items byte-exact")
 }
 
 #[test]

@@ -273,6 +273,15 @@ pub trait Backend: Sync {
             crate::handle::backend_name(self.id())
         )))
     }
+    /// Pin `len` bytes of host memory at `ptr` for copies to and from `device` at the device's
+    /// speed (CUDA: `cuMemHostRegister`); the guard unpins it when dropped. `None` where the
+    /// backend pins nothing or pinning failed: [`Self::copy`] still works, at pageable speed.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` is host memory that stays mapped until the guard is dropped.
+    unsafe fn pin_host(&self, _device: i32, _ptr: *mut u8, _len: usize) -> Option<Box<dyn Send>> {
+        None
+    }
     /// The pid an exporter must pass to `allow_pid` for this process to import on `device`.
     fn local_pid(&self, _device: i32) -> Result<i32> {
         Ok(std::process::id() as i32)

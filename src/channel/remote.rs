@@ -64,6 +64,10 @@ pub(crate) const MAX_BACKLOG: usize = 4 << 20;
 /// Items up to this size are queued with their messages and written in one system call; larger
 /// ones are written straight from the slot.
 pub(crate) const INLINE_PAYLOAD: usize = 256 << 10;
+/// Bytes of a large item a producer hands to the socket at a time (and a consumer copies to a
+/// device at a time as they arrive): large enough that a copy per chunk costs little, small
+/// enough that copying one overlaps with the network carrying the one before.
+pub(crate) const CHUNK: usize = 1 << 20;
 /// Bytes a connection reads at a time (more for a larger message).
 const READ_CHUNK: usize = 64 << 10;
 /// The environment variable that selects UCX for a remote channel's items (`ucx`), on both ends.
@@ -332,33 +336,66 @@ impl Framed {
         tail: &[u8],
         deadline: Instant,
     ) -> Result<()> {
-        self.wbuf.extend((head.len() as u32).to_le_bytes());
-        self.wbuf.extend(head);
         if payload.len() <= INLINE_PAYLOAD {
+            self.queue(head);
             self.wbuf.extend(payload);
-        } else {
-            self.flush_until(deadline)?;
-            let mut done = 0;
-            while done < payload.len() {
-                match self.stream.write(&payload[done..]) {
-                    Ok(0) => return Err(Error::Closed("the other end of the channel is gone".into())),
-                    Ok(n) => done += n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            return Err(Error::Timeout("the other end of the channel does not read".into()));
-                        }
-                        use std::os::fd::AsFd;
-                        wire::wait_ready(self.stream.as_fd(), rustix::event::PollFlags::OUT, Some(left))?;
+            self.queue(tail);
+            return self.flush_until(deadline);
+        }
+        self.send_chunked(head, payload.len(), tail, deadline, |at, n| Ok(&payload[at..at + n]))
+    }
+
+    /// [`Self::send_with_payload`] of a payload of `len` bytes that `chunk(at, n)` hands out
+    /// [`CHUNK`] bytes at a time (the last one shorter), each written before the next is asked
+    /// for: what a device-to-host copy per chunk overlaps with the kernel's sending.
+    pub(crate) fn send_chunked<'a>(
+        &mut self,
+        head: &[u8],
+        len: usize,
+        tail: &[u8],
+        deadline: Instant,
+        mut chunk: impl FnMut(usize, usize) -> Result<&'a [u8]>,
+    ) -> Result<()> {
+        self.queue(head);
+        self.flush_until(deadline)?;
+        let mut at = 0;
+        while at < len {
+            let n = CHUNK.min(len - at);
+            let bytes = chunk(at, n)?;
+            self.write_raw(bytes, deadline)?;
+            at += n;
+        }
+        self.queue(tail);
+        self.flush_until(deadline)
+    }
+
+    /// Queue one framed message (sent by the next flush).
+    fn queue(&mut self, msg: &[u8]) {
+        self.wbuf.extend((msg.len() as u32).to_le_bytes());
+        self.wbuf.extend(msg);
+    }
+
+    /// Write `bytes` straight to the socket (nothing may wait in the queue), waiting for room at
+    /// most until `deadline`.
+    fn write_raw(&mut self, bytes: &[u8], deadline: Instant) -> Result<()> {
+        let mut done = 0;
+        while done < bytes.len() {
+            match self.stream.write(&bytes[done..]) {
+                Ok(0) => return Err(Error::Closed("the other end of the channel is gone".into())),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(Error::Timeout("the other end of the channel does not read".into()));
                     }
-                    Err(e) => return Err(io("send on a remote channel", e)),
+                    use std::os::fd::AsFd;
+                    wire::wait_ready(self.stream.as_fd(), rustix::event::PollFlags::OUT, Some(left))?;
                 }
+                Err(e) => return Err(io("send on a remote channel", e)),
             }
         }
-        self.wbuf.extend((tail.len() as u32).to_le_bytes());
-        self.wbuf.extend(tail);
-        self.flush_until(deadline)
+        Ok(())
     }
 
     /// Move the next bytes of the stream (after the last message handed out) into `dst`: what
@@ -445,9 +482,33 @@ impl Framed {
         }
     }
 
+    /// Read and drop what the peer sent and nobody will take any more (a closing channel).
+    pub(crate) fn discard_input(&mut self) {
+        let mut sink = [0u8; 4096];
+        while let Ok(n) = self.stream.read(&mut sink) {
+            if n == 0 {
+                break;
+            }
+        }
+    }
+
     /// A poll said the socket is readable (or may be): the next read goes to it again.
     pub(crate) fn readable(&mut self) {
         self.drained = false;
+    }
+}
+
+/// Bytes sent on `stream` that the peer's kernel has not acknowledged yet (`SIOCOUTQ`); 0 when
+/// that cannot be asked.
+pub(crate) fn unacknowledged(stream: &TcpStream) -> usize {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int to the pointer; the descriptor is open.
+    let rc = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    if rc == 0 {
+        n.max(0) as usize
+    } else {
+        0
     }
 }
 

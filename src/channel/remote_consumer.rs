@@ -41,7 +41,9 @@ impl Teller for Shared {
 struct Attached {
     /// Unregistered before the memory goes (declared first); UCX path only.
     _region: Option<MemRegion>,
-    /// The registered host memory the producer puts into.
+    /// Unpins `base` (CUDA pools) before it goes (declared before it).
+    _pinned: Option<Box<dyn Send>>,
+    /// The host memory items arrive in (the producer's puts, or the bytes read).
     base: Import,
     /// A CUDA pool's slots: this consumer's own device memory, where each item is copied from
     /// `base` before it is handed out.
@@ -60,9 +62,13 @@ struct Ucx {
 /// An item's bytes arriving on the stream path: where the rest goes.
 struct Incoming {
     pool: u32,
+    /// Offset of the item's first byte in the pool's host memory.
+    start: usize,
     /// Offset of the next byte in the pool's host memory.
     at: usize,
     left: usize,
+    /// CUDA pools: bytes from `start` already copied to the device.
+    copied: usize,
 }
 
 struct State {
@@ -71,6 +77,9 @@ struct State {
     pools: FxHashMap<u32, Attached>,
     /// The item whose bytes are being read (stream path).
     incoming: Option<Incoming>,
+    /// The bytes of the last item that arrived whole and are on the device already (CUDA
+    /// pools, stream path): pool, offset, length.
+    on_device: Option<(u32, usize, usize)>,
     ucx: Option<Ucx>,
     eof: bool,
 }
@@ -214,7 +223,14 @@ impl RemoteConnection {
                 closed: AtomicBool::new(false),
                 generation: crate::fork::generation(),
             }),
-            state: Mutex::new(State { reader, pools: FxHashMap::default(), incoming: None, ucx, eof: false }),
+            state: Mutex::new(State {
+                reader,
+                pools: FxHashMap::default(),
+                incoming: None,
+                on_device: None,
+                ucx,
+                eof: false,
+            }),
             epoll: ep,
             peer_id,
             producer_pid,
@@ -351,22 +367,40 @@ impl RemoteConnection {
         // meanwhile (the producer sends a slot's bytes only while this consumer does not hold
         // it, and the consumer hands out no item of a slot before its bytes arrived).
         let dst = unsafe { std::slice::from_raw_parts_mut(p.base.view().data.add(inc.at), inc.left) };
-        match st.reader.read_raw(dst) {
-            Ok(n) => {
-                inc.at += n;
-                inc.left -= n;
-                if inc.left > 0 {
-                    return Ok(false);
-                }
-                st.incoming = None;
-                Ok(true)
-            }
+        let n = match st.reader.read_raw(dst) {
+            Ok(n) => n,
             Err(Error::Closed(_)) => {
                 st.eof = true;
-                Ok(false)
+                return Ok(false);
             }
-            Err(e) => Err(e),
+            Err(e) => return Err(e),
+        };
+        inc.at += n;
+        inc.left -= n;
+        if let Some(device) = &p.device {
+            // CUDA pools: what arrived goes on to the device a chunk at a time while the rest
+            // is still on its way, and the last part once all is there.
+            let arrived = inc.at - inc.start;
+            while arrived - inc.copied >= remote::CHUNK || (inc.left == 0 && arrived > inc.copied) {
+                let len = (arrived - inc.copied).min(remote::CHUNK);
+                let off = inc.start + inc.copied;
+                let backend = crate::backend::get(device.handle().backend)?;
+                // SAFETY: `off..off + len` arrived in the host copy of the pool and lies in the
+                // item's slot (checked with its header); the device copy has the same size.
+                unsafe {
+                    backend.copy(device.device(), false, device.view().data.add(off), p.base.view().data.add(off), len)
+                }?;
+                inc.copied += len;
+            }
         }
+        if inc.left > 0 {
+            return Ok(false);
+        }
+        if p.device.is_some() {
+            st.on_device = Some((inc.pool, inc.start, inc.copied));
+        }
+        st.incoming = None;
+        Ok(true)
     }
 
     fn message(&self, st: &mut State, b: &[u8]) -> Result<Option<Import>> {
@@ -384,7 +418,8 @@ impl RemoteConnection {
                 )));
             }
             let at = (u64::from(slot) * p.slot_size + offset) as usize;
-            st.incoming = Some(Incoming { pool, at, left: len as usize });
+            st.incoming = Some(Incoming { pool, start: at, at, left: len as usize, copied: 0 });
+            st.on_device = None;
             return Ok(None);
         }
         match Message::decode(b)? {
@@ -426,7 +461,19 @@ impl RemoteConnection {
                     // The stream path registers nothing: the answer says the copy is there.
                     None => (None, Remote::Pool { pool, base: 0, len: whole, rkey: &[] }.encode()),
                 };
-                st.pools.insert(pool, Attached { _region: region, base, device, slot_size, count, token });
+                // CUDA pools: the host copy is pinned where the driver allows, so that each item's
+                // copy to the device runs at the device's speed.
+                let pinned = match (&device, memory_kind) {
+                    (Some(d), PoolMemory::Cuda { device: ordinal }) => {
+                        let backend = crate::backend::get(d.handle().backend)?;
+                        // SAFETY: `base` stays mapped until after the guard, declared before
+                        // it in Attached, unpinned it.
+                        unsafe { backend.pin_host(ordinal, ptr, whole as usize) }
+                    }
+                    _ => None,
+                };
+                st.pools
+                    .insert(pool, Attached { _region: region, _pinned: pinned, base, device, slot_size, count, token });
                 self.shared.writer.lock().unwrap_or_else(|p| p.into_inner()).send(&reply)?;
                 Ok(None)
             }
@@ -459,6 +506,12 @@ impl RemoteConnection {
                 // below fails: the import is dropped).
                 let imp = narrow(device, p.slot_size, p.count, pool, slot, &layout, None, conn, std::ptr::null_mut())?;
                 let at = u64::from(slot) * p.slot_size + layout.storage_offset;
+                // On the stream path the bytes went to the device as they arrived.
+                if let Some((on_pool, start, len)) = st.on_device.take() {
+                    if on_pool == pool && start as u64 == at && len as u64 >= layout.storage_size {
+                        return Ok(Some(*imp));
+                    }
+                }
                 let backend = crate::backend::get(device.handle().backend)?;
                 // SAFETY: `at..+storage_size` lies in the host copy of the pool (narrow checked
                 // the item against the same slots), which the producer finished putting before

@@ -78,6 +78,8 @@ struct PoolState {
     /// What the consumers allocate their copies of (the exporter's kind of memory).
     memory: PoolMemory,
     /// CUDA pools: the host buffer an item is copied to before the put (one slot).
+    /// Unpins `staging` when dropped (declared first: it goes before the buffer does).
+    _pinned: Option<Box<dyn Send>>,
     staging: Vec<u8>,
     slot_size: u64,
     count: u32,
@@ -265,10 +267,16 @@ impl RemoteChannel {
             ))
         })?;
         let n = count as usize;
-        let staging = match memory {
-            PoolMemory::Host => Vec::new(),
-            PoolMemory::Cuda { .. } => vec![0; slot_size as usize],
-        };
+        // CUDA pools: one slot of host memory, pinned where the driver allows, that items are
+        // copied to on their way out (chunk by chunk for large ones).
+        let (mut staging, mut pinned) = (Vec::new(), None);
+        if let PoolMemory::Cuda { device } = memory {
+            staging = vec![0u8; slot_size as usize];
+            let backend = crate::backend::get(exp.backend())?;
+            // SAFETY: the buffer lives in the pool state, unmoved (never resized), until after
+            // the guard, declared before it there, unpinned it.
+            pinned = unsafe { backend.pin_host(device, staging.as_mut_ptr(), staging.len()) };
+        }
         let mut core = self.shared.lock()?;
         let id = core.next_pool;
         core.next_pool = core.next_pool.checked_add(1).ok_or_else(|| Error::Busy("pool ids are exhausted".into()))?;
@@ -277,6 +285,7 @@ impl RemoteChannel {
             PoolState {
                 exporter: exp,
                 memory,
+                _pinned: pinned,
                 staging,
                 slot_size,
                 count,
@@ -681,6 +690,28 @@ impl Shared {
             return;
         }
         core.closed = true;
+        // What was sent is the peers' to read. A TCP socket closed with bytes of the peer
+        // unread resets the connection, and a reset drops what the kernel had not yet sent: so
+        // each ready peer gets its queue and the end of the stream, and the close waits (at most
+        // CLOSE_LINGER) until every peer's kernel acknowledged every byte, reading away what
+        // the peers send meanwhile (their returns).
+        let deadline = Instant::now() + CLOSE_LINGER;
+        for p in core.peers.iter_mut().filter(|p| p.ready()) {
+            if p.framed.flush_until(deadline).is_ok() {
+                let _ = p.framed.stream.shutdown(std::net::Shutdown::Write);
+            }
+        }
+        loop {
+            let mut unacknowledged = false;
+            for p in core.peers.iter_mut().filter(|p| p.ready()) {
+                p.framed.discard_input();
+                unacknowledged |= remote::unacknowledged(&p.framed.stream) > 0;
+            }
+            if !unacknowledged || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         while !core.peers.is_empty() {
             let _ = core.peers[0].framed.flush();
             core.drop_peer(0, self.epoll.as_fd());
@@ -688,6 +719,9 @@ impl Shared {
         core.pools.clear();
     }
 }
+
+/// How long closing a remote channel waits for its peers' kernels to take what was sent.
+const CLOSE_LINGER: Duration = Duration::from_secs(2);
 
 /// A pool of a remote channel: the producer's slots, put into each consumer's own slots.
 pub(crate) struct RemotePool {
@@ -794,35 +828,54 @@ impl RemotePool {
                 };
                 // SAFETY: the bytes lie in the export (checked above); the export lives in the
                 // pool state while this call runs.
-                let mut src = unsafe { p.exporter.ptr().add(abs.storage_offset as usize) } as *const u8;
-                if let PoolMemory::Cuda { device } = p.memory {
-                    // Device memory crosses through host memory at both ends.
-                    let backend = crate::backend::get(p.exporter.backend())?;
-                    // SAFETY: `staging` is one slot, and the item lies in one slot (checked).
-                    unsafe { backend.copy(device, true, p.staging.as_mut_ptr(), src, rel_size as usize) }?;
-                    src = p.staging.as_ptr();
-                }
+                let src = unsafe { p.exporter.ptr().add(abs.storage_offset as usize) } as *const u8;
+                let len = rel_size as usize;
                 let layout = ItemLayout::of(&h, desc.storage_offset, rel_size);
                 let item = Message::Item { pool: self.id, slot: cslot, layout, event: None }.encode();
-                let moved = match (peer_ref.ep.as_deref(), pp.rkey.as_ref()) {
-                    (Some(ep), Some(rkey)) => {
-                        let remote = pp.base + u64::from(cslot) * p.slot_size + desc.storage_offset;
-                        // SAFETY: as above; the put and flush complete (or fail) before this
-                        // returns.
-                        unsafe { ep.put(src, rel_size as usize, remote, rkey) }
-                            .and_then(|()| ep.flush())
-                            .and_then(|()| peer_ref.framed.send(&item))
+                let head = Remote::Data { pool: self.id, slot: cslot, offset: desc.storage_offset, len: rel_size };
+                let stream = peer_ref.ep.is_none() && pp.rkey.is_none();
+                let moved = match p.memory {
+                    // Device memory crosses through host memory at both ends. On the stream path
+                    // a large item goes chunk by chunk: each chunk is copied to the staging
+                    // buffer, then written while the kernel still sends the one before.
+                    PoolMemory::Cuda { device } if stream && len > remote::INLINE_PAYLOAD => {
+                        let backend = crate::backend::get(p.exporter.backend())?;
+                        let staging = p.staging.as_mut_ptr();
+                        peer_ref.framed.send_chunked(&head.encode(), len, &item, deadline, |at, n| {
+                            // SAFETY: `at..at + n` lies in the item, which lies in one slot
+                            // (checked), and `staging` is one slot.
+                            unsafe {
+                                backend.copy(device, true, staging.add(at), src.add(at), n)?;
+                                Ok(std::slice::from_raw_parts(staging.add(at), n))
+                            }
+                        })
                     }
-                    (None, None) => {
-                        let head =
-                            Remote::Data { pool: self.id, slot: cslot, offset: desc.storage_offset, len: rel_size }
-                                .encode();
-                        // SAFETY: `src` holds the item's `rel_size` bytes (the export's, or the
-                        // staging copy), unchanged while this call runs.
-                        let bytes = unsafe { std::slice::from_raw_parts(src, rel_size as usize) };
-                        peer_ref.framed.send_with_payload(&head, bytes, &item, deadline)
+                    _ => {
+                        let mut from = src;
+                        if let PoolMemory::Cuda { device } = p.memory {
+                            let backend = crate::backend::get(p.exporter.backend())?;
+                            // SAFETY: `staging` is one slot, and the item lies in one slot.
+                            unsafe { backend.copy(device, true, p.staging.as_mut_ptr(), src, len) }?;
+                            from = p.staging.as_ptr();
+                        }
+                        match (peer_ref.ep.as_deref(), pp.rkey.as_ref()) {
+                            (Some(ep), Some(rkey)) => {
+                                let remote = pp.base + u64::from(cslot) * p.slot_size + desc.storage_offset;
+                                // SAFETY: as above; the put and flush complete (or fail) before
+                                // this returns.
+                                unsafe { ep.put(from, len, remote, rkey) }
+                                    .and_then(|()| ep.flush())
+                                    .and_then(|()| peer_ref.framed.send(&item))
+                            }
+                            (None, None) => {
+                                // SAFETY: `from` holds the item's `len` bytes (the export's, or
+                                // the staging copy), unchanged while this call runs.
+                                let bytes = unsafe { std::slice::from_raw_parts(from, len) };
+                                peer_ref.framed.send_with_payload(&head.encode(), bytes, &item, deadline)
+                            }
+                            _ => Err(Error::Internal("a pool registered without its data path".into())),
+                        }
                     }
-                    _ => Err(Error::Internal("a pool registered without its data path".into())),
                 };
                 if let Err(e) = moved {
                     // Part of an item may have gone: the connection cannot carry another.

@@ -1596,25 +1596,68 @@ def free_tcp_port() -> int:
 
 def remote_channel_key() -> None:
     """A fresh channel key (0600) for this case's remote channels, named in the environment
-    that the gpu_tool children inherit; says which UCX is used (CaseSkip when none loads)."""
-    ucx = os.environ.get("DEVSHARE_UCX_LIBRARY") or "libucp.so.0"
-    try:
-        ctypes.CDLL(ucx)
-    except OSError as e:
-        raise CaseSkip(f"remote channels need UCX ({ucx}), which does not load here: {e}") from None
-    info(f"UCX: {os.environ.get('DEVSHARE_UCX_LIBRARY') or 'libucp.so.0 from the loader path'}")
+    that the gpu_tool children inherit."""
     key = os.path.join(tempfile.mkdtemp(prefix="devshare-gpu-key-"), "channel.key")
     with open(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
         f.write(os.urandom(32))
     os.environ["DEVSHARE_CHANNEL_KEY_FILE"] = key
 
 
+def ucx_loads() -> bool:
+    """Whether UCX loads here (the remote channels' optional UCX path); says which."""
+    ucx = os.environ.get("DEVSHARE_UCX_LIBRARY") or "libucp.so.0"
+    try:
+        ctypes.CDLL(ucx)
+    except OSError as e:
+        info(f"UCX ({ucx}) does not load here, its path is not tried: {e}")
+        return False
+    info(f"UCX: {os.environ.get('DEVSHARE_UCX_LIBRARY') or 'libucp.so.0 from the loader path'}")
+    return True
+
+
+# A plain TCP copy of `items` buffers of `size` bytes from host memory (the remote pools'
+# baseline): argv = port, size, items; the child sends, the parent receives.
+_TCP_SENDER = r"""
+import socket, sys
+port, size, items = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+buf = bytearray(b"\x5a" * size)
+with socket.create_connection(("127.0.0.1", port)) as s:
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for _ in range(items):
+        s.sendall(buf)
+"""
+
+
+def tcp_copy_mb_s(size: int, items: int) -> float:
+    """MB/s of a plain loopback TCP copy of `items` x `size` bytes (first byte to last)."""
+    import socket  # noqa: PLC0415
+    with socket.socket() as lst:
+        lst.bind(("127.0.0.1", 0))
+        lst.listen(1)
+        child = subprocess.Popen([sys.executable, "-c", _TCP_SENDER, str(lst.getsockname()[1]), str(size),
+                                  str(items)])
+        conn, _ = lst.accept()
+    buf = bytearray(size)
+    view = memoryview(buf)
+    with conn:
+        got, total, t0 = 0, size * items, None
+        while got < total:
+            n = conn.recv_into(view[: min(size, total - got)])
+            if n == 0:
+                raise CaseFail(f"the TCP sender stopped after {got} of {total} bytes")
+            if t0 is None:
+                t0 = time.monotonic()
+            got += n
+        took = time.monotonic() - t0
+    child.wait(timeout=60)
+    return total / max(took, 1e-9) / 1e6
+
+
 def case_o2_remote_graph_replay(cx: Ctx):
-    """n_graph_replay over a remote channel (tcp://127.0.0.1, UCX_TLS=tcp): Python consumer, CUDA items in its own memory."""
+    """n_graph_replay over a remote channel (tcp://127.0.0.1, items on the authenticated connection): Python consumer, CUDA items in its own memory."""
     devshare = _import_devshare()
     graphs = CudaGraphs(cx.torch)
     remote_channel_key()
-    os.environ["UCX_TLS"] = "tcp"
     n = 16_384  # 64 KiB slots
     r, done = graph_replay_run(cx.tool, devshare, graphs, "cuda", slots=4, n=n, timed=100,
                                address=f"tcp://127.0.0.1:{free_tcp_port()}")
@@ -1624,44 +1667,58 @@ def case_o2_remote_graph_replay(cx: Ctx):
 
 
 def case_o_remote_cuda_pool(cx: Ctx):
-    """Remote channel (tcp://127.0.0.1) with CUDA pools on UCX: cuMemAlloc and VMM exports into the consumer's own device memory."""
+    """Remote channel (tcp://127.0.0.1) with CUDA pools: cuMemAlloc and VMM exports into the consumer's own device memory, on the stream path (and UCX where it loads); 16 MiB items against a plain TCP copy."""
     remote_channel_key()
-    slots, n = 4, 300_000  # 1.2 MB slots: in the VMM export some span 2 MiB segments
     done = []
-    # tcp: what crosses hosts without RDMA; then UCX's own choice on one host. Device memory
-    # crosses through host memory at both ends, so UCX needs no CUDA support.
-    for tls in ("tcp", None):
+    # The default path (items on the authenticated connection), then UCX over TCP where it
+    # loads. Device memory crosses through pinned host memory at both ends.
+    paths = [("stream", None)] + ([("ucx", "tcp")] if ucx_loads() else [])
+
+    def run(label: str, kind: str, slots: int, n: int, counts: tuple[int, int]) -> float:
+        """Seconds per item from the consumer's wall time for counts[1] minus counts[0] items."""
+        took = {}
+        for items in counts:
+            address = f"tcp://127.0.0.1:{free_tcp_port()}"
+            prod, ready = start_pool_producer(cx.tool, kind, address, slots, n, items)
+            try:
+                t0 = time.monotonic()
+                r = cx.run_tool(["consume-pool", address, items, 60000], 120)
+                took[items] = time.monotonic() - t0
+                last = (r.stdout.strip().splitlines() or [""])[-1]
+                if r.returncode != 0 or not last.startswith("OK"):
+                    time.sleep(0.5)  # the producer's own FAIL line says more
+                    raise CaseFail(f"{label} {kind}: consume-pool (rc {r.returncode}): {last}; "
+                                   f"producer: {prod.seen[-2:]} {''.join(prod.err)[-300:].strip()}")
+                fin = finish_pool_producer(prod, items)
+            finally:
+                prod.kill()
+            if items == counts[0]:
+                info(f"{label} {kind}: producer {ready}")
+                info(f"{label} {kind}: consumer {last}")
+                info(f"{label} {kind}: producer {fin}")
+        return (took[counts[1]] - took[counts[0]]) / (counts[1] - counts[0])
+
+    for path, tls in paths:
+        os.environ["DEVSHARE_REMOTE_DATA"] = path
         if tls:
             os.environ["UCX_TLS"] = tls
-        else:
-            os.environ.pop("UCX_TLS", None)
-        label = f"UCX_TLS={tls or '(all)'}"
+        label = path + (f" UCX_TLS={tls}" if tls else "")
         for kind in ("cuda", "vmm"):
-            took = {}
-            for items in (40, 240):
-                address = f"tcp://127.0.0.1:{free_tcp_port()}"
-                prod, ready = start_pool_producer(cx.tool, kind, address, slots, n, items)
-                try:
-                    t0 = time.monotonic()
-                    r = cx.run_tool(["consume-pool", address, items, 60000], 90)
-                    took[items] = time.monotonic() - t0
-                    last = (r.stdout.strip().splitlines() or [""])[-1]
-                    if r.returncode != 0 or not last.startswith("OK"):
-                        time.sleep(0.5)  # the producer's own FAIL line says more
-                        raise CaseFail(f"{label} {kind}: consume-pool (rc {r.returncode}): {last}; "
-                                       f"producer: {prod.seen[-2:]} {''.join(prod.err)[-300:].strip()}")
-                    fin = finish_pool_producer(prod, items)
-                finally:
-                    prod.kill()
-                if items == 40:
-                    info(f"{label} {kind}: producer {ready}")
-                    info(f"{label} {kind}: consumer {last}")
-                    info(f"{label} {kind}: producer {fin}")
-            per_item = (took[240] - took[40]) / 200 * 1e6
-            info(f"{label} {kind}: consumer wall time {took[40] * 1000:.0f} ms for 40 items and "
-                 f"{took[240] * 1000:.0f} ms for 240 (connect included): {per_item:.0f} us per "
-                 f"{mib(4 * n)} item, {4 * n / max(per_item, 1e-3):.0f} MB/s")
+            n = 300_000  # 1.2 MB slots: in the VMM export some span 2 MiB segments
+            per_item = run(label, kind, 4, n, (40, 240)) * 1e6
+            info(f"{label} {kind}: {per_item:.0f} us per {mib(4 * n)} item, "
+                 f"{4 * n / max(per_item, 1e-3):.0f} MB/s")
             done.append(f"{label} {kind} {per_item:.0f} us/item")
+    # The target: 16 MiB CUDA items on the stream path at >= 0.8x a plain TCP copy from host memory.
+    os.environ["DEVSHARE_REMOTE_DATA"] = "stream"
+    size = 16 << 20
+    per_item = run("stream 16 MiB", "cuda", 4, size // 4, (10, 50))
+    mb_s = size / max(per_item, 1e-9) / 1e6
+    tcp = tcp_copy_mb_s(size, 40)
+    info(f"stream cuda 16 MiB: {mb_s:.0f} MB/s; plain TCP copy of the same bytes from host memory "
+         f"{tcp:.0f} MB/s: {mb_s / tcp:.2f}x")
+    done.append(f"16 MiB cuda on the stream path {mb_s:.0f} MB/s = {mb_s / tcp:.2f}x a plain TCP copy")
+    os.environ.pop("DEVSHARE_REMOTE_DATA", None)
     return "every value and slot address checked, in the consumer's own memory: " + ", ".join(done)
 
 
@@ -2200,29 +2257,21 @@ def dry_graph_replay(r: "Runner", tool: str) -> None:
             print(f"    {name}| {ln}", flush=True)
         r.verdict("PASS", name, f"{res['items']} items, {res['slots_used']} slots, {res['captures']} captures, "
                   f"{res['recaptures']} recaptures, fixed slot addresses; CPU stand-in graphs, not GPU timings")
-    # The same over a remote channel (tcp://, host pool): needs UCX; SKIP without it.
+    # The same over a remote channel (tcp://, host pool; items on the authenticated connection).
     name = "dry_graph_replay_host_remote"
     try:
-        ctypes.CDLL(os.environ.get("DEVSHARE_UCX_LIBRARY") or "libucp.so.0")
-        ucx = ""
-    except OSError as e:
-        ucx = str(e)
-    if ucx:
-        r.verdict("SKIP", name, f"remote channels need UCX (libucp.so.0): {ucx}")
-    else:
-        try:
-            got = {}
-            lines = _captured_info(remote_channel_key)
-            lines += _captured_info(lambda: got.update(run=graph_replay_run(
-                tool, devshare, graphs, "host", slots=4, n=4096, timed=20,
-                address=f"tcp://127.0.0.1:{free_tcp_port()}")))
-            res, done = got["run"]
-            for ln in lines + [f"producer {done}"]:
-                print(f"    {name}| {ln}", flush=True)
-            r.verdict("PASS", name, f"{res['items']} items over tcp://, {res['slots_used']} slots, "
-                      f"{res['recaptures']} recaptures, fixed slot addresses")
-        except (CaseFail, devshare.Error, OSError, TimeoutError) as e:
-            r.verdict("FAIL", name, f"{type(e).__name__}: {e}")
+        got = {}
+        lines = _captured_info(remote_channel_key)
+        lines += _captured_info(lambda: got.update(run=graph_replay_run(
+            tool, devshare, graphs, "host", slots=4, n=4096, timed=20,
+            address=f"tcp://127.0.0.1:{free_tcp_port()}")))
+        res, done = got["run"]
+        for ln in lines + [f"producer {done}"]:
+            print(f"    {name}| {ln}", flush=True)
+        r.verdict("PASS", name, f"{res['items']} items over tcp://, {res['slots_used']} slots, "
+                  f"{res['recaptures']} recaptures, fixed slot addresses")
+    except (CaseFail, devshare.Error, OSError, TimeoutError) as e:
+        r.verdict("FAIL", name, f"{type(e).__name__}: {e}")
     name = "dry_graph_replay_host_stale_caught"
     try:
         _captured_info(lambda: graph_replay_run(tool, devshare, graphs, "host", slots=4, n=4096, timed=20,

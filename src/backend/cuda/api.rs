@@ -129,6 +129,8 @@ struct Fns {
     mem_free: unsafe extern "C" fn(DevPtr) -> CuResult,
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, DevPtr, usize) -> CuResult,
     memcpy_htod: unsafe extern "C" fn(DevPtr, *const c_void, usize) -> CuResult,
+    mem_host_register: unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CuResult,
+    mem_host_unregister: unsafe extern "C" fn(*mut c_void) -> CuResult,
     pointer_get_attribute: unsafe extern "C" fn(*mut c_void, c_int, DevPtr) -> CuResult,
     ipc_get_mem_handle: unsafe extern "C" fn(*mut IpcHandle, DevPtr) -> CuResult,
     ipc_open_mem_handle: unsafe extern "C" fn(*mut DevPtr, IpcHandle, c_uint) -> CuResult,
@@ -209,6 +211,9 @@ impl CudaApi {
                 mem_free: lib.required("cuMemFree_v2")?,
                 memcpy_dtoh: lib.required("cuMemcpyDtoH_v2")?,
                 memcpy_htod: lib.required("cuMemcpyHtoD_v2")?,
+                // The plain name is the old ABI: only the _v2 symbol has this signature.
+                mem_host_register: lib.required("cuMemHostRegister_v2")?,
+                mem_host_unregister: lib.required("cuMemHostUnregister")?,
                 pointer_get_attribute: lib.required("cuPointerGetAttribute")?,
                 ipc_get_mem_handle: lib.required("cuIpcGetMemHandle")?,
                 ipc_open_mem_handle: lib.first_of(&["cuIpcOpenMemHandle_v2", "cuIpcOpenMemHandle"])?,
@@ -370,6 +375,25 @@ impl CudaApi {
     pub(crate) unsafe fn memcpy_htod(&self, dst: DevPtr, src: *const u8, len: usize) -> Result<()> {
         // SAFETY: the caller's promise; the driver checks `dst`.
         self.check("cuMemcpyHtoD", unsafe { (self.fns.memcpy_htod)(dst, src.cast(), len) })
+    }
+
+    /// `cuMemHostRegister`: page-lock `len` bytes of host memory at `ptr` for the current
+    /// context's device, so that copies to and from it run without the driver's own staging.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` is host memory that stays mapped until [`Self::mem_host_unregister`].
+    pub(crate) unsafe fn mem_host_register(&self, ptr: *mut u8, len: usize) -> Result<()> {
+        // SAFETY: the caller's promise; flags 0 (portable to the current context only).
+        self.check("cuMemHostRegister", unsafe { (self.fns.mem_host_register)(ptr.cast(), len, 0) })
+    }
+
+    /// `cuMemHostUnregister` of what [`Self::mem_host_register`] pinned at `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` is the start of a registered range of this process.
+    pub(crate) unsafe fn mem_host_unregister(&self, ptr: *mut u8) -> Result<()> {
+        // SAFETY: the caller's promise.
+        self.check("cuMemHostUnregister", unsafe { (self.fns.mem_host_unregister)(ptr.cast()) })
     }
 
     /// `cuPointerGetAttribute` for an int-sized attribute.

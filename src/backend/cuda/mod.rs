@@ -326,6 +326,14 @@ impl Backend for Cuda {
         Ok(Box::new(CudaMapping { base, size: len, device, owned: true }))
     }
 
+    unsafe fn pin_host(&self, device: i32, ptr: *mut u8, len: usize) -> Option<Box<dyn Send>> {
+        let api = api().ok()?;
+        let _g = api.bind(device).ok()?;
+        // SAFETY: the caller's promise: mapped until the guard goes.
+        unsafe { api.mem_host_register(ptr, len) }.ok()?;
+        Some(Box::new(Pinned { ptr: ptr as usize, device, generation: crate::fork::generation() }))
+    }
+
     unsafe fn copy(&self, device: i32, to_host: bool, dst: *mut u8, src: *const u8, len: usize) -> Result<()> {
         let api = api()?;
         let _g = api.bind(device)?;
@@ -335,6 +343,28 @@ impl Backend for Cuda {
         } else {
             // SAFETY: as above.
             unsafe { api.memcpy_htod(dst as DevPtr, src, len) }
+        }
+    }
+}
+
+/// Host memory pinned by [`Cuda::pin_host`]; unpinned when dropped.
+struct Pinned {
+    ptr: usize,
+    device: i32,
+    generation: u64,
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // A forked child's copy was never registered in the child's driver state.
+        if self.generation != crate::fork::generation() {
+            return;
+        }
+        if let Ok(api) = api() {
+            if let Ok(_g) = api.bind(self.device) {
+                // SAFETY: registered by pin_host at this address, still mapped (its contract).
+                let _ = unsafe { api.mem_host_unregister(self.ptr as *mut u8) };
+            }
         }
     }
 }

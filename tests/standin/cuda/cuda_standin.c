@@ -870,6 +870,48 @@ CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
     return done(CUDA_SUCCESS);
 }
 
+/* Page-locked host ranges (cuMemHostRegister): the driver refuses an overlap with a range
+ * already registered, and an unregister of anything but a registered range's start. */
+struct pinned {
+    struct pinned *next;
+    uintptr_t base;
+    size_t size;
+};
+static struct pinned *g_pinned;
+
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags) {
+    ENTER(1);
+    if (bytesize == 0) return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: bytesize is 0", __func__));
+    if (Flags & ~0xfu) return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: unknown flags %#x", __func__, Flags));
+    if (host_range(__func__, p, bytesize)) return done(CUDA_ERROR_INVALID_VALUE);
+    const uintptr_t a = (uintptr_t)p;
+    for (struct pinned *r = g_pinned; r; r = r->next)
+        if (a < r->base + r->size && r->base < a + bytesize)
+            return done(viol(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+                             "%s: %p..+%zu overlaps a registered range", __func__, p, bytesize));
+    struct pinned *r = calloc(1, sizeof *r);
+    if (!r) return done(CUDA_ERROR_OUT_OF_MEMORY);
+    r->base = a;
+    r->size = bytesize;
+    r->next = g_pinned;
+    g_pinned = r;
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuMemHostUnregister(void *p) {
+    ENTER(1);
+    for (struct pinned **pp = &g_pinned; *pp; pp = &(*pp)->next) {
+        if ((*pp)->base == (uintptr_t)p) {
+            struct pinned *r = *pp;
+            *pp = r->next;
+            free(r);
+            return done(CUDA_SUCCESS);
+        }
+    }
+    return done(viol(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "%s: %p is not the start of a registered range",
+                     __func__, p));
+}
+
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
     ENTER(1);
     if (ByteCount == 0) return done(CUDA_SUCCESS);
@@ -1806,6 +1848,14 @@ int cusi_vmm_mappings(void) { return vmm_count(1); }
 int cusi_vmm_handles(void) { return vmm_count(2); }
 int cusi_vmm_imported_handles(void) { return vmm_count(3); }
 int cusi_vmm_allocations(void) { return vmm_count(4); }
+
+int cusi_host_registered(void) {
+    pthread_mutex_lock(&g_mu);
+    int n = 0;
+    for (struct pinned *r = g_pinned; r; r = r->next) n++;
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
 
 int cusi_vmm_access(CUdeviceptr p, int ordinal) {
     pthread_mutex_lock(&g_mu);

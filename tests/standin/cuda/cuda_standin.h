@@ -42,6 +42,8 @@ enum {
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
+    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
+    CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801
 };
@@ -158,6 +160,8 @@ CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdevi
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
 CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags);
+CUresult cuMemHostUnregister(void *p);
 CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N);
 
 /* Virtual memory management */
@@ -265,6 +269,8 @@ int cusi_vmm_mappings(void);
 int cusi_vmm_handles(void);
 int cusi_vmm_imported_handles(void);
 int cusi_vmm_allocations(void);
+/* Host ranges registered with cuMemHostRegister and not unregistered. */
+int cusi_host_registered(void);
 /* Access of the given device ordinal to the mapped address p: CU_MEM_ACCESS_FLAGS_PROT_NONE /
  * _READ / _READWRITE (what cuMemSetAccess granted), or -1 if p is not VMM-mapped here. */
 int cusi_vmm_access(CUdeviceptr p, int ordinal);

@@ -528,6 +528,30 @@ static void nodevice_role(int in, int out) {
 }
 
 /* =========================================================================================
+ * Scenario "host-register": page-locked host ranges.
+ * ========================================================================================= */
+
+static void host_register_role(int in, int out) {
+    (void)in, (void)out;
+    setup(0);
+    static unsigned char buf[8192];
+    CUdeviceptr d;
+    OK(cuMemAlloc(&d, 4096));
+    OK(cuMemHostRegister_v2(buf, 4096, 0));
+    CU(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, cuMemHostRegister_v2(buf + 100, 100, 0));
+    CU(CUDA_ERROR_INVALID_VALUE, cuMemHostRegister_v2(buf + 4096, 0, 0));
+    CU(CUDA_ERROR_INVALID_VALUE, cuMemHostRegister_v2((void *)(uintptr_t)d, 4096, 0));
+    OK(cuMemcpyDtoH(buf, d, 4096)); /* copies to and from a registered range work as before */
+    CU(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, cuMemHostUnregister(buf + 1));
+    if (cusi_host_registered() != 1) finish(1);
+    OK(cuMemHostUnregister(buf));
+    if (cusi_host_registered() != 0) finish(1);
+    CU(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, cuMemHostUnregister(buf));
+    OK(cuMemFree(d));
+    finish(0);
+}
+
+/* =========================================================================================
  * Scenario "events": interprocess event rules.
  * ========================================================================================= */
 
@@ -1322,6 +1346,13 @@ int main(void) {
     single(nodevice_role);
     reap(NULL);
     expect_log("peer: CUDA_STANDIN_VISIBLE=1,0, UUIDs, LAZY_ENABLE_PEER_ACCESS", 0, NULL);
+
+    begin("host-register");
+    single(host_register_role);
+    reap(NULL);
+    expect_log("host-register: overlaps, empty and device ranges, unregister of a non-start", 4,
+               "overlaps a registered range", 1, "bytesize is 0", 1, "is device memory", 1,
+               "is not the start of a registered range", 1, NULL);
 
     begin("events");
     pair(events_producer, events_consumer);
