@@ -85,10 +85,10 @@
  *           DONE items=<n> uses=<items per slot, comma-separated> FILL_US n=<k> p50=<t> min=<t> max=<t>
  *       (exit 0), or FAIL <why> (exit 1) when a step fails or a wait passes <timeout-ms>.
  *
- *   gpu_tool consume-pool <address> <items> <timeout-ms> [host]
+ *   gpu_tool consume-pool <address> <items> <timeout-ms> [host|touch]
  *       Connects to a produce-pool channel and receives <items> items (cuda imports unless
- *       "host"), each a slot of one pool: checks that every element holds produce-pool's value
- *       for that item number, that a slot's address never changes and that every slot lies at one
+ *       "host"), each a slot of one pool: checks that every element (with "touch": the first and
+ *       the last only, a benchmark's consumer) holds produce-pool's value for that item number, that a slot's address never changes and that every slot lies at one
  *       base + slot x slot bytes (one mapping of the allocation), releases it. Prints
  *           OK items=<n> pool=<id> base=<address here> slots=<slot>:<address>x<items> ...
  *       or FAIL <why> (exit 1), then hangs up.
@@ -1190,9 +1190,10 @@ out:
 static int cmd_consume_pool(int argc, char **argv) {
     int64_t items = 0, timeout_ms = 0;
     int host = argc >= 4 && strcmp(argv[3], "host") == 0;
+    int touch = argc >= 4 && strcmp(argv[3], "touch") == 0;
     if (parse_i64(argv[1], &items) != 0 || items <= 0 || parse_i64(argv[2], &timeout_ms) != 0 ||
-        timeout_ms <= 0 || timeout_ms > INT32_MAX || (argc >= 4 && !host)) {
-        return fail("usage: consume-pool <address> <items> <timeout-ms> [host]");
+        timeout_ms <= 0 || timeout_ms > INT32_MAX || (argc >= 4 && !host && !touch)) {
+        return fail("usage: consume-pool <address> <items> <timeout-ms> [host|touch]");
     }
     if (!host && cuda_setup() != 0) {
         return 1;
@@ -1262,7 +1263,22 @@ static int cmd_consume_pool(int argc, char **argv) {
             base = b;
             seen[slot]++;
         }
-        if (st == DEVSHARE_STATUS_OK) {
+        int64_t bad = -1;
+        if (st == DEVSHARE_STATUS_OK && touch && numel > 0) {
+            /* The first and the last element only (what a benchmark's consumer reads). */
+            CUresult rc = cu.cuMemcpyDtoH_v2(&buf[0], data, sizeof(float));
+            if (rc == 0) {
+                rc = cu.cuMemcpyDtoH_v2(&buf[numel - 1], data + (numel - 1) * sizeof(float), sizeof(float));
+            }
+            if (rc != 0) {
+                cu_error(why, sizeof why, "cuMemcpyDtoH_v2", rc);
+                st = DEVSHARE_STATUS_INVALID_ARGUMENT;
+            } else if (buf[0] != pool_value(i, 0)) {
+                bad = 0;
+            } else if (buf[numel - 1] != pool_value(i, numel - 1)) {
+                bad = (int64_t)numel - 1;
+            }
+        } else if (st == DEVSHARE_STATUS_OK) {
             if (host) {
                 memcpy(buf, (const void *)(uintptr_t)data, bytes);
             } else {
@@ -1272,8 +1288,8 @@ static int cmd_consume_pool(int argc, char **argv) {
                     st = DEVSHARE_STATUS_INVALID_ARGUMENT;
                 }
             }
+            bad = st == DEVSHARE_STATUS_OK ? pool_mismatch(buf, numel, i) : -1;
         }
-        int64_t bad = st == DEVSHARE_STATUS_OK ? pool_mismatch(buf, numel, i) : -1;
         if (bad >= 0) {
             snprintf(why, sizeof why, "item %" PRId64 " (slot %u) element %" PRId64 " is %.9g, expected %.9g", i, slot,
                      bad, (double)buf[bad], (double)pool_value(i, (uint64_t)bad));
@@ -1492,7 +1508,7 @@ static int usage(void) {
             "       gpu_tool produce-vmm <nsegments> <nfloats> <offset-bytes> <start> <timeout-ms>\n"
             "                            [fabric] [allow-ptrace]\n"
             "       gpu_tool produce-pool <cuda|vmm|host> <address> <slots> <slot-floats> <items> <timeout-ms>\n"
-            "       gpu_tool consume-pool <address> <items> <timeout-ms> [host]\n"
+            "       gpu_tool consume-pool <address> <items> <timeout-ms> [host|touch]\n"
             "       gpu_tool serve                   (handles on stdin, one per line)\n"
             "       gpu_tool bench-import <text-handle> <iterations>\n"
             "       gpu_tool describe <text-handle>\n"
