@@ -5,8 +5,10 @@ TCP socket copy of the same bytes, in one run: round trip and throughput, 4 KiB 
 The producer runs in this process, the consumer in a child Python process (this file, with
 ``--consumer``). Rows:
 
-  remote pool   devshare.Channel("tcp://127.0.0.1:PORT") (UCX, UCX_TLS=tcp), Channel.pool;
-                Slot.send puts the slot's bytes into the consumer's own copy of the slot
+  remote pool   devshare.Channel("tcp://127.0.0.1:PORT"), Channel.pool; Slot.send writes the
+                slot's bytes on the authenticated connection, which the consumer reads straight
+                into its own copy of the slot (with --ucx: UCX puts, both ends
+                DEVSHARE_REMOTE_DATA=ucx, UCX_TLS=tcp)
   local pool    devshare.Channel("@name") (Unix socket), the same pool calls; zero copy: the
                 consumer maps the producer's memory
   tcp socket    a plain TCP connection over 127.0.0.1 (TCP_NODELAY): the producer sendall()s
@@ -33,13 +35,13 @@ producer waits for an ack before it reuses one of its 4 buffers), from the first
 the producer has every slot back (every ack read). items/s, and MB/s = items/s x size / 1e6.
 The ratio columns compare with the tcp socket row of the same size in the same run.
 
-The first item of a remote pool to a consumer makes the consumer register its copy of the pool
-and sets up UCX's connection: warm-up items (not timed) go first on every path. Both processes
+The first item of a remote pool to a consumer makes the consumer allocate its copy of the pool
+(and on UCX register it and connect): warm-up items (not timed) go first on every path. Both processes
 read the channel key from DEVSHARE_CHANNEL_KEY_FILE; without it a temporary key file is made
 for the run.
 
 Usage: python bench/remote.py [--quick] [--small-count N] [--large-count N] [--slots N]
-                              [--sizes 4096,67108864]
+                              [--sizes 4096,67108864] [--ucx]
 """
 
 from __future__ import annotations
@@ -331,8 +333,10 @@ def header(args):
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
     except OSError:
         pass
-    return (f"devshare {devshare.__version__} ({devshare.library_path}), UCX {ucx_version()} "
-            f"(UCX_TLS={os.environ.get('UCX_TLS')}), Python {platform.python_version()}, numpy "
+    path = ("UCX puts, UCX " + ucx_version() + f" (UCX_TLS={os.environ.get('UCX_TLS')})") if args.ucx \
+        else "items on the authenticated connection"
+    return (f"devshare {devshare.__version__} ({devshare.library_path}), remote pool: {path}, "
+            f"Python {platform.python_version()}, numpy "
             f"{np.__version__}, Linux {platform.release()}, {os.cpu_count()} CPUs ({cpu}), "
             f"processes unpinned; {args.slots} slots; counts: round trip {args.lat_small}/"
             f"{args.lat_large}, throughput {args.tput_small}/{args.tput_large} items "
@@ -347,6 +351,7 @@ def main():
     ap.add_argument("--large-count", type=int, help="items of 1 MiB and more: round trips (throughput: +10)")
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--sizes", default=f"4096,{64 << 20}")
+    ap.add_argument("--ucx", action="store_true", help="the remote pool on UCX puts instead of the stream path")
     args = ap.parse_args()
     if args.consumer:
         if args.consumer[0] == "pool":
@@ -363,6 +368,8 @@ def main():
 
     os.environ.setdefault("UCX_TLS", "tcp")
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    # Both ends (the consumers inherit it): the stream path unless --ucx.
+    os.environ["DEVSHARE_REMOTE_DATA"] = "ucx" if args.ucx else "stream"
     key_dir = None
     if not os.environ.get("DEVSHARE_CHANNEL_KEY_FILE"):
         key_dir = tempfile.mkdtemp(prefix="devshare-bench-key-")
@@ -398,8 +405,7 @@ def main():
               f"{r['per_s']:,.0f} | {r['mb_s']:,.1f} | {r['rt_p50_us'] / base['rt_p50_us']:.3g}x | "
               f"{r['per_s'] / base['per_s']:.3g}x |")
     print()
-    print("First item (not in the table; the remote consumer registers its copy of the pool and UCX "
-          "connects): " + ", ".join(f"{r['path']} {size_label(r['size'])} {r['first_ms']:.1f} ms"
+    print("First item (not in the table; the remote consumer makes its copy of the pool): " + ", ".join(f"{r['path']} {size_label(r['size'])} {r['first_ms']:.1f} ms"
                                     for r in rows if r["path"] != "tcp socket"))
 
 
