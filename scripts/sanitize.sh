@@ -27,7 +27,7 @@ export ASAN_OPTIONS="halt_on_error=1:abort_on_error=0:detect_leaks=1:strict_stri
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 
 start=$SECONDS
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Debug -DDEVSHARE_SANITIZE=ON
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Debug -DDEVSHARE_SANITIZE=ON -DDEVSHARE_WERROR=ON
 cmake --build "$build" -j2
 ctest --test-dir "$build" --output-on-failure
 echo "== sanitizer run passed in $((SECONDS - start)) s"

@@ -46,7 +46,7 @@ fi
 
 # One command per line: under `set -e` a failure inside an `a && b && c` list other than the last
 # would not stop the script.
-cmake -S . -B build
+cmake -S . -B build -DDEVSHARE_WERROR=ON
 cmake --build build -j2
 ctest --test-dir build --output-on-failure
 # The mixed-deployment guide (README): wheel from an sdist, auditwheel, a fresh venv with the

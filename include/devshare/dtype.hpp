@@ -140,7 +140,10 @@ constexpr DevshareDType kBFloat16 = {DEVSHARE_DTYPE_BFLOAT, 16, 1};
         }
     }
     if (d.lanes != 1) {
-        s += "x" + std::to_string(d.lanes);
+        // Appended piece by piece: GCC 12 at -O2 reports a false -Wrestrict overlap in the
+        // inlined "x" + std::string (its insert at position 0).
+        s += 'x';
+        s += std::to_string(d.lanes);
     }
     return s;
 }

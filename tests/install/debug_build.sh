@@ -26,7 +26,7 @@ compilers=()
 [[ -n "${CC:-}" ]] && compilers+=(-DCMAKE_C_COMPILER="$CC")
 [[ -n "${CXX:-}" ]] && compilers+=(-DCMAKE_CXX_COMPILER="$CXX")
 echo "== configure $build (CMAKE_BUILD_TYPE=Debug)"
-"$CMAKE" -S "$source_dir" -B "$build" -DCMAKE_BUILD_TYPE=Debug "${compilers[@]}" >/dev/null
+"$CMAKE" -S "$source_dir" -B "$build" -DCMAKE_BUILD_TYPE=Debug -DDEVSHARE_WERROR=ON "${compilers[@]}" >/dev/null
 # A build left behind by another build type would hide what this one makes.
 rm -rf "$build/cargo/release"
 echo "== build test_api, test_acl, test_cuda"
