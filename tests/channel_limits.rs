@@ -258,6 +258,59 @@ fn connections_of_one_process_that_never_say_hello_keep_no_other_process_waiting
     server.join().unwrap();
 }
 
+#[test]
+fn releases_never_wait_on_a_producer_that_is_not_reading_its_channel() {
+    const N: usize = 2000;
+    let addr = address("not-reading");
+    let ch = Channel::listen(&addr).unwrap();
+    let (received_tx, received_rx) = std::sync::mpsc::channel();
+    let got = Arc::new(AtomicU32::new(0));
+    let released = Arc::new(AtomicBool::new(false));
+    let consumer = std::thread::spawn({
+        let (addr, got, released) = (addr.clone(), got.clone(), released.clone());
+        move || {
+            let c = Connection::connect(&addr, T).unwrap();
+            let items: Vec<_> = (0..N)
+                .map(|_| {
+                    let imp = c.recv(T).unwrap();
+                    got.fetch_add(1, Ordering::Relaxed);
+                    imp
+                })
+                .collect();
+            received_tx.send(()).unwrap();
+            // The producer reads nothing now: far more releases than its socket holds.
+            for imp in items {
+                imp.release();
+            }
+            released.store(true, Ordering::SeqCst);
+            // Stays connected until the producer took them all.
+            std::thread::sleep(Duration::from_secs(4));
+        }
+    });
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Exporter::channel_host_alloc(4096).unwrap();
+    for sent in 1..=N {
+        ch.send(peer, &exp, &u8_desc(&[4096])).unwrap();
+        // At most 100 ahead of the consumer (the producer's send queue is bounded).
+        while sent - got.load(Ordering::Relaxed) as usize > 100 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    received_rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    // Busy elsewhere for 2 s, not serving: the consumer's releases are done meanwhile (a release
+    // that waited for room in the producer's socket waited until the producer read it again, or
+    // for the 10 s send patience).
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(released.load(Ordering::SeqCst), "{N} releases waited for the producer to read");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while exp.outstanding().unwrap() > 0 {
+        assert!(Instant::now() < deadline, "{} leases never came back", exp.outstanding().unwrap());
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+    }
+    consumer.join().unwrap();
+}
+
 /// A consumer in a child process: connects to the channel its environment names, says so.
 #[test]
 #[ignore = "a role of the test above, run in a child process"]

@@ -70,10 +70,18 @@ pub(crate) trait Teller: Send + Sync {
     }
 }
 
+/// Messages (releases, returns) a consumer keeps for a producer that is not reading its socket
+/// before a release waits for room: beyond this many, the next one waits until the socket takes
+/// one (at most the send patience) before it joins them.
+pub(crate) const RELEASE_BACKLOG: usize = 65536;
+
 impl Teller for ConnShared {
-    /// When the producer has not read its socket for the send patience (it is not serving the
-    /// channel), the message waits in the backlog instead of being lost, and later messages join
-    /// it without waiting again.
+    /// Never waits on the producer: what its socket has no room for now (it is not serving the
+    /// channel at the moment) waits in the backlog, in order, and goes out with the next message,
+    /// the next receive, or when the connection's descriptor is polled and received on. Only a
+    /// backlog of [`RELEASE_BACKLOG`] messages makes a release wait (for room, at most the send
+    /// patience), so a producer that never reads cannot make the consumer's memory grow
+    /// without bound.
     fn tell(&self, msg: Message<'_>) {
         if !self.speaks() {
             return;
@@ -82,9 +90,21 @@ impl Teller for ConnShared {
         let mut q = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
         self.flush_locked(&mut q);
         if q.is_empty() {
-            match wire::send(self.fd.as_fd(), &bytes, &[]) {
-                Err(Error::Timeout(_)) => {}
-                _ => return, // sent, or the producer is gone
+            match wire::try_send(self.fd.as_fd(), &bytes, &[]) {
+                Ok(false) => {} // no room now: it waits below
+                _ => return,    // sent, or the producer is gone
+            }
+        } else if q.len() >= RELEASE_BACKLOG {
+            // The bound: wait for room for the oldest, then queue this one behind the rest.
+            if let Some(front) = q.pop_front() {
+                match wire::send(self.fd.as_fd(), &front, &[]) {
+                    Err(Error::Timeout(_)) => q.push_front(front),
+                    Err(_) => {
+                        q.clear(); // the producer is gone: the hang-up returned everything
+                        return;
+                    }
+                    Ok(()) => self.flush_locked(&mut q),
+                }
             }
         }
         q.push_back(bytes);
