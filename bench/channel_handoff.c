@@ -976,14 +976,13 @@ static void tcp_address(char *buf, size_t cap) {
     close(l);
 }
 
-/* Services the channel until the peer holds none of the pool's slots (its leases: the pool it
- * attached, plus each slot it holds). */
+/* Services the channel until the peer holds none of the pool's slots. */
 static void until_returned(DevshareChannel *ch, uint64_t peer) {
     DevsharePeerInfo info;
     for (;;) {
         OK(devshare_peer_info_init(&info, sizeof info));
         OK(devshare_channel_peer_info(ch, peer, &info));
-        if (info.leases <= 1) {
+        if (info.slots == 0) {
             return;
         }
         const int32_t st = devshare_channel_service(ch, 1000);

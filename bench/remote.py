@@ -27,7 +27,7 @@ Pool.acquire returns that slot (the other slots are held, so acquire must wait f
 Remote pool: acquire returns at once after the put (the producer's slot is free as soon as
 the bytes are in the consumer's slot; the backpressure is the consumer's slots), so the round
 trip ends when the producer has taken the consumer's release (Channel.service until
-Channel.peer_info(peer)["leases"] shows no slot held; one peer_info call is a few
+Channel.peer_info(peer)["slots"] shows no slot held; one peer_info call is a few
 microseconds). Socket: the ack was read.
 
 Throughput: N items back to back with up to SLOTS (4) in flight (the pool's slots; the socket
@@ -140,8 +140,8 @@ class PoolPath:
         self.seq += 1
 
     def _consumer_holds(self) -> bool:
-        # Remote: the peer's leases are its attached pool plus the slots of it it holds.
-        return self.ch.peer_info(self.peer)["leases"] > 1
+        # Remote: the slots of its copy of the pool that the peer holds.
+        return self.ch.peer_info(self.peer)["slots"] > 0
 
     def _all_back(self):
         if self.remote:

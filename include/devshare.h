@@ -487,6 +487,9 @@ typedef struct DevsharePeerInfo {
   uint32_t transport;
   // Always 0.
   uint32_t reserved2;
+  // Pool slots the peer holds now: items sent to it and not given back (1.9; `leases` counts
+  // the pools it attached, not their slots). Absent from a 1.8 caller's struct.
+  uint64_t slots;
 } DevsharePeerInfo;
 
 // An element type, laid out like DLPack's `DLDataType`.

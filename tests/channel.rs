@@ -142,6 +142,8 @@ fn a_closed_connection_gives_its_leases_and_slots_back_at_once() {
     }
     let held: Vec<_> = (0..3).map(|_| c.recv(T).unwrap()).collect();
     assert_eq!(exp.outstanding().unwrap(), 2, "one lease and one pool attachment");
+    let info = ch.peer_info(peer).unwrap();
+    assert_eq!((info.leases, info.slots), (2, 2), "peer_info: a lease and the pool; both slots held");
     assert_eq!(status(pool.acquire(Some(Duration::from_millis(20)))), Status::Timeout, "backpressure");
     let t0 = Instant::now();
     drop(c); // closes the connection while the imports are still held

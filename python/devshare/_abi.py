@@ -367,6 +367,7 @@ class PeerInfo(Structure):
         ("protocol_errors", c_uint64),  # its messages the producer refused
         ("transport", c_uint32),  # TRANSPORT_UNIX / _STREAM / _UCX (1.9)
         ("reserved2", c_uint32),
+        ("slots", c_uint64),  # pool slots it holds now (1.9)
     ]
 
 

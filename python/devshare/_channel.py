@@ -714,7 +714,8 @@ class Channel(_Owned):
     def peer_info(self, peer: int) -> dict:
         """What is known of a connected consumer, a dict: ``id``; ``pid``, ``uid``, ``gid`` as
         the kernel reported them when it connected; ``tgid``, the pid it announced; ``leases``,
-        items leased to it and pools it attached, not yet given back; ``protocol_errors``, its
+        items leased to it and pools it attached, not yet given back; ``slots``, the pool slots
+        it holds now (items sent to it, not given back); ``protocol_errors``, its
         messages the channel refused (giving back what it does not hold, ...); ``transport``, how
         its items travel: ``"unix"`` (shared memory), ``"stream"`` (a remote channel's
         authenticated connection) or ``"ucx"``.
@@ -727,7 +728,8 @@ class Channel(_Owned):
         finally:
             self._exit()
         return {"id": info.id, "pid": info.pid, "uid": info.uid, "gid": info.gid,
-                "tgid": info.tgid, "leases": info.leases, "protocol_errors": info.protocol_errors,
+                "tgid": info.tgid, "leases": info.leases, "slots": info.slots,
+                "protocol_errors": info.protocol_errors,
                 "transport": _TRANSPORTS.get(info.transport, str(info.transport))}
 
     def disconnect(self, peer: int) -> None:

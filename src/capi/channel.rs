@@ -115,6 +115,9 @@ pub struct DevsharePeerInfo {
     pub transport: u32,
     /// Always 0.
     pub reserved2: u32,
+    /// Pool slots the peer holds now: items sent to it and not given back (1.9; `leases` counts
+    /// the pools it attached, not their slots). Absent from a 1.8 caller's struct.
+    pub slots: u64,
 }
 
 /// `DevsharePeerInfo.transport`: a Unix channel's peer (items in shared memory).
@@ -130,7 +133,7 @@ sized_struct!(
     DevsharePeerInfo,
     "DevsharePeerInfo",
     first_size = 48,
-    sum = 4 * 8 + 8 * 3,
+    sum = 4 * 8 + 8 * 4,
     defaults = DevsharePeerInfo {
         struct_size: 0,
         pid: 0,
@@ -142,7 +145,8 @@ sized_struct!(
         leases: 0,
         protocol_errors: 0,
         transport: 0,
-        reserved2: 0
+        reserved2: 0,
+        slots: 0
     }
 );
 
@@ -296,6 +300,7 @@ pub unsafe extern "C" fn devshare_channel_peer_info(
             protocol_errors: p.protocol_errors,
             transport: p.transport,
             reserved2: 0,
+            slots: p.slots,
         };
         ffi!(write_output(out, info, "out"))
     })

@@ -63,6 +63,8 @@ pub struct PeerInfo {
     pub tgid: i32,
     /// References leased to it and pools it attached, not yet returned.
     pub leases: u64,
+    /// Pool slots it holds now (items sent to it and not given back).
+    pub slots: u64,
     /// Messages from it that were refused (a slot it does not hold, a lease it was not given...).
     pub protocol_errors: u64,
     /// How items reach it: 0 a Unix channel (shared memory), 1 a remote channel's
@@ -400,6 +402,11 @@ impl LocalChannel {
         let p = core.peer(id)?;
         let mut info = p.info.clone();
         info.leases = (p.leases.len() + p.attached.len()) as u64;
+        info.slots = core
+            .pools
+            .values()
+            .map(|pool| pool.slots.iter().filter(|s| **s == SlotState::Sent(id)).count() as u64)
+            .sum();
         Ok(info)
     }
 

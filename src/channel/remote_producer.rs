@@ -210,7 +210,8 @@ impl RemoteChannel {
         let held: usize = p.pools.values().map(|pp| pp.held.iter().filter(|&&h| h).count()).sum();
         Ok(PeerInfo {
             id,
-            leases: (p.pools.len() + held) as u64,
+            leases: p.pools.len() as u64,
+            slots: held as u64,
             protocol_errors: p.protocol_errors,
             transport: p.data.reported(),
             ..Default::default()

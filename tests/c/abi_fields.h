@@ -43,6 +43,7 @@
     FIELD(DevsharePeerInfo, protocol_errors)         \
     FIELD(DevsharePeerInfo, transport)               \
     FIELD(DevsharePeerInfo, reserved2)               \
+    FIELD(DevsharePeerInfo, slots)                   \
     STRUCT(DevshareItem)                             \
     FIELD(DevshareItem, struct_size)                 \
     FIELD(DevshareItem, reserved)                    \
