@@ -1876,11 +1876,26 @@ class Connection(_Owned):
 
     _what = "Connection"
 
-    def __init__(self, address, timeout=None):
+    def __init__(self, address, timeout=None, wait=False):
         _require()
         raw = _address(address)
         ptr = ConnectionP()
-        if not _timed(lambda ms: _call(lib.devshare_channel_connect, raw, ms, byref(ptr)), timeout):
+        timeout_ms(timeout)  # validated before anything is tried
+        deadline = None if timeout is None or math.isinf(timeout) else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                done = _timed(lambda ms: _call(lib.devshare_channel_connect, raw, ms, byref(ptr)), left)
+                break
+            except Error as e:
+                # wait: nothing listens there yet (a producer still starting): look again.
+                if not wait or e.status != Status.NOT_FOUND:
+                    raise
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"nothing listened at {os.fsdecode(raw)!r} within {timeout} s "
+                                       f"({e.message})") from None
+                time.sleep(0.01 if left is None else min(0.01, left))
+        if not done:
             raise TimeoutError(f"connecting to channel {os.fsdecode(raw)!r} took longer than "
                                f"{timeout} s")
         self.address = os.fsdecode(raw)
@@ -2133,10 +2148,12 @@ def _close_connection(ptr, grave) -> None:
     lib.devshare_connection_close(ptr)
 
 
-def connect(address, timeout=None) -> Connection:
-    """Connect to the :class:`Channel` listening on ``address`` (its path or ``"@name"``) and
-    return the :class:`Connection`. The producer must run as this user (or root) and admit this
-    process (:meth:`Channel.restrict`). TimeoutError when the handshake takes longer than
-    ``timeout`` seconds (None: no limit); :class:`devshare.Error` when nothing listens there or
-    the producer refuses."""
-    return Connection(address, timeout)
+def connect(address, timeout=None, *, wait=False) -> Connection:
+    """Connect to the :class:`Channel` listening on ``address`` (its path, ``"@name"`` or
+    ``"tcp://HOST:PORT"``) and return the :class:`Connection`. The producer must run as this
+    user (or root) and admit this process (:meth:`Channel.restrict`). TimeoutError when the
+    handshake takes longer than ``timeout`` seconds (None: no limit); :class:`devshare.Error`
+    when the producer refuses, and (``NOT_FOUND``) when nothing listens there — unless ``wait``:
+    then it looks again every 10 ms until something listens, within ``timeout`` (TimeoutError
+    after it), for a consumer started before its producer."""
+    return Connection(address, timeout, wait)

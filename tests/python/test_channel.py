@@ -1285,3 +1285,36 @@ def test_a_connection_stream_is_a_stream_an_int_or_none(pair):
     with conn.recv(timeout=LIMIT) as item:
         assert item.tensor.shape == (4,)
     conn.set_stream(None)
+
+
+def test_connect_with_wait_looks_again_until_the_producer_listens():
+    """connect() refuses at once (NOT_FOUND) when nothing listens; with wait=True it looks again
+    until a producer started later listens, and gives up with TimeoutError after its timeout."""
+    addr = _address("wait")
+    with pytest.raises(devshare.Error) as e:
+        devshare.connect(addr, timeout=LIMIT)
+    assert e.value.status == devshare.Status.NOT_FOUND
+    with pytest.raises(TimeoutError, match="nothing listened"):
+        devshare.connect(addr, timeout=0.2, wait=True)
+    got = {}
+    done = threading.Event()
+
+    def consumer():
+        try:
+            with devshare.connect(addr, timeout=LIMIT, wait=True) as conn:
+                got["peer"] = conn.peer_id
+                done.wait(LIMIT)  # connected until the producer has seen it
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            got["error"] = e
+
+    t = threading.Thread(target=consumer)
+    t.start()
+    time.sleep(0.3)  # the consumer is already looking
+    try:
+        with devshare.Channel(addr) as ch:
+            peers = ch.wait_peers(1, timeout=LIMIT)
+    finally:
+        done.set()
+        t.join(timeout=LIMIT)
+    assert not t.is_alive()
+    assert got.get("peer") == peers[0], got
