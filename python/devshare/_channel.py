@@ -295,6 +295,25 @@ def _timed(fn, timeout) -> bool:
                 return False
 
 
+def _check_sendable(t) -> None:
+    """TypeError, naming what to send instead, for a torch tensor that has no memory of its own
+    to lease: a meta tensor, or a sparse (or other non-strided) layout."""
+    if t.device.type == "meta":
+        raise TypeError("Channel.send: a meta tensor has no memory to share (it only describes a "
+                        "shape and dtype); send a tensor on a real device")
+    if t.layout is not _strided_layout():
+        raise TypeError(f"Channel.send: a {t.layout} tensor cannot be shared as it is (only "
+                        f"strided tensors); send t.to_dense(), or its values() and indices() "
+                        f"as tensors of their own")
+
+
+def _strided_layout():
+    """``torch.strided`` (torch is imported by then: a tensor was given)."""
+    import torch  # noqa: PLC0415
+
+    return torch.strided
+
+
 def _address(address) -> bytes:
     if isinstance(address, bytes):
         raw = address
@@ -828,6 +847,8 @@ class Channel(_Owned):
             try:
                 prepared = []
                 for t in items:
+                    if is_torch_tensor(t):
+                        _check_sendable(t)
                     if is_torch_tensor(t) and t.device.type != "cpu":
                         prep, fresh = self._prepare_device(t, stream)
                     else:

@@ -1318,3 +1318,20 @@ def test_connect_with_wait_looks_again_until_the_producer_listens():
         t.join(timeout=LIMIT)
     assert not t.is_alive()
     assert got.get("peer") == peers[0], got
+
+
+def test_meta_and_sparse_tensors_are_refused_by_name(pair):
+    """Channel.send of a meta tensor or a sparse one is a TypeError saying what to send instead
+    (it was a KeyError 'meta' and torch's 'Cannot access data pointer'), before anything is
+    sent."""
+    ch, conn, peer = pair
+    with pytest.raises(TypeError, match="meta tensor has no memory"):
+        ch.send(peer, torch.empty(4, device="meta"))
+    sparse = torch.eye(3).to_sparse()
+    with pytest.raises(TypeError, match=r"torch\.sparse_coo tensor cannot be shared.*to_dense"):
+        ch.send(peer, sparse)
+    with pytest.raises(TypeError, match="meta tensor"):
+        ch.send_batch(peer, [devshare.channel_empty(5), torch.empty(2, device="meta")])
+    ch.send(peer, devshare.channel_empty(4))  # nothing of the refused batch went
+    with conn.recv(timeout=LIMIT) as item:
+        assert item.tensor.shape == (4,)
