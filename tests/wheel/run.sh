@@ -51,6 +51,18 @@ for f in devshare/__init__.py devshare/__main__.py devshare/_paths.py \
     grep -qx "${f}" <<<"${contents}" || { echo "wheel lacks ${f}"; exit 1; }
 done
 
+# Lean: the library files carry no debug information, and the installed size is printed.
+unzipped="${work}/unzipped"
+rm -rf "${unzipped}" && mkdir -p "${unzipped}"
+(cd "${unzipped}" && unzip -q "${repaired[0]}")
+for f in libdevshare.so.1 libdevshare.a; do
+    if readelf -S "${unzipped}/devshare/_lib/lib/${f}" 2>/dev/null | grep -q '\.debug_info'; then
+        echo "the wheel's ${f} still has debug information (install.strip)"; exit 1
+    fi
+done
+echo "   wheel $(du -h "${repaired[0]}" | cut -f1), installed $(du -sh "${unzipped}" | cut -f1) \
+(library files: $(du -ch "${unzipped}"/devshare/_lib/lib/libdevshare* | tail -n1 | cut -f1))"
+
 echo "== fresh venv, pip install the wheel"
 site_torch="$("${py}" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 if compgen -G "${site_torch}/devshare*" >/dev/null; then
