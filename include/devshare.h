@@ -24,6 +24,13 @@
  *  - consumer: devshare_import -> devshare_import_release; a handle that will not be imported
  *    -> devshare_handle_discard (PyTorch tuples: devshare_torch_discard).
  *  - DLPack: devshare_import_to_dlpack* -> the managed tensor's deleter.
+ *  - channels: devshare_channel_listen -> devshare_channel_close; devshare_channel_connect
+ *    -> devshare_connection_close; devshare_channel_host_alloc / devshare_exporter_adopt
+ *    -> devshare_exporter_close.
+ *  - pools: devshare_pool_create -> devshare_pool_close; devshare_pool_acquire ->
+ *    devshare_pool_send (the consumer's release brings the slot back) or devshare_pool_release.
+ *  - items and leases: devshare_connection_recv / _recv_item / _recv_args -> devshare_import_release
+ *    (or devshare_import_give_back, which returns the lease or slot before the import goes).
  *
  * Versions and evolution (the rules every release follows):
  *  - The library version is MAJOR.MINOR.PATCH (DEVSHARE_VERSION_* here, devshare_version() at

@@ -9,8 +9,9 @@
 //! - [`export`] / [`import`]: the producer and consumer sides, the per-process import registry,
 //!   and PyTorch's ref-counter protocol ([`refcounter`]).
 //! - [`torch`]: PyTorch's and torch_npu's tuple dialect, to and from handles; [`dlpack`]: DLPack.
-//! - [`channel`]: devshare-to-devshare handoff over a Unix socket: credentials, leases returned
-//!   when a connection closes, sealed memfds, pools of fixed-address slots.
+//! - [`channel`]: devshare-to-devshare handoff, over a Unix socket on one host (credentials,
+//!   sealed memfds, a shared-memory ring) or a key-authenticated TCP connection across hosts:
+//!   leases returned when a connection closes, pools of fixed-address slots.
 //! - [`capi`]: the C ABI (`include/devshare.h`), a thin layer over the above.
 
 #![deny(clippy::undocumented_unsafe_blocks)]

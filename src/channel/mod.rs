@@ -1,4 +1,6 @@
-//! Channels, leases and pools: devshare-to-devshare handoff over a Unix domain socket.
+//! Channels, leases and pools: devshare-to-devshare handoff over a Unix domain socket, or across
+//! hosts over a key-authenticated TCP connection (`tcp://HOST:PORT`: `remote.rs`, the producer
+//! and consumer in `remote_producer.rs` / `remote_consumer.rs`, the key in `remote_auth.rs`).
 //!
 //! - **Channel.** A producer listens on a `SOCK_SEQPACKET` Unix socket (a path, created mode
 //!   0600, or a Linux abstract name `@name`). Each consumer's credentials come from
