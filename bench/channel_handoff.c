@@ -582,6 +582,20 @@ static void write_item(void *ptr, uint64_t size, int64_t seq) {
     }
 }
 
+/* The consumer's records of a run (warm-up, latency and throughput items, in order): each
+ * latency item's touch time into t1, and the last throughput item's touch into *last. */
+static ConsRec *consumer_touches(Child *c, const Plan *pl, int64_t *t1, int64_t *last) {
+    ConsRec *r = collect_records(c, (size_t)(pl->warm + pl->lat + pl->tput));
+    const ConsRec *rl = r + pl->warm, *rt = r + pl->warm + pl->lat;
+    for (int i = 0; i < pl->lat; i++) {
+        t1[i] = rl[i].touch;
+    }
+    for (int i = 0; i < pl->tput; i++) {
+        *last = rt[i].touch > *last ? rt[i].touch : *last;
+    }
+    return r;
+}
+
 /* pool: acquire, send; the consumer receives, touches, releases; acquire again. write (the
  * user method): the producer writes each item between its acquire and its send. */
 static void run_pool(const Plan *pl, int breakdown, int write) {
@@ -654,15 +668,9 @@ static void run_pool(const Plan *pl, int breakdown, int write) {
     }
     OK(devshare_pool_close(pool));
     OK(devshare_channel_close(ch));
-    ConsRec *r = collect_records(&c, (size_t)(pl->warm + pl->lat + pl->tput));
-    const ConsRec *rl = r + pl->warm, *rt = r + pl->warm + pl->lat;
-    for (int i = 0; i < pl->lat; i++) {
-        t1[i] = rl[i].touch;
-    }
     int64_t last = 0;
-    for (int i = 0; i < pl->tput; i++) {
-        last = rt[i].touch > last ? rt[i].touch : last;
-    }
+    ConsRec *r = consumer_touches(&c, pl, t1, &last);
+    const ConsRec *rl = r + pl->warm;
     if (breakdown) {
         report_breakdown("pool", pl->size, pl->lat, t0, ts, t2, rl);
     } else {
@@ -739,15 +747,9 @@ static void run_lease(const Plan *pl, int breakdown) {
     OK(devshare_exporter_wait(exp, -1));
 #undef LEASE
     OK(devshare_channel_close(ch));
-    ConsRec *r = collect_records(&c, (size_t)(pl->warm + pl->lat + pl->tput));
-    const ConsRec *rl = r + pl->warm, *rt = r + pl->warm + pl->lat;
-    for (int i = 0; i < pl->lat; i++) {
-        t1[i] = rl[i].touch;
-    }
     int64_t last = 0;
-    for (int i = 0; i < pl->tput; i++) {
-        last = rt[i].touch > last ? rt[i].touch : last;
-    }
+    ConsRec *r = consumer_touches(&c, pl, t1, &last);
+    const ConsRec *rl = r + pl->warm;
     if (breakdown) {
         report_breakdown("lease", pl->size, pl->lat, t0, ts, t2, rl);
     } else {
@@ -1040,15 +1042,8 @@ static void run_remote(const Plan *pl) {
     until_returned(ch, peer);
     OK(devshare_pool_close(pool));
     OK(devshare_channel_close(ch));
-    ConsRec *r = collect_records(&c, (size_t)(pl->warm + pl->lat + pl->tput));
-    const ConsRec *rl = r + pl->warm, *rt = r + pl->warm + pl->lat;
-    for (int i = 0; i < pl->lat; i++) {
-        t1[i] = rl[i].touch;
-    }
     int64_t last = 0;
-    for (int i = 0; i < pl->tput; i++) {
-        last = rt[i].touch > last ? rt[i].touch : last;
-    }
+    ConsRec *r = consumer_touches(&c, pl, t1, &last);
     report("remote", pl->size, pl->lat, t0, t1, t2, pl->tput, start, last);
     OK(devshare_exporter_close(exp, 0));
     free(r);

@@ -284,17 +284,24 @@ fn ref_counters_outside_the_families_or_not_ours_are_refused_and_left_untouched(
     assert_eq!(exp.outstanding().unwrap(), 0);
 }
 
+/// A host export's handle and its import, after the exporter removed its names and closed: the
+/// import is the last holder, and the names are free for others to take.
+fn import_of_a_closed_export() -> (DevshareHandle, devshare::import::Import) {
+    let exp = Exporter::host_alloc(4096).unwrap();
+    let h = exp.share(&desc(false)).unwrap();
+    let imp = import(&h, ImportRequest::default()).unwrap();
+    exp.prepare_close(false, true).unwrap();
+    drop(exp);
+    (h, imp)
+}
+
 /// Item 1, release: the last holder unlinks a name only while it still stands for the object
 /// it mapped. Here the exporter removed both names and closed, and other objects took them,
 /// before the consumer's release: the release leaves them alone.
 #[test]
 fn release_never_unlinks_an_object_that_took_a_removed_name() {
     let _g = lock();
-    let exp = Exporter::host_alloc(4096).unwrap();
-    let h = exp.share(&desc(false)).unwrap();
-    let imp = import(&h, ImportRequest::default()).unwrap();
-    exp.prepare_close(false, true).unwrap();
-    drop(exp);
+    let (h, imp) = import_of_a_closed_export();
     let (data, rc) = (h.key_bytes().to_vec(), h.ref_name_bytes().to_vec());
     assert_eq!(header_count(&data), None);
     assert_eq!(header_count(&rc), None);
@@ -573,11 +580,7 @@ fn a_fifo_under_a_handle_s_ref_counter_name_fails_the_import_at_once() {
 #[test]
 fn a_fifo_under_a_released_object_s_name_does_not_hang_the_release() {
     let _g = lock();
-    let exp = Exporter::host_alloc(4096).unwrap();
-    let h = exp.share(&desc(false)).unwrap();
-    let imp = import(&h, ImportRequest::default()).unwrap();
-    exp.prepare_close(false, true).unwrap();
-    drop(exp);
+    let (h, imp) = import_of_a_closed_export();
     let data = Fifo::new(h.key_bytes());
     let rc = Fifo::new(h.ref_name_bytes());
     let done = within(5, move || imp.release());

@@ -21,17 +21,21 @@ use std::time::Instant;
 pub(crate) enum Admission {
     /// Take it.
     Admit,
-    /// Take it, after dropping the waiting connection at this index (of the ones given).
+    /// Take it, after dropping the waiting connection the caller gave this index.
     Evict(usize),
     /// Refuse it, for this reason.
     Refuse(String),
 }
 
 /// Decide on a connection from `source`; `waiting` lists the connections that wait for their
-/// handshake, with their sources and when they were accepted (in any order; the index of
-/// [`Admission::Evict`] counts in this order).
-pub(crate) fn admit<S: PartialEq + Copy>(waiting: &[(S, Instant)], source: S) -> Admission {
-    let of = |s: S| waiting.iter().filter(|(w, _)| *w == s).count();
+/// handshake as (the caller's index of the connection, its source, when it was accepted), in any
+/// order; [`Admission::Evict`] names one of those indexes.
+pub(crate) fn admit<S: PartialEq + Copy>(
+    waiting: impl IntoIterator<Item = (usize, S, Instant)>,
+    source: S,
+) -> Admission {
+    let waiting: Vec<(usize, S, Instant)> = waiting.into_iter().collect();
+    let of = |s: S| waiting.iter().filter(|(_, w, _)| *w == s).count();
     if of(source) >= DEVSHARE_CHANNEL_MAX_PENDING_PER_SOURCE {
         return Admission::Refuse(format!(
             "{DEVSHARE_CHANNEL_MAX_PENDING_PER_SOURCE} connections from this source are waiting for their \
@@ -42,9 +46,8 @@ pub(crate) fn admit<S: PartialEq + Copy>(waiting: &[(S, Instant)], source: S) ->
         return Admission::Admit;
     }
     // Full: the source that holds the most places gives up its oldest one.
-    let most = waiting.iter().map(|(s, _)| of(*s)).max().unwrap_or(0);
-    let victim =
-        waiting.iter().enumerate().filter(|(_, (s, _))| of(*s) == most).min_by_key(|(_, (_, at))| *at).map(|(i, _)| i);
+    let most = waiting.iter().map(|(_, s, _)| of(*s)).max().unwrap_or(0);
+    let victim = waiting.iter().filter(|(_, s, _)| of(*s) == most).min_by_key(|(_, _, at)| *at).map(|(i, _, _)| *i);
     match victim {
         Some(i) => Admission::Evict(i),
         None => Admission::Refuse(format!(
@@ -63,11 +66,11 @@ mod tests {
         let t = Instant::now();
         let mut waiting = Vec::new();
         for i in 0..DEVSHARE_CHANNEL_MAX_PENDING_PER_SOURCE {
-            assert_eq!(admit(&waiting, 1), Admission::Admit);
-            waiting.push((1, t + Duration::from_millis(i as u64)));
+            assert_eq!(admit(waiting.clone(), 1), Admission::Admit);
+            waiting.push((i, 1, t + Duration::from_millis(i as u64)));
         }
-        assert!(matches!(admit(&waiting, 1), Admission::Refuse(r) if r.contains("from this source")));
-        assert_eq!(admit(&waiting, 2), Admission::Admit, "another source still gets in");
+        assert!(matches!(admit(waiting.clone(), 1), Admission::Refuse(r) if r.contains("from this source")));
+        assert_eq!(admit(waiting, 2), Admission::Admit, "another source still gets in");
     }
 
     #[test]
@@ -76,19 +79,19 @@ mod tests {
         // Sources 0..n hold one place each, source 99 a full share, and the oldest place of
         // source 99 is the third of its entries.
         let share = DEVSHARE_CHANNEL_MAX_PENDING_PER_SOURCE;
-        let mut waiting: Vec<(u32, Instant)> =
-            (0..(DEVSHARE_CHANNEL_MAX_PENDING - share) as u32).map(|s| (s, t)).collect();
-        let first_of_99 = waiting.len();
+        // (Indexes as a caller's: 1000 and up, in order.)
+        let mut waiting: Vec<(usize, u32, Instant)> =
+            (0..(DEVSHARE_CHANNEL_MAX_PENDING - share) as u32).map(|s| (1000 + s as usize, s, t)).collect();
+        let first_of_99 = 1000 + waiting.len();
         for i in 0..share {
             let age = if i == 2 { 0 } else { 10 + i as u64 };
-            waiting.push((99, t + Duration::from_millis(age)));
+            waiting.push((first_of_99 + i, 99, t + Duration::from_millis(age)));
         }
         assert_eq!(waiting.len(), DEVSHARE_CHANNEL_MAX_PENDING);
-        assert_eq!(admit(&waiting, 500), Admission::Evict(first_of_99 + 2));
+        assert_eq!(admit(waiting, 500), Admission::Evict(first_of_99 + 2));
         // With every source holding one place, the oldest of all gives way.
-        let ones: Vec<(u32, Instant)> = (0..DEVSHARE_CHANNEL_MAX_PENDING as u32)
-            .map(|s| (s, t + Duration::from_millis(100 - u64::from(s))))
-            .collect();
-        assert_eq!(admit(&ones, 1000), Admission::Evict(DEVSHARE_CHANNEL_MAX_PENDING - 1));
+        let ones = (0..DEVSHARE_CHANNEL_MAX_PENDING as u32)
+            .map(|s| (1000 + s as usize, s, t + Duration::from_millis(100 - u64::from(s))));
+        assert_eq!(admit(ones, 1000), Admission::Evict(1000 + DEVSHARE_CHANNEL_MAX_PENDING - 1));
     }
 }

@@ -799,18 +799,15 @@ impl Core {
             } else {
                 // Limits per process: connections of one process that never say hello cannot
                 // keep another's consumer out.
-                let waiting: Vec<(usize, (i32, Instant))> = self
+                let waiting = self
                     .peers
                     .iter()
                     .enumerate()
                     .filter(|(_, p)| !p.ready && p.doomed.is_none())
-                    .map(|(i, p)| (i, (p.info.pid, p.accepted)))
-                    .collect();
-                let places: Vec<(i32, Instant)> = waiting.iter().map(|(_, w)| *w).collect();
-                match admission::admit(&places, pid) {
+                    .map(|(i, p)| (i, p.info.pid, p.accepted));
+                match admission::admit(waiting, pid) {
                     Admission::Admit => None,
-                    Admission::Evict(i) => {
-                        let victim = waiting[i].0;
+                    Admission::Evict(victim) => {
                         self.peers[victim].doomed = Some("its place was given to another process's connection".into());
                         self.drop_peer(victim, epfd);
                         None

@@ -290,10 +290,8 @@ impl RemoteConnection {
                 if let Some(imp) = self.take_messages(&mut st)? {
                     return Ok(imp);
                 }
-                if !st.eof && st.ucx.is_some() {
-                    if let Some(u) = &st.ucx {
-                        while u.worker.progress() > 0 {}
-                    }
+                if let (false, Some(u)) = (st.eof, &st.ucx) {
+                    while u.worker.progress() > 0 {}
                     if let Some(imp) = self.take_messages(&mut st)? {
                         return Ok(imp);
                     }
@@ -408,7 +406,10 @@ impl RemoteConnection {
             let Remote::Data { pool, slot, offset, len } = r else {
                 return Err(Error::Untrusted(format!("{r:?} after the handshake")));
             };
-            let p = st.pools.get(&pool).filter(|_| st.ucx.is_none()).ok_or_else(|| {
+            if st.ucx.is_some() {
+                return Err(Error::Untrusted("an item's bytes on the connection of a UCX consumer".into()));
+            }
+            let p = st.pools.get(&pool).ok_or_else(|| {
                 Error::Untrusted(format!("the bytes of an item of pool {pool}, which this consumer never attached"))
             })?;
             if slot >= p.count || offset.checked_add(len).map_or(true, |e| e > p.slot_size) {

@@ -356,18 +356,15 @@ impl Core {
             } else {
                 // Limits per address: connections from one host that never prove the key cannot
                 // keep another host's consumer out.
-                let waiting: Vec<(usize, (std::net::IpAddr, Instant))> = self
+                let waiting = self
                     .peers
                     .iter()
                     .enumerate()
                     .filter(|(_, p)| !matches!(p.state, Handshake::Ready) && p.doomed.is_none())
-                    .map(|(i, p)| (i, (p.source, p.accepted)))
-                    .collect();
-                let places: Vec<(std::net::IpAddr, Instant)> = waiting.iter().map(|(_, w)| *w).collect();
-                match admission::admit(&places, source) {
+                    .map(|(i, p)| (i, p.source, p.accepted));
+                match admission::admit(waiting, source) {
                     Admission::Admit => None,
-                    Admission::Evict(i) => {
-                        let victim = waiting[i].0;
+                    Admission::Evict(victim) => {
                         self.peers[victim].refuse("its place was given to a connection from another address".into());
                         self.drop_peer(victim, epfd);
                         None
