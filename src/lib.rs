@@ -27,6 +27,7 @@ mod fork;
 pub mod handle;
 pub mod hostid;
 pub mod import;
+mod loader;
 pub mod refcounter;
 mod shm;
 pub mod torch;

@@ -805,7 +805,7 @@ fn serve_until(ch: &Channel, done: impl Fn() -> bool) -> bool {
     true
 }
 
-// The ring's layout (src/channel/ring.rs): header words, then 1024 item records of 256 bytes,
+// The ring's layout (src/channel/unix/ring.rs): header words, then 1024 item records of 256 bytes,
 // then 1024 returns of 8 bytes.
 const RING_CAPACITY: usize = 1024;
 const RING_SIZE: usize = 4096 + RING_CAPACITY * (256 + 8);

@@ -7,13 +7,15 @@
 //! 6 torch, dlpack, channel          (clients of the core)
 //! 5 export, import
 //! 4 backend, refcounter
-//! 3 handle
+//! 3 handle, loader
 //! 2 shm, fork, dtype, hostid        (primitives)
 //! 1 error
 //! ```
 //!
 //! Never: a backend that knows a transport; an exporter or import that names the channel; a
-//! primitive that calls the registry. A lower module that must call up defines a trait the
+//! primitive that calls the registry. Inside the channel, the two transports (`channel/unix/`,
+//! `channel/tcp/`) never name each other, and no channel file names a vendor backend
+//! (`backend::acl`, `backend::cuda`): what they share is in `channel/` itself. A lower module that must call up defines a trait the
 //! higher one implements (`export::LeaseServer`, `import::Lease`, `fork::ForkHook`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,6 +31,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("backend", 4),
     ("refcounter", 4),
     ("handle", 3),
+    ("loader", 3),
     ("shm", 2),
     ("fork", 2),
     ("dtype", 2),
@@ -232,6 +235,63 @@ fn no_module_names_a_higher_layer_and_there_are_no_cycles_and_at_most_7_layers()
     assert!(floors <= 7, "{floors} floors (at most 7)");
 }
 
+/// The paths a file names, crate-relative or `super::`-relative, as text (`a::b::c`).
+fn named_paths(code: &str) -> Vec<String> {
+    let mut out: Vec<String> = crate_paths(code).into_iter().map(|s| s.join("::")).collect();
+    // `super::` and bare module paths (`tcp::x`, `unix::y`) as well: whatever the file writes.
+    for word in code.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')) {
+        let external = ["std::", "core::", "alloc::", "rustix::", "libc::", "::"].iter().any(|x| word.starts_with(x));
+        if word.contains("::") && !external {
+            out.push(word.trim_start_matches("crate::").to_string());
+        }
+    }
+    out
+}
+
+/// Which of `names` (module names) `file`'s code names as a path segment.
+fn names_any(file: &Path, names: &[&str]) -> Vec<String> {
+    let text = code(&std::fs::read_to_string(file).unwrap());
+    let mut hits = Vec::new();
+    for p in named_paths(&text) {
+        let segs: Vec<&str> = p.split("::").collect();
+        for w in segs.windows(2) {
+            if names.iter().any(|n| w.join("::") == *n) || names.iter().any(|n| w[0] == *n && !n.contains("::")) {
+                hits.push(p.clone());
+            }
+        }
+        if segs.len() == 1 && names.contains(&segs[0]) {
+            hits.push(p.clone());
+        }
+    }
+    hits.sort();
+    hits.dedup();
+    hits
+}
+
+#[test]
+fn the_two_transports_never_name_each_other_and_no_channel_file_names_a_vendor() {
+    let channel = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/channel");
+    let mut wrong = Vec::new();
+    for (dir, other) in [("unix", "tcp"), ("tcp", "unix")] {
+        let mut files = Vec::new();
+        rust_files(&channel.join(dir), &mut files);
+        assert!(!files.is_empty(), "no files in channel/{dir}");
+        for f in files {
+            for hit in names_any(&f, &[other]) {
+                wrong.push(format!("{} names {hit}", f.display()));
+            }
+        }
+    }
+    let mut files = Vec::new();
+    rust_files(&channel, &mut files);
+    for f in files {
+        for hit in names_any(&f, &["backend::acl", "backend::cuda"]) {
+            wrong.push(format!("{} names a vendor: {hit}", f.display()));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
 #[test]
 fn the_checker_finds_what_it_must() {
     // Comments do not count; paths do, inline or in `use` lines.
@@ -241,6 +301,24 @@ fn the_checker_finds_what_it_must() {
     assert_eq!(layer("capi"), Some(7));
     assert!(layer("channel") > layer("export") && layer("export") > layer("backend"));
     assert!(layer("backend") > layer("handle") && layer("handle") > layer("shm"));
+    // The transport rule sees every way of naming the other transport or a vendor.
+    let dir = std::env::temp_dir().join(format!("devshare-layers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("x.rs");
+    for (text, names, hit) in [
+        ("use crate::channel::tcp::ucx;", &["tcp"][..], true),
+        ("use super::super::tcp::{RemotePool};", &["tcp"][..], true),
+        ("let a = tcp::is_remote(x);", &["tcp"][..], true),
+        ("// tcp::is_remote in a comment", &["tcp"][..], false),
+        ("let t = crate::backend::acl::bare_tgid();", &["backend::acl", "backend::cuda"][..], true),
+        ("let t = crate::backend::pid_for_peers();", &["backend::acl", "backend::cuda"][..], false),
+        ("let stcp = 1;", &["tcp"][..], false),
+        ("use std::os::unix::fs::symlink;", &["unix"][..], false),
+    ] {
+        std::fs::write(&f, text).unwrap();
+        assert_eq!(!names_any(&f, names).is_empty(), hit, "{text}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

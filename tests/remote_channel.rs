@@ -1115,7 +1115,7 @@ fn a_flood_of_keyless_connections_from_one_address_keeps_no_other_addresss_consu
             }
         })
         .count();
-    assert!(open <= devshare::channel::producer::DEVSHARE_CHANNEL_MAX_PENDING_PER_SOURCE, "{open} still open");
+    assert!(open <= devshare::channel::limits::DEVSHARE_CHANNEL_MAX_PENDING_PER_SOURCE, "{open} still open");
 }
 
 #[test]

@@ -291,6 +291,15 @@ pub trait Backend: Sync {
 /// Every backend, indexed by nothing in particular: [`get`] looks them up by id.
 pub static BACKENDS: [&dyn Backend; 3] = [&host::HOST, &acl::ACL, &cuda::CUDA];
 
+/// The pid this process gives its peers to admit it: the bare tgid as the ACL runtime reports
+/// it (what an ACL exporter must whitelist: the host pid, also inside a container) when an ACL
+/// runtime with a device is usable in this process — asking binds device 0 on this thread for
+/// the call, then restores the thread's device — else `getpid()`. A transport announces it
+/// without knowing which vendor needs it.
+pub(crate) fn pid_for_peers() -> i32 {
+    acl::bare_tgid().unwrap_or(std::process::id() as i32)
+}
+
 /// The backend with this id.
 pub fn get(id: u16) -> Result<&'static dyn Backend> {
     BACKENDS.iter().copied().find(|b| b.id() == id).ok_or_else(|| {

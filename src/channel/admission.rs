@@ -9,10 +9,10 @@
 //! source with no connection waiting always gets in. Handshakes are bounded in time
 //! ([`DEVSHARE_CHANNEL_HANDSHAKE_MS`]), so a waiting connection never holds a place for longer.
 //!
-//! [`DEVSHARE_CHANNEL_MAX_PENDING`]: super::producer::DEVSHARE_CHANNEL_MAX_PENDING
-//! [`DEVSHARE_CHANNEL_HANDSHAKE_MS`]: super::producer::DEVSHARE_CHANNEL_HANDSHAKE_MS
+//! [`DEVSHARE_CHANNEL_MAX_PENDING`]: super::limits::DEVSHARE_CHANNEL_MAX_PENDING
+//! [`DEVSHARE_CHANNEL_HANDSHAKE_MS`]: super::limits::DEVSHARE_CHANNEL_HANDSHAKE_MS
 
-use super::producer::{DEVSHARE_CHANNEL_MAX_PENDING, DEVSHARE_CHANNEL_MAX_PENDING_PER_SOURCE};
+use super::limits::{DEVSHARE_CHANNEL_MAX_PENDING, DEVSHARE_CHANNEL_MAX_PENDING_PER_SOURCE};
 use std::time::Instant;
 
 /// What to do with a new connection from a source, given the connections waiting for their

@@ -1,13 +1,11 @@
 //! The channel types callers use: one [`Channel`], [`Pool`] and [`Connection`] for both kinds
 //! of address — a Unix socket (a path or `@name`: [`LocalChannel`] and friends) or a remote
-//! channel (`tcp://HOST:PORT`, [`super::remote`]). What a remote channel cannot do (leases of
+//! channel (`tcp://HOST:PORT`, [`super::tcp`]). What a remote channel cannot do (leases of
 //! arbitrary exports, uid/pid admission, spinning, device streams) is refused by name.
 
-use super::consumer::LocalConnection;
-use super::producer::{LocalChannel, LocalPool, PeerInfo};
-use super::remote;
-use super::remote_consumer::RemoteConnection;
-use super::remote_producer::{RemoteChannel, RemotePool};
+use super::peers::PeerInfo;
+use super::tcp::{self, RemoteChannel, RemoteConnection, RemotePool};
+use super::unix::{LocalChannel, LocalConnection, LocalPool};
 use crate::error::{Error, Result};
 use crate::export::{Exporter, TensorDesc};
 use crate::import::Import;
@@ -31,7 +29,7 @@ impl Channel {
     /// Listen on `address`: a path or `@name` (a Unix socket on this host), or `tcp://HOST:PORT`
     /// (a remote channel: consumers on other hosts, authenticated by the channel key file).
     pub fn listen(address: &str) -> Result<Channel> {
-        Ok(Channel(if remote::is_remote(address) {
+        Ok(Channel(if tcp::is_remote(address) {
             Kind::Remote(RemoteChannel::listen(address)?)
         } else {
             Kind::Local(LocalChannel::listen(address)?)
@@ -208,7 +206,7 @@ enum ConnKind {
 impl Connection {
     /// Connect to the channel at `address` (a path, `@name` or `tcp://HOST:PORT`).
     pub fn connect(address: &str, timeout: Option<Duration>) -> Result<Connection> {
-        Ok(Connection(if remote::is_remote(address) {
+        Ok(Connection(if tcp::is_remote(address) {
             ConnKind::Remote(RemoteConnection::connect(address, timeout)?)
         } else {
             ConnKind::Local(LocalConnection::connect(address, timeout)?)

@@ -1,6 +1,9 @@
-//! Channels, leases and pools: devshare-to-devshare handoff over a Unix domain socket, or across
-//! hosts over a key-authenticated TCP connection (`tcp://HOST:PORT`: `remote.rs`, the producer
-//! and consumer in `remote_producer.rs` / `remote_consumer.rs`, the key in `remote_auth.rs`).
+//! Channels, leases and pools: devshare-to-devshare handoff over a Unix domain socket
+//! (`unix/`), or across hosts over a key-authenticated TCP connection (`tcp://HOST:PORT`,
+//! `tcp/`). The two transports never name each other; what they share lives here: the types
+//! callers use (`api.rs`), the typed messages (`wire.rs`), the limits (`limits.rs`), what a
+//! producer knows of its peers (`peers.rs`), handshake places per source (`admission.rs`), and
+//! what travels with an item and how its lease comes back (`item.rs`).
 //!
 //! - **Channel.** A producer listens on a `SOCK_SEQPACKET` Unix socket (a path, created mode
 //!   0600, or a Linux abstract name `@name`). Each consumer's credentials come from
@@ -35,32 +38,30 @@
 
 mod admission;
 mod api;
-pub mod consumer;
-pub mod producer;
-pub(crate) mod remote;
-pub(crate) mod remote_auth;
-mod remote_consumer;
-mod remote_producer;
-pub(crate) mod ring;
-pub mod ucx;
+pub(crate) mod item;
+pub mod limits;
+mod peers;
+mod tcp;
+mod unix;
 pub(crate) mod wire;
 
 pub use api::{Channel, Connection, Pool};
+pub use peers::PeerInfo;
+pub use tcp::ucx;
 
 /// How this process's remote channels move items: the path's name (`stream` or `ucx`), whether
 /// it is usable here, and a line saying so (with what UCX is, or why it does not load).
 pub fn remote_probe() -> (&'static str, bool, String) {
     let ucx = ucx::probe();
     let ucx_text = match &ucx {
-        Ok(v) => format!("UCX puts where both ends set {}=ucx: {v}", remote::DATA_VAR),
-        Err(e) => format!("UCX puts where both ends set {}=ucx: not available ({e})", remote::DATA_VAR),
+        Ok(v) => format!("UCX puts where both ends set {}=ucx: {v}", tcp::DATA_VAR),
+        Err(e) => format!("UCX puts where both ends set {}=ucx: not available ({e})", tcp::DATA_VAR),
     };
-    match remote::DataPath::from_env() {
-        Ok(remote::DataPath::Stream) => {
+    match tcp::DataPath::from_env() {
+        Ok(tcp::DataPath::Stream) => {
             ("stream", true, format!("items on the authenticated connection (this process); {ucx_text}"))
         }
-        Ok(remote::DataPath::Ucx) => ("ucx", ucx.is_ok(), format!("{ucx_text} (this process)")),
+        Ok(tcp::DataPath::Ucx) => ("ucx", ucx.is_ok(), format!("{ucx_text} (this process)")),
         Err(e) => ("stream", false, e.to_string()),
     }
 }
-pub use producer::PeerInfo;

@@ -20,9 +20,10 @@
 //! `(self.fns.name)(...)`; a single optional function can also be an `Option` field read with
 //! `lib.optional` (as `aclGetRecentErrMsg` is).
 
-use crate::backend::runtime::{self, c_text, Context, DeviceContexts, Event, IpcEvents, Optional, Stream, Symbols};
+use crate::backend::runtime::{Context, DeviceContexts, Event, IpcEvents, Stream};
 use crate::error::{Error, Result};
 use crate::handle::{ACL_KEY_LEN, DEVSHARE_EVENT_HANDLE_SIZE};
+use crate::loader::{self, c_text, Optional, Symbols};
 use std::ffi::{c_char, c_void, CStr};
 
 /// `ACL_RT_IPC_MEM_EXPORT_FLAG_DISABLE_PID_VALIDATION`: any process may import the key.
@@ -121,7 +122,7 @@ pub(crate) struct AclApi {
     _lib: libloading::Library,
 }
 
-/// Where the runtime may be: `DEVSHARE_ACL_LIBRARY` (read by [`runtime::load`]), the toolkit
+/// Where the runtime may be: `DEVSHARE_ACL_LIBRARY` (read by [`loader::load`]), the toolkit
 /// roots, the default loader path, then the newer `libacl_rt.so` in the same places.
 fn candidates() -> Vec<String> {
     let mut dirs: Vec<String> = Vec::new();
@@ -224,7 +225,7 @@ impl AclApi {
             107_002 => "no context: no device bound on this thread",
             _ => "",
         };
-        runtime::vendor_error(call, code, meaning, "", &recent, &self.name)
+        loader::vendor_error(call, code, meaning, "", &recent, &self.name)
     }
 
     fn check(&self, call: &str, code: AclError) -> Result<()> {

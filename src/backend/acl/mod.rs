@@ -22,11 +22,12 @@
 mod api;
 mod vmm;
 
-use super::runtime::{self, prune, OnDemand, Runtime, Stream};
+use super::runtime::{self, prune, Runtime, Stream};
 use super::{Backend, ExportOptions, Exported, ImportRequest, IpcEvent, Mapping, PeerAccess, Probe, SegmentedMemory};
 use crate::error::{Error, Result};
 use crate::handle::segments::SegmentTable;
 use crate::handle::{AclKey, DevshareHandle, Validated, DEVSHARE_BACKEND_ACL};
+use crate::loader::OnDemand;
 use api::{AclApi, EXPORT_FLAG_DISABLE_PID_VALIDATION, IMPORT_FLAG_ENABLE_PEER_ACCESS, MEM_ATTR_DDR, MEM_ATTR_HBM};
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_void, CStr};
@@ -35,7 +36,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 /// Smallest page size of device memory; exported ranges must be whole pages.
 const PAGE: u64 = 4096;
 
-static RUNTIME: OnDemand<AclApi> = OnDemand::new(AclApi::load);
+static RUNTIME: OnDemand<Runtime<AclApi>> = OnDemand::new(|| Ok(Runtime::new(AclApi::load()?)));
 
 /// The loaded runtime (see [`OnDemand::get`]).
 fn api() -> Result<&'static Runtime<AclApi>> {

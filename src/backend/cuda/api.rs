@@ -15,9 +15,10 @@
 //! `CUmemAllocationProp`, `CUmemLocation`) are written out with `cuda.h`'s layout, checked by
 //! size. Required calls go into `Fns`.
 
-use crate::backend::runtime::{self, c_text, Context, DeviceContexts, Event, IpcEvents, Optional, Stream, Symbols};
+use crate::backend::runtime::{Context, DeviceContexts, Event, IpcEvents, Stream};
 use crate::error::{Error, Result};
 use crate::handle::DEVSHARE_EVENT_HANDLE_SIZE;
+use crate::loader::{self, c_text, Optional, Symbols};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 /// Size of a `CUipcMemHandle` / `CUipcEventHandle`.
@@ -274,7 +275,7 @@ impl CudaApi {
             (_, 201 | 709) => "a CUDA IPC handle cannot be opened in the process that exported it",
             _ => "",
         };
-        runtime::vendor_error(call, code, &meaning, hint, "", &self.name)
+        loader::vendor_error(call, code, &meaning, hint, "", &self.name)
     }
 
     fn check(&self, call: &str, code: CuResult) -> Result<()> {

@@ -33,17 +33,18 @@
 mod api;
 mod vmm;
 
-use super::runtime::{self, OnDemand, Runtime, Stream};
+use super::runtime::{self, Runtime, Stream};
 use super::{Backend, ExportOptions, Exported, ImportRequest, IpcEvent, Mapping, PeerAccess, Probe, SegmentedMemory};
 use crate::error::{Error, Result};
 use crate::handle::segments::SegmentTable;
 use crate::handle::{DevshareHandle, Validated, DEVSHARE_BACKEND_CUDA};
+use crate::loader::OnDemand;
 use api::{CudaApi, DevPtr, IntPointerAttribute, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, HANDLE_LEN};
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-static RUNTIME: OnDemand<CudaApi> = OnDemand::new(CudaApi::load);
+static RUNTIME: OnDemand<Runtime<CudaApi>> = OnDemand::new(|| Ok(Runtime::new(CudaApi::load()?)));
 
 /// The loaded driver (see [`OnDemand::get`]).
 fn api() -> Result<&'static Runtime<CudaApi>> {

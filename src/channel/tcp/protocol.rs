@@ -2,7 +2,7 @@
 //! host (`tcp://HOST:PORT` addresses).
 //!
 //! - **One connection** per consumer, devshare's own TCP connection, carries everything: the
-//!   handshake (a challenge-response over a shared key file, [`super::remote_auth`]), each
+//!   handshake (a challenge-response over a shared key file, [`super::auth`]), each
 //!   pool's registration (`ATTACH` from the producer, `POOL` back when the consumer holds its
 //!   copy), every item and every return (`RETURN`). A dead peer is the connection's end, as on a
 //!   Unix channel.
@@ -27,12 +27,12 @@
 //!   what follows its proof; the key never crosses the wire), the producer proving first.
 //!   Before its proof a peer gets nothing: no peer-table entry, no endpoint, no pool, and a
 //!   refusal that names nothing of the producer; connections waiting for their handshake are
-//!   limited per source address ([`super::admission`]). Not protected: the connection is not
+//!   limited per source address ([`crate::channel::admission`]). Not protected: the connection is not
 //!   encrypted and its messages after the handshake are not authenticated one by one, so an
 //!   on-path attacker can read or change items (within the consumer's slots, whose bounds every
 //!   header is checked against): use remote channels on a network you trust or in a tunnel.
 
-use super::wire::{self, In, Out};
+use crate::channel::wire::{self, In, Out};
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::io::{Read, Write};

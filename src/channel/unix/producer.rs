@@ -1,9 +1,12 @@
 //! The producer end of a channel: the listening socket, its peers, their leases, and pools.
 
-use super::admission::{self, Admission};
 use super::ring::{self, ProducerRing};
-use super::wire::{self, ItemLayout, Message, Received};
 use crate::backend::IpcEvent;
+use crate::channel::admission::{self, Admission};
+use crate::channel::item::slot_desc;
+use crate::channel::limits::*;
+use crate::channel::peers::PeerInfo;
+use crate::channel::wire::{self, ItemLayout, Message, Received};
 use crate::error::{Error, Result};
 use crate::export::{Exporter, TensorDesc};
 use crate::export::{LeaseBook, LeaseServer};
@@ -18,59 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Most peers one channel serves at once (after their handshake); more are refused.
-pub const DEVSHARE_CHANNEL_MAX_PEERS: usize = 1024;
-/// Most connections one channel holds before their handshake (`HELLO`); more are refused at
-/// once, so connections that never speak cannot lock consumers out.
-pub const DEVSHARE_CHANNEL_MAX_PENDING: usize = 64;
-/// Most of those connections one source may hold (a process on a Unix channel, an address over
-/// TCP): more from it are refused at once, and when every place is taken a source with fewer
-/// gets in by dropping the oldest connection of the source that holds the most.
-pub const DEVSHARE_CHANNEL_MAX_PENDING_PER_SOURCE: usize = 8;
-/// Milliseconds a new connection has to complete its handshake; then it is dropped.
-pub const DEVSHARE_CHANNEL_HANDSHAKE_MS: u64 = 5000;
-/// Messages that may wait for one peer whose socket buffer is full (beyond what the kernel
-/// buffers, a few hundred small messages); one more disconnects the peer.
-pub const DEVSHARE_CHANNEL_SEND_QUEUE: usize = 1024;
-/// Bytes that may wait for one peer, likewise.
-pub const DEVSHARE_CHANNEL_SEND_QUEUE_BYTES: usize = 4_194_304;
-/// Descriptors that may wait for one peer (each queued message keeps duplicates of its fds).
-pub const DEVSHARE_CHANNEL_SEND_QUEUE_FDS: usize = 256;
-/// Milliseconds a peer may leave its waiting messages untouched (none of them taken by the
-/// kernel) before it is disconnected: its leases and slots come back, as when it dies.
-pub const DEVSHARE_CHANNEL_SEND_PATIENCE_MS: u64 = 10_000;
-/// Refused messages (protocol errors) a peer may send; one more disconnects it.
-pub const DEVSHARE_CHANNEL_ERROR_BUDGET: u64 = 64;
-/// Most slots one pool may have. The producer keeps a few dozen bytes per slot, allocated when
-/// the pool is made; a pool is a pipeline's depth, and 65536 items in flight at once is beyond
-/// any pipeline (a larger batch belongs in a slot, not in more slots).
-pub const DEVSHARE_POOL_MAX_SLOTS: u32 = 65536;
 /// Messages taken from one peer per service pass: a peer that floods the channel cannot keep
 /// the others' messages waiting (epoll reports it again on the next pass).
 const PEER_BATCH: usize = 64;
-
-/// What the library knows about one connected consumer.
-#[derive(Clone, Debug, Default)]
-pub struct PeerInfo {
-    pub id: u64,
-    /// The peer's process id, from `SO_PEERCRED` (as this process's pid namespace sees it).
-    pub pid: i32,
-    pub uid: u32,
-    pub gid: u32,
-    /// The pid the peer said it has (its bare tgid). ACL exports sent to it are whitelisted
-    /// for it when it is the kernel's `pid`, or when the channel trusts announced pids
-    /// ([`Channel::trust_announced_pids`]); otherwise for `pid`.
-    pub tgid: i32,
-    /// References leased to it and pools it attached, not yet returned.
-    pub leases: u64,
-    /// Pool slots it holds now (items sent to it and not given back).
-    pub slots: u64,
-    /// Messages from it that were refused (a slot it does not hold, a lease it was not given...).
-    pub protocol_errors: u64,
-    /// How items reach it: 0 a Unix channel (shared memory), 1 a remote channel's
-    /// authenticated connection (the stream path), 2 UCX.
-    pub transport: u32,
-}
 
 /// A reference out with a peer: its export's book, and the event recorded for the share.
 type Lease = (Arc<LeaseBook>, Option<Box<dyn IpcEvent>>);
@@ -1396,10 +1349,6 @@ impl LocalPool {
     pub fn info(&self) -> Result<(u64, u32, u32)> {
         self.with(|_, p| Ok((p.slot_size, p.count, p.free.len() as u32)))
     }
-
-    /// Close the pool: attached consumers are told, and detach once their items are released
-    /// (until then the export counts them as outstanding).
-    pub fn close(self) {}
 }
 
 impl Drop for LocalPool {
@@ -1418,33 +1367,6 @@ impl Drop for LocalPool {
         }
         core.sweep(epfd);
     }
-}
-
-/// A tensor in slot `slot` of a pool of `slot_size`-byte slots, `desc` relative to the slot
-/// (`storage_size` `None`: the rest of the slot): its bytes in the slot, checked to lie inside
-/// it, and the description relative to the pool's export.
-pub(crate) fn slot_desc<'a>(desc: &TensorDesc<'a>, slot: u32, slot_size: u64) -> Result<(u64, TensorDesc<'a>)> {
-    let rel_size = match desc.storage_size {
-        Some(s) => s,
-        None => slot_size.checked_sub(desc.storage_offset).ok_or_else(|| {
-            Error::StorageOutOfBounds(format!(
-                "storage_offset {} is beyond the {slot_size}-byte slot",
-                desc.storage_offset
-            ))
-        })?,
-    };
-    if desc.storage_offset.checked_add(rel_size).map_or(true, |e| e > slot_size) {
-        return Err(Error::StorageOutOfBounds(format!(
-            "storage_offset {} + storage_size {rel_size} exceeds the {slot_size}-byte slot",
-            desc.storage_offset
-        )));
-    }
-    let abs = TensorDesc {
-        storage_offset: u64::from(slot) * slot_size + desc.storage_offset,
-        storage_size: Some(rel_size),
-        ..desc.clone()
-    };
-    Ok((rel_size, abs))
 }
 
 /// `slot` of `p` is acquired (what may be `done` to it: "sent", "released"), else why not.

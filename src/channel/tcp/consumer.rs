@@ -1,13 +1,13 @@
 //! The consumer end of a remote channel (`tcp://HOST:PORT`): the authenticated connection, its
 //! copies of the pools (its own memory, allocated once per pool, so every slot keeps its
 //! address; registered with UCX on the UCX path), and the items that arrive there. See
-//! [`super::remote`].
+//! [`super::protocol`].
 
-use super::consumer::{narrow, open, AttachToken, Teller};
-use super::remote::{self, DataPath, Framed, PoolMemory, Remote};
-use super::remote_auth::{self, Key, Role};
+use super::auth::{self, Key, Role};
+use super::protocol::{self, DataPath, Framed, PoolMemory, Remote};
 use super::ucx::{self, Arm, MemRegion};
-use super::wire::{self, Message};
+use crate::channel::item::{narrow, open, AttachToken, Teller};
+use crate::channel::wire::{self, Message};
 use crate::error::{Error, Result};
 use crate::handle::DevshareHandle;
 use crate::import::Import;
@@ -108,14 +108,14 @@ impl RemoteConnection {
     /// producer's proof and UCX version (waiting at most `timeout`, 10 s when `None`, for the
     /// connection and the handshake).
     pub(crate) fn connect(address: &str, timeout: Option<Duration>) -> Result<RemoteConnection> {
-        let addrs = remote::socket_addrs(address)?;
-        let key = Key::load(&remote_auth::key_path()?)?;
+        let addrs = protocol::socket_addrs(address)?;
+        let key = Key::load(&auth::key_path()?)?;
         let data = DataPath::from_env()?;
         // UCX only where asked for: on the stream path nothing else listens or is registered.
         let ucx = match data {
             DataPath::Stream => None,
             DataPath::Ucx => {
-                let context = ucx::Context::new(remote::UCX_SETTINGS)?;
+                let context = ucx::Context::new(protocol::UCX_SETTINGS)?;
                 let worker = Box::new(ucx::Worker::new(&context)?);
                 Some((context, worker, ucx::version()?))
             }
@@ -149,11 +149,11 @@ impl RemoteConnection {
         let writer_stream = stream.try_clone().map_err(|e| os("dup of a socket", e))?;
         let mut reader = Framed::new(stream)?;
         let mut writer = Framed::new(writer_stream)?;
-        let mine = remote_auth::nonce()?;
+        let mine = auth::nonce()?;
         let version = ucx.as_ref().map_or("", |(_, _, v)| v.as_str());
         let hello = Remote::Hello {
-            magic: remote::MAGIC,
-            version: remote::VERSION,
+            magic: protocol::MAGIC,
+            version: protocol::VERSION,
             data: data.code(),
             nonce: mine,
             ucx: version.as_bytes(),
@@ -165,7 +165,7 @@ impl RemoteConnection {
             match Message::decode(m) {
                 Ok(Message::Refused { reason }) => Some(Error::Untrusted(format!(
                     "the channel at {address:?} refused this process (remote channel protocol version {}): {}",
-                    remote::VERSION,
+                    protocol::VERSION,
                     String::from_utf8_lossy(reason)
                 ))),
                 _ => None,
@@ -191,7 +191,7 @@ impl RemoteConnection {
             Some((_, w, _)) => w.address()?,
             None => Vec::new(),
         };
-        let proof = key.prove(Role::Consumer, &theirs, &mine, &remote::consumer_bound(&hello, &worker_address));
+        let proof = key.prove(Role::Consumer, &theirs, &mine, &protocol::consumer_bound(&hello, &worker_address));
         writer.send(&Remote::Proof { proof, worker: &worker_address }.encode())?;
         writer.flush_until(deadline)?;
         let m = reader.next_until(deadline)?;
@@ -201,7 +201,7 @@ impl RemoteConnection {
         let Message::Welcome { version: v, peer_id, producer_pid, .. } = Message::decode(&m)? else {
             return Err(Error::Untrusted(format!("the channel at {address:?} answered the proof with something else")));
         };
-        if v != remote::VERSION {
+        if v != protocol::VERSION {
             return Err(Error::UnsupportedVersion(format!("remote channel protocol version {v}")));
         }
         let ep = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| wire::os("epoll_create", e))?;
@@ -379,8 +379,8 @@ impl RemoteConnection {
             // CUDA pools: what arrived goes on to the device a chunk at a time while the rest
             // is still on its way, and the last part once all is there.
             let arrived = inc.at - inc.start;
-            while arrived - inc.copied >= remote::CHUNK || (inc.left == 0 && arrived > inc.copied) {
-                let len = (arrived - inc.copied).min(remote::CHUNK);
+            while arrived - inc.copied >= protocol::CHUNK || (inc.left == 0 && arrived > inc.copied) {
+                let len = (arrived - inc.copied).min(protocol::CHUNK);
                 let off = inc.start + inc.copied;
                 let backend = crate::backend::get(device.handle().backend)?;
                 // SAFETY: `off..off + len` arrived in the host copy of the pool and lies in the
@@ -434,7 +434,7 @@ impl RemoteConnection {
                     .filter(|&w| {
                         slot_size > 0
                             && count > 0
-                            && count <= super::producer::DEVSHARE_POOL_MAX_SLOTS
+                            && count <= crate::channel::limits::DEVSHARE_POOL_MAX_SLOTS
                             && w <= isize::MAX as u64
                     })
                     .ok_or_else(|| Error::Untrusted(format!("pool {pool}: {count} slots of {slot_size} bytes")))?;

@@ -1,17 +1,18 @@
 //! The producer end of a remote channel (`tcp://HOST:PORT`): the listening TCP socket, its
 //! authenticated peers, and pools whose items go into each consumer's own slots (on the
 //! connection, or as UCX puts).
-//! See [`super::remote`] for the protocol and what is and is not protected.
+//! See [`super::protocol`] for the protocol and what is and is not protected.
 
-use super::admission::{self, Admission};
-use super::producer::{
-    slot_desc, PeerInfo, DEVSHARE_CHANNEL_ERROR_BUDGET, DEVSHARE_CHANNEL_HANDSHAKE_MS, DEVSHARE_CHANNEL_MAX_PEERS,
-    DEVSHARE_POOL_MAX_SLOTS,
-};
-use super::remote::{self, DataPath, Framed, PoolMemory, Remote};
-use super::remote_auth::{self, Key, Role};
+use super::auth::{self, Key, Role};
+use super::protocol::{self, DataPath, Framed, PoolMemory, Remote};
 use super::ucx::{self, Endpoint, RemoteKey};
-use super::wire::{self, ItemLayout, Message};
+use crate::channel::admission::{self, Admission};
+use crate::channel::item::slot_desc;
+use crate::channel::limits::{
+    DEVSHARE_CHANNEL_ERROR_BUDGET, DEVSHARE_CHANNEL_HANDSHAKE_MS, DEVSHARE_CHANNEL_MAX_PEERS, DEVSHARE_POOL_MAX_SLOTS,
+};
+use crate::channel::peers::PeerInfo;
+use crate::channel::wire::{self, ItemLayout, Message};
 use crate::error::{Error, Result};
 use crate::export::{Exporter, TensorDesc};
 use rustc_hash::FxHashMap;
@@ -47,8 +48,8 @@ enum Handshake {
     Hello,
     /// Challenge sent: waiting for its proof (which covers the hello, kept here as it came).
     Proof {
-        theirs: [u8; remote_auth::NONCE],
-        mine: [u8; remote_auth::NONCE],
+        theirs: [u8; auth::NONCE],
+        mine: [u8; auth::NONCE],
         hello: Vec<u8>,
     },
     Ready,
@@ -93,7 +94,7 @@ struct Core {
     pools: FxHashMap<u32, PoolState>,
     listener: TcpListener,
     key: Key,
-    /// The UCX worker and version, when this producer allows UCX ([`remote::DATA_VAR`]).
+    /// The UCX worker and version, when this producer allows UCX ([`protocol::DATA_VAR`]).
     /// Boxed: the endpoints borrow it. Declared after `peers`.
     ucx: Option<(Box<ucx::Worker>, String)>,
     next_peer: u64,
@@ -122,15 +123,15 @@ fn timespec(d: Duration) -> rustix::event::Timespec {
 }
 
 impl RemoteChannel {
-    /// Listen on `tcp://HOST:PORT` (only there), with the key of [`remote_auth::key_path`].
+    /// Listen on `tcp://HOST:PORT` (only there), with the key of [`auth::key_path`].
     pub(crate) fn listen(address: &str) -> Result<RemoteChannel> {
-        let addrs = remote::socket_addrs(address)?;
-        let key = Key::load(&remote_auth::key_path()?)?;
+        let addrs = protocol::socket_addrs(address)?;
+        let key = Key::load(&auth::key_path()?)?;
         // UCX only where asked for: otherwise nothing but the channel's own port listens.
         let ucx = match DataPath::from_env()? {
             DataPath::Stream => None,
             DataPath::Ucx => {
-                let context = ucx::Context::new(remote::UCX_SETTINGS)?;
+                let context = ucx::Context::new(protocol::UCX_SETTINGS)?;
                 Some((Box::new(ucx::Worker::new(&context)?), ucx::version()?))
             }
         };
@@ -444,10 +445,10 @@ impl Core {
                 let Ok(Some(Remote::Hello { magic, version, data, nonce: theirs, .. })) = Remote::decode(b) else {
                     return Err(not_ours());
                 };
-                if magic != remote::MAGIC || version != remote::VERSION || DataPath::from_code(data).is_none() {
+                if magic != protocol::MAGIC || version != protocol::VERSION || DataPath::from_code(data).is_none() {
                     return Err(not_ours());
                 }
-                let mine = remote_auth::nonce()?;
+                let mine = auth::nonce()?;
                 // The proof covers the whole hello: a relay that changed any field of it is
                 // caught by the consumer.
                 let proof = self.key.prove(Role::Producer, &theirs, &mine, b);
@@ -461,7 +462,7 @@ impl Core {
                 let Ok(Some(Remote::Proof { proof, worker })) = Remote::decode(b) else {
                     return Err(not_ours());
                 };
-                if !self.key.verify(Role::Consumer, &mine, &theirs, &remote::consumer_bound(&hello, worker), &proof) {
+                if !self.key.verify(Role::Consumer, &mine, &theirs, &protocol::consumer_bound(&hello, worker), &proof) {
                     return Err(Error::Untrusted("the consumer did not prove that it has the channel's key".into()));
                 }
                 // Proved: from here on the peer may learn why it is refused.
@@ -480,7 +481,7 @@ impl Core {
                 };
                 let welcome = Message::Welcome {
                     magic: wire::MAGIC,
-                    version: remote::VERSION,
+                    version: protocol::VERSION,
                     peer_id: self.peers[idx].id,
                     producer_pid: crate::fork::pid(),
                 }
@@ -557,7 +558,7 @@ impl Core {
         let Some((w, version)) = &self.ucx else {
             return Err(Error::Unsupported(format!(
                 "this channel moves items on its own connection only; UCX is used where both ends set {}=ucx",
-                remote::DATA_VAR
+                protocol::DATA_VAR
             )));
         };
         if ucx != version.as_bytes() {
@@ -703,7 +704,7 @@ impl Shared {
             let mut unacknowledged = false;
             for p in core.peers.iter_mut().filter(|p| p.ready()) {
                 p.framed.discard_input();
-                unacknowledged |= remote::unacknowledged(&p.framed.stream) > 0;
+                unacknowledged |= protocol::unacknowledged(&p.framed.stream) > 0;
             }
             if !unacknowledged || Instant::now() >= deadline {
                 break;
@@ -836,7 +837,7 @@ impl RemotePool {
                     // Device memory crosses through host memory at both ends. On the stream path
                     // a large item goes chunk by chunk: each chunk is copied to the staging
                     // buffer, then written while the kernel still sends the one before.
-                    PoolMemory::Cuda { device } if stream && len > remote::INLINE_PAYLOAD => {
+                    PoolMemory::Cuda { device } if stream && len > protocol::INLINE_PAYLOAD => {
                         let backend = crate::backend::get(p.exporter.backend())?;
                         let staging = p.staging.as_mut_ptr();
                         peer_ref.framed.send_chunked(&head.encode(), len, &item, deadline, |at, n| {

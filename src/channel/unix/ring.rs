@@ -37,7 +37,7 @@
 //! Any pool's items travel here (host or device: a record holds an `ITEM` with its 64-byte
 //! event handle); what the consumer then maps or waits for is decided as for a socket `ITEM`.
 
-use super::wire;
+use crate::channel::wire;
 use crate::error::{Error, Result};
 use crate::shm::Map;
 use rustix::event::{eventfd, EventfdFlags};

@@ -39,8 +39,8 @@
 //! Software transports (`tcp`) need the *target* to progress too: a put or flush towards a
 //! consumer that does not progress its worker does not complete.
 
-use crate::backend::runtime::{c_text, vendor_error, OnDemand, Symbols};
 use crate::error::{Error, Result};
+use crate::loader::{c_text, vendor_error, OnDemand, Symbols};
 use static_assertions::const_assert_eq;
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void, CString};
@@ -499,7 +499,7 @@ static UCP: OnDemand<Ucp> = OnDemand::new(Ucp::load);
 
 /// The UCP library, loaded on first use.
 fn api() -> Result<&'static Ucp> {
-    Ok(&**UCP.get()?)
+    UCP.get()
 }
 
 impl Ucp {

@@ -1,11 +1,11 @@
 //! The consumer end of a channel: the connection, what arrives on it, and the leases that go back.
 
 use super::ring::{ConsumerRing, ItemRecord};
-use super::wire::{self, Message, Received};
-use crate::backend::ImportRequest;
+use crate::channel::item::{narrow, open, AttachToken, LeaseToken, Teller};
+use crate::channel::wire::{self, Message, Received};
 use crate::error::{Error, Result};
 use crate::handle::encode::decode_full;
-use crate::import::{import_attached, Attached, Import, Lease};
+use crate::import::{Import, Lease};
 use rustc_hash::FxHashMap;
 use rustix::event::{epoll, PollFd, PollFlags};
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
@@ -58,18 +58,6 @@ impl ConnShared {
     }
 }
 
-/// Where a consumer's pool tokens send their messages: a Unix connection (`ConnShared`) or a
-/// remote one.
-pub(crate) trait Teller: Send + Sync {
-    /// Send a consumer message; a producer that is gone learns everything from the hang-up.
-    fn tell(&self, msg: Message<'_>);
-
-    /// Give a pool slot back (a `RETURN`, unless the connection has a faster way).
-    fn give_back_slot(&self, pool: u32, slot: u32) {
-        self.tell(Message::Return { pool, slot });
-    }
-}
-
 /// Messages (releases, returns) a consumer keeps for a producer that is not reading its socket
 /// before a release waits for room: beyond this many, the next one waits until the socket takes
 /// one (at most the send patience) before it joins them.
@@ -119,75 +107,6 @@ impl Teller for ConnShared {
             return;
         }
         self.tell(Message::Return { pool, slot });
-    }
-}
-
-/// A leased reference: released (one `RELEASE` message) when the last import holding it goes,
-/// or when given back earlier.
-struct LeaseToken {
-    conn: Arc<ConnShared>,
-    lease: u64,
-    given: AtomicBool,
-}
-
-impl Lease for LeaseToken {
-    fn give_back(&self) {
-        if !self.given.swap(true, Ordering::AcqRel) {
-            self.conn.tell(Message::Release { lease: self.lease });
-        }
-    }
-}
-
-impl Drop for LeaseToken {
-    fn drop(&mut self) {
-        self.give_back();
-    }
-}
-
-/// A consumer's attachment to a pool: detached (one `DETACH`) when the pool is closed and its
-/// last item is released.
-pub(crate) struct AttachToken {
-    conn: Arc<dyn Teller>,
-    pool: u32,
-}
-
-impl AttachToken {
-    pub(crate) fn new(conn: Arc<dyn Teller>, pool: u32) -> Arc<AttachToken> {
-        Arc::new(AttachToken { conn, pool })
-    }
-}
-
-impl Drop for AttachToken {
-    fn drop(&mut self) {
-        self.conn.tell(Message::Detach { pool: self.pool });
-    }
-}
-
-/// A pool slot held by this consumer: given back (one `RETURN`) when its import goes, or when
-/// given back earlier.
-struct SlotToken {
-    conn: Arc<dyn Teller>,
-    pool: u32,
-    slot: u32,
-    given: AtomicBool,
-    _attach: Arc<AttachToken>,
-}
-
-impl Lease for SlotToken {
-    fn give_back(&self) {
-        if !self.given.swap(true, Ordering::AcqRel) {
-            self.conn.give_back_slot(self.pool, self.slot);
-        }
-    }
-
-    fn pool_slot(&self) -> Option<(u32, u32)> {
-        Some((self.pool, self.slot))
-    }
-}
-
-impl Drop for SlotToken {
-    fn drop(&mut self) {
-        self.give_back();
     }
 }
 
@@ -244,7 +163,7 @@ impl LocalConnection {
         let deadline = timeout.map(|t| Instant::now() + t);
         // Asked before connecting (it may load the ACL runtime): the handshake goes out right
         // after the connection, well within the producer's handshake deadline.
-        let tgid = announced_pid();
+        let tgid = crate::backend::pid_for_peers();
         let fd = rustix::net::socket_with(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -650,8 +569,7 @@ impl LocalConnection {
             Message::Share { lease, handle } => {
                 // The token exists from here on: a refused share (a handle form this library
                 // does not understand included) is given back at once.
-                let token: Arc<dyn Lease> =
-                    Arc::new(LeaseToken { conn: self.shared.clone(), lease, given: AtomicBool::new(false) });
+                let token: Arc<dyn Lease> = Arc::new(LeaseToken::new(self.shared.clone(), lease));
                 let d = decode_full(handle)?;
                 let imp = open(&d.handle, d.table.as_deref(), fds, Some(token), self.stream())?;
                 Ok(Some(Box::new(imp)))
@@ -674,8 +592,7 @@ impl LocalConnection {
                 for (i, (nfds, handle)) in entries.iter().enumerate() {
                     let mine: Vec<OwnedFd> = fds.by_ref().take(*nfds as usize).collect();
                     let lease = first_lease + i as u64;
-                    let token: Arc<dyn Lease> =
-                        Arc::new(LeaseToken { conn: self.shared.clone(), lease, given: AtomicBool::new(false) });
+                    let token: Arc<dyn Lease> = Arc::new(LeaseToken::new(self.shared.clone(), lease));
                     let opened = decode_full(handle)
                         .and_then(|d| open(&d.handle, d.table.as_deref(), mine, Some(token), stream));
                     match opened {
@@ -773,106 +690,4 @@ impl Drop for LocalConnection {
     fn drop(&mut self) {
         self.close();
     }
-}
-
-/// A pool item: slot `slot` of the pool whose whole allocation `base` maps (`count` slots of
-/// `slot_size` bytes), narrowed to the item's tensor `l` — the slot and its bytes checked
-/// against the pool, the handle validated and checked against the mapping by `derive` — whose
-/// lease gives the slot back through `conn` (made only once the slot is in bounds, so that a
-/// refused slot is not given back) and holds the pool's attachment; waits for the producer's
-/// `event` first (on `stream`, or on this thread).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn narrow(
-    base: &Import,
-    slot_size: u64,
-    count: u32,
-    pool: u32,
-    slot: u32,
-    l: &wire::ItemLayout,
-    event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
-    (conn, attach): (Arc<dyn Teller>, &Arc<AttachToken>),
-    stream: *mut std::ffi::c_void,
-) -> Result<Box<Import>> {
-    if slot >= count || l.storage_offset.checked_add(l.storage_size).map_or(true, |e| e > slot_size) {
-        return Err(Error::Untrusted(format!(
-            "pool {pool} item: slot {slot}, bytes {}..+{} is outside the {count} slots of {slot_size} bytes",
-            l.storage_offset, l.storage_size
-        )));
-    }
-    let token: Arc<dyn Lease> =
-        Arc::new(SlotToken { conn, pool, slot, given: AtomicBool::new(false), _attach: attach.clone() });
-    let mut h = Box::new(*base.handle());
-    h.storage_offset = base.handle().storage_offset + u64::from(slot) * slot_size + l.storage_offset;
-    h.storage_size = l.storage_size;
-    h.ndim = l.ndim;
-    h.shape = l.shape;
-    h.strides = l.strides;
-    h.tensor_offset = l.tensor_offset;
-    h.dtype = l.dtype;
-    if let Some(e) = event {
-        h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
-        h.event_handle = e;
-    }
-    let imp = base.derive(h, token)?;
-    // The producer's work on the slot may still be running: wait for its event before the item
-    // is used (on the connection's stream, or blocking this thread).
-    let req = ImportRequest { device: Some(base.device()), stream, ..ImportRequest::default() };
-    crate::import::wait_for_producer(imp.handle(), &req)?;
-    Ok(imp)
-}
-
-/// The pid this process announces in the handshake: its bare tgid as the ACL runtime reports it
-/// (what ACL exporters must whitelist: the host pid, also inside a container) when an ACL runtime
-/// with a device is usable in this process — asking binds device 0 on this thread for the call,
-/// then restores the thread's device — else `getpid()`.
-fn announced_pid() -> i32 {
-    crate::backend::acl::bare_tgid().unwrap_or(std::process::id() as i32)
-}
-
-/// Open a received handle: a channel memfd by its descriptor, anything else by its key.
-pub(crate) fn open(
-    h: &crate::handle::DevshareHandle,
-    table: Option<&[u8]>,
-    mut fds: Vec<OwnedFd>,
-    lease: Option<Arc<dyn Lease>>,
-    stream: *mut std::ffi::c_void,
-) -> Result<Import> {
-    let req = ImportRequest { stream, ..ImportRequest::default() };
-    if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_CHANNEL != 0 {
-        if fds.len() != 1 {
-            return Err(Error::Untrusted(format!(
-                "a channel memfd handle came with {} descriptors instead of 1",
-                fds.len()
-            )));
-        }
-        let fd = fds.pop().expect("one descriptor");
-        let key = crate::backend::memfd::identity(&fd)?;
-        let alloc_size = h.alloc_size;
-        let mut opener = || crate::backend::memfd::open_received(&fd, alloc_size, req.read_only);
-        return import_attached(h, None, req, Some(Attached { key: &key, open: &mut opener }), None, lease);
-    }
-    if !fds.is_empty() {
-        // A CUDA segmented export's fds, each once in the order of its first record.
-        let seg = crate::handle::segments::SegmentTable::of(h, table)?
-            .filter(|t| t.seg.kind == crate::handle::segments::DEVSHARE_SEGMENTS_CUDA_FD)
-            .ok_or_else(|| Error::Untrusted("a handle that names its memory came with descriptors".into()))?;
-        let mut numbers: Vec<i32> = Vec::new();
-        for n in seg.fds() {
-            if !numbers.contains(&n) {
-                numbers.push(n);
-            }
-        }
-        if numbers.len() != fds.len() {
-            return Err(Error::Untrusted(format!(
-                "a segmented handle listing {} distinct fds came with {} descriptors",
-                numbers.len(),
-                fds.len()
-            )));
-        }
-        let pid = seg.producer_pid;
-        let passed = numbers.into_iter().map(|n| (pid, n)).zip(fds).collect();
-        let passed = crate::backend::PassedFds::new(passed);
-        return import_attached(h, table, req, None, Some(&passed), lease);
-    }
-    import_attached(h, table, req, None, None, lease)
 }

@@ -1,0 +1,235 @@
+//! What travels with an item, for both transports, and the one answer to "where does a lease
+//! come back?".
+//!
+//! The way back, end to end:
+//! 1. The producer books every reference it sends: a lease in the export's `LeaseBook`
+//!    (`crate::export`), a pool slot in the pool's slot state (`unix::producer`,
+//!    `tcp::producer`); [`slot_desc`] places a pool item's tensor in its slot.
+//! 2. The consumer's import holds a token ([`LeaseToken`], [`SlotToken`], and [`AttachToken`] for
+//!    a pool's whole mapping) as its `crate::import::Lease`: the import registry gives it back
+//!    when the last import holding it is released (or earlier, on `give_back`). [`open`] and
+//!    [`narrow`] make those imports.
+//! 3. A token tells its connection through [`Teller`]: a `RELEASE`, `RETURN` or `DETACH`
+//!    message, or a slot pushed on the shared-memory ring (`unix::ring`); a Unix connection
+//!    never waits on the producer for it (its backlog, `unix::consumer`).
+//! 4. The producer takes it back while it serves its channel (`take_return` and the lease
+//!    handling in each transport's producer), and a connection that closes for any reason
+//!    returns everything it still held.
+
+use super::wire::{self, Message};
+use crate::backend::ImportRequest;
+use crate::error::{Error, Result};
+use crate::export::TensorDesc;
+use crate::import::{import_attached, Attached, Import, Lease};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Where a consumer's pool tokens send their messages: a Unix connection (`ConnShared`) or a
+/// remote one.
+pub(crate) trait Teller: Send + Sync {
+    /// Send a consumer message; a producer that is gone learns everything from the hang-up.
+    fn tell(&self, msg: Message<'_>);
+
+    /// Give a pool slot back (a `RETURN`, unless the connection has a faster way).
+    fn give_back_slot(&self, pool: u32, slot: u32) {
+        self.tell(Message::Return { pool, slot });
+    }
+}
+
+/// A leased reference: released (one `RELEASE` message) when the last import holding it goes,
+/// or when given back earlier.
+pub(crate) struct LeaseToken {
+    conn: Arc<dyn Teller>,
+    lease: u64,
+    given: AtomicBool,
+}
+
+impl LeaseToken {
+    /// The token of lease `lease`, released through `conn`.
+    pub(crate) fn new(conn: Arc<dyn Teller>, lease: u64) -> LeaseToken {
+        LeaseToken { conn, lease, given: AtomicBool::new(false) }
+    }
+}
+
+impl Lease for LeaseToken {
+    fn give_back(&self) {
+        if !self.given.swap(true, Ordering::AcqRel) {
+            self.conn.tell(Message::Release { lease: self.lease });
+        }
+    }
+}
+
+impl Drop for LeaseToken {
+    fn drop(&mut self) {
+        self.give_back();
+    }
+}
+
+/// A consumer's attachment to a pool: detached (one `DETACH`) when the pool is closed and its
+/// last item is released.
+pub(crate) struct AttachToken {
+    conn: Arc<dyn Teller>,
+    pool: u32,
+}
+
+impl AttachToken {
+    pub(crate) fn new(conn: Arc<dyn Teller>, pool: u32) -> Arc<AttachToken> {
+        Arc::new(AttachToken { conn, pool })
+    }
+}
+
+impl Drop for AttachToken {
+    fn drop(&mut self) {
+        self.conn.tell(Message::Detach { pool: self.pool });
+    }
+}
+
+/// A pool slot held by this consumer: given back (one `RETURN`) when its import goes, or when
+/// given back earlier.
+struct SlotToken {
+    conn: Arc<dyn Teller>,
+    pool: u32,
+    slot: u32,
+    given: AtomicBool,
+    _attach: Arc<AttachToken>,
+}
+
+impl Lease for SlotToken {
+    fn give_back(&self) {
+        if !self.given.swap(true, Ordering::AcqRel) {
+            self.conn.give_back_slot(self.pool, self.slot);
+        }
+    }
+
+    fn pool_slot(&self) -> Option<(u32, u32)> {
+        Some((self.pool, self.slot))
+    }
+}
+
+impl Drop for SlotToken {
+    fn drop(&mut self) {
+        self.give_back();
+    }
+}
+
+/// A tensor in slot `slot` of a pool of `slot_size`-byte slots, `desc` relative to the slot
+/// (`storage_size` `None`: the rest of the slot): its bytes in the slot, checked to lie inside
+/// it, and the description relative to the pool's export.
+pub(crate) fn slot_desc<'a>(desc: &TensorDesc<'a>, slot: u32, slot_size: u64) -> Result<(u64, TensorDesc<'a>)> {
+    let rel_size = match desc.storage_size {
+        Some(s) => s,
+        None => slot_size.checked_sub(desc.storage_offset).ok_or_else(|| {
+            Error::StorageOutOfBounds(format!(
+                "storage_offset {} is beyond the {slot_size}-byte slot",
+                desc.storage_offset
+            ))
+        })?,
+    };
+    if desc.storage_offset.checked_add(rel_size).map_or(true, |e| e > slot_size) {
+        return Err(Error::StorageOutOfBounds(format!(
+            "storage_offset {} + storage_size {rel_size} exceeds the {slot_size}-byte slot",
+            desc.storage_offset
+        )));
+    }
+    let abs = TensorDesc {
+        storage_offset: u64::from(slot) * slot_size + desc.storage_offset,
+        storage_size: Some(rel_size),
+        ..desc.clone()
+    };
+    Ok((rel_size, abs))
+}
+
+/// A pool item: slot `slot` of the pool whose whole allocation `base` maps (`count` slots of
+/// `slot_size` bytes), narrowed to the item's tensor `l` — the slot and its bytes checked
+/// against the pool, the handle validated and checked against the mapping by `derive` — whose
+/// lease gives the slot back through `conn` (made only once the slot is in bounds, so that a
+/// refused slot is not given back) and holds the pool's attachment; waits for the producer's
+/// `event` first (on `stream`, or on this thread).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn narrow(
+    base: &Import,
+    slot_size: u64,
+    count: u32,
+    pool: u32,
+    slot: u32,
+    l: &wire::ItemLayout,
+    event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
+    (conn, attach): (Arc<dyn Teller>, &Arc<AttachToken>),
+    stream: *mut std::ffi::c_void,
+) -> Result<Box<Import>> {
+    if slot >= count || l.storage_offset.checked_add(l.storage_size).map_or(true, |e| e > slot_size) {
+        return Err(Error::Untrusted(format!(
+            "pool {pool} item: slot {slot}, bytes {}..+{} is outside the {count} slots of {slot_size} bytes",
+            l.storage_offset, l.storage_size
+        )));
+    }
+    let token: Arc<dyn Lease> =
+        Arc::new(SlotToken { conn, pool, slot, given: AtomicBool::new(false), _attach: attach.clone() });
+    let mut h = Box::new(*base.handle());
+    h.storage_offset = base.handle().storage_offset + u64::from(slot) * slot_size + l.storage_offset;
+    h.storage_size = l.storage_size;
+    h.ndim = l.ndim;
+    h.shape = l.shape;
+    h.strides = l.strides;
+    h.tensor_offset = l.tensor_offset;
+    h.dtype = l.dtype;
+    if let Some(e) = event {
+        h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
+        h.event_handle = e;
+    }
+    let imp = base.derive(h, token)?;
+    // The producer's work on the slot may still be running: wait for its event before the item
+    // is used (on the connection's stream, or blocking this thread).
+    let req = ImportRequest { device: Some(base.device()), stream, ..ImportRequest::default() };
+    crate::import::wait_for_producer(imp.handle(), &req)?;
+    Ok(imp)
+}
+
+/// Open a received handle: a channel memfd by its descriptor, anything else by its key.
+pub(crate) fn open(
+    h: &crate::handle::DevshareHandle,
+    table: Option<&[u8]>,
+    mut fds: Vec<OwnedFd>,
+    lease: Option<Arc<dyn Lease>>,
+    stream: *mut std::ffi::c_void,
+) -> Result<Import> {
+    let req = ImportRequest { stream, ..ImportRequest::default() };
+    if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_CHANNEL != 0 {
+        if fds.len() != 1 {
+            return Err(Error::Untrusted(format!(
+                "a channel memfd handle came with {} descriptors instead of 1",
+                fds.len()
+            )));
+        }
+        let fd = fds.pop().expect("one descriptor");
+        let key = crate::backend::memfd::identity(&fd)?;
+        let alloc_size = h.alloc_size;
+        let mut opener = || crate::backend::memfd::open_received(&fd, alloc_size, req.read_only);
+        return import_attached(h, None, req, Some(Attached { key: &key, open: &mut opener }), None, lease);
+    }
+    if !fds.is_empty() {
+        // A CUDA segmented export's fds, each once in the order of its first record.
+        let seg = crate::handle::segments::SegmentTable::of(h, table)?
+            .filter(|t| t.seg.kind == crate::handle::segments::DEVSHARE_SEGMENTS_CUDA_FD)
+            .ok_or_else(|| Error::Untrusted("a handle that names its memory came with descriptors".into()))?;
+        let mut numbers: Vec<i32> = Vec::new();
+        for n in seg.fds() {
+            if !numbers.contains(&n) {
+                numbers.push(n);
+            }
+        }
+        if numbers.len() != fds.len() {
+            return Err(Error::Untrusted(format!(
+                "a segmented handle listing {} distinct fds came with {} descriptors",
+                numbers.len(),
+                fds.len()
+            )));
+        }
+        let pid = seg.producer_pid;
+        let passed = numbers.into_iter().map(|n| (pid, n)).zip(fds).collect();
+        let passed = crate::backend::PassedFds::new(passed);
+        return import_attached(h, table, req, None, Some(&passed), lease);
+    }
+    import_attached(h, table, req, None, None, lease)
+}

@@ -1,0 +1,18 @@
+//! The Unix transport: a channel on a `SOCK_SEQPACKET` Unix socket (a path, created mode 0600,
+//! or a Linux abstract name `@name`) between processes of one host.
+//!
+//! - `producer.rs`: the listening socket, its peers (admission by `SO_PEERCRED`, the handshake),
+//!   the bounded send queue, leases, pools and the serve loop.
+//! - `consumer.rs`: the connection, what arrives on it, and the backlog its releases wait in
+//!   when the producer is not reading.
+//! - `ring.rs`: the shared-memory ring per peer that pool items and their returns travel in.
+//!
+//! Host memory travels as sealed memfds with `SCM_RIGHTS`; the transport never names a vendor
+//! (what a vendor needs, such as the pid an ACL exporter whitelists, comes from `crate::backend`).
+
+mod consumer;
+mod producer;
+mod ring;
+
+pub use consumer::LocalConnection;
+pub use producer::{LocalChannel, LocalPool};
