@@ -1,5 +1,9 @@
-//! What a producer knows about its consumers, for both transports: [`PeerInfo`], one connected
-//! consumer as `Channel::peers` and `devshare_channel_peer_info` report it.
+//! A producer's consumers, for both transports: [`PeerInfo`] (one connected consumer as
+//! `Channel::peer_info` and `devshare_channel_peer_info` report it), the peer set with its
+//! lookups by id ([`PeerSet`]), and [`wait_peers`].
+
+use crate::error::{Error, Result};
+use std::time::{Duration, Instant};
 
 /// What the library knows about one connected consumer.
 #[derive(Clone, Debug, Default)]
@@ -22,4 +26,90 @@ pub struct PeerInfo {
     /// How items reach it: 0 a Unix channel (shared memory), 1 a remote channel's
     /// authenticated connection (the stream path), 2 UCX.
     pub transport: u32,
+}
+
+/// A producer's peer as [`PeerSet`] sees it: an id, and whether it is connected (its handshake
+/// done, and, where the transport says so, not being disconnected).
+pub(crate) trait Peer {
+    fn id(&self) -> u64;
+    fn ready(&self) -> bool;
+}
+
+/// A producer's peers, oldest first, for both transports: the list itself (a `Vec`, which it
+/// derefs to) and the lookups by id that `peer_ids`, `peer_info`, `send` and `wait_peers` share.
+pub(crate) struct PeerSet<P>(Vec<P>);
+
+impl<P> Default for PeerSet<P> {
+    fn default() -> Self {
+        PeerSet(Vec::new())
+    }
+}
+
+impl<P> std::ops::Deref for PeerSet<P> {
+    type Target = Vec<P>;
+    fn deref(&self) -> &Vec<P> {
+        &self.0
+    }
+}
+
+impl<P> std::ops::DerefMut for PeerSet<P> {
+    fn deref_mut(&mut self) -> &mut Vec<P> {
+        &mut self.0
+    }
+}
+
+fn not_connected(id: u64) -> Error {
+    Error::NotFound(format!("peer {id} is not connected to this channel"))
+}
+
+impl<P: Peer> PeerSet<P> {
+    /// The connected peer `id`.
+    pub(crate) fn get(&self, id: u64) -> Result<&P> {
+        self.0.iter().find(|p| p.id() == id && p.ready()).ok_or_else(|| not_connected(id))
+    }
+
+    /// The connected peer `id`, to change.
+    pub(crate) fn get_mut(&mut self, id: u64) -> Result<&mut P> {
+        self.0.iter_mut().find(|p| p.id() == id && p.ready()).ok_or_else(|| not_connected(id))
+    }
+
+    /// The index of the connected peer `id`.
+    pub(crate) fn index(&self, id: u64) -> Result<usize> {
+        self.0.iter().position(|p| p.id() == id && p.ready()).ok_or_else(|| not_connected(id))
+    }
+
+    /// How many peers are connected.
+    pub(crate) fn ready_count(&self) -> usize {
+        self.0.iter().filter(|p| p.ready()).count()
+    }
+
+    /// The ids of the connected peers, oldest first.
+    pub(crate) fn ready_ids(&self) -> Vec<u64> {
+        self.0.iter().filter(|p| p.ready()).map(|p| p.id()).collect()
+    }
+}
+
+/// Serve a channel until `n` peers are connected, for both transports: `ready` counts them,
+/// `service` serves the channel for at most the time given. Once the time is up, what already
+/// arrived is served (without waiting) and the count looked at once more.
+pub(crate) fn wait_peers(
+    n: usize,
+    timeout: Option<Duration>,
+    mut ready: impl FnMut() -> Result<usize>,
+    mut service: impl FnMut(Option<Duration>) -> Result<()>,
+) -> Result<()> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut last_look = false;
+    loop {
+        let ready = ready()?;
+        if ready >= n {
+            return Ok(());
+        }
+        if last_look {
+            return Err(Error::Timeout(format!("{ready} of {n} peers connected")));
+        }
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        last_look = left.is_some_and(|l| l.is_zero());
+        service(left)?;
+    }
 }

@@ -11,7 +11,7 @@ use crate::channel::item::slot_desc;
 use crate::channel::limits::{
     DEVSHARE_CHANNEL_ERROR_BUDGET, DEVSHARE_CHANNEL_HANDSHAKE_MS, DEVSHARE_CHANNEL_MAX_PEERS, DEVSHARE_POOL_MAX_SLOTS,
 };
-use crate::channel::peers::PeerInfo;
+use crate::channel::peers::{self, PeerInfo, PeerSet};
 use crate::channel::wire::{self, ItemLayout, Message};
 use crate::error::{Error, Result};
 use crate::export::{Exporter, TensorDesc};
@@ -90,7 +90,7 @@ struct PoolState {
 
 struct Core {
     /// Dropped before the worker (their endpoints use it).
-    peers: Vec<Peer>,
+    peers: PeerSet<Peer>,
     pools: FxHashMap<u32, PoolState>,
     listener: TcpListener,
     key: Key,
@@ -152,7 +152,7 @@ impl RemoteChannel {
         epoll::add(&ep, &listener, epoll::EventData::new_u64(LISTENER), epoll::EventFlags::IN)
             .map_err(|e| wire::os("epoll_ctl", e))?;
         let core = Core {
-            peers: Vec::new(),
+            peers: PeerSet::default(),
             pools: FxHashMap::default(),
             listener,
             key,
@@ -185,29 +185,16 @@ impl RemoteChannel {
     }
 
     pub(crate) fn wait_peers(&self, n: usize, timeout: Option<Duration>) -> Result<()> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let mut last_look = false;
-        loop {
-            let ready = self.shared.lock()?.peers.iter().filter(|p| p.ready()).count();
-            if ready >= n {
-                return Ok(());
-            }
-            if last_look {
-                return Err(Error::Timeout(format!("{ready} of {n} peers connected")));
-            }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            last_look = left.is_some_and(|l| l.is_zero());
-            self.shared.service(left)?;
-        }
+        peers::wait_peers(n, timeout, || Ok(self.shared.lock()?.peers.ready_count()), |t| self.shared.service(t))
     }
 
     pub(crate) fn peer_ids(&self) -> Result<Vec<u64>> {
-        Ok(self.shared.lock()?.peers.iter().filter(|p| p.ready()).map(|p| p.id).collect())
+        Ok(self.shared.lock()?.peers.ready_ids())
     }
 
     pub(crate) fn peer_info(&self, id: u64) -> Result<PeerInfo> {
         let core = self.shared.lock()?;
-        let p = core.peer(id)?;
+        let p = core.peers.get(id)?;
         let held: usize = p.pools.values().map(|pp| pp.held.iter().filter(|&&h| h).count()).sum();
         Ok(PeerInfo {
             id,
@@ -222,7 +209,7 @@ impl RemoteChannel {
     pub(crate) fn disconnect(&self, peer: u64) -> Result<()> {
         let epfd = self.shared.epoll.as_fd();
         let mut core = self.shared.lock()?;
-        let idx = core.index(peer)?;
+        let idx = core.peers.index(peer)?;
         let _ = core.peers[idx].framed.flush();
         core.drop_peer(idx, epfd);
         Ok(())
@@ -317,21 +304,16 @@ impl Peer {
     }
 }
 
+impl peers::Peer for Peer {
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn ready(&self) -> bool {
+        Peer::ready(self)
+    }
+}
+
 impl Core {
-    fn peer(&self, id: u64) -> Result<&Peer> {
-        self.peers
-            .iter()
-            .find(|p| p.id == id && p.ready())
-            .ok_or_else(|| Error::NotFound(format!("peer {id} is not connected to this channel")))
-    }
-
-    fn index(&self, id: u64) -> Result<usize> {
-        self.peers
-            .iter()
-            .position(|p| p.id == id && p.ready())
-            .ok_or_else(|| Error::NotFound(format!("peer {id} is not connected to this channel")))
-    }
-
     /// Send a message to peer `idx` (what its socket has no room for waits, bounded).
     fn post(&mut self, idx: usize, msg: &[u8], epfd: BorrowedFd<'_>) -> Result<()> {
         let p = &mut self.peers[idx];
@@ -806,7 +788,7 @@ impl RemotePool {
                     None => return Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", p.count))),
                 }
                 let (rel_size, mut abs) = slot_desc(desc, slot, p.slot_size)?;
-                let idx = core.index(peer)?;
+                let idx = core.peers.index(peer)?;
                 // Describes and validates the tensor, and for device memory synchronises the
                 // stream that wrote it (an event could not cross hosts; the bytes must be the
                 // finished ones anyway).

@@ -323,9 +323,9 @@ impl LocalConnection {
 
     /// Let [`Self::recv`] poll for up to `spin` before it sleeps (for a consumer that owns a
     /// core: an item is taken within a microsecond or so instead of after a wake-up); zero (the
-    /// default) sleeps at once. At most [`super::producer::MAX_SPIN`].
+    /// default) sleeps at once. At most [`super::MAX_SPIN`].
     pub fn set_spin(&self, spin: Duration) -> Result<()> {
-        let max = super::producer::MAX_SPIN;
+        let max = super::MAX_SPIN;
         if spin > max {
             return Err(Error::InvalidArgument(format!(
                 "a spin of {} us is above the maximum of {} us",

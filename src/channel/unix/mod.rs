@@ -10,6 +10,9 @@
 //! Host memory travels as sealed memfds with `SCM_RIGHTS`; the transport never names a vendor
 //! (what a vendor needs, such as the pid an ACL exporter whitelists, comes from `crate::backend`).
 
+/// The longest spin [`crate::channel::Pool::set_spin`] and the connection's accept (one second).
+pub const MAX_SPIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 mod consumer;
 mod producer;
 mod ring;

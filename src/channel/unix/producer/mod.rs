@@ -1,0 +1,470 @@
+//! The producer end of a Unix channel: its state (the types here) and [`LocalChannel`], the
+//! listening socket's API. The work is split by job:
+//!
+//! - `peers.rs`: accepting, the handshake and its deadline, a peer's messages and error budget,
+//!   disconnecting;
+//! - `queue.rs`: the bounded send queue (and posting pool items to a peer's ring);
+//! - `pool.rs`: [`LocalPool`]: slot state, acquire, send, release, and the slots that come back;
+//! - `serve.rs`: the channel's lock and the serve loop (epoll).
+
+mod peers;
+mod pool;
+mod queue;
+mod serve;
+#[cfg(test)]
+mod tests;
+
+use queue::{check_len, Queued};
+use serve::Arm;
+
+use super::ring::{self, ProducerRing};
+use super::MAX_SPIN;
+use crate::backend::IpcEvent;
+use crate::channel::admission::{self, Admission};
+use crate::channel::item::slot_desc;
+use crate::channel::limits::*;
+use crate::channel::peers::{wait_peers, PeerInfo, PeerSet};
+use crate::channel::wire::{self, ItemLayout, Message, Received};
+use crate::error::{Error, Result};
+use crate::export::{Exporter, TensorDesc};
+use crate::export::{LeaseBook, LeaseServer};
+use rustc_hash::{FxHashMap, FxHashSet};
+use rustix::event::epoll;
+use rustix::event::Timespec;
+use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use std::collections::VecDeque;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Messages taken from one peer per service pass: a peer that floods the channel cannot keep
+/// the others' messages waiting (epoll reports it again on the next pass).
+const PEER_BATCH: usize = 64;
+
+/// A reference out with a peer: its export's book, and the event recorded for the share.
+type Lease = (Arc<LeaseBook>, Option<Box<dyn IpcEvent>>);
+
+struct Peer {
+    info: PeerInfo,
+    fd: OwnedFd,
+    ready: bool,
+    /// When the connection was accepted (its handshake deadline counts from here).
+    accepted: Instant,
+    /// Messages the socket had no room for, oldest first; sent when it becomes writable.
+    queue: VecDeque<Queued>,
+    queued_bytes: usize,
+    queued_fds: usize,
+    /// Since when the queue has not moved (none of it taken by the kernel); None when empty.
+    stalled_since: Option<Instant>,
+    /// Why the peer is to be disconnected at the end of the current call.
+    doomed: Option<String>,
+    /// Leases out with the peer: the export's book, and the event recorded for the share (kept
+    /// until the lease comes back).
+    leases: FxHashMap<u64, Lease>,
+    attached: FxHashMap<u32, Arc<LeaseBook>>,
+    /// Exports (by id) this peer's tgid was whitelisted on.
+    allowed: FxHashSet<u64>,
+    /// The `wire::FEATURE_*` bits its handshake announced.
+    features: u16,
+    /// Messages posted to it since the handshake (sent or queued): what its ring records count.
+    posted: u64,
+    /// The shared-memory ring its host pool items travel in, made on its first such item.
+    ring: Option<ProducerRing>,
+    /// Making its ring failed once: its items go over the socket.
+    no_ring: bool,
+}
+
+/// Epoll data of a peer's ring wake-up (its id with this bit set).
+const RING_EVENT: u64 = 1 << 63;
+/// Epoll data of the channel's nudge (see [`ChannelShared::untimed`]); no peer has id 0.
+const NUDGE_EVENT: u64 = RING_EVENT;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum SlotState {
+    Free,
+    Acquired,
+    Sent(u64),
+}
+
+struct PoolState {
+    exporter: Arc<Exporter>,
+    slot_size: u64,
+    count: u32,
+    slots: Vec<SlotState>,
+    /// The event recorded for each slot out with a consumer (kept until the slot comes back).
+    events: Vec<Option<Box<dyn IpcEvent>>>,
+    free: Vec<u32>,
+    /// How many slots are out with consumers.
+    out: u32,
+}
+
+struct Core {
+    listener: OwnedFd,
+    /// The socket file this channel created (path, device, inode), removed on close if it is
+    /// still the same file.
+    path: Option<(std::path::PathBuf, u64, u64)>,
+    uids: Vec<u32>,
+    pids: Vec<i32>,
+    /// Whitelist a peer's announced pid even where it is not the kernel's (containers).
+    trust_announced: bool,
+    peers: PeerSet<Peer>,
+    next_peer: u64,
+    next_lease: u64,
+    pools: FxHashMap<u32, PoolState>,
+    next_pool: u32,
+    buf: Vec<u8>,
+    fds: Vec<OwnedFd>,
+    closed: bool,
+    /// Something changed that a thread waiting without a time limit must look at (a slot
+    /// became free, a pool or the channel closed, a deadline began): the lock's guard nudges
+    /// it on the way out ([`Locked`]).
+    stir: bool,
+}
+
+pub(crate) struct ChannelShared {
+    core: Mutex<Core>,
+    epoll: OwnedFd,
+    generation: u64,
+    /// The thread ([`thread_token`]; 0: none) that waits in the epoll set without a time limit
+    /// (an acquire with none and at most one item out: no timer to arm and cancel, about 0.3 µs
+    /// a wait on the machine BENCHMARKS.md describes). At most one at a time: the others look
+    /// again at least every 5 ms. What other threads
+    /// change that it must see ([`Core::stir`]) writes `nudge`, an eventfd in the epoll set
+    /// (edge triggered, never read).
+    untimed: AtomicU64,
+    nudge: OwnedFd,
+}
+
+/// The producer end of a channel. Dropping it closes it.
+pub struct LocalChannel {
+    shared: Arc<ChannelShared>,
+}
+
+impl LocalChannel {
+    /// Listen on `address` (a path, or `@name` for an abstract socket).
+    pub fn listen(address: &str) -> Result<LocalChannel> {
+        let addr = wire::address(address)?;
+        let listener = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )
+        .map_err(|e| wire::os("socket(AF_UNIX, SOCK_SEQPACKET)", e))?;
+        rustix::net::bind(&listener, &addr).map_err(|e| match e {
+            rustix::io::Errno::ADDRINUSE => Error::Busy(format!(
+                "channel address {address:?} is in use (a file exists there, or another channel listens on it); \
+                 devshare never removes a file it did not create"
+            )),
+            e => wire::os(&format!("bind to {address:?}"), e),
+        })?;
+        let mut path = None;
+        if !address.starts_with('@') {
+            // Only this user may connect through the file system (SO_PEERCRED is checked anyway);
+            // set before listen(), so no connection can come before it.
+            rustix::fs::chmod(address, rustix::fs::Mode::from_raw_mode(0o600))
+                .map_err(|e| wire::os(&format!("chmod of {address:?}"), e))?;
+            let st = rustix::fs::stat(address).map_err(|e| wire::os(&format!("stat of {address:?}"), e))?;
+            path = Some((std::path::PathBuf::from(address), st.st_dev, st.st_ino));
+        }
+        let cleanup = |path: &Option<(std::path::PathBuf, u64, u64)>| {
+            if let Some((p, ..)) = path {
+                let _ = std::fs::remove_file(p);
+            }
+        };
+        if let Err(e) = rustix::net::listen(&listener, 128) {
+            cleanup(&path);
+            return Err(wire::os("listen", e));
+        }
+        let ep = match epoll::create(epoll::CreateFlags::CLOEXEC) {
+            Ok(ep) => ep,
+            Err(e) => {
+                cleanup(&path);
+                return Err(wire::os("epoll_create", e));
+            }
+        };
+        if let Err(e) = epoll::add(&ep, &listener, epoll::EventData::new_u64(0), epoll::EventFlags::IN) {
+            cleanup(&path);
+            return Err(wire::os("epoll_ctl", e));
+        }
+        let core = Core {
+            listener,
+            path,
+            uids: vec![rustix::process::geteuid().as_raw()],
+            pids: Vec::new(),
+            trust_announced: false,
+            peers: PeerSet::default(),
+            next_peer: 1,
+            next_lease: 1,
+            pools: FxHashMap::default(),
+            next_pool: 1,
+            buf: Vec::new(),
+            fds: Vec::new(),
+            closed: false,
+            stir: false,
+        };
+        let nudge = match rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        ) {
+            Ok(fd) => fd,
+            Err(e) => {
+                cleanup(&core.path);
+                return Err(wire::os("eventfd", e));
+            }
+        };
+        let flags = epoll::EventFlags::IN | epoll::EventFlags::ET;
+        if let Err(e) = epoll::add(&ep, &nudge, epoll::EventData::new_u64(NUDGE_EVENT), flags) {
+            cleanup(&core.path);
+            return Err(wire::os("epoll_ctl", e));
+        }
+        Ok(LocalChannel {
+            shared: Arc::new(ChannelShared {
+                core: Mutex::new(core),
+                epoll: ep,
+                generation: crate::fork::generation(),
+                untimed: AtomicU64::new(0),
+                nudge,
+            }),
+        })
+    }
+
+    /// The descriptor a caller's event loop polls: readable when [`Self::service`] has work.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.shared.epoll.as_fd()
+    }
+
+    /// Replace the uids that may connect (empty: keep the current set) and, when `pids` is not
+    /// empty, admit only those pids. Connected peers are not affected.
+    pub fn restrict(&self, uids: &[u32], pids: &[i32]) -> Result<()> {
+        if let Some(p) = pids.iter().find(|&&p| p <= 0) {
+            return Err(Error::InvalidArgument(format!("pid {p} is not a process id")));
+        }
+        let mut core = self.shared.lock()?;
+        if !uids.is_empty() {
+            core.uids = uids.to_vec();
+        }
+        if !pids.is_empty() {
+            core.pids = pids.to_vec();
+        }
+        Ok(())
+    }
+
+    /// Whether ACL exports sent to a peer are whitelisted for the pid it announced even when that
+    /// is not its pid as the kernel reports it (`SO_PEERCRED`). A consumer in another pid
+    /// namespace — a container — announces its host pid (its bare tgid), which this process
+    /// cannot check; by default such a peer's kernel pid is whitelisted instead, so that an
+    /// admitted peer cannot get memory whitelisted for a process [`Self::restrict`] did not admit.
+    pub fn trust_announced_pids(&self, trust: bool) -> Result<()> {
+        self.shared.lock()?.trust_announced = trust;
+        Ok(())
+    }
+
+    /// Accept peers, take their messages, notice hang-ups; wait at most `timeout` for something
+    /// to happen (`None`: until something does).
+    pub fn service(&self, timeout: Option<Duration>) -> Result<()> {
+        self.shared.service(timeout)
+    }
+
+    /// Serve until `n` peers are connected (handshake done).
+    pub fn wait_peers(&self, n: usize, timeout: Option<Duration>) -> Result<()> {
+        wait_peers(n, timeout, || Ok(self.shared.lock()?.peers.ready_count()), |t| self.shared.service(t))
+    }
+
+    /// Ids of the connected peers, oldest first.
+    pub fn peer_ids(&self) -> Result<Vec<u64>> {
+        Ok(self.shared.lock()?.peers.ready_ids())
+    }
+
+    /// What is known about a connected peer.
+    pub fn peer_info(&self, id: u64) -> Result<PeerInfo> {
+        let core = self.shared.lock()?;
+        let p = core.peers.get(id)?;
+        let mut info = p.info.clone();
+        info.leases = (p.leases.len() + p.attached.len()) as u64;
+        info.slots = core
+            .pools
+            .values()
+            .map(|pool| pool.slots.iter().filter(|s| **s == SlotState::Sent(id)).count() as u64)
+            .sum();
+        Ok(info)
+    }
+
+    /// Send `peer` one leased reference to a tensor in `exp`: counted in `exp`'s outstanding
+    /// references until the peer releases it or disconnects.
+    ///
+    /// Never waits for the peer: a message its socket has no room for waits in its queue
+    /// (bounded: [`DEVSHARE_CHANNEL_SEND_QUEUE`]); a peer past that bound, or whose queue does
+    /// not move for [`DEVSHARE_CHANNEL_SEND_PATIENCE_MS`], is disconnected (`Closed`).
+    pub fn send(&self, peer: u64, exp: &Exporter, desc: &TensorDesc<'_>) -> Result<()> {
+        let (h, event) = exp.share_leased(desc)?;
+        let epfd = self.shared.epoll.as_fd();
+        let mut core = self.shared.lock()?;
+        let r = (|| {
+            core.allow(peer, exp)?;
+            let lease = core.next_lease;
+            core.next_lease += 1;
+            let mut enc = Vec::new();
+            crate::handle::encode::encode_full_into(&h, exp.external_table(), &mut enc)?;
+            let msg = check_len(Message::Share { lease, handle: &enc }.encode())?;
+            let fds = exp.channel_fds();
+            let idx = core.index(peer)?;
+            core.post(idx, &msg, &fds, epfd)?;
+            let book = exp.leases().clone();
+            book.add(&self.shared);
+            core.peers[idx].leases.insert(lease, (book, event));
+            Ok(())
+        })();
+        core.sweep(epfd);
+        // A peer this call found past its limits is gone now, and so is the lease just queued.
+        if r.is_ok() && core.index(peer).is_err() {
+            return Err(Error::Closed(format!("peer {peer} was disconnected: it does not read its messages")));
+        }
+        r
+    }
+
+    /// Send `peer` one leased reference to each tensor of `items` (an export and a tensor in
+    /// it), in order, as [`Self::send`] does for one: to a consumer that reads several shares
+    /// per message (1.4 and later), in as few messages as the message size and descriptor
+    /// limits allow; to older consumers one message each. Every share is made (and validated,
+    /// its event recorded) before anything is sent: a refused description sends nothing.
+    pub fn send_batch(&self, peer: u64, items: &[(&Exporter, TensorDesc<'_>)]) -> Result<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let mut shares = Vec::new();
+        shares.try_reserve_exact(items.len()).map_err(|_| Error::bad_size("count", "too many shares"))?;
+        for (exp, desc) in items {
+            let (h, event) = exp.share_leased(desc)?;
+            let mut enc = Vec::new();
+            crate::handle::encode::encode_full_into(&h, exp.external_table(), &mut enc)?;
+            check_len(enc.clone())?;
+            shares.push((*exp, enc, event));
+        }
+        let epfd = self.shared.epoll.as_fd();
+        let mut core = self.shared.lock()?;
+        let r = (|| {
+            for (exp, _, _) in &shares {
+                core.allow(peer, exp)?;
+            }
+            let batched = core.peers.get(peer)?.features & wire::FEATURE_SHARES != 0;
+            let mut shares = shares.into_iter().peekable();
+            while shares.peek().is_some() {
+                // One message: as many shares as fit its size and descriptor limits (one at
+                // least), or one per message for a consumer that reads only SHARE.
+                let first_lease = core.next_lease;
+                let mut chunk = Vec::new();
+                let (mut bytes, mut nfds) = (4 + 4 + 8, 0usize);
+                while let Some((exp, enc, _)) = shares.peek() {
+                    let fds = exp.channel_fds().len();
+                    let fits = bytes + 8 + enc.len() <= wire::MAX_MESSAGE
+                        && nfds + fds <= wire::MAX_FDS
+                        && chunk.len() < wire::MAX_SHARES;
+                    if !chunk.is_empty() && (!batched || !fits) {
+                        break;
+                    }
+                    bytes += 8 + enc.len();
+                    nfds += fds;
+                    chunk.push(shares.next().expect("peeked"));
+                }
+                let msg = if batched {
+                    let entries =
+                        chunk.iter().map(|(exp, enc, _)| (exp.channel_fds().len() as u32, &enc[..])).collect();
+                    Message::Shares { first_lease, entries }.encode()
+                } else {
+                    Message::Share { lease: first_lease, handle: &chunk[0].1 }.encode()
+                };
+                let msg = check_len(msg)?;
+                let fds: Vec<BorrowedFd<'_>> = chunk.iter().flat_map(|(exp, _, _)| exp.channel_fds()).collect();
+                let idx = core.index(peer)?;
+                core.post(idx, &msg, &fds, epfd)?;
+                core.next_lease += chunk.len() as u64;
+                for (i, (exp, _, event)) in chunk.into_iter().enumerate() {
+                    let book = exp.leases().clone();
+                    book.add(&self.shared);
+                    core.peers[idx].leases.insert(first_lease + i as u64, (book, event));
+                }
+            }
+            Ok(())
+        })();
+        core.sweep(epfd);
+        if r.is_ok() && core.index(peer).is_err() {
+            return Err(Error::Closed(format!("peer {peer} was disconnected: it does not read its messages")));
+        }
+        r
+    }
+
+    /// Disconnect one peer now, as if it had died: its leases and pool slots come back at once
+    /// and it sees `Closed`. `NotFound` when no such peer is connected.
+    pub fn disconnect(&self, peer: u64) -> Result<()> {
+        let epfd = self.shared.epoll.as_fd();
+        let mut core = self.shared.lock()?;
+        let idx = core.index(peer)?;
+        core.flush(idx, epfd); // what its socket takes now still reaches it
+        core.drop_peer(idx, epfd);
+        Ok(())
+    }
+
+    /// Close: every peer is disconnected (and sees `Closed`), their leases stop being counted,
+    /// the socket file (if any) is removed.
+    pub fn close(&self) {
+        self.shared.close();
+    }
+
+    /// Make a pool of `count` slots of `slot_size` bytes at the start of `exp`'s range.
+    pub fn pool(&self, exp: Arc<Exporter>, slot_size: u64, count: u32) -> Result<LocalPool> {
+        if slot_size == 0 {
+            return Err(Error::InvalidArgument("slot_size is 0".into()));
+        }
+        if count == 0 {
+            return Err(Error::InvalidArgument("count is 0: a pool needs at least one slot".into()));
+        }
+        if count > DEVSHARE_POOL_MAX_SLOTS {
+            return Err(Error::bad_size(
+                "count",
+                format!("{count} slots is above the maximum of {DEVSHARE_POOL_MAX_SLOTS} slots per pool"),
+            ));
+        }
+        slot_size.checked_mul(u64::from(count)).filter(|&t| t <= exp.size()).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{count} slots of {slot_size} bytes do not fit the export's {} bytes",
+                exp.size()
+            ))
+        })?;
+        // The bookkeeping, allocated fallibly: a failure is a status, never an abort.
+        let n = count as usize;
+        let mut slots = Vec::new();
+        let mut events = Vec::new();
+        let mut free = Vec::new();
+        let oom = |_| Error::bad_size("count", format!("no memory for the bookkeeping of {count} slots"));
+        slots.try_reserve_exact(n).map_err(oom)?;
+        events.try_reserve_exact(n).map_err(oom)?;
+        free.try_reserve_exact(n).map_err(oom)?;
+        slots.resize(n, SlotState::Free);
+        events.resize_with(n, || None);
+        free.extend((0..count).rev());
+        let mut core = self.shared.lock()?;
+        let id = core.next_pool;
+        core.next_pool = core.next_pool.checked_add(1).ok_or_else(|| Error::Busy("pool ids are exhausted".into()))?;
+        core.pools.insert(id, PoolState { exporter: exp, slot_size, count, slots, events, free, out: 0 });
+        Ok(LocalPool { shared: self.shared.clone(), id, slot_size, spin_ns: Default::default() })
+    }
+}
+
+impl Drop for LocalChannel {
+    fn drop(&mut self) {
+        self.shared.close();
+    }
+}
+
+/// A pool of fixed-address slots on a channel.
+pub struct LocalPool {
+    shared: Arc<ChannelShared>,
+    id: u32,
+    /// Bytes per slot (fixed for the pool's life: read without the lock).
+    slot_size: u64,
+    /// How long [`Pool::acquire`] polls for a returned slot before it sleeps (ns; 0: not).
+    spin_ns: std::sync::atomic::AtomicU64,
+}

@@ -1,0 +1,278 @@
+//! Pools: acquiring a free slot (with backpressure, spinning if asked), sending and releasing
+//! it, and the slots that come back — by `RETURN` message, from a peer's ring, or when a peer
+//! goes.
+
+use super::*;
+
+impl LocalPool {
+    fn with<T>(&self, f: impl FnOnce(&mut Core, &mut PoolState) -> Result<T>) -> Result<T> {
+        self.with_then(f, |_, r| r)
+    }
+
+    /// [`Self::with`], then `then` with the outcome, under the same lock.
+    fn with_then<T>(
+        &self,
+        f: impl FnOnce(&mut Core, &mut PoolState) -> Result<T>,
+        then: impl FnOnce(&mut Core, Result<T>) -> Result<T>,
+    ) -> Result<T> {
+        let mut core = self.shared.lock()?;
+        let mut p = core.pools.remove(&self.id).ok_or_else(|| Error::Closed("the pool is closed".into()))?;
+        let r = f(&mut core, &mut p);
+        core.pools.insert(self.id, p);
+        // A peer a send found gone or past its queue bounds goes now (its slots come back).
+        core.sweep(self.shared.epoll.as_fd());
+        then(&mut core, r)
+    }
+
+    /// A free slot and its address; serves the channel while every slot is out.
+    pub fn acquire(&self, timeout: Option<Duration>) -> Result<(u32, *mut u8)> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let spin = self.spin_ns.load(std::sync::atomic::Ordering::Relaxed);
+        let mut spin_until = (spin > 0).then(|| Instant::now() + Duration::from_nanos(spin));
+        let mut last_look = false;
+        let mut spins = 0u32;
+        loop {
+            // Without a time limit (and not spinning), the wait below may be the channel's one
+            // wait without a timer: claimed before the look that decides to wait (see `Locked`).
+            let mut untimed =
+                if deadline.is_none() && spin_until.is_none() { self.shared.claim_untimed() } else { None };
+            // A free slot, after the returns that came through a ring (taken without a system
+            // call), under one lock: the path a spinning acquire turns on.
+            let got = {
+                let mut core = self.shared.lock()?;
+                if core.pools.get(&self.id).is_some_and(|p| p.free.is_empty()) {
+                    core.drain_rings(Arm::No);
+                }
+                let p = core.pools.get_mut(&self.id).ok_or_else(|| Error::Closed("the pool is closed".into()))?;
+                if p.free.is_empty() && p.out > 1 {
+                    // Several items in flight: a pipeline, whose consumer is still busy with the
+                    // others when the first comes back. Its wait keeps the timer: pipelines
+                    // measured more items per second with it (on one CPU the consumer then takes
+                    // more returns per switch), while one item in flight comes back sooner to a
+                    // wait without it (BENCHMARKS.md, "What bounds the rest").
+                    untimed = None;
+                }
+                p.free.pop().map(|s| {
+                    p.slots[s as usize] = SlotState::Acquired;
+                    // SAFETY: s < count and count x slot_size fits the export (checked at creation).
+                    (s, unsafe { p.exporter.ptr().add((u64::from(s) * p.slot_size) as usize) })
+                })
+            };
+            if let Some(g) = got {
+                return Ok(g);
+            }
+            if last_look {
+                return Err(Error::Timeout("every slot of the pool is still out".into()));
+            }
+            if let Some(until) = spin_until {
+                // Spinning (opt-in, for a stage that owns a core): take what arrived without
+                // sleeping, until the spin or the timeout is over.
+                // The clock is read every 16th turn (a read costs more than a look at the rings).
+                let over = spins % 16 == 0 && {
+                    let now = Instant::now();
+                    now >= until || deadline.is_some_and(|d| now >= d)
+                };
+                if !over {
+                    // The rings are looked at on every turn (above); the socket every 64th.
+                    spins += 1;
+                    if spins % 64 == 0 {
+                        self.shared.serve(Some(Duration::ZERO), Arm::No, None)?;
+                    }
+                    std::hint::spin_loop();
+                    continue;
+                }
+                spin_until = None;
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            // Once the time is up, take the returns that already arrived (without waiting) and
+            // look once more: a zero timeout polls. Another thread may be the one serving the
+            // channel: look again at least every 5 ms, unless this is the wait without a timer
+            // (which what other threads change wakes).
+            last_look = left.is_some_and(|l| l.is_zero());
+            let wait = left.map_or(Duration::from_millis(5), |l| l.min(Duration::from_millis(5)));
+            // A timed wait looks again within 5 ms: its consumers may put a return's wake-up off.
+            let (wait, arm) = if untimed.is_some() { (None, Arm::Now) } else { (Some(wait), Arm::Patient) };
+            self.shared.serve(wait, arm, untimed)?;
+        }
+    }
+
+    /// Let [`Self::acquire`] poll for a returned slot for up to `spin` before it sleeps (for a
+    /// producer that owns a core: a return is taken within a microsecond or so instead of after
+    /// a wake-up); zero (the default) sleeps at once. At most [`MAX_SPIN`].
+    pub fn set_spin(&self, spin: Duration) -> Result<()> {
+        if spin > MAX_SPIN {
+            return Err(Error::InvalidArgument(format!(
+                "a spin of {} us is above the maximum of {} us",
+                spin.as_micros(),
+                MAX_SPIN.as_micros()
+            )));
+        }
+        self.spin_ns.store(spin.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Give back an acquired slot without sending it.
+    pub fn release(&self, slot: u32) -> Result<()> {
+        self.with(|core, p| {
+            acquired(p, slot, "released")?;
+            p.slots[slot as usize] = SlotState::Free;
+            p.free.push(slot);
+            core.stir = true;
+            Ok(())
+        })
+    }
+
+    /// Send an acquired slot to `peer`, describing the tensor in it (`desc.storage_offset` is
+    /// relative to the slot, `storage_size` `None` means the rest of the slot).
+    pub fn send(&self, slot: u32, peer: u64, desc: &TensorDesc<'_>) -> Result<()> {
+        let shared = self.shared.clone();
+        let id = self.id;
+        let epfd = self.shared.epoll.as_fd();
+        self.with_then(
+            |core, p| {
+                acquired(p, slot, "sent")?;
+                let (rel_size, abs) = slot_desc(desc, slot, p.slot_size)?;
+                core.peers.get(peer)?;
+                // Describes and validates the tensor; synchronises the producing stream, or records
+                // an event on it (DEVSHARE_SHARE_EVENT).
+                let (layout, event) =
+                    p.exporter.share_leased_with(&abs, |h| ItemLayout::of(h, desc.storage_offset, rel_size))?;
+                if !core.peers.get(peer)?.attached.contains_key(&id) {
+                    core.allow(peer, &p.exporter)?;
+                    let whole = p.slot_size * u64::from(p.count);
+                    let shape = [whole as i64];
+                    let (base, _) = p.exporter.share_leased(&TensorDesc {
+                        shape: &shape,
+                        storage_size: Some(whole),
+                        ..Default::default()
+                    })?;
+                    let mut enc = Vec::new();
+                    crate::handle::encode::encode_full_into(&base, p.exporter.external_table(), &mut enc)?;
+                    let m = check_len(
+                        Message::Attach { pool: id, slot_size: p.slot_size, count: p.count, handle: &enc }.encode(),
+                    )?;
+                    let fds = p.exporter.channel_fds();
+                    let idx = core.index(peer)?;
+                    core.post(idx, &m, &fds, epfd)?;
+                    let book = p.exporter.leases().clone();
+                    book.add(&shared);
+                    core.peers[idx].attached.insert(id, book);
+                }
+                let m = Message::Item { pool: id, slot, layout, event: event.as_ref().map(|e| e.handle()) }.encode();
+                let idx = core.index(peer)?;
+                core.post_item(idx, &m, epfd)?;
+                p.slots[slot as usize] = SlotState::Sent(peer);
+                p.out += 1;
+                p.events[slot as usize] = event;
+                Ok(())
+            },
+            |core, sent| {
+                // A peer this send found past its limits is gone now, and its slots are free again.
+                if sent.is_ok() && core.index(peer).is_err() {
+                    return Err(Error::Closed(format!("peer {peer} was disconnected: it does not read its messages")));
+                }
+                sent
+            },
+        )
+    }
+
+    /// The pool's id on its channel (what consumers see with their items).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Bytes per slot.
+    pub fn slot_size(&self) -> u64 {
+        self.slot_size
+    }
+
+    /// Slot size, slot count and free slots.
+    pub fn info(&self) -> Result<(u64, u32, u32)> {
+        self.with(|_, p| Ok((p.slot_size, p.count, p.free.len() as u32)))
+    }
+}
+
+impl Drop for LocalPool {
+    fn drop(&mut self) {
+        let Ok(mut core) = self.shared.lock() else { return };
+        if core.pools.remove(&self.id).is_none() {
+            return;
+        }
+        core.stir = true;
+        let m = Message::PoolClosed { pool: self.id }.encode();
+        let epfd = self.shared.epoll.as_fd();
+        for i in 0..core.peers.len() {
+            if core.peers[i].attached.contains_key(&self.id) {
+                let _ = core.post(i, &m, &[], epfd);
+            }
+        }
+        core.sweep(epfd);
+    }
+}
+
+/// `slot` of `p` is acquired (what may be `done` to it: "sent", "released"), else why not.
+fn acquired(p: &PoolState, slot: u32, done: &str) -> Result<()> {
+    match p.slots.get(slot as usize) {
+        Some(SlotState::Acquired) => Ok(()),
+        Some(s) => {
+            Err(Error::InvalidArgument(format!("slot {slot} is {}: only an acquired slot can be {done}", describe(*s))))
+        }
+        None => Err(Error::InvalidArgument(format!("slot {slot} is beyond the {} slots", p.count))),
+    }
+}
+
+fn describe(s: SlotState) -> String {
+    match s {
+        SlotState::Free => "free".into(),
+        SlotState::Acquired => "acquired".into(),
+        SlotState::Sent(p) => format!("out with peer {p}"),
+    }
+}
+
+impl Core {
+    /// A slot peer `id` gives back (over the socket or its ring): free again, when the peer
+    /// holds it.
+    pub(super) fn take_return(&mut self, id: u64, pool: u32, slot: u32) -> Result<()> {
+        let Some(p) = self.pools.get_mut(&pool) else {
+            return Ok(()); // a closed pool: nothing to give back to
+        };
+        match p.slots.get(slot as usize) {
+            Some(SlotState::Sent(holder)) if *holder == id => {
+                p.slots[slot as usize] = SlotState::Free;
+                p.out -= 1;
+                p.events[slot as usize] = None;
+                p.free.push(slot);
+                self.stir = true;
+                Ok(())
+            }
+            _ => Err(Error::Untrusted(format!("slot {slot} of pool {pool} is not held by peer {id}"))),
+        }
+    }
+
+    /// Take the returns waiting in the peers' rings; with `arm`, first ask each peer to wake
+    /// the channel for its next return (before sleeping, or leaving the channel idle). A
+    /// return of a slot the peer does not hold counts as a protocol error; a ring whose index
+    /// is impossible disconnects its peer. How many slots came back.
+    pub(super) fn drain_rings(&mut self, arm: Arm) -> usize {
+        let mut got = 0;
+        for i in 0..self.peers.len() {
+            let Some(mut r) = self.peers[i].ring.take() else { continue };
+            if arm != Arm::No {
+                r.arm(arm == Arm::Patient);
+            }
+            let id = self.peers[i].info.id;
+            let mut refused = 0;
+            let taken = r.take_returns(|pool, slot| match self.take_return(id, pool, slot) {
+                Ok(()) => got += 1,
+                Err(_) => refused += 1,
+            });
+            let p = &mut self.peers[i];
+            p.ring = Some(r);
+            p.info.protocol_errors += refused;
+            if let Err(e) = taken {
+                p.doomed.get_or_insert_with(|| format!("peer {id} broke its ring: {e}"));
+            }
+        }
+        got
+    }
+}

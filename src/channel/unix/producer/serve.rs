@@ -1,0 +1,209 @@
+//! The serve loop: the channel's lock (and the nudge of the one thread that waits without a time
+//! limit), and `service`, which waits in the epoll set and takes what is ready — connections,
+//! messages, hang-ups, ring returns — under the lock.
+
+use super::*;
+
+/// This thread's token for [`ChannelShared::untimed`]: the address of a thread-local (not 0,
+/// and distinct among the threads alive).
+pub(super) fn thread_token() -> u64 {
+    thread_local!(static TOKEN: u8 = const { 0 });
+    TOKEN.with(|t| t as *const u8 as u64)
+}
+
+/// The channel's lock, held: on release, a change a thread waiting without a time limit must
+/// see ([`Core::stir`]) nudges that thread (after the unlock: it takes the lock to look).
+pub(super) struct Locked<'a> {
+    guard: std::mem::ManuallyDrop<MutexGuard<'a, Core>>,
+    shared: &'a ChannelShared,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Core;
+    fn deref(&self) -> &Core {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Core {
+        &mut self.guard
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let stirred = std::mem::take(&mut self.guard.stir);
+        // SAFETY: dropped once, here; not used after.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.guard) };
+        // Paired with the waiter's claim (`claim_untimed`, then the lock): either the waiter
+        // took the lock after this unlock and sees the change, or this load sees its claim.
+        // (Its own changes it sees: no nudge.)
+        if stirred {
+            let waiter = self.shared.untimed.load(Ordering::SeqCst);
+            if waiter != 0 && waiter != thread_token() {
+                self.shared.nudge();
+            }
+        }
+    }
+}
+
+/// The claim of the one wait without a time limit; given up when dropped.
+pub(super) struct Untimed<'a>(&'a AtomicU64);
+
+impl Drop for Untimed<'_> {
+    fn drop(&mut self) {
+        self.0.store(0, Ordering::SeqCst);
+    }
+}
+
+pub(super) fn timespec(d: Duration) -> Timespec {
+    Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) }
+}
+
+/// Whether a look at the rings asks their consumers to wake the channel for the next return.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Arm {
+    /// No (a spinner looks at the rings itself).
+    No,
+    /// Yes, at once.
+    Now,
+    /// Yes; the waiter looks again within 5 ms by itself, so a consumer on its CPU may put
+    /// the wake-up off while it has more items to take (see `ring`, "put-off returns").
+    Patient,
+}
+
+impl LeaseServer for ChannelShared {
+    fn serve(&self, pause: Duration) -> Result<()> {
+        self.service(Some(pause))
+    }
+}
+
+impl ChannelShared {
+    pub(super) fn lock(&self) -> Result<Locked<'_>> {
+        if self.generation != crate::fork::generation() {
+            return Err(Error::Unsupported(
+                "this channel was inherited through fork: only the process that opened it may use it".into(),
+            ));
+        }
+        let core = self.core.lock().unwrap_or_else(|p| p.into_inner());
+        if core.closed {
+            return Err(Error::Closed("the channel is closed".into()));
+        }
+        Ok(Locked { guard: std::mem::ManuallyDrop::new(core), shared: self })
+    }
+
+    /// Wake the thread that waits without a time limit (a no-op when none does: an edge no
+    /// wait takes is reported to the next one, which then looks once for nothing).
+    pub(super) fn nudge(&self) {
+        let _ = rustix::io::write(&self.nudge, &1u64.to_ne_bytes());
+    }
+
+    /// Claim the one wait without a time limit (`None`: another thread has it). Made before
+    /// the look that decides to wait: see [`Locked`]'s drop.
+    pub(super) fn claim_untimed(&self) -> Option<Untimed<'_>> {
+        let me = thread_token();
+        self.untimed.compare_exchange(0, me, Ordering::SeqCst, Ordering::SeqCst).ok().map(|_| Untimed(&self.untimed))
+    }
+
+    /// See [`Channel::service`].
+    pub(crate) fn service(&self, timeout: Option<Duration>) -> Result<()> {
+        self.serve(timeout, Arm::Now, None)
+    }
+
+    /// [`Self::service`]; `arm`: whether to ask the peers to wake the epoll set for their next
+    /// ring return ([`Arm`]; not while spinning: a spinner looks at the rings itself, and an
+    /// armed ring costs the consumer a system call per return).
+    /// `untimed`: this thread's claim of the wait without a time limit (its wait is `timeout`
+    /// then, normally none), given up as soon as the wait is over.
+    pub(super) fn serve(&self, timeout: Option<Duration>, arm: Arm, untimed: Option<Untimed<'_>>) -> Result<()> {
+        // Returns already in the rings are taken first (and the rings armed: the next return
+        // wakes the epoll set); then no sleep. Wake up for the next handshake or send-patience
+        // deadline too.
+        let (deadline, returned) = {
+            let mut core = self.lock()?;
+            let returned = core.drain_rings(arm);
+            (core.next_deadline(), returned)
+        };
+        let timeout = if returned > 0 { Some(Duration::ZERO) } else { timeout };
+        let wait = match (timeout, deadline) {
+            (t, None) => t,
+            (t, Some(d)) => {
+                let left = d.saturating_duration_since(Instant::now());
+                Some(t.map_or(left, |t| t.min(left)))
+            }
+        };
+        let mut events = [MaybeUninit::<epoll::Event>::uninit(); 32];
+        let ts = wait.map(timespec);
+        // Which sources are ready: 0 is the listener, anything else a peer's id; and whether
+        // a peer's socket can take more of its queue.
+        let mut ready = [(0u64, false); 32];
+        let n = loop {
+            match epoll::wait(&self.epoll, &mut events, ts.as_ref()) {
+                Ok((evs, _)) => {
+                    for (r, e) in ready.iter_mut().zip(evs.iter()) {
+                        let flags = e.flags;
+                        *r = (e.data.u64(), flags.contains(epoll::EventFlags::OUT));
+                    }
+                    break evs.len();
+                }
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(wire::os("epoll_wait", e)),
+            }
+        };
+        let mine = untimed.is_some();
+        drop(untimed);
+        // A nudge meant for the thread that waits without a time limit, taken by this wait:
+        // pass it on (that thread is still asleep).
+        if !mine && ready[..n].iter().any(|&(id, _)| id == NUDGE_EVENT) && self.untimed.load(Ordering::SeqCst) != 0 {
+            self.nudge();
+        }
+        // Level-triggered: what was ready is still ready now (what did not fit in this batch is
+        // reported by the next call); take it under the lock, touching nothing else.
+        let epfd = self.epoll.as_fd();
+        let mut core = self.lock()?;
+        for &(id, writable) in &ready[..n] {
+            if id & RING_EVENT != 0 {
+                // A ring's wake-up: its returns are taken below.
+            } else if id == 0 {
+                core.sweep(epfd); // expired handshakes make room first
+                core.accept_all(epfd);
+            } else if let Some(i) = core.peers.iter().position(|p| p.info.id == id) {
+                if writable {
+                    core.flush(i, epfd);
+                }
+                if !core.drain_peer(i) {
+                    core.peers[i].doomed.get_or_insert_with(|| format!("peer {id} hung up"));
+                }
+            }
+        }
+        core.drain_rings(arm);
+        core.sweep(epfd);
+        Ok(())
+    }
+
+    pub(super) fn close(&self) {
+        if self.generation != crate::fork::generation() {
+            return; // a forked child's copy: the parent's peers and files are not ours
+        }
+        let core = self.core.lock().unwrap_or_else(|p| p.into_inner());
+        if core.closed {
+            return;
+        }
+        // Through the guard that nudges a thread waiting without a time limit (it sees Closed).
+        let mut core = Locked { guard: std::mem::ManuallyDrop::new(core), shared: self };
+        core.closed = true;
+        core.stir = true;
+        while !core.peers.is_empty() {
+            // What each peer's socket takes now still reaches it; the rest of its queue is lost.
+            core.flush(0, self.epoll.as_fd());
+            core.drop_peer(0, self.epoll.as_fd());
+        }
+        core.pools.clear();
+        if let Some((p, dev, ino)) = core.path.take() {
+            if rustix::fs::stat(&p).is_ok_and(|st| st.st_dev == dev && st.st_ino == ino) {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+}

@@ -1,0 +1,144 @@
+use super::*;
+
+#[test]
+fn a_pool_counts_its_slots_out_through_sends_returns_and_a_consumer_gone() {
+    const T: Option<Duration> = Some(Duration::from_secs(10));
+    let addr = format!("@devshare-unit-out-{}", std::process::id());
+    let ch = LocalChannel::listen(&addr).expect("listen");
+    let c = std::thread::scope(|s| {
+        let c = s.spawn(|| super::super::consumer::LocalConnection::connect(&addr, T));
+        ch.wait_peers(1, T).expect("peers");
+        c.join().expect("join").expect("connect")
+    });
+    let peer = ch.peer_ids().expect("ids")[0];
+    let pool = ch.pool(Arc::new(Exporter::channel_host_alloc(4 * 64).expect("alloc")), 64, 4).expect("pool");
+    let out = || pool.shared.lock().expect("lock").pools[&pool.id].out;
+    let serve_until = |want: u32| {
+        let end = Instant::now() + Duration::from_secs(10);
+        while out() != want && Instant::now() < end {
+            ch.service(Some(Duration::from_millis(10))).expect("service");
+        }
+        out()
+    };
+    for _ in 0..3 {
+        let (s, _) = pool.acquire(T).expect("acquire");
+        pool.send(s, peer, &TensorDesc { shape: &[64], ..Default::default() }).expect("send");
+    }
+    let (kept, _) = pool.acquire(T).expect("acquire");
+    assert_eq!(out(), 3, "three sent, one acquired");
+    c.recv(T).expect("recv").release();
+    c.recv(T).expect("recv").release();
+    assert_eq!(serve_until(1), 1, "two came back");
+    pool.release(kept).expect("release");
+    let held = c.recv(T).expect("recv");
+    drop(c); // the consumer goes with its item: the producer takes the slot back
+    assert_eq!(serve_until(0), 0, "the last came back with its consumer gone");
+    assert_eq!(pool.info().expect("info").2, 4);
+    held.release();
+}
+
+/// A raw consumer that announces `tgid` in its handshake.
+fn announce(addr: &str, tgid: i32) -> OwnedFd {
+    announce_with(addr, tgid, 0)
+}
+
+/// A raw consumer that announces `tgid` and the `features` it reads.
+fn announce_with(addr: &str, tgid: i32, features: u16) -> OwnedFd {
+    let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+        .expect("socket");
+    let name = addr.strip_prefix('@').expect("abstract");
+    rustix::net::connect(&fd, &rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).expect("name"))
+        .expect("connect");
+    let hello = Message::Hello { magic: wire::MAGIC, version: wire::VERSION, features, tgid }.encode();
+    assert!(wire::try_send(fd.as_fd(), &hello, &[]).expect("send"));
+    fd
+}
+
+/// The messages waiting on a raw consumer's socket after the WELCOME: (type, shares in it,
+/// descriptors that came with it), reading until nothing arrives for 200 ms.
+fn drain(ch: &LocalChannel, fd: &OwnedFd) -> Vec<(u32, usize, usize)> {
+    let (mut buf, mut fds, mut out) = (Vec::new(), Vec::new(), Vec::new());
+    while {
+        let _ = ch.service(Some(Duration::ZERO)); // what waits in the peer's queue goes out
+        true
+    } && wire::wait_ready(fd.as_fd(), rustix::event::PollFlags::IN, Some(Duration::from_millis(200)))
+        .expect("poll")
+    {
+        match wire::recv(fd.as_fd(), &mut buf, &mut fds).expect("recv") {
+            wire::Received::Message(n) => {
+                let m = Message::decode(&buf[..n]).expect("decode");
+                let (ty, shares) = match m {
+                    Message::Share { .. } => (wire::SHARE, 1),
+                    Message::Shares { entries, .. } => (wire::SHARES, entries.len()),
+                    Message::Welcome { .. } => continue,
+                    other => panic!("unexpected {other:?}"),
+                };
+                out.push((ty, shares, fds.len()));
+            }
+            _ => break,
+        }
+    }
+    out
+}
+
+#[test]
+fn a_batch_goes_in_few_messages_to_consumers_that_read_them_and_one_by_one_to_older_ones() {
+    let addr = format!("@devshare-unit-batch-{}", std::process::id());
+    let ch = LocalChannel::listen(&addr).expect("listen");
+    let own = std::process::id() as i32;
+    let new = announce_with(&addr, own, wire::FEATURE_SHARES);
+    let old = announce(&addr, own);
+    ch.wait_peers(2, Some(Duration::from_secs(10))).expect("two peers");
+    let ids = ch.peer_ids().expect("ids");
+    let memfd = Exporter::channel_host_alloc(1 << 16).expect("memfd");
+    let named = Exporter::host_alloc(1 << 16).expect("shm");
+    let shape = [16i64];
+    let items: Vec<(&Exporter, TensorDesc<'_>)> = (0..300)
+        .map(|i| {
+            let e = if i % 3 == 0 { &memfd } else { &named };
+            (
+                e,
+                TensorDesc {
+                    shape: &shape,
+                    storage_offset: 64 * i as u64,
+                    storage_size: Some(64),
+                    ..Default::default()
+                },
+            )
+        })
+        .collect();
+    ch.send_batch(ids[0], &items).expect("batch to a 1.4 consumer");
+    ch.send_batch(ids[1], &items).expect("batch to an older consumer");
+    let got = drain(&ch, &new);
+    assert!(got.iter().all(|&(ty, _, _)| ty == wire::SHARES), "{got:?}");
+    assert_eq!(got.iter().map(|&(_, n, _)| n).sum::<usize>(), 300);
+    assert!(got.len() <= 3, "300 shares of about 700 bytes in {} messages of 128 KiB", got.len());
+    assert_eq!(got.iter().map(|&(_, _, f)| f).sum::<usize>(), 100, "one memfd per memfd share");
+    let got = drain(&ch, &old);
+    assert_eq!(got.len(), 300);
+    assert!(got.iter().all(|&(ty, n, _)| ty == wire::SHARE && n == 1));
+    assert_eq!(memfd.outstanding().unwrap() + named.outstanding().unwrap(), 600);
+    let bad = [(&named, TensorDesc { shape: &shape, storage_offset: 1 << 20, ..Default::default() })];
+    let before = named.outstanding().unwrap();
+    assert!(ch.send_batch(ids[0], &[items[1].clone(), bad[0].clone()]).is_err());
+    assert_eq!(named.outstanding().unwrap(), before, "a refused description sends nothing");
+    ch.close();
+}
+
+#[test]
+fn an_announced_pid_that_is_not_the_kernels_is_whitelisted_only_when_trusted() {
+    let addr = format!("@devshare-unit-tgid-{}", std::process::id());
+    let ch = LocalChannel::listen(&addr).expect("listen");
+    let own = std::process::id() as i32;
+    let _honest = announce(&addr, own);
+    let _other = announce(&addr, own + 3_000_000); // a container's host pid, or a lie
+    ch.wait_peers(2, Some(Duration::from_secs(10))).expect("two peers");
+    let ids = ch.peer_ids().expect("ids");
+    let pids = |ch: &LocalChannel| -> Vec<(i32, i32)> {
+        let core = ch.shared.lock().expect("lock");
+        ids.iter().map(|&id| core.peers.get(id).map(|p| (p.info.tgid, core.whitelist_pid(p))).expect("peer")).collect()
+    };
+    assert_eq!(pids(&ch), vec![(own, own), (own + 3_000_000, own)], "the kernel's pid, not the announced one");
+    ch.trust_announced_pids(true).expect("trust");
+    assert_eq!(pids(&ch), vec![(own, own), (own + 3_000_000, own + 3_000_000)]);
+}
