@@ -6,45 +6,56 @@
  * consumers are this program re-executed with "--child host|acl|cuda". Their line protocol, the
  * children and every helper the cases share are in channel_helpers.h.
  *
- * Cases (each named by the behaviour it checks):
- *  - bad inputs return statuses (NULL and empty addresses, over-long paths and names, an
- *    existing path, slot_size 0, count 0, slots beyond the export, unknown peer ids ...);
- *  - host memfd pool: 10,000 items through 8 slots; each slot keeps one address in the
- *    consumer, the data written by the producer is read back, every slot comes home;
- *  - backpressure: 2 slots held by the consumer -> devshare_pool_acquire times out; a blocking
- *    acquire resumes when the consumer releases one;
- *  - two consumers on one pool;
- *  - slot misuse is an error, not corruption (producer releases of slots not acquired, double
- *    release, sends of slots not acquired); slots held by a consumer that disconnects or exits
- *    come back;
- *  - leases: devshare_channel_send of a tensor in a memfd export is outstanding until released;
- *    a consumer SIGKILLed while holding gives it back (devshare_exporter_wait(1000) is OK);
- *  - producer death: the consumer's recv says DEVSHARE_STATUS_CLOSED, its imports stay readable
- *    and release;
- *  - sealed memfd: the producer's memfd cannot be shrunk or grown (EPERM), the consumer reads
- *    whole slots without SIGBUS;
- *  - a peer with another uid is refused (run as root only; otherwise SKIP);
- *  - devshare_channel_restrict with pid and uid lists that leave the consumer out refuses it;
- *  - ACL (over the stand-in runtime): a pool of an ACL export reaches a channel consumer
- *    without devshare_exporter_allow_pid; a plain handle of that export imported without the
- *    channel is refused by the pid whitelist;
- *  - ACL lease with DEVSHARE_SHARE_EVENT: the consumer, whitelisted through the handshake,
- *    reads the lease; recv waited on the event; the producer keeps the event until the lease
- *    comes back, then destroys it;
- *  - CUDA pool (over the stand-in driver): 4 cuMemCreate segments of 2 MiB exported with
- *    devshare_export_segments, one slot per segment. The producer is made non-dumpable (and
- *    neither side has CAP_SYS_PTRACE), so the consumer's pidfd_getfd of producer fds fails
- *    with EPERM (checked by the consumer itself; without the switch it succeeds where Yama
- *    does not forbid it): the consumer still imports, because the segment fds travel over the
- *    channel. The allocation is imported once (1 reservation, 4 mappings), each slot keeps its
- *    address, cuMemcpyDtoH reads what the producer wrote. The same pool with
- *    DEVSHARE_SHARE_EVENT items (on a stream or NULL): recv waited on each event, the producer
- *    holds one live event per slot out and destroys it when the slot comes back. After
- *    devshare_pool_close the consumer detaches on its next recv: nothing reserved, mapped or
- *    imported is left in it, and once its connection closes it has its first fd count again;
- *  - CUDA lease with DEVSHARE_SHARE_EVENT (cuMemAlloc + devshare_export, on a stream and with
- *    NULL): recv waited on the event, one live IPC open while held and none after the release,
- *    the event kept until the lease comes back;
+ * Cases, in the order they run (each named by the behaviour it checks):
+ *  - test_channel_calls_refuse_null_and_out_of_range_arguments: NULL and empty addresses,
+ *    over-long paths and names, slot_size 0, count 0, slots beyond the export, unknown peer
+ *    ids ... return statuses; listen never replaces an existing file and makes a 0600 socket
+ *    that close removes; a 1 TiB host allocation is refused naming /dev/shm;
+ *  - test_a_host_pool_carries_10000_items_through_8_slots_at_fixed_addresses: both ends
+ *    spinning; each slot keeps one address in the consumer, the data written by the producer is
+ *    read back, every slot comes home;
+ *  - test_pool_acquire_times_out_or_blocks_until_the_consumer_gives_a_slot_back: 2 slots held
+ *    by the consumer -> devshare_pool_acquire times out; a blocking acquire resumes when the
+ *    consumer releases one;
+ *  - test_one_pool_serves_two_consumers_each_its_own_items;
+ *  - test_slot_misuse_is_refused_and_a_departed_consumers_slots_come_back: producer releases
+ *    of slots not acquired, double release, sends of slots not acquired are errors, not
+ *    corruption; slots held by a consumer that disconnects or exits come back;
+ *  - test_leases_stay_outstanding_until_released_or_their_holder_is_killed:
+ *    devshare_channel_send of a tensor in a memfd export, and a devshare_channel_send_batch of
+ *    3 (refused batches send nothing), are outstanding until released; a consumer SIGKILLed
+ *    while holding gives its lease back (devshare_exporter_wait(1000) is OK);
+ *  - test_a_killed_producer_closes_the_connection_and_imports_stay_readable: the consumer's
+ *    recv says DEVSHARE_STATUS_CLOSED, its imports stay readable and release;
+ *  - test_a_channel_host_allocation_is_a_sealed_memfd_that_cannot_be_resized: shrinking or
+ *    growing it fails with EPERM, the consumer reads whole slots without SIGBUS;
+ *  - test_a_consumer_running_as_another_uid_is_refused (run as root only; otherwise SKIP);
+ *  - test_restrict_refuses_a_consumer_left_off_its_pid_or_uid_list: devshare_channel_restrict
+ *    with pid and uid lists that leave the consumer out refuses it, lists naming it admit it;
+ *  - test_an_acl_pool_reaches_its_channel_consumer_but_not_a_process_outside_the_channel (over
+ *    the stand-in runtime): a pool of an ACL export reaches a channel consumer without
+ *    devshare_exporter_allow_pid; a plain handle of that export imported without the channel
+ *    is refused by the pid whitelist;
+ *  - test_an_acl_lease_event_is_waited_on_and_kept_until_the_lease_returns: an ACL lease with
+ *    DEVSHARE_SHARE_EVENT; the consumer, whitelisted through the handshake, reads the lease;
+ *    recv waited on the event; the producer keeps the event until the lease comes back, then
+ *    destroys it;
+ *  - test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detaches_on_close (over the
+ *    stand-in driver): 4 cuMemCreate segments of 2 MiB exported with devshare_export_segments,
+ *    one slot per segment. The producer is made non-dumpable (and neither side has
+ *    CAP_SYS_PTRACE), so the consumer's pidfd_getfd of producer fds fails with EPERM (checked
+ *    by the consumer itself; without the switch it succeeds where Yama does not forbid it):
+ *    the consumer still imports, because the segment fds travel over the channel. The
+ *    allocation is imported once (1 reservation, 4 mappings), each slot keeps its address,
+ *    cuMemcpyDtoH reads what the producer wrote. The same pool with DEVSHARE_SHARE_EVENT items
+ *    (on a stream or NULL): recv waited on each event, the producer holds one live event per
+ *    slot out and destroys it when the slot comes back. After devshare_pool_close the consumer
+ *    detaches on its next recv: nothing reserved, mapped or imported is left in it, and once
+ *    its connection closes it has its first fd count again;
+ *  - test_a_cuda_lease_event_is_waited_on_once_and_kept_until_the_lease_returns: a CUDA lease
+ *    with DEVSHARE_SHARE_EVENT (cuMemAlloc + devshare_export, on a stream and with NULL): recv
+ *    waited on the event, one live IPC open while held and none after the release, the event
+ *    kept until the lease comes back;
  *  - afterwards no /dev/shm object carries the pid of this process or of a host or CUDA
  *    consumer, and neither stand-in recorded a rule violation (in any process: at exit they
  *    also check that every opened IPC event and mapping was closed).
@@ -61,7 +72,7 @@
 /* ---------------------------------------------------------------------------------------- */
 /* Cases */
 
-static void test_bad_inputs(void) {
+static void test_channel_calls_refuse_null_and_out_of_range_arguments(void) {
     DevshareChannel *ch = NULL;
     EXPECT_ERROR(devshare_channel_listen(NULL, &ch), "devshare_channel_listen", "NULL address");
     EXPECT_ERROR(devshare_channel_listen("", &ch), "devshare_channel_listen", "empty address");
@@ -217,7 +228,7 @@ static void test_bad_inputs(void) {
     close_all(pool, exp, ch, "bad input");
 }
 
-static void test_host_pool(void) {
+static void test_a_host_pool_carries_10000_items_through_8_slots_at_fixed_addresses(void) {
     enum { SLOT = 4096, COUNT = 8, ITEMS = 10000 };
     char address[128];
     make_address(address, sizeof address, "pool");
@@ -292,7 +303,7 @@ static void on_alarm(int sig) {
     _exit(1);
 }
 
-static void test_backpressure(void) {
+static void test_pool_acquire_times_out_or_blocks_until_the_consumer_gives_a_slot_back(void) {
     char address[128];
     make_address(address, sizeof address, "backpressure");
     DevshareChannel *ch = NULL;
@@ -352,7 +363,7 @@ static void test_backpressure(void) {
     close_all(pool, exp, ch, "backpressure");
 }
 
-static void test_two_consumers(void) {
+static void test_one_pool_serves_two_consumers_each_its_own_items(void) {
     enum { SLOT = 4096, COUNT = 4, EACH = 1000 };
     char address[128];
     make_address(address, sizeof address, "two");
@@ -399,7 +410,7 @@ static void test_two_consumers(void) {
     close_all(pool, exp, ch, "two consumers");
 }
 
-static void test_slot_misuse(void) {
+static void test_slot_misuse_is_refused_and_a_departed_consumers_slots_come_back(void) {
     enum { SLOT = 4096, COUNT = 4 };
     char address[128];
     make_address(address, sizeof address, "misuse");
@@ -494,7 +505,7 @@ static void test_slot_misuse(void) {
     close_all(pool, exp, ch, "slot misuse");
 }
 
-static void test_leases(void) {
+static void test_leases_stay_outstanding_until_released_or_their_holder_is_killed(void) {
     char address[128];
     make_address(address, sizeof address, "leases");
     DevshareChannel *ch = NULL;
@@ -583,7 +594,7 @@ static void test_leases(void) {
     close_all(NULL, exp, ch, "leases");
 }
 
-static void test_producer_death(void) {
+static void test_a_killed_producer_closes_the_connection_and_imports_stay_readable(void) {
     char address[128];
     make_address(address, sizeof address, "death");
     Child p = spawn_child("producer", address);
@@ -648,7 +659,7 @@ static void memfd_set(unsigned char *set) {
     }
 }
 
-static void test_sealed_memfd(void) {
+static void test_a_channel_host_allocation_is_a_sealed_memfd_that_cannot_be_resized(void) {
     enum { SLOT = 32768, SIZE = 2 * SLOT };
     unsigned char before[1024], after[1024];
     memfd_set(before);
@@ -720,7 +731,7 @@ static int read_servicing(int fd, DevshareChannel *ch, char *buf, size_t cap) {
     return -1;
 }
 
-static void test_other_uid(void) {
+static void test_a_consumer_running_as_another_uid_is_refused(void) {
     if (geteuid() != 0) {
         printf("SKIP: peer with another uid: tests do not run as root\n");
         return;
@@ -770,7 +781,7 @@ static void test_other_uid(void) {
     close_all(NULL, NULL, ch, "peer with another uid");
 }
 
-static void test_restrict(void) {
+static void test_restrict_refuses_a_consumer_left_off_its_pid_or_uid_list(void) {
     char address[128];
     make_address(address, sizeof address, "restrict");
     DevshareChannel *ch = NULL;
@@ -801,7 +812,7 @@ static void test_restrict(void) {
     close_all(NULL, NULL, ch, "restrict");
 }
 
-static void test_acl_pool(void) {
+static void test_an_acl_pool_reaches_its_channel_consumer_but_not_a_process_outside_the_channel(void) {
     enum { SLOT = 65536, COUNT = 4, ITEMS = 20 };
     const size_t size = 2u << 20;
     const aclError init = aclInit(NULL);
@@ -882,7 +893,7 @@ static void test_acl_pool(void) {
  * the producer is not dumpable and the consumer has no CAP_SYS_PTRACE, as in test_cuda_vmm's
  * refusal case. The segment fds must travel over the channel. Then the same pool with
  * DEVSHARE_SHARE_EVENT items. */
-static void test_cuda_pool(void) {
+static void test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detaches_on_close(void) {
     enum { COUNT = 4, ROUNDS = 3 };
     /* Without CAP_SYS_PTRACE on either side (as root too), the kernel's ordinary ptrace rules
      * decide whether the consumer may take the producer's fds. */
@@ -1045,7 +1056,7 @@ static void test_cuda_pool(void) {
 
 /* A leased devshare_channel_send of a plain CUDA export (cuMemAlloc, legacy IPC handle) with
  * DEVSHARE_SHARE_EVENT. */
-static void test_cuda_lease_event(void) {
+static void test_a_cuda_lease_event_is_waited_on_once_and_kept_until_the_lease_returns(void) {
     const size_t size = 1u << 20;
     cuda_start();
     CUdeviceptr dev = 0;
@@ -1105,7 +1116,7 @@ static void test_cuda_lease_event(void) {
 
 /* A leased devshare_channel_send of an ACL export with DEVSHARE_SHARE_EVENT: no
  * devshare_exporter_allow_pid call, the handshake whitelists the consumer. */
-static void test_acl_lease_event(void) {
+static void test_an_acl_lease_event_is_waited_on_and_kept_until_the_lease_returns(void) {
     const size_t size = 2u << 20;
     const aclError init = aclInit(NULL);
     if (init != ACL_SUCCESS && init != ACL_ERROR_REPEAT_INITIALIZE) {
@@ -1179,20 +1190,20 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN); /* a write to a dead child's pipe is an error, not our death */
     track(getpid());
 
-    test_bad_inputs();
-    test_host_pool();
-    test_backpressure();
-    test_two_consumers();
-    test_slot_misuse();
-    test_leases();
-    test_producer_death();
-    test_sealed_memfd();
-    test_other_uid();
-    test_restrict();
-    test_acl_pool();
-    test_acl_lease_event();
-    test_cuda_pool();
-    test_cuda_lease_event();
+    test_channel_calls_refuse_null_and_out_of_range_arguments();
+    test_a_host_pool_carries_10000_items_through_8_slots_at_fixed_addresses();
+    test_pool_acquire_times_out_or_blocks_until_the_consumer_gives_a_slot_back();
+    test_one_pool_serves_two_consumers_each_its_own_items();
+    test_slot_misuse_is_refused_and_a_departed_consumers_slots_come_back();
+    test_leases_stay_outstanding_until_released_or_their_holder_is_killed();
+    test_a_killed_producer_closes_the_connection_and_imports_stay_readable();
+    test_a_channel_host_allocation_is_a_sealed_memfd_that_cannot_be_resized();
+    test_a_consumer_running_as_another_uid_is_refused();
+    test_restrict_refuses_a_consumer_left_off_its_pid_or_uid_list();
+    test_an_acl_pool_reaches_its_channel_consumer_but_not_a_process_outside_the_channel();
+    test_an_acl_lease_event_is_waited_on_and_kept_until_the_lease_returns();
+    test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detaches_on_close();
+    test_a_cuda_lease_event_is_waited_on_once_and_kept_until_the_lease_returns();
 
     int left = 0;
     for (int i = 0; i < n_tracked; i++) {
