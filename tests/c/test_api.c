@@ -137,7 +137,7 @@ static int pattern_ok(const float *data, const DevshareHandle *h) {
 
 /* ------------------------------------------------------------------------------------------ */
 
-static void test_status_texts(void) {
+static void test_every_status_has_its_own_nonempty_text(void) {
     static const int32_t all[] = {
         DEVSHARE_STATUS_OK,
         DEVSHARE_STATUS_NULL_ARGUMENT,
@@ -208,7 +208,7 @@ static void test_status_texts(void) {
           unknown ? unknown : "(NULL)");
 }
 
-static void test_version(void) {
+static void test_devshare_version_matches_the_header_macros(void) {
     const uint32_t v = devshare_version();
     CHECK(v == DEVSHARE_VERSION, "devshare_version() == DEVSHARE_VERSION (0x%06" PRIx32 ")", v);
     CHECK((v >> 16) == DEVSHARE_VERSION_MAJOR && ((v >> 8) & 0xff) == DEVSHARE_VERSION_MINOR &&
@@ -216,7 +216,7 @@ static void test_version(void) {
           "devshare_version() is (MAJOR << 16) | (MINOR << 8) | PATCH of the header");
 }
 
-static void test_last_error_buffer(void) {
+static void test_last_error_copies_or_truncates_and_reports_the_full_length(void) {
     DevshareBackendInfo info;
     DS_OK(devshare_backend_info_init(&info, sizeof info));
     const int32_t st = devshare_probe(0, &info);
@@ -246,7 +246,7 @@ static void test_last_error_buffer(void) {
 }
 
 /* NULL for each pointer argument of every function. */
-static void test_null_arguments(void) {
+static void test_every_function_refuses_null_except_the_documented_optional_pointers(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
     DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
@@ -449,7 +449,7 @@ static void test_null_arguments(void) {
     EXPECT_OK(devshare_exporter_close(exp, 0), "devshare_exporter_close with references outstanding (host)");
 }
 
-static void test_out_of_range(void) {
+static void test_out_of_range_arguments_return_the_documented_status(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
     DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
@@ -724,7 +724,7 @@ static void test_out_of_range(void) {
     EXPECT_OK(devshare_exporter_close(exp, 0), "devshare_exporter_close");
 }
 
-static void test_encoding(void) {
+static void test_handles_round_trip_through_bytes_and_text_and_corruption_is_refused(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
     DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
@@ -833,7 +833,7 @@ static void test_encoding(void) {
     EXPECT_OK(devshare_exporter_close(exp, 0), "devshare_exporter_close");
 }
 
-static void test_probe(void) {
+static void test_probe_fills_in_every_field_for_each_backend(void) {
     static const struct {
         uint16_t id;
         const char *name;
@@ -859,7 +859,7 @@ static void test_probe(void) {
     }
 }
 
-static void test_imports(void) {
+static void test_an_import_shares_the_memory_and_holds_its_reference_until_released(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
     DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
@@ -941,7 +941,7 @@ static void test_imports(void) {
 }
 
 /* Returning references without importing: handles and PyTorch tuples. */
-static void test_discard(void) {
+static void test_discard_returns_an_unused_handles_reference_once_and_refuses_a_held_one(void) {
     EXPECT(devshare_handle_discard(NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_handle_discard", "handle NULL");
     EXPECT(devshare_torch_discard(NULL), DEVSHARE_STATUS_NULL_ARGUMENT, "devshare_torch_discard", "args NULL");
     DevshareExporter *exp = NULL;
@@ -992,7 +992,7 @@ static void test_discard(void) {
     DS_OK(devshare_exporter_close(exp, 0));
 }
 
-static void test_not_found(void) {
+static void test_importing_a_removed_object_is_not_found_and_leaves_the_reference(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
     DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
@@ -1043,7 +1043,7 @@ typedef struct TestDLVersioned {
     TestDLTensor dl_tensor;
 } TestDLVersioned;
 
-static void test_dlpack(void) {
+static void test_dlpack_views_hold_the_reference_until_their_deleters_run(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
     DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
@@ -1140,7 +1140,7 @@ static int all_bytes(const unsigned char *p, size_t n, unsigned char v) {
         (void)d_;                                                                                      \
     } while (0)
 
-static void test_init_functions(void) {
+static void test_init_functions_write_their_defaults_and_refuse_a_too_small_size(void) {
     INIT_CASE(DevshareTensorDesc, devshare_tensor_desc_init,
               d_->storage_size == DEVSHARE_STORAGE_TO_END && d_->ndim == 0 && d_->flags == 0 && d_->shape == NULL &&
                   d_->strides == NULL && d_->storage_offset == 0 && d_->tensor_offset == 0 && d_->stream == NULL &&
@@ -1159,7 +1159,7 @@ static void test_init_functions(void) {
 
 /* Inputs from a newer caller: a larger struct_size is read; a nonzero byte beyond what this
  * library knows (a newer field in use) is refused with UNSUPPORTED_VERSION. */
-static void test_future_inputs(void) {
+static void test_a_newer_callers_larger_input_is_read_unless_its_extra_bytes_are_set(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
     DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
@@ -1242,7 +1242,7 @@ static void test_future_inputs(void) {
 
 /* Outputs: the library writes min(struct_size, its size) bytes and stores that in struct_size;
  * a struct_size below the first released size is refused and nothing is written. */
-static void test_output_sizes(void) {
+static void test_outputs_are_written_up_to_the_librarys_size_and_no_further(void) {
     DevshareExporter *exp = NULL;
     void *ptr = NULL;
     DS_OK(devshare_host_alloc(ALLOC, &exp, &ptr));
@@ -1321,7 +1321,7 @@ static void test_output_sizes(void) {
 
 /* The 1.2 storage-handle format calls: the version bridge, a torch version's format, a C VMM
  * producer's handle written per format. A refused conversion leaves the output untouched. */
-static void test_torch_formats(void) {
+static void test_torch_handle_formats_convert_between_versions_and_refusals_write_nothing(void) {
     /* A PyTorch 2.13 'e' handle: [3]['e'][pid][pad][segment_size][n][handle_type][pad][2 fds]. */
     uint8_t v3[34 + 8];
     memset(v3, 0, sizeof v3);
@@ -1441,21 +1441,21 @@ static void test_torch_formats(void) {
 
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    test_status_texts();
-    test_version();
-    test_last_error_buffer();
-    test_null_arguments();
-    test_out_of_range();
-    test_encoding();
-    test_probe();
-    test_imports();
-    test_dlpack();
-    test_discard();
-    test_not_found();
-    test_init_functions();
-    test_future_inputs();
-    test_output_sizes();
-    test_torch_formats();
+    test_every_status_has_its_own_nonempty_text();
+    test_devshare_version_matches_the_header_macros();
+    test_last_error_copies_or_truncates_and_reports_the_full_length();
+    test_every_function_refuses_null_except_the_documented_optional_pointers();
+    test_out_of_range_arguments_return_the_documented_status();
+    test_handles_round_trip_through_bytes_and_text_and_corruption_is_refused();
+    test_probe_fills_in_every_field_for_each_backend();
+    test_an_import_shares_the_memory_and_holds_its_reference_until_released();
+    test_dlpack_views_hold_the_reference_until_their_deleters_run();
+    test_discard_returns_an_unused_handles_reference_once_and_refuses_a_held_one();
+    test_importing_a_removed_object_is_not_found_and_leaves_the_reference();
+    test_init_functions_write_their_defaults_and_refuse_a_too_small_size();
+    test_a_newer_callers_larger_input_is_read_unless_its_extra_bytes_are_set();
+    test_outputs_are_written_up_to_the_librarys_size_and_no_further();
+    test_torch_handle_formats_convert_between_versions_and_refusals_write_nothing();
     const int left = count_own_shm();
     CHECK(left == 0, "no /dev/shm object of this process (devshare_%ld_*, devshare_rc_%ld_*) is left", (long)getpid(),
           (long)getpid());

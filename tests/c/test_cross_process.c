@@ -6,19 +6,25 @@
  * "--child <role>" (a fresh process image: nothing is inherited but the pipes), read the handle
  * text from a pipe on stdin and answer line by line on stdout.
  *
- *  (a) a child imports, checks the pattern, writes the column sums, releases: the parent sees the
- *      write and the outstanding count drop to 0;
- *  (b) two children hold one buffer at the same time, each with its own handle; they release
- *      one after the other on the parent's word and the parent sees 2 -> 1 -> 0;
- *  (c) the exporter closes while a child still holds the buffer: the child's mapping stays
- *      valid (it reads the pattern and writes after the close), it releases, and afterwards
- *      neither the data object nor the ref-counter exists in /dev/shm;
- *  (d) a write through a read-only import kills the child with SIGSEGV; the exporter closes
- *      with DEVSHARE_CLOSE_UNLINK and nothing is left in /dev/shm;
- *  (e) a child that exits without releasing: its reference stays outstanding for good, so
- *      devshare_exporter_wait times out (DEVSHARE_STATUS_TIMEOUT); a plain close then leaves
- *      the data object in /dev/shm (the dead child's mapping count keeps it, as PyTorch's
- *      protocol does) but not the ref-counter; the test removes the object itself.
+ * The cases, in the order they run (the letter tags their output lines):
+ *  (a) test_a_consumer_process_reads_writes_and_releases_a_host_buffer: a child imports, checks
+ *      the pattern, writes the column sums, releases: the parent sees the write and the
+ *      outstanding count drop to 0;
+ *  (b) test_two_consumers_hold_one_buffer_and_release_it_one_after_the_other: two children hold
+ *      one buffer at the same time, each with its own handle; they release one after the other
+ *      on the parent's word and the parent sees 2 -> 1 -> 0;
+ *  (c) test_a_consumers_mapping_outlives_the_exporters_close: the exporter closes while a child
+ *      still holds the buffer: the child's mapping stays valid (it reads the pattern and writes
+ *      after the close), it releases, and afterwards neither the data object nor the
+ *      ref-counter exists in /dev/shm;
+ *  (d) test_a_write_through_a_read_only_import_faults_and_changes_nothing: a write through a
+ *      read-only import kills the child with SIGSEGV and does not reach the buffer; the
+ *      exporter closes with DEVSHARE_CLOSE_UNLINK and nothing is left in /dev/shm;
+ *  (e) test_a_consumer_that_exits_holding_keeps_its_reference_outstanding: a child that exits
+ *      without releasing: its reference stays outstanding for good, so devshare_exporter_wait
+ *      times out (DEVSHARE_STATUS_TIMEOUT); a plain close then leaves the data object in
+ *      /dev/shm (the dead child's mapping count keeps it, as PyTorch's protocol does) but not
+ *      the ref-counter; the test removes the object itself.
  *
  * At the end, /dev/shm must hold no devshare_<pid>_* or devshare_rc_<pid>_* object of any
  * process this test created. Prints "ok - ..." / "FAIL - ..." per case; exit 0 when all passed.
@@ -351,7 +357,7 @@ static int names_gone(const DevshareHandle *h) {
 /* ---------------------------------------------------------------------------------------- */
 /* Cases */
 
-static void case_a(void) {
+static void test_a_consumer_process_reads_writes_and_releases_a_host_buffer(void) {
     struct shared s;
     DevshareHandle h;
     char text[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
@@ -383,7 +389,7 @@ static void case_a(void) {
     CHECK(names_gone(&h), "(a) after the close, neither the data object nor the ref-counter is in /dev/shm");
 }
 
-static void case_b(void) {
+static void test_two_consumers_hold_one_buffer_and_release_it_one_after_the_other(void) {
     struct shared s;
     DevshareHandle h[2];
     char text[2][DEVSHARE_HANDLE_MAX_TEXT_SIZE];
@@ -429,7 +435,7 @@ static void case_b(void) {
     CHECK(names_gone(&h[0]) && names_gone(&h[1]), "(b) after the close, nothing of it is left in /dev/shm");
 }
 
-static void case_c(void) {
+static void test_a_consumers_mapping_outlives_the_exporters_close(void) {
     struct shared s;
     DevshareHandle h;
     char text[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
@@ -454,7 +460,7 @@ static void case_c(void) {
     CHECK(names_gone(&h), "(c) afterwards neither the data object nor the ref-counter is in /dev/shm");
 }
 
-static void case_d(void) {
+static void test_a_write_through_a_read_only_import_faults_and_changes_nothing(void) {
     struct shared s;
     DevshareHandle h;
     char text[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
@@ -479,7 +485,7 @@ static void case_d(void) {
     CHECK(names_gone(&h), "(d) after the close with DEVSHARE_CLOSE_UNLINK, nothing of it is left in /dev/shm");
 }
 
-static void case_e(void) {
+static void test_a_consumer_that_exits_holding_keeps_its_reference_outstanding(void) {
     struct shared s;
     DevshareHandle h;
     char text[DEVSHARE_HANDLE_MAX_TEXT_SIZE];
@@ -562,11 +568,11 @@ int main(int argc, char **argv) {
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
     signal(SIGPIPE, SIG_IGN);
-    case_a();
-    case_b();
-    case_c();
-    case_d();
-    case_e();
+    test_a_consumer_process_reads_writes_and_releases_a_host_buffer();
+    test_two_consumers_hold_one_buffer_and_release_it_one_after_the_other();
+    test_a_consumers_mapping_outlives_the_exporters_close();
+    test_a_write_through_a_read_only_import_faults_and_changes_nothing();
+    test_a_consumer_that_exits_holding_keeps_its_reference_outstanding();
     check_dev_shm();
     return harness_done();
 }

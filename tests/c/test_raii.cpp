@@ -171,7 +171,7 @@ static_assert(std::is_same<decltype(std::declval<const devshare::Exporter&>().tr
                            devshare::Result<devshare::Handle>>::value,
               "try_share_bytes returns Result<Handle>");
 
-void test_struct_helpers() {
+void test_struct_helpers_set_struct_size_and_the_defaults() {
     const DevshareTensorDesc d = devshare::tensor_desc();
     check(d.struct_size == sizeof(DevshareTensorDesc) && d.storage_size == DEVSHARE_STORAGE_TO_END && d.ndim == 0 &&
               d.flags == 0 && d.shape == nullptr && d.strides == nullptr && d.storage_offset == 0 &&
@@ -205,7 +205,7 @@ void test_struct_helpers() {
           "TensorDesc without strides is C-contiguous (strides nullptr)");
 }
 
-void test_round_trip() {
+void test_a_host_allocation_round_trips_through_handle_text_and_bytes() {
     devshare::Exporter exp = make_exporter();
     check(exp && exp.data() != nullptr && exp.size() == 1024, "Exporter::host_alloc gives memory and its size");
     const devshare::Handle h = exp.share(float_desc());
@@ -264,7 +264,7 @@ void test_round_trip() {
     check(!exp, "Exporter::close on an empty Exporter does nothing");
 }
 
-void test_moves() {
+void test_moved_from_objects_are_empty_and_move_assignment_frees_the_target() {
     // Exporter: move construction.
     devshare::Exporter a = make_exporter();
     void* mem = a.data();
@@ -337,7 +337,7 @@ void test_moves() {
     check(!adopted, "Exporter(nullptr) is empty");
 }
 
-void test_errors() {
+void test_failures_throw_devshare_error_with_the_status_and_message() {
     expect_error(DEVSHARE_STATUS_BAD_TEXT, "devshare_handle_from_text", "Handle::from_text(\"devshare1:not*base64\")",
                  [] { (void)devshare::Handle::from_text("devshare1:not*base64"); });
     expect_error(DEVSHARE_STATUS_BAD_TEXT, "devshare_handle_from_text", "Handle::from_text(\"hello\")",
@@ -421,7 +421,7 @@ void test_errors() {
 }
 
 // The typed share: share<T>(first, shape, strides), share_at<T>(offset, ...), an explicit dtype.
-void test_typed_share() {
+void test_typed_shares_record_dtype_shape_and_offsets_and_refuse_bad_layouts() {
     devshare::Exporter exp = make_exporter();
     const float* first = tensor_in(exp);
     const devshare::Handle typed = exp.share(devshare::describe(first, {kRows, kCols}));
@@ -485,7 +485,7 @@ void test_typed_share() {
     
 }
 
-void test_as_and_views() {
+void test_import_as_checks_the_dtype_and_views_index_the_tensor() {
     devshare::Exporter exp = make_exporter();
     const float* first = tensor_in(exp);
     devshare::Import imp(exp.share(devshare::describe(first, {kRows, kCols})));
@@ -542,7 +542,7 @@ void test_as_and_views() {
 }
 
 // Result<T> next to the throwing forms: the same calls, no exceptions.
-void test_result_forms() {
+void test_try_forms_return_errors_as_results_without_throwing() {
     devshare::Result<devshare::Exporter> exp = devshare::Exporter::try_host_alloc(256);
     check(exp.has_value() && static_cast<bool>(exp) && exp->size() == 256,
           "try_host_alloc: a Result holding the Exporter");
@@ -590,7 +590,7 @@ void test_result_forms() {
 }
 
 // Byte encoding and text: share_encoded, Import::from_encoded, Import::from_text.
-void test_encoded_and_text() {
+void test_imports_from_encoded_bytes_and_text_return_their_reference() {
     devshare::Exporter exp = make_exporter();
     const std::vector<uint8_t> enc = exp.share_encoded(devshare::describe(tensor_in(exp), {kRows, kCols}));
     check(!enc.empty() && enc.size() <= DEVSHARE_HANDLE_MAX_ENCODED_SIZE && exp.outstanding() == 1,
@@ -615,7 +615,7 @@ void test_encoded_and_text() {
 }
 
 // Returning references without importing: Handle::discard, torch_discard.
-void test_discard() {
+void test_discard_returns_an_unused_handles_reference_and_refuses_a_held_one() {
     devshare::Exporter exp = make_exporter();
     const devshare::Handle h = exp.share(devshare::bytes());
     const devshare::Handle held = exp.share(devshare::bytes());
@@ -642,7 +642,7 @@ void test_discard() {
 }
 
 // Exporter::host_adopt: export an existing object (here another exporter's) without copying.
-void test_host_adopt() {
+void test_host_adopt_maps_the_same_object_and_refuses_a_wrong_size() {
     devshare::Exporter exp = make_exporter();
     const devshare::Handle h = exp.share(devshare::bytes());
     const std::string name(reinterpret_cast<const char*>(h.raw().key), h.raw().key_len);
@@ -657,7 +657,7 @@ void test_host_adopt() {
     h.discard();
 }
 
-void test_dlpack() {
+void test_dlpack_tensors_hold_the_reference_until_their_last_deleter() {
     devshare::Exporter exp = make_exporter();
     devshare::DLPackVersioned v;
     devshare::DLPackLegacy l;
@@ -685,7 +685,7 @@ void test_dlpack() {
 }
 
 // PyTorch tuples without a device: a CUDA storage handle and a torch_npu segmented 'e' handle.
-void test_torch_tuples() {
+void test_torch_tuples_convert_to_handles_and_back() {
     // A PyTorch CUDA tuple's storage part: the raw 64-byte IPC handle.
     devshare::TorchStorage s;
     s.device = 0;
@@ -780,7 +780,7 @@ void record_leak(DevshareExporter* e, int32_t status, const char* message) {
     g_leak_message = message;
 }
 
-void test_device_destruction() {
+void test_exporter_destruction_never_forces_a_busy_device_export_unless_asked() {
     const char* lib = std::getenv("DEVSHARE_CUDA_LIBRARY");
     if (lib == nullptr || !devshare::probe(DEVSHARE_BACKEND_CUDA).usable) {
         std::printf("# SKIP device cases: DEVSHARE_CUDA_LIBRARY does not name the CUDA stand-in\n");
@@ -949,7 +949,7 @@ void test_device_destruction() {
           "the CUDA stand-in recorded no driver rule broken (" + std::to_string(cusi_violation_count()) + ")");
 }
 
-void test_wait_and_destructors() {
+void test_wait_times_out_and_destructors_return_references() {
     devshare::Exporter exp = make_exporter();
     const devshare::Handle h = exp.share(float_desc());
     const auto t0 = std::chrono::steady_clock::now();
@@ -1010,20 +1010,20 @@ void check_dev_shm() {
 
 int main() {
     try {
-        test_struct_helpers();
-        test_round_trip();
-        test_moves();
-        test_errors();
-        test_typed_share();
-        test_as_and_views();
-        test_result_forms();
-        test_encoded_and_text();
-        test_discard();
-        test_host_adopt();
-        test_dlpack();
-        test_torch_tuples();
-        test_device_destruction();
-        test_wait_and_destructors();
+        test_struct_helpers_set_struct_size_and_the_defaults();
+        test_a_host_allocation_round_trips_through_handle_text_and_bytes();
+        test_moved_from_objects_are_empty_and_move_assignment_frees_the_target();
+        test_failures_throw_devshare_error_with_the_status_and_message();
+        test_typed_shares_record_dtype_shape_and_offsets_and_refuse_bad_layouts();
+        test_import_as_checks_the_dtype_and_views_index_the_tensor();
+        test_try_forms_return_errors_as_results_without_throwing();
+        test_imports_from_encoded_bytes_and_text_return_their_reference();
+        test_discard_returns_an_unused_handles_reference_and_refuses_a_held_one();
+        test_host_adopt_maps_the_same_object_and_refuses_a_wrong_size();
+        test_dlpack_tensors_hold_the_reference_until_their_last_deleter();
+        test_torch_tuples_convert_to_handles_and_back();
+        test_exporter_destruction_never_forces_a_busy_device_export_unless_asked();
+        test_wait_times_out_and_destructors_return_references();
     } catch (const devshare::Error& e) {
         check(false, std::string("unexpected devshare::Error: ") + e.what());
     }

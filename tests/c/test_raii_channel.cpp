@@ -300,7 +300,7 @@ bool file_exists(const std::string& path) {
     return stat(path.c_str(), &st) == 0;
 }
 
-void test_in_process() {
+void test_channel_and_pool_misuse_is_refused_in_one_process() {
     const char* tmp = std::getenv("TMPDIR");
     const std::string path = std::string(tmp != nullptr && tmp[0] != '\0' ? tmp : "/tmp") +
                              "/devshare_test_raii_channel_" + std::to_string(getpid()) + ".sock";
@@ -432,7 +432,7 @@ void test_in_process() {
 }
 
 // 1000 items through 4 slots between two processes.
-void test_pool_round_trip() {
+void test_1000_pool_items_arrive_in_order_at_fixed_slot_addresses() {
     constexpr uint32_t kSlots = 4;
     constexpr uint64_t kSlotSize = 4096;
     constexpr int kItems = 1000;
@@ -532,7 +532,7 @@ void test_pool_round_trip() {
 }
 
 // One leased reference: outstanding 1 while the consumer holds it, 0 after.
-void test_lease() {
+void test_a_lease_is_outstanding_until_the_consumer_destroys_its_import() {
     const std::string addr = address("lease");
     constexpr int kRows = 2;
     constexpr int kCols = 8;
@@ -592,7 +592,7 @@ void test_lease() {
 
 // Channel::send_batch: three leases in one call (few messages), received in order by a
 // consumer that spins (Connection::set_spin) and reads on no stream (set_stream(nullptr)).
-void test_lease_batch() {
+void test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer() {
     const std::string addr = address("batch");
     Child child([&](Consumer& me) {
         me.next();
@@ -641,7 +641,7 @@ void test_lease_batch() {
 }
 
 // A consumer drops its Connection while it holds two slots and a lease.
-void test_dropped_connection() {
+void test_a_dropped_connection_gives_back_its_slots_and_lease() {
     const std::string addr = address("drop");
 
     Child child([&](Consumer& me) {
@@ -698,7 +698,7 @@ void test_dropped_connection() {
 }
 
 // The producer closes its channel: queued items still arrive, then CLOSED.
-void test_producer_close() {
+void test_after_the_producer_closes_the_consumer_drains_then_sees_closed() {
     const std::string addr = address("close");
 
     Child child([&](Consumer& me) {
@@ -745,12 +745,12 @@ void test_producer_close() {
 }  // namespace
 
 int main() {
-    test_in_process();
-    test_pool_round_trip();
-    test_lease();
-    test_lease_batch();
-    test_dropped_connection();
-    test_producer_close();
+    test_channel_and_pool_misuse_is_refused_in_one_process();
+    test_1000_pool_items_arrive_in_order_at_fixed_slot_addresses();
+    test_a_lease_is_outstanding_until_the_consumer_destroys_its_import();
+    test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer();
+    test_a_dropped_connection_gives_back_its_slots_and_lease();
+    test_after_the_producer_closes_the_consumer_drains_then_sees_closed();
     std::printf("1..%d\n# %d passed, %d failed\n", n_cases, n_cases - n_failed, n_failed);
     return n_failed == 0 ? 0 : 1;
 }

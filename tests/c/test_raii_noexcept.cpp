@@ -184,7 +184,7 @@ devshare::Result<devshare::Exporter> make_exporter() {
     return e;
 }
 
-void test_result() {
+void test_result_holds_a_value_or_an_error_and_value_of_an_error_aborts() {
     const devshare::Result<devshare::Handle> bad = devshare::Handle::try_from_text("hello");
     check(failed_with(bad, DEVSHARE_STATUS_BAD_TEXT, "devshare_handle_from_text:") &&
               std::strcmp(bad.error().status_name(), devshare_status_str(DEVSHARE_STATUS_BAD_TEXT)) == 0,
@@ -249,7 +249,7 @@ void test_result() {
 #endif
 }
 
-void test_round_trip() {
+void test_a_host_round_trip_through_try_forms_reports_errors_as_results() {
     devshare::Result<devshare::Exporter> exp = make_exporter();
     if (!check(exp.has_value(), "try_host_alloc")) {
         return;
@@ -334,7 +334,7 @@ void test_round_trip() {
           "try_wait(0) with the read-only import and the DLPack tensor holding references: false");
 }
 
-void test_torch() {
+void test_torch_conversions_through_try_forms_report_errors_as_results() {
     devshare::TorchStorage s;
     s.handle.assign(64, 7);
     s.storage_size = 4096;
@@ -368,7 +368,7 @@ std::string read_line(int fd) {
 
 // Channels through the try_ forms; the consumer is a child forked before the channel exists. It
 // answers on a pipe with "1 what" / "0 what" lines ("ready" once it is connected).
-void test_channel() {
+void test_channels_and_pools_work_through_try_forms_across_processes() {
     const std::string addr = "@devshare_test_raii_noexcept_" + std::to_string(getpid());
     const std::chrono::milliseconds wait(20000);  // bound on every wait for the other process
     int go[2];
@@ -498,7 +498,7 @@ bool cuda_blocks(CUdeviceptr* blocks, int n) {
 // The default leak handler, in a child process (forked before this process touches CUDA): a
 // busy device export destroyed under OnDestroy::leak_and_report (given at construction; the
 // default policy would wait for it) is reported on stderr.
-void test_default_leak_report() {
+void test_the_default_leak_handler_reports_a_busy_export_on_stderr() {
     if (std::getenv("DEVSHARE_CUDA_LIBRARY") == nullptr) {
         std::printf("# SKIP default leak report: DEVSHARE_CUDA_LIBRARY does not name the CUDA stand-in\n");
         return;
@@ -546,7 +546,7 @@ void test_default_leak_report() {
     }
 }
 
-void test_device_destruction() {
+void test_exporter_destruction_waits_by_default_and_follows_its_policy() {
     using std::chrono::milliseconds;
     using Clock = std::chrono::steady_clock;
     const devshare::Result<DevshareBackendInfo> cuda = devshare::try_probe(DEVSHARE_BACKEND_CUDA);
@@ -688,12 +688,12 @@ void test_device_destruction() {
 }  // namespace
 
 int main() {
-    test_default_leak_report();  // first: it forks, which CUDA allows only before cuInit
-    test_result();
-    test_round_trip();
-    test_torch();
-    test_channel();  // before test_device_destruction: it forks
-    test_device_destruction();
+    test_the_default_leak_handler_reports_a_busy_export_on_stderr();  // first: it forks, which CUDA allows only before cuInit
+    test_result_holds_a_value_or_an_error_and_value_of_an_error_aborts();
+    test_a_host_round_trip_through_try_forms_reports_errors_as_results();
+    test_torch_conversions_through_try_forms_report_errors_as_results();
+    test_channels_and_pools_work_through_try_forms_across_processes();  // before test_exporter_destruction_waits_by_default_and_follows_its_policy: it forks
+    test_exporter_destruction_waits_by_default_and_follows_its_policy();
     std::printf("1..%d\n# %d passed, %d failed\n", n_cases, n_cases - n_failed, n_failed);
     return n_failed == 0 ? 0 : 1;
 }

@@ -8,7 +8,8 @@ ctypes and through the C helper gpu_tool, so the suite does not depend on the Py
 working: it only loads the package's struct mirrors, python/devshare/_abi.py, by file path (no
 library load; those mirrors are checked against the header by tests/python/test_abi_layout.py).
 Versioned structs are made with their devshare_<struct>_init functions (struct_size set). One
-case (g_package_api) uses the package's CUDA API when it is there.
+case (python_package_cuda_api_shares_with_c_and_torch) uses the package's CUDA API when it is
+there. Each case is named by the behaviour it checks.
 
 Every case runs in its own child process (a fresh CUDA context, a hard timeout, a crash that
 cannot take the run down) and reports on stdout:
@@ -19,14 +20,18 @@ cannot take the run down) and reports on stdout:
 The parent prints ``PASS <case>`` / ``FAIL <case>: why`` / ``SKIP <case>: why`` per case and
 ``SUMMARY: N passed, M failed, K skipped``; it exits 1 on any FAIL.
 
-    gpu_cases.py --bundle DIR [--only a_torch_to_c,e2_handoff] [--list] [--dry-run]
+    gpu_cases.py --bundle DIR [--only NAME,...] [--list] [--dry-run]
+
+``--only`` takes case names (``--list`` shows them), or leading words of names: ``measure``
+selects both measurements.
 
 ``--dry-run`` needs no GPU and no torch: it checks the bundle, checks ``gpu_tool layout`` (the
 lines of tests/c/abi_fields.h) against this checkout's header and the ctypes mirrors with
 tests/python/abi_check.py (every struct and field, macro and status code), and round-trips
 synthetic PyTorch tuples ('c' and expandable-segment 'e' forms, and the refused ones) through
-devshare_handle_from_torch(_encoded) / to_text / gpu_tool describe, and runs n_graph_replay's
-consumer logic over a host pool with CPU stand-in graphs (when torch is importable).
+devshare_handle_from_torch(_encoded) / to_text / gpu_tool describe, and runs the consumer logic
+of cuda_pool_slots_replay_captured_graphs_without_recapture over a host pool with CPU stand-in
+graphs (when torch is importable).
 """
 
 from __future__ import annotations
@@ -570,7 +575,7 @@ def mib(n: int) -> str:
 # --- Cases ------------------------------------------------------------------------------------
 
 
-def case_h_c_to_c(cx: Ctx):
+def c_consumer_reads_and_writes_a_c_export_window(cx: Ctx):
     """C producer (gpu_tool produce) -> C consumer (gpu_tool consume), sync and event shares."""
     n = 1 << 18
     for mode, start, write in (("sync", 5.0, -3.0), ("event", 17.0, -4.0)):
@@ -594,7 +599,7 @@ def case_h_c_to_c(cx: Ctx):
     return "C->C over a CUDA IPC handle with offset 256 B, sync and event shares; writes seen, reference returned"
 
 
-def case_a_torch_to_c(cx: Ctx):
+def c_consumer_of_a_torch_tensor_returns_its_reference_and_the_block_is_freed(cx: Ctx):
     """torch producer (reduce_tensor) -> gpu_tool consume; writes, ref slot, ipc_collect."""
     torch, red = cx.torch, cx.reductions
     dev = torch.device("cuda", 0)
@@ -660,7 +665,7 @@ def case_a_torch_to_c(cx: Ctx):
     return "values read, writes seen by torch, slot 1->0, block freed (also from limbo via ipc_collect)"
 
 
-def case_b_packed_block(cx: Ctx):
+def c_consumer_holds_64_torch_tensors_packed_in_one_block(cx: Ctx):
     """64 x 1000 float32 tensors packed in one caching-allocator block, one consumer."""
     torch, red = cx.torch, cx.reductions
     dev = torch.device("cuda", 0)
@@ -741,19 +746,19 @@ def _c_to_torch(cx: Ctx, mode: str):
         prod.kill()
 
 
-def case_c_c_to_torch(cx: Ctx):
+def rebuild_cuda_tensor_opens_a_c_export(cx: Ctx):
     """gpu_tool produce (sync share) -> rebuild_cuda_tensor in torch."""
     _c_to_torch(cx, "sync")
     return "rebuild_cuda_tensor opened the C export (raw 64-byte handle, offset 256), values and writes ok, RELEASED"
 
 
-def case_c2_c_to_torch_event(cx: Ctx):
+def rebuild_cuda_tensor_waits_on_a_c_exports_event(cx: Ctx):
     """gpu_tool produce (DEVSHARE_SHARE_EVENT) -> rebuild_cuda_tensor waits on the IPC event."""
     _c_to_torch(cx, "event")
     return "torch consumer waited on devshare's IPC event; values and writes ok, RELEASED"
 
 
-def case_d_event_side_stream(cx: Ctx):
+def c_consumer_waits_on_the_event_for_a_busy_torch_side_stream(cx: Ctx):
     """torch writes on a side stream behind ~1.5 s of GPU work and shares at once (event)."""
     torch, red = cx.torch, cx.reductions
     dev = torch.device("cuda", 0)
@@ -821,7 +826,7 @@ def case_d_event_side_stream(cx: Ctx):
     return f"consumer read the side stream's values through the IPC event ({took:.0f} ms after share)"
 
 
-def case_e1_bench_import(cx: Ctx):
+def measure_cold_against_cached_cuda_import(cx: Ctx):
     """gpu_tool bench-import: cold (IPC open+close) vs cached import+release."""
     prod = cx.producer(1024, 0.0, 60000, "sync")
     try:
@@ -847,7 +852,8 @@ def case_e1_bench_import(cx: Ctx):
 
 
 def _queue_consumer(q, ack):
-    """torch.multiprocessing consumer for e2 (spawned): touch each tensor, drop it, answer."""
+    """torch.multiprocessing consumer of measure_handoff_latency_against_torch_multiprocessing_queue
+    (spawned): touch each tensor, drop it, answer."""
     import torch  # noqa: PLC0415
 
     torch.zeros(1, device="cuda")
@@ -866,7 +872,7 @@ def _p(values, q):
     return v[min(len(v) - 1, int(q * len(v)))]
 
 
-def case_e2_handoff(cx: Ctx):
+def measure_handoff_latency_against_torch_multiprocessing_queue(cx: Ctx):
     """Per-tensor handoff latency: devshare text handle over a pipe vs torch.multiprocessing.Queue."""
     torch, red = cx.torch, cx.reductions
     import torch.multiprocessing as mp  # noqa: PLC0415
@@ -983,7 +989,7 @@ def _return_reference(cx: Ctx, args) -> None:
             decrement_ref_slot(bytes(args[11]), int(args[12]))
 
 
-def case_f_expandable_segments(cx: Ctx):
+def torch_expandable_segment_handles_read_as_segmented_handles(cx: Ctx):
     """expandable_segments:True producer -> 'e' handle -> devshare_handle_from_torch reads it."""
     torch = cx.torch
     info(f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}")
@@ -1023,7 +1029,7 @@ def case_f_expandable_segments(cx: Ctx):
     return f"'e' handle read: {seg['count']} x {seg['segment_size']} B {seg['kind']} segments"
 
 
-def case_i_es_torch_to_c(cx: Ctx):
+def c_consumers_read_torch_tensors_in_expandable_segments(cx: Ctx):
     """expandable_segments:True torch -> C consumer: packed storages, a storage spanning segments, a long table."""
     torch = cx.torch
     dev = torch.device("cuda", 0)
@@ -1130,7 +1136,7 @@ def case_i_es_torch_to_c(cx: Ctx):
     return "packed, spanning and long-table expandable-segment storages read and written by C consumers; slots 0"
 
 
-def case_j_vmm_c_to_torch(cx: Ctx):
+def rebuild_cuda_tensor_opens_a_c_vmm_export_across_segments(cx: Ctx):
     """C VMM producer (cuMemCreate + devshare_export_segments) -> stock rebuild_cuda_tensor of the 'e' tuple."""
     torch, red = cx.torch, cx.reductions
     storage_cls = _storage_class(torch)
@@ -1173,7 +1179,7 @@ def case_j_vmm_c_to_torch(cx: Ctx):
     return f"rebuild_cuda_tensor opened devshare's 'e' tuples of {' and '.join(done)} segments; writes seen, RELEASED"
 
 
-def case_k_ptrace_sibling(cx: Ctx):
+def sibling_consumer_is_refused_under_ptrace_scope_1_unless_allowed(cx: Ctx):
     """Yama ptrace_scope=1: a sibling consumer of a C VMM producer is refused with devshare's message."""
     scope = ptrace_scope()
     if scope != "1":
@@ -1206,7 +1212,7 @@ def case_k_ptrace_sibling(cx: Ctx):
     return "sibling refused under ptrace_scope=1 with the cause and the fix named; devshare_allow_ptrace fixes it"
 
 
-def case_l_vmm_c_to_c(cx: Ctx):
+def c_consumer_imports_c_vmm_exports_with_inline_and_text_tables(cx: Ctx):
     """C VMM producer -> C consumer (devshare_import_text): inline and long tables, fd and fabric."""
     done = []
     for nseg, opts in ((3, ()), (40, ()), (3, ("fabric",))):
@@ -1232,7 +1238,7 @@ def case_l_vmm_c_to_c(cx: Ctx):
     return "C VMM export -> C import: " + "; ".join(done)
 
 
-def case_g_package_api(cx: Ctx):
+def python_package_cuda_api_shares_with_c_and_torch(cx: Ctx):
     """The devshare Python package's CUDA API, if present."""
     try:
         import devshare  # noqa: PLC0415
@@ -1549,7 +1555,7 @@ def _import_devshare():
     return devshare
 
 
-def case_m_pool_c_to_c(cx: Ctx):
+def c_pool_items_reach_a_c_consumer_at_fixed_slot_addresses(cx: Ctx):
     """C pool producer (cuMemAlloc and VMM exports) -> C consumer over a channel: patterns and fixed slot addresses."""
     done = []
     slots, n, items = 4, 300_000, 40  # 1.2 MB slots: in the VMM export some span 2 MiB segments
@@ -1570,7 +1576,7 @@ def case_m_pool_c_to_c(cx: Ctx):
     return f"{items} items each, every value and slot address checked: " + ", ".join(done)
 
 
-def case_n_graph_replay(cx: Ctx):
+def cuda_pool_slots_replay_captured_graphs_without_recapture(cx: Ctx):
     """CUDA graphs captured once per pool slot (devshare.connect / recv), replayed per item; vs clone into one buffer."""
     torch = cx.torch
     devshare = _import_devshare()
@@ -1653,8 +1659,8 @@ def tcp_copy_mb_s(size: int, items: int) -> float:
     return total / max(took, 1e-9) / 1e6
 
 
-def case_o2_remote_graph_replay(cx: Ctx):
-    """n_graph_replay over a remote channel (tcp://127.0.0.1, items on the authenticated connection): Python consumer, CUDA items in its own memory."""
+def remote_cuda_pool_slots_replay_captured_graphs_without_recapture(cx: Ctx):
+    """cuda_pool_slots_replay_captured_graphs_without_recapture over a remote channel (tcp://127.0.0.1, items on the authenticated connection): Python consumer, CUDA items in its own memory."""
     devshare = _import_devshare()
     graphs = CudaGraphs(cx.torch)
     remote_channel_key()
@@ -1666,7 +1672,7 @@ def case_o2_remote_graph_replay(cx: Ctx):
     return f"0 recaptures over tcp://; clone/graph-per-slot p50 {ratio:.2f}x"
 
 
-def case_o_remote_cuda_pool(cx: Ctx):
+def remote_cuda_pool_items_arrive_intact_at_fixed_addresses(cx: Ctx):
     """Remote channel (tcp://127.0.0.1) with CUDA pools: cuMemAlloc and VMM exports into the consumer's own device memory, on the stream path (and UCX where it loads); 16 MiB items against a plain TCP copy."""
     remote_channel_key()
     done = []
@@ -1725,8 +1731,8 @@ def case_o_remote_cuda_pool(cx: Ctx):
     return "every value and slot address checked, in the consumer's own memory: " + ", ".join(done)
 
 
-# The consumer of p_torch_channel_send (its own process): argv = address, count, numel. Prints
-# ITEM <i> <ok> <device> per item (every element checked on the GPU), then DONE.
+# The consumer of torch_cuda_tensors_sent_on_a_channel_are_freed_once_returned (its own process):
+# argv = address, count, numel. Prints ITEM <i> <ok> <device> per item (every element checked on the GPU), then DONE.
 _SEND_CONSUMER = r"""
 import sys
 import devshare
@@ -1744,7 +1750,7 @@ print("DONE", flush=True)
 """
 
 
-def case_p_torch_channel_send(cx: Ctx):
+def torch_cuda_tensors_sent_on_a_channel_are_freed_once_returned(cx: Ctx):
     """torch CUDA tensors over a channel (Channel.send: reduce_tensor + adopt) to a Python consumer process; PyTorch's references come back."""
     torch = cx.torch
     devshare = _import_devshare()
@@ -1788,31 +1794,33 @@ def case_p_torch_channel_send(cx: Ctx):
     return f"{count} CUDA tensors leased to a Python consumer, values checked on its GPU; every storage freed"
 
 
-# name, function, timeout (s), extra environment, needs torch
-CASES = [
-    ("h_c_to_c", case_h_c_to_c, 60, {}, False),
-    ("a_torch_to_c", case_a_torch_to_c, 90, {}, True),
-    ("b_packed_block", case_b_packed_block, 90, {}, True),
-    ("c_c_to_torch", case_c_c_to_torch, 60, {}, True),
-    ("c2_c_to_torch_event", case_c2_c_to_torch_event, 60, {}, True),
+# Each case is named by the behaviour it checks (its function's name); a case's timeout (s), extra
+# environment, and whether it needs torch.
+CASES = [(fn.__name__, fn, timeout, env, needs_torch) for fn, timeout, env, needs_torch in [
+    (c_consumer_reads_and_writes_a_c_export_window, 60, {}, False),
+    (c_consumer_of_a_torch_tensor_returns_its_reference_and_the_block_is_freed, 90, {}, True),
+    (c_consumer_holds_64_torch_tensors_packed_in_one_block, 90, {}, True),
+    (rebuild_cuda_tensor_opens_a_c_export, 60, {}, True),
+    (rebuild_cuda_tensor_waits_on_a_c_exports_event, 60, {}, True),
     # Launches must be asynchronous for the stream to be busy at the share.
-    ("d_event_side_stream", case_d_event_side_stream, 60, {"CUDA_LAUNCH_BLOCKING": "0"}, True),
-    ("f_expandable_segments", case_f_expandable_segments, 60,
+    (c_consumer_waits_on_the_event_for_a_busy_torch_side_stream, 60, {"CUDA_LAUNCH_BLOCKING": "0"}, True),
+    (torch_expandable_segment_handles_read_as_segmented_handles, 60,
      {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, True),
-    ("g_package_api", case_g_package_api, 90, {}, True),
-    ("i_es_torch_to_c", case_i_es_torch_to_c, 150,
+    (python_package_cuda_api_shares_with_c_and_torch, 90, {}, True),
+    (c_consumers_read_torch_tensors_in_expandable_segments, 150,
      {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, True),
-    ("j_vmm_c_to_torch", case_j_vmm_c_to_torch, 90, {}, True),
-    ("n_graph_replay", case_n_graph_replay, 120, {}, True),
-    ("k_ptrace_sibling", case_k_ptrace_sibling, 60, {}, False),
-    ("l_vmm_c_to_c", case_l_vmm_c_to_c, 90, {}, False),
-    ("m_pool_c_to_c", case_m_pool_c_to_c, 60, {}, False),
-    ("o_remote_cuda_pool", case_o_remote_cuda_pool, 90, {}, False),
-    ("o2_remote_graph_replay", case_o2_remote_graph_replay, 90, {}, True),
-    ("p_torch_channel_send", case_p_torch_channel_send, 90, {}, True),
-    ("e1_bench_import", case_e1_bench_import, 60, {}, False),
-    ("e2_handoff", case_e2_handoff, 120, {}, True),
-]
+    (rebuild_cuda_tensor_opens_a_c_vmm_export_across_segments, 90, {}, True),
+    (cuda_pool_slots_replay_captured_graphs_without_recapture, 120, {}, True),
+    (sibling_consumer_is_refused_under_ptrace_scope_1_unless_allowed, 60, {}, False),
+    (c_consumer_imports_c_vmm_exports_with_inline_and_text_tables, 90, {}, False),
+    (c_pool_items_reach_a_c_consumer_at_fixed_slot_addresses, 60, {}, False),
+    (remote_cuda_pool_items_arrive_intact_at_fixed_addresses, 90, {}, False),
+    (remote_cuda_pool_slots_replay_captured_graphs_without_recapture, 90, {}, True),
+    (torch_cuda_tensors_sent_on_a_channel_are_freed_once_returned, 90, {}, True),
+    (measure_cold_against_cached_cuda_import, 60, {}, False),
+    (measure_handoff_latency_against_torch_multiprocessing_queue, 120, {}, True),
+]]
+NAME_WIDTH = max(len(c[0]) for c in CASES)
 
 
 # --- Inside a child ------------------------------------------------------------------------
@@ -2118,10 +2126,11 @@ def main_dry_run(bundle: pathlib.Path) -> int:
         bad += ac.constant_problems(abi, dump)
     except (ImportError, OSError, ValueError) as e:
         dump, bad = None, [f"gpu_tool layout could not be checked: {type(e).__name__}: {e}"]
+    name = "gpu_tool_layout_matches_the_header_and_the_ctypes_mirrors"
     if bad:
-        r.verdict("FAIL", "layout", "; ".join(bad))
+        r.verdict("FAIL", name, "; ".join(bad))
     else:
-        r.verdict("PASS", "layout", f"every field of the {len(dump.structs)} mirrored structs matches gpu_tool layout "
+        r.verdict("PASS", name, f"every field of the {len(dump.structs)} mirrored structs matches gpu_tool layout "
                   f"(and its {len(dump.macros)} macros and {len(dump.statuses)} status codes)")
 
     # Synthetic PyTorch tuples through devshare_handle_from_torch(_encoded) -> text -> gpu_tool describe
@@ -2149,40 +2158,53 @@ def main_dry_run(bundle: pathlib.Path) -> int:
     # name, storage handle, event, sync, expected status, what gpu_tool describe must print
     # (key, pid, flags, segments) for an accepted one, or words the error message must hold
     cases = [
-        ("dry_c_v2_event", b"\x02c" + key, event, True, STATUS_OK, {}),
-        ("dry_raw64", key, bytes(64), False, STATUS_OK, {}),
-        ("dry_c_v3", b"\x03c" + key, bytes(64), False, STATUS_OK, {}),
-        ("dry_e_fd", cuda_e(31337, 1, fds(1)), bytes(64), False, STATUS_OK,
+        ("c_tuple_version_2_with_an_event_round_trips", b"\x02c" + key, event, True, STATUS_OK, {}),
+        ("raw_64_byte_handle_round_trips", key, bytes(64), False, STATUS_OK, {}),
+        ("c_tuple_version_3_round_trips", b"\x03c" + key, bytes(64), False, STATUS_OK, {}),
+        ("e_tuple_version_2_of_1_fd_round_trips_as_segments", cuda_e(31337, 1, fds(1)), bytes(64), False, STATUS_OK,
          {"key": fds(1).hex(), "pid": "31337", "flags": "4", "segments": "1x2097152/fd/inline",
           "alloc_size": str(2 << 20)}),
-        ("dry_e_fd_event", cuda_e(31337, 3, fds(3)), event, True, STATUS_OK,
+        ("e_tuple_version_2_of_3_fds_with_an_event_round_trips_as_segments",
+         cuda_e(31337, 3, fds(3)), event, True, STATUS_OK,
          {"key": fds(3).hex(), "pid": "31337", "flags": "5", "segments": "3x2097152/fd/inline"}),
-        ("dry_e_fd_long_table", cuda_e(31337, 40, fds(40)), bytes(64), False, STATUS_OK,
+        ("e_tuple_version_2_of_40_fds_carries_its_table_in_the_text",
+         cuda_e(31337, 40, fds(40)), bytes(64), False, STATUS_OK,
          {"key": "-", "pid": "31337", "flags": "4", "segments": "40x2097152/fd/external",
           "alloc_size": str(40 * (2 << 20))}),
-        ("dry_e_fabric", cuda_e(31337, 2, fabric), bytes(64), False, STATUS_OK,
+        ("e_tuple_version_2_of_fabric_handles_round_trips_as_segments",
+         cuda_e(31337, 2, fabric), bytes(64), False, STATUS_OK,
          {"key": fabric.hex(), "pid": "31337", "flags": "4", "segments": "2x2097152/fabric/inline"}),
-        ("dry_e_v1", cuda_e(31337, 1, fds(1), version=1), bytes(64), False, STATUS_UNSUPPORTED_VERSION,
+        ("e_tuple_version_1_is_refused_naming_the_version",
+         cuda_e(31337, 1, fds(1), version=1), bytes(64), False, STATUS_UNSUPPORTED_VERSION,
          "version 1"),
-        ("dry_e3_fd", cuda_e3(31337, 3, fds(3), 1), bytes(64), False, STATUS_OK,
+        ("e_tuple_version_3_of_fds_round_trips_as_segments", cuda_e3(31337, 3, fds(3), 1), bytes(64), False, STATUS_OK,
          {"key": fds(3).hex(), "pid": "31337", "flags": "4", "segments": "3x2097152/fd/inline"}),
-        ("dry_e3_fd_type0", cuda_e3(31337, 3, fds(3), 0), bytes(64), False, STATUS_OK,
+        ("e_tuple_version_3_of_handle_type_0_reads_as_fds", cuda_e3(31337, 3, fds(3), 0), bytes(64), False, STATUS_OK,
          {"key": fds(3).hex(), "pid": "31337", "flags": "4", "segments": "3x2097152/fd/inline"}),
-        ("dry_e3_fabric", cuda_e3(31337, 2, fabric, 2), bytes(64), False, STATUS_OK,
+        ("e_tuple_version_3_of_fabric_handles_round_trips_as_segments",
+         cuda_e3(31337, 2, fabric, 2), bytes(64), False, STATUS_OK,
          {"key": fabric.hex(), "pid": "31337", "flags": "4", "segments": "2x2097152/fabric/inline"}),
-        ("dry_e3_long_table", cuda_e3(31337, 40, fds(40), 1), bytes(64), False, STATUS_OK,
+        ("e_tuple_version_3_of_40_fds_carries_its_table_in_the_text",
+         cuda_e3(31337, 40, fds(40), 1), bytes(64), False, STATUS_OK,
          {"key": "-", "pid": "31337", "flags": "4", "segments": "40x2097152/fd/external"}),
-        ("dry_e3_bridged_to_v2", lib.convert(cuda_e3(31337, 3, fds(3), 1), 2), bytes(64), False, STATUS_OK,
+        ("e_tuple_version_3_converted_to_version_2_reads_the_same",
+         lib.convert(cuda_e3(31337, 3, fds(3), 1), 2), bytes(64), False, STATUS_OK,
          {"key": fds(3).hex(), "pid": "31337", "flags": "4", "segments": "3x2097152/fd/inline"}),
-        ("dry_e3_type9", cuda_e3(31337, 1, fds(1), 9), bytes(64), False, int(abi.Status.INVALID_HANDLE),
+        ("e_tuple_version_3_of_handle_type_9_is_refused_naming_the_type",
+         cuda_e3(31337, 1, fds(1), 9), bytes(64), False, int(abi.Status.INVALID_HANDLE),
          "handle type 9"),
-        ("dry_e3_type_vs_length", cuda_e3(31337, 1, fds(1), 2), bytes(64), False, int(abi.Status.BAD_LENGTH),
+        ("e_tuple_version_3_whose_handle_type_contradicts_its_length_is_refused",
+         cuda_e3(31337, 1, fds(1), 2), bytes(64), False, int(abi.Status.BAD_LENGTH),
          "handle type 2"),
-        ("dry_e_v4", cuda_e(31337, 1, fds(1), version=4), bytes(64), False, STATUS_UNSUPPORTED_VERSION,
+        ("e_tuple_version_4_is_refused_naming_the_version",
+         cuda_e(31337, 1, fds(1), version=4), bytes(64), False, STATUS_UNSUPPORTED_VERSION,
          "version 4"),
-        ("dry_e_pid0", cuda_e(0, 1, fds(1)), bytes(64), False, int(abi.Status.INVALID_HANDLE), "pid 0"),
-        ("dry_e_length", cuda_e(31337, 3, fds(2)), bytes(64), False, int(abi.Status.BAD_LENGTH), "neither 12"),
-        ("dry_c_v9", b"\x09c" + key, bytes(64), False, STATUS_UNSUPPORTED_VERSION, "version 9"),
+        ("e_tuple_with_pid_0_is_refused",
+         cuda_e(0, 1, fds(1)), bytes(64), False, int(abi.Status.INVALID_HANDLE), "pid 0"),
+        ("e_tuple_whose_segment_count_contradicts_its_length_is_refused",
+         cuda_e(31337, 3, fds(2)), bytes(64), False, int(abi.Status.BAD_LENGTH), "neither 12"),
+        ("c_tuple_version_9_is_refused_naming_the_version",
+         b"\x09c" + key, bytes(64), False, STATUS_UNSUPPORTED_VERSION, "version 9"),
     ]
     for name, handle, ev, sync, want, expect_more in cases:
         st, text, msg = lib.from_torch_text(handle=handle, event_handle=ev, event_sync=sync, **common)
@@ -2222,31 +2244,33 @@ def main_dry_run(bundle: pathlib.Path) -> int:
 
     print("    cases a real run would execute (timeout s, extra env, needs torch):", flush=True)
     for name, fn, timeout, env_extra, needs_torch in CASES:
-        print(f"      {name:24} {timeout:4d}  {env_extra or ''}  {'torch' if needs_torch else 'C only'}"
+        print(f"      {name:{NAME_WIDTH}} {timeout:4d}  {env_extra or ''}  {'torch' if needs_torch else 'C only'}"
               f"  - {fn.__doc__.strip().splitlines()[0]}", flush=True)
     return r.summary()
 
 
 def dry_graph_replay(r: "Runner", tool: str) -> None:
-    """n_graph_replay's consumer logic without a GPU: gpu_tool produce-pool over a host pool
+    """The consumer logic of cuda_pool_slots_replay_captured_graphs_without_recapture without a
+    GPU: gpu_tool produce-pool over a host pool
     (devshare_channel_host_alloc), received with devshare.connect / recv as CPU tensors, with
     EagerGraphs in place of CUDA graphs (replay reruns the captured function on the captured
     tensors). Checks the slot addresses, the recapture count and every output, and that a graph
     bound to the wrong address (a copy of the slot) is caught. Needs torch (CPU is enough) and
     the package; SKIP without them."""
+    local = "host_pool_slots_replay_captured_graphs_without_recapture"
     try:
         import torch  # noqa: PLC0415
     except ImportError as e:
-        r.verdict("SKIP", "dry_graph_replay_host", f"needs torch (CPU is enough): {e}")
+        r.verdict("SKIP", local, f"needs torch (CPU is enough): {e}")
         return
     try:
         devshare = _import_devshare()
     except CaseFail as e:
-        r.verdict("FAIL", "dry_graph_replay_host", str(e))
+        r.verdict("FAIL", local, str(e))
         return
     graphs = EagerGraphs(torch)
     for n in (4096, 65536):
-        name = f"dry_graph_replay_host_{n * 4 // 1024}k"
+        name = f"{local}_{n * 4 // 1024}k"
         got: dict = {}
         try:
             lines = _captured_info(lambda: got.update(run=graph_replay_run(
@@ -2261,7 +2285,7 @@ def dry_graph_replay(r: "Runner", tool: str) -> None:
         r.verdict("PASS", name, f"{res['items']} items, {res['slots_used']} slots, {res['captures']} captures, "
                   f"{res['recaptures']} recaptures, fixed slot addresses; CPU stand-in graphs, not GPU timings")
     # The same over a remote channel (tcp://, host pool; items on the authenticated connection).
-    name = "dry_graph_replay_host_remote"
+    name = "remote_host_pool_slots_replay_captured_graphs_without_recapture"
     try:
         got = {}
         lines = _captured_info(remote_channel_key)
@@ -2275,7 +2299,7 @@ def dry_graph_replay(r: "Runner", tool: str) -> None:
                   f"{res['recaptures']} recaptures, fixed slot addresses")
     except (CaseFail, devshare.Error, OSError, TimeoutError) as e:
         r.verdict("FAIL", name, f"{type(e).__name__}: {e}")
-    name = "dry_graph_replay_host_stale_caught"
+    name = "a_graph_replaying_a_copy_of_its_slot_is_caught"
     try:
         _captured_info(lambda: graph_replay_run(tool, devshare, graphs, "host", slots=4, n=4096, timed=20,
                                                 fault="stale"))
@@ -2314,7 +2338,7 @@ def main() -> int:
         return child_preflight(bundle)
     if a.list:
         for name, fn, timeout, env_extra, needs_torch in CASES:
-            print(f"{name:24} {timeout:4d} s  {fn.__doc__.strip().splitlines()[0]}")
+            print(f"{name:{NAME_WIDTH}} {timeout:4d} s  {fn.__doc__.strip().splitlines()[0]}")
         return 0
     if a.dry_run:
         return main_dry_run(bundle)

@@ -6,7 +6,8 @@
 # bundle-dir (default build/gpu-bundle) is what scripts/gpu_bundle.sh made: libdevshare.so,
 # libdevshare.so.1 (its soname) and gpu_tool. Needs python3 with PyTorch built with CUDA (PYTHON=... picks
 # another interpreter) and an NVIDIA GPU; no Rust. Options after the bundle go to gpu_cases.py:
-# --only a,c2 (case names or their letter prefixes), --list, --dry-run (no GPU, no torch needed).
+# --only NAME,... (case names, or leading words of names: `--only measure` runs both measurements),
+# --list, --dry-run (no GPU, no torch needed).
 #
 # Prints PASS <case> / FAIL <case>: why / SKIP <case>: why per case, then a Markdown table of the
 # cases (one row each: verdict, seconds, detail), an "ENV: GPU ...; driver ...; torch ..." line and

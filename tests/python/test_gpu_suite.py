@@ -27,6 +27,15 @@ from conftest import ROOT, run
 
 RUN_SH = ROOT / "tests" / "gpu" / "run.sh"
 
+# Names of the suite's cases and dry-run checks (tests/gpu/gpu_cases.py) that these tests look for.
+C_TO_C = "c_consumer_reads_and_writes_a_c_export_window"
+PTRACE_SIBLING = "sibling_consumer_is_refused_under_ptrace_scope_1_unless_allowed"
+VMM_C_TO_C = "c_consumer_imports_c_vmm_exports_with_inline_and_text_tables"
+POOL_C_TO_C = "c_pool_items_reach_a_c_consumer_at_fixed_slot_addresses"
+BENCH_IMPORT = "measure_cold_against_cached_cuda_import"
+GRAPHS = "cuda_pool_slots_replay_captured_graphs_without_recapture"
+HOST_GRAPHS = "host_pool_slots_replay_captured_graphs_without_recapture"
+
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> pathlib.Path:
@@ -57,13 +66,25 @@ def test_gpu_suite_dry_run_passes(bundle):
     res = suite(bundle, "--dry-run")
     assert res.returncode == 0, res.stdout + res.stderr
     v = verdicts(res.stdout)
-    assert v.get("layout") == "PASS" and "every field of the 11 mirrored structs" in res.stdout
-    for case in ("dry_e_fd", "dry_e_fd_long_table", "dry_e_fabric", "dry_e_v1", "dry_e_v4", "dry_e_pid0",
-                 "dry_e3_fd", "dry_e3_fd_type0", "dry_e3_fabric", "dry_e3_long_table", "dry_e3_bridged_to_v2",
-                 "dry_e3_type9", "dry_e3_type_vs_length", "dry_graph_replay_host_16k", "dry_graph_replay_host_256k",
-                 "dry_graph_replay_host_stale_caught"):
+    assert v.get("gpu_tool_layout_matches_the_header_and_the_ctypes_mirrors") == "PASS" \
+        and "every field of the 11 mirrored structs" in res.stdout
+    for case in ("e_tuple_version_2_of_1_fd_round_trips_as_segments",
+                 "e_tuple_version_2_of_40_fds_carries_its_table_in_the_text",
+                 "e_tuple_version_2_of_fabric_handles_round_trips_as_segments",
+                 "e_tuple_version_1_is_refused_naming_the_version",
+                 "e_tuple_version_4_is_refused_naming_the_version",
+                 "e_tuple_with_pid_0_is_refused",
+                 "e_tuple_version_3_of_fds_round_trips_as_segments",
+                 "e_tuple_version_3_of_handle_type_0_reads_as_fds",
+                 "e_tuple_version_3_of_fabric_handles_round_trips_as_segments",
+                 "e_tuple_version_3_of_40_fds_carries_its_table_in_the_text",
+                 "e_tuple_version_3_converted_to_version_2_reads_the_same",
+                 "e_tuple_version_3_of_handle_type_9_is_refused_naming_the_type",
+                 "e_tuple_version_3_whose_handle_type_contradicts_its_length_is_refused",
+                 f"{HOST_GRAPHS}_16k", f"{HOST_GRAPHS}_256k",
+                 "a_graph_replaying_a_copy_of_its_slot_is_caught"):
         assert v.get(case) == "PASS", res.stdout
-    assert len(re.findall(r"dry_graph_replay_host_\d+k\| host .* clone/graph +[\d.]+x .* 0 recaptures;", res.stdout)) == 2, \
+    assert len(re.findall(rf"{HOST_GRAPHS}_\d+k\| host .* clone/graph +[\d.]+x .* 0 recaptures;", res.stdout)) == 2, \
         res.stdout
     assert re.search(r"^SUMMARY: \d+ passed, 0 failed, 0 skipped$", res.stdout, re.M), res.stdout
 
@@ -72,21 +93,21 @@ def test_gpu_suite_c_only_cases_pass_on_the_cuda_standin(bundle, tmp_path):
     standin = pathlib.Path(devshare.library_path).resolve().parent / "standin" / "cuda" / "libcuda.so.1"
     assert standin.exists(), f"the CUDA stand-in is built next to the library by build.rs: {standin}"
     log = tmp_path / "standin.log"
-    res = suite(bundle, "--only", "h,k,l,m,e1,n", DEVSHARE_CUDA_LIBRARY=str(standin),
+    only = ",".join((C_TO_C, PTRACE_SIBLING, VMM_C_TO_C, POOL_C_TO_C, BENCH_IMPORT, GRAPHS))
+    res = suite(bundle, "--only", only, DEVSHARE_CUDA_LIBRARY=str(standin),
                 LD_LIBRARY_PATH=str(standin.parent), DEVSHARE_STANDIN_LOG=str(log))
     v = verdicts(res.stdout)
-    for case in ("h_c_to_c", "l_vmm_c_to_c", "m_pool_c_to_c", "e1_bench_import"):
+    for case in (C_TO_C, VMM_C_TO_C, POOL_C_TO_C, BENCH_IMPORT):
         assert v.get(case) == "PASS", res.stdout + res.stderr
-    assert v.get("k_ptrace_sibling") in ("PASS", "SKIP"), res.stdout
-    assert v.get("n_graph_replay") == "SKIP", res.stdout  # torch has no CUDA here
+    assert v.get(PTRACE_SIBLING) in ("PASS", "SKIP"), res.stdout
+    assert v.get(GRAPHS) == "SKIP", res.stdout  # torch has no CUDA here
     assert "kind=fd table=external" in res.stdout  # the 40-segment table travelled in the text
     # The pool case: both exports, 40 items each, consumer and producer agree.
     for kind in ("cuda", "vmm"):
-        assert re.search(rf"m_pool_c_to_c\| {kind}: consumer OK items=40 pool=\d+ base=0x", res.stdout), res.stdout
-        assert re.search(rf"m_pool_c_to_c\| {kind}: producer DONE items=40 uses=", res.stdout), res.stdout
+        assert re.search(rf"{POOL_C_TO_C}\| {kind}: consumer OK items=40 pool=\d+ base=0x", res.stdout), res.stdout
+        assert re.search(rf"{POOL_C_TO_C}\| {kind}: producer DONE items=40 uses=", res.stdout), res.stdout
     # The closing report: one table row per case, the environment line, then the summary.
-    for case in ("preflight", "h_c_to_c", "k_ptrace_sibling", "l_vmm_c_to_c", "m_pool_c_to_c", "e1_bench_import",
-                 "n_graph_replay"):
+    for case in ("preflight", C_TO_C, PTRACE_SIBLING, VMM_C_TO_C, POOL_C_TO_C, BENCH_IMPORT, GRAPHS):
         assert re.search(rf"^\| {case} \| (PASS|FAIL|SKIP) \| ", res.stdout, re.M), res.stdout
     tail = res.stdout.strip().splitlines()[-2:]
     assert tail[0].startswith("ENV: GPU ") and " torch " in tail[0] and " driver " in tail[0], tail
@@ -98,7 +119,7 @@ def test_gpu_suite_lists_the_graph_case_and_fits_ten_minutes(bundle):
     res = suite(bundle, "--list")
     assert res.returncode == 0, res.stdout + res.stderr
     names = [ln.split()[0] for ln in res.stdout.splitlines() if ln.strip()]
-    assert "n_graph_replay" in names and "m_pool_c_to_c" in names, res.stdout
+    assert GRAPHS in names and POOL_C_TO_C in names, res.stdout
     # run.sh's hard stop, and the budget after which the runner starts no case, leave room in a
     # 10-minute slot (the preflight, and killing what a stopped run left, come on top).
     limit = int(re.search(r"^limit=(\d+)$", RUN_SH.read_text(), re.M).group(1))
