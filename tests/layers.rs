@@ -347,3 +347,50 @@ fn the_files_the_readme_and_architecture_md_name_exist() {
     }
     assert!(missing.is_empty(), "named but missing: {missing:?}");
 }
+
+/// The README's Layout block (between "## Layout" and the end of its code block).
+fn readme_layout() -> String {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let at = text.find("## Layout").expect("README has a Layout section");
+    let rest = &text[at..];
+    let open = rest.find("```").expect("Layout has a code block") + 3;
+    let close = rest[open..].find("```").expect("Layout's code block ends") + open;
+    rest[open..close].to_string()
+}
+
+#[test]
+fn the_readme_layout_names_every_source_module_and_every_channel_file() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let layout = readme_layout();
+    let words: BTreeSet<&str> =
+        layout.split(|c: char| c.is_whitespace() || "(),;:".contains(c)).filter(|w| !w.is_empty()).collect();
+    let mut missing = Vec::new();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        let named = if p.is_dir() { format!("src/{name}/") } else { format!("src/{name}") };
+        if !words.contains(named.as_str()) {
+            missing.push(named);
+        }
+    }
+    let mut files = Vec::new();
+    rust_files(&src.join("channel"), &mut files);
+    for f in files {
+        let name = f.file_name().unwrap().to_string_lossy().to_string();
+        if !words.contains(name.as_str()) {
+            missing.push(format!("{}", f.strip_prefix(&src).unwrap().display()));
+        }
+        // Every folder on the way is named too (`unix/`, `producer/`).
+        let mut dir = f.parent().unwrap();
+        while dir != src.join("channel") {
+            let d = format!("{}/", dir.file_name().unwrap().to_string_lossy());
+            if !words.contains(d.as_str()) {
+                missing.push(d);
+            }
+            dir = dir.parent().unwrap();
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    assert!(missing.is_empty(), "README's Layout does not name: {missing:?}");
+}
