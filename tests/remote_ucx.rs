@@ -1,4 +1,4 @@
-//! UCX as the data path of remote pools (`src/channel/tcp/ucx.rs`), over loopback TCP: every context
+//! UCX as the data path of remote pools (`src/channel/tcp/ucx/`), over loopback TCP: every context
 //! here is made with `Context::new(&[("TLS", "tcp")])`, which is `UCX_TLS=tcp` without touching
 //! the environment.
 //!
@@ -12,7 +12,7 @@
 //! - Puts outside the remote region are refused before UCX sees them.
 //! - A library that is not UCX (`DEVSHARE_UCX_LIBRARY=libc.so.6`, in a child: UCX loads once per
 //!   process) gives `BackendUnavailable` naming the missing symbol.
-//! - The struct layouts and constants in `src/channel/tcp/ucx.rs` match `offsetof` / `sizeof` in the
+//! - The struct layouts and constants in `src/channel/tcp/ucx/ffi.rs` match `offsetof` / `sizeof` in the
 //!   UCX headers found (`/usr/include`, `/usr/local/include`, `$DEVSHARE_UCX_INCLUDE`, and the
 //!   `include/` next to `$DEVSHARE_UCX_LIBRARY`'s `lib/`), compiled with `cc`.
 //!

@@ -6,7 +6,7 @@
 //! - `auth.rs`: the shared key file and the challenge-response proofs.
 //! - `producer.rs` / `consumer.rs`: the two ends; a consumer's pool lives in its own memory and
 //!   the producer writes each item into it (on the connection, or as a UCX put).
-//! - `ucx.rs`: the typed wrapper of UCX (`libucp`, loaded at run time), for the opt-in UCX data
+//! - `ucx/`: the typed wrapper of UCX (`libucp`, loaded at run time), for the opt-in UCX data
 //!   path.
 //!
 //! It never names the Unix transport or a vendor: what it shares with the Unix one (limits,
