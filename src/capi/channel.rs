@@ -4,14 +4,13 @@
 use super::abi::{init, sized_struct, write_output};
 use super::export::{tensor_desc_from_c, DevshareExporter, DevshareTensorDesc};
 use super::import::DevshareImport;
-use super::{arg, arg_mut, arg_slice, boundary, boundary_value};
+use super::{address, arg, arg_mut, arg_slice, boundary, boundary_value, timeout};
 use crate::channel::{Channel, Connection, Pool};
 use crate::error::{Error, Result};
 use crate::export::{Exporter, TensorDesc};
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_void};
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Mutex;
-use std::time::Duration;
 
 /// The producer end of a channel (opaque). Thread-safe: every function may be called from
 /// several threads at once, except `devshare_channel_close`, which must not race with them.
@@ -154,22 +153,6 @@ sized_struct!(
 #[no_mangle]
 pub unsafe extern "C" fn devshare_peer_info_init(info: *mut DevsharePeerInfo, size: u32) -> i32 {
     boundary("devshare_peer_info_init", || ffi!(init(info, size, "info")))
-}
-
-/// A C timeout in milliseconds: negative waits forever.
-fn timeout(ms: i32) -> Option<Duration> {
-    u64::try_from(ms).ok().map(Duration::from_millis)
-}
-
-/// # Safety
-/// `address` is NULL or a NUL-terminated string.
-unsafe fn address<'a>(address: *const c_char) -> Result<&'a str> {
-    if address.is_null() {
-        return Err(Error::NullArgument("address"));
-    }
-    // SAFETY: non-null, NUL-terminated (contract).
-    let s = unsafe { CStr::from_ptr(address) };
-    s.to_str().map_err(|_| Error::InvalidArgument("address is not UTF-8".into()))
 }
 
 /// Listen for consumers on `address`: a file-system path (the socket file is created with mode
