@@ -595,35 +595,6 @@ typedef struct DevshareRecvArgs {
   struct DevshareItem item;
 } DevshareRecvArgs;
 
-// Where an import lies in this process, from `devshare_import_info`. Initialise with
-// `devshare_import_info_init(&info, sizeof info)` before the call.
-typedef struct DevshareImportInfo {
-  // Size of this struct in the caller's header; on return, the bytes the library filled in.
-  uint32_t struct_size;
-  // Device the allocation was imported on (0 for host).
-  int32_t device;
-  // The tensor's first element (valid until the import is released).
-  void *data;
-  // The storage's first byte.
-  void *storage;
-  // The allocation's first byte.
-  void *base;
-  // Allocation size in bytes (as the handle says).
-  uint64_t alloc_size;
-  // Storage size in bytes.
-  uint64_t storage_size;
-  // Number of elements of the tensor.
-  uint64_t numel;
-  // Bytes per element.
-  uint64_t element_size;
-  // `DEVSHARE_BACKEND_*`.
-  uint16_t backend;
-  // 1 when mapped read-only.
-  uint16_t read_only;
-  // Reserved, zero.
-  uint32_t reserved;
-} DevshareImportInfo;
-
 // One shared tensor: where its allocation lives, which part of it is the storage, how the tensor
 // is laid out in the storage, and how its lifetime is tracked.
 //
@@ -709,6 +680,35 @@ typedef struct DevshareImportOptions {
   // Unused by the host backend.
   void *stream;
 } DevshareImportOptions;
+
+// Where an import lies in this process, from `devshare_import_info`. Initialise with
+// `devshare_import_info_init(&info, sizeof info)` before the call.
+typedef struct DevshareImportInfo {
+  // Size of this struct in the caller's header; on return, the bytes the library filled in.
+  uint32_t struct_size;
+  // Device the allocation was imported on (0 for host).
+  int32_t device;
+  // The tensor's first element (valid until the import is released).
+  void *data;
+  // The storage's first byte.
+  void *storage;
+  // The allocation's first byte.
+  void *base;
+  // Allocation size in bytes (as the handle says).
+  uint64_t alloc_size;
+  // Storage size in bytes.
+  uint64_t storage_size;
+  // Number of elements of the tensor.
+  uint64_t numel;
+  // Bytes per element.
+  uint64_t element_size;
+  // `DEVSHARE_BACKEND_*`.
+  uint16_t backend;
+  // 1 when mapped read-only.
+  uint16_t read_only;
+  // Reserved, zero.
+  uint32_t reserved;
+} DevshareImportInfo;
 
 // What `devshare_probe` found out about one backend. Initialise with
 // `devshare_backend_info_init(&info, sizeof info)` before the call.
@@ -1098,30 +1098,6 @@ int32_t devshare_recv_args_init(struct DevshareRecvArgs *args, uint32_t size);
 // release still happens).
 int32_t devshare_connection_recv_args(struct DevshareRecvArgs *args);
 
-// For an import that is a pool item: the pool's id (> 0) and the slot. Any other import is
-// `DEVSHARE_STATUS_INVALID_ARGUMENT`. Either out-pointer may be NULL.
-int32_t devshare_import_pool_slot(const struct DevshareImport *imp, uint32_t *pool, uint32_t *slot);
-
-// Everything a receive loop reads of an item, in one call: what `devshare_import_info` writes
-// into `*info` (initialised with `devshare_import_info_init`), the handle
-// (`devshare_import_handle`) into `*handle`, and the pool id and slot
-// (`devshare_import_pool_slot`) into `*pool` and `*slot` — 0 and 0 for an item that is not a
-// pool slot (a lease, or any other import: pool ids start at 1). Each out pointer may be NULL.
-int32_t devshare_import_describe(const struct DevshareImport *imp,
-                                 struct DevshareImportInfo *info,
-                                 struct DevshareHandle *handle,
-                                 uint32_t *pool,
-                                 uint32_t *slot);
-
-// For a channel item (a lease or pool slot from `devshare_connection_recv`): give it back to the
-// producer now — a lease stops counting in its export, a pool slot may be refilled — while the
-// import stays mapped until `devshare_import_release` (which then sends nothing). So a reader
-// that may still hold pointers into the item (a tensor over it) can return the item at once
-// and free the mapping later: what it reads meanwhile is whatever the producer writes there
-// next (for a pool slot, the next item), never a fault. A second call does nothing. Any other
-// import is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
-int32_t devshare_import_give_back(const struct DevshareImport *imp);
-
 // Close the connection and free it: the producer takes back every lease and slot of it at once
 // (and sees it gone). Imports received from it stay mapped until released; releasing them then
 // sends nothing. NULL is a no-op.
@@ -1400,6 +1376,30 @@ int32_t devshare_import_info(const struct DevshareImport *imp, struct DevshareIm
 
 // A copy of the handle an import was made from (shape, strides, dtype ...).
 int32_t devshare_import_handle(const struct DevshareImport *imp, struct DevshareHandle *out);
+
+// For an import that is a pool item: the pool's id (> 0) and the slot. Any other import is
+// `DEVSHARE_STATUS_INVALID_ARGUMENT`. Either out-pointer may be NULL.
+int32_t devshare_import_pool_slot(const struct DevshareImport *imp, uint32_t *pool, uint32_t *slot);
+
+// Everything a receive loop reads of an item, in one call: what `devshare_import_info` writes
+// into `*info` (initialised with `devshare_import_info_init`), the handle
+// (`devshare_import_handle`) into `*handle`, and the pool id and slot
+// (`devshare_import_pool_slot`) into `*pool` and `*slot` — 0 and 0 for an item that is not a
+// pool slot (a lease, or any other import: pool ids start at 1). Each out pointer may be NULL.
+int32_t devshare_import_describe(const struct DevshareImport *imp,
+                                 struct DevshareImportInfo *info,
+                                 struct DevshareHandle *handle,
+                                 uint32_t *pool,
+                                 uint32_t *slot);
+
+// For a channel item (a lease or pool slot from `devshare_connection_recv`): give it back to the
+// producer now — a lease stops counting in its export, a pool slot may be refilled — while the
+// import stays mapped until `devshare_import_release` (which then sends nothing). So a reader
+// that may still hold pointers into the item (a tensor over it) can return the item at once
+// and free the mapping later: what it reads meanwhile is whatever the producer writes there
+// next (for a pool slot, the next item), never a fault. A second call does nothing. Any other
+// import is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
+int32_t devshare_import_give_back(const struct DevshareImport *imp);
 
 // Release an import and free it: unmap when it was the process's last import of the
 // allocation, then return the handle's reference to the producer (its ref-counter slot drops
