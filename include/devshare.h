@@ -912,13 +912,6 @@ int32_t devshare_channel_send_batch(struct DevshareChannel *channel,
                                     const struct DevshareTensorDesc *const *descs,
                                     size_t count);
 
-// Let `devshare_pool_acquire` poll for a returned slot for up to `spin_us` microseconds
-// before it sleeps: for a producer thread that owns a CPU core, a return is then taken within
-// about a microsecond instead of after the scheduler wakes the thread (which costs tens of
-// microseconds when producer and consumer run on different cores). It burns its core while it
-// spins. 0 (the default) sleeps at once; at most `DEVSHARE_MAX_SPIN_US`.
-int32_t devshare_pool_set_spin(struct DevsharePool *pool, uint32_t spin_us);
-
 // Let `devshare_connection_recv` poll for an item for up to `spin_us` microseconds before it
 // sleeps (see `devshare_pool_set_spin`); 0 (the default) sleeps at once; at most
 // `DEVSHARE_MAX_SPIN_US`. A receive with a shorter timeout spins only that long.
@@ -968,65 +961,6 @@ int32_t devshare_channel_close(struct DevshareChannel *channel);
 // memory budget a memfd draws on as well) is refused with `DEVSHARE_STATUS_OS` (`ENOSPC`), and
 // size 0 is an empty allocation.
 int32_t devshare_channel_host_alloc(uint64_t size, struct DevshareExporter **out, void **ptr_out);
-
-// Make a pool of `count` slots of `slot_size` bytes, back to back from the start of
-// `exporter`'s range (one allocation: `devshare_channel_host_alloc`, or an ACL or CUDA export).
-// The pool keeps the export alive (closing the exporter is allowed; the memory goes with the
-// pool). A consumer imports the whole allocation once, with its first item, so **every slot
-// keeps one address in the consumer for the pool's life** — the fixed addresses that captured
-// device graphs (aclgraph, CUDA graphs) replay on. Each attached consumer counts as one
-// outstanding reference of the export until it detaches (after `devshare_pool_close`, once it
-// released its items) or disconnects. `count` is at most `DEVSHARE_POOL_MAX_SLOTS` (a larger
-// one is `DEVSHARE_STATUS_BAD_SIZE`); the slots' bookkeeping is allocated when the pool is
-// made, and a failure to get it is a status too.
-int32_t devshare_pool_create(struct DevshareChannel *channel,
-                             const struct DevshareExporter *exporter,
-                             uint64_t slot_size,
-                             uint32_t count,
-                             struct DevsharePool **out);
-
-// Take a free slot: `*slot` receives its index, `*ptr` (may be NULL) its address in this
-// process. While every slot is out, waits for one to come back, serving the channel
-// (backpressure): `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` (negative: wait forever).
-// Waiting forever, one thread of the channel at a time sleeps without a timer, woken by what
-// arrives and by what other threads of this process do to the channel (a slot released, a
-// pool or the channel closed); other threads waiting meanwhile look again every 5 ms.
-int32_t devshare_pool_acquire(struct DevsharePool *pool,
-                              int32_t timeout_ms,
-                              uint32_t *slot,
-                              void **ptr);
-
-// The pool's id on its channel (> 0): what `devshare_import_pool_slot` reports to consumers for
-// its items.
-int32_t devshare_pool_id(const struct DevsharePool *pool, uint32_t *id);
-
-// Hand acquired slot `slot` to `peer`, describing the tensor in it: `desc->storage_offset` is
-// relative to the slot, `storage_size` `DEVSHARE_STORAGE_TO_END` means the rest of the slot;
-// `desc` NULL sends the whole slot as bytes. Device work on `desc->stream` is synchronised
-// first — or, with `DEVSHARE_SHARE_EVENT` (device pools), an interprocess event is recorded on
-// it and travels with the item (64 bytes more), and the consumer's `devshare_connection_recv`
-// waits on it; the event is kept until the slot comes back. Only a small message travels; the first item to a peer also attaches it (one import
-// of the whole allocation). The slot comes back when the peer releases the item's import or
-// disconnects. Sending a slot that is not acquired is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
-// Like every producer send it never waits for the peer (see `devshare_channel_send`).
-int32_t devshare_pool_send(struct DevsharePool *pool,
-                           uint32_t slot,
-                           uint64_t peer,
-                           const struct DevshareTensorDesc *desc);
-
-// Give back acquired slot `slot` without sending it. A slot that is not acquired (free, or out
-// with a consumer) is `DEVSHARE_STATUS_INVALID_ARGUMENT`, and nothing changes.
-int32_t devshare_pool_release(struct DevsharePool *pool, uint32_t slot);
-
-// Slot size, slot count and how many slots are free now (each out-pointer may be NULL).
-int32_t devshare_pool_info(const struct DevsharePool *pool,
-                           uint64_t *slot_size,
-                           uint32_t *count,
-                           uint32_t *free_slots);
-
-// Close the pool and free it: attached consumers are told; each detaches once it released its
-// items. NULL is a no-op.
-int32_t devshare_pool_close(struct DevsharePool *pool);
 
 // Connect to the channel at `address` (a path or `"@name"`) and shake hands: this process
 // announces its pid (its bare tgid), for which the producer whitelists the ACL exports it sends
@@ -1102,6 +1036,72 @@ int32_t devshare_connection_recv_args(struct DevshareRecvArgs *args);
 // (and sees it gone). Imports received from it stay mapped until released; releasing them then
 // sends nothing. NULL is a no-op.
 int32_t devshare_connection_close(struct DevshareConnection *conn);
+
+// Make a pool of `count` slots of `slot_size` bytes, back to back from the start of
+// `exporter`'s range (one allocation: `devshare_channel_host_alloc`, or an ACL or CUDA export).
+// The pool keeps the export alive (closing the exporter is allowed; the memory goes with the
+// pool). A consumer imports the whole allocation once, with its first item, so **every slot
+// keeps one address in the consumer for the pool's life** — the fixed addresses that captured
+// device graphs (aclgraph, CUDA graphs) replay on. Each attached consumer counts as one
+// outstanding reference of the export until it detaches (after `devshare_pool_close`, once it
+// released its items) or disconnects. `count` is at most `DEVSHARE_POOL_MAX_SLOTS` (a larger
+// one is `DEVSHARE_STATUS_BAD_SIZE`); the slots' bookkeeping is allocated when the pool is
+// made, and a failure to get it is a status too.
+int32_t devshare_pool_create(struct DevshareChannel *channel,
+                             const struct DevshareExporter *exporter,
+                             uint64_t slot_size,
+                             uint32_t count,
+                             struct DevsharePool **out);
+
+// Let `devshare_pool_acquire` poll for a returned slot for up to `spin_us` microseconds
+// before it sleeps: for a producer thread that owns a CPU core, a return is then taken within
+// about a microsecond instead of after the scheduler wakes the thread (which costs tens of
+// microseconds when producer and consumer run on different cores). It burns its core while it
+// spins. 0 (the default) sleeps at once; at most `DEVSHARE_MAX_SPIN_US`.
+int32_t devshare_pool_set_spin(struct DevsharePool *pool, uint32_t spin_us);
+
+// Take a free slot: `*slot` receives its index, `*ptr` (may be NULL) its address in this
+// process. While every slot is out, waits for one to come back, serving the channel
+// (backpressure): `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` (negative: wait forever).
+// Waiting forever, one thread of the channel at a time sleeps without a timer, woken by what
+// arrives and by what other threads of this process do to the channel (a slot released, a
+// pool or the channel closed); other threads waiting meanwhile look again every 5 ms.
+int32_t devshare_pool_acquire(struct DevsharePool *pool,
+                              int32_t timeout_ms,
+                              uint32_t *slot,
+                              void **ptr);
+
+// The pool's id on its channel (> 0): what `devshare_import_pool_slot` reports to consumers for
+// its items.
+int32_t devshare_pool_id(const struct DevsharePool *pool, uint32_t *id);
+
+// Hand acquired slot `slot` to `peer`, describing the tensor in it: `desc->storage_offset` is
+// relative to the slot, `storage_size` `DEVSHARE_STORAGE_TO_END` means the rest of the slot;
+// `desc` NULL sends the whole slot as bytes. Device work on `desc->stream` is synchronised
+// first — or, with `DEVSHARE_SHARE_EVENT` (device pools), an interprocess event is recorded on
+// it and travels with the item (64 bytes more), and the consumer's `devshare_connection_recv`
+// waits on it; the event is kept until the slot comes back. Only a small message travels; the first item to a peer also attaches it (one import
+// of the whole allocation). The slot comes back when the peer releases the item's import or
+// disconnects. Sending a slot that is not acquired is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
+// Like every producer send it never waits for the peer (see `devshare_channel_send`).
+int32_t devshare_pool_send(struct DevsharePool *pool,
+                           uint32_t slot,
+                           uint64_t peer,
+                           const struct DevshareTensorDesc *desc);
+
+// Give back acquired slot `slot` without sending it. A slot that is not acquired (free, or out
+// with a consumer) is `DEVSHARE_STATUS_INVALID_ARGUMENT`, and nothing changes.
+int32_t devshare_pool_release(struct DevsharePool *pool, uint32_t slot);
+
+// Slot size, slot count and how many slots are free now (each out-pointer may be NULL).
+int32_t devshare_pool_info(const struct DevsharePool *pool,
+                           uint64_t *slot_size,
+                           uint32_t *count,
+                           uint32_t *free_slots);
+
+// Close the pool and free it: attached consumers are told; each detaches once it released its
+// items. NULL is a no-op.
+int32_t devshare_pool_close(struct DevsharePool *pool);
 
 // A `DLManagedTensorVersioned` (DLPack 1.1) view of an import: data points at the tensor's first
 // element (byte_offset 0), shape and strides in elements, device CPU (host), CUDA (cuda) or

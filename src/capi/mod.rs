@@ -19,8 +19,12 @@ macro_rules! ffi {
     }};
 }
 
+// cbindgen writes the header's declarations in the order of these modules: the channel's
+// files first and together, then the others.
 mod abi;
 pub mod channel;
+pub mod pool;
+
 pub mod dlpack;
 pub mod error;
 pub mod export;
