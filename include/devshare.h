@@ -912,19 +912,6 @@ int32_t devshare_channel_send_batch(struct DevshareChannel *channel,
                                     const struct DevshareTensorDesc *const *descs,
                                     size_t count);
 
-// Let `devshare_connection_recv` poll for an item for up to `spin_us` microseconds before it
-// sleeps (see `devshare_pool_set_spin`); 0 (the default) sleeps at once; at most
-// `DEVSHARE_MAX_SPIN_US`. A receive with a shorter timeout spins only that long.
-int32_t devshare_connection_set_spin(struct DevshareConnection *conn, uint32_t spin_us);
-
-// Read the device items this connection receives on `stream` (`CUstream` / `aclrtStream`, of
-// the device they arrive on): an item's interprocess event (`DEVSHARE_SHARE_EVENT`) is then
-// waited for by that stream, on the device, and `devshare_connection_recv` returns without
-// waiting for the producer's work. NULL (the default): `devshare_connection_recv` waits on the
-// host until the event completed. Host items are unaffected. A stream of another device makes
-// the receive of such an item fail with the runtime's error.
-int32_t devshare_connection_set_stream(struct DevshareConnection *conn, void *stream);
-
 // Whether ACL exports sent over this channel are whitelisted for the pid a consumer announced
 // in its handshake (its bare tgid) when that is not its pid as the kernel reports it
 // (`SO_PEERCRED`): `trust` nonzero yes, 0 (the default) no — the kernel's pid is whitelisted
@@ -979,6 +966,19 @@ int32_t devshare_channel_host_alloc(uint64_t size, struct DevshareExporter **out
 int32_t devshare_channel_connect(const char *address_,
                                  int32_t timeout_ms,
                                  struct DevshareConnection **out);
+
+// Let `devshare_connection_recv` poll for an item for up to `spin_us` microseconds before it
+// sleeps (see `devshare_pool_set_spin`); 0 (the default) sleeps at once; at most
+// `DEVSHARE_MAX_SPIN_US`. A receive with a shorter timeout spins only that long.
+int32_t devshare_connection_set_spin(struct DevshareConnection *conn, uint32_t spin_us);
+
+// Read the device items this connection receives on `stream` (`CUstream` / `aclrtStream`, of
+// the device they arrive on): an item's interprocess event (`DEVSHARE_SHARE_EVENT`) is then
+// waited for by that stream, on the device, and `devshare_connection_recv` returns without
+// waiting for the producer's work. NULL (the default): `devshare_connection_recv` waits on the
+// host until the event completed. Host items are unaffected. A stream of another device makes
+// the receive of such an item fail with the runtime's error.
+int32_t devshare_connection_set_stream(struct DevshareConnection *conn, void *stream);
 
 // The descriptor to poll (for reading) in your event loop — an epoll set of the connection's
 // socket and its ring's wake-up: readable when an item or the producer's close arrives, and

@@ -23,6 +23,7 @@ macro_rules! ffi {
 // files first and together, then the others.
 mod abi;
 pub mod channel;
+pub mod connection;
 pub mod pool;
 
 pub mod dlpack;
