@@ -595,35 +595,6 @@ typedef struct DevshareRecvArgs {
   struct DevshareItem item;
 } DevshareRecvArgs;
 
-// Where an import lies in this process, from `devshare_import_info`. Initialise with
-// `devshare_import_info_init(&info, sizeof info)` before the call.
-typedef struct DevshareImportInfo {
-  // Size of this struct in the caller's header; on return, the bytes the library filled in.
-  uint32_t struct_size;
-  // Device the allocation was imported on (0 for host).
-  int32_t device;
-  // The tensor's first element (valid until the import is released).
-  void *data;
-  // The storage's first byte.
-  void *storage;
-  // The allocation's first byte.
-  void *base;
-  // Allocation size in bytes (as the handle says).
-  uint64_t alloc_size;
-  // Storage size in bytes.
-  uint64_t storage_size;
-  // Number of elements of the tensor.
-  uint64_t numel;
-  // Bytes per element.
-  uint64_t element_size;
-  // `DEVSHARE_BACKEND_*`.
-  uint16_t backend;
-  // 1 when mapped read-only.
-  uint16_t read_only;
-  // Reserved, zero.
-  uint32_t reserved;
-} DevshareImportInfo;
-
 // One shared tensor: where its allocation lives, which part of it is the storage, how the tensor
 // is laid out in the storage, and how its lifetime is tracked.
 //
@@ -709,6 +680,35 @@ typedef struct DevshareImportOptions {
   // Unused by the host backend.
   void *stream;
 } DevshareImportOptions;
+
+// Where an import lies in this process, from `devshare_import_info`. Initialise with
+// `devshare_import_info_init(&info, sizeof info)` before the call.
+typedef struct DevshareImportInfo {
+  // Size of this struct in the caller's header; on return, the bytes the library filled in.
+  uint32_t struct_size;
+  // Device the allocation was imported on (0 for host).
+  int32_t device;
+  // The tensor's first element (valid until the import is released).
+  void *data;
+  // The storage's first byte.
+  void *storage;
+  // The allocation's first byte.
+  void *base;
+  // Allocation size in bytes (as the handle says).
+  uint64_t alloc_size;
+  // Storage size in bytes.
+  uint64_t storage_size;
+  // Number of elements of the tensor.
+  uint64_t numel;
+  // Bytes per element.
+  uint64_t element_size;
+  // `DEVSHARE_BACKEND_*`.
+  uint16_t backend;
+  // 1 when mapped read-only.
+  uint16_t read_only;
+  // Reserved, zero.
+  uint32_t reserved;
+} DevshareImportInfo;
 
 // What `devshare_probe` found out about one backend. Initialise with
 // `devshare_backend_info_init(&info, sizeof info)` before the call.
@@ -912,26 +912,6 @@ int32_t devshare_channel_send_batch(struct DevshareChannel *channel,
                                     const struct DevshareTensorDesc *const *descs,
                                     size_t count);
 
-// Let `devshare_pool_acquire` poll for a returned slot for up to `spin_us` microseconds
-// before it sleeps: for a producer thread that owns a CPU core, a return is then taken within
-// about a microsecond instead of after the scheduler wakes the thread (which costs tens of
-// microseconds when producer and consumer run on different cores). It burns its core while it
-// spins. 0 (the default) sleeps at once; at most `DEVSHARE_MAX_SPIN_US`.
-int32_t devshare_pool_set_spin(struct DevsharePool *pool, uint32_t spin_us);
-
-// Let `devshare_connection_recv` poll for an item for up to `spin_us` microseconds before it
-// sleeps (see `devshare_pool_set_spin`); 0 (the default) sleeps at once; at most
-// `DEVSHARE_MAX_SPIN_US`. A receive with a shorter timeout spins only that long.
-int32_t devshare_connection_set_spin(struct DevshareConnection *conn, uint32_t spin_us);
-
-// Read the device items this connection receives on `stream` (`CUstream` / `aclrtStream`, of
-// the device they arrive on): an item's interprocess event (`DEVSHARE_SHARE_EVENT`) is then
-// waited for by that stream, on the device, and `devshare_connection_recv` returns without
-// waiting for the producer's work. NULL (the default): `devshare_connection_recv` waits on the
-// host until the event completed. Host items are unaffected. A stream of another device makes
-// the receive of such an item fail with the runtime's error.
-int32_t devshare_connection_set_stream(struct DevshareConnection *conn, void *stream);
-
 // Whether ACL exports sent over this channel are whitelisted for the pid a consumer announced
 // in its handshake (its bare tgid) when that is not its pid as the kernel reports it
 // (`SO_PEERCRED`): `trust` nonzero yes, 0 (the default) no — the kernel's pid is whitelisted
@@ -969,65 +949,6 @@ int32_t devshare_channel_close(struct DevshareChannel *channel);
 // size 0 is an empty allocation.
 int32_t devshare_channel_host_alloc(uint64_t size, struct DevshareExporter **out, void **ptr_out);
 
-// Make a pool of `count` slots of `slot_size` bytes, back to back from the start of
-// `exporter`'s range (one allocation: `devshare_channel_host_alloc`, or an ACL or CUDA export).
-// The pool keeps the export alive (closing the exporter is allowed; the memory goes with the
-// pool). A consumer imports the whole allocation once, with its first item, so **every slot
-// keeps one address in the consumer for the pool's life** — the fixed addresses that captured
-// device graphs (aclgraph, CUDA graphs) replay on. Each attached consumer counts as one
-// outstanding reference of the export until it detaches (after `devshare_pool_close`, once it
-// released its items) or disconnects. `count` is at most `DEVSHARE_POOL_MAX_SLOTS` (a larger
-// one is `DEVSHARE_STATUS_BAD_SIZE`); the slots' bookkeeping is allocated when the pool is
-// made, and a failure to get it is a status too.
-int32_t devshare_pool_create(struct DevshareChannel *channel,
-                             const struct DevshareExporter *exporter,
-                             uint64_t slot_size,
-                             uint32_t count,
-                             struct DevsharePool **out);
-
-// Take a free slot: `*slot` receives its index, `*ptr` (may be NULL) its address in this
-// process. While every slot is out, waits for one to come back, serving the channel
-// (backpressure): `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` (negative: wait forever).
-// Waiting forever, one thread of the channel at a time sleeps without a timer, woken by what
-// arrives and by what other threads of this process do to the channel (a slot released, a
-// pool or the channel closed); other threads waiting meanwhile look again every 5 ms.
-int32_t devshare_pool_acquire(struct DevsharePool *pool,
-                              int32_t timeout_ms,
-                              uint32_t *slot,
-                              void **ptr);
-
-// The pool's id on its channel (> 0): what `devshare_import_pool_slot` reports to consumers for
-// its items.
-int32_t devshare_pool_id(const struct DevsharePool *pool, uint32_t *id);
-
-// Hand acquired slot `slot` to `peer`, describing the tensor in it: `desc->storage_offset` is
-// relative to the slot, `storage_size` `DEVSHARE_STORAGE_TO_END` means the rest of the slot;
-// `desc` NULL sends the whole slot as bytes. Device work on `desc->stream` is synchronised
-// first — or, with `DEVSHARE_SHARE_EVENT` (device pools), an interprocess event is recorded on
-// it and travels with the item (64 bytes more), and the consumer's `devshare_connection_recv`
-// waits on it; the event is kept until the slot comes back. Only a small message travels; the first item to a peer also attaches it (one import
-// of the whole allocation). The slot comes back when the peer releases the item's import or
-// disconnects. Sending a slot that is not acquired is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
-// Like every producer send it never waits for the peer (see `devshare_channel_send`).
-int32_t devshare_pool_send(struct DevsharePool *pool,
-                           uint32_t slot,
-                           uint64_t peer,
-                           const struct DevshareTensorDesc *desc);
-
-// Give back acquired slot `slot` without sending it. A slot that is not acquired (free, or out
-// with a consumer) is `DEVSHARE_STATUS_INVALID_ARGUMENT`, and nothing changes.
-int32_t devshare_pool_release(struct DevsharePool *pool, uint32_t slot);
-
-// Slot size, slot count and how many slots are free now (each out-pointer may be NULL).
-int32_t devshare_pool_info(const struct DevsharePool *pool,
-                           uint64_t *slot_size,
-                           uint32_t *count,
-                           uint32_t *free_slots);
-
-// Close the pool and free it: attached consumers are told; each detaches once it released its
-// items. NULL is a no-op.
-int32_t devshare_pool_close(struct DevsharePool *pool);
-
 // Connect to the channel at `address` (a path or `"@name"`) and shake hands: this process
 // announces its pid (its bare tgid), for which the producer whitelists the ACL exports it sends
 // here. The producer must run as this process's effective uid, or as root
@@ -1045,6 +966,19 @@ int32_t devshare_pool_close(struct DevsharePool *pool);
 int32_t devshare_channel_connect(const char *address_,
                                  int32_t timeout_ms,
                                  struct DevshareConnection **out);
+
+// Let `devshare_connection_recv` poll for an item for up to `spin_us` microseconds before it
+// sleeps (see `devshare_pool_set_spin`); 0 (the default) sleeps at once; at most
+// `DEVSHARE_MAX_SPIN_US`. A receive with a shorter timeout spins only that long.
+int32_t devshare_connection_set_spin(struct DevshareConnection *conn, uint32_t spin_us);
+
+// Read the device items this connection receives on `stream` (`CUstream` / `aclrtStream`, of
+// the device they arrive on): an item's interprocess event (`DEVSHARE_SHARE_EVENT`) is then
+// waited for by that stream, on the device, and `devshare_connection_recv` returns without
+// waiting for the producer's work. NULL (the default): `devshare_connection_recv` waits on the
+// host until the event completed. Host items are unaffected. A stream of another device makes
+// the receive of such an item fail with the runtime's error.
+int32_t devshare_connection_set_stream(struct DevshareConnection *conn, void *stream);
 
 // The descriptor to poll (for reading) in your event loop — an epoll set of the connection's
 // socket and its ring's wake-up: readable when an item or the producer's close arrives, and
@@ -1098,34 +1032,76 @@ int32_t devshare_recv_args_init(struct DevshareRecvArgs *args, uint32_t size);
 // release still happens).
 int32_t devshare_connection_recv_args(struct DevshareRecvArgs *args);
 
-// For an import that is a pool item: the pool's id (> 0) and the slot. Any other import is
-// `DEVSHARE_STATUS_INVALID_ARGUMENT`. Either out-pointer may be NULL.
-int32_t devshare_import_pool_slot(const struct DevshareImport *imp, uint32_t *pool, uint32_t *slot);
-
-// Everything a receive loop reads of an item, in one call: what `devshare_import_info` writes
-// into `*info` (initialised with `devshare_import_info_init`), the handle
-// (`devshare_import_handle`) into `*handle`, and the pool id and slot
-// (`devshare_import_pool_slot`) into `*pool` and `*slot` — 0 and 0 for an item that is not a
-// pool slot (a lease, or any other import: pool ids start at 1). Each out pointer may be NULL.
-int32_t devshare_import_describe(const struct DevshareImport *imp,
-                                 struct DevshareImportInfo *info,
-                                 struct DevshareHandle *handle,
-                                 uint32_t *pool,
-                                 uint32_t *slot);
-
-// For a channel item (a lease or pool slot from `devshare_connection_recv`): give it back to the
-// producer now — a lease stops counting in its export, a pool slot may be refilled — while the
-// import stays mapped until `devshare_import_release` (which then sends nothing). So a reader
-// that may still hold pointers into the item (a tensor over it) can return the item at once
-// and free the mapping later: what it reads meanwhile is whatever the producer writes there
-// next (for a pool slot, the next item), never a fault. A second call does nothing. Any other
-// import is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
-int32_t devshare_import_give_back(const struct DevshareImport *imp);
-
 // Close the connection and free it: the producer takes back every lease and slot of it at once
 // (and sees it gone). Imports received from it stay mapped until released; releasing them then
 // sends nothing. NULL is a no-op.
 int32_t devshare_connection_close(struct DevshareConnection *conn);
+
+// Make a pool of `count` slots of `slot_size` bytes, back to back from the start of
+// `exporter`'s range (one allocation: `devshare_channel_host_alloc`, or an ACL or CUDA export).
+// The pool keeps the export alive (closing the exporter is allowed; the memory goes with the
+// pool). A consumer imports the whole allocation once, with its first item, so **every slot
+// keeps one address in the consumer for the pool's life** — the fixed addresses that captured
+// device graphs (aclgraph, CUDA graphs) replay on. Each attached consumer counts as one
+// outstanding reference of the export until it detaches (after `devshare_pool_close`, once it
+// released its items) or disconnects. `count` is at most `DEVSHARE_POOL_MAX_SLOTS` (a larger
+// one is `DEVSHARE_STATUS_BAD_SIZE`); the slots' bookkeeping is allocated when the pool is
+// made, and a failure to get it is a status too.
+int32_t devshare_pool_create(struct DevshareChannel *channel,
+                             const struct DevshareExporter *exporter,
+                             uint64_t slot_size,
+                             uint32_t count,
+                             struct DevsharePool **out);
+
+// Let `devshare_pool_acquire` poll for a returned slot for up to `spin_us` microseconds
+// before it sleeps: for a producer thread that owns a CPU core, a return is then taken within
+// about a microsecond instead of after the scheduler wakes the thread (which costs tens of
+// microseconds when producer and consumer run on different cores). It burns its core while it
+// spins. 0 (the default) sleeps at once; at most `DEVSHARE_MAX_SPIN_US`.
+int32_t devshare_pool_set_spin(struct DevsharePool *pool, uint32_t spin_us);
+
+// Take a free slot: `*slot` receives its index, `*ptr` (may be NULL) its address in this
+// process. While every slot is out, waits for one to come back, serving the channel
+// (backpressure): `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` (negative: wait forever).
+// Waiting forever, one thread of the channel at a time sleeps without a timer, woken by what
+// arrives and by what other threads of this process do to the channel (a slot released, a
+// pool or the channel closed); other threads waiting meanwhile look again every 5 ms.
+int32_t devshare_pool_acquire(struct DevsharePool *pool,
+                              int32_t timeout_ms,
+                              uint32_t *slot,
+                              void **ptr);
+
+// The pool's id on its channel (> 0): what `devshare_import_pool_slot` reports to consumers for
+// its items.
+int32_t devshare_pool_id(const struct DevsharePool *pool, uint32_t *id);
+
+// Hand acquired slot `slot` to `peer`, describing the tensor in it: `desc->storage_offset` is
+// relative to the slot, `storage_size` `DEVSHARE_STORAGE_TO_END` means the rest of the slot;
+// `desc` NULL sends the whole slot as bytes. Device work on `desc->stream` is synchronised
+// first — or, with `DEVSHARE_SHARE_EVENT` (device pools), an interprocess event is recorded on
+// it and travels with the item (64 bytes more), and the consumer's `devshare_connection_recv`
+// waits on it; the event is kept until the slot comes back. Only a small message travels; the first item to a peer also attaches it (one import
+// of the whole allocation). The slot comes back when the peer releases the item's import or
+// disconnects. Sending a slot that is not acquired is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
+// Like every producer send it never waits for the peer (see `devshare_channel_send`).
+int32_t devshare_pool_send(struct DevsharePool *pool,
+                           uint32_t slot,
+                           uint64_t peer,
+                           const struct DevshareTensorDesc *desc);
+
+// Give back acquired slot `slot` without sending it. A slot that is not acquired (free, or out
+// with a consumer) is `DEVSHARE_STATUS_INVALID_ARGUMENT`, and nothing changes.
+int32_t devshare_pool_release(struct DevsharePool *pool, uint32_t slot);
+
+// Slot size, slot count and how many slots are free now (each out-pointer may be NULL).
+int32_t devshare_pool_info(const struct DevsharePool *pool,
+                           uint64_t *slot_size,
+                           uint32_t *count,
+                           uint32_t *free_slots);
+
+// Close the pool and free it: attached consumers are told; each detaches once it released its
+// items. NULL is a no-op.
+int32_t devshare_pool_close(struct DevsharePool *pool);
 
 // A `DLManagedTensorVersioned` (DLPack 1.1) view of an import: data points at the tensor's first
 // element (byte_offset 0), shape and strides in elements, device CPU (host), CUDA (cuda) or
@@ -1400,6 +1376,30 @@ int32_t devshare_import_info(const struct DevshareImport *imp, struct DevshareIm
 
 // A copy of the handle an import was made from (shape, strides, dtype ...).
 int32_t devshare_import_handle(const struct DevshareImport *imp, struct DevshareHandle *out);
+
+// For an import that is a pool item: the pool's id (> 0) and the slot. Any other import is
+// `DEVSHARE_STATUS_INVALID_ARGUMENT`. Either out-pointer may be NULL.
+int32_t devshare_import_pool_slot(const struct DevshareImport *imp, uint32_t *pool, uint32_t *slot);
+
+// Everything a receive loop reads of an item, in one call: what `devshare_import_info` writes
+// into `*info` (initialised with `devshare_import_info_init`), the handle
+// (`devshare_import_handle`) into `*handle`, and the pool id and slot
+// (`devshare_import_pool_slot`) into `*pool` and `*slot` — 0 and 0 for an item that is not a
+// pool slot (a lease, or any other import: pool ids start at 1). Each out pointer may be NULL.
+int32_t devshare_import_describe(const struct DevshareImport *imp,
+                                 struct DevshareImportInfo *info,
+                                 struct DevshareHandle *handle,
+                                 uint32_t *pool,
+                                 uint32_t *slot);
+
+// For a channel item (a lease or pool slot from `devshare_connection_recv`): give it back to the
+// producer now — a lease stops counting in its export, a pool slot may be refilled — while the
+// import stays mapped until `devshare_import_release` (which then sends nothing). So a reader
+// that may still hold pointers into the item (a tensor over it) can return the item at once
+// and free the mapping later: what it reads meanwhile is whatever the producer writes there
+// next (for a pool slot, the next item), never a fault. A second call does nothing. Any other
+// import is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
+int32_t devshare_import_give_back(const struct DevshareImport *imp);
 
 // Release an import and free it: unmap when it was the process's last import of the
 // allocation, then return the handle's reference to the producer (its ref-counter slot drops

@@ -1,4 +1,5 @@
-//! Importer functions: import a handle, look at the mapping, release it.
+//! Importer functions: import a handle, look at the mapping (and, for a channel item, its pool
+//! and slot), give a channel item back early, release it.
 
 use super::abi::{init, read_input, sized_struct, write_output, SizedStruct};
 use super::{arg, arg_mut, arg_slice, boundary};
@@ -272,7 +273,7 @@ pub unsafe extern "C" fn devshare_import_info(imp: *const DevshareImport, out: *
 }
 
 /// What `devshare_import_info` reports of an import (`struct_size` is set on writing).
-pub(crate) fn info_of(i: &crate::import::Import) -> DevshareImportInfo {
+fn info_of(i: &crate::import::Import) -> DevshareImportInfo {
     let v = i.view();
     let h = i.handle();
     DevshareImportInfo {
@@ -299,6 +300,67 @@ pub unsafe extern "C" fn devshare_import_handle(imp: *const DevshareImport, out:
         *ffi!(arg_mut(out, "out"))? = *i.handle();
         Ok(())
     })
+}
+
+/// For an import that is a pool item: the pool's id (> 0) and the slot. Any other import is
+/// `DEVSHARE_STATUS_INVALID_ARGUMENT`. Either out-pointer may be NULL.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_import_pool_slot(imp: *const DevshareImport, pool: *mut u32, slot: *mut u32) -> i32 {
+    boundary("devshare_import_pool_slot", || {
+        let i = ffi!(arg(imp, "import"))?.inner();
+        let (p, s) = i.pool_slot().ok_or_else(|| Error::InvalidArgument("the import is not a pool item".into()))?;
+        if let Some(o) = ffi!(pool.as_mut()) {
+            *o = p;
+        }
+        if let Some(o) = ffi!(slot.as_mut()) {
+            *o = s;
+        }
+        Ok(())
+    })
+}
+
+/// Everything a receive loop reads of an item, in one call: what `devshare_import_info` writes
+/// into `*info` (initialised with `devshare_import_info_init`), the handle
+/// (`devshare_import_handle`) into `*handle`, and the pool id and slot
+/// (`devshare_import_pool_slot`) into `*pool` and `*slot` — 0 and 0 for an item that is not a
+/// pool slot (a lease, or any other import: pool ids start at 1). Each out pointer may be NULL.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_import_describe(
+    imp: *const DevshareImport,
+    info: *mut DevshareImportInfo,
+    handle: *mut DevshareHandle,
+    pool: *mut u32,
+    slot: *mut u32,
+) -> i32 {
+    boundary("devshare_import_describe", || {
+        let i = ffi!(arg(imp, "import"))?.inner();
+        if !info.is_null() {
+            ffi!(write_output(info, info_of(i), "info"))?;
+        }
+        if let Some(h) = ffi!(handle.as_mut()) {
+            *h = *i.handle();
+        }
+        let (p, s) = i.pool_slot().unwrap_or((0, 0));
+        if let Some(o) = ffi!(pool.as_mut()) {
+            *o = p;
+        }
+        if let Some(o) = ffi!(slot.as_mut()) {
+            *o = s;
+        }
+        Ok(())
+    })
+}
+
+/// For a channel item (a lease or pool slot from `devshare_connection_recv`): give it back to the
+/// producer now — a lease stops counting in its export, a pool slot may be refilled — while the
+/// import stays mapped until `devshare_import_release` (which then sends nothing). So a reader
+/// that may still hold pointers into the item (a tensor over it) can return the item at once
+/// and free the mapping later: what it reads meanwhile is whatever the producer writes there
+/// next (for a pool slot, the next item), never a fault. A second call does nothing. Any other
+/// import is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_import_give_back(imp: *const DevshareImport) -> i32 {
+    boundary("devshare_import_give_back", || ffi!(arg(imp, "import"))?.inner().give_back())
 }
 
 /// Release an import and free it: unmap when it was the process's last import of the

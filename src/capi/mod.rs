@@ -19,8 +19,13 @@ macro_rules! ffi {
     }};
 }
 
+// cbindgen writes the header's declarations in the order of these modules: the channel's
+// files first and together, then the others.
 mod abi;
 pub mod channel;
+pub mod connection;
+pub mod pool;
+
 pub mod dlpack;
 pub mod error;
 pub mod export;
@@ -101,6 +106,24 @@ pub(crate) unsafe fn arg_slice<'a, T>(p: *const T, len: usize, what: &'static st
     }
     // SAFETY: the caller guarantees p points to len elements (and len fits an object, above).
     Ok(unsafe { std::slice::from_raw_parts(p, len) })
+}
+
+/// A C timeout in milliseconds: negative waits forever.
+pub(crate) fn timeout(ms: i32) -> Option<std::time::Duration> {
+    u64::try_from(ms).ok().map(std::time::Duration::from_millis)
+}
+
+/// A channel address (`devshare_channel_listen`, `devshare_channel_connect`) from a C string.
+///
+/// # Safety
+/// `address` is NULL or a NUL-terminated string.
+pub(crate) unsafe fn address<'a>(address: *const std::ffi::c_char) -> Result<&'a str> {
+    if address.is_null() {
+        return Err(Error::NullArgument("address"));
+    }
+    // SAFETY: non-null, NUL-terminated (contract).
+    let s = unsafe { std::ffi::CStr::from_ptr(address) };
+    s.to_str().map_err(|_| Error::InvalidArgument("address is not UTF-8".into()))
 }
 
 /// Copy `bytes` plus a NUL into a C buffer of `cap` bytes; `BufferTooSmall` when it does not fit.
