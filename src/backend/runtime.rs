@@ -9,6 +9,7 @@
 
 use super::IpcEvent;
 use crate::error::{Error, Result};
+use crate::fork::Stamp;
 use crate::handle::DEVSHARE_EVENT_HANDLE_SIZE;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -175,22 +176,18 @@ impl<T> Optional<T> {
 pub(crate) struct OnDemand<A> {
     cell: OnceLock<Runtime<A>>,
     load: fn() -> Result<A>,
-    /// [`crate::fork::generation`] of the process that loaded it (a forked child inherits the
-    /// loaded runtime, not its initialisation).
-    generation: std::sync::atomic::AtomicU64,
 }
 
 impl<A> OnDemand<A> {
     /// A runtime that `load` loads (and initialises) on first use.
     pub(crate) const fn new(load: fn() -> Result<A>) -> OnDemand<A> {
-        OnDemand { cell: OnceLock::new(), load, generation: std::sync::atomic::AtomicU64::new(0) }
+        OnDemand { cell: OnceLock::new(), load }
     }
 
     /// Whether the runtime was loaded (and initialised) by a process this one was forked from:
     /// then this process must not call it.
     pub(crate) fn inherited(&self) -> bool {
-        self.cell.get().is_some()
-            && self.generation.load(std::sync::atomic::Ordering::Acquire) != crate::fork::generation()
+        self.cell.get().is_some_and(|rt| !rt.generation.is_current())
     }
 
     /// The loaded runtime. Only success is kept: a failed load is tried again next time (the
@@ -201,10 +198,7 @@ impl<A> OnDemand<A> {
             return Ok(rt);
         }
         let api = (self.load)()?;
-        Ok(self.cell.get_or_init(|| {
-            self.generation.store(crate::fork::generation(), std::sync::atomic::Ordering::Release);
-            Runtime { api, contexts: Mutex::new(HashMap::new()) }
-        }))
+        Ok(self.cell.get_or_init(|| Runtime { api, contexts: Mutex::new(HashMap::new()), generation: Stamp::now() }))
     }
 }
 
@@ -268,6 +262,9 @@ pub(crate) trait DeviceContexts {
 pub(crate) struct Runtime<A> {
     api: A,
     contexts: Mutex<HashMap<i32, Context>>,
+    /// The fork generation of the process that loaded it (a forked child inherits the loaded
+    /// runtime, not its initialisation).
+    generation: Stamp,
 }
 
 impl<A> std::ops::Deref for Runtime<A> {
@@ -541,7 +538,7 @@ mod tests {
 
     #[test]
     fn bind_makes_the_device_current_and_restores_the_previous_context_nested_too() {
-        let rt = Runtime { api: NoContexts, contexts: Mutex::new(HashMap::new()) };
+        let rt = Runtime { api: NoContexts, contexts: Mutex::new(HashMap::new()), generation: Stamp::now() };
         let current = || CURRENT.with(|c| c.get());
         {
             let _a = rt.bind(0).unwrap();
