@@ -4,6 +4,7 @@
 use crate::backend::{self, host, ExportOptions, Exported, IpcEvent};
 use crate::dtype::DevshareDType;
 use crate::error::{Error, Result};
+use crate::fork::Stamp;
 use crate::handle::{validate, DevshareHandle, DEVSHARE_MAX_NDIM};
 use crate::refcounter::RefCounter;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -165,7 +166,7 @@ impl AllocId {
 
 /// A live exporter's ref-counter: the allocation its references belong to, and the fork
 /// generation that made it (a forked child's copies of its parent's exporters own nothing).
-type Owner = (AllocId, u64);
+type Owner = (AllocId, Stamp);
 
 /// A reference: ref-counter name and slot.
 type RefSlot = (Vec<u8>, u64);
@@ -210,7 +211,7 @@ struct AdoptedRef {
     name: Vec<u8>,
     slot: u64,
     rc: crate::refcounter::Watched,
-    generation: u64,
+    generation: Stamp,
 }
 
 impl AdoptedRef {
@@ -226,8 +227,7 @@ impl AdoptedRef {
         let (name, slot) = (h.ref_name_bytes(), h.ref_slot);
         let shown = String::from_utf8_lossy(name);
         if crate::shm::is_devshare_name(name, crate::shm::RC_PREFIX) {
-            let generation = crate::fork::generation();
-            let owner = locked(&OWN_REF_COUNTERS).get(name).filter(|(_, g)| *g == generation).map(|(id, _)| id.clone());
+            let owner = locked(&OWN_REF_COUNTERS).get(name).filter(|(_, g)| g.is_current()).map(|(id, _)| id.clone());
             match owner {
                 None => {
                     return Err(Error::Untrusted(format!(
@@ -275,7 +275,7 @@ impl AdoptedRef {
         rc.check(slot)?;
         rc.check_inflight(slot, false)?;
         adopted.insert(key);
-        Ok(Some(AdoptedRef { name: name.to_vec(), slot, rc, generation: crate::fork::generation() }))
+        Ok(Some(AdoptedRef { name: name.to_vec(), slot, rc, generation: Stamp::now() }))
     }
 }
 
@@ -287,7 +287,7 @@ impl Drop for AdoptedRef {
             *adopted = FxHashSet::default(); // as for OWN_REF_COUNTERS
         }
         drop(adopted);
-        if crate::fork::generation() != self.generation {
+        if !self.generation.is_current() {
             return;
         }
         // The consumer's release order (refcounter.rs); a slot that is no longer ours to
@@ -650,7 +650,7 @@ impl Exporter {
         if refs.last().map_or(true, |rc| !rc.has_free_slot()) {
             let rc = RefCounter::create()?;
             let id = self.alloc_id();
-            locked(&OWN_REF_COUNTERS).insert(rc.name().to_vec(), (id, crate::fork::generation()));
+            locked(&OWN_REF_COUNTERS).insert(rc.name().to_vec(), (id, Stamp::now()));
             refs.push(rc);
         }
         if desc.inflight {

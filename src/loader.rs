@@ -8,6 +8,7 @@
 //! nothing from the backends.
 
 use crate::error::{Error, Result};
+use crate::fork::Stamp;
 use std::sync::OnceLock;
 
 // ---------------------------------------------------------------------------------------------
@@ -123,38 +124,33 @@ impl<T> Optional<T> {
 /// A library loaded (and initialised) on first use: a vendor runtime with the contexts devshare
 /// made in it (`backend::runtime::Runtime`), or UCX.
 pub(crate) struct OnDemand<T> {
-    cell: OnceLock<T>,
+    /// The library, and the stamp of the process that loaded it (a forked child inherits the
+    /// loaded library, not its initialisation).
+    cell: OnceLock<(T, Stamp)>,
     load: fn() -> Result<T>,
-    /// [`crate::fork::generation`] of the process that loaded it (a forked child inherits the
-    /// loaded runtime, not its initialisation).
-    generation: std::sync::atomic::AtomicU64,
 }
 
 impl<T> OnDemand<T> {
     /// A library that `load` loads (and initialises) on first use.
     pub(crate) const fn new(load: fn() -> Result<T>) -> OnDemand<T> {
-        OnDemand { cell: OnceLock::new(), load, generation: std::sync::atomic::AtomicU64::new(0) }
+        OnDemand { cell: OnceLock::new(), load }
     }
 
     /// Whether the runtime was loaded (and initialised) by a process this one was forked from:
     /// then this process must not call it.
     pub(crate) fn inherited(&self) -> bool {
-        self.cell.get().is_some()
-            && self.generation.load(std::sync::atomic::Ordering::Acquire) != crate::fork::generation()
+        self.cell.get().is_some_and(|(_, stamp)| !stamp.is_current())
     }
 
     /// The loaded runtime. Only success is kept: a failed load is tried again next time (the
     /// library may have been installed or `DEVSHARE_*_LIBRARY` set meanwhile), and leaves nothing
     /// allocated. Two threads loading at once both succeed; one result is kept.
     pub(crate) fn get(&self) -> Result<&T> {
-        if let Some(rt) = self.cell.get() {
+        if let Some((rt, _)) = self.cell.get() {
             return Ok(rt);
         }
         let loaded = (self.load)()?;
-        Ok(self.cell.get_or_init(|| {
-            self.generation.store(crate::fork::generation(), std::sync::atomic::Ordering::Release);
-            loaded
-        }))
+        Ok(&self.cell.get_or_init(|| (loaded, Stamp::now())).0)
     }
 }
 

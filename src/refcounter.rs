@@ -22,6 +22,7 @@
 //! was taken over; whoever brings the count to 0 unlinks, as always.
 
 use crate::error::{Error, Result};
+use crate::fork::Stamp;
 use crate::handle::DEVSHARE_REF_SLOTS;
 use crate::shm::{self, Kind, Map};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,15 +63,15 @@ pub(crate) struct RefCounter {
     name: Vec<u8>,
     map: Map,
     next_slot: u64,
-    /// [`crate::fork::generation`] at creation: dropped in a forked child, it gives nothing back.
-    generation: u64,
+    /// The fork generation at creation: dropped in a forked child, it gives nothing back.
+    generation: Stamp,
     /// The object created: its name is unlinked only while it still stands for it.
     id: shm::ObjectId,
 }
 
 impl RefCounter {
     pub(crate) fn create() -> Result<RefCounter> {
-        let generation = crate::fork::generation();
+        let generation = Stamp::now();
         let name = shm::random_name(shm::RC_PREFIX)?;
         let fd = shm::create(&name, OBJECT_SIZE as u64)?;
         let made = shm::id_of(&fd, &name).and_then(|id| Ok((id, Map::new(&fd, OBJECT_SIZE, true, "ref-counter")?)));
@@ -144,7 +145,7 @@ impl RefCounter {
     /// object and have nothing to report.
     pub(crate) fn unlink(&self) {
         // A forked child's copy of the parent's ref-counter removes nothing of the parent's.
-        if self.generation == crate::fork::generation() {
+        if self.generation.is_current() {
             shm::unlink_if_same(&self.name, self.id);
         }
     }
@@ -155,7 +156,7 @@ impl Drop for RefCounter {
     /// in the middle of its release may be the last). In a forked child the count is the
     /// parent's: leave it alone.
     fn drop(&mut self) {
-        if self.generation != crate::fork::generation() {
+        if !self.generation.is_current() {
             return;
         }
         if self.map.atomic_i32(0).fetch_sub(1, Ordering::SeqCst) == 1 {

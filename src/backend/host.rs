@@ -20,6 +20,7 @@
 
 use super::{Backend, Exported, ImportRequest, Mapping, Probe};
 use crate::error::{Error, Result};
+use crate::fork::Stamp;
 use crate::handle::{DevshareHandle, Validated, DEVSHARE_BACKEND_HOST};
 use crate::shm::{self, Map};
 use std::sync::atomic::Ordering;
@@ -39,8 +40,8 @@ struct Counted {
     /// A writable view of the header when `data` is read-only.
     header: Option<Map>,
     data_len: u64,
-    /// [`crate::fork::generation`] when it counted itself in: a forked child's copy counts nothing.
-    generation: u64,
+    /// The fork generation it counted itself in: a forked child's copy counts nothing.
+    generation: Stamp,
     /// The object mapped: the last holder unlinks the name only while it still stands for it.
     id: shm::ObjectId,
 }
@@ -54,7 +55,7 @@ impl Counted {
 impl Drop for Counted {
     fn drop(&mut self) {
         // In a forked child this mapping is a copy of the parent's, whose count it is.
-        if self.generation != crate::fork::generation() {
+        if !self.generation.is_current() {
             return;
         }
         if self.count().fetch_sub(1, Ordering::SeqCst) == 1 {
@@ -86,7 +87,7 @@ impl Exported for Counted {
     }
     fn unlink(&self) {
         // A forked child's copy of the parent's export removes nothing of the parent's.
-        if self.generation == crate::fork::generation() {
+        if self.generation.is_current() {
             shm::unlink_if_same(&self.name, self.id);
         }
     }
@@ -113,7 +114,7 @@ impl Mapping for Counted {
 /// mode 0600. The returned export counts as one mapping. Refused (`DEVSHARE_STATUS_OS`, errno
 /// `ENOSPC`, nothing created) when `/dev/shm` has less room than the object needs.
 pub(crate) fn alloc(size: u64) -> Result<Box<dyn Exported>> {
-    let generation = crate::fork::generation();
+    let generation = Stamp::now();
     let total = size
         .checked_add(HEADER_SIZE)
         .filter(|&t| t <= i64::MAX as u64 && usize::try_from(t).is_ok())
@@ -167,7 +168,7 @@ impl Backend for Host {
 /// header. `what` names where `min_data` came from, for the mismatch message. The name family,
 /// owner, mode and size are checked on the opened descriptor before anything is mapped.
 fn open_counted(name: &[u8], min_data: u64, read_only: bool, what: &str) -> Result<Counted> {
-    let generation = crate::fork::generation();
+    let generation = Stamp::now();
     let shown = String::from_utf8_lossy(name);
     let shm::Opened { fd, size, id } = shm::open_trusted(name, shm::Kind::Data, true)?;
     let data_len = size.saturating_sub(HEADER_SIZE);

@@ -6,19 +6,21 @@
 //! thread it does not have: its first segmented export or import would wait forever. And the
 //! entries are the parent's (its handles, its fds), which the child's runtime does not know.
 //!
-//! So each cache belongs to one [`crate::fork::generation`] (a new one starts in every forked
-//! child, from a `pthread_atfork` child handler): the first use in a new generation makes a new,
-//! empty cache with its own lock, and the parent's cache is forgotten (leaked, never unlocked,
-//! read or dropped in the child; nothing in it is released or unexported). Switching caches is
-//! one atomic compare-and-swap, with no lock that a fork could leave held.
+//! So each cache belongs to one fork generation (its [`Stamp`]; a new generation starts in
+//! every forked child, from a `pthread_atfork` child handler): the first use in a new
+//! generation makes a new, empty cache with its own lock, and the parent's cache is forgotten
+//! (leaked, never unlocked, read or dropped in the child; nothing in it is released or
+//! unexported). Switching caches is one atomic compare-and-swap, with no lock that a fork could
+//! leave held.
 
+use crate::fork::Stamp;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// One generation's cache.
 struct Slot<T> {
-    generation: u64,
+    generation: Stamp,
     cache: Mutex<T>,
 }
 
@@ -38,17 +40,16 @@ impl<T: Default + 'static> PerGeneration<T> {
 
     /// This generation's cache, made (empty) on its first use.
     pub(crate) fn get(&self) -> &'static Mutex<T> {
-        let generation = crate::fork::generation();
         loop {
             let cur = self.current.load(Ordering::Acquire);
             // SAFETY: a non-null pointer here came from `Box::into_raw` and is never freed (see
             // `current`), so it is valid for the rest of the program.
             if let Some(slot) = unsafe { cur.as_ref() } {
-                if slot.generation == generation {
+                if slot.generation.is_current() {
                     return &slot.cache;
                 }
             }
-            let new = Box::into_raw(Box::new(Slot { generation, cache: Mutex::new(T::default()) }));
+            let new = Box::into_raw(Box::new(Slot { generation: Stamp::now(), cache: Mutex::new(T::default()) }));
             match self.current.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire) {
                 // SAFETY: `new` is now the stored pointer, never freed (see `current`). The
                 // previous slot (another generation's) is leaked on purpose.

@@ -33,6 +33,7 @@
 
 use crate::backend::{self, ImportRequest, Mapping};
 use crate::error::{Error, Result};
+use crate::fork::Stamp;
 use crate::handle::{validate, DevshareHandle, Validated};
 use crate::handle::{DEVSHARE_KEY_CAPACITY, DEVSHARE_REF_NAME_CAPACITY};
 use crate::refcounter::{self, Watched};
@@ -126,8 +127,8 @@ pub struct Import {
     /// most of its size.
     handle: Box<DevshareHandle>,
     validated: Validated,
-    /// [`crate::fork::generation`] at import: released in a forked child, it gives back nothing.
-    generation: u64,
+    /// The fork generation at import: released in a forked child, it gives back nothing.
+    generation: Stamp,
 }
 
 /// Where an import lies in this process's memory.
@@ -188,7 +189,7 @@ fn import_from(
     mut attached: Option<Attached<'_>>,
     passed: Option<&crate::backend::PassedFds>,
 ) -> Result<Import> {
-    let generation = crate::fork::generation();
+    let generation = Stamp::now();
     let validated = check_importable(h, attached.as_ref())?;
     let segments = crate::handle::segments::SegmentTable::of(h, table)?;
     check_host(h)?;
@@ -615,7 +616,7 @@ impl Import {
             validated,
             generation: self.generation,
         };
-        if self.generation != crate::fork::generation() {
+        if !self.generation.is_current() {
             // A forked child's copy of its parent's import: the clone is as inert as it is.
             return clone;
         }
@@ -674,7 +675,7 @@ impl Import {
     }
 
     fn release_inner(&mut self) {
-        if self.generation != crate::fork::generation() {
+        if !self.generation.is_current() {
             // A forked child's copy of its parent's import: the mapping, its counts and the
             // reference are the parent's. Forget them (the child's copy of the mapping stays
             // until it exits).
@@ -832,7 +833,7 @@ mod tests {
             mapping: Some(Arc::new(m)),
             handle: Box::new(h),
             validated: v,
-            generation: crate::fork::generation(),
+            generation: Stamp::now(),
         }
     }
 

@@ -4,6 +4,7 @@
 
 use crate::backend::Mapping;
 use crate::error::Result;
+use crate::fork::Stamp;
 use crate::handle::{DEVSHARE_KEY_CAPACITY, DEVSHARE_REF_NAME_CAPACITY};
 use crate::refcounter::Watched;
 use rustc_hash::FxHashMap;
@@ -89,8 +90,8 @@ pub(super) struct Registry {
     pub(super) allocs: FxHashMap<AllocKey, Slot>,
     pub(super) tickets: FxHashMap<Ticket, TicketUse>,
     pub(super) watched: FxHashMap<RefName, WatchEntry>,
-    /// [`crate::fork::generation`] the entries belong to.
-    pub(super) generation: u64,
+    /// The fork generation the entries belong to (`None` before the first use).
+    pub(super) generation: Option<Stamp>,
 }
 
 impl Registry {
@@ -196,18 +197,18 @@ pub(super) fn registry() -> RegistryGuard {
         crate::fork::register(&RegistryFork);
         crate::refcounter::register_holders(&ImportHolders);
     });
-    let generation = crate::fork::generation();
     // A panic while holding the lock cannot leave the maps half-updated (every update is a single
     // insert/remove/increment), so a poisoned lock is still consistent.
     let mut reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
     HOLDS_REGISTRY.with(|h| h.set(true));
-    if reg.generation != generation {
-        // A forked child: the entries are the parent's imports. Forget them without releasing
-        // anything (no unmap, no vendor close, no decrement, no unlink): leaked, on purpose.
+    if !reg.generation.is_some_and(|g| g.is_current()) {
+        // A forked child: the entries are the parent's imports (the first use has none). Forget
+        // them without releasing anything (no unmap, no vendor close, no decrement, no unlink):
+        // leaked, on purpose.
         std::mem::forget(std::mem::take(&mut reg.allocs));
         std::mem::forget(std::mem::take(&mut reg.tickets));
         std::mem::forget(std::mem::take(&mut reg.watched));
-        reg.generation = generation;
+        reg.generation = Some(Stamp::now());
     }
     RegistryGuard(Some(reg))
 }

@@ -36,6 +36,7 @@ mod vmm;
 use super::runtime::{self, Runtime, Stream};
 use super::{Backend, ExportOptions, Exported, ImportRequest, IpcEvent, Mapping, PeerAccess, Probe, SegmentedMemory};
 use crate::error::{Error, Result};
+use crate::fork::Stamp;
 use crate::handle::segments::SegmentTable;
 use crate::handle::{DevshareHandle, Validated, DEVSHARE_BACKEND_CUDA};
 use crate::loader::OnDemand;
@@ -332,7 +333,7 @@ impl Backend for Cuda {
         let _g = api.bind(device).ok()?;
         // SAFETY: the caller's promise: mapped until the guard goes.
         unsafe { api.mem_host_register(ptr, len) }.ok()?;
-        Some(Box::new(Pinned { ptr: ptr as usize, device, generation: crate::fork::generation() }))
+        Some(Box::new(Pinned { ptr: ptr as usize, device, generation: Stamp::now() }))
     }
 
     unsafe fn copy(&self, device: i32, to_host: bool, dst: *mut u8, src: *const u8, len: usize) -> Result<()> {
@@ -352,13 +353,14 @@ impl Backend for Cuda {
 struct Pinned {
     ptr: usize,
     device: i32,
-    generation: u64,
+    /// The fork generation that pinned it.
+    generation: Stamp,
 }
 
 impl Drop for Pinned {
     fn drop(&mut self) {
         // A forked child's copy was never registered in the child's driver state.
-        if self.generation != crate::fork::generation() {
+        if !self.generation.is_current() {
             return;
         }
         if let Ok(api) = api() {
