@@ -46,7 +46,7 @@ thread_local! {
 }
 
 /// The fork generation of this process (see the module documentation).
-pub(crate) fn generation() -> u64 {
+fn generation() -> u64 {
     static HANDLERS: Once = Once::new();
     HANDLERS.call_once(|| {
         // SAFETY: the three handlers are plain functions that live as long as the library (and
@@ -79,7 +79,6 @@ impl Stamp {
     /// `Ok` in the process the stamp was taken in; in a forked child, the refusal of an
     /// inherited `what` (`"channel"`, `"connection"`): `Unsupported`, "this `what` was inherited
     /// through fork: only the process that opened it may use it".
-    #[allow(dead_code)] // for the channel's checks, which still compare generations by hand
     pub(crate) fn check(&self, what: &str) -> Result<()> {
         if self.is_current() {
             return Ok(());

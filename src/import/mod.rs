@@ -25,7 +25,7 @@
 //!
 //! **fork.** A child forked after imports inherits the registry and the mappings, but the
 //! counts and references they stand for are the parent's. A `pthread_atfork` child handler
-//! (installed by [`crate::fork::generation`]) starts a new generation: the child's registry
+//! (installed on first use of [`crate::fork::Stamp`]) starts a new generation: the child's registry
 //! forgets every inherited import without unmapping, decrementing or unlinking anything (the
 //! child's copies of the mappings are leaked until it exits), and releasing an inherited
 //! [`Import`] in the child does nothing. The prepare handler takes the registry lock around

@@ -24,13 +24,13 @@ use std::time::{Duration, Instant};
 struct Shared {
     writer: Mutex<Framed>,
     closed: AtomicBool,
-    generation: u64,
+    generation: crate::fork::Stamp,
 }
 
 impl Teller for Shared {
     /// What the socket has no room for waits, and goes out with the next receive.
     fn tell(&self, msg: Message<'_>) {
-        if self.generation != crate::fork::generation() || self.closed.load(Ordering::Acquire) {
+        if !self.generation.is_current() || self.closed.load(Ordering::Acquire) {
             return;
         }
         let _ = self.writer.lock().unwrap_or_else(|p| p.into_inner()).send(&msg.encode());
@@ -221,7 +221,7 @@ impl RemoteConnection {
             shared: Arc::new(Shared {
                 writer: Mutex::new(writer),
                 closed: AtomicBool::new(false),
-                generation: crate::fork::generation(),
+                generation: crate::fork::Stamp::now(),
             }),
             state: Mutex::new(State {
                 reader,
@@ -256,11 +256,7 @@ impl RemoteConnection {
     }
 
     fn state(&self) -> Result<MutexGuard<'_, State>> {
-        if self.shared.generation != crate::fork::generation() {
-            return Err(Error::Unsupported(
-                "this connection was inherited through fork: only the process that opened it may use it".into(),
-            ));
-        }
+        self.shared.generation.check("connection")?;
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(Error::Closed("the connection is closed".into()));
         }
@@ -541,7 +537,7 @@ impl RemoteConnection {
     /// Close: the producer takes back every slot of this connection at once; imports stay
     /// mapped until released.
     pub(crate) fn close(&self) {
-        if self.shared.generation != crate::fork::generation() {
+        if !self.shared.generation.is_current() {
             return;
         }
         if !self.shared.closed.swap(true, Ordering::AcqRel) {

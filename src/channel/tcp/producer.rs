@@ -110,7 +110,7 @@ unsafe impl Send for Core {}
 pub(crate) struct Shared {
     core: Mutex<Core>,
     epoll: OwnedFd,
-    generation: u64,
+    generation: crate::fork::Stamp,
 }
 
 /// The producer end of a remote channel.
@@ -162,7 +162,7 @@ impl RemoteChannel {
             closed: false,
         };
         Ok(RemoteChannel {
-            shared: Arc::new(Shared { core: Mutex::new(core), epoll: ep, generation: crate::fork::generation() }),
+            shared: Arc::new(Shared { core: Mutex::new(core), epoll: ep, generation: crate::fork::Stamp::now() }),
         })
     }
 
@@ -603,11 +603,7 @@ impl Peer {
 
 impl Shared {
     fn lock(&self) -> Result<MutexGuard<'_, Core>> {
-        if self.generation != crate::fork::generation() {
-            return Err(Error::Unsupported(
-                "this channel was inherited through fork: only the process that opened it may use it".into(),
-            ));
-        }
+        self.generation.check("channel")?;
         let core = self.core.lock().unwrap_or_else(|p| p.into_inner());
         if core.closed {
             return Err(Error::Closed("the channel is closed".into()));
@@ -663,7 +659,7 @@ impl Shared {
     }
 
     fn close(&self) {
-        if self.generation != crate::fork::generation() {
+        if !self.generation.is_current() {
             return;
         }
         let mut core = self.core.lock().unwrap_or_else(|p| p.into_inner());

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 /// The socket and what the leases need to go back.
 pub(crate) struct ConnShared {
     fd: OwnedFd,
-    generation: u64,
+    generation: crate::fork::Stamp,
     /// Set by [`Connection::close`]: nothing is sent any more.
     closed: std::sync::atomic::AtomicBool,
     /// Messages (releases, returns, detaches) the producer's socket had no room for: sent, in
@@ -29,7 +29,7 @@ pub(crate) struct ConnShared {
 
 impl ConnShared {
     fn speaks(&self) -> bool {
-        self.generation == crate::fork::generation() && !self.closed.load(Ordering::Acquire)
+        self.generation.is_current() && !self.closed.load(Ordering::Acquire)
     }
 
     /// Send what waits in the backlog while the socket takes it; whether some still waits.
@@ -237,7 +237,7 @@ impl LocalConnection {
                                 epoll: ep,
                                 shared: Arc::new(ConnShared {
                                     fd,
-                                    generation: crate::fork::generation(),
+                                    generation: crate::fork::Stamp::now(),
                                     closed: Default::default(),
                                     backlog: Default::default(),
                                     ring: Default::default(),
@@ -310,11 +310,7 @@ impl LocalConnection {
     }
 
     fn state(&self) -> Result<MutexGuard<'_, State>> {
-        if self.shared.generation != crate::fork::generation() {
-            return Err(Error::Unsupported(
-                "this connection was inherited through fork: only the process that opened it may use it".into(),
-            ));
-        }
+        self.shared.generation.check("connection")?;
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(Error::Closed("the connection is closed".into()));
         }
@@ -669,7 +665,7 @@ impl LocalConnection {
     /// Close the connection: the producer takes back every lease and slot of it at once (imports
     /// stay mapped until released; releasing them then sends nothing).
     pub fn close(&self) {
-        if self.shared.generation != crate::fork::generation() {
+        if !self.shared.generation.is_current() {
             return;
         }
         if !self.shared.closed.swap(true, Ordering::AcqRel) {

@@ -88,8 +88,8 @@ pub fn version() -> Result<String> {
 struct ContextInner {
     api: &'static Ucp,
     context: Handle,
-    /// [`crate::fork::generation`] of the process that made it.
-    generation: u64,
+    /// The stamp of the process that made it.
+    generation: crate::fork::Stamp,
 }
 
 /// A UCP context for RMA with wake-ups (`ucp_init_version`), cleaned up when its last clone,
@@ -110,7 +110,7 @@ impl Context {
     pub fn new(settings: &[(&str, &str)]) -> Result<Context> {
         let api = api()?;
         let context = api.init(settings)?;
-        Ok(Context(Arc::new(ContextInner { api, context, generation: crate::fork::generation() })))
+        Ok(Context(Arc::new(ContextInner { api, context, generation: crate::fork::Stamp::now() })))
     }
 
     /// `"UCX <version> at <path>"`, as [`probe`] says.
@@ -129,7 +129,7 @@ impl Context {
     /// Whether this process was forked from the one that made the context: then it must not
     /// touch it (UCX objects do not survive `fork`), only forget it.
     fn inherited(&self) -> bool {
-        self.0.generation != crate::fork::generation()
+        !self.0.generation.is_current()
     }
 
     fn live(&self) -> Result<()> {
@@ -144,7 +144,7 @@ impl Context {
 
 impl Drop for ContextInner {
     fn drop(&mut self) {
-        if self.generation == crate::fork::generation() {
+        if self.generation.is_current() {
             // SAFETY: the last owner: every worker and registration held a clone.
             unsafe { self.api.cleanup(self.context) }
         }

@@ -126,7 +126,7 @@ struct Core {
 pub(crate) struct ChannelShared {
     core: Mutex<Core>,
     epoll: OwnedFd,
-    generation: u64,
+    generation: crate::fork::Stamp,
     /// The thread ([`thread_token`]; 0: none) that waits in the epoll set without a time limit
     /// (an acquire with none and at most one item out: no timer to arm and cancel, about 0.3 µs
     /// a wait on the machine BENCHMARKS.md describes). At most one at a time: the others look
@@ -224,7 +224,7 @@ impl LocalChannel {
             shared: Arc::new(ChannelShared {
                 core: Mutex::new(core),
                 epoll: ep,
-                generation: crate::fork::generation(),
+                generation: crate::fork::Stamp::now(),
                 untimed: AtomicU64::new(0),
                 nudge,
             }),

@@ -81,11 +81,7 @@ impl LeaseServer for ChannelShared {
 
 impl ChannelShared {
     pub(super) fn lock(&self) -> Result<Locked<'_>> {
-        if self.generation != crate::fork::generation() {
-            return Err(Error::Unsupported(
-                "this channel was inherited through fork: only the process that opened it may use it".into(),
-            ));
-        }
+        self.generation.check("channel")?;
         let core = self.core.lock().unwrap_or_else(|p| p.into_inner());
         if core.closed {
             return Err(Error::Closed("the channel is closed".into()));
@@ -183,7 +179,7 @@ impl ChannelShared {
     }
 
     pub(super) fn close(&self) {
-        if self.generation != crate::fork::generation() {
+        if !self.generation.is_current() {
             return; // a forked child's copy: the parent's peers and files are not ours
         }
         let core = self.core.lock().unwrap_or_else(|p| p.into_inner());
