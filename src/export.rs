@@ -591,21 +591,7 @@ impl Exporter {
             )));
         }
         let (win_offset, win_len) = self.alloc.window();
-        let storage_size = match desc.storage_size {
-            Some(s) => s,
-            None => win_len.checked_sub(desc.storage_offset).ok_or_else(|| {
-                Error::StorageOutOfBounds(format!(
-                    "storage_offset {} is beyond the {win_len} exported bytes",
-                    desc.storage_offset
-                ))
-            })?,
-        };
-        if desc.storage_offset.checked_add(storage_size).map_or(true, |end| end > win_len) {
-            return Err(Error::StorageOutOfBounds(format!(
-                "storage_offset {} + storage_size {storage_size} exceeds the {win_len} exported bytes",
-                desc.storage_offset
-            )));
-        }
+        let storage_size = storage_within(desc, win_len, || format!("{win_len} exported bytes"))?;
         h.ndim = desc.shape.len() as u32;
         h.storage_offset = win_offset + desc.storage_offset;
         h.storage_size = storage_size;
@@ -774,6 +760,26 @@ impl Drop for Exporter {
             *own = FxHashMap::default();
         }
     }
+}
+
+/// The storage size of `desc` (`None`: the rest of `len`), checked to lie within `len` bytes
+/// from its `storage_offset`; `room` names the `len` bytes in the error ("4096 exported bytes",
+/// "4096-byte slot"). Used for an export's window and for a pool's slot.
+pub(crate) fn storage_within(desc: &TensorDesc<'_>, len: u64, room: impl Fn() -> String) -> Result<u64> {
+    let storage_size = match desc.storage_size {
+        Some(s) => s,
+        None => len.checked_sub(desc.storage_offset).ok_or_else(|| {
+            Error::StorageOutOfBounds(format!("storage_offset {} is beyond the {}", desc.storage_offset, room()))
+        })?,
+    };
+    if desc.storage_offset.checked_add(storage_size).map_or(true, |end| end > len) {
+        return Err(Error::StorageOutOfBounds(format!(
+            "storage_offset {} + storage_size {storage_size} exceeds the {}",
+            desc.storage_offset,
+            room()
+        )));
+    }
+    Ok(storage_size)
 }
 
 #[cfg(test)]

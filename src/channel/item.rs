@@ -25,6 +25,16 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+/// Whether a consumer's connection may be used: made in this process (not inherited through
+/// fork) and not closed.
+pub(crate) fn usable(stamp: &crate::fork::Stamp, closed: &AtomicBool) -> Result<()> {
+    stamp.check("connection")?;
+    if closed.load(Ordering::Acquire) {
+        return Err(Error::Closed("the connection is closed".into()));
+    }
+    Ok(())
+}
+
 /// Where a consumer's pool tokens send their messages: a Unix connection (`ConnShared`) or a
 /// remote one.
 pub(crate) trait Teller: Send + Sync {
@@ -113,25 +123,22 @@ impl Drop for SlotToken {
     }
 }
 
+/// A pool of `count` slots of `slot_size` bytes must fit its export.
+pub(crate) fn pool_fits(exp: &crate::export::Exporter, slot_size: u64, count: u32) -> Result<()> {
+    slot_size.checked_mul(u64::from(count)).filter(|&t| t <= exp.size()).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "{count} slots of {slot_size} bytes do not fit the export's {} bytes",
+            exp.size()
+        ))
+    })?;
+    Ok(())
+}
+
 /// A tensor in slot `slot` of a pool of `slot_size`-byte slots, `desc` relative to the slot
 /// (`storage_size` `None`: the rest of the slot): its bytes in the slot, checked to lie inside
 /// it, and the description relative to the pool's export.
 pub(crate) fn slot_desc<'a>(desc: &TensorDesc<'a>, slot: u32, slot_size: u64) -> Result<(u64, TensorDesc<'a>)> {
-    let rel_size = match desc.storage_size {
-        Some(s) => s,
-        None => slot_size.checked_sub(desc.storage_offset).ok_or_else(|| {
-            Error::StorageOutOfBounds(format!(
-                "storage_offset {} is beyond the {slot_size}-byte slot",
-                desc.storage_offset
-            ))
-        })?,
-    };
-    if desc.storage_offset.checked_add(rel_size).map_or(true, |e| e > slot_size) {
-        return Err(Error::StorageOutOfBounds(format!(
-            "storage_offset {} + storage_size {rel_size} exceeds the {slot_size}-byte slot",
-            desc.storage_offset
-        )));
-    }
+    let rel_size = crate::export::storage_within(desc, slot_size, || format!("{slot_size}-byte slot"))?;
     let abs = TensorDesc {
         storage_offset: u64::from(slot) * slot_size + desc.storage_offset,
         storage_size: Some(rel_size),

@@ -2,6 +2,7 @@
 //! `Channel::peer_info` and `devshare_channel_peer_info` report it), the peer set with its
 //! lookups by id ([`PeerSet`]), and [`wait_peers`].
 
+use super::admission::{self, Admission};
 use crate::error::{Error, Result};
 use std::time::{Duration, Instant};
 
@@ -31,8 +32,13 @@ pub struct PeerInfo {
 /// A producer's peer as [`PeerSet`] sees it: an id, and whether it is connected (its handshake
 /// done, and, where the transport says so, not being disconnected).
 pub(crate) trait Peer {
+    /// Where a connection comes from, for the handshake places per source (a pid, an address).
+    type Source: PartialEq + Copy;
     fn id(&self) -> u64;
     fn ready(&self) -> bool;
+    /// Its source and when it was accepted, while it waits for its handshake (and is not being
+    /// disconnected); `None` otherwise.
+    fn waiting(&self) -> Option<(Self::Source, Instant)>;
 }
 
 /// A producer's peers, oldest first, for both transports: the list itself (a `Vec`, which it
@@ -83,6 +89,12 @@ impl<P: Peer> PeerSet<P> {
         self.0.iter().filter(|p| p.ready()).count()
     }
 
+    /// Whether a new connection from `source` gets a place to wait for its handshake
+    /// ([`admission::admit`] over the peers that wait now).
+    pub(crate) fn admit(&self, source: P::Source) -> Admission {
+        admission::admit(self.0.iter().enumerate().filter_map(|(i, p)| p.waiting().map(|(s, t)| (i, s, t))), source)
+    }
+
     /// The ids of the connected peers, oldest first.
     pub(crate) fn ready_ids(&self) -> Vec<u64> {
         self.0.iter().filter(|p| p.ready()).map(|p| p.id()).collect()
@@ -112,4 +124,18 @@ pub(crate) fn wait_peers(
         last_look = left.is_some_and(|l| l.is_zero());
         service(left)?;
     }
+}
+
+/// How long a producer's serve pass may sleep in its epoll set, for both transports: the
+/// caller's `timeout` (`None`: no limit), cut short at the next peer `deadline` (a handshake or
+/// send-patience deadline), as epoll's time.
+pub(crate) fn serve_wait(timeout: Option<Duration>, deadline: Option<Instant>) -> Option<rustix::event::Timespec> {
+    let wait = match (timeout, deadline) {
+        (t, None) => t,
+        (t, Some(d)) => {
+            let left = d.saturating_duration_since(Instant::now());
+            Some(t.map_or(left, |t| t.min(left)))
+        }
+    };
+    wait.map(|d| rustix::event::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) })
 }

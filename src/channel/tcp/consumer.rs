@@ -6,7 +6,7 @@
 use super::auth::{self, Key, Role};
 use super::protocol::{self, DataPath, Framed, PoolMemory, Remote};
 use super::ucx::{self, Arm, MemRegion};
-use crate::channel::item::{narrow, open, AttachToken, Teller};
+use crate::channel::item::{narrow, open, usable, AttachToken, Teller};
 use crate::channel::wire::{self, Message};
 use crate::error::{Error, Result};
 use crate::handle::DevshareHandle;
@@ -256,10 +256,7 @@ impl RemoteConnection {
     }
 
     fn state(&self) -> Result<MutexGuard<'_, State>> {
-        self.shared.generation.check("connection")?;
-        if self.shared.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed("the connection is closed".into()));
-        }
+        usable(&self.shared.generation, &self.shared.closed)?;
         Ok(self.state.lock().unwrap_or_else(|p| p.into_inner()))
     }
 

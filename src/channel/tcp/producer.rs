@@ -6,12 +6,12 @@
 use super::auth::{self, Key, Role};
 use super::protocol::{self, DataPath, Framed, PoolMemory, Remote};
 use super::ucx::{self, Endpoint, RemoteKey};
-use crate::channel::admission::{self, Admission};
-use crate::channel::item::slot_desc;
+use crate::channel::admission::Admission;
+use crate::channel::item::{pool_fits, slot_desc};
 use crate::channel::limits::{
     DEVSHARE_CHANNEL_ERROR_BUDGET, DEVSHARE_CHANNEL_HANDSHAKE_MS, DEVSHARE_CHANNEL_MAX_PEERS, DEVSHARE_POOL_MAX_SLOTS,
 };
-use crate::channel::peers::{self, PeerInfo, PeerSet};
+use crate::channel::peers::{self, serve_wait, PeerInfo, PeerSet};
 use crate::channel::wire::{self, ItemLayout, Message};
 use crate::error::{Error, Result};
 use crate::export::{Exporter, TensorDesc};
@@ -116,10 +116,6 @@ pub(crate) struct Shared {
 /// The producer end of a remote channel.
 pub(crate) struct RemoteChannel {
     shared: Arc<Shared>,
-}
-
-fn timespec(d: Duration) -> rustix::event::Timespec {
-    rustix::event::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) }
 }
 
 impl RemoteChannel {
@@ -249,12 +245,7 @@ impl RemoteChannel {
                 "a pool of {count} slots of {slot_size} bytes (1..={DEVSHARE_POOL_MAX_SLOTS} slots of at least 1 byte)"
             )));
         }
-        slot_size.checked_mul(u64::from(count)).filter(|&t| t <= exp.size()).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "{count} slots of {slot_size} bytes do not fit the export's {} bytes",
-                exp.size()
-            ))
-        })?;
+        pool_fits(&exp, slot_size, count)?;
         let n = count as usize;
         // CUDA pools: one slot of host memory, pinned where the driver allows, that items are
         // copied to on their way out (chunk by chunk for large ones).
@@ -305,11 +296,15 @@ impl Peer {
 }
 
 impl peers::Peer for Peer {
+    type Source = std::net::IpAddr;
     fn id(&self) -> u64 {
         self.id
     }
     fn ready(&self) -> bool {
         Peer::ready(self)
+    }
+    fn waiting(&self) -> Option<(std::net::IpAddr, Instant)> {
+        (!matches!(self.state, Handshake::Ready) && self.doomed.is_none()).then_some((self.source, self.accepted))
     }
 }
 
@@ -334,18 +329,12 @@ impl Core {
             };
             let source = from.ip().to_canonical();
             let Ok(mut framed) = Framed::new(stream) else { continue };
-            let refuse = if self.peers.iter().filter(|p| p.ready()).count() >= DEVSHARE_CHANNEL_MAX_PEERS {
+            let refuse = if self.peers.ready_count() >= DEVSHARE_CHANNEL_MAX_PEERS {
                 Some(format!("the channel already serves {DEVSHARE_CHANNEL_MAX_PEERS} peers"))
             } else {
                 // Limits per address: connections from one host that never prove the key cannot
                 // keep another host's consumer out.
-                let waiting = self
-                    .peers
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, p)| !matches!(p.state, Handshake::Ready) && p.doomed.is_none())
-                    .map(|(i, p)| (i, p.source, p.accepted));
-                match admission::admit(waiting, source) {
+                match self.peers.admit(source) {
                     Admission::Admit => None,
                     Admission::Evict(victim) => {
                         self.peers[victim].refuse("its place was given to a connection from another address".into());
@@ -613,15 +602,8 @@ impl Shared {
 
     fn service(&self, timeout: Option<Duration>) -> Result<()> {
         let deadline = self.lock()?.next_deadline();
-        let wait = match (timeout, deadline) {
-            (t, None) => t,
-            (t, Some(d)) => {
-                let left = d.saturating_duration_since(Instant::now());
-                Some(t.map_or(left, |t| t.min(left)))
-            }
-        };
         let mut events = [MaybeUninit::<epoll::Event>::uninit(); 32];
-        let ts = wait.map(timespec);
+        let ts = serve_wait(timeout, deadline);
         let mut ready = [0u64; 32];
         let n = loop {
             match epoll::wait(&self.epoll, &mut events, ts.as_ref()) {

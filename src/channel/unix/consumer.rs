@@ -1,14 +1,13 @@
 //! The consumer end of a channel: the connection, what arrives on it, and the leases that go back.
 
 use super::ring::{ConsumerRing, ItemRecord};
-use crate::channel::item::{narrow, open, AttachToken, LeaseToken, Teller};
+use crate::channel::item::{narrow, open, usable, AttachToken, LeaseToken, Teller};
 use crate::channel::wire::{self, Message, Received};
 use crate::error::{Error, Result};
 use crate::handle::encode::decode_full;
 use crate::import::{Import, Lease};
 use rustc_hash::FxHashMap;
 use rustix::event::{epoll, PollFd, PollFlags};
-use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -164,13 +163,7 @@ impl LocalConnection {
         // Asked before connecting (it may load the ACL runtime): the handshake goes out right
         // after the connection, well within the producer's handshake deadline.
         let tgid = crate::backend::pid_for_peers();
-        let fd = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
-            None,
-        )
-        .map_err(|e| wire::os("socket(AF_UNIX, SOCK_SEQPACKET)", e))?;
+        let fd = super::seqpacket_socket()?;
         loop {
             match rustix::net::connect(&fd, &addr) {
                 Ok(()) => break,
@@ -310,10 +303,7 @@ impl LocalConnection {
     }
 
     fn state(&self) -> Result<MutexGuard<'_, State>> {
-        self.shared.generation.check("connection")?;
-        if self.shared.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed("the connection is closed".into()));
-        }
+        usable(&self.shared.generation, &self.shared.closed)?;
         Ok(self.state.lock().unwrap_or_else(|p| p.into_inner()))
     }
 

@@ -13,6 +13,18 @@
 /// The longest spin [`crate::channel::Pool::set_spin`] and the connection's accept (one second).
 pub const MAX_SPIN: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// A non-blocking, close-on-exec `SOCK_SEQPACKET` Unix socket: what both ends start from.
+fn seqpacket_socket() -> crate::error::Result<std::os::fd::OwnedFd> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .map_err(|e| crate::channel::wire::os("socket(AF_UNIX, SOCK_SEQPACKET)", e))
+}
+
 mod consumer;
 mod producer;
 mod ring;

@@ -20,18 +20,17 @@ use serve::Arm;
 use super::ring::{self, ProducerRing};
 use super::MAX_SPIN;
 use crate::backend::IpcEvent;
-use crate::channel::admission::{self, Admission};
-use crate::channel::item::slot_desc;
+use crate::channel::admission::Admission;
+use crate::channel::item::{pool_fits, slot_desc};
 use crate::channel::limits::*;
-use crate::channel::peers::{wait_peers, PeerInfo, PeerSet};
+use crate::channel::peers::{serve_wait, wait_peers, PeerInfo, PeerSet};
 use crate::channel::wire::{self, ItemLayout, Message, Received};
 use crate::error::{Error, Result};
 use crate::export::{Exporter, TensorDesc};
 use crate::export::{LeaseBook, LeaseServer};
 use rustc_hash::{FxHashMap, FxHashSet};
 use rustix::event::epoll;
-use rustix::event::Timespec;
-use rustix::net::{AddressFamily, SocketFlags, SocketType};
+use rustix::net::SocketFlags;
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -146,13 +145,7 @@ impl LocalChannel {
     /// Listen on `address` (a path, or `@name` for an abstract socket).
     pub fn listen(address: &str) -> Result<LocalChannel> {
         let addr = wire::address(address)?;
-        let listener = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
-            None,
-        )
-        .map_err(|e| wire::os("socket(AF_UNIX, SOCK_SEQPACKET)", e))?;
+        let listener = super::seqpacket_socket()?;
         rustix::net::bind(&listener, &addr).map_err(|e| match e {
             rustix::io::Errno::ADDRINUSE => Error::Busy(format!(
                 "channel address {address:?} is in use (a file exists there, or another channel listens on it); \
@@ -427,12 +420,7 @@ impl LocalChannel {
                 format!("{count} slots is above the maximum of {DEVSHARE_POOL_MAX_SLOTS} slots per pool"),
             ));
         }
-        slot_size.checked_mul(u64::from(count)).filter(|&t| t <= exp.size()).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "{count} slots of {slot_size} bytes do not fit the export's {} bytes",
-                exp.size()
-            ))
-        })?;
+        pool_fits(&exp, slot_size, count)?;
         // The bookkeeping, allocated fallibly: a failure is a status, never an abort.
         let n = count as usize;
         let mut slots = Vec::new();

@@ -6,11 +6,15 @@
 use super::*;
 
 impl crate::channel::peers::Peer for Peer {
+    type Source = i32;
     fn id(&self) -> u64 {
         self.info.id
     }
     fn ready(&self) -> bool {
         self.ready
+    }
+    fn waiting(&self) -> Option<(i32, Instant)> {
+        (!self.ready && self.doomed.is_none()).then_some((self.info.pid, self.accepted))
     }
 }
 
@@ -120,13 +124,7 @@ impl Core {
             } else {
                 // Limits per process: connections of one process that never say hello cannot
                 // keep another's consumer out.
-                let waiting = self
-                    .peers
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, p)| !p.ready && p.doomed.is_none())
-                    .map(|(i, p)| (i, p.info.pid, p.accepted));
-                match admission::admit(waiting, pid) {
+                match self.peers.admit(pid) {
                     Admission::Admit => None,
                     Admission::Evict(victim) => {
                         self.peers[victim].doomed = Some("its place was given to another process's connection".into());

@@ -57,10 +57,6 @@ impl Drop for Untimed<'_> {
     }
 }
 
-pub(super) fn timespec(d: Duration) -> Timespec {
-    Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) }
-}
-
 /// Whether a look at the rings asks their consumers to wake the channel for the next return.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Arm {
@@ -122,15 +118,8 @@ impl ChannelShared {
             (core.next_deadline(), returned)
         };
         let timeout = if returned > 0 { Some(Duration::ZERO) } else { timeout };
-        let wait = match (timeout, deadline) {
-            (t, None) => t,
-            (t, Some(d)) => {
-                let left = d.saturating_duration_since(Instant::now());
-                Some(t.map_or(left, |t| t.min(left)))
-            }
-        };
         let mut events = [MaybeUninit::<epoll::Event>::uninit(); 32];
-        let ts = wait.map(timespec);
+        let ts = serve_wait(timeout, deadline);
         // Which sources are ready: 0 is the listener, anything else a peer's id; and whether
         // a peer's socket can take more of its queue.
         let mut ready = [(0u64, false); 32];

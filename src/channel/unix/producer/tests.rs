@@ -1,4 +1,5 @@
 use super::*;
+use rustix::net::{AddressFamily, SocketType};
 
 #[test]
 fn a_pool_counts_its_slots_out_through_sends_returns_and_a_consumer_gone() {
