@@ -9,33 +9,11 @@ use devshare::backend::{ExportOptions, ImportRequest};
 use devshare::export::{Exporter, TensorDesc};
 use devshare::handle::DEVSHARE_BACKEND_ACL;
 use devshare::import::import;
-use std::ffi::{c_char, c_int, c_void, CString};
+use std::ffi::{c_void, CString};
 use std::sync::Arc;
 
-struct Runtime {
-    _lib: libloading::Library,
-    malloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_int) -> c_int,
-    free: unsafe extern "C" fn(*mut c_void) -> c_int,
-    set_device: unsafe extern "C" fn(i32) -> c_int,
-    violations: unsafe extern "C" fn() -> c_int,
-    open_imports: unsafe extern "C" fn(*const c_char) -> c_int,
-}
-
-fn runtime() -> Runtime {
-    let lib = common::load(common::StandIn::Acl, "acl_threads");
-    // SAFETY: the stand-in is a plain C library; the symbols have these C signatures.
-    unsafe {
-        let init: unsafe extern "C" fn(*const c_char) -> c_int = *lib.get(b"aclInit").unwrap();
-        init(std::ptr::null());
-        Runtime {
-            malloc: *lib.get(b"aclrtMalloc").unwrap(),
-            free: *lib.get(b"aclrtFree").unwrap(),
-            set_device: *lib.get(b"aclrtSetDevice").unwrap(),
-            violations: *lib.get(b"aclsi_violation_count").unwrap(),
-            open_imports: *lib.get(b"aclsi_open_imports").unwrap(),
-            _lib: lib,
-        }
-    }
+fn runtime() -> common::Acl {
+    common::acl("acl_threads")
 }
 
 #[test]

@@ -684,14 +684,8 @@ fn within_10s<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> impl
 
 #[test]
 fn an_acquire_without_a_time_limit_waits_without_a_timer_and_what_other_threads_do_wakes_it() {
-    let addr = address("untimed");
-    let ch = Arc::new(Channel::listen(&addr).unwrap());
-    let c = std::thread::scope(|s| {
-        let c = s.spawn(|| Connection::connect(&addr, T).unwrap());
-        ch.wait_peers(1, T).unwrap();
-        c.join().unwrap()
-    });
-    let peer = ch.peer_ids().unwrap()[0];
+    let (ch, c, peer) = connected(&address("untimed"));
+    let ch = Arc::new(ch);
     let exp = Arc::new(Exporter::channel_host_alloc(4096).unwrap());
     let pool = Arc::new(ch.pool(exp.clone(), 4096, 1).unwrap());
     let asleep = || std::thread::sleep(Duration::from_millis(50));
@@ -749,14 +743,7 @@ fn an_acquire_without_a_time_limit_waits_without_a_timer_and_what_other_threads_
 
 #[test]
 fn pool_items_through_the_ring_and_leases_over_the_socket_arrive_in_the_order_they_were_sent() {
-    let addr = address("ring-order");
-    let ch = Channel::listen(&addr).unwrap();
-    let c = std::thread::scope(|s| {
-        let c = s.spawn(|| Connection::connect(&addr, T).unwrap());
-        ch.wait_peers(1, T).unwrap();
-        c.join().unwrap()
-    });
-    let peer = ch.peer_ids().unwrap()[0];
+    let (ch, c, peer) = connected(&address("ring-order"));
     let exp = Arc::new(Exporter::channel_host_alloc(8 * 1024).unwrap());
     let pool = ch.pool(exp.clone(), 1024, 8).unwrap();
     let leased = Exporter::channel_host_alloc(4096).unwrap();
@@ -1008,6 +995,18 @@ fn a_hostile_producer_writing_into_the_ring_gets_refused_records_not_a_crash() {
     drop(p);
 }
 
+/// A channel at `addr` with one consumer connected (from another thread), and its peer id.
+fn connected(addr: &str) -> (Channel, Connection, u64) {
+    let ch = Channel::listen(addr).unwrap();
+    let c = std::thread::scope(|s| {
+        let c = s.spawn(|| Connection::connect(addr, T).unwrap());
+        ch.wait_peers(1, T).unwrap();
+        c.join().unwrap()
+    });
+    let peer = ch.peer_ids().unwrap()[0];
+    (ch, c, peer)
+}
+
 /// Whether the connection's descriptor becomes readable within `ms` milliseconds.
 fn readable_within(c: &Connection, ms: i32) -> bool {
     let fd = c.fd();
@@ -1018,14 +1017,7 @@ fn readable_within(c: &Connection, ms: i32) -> bool {
 
 #[test]
 fn the_connection_descriptor_stays_readable_while_ring_items_wait() {
-    let addr = address("ring-level");
-    let ch = Channel::listen(&addr).unwrap();
-    let c = std::thread::scope(|s| {
-        let c = s.spawn(|| Connection::connect(&addr, T).unwrap());
-        ch.wait_peers(1, T).unwrap();
-        c.join().unwrap()
-    });
-    let peer = ch.peer_ids().unwrap()[0];
+    let (ch, c, peer) = connected(&address("ring-level"));
     let exp = Arc::new(Exporter::channel_host_alloc(8 * 1024).unwrap());
     let pool = ch.pool(exp, 1024, 8).unwrap();
     let readable = |ms: i32| readable_within(&c, ms);
@@ -1057,14 +1049,7 @@ fn the_connection_descriptor_stays_readable_while_ring_items_wait() {
 
 #[test]
 fn an_event_loop_that_polls_after_a_blocking_receive_is_woken_by_the_next_item() {
-    let addr = address("ring-poll-after-recv");
-    let ch = Channel::listen(&addr).unwrap();
-    let c = std::thread::scope(|s| {
-        let c = s.spawn(|| Connection::connect(&addr, T).unwrap());
-        ch.wait_peers(1, T).unwrap();
-        c.join().unwrap()
-    });
-    let peer = ch.peer_ids().unwrap()[0];
+    let (ch, c, peer) = connected(&address("ring-poll-after-recv"));
     let exp = Arc::new(Exporter::channel_host_alloc(8 * 1024).unwrap());
     let pool = ch.pool(exp, 1024, 8).unwrap();
     let send = || {

@@ -50,33 +50,10 @@ fn desc(offset: u64) -> TensorDesc<'static> {
 // ---------------------------------------------------------------------------------------------
 // ACL (one process: the ACL stand-in lets a process import its own keys without pid validation)
 
-struct Acl {
-    _lib: libloading::Library,
-    malloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_int) -> c_int,
-    free: unsafe extern "C" fn(*mut c_void) -> c_int,
-    set_device: unsafe extern "C" fn(i32) -> c_int,
-    violations: unsafe extern "C" fn() -> c_int,
-    open_imports: unsafe extern "C" fn(*const c_char) -> c_int,
-    set_delay: unsafe extern "C" fn(*const c_char, c_uint) -> c_int,
-}
+use common::Acl;
 
 fn acl() -> Acl {
-    let lib = common::load(common::StandIn::Acl, "registry_locking");
-    // SAFETY: the stand-in is a plain C library; the symbols have these C signatures
-    // (tests/standin/acl/acl_standin.h).
-    unsafe {
-        let init: unsafe extern "C" fn(*const c_char) -> c_int = *lib.get(b"aclInit").unwrap();
-        init(std::ptr::null());
-        Acl {
-            malloc: *lib.get(b"aclrtMalloc").unwrap(),
-            free: *lib.get(b"aclrtFree").unwrap(),
-            set_device: *lib.get(b"aclrtSetDevice").unwrap(),
-            violations: *lib.get(b"aclsi_violation_count").unwrap(),
-            open_imports: *lib.get(b"aclsi_open_imports").unwrap(),
-            set_delay: *lib.get(b"aclsi_set_delay").unwrap(),
-            _lib: lib,
-        }
-    }
+    common::acl("registry_locking")
 }
 
 impl Acl {

@@ -79,12 +79,19 @@ fn on_the_ucx_path_items_arrive_byte_exact_too_when_both_ends_choose_it() {
         return;
     }
     // The data path is chosen per process (DEVSHARE_REMOTE_DATA): both ends in a child.
-    let out = common::role("remote_child", &[(ROLE, "byte_exact".as_ref()), ("DEVSHARE_REMOTE_ADDRESS", "".as_ref())])
-        .env("DEVSHARE_REMOTE_DATA", "ucx")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && text.contains("said: byte exact on 2"), "{text}");
+    let (ok, text) = in_child("byte_exact", Some("ucx"));
+    assert!(ok && text.contains("said: byte exact on 2"), "{text}");
+}
+
+/// Run `role` of this test binary in a child process (with `DEVSHARE_REMOTE_DATA=data` when
+/// given): whether it succeeded, and what it printed.
+fn in_child(role: &str, data: Option<&str>) -> (bool, String) {
+    let mut c = common::role("remote_child", &[(ROLE, role.as_ref()), ("DEVSHARE_REMOTE_ADDRESS", "".as_ref())]);
+    if let Some(d) = data {
+        c.env("DEVSHARE_REMOTE_DATA", d);
+    }
+    let out = c.output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// One producer and one consumer (a thread) in this process: 4 KiB items at an odd offset,
@@ -685,11 +692,8 @@ fn a_cuda_pool_arrives_in_the_consumers_own_device_memory_whose_slots_keep_their
 fn large_cuda_items_cross_in_chunks_through_pinned_host_memory_byte_exact() {
     // In a child process: the stand-in's count of pinned ranges is per process.
     setup();
-    let out = common::role("remote_child", &[(ROLE, "cuda_big".as_ref()), ("DEVSHARE_REMOTE_ADDRESS", "".as_ref())])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && text.contains("said: pinned 2 then 0, 3 items byte-exact"), "{text}");
+    let (ok, text) = in_child("cuda_big", None);
+    assert!(ok && text.contains("said: pinned 2 then 0, 3 items byte-exact"), "{text}");
 }
 
 /// Three items of 3 MiB + 5 bytes (past the chunk size, at an odd offset) from a CUDA pool to a
@@ -1189,12 +1193,7 @@ fn a_consumer_with_the_key_that_forges_a_registration_or_a_return_is_refused_and
 fn on_the_stream_path_nothing_listens_but_the_channels_own_address() {
     setup();
     let run = |data: &str| {
-        let out =
-            common::role("remote_child", &[(ROLE, "listeners".as_ref()), ("DEVSHARE_REMOTE_ADDRESS", "".as_ref())])
-                .env("DEVSHARE_REMOTE_DATA", data)
-                .output()
-                .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (_, text) = in_child("listeners", Some(data));
         text.lines().find_map(|l| l.split_once("said: ").map(|(_, r)| r.to_string())).unwrap_or(text)
     };
     let said = run("stream");

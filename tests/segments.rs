@@ -2,6 +2,8 @@
 //! segment tables travel (byte and text encodings, PyTorch tuples), and the 'e' storage-handle
 //! forms of torch_npu and PyTorch CUDA in both directions.
 
+mod common;
+
 use devshare::dtype::DevshareDType;
 use devshare::handle::encode::{decode, decode_full, encode, encode_full_into};
 use devshare::handle::segments::*;
@@ -58,11 +60,6 @@ fn args<'a>(backend: u16, handle: &'a [u8], storage_offset: u64, storage_size: u
         event_handle: &[],
         event_sync_required: false,
     }
-}
-
-fn err(a: &TorchArgs<'_>) -> (Status, String) {
-    let e = handle_from_torch(a).unwrap_err();
-    (e.status(), e.to_string())
 }
 
 #[test]
@@ -146,13 +143,13 @@ fn every_malformed_e_form_gets_its_own_status() {
         (DEVSHARE_BACKEND_CUDA, cuda_e(9, 2 * MIB, 0, &[]), Status::InvalidHandle, "zero segments"),
     ];
     for (backend, bytes, status, words) in cases {
-        let (s, m) = err(&args(backend, &bytes, 0, 4096));
+        let (s, m) = common::refusal(&args(backend, &bytes, 0, 4096));
         assert_eq!(s, status, "{words}: {m}");
         assert!(m.contains(words), "{m} should say {words:?}");
     }
     // The storage past the last segment.
     let bytes = npu_e(2 * MIB, &[1, 2]);
-    let (s, m) = err(&args(DEVSHARE_BACKEND_ACL, &bytes, 3 * MIB, 2 * MIB));
+    let (s, m) = common::refusal(&args(DEVSHARE_BACKEND_ACL, &bytes, 3 * MIB, 2 * MIB));
     assert_eq!(s, Status::StorageOutOfBounds, "{m}");
 }
 

@@ -1,6 +1,8 @@
 //! PyTorch / torch_npu tuple fields to handles and back: every storage-handle
 //! form parses or fails with the status that names it.
 
+mod common;
+
 use devshare::dtype::DevshareDType;
 use devshare::handle::{DEVSHARE_BACKEND_ACL, DEVSHARE_BACKEND_CUDA, DEVSHARE_HANDLE_FLAG_EVENT};
 use devshare::torch::{handle_from_torch, handle_to_torch, parse_storage_handle, TorchArgs};
@@ -32,11 +34,6 @@ fn args<'a>(backend: u16, handle: &'a [u8]) -> TorchArgs<'a> {
         event_handle: &[0u8; 64],
         event_sync_required: false,
     }
-}
-
-fn status_of(a: &TorchArgs<'_>) -> (Status, String) {
-    let e = handle_from_torch(a).unwrap_err();
-    (e.status(), e.to_string())
 }
 
 #[test]
@@ -77,7 +74,7 @@ fn legacy_65_byte_acl_key_parses_like_the_c_form() {
 fn acl_handle_versions_other_than_1_are_refused_naming_the_version() {
     let mut v2 = vec![2u8, b'c'];
     v2.extend_from_slice(&acl_key());
-    let (s, m) = status_of(&args(DEVSHARE_BACKEND_ACL, &v2));
+    let (s, m) = common::refusal(&args(DEVSHARE_BACKEND_ACL, &v2));
     assert_eq!(s, Status::UnsupportedVersion);
     assert!(m.contains("version 2"), "{m}");
 }
@@ -86,14 +83,14 @@ fn acl_handle_versions_other_than_1_are_refused_naming_the_version() {
 fn truncated_and_unterminated_acl_keys_are_bad_keys() {
     let mut truncated = vec![1u8, b'c'];
     truncated.extend_from_slice(&acl_key()[..60]);
-    assert_eq!(status_of(&args(DEVSHARE_BACKEND_ACL, &truncated)).0, Status::BadKey);
+    assert_eq!(common::refusal(&args(DEVSHARE_BACKEND_ACL, &truncated)).0, Status::BadKey);
     let no_nul = vec![b'k'; 65];
-    let (s, m) = status_of(&args(DEVSHARE_BACKEND_ACL, &no_nul));
+    let (s, m) = common::refusal(&args(DEVSHARE_BACKEND_ACL, &no_nul));
     assert_eq!(s, Status::BadKey);
     assert!(m.contains("NUL"), "{m}");
     let mut empty = vec![0u8; 65];
     empty[1] = b'x';
-    assert_eq!(status_of(&args(DEVSHARE_BACKEND_ACL, &empty)).0, Status::BadKey);
+    assert_eq!(common::refusal(&args(DEVSHARE_BACKEND_ACL, &empty)).0, Status::BadKey);
 }
 
 #[test]
@@ -108,11 +105,11 @@ fn cuda_raw_and_prefixed_handles_of_versions_1_to_3_name_the_same_allocation() {
     }
     let mut v4 = vec![4u8, b'c'];
     v4.extend_from_slice(&raw);
-    let (s, m) = status_of(&args(DEVSHARE_BACKEND_CUDA, &v4));
+    let (s, m) = common::refusal(&args(DEVSHARE_BACKEND_CUDA, &v4));
     assert_eq!(s, Status::UnsupportedVersion);
     assert!(m.contains("version 4"), "{m}");
-    assert_eq!(status_of(&args(DEVSHARE_BACKEND_CUDA, &raw[..63])).0, Status::BadKey);
-    assert_eq!(status_of(&args(DEVSHARE_BACKEND_CUDA, &[])).0, Status::InvalidArgument, "empty storage");
+    assert_eq!(common::refusal(&args(DEVSHARE_BACKEND_CUDA, &raw[..63])).0, Status::BadKey);
+    assert_eq!(common::refusal(&args(DEVSHARE_BACKEND_CUDA, &[])).0, Status::InvalidArgument, "empty storage");
 }
 
 #[test]
@@ -122,7 +119,7 @@ fn event_handle_must_be_64_bytes_only_when_sync_is_required() {
     let short = [1u8; 63];
     a.event_handle = &short;
     a.event_sync_required = true;
-    let (s, m) = status_of(&a);
+    let (s, m) = common::refusal(&a);
     assert_eq!(s, Status::InvalidArgument);
     assert!(m.contains("63"), "{m}");
     // Old torch_npu builds send 8 garbage bytes and False: ignored.
@@ -145,10 +142,10 @@ fn tensor_outside_its_storage_and_bad_ref_names_are_refused() {
     let raw = [1u8; 64];
     let mut a = args(DEVSHARE_BACKEND_CUDA, &raw);
     a.tensor_offset = 1024; // 1024 + 31 elements of 4 bytes > 4096
-    assert_eq!(status_of(&a).0, Status::TensorOutOfBounds);
+    assert_eq!(common::refusal(&a).0, Status::TensorOutOfBounds);
     let mut a = args(DEVSHARE_BACKEND_CUDA, &raw);
     a.ref_name = b"torch_no_slash";
-    assert_eq!(status_of(&a).0, Status::InvalidArgument);
+    assert_eq!(common::refusal(&a).0, Status::InvalidArgument);
     let mut a = args(DEVSHARE_BACKEND_CUDA, &raw);
     a.ref_name = b"";
     let h = handle_from_torch(&a).unwrap();
@@ -157,7 +154,7 @@ fn tensor_outside_its_storage_and_bad_ref_names_are_refused() {
     assert_eq!(handle_from_torch(&a).unwrap().producer_pid, 77);
     let mut a = args(DEVSHARE_BACKEND_CUDA, &raw);
     a.storage_offset = u64::MAX;
-    assert_eq!(status_of(&a).0, Status::BadSize);
+    assert_eq!(common::refusal(&a).0, Status::BadSize);
 }
 
 #[test]
@@ -167,7 +164,7 @@ fn zero_byte_storages_are_refused_both_ways_because_pytorch_never_returns_their_
     a.storage_size = 0;
     a.shape = &[0];
     a.tensor_offset = 0;
-    let (s, m) = status_of(&a);
+    let (s, m) = common::refusal(&a);
     assert_eq!(s, Status::InvalidArgument);
     assert!(m.contains("0 bytes"), "{m}");
     let mut h = handle_from_torch(&args(DEVSHARE_BACKEND_CUDA, &raw)).unwrap();

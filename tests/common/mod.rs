@@ -40,3 +40,40 @@ pub fn role(role_test: &str, envs: &[(&str, &std::ffi::OsStr)]) -> std::process:
     }
     c
 }
+
+/// Why PyTorch's tuple fields `a` are refused: the status and the message.
+pub fn refusal(a: &devshare::torch::TorchArgs<'_>) -> (devshare::Status, String) {
+    let e = devshare::torch::handle_from_torch(a).unwrap_err();
+    (e.status(), e.to_string())
+}
+
+/// The ACL stand-in, loaded (see [`load`]) and initialised, with the calls the ACL tests make.
+pub struct Acl {
+    pub malloc: unsafe extern "C" fn(*mut *mut std::ffi::c_void, usize, std::ffi::c_int) -> std::ffi::c_int,
+    pub free: unsafe extern "C" fn(*mut std::ffi::c_void) -> std::ffi::c_int,
+    pub set_device: unsafe extern "C" fn(i32) -> std::ffi::c_int,
+    pub violations: unsafe extern "C" fn() -> std::ffi::c_int,
+    pub open_imports: unsafe extern "C" fn(*const std::ffi::c_char) -> std::ffi::c_int,
+    pub set_delay: unsafe extern "C" fn(*const std::ffi::c_char, std::ffi::c_uint) -> std::ffi::c_int,
+    pub lib: libloading::Library,
+}
+
+/// The ACL stand-in for the test `tag` (its log's name), initialised (`aclInit`).
+pub fn acl(tag: &str) -> Acl {
+    let lib = load(StandIn::Acl, tag);
+    // SAFETY: the stand-in is a plain C library; the symbols have these C signatures
+    // (tests/standin/acl/acl_standin.h).
+    unsafe {
+        let init: unsafe extern "C" fn(*const std::ffi::c_char) -> std::ffi::c_int = *lib.get(b"aclInit").unwrap();
+        init(std::ptr::null());
+        Acl {
+            malloc: *lib.get(b"aclrtMalloc").unwrap(),
+            free: *lib.get(b"aclrtFree").unwrap(),
+            set_device: *lib.get(b"aclrtSetDevice").unwrap(),
+            violations: *lib.get(b"aclsi_violation_count").unwrap(),
+            open_imports: *lib.get(b"aclsi_open_imports").unwrap(),
+            set_delay: *lib.get(b"aclsi_set_delay").unwrap(),
+            lib,
+        }
+    }
+}
