@@ -44,7 +44,8 @@ This module is the channel API and nothing else: the memory registry it shares w
 :func:`devshare.share` (so that ``outstanding`` / ``wait`` count leases) is
 :mod:`devshare._registry`, and tensors over received memory are made by :mod:`devshare._views`.
 Imports :mod:`devshare._lib`, :mod:`devshare._ints`, :mod:`devshare._dtypes`,
-:mod:`devshare._args`, :mod:`devshare._views` and :mod:`devshare._registry`.
+:mod:`devshare._args`, :mod:`devshare._views`, :mod:`devshare._registry` and
+:mod:`devshare._channel_lib` (the library's channel functions, bound once for its version).
 """
 
 from __future__ import annotations
@@ -55,22 +56,44 @@ import struct
 import threading
 import time
 import weakref
-from ctypes import (POINTER, byref, c_int32, c_size_t, c_uint32, c_uint64, c_void_p, cast,
-                    pointer, sizeof)
+from ctypes import byref, c_int32, c_size_t, c_uint32, c_uint64, c_void_p, cast, sizeof
 
 from . import _dtypes, _ints, _torch_ipc, _views
 from ._api import torch_host_export
 from ._args import normalize_shape, timeout_ms, type_label
-from ._ints import check_args
+from ._channel_lib import (
+    FAST_SECONDS as _FAST_SECONDS,
+    FOREVER as _FOREVER,
+    GIVE_BACK as _GIVE_BACK,
+    I32_MAX as _I32_MAX,
+    MS_ARGS as _MS_ARGS,
+    RAW_ACQUIRE as _RAW_ACQUIRE,
+    RAW_GIVE_BACK as _RAW_GIVE_BACK,  # noqa: F401 - read from here by the benchmarks
+    RAW_RECV_ARGS as _RAW_RECV_ARGS,
+    RAW_RECV_ITEM as _RAW_RECV_ITEM,
+    RAW_RELEASE as _RAW_RELEASE,
+    RAW_SEND as _RAW_SEND,
+    TIMEOUT as _TIMEOUT,
+    UNMAP_GIVEN_BACK as _UNMAP_GIVEN_BACK,
+    ChannelClosed,
+    address_bytes as _address,
+    call as _call,
+    describe,
+    error as _error,
+    need,
+    peer_id as _peer_id,
+    require as _require,
+    send_leases,
+    timed as _timed,
+    wait_call as _wait_call,
+)
 from ._lib import (
     BACKEND_HOST,
-    CHANNEL_MINOR,
     ChannelP,
     ConnectionP,
     Error,
     ExporterP,
     HandleStruct,
-    bind,
     ImportInfo,
     ImportP,
     ItemStruct,
@@ -82,19 +105,11 @@ from ._lib import (
     SHARE_EVENT,
     STORAGE_TO_END,
     Status,
-    TensorDesc,
     call,
-    channel_signatures,
-    channel_signatures_1_2,
-    channel_signatures_1_4,
-    channel_signatures_1_7,
-    channel_signatures_1_8,
-    error_for,
     lib,
     new_struct,
     registry_lock,
 )
-from ._lib import version as _library_version
 from ._registry import (
     MAX_ALLOC,
     Export,
@@ -109,190 +124,21 @@ from ._registry import (
 )
 from ._views import array_extent, is_ndarray, is_torch_tensor
 
-# --- Binding the channel functions -------------------------------------------------------------
-
-
-def _bind() -> str | None:
-    """Set the channel functions' prototypes; why the library cannot do channels, or None."""
-    missing = bind(channel_signatures(ExporterP, ImportP))
-    if missing:
-        return (f"the loaded libdevshare ({_library_version}) has no channel API (it lacks "
-                f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): channels need "
-                f"libdevshare 1.{CHANNEL_MINOR} or later")
-    return None
-
-
-_UNAVAILABLE = _bind()
-
+# --- Binding the channel functions: devshare._channel_lib ----------------------------------------
 
 #: PeerInfo.transport's numbers, as peer_info names them.
 _TRANSPORTS = {0: "unix", 1: "stream", 2: "ucx"}
 
-# The 1.2 channel functions the library has (their prototypes set).
-_SIGNATURES_1_2 = channel_signatures_1_2(ImportP)
-_HAVE_1_2 = {name for name, _, _ in _SIGNATURES_1_2} - set(bind(_SIGNATURES_1_2))
-_GIVE_BACK = "devshare_import_give_back" in _HAVE_1_2
-# 1.4: many leases in one call (without it, a batch goes one lease per call).
-_SIGNATURES_1_4 = channel_signatures_1_4(ExporterP, ImportP)
-_HAVE_1_4 = {name for name, _, _ in _SIGNATURES_1_4} - set(bind(_SIGNATURES_1_4))
-_SEND_BATCH = "devshare_channel_send_batch" in _HAVE_1_4
-_DESCRIBE = "devshare_import_describe" in _HAVE_1_4
-# 1.7: a receive that reports the item and releases the previous one, in one call.
-_SIGNATURES_1_7 = channel_signatures_1_7(ImportP)
-_HAVE_1_7 = {name for name, _, _ in _SIGNATURES_1_7} - set(bind(_SIGNATURES_1_7))
-# 1.8: that receive with its arguments in one struct (one ctypes argument instead of four).
-_SIGNATURES_1_8 = channel_signatures_1_8()
-_HAVE_1_8 = {name for name, _, _ in _SIGNATURES_1_8} - set(bind(_SIGNATURES_1_8))
-
-
-def _raw(name):
-    """The library function ``name`` as a second ctypes function object, without argtypes (None
-    when the library lacks it). ctypes converts every argument of a function with argtypes
-    through the type's ``from_param``, about 0.1 µs an argument; the per-item calls pass
-    ready-made ctypes objects of exactly the C parameter types (or None for NULL), which need
-    none of it. The result stays a C int: the status."""
-    try:
-        return lib[name]
-    except AttributeError:
-        return None
-
-
-_RAW_ACQUIRE = _raw("devshare_pool_acquire")
-_RAW_SEND = _raw("devshare_pool_send")
-
-
-def _by_address(name):
-    """The library function ``name`` (one ``DevshareImport *`` parameter) as a second ctypes
-    function object whose parameter is a ``c_void_p``: it takes an import as an ``ImportP`` or
-    as its address, an int (which a pool item's lease keeps: reading the address out of the
-    received struct costs a tenth of making an ``ImportP`` of it, and converting it here about
-    25 ns). None when the library lacks it."""
-    fn = _raw(name)
-    if fn is not None:
-        fn.argtypes = [c_void_p]
-    return fn
-
-
-_RAW_GIVE_BACK = _by_address("devshare_import_give_back") if _GIVE_BACK else None
-_RAW_RELEASE = _by_address("devshare_import_release")
-_RAW_RECV_ITEM = (_raw("devshare_connection_recv_item") if "devshare_connection_recv_item" in _HAVE_1_7
-                  else None)
-_RAW_RECV_ARGS = (_raw("devshare_connection_recv_args") if "devshare_connection_recv_args" in _HAVE_1_8
-                  else None)
-
 
 def _set_spin(fn, obj, spin_us) -> None:
     """``fn`` (devshare_pool_set_spin / devshare_connection_set_spin) on ``obj``'s pointer."""
-    if fn not in _HAVE_1_4:
-        raise Error(Status.UNSUPPORTED, f"spinning needs libdevshare 1.4 or later (loaded: "
-                                        f"{_library_version})")
+    fn = need(fn, "spinning")
     us = _ints.index("spin_us", spin_us, 0, MAX_SPIN_US)
     ptr = obj._enter()
     try:
-        _call(getattr(lib, fn), ptr, us)
+        _call(fn, ptr, us)
     finally:
         obj._exit()
-
-
-def _no_int_params(names) -> dict:
-    """The functions (of ``names``) none of whose parameters is a C integer, by ``id`` (ctypes
-    functions are not hashable; the dict holds them, so no id is reused while it is here).
-    Range-checking their arguments (check_args) checks nothing and costs about half a
-    microsecond per call, a tenth of an item's trip: :func:`_call` skips it for them. (ctypes
-    gives the same function object for every ``lib.<name>``: CDLL keeps it as an attribute.)"""
-    out = {}
-    for name in names:
-        fn = getattr(lib, name, None)
-        if fn is not None and fn.argtypes is not None \
-                and all(_ints.ctype_range(t) is None for t in fn.argtypes):
-            out[id(fn)] = fn
-    return out
-
-
-_NO_INT_PARAMS = _no_int_params(["devshare_import_pool_slot", "devshare_import_info",
-                                 "devshare_import_handle", "devshare_import_release"])
-
-
-def _require() -> None:
-    if _UNAVAILABLE:
-        raise Error(Status.UNSUPPORTED, _UNAVAILABLE)
-
-
-class ChannelClosed(Error):
-    """The other end of the channel is gone, or the channel was closed (status ``CLOSED``).
-
-    :meth:`Connection.recv` raises it once the producer closed the channel or exited and every
-    item it sent before was received. Items received earlier stay valid until released.
-    """
-
-
-def _call(fn, *args) -> int:
-    """:func:`devshare._lib.call` (arguments range-checked, Error on failure), with status
-    ``CLOSED`` raised as :class:`ChannelClosed`."""
-    if id(fn) not in _NO_INT_PARAMS:
-        check_args(fn, args)  # what call() does, in this frame (this is on every item's path)
-    status = fn(*args)
-    if status < 0:
-        raise _error(status)
-    return status
-
-
-def _error(status: int) -> Error:
-    e = error_for(status)
-    if e.status == Status.CLOSED:
-        return ChannelClosed(e.status, e.message, e.vendor_error)
-    return e
-
-
-_I32_MAX = (1 << 31) - 1
-_TIMEOUT = int(Status.TIMEOUT)
-# Whole seconds that are fewer than _I32_MAX milliseconds: one library call waits that long.
-_FAST_SECONDS = _I32_MAX // 1000
-_MS_ARGS = {-1: c_int32(-1), 0: c_int32(0)}  # read-only: passed by value
-_FOREVER = _MS_ARGS[-1]
-
-
-def _wait_call(fn, ptr, timeout, *outs) -> bool:
-    """``fn(ptr, ms, *outs)``, a blocking library call, for a timeout in seconds (as
-    :func:`_timed`): False when it timed out. The common timeouts (None, whole seconds) take one
-    call with no closure; TIMEOUT is not turned into an exception on the way."""
-    if timeout is None:
-        ms = -1
-    elif type(timeout) is int and 0 <= timeout <= _FAST_SECONDS:
-        ms = timeout * 1000
-    else:
-        ms = timeout_ms(timeout)
-        if ms > _I32_MAX:
-            return _timed(lambda m: _call(fn, ptr, m, *outs), timeout)
-    # The usual waits as ready-made c_int32s (check_args has less to do with them).
-    args = (ptr, _MS_ARGS.get(ms, ms), *outs)
-    check_args(fn, args)  # as call() does
-    status = fn(*args)
-    if status < 0:
-        if status == _TIMEOUT:
-            return False
-        raise _error(status)
-    return True
-
-
-def _timed(fn, timeout) -> bool:
-    """Run ``fn(ms)`` (a blocking library call through :func:`_call`) for a timeout in seconds
-    (None or math.inf: forever; validated like :func:`devshare.wait`'s): False when it timed
-    out. The library takes int32 milliseconds (about 24.8 days): longer finite waits are made of
-    several calls."""
-    ms = timeout_ms(timeout)
-    deadline = None if ms <= _I32_MAX else time.monotonic() + ms / 1000
-    while True:
-        if deadline is not None:
-            ms = min(_I32_MAX, max(0, math.ceil((deadline - time.monotonic()) * 1000)))
-        try:
-            fn(ms)
-            return True
-        except Error as e:
-            if e.status != Status.TIMEOUT:
-                raise
-            if deadline is None or ms < _I32_MAX:
-                return False
 
 
 def _check_sendable(t) -> None:
@@ -312,30 +158,6 @@ def _strided_layout():
     import torch  # noqa: PLC0415
 
     return torch.strided
-
-
-def _address(address) -> bytes:
-    if isinstance(address, bytes):
-        raw = address
-    elif isinstance(address, str) or hasattr(address, "__fspath__"):
-        raw = os.fsencode(address)
-    else:
-        raise TypeError(f"a channel address is a path (str, bytes or os.PathLike) or '@name', not "
-                        f"{type_label(address)}")
-    if not raw or raw == b"@":
-        raise ValueError("a channel address needs a path or a name after '@'")
-    if b"\0" in raw:
-        raise ValueError(f"a channel address cannot contain NUL characters: {address!r}")
-    return raw
-
-
-_U64_MAX = _ints.U64[1]
-
-
-def _peer_id(peer) -> int:
-    if type(peer) is int and 0 < peer <= _U64_MAX:
-        return peer
-    return _ints.index("peer", peer, 1, _U64_MAX)
 
 
 def _shape(shape) -> tuple[int, ...]:
@@ -757,13 +579,11 @@ class Channel(_Owned):
         once it read what its socket had taken (what still waited for it is dropped). The channel does the same on its own to a consumer
         that stops reading (see the README's limits). :class:`devshare.Error` ``NOT_FOUND``
         when it is not connected."""
-        if "devshare_channel_disconnect" not in _HAVE_1_2:
-            raise Error(Status.UNSUPPORTED, f"Channel.disconnect needs libdevshare 1.2 or later "
-                                            f"(loaded: {_library_version})")
+        fn = need("devshare_channel_disconnect", "Channel.disconnect")
         peer = _peer_id(peer)
         ptr = self._enter()
         try:
-            _call(lib.devshare_channel_disconnect, ptr, peer)
+            _call(fn, ptr, peer)
         finally:
             self._exit()
 
@@ -773,14 +593,12 @@ class Channel(_Owned):
         consumers in containers, whose host pid this process cannot check. Off by default: the
         kernel's pid is whitelisted instead, so an admitted consumer cannot get NPU memory
         whitelisted for a process :meth:`restrict` did not admit."""
-        if "devshare_channel_trust_announced_pids" not in _HAVE_1_2:
-            raise Error(Status.UNSUPPORTED, f"Channel.trust_announced_pids needs libdevshare 1.2 "
-                                            f"or later (loaded: {_library_version})")
+        fn = need("devshare_channel_trust_announced_pids", "Channel.trust_announced_pids")
         if not isinstance(trust, bool):
             raise TypeError(f"trust must be a bool, not {type(trust).__name__}")
         ptr = self._enter()
         try:
-            _call(lib.devshare_channel_trust_announced_pids, ptr, 1 if trust else 0)
+            _call(fn, ptr, 1 if trust else 0)
         finally:
             self._exit()
 
@@ -862,19 +680,12 @@ class Channel(_Owned):
 
     def _send_prepared(self, peer: int, prepared: list) -> None:
         """Send the (export, TensorDesc, what keeps it valid) of ``prepared`` as leases, in one
-        call."""
+        call where the library can (:func:`devshare._channel_lib.send_leases`)."""
         if not prepared:
             return
         ptr = self._enter()
         try:
-            if len(prepared) == 1 or not _SEND_BATCH:
-                for exp, desc, _ in prepared:
-                    _call(lib.devshare_channel_send, ptr, peer, exp.ptr, byref(desc))
-                return
-            n = len(prepared)
-            exps = (ExporterP * n)(*(exp.ptr for exp, _, _ in prepared))
-            descs = (POINTER(TensorDesc) * n)(*(pointer(desc) for _, desc, _ in prepared))
-            _call(lib.devshare_channel_send_batch, ptr, peer, exps, descs, n)
+            send_leases(ptr, peer, prepared)
         finally:
             self._exit()
 
@@ -1431,13 +1242,11 @@ class _Lease:
         except IndexError:
             raise Error(Status.ALREADY_RELEASED, "this item was already released (it is given "
                                                  "back only once)") from None
-        if _RAW_GIVE_BACK is None:
-            _call(lib.devshare_import_release, imp)  # a library before 1.2: unmapped at once
-            return
         # From here on the import is unmapped only when this object is garbage (the last tensor
-        # over it gone), also when the give-back fails.
+        # over it gone), also when the give-back fails. (A library before 1.2 unmaps it in the
+        # give-back: its UNMAP_GIVEN_BACK does nothing.)
         self._mapped = imp
-        status = _RAW_GIVE_BACK(imp)  # an ImportP
+        status = _GIVE_BACK(imp)
         if status < 0:
             raise _error(status)
 
@@ -1456,7 +1265,7 @@ class _Lease:
                 imp, self._mapped = self._mapped, None
                 grave = self._grave
                 if grave is None or not grave.bury(imp, self._pid):
-                    _release_import(self._pid, imp)
+                    _unmap_import(self._pid, imp)
         except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to do in a finalizer
             pass
 
@@ -1464,6 +1273,11 @@ class _Lease:
 def _release_import(pid, imp) -> None:
     if _PID[0] == pid:
         _RAW_RELEASE(imp)
+
+
+def _unmap_import(pid, imp) -> None:
+    if _PID[0] == pid:
+        _UNMAP_GIVEN_BACK(imp)
 
 
 class _Grave:
@@ -1505,7 +1319,7 @@ class _Grave:
                 imp = imps.pop()
             except IndexError:
                 return
-            _release_import(self.pid, imp)
+            _unmap_import(self.pid, imp)
 
 
 _MAX_GRAVE = 64
@@ -1591,7 +1405,6 @@ _H_SHAPE_OFF = HandleStruct.shape.offset
 _H_STRIDES_OFF = HandleStruct.strides.offset
 _H_NDIM = struct.Struct("=I")
 _H_DIMS = [struct.Struct(f"={n}q") for n in range(MAX_NDIM + 1)]
-_INVALID_ARGUMENT = int(Status.INVALID_ARGUMENT)
 
 
 class _RecvOut:
@@ -1616,30 +1429,7 @@ def _item(imp: ImportP, like: str, conn=None) -> Item:
             out = outs.pop()
         except (AttributeError, IndexError):
             out = _RecvOut()
-        # Their arguments are ctypes objects (nothing to range-check).
-        if _DESCRIBE:  # 1.4: one call
-            status = lib.devshare_import_describe(imp, out.info_ref, out.handle_ref, out.pool_ref,
-                                                  out.slot_ref)
-            if status < 0:
-                raise _error(status)
-            pool, slot = out.pool.value, out.slot.value
-            if pool == 0:
-                pool = slot = None  # a lease, not a pool item
-        else:
-            # Not _call: for a lease, INVALID_ARGUMENT is the answer, not an error to describe.
-            status = lib.devshare_import_pool_slot(imp, out.pool_ref, out.slot_ref)
-            if status >= 0:
-                pool, slot = out.pool.value, out.slot.value
-            elif status == _INVALID_ARGUMENT:
-                pool = slot = None  # a lease, not a pool item
-            else:
-                raise _error(status)
-            status = lib.devshare_import_info(imp, out.info_ref)
-            if status < 0:
-                raise _error(status)
-            status = lib.devshare_import_handle(imp, out.handle_ref)
-            if status < 0:
-                raise _error(status)
+        pool, slot = describe(imp, out)
         h, info = out.handle, out.info
         dtype = _H_DTYPE_NDIM.unpack_from(h, _H_DTYPE_OFF)
         ndim = _H_NDIM.unpack_from(h, _H_NDIM_OFF)[0]
@@ -1828,7 +1618,7 @@ class _PoolLease(_Lease):
                     if not grave.open:  # closed meanwhile
                         grave.empty()
                 else:
-                    _release_import(self._pid, imp)
+                    _unmap_import(self._pid, imp)
                 return
         except Exception:  # noqa: BLE001 - interpreter shutdown; nothing to do in a finalizer
             pass
@@ -1969,9 +1759,7 @@ class Connection(_Owned):
         producer is then waited for by that stream, on the device, and :meth:`recv` returns
         without waiting for the producer's work. None (the default): :meth:`recv` waits on the
         host. Use the stream that will read the items (e.g. ``torch.cuda.current_stream()``)."""
-        if "devshare_connection_set_stream" not in _HAVE_1_4:
-            raise Error(Status.UNSUPPORTED, f"Connection.set_stream needs libdevshare 1.4 or "
-                                            f"later (loaded: {_library_version})")
+        fn = need("devshare_connection_set_stream", "Connection.set_stream")
         if stream is None:
             raw = 0
         elif isinstance(stream, int) and not isinstance(stream, bool):
@@ -1984,7 +1772,7 @@ class Connection(_Owned):
                                 f"None, not {type(stream).__name__}")
         ptr = self._enter()
         try:
-            _call(lib.devshare_connection_set_stream, ptr, raw or None)
+            _call(fn, ptr, raw or None)
         finally:
             self._exit()
 
