@@ -45,7 +45,9 @@ LAYERS: list[list[str]] = [
     ["_registry", "_torch_ipc"],  # this process's exporters and imports; device tensors
     ["_api"],  # share / open / empty / outstanding / wait / discard / dlpack_capsule
     ["_channel_lib"],  # the library's channel functions, bound once for its version
-    ["_ownership"],  # objects owned by one process: the fork and thread rules
+    ["_ownership", "_channel_memory"],  # one process's objects; channel memory and layouts
+    ["_pool"],  # pools and slots
+    ["_producer"],  # the producer end (Channel)
     ["_channel"],  # channels, pools, connections
     ["__init__"],  # the public facade
     ["__main__"],  # python -m devshare
