@@ -46,9 +46,9 @@ LAYERS: list[list[str]] = [
     ["_api"],  # share / open / empty / outstanding / wait / discard / dlpack_capsule
     ["_channel_lib"],  # the library's channel functions, bound once for its version
     ["_ownership", "_channel_memory"],  # one process's objects; channel memory and layouts
-    ["_pool"],  # pools and slots
-    ["_producer"],  # the producer end (Channel)
-    ["_channel"],  # channels, pools, connections
+    ["_leases", "_pool"],  # a received item's import; pools and slots
+    ["_connection", "_producer"],  # the consumer end and its items; the producer end (Channel)
+    ["_channel"],  # the channel API's one import point
     ["__init__"],  # the public facade
     ["__main__"],  # python -m devshare
 ]
@@ -305,6 +305,6 @@ def test_the_cycle_check_catches_a_cycle_hidden_in_a_function():
     ("def f():\n    return _views._private_helper()\n", "reads _views._private_helper"),
 ])
 def test_the_private_name_check_catches(extra, expected):
-    src = _with("_channel", extra)["_channel"]
-    problems = private_uses("_channel", src, SOURCES)
+    src = _with("_connection", extra)["_connection"]  # (it imports _views)
+    problems = private_uses("_connection", src, SOURCES)
     assert any(expected in p for p in problems), problems
