@@ -1113,10 +1113,10 @@ def _receive_as(monkeypatch, receive):
     "args": as the package does with this library."""
     from devshare import _abi, _connection
     if receive == "args":
-        assert _connection._RAW_RECV_ARGS is not None, \
+        assert _connection.ItemOut is _connection.RecvArgsOut, \
             "this library has devshare_connection_recv_args"
         return int
-    monkeypatch.setattr(_connection, "_RAW_RECV_ARGS", None)
+    monkeypatch.setattr(_connection, "ItemOut", _connection.RecvItemOut)
     if receive == "item":
         return int
     last_stride = _abi.ItemStruct.strides.offset + 8 * (_abi.MAX_NDIM - 1)
