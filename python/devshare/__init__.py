@@ -42,7 +42,11 @@ builtin; use ``devshare.open``.
 #   _handle                              the Handle class
 #   _registry, _torch_ipc                this process's exporters and imports; device tensors
 #   _api                                 share / open / empty / outstanding / wait / discard
-#   _channel                             channels, pools, connections
+#   _channel_lib                         the library's channel functions, bound once
+#   _ownership, _channel_memory          one process's objects; channel memory, layouts
+#   _leases, _pool                       a received item's import; pools and slots
+#   _connection, _producer               the consumer end and its items; Channel
+#   _channel                             the channel API's one import point
 #   __init__ (this facade), __main__
 
 from . import _lib

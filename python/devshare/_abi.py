@@ -16,7 +16,7 @@ fills it; outputs: the library writes at most ``struct_size`` bytes). :data:`INI
 names the init function of each struct.
 
 The channel API (ABI 1.1: channels, leases, pools) adds opaque types and the prototypes of
-:func:`channel_signatures`, which devshare._channel binds when the library has them.
+:func:`channel_signatures`, which devshare._channel_lib binds when the library has them.
 """
 
 from __future__ import annotations
@@ -399,7 +399,7 @@ def channel_signatures(exporter_p, import_p) -> list:
     are statuses). ``exporter_p`` / ``import_p`` are the ``POINTER(DevshareExporter)`` and
     ``POINTER(DevshareImport)`` types the rest of the package passes (devshare._lib makes them);
     the test compares the result with devshare.h's prototypes like the package's other
-    signatures. They are bound by devshare._channel, not at load time, so that a 1.0 library
+    signatures. They are bound by devshare._channel_lib, not at load time, so that a 1.0 library
     still loads (without channels)."""
     desc = POINTER(TensorDesc)
     return [
@@ -457,7 +457,7 @@ def adopt_signatures(handle_p, exporter_p) -> list:
 def channel_signatures_1_4(exporter_p, import_p) -> list:
     """The channel functions 1.4 added: many leases in one call, opt-in spinning, the
     consumer's stream (bound by
-    devshare._channel when the library has them; without them a batch is sent one lease at a
+    devshare._channel_lib when the library has them; without them a batch is sent one lease at a
     time and spinning is refused)."""
     return [
         ("devshare_channel_send_batch", c_int32,
@@ -472,7 +472,7 @@ def channel_signatures_1_4(exporter_p, import_p) -> list:
 
 def channel_signatures_1_7(import_p) -> list:
     """The channel function 1.7 added: a receive that reports the item and releases the
-    previous one in the same call (bound by devshare._channel when the library has it; without
+    previous one in the same call (bound by devshare._channel_lib when the library has it; without
     it a receive takes two calls and a release one more)."""
     return [
         ("devshare_item_init", c_int32, [POINTER(ItemStruct), c_uint32]),

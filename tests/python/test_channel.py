@@ -1111,15 +1111,16 @@ def _receive_as(monkeypatch, receive):
     layout_id (a 1.7 library leaves it 0), so kept views are found by the struct's bytes. Here
     that is the word of the last stride, 0 for every item of fewer dimensions than the most.
     "args": as the package does with this library."""
-    from devshare import _abi, _channel
+    from devshare import _abi, _connection
     if receive == "args":
-        assert _channel._RAW_RECV_ARGS is not None, "this library has devshare_connection_recv_args"
+        assert _connection.ItemOut is _connection.RecvArgsOut, \
+            "this library has devshare_connection_recv_args"
         return int
-    monkeypatch.setattr(_channel, "_RAW_RECV_ARGS", None)
+    monkeypatch.setattr(_connection, "ItemOut", _connection.RecvItemOut)
     if receive == "item":
         return int
     last_stride = _abi.ItemStruct.strides.offset + 8 * (_abi.MAX_NDIM - 1)
-    monkeypatch.setattr(_channel, "_LAYOUT_WORD", last_stride // 8)
+    monkeypatch.setattr(_connection, "_LAYOUT_WORD", last_stride // 8)
     return bytes
 
 

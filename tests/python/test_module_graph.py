@@ -15,6 +15,10 @@ there is no cycle), and none uses another's private names.
   shares with its siblings it names without a leading underscore (the underscore is on the
   module).
 
+- The channel API's modules keep their own order within the layers (:data:`CHANNEL_ORDER`): the
+  library binding, then the ownership rules, then the channel objects, then the facade
+  ``_channel``; only the binding imports the library's channel signatures.
+
 The checks are functions of source text, and the last tests feed them sources that break each
 rule, so that they are known to fail when they should.
 """
@@ -44,7 +48,11 @@ LAYERS: list[list[str]] = [
     ["_handle"],  # the Handle class
     ["_registry", "_torch_ipc"],  # this process's exporters and imports; device tensors
     ["_api"],  # share / open / empty / outstanding / wait / discard / dlpack_capsule
-    ["_channel"],  # channels, pools, connections
+    ["_channel_lib"],  # the library's channel functions, bound once for its version
+    ["_ownership", "_channel_memory"],  # one process's objects; channel memory and layouts
+    ["_leases", "_pool"],  # a received item's import; pools and slots
+    ["_connection", "_producer"],  # the consumer end and its items; the producer end (Channel)
+    ["_channel"],  # the channel API's one import point
     ["__init__"],  # the public facade
     ["__main__"],  # python -m devshare
 ]
@@ -261,6 +269,40 @@ def test_no_module_uses_a_siblings_private_names():
     assert not problems, "\n".join(problems)
 
 
+#: The channel API's modules, lowest first: the library binding, the ownership rules, the objects
+#: (with the memory and lease helpers they share), and the facade the package imports them from.
+CHANNEL_ORDER = [["_channel_lib"], ["_ownership"], ["_leases", "_pool", "_connection", "_producer"],
+                 ["_channel"]]
+
+
+def channel_problems(graph, layer_of=None) -> list[str]:
+    """Breaks of the channel modules' order: binding < ownership < channel objects < facade in
+    the layers, every object module built on the binding and the ownership rules, nothing but
+    the package's ``__init__`` importing the facade, and no module but the binding (and the ABI
+    modules that define them) importing the library's channel signatures, so that the library
+    is bound and its version looked at in one place."""
+    layer_of = LAYER_OF if layer_of is None else layer_of
+    edges = edges_of(graph)
+    problems = [f"{a}: not below {b} in LAYERS"
+                for lower, upper in zip(CHANNEL_ORDER, CHANNEL_ORDER[1:])
+                for a in lower for b in upper if layer_of[a] >= layer_of[b]]
+    problems += [f"{m}: does not import _channel_lib and _ownership" for m in CHANNEL_ORDER[2]
+                 if not {"_channel_lib", "_ownership"} <= closure(edges, m)]
+    problems += [f"{m}: imports the facade _channel" for m, targets in edges.items()
+                 if "_channel" in targets and m != "__init__"]
+    problems += [f"{m}.py:{imp['line']}: imports {n} (only _channel_lib binds the channel "
+                 f"functions)"
+                 for m, imports in graph.items() if m not in ("_abi", "_lib", "_channel_lib")
+                 for imp in imports for n in imp["names"] or ()
+                 if n.startswith("channel_signatures")]
+    return problems
+
+
+def test_the_channel_modules_keep_their_order():
+    problems = channel_problems(GRAPH)
+    assert not problems, "\n".join(problems)
+
+
 # --- the checks fail when they should -------------------------------------------------------------
 
 
@@ -301,6 +343,20 @@ def test_the_cycle_check_catches_a_cycle_hidden_in_a_function():
     ("def f():\n    return _views._private_helper()\n", "reads _views._private_helper"),
 ])
 def test_the_private_name_check_catches(extra, expected):
-    src = _with("_channel", extra)["_channel"]
-    problems = private_uses("_channel", src, SOURCES)
+    src = _with("_connection", extra)["_connection"]  # (it imports _views)
+    problems = private_uses("_connection", src, SOURCES)
     assert any(expected in p for p in problems), problems
+
+
+@pytest.mark.parametrize("module, extra, expected", [
+    ("_pool", "from ._lib import channel_signatures_1_4\n", "_pool.py:"),
+    ("_connection", "from . import _channel\n", "_connection: imports the facade"),
+])
+def test_the_channel_order_check_catches(module, extra, expected):
+    problems = channel_problems(graph_of(_with(module, extra)))
+    assert any(expected in p for p in problems), problems
+
+
+def test_the_channel_order_check_catches_a_layer_out_of_order():
+    layer_of = dict(LAYER_OF, _ownership=LAYER_OF["_producer"])
+    assert "_ownership: not below _pool in LAYERS" in channel_problems(GRAPH, layer_of)
