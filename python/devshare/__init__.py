@@ -76,6 +76,7 @@ from ._channel import (
     Slot,
     channel_empty,
     connect,
+    release_batch,
 )
 
 __version__ = "1.9.0"
@@ -127,6 +128,7 @@ __all__ = [
     "local_pid",
     "local_torch_format",
     "outstanding",
+    "release_batch",
     "share",
     "status_name",
     "storage_tuple",

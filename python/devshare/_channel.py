@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from ._channel_lib import ChannelClosed
 from ._channel_memory import channel_empty
-from ._connection import Connection, Item, connect
+from ._connection import Connection, Item, connect, release_batch
 from ._pool import Pool, Slot
 from ._producer import Channel
 
@@ -79,4 +79,4 @@ from ._lib import Status, lib  # noqa: F401
 from ._ownership import Owned as _Owned  # noqa: F401
 
 __all__ = ["Channel", "ChannelClosed", "Connection", "Item", "Pool", "Slot", "channel_empty",
-           "connect"]
+           "connect", "release_batch"]

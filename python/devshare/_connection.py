@@ -567,6 +567,25 @@ class Connection(Owned):
     if RAW_RECV_ITEM is None:  # a library before 1.7 (chosen once, for the loaded library)
         recv = _recv_described  # noqa: F811
 
+    def recv_batch(self, n: int, timeout=None, like: str = "torch") -> list:
+        """The next ``n`` items, in the order they were sent (a producer's :meth:`Channel.send_batch`
+        of ``n`` tensors): a list of :class:`Item`. ``timeout`` (seconds; ``None``: no limit)
+        bounds the whole batch: :class:`TimeoutError` when it runs out first, and the items
+        received before it are released (none is lost: each went back to the producer).
+        Release the batch with :func:`release_batch` (or each item, or :meth:`release_all`)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"recv_batch: n must be an int >= 0, not {n!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        items = []
+        try:
+            for _ in range(n):
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                items.append(self.recv(left, like))
+        except BaseException:
+            release_batch(items)
+            raise
+        return items
+
     def release_all(self) -> int:
         """Release every item received on this connection and not yet released (gone or not):
         each goes back to the producer if it is still there, and its memory is unmapped once
@@ -622,3 +641,17 @@ def connect(address, timeout=None, *, wait=False) -> Connection:
     then it looks again every 10 ms until something listens, within ``timeout`` (TimeoutError
     after it), for a consumer started before its producer."""
     return Connection(address, timeout, wait)
+
+
+def release_batch(items) -> int:
+    """Release every :class:`Item` of ``items`` (a list from :meth:`Connection.recv_batch`, or
+    any iterable of items; a dict's values) that is not released yet: one call for a batch.
+    Returns how many were released."""
+    if isinstance(items, dict):
+        items = items.values()
+    n = 0
+    for it in items:
+        if not it.released:
+            it.release()
+            n += 1
+    return n

@@ -52,6 +52,55 @@ from ._views import is_torch_tensor
 _TRANSPORTS = {0: "unix", 1: "stream", 2: "ucx"}
 
 
+class _Registered:
+    """A tensor registered on a channel (:meth:`Channel.register`): the tensor (held), what its
+    layout was, and its prepared lease (export, desc, keep), whose export stays open."""
+
+    __slots__ = ("tensor", "ptr", "shape", "strides", "prep", "device")
+
+    def __init__(self, t, prep):
+        self.tensor = t
+        self.ptr, self.shape, self.strides = _layout_of(t)
+        self.prep = prep
+        self.device = is_torch_tensor(t) and t.device.type != "cpu"
+        prep[0].registered += 1
+
+    def current(self, t) -> bool:
+        """Whether ``t`` is this registered tensor, laid out as it was when registered."""
+        return t is self.tensor and _layout_of(t) == (self.ptr, self.shape, self.strides)
+
+    def drop(self) -> None:
+        self.prep[0].registered -= 1
+        self.tensor = self.prep = None
+
+
+def _layout_of(t):
+    """What a registered tensor's prepared lease depends on: its data address (storage and
+    offset), shape and strides."""
+    if is_torch_tensor(t):
+        return t.data_ptr(), t.shape, t.stride()
+    return t.__array_interface__["data"][0], t.shape, t.strides
+
+
+def _tensors_of(tensors) -> list:
+    """The tensors of ``tensors``: one tensor or array, a dict's values, or an iterable."""
+    if is_torch_tensor(tensors) or hasattr(tensors, "__array_interface__"):
+        return [tensors]
+    if isinstance(tensors, dict):
+        return list(tensors.values())
+    return list(tensors)
+
+
+def _registered_stream(streams: dict, t, stream):
+    """The raw stream handle a registered device tensor's lease records its event on, looked
+    up once per device per batch."""
+    key = (t.device.type, t.device.index)
+    raw = streams.get(key)
+    if raw is None:
+        raw = streams[key] = _torch_ipc.current_stream(t, stream) or None
+    return raw
+
+
 def _check_sendable(t) -> None:
     """TypeError, naming what to send instead, for a torch tensor that has no memory of its own
     to lease: a meta tensor, or a sparse (or other non-strided) layout."""
@@ -97,6 +146,8 @@ class Channel(Owned):
         self.address = os.fsdecode(raw)
         # Pools made on this channel (closed before it).
         self._pools: weakref.WeakSet = weakref.WeakSet()
+        # Registered tensors (register): id(tensor) -> _Registered.
+        self._registered: dict[int, _Registered] = {}
         self._own(ptr, lib.devshare_channel_close)
 
     def __repr__(self):
@@ -104,6 +155,8 @@ class Channel(Owned):
         return f"<devshare.Channel {self.address!r} {state}>"
 
     def _closing(self) -> None:
+        if self._registered:
+            self.unregister()
         for pool in list(self._pools):
             pool.close()
 
@@ -241,32 +294,99 @@ class Channel(Owned):
     def send_batch(self, peer: int, tensors, *, stream=None) -> None:
         """Send consumer ``peer`` many tensors in one call (a state dict's values, a list of KV
         blocks), each as its own lease, in order: the consumer receives them as that many
-        items, one :meth:`Connection.recv` each, in the order given (pass a dict to send its
-        values in its order). Each tensor as in :meth:`send`. They travel in as few messages
-        as the message size allows (about 150 tensors per message; one per message to a
-        consumer older than 1.4). Tensors of one storage are shared once (one PyTorch reference
-        for all of them), and a consumer maps each allocation (a CUDA block or segment) once
-        however many tensors lie in it. A tensor that cannot be sent raises before anything
-        is sent."""
+        items, one :meth:`Connection.recv` each (or :meth:`Connection.recv_batch`), in the
+        order given (pass a dict to send its values in its order). Each tensor as in
+        :meth:`send`. They travel in as few messages as the message size allows (about 150
+        tensors per message; one per message to a consumer older than 1.4). Tensors of one
+        storage are shared once (one PyTorch reference for all of them), and a consumer maps
+        each allocation (a CUDA block or segment) once however many tensors lie in it.
+        Registered tensors (:meth:`register`) cost only their lease. A tensor that cannot be
+        sent raises before anything is sent."""
         peer = peer_id(peer)
         items = tensors.values() if isinstance(tensors, dict) else tensors
         adopted = False
+        registered = self._registered
+        streams: dict = {}
         with registry_lock:  # (adopted exports stay open from their share to their send)
             try:
                 prepared = []
                 for t in items:
-                    if is_torch_tensor(t):
-                        _check_sendable(t)
-                    if is_torch_tensor(t) and t.device.type != "cpu":
-                        prep, fresh = self._prepare_device(t, stream)
-                    else:
-                        prep, fresh = self._prepare_host(t)
+                    r = registered.get(id(t)) if registered else None
+                    if r is not None and r.current(t):
+                        if r.device:
+                            r.prep[1].stream = _registered_stream(streams, t, stream)
+                        prepared.append(r.prep)
+                        continue
+                    prep, fresh = self._prepare(t, stream)
                     prepared.append(prep)
                     adopted |= fresh
                 self._send_prepared(peer, prepared)
             finally:
                 if adopted:
                     collect_except(keep=None)
+
+    def _prepare(self, t, stream):
+        """(export, desc, keep) of one tensor to send, and whether a storage was adopted now."""
+        if is_torch_tensor(t):
+            _check_sendable(t)
+            if t.device.type != "cpu":
+                return self._prepare_device(t, stream)
+        elif stream is not None:
+            raise ValueError("stream= applies to CUDA and NPU tensors only")
+        return self._prepare_host(t)
+
+    def register(self, tensors) -> int:
+        """Share these tensors' storages with this channel once (a state dict, a model's
+        parameters, a KV cache and its block views): every later :meth:`send` /
+        :meth:`send_batch` of any of them, to any consumer, costs one lease message, with
+        nothing re-shared, re-adopted or re-described. ``tensors``: a tensor, or an iterable or
+        dict of tensors (CPU or CUDA / NPU, as :meth:`send` takes them). Returns how many are
+        registered on this channel now.
+
+        What it holds: each registered tensor (so its storage lives, as a strong reference in
+        this channel) and its storage's export (a CPU storage's ``file_system`` shared memory;
+        a CUDA / NPU storage's adoption of PyTorch's own share, with PyTorch's reference) until
+        :meth:`unregister` or :meth:`close`. So ``torch.cuda.empty_cache()`` does not give a
+        registered storage's memory back, and an expandable segment keeps the registered
+        storage's range mapped however it grows or shrinks elsewhere. Registration adds no
+        device memory: the storage is shared where it is.
+
+        In-place changes (``copy_``, an optimiser step) are what the consumer sees on its
+        next lease: the memory is shared, not copied. A registered tensor whose storage, offset,
+        shape or strides changed since (``t.data = ...``, ``set_``, ``resize_``) is prepared
+        afresh when sent (and kept registered in its new form). Leases are counted as for any
+        send: :func:`devshare.wait` waits for them, and a consumer that dies returns them."""
+        items = _tensors_of(tensors)
+        with registry_lock:
+            try:
+                for t in items:
+                    old = self._registered.get(id(t))
+                    if old is not None and old.current(t):
+                        continue
+                    prep, _ = self._prepare(t, None)
+                    if old is not None:
+                        old.drop()
+                    self._registered[id(t)] = _Registered(t, prep)
+            finally:
+                collect_except(keep=None)
+        return len(self._registered)
+
+    def unregister(self, tensors=None) -> int:
+        """Undo :meth:`register` for ``tensors`` (a tensor, iterable or dict; ``None``: every
+        registered tensor): their leases out stay valid and are counted as before; once those
+        are back, the storages' exports close (PyTorch's reference goes back) as after any
+        send. Returns how many stay registered."""
+        with registry_lock:
+            if tensors is None:
+                gone = list(self._registered.values())
+                self._registered.clear()
+            else:
+                gone = [r for r in (self._registered.pop(id(t), None) for t in _tensors_of(tensors))
+                        if r is not None]
+            for r in gone:
+                r.drop()
+            collect_except(keep=None)
+        return len(self._registered)
 
     def _send_prepared(self, peer: int, prepared: list) -> None:
         """Send the (export, TensorDesc, what keeps it valid) of ``prepared`` as leases, in one

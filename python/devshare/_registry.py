@@ -105,9 +105,11 @@ class Export:
     ``ptr`` is the library's exporter (NULL once closed), ``base`` and ``size`` its memory,
     ``name`` its shm name (None until a share tells it), ``storage_ref`` a weakref to the torch
     storage an adopted export came from, ``waiters`` the threads inside :func:`devshare.wait`
-    on it (:func:`collect` must not close it under them)."""
+    on it and ``registered`` the channel registrations that hold it (:func:`collect` must not
+    close it under either)."""
 
-    __slots__ = ("ptr", "name", "base", "size", "storage_ref", "waiters", "keep", "key", "__weakref__")
+    __slots__ = ("ptr", "name", "base", "size", "storage_ref", "waiters", "keep", "key", "registered",
+                 "__weakref__")
 
     def __init__(self, ptr: ExporterP, name: bytes | None):
         self.ptr = ptr
@@ -122,6 +124,7 @@ class Export:
         self.size = size.value
         self.storage_ref = None
         self.waiters = 0
+        self.registered = 0  # channel registrations holding it open (Channel.register)
         self.keep = None  # adopted device exports: the storage, held until closed
         self.key = None  # adopted device exports: the caller's key for the storage
 
@@ -343,7 +346,7 @@ def collect_except(keep, force: bool = False) -> int:
     with registry_lock:
         closed += _sweep_devices(keep, force)
         for name, exp in list(_adopted.items()):
-            if exp is keep or exp.waiters:
+            if exp is keep or exp.waiters or exp.registered:
                 continue
             if exp.closed or exp.outstanding() == 0:
                 del _adopted[name]
@@ -398,7 +401,7 @@ def _sweep_devices(keep, force: bool) -> int:
         return 0
     closed, live = 0, []
     for exp in _device_adopted:
-        if exp is keep or exp.waiters or (not exp.closed and exp.outstanding() > 0):
+        if exp is keep or exp.waiters or exp.registered or (not exp.closed and exp.outstanding() > 0):
             live.append(exp)
             continue
         exp.close()
