@@ -68,13 +68,13 @@
 #define DEVSHARE_VERSION_MAJOR 1
 
 // Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
-#define DEVSHARE_VERSION_MINOR 9
+#define DEVSHARE_VERSION_MINOR 10
 
 // Patch version (fixes; no interface change).
 #define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 67840
+#define DEVSHARE_VERSION 68096
 
 // `DevsharePeerInfo.transport`: a Unix channel's peer (items in shared memory).
 #define DEVSHARE_TRANSPORT_UNIX 0
@@ -911,6 +911,23 @@ int32_t devshare_channel_send_batch(struct DevshareChannel *channel,
                                     const struct DevshareExporter *const *exporters,
                                     const struct DevshareTensorDesc *const *descs,
                                     size_t count);
+
+// Register `exporter` with `channel` (1.10): the leases of it sent over the channel tell each
+// consumer (1.10 and later) that it may keep the allocation mapped once it released them, so
+// that the next lease of the same allocation is a lookup instead of an open and a map; a
+// consumer keeps at most `DEVSHARE_KEEP_MAPPINGS` allocations (4096) and
+// `DEVSHARE_KEEP_MAPPINGS_BYTES` bytes (64 GiB) mapped that way, least recently used first.
+// Keep the exporter open while it is registered; `devshare_channel_unregister` (or closing the
+// channel, or the consumer's connection ending) lets the consumers' mappings go. A remote
+// (`tcp://`) channel: `DEVSHARE_STATUS_UNSUPPORTED`.
+int32_t devshare_channel_register(struct DevshareChannel *channel,
+                                  const struct DevshareExporter *exporter);
+
+// Undo `devshare_channel_register` (1.10): every consumer that kept the allocation mapped is
+// told to unmap it once it holds no lease of it. `DEVSHARE_STATUS_NOT_FOUND` when it is not
+// registered with this channel.
+int32_t devshare_channel_unregister(struct DevshareChannel *channel,
+                                    const struct DevshareExporter *exporter);
 
 // Whether ACL exports sent over this channel are whitelisted for the pid a consumer announced
 // in its handshake (its bare tgid) when that is not its pid as the kernel reports it

@@ -1077,3 +1077,128 @@ fn an_event_loop_that_polls_after_a_blocking_receive_is_woken_by_the_next_item()
         c.recv(Some(Duration::ZERO)).unwrap().release();
     }
 }
+
+/// The inode of the file mapped at `addr` in this process (from /proc/self/maps).
+fn inode_at(addr: usize) -> u64 {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (range, inode) = (f.next().unwrap(), f.nth(3).unwrap());
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (usize::from_str_radix(a, 16).unwrap(), usize::from_str_radix(b, 16).unwrap());
+        if (a..b).contains(&addr) {
+            return inode.parse().unwrap();
+        }
+    }
+    panic!("nothing is mapped at {addr:#x}");
+}
+
+/// How many mappings of inode `ino` this process has.
+fn mappings_of(ino: u64) -> usize {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines().filter(|l| l.split_whitespace().nth(4) == Some(&ino.to_string())).count()
+}
+
+#[test]
+fn a_registered_export_stays_mapped_in_the_consumer_between_leases_until_it_is_retired() {
+    let (ch, c, peer) = connected(&address("keep"));
+    let exp = Exporter::channel_host_alloc(1 << 20).unwrap();
+    let ino = inode_at(exp.ptr() as usize);
+    let own = mappings_of(ino);
+    let desc = TensorDesc { shape: &[4096], ..Default::default() };
+    // Not registered: the consumer unmaps it with the release.
+    ch.send(peer, &exp, &desc).unwrap();
+    let imp = c.recv(T).unwrap();
+    assert_eq!(mappings_of(ino), own + 1);
+    imp.release();
+    assert_eq!(mappings_of(ino), own, "an unregistered export is unmapped with its last release");
+    // Registered: mapped once, kept between leases.
+    ch.register(&exp).unwrap();
+    for i in 0..3 {
+        ch.send(peer, &exp, &desc).unwrap();
+        let imp = c.recv(T).unwrap();
+        assert_eq!(mappings_of(ino), own + 1, "lease {i}: the kept mapping, not a second one");
+        imp.release();
+        assert_eq!(mappings_of(ino), own + 1, "lease {i}: still mapped after its release");
+        assert!(devshare::import::kept_idle().0 >= 1, "counted as kept");
+    }
+    // Retired: the consumer unmaps it when it reads the retirement.
+    ch.unregister(&exp).unwrap();
+    assert_eq!(status(c.recv(Some(Duration::from_millis(100)))), Status::Timeout);
+    assert_eq!(mappings_of(ino), own, "a retired export is unmapped");
+    assert_eq!(status(ch.unregister(&exp)), Status::NotFound);
+}
+
+#[test]
+fn a_kept_mapping_in_use_when_it_is_retired_goes_with_its_last_release_and_a_closed_connection_keeps_none() {
+    let (ch, c, peer) = connected(&address("keep-retire-held"));
+    let exp = Exporter::channel_host_alloc(1 << 16).unwrap();
+    let ino = inode_at(exp.ptr() as usize);
+    let own = mappings_of(ino);
+    let desc = TensorDesc { shape: &[64], ..Default::default() };
+    ch.register(&exp).unwrap();
+    ch.send(peer, &exp, &desc).unwrap();
+    let held = c.recv(T).unwrap();
+    ch.unregister(&exp).unwrap();
+    assert_eq!(status(c.recv(Some(Duration::from_millis(100)))), Status::Timeout);
+    assert_eq!(mappings_of(ino), own + 1, "held: still mapped");
+    held.release();
+    assert_eq!(mappings_of(ino), own, "retired while held: unmapped with the release");
+    // Kept, then the connection closes: nothing stays mapped for it.
+    ch.register(&exp).unwrap();
+    ch.send(peer, &exp, &desc).unwrap();
+    c.recv(T).unwrap().release();
+    assert_eq!(mappings_of(ino), own + 1);
+    c.close();
+    assert_eq!(mappings_of(ino), own, "a closed connection keeps nothing mapped");
+    // And a producer that goes: the consumer lets go when it sees the channel closed.
+    let (ch2, c2, peer2) = connected(&address("keep-producer-gone"));
+    ch2.register(&exp).unwrap();
+    ch2.send(peer2, &exp, &desc).unwrap();
+    c2.recv(T).unwrap().release();
+    assert_eq!(mappings_of(ino), own + 1);
+    drop(ch2);
+    assert_eq!(status(c2.recv(T)), Status::Closed);
+    assert_eq!(mappings_of(ino), own, "a producer's kept allocations go when it does");
+    drop(ch);
+}
+
+fn kept_shares_msg(first_lease: u64, entries: &[(u32, u64, &[u8])]) -> Vec<u8> {
+    let mut m = le(&[&13u32.to_le_bytes(), &(entries.len() as u32).to_le_bytes(), &first_lease.to_le_bytes()]);
+    for (fds, export, enc) in entries {
+        m.extend(le(&[&(enc.len() as u32).to_le_bytes(), &fds.to_le_bytes(), &export.to_le_bytes(), enc]));
+    }
+    m
+}
+
+#[test]
+fn a_hostile_producers_kept_shares_and_retirements_are_checked_like_any_share() {
+    let (addr, l) = fake_producer("hostile-keep");
+    let server = std::thread::spawn(move || FakeProducer::accept(&l));
+    let c = Connection::connect(&addr, T).unwrap();
+    let p = server.join().unwrap();
+    let enc = memfd_handle(4096, 4096);
+    let fd = sealed_memfd(4096);
+    // Retiring what it never sent: nothing to do, nothing refused.
+    p.send(&le(&[&14u32.to_le_bytes(), &77u64.to_le_bytes()]), &[]);
+    // Descriptor counts that do not match the descriptors.
+    p.send(&kept_shares_msg(1, &[(1, 5, &enc), (1, 6, &enc)]), &[fd.as_fd()]);
+    assert_eq!(status(c.recv(T)), Status::Untrusted);
+    // An unsealed memfd is refused as in a plain share, kept or not.
+    let unsealed = rustix::fs::memfd_create("u", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&unsealed, 4096).unwrap();
+    p.send(&kept_shares_msg(3, &[(1, 5, &enc)]), &[unsealed.as_fd()]);
+    assert_eq!(status(c.recv(T)), Status::Untrusted);
+    // A good one is kept until retired; a retirement of another export leaves it.
+    p.send(&kept_shares_msg(4, &[(1, 5, &enc)]), &[fd.as_fd()]);
+    let imp = c.recv(T).unwrap();
+    let ino = inode_at(imp.view().base as usize);
+    imp.release();
+    assert_eq!(mappings_of(ino), 1, "kept after its release");
+    p.send(&le(&[&14u32.to_le_bytes(), &6u64.to_le_bytes()]), &[]);
+    assert_eq!(status(c.recv(Some(Duration::from_millis(100)))), Status::Timeout);
+    assert_eq!(mappings_of(ino), 1, "another export's retirement leaves it");
+    p.send(&le(&[&14u32.to_le_bytes(), &5u64.to_le_bytes()]), &[]);
+    assert_eq!(status(c.recv(Some(Duration::from_millis(100)))), Status::Timeout);
+    assert_eq!(mappings_of(ino), 0, "retired: unmapped");
+}

@@ -489,6 +489,15 @@ def channel_signatures_1_8() -> list:
     ]
 
 
+def channel_signatures_1_10(exporter_p) -> list:
+    """The channel functions 1.10 added: registering an export with a channel (its consumers keep
+    its allocation mapped between leases) and undoing it."""
+    return [
+        ("devshare_channel_register", c_int32, [ChannelP, exporter_p]),
+        ("devshare_channel_unregister", c_int32, [ChannelP, exporter_p]),
+    ]
+
+
 #: The first library minor version with the storage-handle formats and the version bridge.
 TORCH_FORMAT_MINOR = 2
 
@@ -542,5 +551,5 @@ __all__ = [
     "STRUCTS", "INIT_FUNCTIONS", "ChannelStruct", "ConnectionStruct", "PoolStruct", "ChannelP",
     "ConnectionP", "PoolP", "CHANNEL_MINOR", "channel_signatures", "channel_signatures_1_2", "TORCH_FORMAT_MINOR",
     "torch_format_signatures", "ADOPT_MINOR", "adopt_signatures", "channel_signatures_1_4",
-    "channel_signatures_1_7", "channel_signatures_1_8",
+    "channel_signatures_1_7", "channel_signatures_1_8", "channel_signatures_1_10",
 ]

@@ -45,6 +45,7 @@ from ._lib import (
     channel_signatures_1_4,
     channel_signatures_1_7,
     channel_signatures_1_8,
+    channel_signatures_1_10,
     error_for,
     lib,
 )
@@ -73,11 +74,17 @@ _ADDED: dict = {}
 for _minor, _signatures in ((2, channel_signatures_1_2(ImportP)),
                             (4, channel_signatures_1_4(ExporterP, ImportP)),
                             (7, channel_signatures_1_7(ImportP)),
-                            (8, channel_signatures_1_8())):
+                            (8, channel_signatures_1_8()),
+                            (10, channel_signatures_1_10(ExporterP))):
     _names = {name for name, _, _ in _signatures}
     _HAVE |= _names - set(bind(_signatures))
     _ADDED.update(dict.fromkeys(_names, _minor))
 del _minor, _signatures, _names
+
+
+#: Whether the library registers exports with channels (1.10: Channel.register tells consumers
+#: to keep mappings).
+HAVE_REGISTER = "devshare_channel_register" in _HAVE
 
 
 def require() -> None:

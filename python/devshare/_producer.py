@@ -22,7 +22,7 @@ from ctypes import byref, c_int32, c_size_t, c_uint32, c_uint64
 
 from . import _dtypes, _ints, _torch_ipc
 from ._api import torch_host_export
-from ._channel_lib import address_bytes, call, need, peer_id, require, send_leases, timed
+from ._channel_lib import HAVE_REGISTER, address_bytes, call, need, peer_id, require, send_leases, timed
 from ._channel_memory import channel_empty, layout
 from ._lib import (
     SHARE_EVENT,
@@ -146,8 +146,10 @@ class Channel(Owned):
         self.address = os.fsdecode(raw)
         # Pools made on this channel (closed before it).
         self._pools: weakref.WeakSet = weakref.WeakSet()
-        # Registered tensors (register): id(tensor) -> _Registered.
+        # Registered tensors (register): id(tensor) -> _Registered; and the exports registered
+        # with the library's channel for them: id(export) -> [export, how many tensors].
         self._registered: dict[int, _Registered] = {}
+        self._reg_exports: dict[int, list] = {}
         self._own(ptr, lib.devshare_channel_close)
 
     def __repr__(self):
@@ -156,7 +158,14 @@ class Channel(Owned):
 
     def _closing(self) -> None:
         if self._registered:
-            self.unregister()
+            # Closing the channel ends every connection: consumers let kept mappings go by
+            # themselves, so the library is not asked (nor may it be, inside close).
+            with registry_lock:
+                for r in self._registered.values():
+                    r.drop()
+                self._registered.clear()
+                self._reg_exports.clear()
+                collect_except(keep=None)
         for pool in list(self._pools):
             pool.close()
 
@@ -364,8 +373,9 @@ class Channel(Owned):
                     if old is not None and old.current(t):
                         continue
                     prep, _ = self._prepare(t, None)
+                    self._hold_export(prep[0])
                     if old is not None:
-                        old.drop()
+                        self._drop(old)
                     self._registered[id(t)] = _Registered(t, prep)
             finally:
                 collect_except(keep=None)
@@ -384,9 +394,33 @@ class Channel(Owned):
                 gone = [r for r in (self._registered.pop(id(t), None) for t in _tensors_of(tensors))
                         if r is not None]
             for r in gone:
-                r.drop()
+                self._drop(r)
             collect_except(keep=None)
         return len(self._registered)
+
+    def _hold_export(self, exp) -> None:
+        """One more registered tensor in ``exp``; its first registers it with the library's
+        channel (1.10: consumers keep its allocation mapped between leases)."""
+        held = self._reg_exports.get(id(exp))
+        if held is not None:
+            held[1] += 1
+            return
+        if HAVE_REGISTER:
+            self._lib_call(lib.devshare_channel_register, exp.ptr)
+        self._reg_exports[id(exp)] = [exp, 1]
+
+    def _drop(self, r: _Registered) -> None:
+        """Unregister ``r``; the last registered tensor of an export unregisters the export
+        with the library's channel (its consumers let their mappings of it go)."""
+        exp = r.prep[0]
+        held = self._reg_exports.get(id(exp))
+        if held is not None:
+            held[1] -= 1
+            if held[1] == 0:
+                del self._reg_exports[id(exp)]
+                if HAVE_REGISTER and not self.closed and not exp.closed:
+                    self._lib_call(lib.devshare_channel_unregister, exp.ptr)
+        r.drop()
 
     def _send_prepared(self, peer: int, prepared: list) -> None:
         """Send the (export, TensorDesc, what keeps it valid) of ``prepared`` as leases, in one

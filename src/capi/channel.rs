@@ -295,6 +295,39 @@ pub unsafe extern "C" fn devshare_channel_send_batch(
     })
 }
 
+/// Register `exporter` with `channel` (1.10): the leases of it sent over the channel tell each
+/// consumer (1.10 and later) that it may keep the allocation mapped once it released them, so
+/// that the next lease of the same allocation is a lookup instead of an open and a map; a
+/// consumer keeps at most `DEVSHARE_KEEP_MAPPINGS` allocations (4096) and
+/// `DEVSHARE_KEEP_MAPPINGS_BYTES` bytes (64 GiB) mapped that way, least recently used first.
+/// Keep the exporter open while it is registered; `devshare_channel_unregister` (or closing the
+/// channel, or the consumer's connection ending) lets the consumers' mappings go. A remote
+/// (`tcp://`) channel: `DEVSHARE_STATUS_UNSUPPORTED`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_register(
+    channel: *mut DevshareChannel,
+    exporter: *const DevshareExporter,
+) -> i32 {
+    boundary("devshare_channel_register", || {
+        let ch = &ffi!(arg(channel, "channel"))?.0;
+        ch.register(&ffi!(arg(exporter, "exporter"))?.0)
+    })
+}
+
+/// Undo `devshare_channel_register` (1.10): every consumer that kept the allocation mapped is
+/// told to unmap it once it holds no lease of it. `DEVSHARE_STATUS_NOT_FOUND` when it is not
+/// registered with this channel.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_unregister(
+    channel: *mut DevshareChannel,
+    exporter: *const DevshareExporter,
+) -> i32 {
+    boundary("devshare_channel_unregister", || {
+        let ch = &ffi!(arg(channel, "channel"))?.0;
+        ch.unregister(&ffi!(arg(exporter, "exporter"))?.0)
+    })
+}
+
 /// Whether ACL exports sent over this channel are whitelisted for the pid a consumer announced
 /// in its handshake (its bare tgid) when that is not its pid as the kernel reports it
 /// (`SO_PEERCRED`): `trust` nonzero yes, 0 (the default) no — the kernel's pid is whitelisted

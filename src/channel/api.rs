@@ -66,6 +66,22 @@ impl Channel {
         }
     }
 
+    /// See [`LocalChannel::register`].
+    pub fn register(&self, exp: &Exporter) -> Result<()> {
+        match &self.0 {
+            Kind::Local(c) => c.register(exp),
+            Kind::Remote(_) => Err(remote_cannot("registering an export")),
+        }
+    }
+
+    /// See [`LocalChannel::unregister`].
+    pub fn unregister(&self, exp: &Exporter) -> Result<()> {
+        match &self.0 {
+            Kind::Local(c) => c.unregister(exp),
+            Kind::Remote(_) => Err(remote_cannot("registering an export")),
+        }
+    }
+
     pub fn service(&self, timeout: Option<Duration>) -> Result<()> {
         match &self.0 {
             Kind::Local(c) => c.service(timeout),

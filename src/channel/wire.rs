@@ -76,6 +76,18 @@ pub(crate) const FEATURE_RING: u16 = 2;
 /// that travels in it: `capacity u32, record size u32`; the ring's sealed memfd, the eventfd
 /// that wakes the consumer and the one that wakes the producer as `SCM_RIGHTS` (see `ring`).
 pub(crate) const RING: u32 = 12;
+/// [`HELLO`] feature: the consumer reads [`KEPT_SHARES`] and [`RETIRE`]: it may keep the
+/// allocations of registered exports mapped between their leases.
+pub(crate) const FEATURE_KEEP: u16 = 4;
+/// Producer -> consumer (to consumers that announced [`FEATURE_KEEP`]): [`SHARES`] whose entries
+/// also name the registered export they lease (`count u32, first lease u64`, then per share
+/// `len u32, fds u32, export u64` and the handle's encoding; export 0: not registered). The
+/// consumer may keep a registered export's allocation mapped once its leases are released, until
+/// [`RETIRE`] names the export.
+pub(crate) const KEPT_SHARES: u32 = 13;
+/// Producer -> consumer: `export u64`: the export is no longer registered; unmap its allocation
+/// once no lease of it is held.
+pub(crate) const RETIRE: u32 = 14;
 
 /// A pool item's tensor, as it travels in an [`ITEM`] message (relative to its slot).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,6 +155,10 @@ pub(crate) enum Message<'a> {
     /// Producer -> consumer: pool items and returns travel in the ring whose descriptors come
     /// with this message.
     Ring { capacity: u32, record: u32 },
+    /// Producer -> consumer: [`Message::Shares`] with each share's registered export (0: none).
+    KeptShares { first_lease: u64, entries: Vec<(u32, u64, &'a [u8])> },
+    /// Producer -> consumer: the export is no longer registered.
+    Retire { export: u64 },
 }
 
 impl Message<'_> {
@@ -214,6 +230,17 @@ impl Message<'_> {
                 m = Out::new(RING);
                 m.u32(*capacity).u32(*record);
             }
+            Message::KeptShares { first_lease, entries } => {
+                m = Out::new(KEPT_SHARES);
+                m.u32(entries.len() as u32).u64(*first_lease);
+                for (fds, export, handle) in entries {
+                    m.u32(handle.len() as u32).u32(*fds).u64(*export).bytes(handle);
+                }
+            }
+            Message::Retire { export } => {
+                m = Out::new(RETIRE);
+                m.u64(*export);
+            }
         }
         m.0
     }
@@ -224,7 +251,8 @@ impl<'a> Message<'a> {
     /// type, more dimensions than a handle holds, unknown item flags are refused by name).
     pub(crate) fn decode(b: &'a [u8]) -> Result<Message<'a>> {
         let mut r = In::new(b);
-        let msg = match r.u32()? {
+        let t = r.u32()?;
+        let msg = match t {
             HELLO => {
                 let (magic, version, features) = (r.u32()?, r.u16()?, r.u16()?);
                 Message::Hello { magic, version, features, tgid: r.i32()? }
@@ -282,7 +310,7 @@ impl<'a> Message<'a> {
             }
             POOL_CLOSED => Message::PoolClosed { pool: r.u32()? },
             DETACH => Message::Detach { pool: r.u32()? },
-            SHARES => {
+            SHARES | KEPT_SHARES => {
                 let count = r.u32()? as usize;
                 if count == 0 || count > MAX_SHARES {
                     return Err(Error::Untrusted(format!(
@@ -293,16 +321,23 @@ impl<'a> Message<'a> {
                 if first_lease.checked_add(count as u64).is_none() {
                     return Err(Error::Untrusted("share lease numbers overflow".into()));
                 }
+                let kept = t == KEPT_SHARES;
                 let mut entries = Vec::with_capacity(count);
                 for _ in 0..count {
                     let (len, fds) = (r.u32()? as usize, r.u32()?);
                     if fds as usize > MAX_FDS {
                         return Err(Error::Untrusted(format!("a share with {fds} descriptors")));
                     }
-                    entries.push((fds, r.bytes(len)?));
+                    let export = if kept { r.u64()? } else { 0 };
+                    entries.push((fds, export, r.bytes(len)?));
                 }
-                Message::Shares { first_lease, entries }
+                if kept {
+                    Message::KeptShares { first_lease, entries }
+                } else {
+                    Message::Shares { first_lease, entries: entries.into_iter().map(|(f, _, h)| (f, h)).collect() }
+                }
             }
+            RETIRE => Message::Retire { export: r.u64()? },
             RING => Message::Ring { capacity: r.u32()?, record: r.u32()? },
             t => return Err(Error::Untrusted(format!("channel message type {t} is unknown"))),
         };
@@ -578,6 +613,8 @@ mod tests {
             Message::Detach { pool: 2 },
             Message::Shares { first_lease: 9, entries: vec![(0, &b"DSH1...."[..]), (2, &b"DSH1..+"[..])] },
             Message::Ring { capacity: 1024, record: 256 },
+            Message::KeptShares { first_lease: 9, entries: vec![(0, 3, &b"DSH1...."[..]), (2, 0, &b"DSH1..+"[..])] },
+            Message::Retire { export: 3 },
         ]
     }
 

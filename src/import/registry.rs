@@ -65,8 +65,13 @@ pub(super) enum Slot {
     /// Its first import is mapping it (a vendor call, made without the registry lock): imports of
     /// the same allocation wait for the outcome.
     Opening,
-    /// Mapped, for `users` imports.
-    Open { mapping: Arc<dyn Mapping>, users: usize },
+    /// Mapped, for `users` imports. `kept`: the channel connection (its id) that may keep it
+    /// mapped once no import uses it ([`Slot::Idle`]), until it retires it.
+    Open { mapping: Arc<dyn Mapping>, users: usize, kept: Option<u64> },
+    /// Mapped for no import: kept by connection `owner` for its producer's next lease of it, until
+    /// the producer retires it, the connection closes, or the bounds of what may be kept evict
+    /// it (least recently used first).
+    Idle { mapping: Arc<dyn Mapping>, owner: u64 },
     /// Its last import is unmapping it (synchronisation and vendor close, without the lock):
     /// imports of the same allocation wait until it is gone, then map it afresh.
     Closing,
@@ -92,6 +97,12 @@ pub(super) struct Registry {
     pub(super) watched: FxHashMap<RefName, WatchEntry>,
     /// The fork generation the entries belong to (`None` before the first use).
     pub(super) generation: Option<Stamp>,
+    /// The idle allocations in the order they became idle (oldest first; an entry whose slot is
+    /// no longer idle, or became idle again later, is skipped), and how many and how large the
+    /// idle ones are.
+    pub(super) idle: std::collections::VecDeque<AllocKey>,
+    pub(super) idle_count: usize,
+    pub(super) idle_bytes: u64,
 }
 
 impl Registry {
@@ -208,6 +219,9 @@ pub(super) fn registry() -> RegistryGuard {
         std::mem::forget(std::mem::take(&mut reg.allocs));
         std::mem::forget(std::mem::take(&mut reg.tickets));
         std::mem::forget(std::mem::take(&mut reg.watched));
+        reg.idle = Default::default();
+        reg.idle_count = 0;
+        reg.idle_bytes = 0;
         reg.generation = Some(Stamp::now());
     }
     RegistryGuard(Some(reg))

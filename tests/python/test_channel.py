@@ -802,7 +802,7 @@ def test_channel_prototypes_match_the_header(tmp_path):
     checker = abi_check.Checker(header, abi_check.run_dump(tmp_path, cc))
     sigs = (_abi.channel_signatures(_lib.ExporterP, _lib.ImportP) + _abi.channel_signatures_1_2(_lib.ImportP)
             + _abi.channel_signatures_1_4(_lib.ExporterP, _lib.ImportP) + _abi.channel_signatures_1_7(_lib.ImportP)
-            + _abi.channel_signatures_1_8())
+            + _abi.channel_signatures_1_8() + _abi.channel_signatures_1_10(_lib.ExporterP))
     problems = [p for name, restype, argtypes in sigs
                 for p in checker.function_problems(name, restype, argtypes)]
     assert not problems, problems

@@ -133,6 +133,9 @@ struct State {
     harvested: bool,
     /// The producer broke the ring (an impossible index or record): it is not read again.
     broken: bool,
+    /// The registered exports whose allocations this connection keeps mapped between leases
+    /// (`KEPT_SHARES`), until the producer retires them (`RETIRE`) or the connection ends.
+    kept: FxHashMap<u64, crate::import::KeptKey>,
 }
 
 /// The consumer end of a channel.
@@ -144,6 +147,8 @@ pub struct LocalConnection {
     state: Mutex<State>,
     peer_id: u64,
     producer_pid: i32,
+    /// This connection among the process's (what the allocations it keeps mapped are kept for).
+    owner: u64,
     /// How long [`Connection::recv`] polls before it sleeps (ns; 0: not).
     spin_ns: std::sync::atomic::AtomicU64,
     /// The stream received device items are read on (`CUstream` / `aclrtStream`; 0: none, an
@@ -193,7 +198,7 @@ impl LocalConnection {
                 cred.uid.as_raw()
             )));
         }
-        let features = wire::FEATURE_SHARES | wire::FEATURE_RING;
+        let features = wire::FEATURE_SHARES | wire::FEATURE_RING | wire::FEATURE_KEEP;
         let hello = Message::Hello { magic: wire::MAGIC, version: wire::VERSION, features, tgid };
         match wire::send(fd.as_fd(), &hello.encode(), &[]) {
             // A producer that refused us at once has closed already: its reason is queued.
@@ -245,9 +250,14 @@ impl LocalConnection {
                                     head: 0,
                                     harvested: false,
                                     broken: false,
+                                    kept: FxHashMap::default(),
                                 }),
                                 peer_id,
                                 producer_pid,
+                                owner: {
+                                    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                                    NEXT.fetch_add(1, Ordering::Relaxed)
+                                },
                                 spin_ns: Default::default(),
                                 stream: Default::default(),
                                 polled: AtomicBool::new(false),
@@ -373,6 +383,11 @@ impl LocalConnection {
                     return Ok(imp);
                 }
                 if st.eof {
+                    // Nothing stays mapped for a producer that is gone but what is held.
+                    if !st.kept.is_empty() {
+                        st.kept.clear();
+                        crate::import::retire_all(self.owner);
+                    }
                     return Err(Error::Closed("the producer closed the channel or exited".into()));
                 }
                 if spinning {
@@ -561,37 +576,18 @@ impl LocalConnection {
                 Ok(Some(Box::new(imp)))
             }
             Message::Shares { first_lease, entries } => {
-                let total: usize = entries.iter().map(|(n, _)| *n as usize).sum();
-                if total != fds.len() {
-                    return Err(Error::Untrusted(format!(
-                        "a message of {} shares naming {total} descriptors came with {}",
-                        entries.len(),
-                        fds.len()
-                    )));
+                let entries: Vec<(u32, u64, &[u8])> = entries.into_iter().map(|(n, h)| (n, 0, h)).collect();
+                self.shares((&mut st.ready, &mut st.kept), first_lease, &entries, fds)
+            }
+            Message::KeptShares { first_lease, entries } => {
+                self.shares((&mut st.ready, &mut st.kept), first_lease, &entries, fds)
+            }
+            Message::Retire { export } => {
+                // An export this connection never kept (or already let go) is nothing to do.
+                if let Some(k) = st.kept.remove(&export) {
+                    crate::import::retire(self.owner, &k);
                 }
-                // Every share is opened (or its lease given back at once, when refused) and
-                // handed out in order; the first refusal is this call's error, the shares
-                // opened meanwhile wait for the next receives.
-                let mut fds = fds.into_iter();
-                let mut first_error = None;
-                let stream = self.stream();
-                for (i, (nfds, handle)) in entries.iter().enumerate() {
-                    let mine: Vec<OwnedFd> = fds.by_ref().take(*nfds as usize).collect();
-                    let lease = first_lease + i as u64;
-                    let token: Arc<dyn Lease> = Arc::new(LeaseToken::new(self.shared.clone(), lease));
-                    let opened = decode_full(handle)
-                        .and_then(|d| open(&d.handle, d.table.as_deref(), mine, Some(token), stream));
-                    match opened {
-                        Ok(imp) => st.ready.push_back(Box::new(imp)),
-                        Err(e) => {
-                            first_error.get_or_insert(e);
-                        }
-                    }
-                }
-                match first_error {
-                    Some(e) => Err(e),
-                    None => Ok(None),
-                }
+                Ok(None)
             }
             Message::Attach { pool, slot_size, count, handle } => {
                 let d = decode_full(handle)?;
@@ -637,6 +633,51 @@ impl LocalConnection {
 
     /// A pool item (from the socket or the ring): the slot and its bytes checked against the
     /// attached pool, then the pool's mapping narrowed to it.
+    /// A several-share message's leases (each with its registered export, 0: none), opened in
+    /// order: every share is opened (or its lease given back at once, when refused) and waits for
+    /// the next receives; the first refusal is this call's error.
+    fn shares(
+        &self,
+        (ready, kept): (&mut std::collections::VecDeque<Box<Import>>, &mut FxHashMap<u64, crate::import::KeptKey>),
+        first_lease: u64,
+        entries: &[(u32, u64, &[u8])],
+        fds: Vec<OwnedFd>,
+    ) -> Result<Option<Box<Import>>> {
+        let total: usize = entries.iter().map(|(n, _, _)| *n as usize).sum();
+        if total != fds.len() {
+            return Err(Error::Untrusted(format!(
+                "a message of {} shares naming {total} descriptors came with {}",
+                entries.len(),
+                fds.len()
+            )));
+        }
+        let mut fds = fds.into_iter();
+        let mut first_error = None;
+        let stream = self.stream();
+        for (i, (nfds, export, handle)) in entries.iter().enumerate() {
+            let mine: Vec<OwnedFd> = fds.by_ref().take(*nfds as usize).collect();
+            let lease = first_lease + i as u64;
+            let token: Arc<dyn Lease> = Arc::new(LeaseToken::new(self.shared.clone(), lease));
+            let opened =
+                decode_full(handle).and_then(|d| open(&d.handle, d.table.as_deref(), mine, Some(token), stream));
+            match opened {
+                Ok(imp) => {
+                    if *export != 0 {
+                        kept.insert(*export, imp.keep_for(self.owner));
+                    }
+                    ready.push_back(Box::new(imp));
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(None),
+        }
+    }
+
     fn item(
         &self,
         st: &mut State,
@@ -666,6 +707,10 @@ impl LocalConnection {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             st.pools.clear();
             st.ready.clear();
+            if !st.kept.is_empty() {
+                st.kept.clear();
+                crate::import::retire_all(self.owner);
+            }
             drop(st);
             let _ = rustix::net::shutdown(&self.shared.fd, rustix::net::Shutdown::Both);
         }

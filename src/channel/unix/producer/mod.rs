@@ -73,6 +73,8 @@ struct Peer {
     ring: Option<ProducerRing>,
     /// Making its ring failed once: its items go over the socket.
     no_ring: bool,
+    /// Registered exports (by id) it was told it may keep mapped; told again when retired.
+    kept: FxHashSet<u64>,
 }
 
 /// Epoll data of a peer's ring wake-up (its id with this bit set).
@@ -113,6 +115,8 @@ struct Core {
     next_lease: u64,
     pools: FxHashMap<u32, PoolState>,
     next_pool: u32,
+    /// Exports (by id) registered with the channel ([`LocalChannel::register`]).
+    registered: FxHashSet<u64>,
     buf: Vec<u8>,
     fds: Vec<OwnedFd>,
     closed: bool,
@@ -193,6 +197,7 @@ impl LocalChannel {
             next_lease: 1,
             pools: FxHashMap::default(),
             next_pool: 1,
+            registered: FxHashSet::default(),
             buf: Vec::new(),
             fds: Vec::new(),
             closed: false,
@@ -292,6 +297,9 @@ impl LocalChannel {
     /// (bounded: [`DEVSHARE_CHANNEL_SEND_QUEUE`]); a peer past that bound, or whose queue does
     /// not move for [`DEVSHARE_CHANNEL_SEND_PATIENCE_MS`], is disconnected (`Closed`).
     pub fn send(&self, peer: u64, exp: &Exporter, desc: &TensorDesc<'_>) -> Result<()> {
+        if self.shared.lock()?.registered.contains(&exp.id()) {
+            return self.send_batch(peer, &[(exp, desc.clone())]);
+        }
         let (h, event) = exp.share_leased(desc)?;
         let epfd = self.shared.epoll.as_fd();
         let mut core = self.shared.lock()?;
@@ -342,7 +350,10 @@ impl LocalChannel {
             for (exp, _, _) in &shares {
                 core.allow(peer, exp)?;
             }
-            let batched = core.peers.get(peer)?.features & wire::FEATURE_SHARES != 0;
+            let features = core.peers.get(peer)?.features;
+            let batched = features & wire::FEATURE_SHARES != 0;
+            // A consumer that keeps registered exports mapped is told which shares are of one.
+            let keeps = features & wire::FEATURE_KEEP != 0 && !core.registered.is_empty();
             let mut shares = shares.into_iter().peekable();
             while shares.peek().is_some() {
                 // One message: as many shares as fit its size and descriptor limits (one at
@@ -352,17 +363,28 @@ impl LocalChannel {
                 let (mut bytes, mut nfds) = (4 + 4 + 8, 0usize);
                 while let Some((exp, enc, _)) = shares.peek() {
                     let fds = exp.channel_fds().len();
-                    let fits = bytes + 8 + enc.len() <= wire::MAX_MESSAGE
+                    let entry = if keeps { 16 } else { 8 };
+                    let fits = bytes + entry + enc.len() <= wire::MAX_MESSAGE
                         && nfds + fds <= wire::MAX_FDS
                         && chunk.len() < wire::MAX_SHARES;
                     if !chunk.is_empty() && (!batched || !fits) {
                         break;
                     }
-                    bytes += 8 + enc.len();
+                    bytes += entry + enc.len();
                     nfds += fds;
                     chunk.push(shares.next().expect("peeked"));
                 }
-                let msg = if batched {
+                let msg = if keeps {
+                    let registered = &core.registered;
+                    let entries = chunk
+                        .iter()
+                        .map(|(exp, enc, _)| {
+                            let id = if registered.contains(&exp.id()) { exp.id() } else { 0 };
+                            (exp.channel_fds().len() as u32, id, &enc[..])
+                        })
+                        .collect();
+                    Message::KeptShares { first_lease, entries }.encode()
+                } else if batched {
                     let entries =
                         chunk.iter().map(|(exp, enc, _)| (exp.channel_fds().len() as u32, &enc[..])).collect();
                     Message::Shares { first_lease, entries }.encode()
@@ -375,6 +397,9 @@ impl LocalChannel {
                 core.post(idx, &msg, &fds, epfd)?;
                 core.next_lease += chunk.len() as u64;
                 for (i, (exp, _, event)) in chunk.into_iter().enumerate() {
+                    if keeps && core.registered.contains(&exp.id()) {
+                        core.peers[idx].kept.insert(exp.id());
+                    }
                     let book = exp.leases().clone();
                     book.add(&self.shared);
                     core.peers[idx].leases.insert(first_lease + i as u64, (book, event));
@@ -387,6 +412,35 @@ impl LocalChannel {
             return Err(Error::Closed(format!("peer {peer} was disconnected: it does not read its messages")));
         }
         r
+    }
+
+    /// Register `exp` with this channel: its leases tell consumers (1.10 and later) that they
+    /// may keep its allocation mapped between leases, so that the next lease of it is a lookup.
+    /// The caller keeps the export open while it is registered; [`Self::unregister`] (or the
+    /// channel's close) tells every consumer that kept it to unmap it once it holds no lease.
+    pub fn register(&self, exp: &Exporter) -> Result<()> {
+        self.shared.lock()?.registered.insert(exp.id());
+        Ok(())
+    }
+
+    /// Undo [`Self::register`]: every consumer that kept the allocation mapped is told to let it
+    /// go (`RETIRE`). Whether it was registered: `NotFound` when not.
+    pub fn unregister(&self, exp: &Exporter) -> Result<()> {
+        let epfd = self.shared.epoll.as_fd();
+        let mut core = self.shared.lock()?;
+        let id = exp.id();
+        if !core.registered.remove(&id) {
+            return Err(Error::NotFound(format!("export {id} is not registered with this channel")));
+        }
+        let msg = Message::Retire { export: id }.encode();
+        for i in 0..core.peers.len() {
+            if core.peers[i].kept.remove(&id) {
+                // A peer that cannot take it now is past its limits: sweep disconnects it.
+                let _ = core.post(i, &msg, &[], epfd);
+            }
+        }
+        core.sweep(epfd);
+        Ok(())
     }
 
     /// Disconnect one peer now, as if it had died: its leases and pool slots come back at once

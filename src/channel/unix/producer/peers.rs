@@ -160,6 +160,7 @@ impl Core {
                 posted: 0,
                 ring: None,
                 no_ring: false,
+                kept: FxHashSet::default(),
             });
             self.stir = true; // a handshake deadline begins
         }
