@@ -325,7 +325,16 @@ fn the_checker_finds_what_it_must() {
 fn the_files_the_readme_and_architecture_md_name_exist() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut missing = Vec::new();
-    for doc in ["README.md", "ARCHITECTURE.md"] {
+    // README and ARCHITECTURE.md, the status and history pages, and every page of docs/.
+    let mut docs: Vec<String> = ["README.md", "ARCHITECTURE.md", "STATUS.md", "CHANGELOG.md"].map(String::from).into();
+    let mut pages: Vec<String> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| format!("docs/{}", e.unwrap().file_name().to_string_lossy()))
+        .filter(|p| p.ends_with(".md"))
+        .collect();
+    pages.sort();
+    docs.extend(pages);
+    for doc in docs.iter().map(String::as_str) {
         let text = std::fs::read_to_string(root.join(doc)).unwrap();
         for word in text.split(|c: char| c.is_whitespace() || "`()|,;[]".contains(c)) {
             let w = word.trim_end_matches(['.', ':']);

@@ -257,8 +257,8 @@ def test_library_path_and_version_are_documented_accessors():
     # library_version: the loaded library's devshare_version() as MAJOR.MINOR.PATCH.
     v = int(_lib.lib.devshare_version())
     assert devshare.library_version == f"{v >> 16}.{(v >> 8) & 0xFF}.{v & 0xFF}"
-    # Both documented: in the package docstring (help(devshare)) and the README.
+    # Both documented: in the package docstring (help(devshare)) and the Python page of the docs.
     for name in ("library_path", "library_version"):
         assert name in devshare.__doc__, name
-    readme = (PYTHON_DIR.parent / "README.md").read_text()
+    readme = (PYTHON_DIR.parent / "docs" / "python.md").read_text()
     assert "devshare.library_path" in readme and "devshare.library_version" in readme

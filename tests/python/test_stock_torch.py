@@ -3,8 +3,8 @@ item 5).
 
 The README's old recipe, ``torch.UntypedStorage._new_shared_filename_cpu(b"", name, nbytes)``,
 maps through PyTorch's managed allocator, whose ``torch_shm_manager`` unlinks the name when the
-consumer exits, while the producer still holds the buffer. The recipe the README gives now (its
-"A consumer with stock PyTorch only" block, run here exactly as written) maps the object with
+consumer exits, while the producer still holds the buffer. The recipe the docs give now (the
+"A consumer with stock PyTorch only" block of docs/formats.md, run here exactly as written) maps the object with
 ``mmap`` + ``torch.frombuffer`` and returns the reference by setting its ref-counter slot to 0.
 Each test runs the consumer as a separate Python process that has no devshare.
 """
@@ -26,22 +26,23 @@ import torch
 import devshare
 from conftest import ROOT, header_count, run, spawn, tensor_tool
 
-README = ROOT / "README.md"
+DOC = ROOT / "docs" / "formats.md"  # the PyTorch interop page, where the recipe lives
 SECTION = "### A consumer with stock PyTorch only"
 
 
 def consumer_code() -> str:
-    """The stock consumer block of the README (the python block that defines open_shared)."""
-    text = README.read_text()
+    """The stock consumer block of the docs (the python block that defines open_shared)."""
+    text = DOC.read_text()
     section = text[text.index(SECTION):]
-    section = section[:section.index("\n## ")]
+    end = section.find("\n## ")
+    section = section if end < 0 else section[:end]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     found = [b for b in blocks if "def open_shared" in b]
-    assert len(found) == 1, "the README's stock consumer block is missing"
+    assert len(found) == 1, "the stock consumer block of docs/formats.md is missing"
     return found[0]
 
 
-# Runs in the consumer process after the README block: open, read, write, release, exit.
+# Runs in the consumer process after the docs block: open, read, write, release, exit.
 # devshare is made unimportable first, and checked to be absent at the end.
 DRIVER = textwrap.dedent("""
     import json, sys
@@ -229,7 +230,7 @@ def test_the_old_manager_recipe_unlinks_the_buffer():
     assert x[0].item() == 42.0
 
     # Its manager removes the name a moment after the consumer exited ...
-    assert vanishes(path), "the old recipe left the object in place: update this test and README"
+    assert vanishes(path), "the old recipe left the object in place: update this test and docs/formats.md"
     # ... while the producer still holds the buffer: every later handle is refused ...
     with pytest.raises(devshare.Error) as info_:
         devshare.open(devshare.share(x, inflight=False))
