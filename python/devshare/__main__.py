@@ -5,6 +5,7 @@
     --libs            linker flags for the wheel's libdevshare (-L, -ldevshare, and an rpath to it)
     --pkgconfig-dir   the directory of devshare.pc / devshare-static.pc (PKG_CONFIG_PATH)
     --library         the full path of the wheel's libdevshare.so.1
+    --examples-dir    the examples' directory (each a small project with a README)
     --version         the package version
 
 Besides the package's ``__version__`` it uses only :mod:`devshare._paths`: it loads no library
@@ -29,6 +30,7 @@ def main(argv=None) -> int:
     p.add_argument("--libs", action="store_true", help="linker flags for the wheel's libdevshare")
     p.add_argument("--pkgconfig-dir", action="store_true", help="pkg-config directory")
     p.add_argument("--library", action="store_true", help="full path of libdevshare.so.1")
+    p.add_argument("--examples-dir", action="store_true", help="the examples' directory")
     p.add_argument("--version", action="store_true", help="package version")
     args = p.parse_args(argv)
     out = []
@@ -47,6 +49,8 @@ def main(argv=None) -> int:
             out.append(_paths.get_pkgconfig_dir())
         if args.library:
             out.append(_paths.get_library())
+        if args.examples_dir:
+            out.append(_paths.get_examples_dir())
     except FileNotFoundError as e:
         print(f"python -m devshare: {e}", file=sys.stderr)
         return 1

