@@ -370,7 +370,7 @@ class Handle:
           reference (the slot is 1 until the consumer sets it to 0); ``ref_path`` None when the
           handle carries no reference.
 
-        The README's "Interop with PyTorch CPU tensors" section has a stock consumer that maps
+        docs/formats.md ("Interop with PyTorch CPU tensors") has a stock consumer that maps
         the object with ``mmap`` and ``torch.frombuffer`` without counting itself in or
         unlinking anything. ValueError for device handles (use :meth:`torch_args`) and for a
         handle with an in-flight reference: only a devshare import can take that over (share

@@ -7,7 +7,7 @@ fields and arrays alike. So every integer this package passes to the library goe
 :func:`check_args` / :func:`check_fields` (every integer argument of every library call and
 every integer field of every struct the package fills, against the C type's range).
 
-The rules (the README's Python section states them):
+The rules (docs/python.md states them):
 
 - an integer argument takes ``int`` or anything ``operator.index`` accepts (numpy and torch
   integer scalars); ``bool`` is refused (``True`` as a size, pid or timeout is a bug, not a 1),

@@ -242,7 +242,7 @@ class Channel(Owned):
         """Disconnect consumer ``peer`` now, as if its process had died: its leases and pool
         slots come back at once and its :meth:`Connection.recv` raises :class:`ChannelClosed`
         once it read what its socket had taken (what still waited for it is dropped). The channel does the same on its own to a consumer
-        that stops reading (see the README's limits). :class:`devshare.Error` ``NOT_FOUND``
+        that stops reading (see docs/channels.md, the limits). :class:`devshare.Error` ``NOT_FOUND``
         when it is not connected."""
         fn = need("devshare_channel_disconnect", "Channel.disconnect")
         self._lib_call(fn, peer_id(peer))
