@@ -8,6 +8,7 @@ reports the sum of every tensor it received, sync by sync.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -62,9 +63,23 @@ def _state_dict():
             "bias": torch.randn(16, generator=g).to(torch.bfloat16)}
 
 
+@contextlib.contextmanager
 def _consumer(address, n, syncs):
-    return spawn([sys.executable, "-c", CONSUMER, address, str(n), str(syncs)],
-                 env=python_env(), stdin=subprocess.PIPE)
+    """The consumer process for ``syncs`` syncs of ``n`` tensors; killed if still running."""
+    p = spawn([sys.executable, "-c", CONSUMER, address, str(n), str(syncs)],
+              env=python_env(), stdin=subprocess.PIPE)
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def _next(p) -> None:
+    """Let the consumer go on to its next sync."""
+    p.stdin.write("next\n")
+    p.stdin.flush()
 
 
 def test_ten_syncs_of_a_registered_state_dict_see_every_in_place_change():
@@ -72,8 +87,7 @@ def test_ten_syncs_of_a_registered_state_dict_see_every_in_place_change():
     sd = _state_dict()
     with devshare.Channel(address) as ch:
         assert ch.register(sd) == 4
-        p = _consumer(address, 4, 10)
-        try:
+        with _consumer(address, 4, 10) as p:
             peer = ch.wait_peers(1, timeout=20)[0]
             exports = None
             for sync in range(10):
@@ -92,13 +106,8 @@ def test_ten_syncs_of_a_registered_state_dict_see_every_in_place_change():
                 exports = [id(e) for e in now]
                 for t in sd.values():  # an optimiser step, in place
                     t.add_(sync + 1)
-                p.stdin.write("next\n")
-                p.stdin.flush()
+                _next(p)
             assert p.wait(timeout=20) == 0, p.stderr.read()
-        finally:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
 
 
 def test_a_registered_tensor_given_new_memory_is_sent_from_its_new_memory():
@@ -106,27 +115,20 @@ def test_a_registered_tensor_given_new_memory_is_sent_from_its_new_memory():
     t = torch.zeros(64)
     with devshare.Channel(address) as ch:
         ch.register(t)
-        p = _consumer(address, 1, 2)
-        try:
+        with _consumer(address, 1, 2) as p:
             peer = ch.wait_peers(1, timeout=20)[0]
             ch.send(peer, t)
             assert float(_line(p, "SYNC")) == 0.0
             _line(p, "RELEASED")
             _wait_back(ch, [t])
             t.data = torch.full((64,), 3.0)  # new storage under the same tensor object
-            p.stdin.write("next\n")
-            p.stdin.flush()
+            _next(p)
             ch.send(peer, t)
             assert float(_line(p, "SYNC")) == 192.0
             _line(p, "RELEASED")
             _wait_back(ch, [t])
-            p.stdin.write("next\n")
-            p.stdin.flush()
+            _next(p)
             assert p.wait(timeout=20) == 0, p.stderr.read()
-        finally:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
 
 
 def test_unregister_lets_the_storages_exports_close_once_their_leases_are_back():
@@ -154,32 +156,23 @@ def test_a_consumer_killed_holding_a_registered_batch_leaves_the_registration_wo
         sd[name].copy_(t)
     with devshare.Channel(address) as ch:
         ch.register(sd)
-        first = _consumer(address, 4, 1)
-        try:
+        with _consumer(address, 4, 1) as first:
             peer = ch.wait_peers(1, timeout=20)[0]
             ch.send_batch(peer, sd)
             _line(first, "SYNC")
-        finally:
             first.kill()
-            first.wait()
         # The killed consumer's leases came back with its hang-up (it may or may not have
         # released them first); the registration is untouched.
         _wait_back(ch, sd.values())
         assert all(not r.prep[0].closed for r in ch._registered.values())
-        second = _consumer(address, 4, 1)
-        try:
+        with _consumer(address, 4, 1) as second:
             peer = ch.wait_peers(1, timeout=20)[-1]
             ch.send_batch(peer, sd)
             sums = [float(x) for x in _line(second, "SYNC").split()]
             assert sums == pytest.approx([float(t.double().sum()) for t in sd.values()], rel=1e-6)
             _line(second, "RELEASED")
-            second.stdin.write("next\n")
-            second.stdin.flush()
+            _next(second)
             assert second.wait(timeout=20) == 0, second.stderr.read()
-        finally:
-            if second.poll() is None:
-                second.kill()
-            second.wait()
         _wait_back(ch, sd.values())
 
 
