@@ -137,6 +137,9 @@ pub(crate) struct ChannelShared {
     /// change that it must see ([`Core::stir`]) writes `nudge`, an eventfd in the epoll set
     /// (edge triggered, never read).
     untimed: AtomicU64,
+    /// How many exports are registered ([`Core::registered`]'s size, kept under the lock): a
+    /// send looks here first, so that a channel with none pays no second lock per send.
+    registered: AtomicU64,
     nudge: OwnedFd,
 }
 
@@ -224,6 +227,7 @@ impl LocalChannel {
                 epoll: ep,
                 generation: crate::fork::Stamp::now(),
                 untimed: AtomicU64::new(0),
+                registered: AtomicU64::new(0),
                 nudge,
             }),
         })
@@ -297,7 +301,7 @@ impl LocalChannel {
     /// (bounded: [`DEVSHARE_CHANNEL_SEND_QUEUE`]); a peer past that bound, or whose queue does
     /// not move for [`DEVSHARE_CHANNEL_SEND_PATIENCE_MS`], is disconnected (`Closed`).
     pub fn send(&self, peer: u64, exp: &Exporter, desc: &TensorDesc<'_>) -> Result<()> {
-        if self.shared.lock()?.registered.contains(&exp.id()) {
+        if self.shared.registered.load(Ordering::Acquire) > 0 && self.shared.lock()?.registered.contains(&exp.id()) {
             return self.send_batch(peer, &[(exp, desc.clone())]);
         }
         let (h, event) = exp.share_leased(desc)?;
@@ -419,7 +423,9 @@ impl LocalChannel {
     /// The caller keeps the export open while it is registered; [`Self::unregister`] (or the
     /// channel's close) tells every consumer that kept it to unmap it once it holds no lease.
     pub fn register(&self, exp: &Exporter) -> Result<()> {
-        self.shared.lock()?.registered.insert(exp.id());
+        let mut core = self.shared.lock()?;
+        core.registered.insert(exp.id());
+        self.shared.registered.store(core.registered.len() as u64, Ordering::Release);
         Ok(())
     }
 
@@ -432,6 +438,7 @@ impl LocalChannel {
         if !core.registered.remove(&id) {
             return Err(Error::NotFound(format!("export {id} is not registered with this channel")));
         }
+        self.shared.registered.store(core.registered.len() as u64, Ordering::Release);
         let msg = Message::Retire { export: id }.encode();
         for i in 0..core.peers.len() {
             if core.peers[i].kept.remove(&id) {
