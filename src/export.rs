@@ -494,6 +494,16 @@ impl Exporter {
     /// `desc.event` an interprocess event is recorded on `desc.stream` and returned (keep it until
     /// the lease comes back; the handle carries it); otherwise the stream is synchronised first.
     pub(crate) fn share_leased(&self, desc: &TensorDesc<'_>) -> Result<(DevshareHandle, Option<Box<dyn IpcEvent>>)> {
+        let mut h = self.leased_handle(desc)?;
+        let event = self.alloc.prepare_share(desc.stream, desc.event)?;
+        if let Some(e) = &event {
+            h.event_handle = e.handle();
+        }
+        Ok((h, event))
+    }
+
+    /// The handle of a leased share, described and validated, without its event.
+    fn leased_handle(&self, desc: &TensorDesc<'_>) -> Result<DevshareHandle> {
         if desc.inflight {
             return Err(Error::InvalidArgument(
                 "a share over a channel is leased to the connection: in-flight references \
@@ -520,11 +530,35 @@ impl Exporter {
                 let _ = self.leased_template.set(h);
             }
         }
-        let event = self.alloc.prepare_share(desc.stream, desc.event)?;
-        if let Some(e) = &event {
-            h.event_handle = e.handle();
-        }
-        Ok((h, event))
+        Ok(h)
+    }
+
+    /// [`Self::share_leased`] without its event or synchronisation: the caller made them for
+    /// several shares at once (one per stream of a channel's batch: [`Self::record_event`], or
+    /// [`Self::synchronize`]) and sets `event_handle` of a handle with `desc.event` itself.
+    pub(crate) fn share_leased_synced(&self, desc: &TensorDesc<'_>) -> Result<DevshareHandle> {
+        self.leased_handle(desc)
+    }
+
+    /// A new interprocess event of this allocation's device, recorded on `stream` (what
+    /// [`Self::share_leased`] records for one share), for shares made with
+    /// [`Self::share_leased_synced`]. Host memory: `Unsupported`.
+    pub(crate) fn record_event(&self, stream: *mut std::ffi::c_void) -> Result<Box<dyn IpcEvent>> {
+        self.alloc
+            .prepare_share(stream, true)?
+            .ok_or_else(|| Error::Unsupported("this allocation records no interprocess events".into()))
+    }
+
+    /// Synchronise `stream` (null: the whole device) as [`Self::share_leased`] does for a share
+    /// without an event; host memory: nothing to do.
+    pub(crate) fn synchronize(&self, stream: *mut std::ffi::c_void) -> Result<()> {
+        self.alloc.prepare_share(stream, false).map(|_| ())
+    }
+
+    /// What an interprocess event of this allocation belongs to: its backend and device (an
+    /// event recorded for one allocation can be recorded again for another with the same key).
+    pub(crate) fn event_key(&self) -> (u16, i32) {
+        (self.backend, self.alloc.device_index())
     }
 
     /// [`Self::share_leased`], with what the caller needs of the handle read by `f` where the

@@ -98,8 +98,12 @@ pub struct SegmentedMemory<'a> {
 
 /// An interprocess event an exporter recorded for one share; dropping it destroys it.
 pub trait IpcEvent: Send + Sync {
-    /// The 64 handle bytes a consumer opens.
+    /// The 64 handle bytes a consumer opens (the same for every record of the event).
     fn handle(&self) -> [u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE];
+    /// Record the event again, on `stream` (null: the device's legacy stream) of its device:
+    /// what an event reused for a later share does. Only once no consumer can still be about to
+    /// wait on its previous record (every share that carried it came back).
+    fn record_again(&self, stream: *mut std::ffi::c_void) -> Result<()>;
 }
 
 /// An allocation mapped into this process. Dropping it undoes the mapping (unmap, IPC close).

@@ -190,6 +190,11 @@ impl<A: IpcEvents + Send + Sync + 'static> IpcEvent for SharedEvent<A> {
     fn handle(&self) -> [u8; DEVSHARE_EVENT_HANDLE_SIZE] {
         self.handle
     }
+
+    fn record_again(&self, stream: *mut c_void) -> Result<()> {
+        let _g = self.rt.bind(self.device)?;
+        self.rt.record_on(self.ev, Stream(stream))
+    }
 }
 
 impl<A: IpcEvents + 'static> Drop for SharedEvent<A> {

@@ -222,7 +222,8 @@ pub unsafe extern "C" fn devshare_channel_peer_info(
 /// Send `peer` one leased reference to a tensor of `exporter` (`desc` NULL: the whole range as
 /// bytes). `DEVSHARE_SHARE_EVENT` (device exports) records an interprocess event on
 /// `desc->stream` that the consumer's receive waits on, instead of synchronising the stream; it
-/// is kept until the lease comes back. `DEVSHARE_SHARE_INFLIGHT` does not apply to leases. The peer receives it
+/// is kept until the lease comes back, then kept by the channel (at most 64 idle per device) and
+/// recorded again for a later send. `DEVSHARE_SHARE_INFLIGHT` does not apply to leases. The peer receives it
 /// with `devshare_connection_recv`. `devshare_exporter_outstanding` counts it until the peer
 /// releases its import or disconnects for any reason. ACL exports are whitelisted for the
 /// peer's announced tgid first (once per export and peer). Host memory must come from
@@ -259,7 +260,9 @@ pub unsafe extern "C" fn devshare_channel_send(
 
 /// Send `peer` one leased reference to each of `count` tensors, in order: tensor i is
 /// `*descs[i]` inside `exporters[i]` (a NULL description: the whole export as bytes), each
-/// exactly as `devshare_channel_send` sends one. The consumer receives them as `count` imports,
+/// exactly as `devshare_channel_send` sends one, except that one interprocess event (or one
+/// synchronisation) covers every tensor of the batch on the same device and stream: the
+/// consumer waits on it once. The consumer receives them as `count` imports,
 /// one per `devshare_connection_recv`, in this order. A 1.4 or later consumer gets them in as
 /// few messages as the message size (an encoded handle is a few hundred bytes) and `SCM_RIGHTS`
 /// limits allow; an older one, one message each. Every share is made first: a description

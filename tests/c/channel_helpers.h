@@ -141,17 +141,34 @@ static int item_check(const void *p, uint64_t size, uint64_t *seq_out) {
     return ok;
 }
 
-/* How often the interprocess event in `bytes` (a handle's event_handle) has been waited on: the
- * event is opened again here, its count read from the stand-in, then waited on and destroyed as
- * the driver's rules ask. -1 when it cannot be opened (the producer destroyed it). */
+/* How often the consumer waited on the latest record of the interprocess event in `bytes` (a
+ * handle's event_handle): the event is opened again here, its counts read from the stand-in,
+ * then waited on and destroyed as the driver's rules ask. A producer reuses events (one per
+ * stream of a send, recorded again for a later one), so the stand-in's counters are the
+ * event's whole life: the waits this helper made itself are taken off, and so is one wait
+ * for each earlier record (each checked here to have had its one). -1 when it cannot be opened
+ * (the producer destroyed it). */
 static int event_waits(const uint8_t *bytes) {
-    int n = -1;
+    static struct {
+        uint8_t bytes[64];
+        int own; /* waits this helper made on it */
+    } seen[256];
+    static int n_seen;
+    int i = 0;
+    while (i < n_seen && memcmp(seen[i].bytes, bytes, 64) != 0) {
+        i++;
+    }
+    if (i == n_seen && n_seen < (int)(sizeof seen / sizeof seen[0])) {
+        memcpy(seen[n_seen++].bytes, bytes, 64);
+    }
+    int n = -1, records = -1;
     if (g_cuda) {
         CUipcEventHandle eh;
         memcpy(eh.reserved, bytes, sizeof eh.reserved);
         CUevent e = NULL;
         if (cuIpcOpenEventHandle(&e, eh) == CUDA_SUCCESS) {
             n = cusi_event_waits(e);
+            records = cusi_event_records(e);
             cu_or_die(cuEventSynchronize(e), "cuEventSynchronize");
             cu_or_die(cuEventDestroy(e), "cuEventDestroy");
         }
@@ -161,10 +178,16 @@ static int event_waits(const uint8_t *bytes) {
         aclrtEvent e = NULL;
         if (aclrtIpcOpenEventHandle(eh, &e) == ACL_SUCCESS) {
             n = aclsi_event_waits(e);
+            records = aclsi_event_records(e);
             acl_or_die(aclrtSynchronizeEvent(e), "aclrtSynchronizeEvent");
             acl_or_die(aclrtDestroyEvent(e), "aclrtDestroyEvent");
         }
     }
+    if (n < 0 || i >= n_seen) {
+        return n;
+    }
+    n -= seen[i].own + (records > 1 ? records - 1 : 0);
+    seen[i].own++;
     return n;
 }
 
@@ -1001,6 +1024,24 @@ static int live_events(const char *prefix) {
         closedir(d);
     }
     return n;
+}
+
+/* The names of this process's live interprocess events (as live_events counts them), sorted and
+ * joined with spaces into buf: an event recorded again keeps its name, a new one has another. */
+static void live_event_names(const char *prefix, char *buf, size_t cap) {
+    char token[64];
+    const int tl = snprintf(token, sizeof token, "%s%ld_", prefix, (long)getpid());
+    struct dirent **names = NULL;
+    const int n = scandir("/dev/shm", &names, NULL, alphasort);
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        if (strncmp(names[i]->d_name, token, (size_t)tl) == 0 && used < cap) {
+            used += (size_t)snprintf(buf + used, cap - used, "%s ", names[i]->d_name);
+        }
+        free(names[i]);
+    }
+    free(names);
 }
 
 #endif /* DEVSHARE_TEST_CHANNEL_HELPERS_H */

@@ -55,7 +55,10 @@
  *  - test_a_cuda_lease_event_is_waited_on_once_and_kept_until_the_lease_returns: a CUDA lease
  *    with DEVSHARE_SHARE_EVENT (cuMemAlloc + devshare_export, on a stream and with NULL): recv
  *    waited on the event, one live IPC open while held and none after the release, the event
- *    kept until the lease comes back;
+ *    kept until the lease comes back, then in the channel's pool until it closes;
+ *  - test_a_cuda_batch_records_one_event_per_stream_and_the_next_batch_reuses_it: 32 leases in
+ *    one devshare_channel_send_batch carry one event per stream, waited on once by the
+ *    consumer; the next batch records the pooled event again;
  *  - afterwards no /dev/shm object carries the pid of this process or of a host or CUDA
  *    consumer, and neither stand-in recorded a rule violation (in any process: at exit they
  *    also check that every opened IPC event and mapping was closed).
@@ -1098,9 +1101,10 @@ static void test_a_cuda_lease_event_is_waited_on_once_and_kept_until_the_lease_r
         a = reply(&k, ch);
         st = devshare_exporter_wait(exp, IO_MS);
         CHECK(strcmp(a, "R 1 0") == 0 && st == DEVSHARE_STATUS_OK && outstanding_of(exp) == 0 &&
-                  live_events("cusi_e_") == 0,
+                  live_events("cusi_e_") == 1,
               "cuda lease event (%s): the release brings the lease back (devshare_exporter_wait %s) and the "
-              "producer destroys the event", how, devshare_status_str(st));
+              "event goes back to the channel's pool, where the next send records it again (1 live event)", how,
+              devshare_status_str(st));
         tell(&k, "lease_opens");
         a = reply(&k, ch);
         CHECK(strcmp(a, "R 0") == 0, "cuda lease event (%s): the consumer closed its IPC mapping (%s)", how, a);
@@ -1109,6 +1113,82 @@ static void test_a_cuda_lease_event_is_waited_on_once_and_kept_until_the_lease_r
     CHECK(s.violations == 0, "cuda lease event: the consumer broke no driver rule (%d)", s.violations);
     CHECK(finish(&k, ch), "cuda lease event: the consumer exits cleanly");
     close_all(NULL, exp, ch, "cuda lease event");
+    CHECK(live_events("cusi_e_") == 0, "cuda lease event: closing the channel destroys its pooled event");
+    cu_or_die(cuStreamDestroy(stream), "cuStreamDestroy");
+    cu_or_die(cuMemFree(dev), "cuMemFree");
+    g_cuda = 0;
+}
+
+/* A devshare_channel_send_batch of 32 leases of one CUDA allocation with DEVSHARE_SHARE_EVENT: the
+ * batch carries one interprocess event per stream (recorded once, waited on once by the consumer's
+ * receive), the event goes back to the channel's pool when the leases return and the next batch
+ * records it again instead of making another. */
+static void test_a_cuda_batch_records_one_event_per_stream_and_the_next_batch_reuses_it(void) {
+    enum { N = 32, ROUNDS = 3 };
+    const int64_t len = 4096;
+    const size_t size = (size_t)N * (size_t)len;
+    cuda_start();
+    CUdeviceptr dev = 0;
+    cu_or_die(cuMemAlloc(&dev, size), "cuMemAlloc");
+    DevshareExporter *exp = NULL;
+    DS_OK(devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)dev, size, 0, &exp));
+    char address[128];
+    make_address(address, sizeof address, "cuda_batch");
+    DevshareChannel *ch = NULL;
+    DS_OK(devshare_channel_listen(address, &ch));
+    g_cuda = 1;
+    Child k = spawn_child("cuda", "");
+    const uint64_t peer = connect_child(ch, &k, address, "cuda batch event");
+    CUstream stream = NULL;
+    cu_or_die(cuStreamCreate(&stream, 0), "cuStreamCreate");
+    DevshareTensorDesc descs[N];
+    const DevshareTensorDesc *dp[N];
+    const DevshareExporter *ep[N];
+    uint64_t seq = 2000;
+    char names[2][512] = {"", ""};
+    /* Rounds 0 and 1: every tensor on one stream; round 2: alternating between two. */
+    for (int round = 0; round < ROUNDS && peer; round++) {
+        const int streams = round < 2 ? 1 : 2;
+        for (int i = 0; i < N; i++) {
+            item_fill((void *)(uintptr_t)(dev + (CUdeviceptr)i * (CUdeviceptr)len), (uint64_t)len, ++seq);
+            descs[i] = bytes_desc((uint64_t)i * (uint64_t)len, &len);
+            descs[i].flags = DEVSHARE_SHARE_EVENT;
+            descs[i].stream = streams == 2 && i % 2 ? NULL : stream;
+            dp[i] = &descs[i];
+            ep[i] = exp;
+        }
+        int32_t st = devshare_channel_send_batch(ch, peer, ep, dp, N);
+        CHECK(st == DEVSHARE_STATUS_OK && outstanding_of(exp) == N && live_events("cusi_e_") == streams,
+              "cuda batch event, round %d: a batch of %d leases on %d stream(s) holds %d live event(s) (%d; %s)",
+              round, N, streams, streams, live_events("cusi_e_"), devshare_status_str(st));
+        if (round < 2) {
+            live_event_names("cusi_e_", names[round], sizeof names[round]);
+        }
+        if (round == 1) {
+            CHECK(names[0][0] != '\0' && strcmp(names[0], names[1]) == 0,
+                  "cuda batch event, round 1: the batch reuses the first batch's event, recorded again (%s/ %s)",
+                  names[0], names[1]);
+        }
+        tell(&k, "recv %d 1 %d", N, IO_MS);
+        const RecvResult r = recv_result(reply(&k, ch));
+        CHECK(r.got == N && r.lease == N && r.data_bad == 0 && r.order_bad == 0,
+              "cuda batch event, round %d: the consumer receives the %d leases in order and reads each back", round,
+              N);
+        CHECK(r.events == streams && r.waited == streams,
+              "cuda batch event, round %d: the consumer's receive waited on each stream's event exactly once, and "
+              "the other leases carry no second wait (%d with an event, %d waited once)", round, r.events, r.waited);
+        tell(&k, "release %d", N);
+        const char *a = reply(&k, ch);
+        st = devshare_exporter_wait(exp, IO_MS);
+        CHECK(st == DEVSHARE_STATUS_OK && outstanding_of(exp) == 0 && live_events("cusi_e_") == streams,
+              "cuda batch event, round %d: the leases come back (%s, %s) and the events stay in the channel's pool "
+              "for the next batch (%d live)", round, a, devshare_status_str(st), live_events("cusi_e_"));
+    }
+    const CudaState s = cuda_state(&k, ch);
+    CHECK(s.violations == 0, "cuda batch event: the consumer broke no driver rule (%d)", s.violations);
+    CHECK(finish(&k, ch), "cuda batch event: the consumer exits cleanly");
+    close_all(NULL, exp, ch, "cuda batch event");
+    CHECK(live_events("cusi_e_") == 0, "cuda batch event: closing the channel destroys its pooled events");
     cu_or_die(cuStreamDestroy(stream), "cuStreamDestroy");
     cu_or_die(cuMemFree(dev), "cuMemFree");
     g_cuda = 0;
@@ -1162,11 +1242,12 @@ static void test_an_acl_lease_event_is_waited_on_and_kept_until_the_lease_return
     const char *a = reply(&k, ch);
     st = devshare_exporter_wait(exp, IO_MS);
     CHECK(strcmp(a, "R 1 0") == 0 && st == DEVSHARE_STATUS_OK && outstanding_of(exp) == 0 &&
-              live_events("aclsi_e_") == 0,
-          "acl lease event: the release brings the lease back (devshare_exporter_wait %s) and the producer destroys "
-          "the event", devshare_status_str(st));
+              live_events("aclsi_e_") == 1,
+          "acl lease event: the release brings the lease back (devshare_exporter_wait %s) and the event goes back "
+          "to the channel's pool (1 live event)", devshare_status_str(st));
     CHECK(finish(&k, ch), "acl lease event: the consumer exits cleanly");
     close_all(NULL, exp, ch, "acl lease event");
+    CHECK(live_events("aclsi_e_") == 0, "acl lease event: closing the channel destroys its pooled event");
     acl_or_die(aclrtDestroyStream(stream), "aclrtDestroyStream");
     acl_or_die(aclrtFree(dev), "aclrtFree");
     g_acl = 0;
@@ -1204,6 +1285,7 @@ int main(int argc, char **argv) {
     test_an_acl_lease_event_is_waited_on_and_kept_until_the_lease_returns();
     test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detaches_on_close();
     test_a_cuda_lease_event_is_waited_on_once_and_kept_until_the_lease_returns();
+    test_a_cuda_batch_records_one_event_per_stream_and_the_next_batch_reuses_it();
 
     int left = 0;
     for (int i = 0; i < n_tracked; i++) {

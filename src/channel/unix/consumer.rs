@@ -654,14 +654,32 @@ impl LocalConnection {
         let mut fds = fds.into_iter();
         let mut first_error = None;
         let stream = self.stream();
+        // The events this message's opens waited on: a producer records one event per stream
+        // of a batch, so shares carrying the same event handle in one message carry the same
+        // record, and one wait on this connection's stream covers them all. (A producer that
+        // lies here only loses its own ordering.)
+        let mut waited: Vec<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]> = Vec::new();
         for (i, (nfds, export, handle)) in entries.iter().enumerate() {
             let mine: Vec<OwnedFd> = fds.by_ref().take(*nfds as usize).collect();
             let lease = first_lease + i as u64;
             let token: Arc<dyn Lease> = Arc::new(LeaseToken::new(self.shared.clone(), lease));
-            let opened =
-                decode_full(handle).and_then(|d| open(&d.handle, d.table.as_deref(), mine, Some(token), stream));
+            let event_flag = crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
+            let mut event = None;
+            let opened = decode_full(handle).and_then(|mut d| {
+                if d.handle.flags & event_flag != 0 {
+                    if waited.contains(&d.handle.event_handle) {
+                        // Waited on already: the share goes on as one without an event.
+                        d.handle.flags &= !event_flag;
+                        d.handle.event_handle = [0; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE];
+                    } else {
+                        event = Some(d.handle.event_handle);
+                    }
+                }
+                open(&d.handle, d.table.as_deref(), mine, Some(token), stream)
+            });
             match opened {
                 Ok(imp) => {
+                    waited.extend(event);
                     if *export != 0 {
                         kept.insert(*export, imp.keep_for(self.owner));
                     }

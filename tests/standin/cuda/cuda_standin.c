@@ -1820,6 +1820,15 @@ int cusi_event_waits(CUevent e) {
     return n;
 }
 
+int cusi_event_records(CUevent e) {
+    pthread_mutex_lock(&g_mu);
+    int n = -1;
+    for (struct CUevent_st *x = g_events; x; x = x->next)
+        if (x == e && x->sh) n = (int)atomic_load(&x->sh->records);
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
+
 int cusi_handle_fetches(CUdeviceptr base) {
     pthread_mutex_lock(&g_mu);
     struct region *r = find_region(base);

@@ -255,6 +255,9 @@ int cusi_live_opens(CUipcMemHandle h);
  * object behind an interprocess event, by any process; -1 if e is not a live interprocess event
  * of this process. */
 int cusi_event_waits(CUevent e);
+/* How many times cuEventRecord recorded the interprocess event behind e (its shared counter, by
+ * its creator); -1 as cusi_event_waits. */
+int cusi_event_records(CUevent e);
 /* How many times cuIpcGetMemHandle was called for the allocation at `base` in this process
  * (the exporter); -1 if base is not a live allocation base. */
 int cusi_handle_fetches(CUdeviceptr base);

@@ -5,8 +5,10 @@
 //!   disconnecting;
 //! - `queue.rs`: the bounded send queue (and posting pool items to a peer's ring);
 //! - `pool.rs`: [`LocalPool`]: slot state, acquire, send, release, and the slots that come back;
-//! - `serve.rs`: the channel's lock and the serve loop (epoll).
+//! - `serve.rs`: the channel's lock and the serve loop (epoll);
+//! - `events.rs`: the interprocess events of device shares, one per stream of a send, reused.
 
+mod events;
 mod peers;
 mod pool;
 mod queue;
@@ -14,6 +16,7 @@ mod serve;
 #[cfg(test)]
 mod tests;
 
+use events::{ChannelEvent, EventPool};
 use queue::{check_len, Queued};
 use serve::Arm;
 
@@ -42,8 +45,9 @@ use std::time::{Duration, Instant};
 /// the others' messages waiting (epoll reports it again on the next pass).
 const PEER_BATCH: usize = 64;
 
-/// A reference out with a peer: its export's book, and the event recorded for the share.
-type Lease = (Arc<LeaseBook>, Option<Box<dyn IpcEvent>>);
+/// A reference out with a peer: its export's book, and the event recorded for the share (one
+/// for every share of its send on the same stream).
+type Lease = (Arc<LeaseBook>, Option<Arc<ChannelEvent>>);
 
 struct Peer {
     info: PeerInfo,
@@ -141,6 +145,8 @@ pub(crate) struct ChannelShared {
     /// send looks here first, so that a channel with none pays no second lock per send.
     registered: AtomicU64,
     nudge: OwnedFd,
+    /// The idle interprocess events of this channel's device shares (`events.rs`).
+    events: Arc<EventPool>,
 }
 
 /// The producer end of a channel. Dropping it closes it.
@@ -228,6 +234,7 @@ impl LocalChannel {
                 generation: crate::fork::Stamp::now(),
                 untimed: AtomicU64::new(0),
                 registered: AtomicU64::new(0),
+                events: Arc::default(),
                 nudge,
             }),
         })
@@ -301,7 +308,10 @@ impl LocalChannel {
     /// (bounded: [`DEVSHARE_CHANNEL_SEND_QUEUE`]); a peer past that bound, or whose queue does
     /// not move for [`DEVSHARE_CHANNEL_SEND_PATIENCE_MS`], is disconnected (`Closed`).
     pub fn send(&self, peer: u64, exp: &Exporter, desc: &TensorDesc<'_>) -> Result<()> {
-        if self.shared.registered.load(Ordering::Acquire) > 0 && self.shared.lock()?.registered.contains(&exp.id()) {
+        // A share with an event takes one of the channel's reused events (send_batch's).
+        if desc.event
+            || self.shared.registered.load(Ordering::Acquire) > 0 && self.shared.lock()?.registered.contains(&exp.id())
+        {
             return self.send_batch(peer, &[(exp, desc.clone())]);
         }
         let (h, event) = exp.share_leased(desc)?;
@@ -319,7 +329,8 @@ impl LocalChannel {
             core.post(idx, &msg, &fds, epfd)?;
             let book = exp.leases().clone();
             book.add(&self.shared);
-            core.peers[idx].leases.insert(lease, (book, event));
+            debug_assert!(event.is_none(), "a share with an event goes through send_batch");
+            core.peers[idx].leases.insert(lease, (book, None));
             Ok(())
         })();
         core.sweep(epfd);
@@ -341,8 +352,31 @@ impl LocalChannel {
         }
         let mut shares = Vec::new();
         shares.try_reserve_exact(items.len()).map_err(|_| Error::bad_size("count", "too many shares"))?;
+        // One event (or one synchronisation) per backend, device and stream of the batch, made
+        // before any share of that stream is described: every tensor's work was queued before
+        // this call, so one record covers them all.
+        // (backend and device, stream, with an event) -> the event (None: synchronised)
+        type Synced = (((u16, i32), usize, bool), Option<Arc<ChannelEvent>>);
+        let mut synced: Vec<Synced> = Vec::new();
         for (exp, desc) in items {
-            let (h, event) = exp.share_leased(desc)?;
+            let mut h = exp.share_leased_synced(desc)?;
+            let key = (exp.event_key(), desc.stream as usize, desc.event);
+            let event = match synced.iter().find(|s| s.0 == key) {
+                Some(s) => s.1.clone(),
+                None => {
+                    let event = if desc.event {
+                        Some(self.shared.events.record(exp, desc.stream)?)
+                    } else {
+                        exp.synchronize(desc.stream)?;
+                        None
+                    };
+                    synced.push((key, event.clone()));
+                    event
+                }
+            };
+            if let Some(e) = &event {
+                h.event_handle = e.handle();
+            }
             let mut enc = Vec::new();
             crate::handle::encode::encode_full_into(&h, exp.external_table(), &mut enc)?;
             check_len(enc.clone())?;

@@ -185,6 +185,7 @@ impl ChannelShared {
             core.drop_peer(0, self.epoll.as_fd());
         }
         core.pools.clear();
+        self.events.clear();
         if let Some((p, dev, ino)) = core.path.take() {
             if rustix::fs::stat(&p).is_ok_and(|st| st.st_dev == dev && st.st_ino == ino) {
                 let _ = std::fs::remove_file(&p);
