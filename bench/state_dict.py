@@ -132,6 +132,8 @@ def devshare_consumer(address: str, count: int, reps: int, ctl, batch: bool = Fa
     for _ in range(reps):
         if batch:
             items = conn.recv_batch(count, timeout=TIMEOUT)
+            if isinstance(items, dict):  # the state dict's keys travelled as names
+                items = list(items.values())
             tensors = [item.tensor for item in items]
             for t in tensors:
                 touch(t)

@@ -68,13 +68,13 @@
 #define DEVSHARE_VERSION_MAJOR 1
 
 // Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
-#define DEVSHARE_VERSION_MINOR 10
+#define DEVSHARE_VERSION_MINOR 11
 
 // Patch version (fixes; no interface change).
 #define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 68096
+#define DEVSHARE_VERSION 68352
 
 // `DevsharePeerInfo.transport`: a Unix channel's peer (items in shared memory).
 #define DEVSHARE_TRANSPORT_UNIX 0
@@ -209,6 +209,9 @@
 // the pool is made; a pool is a pipeline's depth, and 65536 items in flight at once is beyond
 // any pipeline (a larger batch belongs in a slot, not in more slots).
 #define DEVSHARE_POOL_MAX_SLOTS 65536
+
+// Longest name a lease may carry (`devshare_channel_send_named`), in bytes of UTF-8 without NUL.
+#define DEVSHARE_MAX_NAME_LEN 1024
 
 // DLPack type code: signed integer.
 #define DEVSHARE_DTYPE_INT 0
@@ -915,6 +918,19 @@ int32_t devshare_channel_send_batch(struct DevshareChannel *channel,
                                     const struct DevshareTensorDesc *const *descs,
                                     size_t count);
 
+// `devshare_channel_send_batch` with a name for each lease (1.11): `names` NULL (no names) or
+// `count` pointers, each NULL (that lease has none) or a NUL-terminated UTF-8 string of at most
+// `DEVSHARE_MAX_NAME_LEN` bytes (a state dict's keys, say). A consumer reads a lease's name with
+// `devshare_import_name` (1.11 and later consumers; an older one gets the leases without). A
+// name that is too long or not UTF-8 is `DEVSHARE_STATUS_INVALID_ARGUMENT` naming its index,
+// and nothing is sent. The names travel in a message of their own right before the leases.
+int32_t devshare_channel_send_named(struct DevshareChannel *channel,
+                                    uint64_t peer,
+                                    const struct DevshareExporter *const *exporters,
+                                    const struct DevshareTensorDesc *const *descs,
+                                    const char *const *names,
+                                    size_t count);
+
 // Register `exporter` with `channel` (1.10): the leases of it sent over the channel tell each
 // consumer (1.10 and later) that it may keep the allocation mapped once it released them, so
 // that the next lease of the same allocation is a lookup instead of an open and a map; a
@@ -1400,6 +1416,13 @@ int32_t devshare_import_handle(const struct DevshareImport *imp, struct Devshare
 // For an import that is a pool item: the pool's id (> 0) and the slot. Any other import is
 // `DEVSHARE_STATUS_INVALID_ARGUMENT`. Either out-pointer may be NULL.
 int32_t devshare_import_pool_slot(const struct DevshareImport *imp, uint32_t *pool, uint32_t *slot);
+
+// The name the producer gave this lease (`devshare_channel_send_named`, 1.11): `*name` points to
+// it (NUL-terminated UTF-8, at most `DEVSHARE_MAX_NAME_LEN` bytes; valid while the import
+// lives) and `*len` is its length without the NUL. An import without a name (a lease sent
+// without one, a pool item, an import of a handle): `*name` NULL and `*len` 0, status OK.
+// `len` may be NULL.
+int32_t devshare_import_name(const struct DevshareImport *imp, const char **name, size_t *len);
 
 // Everything a receive loop reads of an item, in one call: what `devshare_import_info` writes
 // into `*info` (initialised with `devshare_import_info_init`), the handle

@@ -1202,3 +1202,95 @@ fn a_hostile_producers_kept_shares_and_retirements_are_checked_like_any_share() 
     assert_eq!(status(c.recv(Some(Duration::from_millis(100)))), Status::Timeout);
     assert_eq!(mappings_of(ino), 0, "retired: unmapped");
 }
+
+#[test]
+fn names_travel_with_the_leases_they_name_and_bad_names_send_nothing() {
+    let (ch, c, peer) = connected(&address("names"));
+    let exp = Exporter::channel_host_alloc(4096).unwrap();
+    let d = |off: u64| TensorDesc { shape: &[16], storage_offset: off, ..Default::default() };
+    let items = [(&exp, d(0)), (&exp, d(64)), (&exp, d(128))];
+    let name_of = |imp: &devshare::import::Import| imp.name().map(|n| n.to_str().unwrap().to_owned());
+    ch.send_named(peer, &items, &[Some("model.layers.0.weight"), None, Some("ü.bias")]).unwrap();
+    let got: Vec<_> = (0..3).map(|_| c.recv(T).unwrap()).collect();
+    let names: Vec<_> = got.iter().map(name_of).collect();
+    assert_eq!(names, [Some("model.layers.0.weight".into()), None, Some("ü.bias".into())]);
+    // The next batch without names: none is left over from the last one.
+    ch.send_batch(peer, &items[..2]).unwrap();
+    for _ in 0..2 {
+        assert_eq!(name_of(&c.recv(T).unwrap()), None);
+    }
+    // A name too long, or a count that does not match: refused by index, and nothing is sent.
+    let long = "x".repeat(devshare::channel::limits::DEVSHARE_MAX_NAME_LEN + 1);
+    let e = ch.send_named(peer, &items[..2], &[Some("a"), Some(&long)]).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.to_string().contains("names[1]"), "{e}");
+    let e = ch.send_named(peer, &items, &[Some("a")]).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    assert_eq!(status(c.recv(Some(Duration::ZERO))), Status::Timeout, "nothing was sent");
+    // The longest name goes through.
+    let longest = "y".repeat(devshare::channel::limits::DEVSHARE_MAX_NAME_LEN);
+    ch.send_named(peer, &items[..1], &[Some(&longest)]).unwrap();
+    assert_eq!(name_of(&c.recv(T).unwrap()).as_deref(), Some(&longest[..]));
+}
+
+/// A `NAMES` message: `names` for leases `first_lease..`.
+fn names_msg(first_lease: u64, names: &[&[u8]]) -> Vec<u8> {
+    let mut m = le(&[&15u32.to_le_bytes(), &(names.len() as u32).to_le_bytes(), &first_lease.to_le_bytes()]);
+    for n in names {
+        m.extend_from_slice(&(n.len() as u16).to_le_bytes());
+        m.extend_from_slice(n);
+    }
+    m
+}
+
+/// A `SHARES` message of one share (lease `lease`, one descriptor).
+fn shares_msg(lease: u64, enc: &[u8]) -> Vec<u8> {
+    le(&[&11u32.to_le_bytes(), &1u32.to_le_bytes(), &lease.to_le_bytes(), &(enc.len() as u32).to_le_bytes(), &1u32.to_le_bytes(), enc])
+}
+
+#[test]
+fn a_hostile_producers_names_are_checked_bounded_and_never_name_another_lease() {
+    let (addr, l) = fake_producer("hostile-names");
+    let server = std::thread::spawn(move || FakeProducer::accept(&l));
+    let c = Connection::connect(&addr, T).unwrap();
+    let p = server.join().unwrap();
+    let name_of = |imp: &devshare::import::Import| imp.name().map(|n| n.to_str().unwrap().to_owned());
+    let mem = sealed_memfd(4096);
+    let enc = memfd_handle(4096, 4096);
+    // A name for lease 5, then the share of lease 1: lease 1 has no name, and lease 5 gets its
+    // own when it comes.
+    p.send(&names_msg(5, &[b"five"]), &[]);
+    p.send(&shares_msg(1, &enc), &[mem.as_fd()]);
+    assert_eq!(name_of(&c.recv(T).unwrap()), None);
+    p.send(&shares_msg(5, &enc), &[mem.as_fd()]);
+    assert_eq!(name_of(&c.recv(T).unwrap()).as_deref(), Some("five"));
+    // Names of shares that never came are dropped once later shares arrive: three rounds of
+    // 4096 such names (more than the consumer holds at once) and a later share each.
+    let unused: Vec<&[u8]> = vec![b"never"; 4096];
+    for round in 0..3u64 {
+        let first = 10 + round * 10_000;
+        p.send(&names_msg(first, &unused), &[]);
+        p.send(&shares_msg(first + 5000, &enc), &[mem.as_fd()]);
+        assert_eq!(name_of(&c.recv(T).unwrap()), None, "round {round}");
+    }
+    // Bad names: a NUL, not UTF-8, longer than the limit, with descriptors.
+    let long = vec![b'x'; devshare::channel::limits::DEVSHARE_MAX_NAME_LEN + 1];
+    for (what, msg, fds) in [
+        ("a NUL", names_msg(8, &[b"a\0b"]), vec![]),
+        ("not UTF-8", names_msg(8, &[b"\xff"]), vec![]),
+        ("too long", names_msg(8, &[&long]), vec![]),
+        ("descriptors", names_msg(8, &[b"a"]), vec![mem.as_fd()]),
+    ] {
+        p.send(&msg, &fds);
+        assert_eq!(status(c.recv(T)), Status::Untrusted, "{what}");
+    }
+    // More names than two messages of shares hold, before any share: refused, not kept.
+    let many: Vec<&[u8]> = vec![b"n"; 4096];
+    for i in 0..3u64 {
+        p.send(&names_msg(100 + i * 4096, &many), &[]);
+    }
+    assert_eq!(status(c.recv(T)), Status::Untrusted, "a flood of names");
+    // The connection still takes good shares afterwards.
+    p.send(&shares_msg(50_000, &enc), &[mem.as_fd()]);
+    assert_eq!(name_of(&c.recv(T).unwrap()), None);
+}

@@ -2,10 +2,10 @@
 
     python engine.py ADDRESS SYNCS
 
-Each sync is ``conn.recv_batch(n)``: the state dict's tensors in the trainer's order (both sides
-know the model's keys), then the trainer's ``meta`` tensor (step, checksum). The engine copies
-the weights into its model, checks them against the checksum, and gives the whole sync back with
-``devshare.release_batch(items)``: the trainer may then step again.
+Each sync is ``conn.recv_batch(n)``: a dict of items by the trainer's keys (the keys travel
+with the tensors), the state dict's and ``meta`` (step, checksum). The engine copies the weights
+into its model by name, checks them against the checksum, and gives the whole sync back with
+``devshare.release_batch(batch)``: the trainer may then step again.
 """
 
 import sys
@@ -25,15 +25,17 @@ def main(address: str, syncs: int) -> None:
     with devshare.connect(address, timeout=20, wait=True) as conn:
         while True:
             try:
-                items = conn.recv_batch(len(weights) + 1, timeout=20)  # the whole sync
+                batch = conn.recv_batch(len(weights) + 1, timeout=20)  # the whole sync, a dict
             except devshare.ChannelClosed:
                 break  # the trainer is done
+            assert set(batch) == {*weights, "meta"}, sorted(batch)
             with torch.no_grad():
-                for (name, w), item in zip(weights.items(), items):
-                    assert item.tensor.shape == w.shape, name
-                    w.copy_(item.tensor)  # zero copy up to here: item.tensor is the trainer's memory
-            step, total = items[-1].tensor.tolist()
-            devshare.release_batch(items)  # the sync goes back to the trainer
+                for name, w in weights.items():
+                    t = batch[name].tensor  # zero copy up to here: the trainer's memory
+                    assert t.shape == w.shape, name
+                    w.copy_(t)
+            step, total = batch["meta"].tensor.tolist()
+            devshare.release_batch(batch)  # the sync goes back to the trainer
             assert step == done + 1, f"sync {done + 1} says step {step}"
             assert checksum(weights.values()) == total, f"step {step}: the weights do not match"
             now = torch.cat([w.flatten() for w in weights.values()])

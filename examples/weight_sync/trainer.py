@@ -4,10 +4,10 @@ inference engine after every optimiser step.
     python trainer.py ADDRESS SYNCS
 
 ``ch.register(params)`` shares the state dict's storages once; every later
-``ch.send_batch(engine, ...)`` of them is one lease per tensor, nothing shared again. The
-optimiser changes the parameters in place, so the engine's next sync sees the new values. Each
-sync ends with a small ``meta`` tensor (registered too): the step and a checksum of the
-weights, which the engine checks.
+``ch.send_batch(engine, {...})`` of them is one lease per tensor, nothing shared again, and the
+dict's keys travel as the leases' names. The optimiser changes the parameters in place, so the
+engine's next sync sees the new values. Each sync ends with a small ``meta`` tensor (registered
+too): the step and a checksum of the weights, which the engine checks.
 """
 
 import sys
@@ -38,7 +38,7 @@ def main(address: str, syncs: int) -> None:
             torch.nn.functional.mse_loss(model(x), target).backward()
             opt.step()
             meta[0], meta[1] = step, checksum(params.values())
-            ch.send_batch(engine, [*params.values(), meta])  # one lease per tensor, in order
+            ch.send_batch(engine, {**params, "meta": meta})  # one lease per tensor, named by its key
             # Wait until the engine has loaded the sync and released it.
             while any(devshare.outstanding(t) for t in (*params.values(), meta)):
                 ch.service(0.01)

@@ -113,6 +113,8 @@ MAX_SPIN_US = 1_000_000
 TRANSPORT_UNIX = 0
 TRANSPORT_STREAM = 1
 TRANSPORT_UCX = 2
+#: Longest name a lease may carry (Channel.send_batch of a dict; ABI 1.11), in bytes of UTF-8.
+MAX_NAME_LEN = 1024
 
 #: Python name -> the devshare.h macro it mirrors (checked against the compiled header).
 C_MACROS = {name: "DEVSHARE_" + name for name in (
@@ -126,6 +128,7 @@ C_MACROS = {name: "DEVSHARE_" + name for name in (
     "SEGMENT_GRANULARITY", "MAX_SEGMENTS", "EXPORT_FABRIC", "HANDLE_FLAG_CHANNEL",
     "TORCH_FORMAT_DEFAULT", "TORCH_FORMAT_V1", "TORCH_FORMAT_V2", "TORCH_FORMAT_V3",
     "TORCH_FORMAT_UNVERSIONED", "MAX_SPIN_US", "TRANSPORT_UNIX", "TRANSPORT_STREAM", "TRANSPORT_UCX",
+    "MAX_NAME_LEN",
 )}
 
 
@@ -498,6 +501,16 @@ def channel_signatures_1_10(exporter_p) -> list:
     ]
 
 
+def channel_signatures_1_11(exporter_p, import_p) -> list:
+    """The channel functions 1.11 added: a batch of leases with their names, and a received
+    lease's name."""
+    return [
+        ("devshare_channel_send_named", c_int32,
+         [ChannelP, c_uint64, POINTER(exporter_p), POINTER(POINTER(TensorDesc)), POINTER(c_char_p), c_size_t]),
+        ("devshare_import_name", c_int32, [import_p, POINTER(c_char_p), POINTER(c_size_t)]),
+    ]
+
+
 #: The first library minor version with the storage-handle formats and the version bridge.
 TORCH_FORMAT_MINOR = 2
 
@@ -552,4 +565,5 @@ __all__ = [
     "ConnectionP", "PoolP", "CHANNEL_MINOR", "channel_signatures", "channel_signatures_1_2", "TORCH_FORMAT_MINOR",
     "torch_format_signatures", "ADOPT_MINOR", "adopt_signatures", "channel_signatures_1_4",
     "channel_signatures_1_7", "channel_signatures_1_8", "channel_signatures_1_10",
+    "channel_signatures_1_11",
 ]

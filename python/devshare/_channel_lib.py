@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from ctypes import POINTER, byref, c_int32, c_void_p, pointer
+from ctypes import POINTER, byref, c_char_p, c_int32, c_void_p, cast, pointer
 
 from . import _ints
 from ._args import timeout_ms, type_label
@@ -46,6 +46,7 @@ from ._lib import (
     channel_signatures_1_7,
     channel_signatures_1_8,
     channel_signatures_1_10,
+    channel_signatures_1_11,
     error_for,
     lib,
 )
@@ -75,7 +76,8 @@ for _minor, _signatures in ((2, channel_signatures_1_2(ImportP)),
                             (4, channel_signatures_1_4(ExporterP, ImportP)),
                             (7, channel_signatures_1_7(ImportP)),
                             (8, channel_signatures_1_8()),
-                            (10, channel_signatures_1_10(ExporterP))):
+                            (10, channel_signatures_1_10(ExporterP)),
+                            (11, channel_signatures_1_11(ExporterP, ImportP))):
     _names = {name for name, _, _ in _signatures}
     _HAVE |= _names - set(bind(_signatures))
     _ADDED.update(dict.fromkeys(_names, _minor))
@@ -85,6 +87,9 @@ del _minor, _signatures, _names
 #: Whether the library registers exports with channels (1.10: Channel.register tells consumers
 #: to keep mappings).
 HAVE_REGISTER = "devshare_channel_register" in _HAVE
+#: Whether the library sends and reads lease names (1.11: a dict sent with send_batch comes
+#: back as a dict from recv_batch).
+HAVE_NAMES = "devshare_channel_send_named" in _HAVE
 
 
 def require() -> None:
@@ -265,25 +270,42 @@ def timed(fn, timeout) -> bool:
 # --- What differs between library versions (chosen once, above all for the loaded library) --------
 
 
-def _send_each(ptr, peer: int, prepared: list) -> None:
+def _send_each(ptr, peer: int, prepared: list, names=None) -> None:
     for exp, desc, _ in prepared:
         call(lib.devshare_channel_send, ptr, peer, exp.ptr, byref(desc))
 
 
-def _send_batch(ptr, peer: int, prepared: list) -> None:
-    if len(prepared) == 1:
+def _send_batch(ptr, peer: int, prepared: list, names=None) -> None:
+    if len(prepared) == 1 and not (names and HAVE_NAMES):
         _send_each(ptr, peer, prepared)
         return
     n = len(prepared)
     exps = (ExporterP * n)(*(exp.ptr for exp, _, _ in prepared))
     descs = (POINTER(TensorDesc) * n)(*(pointer(desc) for _, desc, _ in prepared))
-    call(lib.devshare_channel_send_batch, ptr, peer, exps, descs, n)
+    if names and HAVE_NAMES:
+        texts = (c_char_p * n)(*names)
+        call(lib.devshare_channel_send_named, ptr, peer, exps, descs, texts, n)
+    else:
+        call(lib.devshare_channel_send_batch, ptr, peer, exps, descs, n)
 
 
-#: ``send_leases(channel_ptr, peer, prepared)``: send the (export, TensorDesc, what keeps it
-#: valid) triples of ``prepared`` to ``peer`` as leases, in order: a batch in one call (1.4),
-#: or (a library before 1.4, or a single lease) one call each.
+#: ``send_leases(channel_ptr, peer, prepared, names=None)``: send the (export, TensorDesc, what
+#: keeps it valid) triples of ``prepared`` to ``peer`` as leases, in order: a batch in one call
+#: (1.4), or (a library before 1.4, or a single lease) one call each. ``names``: None, or one
+#: UTF-8 ``bytes`` (or None) per lease, sent where the library has names (1.11).
 send_leases = _send_batch if "devshare_channel_send_batch" in _HAVE else _send_each
+
+
+def lease_name(imp):
+    """The name a received lease carries (``devshare_import_name``), or None: none, or a
+    library before 1.11. ``imp``: an ``ImportP`` or its address."""
+    if not HAVE_NAMES or imp is None:
+        return None
+    text = c_char_p()
+    if not isinstance(imp, ImportP):
+        imp = cast(c_void_p(imp), ImportP)
+    call(lib.devshare_import_name, imp, byref(text), None)
+    return None if text.value is None else text.value.decode("utf-8")
 
 _INVALID_ARGUMENT = int(Status.INVALID_ARGUMENT)
 

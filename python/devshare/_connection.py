@@ -28,6 +28,7 @@ from . import _ints, _views
 from ._args import timeout_ms
 from ._channel_lib import (
     FOREVER,
+    HAVE_NAMES,
     RAW_RECV_ARGS,
     RAW_RECV_ITEM,
     TIMEOUT,
@@ -36,6 +37,7 @@ from ._channel_lib import (
     call,
     describe,
     error,
+    lease_name,
     need,
     require,
     timed,
@@ -89,6 +91,8 @@ class Item:
     kept of its slot and layout the first time).
 
     ``pool`` and ``slot``: the pool id (> 0) and slot index for a pool item, None for a lease.
+    :attr:`name`: the name the producer gave a lease (a dict's key in
+    :meth:`Channel.send_batch`), or None.
     """
 
     __slots__ = ("_lease", "_tensor", "pool", "slot")
@@ -109,6 +113,18 @@ class Item:
     @property
     def released(self) -> bool:
         return self._lease.released
+
+    @property
+    def name(self):
+        """The name the producer sent with this lease (the key of a dict given to
+        :meth:`Channel.send_batch`), or None: none was sent, a pool item, or a library before
+        1.11. Read while the item lives (released or not)."""
+        if self.pool is not None:
+            return None
+        lease = self._lease
+        held = lease._held
+        imp = held[0] if held else lease._mapped
+        return lease_name(imp)
 
     def release(self) -> None:
         """Give the item back to the producer. :class:`devshare.Error` ``ALREADY_RELEASED``
@@ -567,12 +583,15 @@ class Connection(Owned):
     if RAW_RECV_ITEM is None:  # a library before 1.7 (chosen once, for the loaded library)
         recv = _recv_described  # noqa: F811
 
-    def recv_batch(self, n: int, timeout=None, like: str = "torch") -> list:
+    def recv_batch(self, n: int, timeout=None, like: str = "torch"):
         """The next ``n`` items, in the order they were sent (a producer's :meth:`Channel.send_batch`
-        of ``n`` tensors): a list of :class:`Item`. ``timeout`` (seconds; ``None``: no limit)
-        bounds the whole batch: :class:`TimeoutError` when it runs out first, and the items
-        received before it are released (none is lost: each went back to the producer).
-        Release the batch with :func:`release_batch` (or each item, or :meth:`release_all`)."""
+        of ``n`` tensors): a list of :class:`Item`, or, when every item carries a name and no
+        two the same (the producer sent a dict), a dict of name -> :class:`Item` in that order.
+        ``timeout`` (seconds; ``None``: no limit) bounds the whole batch:
+        :class:`TimeoutError` when it runs out first, and the items received before it are
+        released (none is lost: each went back to the producer).
+        Release the batch with :func:`release_batch` (a list or a dict; or each item, or
+        :meth:`release_all`)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"recv_batch: n must be an int >= 0, not {n!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -584,7 +603,15 @@ class Connection(Owned):
         except BaseException:
             release_batch(items)
             raise
-        return items
+        if not HAVE_NAMES or not items or items[0].pool is not None:
+            return items
+        named = {}
+        for item in items:
+            name = item.name
+            if name is None or name in named:
+                return items
+            named[name] = item
+        return named
 
     def release_all(self) -> int:
         """Release every item received on this connection and not yet released (gone or not):

@@ -25,6 +25,7 @@ from ._api import torch_host_export
 from ._channel_lib import HAVE_REGISTER, address_bytes, call, need, peer_id, require, send_leases, timed
 from ._channel_memory import channel_empty, layout
 from ._lib import (
+    MAX_NAME_LEN,
     SHARE_EVENT,
     STORAGE_TO_END,
     ChannelP,
@@ -99,6 +100,21 @@ def _registered_stream(streams: dict, t, stream):
     if raw is None:
         raw = streams[key] = _torch_ipc.current_stream(t, stream) or None
     return raw
+
+
+def _names_of(d: dict) -> list:
+    """A dict's keys as lease names (UTF-8 bytes), checked before anything is sent."""
+    names = []
+    for key in d:
+        if not isinstance(key, str):
+            raise TypeError(f"send_batch: a dict's keys travel as names and must be str, not {type(key).__name__}")
+        b = key.encode("utf-8")
+        if len(b) > MAX_NAME_LEN or b"\0" in b:
+            shown = repr(key) if len(key) <= 40 else repr(key[:40]) + "..."
+            raise ValueError(f"send_batch: the name {shown} is longer than {MAX_NAME_LEN} bytes of UTF-8 "
+                             f"or holds a NUL")
+        names.append(b)
+    return names
 
 
 def _check_sendable(t) -> None:
@@ -310,8 +326,13 @@ class Channel(Owned):
         storage are shared once (one PyTorch reference for all of them), and a consumer maps
         each allocation (a CUDA block or segment) once however many tensors lie in it.
         Registered tensors (:meth:`register`) cost only their lease. A tensor that cannot be
-        sent raises before anything is sent."""
+        sent raises before anything is sent.
+
+        A dict's keys travel with its tensors as their names (:attr:`Item.name`; strings of at
+        most 1024 bytes of UTF-8 without NUL, 1.11 libraries at both ends), and
+        :meth:`Connection.recv_batch` gives the batch back as a dict."""
         peer = peer_id(peer)
+        names = _names_of(tensors) if isinstance(tensors, dict) else None
         items = tensors.values() if isinstance(tensors, dict) else tensors
         adopted = False
         registered = self._registered
@@ -329,7 +350,7 @@ class Channel(Owned):
                     prep, fresh = self._prepare(t, stream)
                     prepared.append(prep)
                     adopted |= fresh
-                self._send_prepared(peer, prepared)
+                self._send_prepared(peer, prepared, names)
             finally:
                 if adopted:
                     collect_except(keep=None)
@@ -422,14 +443,15 @@ class Channel(Owned):
                     self._lib_call(lib.devshare_channel_unregister, exp.ptr)
         r.drop()
 
-    def _send_prepared(self, peer: int, prepared: list) -> None:
+    def _send_prepared(self, peer: int, prepared: list, names=None) -> None:
         """Send the (export, TensorDesc, what keeps it valid) of ``prepared`` as leases, in one
-        call where the library can (:func:`devshare._channel_lib.send_leases`)."""
+        call where the library can (:func:`devshare._channel_lib.send_leases`), with ``names``
+        (None, or UTF-8 bytes per lease)."""
         if not prepared:
             return
         ptr = self._enter()
         try:
-            send_leases(ptr, peer, prepared)
+            send_leases(ptr, peer, prepared, names)
         finally:
             self._exit()
 

@@ -276,26 +276,94 @@ pub unsafe extern "C" fn devshare_channel_send_batch(
     count: usize,
 ) -> i32 {
     boundary("devshare_channel_send_batch", || {
-        let ch = &ffi!(arg(channel, "channel"))?.0;
-        let exps = ffi!(super::arg_slice(exporters, count, "exporters"))?;
-        let ds = ffi!(super::arg_slice(descs, count, "descs"))?;
-        let mut read = Vec::new();
-        read.try_reserve_exact(count).map_err(|_| Error::bad_size("count", format!("{count} tensors")))?;
-        for (i, (&e, &d)) in exps.iter().zip(ds).enumerate() {
-            let e = &ffi!(e.as_ref()).ok_or_else(|| Error::InvalidArgument(format!("exporters[{i}] is NULL")))?.0;
-            let d = if d.is_null() { None } else { Some(ffi!(super::abi::read_input(d, "descs[i]"))?) };
-            read.push((e, d, [e.size() as i64]));
-        }
-        let mut items = Vec::with_capacity(count);
-        for (e, d, whole) in &read {
-            let desc = match d {
-                Some(d) => ffi!(tensor_desc_from_c(d))?,
-                None => TensorDesc { shape: whole, ..Default::default() },
-            };
-            items.push((&***e, desc));
-        }
-        ch.send_batch(peer, &items)
+        // SAFETY: devshare_channel_send_batch's contract is send_items' (names: none).
+        unsafe { send_items(channel, peer, exporters, descs, std::ptr::null(), count) }
     })
+}
+
+/// `devshare_channel_send_batch` with a name for each lease (1.11): `names` NULL (no names) or
+/// `count` pointers, each NULL (that lease has none) or a NUL-terminated UTF-8 string of at most
+/// `DEVSHARE_MAX_NAME_LEN` bytes (a state dict's keys, say). A consumer reads a lease's name with
+/// `devshare_import_name` (1.11 and later consumers; an older one gets the leases without). A
+/// name that is too long or not UTF-8 is `DEVSHARE_STATUS_INVALID_ARGUMENT` naming its index,
+/// and nothing is sent. The names travel in a message of their own right before the leases.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_send_named(
+    channel: *mut DevshareChannel,
+    peer: u64,
+    exporters: *const *const DevshareExporter,
+    descs: *const *const DevshareTensorDesc,
+    names: *const *const c_char,
+    count: usize,
+) -> i32 {
+    boundary("devshare_channel_send_named", || {
+        // SAFETY: devshare_channel_send_named's contract is send_items'.
+        unsafe { send_items(channel, peer, exporters, descs, names, count) }
+    })
+}
+
+/// The work of `devshare_channel_send_batch` and `devshare_channel_send_named`.
+///
+/// # Safety
+/// `exporters` and `descs` are NULL or point to `count` pointers each; `names` is NULL or points
+/// to `count` pointers, each NULL or to a NUL-terminated string.
+unsafe fn send_items(
+    channel: *mut DevshareChannel,
+    peer: u64,
+    exporters: *const *const DevshareExporter,
+    descs: *const *const DevshareTensorDesc,
+    names: *const *const c_char,
+    count: usize,
+) -> crate::error::Result<()> {
+    let ch = &ffi!(arg(channel, "channel"))?.0;
+    let exps = ffi!(super::arg_slice(exporters, count, "exporters"))?;
+    let ds = ffi!(super::arg_slice(descs, count, "descs"))?;
+    let ns = if names.is_null() { &[][..] } else { ffi!(super::arg_slice(names, count, "names"))? };
+    let mut texts: Vec<Option<&str>> = Vec::new();
+    texts.try_reserve_exact(ns.len()).map_err(|_| Error::bad_size("count", format!("{count} names")))?;
+    for (i, &n) in ns.iter().enumerate() {
+        // SAFETY: the caller passes NULL or a NUL-terminated string (contract).
+        texts.push(unsafe { name_at(n, i) }?);
+    }
+    let mut read = Vec::new();
+    read.try_reserve_exact(count).map_err(|_| Error::bad_size("count", format!("{count} tensors")))?;
+    for (i, (&e, &d)) in exps.iter().zip(ds).enumerate() {
+        let e = &ffi!(e.as_ref()).ok_or_else(|| Error::InvalidArgument(format!("exporters[{i}] is NULL")))?.0;
+        let d = if d.is_null() { None } else { Some(ffi!(super::abi::read_input(d, "descs[i]"))?) };
+        read.push((e, d, [e.size() as i64]));
+    }
+    let mut items = Vec::with_capacity(count);
+    for (e, d, whole) in &read {
+        let desc = match d {
+            Some(d) => ffi!(tensor_desc_from_c(d))?,
+            None => TensorDesc { shape: whole, ..Default::default() },
+        };
+        items.push((&***e, desc));
+    }
+    ch.send_named(peer, &items, &texts)
+}
+
+/// `names[i]` of `devshare_channel_send_named`: NULL (no name), or a string read up to its NUL
+/// and never more than `DEVSHARE_MAX_NAME_LEN` + 1 bytes, checked UTF-8.
+///
+/// # Safety
+/// `p` is NULL or points to a NUL-terminated string.
+unsafe fn name_at<'a>(p: *const c_char, i: usize) -> crate::error::Result<Option<&'a str>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    let limit = crate::channel::limits::DEVSHARE_MAX_NAME_LEN;
+    let mut len = 0;
+    // SAFETY: every byte read is at or before the string's NUL (the loop stops there).
+    while unsafe { *p.add(len) } != 0 {
+        len += 1;
+        if len > limit {
+            return Err(Error::InvalidArgument(format!("names[{i}] is longer than {limit} bytes")));
+        }
+    }
+    // SAFETY: the len bytes before the NUL were just read.
+    let bytes = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
+    crate::channel::wire::check_name(bytes).map(Some).map_err(|why| Error::InvalidArgument(format!("names[{i}]: {why}")))
 }
 
 /// Register `exporter` with `channel` (1.10): the leases of it sent over the channel tell each

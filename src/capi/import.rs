@@ -7,7 +7,7 @@ use crate::backend::{ImportRequest, PeerAccess};
 use crate::error::Error;
 use crate::handle::DevshareHandle;
 use crate::import::{import, import_full, Import};
-use std::ffi::c_void;
+use std::ffi::{c_char, c_void};
 
 /// `DevshareImportOptions::flags`: map the data read-only (writes through the pointer fault).
 /// The shm object must still be writable by the caller: the mapping count in its header is
@@ -314,6 +314,25 @@ pub unsafe extern "C" fn devshare_import_pool_slot(imp: *const DevshareImport, p
         }
         if let Some(o) = ffi!(slot.as_mut()) {
             *o = s;
+        }
+        Ok(())
+    })
+}
+
+/// The name the producer gave this lease (`devshare_channel_send_named`, 1.11): `*name` points to
+/// it (NUL-terminated UTF-8, at most `DEVSHARE_MAX_NAME_LEN` bytes; valid while the import
+/// lives) and `*len` is its length without the NUL. An import without a name (a lease sent
+/// without one, a pool item, an import of a handle): `*name` NULL and `*len` 0, status OK.
+/// `len` may be NULL.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_import_name(imp: *const DevshareImport, name: *mut *const c_char, len: *mut usize) -> i32 {
+    boundary("devshare_import_name", || {
+        let i = ffi!(arg(imp, "import"))?.inner();
+        let out = ffi!(arg_mut(name, "name"))?;
+        let n = i.name();
+        *out = n.map_or(std::ptr::null(), |n| n.as_ptr());
+        if let Some(l) = ffi!(len.as_mut()) {
+            *l = n.map_or(0, |n| n.to_bytes().len());
         }
         Ok(())
     })

@@ -119,8 +119,14 @@ impl Channel {
     }
 
     pub fn send_batch(&self, peer: u64, items: &[(&Exporter, TensorDesc<'_>)]) -> Result<()> {
+        self.send_named(peer, items, &[])
+    }
+
+    /// [`Self::send_batch`] with a name for each lease (`names` empty, or one per item; `None`:
+    /// that lease has none); consumers (1.11 and later) read them with the leases.
+    pub fn send_named(&self, peer: u64, items: &[(&Exporter, TensorDesc<'_>)], names: &[Option<&str>]) -> Result<()> {
         match &self.0 {
-            Kind::Local(c) => c.send_batch(peer, items),
+            Kind::Local(c) => c.send_named(peer, items, names),
             Kind::Remote(_) => Err(remote_cannot("a batch of leased references")),
         }
     }

@@ -53,12 +53,14 @@ pub(crate) struct LeaseToken {
     conn: Arc<dyn Teller>,
     lease: u64,
     given: AtomicBool,
+    /// The name the producer gave the lease (`NAMES`), if any.
+    pub(crate) name: Option<std::ffi::CString>,
 }
 
 impl LeaseToken {
     /// The token of lease `lease`, released through `conn`.
     pub(crate) fn new(conn: Arc<dyn Teller>, lease: u64) -> LeaseToken {
-        LeaseToken { conn, lease, given: AtomicBool::new(false) }
+        LeaseToken { conn, lease, given: AtomicBool::new(false), name: None }
     }
 }
 
@@ -67,6 +69,10 @@ impl Lease for LeaseToken {
         if !self.given.swap(true, Ordering::AcqRel) {
             self.conn.tell(Message::Release { lease: self.lease });
         }
+    }
+
+    fn name(&self) -> Option<&std::ffi::CStr> {
+        self.name.as_deref()
     }
 }
 

@@ -30,3 +30,5 @@ pub const DEVSHARE_CHANNEL_ERROR_BUDGET: u64 = 64;
 /// the pool is made; a pool is a pipeline's depth, and 65536 items in flight at once is beyond
 /// any pipeline (a larger batch belongs in a slot, not in more slots).
 pub const DEVSHARE_POOL_MAX_SLOTS: u32 = 65536;
+/// Longest name a lease may carry (`devshare_channel_send_named`), in bytes of UTF-8 without NUL.
+pub const DEVSHARE_MAX_NAME_LEN: usize = 1024;

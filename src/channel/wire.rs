@@ -88,6 +88,13 @@ pub(crate) const KEPT_SHARES: u32 = 13;
 /// Producer -> consumer: `export u64`: the export is no longer registered; unmap its allocation
 /// once no lease of it is held.
 pub(crate) const RETIRE: u32 = 14;
+/// [`HELLO`] feature: the consumer reads [`NAMES`].
+pub(crate) const FEATURE_NAMES: u16 = 8;
+/// Producer -> consumer (to consumers that announced [`FEATURE_NAMES`]), right before the shares
+/// of leases `first lease .. first lease + count`: their names, `count u32, first lease u64`,
+/// then per lease `len u16` and `len` bytes of UTF-8 without NUL (len 0: no name), each at most
+/// [`DEVSHARE_MAX_NAME_LEN`](crate::channel::limits::DEVSHARE_MAX_NAME_LEN) bytes.
+pub(crate) const NAMES: u32 = 15;
 
 /// A pool item's tensor, as it travels in an [`ITEM`] message (relative to its slot).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,6 +166,9 @@ pub(crate) enum Message<'a> {
     KeptShares { first_lease: u64, entries: Vec<(u32, u64, &'a [u8])> },
     /// Producer -> consumer: the export is no longer registered.
     Retire { export: u64 },
+    /// Producer -> consumer: the names of leases `first_lease..` (empty: no name), checked UTF-8
+    /// without NUL, each at most `DEVSHARE_MAX_NAME_LEN` bytes.
+    Names { first_lease: u64, names: Vec<&'a str> },
 }
 
 impl Message<'_> {
@@ -240,6 +250,13 @@ impl Message<'_> {
             Message::Retire { export } => {
                 m = Out::new(RETIRE);
                 m.u64(*export);
+            }
+            Message::Names { first_lease, names } => {
+                m = Out::new(NAMES);
+                m.u32(names.len() as u32).u64(*first_lease);
+                for name in names {
+                    m.u16(name.len() as u16).bytes(name.as_bytes());
+                }
             }
         }
         m.0
@@ -338,12 +355,41 @@ impl<'a> Message<'a> {
                 }
             }
             RETIRE => Message::Retire { export: r.u64()? },
+            NAMES => {
+                let count = r.u32()? as usize;
+                if count == 0 || count > MAX_SHARES {
+                    return Err(Error::Untrusted(format!("names of {count} leases (1..={MAX_SHARES} are possible)")));
+                }
+                let first_lease = r.u64()?;
+                if first_lease.checked_add(count as u64).is_none() {
+                    return Err(Error::Untrusted("named lease numbers overflow".into()));
+                }
+                let mut names = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let len = r.u16()? as usize;
+                    names.push(check_name(r.bytes(len)?).map_err(Error::Untrusted)?);
+                }
+                Message::Names { first_lease, names }
+            }
             RING => Message::Ring { capacity: r.u32()?, record: r.u32()? },
             t => return Err(Error::Untrusted(format!("channel message type {t} is unknown"))),
         };
         r.end()?;
         Ok(msg)
     }
+}
+
+/// `b` as a lease's name: UTF-8 without NUL, at most `DEVSHARE_MAX_NAME_LEN` bytes; otherwise
+/// why not.
+pub(crate) fn check_name(b: &[u8]) -> std::result::Result<&str, String> {
+    use crate::channel::limits::DEVSHARE_MAX_NAME_LEN;
+    if b.len() > DEVSHARE_MAX_NAME_LEN {
+        return Err(format!("a name of {} bytes (at most {DEVSHARE_MAX_NAME_LEN})", b.len()));
+    }
+    if b.contains(&0) {
+        return Err("a name with a NUL byte".into());
+    }
+    std::str::from_utf8(b).map_err(|e| format!("a name that is not UTF-8 ({e})"))
 }
 
 pub(crate) fn os(call: &str, e: Errno) -> Error {
@@ -615,6 +661,7 @@ mod tests {
             Message::Ring { capacity: 1024, record: 256 },
             Message::KeptShares { first_lease: 9, entries: vec![(0, 3, &b"DSH1...."[..]), (2, 0, &b"DSH1..+"[..])] },
             Message::Retire { export: 3 },
+            Message::Names { first_lease: 9, names: vec!["model.layers.0.weight", "", "ü"] },
         ]
     }
 
@@ -672,6 +719,35 @@ mod tests {
         let mut wrap = ok;
         wrap[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(Message::decode(&wrap).is_err(), "lease numbers that overflow");
+    }
+
+    #[test]
+    fn names_that_are_too_long_not_utf8_hold_a_nul_or_lie_about_their_count_are_refused() {
+        let names = |first_lease: u64, raw: &[&[u8]]| {
+            let mut m = Out::new(NAMES);
+            m.u32(raw.len() as u32).u64(first_lease);
+            for n in raw {
+                m.u16(n.len() as u16).bytes(n);
+            }
+            m.0
+        };
+        assert!(Message::decode(&names(1, &[b"a", b""])).is_ok());
+        let longest = vec![b'x'; crate::channel::limits::DEVSHARE_MAX_NAME_LEN];
+        assert!(Message::decode(&names(1, &[&longest])).is_ok());
+        let too_long = vec![b'x'; crate::channel::limits::DEVSHARE_MAX_NAME_LEN + 1];
+        for (what, bad) in [
+            ("too long", names(1, &[&too_long])),
+            ("not UTF-8", names(1, &[b"\xff\xfe"])),
+            ("a NUL", names(1, &[b"a\0b"])),
+            ("no names", names(1, &[])),
+            ("lease numbers that overflow", names(u64::MAX, &[b"a"])),
+        ] {
+            let e = Message::decode(&bad).unwrap_err();
+            assert_eq!(e.status(), crate::Status::Untrusted, "{what}: {e}");
+        }
+        let mut more = names(1, &[b"a"]);
+        more[4..8].copy_from_slice(&2u32.to_le_bytes());
+        assert!(Message::decode(&more).is_err(), "a count above the names");
     }
 
     #[test]

@@ -115,6 +115,10 @@ pub trait Lease: Send + Sync {
     fn pool_slot(&self) -> Option<(u32, u32)> {
         None
     }
+    /// The name its sender gave the reference (a channel lease's), if any.
+    fn name(&self) -> Option<&std::ffi::CStr> {
+        None
+    }
 }
 
 /// One import of one handle. Release it with [`Import::release`] (dropping it releases too).
@@ -652,6 +656,11 @@ impl Import {
     /// Which pool slot this import is, when it is a pool item received over a channel.
     pub fn pool_slot(&self) -> Option<(u32, u32)> {
         self.lease.as_ref()?.pool_slot()
+    }
+
+    /// The name the producer gave this lease (`devshare_channel_send_named`), if any.
+    pub fn name(&self) -> Option<&std::ffi::CStr> {
+        self.lease.as_ref()?.name()
     }
 
     /// For an import that came with a [`Lease`] (a channel item): give its reference back to the

@@ -563,6 +563,19 @@ static void test_leases_stay_outstanding_until_released_or_their_holder_is_kille
                  "leases: a batch with a NULL exporter");
     EXPECT_ERROR(devshare_channel_send_batch(ch, peer, NULL, bdp, 3), "devshare_channel_send_batch",
                  "leases: a batch with NULL exporters");
+    /* devshare_channel_send_named: a name longer than DEVSHARE_MAX_NAME_LEN (read no further than
+     * one byte past the limit), or not UTF-8, is refused by its index. */
+    char *too_long = malloc(DEVSHARE_MAX_NAME_LEN + 2);
+    memset(too_long, 'n', DEVSHARE_MAX_NAME_LEN + 1);
+    too_long[DEVSHARE_MAX_NAME_LEN + 1] = '\0';
+    const char *bad_names[2][3] = {{"a", too_long, NULL}, {NULL, NULL, "\xff\xfe"}};
+    for (int i = 0; i < 2; i++) {
+        st = devshare_channel_send_named(ch, peer, bep, bdp, bad_names[i], 3);
+        EXPECT_ERROR(st, "devshare_channel_send_named", i ? "leases: a name that is not UTF-8" : "leases: a name too long");
+        CHECK(st == DEVSHARE_STATUS_INVALID_ARGUMENT && strstr(last_error(), i ? "names[2]" : "names[1]") != NULL,
+              "leases: devshare_channel_send_named names the refused name's index (%s)", last_error());
+    }
+    free(too_long);
     CHECK(outstanding_of(exp) == 0, "leases: refused batches sent nothing");
     DS_OK(devshare_channel_send_batch(ch, peer, bep, bdp, 0));
     st = devshare_channel_send_batch(ch, peer, bep, bdp, 3);

@@ -23,17 +23,21 @@ from conftest import python_env, spawn
 torch = pytest.importorskip("torch")
 
 # The consumer: argv = address, tensors per sync, syncs. Per sync: recv_batch, prints
-# "SYNC <sum> <sum> ...", release_batch, prints "RELEASED <n>", then waits for a line on stdin
-# (the producer's go-ahead for the next sync).
+# "NAMES <name> ..." (the dict's keys; "NAMES" alone for a list), "SYNC <sum> <sum> ...",
+# release_batch, prints "RELEASED <n>", then waits for a line on stdin (the producer's go-ahead
+# for the next sync).
 CONSUMER = textwrap.dedent(r"""
     import sys
     import devshare
     address, n, syncs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     conn = devshare.connect(address, timeout=20, wait=True)
     for _ in range(syncs):
-        items = conn.recv_batch(n, timeout=20)
+        batch = conn.recv_batch(n, timeout=20)
+        print("NAMES", *(batch if isinstance(batch, dict) else ()), flush=True)
+        assert all(it.name == key for key, it in batch.items()) if isinstance(batch, dict) else True
+        items = batch.values() if isinstance(batch, dict) else batch
         print("SYNC", *(float(it.tensor.double().sum()) for it in items), flush=True)
-        print("RELEASED", devshare.release_batch(items), flush=True)
+        print("RELEASED", devshare.release_batch(batch), flush=True)
         sys.stdin.readline()
     conn.close()
 """)
@@ -92,6 +96,8 @@ def test_ten_syncs_of_a_registered_state_dict_see_every_in_place_change():
             exports = None
             for sync in range(10):
                 ch.send_batch(peer, sd)
+                # The dict's keys travelled with it: the consumer got a dict back.
+                assert _line(p, "NAMES").split() == list(sd)
                 sums = [float(x) for x in _line(p, "SYNC").split()]
                 assert sums == pytest.approx([float(t.double().sum()) for t in sd.values()], rel=1e-6)
                 assert int(_line(p, "RELEASED")) == 4
@@ -195,10 +201,33 @@ def test_recv_batch_that_times_out_gives_back_what_it_had_received():
         assert devshare.outstanding(t) == 0
         ch.send_batch(peer, {"a": t, "b": t})
         items = conn.recv_batch(2, timeout=5)
-        assert [float(it.tensor.sum()) for it in items] == [8.0, 8.0]
+        assert list(items) == ["a", "b"], "a dict sent comes back as a dict"
+        assert [float(it.tensor.sum()) for it in items.values()] == [8.0, 8.0]
         assert devshare.release_batch(items) == 2
         assert devshare.release_batch(items) == 0, "released items are not released twice"
         _wait_back(ch, [t])
         with pytest.raises(ValueError):
             conn.recv_batch(-1)
         conn.close()
+
+
+def test_a_list_comes_back_as_a_list_and_bad_names_are_refused_before_sending():
+    address = _address("names")
+    sd = _state_dict()
+    with devshare.Channel(address) as ch:
+        with _consumer(address, 4, 1) as p:
+            peer = ch.wait_peers(1, timeout=20)[0]
+            with pytest.raises(TypeError, match="must be str"):
+                ch.send_batch(peer, {1: sd["w1"]})
+            with pytest.raises(ValueError, match="longer than 1024 bytes"):
+                ch.send_batch(peer, {"x" * 1025: sd["w1"]})
+            with pytest.raises(ValueError, match="NUL"):
+                ch.send_batch(peer, {"a\0b": sd["w1"]})
+            ch.send_batch(peer, list(sd.values()))
+            # Nothing of the refused sends arrived first: the list is the first batch.
+            assert _line(p, "NAMES") == ""
+            sums = [float(x) for x in _line(p, "SYNC").split()]
+            assert sums == pytest.approx([float(t.double().sum()) for t in sd.values()], rel=1e-6)
+            _line(p, "RELEASED")
+            _next(p)
+            assert p.wait(timeout=20) == 0, p.stderr.read()

@@ -136,7 +136,13 @@ struct State {
     /// The registered exports whose allocations this connection keeps mapped between leases
     /// (`KEPT_SHARES`), until the producer retires them (`RETIRE`) or the connection ends.
     kept: FxHashMap<u64, crate::import::KeptKey>,
+    /// Names (`NAMES`) of leases whose shares have not arrived yet, at most [`MAX_PENDING_NAMES`].
+    names: FxHashMap<u64, std::ffi::CString>,
 }
+
+/// Most lease names a consumer holds for shares still to come: two messages' worth; a producer
+/// that sends more names than shares breaks the protocol.
+const MAX_PENDING_NAMES: usize = 2 * wire::MAX_SHARES;
 
 /// The consumer end of a channel.
 pub struct LocalConnection {
@@ -198,7 +204,7 @@ impl LocalConnection {
                 cred.uid.as_raw()
             )));
         }
-        let features = wire::FEATURE_SHARES | wire::FEATURE_RING | wire::FEATURE_KEEP;
+        let features = wire::FEATURE_SHARES | wire::FEATURE_RING | wire::FEATURE_KEEP | wire::FEATURE_NAMES;
         let hello = Message::Hello { magic: wire::MAGIC, version: wire::VERSION, features, tgid };
         match wire::send(fd.as_fd(), &hello.encode(), &[]) {
             // A producer that refused us at once has closed already: its reason is queued.
@@ -251,6 +257,7 @@ impl LocalConnection {
                                     harvested: false,
                                     broken: false,
                                     kept: FxHashMap::default(),
+                                    names: FxHashMap::default(),
                                 }),
                                 peer_id,
                                 producer_pid,
@@ -571,16 +578,36 @@ impl LocalConnection {
                 // The token exists from here on: a refused share (a handle form this library
                 // does not understand included) is given back at once.
                 let token: Arc<dyn Lease> = Arc::new(LeaseToken::new(self.shared.clone(), lease));
+                st.names.clear(); // (names come only with SHARES)
                 let d = decode_full(handle)?;
                 let imp = open(&d.handle, d.table.as_deref(), fds, Some(token), self.stream())?;
                 Ok(Some(Box::new(imp)))
             }
             Message::Shares { first_lease, entries } => {
                 let entries: Vec<(u32, u64, &[u8])> = entries.into_iter().map(|(n, h)| (n, 0, h)).collect();
-                self.shares((&mut st.ready, &mut st.kept), first_lease, &entries, fds)
+                self.shares((&mut st.ready, &mut st.kept, &mut st.names), first_lease, &entries, fds)
             }
             Message::KeptShares { first_lease, entries } => {
-                self.shares((&mut st.ready, &mut st.kept), first_lease, &entries, fds)
+                self.shares((&mut st.ready, &mut st.kept, &mut st.names), first_lease, &entries, fds)
+            }
+            Message::Names { first_lease, names } => {
+                if !fds.is_empty() {
+                    return Err(Error::Untrusted("names came with descriptors".into()));
+                }
+                if st.names.len() + names.len() > MAX_PENDING_NAMES {
+                    st.names.clear();
+                    return Err(Error::Untrusted(format!(
+                        "more than {MAX_PENDING_NAMES} lease names before their shares"
+                    )));
+                }
+                for (i, name) in names.into_iter().enumerate() {
+                    if !name.is_empty() {
+                        // check_name refused NUL bytes.
+                        let name = std::ffi::CString::new(name).map_err(|e| Error::Untrusted(e.to_string()))?;
+                        st.names.insert(first_lease + i as u64, name);
+                    }
+                }
+                Ok(None)
             }
             Message::Retire { export } => {
                 // An export this connection never kept (or already let go) is nothing to do.
@@ -636,9 +663,14 @@ impl LocalConnection {
     /// A several-share message's leases (each with its registered export, 0: none), opened in
     /// order: every share is opened (or its lease given back at once, when refused) and waits for
     /// the next receives; the first refusal is this call's error.
+    #[allow(clippy::type_complexity)]
     fn shares(
         &self,
-        (ready, kept): (&mut std::collections::VecDeque<Box<Import>>, &mut FxHashMap<u64, crate::import::KeptKey>),
+        (ready, kept, names): (
+            &mut std::collections::VecDeque<Box<Import>>,
+            &mut FxHashMap<u64, crate::import::KeptKey>,
+            &mut FxHashMap<u64, std::ffi::CString>,
+        ),
         first_lease: u64,
         entries: &[(u32, u64, &[u8])],
         fds: Vec<OwnedFd>,
@@ -662,7 +694,11 @@ impl LocalConnection {
         for (i, (nfds, export, handle)) in entries.iter().enumerate() {
             let mine: Vec<OwnedFd> = fds.by_ref().take(*nfds as usize).collect();
             let lease = first_lease + i as u64;
-            let token: Arc<dyn Lease> = Arc::new(LeaseToken::new(self.shared.clone(), lease));
+            let mut token = LeaseToken::new(self.shared.clone(), lease);
+            if !names.is_empty() {
+                token.name = names.remove(&lease);
+            }
+            let token: Arc<dyn Lease> = Arc::new(token);
             let event_flag = crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
             let mut event = None;
             let opened = decode_full(handle).and_then(|mut d| {
@@ -689,6 +725,11 @@ impl LocalConnection {
                     first_error.get_or_insert(e);
                 }
             }
+        }
+        // Names of leases before these are of shares that never came: none is kept.
+        if !names.is_empty() {
+            let end = first_lease + entries.len() as u64;
+            names.retain(|&lease, _| lease >= end);
         }
         match first_error {
             Some(e) => Err(e),

@@ -347,6 +347,21 @@ impl LocalChannel {
     /// limits allow; to older consumers one message each. Every share is made (and validated,
     /// its event recorded) before anything is sent: a refused description sends nothing.
     pub fn send_batch(&self, peer: u64, items: &[(&Exporter, TensorDesc<'_>)]) -> Result<()> {
+        self.send_named(peer, items, &[])
+    }
+
+    /// [`Self::send_batch`], each lease with its name (`names`: empty, or one per item, `None`
+    /// for a lease without one). A consumer that reads names (1.11 and later) gets them in a
+    /// `NAMES` message right before the shares they name; an older one gets the shares alone.
+    pub fn send_named(&self, peer: u64, items: &[(&Exporter, TensorDesc<'_>)], names: &[Option<&str>]) -> Result<()> {
+        if !names.is_empty() && names.len() != items.len() {
+            return Err(Error::InvalidArgument(format!("{} names for {} tensors", names.len(), items.len())));
+        }
+        for (i, name) in names.iter().enumerate() {
+            if let Some(n) = name {
+                wire::check_name(n.as_bytes()).map_err(|why| Error::InvalidArgument(format!("names[{i}]: {why}")))?;
+            }
+        }
         if items.is_empty() {
             return Ok(());
         }
@@ -390,6 +405,8 @@ impl LocalChannel {
             }
             let features = core.peers.get(peer)?.features;
             let batched = features & wire::FEATURE_SHARES != 0;
+            let named = features & wire::FEATURE_NAMES != 0 && names.iter().any(Option::is_some);
+            let mut sent = 0usize; // shares posted so far (where the next chunk's names start)
             // A consumer that keeps registered exports mapped is told which shares are of one.
             let keeps = features & wire::FEATURE_KEEP != 0 && !core.registered.is_empty();
             let mut shares = shares.into_iter().peekable();
@@ -432,6 +449,13 @@ impl LocalChannel {
                 let msg = check_len(msg)?;
                 let fds: Vec<BorrowedFd<'_>> = chunk.iter().flat_map(|(exp, _, _)| exp.channel_fds()).collect();
                 let idx = core.index(peer)?;
+                if named {
+                    let mine = &names[sent..sent + chunk.len()];
+                    for m in names_messages(first_lease, mine) {
+                        core.post(idx, &check_len(m)?, &[], epfd)?;
+                    }
+                }
+                sent += chunk.len();
                 core.post(idx, &msg, &fds, epfd)?;
                 core.next_lease += chunk.len() as u64;
                 for (i, (exp, _, event)) in chunk.into_iter().enumerate() {
@@ -550,4 +574,26 @@ pub struct LocalPool {
     slot_size: u64,
     /// How long [`Pool::acquire`] polls for a returned slot before it sleeps (ns; 0: not).
     spin_ns: std::sync::atomic::AtomicU64,
+}
+
+/// The `NAMES` messages for leases `first_lease..` named `names` (one each; `None`: no name):
+/// as few as fit the message size.
+fn names_messages(first_lease: u64, names: &[Option<&str>]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < names.len() {
+        let (mut end, mut bytes) = (start, 4 + 4 + 8);
+        while end < names.len() {
+            let len = 2 + names[end].map_or(0, str::len);
+            if end > start && bytes + len > wire::MAX_MESSAGE {
+                break;
+            }
+            bytes += len;
+            end += 1;
+        }
+        let chunk = names[start..end].iter().map(|n| n.unwrap_or("")).collect();
+        out.push(Message::Names { first_lease: first_lease + start as u64, names: chunk }.encode());
+        start = end;
+    }
+    out
 }
