@@ -37,7 +37,8 @@ struct PoolSlot {
 // copies no handle); a moved-from or default-constructed Import is empty: data() is nullptr and
 // destroying or releasing it does nothing. Destroying a non-empty Import releases it (errors are
 // ignored); the reference goes back to the exporter when this was the process's last import of
-// that handle. The import's info and handle are read once, at construction, into one heap block.
+// that handle. The import's info and handle are read once, at construction, into one heap block,
+// which also tells the views made by as<T> whether this Import still holds the memory.
 class Import {
 public:
     Import() noexcept = default;
@@ -227,8 +228,9 @@ public:
     [[nodiscard]] DevshareImport* get() const noexcept { return imp_.get(); }
     explicit operator bool() const noexcept { return imp_ != nullptr; }
 
-    // Release now (see the class comment); afterwards this Import is empty and its pointers are
-    // invalid. Releasing an empty Import does nothing.
+    // Release now (see the class comment); afterwards this Import is empty, its pointers are
+    // invalid and its views (as<T>) fail with ALREADY_RELEASED. Releasing an empty Import does
+    // nothing.
     [[nodiscard]] Result<void> try_release() {
         if (imp_ == nullptr) {
             return {};
