@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install the system tools devshare's build and tests need, when they are missing (Debian/Ubuntu,
-# apt-get): cmake, a C/C++ compiler, pkg-config, python3-venv for the test environment, and
-# UCX (libucx0, and libucx-dev, whose headers the layout check compiles against) for the remote
-# channel tests.
+# apt-get): cmake, a C/C++ compiler (GCC, and Clang for the build_clang test), pkg-config,
+# python3-venv for the test environment, and UCX (libucx0, and libucx-dev, whose headers the
+# layout check compiles against) for the remote channel tests.
 # Rust (cargo) must already be there. Safe to run again.
 set -euo pipefail
 
@@ -10,6 +10,8 @@ missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
+# tests/install/clang_build.sh builds with Clang too, and fails without it.
+{ command -v clang && command -v clang++; } >/dev/null 2>&1 || missing+=(clang)
 command -v make >/dev/null 2>&1 || missing+=(make)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 # UCX for the remote channel tests (tests/remote_ucx.rs skip without it): libucp.so.0 must load by

@@ -127,13 +127,15 @@ private:
 
 namespace detail {
 
-// What a failed value() does: throw the Error (exceptions) or print it and abort (none).
-[[noreturn]] inline void fail(const Error& e) {
+// What a failed value() or checked accessor does: throw the Error (exceptions) or print it,
+// saying what failed (`what`), and abort (none).
+[[noreturn]] inline void fail(const Error& e, const char* what = "value() of a failed Result") {
 #if DEVSHARE_HPP_EXCEPTIONS
+    (void)what;
     throw e;
 #else
-    std::fprintf(stderr, "devshare: value() of a failed Result: %s (%d): %s\n", e.status_name(),
-                 static_cast<int>(e.status()), e.what());
+    std::fprintf(stderr, "devshare: %s: %s (%d): %s\n", what, e.status_name(), static_cast<int>(e.status()),
+                 e.what());
     std::abort();
 #endif
 }

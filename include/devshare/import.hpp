@@ -37,7 +37,8 @@ struct PoolSlot {
 // copies no handle); a moved-from or default-constructed Import is empty: data() is nullptr and
 // destroying or releasing it does nothing. Destroying a non-empty Import releases it (errors are
 // ignored); the reference goes back to the exporter when this was the process's last import of
-// that handle. The import's info and handle are read once, at construction, into one heap block.
+// that handle. The import's info and handle are read once, at construction, into one heap block,
+// which also tells the views made by as<T> whether this Import still holds the memory.
 class Import {
 public:
     Import() noexcept = default;
@@ -128,40 +129,54 @@ public:
     // The tensor's first element, unchecked (nullptr when empty). Valid until release.
     [[nodiscard]] void* data() const noexcept { return info().data; }
 
-    // The tensor's first element as T*, or nullptr when T is not the tensor's element type (or T
-    // is not const and the import is read-only, or the Import is empty): as<T>() says why.
-    // T = std::byte (or void) gives the bytes unchecked.
+    // The tensor's first element as T*, checked in every build: T must be the tensor's element
+    // type (DEVSHARE_STATUS_BAD_DTYPE: no reinterpretation), a const T for a read-only import
+    // (INVALID_ARGUMENT), and the Import not empty (NULL_ARGUMENT). A failed check throws the
+    // devshare::Error; built without exceptions it is printed and the program aborts, as value() of
+    // a failed Result does. try_data<T>() returns the Error instead. T = std::byte (or void) gives
+    // the bytes unchecked (nullptr when empty), as data() does.
     template <typename T>
-    [[nodiscard]] T* data() const noexcept {
+    [[nodiscard]] T* data() const {
+        using U = std::remove_cv_t<T>;
+        if constexpr (std::is_void<U>::value || std::is_same<U, std::byte>::value) {
+            return static_cast<T*>(data());
+        } else {
+            Result<T*> p = try_data<T>();
+            if (!p) {
+                detail::fail(p.error(), "a checked access failed");
+            }
+            return *p;
+        }
+    }
+    template <typename T>
+    [[nodiscard]] Result<T*> try_data() const {
         using U = std::remove_cv_t<T>;
         if constexpr (std::is_void<U>::value || std::is_same<U, std::byte>::value) {
             return static_cast<T*>(data());
         } else {
             static_assert(has_dtype_v<U>, "devshare::Import::data<T>: T has no dtype; use data() or data<std::byte>()");
-            const bool writable = std::is_const<T>::value || !read_only();
-            return same_dtype(dtype(), dtype_of<U>()) && writable ? static_cast<T*>(data()) : nullptr;
+            const int32_t s = typed(dtype_of<U>(), std::is_const<T>::value);
+            if (s != DEVSHARE_STATUS_OK) {
+                return detail::failure(refusal(s, "data", dtype_of<U>()));
+            }
+            return static_cast<T*>(data());
         }
     }
 
     // A strided view of the tensor as elements of type T. Refused (DEVSHARE_STATUS_BAD_DTYPE)
     // when T is not the tensor's element type: no reinterpretation. A read-only import needs a
-    // const T (DEVSHARE_STATUS_INVALID_ARGUMENT otherwise).
+    // const T (DEVSHARE_STATUS_INVALID_ARGUMENT otherwise). The view knows when this Import is
+    // released, destroyed or assigned over: its accessors then fail with ALREADY_RELEASED
+    // (view.hpp).
     template <typename T>
     [[nodiscard]] Result<TensorView<T>> try_as() const {
         using U = std::remove_cv_t<T>;
         static_assert(has_dtype_v<U>, "devshare::Import::as<T>: T has no dtype");
-        const std::string who = "devshare::Import::as<" + dtype_name(dtype_of<U>()) + ">: ";
-        if (imp_ == nullptr) {
-            return detail::error(DEVSHARE_STATUS_NULL_ARGUMENT, "devshare::Import::as: the Import is empty");
+        const int32_t s = typed(dtype_of<U>(), std::is_const<T>::value);
+        if (s != DEVSHARE_STATUS_OK) {
+            return detail::failure(refusal(s, "as", dtype_of<U>()));
         }
-        if (!same_dtype(dtype(), dtype_of<U>())) {
-            return detail::error(DEVSHARE_STATUS_BAD_DTYPE, who + "the tensor's dtype is " + dtype_name(dtype()));
-        }
-        if (!std::is_const<T>::value && read_only()) {
-            return detail::error(DEVSHARE_STATUS_INVALID_ARGUMENT,
-                                 who + "the import is read-only; ask for a const element type");
-        }
-        return TensorView<T>(static_cast<T*>(data()), shape(), strides());
+        return TensorView<T>(static_cast<T*>(data()), shape(), strides(), detail::liveness_ref(meta_.get()));
     }
 
     // DLPack views of the import (each holds its own reference to it); the legacy
@@ -213,8 +228,9 @@ public:
     [[nodiscard]] DevshareImport* get() const noexcept { return imp_.get(); }
     explicit operator bool() const noexcept { return imp_ != nullptr; }
 
-    // Release now (see the class comment); afterwards this Import is empty and its pointers are
-    // invalid. Releasing an empty Import does nothing.
+    // Release now (see the class comment); afterwards this Import is empty, its pointers are
+    // invalid and its views (as<T>) fail with ALREADY_RELEASED. Releasing an empty Import does
+    // nothing.
     [[nodiscard]] Result<void> try_release() {
         if (imp_ == nullptr) {
             return {};
@@ -227,12 +243,17 @@ public:
 #endif
 
 private:
-    struct Meta {
+    // The info and handle read at construction, and the liveness the views of this import share:
+    // released with the import, deleted with the last view.
+    struct Meta final : detail::liveness {
         DevshareImportInfo info{};
         Handle handle;
     };
     struct DeleteMeta {
-        void operator()(const Meta* m) const noexcept { delete m; }
+        void operator()(Meta* m) const noexcept {
+            m->end();
+            m->drop();
+        }
     };
     static const Meta& empty() noexcept {
         static const Meta m;
@@ -249,6 +270,29 @@ private:
         return D(m);
     }
 
+    // The checks of data<T> and as<T>: OK, NULL_ARGUMENT (empty), BAD_DTYPE or INVALID_ARGUMENT
+    // (a writable T of a read-only import).
+    int32_t typed(DevshareDType want, bool const_t) const noexcept {
+        if (imp_ == nullptr) {
+            return DEVSHARE_STATUS_NULL_ARGUMENT;
+        }
+        if (!same_dtype(dtype(), want)) {
+            return DEVSHARE_STATUS_BAD_DTYPE;
+        }
+        return !const_t && read_only() ? DEVSHARE_STATUS_INVALID_ARGUMENT : DEVSHARE_STATUS_OK;
+    }
+    Error refusal(int32_t status, const char* function, DevshareDType want) const {
+        const std::string who = std::string("devshare::Import::") + function;
+        if (status == DEVSHARE_STATUS_NULL_ARGUMENT) {
+            return Error(status, who + ": the Import is empty");
+        }
+        const std::string typed_who = who + "<" + dtype_name(want) + ">: ";
+        if (status == DEVSHARE_STATUS_BAD_DTYPE) {
+            return Error(status, typed_who + "the tensor's dtype is " + dtype_name(dtype()));
+        }
+        return Error(status, typed_who + "the import is read-only; ask for a const element type");
+    }
+
     static Result<Import> made(int32_t status, DevshareImport* raw) {
         if (status != DEVSHARE_STATUS_OK) {
             return detail::failure(Error::from_last(status));
@@ -261,7 +305,7 @@ private:
     }
 
     detail::closed_by<DevshareImport, &devshare_import_release> imp_;
-    detail::unique_c<const Meta, DeleteMeta> meta_;
+    detail::unique_c<Meta, DeleteMeta> meta_;
 };
 
 }  // namespace devshare

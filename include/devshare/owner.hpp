@@ -4,12 +4,15 @@
 // detail::unique_c<T, Deleter> (closed_by<T, close> for a plain C close function), so its moves,
 // move assignment (which closes what was held) and destruction are this template's alone, and
 // a moved-from owner is empty. What an owner caches about its object is a detail::cleared<T>,
-// reset by a move, so a moved-from owner reports nothing.
+// reset by a move, so a moved-from owner reports nothing. What outlives an owner for the views of
+// its memory is a detail::liveness: the views ask it whether the memory is still there.
 
 #ifndef DEVSHARE_OWNER_HPP
 #define DEVSHARE_OWNER_HPP
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 namespace devshare {
@@ -78,6 +81,61 @@ public:
 
 private:
     T v_{};
+};
+
+// Whether an owner's memory is still there, shared by the owner and the views of that memory
+// (TensorView): the owner holds one reference and calls end() when it releases the memory; each
+// view holds one more, so a view that outlives its owner finds alive() false instead of reading
+// unmapped memory. Deleted with its last reference. The count is atomic, so views may be copied
+// and dropped on any thread; a release racing a read on another thread is the caller's to order.
+class liveness {
+public:
+    liveness() noexcept = default;
+    liveness(const liveness&) = delete;
+    liveness& operator=(const liveness&) = delete;
+
+    [[nodiscard]] bool alive() const noexcept { return alive_.load(std::memory_order_acquire); }
+    void end() noexcept { alive_.store(false, std::memory_order_release); }
+    void retain() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
+    void drop() noexcept {
+        if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+            delete this;
+        }
+    }
+
+protected:
+    virtual ~liveness() = default;  // the owner's block derives from it (Import's Meta)
+
+private:
+    std::atomic<uint32_t> refs_{1};
+    std::atomic<bool> alive_{true};
+};
+
+// One counted reference to a liveness (what a view holds); nullptr: memory no owner tracks.
+class liveness_ref {
+public:
+    liveness_ref() noexcept = default;
+    explicit liveness_ref(liveness* l) noexcept : l_(l) {
+        if (l_ != nullptr) {
+            l_->retain();
+        }
+    }
+    liveness_ref(const liveness_ref& other) noexcept : liveness_ref(other.l_) {}
+    liveness_ref(liveness_ref&& other) noexcept : l_(std::exchange(other.l_, nullptr)) {}
+    liveness_ref& operator=(liveness_ref other) noexcept {
+        std::swap(l_, other.l_);
+        return *this;
+    }
+    ~liveness_ref() {
+        if (l_ != nullptr) {
+            l_->drop();
+        }
+    }
+    // False once the owner released the memory (true when no owner is tracked).
+    [[nodiscard]] bool alive() const noexcept { return l_ == nullptr || l_->alive(); }
+
+private:
+    liveness* l_ = nullptr;
 };
 
 }  // namespace detail

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 
-// devshare/view.hpp: TensorView<T>, a strided view of an imported tensor (Import::as<T>), and
+// devshare/view.hpp: TensorView<T>, a strided view of an imported tensor (Import::as<T>) whose
+// element access is checked in every build and fails cleanly once the Import was released, and
 // std::mdspan of it where the standard library has one.
 
 #ifndef DEVSHARE_VIEW_HPP
@@ -8,9 +9,11 @@
 
 #include "dtype.hpp"
 #include "error.hpp"
+#include "owner.hpp"
 
 #include <array>
 #include <cassert>
+#include <string>
 
 #if defined(__cpp_lib_mdspan)
 #include <mdspan>
@@ -18,10 +21,24 @@
 
 namespace devshare {
 
+class Import;
+
 // A strided view of a tensor: its first element, shape and strides (in elements), copied from the
-// handle (at most DEVSHARE_MAX_NDIM dimensions). v(i, j) is element [i][j] (checked with assert
-// in debug builds). The pointer is what the import's data pointer is: for device backends a
-// device address, not to be dereferenced on the host. Valid while the import is.
+// handle (at most DEVSHARE_MAX_NDIM dimensions). The pointer is what the import's data pointer
+// is: for device backends a device address, not to be dereferenced on the host.
+//
+// Element access is checked in every build, NDEBUG or not: v(i, j) and at({i, j}) need one index
+// per dimension (DEVSHARE_STATUS_BAD_NDIM), each inside its extent (INVALID_ARGUMENT), a view that
+// is not empty (NULL_ARGUMENT) and an Import that was not released (ALREADY_RELEASED). A failed
+// check throws the devshare::Error; built without exceptions it is printed and the program aborts,
+// as value() of a failed Result does. try_at({i, j}) returns the Error instead; unchecked(i, j)
+// checks nothing (an assert in debug builds), for loops that have checked their bounds.
+//
+// A view made by Import::as<T> knows whether its Import still holds the memory: once the Import
+// is released, destroyed or assigned over, every checked access, flat() and mdspan() fail with
+// ALREADY_RELEASED and data() is nullptr (a move of the Import keeps its views valid). What they
+// returned before (a T&, a pointer, a Span, an mdspan) is as invalid as the memory: do not keep
+// them past the release. A view made from a pointer (the public constructor) tracks nothing.
 template <typename T>
 class TensorView {
 public:
@@ -43,7 +60,10 @@ public:
         }
     }
 
-    [[nodiscard]] T* data() const noexcept { return data_; }
+    // False once the Import this view was made from released its memory (see the class comment).
+    [[nodiscard]] bool valid() const noexcept { return alive_.alive(); }
+    // The first element; nullptr once the Import was released.
+    [[nodiscard]] T* data() const noexcept { return alive_.alive() ? data_ : nullptr; }
     [[nodiscard]] uint32_t ndim() const noexcept { return ndim_; }
     [[nodiscard]] Dims shape() const noexcept { return Dims(shape_, ndim_); }
     [[nodiscard]] Dims strides() const noexcept { return Dims(strides_, ndim_); }
@@ -73,31 +93,55 @@ public:
         return true;
     }
 
-    // Element [i0][i1]...: as many indices as ndim().
+    // Element [i0][i1]...: exactly ndim() indices, checked (see the class comment).
     template <typename... I, typename = std::enable_if_t<(std::is_integral<I>::value && ...)>>
-    [[nodiscard]] T& operator()(I... index) const noexcept {
-        assert(sizeof...(I) == ndim_ && "devshare::TensorView: one index per dimension");
+    [[nodiscard]] T& operator()(I... index) const {
         const int64_t ix[sizeof...(I) + 1] = {static_cast<int64_t>(index)..., 0};
         int64_t offset = 0;
-        for (size_t k = 0; k != sizeof...(I); k++) {
-            assert(ix[k] >= 0 && ix[k] < shape_[k] && "devshare::TensorView: index out of range");
-            offset += ix[k] * strides_[k];
+        const int32_t s = locate(ix, sizeof...(I), &offset);
+        if (s != DEVSHARE_STATUS_OK) {
+            detail::fail(problem(s, "operator()", ix, sizeof...(I)), "a checked access failed");
         }
         return data_[offset];
     }
-    // Element at an index list of ndim() entries.
-    [[nodiscard]] T& at(Dims index) const noexcept {
-        assert(index.size() == ndim_ && "devshare::TensorView: one index per dimension");
+    // Element at an index list of ndim() entries, checked alike.
+    [[nodiscard]] T& at(Dims index) const {
         int64_t offset = 0;
-        for (size_t k = 0; k < index.size() && k < ndim_; k++) {
-            assert(index[k] >= 0 && index[k] < shape_[k] && "devshare::TensorView: index out of range");
-            offset += index[k] * strides_[k];
+        const int32_t s = locate(index.data(), index.size(), &offset);
+        if (s != DEVSHARE_STATUS_OK) {
+            detail::fail(problem(s, "at", index.data(), index.size()), "a checked access failed");
+        }
+        return data_[offset];
+    }
+    // The address of the element at an index list, or the Error at() would throw.
+    [[nodiscard]] Result<T*> try_at(Dims index) const {
+        int64_t offset = 0;
+        const int32_t s = locate(index.data(), index.size(), &offset);
+        if (s != DEVSHARE_STATUS_OK) {
+            return detail::failure(problem(s, "at", index.data(), index.size()));
+        }
+        return data_ + offset;
+    }
+    // Element [i0][i1]... with no check at all (rank, range and release only assert()ed in debug
+    // builds): for loops whose bounds come from shape() of a view known to be valid().
+    template <typename... I, typename = std::enable_if_t<(std::is_integral<I>::value && ...)>>
+    [[nodiscard]] T& unchecked(I... index) const noexcept {
+        assert(sizeof...(I) == ndim_ && "devshare::TensorView::unchecked: one index per dimension");
+        assert(alive_.alive() && "devshare::TensorView::unchecked: the Import was released");
+        const int64_t ix[sizeof...(I) + 1] = {static_cast<int64_t>(index)..., 0};
+        int64_t offset = 0;
+        for (size_t k = 0; k != sizeof...(I); k++) {
+            assert(ix[k] >= 0 && ix[k] < shape_[k] && "devshare::TensorView::unchecked: index out of range");
+            offset += ix[k] * strides_[k];
         }
         return data_[offset];
     }
 
     // The elements as one contiguous Span (only for a C-contiguous view).
     [[nodiscard]] Result<Span<T>> try_flat() const {
+        if (!alive_.alive()) {
+            return detail::error(DEVSHARE_STATUS_ALREADY_RELEASED, std::string("devshare::TensorView::flat: ") + released);
+        }
         if (!is_contiguous()) {
             return detail::error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::TensorView::flat: the view is not "
                                                                    "C-contiguous");
@@ -116,6 +160,9 @@ public:
 
     template <std::size_t Rank>
     [[nodiscard]] Result<mdspan_type<Rank>> try_mdspan() const {
+        if (!alive_.alive()) {
+            return detail::error(DEVSHARE_STATUS_ALREADY_RELEASED, std::string("devshare::TensorView::mdspan: ") + released);
+        }
         if (ndim_ != Rank) {
             return detail::error(DEVSHARE_STATUS_BAD_NDIM, "devshare::TensorView::mdspan<" + std::to_string(Rank) +
                                                                ">: the tensor has " + std::to_string(ndim_) +
@@ -144,6 +191,56 @@ public:
 #endif
 
 private:
+    friend class Import;
+    TensorView(T* data, Dims shape, Dims strides, detail::liveness_ref alive) noexcept
+        : TensorView(data, shape, strides) {
+        alive_ = std::move(alive);
+    }
+
+    static constexpr const char* released = "the Import this view was made from was released";
+
+    // The element offset of an index list, or the status of the first check it fails.
+    int32_t locate(const int64_t* ix, size_t n, int64_t* offset) const noexcept {
+        if (!alive_.alive()) {
+            return DEVSHARE_STATUS_ALREADY_RELEASED;
+        }
+        if (data_ == nullptr) {
+            return DEVSHARE_STATUS_NULL_ARGUMENT;
+        }
+        if (n != ndim_) {
+            return DEVSHARE_STATUS_BAD_NDIM;
+        }
+        int64_t off = 0;
+        for (size_t k = 0; k < n; k++) {
+            if (ix[k] < 0 || ix[k] >= shape_[k]) {
+                return DEVSHARE_STATUS_INVALID_ARGUMENT;
+            }
+            off += ix[k] * strides_[k];
+        }
+        *offset = off;
+        return DEVSHARE_STATUS_OK;
+    }
+    // The Error for a status locate() gave (only on the failing path).
+    Error problem(int32_t status, const char* function, const int64_t* ix, size_t n) const {
+        std::string m = std::string("devshare::TensorView::") + function + ": ";
+        if (status == DEVSHARE_STATUS_ALREADY_RELEASED) {
+            m += released;
+        } else if (status == DEVSHARE_STATUS_NULL_ARGUMENT) {
+            m += "the view is empty";
+        } else if (status == DEVSHARE_STATUS_BAD_NDIM) {
+            m += std::to_string(n) + " indices for a view of " + std::to_string(ndim_) + " dimensions";
+        } else {
+            for (size_t k = 0; k < n; k++) {
+                if (ix[k] < 0 || ix[k] >= shape_[k]) {
+                    m += "index " + std::to_string(ix[k]) + " of dimension " + std::to_string(k) + " is outside [0, " +
+                         std::to_string(shape_[k]) + ")";
+                    break;
+                }
+            }
+        }
+        return Error(status, m);
+    }
+
 #if defined(__cpp_lib_mdspan)
     bool unique_positive_layout() const noexcept {
         uint32_t order[DEVSHARE_MAX_NDIM];
@@ -177,6 +274,7 @@ private:
     uint32_t ndim_ = 0;
     int64_t shape_[DEVSHARE_MAX_NDIM] = {};
     int64_t strides_[DEVSHARE_MAX_NDIM] = {};
+    detail::liveness_ref alive_;
 };
 
 }  // namespace devshare

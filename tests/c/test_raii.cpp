@@ -14,6 +14,10 @@
 //    options, and what they refuse; Handle accessors;
 //  - Import::as<T>: a dtype mismatch is an error (no reinterpretation), read-only imports need
 //    const T, TensorView indexing (strided), flat(), mdspan when the library has it;
+//  - checked accessors in every build: data<T>() of another dtype, an index list of the wrong
+//    length or outside the shape throw (try_data / try_at return the Error, unchecked() checks
+//    nothing); a view whose Import was released, destroyed or assigned over throws
+//    ALREADY_RELEASED instead of reading unmapped memory;
 //  - Result<T> next to the throwing forms: try_ calls never throw;
 //  - share_encoded / Import::from_encoded / Import::from_text, discard, host_adopt, DLPack;
 //  - PyTorch tuples: handle_to_torch / handle_from_torch / torch_storage_handle /
@@ -94,6 +98,9 @@ bool names_gone(const devshare::Handle& h) {
     return !data_name_exists(h) && !shm_exists(h.raw().ref_name, h.raw().ref_name_len);
 }
 
+// Where a test stores an element it reads, so that the read happens.
+volatile double sink = 0;
+
 constexpr int kRows = 3;
 constexpr int kCols = 4;
 constexpr uint64_t kStorageOffset = 64;
@@ -139,7 +146,8 @@ static_assert(std::is_nothrow_destructible<devshare::DLPackVersioned>::value, "D
 static_assert(std::is_trivially_copyable<devshare::Handle>::value, "Handle is plain data");
 static_assert(sizeof(devshare::Handle) == sizeof(DevshareHandle), "Handle adds nothing to DevshareHandle");
 static_assert(std::is_base_of<std::runtime_error, devshare::Error>::value, "Error is a std::runtime_error");
-static_assert(noexcept(std::declval<const devshare::Import&>().data<float>()), "Import::data is noexcept");
+static_assert(noexcept(std::declval<const devshare::Import&>().data()), "Import::data() is noexcept");
+static_assert(!noexcept(std::declval<const devshare::Import&>().data<float>()), "Import::data<T>() checks, and throws");
 static_assert(noexcept(std::declval<const devshare::Exporter&>().data()), "Exporter::data is noexcept");
 static_assert(noexcept(std::declval<const devshare::Handle&>().shape()), "Handle accessors are noexcept");
 
@@ -508,9 +516,10 @@ void test_import_as_checks_the_dtype_and_views_index_the_tensor() {
                  [&] { (void)imp.as<int32_t>(); });
     expect_error(DEVSHARE_STATUS_BAD_DTYPE, "devshare::Import::as<float64>", "as<double>() of a float32 tensor",
                  [&] { (void)imp.as<double>(); });
-    check(imp.data<int32_t>() == nullptr && imp.data<uint32_t>() == nullptr && imp.data<float>() != nullptr &&
-              imp.data<std::byte>() == imp.data(),
-          "Import::data<T>() is nullptr for a T of another dtype (no reinterpretation); std::byte is unchecked");
+    expect_error(DEVSHARE_STATUS_BAD_DTYPE, "devshare::Import::data<uint32>", "data<uint32_t>() of a float32 tensor",
+                 [&] { (void)imp.data<uint32_t>(); });
+    check(imp.data<float>() == imp.data() && imp.data<std::byte>() == imp.data(),
+          "Import::data<T>() only for the tensor's T (no reinterpretation); std::byte is unchecked");
 
     devshare::Import t(exp.share(devshare::describe(first, {kCols, kRows}, {1, kCols})));
     const devshare::TensorView<const float> tv = t.as<const float>();
@@ -522,7 +531,9 @@ void test_import_as_checks_the_dtype_and_views_index_the_tensor() {
     devshare::Import ro(exp.share(devshare::describe(first, {kRows, kCols})), devshare::import_options(DEVSHARE_IMPORT_READ_ONLY));
     expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Import::as<float32>",
                  "as<float>() (writable) of a read-only import", [&] { (void)ro.as<float>(); });
-    check(ro.as<const float>()(2, 3) == 11.5f && ro.data<float>() == nullptr && ro.data<const float>() != nullptr,
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::Import::data<float32>",
+                 "data<float>() (writable) of a read-only import", [&] { (void)ro.data<float>(); });
+    check(ro.as<const float>()(2, 3) == 11.5f && ro.data<const float>() == ro.data(),
           "a read-only import gives as<const float>() and data<const float>(), not the writable forms");
 #if defined(__cpp_lib_mdspan)
     const auto md = imp.as<float>().mdspan<2>();
@@ -539,6 +550,87 @@ void test_import_as_checks_the_dtype_and_views_index_the_tensor() {
 #else
     std::printf("# SKIP std::mdspan: this standard library has no __cpp_lib_mdspan\n");
 #endif
+}
+
+// The typed accessors check in every build, NDEBUG or not: no pointer of another dtype, no
+// element read with too few or too many indices, none outside the shape.
+void test_typed_accessors_refuse_a_wrong_dtype_rank_or_index_in_every_build() {
+    devshare::Exporter exp = devshare::Exporter::host_alloc(1024);
+    double* d = exp.data<double>();
+    for (int i = 0; i < 24; i++) {
+        d[i] = i;
+    }
+    devshare::Import f64(exp.share(devshare::describe(static_cast<const double*>(d), {24})));
+    expect_error(DEVSHARE_STATUS_BAD_DTYPE, "devshare::Import::data<float32>",
+                 "data<const float>() of a float64 tensor", [&] { (void)f64.data<const float>(); });
+    expect_error(DEVSHARE_STATUS_BAD_DTYPE, "devshare::Import::data<int64>", "data<int64_t>() of a float64 tensor",
+                 [&] { (void)f64.data<int64_t>(); });
+    check(f64.data<const double>() == f64.data() && f64.data<double>() == f64.data(),
+          "data<const double>() and data<double>() of a float64 tensor: its first element");
+
+    devshare::Import cube(exp.share(devshare::describe(static_cast<const double*>(d), {2, 3, 4})));
+    const devshare::TensorView<const double> v = cube.as<const double>();
+    check(v(1, 2, 3) == 23.0 && v.at({1, 0, 2}) == 14.0, "a 3-d view indexed with three indices");
+    expect_error(DEVSHARE_STATUS_BAD_NDIM, "devshare::TensorView::operator()", "v(i, j) of a 3-d view",
+                 [&] { sink = v(1, 2); });
+    expect_error(DEVSHARE_STATUS_BAD_NDIM, "devshare::TensorView::operator()", "v(i, j, k, l) of a 3-d view",
+                 [&] { sink = v(1, 2, 3, 0); });
+    expect_error(DEVSHARE_STATUS_BAD_NDIM, "devshare::TensorView::at", "at({i, j}) of a 3-d view",
+                 [&] { sink = v.at({1, 2}); });
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::TensorView::operator()",
+                 "v(0, 0, 4) of a [2, 3, 4] view (index past the extent)", [&] { sink = v(0, 0, 4); });
+    expect_error(DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::TensorView::at", "at({-1, 0, 0}) (a negative index)",
+                 [&] { sink = v.at({-1, 0, 0}); });
+    const devshare::Result<const double*> two = v.try_at({1, 2});
+    check(!two && two.error().status() == DEVSHARE_STATUS_BAD_NDIM && v.try_at({1, 2, 3}).value() == &v(1, 2, 3),
+          "try_at({i, j}) of a 3-d view is a BAD_NDIM Result; try_at({i, j, k}) the element's address");
+    check(v.unchecked(1, 2, 3) == 23.0 && &v.unchecked(0, 1, 2) == &v(0, 1, 2),
+          "unchecked(i, j, k) is the element v(i, j, k) is, without the checks");
+    const devshare::Result<const float*> as_float = f64.try_data<const float>();
+    check(!as_float && as_float.error().status() == DEVSHARE_STATUS_BAD_DTYPE &&
+              f64.try_data<const double>().value() == f64.data(),
+          "try_data<const float>() of a float64 tensor is a BAD_DTYPE Result; try_data<const double>() its data");
+    const devshare::TensorView<float> none;
+    expect_error(DEVSHARE_STATUS_NULL_ARGUMENT, "devshare::TensorView::operator()", "v() of an empty view",
+                 [&] { sink = none(); });
+}
+
+// A view outlives the Import it came from without reading unmapped memory: once the Import is
+// released, destroyed or assigned over, its views report ALREADY_RELEASED.
+void test_a_view_used_after_its_import_was_released_fails_cleanly() {
+    devshare::Exporter exp = make_exporter();
+    const float* first = tensor_in(exp);
+    devshare::Import imp(exp.share(devshare::describe(first, {kRows, kCols})));
+    const devshare::TensorView<const float> v = imp.as<const float>();
+    devshare::Import moved = std::move(imp);
+    check(v(2, 3) == 11.5f, "a view stays valid when its Import is moved");
+    moved.release();
+    expect_error(DEVSHARE_STATUS_ALREADY_RELEASED, "devshare::TensorView::operator()",
+                 "v(i, j) after its Import was released", [&] { sink = v(2, 3); });
+    expect_error(DEVSHARE_STATUS_ALREADY_RELEASED, "devshare::TensorView::at",
+                 "at({i, j}) after its Import was released", [&] { sink = v.at({0, 0}); });
+    expect_error(DEVSHARE_STATUS_ALREADY_RELEASED, "devshare::TensorView::flat",
+                 "flat() after its Import was released", [&] { sink = v.flat()[0]; });
+
+    devshare::TensorView<const float> outlived;
+    {
+        devshare::Import scoped(exp.share(devshare::describe(first, {kRows, kCols})));
+        outlived = scoped.as<const float>();
+    }
+    expect_error(DEVSHARE_STATUS_ALREADY_RELEASED, "devshare::TensorView::operator()",
+                 "v(i, j) after its Import was destroyed", [&] { sink = outlived(0, 1); });
+
+    devshare::Import reused(exp.share(devshare::describe(first, {kRows, kCols})));
+    const devshare::TensorView<const float> old = reused.as<const float>();
+    reused = devshare::Import(exp.share(devshare::describe(first, {kRows, kCols})));
+    expect_error(DEVSHARE_STATUS_ALREADY_RELEASED, "devshare::TensorView::operator()",
+                 "v(i, j) after its Import was assigned another import", [&] { sink = old(0, 1); });
+    check(reused.as<const float>()(0, 1) == 1.5f, "the new import's view reads it");
+    check(!old.valid() && old.data() == nullptr && old.ndim() == 2 && reused.as<const float>().valid(),
+          "a released view is not valid() and its data() is nullptr; its shape stays readable");
+    const devshare::Result<const float*> gone = old.try_at({0, 1});
+    check(!gone && gone.error().status() == DEVSHARE_STATUS_ALREADY_RELEASED,
+          "try_at of a released view is an ALREADY_RELEASED Result");
 }
 
 // Result<T> next to the throwing forms: the same calls, no exceptions.
@@ -1016,6 +1108,8 @@ int main() {
         test_failures_throw_devshare_error_with_the_status_and_message();
         test_typed_shares_record_dtype_shape_and_offsets_and_refuse_bad_layouts();
         test_import_as_checks_the_dtype_and_views_index_the_tensor();
+        test_typed_accessors_refuse_a_wrong_dtype_rank_or_index_in_every_build();
+        test_a_view_used_after_its_import_was_released_fails_cleanly();
         test_try_forms_return_errors_as_results_without_throwing();
         test_imports_from_encoded_bytes_and_text_return_their_reference();
         test_discard_returns_an_unused_handles_reference_and_refuses_a_held_one();

@@ -141,6 +141,7 @@ void probes(devshare::Exporter& e, devshare::Import& i, const devshare::Handle& 
     devshare::Import::try_adopt(nullptr);  // probe
     i.data();  // probe
     i.data<float>();  // probe
+    i.try_data<float>();  // probe
     i.try_as<float>();  // probe
     i.try_to_dlpack_versioned();  // probe
     i.try_to_dlpack();  // probe
@@ -161,6 +162,9 @@ void probes(devshare::Exporter& e, devshare::Import& i, const devshare::Handle& 
     i.try_release();  // probe
     v(0);  // probe
     v.at({0});  // probe
+    v.try_at({0});  // probe
+    v.unchecked(0);  // probe
+    v.valid();  // probe
     v.data();  // probe
     v.ndim();  // probe
     v.shape();  // probe

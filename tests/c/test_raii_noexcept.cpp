@@ -10,6 +10,9 @@
 //  - Result<T>: value, error with status and message, error_code, value_or; value() of an error
 //    aborts (checked in a child process), after printing the error with this header's own
 //    Result (C++17; std::expected's value() aborts without a message);
+//  - the checked accessors without exceptions: v(i) of a 2-d view, at() past an extent,
+//    data<T>() of another dtype and a view used after its Import was released each print the
+//    Error and abort (in a child process); try_data / try_at return it;
 //  - host round trip with try_ forms: try_host_alloc, try_share(describe(p, shape)),
 //    try_to_text, Import::try_from_text, try_as<T> (a dtype mismatch is an error, not a
 //    reinterpret; read-only needs const T), TensorView indexing; description problems and
@@ -249,6 +252,65 @@ void test_result_holds_a_value_or_an_error_and_value_of_an_error_aborts() {
 #endif
 }
 
+// What `f` writes to stderr in a child process, and how the child ended.
+template <typename F>
+std::string in_child(F&& f, int* status) {
+    int fds[2];
+    if (pipe(fds) != 0) {
+        *status = -1;
+        return "pipe failed";
+    }
+    const pid_t child = fork();
+    if (child == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        f();
+        _exit(0);
+    }
+    close(fds[1]);
+    std::string err;
+    char buf[256];
+    ssize_t got;
+    while ((got = read(fds[0], buf, sizeof buf)) > 0) {
+        err.append(buf, static_cast<size_t>(got));
+    }
+    close(fds[0]);
+    waitpid(child, status, 0);
+    return err;
+}
+
+// Without exceptions the checked accessors still check, NDEBUG or not: a failed check prints the
+// Error and aborts instead of reading a wrong element or another dtype's bytes.
+void test_checked_accessors_abort_with_the_error_without_exceptions() {
+    devshare::Result<devshare::Exporter> exp = make_exporter();
+    const devshare::Result<devshare::Handle> h =
+        exp->try_share(devshare::describe(static_cast<const float*>(exp->data()), {kRows, kCols}));
+    devshare::Result<devshare::Import> imp = devshare::Import::try_from(*h);
+    if (!check(imp.has_value(), "a float32 [3, 4] import")) {
+        return;
+    }
+    const devshare::TensorView<const float> v = imp->try_as<const float>().value();
+    int status = 0;
+    std::string err = in_child([&] { std::printf("%f\n", static_cast<double>(v(1))); }, &status);
+    check(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT &&
+              err.find("devshare: a checked access failed") != std::string::npos &&
+              err.find("devshare::TensorView::operator(): 1 indices for a view of 2 dimensions") != std::string::npos,
+          "v(i) of a 2-d view aborts, printing the BAD_NDIM error");
+    err = in_child([&] { std::printf("%f\n", static_cast<double>(v.at({kRows, 0}))); }, &status);
+    check(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT &&
+              err.find("index 3 of dimension 0 is outside [0, 3)") != std::string::npos,
+          "at({3, 0}) of a [3, 4] view aborts, naming the index and the extent");
+    err = in_child([&] { std::printf("%p\n", static_cast<const void*>(imp->data<const double>())); }, &status);
+    check(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT &&
+              err.find("devshare::Import::data<float64>: the tensor's dtype is float32") != std::string::npos,
+          "data<const double>() of a float32 tensor aborts, printing the BAD_DTYPE error");
+    check(imp->try_release().has_value(), "Import::try_release");
+    err = in_child([&] { std::printf("%f\n", static_cast<double>(v(0, 0))); }, &status);
+    check(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT &&
+              err.find("the Import this view was made from was released") != std::string::npos,
+          "v(i, j) after the Import was released aborts with ALREADY_RELEASED, not a fault");
+}
+
 void test_a_host_round_trip_through_try_forms_reports_errors_as_results() {
     devshare::Result<devshare::Exporter> exp = make_exporter();
     if (!check(exp.has_value(), "try_host_alloc")) {
@@ -268,8 +330,13 @@ void test_a_host_round_trip_through_try_forms_reports_errors_as_results() {
           "Import::try_as<float>(): a view indexing the tensor");
     check(failed_with(imp->try_as<int32_t>(), DEVSHARE_STATUS_BAD_DTYPE, "devshare::Import::as<int32>:"),
           "Import::try_as<int32_t>() of a float32 tensor: BAD_DTYPE, no reinterpretation");
-    check(imp->data<int32_t>() == nullptr && imp->data<float>() == imp->data(),
-          "Import::data<T>() only for the tensor's T");
+    check(failed_with(imp->try_data<int32_t>(), DEVSHARE_STATUS_BAD_DTYPE, "devshare::Import::data<int32>:") &&
+              imp->data<float>() == imp->data(),
+          "Import::data<T>() only for the tensor's T; try_data<int32_t>() of a float32 tensor is BAD_DTYPE");
+    check(failed_with(v->try_at({1}), DEVSHARE_STATUS_BAD_NDIM, "devshare::TensorView::at:") &&
+              failed_with(v->try_at({0, kCols}), DEVSHARE_STATUS_INVALID_ARGUMENT, "devshare::TensorView::at:") &&
+              *v->try_at({2, 3}).value() == 11.5f,
+          "TensorView::try_at: BAD_NDIM for too few indices, INVALID_ARGUMENT past the extent");
     const devshare::Result<devshare::DLPackVersioned> dl = imp->try_to_dlpack_versioned();
     check(dl && dl->data() == imp->data() && dl->ndim() == 2, "Import::try_to_dlpack_versioned");
 #if defined(__cpp_lib_mdspan)
@@ -690,6 +757,7 @@ void test_exporter_destruction_waits_by_default_and_follows_its_policy() {
 int main() {
     test_the_default_leak_handler_reports_a_busy_export_on_stderr();  // first: it forks, which CUDA allows only before cuInit
     test_result_holds_a_value_or_an_error_and_value_of_an_error_aborts();
+    test_checked_accessors_abort_with_the_error_without_exceptions();
     test_a_host_round_trip_through_try_forms_reports_errors_as_results();
     test_torch_conversions_through_try_forms_report_errors_as_results();
     test_channels_and_pools_work_through_try_forms_across_processes();  // before test_exporter_destruction_waits_by_default_and_follows_its_policy: it forks
