@@ -150,11 +150,19 @@ public:
     // few messages as the limits allow (devshare_channel_send_batch); the peer receives them
     // one per Connection::recv. Every description is checked first: when one is refused,
     // nothing is sent.
+    //
+    // With `names` (1.11; devshare_channel_send_named): each lease carries names[i] (a
+    // NUL-terminated UTF-8 string of at most DEVSHARE_MAX_NAME_LEN bytes, or nullptr for none),
+    // which the consumer reads with Import::name(). Empty `names`: none.
     [[nodiscard]] Result<void> try_send_batch(uint64_t peer, Span<const Exporter* const> exporters,
-                                              Span<const TensorDesc> descs) {
+                                              Span<const TensorDesc> descs, Span<const char* const> names = {}) {
         if (exporters.size() != descs.size()) {
             return detail::failure(Error(DEVSHARE_STATUS_INVALID_ARGUMENT,
                                          "devshare::Channel::send_batch: as many exporters as descriptions"));
+        }
+        if (names.size() != 0 && names.size() != descs.size()) {
+            return detail::failure(Error(DEVSHARE_STATUS_INVALID_ARGUMENT,
+                                         "devshare::Channel::send_batch: as many names as descriptions"));
         }
         std::vector<DevshareTensorDesc> c(descs.size());
         std::vector<const DevshareTensorDesc*> cd(descs.size());
@@ -170,6 +178,9 @@ public:
             }
             cd[i] = *d;
             ce[i] = exporters[i]->get();
+        }
+        if (names.size() != 0) {
+            return detail::call(devshare_channel_send_named(get(), peer, ce.data(), cd.data(), names.data(), ce.size()));
         }
         return detail::call(devshare_channel_send_batch(get(), peer, ce.data(), cd.data(), ce.size()));
     }
@@ -195,8 +206,9 @@ public:
     void send(uint64_t peer, const Exporter& exporter, const TensorDesc& desc) {
         detail::value(try_send(peer, exporter, desc));
     }
-    void send_batch(uint64_t peer, Span<const Exporter* const> exporters, Span<const TensorDesc> descs) {
-        detail::value(try_send_batch(peer, exporters, descs));
+    void send_batch(uint64_t peer, Span<const Exporter* const> exporters, Span<const TensorDesc> descs,
+                    Span<const char* const> names = {}) {
+        detail::value(try_send_batch(peer, exporters, descs, names));
     }
     void close() { detail::value(try_close()); }
 #endif

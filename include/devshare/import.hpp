@@ -6,6 +6,8 @@
 #ifndef DEVSHARE_IMPORT_HPP
 #define DEVSHARE_IMPORT_HPP
 
+#include <string_view>
+
 #include "dlpack.hpp"
 #include "handle.hpp"
 #include "owner.hpp"
@@ -193,6 +195,21 @@ public:
         return detail::get<PoolSlot>(
             [&](PoolSlot* ps) { return devshare_import_pool_slot(imp_.get(), &ps->pool, &ps->slot); });
     }
+    // The name the producer gave this lease (devshare_import_name, 1.11: a state dict's key sent
+    // with devshare_channel_send_named or Python's send_batch of a dict): empty when it has none
+    // (a pool item, an import of a handle, a lease sent without one). Valid while this Import
+    // lives. An empty Import: DEVSHARE_STATUS_NULL_ARGUMENT.
+    [[nodiscard]] Result<std::string_view> try_name() const {
+        return detail::get<std::string_view>([&](std::string_view* out) {
+            const char* text = nullptr;
+            size_t len = 0;
+            const int32_t st = devshare_import_name(imp_.get(), &text, &len);
+            if (st == DEVSHARE_STATUS_OK && text != nullptr) {
+                *out = std::string_view(text, len);
+            }
+            return st;
+        });
+    }
     // For a channel item: give it back to the producer now (devshare_import_give_back) while
     // this Import stays mapped until it is released or destroyed; what is read meanwhile is
     // whatever the producer writes there next. Any other import: DEVSHARE_STATUS_INVALID_ARGUMENT.
@@ -206,6 +223,7 @@ public:
     [[nodiscard]] DLPackVersioned to_dlpack_versioned() const { return detail::value(try_to_dlpack_versioned()); }
     [[nodiscard]] DLPackLegacy to_dlpack() const { return detail::value(try_to_dlpack()); }
     [[nodiscard]] PoolSlot pool_slot() const { return detail::value(try_pool_slot()); }
+    [[nodiscard]] std::string_view name() const { return detail::value(try_name()); }
     void give_back() const { detail::value(try_give_back()); }
 #endif
 

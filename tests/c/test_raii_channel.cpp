@@ -608,8 +608,21 @@ void test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer() {
         for (int i = 0; i < 3; i++) {
             const devshare::Import item = conn.recv(kWait);
             in_order = in_order && item && item.as<const float>()(0) == static_cast<float>(10 * i) + 0.5f;
+            in_order = in_order && item.name().empty();
         }
-        me.check(in_order, "received the batch's 3 leases, in order, each its own tensor");
+        me.check(in_order, "received the batch's 3 leases, in order, each its own tensor, none named");
+        me.report();
+        me.next();
+        // The same batch with names: Import::name() of each, empty for the unnamed one.
+        const char* want[3] = {"layers.0.weight", "", "layers.0.bias"};
+        bool named = true;
+        for (int i = 0; i < 3; i++) {
+            const devshare::Import item = conn.recv(kWait);
+            named = named && item && item.name() == want[i];
+        }
+        me.check(named, "a named batch: Import::name() is each lease's name (empty: sent without one)");
+        me.check(failed_with(devshare::Import().try_name(), DEVSHARE_STATUS_NULL_ARGUMENT),
+                 "Import::try_name of an empty Import: NULL_ARGUMENT");
         me.report();
         me.next();
     });
@@ -637,6 +650,13 @@ void test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer() {
     child.tell('r');
     child.take_report();
     check(exp.wait(kWait) && exp.outstanding() == 0, "the consumer's three releases bring it to 0");
+    const char* names[3] = {"layers.0.weight", nullptr, "layers.0.bias"};
+    check(failed_with(ch.try_send_batch(peer, exps, descs, {names, 2}), DEVSHARE_STATUS_INVALID_ARGUMENT),
+          "Channel::try_send_batch with 2 names for 3 descriptions: INVALID_ARGUMENT");
+    ch.send_batch(peer, exps, descs, names);
+    child.tell('n');
+    child.take_report();
+    check(exp.wait(kWait) && exp.outstanding() == 0, "the named batch's leases come back too");
     check(child.wait() == 0, "the consumer exited normally");
 }
 
