@@ -58,7 +58,14 @@ Every repetition sends the same tensors. The first repetition of each approach i
 its own ("first": for devshare it includes the move into shared memory; for the torch ways
 the first use of the resource sharer / shared-memory manager) and is left out of median / min.
 
+On a GPU (--device cuda; --alloc expandable for PyTorch's expandable segments) the tensors are
+made on the device; torch-fd is then PyTorch's CUDA IPC (what the Queue does with CUDA tensors:
+reduce_tensor, the consumer opening each storage's handle, cached by PyTorch per storage), and
+torch-fs is left out (the sharing strategy does not apply to CUDA tensors). "Touch" reads one
+element of each tensor back to the host. tests/gpu/bench.sh runs it there for both allocators.
+
 Usage: python bench/state_dict.py [--scale 8] [--dtype bfloat16] [--layers 32] [--reps 20]
+                                  [--device cpu|cuda] [--alloc plain|expandable]
                                   [--only devshare,torch-fd,torch-fs] [--json FILE]
        python bench/state_dict.py --quick      (3 layers, scale 32, 1 repetition: a smoke test)
 """
@@ -99,9 +106,9 @@ def state_dict_shapes(scale: int, layers: int) -> list[tuple[str, tuple[int, ...
     return shapes
 
 
-def make_state_dict(shapes, dtype, seed: int) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    return {name: torch.randn(shape, generator=g, dtype=torch.float32).to(dtype)
+def make_state_dict(shapes, dtype, seed: int, device: str = "cpu") -> dict:
+    g = torch.Generator(device=device).manual_seed(seed)
+    return {name: torch.randn(shape, generator=g, dtype=torch.float32, device=device).to(dtype)
             for name, shape in shapes}
 
 
@@ -213,7 +220,7 @@ def run_devshare(sd: dict, reps: int, ctx, registered: bool = False
             hand.append((t1 - t0) * 1e3)
             rel.append((t2 - t1) * 1e3)
             prod.append((ts - t0) * 1e3)
-        if not all(t.is_shared() for t in tensors):
+        if not all(t.is_shared() or t.is_cuda for t in tensors):
             raise RuntimeError("a sent tensor is not in shared memory after send_batch")
         proc.join(TIMEOUT)
     finally:
@@ -230,7 +237,7 @@ def run_torch(sd: dict, reps: int, ctx, strategy: str) -> tuple[list[float], lis
                                                                  list[float]]:
     torch.multiprocessing.set_sharing_strategy(strategy)
     for t in sd.values():
-        t.share_memory_()
+        t.share_memory_()  # (nothing to do for CUDA tensors: they travel by CUDA IPC)
     ctl, child = ctx.Pipe()
     proc = ctx.Process(target=torch_consumer, args=(reps, child))
     proc.start()
@@ -290,10 +297,18 @@ def main() -> int:
     ap.add_argument("--only", default=",".join(APPROACHES))
     ap.add_argument("--quick", action="store_true",
                     help="3 layers, scale 32, 1 timed repetition: a smoke test")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--alloc", default="plain", choices=("plain", "expandable"),
+                    help="PyTorch's CUDA caching allocator: plain or expandable segments")
     ap.add_argument("--json", help="also write the raw figures here")
     args = ap.parse_args()
+    if args.alloc == "expandable":
+        # Read when CUDA initialises (not yet): here and in the spawned consumers.
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if args.quick:
         args.layers, args.scale, args.reps = 3, 32, 1
+    if args.device == "cuda" and args.only == ",".join(APPROACHES):
+        args.only = "devshare-registered,devshare,torch-fd"
     only = [a.strip() for a in args.only.split(",") if a.strip()]
     for a in only:
         if a not in APPROACHES:
@@ -304,7 +319,8 @@ def main() -> int:
     nbytes = sum(torch.Size(s).numel() for _, s in shapes) * dtype.itemsize
     mib = nbytes / 2**20
     print(f"state dict: {len(shapes)} tensors, {mib:.1f} MiB ({args.dtype}, dims / {args.scale}, "
-          f"{args.layers} layers); {args.reps} timed repetitions + 1 first per approach")
+          f"{args.layers} layers) on {args.device} ({args.alloc} allocator); {args.reps} timed "
+          f"repetitions + 1 first per approach")
     print(f"torch {torch.__version__}, python {platform.python_version()}, "
           f"{os.cpu_count()} CPUs")
 
@@ -312,7 +328,7 @@ def main() -> int:
     results = {}
     default_strategy = torch.multiprocessing.get_sharing_strategy()
     for seed, name in enumerate(only):
-        sd = make_state_dict(shapes, dtype, seed)
+        sd = make_state_dict(shapes, dtype, seed, args.device)
         t0 = time.perf_counter()
         if name.startswith("devshare"):
             hand, rel, prod = run_devshare(sd, args.reps + 1, ctx, registered=name == "devshare-registered")
@@ -346,6 +362,7 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"tensors": len(shapes), "bytes": nbytes, "scale": args.scale,
+                       "device": args.device, "alloc": args.alloc,
                        "dtype": args.dtype, "layers": args.layers, "reps": args.reps,
                        "torch": torch.__version__, "results": results}, f, indent=1)
     return 0

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""One KV-cache block handed to another process and back: a devshare lease of a view of a
+registered cache against torch.multiprocessing.Queue with the same view, in one run.
+
+The cache is one tensor [blocks, block elements] (float16; --device cpu or cuda, --alloc
+expandable for PyTorch's expandable segments on a GPU). Each round trip hands block i (a view:
+cache[i], no copy) to a consumer process, which reads one element of it and gives it back:
+
+  devshare   ch.register({i: cache[i]}) once, then per round trip ch.send(peer, view); the
+             consumer: item = conn.recv(); item.tensor[0].item(); item.release(); the round trip
+             ends when the lease is back at the producer (devshare.wait(view), which serves the
+             channel meanwhile). Registered: nothing is shared again, the consumer keeps the
+             cache mapped between leases; on a GPU the lease's event is one of the channel's
+             reused events.
+  queue      torch.multiprocessing.Queue (spawn; the default sharing strategy on the CPU, CUDA
+             IPC on a GPU): q.put(view); the consumer q.get(), t[0].item(), then an ack on a
+             second Queue; the round trip ends when the producer has the ack. PyTorch's
+             consumer caches the storage it opened, as devshare's keeps its mapping.
+
+The first --warmup round trips of each are left out. Reported: p50, p90 and min in
+microseconds, and the ratio queue / devshare of the p50s (the issue's target on a GPU: p50 <=
+20 us and >= 20x the Queue).
+
+Usage: python bench/kv_block.py [--device cpu|cuda] [--alloc plain|expandable] [--count 2000]
+                                [--blocks 64] [--block-kib 256] [--json FILE]
+       python bench/kv_block.py --quick       (200 round trips: a smoke test)
+"""
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+import time
+
+TIMEOUT = 60.0
+
+
+def percentile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
+
+
+def devshare_consumer(address: str, count: int, device: str) -> None:
+    import devshare
+    import torch
+
+    if device == "cuda":
+        torch.cuda.init()
+    conn = devshare.connect(address, timeout=TIMEOUT, wait=True)
+    for _ in range(count):
+        item = conn.recv(timeout=TIMEOUT)
+        item.tensor[0].item()
+        item.release()
+    conn.close()
+
+
+def queue_consumer(q, acks, count: int) -> None:
+    for _ in range(count):
+        t = q.get(timeout=TIMEOUT)
+        t[0].item()
+        del t
+        acks.put(0)
+
+
+def run_devshare(cache, count: int, ctx) -> list[float]:
+    import devshare
+
+    address = f"@devshare-bench-kv-block-{os.getpid()}"
+    blocks = {i: cache[i] for i in range(cache.shape[0])}
+    times = []
+    with devshare.Channel(address) as ch:
+        proc = ctx.Process(target=devshare_consumer, args=(address, count, cache.device.type))
+        proc.start()
+        try:
+            peer = ch.wait_peers(1, timeout=TIMEOUT)[0]
+            ch.register(blocks)
+            for n in range(count):
+                view = blocks[n % len(blocks)]
+                t0 = time.perf_counter_ns()
+                ch.send(peer, view)
+                if not devshare.wait(view, timeout=TIMEOUT):
+                    raise TimeoutError("a lease did not come back")
+                times.append((time.perf_counter_ns() - t0) / 1e3)
+            proc.join(TIMEOUT)
+        finally:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    if proc.exitcode != 0:
+        raise RuntimeError(f"devshare consumer exited with code {proc.exitcode}")
+    return times
+
+
+def run_queue(cache, count: int, ctx) -> list[float]:
+    q, acks = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=queue_consumer, args=(q, acks, count))
+    proc.start()
+    blocks = [cache[i] for i in range(cache.shape[0])]
+    times = []
+    try:
+        for n in range(count):
+            view = blocks[n % len(blocks)]
+            t0 = time.perf_counter_ns()
+            q.put(view)
+            acks.get(timeout=TIMEOUT)
+            times.append((time.perf_counter_ns() - t0) / 1e3)
+        proc.join(TIMEOUT)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    if proc.exitcode != 0:
+        raise RuntimeError(f"queue consumer exited with code {proc.exitcode}")
+    return times
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--alloc", default="plain", choices=("plain", "expandable"),
+                    help="PyTorch's CUDA caching allocator: plain or expandable segments")
+    ap.add_argument("--count", type=int, default=2000, help="round trips per approach")
+    ap.add_argument("--warmup", type=int, default=100, help="round trips left out first")
+    ap.add_argument("--blocks", type=int, default=64)
+    ap.add_argument("--block-kib", type=int, default=256)
+    ap.add_argument("--quick", action="store_true", help="200 round trips, 20 left out")
+    ap.add_argument("--json", help="also write the raw figures here")
+    args = ap.parse_args()
+    if args.quick:
+        args.count, args.warmup = 200, 20
+    if args.alloc == "expandable":
+        # Before torch initialises CUDA, here and in the spawned consumers (they inherit it).
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    import torch
+
+    elems = args.block_kib * 1024 // 2
+    cache = torch.zeros(args.blocks, elems, dtype=torch.float16, device=args.device)
+    cache[:, 0] = torch.arange(args.blocks, dtype=torch.float16, device=args.device)
+    if args.device == "cpu":
+        cache.share_memory_()  # both ways start from shared memory
+    ctx = multiprocessing.get_context("spawn")
+    print(f"KV block: {args.blocks} blocks of {args.block_kib} KiB in one {args.device} cache "
+          f"({args.alloc} allocator), {args.count} round trips each, first {args.warmup} left out")
+    print(f"torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPUs")
+    results = {}
+    for name, run in (("devshare", run_devshare), ("queue", run_queue)):
+        times = run(cache, args.count + args.warmup, ctx)[args.warmup:]
+        results[name] = {"p50_us": statistics.median(times), "p90_us": percentile(times, 90),
+                         "min_us": min(times), "all_us": times}
+    print()
+    print("| approach | device | allocator | p50 us | p90 us | min us | p50: queue / this |")
+    print("|---|---|---|---|---|---|---|")
+    base = results["queue"]["p50_us"]
+    for name, r in results.items():
+        print(f"| {name} | {args.device} | {args.alloc} | {r['p50_us']:.1f} | {r['p90_us']:.1f} "
+              f"| {r['min_us']:.1f} | {base / r['p50_us']:.1f}x |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": args.device, "alloc": args.alloc, "blocks": args.blocks,
+                       "block_kib": args.block_kib, "count": args.count,
+                       "torch": torch.__version__, "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The share-once benchmarks on a real GPU, for both of PyTorch's CUDA allocators (see
+# tests/gpu/README.md, "Benchmarks"):
+#
+#     bash tests/gpu/bench.sh [bundle-dir] [--scale N] [--reps N]
+#
+# For the plain caching allocator and for expandable segments: bench/state_dict.py --device cuda
+# (the 7B-shaped state dict, by default at full size, 13.5 GB of bfloat16: first sync and steady
+# state, devshare registered and not, against PyTorch's CUDA IPC as torch.multiprocessing.Queue
+# does it, in the same run), then bench/kv_block.py --device cuda (one KV block, a view of a
+# registered cache, round trip against the Queue). Needs what tests/gpu/run.sh needs (the bundle's
+# libdevshare.so, python3 with PyTorch built with CUDA); no Rust. Each command is bounded (120 s);
+# the whole script ends within 9 minutes. Prints each benchmark's Markdown table; exits nonzero
+# when one failed.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+
+bundle=build/gpu-bundle
+if [[ $# -gt 0 && "$1" != -* ]]; then
+    bundle=$1
+    shift
+fi
+scale=1
+reps=5
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --scale) scale=$2; shift 2 ;;
+        --reps) reps=$2; shift 2 ;;
+        *) echo "unknown option $1"; exit 2 ;;
+    esac
+done
+[[ -e "$bundle/libdevshare.so" ]] || { echo "FAIL setup: $bundle/libdevshare.so is missing"; exit 1; }
+bundle=$(cd "$bundle" && pwd)
+PY=${PYTHON:-python3}
+export DEVSHARE_LIBRARY="$bundle/libdevshare.so"
+export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+
+failed=0
+run() {
+    echo "== $*"
+    timeout -k 5 120 "$PY" -u "$@"
+    local rc=$?
+    if [[ $rc -ne 0 ]]; then
+        echo "FAIL ($rc): $*"
+        failed=1
+    fi
+}
+for alloc in plain expandable; do
+    run bench/state_dict.py --device cuda --alloc "$alloc" --scale "$scale" --reps "$reps"
+    run bench/kv_block.py --device cuda --alloc "$alloc" --count 2000
+done
+exit $failed
