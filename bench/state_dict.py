@@ -44,9 +44,10 @@ control messages):
   torch-fs    the same with sharing strategy file_system (a named shared-memory file per
               storage, opened by name in the consumer).
 
-The torch-* tensors are in shared memory before timing (share_memory_() under that strategy), so
-both sides pay only the handoff. "Touch": the consumer reads one element of every tensor
-(t.reshape(-1)[0].item()).
+Every approach starts from tensors in private memory: the first sync moves each storage into
+shared memory once (devshare: PyTorch's file_system memory; torch-*: the strategy's, as a
+Queue's put does), later syncs find it there. "Touch": the consumer reads one element of every
+tensor (t.reshape(-1)[0].item()).
 
 Hand-over: from just before the producer starts (send_batch / dumps) until it has read the
 consumer's acknowledgement, sent after it received every tensor and touched each one.
@@ -55,8 +56,9 @@ Release: from the producer's "release" message until (devshare) every tensor's l
 back, (torch) the consumer acknowledged that it dropped everything.
 
 Every repetition sends the same tensors. The first repetition of each approach is reported on
-its own ("first": for devshare it includes the move into shared memory; for the torch ways
-the first use of the resource sharer / shared-memory manager) and is left out of median / min.
+its own ("first": for every approach it includes the move into shared memory, and for the
+torch ways the first use of the resource sharer / shared-memory manager) and is left out of
+median / min.
 
 On a GPU (--device cuda; --alloc expandable for PyTorch's expandable segments) the tensors are
 made on the device; torch-fd is then PyTorch's CUDA IPC (what the Queue does with CUDA tensors:
@@ -235,9 +237,9 @@ def run_devshare(sd: dict, reps: int, ctx, registered: bool = False
 
 def run_torch(sd: dict, reps: int, ctx, strategy: str) -> tuple[list[float], list[float],
                                                                  list[float]]:
+    # The tensors start in private memory, as devshare's do: the first dumps moves each storage
+    # into shared memory (as a Queue's put does), the later ones find it there.
     torch.multiprocessing.set_sharing_strategy(strategy)
-    for t in sd.values():
-        t.share_memory_()  # (nothing to do for CUDA tensors: they travel by CUDA IPC)
     ctl, child = ctx.Pipe()
     proc = ctx.Process(target=torch_consumer, args=(reps, child))
     proc.start()
@@ -355,8 +357,8 @@ def main() -> int:
               f"| {ratio(base and base['hand_over_ms']['median'], h['median'])} "
               f"| {ratio(base and base['release_ms']['median'], rl['median'])} |")
     print()
-    print("first: the first repetition (devshare: includes moving every storage into shared "
-          "memory once), not in median / min. of which producer: median time until send_batch / "
+    print("first: the first repetition (includes moving every storage into shared memory "
+          "once, on the CPU), not in median / min. of which producer: median time until send_batch / "
           "dumps + send_bytes returned. torch-* release: the consumer's drop only; the producer "
           "gets no return.")
     if args.json:

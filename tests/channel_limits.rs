@@ -453,3 +453,57 @@ fn a_producer_that_sends_without_serving_keeps_a_reading_consumer() {
     stop.store(true, Ordering::Relaxed);
     server.join().unwrap();
 }
+
+#[test]
+fn a_consumer_keeps_no_more_mappings_than_its_bound_across_10000_registered_allocations() {
+    let out = common::role("keep_bound_child", &[("DEVSHARE_KEEP_MAPPINGS", "64".as_ref())]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("said: kept within 64"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// How many memfd mappings this process has (producer and consumer ends alike).
+fn memfd_mappings() -> usize {
+    std::fs::read_to_string("/proc/self/maps").unwrap().lines().filter(|l| l.contains("/memfd:")).count()
+}
+
+/// The producer and consumer of the test above, in a child process whose consumer keeps at most
+/// `DEVSHARE_KEEP_MAPPINGS` (64) allocations mapped: 10,000 registered allocations, each leased
+/// once and released, 100 at a time (the producer drops each batch's exports afterwards, without
+/// unregistering them: only the bound lets the consumer's mappings go).
+#[test]
+#[ignore = "a role of the test above, run in a child process"]
+fn keep_bound_child() {
+    if std::env::var("DEVSHARE_KEEP_MAPPINGS").as_deref() != Ok("64") {
+        return;
+    }
+    let addr = address("keep-bound");
+    let ch = Channel::listen(&addr).unwrap();
+    let c = std::thread::scope(|s| {
+        let c = s.spawn(|| Connection::connect(&addr, T).unwrap());
+        ch.wait_peers(1, T).unwrap();
+        c.join().unwrap()
+    });
+    let peer = ch.peer_ids().unwrap()[0];
+    let desc = TensorDesc { shape: &[4096], ..Default::default() };
+    let (mut most_kept, mut most_mapped) = (0, 0);
+    for _ in 0..100 {
+        let exps: Vec<Exporter> = (0..100).map(|_| Exporter::channel_host_alloc(4096).unwrap()).collect();
+        for e in &exps {
+            ch.register(e).unwrap();
+        }
+        let items: Vec<_> = exps.iter().map(|e| (e, desc.clone())).collect();
+        ch.send_batch(peer, &items).unwrap();
+        for _ in 0..100 {
+            c.recv(T).unwrap().release();
+        }
+        most_kept = most_kept.max(devshare::import::kept_idle().0);
+        most_mapped = most_mapped.max(memfd_mappings());
+        drop(items);
+        drop(exps);
+    }
+    // At most the bound kept, and mapped: the producer's 100 live exports plus the kept ones.
+    assert!(most_kept <= 64, "kept {most_kept}");
+    assert!(most_kept >= 32, "the consumer kept hardly any ({most_kept}): the bound was not what evicted");
+    assert!(most_mapped <= 100 + 64 + 8, "{most_mapped} memfd mappings at once");
+    println!("said: kept within 64 (at most {most_kept} kept, {most_mapped} memfd mappings)");
+}
