@@ -125,3 +125,56 @@ fn a_pool_item_allocates_nothing_in_the_steady_state() {
         ok(devshare_channel_close(ch));
     }
 }
+
+#[test]
+fn a_slot_given_back_early_and_sent_again_while_held_comes_back_once_per_item() {
+    // The slot's resting token and box are in use by the first item when the second arrives:
+    // the second gets its own, and each item's release gives back exactly its own slot.
+    // SAFETY: as above.
+    unsafe {
+        let address = CString::new(format!("@devshare-test-item-early-{}", std::process::id())).unwrap();
+        let mut ch: *mut DevshareChannel = null_mut();
+        ok(devshare_channel_listen(address.as_ptr(), &mut ch));
+        let addr = address.clone();
+        let connecting = std::thread::spawn(move || {
+            let mut conn: *mut DevshareConnection = null_mut();
+            ok(devshare_channel_connect(addr.as_ptr(), 10_000, &mut conn));
+            SendConn(conn)
+        });
+        ok(devshare_channel_wait_peers(ch, 1, 10_000));
+        let conn = connecting.join().unwrap().0;
+        let mut peer = 0u64;
+        let mut n = 0usize;
+        ok(devshare_channel_peer_ids(ch, &mut peer, 1, &mut n));
+        let mut exp: *mut DevshareExporter = null_mut();
+        ok(devshare_channel_host_alloc(4096, &mut exp, null_mut()));
+        let mut pool: *mut DevsharePool = null_mut();
+        ok(devshare_pool_create(ch, exp, 4096, 1, &mut pool));
+        ok(devshare_exporter_close(exp, 0));
+        let mut slot = 0u32;
+        let send_one = |slot: &mut u32| {
+            ok(devshare_pool_acquire(pool, 5_000, slot, null_mut()));
+            ok(devshare_pool_send(pool, *slot, peer, std::ptr::null()));
+            let mut imp: *mut DevshareImport = null_mut();
+            ok(devshare_connection_recv(conn, 5_000, &mut imp));
+            imp
+        };
+        for _ in 0..3 {
+            let a = send_one(&mut slot);
+            ok(devshare_import_give_back(a));
+            let b = send_one(&mut slot); // the same slot, while `a` still holds its token
+            ok(devshare_import_release(a)); // given back already: nothing more goes back
+            ok(devshare_channel_service(ch, 0)); // takes whatever came back through the ring
+            let mut free = (0u64, 0u32, 0u32);
+            ok(devshare_pool_info(pool, &mut free.0, &mut free.1, &mut free.2));
+            assert_eq!(free.2, 0, "the slot is out with `b`");
+            ok(devshare_import_release(b));
+            // `b`'s return frees the slot (an acquire that finds it proves it came back).
+            let c = send_one(&mut slot);
+            ok(devshare_import_release(c));
+        }
+        ok(devshare_pool_close(pool));
+        ok(devshare_connection_close(conn));
+        ok(devshare_channel_close(ch));
+    }
+}
