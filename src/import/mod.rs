@@ -707,7 +707,7 @@ impl Import {
         husk: Option<Box<Import>>,
     ) -> Result<Box<Import>> {
         // The pool's handle passed `validate` when it was imported; an item changes its layout.
-        let validated = crate::handle::validate_layout(&h, &base.handle)?;
+        let validated = crate::handle::validate_layout(h, &base.handle)?;
         let m = base.mapping.as_ref().ok_or_else(|| Error::AlreadyReleased("the pool's import is released".into()))?;
         if h.backend != base.handle.backend || h.alloc_size != base.handle.alloc_size {
             return Err(Error::Mismatch("a pool item must describe the pool's own allocation".into()));
