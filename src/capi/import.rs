@@ -25,10 +25,15 @@ pub const DEVSHARE_DEVICE_FROM_HANDLE: i32 = -1;
 
 /// One import of a handle (opaque). Imports may be made and released on any thread; one import
 /// object must not be released twice or used after release.
-// The C pointer is a `Box<DevshareImport>` (`repr(transparent)` over the import): a received
-// item's import is made in a box of its own and handed out as that box, one allocation.
-#[repr(transparent)]
+// The C pointer is a `Box<DevshareImport>`, laid out as the import it wraps (checked below): a
+// received item's import is made in a box of its own and handed out as that box, one
+// allocation. (Not `repr(transparent)`: the header keeps the type opaque.)
 pub struct DevshareImport(Import);
+
+// One field, at offset 0, of the same size and alignment: a box of one is a box of the other.
+static_assertions::assert_eq_size!(DevshareImport, Import);
+static_assertions::assert_eq_align!(DevshareImport, Import);
+static_assertions::const_assert_eq!(std::mem::offset_of!(DevshareImport, 0), 0);
 
 impl DevshareImport {
     pub(crate) fn new(imp: Import) -> DevshareImport {
@@ -37,7 +42,7 @@ impl DevshareImport {
 
     /// The C pointer of an import boxed already (the import is not moved, no second box).
     pub(crate) fn into_raw(imp: Box<Import>) -> *mut DevshareImport {
-        // DevshareImport is repr(transparent) over Import: the same layout, so the same box.
+        // DevshareImport is laid out as Import (asserted above): the same box.
         Box::into_raw(imp).cast::<DevshareImport>()
     }
 
@@ -51,7 +56,7 @@ impl DevshareImport {
 
     /// The box of the import, as it lies (the inverse of [`Self::into_raw`]).
     pub(crate) fn into_boxed_import(self: Box<Self>) -> Box<Import> {
-        // SAFETY: DevshareImport is repr(transparent) over Import: the same layout.
+        // SAFETY: DevshareImport is laid out as Import (asserted above).
         unsafe { Box::from_raw(Box::into_raw(self).cast::<Import>()) }
     }
 }
