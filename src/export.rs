@@ -640,10 +640,7 @@ impl Exporter {
                 return Err(Error::InvalidArgument(format!("{} strides for {} dimensions", s.len(), desc.shape.len())))
             }
             Some(s) => h.strides[..s.len()].copy_from_slice(s),
-            None => {
-                let s = contiguous_strides(desc.shape);
-                h.strides[..s.len()].copy_from_slice(&s);
-            }
+            None => crate::handle::contiguous_strides_into(desc.shape, &mut h.strides[..desc.shape.len()]),
         }
         Ok(())
     }

@@ -287,10 +287,10 @@ unsafe fn recv_item(
     out: *mut DevshareItem,
 ) -> Result<()> {
     if !release.is_null() {
-        // Dropping the box releases the import where it lies.
+        // Released where it lies (a pool item's box is kept for the slot's next item).
         // SAFETY: the caller hands over an import from Box::into_raw (devshare_import,
         // devshare_connection_recv ...), released once: here.
-        drop(unsafe { Box::from_raw(release) });
+        crate::import::Import::release_boxed(unsafe { Box::from_raw(release) }.into_boxed_import());
     }
     let conn = ffi!(arg(conn, "conn"))?;
     if out.is_null() {
@@ -396,7 +396,7 @@ pub unsafe extern "C" fn devshare_connection_recv_args(args: *mut DevshareRecvAr
         if let Err(e) = checked {
             if !release.is_null() {
                 // SAFETY: as in recv_item: the caller handed this import over.
-                drop(unsafe { Box::from_raw(release) });
+                crate::import::Import::release_boxed(unsafe { Box::from_raw(release) }.into_boxed_import());
             }
             return Err(e);
         }

@@ -25,18 +25,25 @@ pub const DEVSHARE_DEVICE_FROM_HANDLE: i32 = -1;
 
 /// One import of a handle (opaque). Imports may be made and released on any thread; one import
 /// object must not be released twice or used after release.
-// The import is boxed: a received item's import is made in a box of its own and keeps it on
-// its way out (an import is 320 bytes).
-pub struct DevshareImport(Box<Import>);
+// The C pointer is a `Box<DevshareImport>`, laid out as the import it wraps (checked below): a
+// received item's import is made in a box of its own and handed out as that box, one
+// allocation. (Not `repr(transparent)`: the header keeps the type opaque.)
+pub struct DevshareImport(Import);
+
+// One field, at offset 0, of the same size and alignment: a box of one is a box of the other.
+static_assertions::assert_eq_size!(DevshareImport, Import);
+static_assertions::assert_eq_align!(DevshareImport, Import);
+static_assertions::const_assert_eq!(std::mem::offset_of!(DevshareImport, 0), 0);
 
 impl DevshareImport {
     pub(crate) fn new(imp: Import) -> DevshareImport {
-        DevshareImport(Box::new(imp))
+        DevshareImport(imp)
     }
 
-    /// The C pointer of an import boxed already (the import is not moved).
+    /// The C pointer of an import boxed already (the import is not moved, no second box).
     pub(crate) fn into_raw(imp: Box<Import>) -> *mut DevshareImport {
-        Box::into_raw(Box::new(DevshareImport(imp)))
+        // DevshareImport is laid out as Import (asserted above): the same box.
+        Box::into_raw(imp).cast::<DevshareImport>()
     }
 
     pub(crate) fn inner(&self) -> &Import {
@@ -44,7 +51,13 @@ impl DevshareImport {
     }
 
     pub(crate) fn into_inner(self) -> Import {
-        *self.0
+        self.0
+    }
+
+    /// The box of the import, as it lies (the inverse of [`Self::into_raw`]).
+    pub(crate) fn into_boxed_import(self: Box<Self>) -> Box<Import> {
+        // SAFETY: DevshareImport is laid out as Import (asserted above).
+        unsafe { Box::from_raw(Box::into_raw(self).cast::<Import>()) }
     }
 }
 
@@ -391,8 +404,9 @@ pub unsafe extern "C" fn devshare_import_release(imp: *mut DevshareImport) -> i3
         if imp.is_null() {
             return Err(Error::NullArgument("import"));
         }
-        // SAFETY: imp came from Box::into_raw in devshare_import and is released once.
-        unsafe { Box::from_raw(imp) }.0.release();
+        // SAFETY: imp came from Box::into_raw in devshare_import and is released once, where it
+        // lies (a pool item's box is kept for the slot's next item).
+        Import::release_boxed(unsafe { Box::from_raw(imp) }.into_boxed_import());
         Ok(())
     })
 }

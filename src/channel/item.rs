@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::export::TensorDesc;
 use crate::import::{import_attached, Attached, Import, Lease};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::Arc;
 
 /// Whether a consumer's connection may be used: made in this process (not inherited through
@@ -101,14 +101,52 @@ impl Drop for AttachToken {
     }
 }
 
+/// An attached pool's slot tokens at rest, one per slot: a token whose item was released waits
+/// here for the slot's next item, so that receiving an item allocates no token. The pool's
+/// state owns it; a token reaches it only through a `Weak` (a resting token must not keep it).
+pub(crate) struct SpareTokens(Box<[AtomicPtr<SlotToken>]>);
+
+impl SpareTokens {
+    pub(crate) fn new(count: u32) -> Arc<SpareTokens> {
+        Arc::new(SpareTokens((0..count).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect()))
+    }
+
+    fn take(&self, slot: u32) -> Option<Arc<SlotToken>> {
+        let p = self.0.get(slot as usize)?.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        // SAFETY: a non-null pointer here came from Arc::into_raw in `put`, taken out once.
+        (!p.is_null()).then(|| unsafe { Arc::from_raw(p) })
+    }
+
+    fn put(&self, slot: u32, token: Arc<SlotToken>) {
+        let Some(cell) = self.0.get(slot as usize) else { return };
+        let p = Arc::into_raw(token).cast_mut();
+        if cell.compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            // SAFETY: p came from Arc::into_raw just above and was not stored.
+            drop(unsafe { Arc::from_raw(p) });
+        }
+    }
+}
+
+impl Drop for SpareTokens {
+    fn drop(&mut self) {
+        for slot in 0..self.0.len() as u32 {
+            drop(self.take(slot));
+        }
+    }
+}
+
 /// A pool slot held by this consumer: given back (one `RETURN`) when its import goes, or when
 /// given back earlier.
-struct SlotToken {
+pub(crate) struct SlotToken {
     conn: Arc<dyn Teller>,
     pool: u32,
     slot: u32,
     given: AtomicBool,
-    _attach: Arc<AttachToken>,
+    /// `None` only while it rests in its pool's [`SpareTokens`].
+    attach: Option<Arc<AttachToken>>,
+    spares: std::sync::Weak<SpareTokens>,
+    /// The box of its last item's import, emptied, for the next (see `Lease::done`).
+    husk: Option<Box<Import>>,
 }
 
 impl Lease for SlotToken {
@@ -121,12 +159,55 @@ impl Lease for SlotToken {
     fn pool_slot(&self) -> Option<(u32, u32)> {
         Some((self.pool, self.slot))
     }
+
+    /// The last holder gives the slot back, and the token rests in its pool's spares (while the
+    /// pool is attached) for the slot's next item.
+    fn done(mut self: Arc<Self>, husk: Option<Box<Import>>) {
+        let Some(me) = Arc::get_mut(&mut self) else { return }; // another holder: its drop gives back
+        if !std::mem::replace(me.given.get_mut(), true) {
+            me.conn.give_back_slot(me.pool, me.slot);
+        }
+        if let Some(spares) = me.spares.upgrade() {
+            me.attach = None; // a resting token does not keep the pool attached
+            me.husk = husk;
+            spares.put(me.slot, self);
+        }
+    }
 }
 
 impl Drop for SlotToken {
     fn drop(&mut self) {
         self.give_back();
     }
+}
+
+/// The token of an item of slot `slot`, and the husk of an earlier item's import: one resting
+/// in `spares`, or a new one.
+fn slot_token(
+    conn: Arc<dyn Teller>,
+    attach: &Arc<AttachToken>,
+    spares: &Arc<SpareTokens>,
+    pool: u32,
+    slot: u32,
+) -> (Arc<SlotToken>, Option<Box<Import>>) {
+    if let Some(mut t) = spares.take(slot) {
+        if let Some(me) = Arc::get_mut(&mut t) {
+            *me.given.get_mut() = false;
+            me.attach = Some(attach.clone());
+            let husk = me.husk.take();
+            return (t, husk);
+        }
+    }
+    let token = SlotToken {
+        conn,
+        pool,
+        slot,
+        given: AtomicBool::new(false),
+        attach: Some(attach.clone()),
+        spares: Arc::downgrade(spares),
+        husk: None,
+    };
+    (Arc::new(token), None)
 }
 
 /// A pool of `count` slots of `slot_size` bytes must fit its export.
@@ -161,14 +242,14 @@ pub(crate) fn slot_desc<'a>(desc: &TensorDesc<'a>, slot: u32, slot_size: u64) ->
 /// `event` first (on `stream`, or on this thread).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn narrow(
-    base: &Import,
+    base: &Arc<Import>,
     slot_size: u64,
     count: u32,
     pool: u32,
     slot: u32,
     l: &wire::ItemLayout,
     event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
-    (conn, attach): (Arc<dyn Teller>, &Arc<AttachToken>),
+    (conn, attach, spares): (Arc<dyn Teller>, &Arc<AttachToken>, &Arc<SpareTokens>),
     stream: *mut std::ffi::c_void,
 ) -> Result<Box<Import>> {
     if slot >= count || l.storage_offset.checked_add(l.storage_size).map_or(true, |e| e > slot_size) {
@@ -177,9 +258,8 @@ pub(crate) fn narrow(
             l.storage_offset, l.storage_size
         )));
     }
-    let token: Arc<dyn Lease> =
-        Arc::new(SlotToken { conn, pool, slot, given: AtomicBool::new(false), _attach: attach.clone() });
-    let mut h = Box::new(*base.handle());
+    let (token, husk) = slot_token(conn, attach, spares, pool, slot);
+    let mut h = *base.handle();
     h.storage_offset = base.handle().storage_offset + u64::from(slot) * slot_size + l.storage_offset;
     h.storage_size = l.storage_size;
     h.ndim = l.ndim;
@@ -191,7 +271,7 @@ pub(crate) fn narrow(
         h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
         h.event_handle = e;
     }
-    let imp = base.derive(h, token)?;
+    let imp = Import::derive(base, &h, token, husk)?;
     // The producer's work on the slot may still be running: wait for its event before the item
     // is used (on the connection's stream, or blocking this thread).
     let req = ImportRequest { device: Some(base.device()), stream, ..ImportRequest::default() };

@@ -174,34 +174,41 @@ pub(crate) enum Message<'a> {
 impl Message<'_> {
     /// The message's bytes.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut m;
+        self.encode_into(Vec::with_capacity(64))
+    }
+
+    /// [`Self::encode`] into `buf` (cleared first; its memory reused): what a pool item is sent
+    /// with, so that a send allocates nothing.
+    pub(crate) fn encode_into(&self, mut buf: Vec<u8>) -> Vec<u8> {
+        buf.clear();
+        let mut m = Out(buf);
         match self {
             Message::Hello { magic, version, features, tgid } => {
-                m = Out::new(HELLO);
+                m.u32(HELLO);
                 m.u32(*magic).u16(*version).u16(*features).i32(*tgid);
             }
             Message::Welcome { magic, version, peer_id, producer_pid } => {
-                m = Out::new(WELCOME);
+                m.u32(WELCOME);
                 m.u32(*magic).u16(*version).u16(0).u64(*peer_id).i32(*producer_pid).u32(0);
             }
             Message::Refused { reason } => {
-                m = Out::new(REFUSED);
+                m.u32(REFUSED);
                 m.bytes(reason);
             }
             Message::Share { lease, handle } => {
-                m = Out::new(SHARE);
+                m.u32(SHARE);
                 m.u32(0).u64(*lease).bytes(handle);
             }
             Message::Release { lease } => {
-                m = Out::new(RELEASE);
+                m.u32(RELEASE);
                 m.u32(0).u64(*lease);
             }
             Message::Attach { pool, slot_size, count, handle } => {
-                m = Out::new(ATTACH);
+                m.u32(ATTACH);
                 m.u32(*pool).u64(*slot_size).u32(*count).u32(0).bytes(handle);
             }
             Message::Item { pool, slot, layout: l, event } => {
-                m = Out::new(ITEM);
+                m.u32(ITEM);
                 m.u32(*pool).u32(*slot).u32(l.ndim);
                 m.bytes(&[l.dtype.code, l.dtype.bits]).u16(l.dtype.lanes);
                 m.u32(if event.is_some() { ITEM_EVENT } else { 0 });
@@ -218,37 +225,37 @@ impl Message<'_> {
                 }
             }
             Message::Return { pool, slot } => {
-                m = Out::new(RETURN);
+                m.u32(RETURN);
                 m.u32(*pool).u32(*slot).u32(0);
             }
             Message::PoolClosed { pool } => {
-                m = Out::new(POOL_CLOSED);
+                m.u32(POOL_CLOSED);
                 m.u32(*pool);
             }
             Message::Detach { pool } => {
-                m = Out::new(DETACH);
+                m.u32(DETACH);
                 m.u32(*pool);
             }
             Message::Shares { first_lease, entries } => {
-                m = Out::new(SHARES);
+                m.u32(SHARES);
                 m.u32(entries.len() as u32).u64(*first_lease);
                 for (fds, handle) in entries {
                     m.u32(handle.len() as u32).u32(*fds).bytes(handle);
                 }
             }
             Message::Ring { capacity, record } => {
-                m = Out::new(RING);
+                m.u32(RING);
                 m.u32(*capacity).u32(*record);
             }
             Message::KeptShares { first_lease, entries } => {
-                m = Out::new(KEPT_SHARES);
+                m.u32(KEPT_SHARES);
                 m.u32(entries.len() as u32).u64(*first_lease);
                 for (fds, export, handle) in entries {
                     m.u32(handle.len() as u32).u32(*fds).u64(*export).bytes(handle);
                 }
             }
             Message::Retire { export } => {
-                m = Out::new(RETIRE);
+                m.u32(RETIRE);
                 m.u64(*export);
             }
             Message::Names { first_lease, names } => {

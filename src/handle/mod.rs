@@ -279,10 +279,15 @@ pub fn backend_name(backend: u16) -> &'static str {
 /// overflows).
 pub fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
     let mut strides = vec![0i64; shape.len()];
+    contiguous_strides_into(shape, &mut strides);
+    strides
+}
+
+/// [`contiguous_strides`] into `strides` (as long as `shape`), allocating nothing.
+pub(crate) fn contiguous_strides_into(shape: &[i64], strides: &mut [i64]) {
     let mut acc: i64 = 1;
     for i in (0..shape.len()).rev() {
         strides[i] = acc;
         acc = acc.saturating_mul(shape[i].max(1));
     }
-    strides
 }

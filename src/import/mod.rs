@@ -119,6 +119,14 @@ pub trait Lease: Send + Sync {
     fn name(&self) -> Option<&std::ffi::CStr> {
         None
     }
+    /// The import holding `self` is released (`husk`: its box, emptied, when it was boxed):
+    /// drop it (the last holder's drop gives the reference back). A lease may instead give back
+    /// and keep itself, and the husk, for its next use when this was the last holder, so that
+    /// an item allocates neither again ([`Import::derive`] takes the husk).
+    fn done(self: Arc<Self>, husk: Option<Box<Import>>) {
+        drop(husk);
+        drop(self);
+    }
 }
 
 /// One import of one handle. Release it with [`Import::release`] (dropping it releases too).
@@ -135,6 +143,10 @@ pub struct Import {
     /// most of its size.
     handle: Box<DevshareHandle>,
     validated: Validated,
+    /// A view of another import's allocation ([`Import::derive`], a pool item): that import,
+    /// which holds the registry's count, the ticket and the ref-counter for it, kept until this
+    /// one (and its clones) go. Such an import never takes the registry's lock.
+    parent: Option<Arc<Import>>,
     /// The fork generation at import: released in a forked child, it gives back nothing.
     generation: Stamp,
 }
@@ -225,7 +237,17 @@ fn import_from(
         }
     }
     let watch = pending.commit();
-    Ok(Import { lease: None, key, ticket, watch, mapping: Some(mapping), handle: Box::new(*h), validated, generation })
+    Ok(Import {
+        lease: None,
+        key,
+        ticket,
+        watch,
+        mapping: Some(mapping),
+        handle: Box::new(*h),
+        validated,
+        parent: None,
+        generation,
+    })
 }
 
 /// Step 1: the handle is valid, and importable by this path (a channel memfd handle only with
@@ -620,7 +642,8 @@ impl Import {
     }
 
     /// Another import of the same handle: shares this one's mapping and reference (both must be
-    /// released; the reference is returned when the last is). Costs a registry lock, no mapping.
+    /// released; the reference is returned when the last is). Costs a registry lock (none for a
+    /// pool item), no mapping.
     pub fn clone_ref(&self) -> Import {
         self.clone_with(self.handle.clone(), self.validated, self.lease.clone())
     }
@@ -635,10 +658,12 @@ impl Import {
             mapping: self.mapping.clone(),
             handle,
             validated,
+            parent: self.parent.clone(),
             generation: self.generation,
         };
-        if !self.generation.is_current() {
-            // A forked child's copy of its parent's import: the clone is as inert as it is.
+        if !self.generation.is_current() || clone.parent.is_some() {
+            // A forked child's copy of its parent's import: the clone is as inert as it is. A
+            // pool item's clone: its parent holds the counts.
             return clone;
         }
         let mut reg = registry();
@@ -682,15 +707,67 @@ impl Import {
     /// allocation was imported once, each item is a view of it.
     /// Boxed: a received item's import travels up the receive path and out through the C API
     /// as this box (an import is 320 bytes).
-    pub(crate) fn derive(&self, h: Box<DevshareHandle>, lease: Arc<dyn Lease>) -> Result<Box<Import>> {
+    /// Holds `base` (not the registry): an item takes no registry lock, made or released; made
+    /// in `husk` (an earlier item's box, see [`Lease::done`]) when there is one.
+    pub(crate) fn derive(
+        base: &Arc<Import>,
+        h: &DevshareHandle,
+        lease: Arc<dyn Lease>,
+        husk: Option<Box<Import>>,
+    ) -> Result<Box<Import>> {
         // The pool's handle passed `validate` when it was imported; an item changes its layout.
-        let validated = crate::handle::validate_layout(&h, &self.handle)?;
-        let m = self.mapping.as_ref().ok_or_else(|| Error::AlreadyReleased("the pool's import is released".into()))?;
-        if h.backend != self.handle.backend || h.alloc_size != self.handle.alloc_size {
+        let validated = crate::handle::validate_layout(h, &base.handle)?;
+        let m = base.mapping.as_ref().ok_or_else(|| Error::AlreadyReleased("the pool's import is released".into()))?;
+        if h.backend != base.handle.backend || h.alloc_size != base.handle.alloc_size {
             return Err(Error::Mismatch("a pool item must describe the pool's own allocation".into()));
         }
-        check_view(m.as_ref(), &h, &validated)?;
-        Ok(Box::new(self.clone_with(h, validated, Some(lease))))
+        check_view(m.as_ref(), h, &validated)?;
+        if let Some(mut imp) = husk.filter(|i| i.mapping.is_none() && i.lease.is_none() && i.parent.is_none()) {
+            // An emptied import (nothing to release): only its fields are set again.
+            imp.lease = Some(lease);
+            imp.key = base.key.clone();
+            imp.ticket = None;
+            imp.watch = None;
+            imp.mapping = Some(m.clone());
+            *imp.handle = *h;
+            imp.validated = validated;
+            imp.parent = Some(base.clone());
+            imp.generation = base.generation;
+            return Ok(imp);
+        }
+        Ok(Box::new(Import {
+            lease: Some(lease),
+            key: base.key.clone(),
+            ticket: None,
+            watch: None,
+            mapping: Some(m.clone()),
+            handle: Box::new(*h),
+            validated,
+            parent: Some(base.clone()),
+            generation: base.generation,
+        }))
+    }
+
+    /// Release a boxed import (what the C API hands out): a pool item's box goes to its lease
+    /// ([`Lease::done`]), emptied, for the slot's next item.
+    pub fn release_boxed(mut imp: Box<Import>) {
+        if imp.parent.is_none() || !imp.generation.is_current() {
+            return drop(imp);
+        }
+        let device = imp.device();
+        // The order of `release`: the mapping, then the lease (after this process's work on the
+        // memory), then the parent.
+        imp.mapping = None;
+        let parent = imp.parent.take();
+        if let Some(lease) = imp.lease.take() {
+            if Arc::strong_count(&lease) == 1 {
+                if let Ok(b) = backend::get(imp.key.backend) {
+                    b.synchronize(device);
+                }
+            }
+            lease.done(Some(imp));
+        }
+        drop(parent);
     }
 
     /// Release this import, in PyTorch's order: drop the mapping (unmapping it when this was the
@@ -708,10 +785,19 @@ impl Import {
             std::mem::forget(self.mapping.take());
             std::mem::forget(self.watch.take());
             std::mem::forget(self.lease.take());
+            std::mem::forget(self.parent.take());
             return;
         }
         let device = self.device();
         let Some(mapping) = self.mapping.take() else { return };
+        if let Some(parent) = self.parent.take() {
+            // A pool item: its parent holds the registry's count; the slot goes back with the
+            // last clone, once this process's work on the memory is done.
+            drop(mapping);
+            self.give_lease_back(device);
+            drop(parent);
+            return;
+        }
         let mut return_ticket = false;
         let mut last_watch = None;
         let mut closing = false;
@@ -785,15 +871,19 @@ impl Import {
         // The ref-counter mapping goes with the last import that held a reference in it.
         self.watch = None;
         drop(last_watch);
-        // A channel lease goes back with the last clone holding it, once this process's work on
-        // the memory is done.
+        self.give_lease_back(device);
+    }
+
+    /// A channel lease goes back with the last clone holding it, once this process's work on
+    /// the memory is done.
+    fn give_lease_back(&mut self, device: i32) {
         if let Some(lease) = self.lease.take() {
             if Arc::strong_count(&lease) == 1 {
                 if let Ok(b) = backend::get(self.key.backend) {
                     b.synchronize(device);
                 }
             }
-            drop(lease);
+            lease.done(None);
         }
     }
 }
@@ -875,6 +965,7 @@ mod tests {
             mapping: Some(Arc::new(m)),
             handle: Box::new(h),
             validated: v,
+            parent: None,
             generation: Stamp::now(),
         }
     }

@@ -6,7 +6,7 @@
 use super::auth::{self, Key, Role};
 use super::protocol::{self, DataPath, Framed, PoolMemory, Remote};
 use super::ucx::{self, Arm, MemRegion};
-use crate::channel::item::{narrow, open, usable, AttachToken, Teller};
+use crate::channel::item::{narrow, open, usable, AttachToken, SpareTokens, Teller};
 use crate::channel::wire::{self, Message};
 use crate::error::{Error, Result};
 use crate::handle::DevshareHandle;
@@ -44,13 +44,14 @@ struct Attached {
     /// Unpins `base` (CUDA pools) before it goes (declared before it).
     _pinned: Option<Box<dyn Send>>,
     /// The host memory items arrive in (the producer's puts, or the bytes read).
-    base: Import,
+    base: Arc<Import>,
     /// A CUDA pool's slots: this consumer's own device memory, where each item is copied from
     /// `base` before it is handed out.
-    device: Option<Import>,
+    device: Option<Arc<Import>>,
     slot_size: u64,
     count: u32,
     token: Arc<AttachToken>,
+    spares: Arc<SpareTokens>,
 }
 
 /// This consumer's UCX worker, on the UCX path.
@@ -466,8 +467,10 @@ impl RemoteConnection {
                     }
                     _ => None,
                 };
-                st.pools
-                    .insert(pool, Attached { _region: region, _pinned: pinned, base, device, slot_size, count, token });
+                let (base, device, spares) = (Arc::new(base), device.map(Arc::new), SpareTokens::new(count));
+                let attached =
+                    Attached { _region: region, _pinned: pinned, base, device, slot_size, count, token, spares };
+                st.pools.insert(pool, attached);
                 self.shared.writer.lock().unwrap_or_else(|p| p.into_inner()).send(&reply)?;
                 Ok(None)
             }
@@ -481,7 +484,7 @@ impl RemoteConnection {
                 if event.is_some() {
                     return Err(Error::Untrusted("a remote item with an event".into()));
                 }
-                let conn = (self.shared.clone() as Arc<dyn Teller>, &p.token);
+                let conn = (self.shared.clone() as Arc<dyn Teller>, &p.token, &p.spares);
                 let Some(device) = &p.device else {
                     return narrow(
                         &p.base,

@@ -1,7 +1,7 @@
 //! The consumer end of a channel: the connection, what arrives on it, and the leases that go back.
 
 use super::ring::{ConsumerRing, ItemRecord};
-use crate::channel::item::{narrow, open, usable, AttachToken, LeaseToken, Teller};
+use crate::channel::item::{narrow, open, usable, AttachToken, LeaseToken, SpareTokens, Teller};
 use crate::channel::wire::{self, Message, Received};
 use crate::error::{Error, Result};
 use crate::handle::encode::decode_full;
@@ -110,10 +110,12 @@ impl Teller for ConnShared {
 }
 
 struct AttachedPool {
-    base: Import,
+    /// The whole allocation's import, which every item of the pool holds.
+    base: Arc<Import>,
     slot_size: u64,
     count: u32,
     token: Arc<AttachToken>,
+    spares: Arc<SpareTokens>,
 }
 
 struct State {
@@ -627,7 +629,8 @@ impl LocalConnection {
                     )));
                 }
                 let base = open(&d.handle, d.table.as_deref(), fds, None, std::ptr::null_mut())?;
-                st.pools.insert(pool, AttachedPool { base, slot_size, count, token });
+                let spares = SpareTokens::new(count);
+                st.pools.insert(pool, AttachedPool { base: Arc::new(base), slot_size, count, token, spares });
                 Ok(None)
             }
             Message::Item { pool, slot, layout, event } => {
@@ -749,7 +752,17 @@ impl LocalConnection {
             .pools
             .get(&pool)
             .ok_or_else(|| Error::Untrusted(format!("an item of pool {pool}, which this consumer never attached")))?;
-        narrow(&p.base, p.slot_size, p.count, pool, slot, &l, event, (self.shared.clone(), &p.token), self.stream())
+        narrow(
+            &p.base,
+            p.slot_size,
+            p.count,
+            pool,
+            slot,
+            &l,
+            event,
+            (self.shared.clone(), &p.token, &p.spares),
+            self.stream(),
+        )
     }
 
     /// Close the connection: the producer takes back every lease and slot of it at once (imports

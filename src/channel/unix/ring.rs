@@ -171,19 +171,16 @@ impl ProducerRing {
         if self.tail.wrapping_sub(head) == u64::from(s.capacity) {
             return Ok(false);
         }
-        let rec = s.record(self.tail);
-        let mut words = [0u64; RECORD as usize / 8];
-        words[0] = socket_messages;
-        words[1] = item.len() as u64;
+        let rec = s.record(self.tail).cast::<u64>();
+        // SAFETY: the record holds RECORD bytes (2 + MAX_ITEM / 8 words); 8-aligned (the map is
+        // page-aligned).
+        let put = |i: usize, w: u64| unsafe { std::ptr::write_volatile(rec.add(i), w) };
+        put(0, socket_messages);
+        put(1, item.len() as u64);
         for (i, chunk) in item.chunks(8).enumerate() {
             let mut w = [0u8; 8];
             w[..chunk.len()].copy_from_slice(chunk);
-            words[2 + i] = u64::from_le_bytes(w);
-        }
-        let used = 2 + item.len().div_ceil(8);
-        for (i, w) in words[..used].iter().enumerate() {
-            // SAFETY: the record holds RECORD bytes; 8-aligned (the map is page-aligned).
-            unsafe { std::ptr::write_volatile(rec.cast::<u64>().add(i), *w) };
+            put(2 + i, u64::from_le_bytes(w));
         }
         self.tail = self.tail.wrapping_add(1);
         s.word(ITEM_TAIL).store(self.tail, Ordering::SeqCst);

@@ -123,6 +123,8 @@ struct Core {
     registered: FxHashSet<u64>,
     buf: Vec<u8>,
     fds: Vec<OwnedFd>,
+    /// A pool item's message is encoded here (its memory kept from one send to the next).
+    item_buf: Vec<u8>,
     closed: bool,
     /// Something changed that a thread waiting without a time limit must look at (a slot
     /// became free, a pool or the channel closed, a deadline began): the lock's guard nudges
@@ -209,6 +211,7 @@ impl LocalChannel {
             registered: FxHashSet::default(),
             buf: Vec::new(),
             fds: Vec::new(),
+            item_buf: Vec::new(),
             closed: false,
             stir: false,
         };

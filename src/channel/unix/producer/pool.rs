@@ -16,9 +16,14 @@ impl LocalPool {
         then: impl FnOnce(&mut Core, Result<T>) -> Result<T>,
     ) -> Result<T> {
         let mut core = self.shared.lock()?;
-        let mut p = core.pools.remove(&self.id).ok_or_else(|| Error::Closed("the pool is closed".into()))?;
-        let r = f(&mut core, &mut p);
-        core.pools.insert(self.id, p);
+        // The pools are set aside while `f` works on the core (nothing it calls looks at them):
+        // one lookup, no remove and re-insert per call.
+        let mut pools = std::mem::take(&mut core.pools);
+        let r = match pools.get_mut(&self.id) {
+            Some(p) => f(&mut core, p),
+            None => Err(Error::Closed("the pool is closed".into())),
+        };
+        core.pools = pools;
         // A peer a send found gone or past its queue bounds goes now (its slots come back).
         core.sweep(self.shared.epoll.as_fd());
         then(&mut core, r)
@@ -158,9 +163,12 @@ impl LocalPool {
                     book.add(&shared);
                     core.peers[idx].attached.insert(id, book);
                 }
-                let m = Message::Item { pool: id, slot, layout, event: event.as_ref().map(|e| e.handle()) }.encode();
-                let idx = core.index(peer)?;
-                core.post_item(idx, &m, epfd)?;
+                let item = Message::Item { pool: id, slot, layout, event: event.as_ref().map(|e| e.handle()) };
+                let m = item.encode_into(std::mem::take(&mut core.item_buf));
+                let idx = core.index(peer);
+                let posted = idx.and_then(|idx| core.post_item(idx, &m, epfd));
+                core.item_buf = m;
+                posted?;
                 p.slots[slot as usize] = SlotState::Sent(peer);
                 p.out += 1;
                 p.events[slot as usize] = event;
