@@ -1245,7 +1245,14 @@ fn names_msg(first_lease: u64, names: &[&[u8]]) -> Vec<u8> {
 
 /// A `SHARES` message of one share (lease `lease`, one descriptor).
 fn shares_msg(lease: u64, enc: &[u8]) -> Vec<u8> {
-    le(&[&11u32.to_le_bytes(), &1u32.to_le_bytes(), &lease.to_le_bytes(), &(enc.len() as u32).to_le_bytes(), &1u32.to_le_bytes(), enc])
+    le(&[
+        &11u32.to_le_bytes(),
+        &1u32.to_le_bytes(),
+        &lease.to_le_bytes(),
+        &(enc.len() as u32).to_le_bytes(),
+        &1u32.to_le_bytes(),
+        enc,
+    ])
 }
 
 #[test]

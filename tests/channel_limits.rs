@@ -458,7 +458,11 @@ fn a_producer_that_sends_without_serving_keeps_a_reading_consumer() {
 fn a_consumer_keeps_no_more_mappings_than_its_bound_across_10000_registered_allocations() {
     let out = common::role("keep_bound_child", &[("DEVSHARE_KEEP_MAPPINGS", "64".as_ref())]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && text.contains("said: kept within 64"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && text.contains("said: kept within 64"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// How many memfd mappings this process has (producer and consumer ends alike).

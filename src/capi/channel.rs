@@ -363,7 +363,9 @@ unsafe fn name_at<'a>(p: *const c_char, i: usize) -> crate::error::Result<Option
     }
     // SAFETY: the len bytes before the NUL were just read.
     let bytes = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
-    crate::channel::wire::check_name(bytes).map(Some).map_err(|why| Error::InvalidArgument(format!("names[{i}]: {why}")))
+    crate::channel::wire::check_name(bytes)
+        .map(Some)
+        .map_err(|why| Error::InvalidArgument(format!("names[{i}]: {why}")))
 }
 
 /// Register `exporter` with `channel` (1.10): the leases of it sent over the channel tell each

@@ -338,7 +338,11 @@ pub unsafe extern "C" fn devshare_import_pool_slot(imp: *const DevshareImport, p
 /// without one, a pool item, an import of a handle): `*name` NULL and `*len` 0, status OK.
 /// `len` may be NULL.
 #[no_mangle]
-pub unsafe extern "C" fn devshare_import_name(imp: *const DevshareImport, name: *mut *const c_char, len: *mut usize) -> i32 {
+pub unsafe extern "C" fn devshare_import_name(
+    imp: *const DevshareImport,
+    name: *mut *const c_char,
+    len: *mut usize,
+) -> i32 {
     boundary("devshare_import_name", || {
         let i = ffi!(arg(imp, "import"))?.inner();
         let out = ffi!(arg_mut(name, "name"))?;

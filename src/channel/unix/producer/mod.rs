@@ -410,7 +410,7 @@ impl LocalChannel {
             let batched = features & wire::FEATURE_SHARES != 0;
             let named = features & wire::FEATURE_NAMES != 0 && names.iter().any(Option::is_some);
             let mut sent = 0usize; // shares posted so far (where the next chunk's names start)
-            // A consumer that keeps registered exports mapped is told which shares are of one.
+                                   // A consumer that keeps registered exports mapped is told which shares are of one.
             let keeps = features & wire::FEATURE_KEEP != 0 && !core.registered.is_empty();
             let mut shares = shares.into_iter().peekable();
             while shares.peek().is_some() {
