@@ -561,22 +561,21 @@ impl Exporter {
         (self.backend, self.alloc.device_index())
     }
 
-    /// [`Self::share_leased`], with what the caller needs of the handle read by `f` where the
-    /// handle lies (a channel's item message takes its layout; the handle is not returned).
-    /// Once a leased share was described and validated, a later one of a plain (unsegmented)
-    /// allocation starts from that first handle and sets only the layout (and the pid and the
-    /// event flag) instead of describing the allocation again: every pool item after the first.
-    pub(crate) fn share_leased_with<R>(
+    /// [`Self::share_leased`] without its event or synchronisation (the caller makes them:
+    /// [`Self::record_event`] or [`Self::synchronize`]), with what the caller needs of the
+    /// handle read by `f` where the handle lies (a pool item's message takes its layout; the
+    /// handle, which has no event handle, is not returned). Once a leased share was described and
+    /// validated, a later one of a plain (unsegmented) allocation starts from that first handle
+    /// and sets only the layout (and the pid and the event flag) instead of describing the
+    /// allocation again: every pool item after the first.
+    pub(crate) fn describe_leased_with<R>(
         &self,
         desc: &TensorDesc<'_>,
         f: impl FnOnce(&DevshareHandle) -> R,
-    ) -> Result<(R, Option<Box<dyn IpcEvent>>)> {
+    ) -> Result<R> {
         let template = match self.leased_template.get() {
             Some(t) if !desc.inflight && self.alloc.segments().is_none() => t,
-            _ => {
-                let (h, event) = self.share_leased(desc)?;
-                return Ok((f(&h), event));
-            }
+            _ => return Ok(f(&self.leased_handle(desc)?)),
         };
         if desc.event && self.backend == crate::handle::DEVSHARE_BACKEND_HOST {
             return Err(Error::Unsupported("host memory has no interprocess events (DEVSHARE_SHARE_EVENT)".into()));
@@ -587,11 +586,7 @@ impl Exporter {
         let event_flag = crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
         h.flags = (template.flags & !event_flag) | if desc.event { event_flag } else { 0 };
         crate::handle::validate_layout(&h, template)?;
-        let event = self.alloc.prepare_share(desc.stream, desc.event)?;
-        if let Some(e) = &event {
-            h.event_handle = e.handle();
-        }
-        Ok((f(&h), event))
+        Ok(f(&h))
     }
 
     /// The handle fields for a tensor in this allocation: layout and key, no lifetime fields.
@@ -866,7 +861,7 @@ mod tests {
     }
 
     proptest! {
-        /// After the first leased share, share_leased_with starts from that share's handle
+        /// After the first leased share, describe_leased_with starts from that share's handle
         /// instead of describing the allocation again: for any layout it must see exactly the
         /// handle share_leased makes, or refuse exactly when share_leased refuses.
         #[test]
@@ -877,11 +872,11 @@ mod tests {
             let _ = exp.share_leased(&TensorDesc { shape: &[4096], ..Default::default() });
             prop_assert!(exp.leased_template.get().is_some());
             let full = exp.share_leased(&then.desc()).map(|(h, _)| h);
-            let fast = exp.share_leased_with(&then.desc(), |h| *h).map(|(h, _)| h);
+            let fast = exp.describe_leased_with(&then.desc(), |h| *h);
             match (full, fast) {
                 (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
                 (Err(a), Err(b)) => prop_assert_eq!(a.status(), b.status()),
-                (a, b) => prop_assert!(false, "share_leased ok: {}, share_leased_with ok: {}", a.is_ok(), b.is_ok()),
+                (a, b) => prop_assert!(false, "share_leased ok: {}, describe_leased_with ok: {}", a.is_ok(), b.is_ok()),
             }
         }
     }

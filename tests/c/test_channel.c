@@ -49,7 +49,8 @@
  *    allocation is imported once (1 reservation, 4 mappings), each slot keeps its address,
  *    cuMemcpyDtoH reads what the producer wrote. The same pool with DEVSHARE_SHARE_EVENT items
  *    (on a stream or NULL): recv waited on each event, the producer holds one live event per
- *    slot out and destroys it when the slot comes back. After devshare_pool_close the consumer
+ *    slot out and takes it back into the channel's pool of events when the slot comes back (the
+ *    next round records the same events again). After devshare_pool_close the consumer
  *    detaches on its next recv: nothing reserved, mapped or imported is left in it, and once
  *    its connection closes it has its first fd count again;
  *  - test_a_cuda_lease_event_is_waited_on_once_and_kept_until_the_lease_returns: a CUDA lease
@@ -998,6 +999,7 @@ static void test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detache
     CUstream stream = NULL;
     cu_or_die(cuStreamCreate(&stream, 0), "cuStreamCreate");
     int ev_send_ok = 1, ev_recv_ok = 1, ev_waited_ok = 1, kept_ok = 1, gone_ok = 1, ev_rel_ok = 1;
+    char first_events[512] = "", round_events[512];
     const int64_t slot_len = (int64_t)SEG;
     for (int round = 0; round < ROUNDS && ev_send_ok; round++) {
         for (int i = 0; i < COUNT && ev_send_ok; i++) {
@@ -1026,7 +1028,12 @@ static void test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detache
         tell(&k, "release %d", COUNT);
         a = reply(&k, ch);
         ev_rel_ok = ev_rel_ok && strcmp(a, "R 4 0") == 0 && wait_free(ch, pool, COUNT);
-        gone_ok = gone_ok && live_events("cusi_e_") == 0;
+        /* Back in the channel's pool, and the next round records the same events again. */
+        live_event_names("cusi_e_", round_events, sizeof round_events);
+        if (round == 0) {
+            memcpy(first_events, round_events, sizeof first_events);
+        }
+        gone_ok = gone_ok && live_events("cusi_e_") == COUNT && strcmp(round_events, first_events) == 0;
     }
     CHECK(ev_send_ok, "cuda pool events: %d items sent with DEVSHARE_SHARE_EVENT (a stream, or NULL)", ROUNDS * COUNT);
     CHECK(ev_recv_ok, "cuda pool events: the consumer reads every item back, each slot at its earlier address");
@@ -1034,7 +1041,9 @@ static void test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detache
           "cuda pool events: every item carries an IPC event that devshare_connection_recv had waited on exactly "
           "once when it returned (cusi_event_waits)");
     CHECK(kept_ok, "cuda pool events: the producer keeps one live event per slot out with the consumer");
-    CHECK(ev_rel_ok && gone_ok, "cuda pool events: each slot's event is destroyed when the slot comes back");
+    CHECK(ev_rel_ok && gone_ok,
+          "cuda pool events: each slot's event goes back to the channel's pool when the slot comes back, and every "
+          "round records the same %d events again (%s)", COUNT, round_events);
     const CudaState s1 = cuda_state(&k, ch);
     CHECK(s1.resv == 1 && s1.maps == COUNT && s1.imported == COUNT,
           "cuda pool events: still the one attachment (%d reservations, %d mappings, %d imported)", s1.resv, s1.maps,

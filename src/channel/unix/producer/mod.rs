@@ -22,7 +22,6 @@ use serve::Arm;
 
 use super::ring::{self, ProducerRing};
 use super::MAX_SPIN;
-use crate::backend::IpcEvent;
 use crate::channel::admission::Admission;
 use crate::channel::item::{pool_fits, slot_desc};
 use crate::channel::limits::*;
@@ -98,8 +97,9 @@ struct PoolState {
     slot_size: u64,
     count: u32,
     slots: Vec<SlotState>,
-    /// The event recorded for each slot out with a consumer (kept until the slot comes back).
-    events: Vec<Option<Box<dyn IpcEvent>>>,
+    /// The event recorded for each slot out with a consumer (kept until the slot comes back,
+    /// then back to the channel's pool of events).
+    events: Vec<Option<Arc<ChannelEvent>>>,
     free: Vec<u32>,
     /// How many slots are out with consumers.
     out: u32,

@@ -139,9 +139,15 @@ impl LocalPool {
                 let (rel_size, abs) = slot_desc(desc, slot, p.slot_size)?;
                 core.peers.get(peer)?;
                 // Describes and validates the tensor; synchronises the producing stream, or records
-                // an event on it (DEVSHARE_SHARE_EVENT).
-                let (layout, event) =
-                    p.exporter.share_leased_with(&abs, |h| ItemLayout::of(h, desc.storage_offset, rel_size))?;
+                // an event on it (DEVSHARE_SHARE_EVENT): one of the channel's reused events.
+                let layout =
+                    p.exporter.describe_leased_with(&abs, |h| ItemLayout::of(h, desc.storage_offset, rel_size))?;
+                let event = if abs.event {
+                    Some(shared.events.record(&p.exporter, abs.stream)?)
+                } else {
+                    p.exporter.synchronize(abs.stream)?;
+                    None
+                };
                 if !core.peers.get(peer)?.attached.contains_key(&id) {
                     core.allow(peer, &p.exporter)?;
                     let whole = p.slot_size * u64::from(p.count);
