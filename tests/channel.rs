@@ -1301,3 +1301,68 @@ fn a_hostile_producers_names_are_checked_bounded_and_never_name_another_lease() 
     p.send(&shares_msg(50_000, &enc), &[mem.as_fd()]);
     assert_eq!(name_of(&c.recv(T).unwrap()), None);
 }
+
+#[test]
+fn a_hostile_consumer_cannot_disturb_a_registration_or_another_consumers_leases() {
+    let addr = address("hostile-consumer-registered");
+    let ch = Channel::listen(&addr).unwrap();
+    let raw = seqpacket();
+    let name = addr.strip_prefix('@').unwrap();
+    rustix::net::connect(&raw, &rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap()).unwrap();
+    // A consumer that says it reads several shares per message and keeps registered mappings.
+    let features = 1u16 | 4;
+    let hello = le(&[
+        &1u32.to_le_bytes(),
+        &MAGIC.to_le_bytes(),
+        &1u16.to_le_bytes(),
+        &features.to_le_bytes(),
+        &(std::process::id() as i32).to_le_bytes(),
+    ]);
+    send_raw(raw.as_fd(), &hello, &[]);
+    ch.wait_peers(1, T).unwrap();
+    let hostile = ch.peer_ids().unwrap()[0];
+    let exp = Exporter::channel_host_alloc(4096).unwrap();
+    ch.register(&exp).unwrap();
+    let desc = TensorDesc { shape: &[4096], ..Default::default() };
+    ch.send(hostile, &exp, &desc).unwrap();
+    ch.send(hostile, &exp, &desc).unwrap();
+    assert_eq!(exp.outstanding().unwrap(), 2);
+    // It releases lease 1 twice and a lease it was never given, and never releases lease 2.
+    let release = |lease: u64| le(&[&5u32.to_le_bytes(), &[0; 4], &lease.to_le_bytes()]);
+    for lease in [1, 1, 99] {
+        send_raw(raw.as_fd(), &release(lease), &[]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ch.peer_info(hostile).unwrap().protocol_errors < 2 && Instant::now() < deadline {
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+    }
+    assert_eq!(ch.peer_info(hostile).unwrap().protocol_errors, 2, "the second release and the unknown lease");
+    assert_eq!(exp.outstanding().unwrap(), 1, "lease 2 is still out with it; lease 1 came back once");
+    // A well-behaved consumer gets the registered export as before, keeps it mapped, and its
+    // release is counted; the registration is still there to undo.
+    let good = std::thread::scope(|s| {
+        let c = s.spawn(|| Connection::connect(&addr, T).unwrap());
+        ch.wait_peers(2, T).unwrap();
+        c.join().unwrap()
+    });
+    let peer = *ch.peer_ids().unwrap().iter().find(|&&p| p != hostile).unwrap();
+    for _ in 0..3 {
+        ch.send(peer, &exp, &desc).unwrap();
+        let imp = good.recv(T).unwrap();
+        // SAFETY: 4096 readable bytes.
+        assert_eq!(unsafe { *imp.view().data }, unsafe { *exp.ptr() });
+        imp.release();
+        while exp.outstanding().unwrap() > 1 && Instant::now() < deadline {
+            ch.service(Some(Duration::from_millis(10))).unwrap();
+        }
+        assert_eq!(exp.outstanding().unwrap(), 1, "the good consumer's lease came back");
+    }
+    assert!(devshare::import::kept_idle().0 >= 1, "the good consumer keeps the registered allocation");
+    ch.unregister(&exp).unwrap();
+    // The hostile consumer's lease comes back when it goes.
+    drop(raw);
+    while exp.outstanding().unwrap() > 0 && Instant::now() < deadline {
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+    }
+    assert_eq!(exp.outstanding().unwrap(), 0);
+}
