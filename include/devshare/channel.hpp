@@ -126,6 +126,18 @@ public:
     [[nodiscard]] Result<void> try_trust_announced_pids(bool trust) {
         return detail::call(devshare_channel_trust_announced_pids(get(), trust ? 1u : 0u));
     }
+    // Register `exporter` with this channel (devshare_channel_register, 1.10): consumers keep its
+    // allocation mapped between its leases, so the next lease of it is a lookup. Keep the
+    // Exporter alive while it is registered; unregister_export (or closing the channel) lets the
+    // consumers' mappings go. (`register` is a C++ keyword, hence the names.)
+    [[nodiscard]] Result<void> try_register_export(const Exporter& exporter) {
+        return detail::call(devshare_channel_register(get(), exporter.get()));
+    }
+    // Undo try_register_export (devshare_channel_unregister): DEVSHARE_STATUS_NOT_FOUND when it is
+    // not registered with this channel.
+    [[nodiscard]] Result<void> try_unregister_export(const Exporter& exporter) {
+        return detail::call(devshare_channel_unregister(get(), exporter.get()));
+    }
     // Disconnect peer `peer` now, as if it had died (devshare_channel_disconnect): its leases
     // and slots come back at once. DEVSHARE_STATUS_NOT_FOUND when it is not connected.
     [[nodiscard]] Result<void> try_disconnect(uint64_t peer) { return detail::call(devshare_channel_disconnect(get(), peer)); }
@@ -203,6 +215,8 @@ public:
     [[nodiscard]] DevsharePeerInfo peer_info(uint64_t peer) const { return detail::value(try_peer_info(peer)); }
     void disconnect(uint64_t peer) { detail::value(try_disconnect(peer)); }
     void trust_announced_pids(bool trust) { detail::value(try_trust_announced_pids(trust)); }
+    void register_export(const Exporter& exporter) { detail::value(try_register_export(exporter)); }
+    void unregister_export(const Exporter& exporter) { detail::value(try_unregister_export(exporter)); }
     void send(uint64_t peer, const Exporter& exporter, const TensorDesc& desc) {
         detail::value(try_send(peer, exporter, desc));
     }

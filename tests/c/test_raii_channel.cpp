@@ -653,10 +653,14 @@ void test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer() {
     const char* names[3] = {"layers.0.weight", nullptr, "layers.0.bias"};
     check(failed_with(ch.try_send_batch(peer, exps, descs, {names, 2}), DEVSHARE_STATUS_INVALID_ARGUMENT),
           "Channel::try_send_batch with 2 names for 3 descriptions: INVALID_ARGUMENT");
+    ch.register_export(exp);  // the named batch goes as leases of a registered export
     ch.send_batch(peer, exps, descs, names);
     child.tell('n');
     child.take_report();
     check(exp.wait(kWait) && exp.outstanding() == 0, "the named batch's leases come back too");
+    check(static_cast<bool>(ch.try_unregister_export(exp)), "Channel::unregister_export of the registered export");
+    check(failed_with(ch.try_unregister_export(exp), DEVSHARE_STATUS_NOT_FOUND),
+          "Channel::try_unregister_export of an export no longer registered: NOT_FOUND");
     check(child.wait() == 0, "the consumer exited normally");
 }
 
