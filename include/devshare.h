@@ -1056,6 +1056,25 @@ int32_t devshare_connection_recv_item(struct DevshareConnection *conn,
                                       struct DevshareImport *release,
                                       struct DevshareItem *out);
 
+// Receive a batch (1.11): the next `n` items into `items[0..n]`, in the order they were sent (a
+// producer's `devshare_channel_send_batch` / `_send_named` of `n` tensors), each as
+// `devshare_connection_recv_item` writes one. Every element must be initialised with
+// `devshare_item_init(&items[i], sizeof items[i])` (the array's stride is `items[0].struct_size`).
+// `timeout_ms` bounds the whole batch (negative: no limit). On any failure (a timeout, the
+// producer gone, a refused item) the items received so far are released, their `import` set to
+// NULL, and the status says why; none is lost (each went back to the producer). Release a batch
+// with `devshare_items_release`. `n` 0 does nothing.
+int32_t devshare_connection_recv_batch(struct DevshareConnection *conn,
+                                       int32_t timeout_ms,
+                                       struct DevshareItem *items,
+                                       size_t n);
+
+// Release the imports of `items[0..n]` (a batch from `devshare_connection_recv_batch`, or items
+// from `devshare_connection_recv_item`; 1.11) in one call, as `devshare_import_release` does
+// for each, and set each `import` to NULL; a NULL `import` is skipped, so releasing twice does
+// nothing. The array's stride is `items[0].struct_size`.
+int32_t devshare_items_release(struct DevshareItem *items, size_t n);
+
 // Initialise a `DevshareRecvArgs` of `size` bytes (pass `sizeof *args`): no connection, no
 // release, wait without a limit, and `item` initialised for the rest of the size.
 int32_t devshare_recv_args_init(struct DevshareRecvArgs *args, uint32_t size);

@@ -303,6 +303,37 @@ public:
         return imp;
     }
 
+    // The next `n` items, in the order they were sent (devshare_connection_recv_batch, 1.11): a
+    // producer's send_batch of `n` tensors. `timeout` bounds the whole batch: when it runs out
+    // first the result is DEVSHARE_STATUS_TIMEOUT and the items received so far went back to the
+    // producer (so did they on any other failure). Releasing the vector (or each Import)
+    // releases the batch.
+    [[nodiscard]] Result<std::vector<Import>> try_recv_batch(size_t n, std::chrono::milliseconds timeout) {
+        std::vector<DevshareItem> items(n);
+        for (DevshareItem& item : items) {
+            const int32_t s = devshare_item_init(&item, sizeof item);
+            if (s != DEVSHARE_STATUS_OK) {
+                return detail::failure(Error::from_last(s));
+            }
+        }
+        const int32_t s = devshare_connection_recv_batch(get(), detail::timeout_ms(timeout), items.data(), n);
+        if (s != DEVSHARE_STATUS_OK) {
+            return detail::failure(Error::from_last(s));
+        }
+        std::vector<Import> out;
+        out.reserve(n);
+        for (size_t i = 0; i < n; i++) {
+            Result<Import> imp = Import::try_adopt(items[i].import);
+            if (!imp) {
+                (void)devshare_items_release(items.data() + i, n - i);  // this one and the rest
+                return detail::failure(imp.error());
+            }
+            items[i].import = nullptr;
+            out.push_back(std::move(*imp));
+        }
+        return out;
+    }
+
     // Let recv poll for up to `spin` before it sleeps (devshare_connection_set_spin): for a
     // consumer with a CPU core of its own. Zero (the default) sleeps at once.
     [[nodiscard]] Result<void> try_set_spin(std::chrono::microseconds spin) {
@@ -329,6 +360,9 @@ public:
     [[nodiscard]] uint64_t peer_id() const { return detail::value(try_peer_id()); }
     [[nodiscard]] int32_t producer_pid() const { return detail::value(try_producer_pid()); }
     [[nodiscard]] Import recv(std::chrono::milliseconds timeout) { return detail::value(try_recv(timeout)); }
+    [[nodiscard]] std::vector<Import> recv_batch(size_t n, std::chrono::milliseconds timeout) {
+        return detail::value(try_recv_batch(n, timeout));
+    }
     void set_spin(std::chrono::microseconds spin) { detail::value(try_set_spin(spin)); }
     void set_stream(void* stream) { detail::value(try_set_stream(stream)); }
     void close() { detail::value(try_close()); }

@@ -502,12 +502,16 @@ def channel_signatures_1_10(exporter_p) -> list:
 
 
 def channel_signatures_1_11(exporter_p, import_p) -> list:
-    """The channel functions 1.11 added: a batch of leases with their names, and a received
-    lease's name."""
+    """The channel functions 1.11 added: a batch of leases with their names, a received lease's
+    name, and a batch received and released in one call each (bound for C callers' parity; the
+    package's recv_batch receives item by item, which lets it make each item's view as it
+    comes)."""
     return [
         ("devshare_channel_send_named", c_int32,
          [ChannelP, c_uint64, POINTER(exporter_p), POINTER(POINTER(TensorDesc)), POINTER(c_char_p), c_size_t]),
         ("devshare_import_name", c_int32, [import_p, POINTER(c_char_p), POINTER(c_size_t)]),
+        ("devshare_connection_recv_batch", c_int32, [ConnectionP, c_int32, POINTER(ItemStruct), c_size_t]),
+        ("devshare_items_release", c_int32, [POINTER(ItemStruct), c_size_t]),
     ]
 
 

@@ -313,6 +313,115 @@ unsafe fn recv_item(
     written
 }
 
+/// Receive a batch (1.11): the next `n` items into `items[0..n]`, in the order they were sent (a
+/// producer's `devshare_channel_send_batch` / `_send_named` of `n` tensors), each as
+/// `devshare_connection_recv_item` writes one. Every element must be initialised with
+/// `devshare_item_init(&items[i], sizeof items[i])` (the array's stride is `items[0].struct_size`).
+/// `timeout_ms` bounds the whole batch (negative: no limit). On any failure (a timeout, the
+/// producer gone, a refused item) the items received so far are released, their `import` set to
+/// NULL, and the status says why; none is lost (each went back to the producer). Release a batch
+/// with `devshare_items_release`. `n` 0 does nothing.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_connection_recv_batch(
+    conn: *mut DevshareConnection,
+    timeout_ms: i32,
+    items: *mut DevshareItem,
+    n: usize,
+) -> i32 {
+    boundary("devshare_connection_recv_batch", || {
+        ffi!(arg(conn, "conn"))?;
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller passes n initialised items (contract).
+        let stride = unsafe { item_stride(items, n) }?;
+        let deadline = timeout(timeout_ms).map(|t| std::time::Instant::now() + t);
+        for i in 0..n {
+            let left = match deadline {
+                None => -1,
+                Some(d) => {
+                    d.saturating_duration_since(std::time::Instant::now()).as_millis().min(i32::MAX as u128) as i32
+                }
+            };
+            // SAFETY: element i of n elements of `stride` bytes (item_stride checked the total).
+            let item = unsafe { items.cast::<u8>().add(i * stride) }.cast::<DevshareItem>();
+            // SAFETY: as devshare_connection_recv_item's contract, for element i.
+            if let Err(e) = unsafe { recv_item(conn, left, std::ptr::null_mut(), item) } {
+                // SAFETY: the first i elements hold what this call received.
+                unsafe { release_items(items, i, stride) };
+                return Err(e);
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Release the imports of `items[0..n]` (a batch from `devshare_connection_recv_batch`, or items
+/// from `devshare_connection_recv_item`; 1.11) in one call, as `devshare_import_release` does
+/// for each, and set each `import` to NULL; a NULL `import` is skipped, so releasing twice does
+/// nothing. The array's stride is `items[0].struct_size`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_items_release(items: *mut DevshareItem, n: usize) -> i32 {
+    boundary("devshare_items_release", || {
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller passes n items (contract).
+        let stride = unsafe { item_stride(items, n) }?;
+        // SAFETY: as just checked.
+        unsafe { release_items(items, n, stride) };
+        Ok(())
+    })
+}
+
+/// The stride of an array of `n` items: its first element's `struct_size`, checked.
+///
+/// # Safety
+/// `items` is NULL or points to at least 4 readable bytes.
+unsafe fn item_stride(items: *mut DevshareItem, n: usize) -> Result<usize> {
+    if items.is_null() {
+        return Err(Error::NullArgument("items"));
+    }
+    // SAFETY: non-NULL, at least 4 readable bytes (contract).
+    let stride = unsafe { items.cast::<u32>().read_unaligned() } as usize;
+    let first = <DevshareItem as super::abi::SizedStruct>::FIRST_SIZE;
+    if stride < first || stride % 8 != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "items[0].struct_size is {stride}: initialise every item with devshare_item_init(&items[i], sizeof items[i])"
+        )));
+    }
+    if stride.checked_mul(n).map_or(true, |t| t > isize::MAX as usize) {
+        return Err(Error::InvalidArgument(format!("{n} items of {stride} bytes is larger than any array")));
+    }
+    Ok(stride)
+}
+
+/// Release `items[0..n]`'s imports (stride `stride`) and set them to NULL.
+///
+/// # Safety
+/// `items` points to `n` writable elements of `stride` bytes, each an initialised DevshareItem
+/// whose `import` is NULL or an import handed out by this library and not released.
+unsafe fn release_items(items: *mut DevshareItem, n: usize, stride: usize) {
+    for i in 0..n {
+        // SAFETY: element i (contract); `import` is at the same offset in every caller's struct.
+        let slot = unsafe {
+            items
+                .cast::<u8>()
+                .add(i * stride + std::mem::offset_of!(DevshareItem, import))
+                .cast::<*mut DevshareImport>()
+        };
+        // SAFETY: as above.
+        let imp = unsafe { slot.read_unaligned() };
+        if !imp.is_null() {
+            // SAFETY: an import from Box::into_raw, released once, where it lies (a pool item's
+            // box is kept for the slot's next item): here (the field is cleared).
+            crate::import::Import::release_boxed(unsafe { Box::from_raw(imp) }.into_boxed_import());
+            // SAFETY: as above.
+            unsafe { slot.write_unaligned(std::ptr::null_mut()) };
+        }
+    }
+}
+
 /// `devshare_connection_recv_item`'s arguments in one struct, for
 /// `devshare_connection_recv_args`: a binding whose every argument costs (Python's ctypes,
 /// about 40 ns each) keeps one per connection, sets `release` (and `timeout_ms` when it

@@ -613,16 +613,44 @@ void test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer() {
         me.check(in_order, "received the batch's 3 leases, in order, each its own tensor, none named");
         me.report();
         me.next();
-        // The same batch with names: Import::name() of each, empty for the unnamed one.
+        // The same batch with names, taken in one call (Connection::recv_batch): Import::name()
+        // of each, empty for the unnamed one.
         const char* want[3] = {"layers.0.weight", "", "layers.0.bias"};
         bool named = true;
-        for (int i = 0; i < 3; i++) {
-            const devshare::Import item = conn.recv(kWait);
-            named = named && item && item.name() == want[i];
-        }
-        me.check(named, "a named batch: Import::name() is each lease's name (empty: sent without one)");
+        {
+            const std::vector<devshare::Import> batch = conn.recv_batch(3, kWait);
+            named = batch.size() == 3;
+            for (size_t i = 0; named && i < 3; i++) {
+                named = batch[i] && batch[i].name() == want[i] &&
+                        batch[i].as<const float>()(0) == static_cast<float>(10 * i) + 0.5f;
+            }
+        }  // the batch is released here
+        me.check(named, "a named batch by Connection::recv_batch: in order, Import::name() is each lease's name "
+                        "(empty: sent without one)");
         me.check(failed_with(devshare::Import().try_name(), DEVSHARE_STATUS_NULL_ARGUMENT),
                  "Import::try_name of an empty Import: NULL_ARGUMENT");
+        // Misuse of the C call, and a batch that does not complete in time: what arrived goes back.
+        DevshareItem bad[2] = {};
+        me.check(devshare_connection_recv_batch(conn.get(), 0, nullptr, 2) == DEVSHARE_STATUS_NULL_ARGUMENT &&
+                     devshare_connection_recv_batch(conn.get(), 0, bad, 2) == DEVSHARE_STATUS_INVALID_ARGUMENT,
+                 "devshare_connection_recv_batch: NULL items, or items never initialised, are refused");
+        me.report();
+        me.next();
+        me.check(failed_with(conn.try_recv_batch(3, std::chrono::milliseconds(300)), DEVSHARE_STATUS_TIMEOUT),
+                 "Connection::try_recv_batch of 3 when 2 were sent: TIMEOUT");
+        DevshareItem two[2];
+        for (DevshareItem& item : two) {
+            (void)devshare_item_init(&item, sizeof item);
+        }
+        me.report();
+        me.next();
+        me.check(devshare_connection_recv_batch(conn.get(), -1, two, 2) == DEVSHARE_STATUS_OK &&
+                     two[0].import != nullptr && two[1].import != nullptr,
+                 "devshare_connection_recv_batch of 2 fills both items");
+        me.check(devshare_items_release(two, 2) == DEVSHARE_STATUS_OK && two[0].import == nullptr &&
+                     devshare_items_release(two, 2) == DEVSHARE_STATUS_OK,
+                 "devshare_items_release releases the batch in one call, clears each import, and a second call does "
+                 "nothing");
         me.report();
         me.next();
     });
@@ -658,6 +686,14 @@ void test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer() {
     child.tell('n');
     child.take_report();
     check(exp.wait(kWait) && exp.outstanding() == 0, "the named batch's leases come back too");
+    ch.send_batch(peer, {exps, 2}, {descs, 2});
+    child.tell('t');
+    child.take_report();
+    check(exp.wait(kWait) && exp.outstanding() == 0, "a batch that timed out gave back the 2 leases it had received");
+    ch.send_batch(peer, {exps, 2}, {descs, 2});
+    child.tell('b');
+    child.take_report();
+    check(exp.wait(kWait) && exp.outstanding() == 0, "devshare_items_release gives back the batch's 2 leases");
     check(static_cast<bool>(ch.try_unregister_export(exp)), "Channel::unregister_export of the registered export");
     check(failed_with(ch.try_unregister_export(exp), DEVSHARE_STATUS_NOT_FOUND),
           "Channel::try_unregister_export of an export no longer registered: NOT_FOUND");

@@ -812,7 +812,7 @@ def test_channel_prototypes_match_the_header(tmp_path):
               if f.startswith(("devshare_channel_", "devshare_pool_", "devshare_connection_"))}
     theirs |= {"devshare_import_pool_slot", "devshare_peer_info_init", "devshare_import_give_back",
                "devshare_import_describe", "devshare_item_init", "devshare_recv_args_init",
-               "devshare_import_name"}
+               "devshare_import_name", "devshare_items_release"}
     assert ours == theirs
     # ... and they are the prototypes the package calls with.
     for name, restype, argtypes in sigs:
