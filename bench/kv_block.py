@@ -65,47 +65,15 @@ def queue_consumer(q, acks, count: int) -> None:
         acks.put(0)
 
 
-def run_devshare(cache, count: int, ctx) -> list[float]:
-    import devshare
-
-    address = f"@devshare-bench-kv-block-{os.getpid()}"
-    blocks = {i: cache[i] for i in range(cache.shape[0])}
-    times = []
-    with devshare.Channel(address) as ch:
-        proc = ctx.Process(target=devshare_consumer, args=(address, count, cache.device.type))
-        proc.start()
-        try:
-            peer = ch.wait_peers(1, timeout=TIMEOUT)[0]
-            ch.register(blocks)
-            for n in range(count):
-                view = blocks[n % len(blocks)]
-                t0 = time.perf_counter_ns()
-                ch.send(peer, view)
-                if not devshare.wait(view, timeout=TIMEOUT):
-                    raise TimeoutError("a lease did not come back")
-                times.append((time.perf_counter_ns() - t0) / 1e3)
-            proc.join(TIMEOUT)
-        finally:
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-    if proc.exitcode != 0:
-        raise RuntimeError(f"devshare consumer exited with code {proc.exitcode}")
-    return times
-
-
-def run_queue(cache, count: int, ctx) -> list[float]:
-    q, acks = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=queue_consumer, args=(q, acks, count))
-    proc.start()
-    blocks = [cache[i] for i in range(cache.shape[0])]
+def round_trips(proc, blocks, count: int, one) -> list[float]:
+    """Time ``count`` round trips, ``one(view)`` each on the blocks in turn, while the consumer
+    process ``proc`` (started) takes them; then wait for it (killed if still running)."""
     times = []
     try:
         for n in range(count):
             view = blocks[n % len(blocks)]
             t0 = time.perf_counter_ns()
-            q.put(view)
-            acks.get(timeout=TIMEOUT)
+            one(view)
             times.append((time.perf_counter_ns() - t0) / 1e3)
         proc.join(TIMEOUT)
     finally:
@@ -113,8 +81,41 @@ def run_queue(cache, count: int, ctx) -> list[float]:
             proc.kill()
             proc.join()
     if proc.exitcode != 0:
-        raise RuntimeError(f"queue consumer exited with code {proc.exitcode}")
+        raise RuntimeError(f"consumer exited with code {proc.exitcode}")
     return times
+
+
+def run_devshare(cache, count: int, ctx) -> list[float]:
+    import devshare
+
+    address = f"@devshare-bench-kv-block-{os.getpid()}"
+    blocks = {i: cache[i] for i in range(cache.shape[0])}
+    with devshare.Channel(address) as ch:
+        proc = ctx.Process(target=devshare_consumer, args=(address, count, cache.device.type))
+        proc.start()
+        try:
+            peer = ch.wait_peers(1, timeout=TIMEOUT)[0]
+            ch.register(blocks)
+        except BaseException:
+            proc.kill()
+            raise
+
+        def one(view):
+            ch.send(peer, view)
+            if not devshare.wait(view, timeout=TIMEOUT):
+                raise TimeoutError("a lease did not come back")
+        return round_trips(proc, blocks, count, one)
+
+
+def run_queue(cache, count: int, ctx) -> list[float]:
+    q, acks = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=queue_consumer, args=(q, acks, count))
+    proc.start()
+
+    def one(view):
+        q.put(view)
+        acks.get(timeout=TIMEOUT)
+    return round_trips(proc, [cache[i] for i in range(cache.shape[0])], count, one)
 
 
 def main() -> int:

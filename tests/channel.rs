@@ -540,10 +540,9 @@ fn a_hostile_producer_cannot_make_a_consumer_map_what_it_should_not() {
     assert_eq!(returned.len(), 10, "{returned:?}");
 }
 
-#[test]
-fn a_hostile_consumer_cannot_return_what_it_does_not_hold() {
-    let addr = address("hostile-consumer");
-    let ch = Channel::listen(&addr).unwrap();
+/// A hand-made consumer of the channel at `addr`: connected, its `HELLO` (announcing the
+/// `FEATURE_*` bits `features`) sent; the producer admits it once it serves the channel.
+fn raw_consumer(addr: &str, features: u16) -> OwnedFd {
     let raw = seqpacket();
     let name = addr.strip_prefix('@').unwrap();
     rustix::net::connect(&raw, &rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap()).unwrap();
@@ -551,10 +550,18 @@ fn a_hostile_consumer_cannot_return_what_it_does_not_hold() {
         &1u32.to_le_bytes(),
         &MAGIC.to_le_bytes(),
         &1u16.to_le_bytes(),
-        &0u16.to_le_bytes(),
+        &features.to_le_bytes(),
         &(std::process::id() as i32).to_le_bytes(),
     ]);
     send_raw(raw.as_fd(), &hello, &[]);
+    raw
+}
+
+#[test]
+fn a_hostile_consumer_cannot_return_what_it_does_not_hold() {
+    let addr = address("hostile-consumer");
+    let ch = Channel::listen(&addr).unwrap();
+    let raw = raw_consumer(&addr, 0);
     ch.wait_peers(1, T).unwrap();
     let peer = ch.peer_ids().unwrap()[0];
     let exp = Arc::new(Exporter::channel_host_alloc(4096 * 2).unwrap());
@@ -869,18 +876,7 @@ fn wake(fd: &OwnedFd) {
 fn a_hostile_consumer_writing_into_its_ring_cannot_free_a_slot_twice_or_crash_the_producer() {
     let addr = address("ring-hostile-consumer");
     let ch = Channel::listen(&addr).unwrap();
-    let raw = seqpacket();
-    let name = addr.strip_prefix('@').unwrap();
-    rustix::net::connect(&raw, &rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap()).unwrap();
-    let features: u16 = 1 | 2; // several shares per message, and the ring
-    let hello = le(&[
-        &1u32.to_le_bytes(),
-        &MAGIC.to_le_bytes(),
-        &1u16.to_le_bytes(),
-        &features.to_le_bytes(),
-        &(std::process::id() as i32).to_le_bytes(),
-    ]);
-    send_raw(raw.as_fd(), &hello, &[]);
+    let raw = raw_consumer(&addr, 1 | 2); // several shares per message, and the ring
     ch.wait_peers(1, T).unwrap();
     let peer = ch.peer_ids().unwrap()[0];
     let _welcome = recv_raw(raw.as_fd());
@@ -1306,19 +1302,8 @@ fn a_hostile_producers_names_are_checked_bounded_and_never_name_another_lease() 
 fn a_hostile_consumer_cannot_disturb_a_registration_or_another_consumers_leases() {
     let addr = address("hostile-consumer-registered");
     let ch = Channel::listen(&addr).unwrap();
-    let raw = seqpacket();
-    let name = addr.strip_prefix('@').unwrap();
-    rustix::net::connect(&raw, &rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap()).unwrap();
     // A consumer that says it reads several shares per message and keeps registered mappings.
-    let features = 1u16 | 4;
-    let hello = le(&[
-        &1u32.to_le_bytes(),
-        &MAGIC.to_le_bytes(),
-        &1u16.to_le_bytes(),
-        &features.to_le_bytes(),
-        &(std::process::id() as i32).to_le_bytes(),
-    ]);
-    send_raw(raw.as_fd(), &hello, &[]);
+    let raw = raw_consumer(&addr, 1 | 4);
     ch.wait_peers(1, T).unwrap();
     let hostile = ch.peer_ids().unwrap()[0];
     let exp = Exporter::channel_host_alloc(4096).unwrap();
