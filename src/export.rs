@@ -502,8 +502,11 @@ impl Exporter {
         Ok((h, event))
     }
 
-    /// The handle of a leased share, described and validated, without its event.
-    fn leased_handle(&self, desc: &TensorDesc<'_>) -> Result<DevshareHandle> {
+    /// The handle of a leased share, described and validated, without its event or
+    /// synchronisation: what [`Self::share_leased`] makes them for, or a caller that made them
+    /// for several shares at once (one per stream of a channel's batch: [`Self::record_event`],
+    /// or [`Self::synchronize`]) and sets `event_handle` of a handle with `desc.event` itself.
+    pub(crate) fn leased_handle(&self, desc: &TensorDesc<'_>) -> Result<DevshareHandle> {
         if desc.inflight {
             return Err(Error::InvalidArgument(
                 "a share over a channel is leased to the connection: in-flight references \
@@ -533,16 +536,9 @@ impl Exporter {
         Ok(h)
     }
 
-    /// [`Self::share_leased`] without its event or synchronisation: the caller made them for
-    /// several shares at once (one per stream of a channel's batch: [`Self::record_event`], or
-    /// [`Self::synchronize`]) and sets `event_handle` of a handle with `desc.event` itself.
-    pub(crate) fn share_leased_synced(&self, desc: &TensorDesc<'_>) -> Result<DevshareHandle> {
-        self.leased_handle(desc)
-    }
-
     /// A new interprocess event of this allocation's device, recorded on `stream` (what
     /// [`Self::share_leased`] records for one share), for shares made with
-    /// [`Self::share_leased_synced`]. Host memory: `Unsupported`.
+    /// [`Self::leased_handle`]. Host memory: `Unsupported`.
     pub(crate) fn record_event(&self, stream: *mut std::ffi::c_void) -> Result<Box<dyn IpcEvent>> {
         self.alloc
             .prepare_share(stream, true)?

@@ -377,7 +377,7 @@ impl LocalChannel {
         type Synced = (((u16, i32), usize, bool), Option<Arc<ChannelEvent>>);
         let mut synced: Vec<Synced> = Vec::new();
         for (exp, desc) in items {
-            let mut h = exp.share_leased_synced(desc)?;
+            let mut h = exp.leased_handle(desc)?;
             let key = (exp.event_key(), desc.stream as usize, desc.event);
             let event = match synced.iter().find(|s| s.0 == key) {
                 Some(s) => s.1.clone(),
