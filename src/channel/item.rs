@@ -184,7 +184,7 @@ impl Drop for SlotToken {
 /// The token of an item of slot `slot`, and the husk of an earlier item's import: one resting
 /// in `spares`, or a new one.
 fn slot_token(
-    conn: Arc<dyn Teller>,
+    conn: &dyn Fn() -> Arc<dyn Teller>,
     attach: &Arc<AttachToken>,
     spares: &Arc<SpareTokens>,
     pool: u32,
@@ -199,7 +199,7 @@ fn slot_token(
         }
     }
     let token = SlotToken {
-        conn,
+        conn: conn(),
         pool,
         slot,
         given: AtomicBool::new(false),
@@ -238,8 +238,8 @@ pub(crate) fn slot_desc<'a>(desc: &TensorDesc<'a>, slot: u32, slot_size: u64) ->
 /// `slot_size` bytes), narrowed to the item's tensor `l` — the slot and its bytes checked
 /// against the pool, the handle validated and checked against the mapping by `derive` — whose
 /// lease gives the slot back through `conn` (made only once the slot is in bounds, so that a
-/// refused slot is not given back) and holds the pool's attachment; waits for the producer's
-/// `event` first (on `stream`, or on this thread).
+/// refused slot is not given back; `conn` is asked only for a new token) and holds the pool's
+/// attachment; waits for the producer's `event` first (on `stream`, or on this thread).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn narrow(
     base: &Arc<Import>,
@@ -249,7 +249,7 @@ pub(crate) fn narrow(
     slot: u32,
     l: &wire::ItemLayout,
     event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
-    (conn, attach, spares): (Arc<dyn Teller>, &Arc<AttachToken>, &Arc<SpareTokens>),
+    (conn, attach, spares): (&dyn Fn() -> Arc<dyn Teller>, &Arc<AttachToken>, &Arc<SpareTokens>),
     stream: *mut std::ffi::c_void,
 ) -> Result<Box<Import>> {
     if slot >= count || l.storage_offset.checked_add(l.storage_size).map_or(true, |e| e > slot_size) {
@@ -259,19 +259,16 @@ pub(crate) fn narrow(
         )));
     }
     let (token, husk) = slot_token(conn, attach, spares, pool, slot);
-    let mut h = *base.handle();
-    h.storage_offset = base.handle().storage_offset + u64::from(slot) * slot_size + l.storage_offset;
-    h.storage_size = l.storage_size;
-    h.ndim = l.ndim;
-    h.shape = l.shape;
-    h.strides = l.strides;
-    h.tensor_offset = l.tensor_offset;
-    h.dtype = l.dtype;
-    if let Some(e) = event {
-        h.flags |= crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
-        h.event_handle = e;
-    }
-    let imp = Import::derive(base, &h, token, husk)?;
+    let layout = crate::handle::Layout {
+        storage_offset: base.handle().storage_offset + u64::from(slot) * slot_size + l.storage_offset,
+        storage_size: l.storage_size,
+        ndim: l.ndim,
+        shape: l.shape,
+        strides: l.strides,
+        tensor_offset: l.tensor_offset,
+        dtype: l.dtype,
+    };
+    let imp = Import::derive(base, &layout, event, token, husk)?;
     // The producer's work on the slot may still be running: wait for its event before the item
     // is used (on the connection's stream, or blocking this thread).
     let req = ImportRequest { device: Some(base.device()), stream, ..ImportRequest::default() };

@@ -266,10 +266,58 @@ pub(crate) fn validate_layout(h: &DevshareHandle, base: &DevshareHandle) -> Resu
     if !same_but_layout(h, base) {
         return validate(h);
     }
+    check_layout(h)
+}
+
+/// The checks of [`validate_layout`] for a handle that is its validated base but for the layout
+/// fields.
+fn check_layout(h: &DevshareHandle) -> Result<Validated> {
     let element_size = check_dims(h)?;
     check_storage(h)?;
     let (numel, tensor_byte) = check_tensor(h, element_size)?;
     Ok(Validated { element_size, numel, data_offset: h.storage_offset + tensor_byte })
+}
+
+/// The layout fields of a handle: what a pool item sets on its pool's handle.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layout {
+    pub dtype: DevshareDType,
+    pub ndim: u32,
+    pub shape: [i64; DEVSHARE_MAX_NDIM],
+    pub strides: [i64; DEVSHARE_MAX_NDIM],
+    /// In the allocation, in bytes.
+    pub storage_offset: u64,
+    pub storage_size: u64,
+    /// In elements.
+    pub tensor_offset: i64,
+}
+
+/// Write `base` (a handle that passed [`validate`]) with the layout `l` (and the producer's
+/// `event`, flagged, when there is one) into `h`, and validate it: the verdict of
+/// [`validate_layout`]`(h, base)`. Without an event, the other fields are `base`'s by
+/// construction and are not compared (a pool item's handle, written in place in its import).
+pub(crate) fn relayout(
+    base: &DevshareHandle,
+    l: &Layout,
+    event: Option<[u8; DEVSHARE_EVENT_HANDLE_SIZE]>,
+    h: &mut DevshareHandle,
+) -> Result<Validated> {
+    *h = *base;
+    h.dtype = l.dtype;
+    h.ndim = l.ndim;
+    h.shape = l.shape;
+    h.strides = l.strides;
+    h.storage_offset = l.storage_offset;
+    h.storage_size = l.storage_size;
+    h.tensor_offset = l.tensor_offset;
+    match event {
+        None => check_layout(h),
+        Some(e) => {
+            h.flags |= DEVSHARE_HANDLE_FLAG_EVENT;
+            h.event_handle = e;
+            validate_layout(h, base)
+        }
+    }
 }
 
 /// Whether `a` and `b` agree in every field but the layout ones, field by field, without
@@ -433,8 +481,27 @@ mod tests {
         let full = validate(h);
         let fast = validate_layout(h, base);
         prop_assert_eq!(full.is_ok(), fast.is_ok(), "full {:?}, layout-only {:?}", full, fast);
-        if let (Ok(a), Ok(b)) = (full, fast) {
-            prop_assert_eq!(a, b);
+        if let (Ok(a), Ok(b)) = (&full, fast) {
+            prop_assert_eq!(*a, b);
+        }
+        if same_but_layout(h, base) {
+            // What a pool item's import does: the base's handle with the layout written in.
+            let l = Layout {
+                dtype: h.dtype,
+                ndim: h.ndim,
+                shape: h.shape,
+                strides: h.strides,
+                storage_offset: h.storage_offset,
+                storage_size: h.storage_size,
+                tensor_offset: h.tensor_offset,
+            };
+            let mut written = DevshareHandle::default();
+            let relaid = relayout(base, &l, None, &mut written);
+            prop_assert!(written == *h, "relayout writes the handle checked");
+            prop_assert_eq!(full.is_ok(), relaid.is_ok(), "full {:?}, relayout {:?}", full, relaid);
+            if let (Ok(a), Ok(b)) = (full, relaid) {
+                prop_assert_eq!(a, b);
+            }
         }
         Ok(())
     }

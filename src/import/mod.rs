@@ -702,50 +702,55 @@ impl Import {
         Ok(())
     }
 
-    /// Another view of this import's allocation — a tensor `h` inside it (checked against the
-    /// mapping) — holding `lease` until it and its clones are released. Used for pool slots: the
-    /// allocation was imported once, each item is a view of it.
+    /// Another view of this import's allocation — its handle with the layout `layout` (and the
+    /// producer's `event`, when it sent one), checked against the mapping — holding `lease` until
+    /// it and its clones are released. Used for pool slots: the allocation was imported once,
+    /// each item is a view of it.
     /// Boxed: a received item's import travels up the receive path and out through the C API
     /// as this box (an import is 320 bytes).
     /// Holds `base` (not the registry): an item takes no registry lock, made or released; made
-    /// in `husk` (an earlier item's box, see [`Lease::done`]) when there is one.
+    /// in `husk` (an earlier item's box, see [`Lease::done`]) when there is one, its handle
+    /// written in place.
     pub(crate) fn derive(
         base: &Arc<Import>,
-        h: &DevshareHandle,
+        layout: &crate::handle::Layout,
+        event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
         lease: Arc<dyn Lease>,
         husk: Option<Box<Import>>,
     ) -> Result<Box<Import>> {
-        // The pool's handle passed `validate` when it was imported; an item changes its layout.
-        let validated = crate::handle::validate_layout(h, &base.handle)?;
         let m = base.mapping.as_ref().ok_or_else(|| Error::AlreadyReleased("the pool's import is released".into()))?;
+        // An emptied import (nothing to release): only its fields are set again.
+        let mut imp = match husk.filter(|i| i.mapping.is_none() && i.lease.is_none() && i.parent.is_none()) {
+            Some(imp) => imp,
+            None => Box::new(Import {
+                lease: None,
+                key: base.key.clone(),
+                ticket: None,
+                watch: None,
+                mapping: None,
+                handle: Box::new(*base.handle),
+                validated: base.validated,
+                parent: None,
+                generation: base.generation,
+            }),
+        };
+        // The pool's handle passed `validate` when it was imported; an item changes its layout
+        // only (checked alone), or also carries an event (then the whole handle is checked).
+        let h = &mut *imp.handle;
+        let validated = crate::handle::relayout(&base.handle, layout, event, h)?;
         if h.backend != base.handle.backend || h.alloc_size != base.handle.alloc_size {
             return Err(Error::Mismatch("a pool item must describe the pool's own allocation".into()));
         }
         check_view(m.as_ref(), h, &validated)?;
-        if let Some(mut imp) = husk.filter(|i| i.mapping.is_none() && i.lease.is_none() && i.parent.is_none()) {
-            // An emptied import (nothing to release): only its fields are set again.
-            imp.lease = Some(lease);
-            imp.key = base.key.clone();
-            imp.ticket = None;
-            imp.watch = None;
-            imp.mapping = Some(m.clone());
-            *imp.handle = *h;
-            imp.validated = validated;
-            imp.parent = Some(base.clone());
-            imp.generation = base.generation;
-            return Ok(imp);
-        }
-        Ok(Box::new(Import {
-            lease: Some(lease),
-            key: base.key.clone(),
-            ticket: None,
-            watch: None,
-            mapping: Some(m.clone()),
-            handle: Box::new(*h),
-            validated,
-            parent: Some(base.clone()),
-            generation: base.generation,
-        }))
+        imp.lease = Some(lease);
+        imp.key.clone_from(&base.key);
+        imp.ticket = None;
+        imp.watch = None;
+        imp.mapping = Some(m.clone());
+        imp.validated = validated;
+        imp.parent = Some(base.clone());
+        imp.generation = base.generation;
+        Ok(imp)
     }
 
     /// Release a boxed import (what the C API hands out): a pool item's box goes to its lease

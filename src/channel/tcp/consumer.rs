@@ -484,7 +484,8 @@ impl RemoteConnection {
                 if event.is_some() {
                     return Err(Error::Untrusted("a remote item with an event".into()));
                 }
-                let conn = (self.shared.clone() as Arc<dyn Teller>, &p.token, &p.spares);
+                let teller = || self.shared.clone() as Arc<dyn Teller>;
+                let conn = (&teller as &dyn Fn() -> Arc<dyn Teller>, &p.token, &p.spares);
                 let Some(device) = &p.device else {
                     return narrow(
                         &p.base,

@@ -22,6 +22,9 @@ pub(crate) struct ConnShared {
     /// Messages (releases, returns, detaches) the producer's socket had no room for: sent, in
     /// order, before any later one and by every receive, never dropped while connected.
     backlog: Mutex<std::collections::VecDeque<Vec<u8>>>,
+    /// Whether `backlog` held messages when its lock was last let go: a receive looks here
+    /// before taking the lock (most find it empty).
+    backlogged: AtomicBool,
     /// The shared-memory ring pool items and returns travel in, once the producer sent one.
     ring: std::sync::OnceLock<ConsumerRing>,
 }
@@ -33,11 +36,14 @@ impl ConnShared {
 
     /// Send what waits in the backlog while the socket takes it; whether some still waits.
     fn flush(&self) -> bool {
-        if !self.speaks() {
+        // A message another thread queues after this look is its own to send (`tell` flushes
+        // first), as it was when this receive took the lock just before it.
+        if !self.backlogged.load(Ordering::Acquire) || !self.speaks() {
             return false;
         }
         let mut q = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
         self.flush_locked(&mut q);
+        self.backlogged.store(!q.is_empty(), Ordering::Release);
         !q.is_empty()
     }
 
@@ -75,7 +81,27 @@ impl Teller for ConnShared {
         }
         let bytes = msg.encode();
         let mut q = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
-        self.flush_locked(&mut q);
+        self.queue(&mut q, bytes);
+        self.backlogged.store(!q.is_empty(), Ordering::Release);
+    }
+
+    /// Through the ring when there is one with room, else a `RETURN`.
+    fn give_back_slot(&self, pool: u32, slot: u32) {
+        if !self.speaks() {
+            return;
+        }
+        if self.ring.get().is_some_and(|r| r.push_return(pool, slot)) {
+            return;
+        }
+        self.tell(Message::Return { pool, slot });
+    }
+}
+
+impl ConnShared {
+    /// [`Teller::tell`]'s work under the backlog's lock: send `bytes` after what waits, or
+    /// queue it.
+    fn queue(&self, q: &mut std::collections::VecDeque<Vec<u8>>, bytes: Vec<u8>) {
+        self.flush_locked(q);
         if q.is_empty() {
             match wire::try_send(self.fd.as_fd(), &bytes, &[]) {
                 Ok(false) => {} // no room now: it waits below
@@ -90,22 +116,11 @@ impl Teller for ConnShared {
                         q.clear(); // the producer is gone: the hang-up returned everything
                         return;
                     }
-                    Ok(()) => self.flush_locked(&mut q),
+                    Ok(()) => self.flush_locked(q),
                 }
             }
         }
         q.push_back(bytes);
-    }
-
-    /// Through the ring when there is one with room, else a `RETURN`.
-    fn give_back_slot(&self, pool: u32, slot: u32) {
-        if !self.speaks() {
-            return;
-        }
-        if self.ring.get().is_some_and(|r| r.push_return(pool, slot)) {
-            return;
-        }
-        self.tell(Message::Return { pool, slot });
     }
 }
 
@@ -140,6 +155,8 @@ struct State {
     kept: FxHashMap<u64, crate::import::KeptKey>,
     /// Names (`NAMES`) of leases whose shares have not arrived yet, at most [`MAX_PENDING_NAMES`].
     names: FxHashMap<u64, std::ffi::CString>,
+    /// The ring record being looked at, copied out of the ring (here, not moved on the way).
+    rec: ItemRecord,
 }
 
 /// Most lease names a consumer holds for shares still to come: two messages' worth; a producer
@@ -246,6 +263,7 @@ impl LocalConnection {
                                     generation: crate::fork::Stamp::now(),
                                     closed: Default::default(),
                                     backlog: Default::default(),
+                                    backlogged: AtomicBool::new(false),
                                     ring: Default::default(),
                                 }),
                                 state: Mutex::new(State {
@@ -260,6 +278,7 @@ impl LocalConnection {
                                     broken: false,
                                     kept: FxHashMap::default(),
                                     names: FxHashMap::default(),
+                                    rec: ItemRecord::new(),
                                 }),
                                 peer_id,
                                 producer_pid,
@@ -498,10 +517,10 @@ impl LocalConnection {
             }
             let mut behind = false;
             if let Some(r) = ring {
-                if let Some(rec) = self.peek(st, r)? {
-                    if rec.socket_messages <= st.seen {
+                if self.peek(st, r)? {
+                    if st.rec.socket_messages <= st.seen {
                         st.head = r.advance(st.head);
-                        return self.ring_item(st, &rec).map(Some);
+                        return self.ring_item(st).map(Some);
                     }
                     behind = true; // it waits for socket messages sent before it
                 }
@@ -526,9 +545,9 @@ impl LocalConnection {
             if let Some(r) = ring {
                 loop {
                     match self.peek(st, r) {
-                        Ok(Some(rec)) if rec.socket_messages < st.seen => {
+                        Ok(true) if st.rec.socket_messages < st.seen => {
                             st.head = r.advance(st.head);
-                            match self.ring_item(st, &rec) {
+                            match self.ring_item(st) {
                                 Ok(imp) => st.ready.push_back(imp),
                                 Err(e) => {
                                     first_error.get_or_insert(e);
@@ -556,20 +575,22 @@ impl LocalConnection {
         }
     }
 
-    /// The ring's next record; a ring the producer broke ends the connection.
-    fn peek(&self, st: &mut State, r: &ConsumerRing) -> Result<Option<ItemRecord>> {
-        r.peek(st.head).inspect_err(|_| {
+    /// The ring's next record, copied into `st.rec` (whether one waits); a ring the producer
+    /// broke ends the connection.
+    fn peek(&self, st: &mut State, r: &ConsumerRing) -> Result<bool> {
+        r.copy(st.head, &mut st.rec).inspect_err(|_| {
             st.eof = true;
             st.broken = true;
         })
     }
 
-    /// A pool item that came through the ring, checked as one from the socket.
-    fn ring_item(&self, st: &mut State, rec: &ItemRecord) -> Result<Box<Import>> {
-        match Message::decode(rec.item())? {
-            Message::Item { pool, slot, layout, event } => self.item(st, pool, slot, layout, event),
-            other => Err(Error::Untrusted(format!("a ring record holds {other:?}, not a pool item"))),
-        }
+    /// The pool item in `st.rec`, which came through the ring, checked as one from the socket.
+    fn ring_item(&self, st: &mut State) -> Result<Box<Import>> {
+        let (pool, slot, layout, event) = match Message::decode(st.rec.item())? {
+            Message::Item { pool, slot, layout, event } => (pool, slot, layout, event),
+            other => return Err(Error::Untrusted(format!("a ring record holds {other:?}, not a pool item"))),
+        };
+        self.item(st, pool, slot, layout, event)
     }
 
     /// Handle one received message; an item comes back as an import.
@@ -760,7 +781,7 @@ impl LocalConnection {
             slot,
             &l,
             event,
-            (self.shared.clone(), &p.token, &p.spares),
+            (&|| self.shared.clone() as Arc<dyn Teller>, &p.token, &p.spares),
             self.stream(),
         )
     }

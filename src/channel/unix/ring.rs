@@ -87,6 +87,17 @@ fn wake(fd: BorrowedFd<'_>) {
     let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
 }
 
+/// Set the other side's `pending` word and wake it when it was clear (it armed before
+/// sleeping). A word already set is only read: a side that is awake costs no locked write. (The
+/// index published before this with `SeqCst` and the sleeper's `SeqCst` clear-then-look make the
+/// plain read as safe as the swap: a clear that this read missed comes after the index in the
+/// one order of `SeqCst` operations, so the sleeper's look after it sees the record.)
+fn wake_unless_pending(pending: &AtomicU64, fd: BorrowedFd<'_>) {
+    if pending.load(Ordering::SeqCst) == 0 && pending.swap(1, Ordering::SeqCst) == 0 {
+        wake(fd);
+    }
+}
+
 struct Shared {
     map: Map,
     capacity: u32,
@@ -177,16 +188,22 @@ impl ProducerRing {
         let put = |i: usize, w: u64| unsafe { std::ptr::write_volatile(rec.add(i), w) };
         put(0, socket_messages);
         put(1, item.len() as u64);
-        for (i, chunk) in item.chunks(8).enumerate() {
+        // Whole words, then the last partial one zero-padded (no call to copy a chunk).
+        let words = item.chunks_exact(8);
+        let rest = words.remainder();
+        let mut i = 2;
+        for w in words {
+            put(i, u64::from_le_bytes(w.try_into().expect("8 bytes")));
+            i += 1;
+        }
+        if !rest.is_empty() {
             let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            put(2 + i, u64::from_le_bytes(w));
+            w[..rest.len()].copy_from_slice(rest);
+            put(i, u64::from_le_bytes(w));
         }
         self.tail = self.tail.wrapping_add(1);
         s.word(ITEM_TAIL).store(self.tail, Ordering::SeqCst);
-        if s.word(C_PENDING).swap(1, Ordering::SeqCst) == 0 {
-            wake(self.c_efd.as_fd());
-        }
+        wake_unless_pending(s.word(C_PENDING), self.c_efd.as_fd());
         Ok(true)
     }
 
@@ -231,6 +248,11 @@ pub(crate) struct ItemRecord {
 }
 
 impl ItemRecord {
+    /// An empty record, to copy records into ([`ConsumerRing::copy`]).
+    pub(crate) fn new() -> ItemRecord {
+        ItemRecord { socket_messages: 0, len: 0, bytes: [0; MAX_ITEM] }
+    }
+
     pub(crate) fn item(&self) -> &[u8] {
         &self.bytes[..self.len]
     }
@@ -326,22 +348,31 @@ impl ConsumerRing {
 
     /// The record at `head`, copied, when one is waiting; not taken until [`Self::advance`].
     pub(crate) fn peek(&self, head: u64) -> Result<Option<ItemRecord>> {
+        let mut rec = ItemRecord::new();
+        Ok(self.copy(head, &mut rec)?.then_some(rec))
+    }
+
+    /// [`Self::peek`] into `rec` (the receive path's own record, not moved on the way): whether
+    /// a record was waiting (and is now in `rec`).
+    pub(crate) fn copy(&self, head: u64, rec: &mut ItemRecord) -> Result<bool> {
         if !self.waiting(head)? {
-            return Ok(None);
+            return Ok(false);
         }
-        let rec = self.shared.record(head).cast::<u64>();
+        let at = self.shared.record(head).cast::<u64>();
         // SAFETY: the record holds RECORD bytes, 8-aligned.
-        let word = |i: usize| unsafe { std::ptr::read_volatile(rec.add(i)) };
+        let word = |i: usize| unsafe { std::ptr::read_volatile(at.add(i)) };
         let (socket_messages, len) = (word(0), word(1));
         let len = usize::try_from(len)
             .ok()
             .filter(|&l| l <= MAX_ITEM)
             .ok_or_else(|| Error::Untrusted(format!("a ring record of {len} bytes (at most {MAX_ITEM})")))?;
-        let mut bytes = [0u8; MAX_ITEM];
-        for (i, chunk) in bytes[..len.div_ceil(8) * 8].chunks_mut(8).enumerate() {
+        // Each word read once, whole words only (MAX_ITEM is a multiple of 8).
+        for (i, chunk) in rec.bytes[..len.div_ceil(8) * 8].chunks_exact_mut(8).enumerate() {
             chunk.copy_from_slice(&word(2 + i).to_le_bytes());
         }
-        Ok(Some(ItemRecord { socket_messages, len, bytes }))
+        rec.socket_messages = socket_messages;
+        rec.len = len;
+        Ok(true)
     }
 
     /// Take the record at `head` (the new head is `head + 1`).
@@ -386,9 +417,7 @@ impl ConsumerRing {
 
     /// Wake the producer unless a wake-up is already pending.
     fn wake_producer(&self) {
-        if self.shared.word(P_PENDING).swap(1, Ordering::SeqCst) == 0 {
-            wake(self.p_efd.as_fd());
-        }
+        wake_unless_pending(self.shared.word(P_PENDING), self.p_efd.as_fd());
     }
 
     /// Wake the producer for the returns whose wake-up was put off (before this consumer

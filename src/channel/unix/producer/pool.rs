@@ -36,11 +36,14 @@ impl LocalPool {
         let mut spin_until = (spin > 0).then(|| Instant::now() + Duration::from_nanos(spin));
         let mut last_look = false;
         let mut spins = 0u32;
+        // The first look claims nothing: a slot it finds is taken without the claim below (most
+        // acquires find one), and one that finds none waits only after the next look.
+        let mut first = true;
         loop {
             // Without a time limit (and not spinning), the wait below may be the channel's one
             // wait without a timer: claimed before the look that decides to wait (see `Locked`).
             let mut untimed =
-                if deadline.is_none() && spin_until.is_none() { self.shared.claim_untimed() } else { None };
+                if !first && deadline.is_none() && spin_until.is_none() { self.shared.claim_untimed() } else { None };
             // A free slot, after the returns that came through a ring (taken without a system
             // call), under one lock: the path a spinning acquire turns on.
             let got = {
@@ -65,6 +68,9 @@ impl LocalPool {
             };
             if let Some(g) = got {
                 return Ok(g);
+            }
+            if std::mem::take(&mut first) && deadline.is_none() && spin_until.is_none() {
+                continue; // look again, claiming the wait without a timer first
             }
             if last_look {
                 return Err(Error::Timeout("every slot of the pool is still out".into()));
@@ -130,7 +136,7 @@ impl LocalPool {
     /// Send an acquired slot to `peer`, describing the tensor in it (`desc.storage_offset` is
     /// relative to the slot, `storage_size` `None` means the rest of the slot).
     pub fn send(&self, slot: u32, peer: u64, desc: &TensorDesc<'_>) -> Result<()> {
-        let shared = self.shared.clone();
+        let shared = &self.shared;
         let id = self.id;
         let epfd = self.shared.epoll.as_fd();
         self.with_then(
