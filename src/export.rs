@@ -581,7 +581,7 @@ impl Exporter {
         h.producer_pid = crate::fork::pid();
         let event_flag = crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
         h.flags = (template.flags & !event_flag) | if desc.event { event_flag } else { 0 };
-        crate::handle::validate_layout(&h, template)?;
+        crate::handle::validate_written_layout(&h, template)?;
         Ok(f(&h))
     }
 

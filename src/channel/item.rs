@@ -104,6 +104,9 @@ impl Drop for AttachToken {
 /// An attached pool's slot tokens at rest, one per slot: a token whose item was released waits
 /// here for the slot's next item, so that receiving an item allocates no token. The pool's
 /// state owns it; a token reaches it only through a `Weak` (a resting token must not keep it).
+/// A resting token keeps its pool's [`AttachToken`], as the pool's state does: both go when
+/// the state does (then the last item out detaches, as before), and an item takes no count
+/// of it.
 pub(crate) struct SpareTokens(Box<[AtomicPtr<SlotToken>]>);
 
 impl SpareTokens {
@@ -142,8 +145,8 @@ pub(crate) struct SlotToken {
     pool: u32,
     slot: u32,
     given: AtomicBool,
-    /// `None` only while it rests in its pool's [`SpareTokens`].
-    attach: Option<Arc<AttachToken>>,
+    /// The pool's attachment, which its items keep.
+    attach: Arc<AttachToken>,
     spares: std::sync::Weak<SpareTokens>,
     /// The box of its last item's import, emptied, for the next (see `Lease::done`).
     husk: Option<Box<Import>>,
@@ -168,7 +171,6 @@ impl Lease for SlotToken {
             me.conn.give_back_slot(me.pool, me.slot);
         }
         if let Some(spares) = me.spares.upgrade() {
-            me.attach = None; // a resting token does not keep the pool attached
             me.husk = husk;
             spares.put(me.slot, self);
         }
@@ -192,8 +194,9 @@ fn slot_token(
 ) -> (Arc<SlotToken>, Option<Box<Import>>) {
     if let Some(mut t) = spares.take(slot) {
         if let Some(me) = Arc::get_mut(&mut t) {
+            // The spares and the attachment are the same pool's.
+            debug_assert!(Arc::ptr_eq(&me.attach, attach));
             *me.given.get_mut() = false;
-            me.attach = Some(attach.clone());
             let husk = me.husk.take();
             return (t, husk);
         }
@@ -203,7 +206,7 @@ fn slot_token(
         pool,
         slot,
         given: AtomicBool::new(false),
-        attach: Some(attach.clone()),
+        attach: attach.clone(),
         spares: Arc::downgrade(spares),
         husk: None,
     };

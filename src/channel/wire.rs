@@ -449,6 +449,7 @@ impl<'a> In<'a> {
     pub(crate) fn new(b: &'a [u8]) -> In<'a> {
         In { b, pos: 0 }
     }
+    #[inline]
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.b.len()).ok_or_else(|| {
             Error::Untrusted(format!("a channel message of {} bytes is shorter than its type requires", self.b.len()))
@@ -457,21 +458,27 @@ impl<'a> In<'a> {
         self.pos = end;
         Ok(s)
     }
+    #[inline]
     pub(crate) fn u16(&mut self) -> Result<u16> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
     }
+    #[inline]
     pub(crate) fn u32(&mut self) -> Result<u32> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
     }
+    #[inline]
     pub(crate) fn i32(&mut self) -> Result<i32> {
         Ok(i32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
     }
+    #[inline]
     pub(crate) fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
+    #[inline]
     pub(crate) fn i64(&mut self) -> Result<i64> {
         Ok(i64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
+    #[inline]
     pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
         Ok(self.take(N)?.try_into().expect("N bytes"))
     }
