@@ -303,28 +303,7 @@ impl<'a> Message<'a> {
                 Message::Attach { pool, slot_size, count, handle: r.rest() }
             }
             ITEM => {
-                let (pool, slot, ndim) = (r.u32()?, r.u32()?, r.u32()?);
-                let [code, bits] = r.array()?;
-                let lanes = r.u16()?;
-                let flags = r.u32()?;
-                if flags & !ITEM_EVENT != 0 {
-                    return Err(Error::UnsupportedVersion(format!("pool item flags {flags:#x}")));
-                }
-                let (storage_offset, storage_size, tensor_offset) = (r.u64()?, r.u64()?, r.i64()?);
-                if ndim as usize > DEVSHARE_MAX_NDIM {
-                    return Err(Error::BadNdim(format!("a pool item has {ndim} dimensions")));
-                }
-                let mut shape = [0i64; DEVSHARE_MAX_NDIM];
-                let mut strides = [0i64; DEVSHARE_MAX_NDIM];
-                for s in shape.iter_mut().take(ndim as usize) {
-                    *s = r.i64()?;
-                }
-                for s in strides.iter_mut().take(ndim as usize) {
-                    *s = r.i64()?;
-                }
-                let event = if flags & ITEM_EVENT != 0 { Some(r.array::<DEVSHARE_EVENT_HANDLE_SIZE>()?) } else { None };
-                let dtype = DevshareDType::new(code, bits, lanes);
-                let layout = ItemLayout { dtype, ndim, shape, strides, storage_offset, storage_size, tensor_offset };
+                let (pool, slot, layout, event) = item_body(&mut r)?;
                 Message::Item { pool, slot, layout, event }
             }
             RETURN => {
@@ -384,6 +363,48 @@ impl<'a> Message<'a> {
         r.end()?;
         Ok(msg)
     }
+
+    /// [`Self::decode`] of an `ITEM`, without making the message (a ring record's path): `None`
+    /// when `b` is another type of message (or too short for one), else what `decode` makes of
+    /// it, field by field.
+    pub(crate) fn decode_item(b: &[u8]) -> Option<Result<Item>> {
+        let mut r = In::new(b);
+        if r.u32().ok()? != ITEM {
+            return None;
+        }
+        Some(item_body(&mut r).and_then(|item| r.end().map(|()| item)))
+    }
+}
+
+/// A pool item's fields: pool, slot, layout, the producer's event.
+pub(crate) type Item = (u32, u32, ItemLayout, Option<[u8; DEVSHARE_EVENT_HANDLE_SIZE]>);
+
+/// An `ITEM`'s fields after its type.
+#[inline]
+fn item_body(r: &mut In<'_>) -> Result<Item> {
+    let (pool, slot, ndim) = (r.u32()?, r.u32()?, r.u32()?);
+    let [code, bits] = r.array()?;
+    let lanes = r.u16()?;
+    let flags = r.u32()?;
+    if flags & !ITEM_EVENT != 0 {
+        return Err(Error::UnsupportedVersion(format!("pool item flags {flags:#x}")));
+    }
+    let (storage_offset, storage_size, tensor_offset) = (r.u64()?, r.u64()?, r.i64()?);
+    if ndim as usize > DEVSHARE_MAX_NDIM {
+        return Err(Error::BadNdim(format!("a pool item has {ndim} dimensions")));
+    }
+    let mut shape = [0i64; DEVSHARE_MAX_NDIM];
+    let mut strides = [0i64; DEVSHARE_MAX_NDIM];
+    for s in shape.iter_mut().take(ndim as usize) {
+        *s = r.i64()?;
+    }
+    for s in strides.iter_mut().take(ndim as usize) {
+        *s = r.i64()?;
+    }
+    let event = if flags & ITEM_EVENT != 0 { Some(r.array::<DEVSHARE_EVENT_HANDLE_SIZE>()?) } else { None };
+    let dtype = DevshareDType::new(code, bits, lanes);
+    let layout = ItemLayout { dtype, ndim, shape, strides, storage_offset, storage_size, tensor_offset };
+    Ok((pool, slot, layout, event))
 }
 
 /// `b` as a lease's name: UTF-8 without NUL, at most `DEVSHARE_MAX_NAME_LEN` bytes; otherwise
@@ -712,6 +733,31 @@ mod tests {
         let mut item = every_message()[6].encode();
         item[12] = 9; // ndim 9
         assert_eq!(Message::decode(&item).unwrap_err().status(), crate::Status::BadNdim);
+    }
+
+    #[test]
+    fn an_item_decodes_alone_as_it_decodes_as_a_message() {
+        for m in every_message() {
+            let b = m.encode();
+            let mut long = b.clone();
+            long.push(0);
+            let mut bad_ndim = b.clone();
+            if b.len() > 12 {
+                bad_ndim[12] = 9;
+            }
+            for bytes in [&b[..], &b[..b.len() - 1], &long[..], &b[..3], &bad_ndim[..]] {
+                let full = Message::decode(bytes);
+                match (Message::decode_item(bytes), full) {
+                    (None, Ok(Message::Item { .. })) => panic!("{m:?}: an item not taken alone"),
+                    (None, _) => assert!(!matches!(m, Message::Item { .. }) || bytes.len() < 4),
+                    (Some(Ok((pool, slot, layout, event))), Ok(full)) => {
+                        assert_eq!(full, Message::Item { pool, slot, layout, event })
+                    }
+                    (Some(Err(a)), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+                    (alone, full) => panic!("{m:?}: alone {alone:?}, as a message {full:?}"),
+                }
+            }
+        }
     }
 
     #[test]

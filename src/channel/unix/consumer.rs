@@ -586,9 +586,12 @@ impl LocalConnection {
 
     /// The pool item in `st.rec`, which came through the ring, checked as one from the socket.
     fn ring_item(&self, st: &mut State) -> Result<Box<Import>> {
-        let (pool, slot, layout, event) = match Message::decode(st.rec.item())? {
-            Message::Item { pool, slot, layout, event } => (pool, slot, layout, event),
-            other => return Err(Error::Untrusted(format!("a ring record holds {other:?}, not a pool item"))),
+        let (pool, slot, layout, event) = match Message::decode_item(st.rec.item()) {
+            Some(item) => item?,
+            None => match Message::decode(st.rec.item())? {
+                Message::Item { pool, slot, layout, event } => (pool, slot, layout, event),
+                other => return Err(Error::Untrusted(format!("a ring record holds {other:?}, not a pool item"))),
+            },
         };
         self.item(st, pool, slot, layout, event)
     }
