@@ -144,8 +144,9 @@ pub struct Import {
     handle: Box<DevshareHandle>,
     validated: Validated,
     /// A view of another import's allocation ([`Import::derive`], a pool item): that import,
-    /// which holds the registry's count, the ticket and the ref-counter for it, kept until this
-    /// one (and its clones) go. Such an import never takes the registry's lock.
+    /// which holds the registry's count, the ticket, the ref-counter and the mapping for it
+    /// (`mapping` is `None` here), kept until this one (and its clones) go. Such an import never
+    /// takes the registry's lock.
     parent: Option<Arc<Import>>,
     /// The fork generation at import: released in a forked child, it gives back nothing.
     generation: Stamp,
@@ -629,7 +630,7 @@ impl Import {
     /// it): the import checked it already (`check_view`), and a storage outside the mapping
     /// panics here rather than forming a pointer outside it.
     pub fn view(&self) -> ImportView {
-        let m = self.mapping.as_ref().expect("mapping present until release");
+        let m = self.mapping().expect("mapping present until release");
         let base = m.base();
         let (storage, data) = view_pointers(base, m.size(), &self.handle, &self.validated)
             .expect("an import's storage lies inside its mapping (checked when it was imported)");
@@ -638,7 +639,15 @@ impl Import {
 
     /// The device the allocation is mapped on.
     pub fn device(&self) -> i32 {
-        self.mapping.as_ref().and_then(|m| m.device()).unwrap_or(self.key.device)
+        self.mapping().and_then(|m| m.device()).unwrap_or(self.key.device)
+    }
+
+    /// The mapping: this import's, or for a pool item its parent's.
+    fn mapping(&self) -> Option<&Arc<dyn Mapping>> {
+        match &self.parent {
+            Some(p) => p.mapping(),
+            None => self.mapping.as_ref(),
+        }
     }
 
     /// Another import of the same handle: shares this one's mapping and reference (both must be
@@ -718,7 +727,7 @@ impl Import {
         lease: Arc<dyn Lease>,
         husk: Option<Box<Import>>,
     ) -> Result<Box<Import>> {
-        let m = base.mapping.as_ref().ok_or_else(|| Error::AlreadyReleased("the pool's import is released".into()))?;
+        let m = base.mapping().ok_or_else(|| Error::AlreadyReleased("the pool's import is released".into()))?;
         // An emptied import (nothing to release): only its fields are set again.
         let mut imp = match husk.filter(|i| i.mapping.is_none() && i.lease.is_none() && i.parent.is_none()) {
             Some(imp) => imp,
@@ -746,7 +755,6 @@ impl Import {
         imp.key.clone_from(&base.key);
         imp.ticket = None;
         imp.watch = None;
-        imp.mapping = Some(m.clone());
         imp.validated = validated;
         imp.parent = Some(base.clone());
         imp.generation = base.generation;
@@ -760,9 +768,8 @@ impl Import {
             return drop(imp);
         }
         let device = imp.device();
-        // The order of `release`: the mapping, then the lease (after this process's work on the
-        // memory), then the parent.
-        imp.mapping = None;
+        // The order of `release`: the lease (after this process's work on the memory), then the
+        // parent (which holds the mapping).
         let parent = imp.parent.take();
         if let Some(lease) = imp.lease.take() {
             if Arc::strong_count(&lease) == 1 {
@@ -794,15 +801,14 @@ impl Import {
             return;
         }
         let device = self.device();
-        let Some(mapping) = self.mapping.take() else { return };
         if let Some(parent) = self.parent.take() {
-            // A pool item: its parent holds the registry's count; the slot goes back with the
-            // last clone, once this process's work on the memory is done.
-            drop(mapping);
+            // A pool item: its parent holds the registry's count and the mapping; the slot goes
+            // back with the last clone, once this process's work on the memory is done.
             self.give_lease_back(device);
             drop(parent);
             return;
         }
+        let Some(mapping) = self.mapping.take() else { return };
         let mut return_ticket = false;
         let mut last_watch = None;
         let mut closing = false;
