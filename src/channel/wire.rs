@@ -208,6 +208,7 @@ impl Message<'_> {
                 m.u32(*pool).u64(*slot_size).u32(*count).u32(0).bytes(handle);
             }
             Message::Item { pool, slot, layout: l, event } => {
+                m.0.reserve(48 + 16 * DEVSHARE_MAX_NDIM + DEVSHARE_EVENT_HANDLE_SIZE);
                 m.u32(ITEM);
                 m.u32(*pool).u32(*slot).u32(l.ndim);
                 m.bytes(&[l.dtype.code, l.dtype.bits]).u16(l.dtype.lanes);
@@ -379,27 +380,38 @@ impl<'a> Message<'a> {
 /// A pool item's fields: pool, slot, layout, the producer's event.
 pub(crate) type Item = (u32, u32, ItemLayout, Option<[u8; DEVSHARE_EVENT_HANDLE_SIZE]>);
 
-/// An `ITEM`'s fields after its type.
+/// An `ITEM`'s fields after its type. Read in three runs of fixed-size fields, each taken
+/// whole (a message too short for a run is refused as it is for the run's first short field:
+/// the same error, after the same checks).
 #[inline]
 fn item_body(r: &mut In<'_>) -> Result<Item> {
-    let (pool, slot, ndim) = (r.u32()?, r.u32()?, r.u32()?);
-    let [code, bits] = r.array()?;
-    let lanes = r.u16()?;
-    let flags = r.u32()?;
+    fn at<const N: usize>(b: &[u8], i: usize) -> [u8; N] {
+        b[i..i + N].try_into().expect("N bytes")
+    }
+    // pool u32, slot u32, ndim u32, code u8, bits u8, lanes u16, flags u32
+    let f: [u8; 20] = r.array()?;
+    let (pool, slot, ndim) =
+        (u32::from_le_bytes(at(&f, 0)), u32::from_le_bytes(at(&f, 4)), u32::from_le_bytes(at(&f, 8)));
+    let (code, bits, lanes) = (f[12], f[13], u16::from_le_bytes(at(&f, 14)));
+    let flags = u32::from_le_bytes(at(&f, 16));
     if flags & !ITEM_EVENT != 0 {
         return Err(Error::UnsupportedVersion(format!("pool item flags {flags:#x}")));
     }
-    let (storage_offset, storage_size, tensor_offset) = (r.u64()?, r.u64()?, r.i64()?);
+    // storage_offset u64, storage_size u64, tensor_offset i64
+    let f: [u8; 24] = r.array()?;
+    let (storage_offset, storage_size) = (u64::from_le_bytes(at(&f, 0)), u64::from_le_bytes(at(&f, 8)));
+    let tensor_offset = i64::from_le_bytes(at(&f, 16));
     if ndim as usize > DEVSHARE_MAX_NDIM {
         return Err(Error::BadNdim(format!("a pool item has {ndim} dimensions")));
     }
+    let n = ndim as usize;
     let mut shape = [0i64; DEVSHARE_MAX_NDIM];
     let mut strides = [0i64; DEVSHARE_MAX_NDIM];
-    for s in shape.iter_mut().take(ndim as usize) {
-        *s = r.i64()?;
+    for (s, b) in shape.iter_mut().zip(r.bytes(8 * n)?.chunks_exact(8)) {
+        *s = i64::from_le_bytes(b.try_into().expect("8 bytes"));
     }
-    for s in strides.iter_mut().take(ndim as usize) {
-        *s = r.i64()?;
+    for (s, b) in strides.iter_mut().zip(r.bytes(8 * n)?.chunks_exact(8)) {
+        *s = i64::from_le_bytes(b.try_into().expect("8 bytes"));
     }
     let event = if flags & ITEM_EVENT != 0 { Some(r.array::<DEVSHARE_EVENT_HANDLE_SIZE>()?) } else { None };
     let dtype = DevshareDType::new(code, bits, lanes);
@@ -494,10 +506,6 @@ impl<'a> In<'a> {
     #[inline]
     pub(crate) fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
-    }
-    #[inline]
-    pub(crate) fn i64(&mut self) -> Result<i64> {
-        Ok(i64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
     #[inline]
     pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
