@@ -103,6 +103,8 @@ struct PoolState {
     free: Vec<u32>,
     /// How many slots are out with consumers.
     out: u32,
+    /// The last item description, validated per slot (`send` describes a repeat of it once).
+    described: pool::Described,
 }
 
 struct Core {
@@ -555,10 +557,11 @@ impl LocalChannel {
         slots.resize(n, SlotState::Free);
         events.resize_with(n, || None);
         free.extend((0..count).rev());
+        let described = pool::Described::new(count)?;
         let mut core = self.shared.lock()?;
         let id = core.next_pool;
         core.next_pool = core.next_pool.checked_add(1).ok_or_else(|| Error::Busy("pool ids are exhausted".into()))?;
-        core.pools.insert(id, PoolState { exporter: exp, slot_size, count, slots, events, free, out: 0 });
+        core.pools.insert(id, PoolState { exporter: exp, slot_size, count, slots, events, free, out: 0, described });
         Ok(LocalPool { shared: self.shared.clone(), id, slot_size, spin_ns: Default::default() })
     }
 }

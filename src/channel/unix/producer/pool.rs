@@ -144,10 +144,22 @@ impl LocalPool {
                 acquired(p, slot, "sent")?;
                 let (rel_size, abs) = slot_desc(desc, slot, p.slot_size)?;
                 core.peers.get(peer)?;
-                // Describes and validates the tensor; synchronises the producing stream, or records
-                // an event on it (DEVSHARE_SHARE_EVENT): one of the channel's reused events.
-                let layout =
-                    p.exporter.describe_leased_with(&abs, |h| ItemLayout::of(h, desc.storage_offset, rel_size))?;
+                // Describes and validates the tensor (once per slot while the description repeats);
+                // synchronises the producing stream, or records an event on it
+                // (DEVSHARE_SHARE_EVENT): one of the channel's reused events.
+                let key = DescKey::of(desc);
+                let layout = match key.as_ref().and_then(|k| p.described.get(slot, k)) {
+                    Some(layout) => layout,
+                    None => {
+                        let layout = p
+                            .exporter
+                            .describe_leased_with(&abs, |h| ItemLayout::of(h, desc.storage_offset, rel_size))?;
+                        if let Some(k) = key {
+                            p.described.put(slot, k, layout);
+                        }
+                        layout
+                    }
+                };
                 let event = if abs.event {
                     Some(shared.events.record(&p.exporter, abs.stream)?)
                 } else {
@@ -227,6 +239,90 @@ impl Drop for LocalPool {
             }
         }
         core.sweep(epfd);
+    }
+}
+
+/// An item's description, every field that describing it reads (all but the stream), in full:
+/// two equal keys describe the same tensor in a slot.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) struct DescKey {
+    dtype: crate::dtype::DevshareDType,
+    ndim: usize,
+    shape: [i64; crate::handle::DEVSHARE_MAX_NDIM],
+    /// `None`: C-contiguous; else its length and entries.
+    strides: Option<(usize, [i64; crate::handle::DEVSHARE_MAX_NDIM])>,
+    storage_offset: u64,
+    storage_size: Option<u64>,
+    tensor_offset: i64,
+    inflight: bool,
+    event: bool,
+}
+
+impl DescKey {
+    /// `None` for a description that does not fit a key (more dimensions than a handle holds:
+    /// describing it fails anyway).
+    pub(super) fn of(d: &TensorDesc<'_>) -> Option<DescKey> {
+        fn dims(v: &[i64]) -> Option<[i64; crate::handle::DEVSHARE_MAX_NDIM]> {
+            let mut a = [0; crate::handle::DEVSHARE_MAX_NDIM];
+            a.get_mut(..v.len())?.copy_from_slice(v);
+            Some(a)
+        }
+        let strides = match d.strides {
+            Some(s) => Some((s.len(), dims(s)?)),
+            None => None,
+        };
+        Some(DescKey {
+            dtype: d.dtype,
+            ndim: d.shape.len(),
+            shape: dims(d.shape)?,
+            strides,
+            storage_offset: d.storage_offset,
+            storage_size: d.storage_size,
+            tensor_offset: d.tensor_offset,
+            inflight: d.inflight,
+            event: d.event,
+        })
+    }
+}
+
+/// A pool's last item description and the layout it was described as, and which slots it was
+/// described and validated for (`Exporter::describe_leased_with`, a function of the description
+/// and the slot): a send that repeats both takes the layout instead of describing the tensor
+/// again. Another description replaces it (and every slot describes that one once).
+pub(super) struct Described {
+    last: Option<(DescKey, ItemLayout)>,
+    /// Which description `last` is (from 1); per slot, the one it was described for (0: none).
+    epoch: u64,
+    slots: Vec<u64>,
+}
+
+impl Described {
+    pub(super) fn new(count: u32) -> Result<Described> {
+        let mut slots = Vec::new();
+        slots
+            .try_reserve_exact(count as usize)
+            .map_err(|_| Error::bad_size("count", format!("no memory for the bookkeeping of {count} slots")))?;
+        slots.resize(count as usize, 0);
+        Ok(Described { last: None, epoch: 1, slots })
+    }
+
+    /// The layout of `key` in `slot`, when it was described for that slot.
+    pub(super) fn get(&self, slot: u32, key: &DescKey) -> Option<ItemLayout> {
+        match &self.last {
+            Some((k, layout)) if k == key && self.slots.get(slot as usize) == Some(&self.epoch) => Some(*layout),
+            _ => None,
+        }
+    }
+
+    /// `key` was described for `slot` as `layout`.
+    pub(super) fn put(&mut self, slot: u32, key: DescKey, layout: ItemLayout) {
+        if self.last != Some((key, layout)) {
+            self.epoch += 1;
+            self.last = Some((key, layout));
+        }
+        if let Some(s) = self.slots.get_mut(slot as usize) {
+            *s = self.epoch;
+        }
     }
 }
 

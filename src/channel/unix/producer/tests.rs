@@ -143,3 +143,69 @@ fn an_announced_pid_that_is_not_the_kernels_is_whitelisted_only_when_trusted() {
     ch.trust_announced_pids(true).expect("trust");
     assert_eq!(pids(&ch), vec![(own, own), (own + 3_000_000, own + 3_000_000)]);
 }
+
+#[test]
+fn a_repeated_item_description_is_described_once_per_slot_and_any_other_again() {
+    let layout = |n: i64| {
+        let desc = TensorDesc { shape: &[n], ..Default::default() };
+        let h = crate::handle::DevshareHandle { ndim: 1, ..Default::default() };
+        (pool::DescKey::of(&desc).expect("a key"), ItemLayout::of(&h, 0, n as u64))
+    };
+    let mut d = pool::Described::new(4).expect("described");
+    let (k64, l64) = layout(64);
+    let (k32, l32) = layout(32);
+    assert!(d.get(0, &k64).is_none(), "nothing described yet");
+    d.put(0, k64, l64);
+    assert_eq!(d.get(0, &k64), Some(l64));
+    assert!(d.get(1, &k64).is_none(), "described for slot 0 only");
+    assert!(d.get(0, &k32).is_none(), "another description");
+    d.put(1, k32, l32);
+    assert!(d.get(0, &k64).is_none() && d.get(0, &k32).is_none(), "slot 0 describes the new one again");
+    assert_eq!(d.get(1, &k32), Some(l32));
+    assert!(d.get(9, &k32).is_none(), "no such slot");
+    // Every field that describing reads is in the key.
+    let shape = [4i64, 4];
+    let base = TensorDesc { shape: &shape, ..Default::default() };
+    let key = |d: &TensorDesc<'_>| pool::DescKey::of(d).expect("a key");
+    let variants = [
+        TensorDesc { dtype: crate::dtype::DevshareDType::new(2, 32, 1), ..base.clone() },
+        TensorDesc { shape: &shape[..1], ..base.clone() },
+        TensorDesc { strides: Some(&[4, 1]), ..base.clone() },
+        TensorDesc { storage_offset: 8, ..base.clone() },
+        TensorDesc { storage_size: Some(16), ..base.clone() },
+        TensorDesc { tensor_offset: 1, ..base.clone() },
+        TensorDesc { inflight: true, ..base.clone() },
+        TensorDesc { event: true, ..base.clone() },
+    ];
+    for v in &variants {
+        assert!(key(v) != key(&base), "{v:?}");
+    }
+    assert!(pool::DescKey::of(&TensorDesc { shape: &[1; 9], ..Default::default() }).is_none(), "9 dimensions");
+}
+
+#[test]
+fn a_send_after_a_refused_description_of_the_same_slot_is_described_again() {
+    const T: Option<Duration> = Some(Duration::from_secs(10));
+    let addr = format!("@devshare-unit-described-{}", std::process::id());
+    let ch = LocalChannel::listen(&addr).expect("listen");
+    let c = std::thread::scope(|s| {
+        let c = s.spawn(|| super::super::consumer::LocalConnection::connect(&addr, T));
+        ch.wait_peers(1, T).expect("peers");
+        c.join().expect("join").expect("connect")
+    });
+    let peer = ch.peer_ids().expect("ids")[0];
+    let pool = ch.pool(Arc::new(Exporter::channel_host_alloc(64).expect("alloc")), 64, 1).expect("pool");
+    for n in [64, 65, 64, 16, 64] {
+        let (s, _) = pool.acquire(T).expect("acquire");
+        let sent = pool.send(s, peer, &TensorDesc { shape: &[n], ..Default::default() });
+        if n > 64 {
+            assert!(sent.is_err(), "65 bytes in a 64-byte slot");
+            pool.release(s).expect("release");
+            continue;
+        }
+        sent.expect("send");
+        let imp = c.recv(T).expect("recv");
+        assert_eq!(imp.handle().shape[0], n);
+        imp.release();
+    }
+}
