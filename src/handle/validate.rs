@@ -303,6 +303,19 @@ pub(crate) struct Layout {
     pub tensor_offset: i64,
 }
 
+impl Layout {
+    /// Whether `h` has exactly this layout (every layout field compared).
+    pub(crate) fn is_of(&self, h: &DevshareHandle) -> bool {
+        h.dtype == self.dtype
+            && h.ndim == self.ndim
+            && h.shape == self.shape
+            && h.strides == self.strides
+            && h.storage_offset == self.storage_offset
+            && h.storage_size == self.storage_size
+            && h.tensor_offset == self.tensor_offset
+    }
+}
+
 /// Write `base` (a handle that passed [`validate`]) with the layout `l` (and the producer's
 /// `event`, flagged, when there is one) into `h`, and validate it: the verdict of
 /// [`validate_layout`]`(h, base)`. Without an event, the other fields are `base`'s by
@@ -509,6 +522,7 @@ mod tests {
             let mut written = DevshareHandle::default();
             let relaid = relayout(base, &l, None, &mut written);
             prop_assert!(written == *h, "relayout writes the handle checked");
+            prop_assert!(l.is_of(&written));
             prop_assert_eq!(full.is_ok(), relaid.is_ok(), "full {:?}, relayout {:?}", full, relaid);
             if let (Ok(a), Ok(b)) = (&full, relaid) {
                 prop_assert_eq!(*a, b);

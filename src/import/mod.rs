@@ -150,6 +150,10 @@ pub struct Import {
     parent: Option<Arc<Import>>,
     /// The fork generation at import: released in a forked child, it gives back nothing.
     generation: Stamp,
+    /// The import this one's handle and validation were last derived from ([`Import::derive`]),
+    /// kept with its husk: an item of the same layout from the same pool import is its handle
+    /// and validation again. A `Weak`, so that its address is never another import's.
+    derived_from: std::sync::Weak<Import>,
 }
 
 /// Where an import lies in this process's memory.
@@ -248,6 +252,7 @@ fn import_from(
         validated,
         parent: None,
         generation,
+        derived_from: std::sync::Weak::new(),
     })
 }
 
@@ -669,6 +674,7 @@ impl Import {
             validated,
             parent: self.parent.clone(),
             generation: self.generation,
+            derived_from: std::sync::Weak::new(),
         };
         if !self.generation.is_current() || clone.parent.is_some() {
             // A forked child's copy of its parent's import: the clone is as inert as it is. A
@@ -741,12 +747,21 @@ impl Import {
                 validated: base.validated,
                 parent: None,
                 generation: base.generation,
+                derived_from: std::sync::Weak::new(),
             }),
         };
         // The pool's handle passed `validate` when it was imported; an item changes its layout
         // only (checked alone), or also carries an event (then the whole handle is checked).
+        // A husk last derived from this very import (its handle immutable while it lives), with
+        // this layout and no event, holds exactly the handle `relayout` would write, and its
+        // validation: kept as they are.
         let h = &mut *imp.handle;
-        let validated = crate::handle::relayout(&base.handle, layout, event, h)?;
+        let same = event.is_none()
+            && std::ptr::eq(imp.derived_from.as_ptr(), Arc::as_ptr(base))
+            && layout.is_of(h)
+            && h.flags == base.handle.flags
+            && h.event_handle == base.handle.event_handle;
+        let validated = if same { imp.validated } else { crate::handle::relayout(&base.handle, layout, event, h)? };
         if h.backend != base.handle.backend || h.alloc_size != base.handle.alloc_size {
             return Err(Error::Mismatch("a pool item must describe the pool's own allocation".into()));
         }
@@ -758,6 +773,9 @@ impl Import {
         imp.validated = validated;
         imp.parent = Some(base.clone());
         imp.generation = base.generation;
+        if !std::ptr::eq(imp.derived_from.as_ptr(), Arc::as_ptr(base)) {
+            imp.derived_from = Arc::downgrade(base);
+        }
         Ok(imp)
     }
 
@@ -978,7 +996,72 @@ mod tests {
             validated: v,
             parent: None,
             generation: Stamp::now(),
+            derived_from: std::sync::Weak::new(),
         }
+    }
+
+    /// A lease that keeps the husk it is given back, as a pool's slot token does.
+    struct Keep(std::sync::Mutex<Option<Box<Import>>>);
+
+    impl Lease for Keep {
+        fn give_back(&self) {}
+        fn done(self: Arc<Self>, husk: Option<Box<Import>>) {
+            *self.0.lock().unwrap() = husk;
+        }
+    }
+
+    #[test]
+    fn an_items_husk_keeps_its_validation_only_for_the_same_pool_import_layout_and_no_event() {
+        let mut data = vec![0u8; 4096];
+        let pool = |data: &mut Vec<u8>| {
+            let (mut h, v) = handle(4096, 0, 4096);
+            h.dtype = crate::dtype::DevshareDType::new(1, 8, 1);
+            (h.ndim, h.shape[0], h.strides[0]) = (1, 4096, 1);
+            Arc::new(import_of(Fake { base: data.as_mut_ptr(), size: 4096 }, h, v))
+        };
+        let (base, other) = (pool(&mut data), pool(&mut data));
+        let layout = |offset: u64, n: i64| {
+            let mut l = crate::handle::Layout {
+                dtype: base.handle.dtype,
+                ndim: 1,
+                shape: [0; 8],
+                strides: [0; 8],
+                storage_offset: offset,
+                storage_size: 1024,
+                tensor_offset: 0,
+            };
+            (l.shape[0], l.strides[0]) = (n, 1);
+            l
+        };
+        let keep = Arc::new(Keep(Default::default()));
+        let husk = || keep.0.lock().unwrap().take();
+        let item = |base: &Arc<Import>, l, event, husk| Import::derive(base, &l, event, keep.clone(), husk);
+        Import::release_boxed(item(&base, layout(1024, 1024), None, None).unwrap());
+        // The same import and layout: the husk's validation is kept (marked here to see it).
+        let mut h = husk().expect("a husk");
+        h.validated.numel = 7;
+        Import::release_boxed(item(&base, layout(1024, 1024), None, Some(h)).unwrap());
+        let h = husk().expect("a husk");
+        assert_eq!(h.validated.numel, 7, "kept");
+        // Another layout, another import, an event: validated again.
+        let imp = item(&base, layout(2048, 1024), None, Some(h)).unwrap();
+        assert_eq!((imp.validated.numel, imp.validated.data_offset), (1024, 2048));
+        Import::release_boxed(imp);
+        let mut h = husk().expect("a husk");
+        h.validated.numel = 7;
+        let e = item(&base, layout(2048, 1025), None, Some(h)).err().expect("a tensor past its storage");
+        assert!(matches!(e, Error::TensorOutOfBounds(_)), "{e}");
+        Import::release_boxed(item(&base, layout(0, 1024), None, None).unwrap());
+        let mut h = husk().expect("a husk");
+        h.validated.numel = 7;
+        let imp = item(&other, layout(0, 1024), None, Some(h)).unwrap();
+        assert_eq!(imp.validated.numel, 1024, "another pool import");
+        Import::release_boxed(imp);
+        let mut h = husk().expect("a husk");
+        h.validated.numel = 7;
+        let imp = item(&other, layout(0, 1024), Some([1; 64]), Some(h));
+        // (Host memory has no events: the whole handle is checked, and refused or not, never kept.)
+        assert!(imp.as_ref().map_or(true, |i| i.validated.numel == 1024), "an item with an event");
     }
 
     #[test]
