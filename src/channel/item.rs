@@ -237,6 +237,10 @@ pub(crate) fn slot_desc<'a>(desc: &TensorDesc<'a>, slot: u32, slot_size: u64) ->
     Ok((rel_size, abs))
 }
 
+/// What a pool item goes back through: its connection (asked only for a new token), the
+/// pool's attachment and its resting tokens.
+pub(crate) type ItemConn<'a> = (&'a dyn Fn() -> Arc<dyn Teller>, &'a Arc<AttachToken>, &'a Arc<SpareTokens>);
+
 /// A pool item: slot `slot` of the pool whose whole allocation `base` maps (`count` slots of
 /// `slot_size` bytes), narrowed to the item's tensor `l` — the slot and its bytes checked
 /// against the pool, the handle validated and checked against the mapping by `derive` — whose
@@ -252,7 +256,7 @@ pub(crate) fn narrow(
     slot: u32,
     l: &wire::ItemLayout,
     event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
-    (conn, attach, spares): (&dyn Fn() -> Arc<dyn Teller>, &Arc<AttachToken>, &Arc<SpareTokens>),
+    (conn, attach, spares): ItemConn<'_>,
     stream: *mut std::ffi::c_void,
 ) -> Result<Box<Import>> {
     if slot >= count || l.storage_offset.checked_add(l.storage_size).map_or(true, |e| e > slot_size) {

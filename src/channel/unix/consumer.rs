@@ -156,7 +156,7 @@ struct State {
     /// Names (`NAMES`) of leases whose shares have not arrived yet, at most [`MAX_PENDING_NAMES`].
     names: FxHashMap<u64, std::ffi::CString>,
     /// The ring record being looked at, copied out of the ring (here, not moved on the way).
-    rec: ItemRecord,
+    rec: Box<ItemRecord>,
 }
 
 /// Most lease names a consumer holds for shares still to come: two messages' worth; a producer
@@ -278,7 +278,7 @@ impl LocalConnection {
                                     broken: false,
                                     kept: FxHashMap::default(),
                                     names: FxHashMap::default(),
-                                    rec: ItemRecord::new(),
+                                    rec: Box::new(ItemRecord::new()),
                                 }),
                                 peer_id,
                                 producer_pid,

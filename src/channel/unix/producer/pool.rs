@@ -184,7 +184,7 @@ impl LocalPool {
                     let idx = core.index(peer)?;
                     core.post(idx, &m, &fds, epfd)?;
                     let book = p.exporter.leases().clone();
-                    book.add(&shared);
+                    book.add(shared);
                     core.peers[idx].attached.insert(id, book);
                 }
                 let item = Message::Item { pool: id, slot, layout, event: event.as_ref().map(|e| e.handle()) };
@@ -263,8 +263,14 @@ impl DescKey {
     /// describing it fails anyway).
     pub(super) fn of(d: &TensorDesc<'_>) -> Option<DescKey> {
         fn dims(v: &[i64]) -> Option<[i64; crate::handle::DEVSHARE_MAX_NDIM]> {
+            if v.len() > crate::handle::DEVSHARE_MAX_NDIM {
+                return None;
+            }
+            // Element by element: a call to copy a few words costs more than the words.
             let mut a = [0; crate::handle::DEVSHARE_MAX_NDIM];
-            a.get_mut(..v.len())?.copy_from_slice(v);
+            for (x, y) in a.iter_mut().zip(v) {
+                *x = *y;
+            }
             Some(a)
         }
         let strides = match d.strides {
