@@ -208,22 +208,34 @@ impl Message<'_> {
                 m.u32(*pool).u64(*slot_size).u32(*count).u32(0).bytes(handle);
             }
             Message::Item { pool, slot, layout: l, event } => {
-                m.0.reserve(48 + 16 * DEVSHARE_MAX_NDIM + DEVSHARE_EVENT_HANDLE_SIZE);
-                m.u32(ITEM);
-                m.u32(*pool).u32(*slot).u32(l.ndim);
-                m.bytes(&[l.dtype.code, l.dtype.bits]).u16(l.dtype.lanes);
-                m.u32(if event.is_some() { ITEM_EVENT } else { 0 });
-                m.u64(l.storage_offset).u64(l.storage_size).i64(l.tensor_offset);
+                // Laid out in one buffer and appended at once (the per-item message).
+                let mut b = [0u8; ITEM_MAX];
                 let n = (l.ndim as usize).min(DEVSHARE_MAX_NDIM);
+                let mut at = 0;
+                let mut put = |bytes: &[u8]| {
+                    b[at..at + bytes.len()].copy_from_slice(bytes);
+                    at += bytes.len();
+                };
+                put(&ITEM.to_le_bytes());
+                put(&pool.to_le_bytes());
+                put(&slot.to_le_bytes());
+                put(&l.ndim.to_le_bytes());
+                put(&[l.dtype.code, l.dtype.bits]);
+                put(&l.dtype.lanes.to_le_bytes());
+                put(&(if event.is_some() { ITEM_EVENT } else { 0 }).to_le_bytes());
+                put(&l.storage_offset.to_le_bytes());
+                put(&l.storage_size.to_le_bytes());
+                put(&l.tensor_offset.to_le_bytes());
                 for d in &l.shape[..n] {
-                    m.i64(*d);
+                    put(&d.to_le_bytes());
                 }
                 for d in &l.strides[..n] {
-                    m.i64(*d);
+                    put(&d.to_le_bytes());
                 }
                 if let Some(e) = event {
-                    m.bytes(e);
+                    put(e);
                 }
+                m.bytes(&b[..at]);
             }
             Message::Return { pool, slot } => {
                 m.u32(RETURN);
@@ -377,6 +389,9 @@ impl<'a> Message<'a> {
     }
 }
 
+/// The longest `ITEM`: 48 bytes of fields, shape and strides, an event handle.
+const ITEM_MAX: usize = 48 + 16 * DEVSHARE_MAX_NDIM + DEVSHARE_EVENT_HANDLE_SIZE;
+
 /// A pool item's fields: pool, slot, layout, the producer's event.
 pub(crate) type Item = (u32, u32, ItemLayout, Option<[u8; DEVSHARE_EVENT_HANDLE_SIZE]>);
 
@@ -459,10 +474,6 @@ impl Out {
         self
     }
     pub(crate) fn u64(&mut self, v: u64) -> &mut Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    pub(crate) fn i64(&mut self, v: i64) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
