@@ -113,6 +113,19 @@ pub(crate) struct ItemLayout {
 }
 
 impl ItemLayout {
+    /// No dimensions, nothing in the slot (what a decode writes into).
+    pub(crate) fn empty() -> ItemLayout {
+        ItemLayout {
+            dtype: DevshareDType::new(0, 0, 0),
+            ndim: 0,
+            shape: [0; DEVSHARE_MAX_NDIM],
+            strides: [0; DEVSHARE_MAX_NDIM],
+            storage_offset: 0,
+            storage_size: 0,
+            tensor_offset: 0,
+        }
+    }
+
     /// The layout of the tensor `h` describes, at `storage_offset` in its slot with
     /// `storage_size` bytes.
     pub(crate) fn of(h: &crate::handle::DevshareHandle, storage_offset: u64, storage_size: u64) -> ItemLayout {
@@ -207,36 +220,7 @@ impl Message<'_> {
                 m.u32(ATTACH);
                 m.u32(*pool).u64(*slot_size).u32(*count).u32(0).bytes(handle);
             }
-            Message::Item { pool, slot, layout: l, event } => {
-                // Laid out in one buffer and appended at once (the per-item message).
-                let mut b = [0u8; ITEM_MAX];
-                let n = (l.ndim as usize).min(DEVSHARE_MAX_NDIM);
-                let mut at = 0;
-                let mut put = |bytes: &[u8]| {
-                    b[at..at + bytes.len()].copy_from_slice(bytes);
-                    at += bytes.len();
-                };
-                put(&ITEM.to_le_bytes());
-                put(&pool.to_le_bytes());
-                put(&slot.to_le_bytes());
-                put(&l.ndim.to_le_bytes());
-                put(&[l.dtype.code, l.dtype.bits]);
-                put(&l.dtype.lanes.to_le_bytes());
-                put(&(if event.is_some() { ITEM_EVENT } else { 0 }).to_le_bytes());
-                put(&l.storage_offset.to_le_bytes());
-                put(&l.storage_size.to_le_bytes());
-                put(&l.tensor_offset.to_le_bytes());
-                for d in &l.shape[..n] {
-                    put(&d.to_le_bytes());
-                }
-                for d in &l.strides[..n] {
-                    put(&d.to_le_bytes());
-                }
-                if let Some(e) = event {
-                    put(e);
-                }
-                m.bytes(&b[..at]);
-            }
+            Message::Item { pool, slot, layout, event } => item_bytes(&mut m, *pool, *slot, layout, event.as_ref()),
             Message::Return { pool, slot } => {
                 m.u32(RETURN);
                 m.u32(*pool).u32(*slot).u32(0);
@@ -316,7 +300,8 @@ impl<'a> Message<'a> {
                 Message::Attach { pool, slot_size, count, handle: r.rest() }
             }
             ITEM => {
-                let (pool, slot, layout, event) = item_body(&mut r)?;
+                let mut layout = ItemLayout::empty();
+                let (pool, slot, event) = item_body(&mut r, &mut layout)?;
                 Message::Item { pool, slot, layout, event }
             }
             RETURN => {
@@ -377,29 +362,75 @@ impl<'a> Message<'a> {
         Ok(msg)
     }
 
-    /// [`Self::decode`] of an `ITEM`, without making the message (a ring record's path): `None`
-    /// when `b` is another type of message (or too short for one), else what `decode` makes of
-    /// it, field by field.
-    pub(crate) fn decode_item(b: &[u8]) -> Option<Result<Item>> {
+    /// [`Self::decode`] of an `ITEM`, without making the message (a ring record's path), its
+    /// layout written into `layout`: `None` when `b` is another type of message (or too short
+    /// for one), else what `decode` makes of it, field by field.
+    pub(crate) fn decode_item(b: &[u8], layout: &mut ItemLayout) -> Option<Result<Item>> {
         let mut r = In::new(b);
         if r.u32().ok()? != ITEM {
             return None;
         }
-        Some(item_body(&mut r).and_then(|item| r.end().map(|()| item)))
+        Some(item_body(&mut r, layout).and_then(|item| r.end().map(|()| item)))
+    }
+
+    /// An `ITEM`'s bytes, appended to `buf` (cleared first): what [`Self::encode_into`] makes of
+    /// a `Message::Item`, from a layout it does not copy.
+    pub(crate) fn encode_item_into(
+        pool: u32,
+        slot: u32,
+        layout: &ItemLayout,
+        event: Option<&[u8; DEVSHARE_EVENT_HANDLE_SIZE]>,
+        mut buf: Vec<u8>,
+    ) -> Vec<u8> {
+        buf.clear();
+        let mut m = Out(buf);
+        item_bytes(&mut m, pool, slot, layout, event);
+        m.0
     }
 }
 
 /// The longest `ITEM`: 48 bytes of fields, shape and strides, an event handle.
 const ITEM_MAX: usize = 48 + 16 * DEVSHARE_MAX_NDIM + DEVSHARE_EVENT_HANDLE_SIZE;
 
-/// A pool item's fields: pool, slot, layout, the producer's event.
-pub(crate) type Item = (u32, u32, ItemLayout, Option<[u8; DEVSHARE_EVENT_HANDLE_SIZE]>);
+/// An `ITEM`, laid out in one buffer and appended at once (the per-item message).
+fn item_bytes(m: &mut Out, pool: u32, slot: u32, l: &ItemLayout, event: Option<&[u8; DEVSHARE_EVENT_HANDLE_SIZE]>) {
+    let mut b = [0u8; ITEM_MAX];
+    let n = (l.ndim as usize).min(DEVSHARE_MAX_NDIM);
+    let mut at = 0;
+    let mut put = |bytes: &[u8]| {
+        b[at..at + bytes.len()].copy_from_slice(bytes);
+        at += bytes.len();
+    };
+    put(&ITEM.to_le_bytes());
+    put(&pool.to_le_bytes());
+    put(&slot.to_le_bytes());
+    put(&l.ndim.to_le_bytes());
+    put(&[l.dtype.code, l.dtype.bits]);
+    put(&l.dtype.lanes.to_le_bytes());
+    put(&(if event.is_some() { ITEM_EVENT } else { 0 }).to_le_bytes());
+    put(&l.storage_offset.to_le_bytes());
+    put(&l.storage_size.to_le_bytes());
+    put(&l.tensor_offset.to_le_bytes());
+    for d in &l.shape[..n] {
+        put(&d.to_le_bytes());
+    }
+    for d in &l.strides[..n] {
+        put(&d.to_le_bytes());
+    }
+    if let Some(e) = event {
+        put(e);
+    }
+    m.bytes(&b[..at]);
+}
 
-/// An `ITEM`'s fields after its type. Read in three runs of fixed-size fields, each taken
-/// whole (a message too short for a run is refused as it is for the run's first short field:
-/// the same error, after the same checks).
+/// A pool item's fields but its layout: pool, slot, the producer's event.
+pub(crate) type Item = (u32, u32, Option<[u8; DEVSHARE_EVENT_HANDLE_SIZE]>);
+
+/// An `ITEM`'s fields after its type, the layout written into `out`. Read in three runs of
+/// fixed-size fields, each taken whole (a message too short for a run is refused as it is for
+/// the run's first short field: the same error, after the same checks).
 #[inline]
-fn item_body(r: &mut In<'_>) -> Result<Item> {
+fn item_body(r: &mut In<'_>, out: &mut ItemLayout) -> Result<Item> {
     fn at<const N: usize>(b: &[u8], i: usize) -> [u8; N] {
         b[i..i + N].try_into().expect("N bytes")
     }
@@ -420,18 +451,20 @@ fn item_body(r: &mut In<'_>) -> Result<Item> {
         return Err(Error::BadNdim(format!("a pool item has {ndim} dimensions")));
     }
     let n = ndim as usize;
-    let mut shape = [0i64; DEVSHARE_MAX_NDIM];
-    let mut strides = [0i64; DEVSHARE_MAX_NDIM];
-    for (s, b) in shape.iter_mut().zip(r.bytes(8 * n)?.chunks_exact(8)) {
-        *s = i64::from_le_bytes(b.try_into().expect("8 bytes"));
-    }
-    for (s, b) in strides.iter_mut().zip(r.bytes(8 * n)?.chunks_exact(8)) {
-        *s = i64::from_le_bytes(b.try_into().expect("8 bytes"));
-    }
+    let (shape, strides) = (r.bytes(8 * n)?, r.bytes(8 * n)?);
     let event = if flags & ITEM_EVENT != 0 { Some(r.array::<DEVSHARE_EVENT_HANDLE_SIZE>()?) } else { None };
-    let dtype = DevshareDType::new(code, bits, lanes);
-    let layout = ItemLayout { dtype, ndim, shape, strides, storage_offset, storage_size, tensor_offset };
-    Ok((pool, slot, layout, event))
+    out.shape = [0; DEVSHARE_MAX_NDIM];
+    out.strides = [0; DEVSHARE_MAX_NDIM];
+    for (s, b) in out.shape.iter_mut().zip(shape.chunks_exact(8)) {
+        *s = i64::from_le_bytes(b.try_into().expect("8 bytes"));
+    }
+    for (s, b) in out.strides.iter_mut().zip(strides.chunks_exact(8)) {
+        *s = i64::from_le_bytes(b.try_into().expect("8 bytes"));
+    }
+    out.dtype = DevshareDType::new(code, bits, lanes);
+    (out.ndim, out.storage_offset, out.storage_size, out.tensor_offset) =
+        (ndim, storage_offset, storage_size, tensor_offset);
+    Ok((pool, slot, event))
 }
 
 /// `b` as a lease's name: UTF-8 without NUL, at most `DEVSHARE_MAX_NAME_LEN` bytes; otherwise
@@ -766,10 +799,12 @@ mod tests {
             }
             for bytes in [&b[..], &b[..b.len() - 1], &long[..], &b[..3], &bad_ndim[..]] {
                 let full = Message::decode(bytes);
-                match (Message::decode_item(bytes), full) {
+                let mut layout = ItemLayout::empty();
+                layout.shape = [9; DEVSHARE_MAX_NDIM]; // whatever it held before
+                match (Message::decode_item(bytes, &mut layout), full) {
                     (None, Ok(Message::Item { .. })) => panic!("{m:?}: an item not taken alone"),
                     (None, _) => assert!(!matches!(m, Message::Item { .. }) || bytes.len() < 4),
-                    (Some(Ok((pool, slot, layout, event))), Ok(full)) => {
+                    (Some(Ok((pool, slot, event))), Ok(full)) => {
                         assert_eq!(full, Message::Item { pool, slot, layout, event })
                     }
                     (Some(Err(a)), Err(b)) => assert_eq!(a.to_string(), b.to_string()),

@@ -586,14 +586,18 @@ impl LocalConnection {
 
     /// The pool item in `st.rec`, which came through the ring, checked as one from the socket.
     fn ring_item(&self, st: &mut State) -> Result<Box<Import>> {
-        let (pool, slot, layout, event) = match Message::decode_item(st.rec.item()) {
+        let mut layout = wire::ItemLayout::empty();
+        let (pool, slot, event) = match Message::decode_item(st.rec.item(), &mut layout) {
             Some(item) => item?,
             None => match Message::decode(st.rec.item())? {
-                Message::Item { pool, slot, layout, event } => (pool, slot, layout, event),
+                Message::Item { pool, slot, layout: l, event } => {
+                    layout = l;
+                    (pool, slot, event)
+                }
                 other => return Err(Error::Untrusted(format!("a ring record holds {other:?}, not a pool item"))),
             },
         };
-        self.item(st, pool, slot, layout, event)
+        self.item(st, pool, slot, &layout, event)
     }
 
     /// Handle one received message; an item comes back as an import.
@@ -661,7 +665,7 @@ impl LocalConnection {
                 if !fds.is_empty() {
                     return Err(Error::Untrusted("a pool item came with descriptors".into()));
                 }
-                self.item(st, pool, slot, layout, event).map(Some)
+                self.item(st, pool, slot, &layout, event).map(Some)
             }
             Message::Ring { capacity, record } => {
                 if self.shared.ring.get().is_some() {
@@ -769,7 +773,7 @@ impl LocalConnection {
         st: &mut State,
         pool: u32,
         slot: u32,
-        l: wire::ItemLayout,
+        l: &wire::ItemLayout,
         event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
     ) -> Result<Box<Import>> {
         let p = st
@@ -782,7 +786,7 @@ impl LocalConnection {
             p.count,
             pool,
             slot,
-            &l,
+            l,
             event,
             (&|| self.shared.clone() as Arc<dyn Teller>, &p.token, &p.spares),
             self.stream(),

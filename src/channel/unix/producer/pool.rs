@@ -148,17 +148,12 @@ impl LocalPool {
                 // synchronises the producing stream, or records an event on it
                 // (DEVSHARE_SHARE_EVENT): one of the channel's reused events.
                 let key = DescKey::of(desc);
+                let mut described = None;
                 let layout = match key.as_ref().and_then(|k| p.described.get(slot, k)) {
                     Some(layout) => layout,
-                    None => {
-                        let layout = p
-                            .exporter
-                            .describe_leased_with(&abs, |h| ItemLayout::of(h, desc.storage_offset, rel_size))?;
-                        if let Some(k) = key {
-                            p.described.put(slot, k, layout);
-                        }
-                        layout
-                    }
+                    None => &*described.insert(
+                        p.exporter.describe_leased_with(&abs, |h| ItemLayout::of(h, desc.storage_offset, rel_size))?,
+                    ),
                 };
                 let event = if abs.event {
                     Some(shared.events.record(&p.exporter, abs.stream)?)
@@ -187,8 +182,17 @@ impl LocalPool {
                     book.add(shared);
                     core.peers[idx].attached.insert(id, book);
                 }
-                let item = Message::Item { pool: id, slot, layout, event: event.as_ref().map(|e| e.handle()) };
-                let m = item.encode_into(std::mem::take(&mut core.item_buf));
+                let event_handle = event.as_ref().map(|e| e.handle());
+                let m = Message::encode_item_into(
+                    id,
+                    slot,
+                    layout,
+                    event_handle.as_ref(),
+                    std::mem::take(&mut core.item_buf),
+                );
+                if let (Some(k), Some(layout)) = (key, described) {
+                    p.described.put(slot, k, layout);
+                }
                 let idx = core.index(peer);
                 let posted = idx.and_then(|idx| core.post_item(idx, &m, epfd));
                 core.item_buf = m;
@@ -313,9 +317,9 @@ impl Described {
     }
 
     /// The layout of `key` in `slot`, when it was described for that slot.
-    pub(super) fn get(&self, slot: u32, key: &DescKey) -> Option<ItemLayout> {
+    pub(super) fn get(&self, slot: u32, key: &DescKey) -> Option<&ItemLayout> {
         match &self.last {
-            Some((k, layout)) if k == key && self.slots.get(slot as usize) == Some(&self.epoch) => Some(*layout),
+            Some((k, layout)) if k == key && self.slots.get(slot as usize) == Some(&self.epoch) => Some(layout),
             _ => None,
         }
     }

@@ -156,12 +156,12 @@ fn a_repeated_item_description_is_described_once_per_slot_and_any_other_again() 
     let (k32, l32) = layout(32);
     assert!(d.get(0, &k64).is_none(), "nothing described yet");
     d.put(0, k64, l64);
-    assert_eq!(d.get(0, &k64), Some(l64));
+    assert_eq!(d.get(0, &k64), Some(&l64));
     assert!(d.get(1, &k64).is_none(), "described for slot 0 only");
     assert!(d.get(0, &k32).is_none(), "another description");
     d.put(1, k32, l32);
     assert!(d.get(0, &k64).is_none() && d.get(0, &k32).is_none(), "slot 0 describes the new one again");
-    assert_eq!(d.get(1, &k32), Some(l32));
+    assert_eq!(d.get(1, &k32), Some(&l32));
     assert!(d.get(9, &k32).is_none(), "no such slot");
     // Every field that describing reads is in the key.
     let shape = [4i64, 4];
