@@ -7,7 +7,6 @@ Imports only :mod:`devshare._ints`.
 
 from __future__ import annotations
 
-
 from ._ints import U8, U16, index
 
 INT, UINT, FLOAT, OPAQUE, BFLOAT, COMPLEX, BOOL = 0, 1, 2, 3, 4, 5, 6
