@@ -3,16 +3,17 @@
 One job: receiving. :func:`connect` makes a :class:`Connection`; :meth:`Connection.recv` takes
 the next item from the library and gives it as an :class:`Item` whose tensor (or numpy array)
 is a zero-copy view of the producer's memory. A connection keeps a view per pool slot and
-layout, so that a pool item seen before costs a ``detach()`` and no new mapping; the receive
-also releases, in the same library call, one import of the connection's grave. How the library
-receives depends on its version, chosen once at import: one call with its arguments in a
-struct (1.8, :class:`RecvArgsOut`), one call of four arguments (1.7, :class:`RecvItemOut`), or
-a receive and a describe (before 1.7, ``Connection._recv_described``). What an item's lease does
+layout, so that a pool item seen before costs a ``detach()`` and no new mapping, and a recipe
+per host lease's address and layout, so that a lease seen before is not decoded again; the
+receive also releases, in the same library call, one import of the connection's grave. How the
+library receives depends on its version, chosen once at import: one call with its arguments in
+a struct (1.8, :class:`RecvArgsOut`), one call of four arguments (1.7, :class:`RecvItemOut`),
+or a receive and a describe (before 1.7, ``Connection._recv_described``). What an item's lease does
 when it is released or garbage is :mod:`devshare._leases`.
 
-Imports :mod:`devshare._lib`, :mod:`devshare._ints`, :mod:`devshare._args`,
-:mod:`devshare._views`, :mod:`devshare._channel_lib`, :mod:`devshare._ownership` and
-:mod:`devshare._leases`.
+Imports :mod:`devshare._lib`, :mod:`devshare._dtypes`, :mod:`devshare._ints`,
+:mod:`devshare._args`, :mod:`devshare._views`, :mod:`devshare._channel_lib`,
+:mod:`devshare._ownership` and :mod:`devshare._leases`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 import weakref
 from ctypes import byref, c_int32, c_uint32, c_uint64, c_void_p, cast, sizeof
 
-from . import _ints, _views
+from . import _dtypes, _ints, _views
 from ._args import timeout_ms
 from ._channel_lib import (
     FOREVER,
@@ -299,7 +300,17 @@ def _new_item(conn, like, lease, imp, key, pool, slot, backend, data, nbytes, dt
             dims = _H_DIMS[ndim]
             shape, strides = dims.unpack_from(buf, shape_at), dims.unpack_from(buf, strides_at)
             if not pool:
-                tensor = _views.view(data, nbytes, lease, dtype, shape, strides, like)
+                if like == "torch" and key is not None:
+                    # A lease: its tensor from the recipe kept for its address and layout (made
+                    # now, for the next leases of them), with a storage of its own that holds it.
+                    recipe = _views.torch_recipe(data, nbytes, dtype, shape, strides)
+                    lease_views = conn._lease_views
+                    if len(lease_views) >= _MAX_VIEWS:
+                        lease_views.clear()
+                    lease_views[key] = recipe
+                    tensor = _views.torch_from(recipe, lease)
+                else:
+                    tensor = _views.view(data, nbytes, lease, dtype, shape, strides, like)
             elif like == "torch":
                 # Through the view kept for its slot and layout, made the first time.
                 if key is None:
@@ -421,6 +432,9 @@ class Connection(Owned):
         # likewise (with the pool id and slot), and recv's out-arguments.
         self._views: dict = {}
         self._np_views: dict = {}
+        # Host leases' tensor recipes by address and layout (see _views.torch_recipe): each
+        # lease still gets a storage of its own, which holds it; only the decoding is kept.
+        self._lease_views: dict = {}
         self._outs: list = []
         peer_id, producer_pid = c_uint64(), c_int32()
         call(lib.devshare_connection_info, ptr, byref(peer_id), byref(producer_pid))
@@ -535,6 +549,24 @@ class Connection(Owned):
                 tensor._devshare_item = lease
                 self._items_add(_weakref(lease, self._items_gone))
                 return Item(lease, tensor, entry[3], entry[4])
+            recipe = self._lease_views.get(key)
+            if recipe is not None:
+                # A host lease at an address and layout seen before: a tensor of its own
+                # (holding the lease) from the recipe kept for them. (_views.torch_from,
+                # written out: this is every repeated lease's path.)
+                lease = Lease(out.words[IMPORT_WORD])
+                outs.append(out)
+                array_type, addr, tdtype, count, shape, strides = recipe
+                if array_type is None:
+                    tensor = strides.empty(shape, dtype=tdtype)
+                else:
+                    raw = array_type.from_address(addr)
+                    raw._devshare_keep = lease
+                    tensor = _FROMBUFFER(raw, dtype=tdtype, count=count)
+                    if strides is not None:
+                        tensor = tensor.as_strided(shape, strides)
+                self._items_add(_weakref(lease, self._items_gone))
+                return Item(lease, tensor, None, None)
         else:
             # A numpy pool item seen before: an array of its own (holding the item), from the
             # recipe kept for its slot and layout.
@@ -644,11 +676,16 @@ class Connection(Owned):
 _TORCH_SEEN = False
 
 
+# torch.frombuffer, once torch imported for a receive.
+_FROMBUFFER = None
+
+
 def _see(like: str) -> None:
     """Check ``like`` (its package imports), once for torch."""
-    global _TORCH_SEEN
+    global _TORCH_SEEN, _FROMBUFFER
     _views.check_like(like)
     if like == "torch":
+        _FROMBUFFER = _dtypes.require_torch().frombuffer
         _TORCH_SEEN = True
 
 

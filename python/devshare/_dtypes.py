@@ -7,8 +7,6 @@ Imports only :mod:`devshare._ints`.
 
 from __future__ import annotations
 
-import sys
-
 from ._ints import U8, U16, index
 
 INT, UINT, FLOAT, OPAQUE, BFLOAT, COMPLEX, BOOL = 0, 1, 2, 3, 4, 5, 6
@@ -50,9 +48,9 @@ _NOT_IN_NUMPY = {"bfloat16", *FLOAT8}
 
 
 def torch_module():
-    """torch if it is importable (imported on first use), else None."""
-    if "torch" in sys.modules and sys.modules["torch"] is not None:
-        return sys.modules["torch"]
+    """torch if it is importable (imported on first use), else None. Always through ``import``,
+    which waits while another thread is still importing it (``sys.modules`` holds the module
+    half-initialised meanwhile)."""
     try:
         import torch
     except ImportError:
@@ -61,8 +59,7 @@ def torch_module():
 
 
 def numpy_module():
-    if "numpy" in sys.modules and sys.modules["numpy"] is not None:
-        return sys.modules["numpy"]
+    """numpy if it is importable (imported on first use), else None (as :func:`torch_module`)."""
     try:
         import numpy
     except ImportError:

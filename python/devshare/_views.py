@@ -140,6 +140,41 @@ def from_import(imp, like: str = "torch"):
     return _dtypes.require_numpy().from_dlpack(_dlpack.DLPackSource(imp))
 
 
+def torch_recipe(addr: int, nbytes: int, dtype, shape, strides):
+    """What :func:`torch_from` makes torch tensors of ``shape``, ``strides`` (in elements) and
+    ``dtype`` (a DLPack (code, bits, lanes)) over ``[addr, addr + nbytes)`` from, worked out
+    once, as :func:`view` would each time: (the ctypes array type of the range, its address,
+    the torch dtype, the elements of the range, the shape, and the strides, or None when the
+    range as one row is the tensor), or, with no element to show, None and the torch dtype and
+    shape (a fresh empty tensor)."""
+    torch = _dtypes.require_torch()
+    if not _FROMBUFFER:
+        _FROMBUFFER.append(torch.frombuffer)
+    tdtype = torch_dtype(dtype)
+    esize = dtype[1] // 8 * dtype[2]
+    numel = 1
+    for d in shape:
+        numel *= d
+    if numel == 0 or nbytes < esize:
+        return None, 0, tdtype, 0, shape, torch
+    count = nbytes // esize
+    whole = len(shape) == 1 and shape[0] == count and strides[0] == 1
+    return ctypes.c_uint8 * nbytes, addr, tdtype, count, shape, None if whole else strides
+
+
+def torch_from(recipe, keep):
+    """A torch tensor of its own (storage and all) from a :func:`torch_recipe`, whose storage
+    keeps ``keep`` alive as long as it and every view of it live: a ctypes array over the
+    range, made for this tensor, holds it (as :func:`view` does)."""
+    array_type, addr, tdtype, count, shape, strides = recipe
+    if array_type is None:
+        return strides.empty(shape, dtype=tdtype)
+    raw = array_type.from_address(addr)
+    raw._devshare_keep = keep
+    flat = _FROMBUFFER[0](raw, dtype=tdtype, count=count)
+    return flat if strides is None else flat.as_strided(shape, strides)
+
+
 def numpy_recipe(addr: int, nbytes: int, keep, dtype, shape, strides=None):
     """What :func:`numpy_from` makes numpy arrays of ``shape`` and ``dtype`` (a DLPack (code,
     bits, lanes)) over ``[addr, addr + nbytes)`` from, checked once: the array type of the
@@ -177,6 +212,9 @@ def numpy_from(recipe, keep):
     raw._devshare_keep = keep
     return extra[0](shape, ndtype, raw, 0, bstrides)
 
+
+# torch.frombuffer, looked up once (torch_recipe runs before any torch_from).
+_FROMBUFFER: list = []
 
 _USE_COUNT: list = []
 

@@ -24,31 +24,80 @@ pub(super) fn keep_limits() -> (usize, u64) {
     })
 }
 
+/// The open allocation `key`, whose last import just went, becomes idle, kept for connection
+/// `owner`; returns what that pushed past the limits (see [`evict_over_limits`]). Nothing
+/// changes unless its slot is open.
+pub(super) fn make_idle(reg: &mut Registry, key: &AllocKey, owner: u64) -> Vec<(AllocKey, Arc<dyn Mapping>)> {
+    let since = reg.idle_seq + 1;
+    let Some(slot) = reg.allocs.get_mut(key) else { return Vec::new() };
+    let Slot::Open { mapping, .. } = std::mem::replace(slot, Slot::Closing) else {
+        unreachable!("only an open allocation's last import makes it idle")
+    };
+    let bytes = mapping.size();
+    *slot = Slot::Idle { mapping, owner, since };
+    reg.idle_seq = since;
+    reg.idle_count += 1;
+    reg.idle_bytes += bytes;
+    reg.idle.push_back((key.clone(), since));
+    evict_over_limits(reg)
+}
+
+/// Idle allocation `key` used again by an import: open for that one import (still kept for its
+/// connection), its mapping returned; `None` when it is not idle. Its entry in the idle queue
+/// is stale from now on.
+pub(super) fn reuse_idle(reg: &mut Registry, key: &AllocKey) -> Option<Arc<dyn Mapping>> {
+    let slot = reg.allocs.get_mut(key)?;
+    let Slot::Idle { mapping, owner, .. } = slot else { return None };
+    let mapping = mapping.clone();
+    *slot = Slot::Open { mapping: mapping.clone(), users: 1, kept: Some(*owner) };
+    reg.idle_count -= 1;
+    reg.idle_bytes -= mapping.size();
+    Some(mapping)
+}
+
 /// Idle allocations past the limits, oldest first, taken out of the registry (their slots say
 /// closing): the caller closes them with [`close_evicted`] once the lock is let go.
 pub(super) fn evict_over_limits(reg: &mut Registry) -> Vec<(AllocKey, Arc<dyn Mapping>)> {
     let (count, bytes) = keep_limits();
+    evict_over(reg, count, bytes)
+}
+
+/// [`evict_over_limits`] for the limits `count` and `bytes`.
+fn evict_over(reg: &mut Registry, count: usize, bytes: u64) -> Vec<(AllocKey, Arc<dyn Mapping>)> {
     let mut out = Vec::new();
     while reg.idle_count > count || reg.idle_bytes > bytes {
-        let Some(key) = reg.idle.pop_front() else { break };
-        if let Some(m) = take_idle(reg, &key) {
+        let Some((key, since)) = reg.idle.pop_front() else { break };
+        if let Some(m) = take_idle(reg, &key, Some(since)) {
             out.push((key, m));
         }
     }
     if reg.idle.len() > 2 * reg.idle_count + 64 {
-        // Entries of allocations that are in use again or gone: drop them.
+        // Stale entries (allocations in use again, idle again since, or gone): drop them, so
+        // that the queue holds at most one entry per idle allocation afterwards and its length
+        // stays within a constant factor of the idle count (an allocation leased and released
+        // again and again adds one entry per release).
         let allocs = &reg.allocs;
         let mut idle = std::mem::take(&mut reg.idle);
-        idle.retain(|k| matches!(allocs.get(k), Some(Slot::Idle { .. })));
+        idle.retain(|(k, since)| is_idle_since(allocs.get(k), *since));
         reg.idle = idle;
     }
     out
 }
 
-/// The mapping of idle allocation `key`, its slot now closing; `None` when it is not idle.
-fn take_idle(reg: &mut Registry, key: &AllocKey) -> Option<Arc<dyn Mapping>> {
+/// Whether `slot` is idle since `since` (the entry of the idle queue that says so is current).
+fn is_idle_since(slot: Option<&Slot>, since: u64) -> bool {
+    matches!(slot, Some(Slot::Idle { since: s, .. }) if *s == since)
+}
+
+/// The mapping of idle allocation `key`, its slot now closing; `None` when it is not idle, or
+/// (`since` given) not idle since then.
+fn take_idle(reg: &mut Registry, key: &AllocKey, since: Option<u64>) -> Option<Arc<dyn Mapping>> {
     let slot = reg.allocs.get_mut(key)?;
-    if !matches!(slot, Slot::Idle { .. }) {
+    let current = match since {
+        Some(since) => is_idle_since(Some(slot), since),
+        None => matches!(slot, Slot::Idle { .. }),
+    };
+    if !current {
         return None;
     }
     let Slot::Idle { mapping, .. } = std::mem::replace(slot, Slot::Closing) else { unreachable!() };
@@ -93,7 +142,9 @@ pub(crate) fn retire(owner: u64, key: &KeptKey) {
                 *kept = None;
                 None
             }
-            Some(Slot::Idle { owner: o, .. }) if *o == owner => take_idle(&mut reg, &key.0).map(|m| (key.0.clone(), m)),
+            Some(Slot::Idle { owner: o, .. }) if *o == owner => {
+                take_idle(&mut reg, &key.0, None).map(|m| (key.0.clone(), m))
+            }
             _ => None,
         }
     };
@@ -112,7 +163,7 @@ pub(crate) fn retire_all(owner: u64) {
                 _ => {}
             }
         }
-        idle.into_iter().filter_map(|k| take_idle(&mut reg, &k).map(|m| (k, m))).collect()
+        idle.into_iter().filter_map(|k| take_idle(&mut reg, &k, None).map(|m| (k, m))).collect()
     };
     close_evicted(evicted);
 }
@@ -122,4 +173,74 @@ pub(crate) fn retire_all(owner: u64) {
 pub fn kept_idle() -> (usize, u64) {
     let reg = registry();
     (reg.idle_count, reg.idle_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handle::DEVSHARE_KEY_CAPACITY;
+
+    /// A mapping of `size` bytes at no address: the idle bookkeeping never touches memory.
+    struct Bytes(u64);
+
+    impl Mapping for Bytes {
+        fn base(&self) -> *mut u8 {
+            std::ptr::null_mut()
+        }
+        fn size(&self) -> u64 {
+            self.0
+        }
+    }
+
+    fn key(n: u8) -> AllocKey {
+        let mut key = [0; DEVSHARE_KEY_CAPACITY];
+        key[0] = n;
+        AllocKey { backend: 1, read_only: false, device: 0, key_len: 1, key, segments: None }
+    }
+
+    /// `key` mapped for one import kept for connection 1, as the open path leaves it.
+    fn open(reg: &mut Registry, key: &AllocKey) {
+        let mapping: Arc<dyn Mapping> = Arc::new(Bytes(4096));
+        reg.allocs.insert(key.clone(), Slot::Open { mapping, users: 0, kept: Some(1) });
+    }
+
+    #[test]
+    fn one_allocation_leased_again_and_again_keeps_the_idle_queue_short() {
+        let mut reg = Registry::default();
+        let k = key(1);
+        open(&mut reg, &k);
+        for _ in 0..10_000 {
+            make_idle(&mut reg, &k, 1);
+            assert!(reuse_idle(&mut reg, &k).is_some(), "an idle allocation is used again");
+            if let Some(Slot::Open { users, .. }) = reg.allocs.get_mut(&k) {
+                *users = 0;
+            }
+        }
+        make_idle(&mut reg, &k, 1);
+        assert_eq!((reg.idle_count, reg.idle_bytes), (1, 4096));
+        // Before stale entries were told apart, every release's entry stayed: 10,000 of them,
+        // each hashed on every later release.
+        assert!(reg.idle.len() <= 2 * reg.idle_count + 65, "idle queue of {} entries", reg.idle.len());
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_idle_allocation() {
+        let mut reg = Registry::default();
+        let (a, b) = (key(1), key(2));
+        open(&mut reg, &a);
+        open(&mut reg, &b);
+        make_idle(&mut reg, &a, 1);
+        make_idle(&mut reg, &b, 1);
+        // a is used and released again: now b is the older idle one.
+        reuse_idle(&mut reg, &a).unwrap();
+        if let Some(Slot::Open { users, .. }) = reg.allocs.get_mut(&a) {
+            *users = 0;
+        }
+        make_idle(&mut reg, &a, 1);
+        let evicted = evict_over(&mut reg, 1, u64::MAX);
+        let gone: Vec<u8> = evicted.iter().map(|(k, _)| k.key[0]).collect();
+        assert_eq!(gone, [2], "the allocation idle the longest goes first");
+        assert!(matches!(reg.allocs.get(&a), Some(Slot::Idle { .. })), "the recent one stays");
+        assert_eq!((reg.idle_count, reg.idle_bytes), (1, 4096));
+    }
 }

@@ -44,7 +44,7 @@ use std::sync::Arc;
 mod kept;
 mod registry;
 pub use kept::kept_idle;
-use kept::{close_evicted, evict_over_limits, keep_limits};
+use kept::{close_evicted, keep_limits};
 pub(crate) use kept::{retire, retire_all, KeptKey};
 use registry::*;
 
@@ -421,16 +421,10 @@ impl<'a> Pending<'a> {
                     *users += 1;
                     return Ok(mapping.clone());
                 }
-                Some(Slot::Idle { mapping, owner }) => {
+                Some(Slot::Idle { mapping, .. }) => {
                     // Kept mapped since its last import went: used again as it is.
                     check_view(mapping.as_ref(), h, validated)?;
-                    let (mapping, owner) = (mapping.clone(), *owner);
-                    self.reg.idle_count -= 1;
-                    self.reg.idle_bytes -= mapping.size();
-                    self.reg
-                        .allocs
-                        .insert(self.key.clone(), Slot::Open { mapping: mapping.clone(), users: 1, kept: Some(owner) });
-                    return Ok(mapping);
+                    return Ok(kept::reuse_idle(&mut self.reg, self.key).expect("the slot is idle"));
                 }
                 Some(Slot::Opening | Slot::Closing) => self.reg.wait(),
                 None => {
@@ -847,14 +841,7 @@ impl Import {
                 };
                 if let (true, Some(owner), true) = (last, kept, keep_limits().0 > 0) {
                     // (1') Kept for its producer's next lease: idle, still mapped.
-                    if let Slot::Open { mapping, .. } = std::mem::replace(slot, Slot::Closing) {
-                        let bytes = mapping.size();
-                        *slot = Slot::Idle { mapping, owner };
-                        reg.idle_count += 1;
-                        reg.idle_bytes += bytes;
-                        reg.idle.push_back(self.key.clone());
-                        evicted = evict_over_limits(&mut reg);
-                    }
+                    evicted = kept::make_idle(&mut reg, &self.key, owner);
                 } else if last {
                     // (1) The last user unmaps / closes the vendor import, after letting the lock
                     // go: meanwhile the slot says closing, so an import of the same allocation

@@ -71,7 +71,9 @@ pub(super) enum Slot {
     /// Mapped for no import: kept by connection `owner` for its producer's next lease of it, until
     /// the producer retires it, the connection closes, or the bounds of what may be kept evict
     /// it (least recently used first).
-    Idle { mapping: Arc<dyn Mapping>, owner: u64 },
+    /// `since`: when it became idle (the registry's `idle_seq` then), which tells its entry in
+    /// the registry's `idle` queue from older entries of the same allocation.
+    Idle { mapping: Arc<dyn Mapping>, owner: u64, since: u64 },
     /// Its last import is unmapping it (synchronisation and vendor close, without the lock):
     /// imports of the same allocation wait until it is gone, then map it afresh.
     Closing,
@@ -97,10 +99,12 @@ pub(super) struct Registry {
     pub(super) watched: FxHashMap<RefName, WatchEntry>,
     /// The fork generation the entries belong to (`None` before the first use).
     pub(super) generation: Option<Stamp>,
-    /// The idle allocations in the order they became idle (oldest first; an entry whose slot is
-    /// no longer idle, or became idle again later, is skipped), and how many and how large the
-    /// idle ones are.
-    pub(super) idle: std::collections::VecDeque<AllocKey>,
+    /// The idle allocations in the order they became idle (oldest first), each with the
+    /// `since` it became idle at: an entry whose slot is no longer idle, or became idle again
+    /// later (another `since`), is stale and skipped. How many and how large the idle ones are,
+    /// and the count `since` is taken from.
+    pub(super) idle: std::collections::VecDeque<(AllocKey, u64)>,
+    pub(super) idle_seq: u64,
     pub(super) idle_count: usize,
     pub(super) idle_bytes: u64,
 }
@@ -220,6 +224,7 @@ pub(super) fn registry() -> RegistryGuard {
         std::mem::forget(std::mem::take(&mut reg.tickets));
         std::mem::forget(std::mem::take(&mut reg.watched));
         reg.idle = Default::default();
+        reg.idle_seq = 0;
         reg.idle_count = 0;
         reg.idle_bytes = 0;
         reg.generation = Some(Stamp::now());

@@ -1246,6 +1246,52 @@ def test_memory_shared_beyond_a_kept_views_item_stays_mapped_and_shows_the_next_
             pool.acquire(timeout=LIMIT).release()
 
 
+def test_leases_reuse_one_recipe_per_address_and_layout_and_each_holds_its_own_storage(pair):
+    """A host lease seen before (the same address and layout) is not decoded again: the
+    connection keeps one recipe per address and layout, here one per block of a registered
+    cache and one for a second layout, while every lease still gets a tensor and a storage of
+    its own (changing one reaches no later item), shows every in-place change, and is held
+    by torch views of its tensor and by what shares its storage (``.numpy()``)."""
+    ch, conn, peer = pair
+    cache = torch.zeros(4, 32)
+    blocks = {i: cache[i] for i in range(4)}
+    ch.register(blocks)
+    seen = {}
+    for k in range(12):
+        i = k % 4
+        cache[i].fill_(float(k))
+        ch.send(peer, blocks[i])
+        item = conn.recv(timeout=LIMIT)
+        t = item.tensor
+        assert item.pool is None and tuple(t.shape) == (32,) and bool((t == k).all())
+        first = seen.setdefault(i, t)
+        assert first.data_ptr() == t.data_ptr()
+        if first is not t:
+            assert t.untyped_storage()._cdata != first.untyped_storage()._cdata
+        t.unsqueeze_(0)  # in place, on this object only
+        item.release()
+        assert devshare.wait(blocks[i], timeout=LIMIT)
+    square = cache[0, :8].view(2, 4)
+    ch.register(square)
+    for _ in range(2):
+        ch.send(peer, square)
+        with conn.recv(timeout=LIMIT) as item:
+            assert tuple(item.tensor.shape) == (2, 4) and item.tensor.stride() == (4, 1)
+        assert devshare.wait(square, timeout=LIMIT)
+    assert len(conn._lease_views) == 5 and not conn._views
+    # The lease is held by a torch view of its tensor, then by a numpy array of its storage,
+    # the item dropped unreleased.
+    for make in (lambda t: t[2:5], lambda t: t.numpy()):
+        ch.send(peer, blocks[1])
+        held = make(conn.recv(timeout=LIMIT).tensor)
+        gc.collect()
+        assert devshare.outstanding(blocks[1]) == 1
+        assert float(held[0]) == 9.0
+        del held
+        gc.collect()
+        assert devshare.wait(blocks[1], timeout=LIMIT)
+
+
 def test_spinning_is_opt_in_bounded_and_delivers_the_same_items(pair):
     """Pool.set_spin / Connection.set_spin: 0..1 s accepted, more refused by name, and items
     still arrive and come back with both ends spinning."""
