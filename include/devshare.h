@@ -68,13 +68,13 @@
 #define DEVSHARE_VERSION_MAJOR 1
 
 // Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
-#define DEVSHARE_VERSION_MINOR 11
+#define DEVSHARE_VERSION_MINOR 12
 
 // Patch version (fixes; no interface change).
 #define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 68352
+#define DEVSHARE_VERSION 68608
 
 // `DevsharePeerInfo.transport`: a Unix channel's peer (items in shared memory).
 #define DEVSHARE_TRANSPORT_UNIX 0
@@ -1462,6 +1462,15 @@ int32_t devshare_import_describe(const struct DevshareImport *imp,
 // next (for a pool slot, the next item), never a fault. A second call does nothing. Any other
 // import is `DEVSHARE_STATUS_INVALID_ARGUMENT`.
 int32_t devshare_import_give_back(const struct DevshareImport *imp);
+
+// `devshare_import_give_back` for each of `imps[0..n]` (1.12), in one call: the leases of one
+// connection go back in as few messages as its producer reads (a 1.12 producer takes up to
+// 8192 in one), so a batch of any size fits the producer's socket even while it is not
+// reading, and nothing waits on the producer. NULL entries are skipped; an import that did not
+// come over a channel is `DEVSHARE_STATUS_INVALID_ARGUMENT`, naming its index, and then
+// nothing is given back. Items given back before send nothing. The imports stay mapped until
+// released.
+int32_t devshare_imports_give_back(const struct DevshareImport *const *imps, size_t n);
 
 // Release an import and free it: unmap when it was the process's last import of the
 // allocation, then return the handle's reference to the producer (its ref-counter slot drops

@@ -1351,3 +1351,63 @@ fn a_hostile_consumer_cannot_disturb_a_registration_or_another_consumers_leases(
     }
     assert_eq!(exp.outstanding().unwrap(), 0);
 }
+
+#[test]
+fn a_thousand_leases_given_back_in_one_call_reach_a_producer_that_was_not_reading() {
+    // One RELEASE per lease filled the producer's socket after a few hundred while it was not
+    // reading, and the rest waited in the consumer's backlog for its next call: a consumer
+    // that gave a big batch back and then did something else held the producer up.
+    let addr = address("give-back-all");
+    let (ch, c, peer) = connected(&addr);
+    let exp = Exporter::channel_host_alloc(4096).unwrap();
+    let batch: Vec<_> = (0..1000).map(|_| (&exp, TensorDesc { shape: &[16], ..Default::default() })).collect();
+    ch.send_batch(peer, &batch).unwrap();
+    let imps: Vec<_> = (0..1000).map(|_| c.recv(T).unwrap()).collect();
+    assert_eq!(exp.outstanding().unwrap(), 1000);
+    Connection::give_back_all(&imps);
+    Connection::give_back_all(&imps); // given back already: nothing more is sent
+                                      // The consumer makes no further call; serving the channel takes every lease back.
+    exp.wait(Some(Duration::from_secs(3))).unwrap();
+    assert_eq!(ch.peer_info(peer).unwrap().protocol_errors, 0);
+    drop(imps); // unmapped; nothing is sent again
+    ch.service(Some(Duration::from_millis(50))).unwrap();
+    assert_eq!(ch.peer_info(peer).unwrap().protocol_errors, 0);
+}
+
+#[test]
+fn a_hostile_consumers_releases_give_back_only_what_it_holds() {
+    let addr = address("hostile-releases");
+    let ch = Channel::listen(&addr).unwrap();
+    let raw = raw_consumer(&addr, 1); // reads SHARES
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let welcome = recv_raw(raw.as_fd());
+    assert_eq!(u32::from_le_bytes(welcome[..4].try_into().unwrap()), 2);
+    assert_eq!(u16::from_le_bytes(welcome[10..12].try_into().unwrap()) & 1, 1, "the producer reads RELEASES");
+    let exp = Exporter::channel_host_alloc(4096).unwrap();
+    let desc = TensorDesc { shape: &[16], ..Default::default() };
+    ch.send_batch(peer, &[(&exp, desc.clone()), (&exp, desc.clone()), (&exp, desc)]).unwrap();
+    let (shares, _fds) = recv_with_fds(raw.as_fd());
+    assert_eq!(u32::from_le_bytes(shares[4..8].try_into().unwrap()), 3);
+    let first = u64::from_le_bytes(shares[8..16].try_into().unwrap());
+    let releases = |count: u32, leases: &[u64]| {
+        let ids: Vec<u8> = leases.iter().flat_map(|l| l.to_le_bytes()).collect();
+        le(&[&16u32.to_le_bytes(), &count.to_le_bytes(), &[0; 4], &ids])
+    };
+    send_raw(raw.as_fd(), &releases(2, &[first, first + 99]), &[]); // one never leased
+    send_raw(raw.as_fd(), &releases(2, &[first + 1, first + 1]), &[]); // the same twice
+    send_raw(raw.as_fd(), &releases(0, &[]), &[]); // none
+    send_raw(raw.as_fd(), &releases(2, &[first + 2]), &[]); // fewer than it says
+    send_raw(raw.as_fd(), &releases(8193, &[]), &[]); // more than a message may hold
+    send_raw(raw.as_fd(), &releases(1, &[first + 2, first + 2]), &[]); // more than it says
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ch.peer_info(peer).unwrap().protocol_errors < 6 && Instant::now() < deadline {
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+    }
+    let info = ch.peer_info(peer).unwrap();
+    assert_eq!(info.protocol_errors, 6);
+    // What it held came back (once each); the malformed messages gave nothing back.
+    assert_eq!((exp.outstanding().unwrap(), info.leases), (1, 1));
+    send_raw(raw.as_fd(), &releases(1, &[first + 2]), &[]);
+    exp.wait(T).unwrap();
+}

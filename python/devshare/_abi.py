@@ -515,6 +515,14 @@ def channel_signatures_1_11(exporter_p, import_p) -> list:
     ]
 
 
+def channel_signatures_1_12() -> list:
+    """The channel function 1.12 added: many received imports given back in one call (the
+    leases of a connection in one message), by their addresses."""
+    return [
+        ("devshare_imports_give_back", c_int32, [POINTER(c_void_p), c_size_t]),
+    ]
+
+
 #: The first library minor version with the storage-handle formats and the version bridge.
 TORCH_FORMAT_MINOR = 2
 
@@ -569,5 +577,5 @@ __all__ = [
     "ConnectionP", "PoolP", "CHANNEL_MINOR", "channel_signatures", "channel_signatures_1_2", "TORCH_FORMAT_MINOR",
     "torch_format_signatures", "ADOPT_MINOR", "adopt_signatures", "channel_signatures_1_4",
     "channel_signatures_1_7", "channel_signatures_1_8", "channel_signatures_1_10",
-    "channel_signatures_1_11",
+    "channel_signatures_1_11", "channel_signatures_1_12",
 ]

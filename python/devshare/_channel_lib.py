@@ -47,6 +47,7 @@ from ._lib import (
     channel_signatures_1_8,
     channel_signatures_1_10,
     channel_signatures_1_11,
+    channel_signatures_1_12,
     error_for,
     lib,
 )
@@ -77,7 +78,8 @@ for _minor, _signatures in ((2, channel_signatures_1_2(ImportP)),
                             (7, channel_signatures_1_7(ImportP)),
                             (8, channel_signatures_1_8()),
                             (10, channel_signatures_1_10(ExporterP)),
-                            (11, channel_signatures_1_11(ExporterP, ImportP))):
+                            (11, channel_signatures_1_11(ExporterP, ImportP)),
+                            (12, channel_signatures_1_12())):
     _names = {name for name, _, _ in _signatures}
     _HAVE |= _names - set(bind(_signatures))
     _ADDED.update(dict.fromkeys(_names, _minor))
@@ -141,6 +143,10 @@ RAW_RECV_ITEM = (_raw("devshare_connection_recv_item")
                  if "devshare_connection_recv_item" in _HAVE else None)
 RAW_RECV_ARGS = (_raw("devshare_connection_recv_args")
                  if "devshare_connection_recv_args" in _HAVE else None)
+
+
+#: Give back many imports (their addresses) in one call (1.12), or None.
+GIVE_BACK_MANY = lib.devshare_imports_give_back if "devshare_imports_give_back" in _HAVE else None
 
 
 def _nothing_to_unmap(imp) -> int:

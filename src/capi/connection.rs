@@ -402,14 +402,22 @@ unsafe fn item_stride(items: *mut DevshareItem, n: usize) -> Result<usize> {
 /// `items` points to `n` writable elements of `stride` bytes, each an initialised DevshareItem
 /// whose `import` is NULL or an import handed out by this library and not released.
 unsafe fn release_items(items: *mut DevshareItem, n: usize, stride: usize) {
-    for i in 0..n {
+    // Given back first, all at once (the leases of a connection in as few messages as it
+    // takes), then released one by one (which then sends nothing).
+    let import_at = |i: usize| {
         // SAFETY: element i (contract); `import` is at the same offset in every caller's struct.
-        let slot = unsafe {
+        unsafe {
             items
                 .cast::<u8>()
                 .add(i * stride + std::mem::offset_of!(DevshareItem, import))
                 .cast::<*mut DevshareImport>()
-        };
+        }
+    };
+    // SAFETY: as above; each non-NULL import is live until released below.
+    let held = (0..n).filter_map(|i| unsafe { import_at(i).read_unaligned().as_ref() }.map(|imp| imp.inner()));
+    crate::channel::Connection::give_back_all(held);
+    for i in 0..n {
+        let slot = import_at(i);
         // SAFETY: as above.
         let imp = unsafe { slot.read_unaligned() };
         if !imp.is_null() {

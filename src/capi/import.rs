@@ -399,6 +399,41 @@ pub unsafe extern "C" fn devshare_import_give_back(imp: *const DevshareImport) -
     boundary("devshare_import_give_back", || ffi!(arg(imp, "import"))?.inner().give_back())
 }
 
+/// `devshare_import_give_back` for each of `imps[0..n]` (1.12), in one call: the leases of one
+/// connection go back in as few messages as its producer reads (a 1.12 producer takes up to
+/// 8192 in one), so a batch of any size fits the producer's socket even while it is not
+/// reading, and nothing waits on the producer. NULL entries are skipped; an import that did not
+/// come over a channel is `DEVSHARE_STATUS_INVALID_ARGUMENT`, naming its index, and then
+/// nothing is given back. Items given back before send nothing. The imports stay mapped until
+/// released.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_imports_give_back(imps: *const *const DevshareImport, n: usize) -> i32 {
+    boundary("devshare_imports_give_back", || {
+        if n == 0 {
+            return Ok(());
+        }
+        if imps.is_null() {
+            return Err(Error::NullArgument("imps"));
+        }
+        // SAFETY: the caller passes n readable pointers (contract).
+        let all = ffi!(std::slice::from_raw_parts(imps, n));
+        let mut imports = Vec::with_capacity(n);
+        for (i, &imp) in all.iter().enumerate() {
+            // SAFETY: NULL or a live import (contract).
+            let Some(imp) = ffi!(imp.as_ref()) else { continue };
+            let imp = imp.inner();
+            if imp.lease().is_none() {
+                return Err(Error::InvalidArgument(format!(
+                    "imps[{i}] did not come over a channel: its reference goes back when it is released"
+                )));
+            }
+            imports.push(imp);
+        }
+        crate::channel::Connection::give_back_all(imports);
+        Ok(())
+    })
+}
+
 /// Release an import and free it: unmap when it was the process's last import of the
 /// allocation, then return the handle's reference to the producer (its ref-counter slot drops
 /// to 0) when it was the last import holding that handle.

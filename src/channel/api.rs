@@ -289,6 +289,15 @@ impl Connection {
         }
     }
 
+    /// Give back the leases of `imports` (received on any connection) in one call: a
+    /// connection's leases go to its producer in as few messages as it reads (one per 8192 to a
+    /// 1.12 producer), so that a batch of any size fits its socket while it is not reading. Pool
+    /// items go back as [`Import::give_back`] does; imports that did not come over a channel,
+    /// and what was given back before, are skipped. The imports stay mapped until released.
+    pub fn give_back_all<'a>(imports: impl IntoIterator<Item = &'a Import>) {
+        super::item::give_back_all(imports)
+    }
+
     /// [`Self::recv`], boxed (what the C API hands out).
     pub(crate) fn recv_boxed(&self, timeout: Option<Duration>) -> Result<Box<Import>> {
         match &self.0 {

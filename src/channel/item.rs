@@ -45,6 +45,39 @@ pub(crate) trait Teller: Send + Sync {
     fn give_back_slot(&self, pool: u32, slot: u32) {
         self.tell(Message::Return { pool, slot });
     }
+
+    /// Give leases back (a `RELEASE` each, unless the connection has a faster way).
+    fn tell_releases(&self, leases: &[u64]) {
+        for &lease in leases {
+            self.tell(Message::Release { lease });
+        }
+    }
+}
+
+/// Give back the leases of `imports` (channel leases and pool items; anything else is skipped):
+/// the leases of one connection in as few messages as it allows (one `RELEASES` per
+/// [`MAX_RELEASES`](crate::channel::wire::MAX_RELEASES) leases to a producer that reads them),
+/// in the order given; what was given back before sends nothing.
+pub(crate) fn give_back_all<'a>(imports: impl IntoIterator<Item = &'a crate::import::Import>) {
+    // (connection, its leases), in the order the connections first appear.
+    let mut by_conn: Vec<(Arc<dyn Teller>, Vec<u64>)> = Vec::new();
+    for imp in imports {
+        let Some(lease) = imp.lease() else { continue };
+        let Some(token) = lease.as_any().and_then(|a| a.downcast_ref::<LeaseToken>()) else {
+            lease.give_back(); // a pool item: its slot goes back through the ring
+            continue;
+        };
+        if token.given.swap(true, Ordering::AcqRel) {
+            continue;
+        }
+        match by_conn.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &token.conn)) {
+            Some((_, leases)) => leases.push(token.lease),
+            None => by_conn.push((token.conn.clone(), vec![token.lease])),
+        }
+    }
+    for (conn, leases) in by_conn {
+        conn.tell_releases(&leases);
+    }
 }
 
 /// A leased reference: released (one `RELEASE` message) when the last import holding it goes,
@@ -73,6 +106,10 @@ impl Lease for LeaseToken {
 
     fn name(&self) -> Option<&std::ffi::CStr> {
         self.name.as_deref()
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 }
 

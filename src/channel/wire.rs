@@ -38,8 +38,12 @@ pub(crate) const SEND_PATIENCE: Duration = Duration::from_secs(10);
 pub(crate) const HELLO: u32 = 1;
 /// [`HELLO`] feature: the consumer reads [`SHARES`] messages.
 pub(crate) const FEATURE_SHARES: u16 = 1;
-/// Producer -> consumer: `magic u32, version u16, 0 u16, peer id u64, producer pid i32, 0 u32`.
+/// Producer -> consumer: `magic u32, version u16, features u16, peer id u64, producer pid i32,
+/// 0 u32`. `features`: the `PRODUCER_*` bits of what the producer reads (0 from producers before
+/// 1.12; consumers before 1.12 ignore the field).
 pub(crate) const WELCOME: u32 = 2;
+/// [`WELCOME`] feature: the producer reads [`RELEASES`].
+pub(crate) const PRODUCER_RELEASES: u16 = 1;
 /// Producer -> consumer, then the producer closes: a UTF-8 reason.
 pub(crate) const REFUSED: u32 = 3;
 /// Producer -> consumer: `0 u32, lease u64`, then a handle's byte encoding; the memfd of a
@@ -95,6 +99,11 @@ pub(crate) const FEATURE_NAMES: u16 = 8;
 /// then per lease `len u16` and `len` bytes of UTF-8 without NUL (len 0: no name), each at most
 /// [`DEVSHARE_MAX_NAME_LEN`](crate::channel::limits::DEVSHARE_MAX_NAME_LEN) bytes.
 pub(crate) const NAMES: u32 = 15;
+/// Consumer -> producer (to producers that announced [`PRODUCER_RELEASES`]): several leases
+/// given back in one message, `count u32, 0 u32`, then `count` leases `u64`.
+pub(crate) const RELEASES: u32 = 16;
+/// Most leases one [`RELEASES`] message gives back (64 KiB of them).
+pub(crate) const MAX_RELEASES: usize = 8192;
 
 /// A pool item's tensor, as it travels in an [`ITEM`] message (relative to its slot).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,14 +160,16 @@ pub(crate) enum Message<'a> {
     /// Consumer -> producer, first: its protocol, what it reads, and the pid it announces (its
     /// bare tgid).
     Hello { magic: u32, version: u16, features: u16, tgid: i32 },
-    /// Producer -> consumer: accepted, as peer `peer_id`.
-    Welcome { magic: u32, version: u16, peer_id: u64, producer_pid: i32 },
+    /// Producer -> consumer: accepted, as peer `peer_id`; what the producer reads.
+    Welcome { magic: u32, version: u16, features: u16, peer_id: u64, producer_pid: i32 },
     /// Producer -> consumer, then the producer closes: why (UTF-8).
     Refused { reason: &'a [u8] },
     /// Producer -> consumer: a leased reference (a handle's byte encoding).
     Share { lease: u64, handle: &'a [u8] },
     /// Consumer -> producer: a lease given back.
     Release { lease: u64 },
+    /// Consumer -> producer: leases given back (1..=[`MAX_RELEASES`] of them).
+    Releases { leases: Vec<u64> },
     /// Producer -> consumer: a pool's whole allocation (a handle's byte encoding).
     Attach { pool: u32, slot_size: u64, count: u32, handle: &'a [u8] },
     /// Producer -> consumer: a slot of an attached pool, and the event to wait on first.
@@ -200,9 +211,9 @@ impl Message<'_> {
                 m.u32(HELLO);
                 m.u32(*magic).u16(*version).u16(*features).i32(*tgid);
             }
-            Message::Welcome { magic, version, peer_id, producer_pid } => {
+            Message::Welcome { magic, version, features, peer_id, producer_pid } => {
                 m.u32(WELCOME);
-                m.u32(*magic).u16(*version).u16(0).u64(*peer_id).i32(*producer_pid).u32(0);
+                m.u32(*magic).u16(*version).u16(*features).u64(*peer_id).i32(*producer_pid).u32(0);
             }
             Message::Refused { reason } => {
                 m.u32(REFUSED);
@@ -215,6 +226,13 @@ impl Message<'_> {
             Message::Release { lease } => {
                 m.u32(RELEASE);
                 m.u32(0).u64(*lease);
+            }
+            Message::Releases { leases } => {
+                m.u32(RELEASES);
+                m.u32(leases.len() as u32).u32(0);
+                for lease in leases {
+                    m.u64(*lease);
+                }
             }
             Message::Attach { pool, slot_size, count, handle } => {
                 m.u32(ATTACH);
@@ -279,11 +297,10 @@ impl<'a> Message<'a> {
                 Message::Hello { magic, version, features, tgid: r.i32()? }
             }
             WELCOME => {
-                let (magic, version) = (r.u32()?, r.u16()?);
-                let _ = r.u16()?;
+                let (magic, version, features) = (r.u32()?, r.u16()?, r.u16()?);
                 let (peer_id, producer_pid) = (r.u64()?, r.i32()?);
                 let _ = r.u32()?;
-                Message::Welcome { magic, version, peer_id, producer_pid }
+                Message::Welcome { magic, version, features, peer_id, producer_pid }
             }
             REFUSED => Message::Refused { reason: r.rest() },
             SHARE => {
@@ -293,6 +310,17 @@ impl<'a> Message<'a> {
             RELEASE => {
                 let _ = r.u32()?;
                 Message::Release { lease: r.u64()? }
+            }
+            RELEASES => {
+                let count = r.u32()? as usize;
+                if count == 0 || count > MAX_RELEASES {
+                    return Err(Error::Untrusted(format!(
+                        "a message releasing {count} leases (1..={MAX_RELEASES} are possible)"
+                    )));
+                }
+                let _ = r.u32()?;
+                let leases = (0..count).map(|_| r.u64()).collect::<Result<Vec<u64>>>()?;
+                Message::Releases { leases }
             }
             ATTACH => {
                 let (pool, slot_size, count) = (r.u32()?, r.u64()?, r.u32()?);
@@ -734,10 +762,17 @@ mod tests {
         };
         vec![
             Message::Hello { magic: MAGIC, version: VERSION, features: FEATURE_SHARES, tgid: 4242 },
-            Message::Welcome { magic: MAGIC, version: VERSION, peer_id: 7, producer_pid: 99 },
+            Message::Welcome {
+                magic: MAGIC,
+                version: VERSION,
+                features: PRODUCER_RELEASES,
+                peer_id: 7,
+                producer_pid: 99,
+            },
             Message::Refused { reason: b"no" },
             Message::Share { lease: 1 << 40, handle: b"DSH1...." },
             Message::Release { lease: 3 },
+            Message::Releases { leases: vec![3, 9, u64::MAX] },
             Message::Attach { pool: 2, slot_size: 4096, count: 8, handle: b"handle" },
             Message::Item { pool: 2, slot: 5, layout, event: None },
             Message::Item { pool: 2, slot: 5, layout: ItemLayout { ndim: 0, ..layout }, event: Some([7; 64]) },

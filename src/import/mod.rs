@@ -119,6 +119,11 @@ pub trait Lease: Send + Sync {
     fn name(&self) -> Option<&std::ffi::CStr> {
         None
     }
+    /// The lease as `Any`, for its implementer to find its own kind again (the channel gives
+    /// back many leases of one connection in one message); `None`: not offered.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
     /// The import holding `self` is released (`husk`: its box, emptied, when it was boxed):
     /// drop it (the last holder's drop gives the reference back). A lease may instead give back
     /// and keep itself, and the husk, for its next use when this was the last holder, so that
@@ -695,6 +700,11 @@ impl Import {
     /// The name the producer gave this lease (`devshare_channel_send_named`), if any.
     pub fn name(&self) -> Option<&std::ffi::CStr> {
         self.lease.as_ref()?.name()
+    }
+
+    /// What gives this import's reference back over a channel, if it came over one.
+    pub(crate) fn lease(&self) -> Option<&Arc<dyn Lease>> {
+        self.lease.as_ref()
     }
 
     /// For an import that came with a [`Lease`] (a channel item): give its reference back to the

@@ -647,6 +647,14 @@ void test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer() {
         me.check(devshare_connection_recv_batch(conn.get(), -1, two, 2) == DEVSHARE_STATUS_OK &&
                      two[0].import != nullptr && two[1].import != nullptr,
                  "devshare_connection_recv_batch of 2 fills both items");
+        // Given back in one call first (NULL entries skipped; twice: the second sends nothing),
+        // then released, which sends nothing more.
+        const DevshareImport* given[3] = {two[0].import, nullptr, two[1].import};
+        me.check(devshare_imports_give_back(nullptr, 2) == DEVSHARE_STATUS_NULL_ARGUMENT &&
+                     devshare_imports_give_back(given, 3) == DEVSHARE_STATUS_OK &&
+                     devshare_imports_give_back(given, 3) == DEVSHARE_STATUS_OK,
+                 "devshare_imports_give_back gives the batch back in one call and a second call sends nothing; a "
+                 "NULL array is refused");
         me.check(devshare_items_release(two, 2) == DEVSHARE_STATUS_OK && two[0].import == nullptr &&
                      devshare_items_release(two, 2) == DEVSHARE_STATUS_OK,
                  "devshare_items_release releases the batch in one call, clears each import, and a second call does "

@@ -1292,6 +1292,24 @@ def test_leases_reuse_one_recipe_per_address_and_layout_and_each_holds_its_own_s
         assert devshare.wait(blocks[1], timeout=LIMIT)
 
 
+def test_a_batch_of_a_thousand_released_at_once_reaches_a_producer_that_was_not_reading(pair):
+    """release_batch gives a batch back in one library call and one message: with a message
+    per lease, the producer's socket filled after a few hundred while it was not reading, and
+    the rest waited for this consumer's next call (here there is none)."""
+    ch, conn, peer = pair
+    cache = torch.zeros(1000, 4)
+    blocks = [cache[i] for i in range(1000)]
+    ch.register(blocks)
+    ch.send_batch(peer, blocks)
+    batch = conn.recv_batch(1000, timeout=LIMIT)
+    assert devshare.outstanding(cache) == 1000
+    assert devshare.release_batch(batch) == 1000
+    assert all(it.released for it in batch)
+    assert devshare.release_batch(batch) == 0
+    assert devshare.wait(cache, timeout=5)
+    assert ch.peer_info(peer)["protocol_errors"] == 0
+
+
 def test_spinning_is_opt_in_bounded_and_delivers_the_same_items(pair):
     """Pool.set_spin / Connection.set_spin: 0..1 s accepted, more refused by name, and items
     still arrive and come back with both ends spinning."""

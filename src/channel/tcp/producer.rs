@@ -453,6 +453,7 @@ impl Core {
                 let welcome = Message::Welcome {
                     magic: wire::MAGIC,
                     version: protocol::VERSION,
+                    features: 0, // a remote consumer gives leases back one message each
                     peer_id: self.peers[idx].id,
                     producer_pid: crate::fork::pid(),
                 }

@@ -27,6 +27,8 @@ pub(crate) struct ConnShared {
     backlogged: AtomicBool,
     /// The shared-memory ring pool items and returns travel in, once the producer sent one.
     ring: std::sync::OnceLock<ConsumerRing>,
+    /// Whether the producer reads `RELEASES` (it said so in its `WELCOME`).
+    releases: bool,
 }
 
 impl ConnShared {
@@ -82,6 +84,22 @@ impl Teller for ConnShared {
         let bytes = msg.encode();
         let mut q = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
         self.queue(&mut q, bytes);
+        self.backlogged.store(!q.is_empty(), Ordering::Release);
+    }
+
+    /// One `RELEASES` message per [`wire::MAX_RELEASES`] leases when the producer reads them,
+    /// else a `RELEASE` each; queued like any message when the socket has no room.
+    fn tell_releases(&self, leases: &[u64]) {
+        if !self.releases || leases.len() == 1 {
+            return leases.iter().for_each(|&lease| self.tell(Message::Release { lease }));
+        }
+        if !self.speaks() {
+            return;
+        }
+        let mut q = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
+        for chunk in leases.chunks(wire::MAX_RELEASES) {
+            self.queue(&mut q, Message::Releases { leases: chunk.to_vec() }.encode());
+        }
         self.backlogged.store(!q.is_empty(), Ordering::Release);
     }
 
@@ -245,7 +263,7 @@ impl LocalConnection {
                         )));
                     }
                     match decoded? {
-                        Message::Welcome { magic, version, peer_id, producer_pid } => {
+                        Message::Welcome { magic, version, features, peer_id, producer_pid } => {
                             if magic != wire::MAGIC || version != wire::VERSION {
                                 return Err(Error::UnsupportedVersion(format!(
                                     "the channel at {address:?} speaks protocol version {version}, this library {}",
@@ -265,6 +283,7 @@ impl LocalConnection {
                                     backlog: Default::default(),
                                     backlogged: AtomicBool::new(false),
                                     ring: Default::default(),
+                                    releases: features & wire::PRODUCER_RELEASES != 0,
                                 }),
                                 state: Mutex::new(State {
                                     buf,

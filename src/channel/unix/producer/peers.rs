@@ -230,6 +230,7 @@ impl Core {
             let m = Message::Welcome {
                 magic: wire::MAGIC,
                 version: wire::VERSION,
+                features: wire::PRODUCER_RELEASES,
                 peer_id: peer.info.id,
                 producer_pid: std::process::id() as i32,
             }
@@ -248,6 +249,22 @@ impl Core {
                     .remove(&lease)
                     .ok_or_else(|| Error::Untrusted(format!("lease {lease} is not held by this peer")))?;
                 book.sub(1);
+            }
+            Message::Releases { leases } => {
+                // Every lease the peer holds comes back; the others make one protocol error.
+                let mut unknown = 0usize;
+                for lease in &leases {
+                    match peer.leases.remove(lease) {
+                        Some((book, _event)) => book.sub(1),
+                        None => unknown += 1,
+                    }
+                }
+                if unknown > 0 {
+                    return Err(Error::Untrusted(format!(
+                        "{unknown} of the {} leases released in one message are not held by this peer",
+                        leases.len()
+                    )));
+                }
             }
             Message::Return { pool, slot } => {
                 let id = peer.info.id;
