@@ -772,7 +772,6 @@ mod tests {
             Message::Refused { reason: b"no" },
             Message::Share { lease: 1 << 40, handle: b"DSH1...." },
             Message::Release { lease: 3 },
-            Message::Releases { leases: vec![3, 9, u64::MAX] },
             Message::Attach { pool: 2, slot_size: 4096, count: 8, handle: b"handle" },
             Message::Item { pool: 2, slot: 5, layout, event: None },
             Message::Item { pool: 2, slot: 5, layout: ItemLayout { ndim: 0, ..layout }, event: Some([7; 64]) },
@@ -784,6 +783,7 @@ mod tests {
             Message::KeptShares { first_lease: 9, entries: vec![(0, 3, &b"DSH1...."[..]), (2, 0, &b"DSH1..+"[..])] },
             Message::Retire { export: 3 },
             Message::Names { first_lease: 9, names: vec!["model.layers.0.weight", "", "ü"] },
+            Message::Releases { leases: vec![3, 9, u64::MAX] },
         ]
     }
 
