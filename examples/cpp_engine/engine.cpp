@@ -87,7 +87,8 @@ int run(const std::string& address) {
                          meta(2));
             return 1;
         }
-        batch.clear();  // every lease back to the trainer: it may step again
+        devshare::Connection::give_back(batch);  // every lease back to the trainer in one message
+        batch.clear();                            // unmapped (nothing more is sent)
         syncs++;
     }
 }

@@ -334,6 +334,21 @@ public:
         return out;
     }
 
+    // Give every Import of `batch` back to its producer in one call (devshare_imports_give_back,
+    // 1.12): a connection's leases go in one message, which fits the producer's socket however
+    // big the batch (one per Import, destroying the vector, fills it after a few hundred while
+    // the producer is not reading, and the rest wait for this consumer's next call). Each
+    // Import stays mapped until released; releasing it then sends nothing. Empty Imports are
+    // skipped.
+    [[nodiscard]] static Result<void> try_give_back(const std::vector<Import>& batch) {
+        std::vector<const DevshareImport*> raw;
+        raw.reserve(batch.size());
+        for (const Import& imp : batch) {
+            raw.push_back(imp.get());
+        }
+        return detail::call(devshare_imports_give_back(raw.data(), raw.size()));
+    }
+
     // Let recv poll for up to `spin` before it sleeps (devshare_connection_set_spin): for a
     // consumer with a CPU core of its own. Zero (the default) sleeps at once.
     [[nodiscard]] Result<void> try_set_spin(std::chrono::microseconds spin) {
@@ -363,6 +378,7 @@ public:
     [[nodiscard]] std::vector<Import> recv_batch(size_t n, std::chrono::milliseconds timeout) {
         return detail::value(try_recv_batch(n, timeout));
     }
+    static void give_back(const std::vector<Import>& batch) { detail::value(try_give_back(batch)); }
     void set_spin(std::chrono::microseconds spin) { detail::value(try_set_spin(spin)); }
     void set_stream(void* stream) { detail::value(try_set_stream(stream)); }
     void close() { detail::value(try_close()); }

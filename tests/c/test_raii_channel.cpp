@@ -624,7 +624,9 @@ void test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer() {
                 named = batch[i] && batch[i].name() == want[i] &&
                         batch[i].as<const float>()(0) == static_cast<float>(10 * i) + 0.5f;
             }
-        }  // the batch is released here
+            devshare::Connection::give_back(batch);  // in one message; still mapped
+            named = named && batch[2].as<const float>()(0) == 20.5f;
+        }  // the batch is released here (nothing more is sent)
         me.check(named, "a named batch by Connection::recv_batch: in order, Import::name() is each lease's name "
                         "(empty: sent without one)");
         me.check(failed_with(devshare::Import().try_name(), DEVSHARE_STATUS_NULL_ARGUMENT),
