@@ -1310,6 +1310,30 @@ def test_a_batch_of_a_thousand_released_at_once_reaches_a_producer_that_was_not_
     assert ch.peer_info(peer)["protocol_errors"] == 0
 
 
+def test_release_batch_gives_back_pool_items_and_leases_together(pair):
+    """One release_batch of pool items and leases: the slots come back (through the ring) and
+    the leases (in one message), round after round."""
+    ch, conn, peer = pair
+    lent = devshare.channel_empty((2, 16), torch.int32)
+    with ch.pool(64, 2) as pool:
+        for rnd in range(3):
+            for k in range(2):
+                slot = pool.acquire(timeout=LIMIT)
+                slot.tensor((16,), torch.int32)[:] = 10 * rnd + k
+                slot.send(peer, (16,), torch.int32)
+            lent.fill_(rnd)
+            ch.send_batch(peer, [lent[0], lent[1]])
+            items = [conn.recv(timeout=LIMIT) for _ in range(4)]
+            assert [int(it.tensor[0]) for it in items] == [10 * rnd, 10 * rnd + 1, rnd, rnd]
+            assert devshare.release_batch(items) == 4
+            del items
+            gc.collect()
+            assert devshare.wait(lent, timeout=LIMIT)
+            both = [pool.acquire(timeout=LIMIT) for _ in range(2)]  # both slots are free again
+            for slot in both:
+                slot.release()
+
+
 def test_spinning_is_opt_in_bounded_and_delivers_the_same_items(pair):
     """Pool.set_spin / Connection.set_spin: 0..1 s accepted, more refused by name, and items
     still arrive and come back with both ends spinning."""
