@@ -303,14 +303,10 @@ pub(crate) fn narrow(
         )));
     }
     let (token, husk) = slot_token(conn, attach, spares, pool, slot);
-    let layout = crate::handle::Layout {
+    // The item's layout in the pool's allocation: its slot's place added.
+    let layout = wire::ItemLayout {
         storage_offset: base.handle().storage_offset + u64::from(slot) * slot_size + l.storage_offset,
-        storage_size: l.storage_size,
-        ndim: l.ndim,
-        shape: l.shape,
-        strides: l.strides,
-        tensor_offset: l.tensor_offset,
-        dtype: l.dtype,
+        ..*l
     };
     let imp = Import::derive(base, &layout, event, token, husk)?;
     // The producer's work on the slot may still be running: wait for its event before the item

@@ -105,50 +105,9 @@ pub(crate) const RELEASES: u32 = 16;
 /// Most leases one [`RELEASES`] message gives back (64 KiB of them).
 pub(crate) const MAX_RELEASES: usize = 8192;
 
-/// A pool item's tensor, as it travels in an [`ITEM`] message (relative to its slot).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct ItemLayout {
-    pub dtype: DevshareDType,
-    pub ndim: u32,
-    /// `ndim` entries are used.
-    pub shape: [i64; DEVSHARE_MAX_NDIM],
-    /// `ndim` entries are used.
-    pub strides: [i64; DEVSHARE_MAX_NDIM],
-    /// In the slot, in bytes.
-    pub storage_offset: u64,
-    pub storage_size: u64,
-    /// In elements.
-    pub tensor_offset: i64,
-}
-
-impl ItemLayout {
-    /// No dimensions, nothing in the slot (what a decode writes into).
-    pub(crate) fn empty() -> ItemLayout {
-        ItemLayout {
-            dtype: DevshareDType::new(0, 0, 0),
-            ndim: 0,
-            shape: [0; DEVSHARE_MAX_NDIM],
-            strides: [0; DEVSHARE_MAX_NDIM],
-            storage_offset: 0,
-            storage_size: 0,
-            tensor_offset: 0,
-        }
-    }
-
-    /// The layout of the tensor `h` describes, at `storage_offset` in its slot with
-    /// `storage_size` bytes.
-    pub(crate) fn of(h: &crate::handle::DevshareHandle, storage_offset: u64, storage_size: u64) -> ItemLayout {
-        ItemLayout {
-            dtype: h.dtype,
-            ndim: h.ndim,
-            shape: h.shape,
-            strides: h.strides,
-            storage_offset,
-            storage_size,
-            tensor_offset: h.tensor_offset,
-        }
-    }
-}
+/// A pool item's tensor, as it travels in an [`ITEM`] message: a handle's layout fields, with
+/// `storage_offset` relative to the item's slot (the consumer adds the slot's place in the pool).
+pub(crate) type ItemLayout = crate::handle::Layout;
 
 /// Every message of the protocol, typed: both ends build and read messages only through
 /// [`Message::encode`] and [`Message::decode`]. Byte fields borrow from the received buffer.

@@ -289,14 +289,17 @@ pub(crate) fn validate_written_layout(h: &DevshareHandle, base: &DevshareHandle)
     validate_layout(h, base)
 }
 
-/// The layout fields of a handle: what a pool item sets on its pool's handle.
-#[derive(Clone, Copy, Debug)]
+/// The layout fields of a handle: what a pool item sets on its pool's handle (and, relative to
+/// its slot, what an `ITEM` message carries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Layout {
     pub dtype: DevshareDType,
     pub ndim: u32,
+    /// `ndim` entries are used.
     pub shape: [i64; DEVSHARE_MAX_NDIM],
+    /// `ndim` entries are used.
     pub strides: [i64; DEVSHARE_MAX_NDIM],
-    /// In the allocation, in bytes.
+    /// In the allocation (in an `ITEM`: in the slot), in bytes.
     pub storage_offset: u64,
     pub storage_size: u64,
     /// In elements.
@@ -304,6 +307,32 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
+    /// No dimensions, nothing in the storage (what a decode writes into).
+    pub(crate) fn empty() -> Layout {
+        Layout {
+            dtype: DevshareDType::new(0, 0, 0),
+            ndim: 0,
+            shape: [0; DEVSHARE_MAX_NDIM],
+            strides: [0; DEVSHARE_MAX_NDIM],
+            storage_offset: 0,
+            storage_size: 0,
+            tensor_offset: 0,
+        }
+    }
+
+    /// The layout of the tensor `h` describes, with `storage_offset` and `storage_size` given.
+    pub(crate) fn of(h: &DevshareHandle, storage_offset: u64, storage_size: u64) -> Layout {
+        Layout {
+            dtype: h.dtype,
+            ndim: h.ndim,
+            shape: h.shape,
+            strides: h.strides,
+            storage_offset,
+            storage_size,
+            tensor_offset: h.tensor_offset,
+        }
+    }
+
     /// Whether `h` has exactly this layout (every layout field compared).
     pub(crate) fn is_of(&self, h: &DevshareHandle) -> bool {
         h.dtype == self.dtype
@@ -510,15 +539,7 @@ mod tests {
         }
         if same_but_layout(h, base) {
             // What a pool item's import does: the base's handle with the layout written in.
-            let l = Layout {
-                dtype: h.dtype,
-                ndim: h.ndim,
-                shape: h.shape,
-                strides: h.strides,
-                storage_offset: h.storage_offset,
-                storage_size: h.storage_size,
-                tensor_offset: h.tensor_offset,
-            };
+            let l = Layout::of(h, h.storage_offset, h.storage_size);
             let mut written = DevshareHandle::default();
             let relaid = relayout(base, &l, None, &mut written);
             prop_assert!(written == *h, "relayout writes the handle checked");
