@@ -61,25 +61,33 @@ struct SendConn(*mut DevshareConnection);
 // SAFETY: a connection may be used from any thread; it is handed over once.
 unsafe impl Send for SendConn {}
 
+/// A channel at a fresh address, a connection to it (made on another thread while this one
+/// serves the handshake) and the consumer's peer id.
+///
+/// # Safety
+/// The caller closes both.
+unsafe fn connected(tag: &str) -> (*mut DevshareChannel, *mut DevshareConnection, u64) {
+    let address = CString::new(format!("@devshare-test-item-{tag}-{}", std::process::id())).unwrap();
+    let mut ch: *mut DevshareChannel = null_mut();
+    ok(devshare_channel_listen(address.as_ptr(), &mut ch));
+    let connecting = std::thread::spawn(move || {
+        let mut conn: *mut DevshareConnection = null_mut();
+        ok(devshare_channel_connect(address.as_ptr(), 10_000, &mut conn));
+        SendConn(conn)
+    });
+    ok(devshare_channel_wait_peers(ch, 1, 10_000));
+    let conn = connecting.join().unwrap().0;
+    let (mut peer, mut n) = (0u64, 0usize);
+    ok(devshare_channel_peer_ids(ch, &mut peer, 1, &mut n));
+    (ch, conn, peer)
+}
+
 #[test]
 fn a_pool_item_allocates_nothing_in_the_steady_state() {
     // SAFETY: every pointer passed is valid or NULL where the header allows it; every object is
     // released once.
     unsafe {
-        let address = CString::new(format!("@devshare-test-item-alloc-{}", std::process::id())).unwrap();
-        let mut ch: *mut DevshareChannel = null_mut();
-        ok(devshare_channel_listen(address.as_ptr(), &mut ch));
-        let addr = address.clone();
-        let connecting = std::thread::spawn(move || {
-            let mut conn: *mut DevshareConnection = null_mut();
-            ok(devshare_channel_connect(addr.as_ptr(), 10_000, &mut conn));
-            SendConn(conn)
-        });
-        ok(devshare_channel_wait_peers(ch, 1, 10_000));
-        let conn = connecting.join().unwrap().0;
-        let mut peer = 0u64;
-        let mut n = 0usize;
-        ok(devshare_channel_peer_ids(ch, &mut peer, 1, &mut n));
+        let (ch, conn, peer) = connected("alloc");
         for slots in [1u32, 8] {
             let mut exp: *mut DevshareExporter = null_mut();
             ok(devshare_channel_host_alloc(4096 * u64::from(slots), &mut exp, null_mut()));
@@ -132,20 +140,7 @@ fn a_slot_given_back_early_and_sent_again_while_held_comes_back_once_per_item() 
     // the second gets its own, and each item's release gives back exactly its own slot.
     // SAFETY: as above.
     unsafe {
-        let address = CString::new(format!("@devshare-test-item-early-{}", std::process::id())).unwrap();
-        let mut ch: *mut DevshareChannel = null_mut();
-        ok(devshare_channel_listen(address.as_ptr(), &mut ch));
-        let addr = address.clone();
-        let connecting = std::thread::spawn(move || {
-            let mut conn: *mut DevshareConnection = null_mut();
-            ok(devshare_channel_connect(addr.as_ptr(), 10_000, &mut conn));
-            SendConn(conn)
-        });
-        ok(devshare_channel_wait_peers(ch, 1, 10_000));
-        let conn = connecting.join().unwrap().0;
-        let mut peer = 0u64;
-        let mut n = 0usize;
-        ok(devshare_channel_peer_ids(ch, &mut peer, 1, &mut n));
+        let (ch, conn, peer) = connected("early");
         let mut exp: *mut DevshareExporter = null_mut();
         ok(devshare_channel_host_alloc(4096, &mut exp, null_mut()));
         let mut pool: *mut DevsharePool = null_mut();
