@@ -49,6 +49,7 @@ from ._registry import (
     host_nbytes,
     import_at,
     note_import,
+    registered_tensors,
 )
 from ._views import allocation_view, array_extent, from_import, is_ndarray, is_torch_tensor
 
@@ -219,7 +220,11 @@ def wait(obj, timeout=None) -> bool:
     finite timeouts beyond int64 milliseconds."""
     ms = timeout_ms(timeout)
     with registry_lock:
-        exp, owner = _export_of(obj)  # owner: keeps an empty() allocation open meanwhile
+        r = registered_tensors.get(id(obj))
+        if r is not None and r.current(obj):  # a registered tensor: its registration's export
+            exp, owner = r.prep[0], None
+        else:
+            exp, owner = _export_of(obj)  # owner: keeps an empty() allocation open meanwhile
         if exp is None or exp.closed:
             return True
         exp.waiters += 1

@@ -14,6 +14,7 @@ from . import _ints
 
 #: The longest finite wait ``devshare_exporter_wait`` takes (int64 milliseconds).
 MAX_WAIT_MS = (1 << 63) - 1
+_FAST_SECONDS = MAX_WAIT_MS // 1000  # whole seconds within MAX_WAIT_MS
 
 
 def type_label(obj) -> str:
@@ -29,6 +30,8 @@ def timeout_ms(timeout) -> int:
     years: ctypes would wrap them into a short wait)."""
     if timeout is None:
         return -1
+    if type(timeout) is int and 0 <= timeout <= _FAST_SECONDS:  # the usual timeouts, at once
+        return timeout * 1000
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
         raise TypeError(f"timeout must be a number of seconds (int or float) or None, not "
                         f"{type_label(timeout)}")

@@ -22,7 +22,17 @@ from ctypes import byref, c_int32, c_size_t, c_uint32, c_uint64
 
 from . import _dtypes, _ints, _torch_ipc
 from ._api import torch_host_export
-from ._channel_lib import HAVE_REGISTER, address_bytes, call, need, peer_id, require, send_leases, timed
+from ._channel_lib import (
+    HAVE_REGISTER,
+    address_bytes,
+    call,
+    need,
+    peer_id,
+    require,
+    send_leases,
+    timed,
+)
+from ._channel_lib import error as channel_error
 from ._channel_memory import channel_empty, layout
 from ._lib import (
     MAX_NAME_LEN,
@@ -44,10 +54,15 @@ from ._registry import (
     buffer_at,
     collect_except,
     device_adoption,
+    registered_tensors,
     sweep_device_adoptions,
     tensor_desc,
 )
 from ._views import is_torch_tensor
+
+_U64_MAX = _ints.U64[1]
+#: devshare_channel_send, called straight on a registered tensor's path (Channel.send).
+_SEND = lib.devshare_channel_send
 
 #: PeerInfo.transport's numbers, as peer_info names them.
 _TRANSPORTS = {0: "unix", 1: "stream", 2: "ucx"}
@@ -57,20 +72,29 @@ class _Registered:
     """A tensor registered on a channel (:meth:`Channel.register`): the tensor (held), what its
     layout was, and its prepared lease (export, desc, keep), whose export stays open."""
 
-    __slots__ = ("tensor", "ptr", "shape", "strides", "prep", "device")
+    __slots__ = ("tensor", "ptr", "shape", "strides", "prep", "device", "desc_ref", "torch")
 
     def __init__(self, t, prep):
         self.tensor = t
+        self.torch = is_torch_tensor(t)
         self.ptr, self.shape, self.strides = _layout_of(t)
         self.prep = prep
-        self.device = is_torch_tensor(t) and t.device.type != "cpu"
+        self.desc_ref = byref(prep[1])  # (prep keeps the desc alive as long as this)
+        registered_tensors[id(t)] = self
+        self.device = self.torch and t.device.type != "cpu"
         prep[0].registered += 1
 
     def current(self, t) -> bool:
         """Whether ``t`` is this registered tensor, laid out as it was when registered."""
-        return t is self.tensor and _layout_of(t) == (self.ptr, self.shape, self.strides)
+        if t is not self.tensor:
+            return False
+        if self.torch:  # (_layout_of's, written out: this is every registered lease's path)
+            return t.data_ptr() == self.ptr and t.stride() == self.strides and t.shape == self.shape
+        return _layout_of(t) == (self.ptr, self.shape, self.strides)
 
     def drop(self) -> None:
+        if registered_tensors.get(id(self.tensor)) is self:
+            del registered_tensors[id(self.tensor)]
         self.prep[0].registered -= 1
         self.tensor = self.prep = None
 
@@ -312,6 +336,26 @@ class Channel(Owned):
         in this channel's calls (:meth:`service`, sends, :meth:`wait_peers`, ...).
 
         :class:`devshare.Error` ``NOT_FOUND`` when ``peer`` is not connected."""
+        registered = self._registered
+        if registered and type(peer) is int and 0 < peer <= _U64_MAX:
+            # A registered tensor as it was registered: its one lease message, with nothing
+            # of send_batch's general path (this is every repeated lease's path: a KV block).
+            r = registered.get(id(obj))
+            if r is not None and (stream is None or r.device) and r.current(obj):
+                with registry_lock:  # (as send_batch: r's export stays open until it is sent)
+                    prep = r.prep
+                    if prep is not None:
+                        exp, desc, _ = prep
+                        if r.device:
+                            desc.stream = _registered_stream({}, obj, stream)
+                        ptr = self._enter()
+                        try:
+                            status = _SEND(ptr, peer, exp.ptr, r.desc_ref)
+                        finally:
+                            self._exit()
+                        if status < 0:
+                            raise channel_error(status)
+                        return
         if stream is not None and not (is_torch_tensor(obj) and obj.device.type != "cpu"):
             raise ValueError("stream= applies to CUDA and NPU tensors only")
         self.send_batch(peer, (obj,), stream=stream)

@@ -58,6 +58,9 @@ from ._lib import version as library_version
 
 #: Bytes before the data in a file_system-layout shm object.
 HEADER_SIZE = 64
+_I64_MAX = (1 << 63) - 1
+_TIMEOUT = int(Status.TIMEOUT)
+_EXPORTER_WAIT = lib.devshare_exporter_wait
 #: The largest host allocation the library makes: header + data must fit an off_t (int64).
 MAX_ALLOC = (1 << 63) - 1 - HEADER_SIZE
 
@@ -169,11 +172,12 @@ class Export:
     def wait(self, timeout_ms: int) -> bool:
         if self.closed:
             return True
-        check_args(lib.devshare_exporter_wait, (self.ptr, timeout_ms))
-        status = lib.devshare_exporter_wait(self.ptr, timeout_ms)
-        if status == Status.TIMEOUT:
-            return False
+        if not (type(timeout_ms) is int and -1 <= timeout_ms <= _I64_MAX):  # (the usual, at once)
+            check_args(lib.devshare_exporter_wait, (self.ptr, timeout_ms))
+        status = _EXPORTER_WAIT(self.ptr, timeout_ms)
         if status < 0:
+            if status == _TIMEOUT:
+                return False
             raise error_for(status)
         return True
 
@@ -196,6 +200,14 @@ class HostBuffer:
     def __init__(self, nbytes: int):
         self.export = Export.alloc(nbytes)
         weakref.finalize(self, Export.close, self.export)
+
+
+#: Tensors registered on a channel (``Channel.register``), for :func:`devshare.wait`'s quick
+#: look-up: id(tensor) -> the newest registration of it (a ``_Registered``, on any channel),
+#: whose export is the one :func:`devshare.wait` would find for it while the tensor's layout
+#: is the registered one. A registration removes its own entry when dropped. Under
+#: registry_lock.
+registered_tensors: dict = {}
 
 
 # Live buffers (objects with an ``export``), by data address and (once their first share told

@@ -144,9 +144,9 @@ def torch_recipe(addr: int, nbytes: int, dtype, shape, strides):
     """What :func:`torch_from` makes torch tensors of ``shape``, ``strides`` (in elements) and
     ``dtype`` (a DLPack (code, bits, lanes)) over ``[addr, addr + nbytes)`` from, worked out
     once, as :func:`view` would each time: (the ctypes array type of the range, its address,
-    the torch dtype, the elements of the range, the shape, and the strides, or None when the
-    range as one row is the tensor), or, with no element to show, None and the torch dtype and
-    shape (a fresh empty tensor)."""
+    the torch dtype, the elements to take from the range's start, the shape, and the strides,
+    or None when those elements as one row are the tensor), or, with no element to show, None
+    and the torch dtype and shape (a fresh empty tensor)."""
     torch = _dtypes.require_torch()
     if not _FROMBUFFER:
         _FROMBUFFER.append(torch.frombuffer)
@@ -158,8 +158,11 @@ def torch_recipe(addr: int, nbytes: int, dtype, shape, strides):
     if numel == 0 or nbytes < esize:
         return None, 0, tdtype, 0, shape, torch
     count = nbytes // esize
-    whole = len(shape) == 1 and shape[0] == count and strides[0] == 1
-    return ctypes.c_uint8 * nbytes, addr, tdtype, count, shape, None if whole else strides
+    if len(shape) == 1 and strides[0] == 1 and numel <= count:
+        # A row of elements from the range's start (a KV block, a flat bucket): the tensor is
+        # the first numel elements as they are, with no strided view made over them.
+        return ctypes.c_uint8 * nbytes, addr, tdtype, numel, shape, None
+    return ctypes.c_uint8 * nbytes, addr, tdtype, count, shape, strides
 
 
 def torch_from(recipe, keep):

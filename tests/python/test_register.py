@@ -231,3 +231,94 @@ def test_a_list_comes_back_as_a_list_and_bad_names_are_refused_before_sending():
             _line(p, "RELEASED")
             _next(p)
             assert p.wait(timeout=20) == 0, p.stderr.read()
+
+
+def _in_process(address):
+    """A channel at ``address`` with one consumer connected from this process: (channel,
+    peer, connection)."""
+    ch = devshare.Channel(address)
+    got = []
+    connecting = threading.Thread(target=lambda: got.append(devshare.connect(address, timeout=5)))
+    connecting.start()
+    peer = ch.wait_peers(1, timeout=5)[0]
+    connecting.join()
+    return ch, peer, got[0]
+
+
+def test_wait_on_a_registered_tensor_follows_its_memory_not_its_registration():
+    # devshare.wait finds a registered tensor's export through its registration only while the
+    # tensor still has the registered layout: given new memory, it waits on that memory's
+    # leases (none), not the registration's (one out).
+    ch, peer, conn = _in_process(_address("wait-moved"))
+    with ch:
+        t = torch.arange(16.0)
+        ch.register(t)
+        ch.send(peer, t)
+        item = conn.recv(timeout=5)
+        assert item.tensor.tolist() == list(range(16))
+        assert not devshare.wait(t, timeout=0), "the lease is out"
+        assert devshare.outstanding(t) == 1
+        old = t.data
+        t.data = torch.zeros(16)  # new memory under the registered tensor object
+        assert devshare.wait(t, timeout=0), "nothing was sent from the new memory"
+        assert not devshare.wait(old, timeout=0), "the old memory's lease is still out"
+        item.release()
+        ch.service(0)
+        assert devshare.wait(old, timeout=5)
+        conn.close()
+
+
+def test_a_registered_send_to_an_unknown_peer_is_refused_and_sends_nothing():
+    ch, peer, conn = _in_process(_address("unknown-peer"))
+    with ch:
+        t = torch.ones(8)
+        ch.register(t)
+        with pytest.raises(devshare.Error) as e:
+            ch.send(peer + 1000, t)
+        assert e.value.status == devshare.Status.NOT_FOUND
+        with pytest.raises(ValueError):
+            ch.send(0, t)
+        assert devshare.outstanding(t) == 0
+        ch.send(peer, t)
+        item = conn.recv(timeout=5)
+        assert float(item.tensor.sum()) == 8.0
+        item.release()
+        ch.service(0)
+        assert devshare.wait(t, timeout=5)
+        conn.close()
+
+
+def test_an_unregistered_tensor_leaves_no_registration_behind():
+    from devshare import _registry
+
+    ch, _, conn = _in_process(_address("unregistered"))
+    with ch:
+        t = torch.ones(8)
+        ch.register(t)
+        assert id(t) in _registry.registered_tensors
+        ch.unregister(t)
+        assert id(t) not in _registry.registered_tensors, "devshare.wait's look-up let it go"
+        ch.register(t)
+    assert id(t) not in _registry.registered_tensors, "closing the channel let it go"
+    conn.close()
+
+
+def test_a_leased_row_is_the_row_however_much_memory_follows_it():
+    # A 1-D contiguous lease is made as its own elements (no strided view over the rest of
+    # the storage): values and size are the row's, for every row of one storage.
+    ch, peer, conn = _in_process(_address("rows"))
+    with ch:
+        cache = torch.arange(64 * 32, dtype=torch.float16).reshape(64, 32)
+        rows = [cache[i] for i in range(64)]
+        ch.register(rows)
+        for _ in range(2):  # the second time through the kept recipes
+            for i, row in enumerate(rows):
+                ch.send(peer, row)
+                item = conn.recv(timeout=5)
+                assert item.tensor.shape == (32,)
+                assert item.tensor.untyped_storage().nbytes() == 64
+                assert torch.equal(item.tensor, cache[i])
+                item.release()
+                ch.service(0)
+                assert devshare.wait(row, timeout=5)
+        conn.close()
