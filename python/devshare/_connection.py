@@ -652,18 +652,10 @@ class Connection(Owned):
         the last tensor over it is gone (those tensors are stale from now on). What a consumer
         does when :meth:`recv` raised :class:`ChannelClosed` because the producer died, so that
         nothing of that producer stays mapped. Returns how many were released. Callable after
-        :meth:`close` too."""
-        n = 0
-        for ref in list(self._items):
-            lease = ref()
-            if lease is not None and not lease.released:
-                try:
-                    lease.release()
-                    n += 1
-                except Error as e:
-                    if e.status != Status.ALREADY_RELEASED:  # another thread was first
-                        raise
-        return n
+        :meth:`close` too. With a 1.12 library the leases go back in one message, as
+        :func:`release_batch` sends them."""
+        leases = [lease for lease in (ref() for ref in list(self._items)) if lease is not None]
+        return _give_back_many(leases)
 
     def __iter__(self):
         while True:
@@ -717,27 +709,41 @@ def release_batch(items) -> int:
     this consumer's next call). Returns how many were released."""
     if isinstance(items, dict):
         items = items.values()
+    items = list(items)
+    n = _give_back_many([it._lease for it in items])
+    for it in items:
+        if it._lease.released:
+            it._tensor = None
+    return n
+
+
+def _give_back_many(leases) -> int:
+    """Release every lease of ``leases`` (:class:`Lease` objects) that is not released yet, in
+    one library call where the library has it (a connection's leases then go back to its
+    producer in one message), else one at a time. A process that inherited any of them
+    through fork raises before anything is released. Returns how many were released."""
+    pid = PID[0]
+    for lease in leases:
+        if lease._held and lease._pid != pid:
+            raise forked("Item", lease._pid)
     if GIVE_BACK_MANY is None:
         n = 0
-        for it in items:
-            if not it.released:
-                it.release()
+        for lease in leases:
+            try:
+                lease.release()
                 n += 1
+            except Error as e:
+                if e.status != Status.ALREADY_RELEASED:  # (released meanwhile: not counted)
+                    raise
         return n
     addresses = []
-    for it in items:
-        lease = it._lease
-        if not lease._held:
-            continue
-        if lease._pid != PID[0]:
-            raise forked("Item", lease._pid)
+    for lease in leases:
         try:
             imp = lease._held.pop()
-        except IndexError:  # another thread released it meanwhile
+        except IndexError:  # released already, or by another thread meanwhile
             continue
         # As Lease.release: mapped until the lease is garbage, also if the give-back fails.
         lease._mapped = imp
-        it._tensor = None
         addresses.append(imp if type(imp) is int else cast(imp, c_void_p).value)
     n = len(addresses)
     if n:

@@ -1310,6 +1310,42 @@ def test_a_batch_of_a_thousand_released_at_once_reaches_a_producer_that_was_not_
     assert ch.peer_info(peer)["protocol_errors"] == 0
 
 
+def test_release_all_of_a_thousand_reaches_a_producer_that_was_not_reading(pair):
+    """release_all gives a connection's leases back as release_batch does, in one message: one
+    message per lease filled the producer's socket while it was not reading."""
+    ch, conn, peer = pair
+    cache = torch.zeros(1000, 4)
+    blocks = [cache[i] for i in range(1000)]
+    ch.register(blocks)
+    ch.send_batch(peer, blocks)
+    batch = conn.recv_batch(1000, timeout=LIMIT)
+    assert devshare.outstanding(cache) == 1000
+    assert conn.release_all() == 1000
+    assert all(it.released for it in batch)
+    assert conn.release_all() == 0
+    assert devshare.wait(cache, timeout=5)
+
+
+def test_release_batch_with_an_item_of_another_process_releases_nothing(pair):
+    """An item this process inherited through fork (here: one that says so) makes
+    release_batch raise before it gives anything back, also the items before it."""
+    ch, conn, peer = pair
+    t = devshare.channel_empty((2, 4), "int64")
+    ch.send_batch(peer, [t[0], t[1]])
+    items = conn.recv_batch(2, timeout=LIMIT)
+    real = items[1]._lease._pid
+    items[1]._lease._pid = real + 1
+    try:
+        with pytest.raises(RuntimeError, match="fork"):
+            devshare.release_batch(items)
+        assert not items[0].released and not items[1].released
+    finally:
+        items[1]._lease._pid = real
+    assert devshare.release_batch(items) == 2
+    ch.service(0)
+    assert devshare.wait(t, timeout=LIMIT)
+
+
 def test_release_batch_gives_back_pool_items_and_leases_together(pair):
     """One release_batch of pool items and leases: the slots come back (through the ring) and
     the leases (in one message), round after round."""
