@@ -213,15 +213,33 @@ def release(args, backend: int) -> None:
     _release(args, backend)
 
 
+# torch._C._cuda_getCurrentRawStream (the current CUDA stream of a device index as its raw
+# handle, what torch.cuda.current_stream(device).cuda_stream reads), or None where torch lacks
+# it; looked up once.
+_RAW_STREAM: list = []
+
+
+def _raw_current_stream():
+    if not _RAW_STREAM:
+        _RAW_STREAM.append(getattr(importlib.import_module("torch")._C, "_cuda_getCurrentRawStream", None))
+    return _RAW_STREAM[0]
+
+
 def current_stream(t, stream=None) -> int:
     """The stream handle (``cudaStream_t`` / ``aclrtStream``, as an int) that devshare records
     a share's event on: ``stream`` (a ``torch.cuda.Stream`` / ``torch_npu`` stream, or a raw
     handle as an int), by default the current stream of ``t``'s device."""
     if stream is None:
-        if t.device.type == "npu":
-            stream = _import_torch_npu().npu.current_stream(t.device)
+        device = t.device
+        if device.type == "npu":
+            stream = _import_torch_npu().npu.current_stream(device)
         else:
-            stream = importlib.import_module("torch").cuda.current_stream(t.device)
+            raw = _raw_current_stream()
+            if raw is not None:
+                # torch.cuda.current_stream(device).cuda_stream without the Stream object
+                # (this is every device lease's path).
+                return raw(device.index)
+            stream = importlib.import_module("torch").cuda.current_stream(device)
     if isinstance(stream, int) and not isinstance(stream, bool):
         return _ints.index("stream", stream, 0, _U64_MAX)
     for attr in ("cuda_stream", "npu_stream"):

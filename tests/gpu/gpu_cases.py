@@ -1750,6 +1750,26 @@ print("DONE", flush=True)
 """
 
 
+def a_device_lease_records_its_event_on_torchs_current_stream(cx: Ctx):
+    """The stream a device lease's event goes on by default is torch's current stream of the
+    tensor's device (read as a raw handle without a Stream object), also inside a side stream."""
+    torch = cx.torch
+    _import_devshare()
+    from devshare import _torch_ipc
+
+    t = torch.zeros(4, device="cuda")
+    default = torch.cuda.current_stream(t.device).cuda_stream
+    check(_torch_ipc.current_stream(t) == default,
+          f"default stream: devshare {_torch_ipc.current_stream(t):#x}, torch {default:#x}")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        got = _torch_ipc.current_stream(t)
+    check(got == side.cuda_stream and got != default,
+          f"side stream: devshare {got:#x}, torch {side.cuda_stream:#x} (default {default:#x})")
+    check(_torch_ipc.current_stream(t, side) == side.cuda_stream, "an explicit stream is that stream")
+    return "the default and a side stream, as torch.cuda.current_stream gives them"
+
+
 def torch_cuda_tensors_sent_on_a_channel_are_freed_once_returned(cx: Ctx):
     """torch CUDA tensors over a channel (Channel.send: reduce_tensor + adopt) to a Python consumer process; PyTorch's references come back."""
     torch = cx.torch
@@ -1816,6 +1836,7 @@ CASES = [(fn.__name__, fn, timeout, env, needs_torch) for fn, timeout, env, need
     (c_pool_items_reach_a_c_consumer_at_fixed_slot_addresses, 60, {}, False),
     (remote_cuda_pool_items_arrive_intact_at_fixed_addresses, 90, {}, False),
     (remote_cuda_pool_slots_replay_captured_graphs_without_recapture, 90, {}, True),
+    (a_device_lease_records_its_event_on_torchs_current_stream, 60, {}, True),
     (torch_cuda_tensors_sent_on_a_channel_are_freed_once_returned, 90, {}, True),
     (measure_cold_against_cached_cuda_import, 60, {}, False),
     (measure_handoff_latency_against_torch_multiprocessing_queue, 120, {}, True),
