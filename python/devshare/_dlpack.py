@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 from ctypes import CFUNCTYPE, c_char_p, c_int, c_void_p
 
-from ._lib import call, lib
+from ._lib import error_for, lib
 
 VERSIONED_NAME = b"dltensor_versioned"
 LEGACY_NAME = b"dltensor"
@@ -76,7 +76,10 @@ def managed_from_import(imp, versioned: bool = True) -> int:
     """A new DLManagedTensor(Versioned) holding its own reference to ``imp`` (an ImportP)."""
     out = c_void_p()
     fn = lib.devshare_import_to_dlpack_versioned if versioned else lib.devshare_import_to_dlpack
-    call(fn, imp, ctypes.byref(out))
+    # (call()'s range checks have no integer to check here: every device item's path.)
+    status = fn(imp, ctypes.byref(out))
+    if status < 0:
+        raise error_for(status)
     return out.value
 
 
