@@ -75,9 +75,12 @@ def _destroy_legacy(capsule):  # pragma: no cover - runs from the capsule's deal
 def managed_from_import(imp, versioned: bool = True) -> int:
     """A new DLManagedTensor(Versioned) holding its own reference to ``imp`` (an ImportP)."""
     out = c_void_p()
-    fn = lib.devshare_import_to_dlpack_versioned if versioned else lib.devshare_import_to_dlpack
-    # (call()'s range checks have no integer to check here: every device item's path.)
-    status = fn(imp, ctypes.byref(out))
+    # (Not through call(): there is no integer to range-check, and this is every device item's
+    # path.)
+    if versioned:
+        status = lib.devshare_import_to_dlpack_versioned(imp, ctypes.byref(out))
+    else:
+        status = lib.devshare_import_to_dlpack(imp, ctypes.byref(out))
     if status < 0:
         raise error_for(status)
     return out.value
