@@ -147,9 +147,8 @@ impl LocalPool {
                 // Describes and validates the tensor (once per slot while the description repeats);
                 // synchronises the producing stream, or records an event on it
                 // (DEVSHARE_SHARE_EVENT): one of the channel's reused events.
-                let key = DescKey::of(desc);
                 let mut described = None;
-                let layout = match key.as_ref().and_then(|k| p.described.get(slot, k)) {
+                let layout = match p.described.get(slot, desc) {
                     Some(layout) => layout,
                     None => &*described.insert(
                         p.exporter.describe_leased_with(&abs, |h| ItemLayout::of(h, desc.storage_offset, rel_size))?,
@@ -190,7 +189,7 @@ impl LocalPool {
                     event_handle.as_ref(),
                     std::mem::take(&mut core.item_buf),
                 );
-                if let (Some(k), Some(layout)) = (key, described) {
+                if let (Some(layout), Some(k)) = (described, DescKey::of(desc)) {
                     p.described.put(slot, k, layout);
                 }
                 let idx = core.index(peer);
@@ -293,6 +292,30 @@ impl DescKey {
             event: d.event,
         })
     }
+
+    /// Whether `d`'s key is this one (`DescKey::of(d) == Some(*self)`), compared field by field
+    /// where `d` lies, without making its key (a send that repeats a description copies
+    /// nothing).
+    pub(super) fn matches(&self, d: &TensorDesc<'_>) -> bool {
+        // The entries in use, element by element (a call to compare a few words costs more than
+        // the words); the key's entries past them are zero, as `of` writes them.
+        fn same(a: &[i64; crate::handle::DEVSHARE_MAX_NDIM], n: usize, v: &[i64]) -> bool {
+            v.len() == n && a[..n].iter().zip(v).all(|(x, y)| x == y)
+        }
+        let strides = match (&self.strides, d.strides) {
+            (None, None) => true,
+            (Some((n, a)), Some(v)) => same(a, *n, v),
+            _ => false,
+        };
+        self.dtype == d.dtype
+            && same(&self.shape, self.ndim, d.shape)
+            && strides
+            && self.storage_offset == d.storage_offset
+            && self.storage_size == d.storage_size
+            && self.tensor_offset == d.tensor_offset
+            && self.inflight == d.inflight
+            && self.event == d.event
+    }
 }
 
 /// A pool's last item description and the layout it was described as, and which slots it was
@@ -316,10 +339,11 @@ impl Described {
         Ok(Described { last: None, epoch: 1, slots })
     }
 
-    /// The layout of `key` in `slot`, when it was described for that slot.
-    pub(super) fn get(&self, slot: u32, key: &DescKey) -> Option<&ItemLayout> {
+    /// The layout of description `d` in `slot`, when it was described for that slot (its key is
+    /// the last one's: [`DescKey::matches`]).
+    pub(super) fn get(&self, slot: u32, d: &TensorDesc<'_>) -> Option<&ItemLayout> {
         match &self.last {
-            Some((k, layout)) if k == key && self.slots.get(slot as usize) == Some(&self.epoch) => Some(layout),
+            Some((k, layout)) if self.slots.get(slot as usize) == Some(&self.epoch) && k.matches(d) => Some(layout),
             _ => None,
         }
     }

@@ -146,23 +146,25 @@ fn an_announced_pid_that_is_not_the_kernels_is_whitelisted_only_when_trusted() {
 
 #[test]
 fn a_repeated_item_description_is_described_once_per_slot_and_any_other_again() {
-    let layout = |n: i64| {
-        let desc = TensorDesc { shape: &[n], ..Default::default() };
+    let (s64, s32) = ([64i64], [32i64]);
+    let (d64, d32) =
+        (TensorDesc { shape: &s64, ..Default::default() }, TensorDesc { shape: &s32, ..Default::default() });
+    let layout = |desc: &TensorDesc<'_>| {
         let h = crate::handle::DevshareHandle { ndim: 1, ..Default::default() };
-        (pool::DescKey::of(&desc).expect("a key"), ItemLayout::of(&h, 0, n as u64))
+        (pool::DescKey::of(desc).expect("a key"), ItemLayout::of(&h, 0, desc.shape[0] as u64))
     };
     let mut d = pool::Described::new(4).expect("described");
-    let (k64, l64) = layout(64);
-    let (k32, l32) = layout(32);
-    assert!(d.get(0, &k64).is_none(), "nothing described yet");
+    let (k64, l64) = layout(&d64);
+    let (k32, l32) = layout(&d32);
+    assert!(d.get(0, &d64).is_none(), "nothing described yet");
     d.put(0, k64, l64);
-    assert_eq!(d.get(0, &k64), Some(&l64));
-    assert!(d.get(1, &k64).is_none(), "described for slot 0 only");
-    assert!(d.get(0, &k32).is_none(), "another description");
+    assert_eq!(d.get(0, &d64), Some(&l64));
+    assert!(d.get(1, &d64).is_none(), "described for slot 0 only");
+    assert!(d.get(0, &d32).is_none(), "another description");
     d.put(1, k32, l32);
-    assert!(d.get(0, &k64).is_none() && d.get(0, &k32).is_none(), "slot 0 describes the new one again");
-    assert_eq!(d.get(1, &k32), Some(&l32));
-    assert!(d.get(9, &k32).is_none(), "no such slot");
+    assert!(d.get(0, &d64).is_none() && d.get(0, &d32).is_none(), "slot 0 describes the new one again");
+    assert_eq!(d.get(1, &d32), Some(&l32));
+    assert!(d.get(9, &d32).is_none(), "no such slot");
     // Every field that describing reads is in the key.
     let shape = [4i64, 4];
     let base = TensorDesc { shape: &shape, ..Default::default() };
@@ -179,6 +181,7 @@ fn a_repeated_item_description_is_described_once_per_slot_and_any_other_again() 
     ];
     for v in &variants {
         assert!(key(v) != key(&base), "{v:?}");
+        assert!(!key(&base).matches(v) && !key(v).matches(&base) && key(v).matches(v), "{v:?}");
     }
     assert!(pool::DescKey::of(&TensorDesc { shape: &[1; 9], ..Default::default() }).is_none(), "9 dimensions");
 }
@@ -207,5 +210,63 @@ fn a_send_after_a_refused_description_of_the_same_slot_is_described_again() {
         let imp = c.recv(T).expect("recv");
         assert_eq!(imp.handle().shape[0], n);
         imp.release();
+    }
+}
+
+/// A description, within and beyond what a key holds.
+#[derive(Debug, Clone)]
+struct Desc {
+    dtype: (u8, u8, u16),
+    shape: Vec<i64>,
+    strides: Option<Vec<i64>>,
+    storage_offset: u64,
+    storage_size: Option<u64>,
+    tensor_offset: i64,
+    inflight: bool,
+    event: bool,
+}
+
+impl Desc {
+    fn desc(&self) -> TensorDesc<'_> {
+        TensorDesc {
+            dtype: crate::dtype::DevshareDType::new(self.dtype.0, self.dtype.1, self.dtype.2),
+            shape: &self.shape,
+            strides: self.strides.as_deref(),
+            storage_offset: self.storage_offset,
+            storage_size: self.storage_size,
+            tensor_offset: self.tensor_offset,
+            inflight: self.inflight,
+            event: self.event,
+            ..Default::default()
+        }
+    }
+}
+
+fn descs() -> impl proptest::strategy::Strategy<Value = Desc> {
+    use proptest::prelude::*;
+    // Few values per field, so that two draws are often equal or differ in one field only; up
+    // to 9 dimensions (a key holds 8), strides of another length than the shape included.
+    (
+        (0u8..2, prop_oneof![Just(8u8), Just(32)], 1u16..3),
+        prop::collection::vec(0i64..3, 0..=9),
+        prop::option::of(prop::collection::vec(0i64..3, 0..=9)),
+        (0u64..2, prop::option::of(0u64..2), -1i64..1),
+        (any::<bool>(), any::<bool>()),
+    )
+        .prop_map(|(dtype, shape, strides, (storage_offset, storage_size, tensor_offset), (inflight, event))| {
+            Desc { dtype, shape, strides, storage_offset, storage_size, tensor_offset, inflight, event }
+        })
+}
+
+proptest::proptest! {
+    /// The repeat check compares a description with the last key where it lies: its verdict is
+    /// the full key's, made and compared, for any two descriptions.
+    #[test]
+    fn a_description_matches_a_key_exactly_when_its_own_key_is_that_key(a in descs(), b in descs()) {
+        if let Some(k) = pool::DescKey::of(&a.desc()) {
+            let full = pool::DescKey::of(&b.desc()) == Some(k);
+            proptest::prop_assert_eq!(k.matches(&b.desc()), full);
+            proptest::prop_assert!(k.matches(&a.desc()));
+        }
     }
 }
