@@ -270,3 +270,88 @@ proptest::proptest! {
         }
     }
 }
+
+/// A channel with one connected consumer: the channel, the connection, the peer's id.
+fn connected(name: &str) -> (LocalChannel, super::super::consumer::LocalConnection, u64) {
+    const T: Option<Duration> = Some(Duration::from_secs(10));
+    let addr = format!("@devshare-unit-{name}-{}", std::process::id());
+    let ch = LocalChannel::listen(&addr).expect("listen");
+    let c = std::thread::scope(|s| {
+        let c = s.spawn(|| super::super::consumer::LocalConnection::connect(&addr, T));
+        ch.wait_peers(1, T).expect("peers");
+        c.join().expect("join").expect("connect")
+    });
+    let peer = ch.peer_ids().expect("ids")[0];
+    (ch, c, peer)
+}
+
+#[test]
+fn a_slot_set_aside_for_the_next_acquire_is_free_to_everything_but_an_acquire() {
+    const T: Option<Duration> = Some(Duration::from_secs(10));
+    let (ch, c, peer) = connected("aside");
+    let exp = Arc::new(Exporter::channel_host_alloc(3 * 64).expect("alloc"));
+    let base = exp.ptr();
+    let pool = ch.pool(exp, 64, 3).expect("pool");
+    let desc = TensorDesc { shape: &[64], ..Default::default() };
+    let aside = || pool.next.load(Ordering::SeqCst).checked_sub(1).map(|s| s as u32);
+    let (s0, _) = pool.acquire(T).expect("acquire");
+    assert_eq!(aside(), None, "an acquire sets nothing aside");
+    pool.send(s0, peer, &desc).expect("send");
+    let s1 = aside().expect("the send set a slot aside");
+    assert_ne!(s1, s0);
+    assert_eq!(pool.info().expect("info").2, 2, "a set-aside slot counts as free");
+    // Not acquired: refused by send and release as a free slot is, and nothing changes.
+    let e = pool.send(s1, peer, &desc).expect_err("a set-aside slot is not acquired");
+    assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("free"), "{e}");
+    let e = pool.release(s1).expect_err("a set-aside slot is not acquired");
+    assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("free"), "{e}");
+    assert_eq!(aside(), Some(s1));
+    // The next acquire takes it (its address is the slot's), and then it is acquired.
+    let (got, ptr) = pool.acquire(T).expect("acquire");
+    assert_eq!((got, ptr), (s1, base.wrapping_add(64 * s1 as usize)));
+    assert_eq!((aside(), pool.info().expect("info").2), (None, 1));
+    pool.send(s1, peer, &desc).expect("an acquired set-aside slot is sent");
+    // Sent twice: refused.
+    assert!(matches!(pool.send(s1, peer, &desc), Err(Error::InvalidArgument(_))));
+    let s2 = aside().expect("the third slot, set aside");
+    // An acquire under the lock with nothing free takes the set-aside slot (a waiting thread
+    // must not miss it), and it is acquired.
+    let got = pool.take_free(&mut None).expect("look").map(|(s, _)| s);
+    assert_eq!((got, aside()), (Some(s2), None));
+    pool.release(s2).expect("release an acquired slot");
+    // The items come back; a pool closed or a channel closed sets nothing aside any more.
+    for _ in 0..2 {
+        c.recv(T).expect("recv").release();
+    }
+    let (held, _) = pool.acquire(T).expect("acquire"); // s2, from the free list
+    let (s, _) = pool.acquire(T).expect("acquire"); // the returns taken: one of two
+    pool.send(s, peer, &desc).expect("send");
+    assert!(aside().is_some_and(|a| a != held && a != s), "the other returned slot, set aside");
+    ch.close();
+    assert_eq!(aside(), None, "the channel's close takes the set-aside slot back");
+    assert!(matches!(pool.acquire(T), Err(Error::Closed(_))));
+}
+
+#[test]
+fn threads_that_acquire_one_pool_never_hold_the_same_slot() {
+    const T: Option<Duration> = Some(Duration::from_secs(30));
+    const ITEMS: usize = 2000;
+    let (ch, c, peer) = connected("aside-threads");
+    let pool = ch.pool(Arc::new(Exporter::channel_host_alloc(4 * 64).expect("alloc")), 64, 4).expect("pool");
+    let held: Vec<std::sync::atomic::AtomicBool> = (0..4).map(|_| Default::default()).collect();
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..ITEMS {
+                    let (slot, _) = pool.acquire(T).expect("acquire");
+                    assert!(!held[slot as usize].swap(true, Ordering::SeqCst), "slot {slot} acquired twice");
+                    held[slot as usize].store(false, Ordering::SeqCst);
+                    pool.send(slot, peer, &TensorDesc { shape: &[64], ..Default::default() }).expect("send");
+                }
+            });
+        }
+        for _ in 0..2 * ITEMS {
+            c.recv(T).expect("recv").release();
+        }
+    });
+}
