@@ -218,8 +218,10 @@ impl LocalPool {
                     event_handle.as_ref(),
                     std::mem::take(&mut core.item_buf),
                 );
-                if let (Some(layout), Some(k)) = (described, DescKey::of(desc)) {
-                    p.described.put(slot, k, layout);
+                if let Some(layout) = described {
+                    if let Some(k) = DescKey::of(desc) {
+                        p.described.put(slot, k, layout);
+                    }
                 }
                 let idx = core.index(peer);
                 let posted = idx.and_then(|idx| core.post_item(idx, &m, epfd));
