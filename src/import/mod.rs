@@ -766,7 +766,7 @@ impl Import {
             && std::ptr::eq(imp.derived_from.as_ptr(), Arc::as_ptr(base))
             && layout.is_of(h)
             && h.flags == base.handle.flags
-            && h.event_handle == base.handle.event_handle;
+            && crate::handle::same(&h.event_handle, &base.handle.event_handle);
         let validated = if same { imp.validated } else { crate::handle::relayout(&base.handle, layout, event, h)? };
         if h.backend != base.handle.backend || h.alloc_size != base.handle.alloc_size {
             return Err(Error::Mismatch("a pool item must describe the pool's own allocation".into()));
