@@ -201,15 +201,26 @@ impl Lease for SlotToken {
     }
 
     /// The last holder gives the slot back, and the token rests in its pool's spares (while the
-    /// pool is attached) for the slot's next item.
+    /// pool is attached) for the slot's next item, with the husk (which keeps the pool's import).
+    /// Otherwise the husk goes before the token: the mapping before the attachment, whose last
+    /// holder detaches.
     fn done(mut self: Arc<Self>, husk: Option<Box<Import>>) {
-        let Some(me) = Arc::get_mut(&mut self) else { return }; // another holder: its drop gives back
+        let Some(me) = Arc::get_mut(&mut self) else {
+            drop(husk);
+            return; // another holder: its drop gives back
+        };
         if !std::mem::replace(me.given.get_mut(), true) {
             me.conn.give_back_slot(me.pool, me.slot);
         }
-        if let Some(spares) = me.spares.upgrade() {
-            me.husk = husk;
-            spares.put(me.slot, self);
+        match me.spares.upgrade() {
+            Some(spares) => {
+                me.husk = husk;
+                spares.put(me.slot, self);
+            }
+            None => {
+                drop(husk);
+                drop(self);
+            }
         }
     }
 }
@@ -217,6 +228,8 @@ impl Lease for SlotToken {
 impl Drop for SlotToken {
     fn drop(&mut self) {
         self.give_back();
+        // A resting husk keeps the pool's import (the mapping): it goes before the attachment.
+        self.husk = None;
     }
 }
 

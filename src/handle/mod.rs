@@ -13,7 +13,7 @@ mod validate;
 pub(crate) use acl_key::{check_acl_key, AclKey, ACL_KEY_LEN};
 pub(crate) use validate::is_shm_name;
 pub use validate::{ext_records, validate, ExtRecord, Validated};
-pub(crate) use validate::{relayout, validate_layout, validate_written_layout, Layout};
+pub(crate) use validate::{relayout, same, validate_layout, validate_written_layout, Layout};
 
 use crate::dtype::DevshareDType;
 use static_assertions::{assert_eq_align, assert_eq_size, const_assert_eq};

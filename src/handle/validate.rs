@@ -337,12 +337,25 @@ impl Layout {
     pub(crate) fn is_of(&self, h: &DevshareHandle) -> bool {
         h.dtype == self.dtype
             && h.ndim == self.ndim
-            && h.shape == self.shape
-            && h.strides == self.strides
+            && same(&h.shape, &self.shape)
+            && same(&h.strides, &self.strides)
             && h.storage_offset == self.storage_offset
             && h.storage_size == self.storage_size
             && h.tensor_offset == self.tensor_offset
     }
+}
+
+/// Whether `a == b`, every element compared, folded without a branch or a call (`==` on arrays
+/// calls `memcmp`, which costs more than the few words of a layout or an event handle).
+#[inline]
+pub(crate) fn same<
+    T: Copy + std::ops::BitXor<Output = T> + std::ops::BitOr<Output = T> + Default + PartialEq,
+    const N: usize,
+>(
+    a: &[T; N],
+    b: &[T; N],
+) -> bool {
+    a.iter().zip(b).fold(T::default(), |d, (x, y)| d | (*x ^ *y)) == T::default()
 }
 
 /// Write `base` (a handle that passed [`validate`]) with the layout `l` (and the producer's
@@ -577,6 +590,29 @@ mod tests {
     }
 
     proptest! {
+        /// `same` is `==` for the arrays it compares (a layout's entries, an event handle),
+        /// equal or differing anywhere.
+        #[test]
+        fn same_is_array_equality(
+            a in proptest::array::uniform8(prop_oneof![-2i64..2, any::<i64>()]),
+            flip in proptest::option::of((0usize..8, any::<i64>())),
+            e in proptest::array::uniform32(0u8..3),
+            at in 0usize..64,
+            byte in any::<u8>(),
+        ) {
+            let mut b = a;
+            if let Some((i, v)) = flip {
+                b[i] = v;
+            }
+            prop_assert_eq!(same(&a, &b), a == b);
+            let mut x = [0u8; 64];
+            x[..32].copy_from_slice(&e);
+            let mut y = x;
+            y[at] = byte;
+            prop_assert_eq!(same(&x, &y), x == y);
+            prop_assert!(same(&x, &x));
+        }
+
         /// A pool item's check (layout fields only, against its validated pool handle) accepts
         /// and refuses exactly what the full validation does, for any layout, and for a handle
         /// with any one byte changed elsewhere (which takes the full validation).

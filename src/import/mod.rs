@@ -129,8 +129,9 @@ pub trait Lease: Send + Sync {
     /// and keep itself, and the husk, for its next use when this was the last holder, so that
     /// an item allocates neither again ([`Import::derive`] takes the husk).
     fn done(self: Arc<Self>, husk: Option<Box<Import>>) {
-        drop(husk);
+        // The lease first, then the husk (a pool item's keeps its parent, the mapping).
         drop(self);
+        drop(husk);
     }
 }
 
@@ -738,8 +739,9 @@ impl Import {
         husk: Option<Box<Import>>,
     ) -> Result<Box<Import>> {
         let m = base.mapping().ok_or_else(|| Error::AlreadyReleased("the pool's import is released".into()))?;
-        // An emptied import (nothing to release): only its fields are set again.
-        let mut imp = match husk.filter(|i| i.mapping.is_none() && i.lease.is_none() && i.parent.is_none()) {
+        // An emptied import (nothing to release but the parent it keeps, see `release_boxed`):
+        // only its fields are set again.
+        let mut imp = match husk.filter(|i| i.mapping.is_none() && i.lease.is_none()) {
             Some(imp) => imp,
             None => Box::new(Import {
                 lease: None,
@@ -764,7 +766,7 @@ impl Import {
             && std::ptr::eq(imp.derived_from.as_ptr(), Arc::as_ptr(base))
             && layout.is_of(h)
             && h.flags == base.handle.flags
-            && h.event_handle == base.handle.event_handle;
+            && crate::handle::same(&h.event_handle, &base.handle.event_handle);
         let validated = if same { imp.validated } else { crate::handle::relayout(&base.handle, layout, event, h)? };
         if h.backend != base.handle.backend || h.alloc_size != base.handle.alloc_size {
             return Err(Error::Mismatch("a pool item must describe the pool's own allocation".into()));
@@ -775,7 +777,10 @@ impl Import {
         imp.ticket = None;
         imp.watch = None;
         imp.validated = validated;
-        imp.parent = Some(base.clone());
+        // A husk keeps its last item's parent: for the same pool import no count is taken.
+        if !imp.parent.as_ref().is_some_and(|p| Arc::ptr_eq(p, base)) {
+            imp.parent = Some(base.clone());
+        }
         imp.generation = base.generation;
         if !std::ptr::eq(imp.derived_from.as_ptr(), Arc::as_ptr(base)) {
             imp.derived_from = Arc::downgrade(base);
@@ -784,24 +789,27 @@ impl Import {
     }
 
     /// Release a boxed import (what the C API hands out): a pool item's box goes to its lease
-    /// ([`Lease::done`]), emptied, for the slot's next item.
+    /// ([`Lease::done`]), emptied, for the slot's next item. The husk keeps its parent (the
+    /// pool's import, which holds the mapping): the next item of the same pool import takes no
+    /// count of it, and whoever drops the husk drops the parent with it.
     pub fn release_boxed(mut imp: Box<Import>) {
         if imp.parent.is_none() || !imp.generation.is_current() {
             return drop(imp);
         }
         let device = imp.device();
         // The order of `release`: the lease (after this process's work on the memory), then the
-        // parent (which holds the mapping).
-        let parent = imp.parent.take();
-        if let Some(lease) = imp.lease.take() {
-            if Arc::strong_count(&lease) == 1 {
-                if let Ok(b) = backend::get(imp.key.backend) {
-                    b.synchronize(device);
+        // parent (which holds the mapping): a lease's `done` drops the husk after the lease.
+        match imp.lease.take() {
+            Some(lease) => {
+                if Arc::strong_count(&lease) == 1 {
+                    if let Ok(b) = backend::get(imp.key.backend) {
+                        b.synchronize(device);
+                    }
                 }
+                lease.done(Some(imp));
             }
-            lease.done(Some(imp));
+            None => drop(imp),
         }
-        drop(parent);
     }
 
     /// Release this import, in PyTorch's order: drop the mapping (unmapping it when this was the
@@ -1059,6 +1067,43 @@ mod tests {
         let imp = item(&other, layout(0, 1024), Some([1; 64]), Some(h));
         // (Host memory has no events: the whole handle is checked, and refused or not, never kept.)
         assert!(imp.as_ref().map_or(true, |i| i.validated.numel == 1024), "an item with an event");
+    }
+
+    #[test]
+    fn an_items_husk_keeps_its_pool_import_and_the_next_item_of_it_takes_no_count() {
+        let mut data = vec![0u8; 4096];
+        let (mut h, v) = handle(4096, 0, 4096);
+        h.dtype = crate::dtype::DevshareDType::new(1, 8, 1);
+        (h.ndim, h.shape[0], h.strides[0]) = (1, 4096, 1);
+        let base = Arc::new(import_of(Fake { base: data.as_mut_ptr(), size: 4096 }, h, v));
+        let other = Arc::new(import_of(Fake { base: data.as_mut_ptr(), size: 4096 }, h, v));
+        let mut l = crate::handle::Layout {
+            dtype: h.dtype,
+            ndim: 1,
+            shape: [0; 8],
+            strides: [0; 8],
+            storage_offset: 0,
+            storage_size: 1024,
+            tensor_offset: 0,
+        };
+        (l.shape[0], l.strides[0]) = (1024, 1);
+        let keep = Arc::new(Keep(Default::default()));
+        let husk = || keep.0.lock().unwrap().take();
+        let item = |base: &Arc<Import>, husk| Import::derive(base, &l, None, keep.clone(), husk).unwrap();
+        Import::release_boxed(item(&base, None));
+        assert_eq!(Arc::strong_count(&base), 2, "the husk keeps the pool import");
+        for _ in 0..3 {
+            let imp = item(&base, husk());
+            assert_eq!(Arc::strong_count(&base), 2, "the item holds the husk's count, no other");
+            Import::release_boxed(imp);
+            assert_eq!(Arc::strong_count(&base), 2);
+        }
+        // Another pool import's item in this husk: the old parent goes, the new one is held.
+        let imp = item(&other, husk());
+        assert_eq!((Arc::strong_count(&base), Arc::strong_count(&other)), (1, 2));
+        Import::release_boxed(imp);
+        drop(husk());
+        assert_eq!(Arc::strong_count(&other), 1, "a husk dropped lets its pool import go");
     }
 
     #[test]

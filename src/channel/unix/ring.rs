@@ -65,6 +65,10 @@ const RET_HEAD: usize = 320; // [producer]
 const P_PENDING: usize = 384; // [both]
 const P_CPU: usize = 448; // [producer] the CPU it armed the ring on, plus one, when it may wait for a return (0: wake it at once)
 
+/// The bit of a consumer's own return tail that says a thread is writing a return (the tail
+/// counts returns: it never reaches 2^63).
+const RET_BUSY: u64 = 1 << 63;
+
 /// The size of a ring's memory for `capacity` records each way.
 fn ring_size(capacity: u32) -> usize {
     HEADER + capacity as usize * (RECORD as usize + 8)
@@ -263,8 +267,9 @@ pub(crate) struct ConsumerRing {
     shared: Shared,
     c_efd: OwnedFd,
     p_efd: OwnedFd,
-    /// This consumer's return tail (returns may be written from any thread).
-    ret_tail: std::sync::Mutex<u64>,
+    /// This consumer's return tail, and [`RET_BUSY`] while a thread writes a return (returns
+    /// may be written from any thread; one at a time, the others go over the socket).
+    ret_tail: AtomicU64,
     /// A return whose wake-up was put off ([`Self::push_return`]), until [`Self::pay_owed`].
     owed: AtomicBool,
     /// Returns wake the producer at once: an event loop polls this consumer's descriptor and
@@ -312,7 +317,7 @@ impl ConsumerRing {
             shared,
             c_efd,
             p_efd,
-            ret_tail: std::sync::Mutex::new(0),
+            ret_tail: AtomicU64::new(0),
             owed: AtomicBool::new(false),
             prompt: AtomicBool::new(false),
         })
@@ -383,18 +388,26 @@ impl ConsumerRing {
     }
 
     /// Return a slot through the ring; false when the ring has no room (or the producer
-    /// published an impossible head): send it over the socket instead.
+    /// published an impossible head), or another thread is writing a return at this moment:
+    /// send it over the socket instead (returns are taken in any order; nothing waits).
     pub(crate) fn push_return(&self, pool: u32, slot: u32) -> bool {
         let s = &self.shared;
-        let mut tail = self.ret_tail.lock().unwrap_or_else(|p| p.into_inner());
-        let head = s.word(RET_HEAD).load(Ordering::Acquire);
-        if !s.plausible(*tail, head, false) || tail.wrapping_sub(head) == u64::from(s.capacity) {
+        // The tail, claimed with one locked instruction; given back with a plain store.
+        let tail = self.ret_tail.load(Ordering::Relaxed);
+        if tail & RET_BUSY != 0
+            || self.ret_tail.compare_exchange(tail, tail | RET_BUSY, Ordering::Acquire, Ordering::Relaxed).is_err()
+        {
             return false;
         }
-        s.ret(*tail).store(u64::from(pool) | (u64::from(slot) << 32), Ordering::Relaxed);
-        *tail = tail.wrapping_add(1);
-        s.word(RET_TAIL).store(*tail, Ordering::SeqCst);
-        drop(tail);
+        let head = s.word(RET_HEAD).load(Ordering::Acquire);
+        if !s.plausible(tail, head, false) || tail.wrapping_sub(head) == u64::from(s.capacity) {
+            self.ret_tail.store(tail, Ordering::Release);
+            return false;
+        }
+        s.ret(tail).store(u64::from(pool) | (u64::from(slot) << 32), Ordering::Relaxed);
+        let tail = tail.wrapping_add(1) & !RET_BUSY;
+        s.word(RET_TAIL).store(tail, Ordering::SeqCst);
+        self.ret_tail.store(tail, Ordering::Release);
         // A producer asleep on this CPU (it said so, and that it looks again by itself), while
         // more items wait for this consumer: its wake-up would only take the CPU from this
         // consumer for one return; put it off until this consumer sleeps or finds nothing.
@@ -533,6 +546,66 @@ mod tests {
             let mut got = Vec::new();
             assert_eq!(p.take_returns(|pool, slot| got.push((pool, slot))).expect("take"), CAPACITY as usize);
             assert_eq!(got, (0..CAPACITY).map(|s| (7, s)).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn a_return_while_another_thread_writes_one_goes_over_the_socket_and_leaves_the_ring_alone() {
+        let (mut p, c) = pair();
+        assert!(c.push_return(1, 0));
+        // Another thread is writing a return (it holds the tail): this one is refused at once.
+        c.ret_tail.fetch_or(RET_BUSY, Ordering::SeqCst);
+        assert!(!c.push_return(1, 1), "the socket carries it");
+        assert_eq!(c.shared.word(RET_TAIL).load(Ordering::SeqCst), 1, "nothing written");
+        c.ret_tail.fetch_and(!RET_BUSY, Ordering::SeqCst);
+        assert!(c.push_return(1, 2));
+        // A full ring gives the tail back as it found it.
+        for s in 3..=CAPACITY {
+            assert!(c.push_return(1, s));
+        }
+        assert!(!c.push_return(1, 0), "full");
+        assert_eq!(c.ret_tail.load(Ordering::SeqCst), u64::from(CAPACITY), "not left busy");
+        let mut got = Vec::new();
+        p.take_returns(|pool, slot| got.push((pool, slot))).expect("take");
+        let want: Vec<_> = std::iter::once(0).chain(2..=CAPACITY).map(|s| (1, s)).collect();
+        assert_eq!(got, want, "every return written, in order");
+        assert!(c.push_return(1, 9), "room again");
+    }
+
+    #[test]
+    fn threads_returning_at_once_lose_no_return_and_write_none_twice() {
+        let (mut p, c) = pair();
+        let (mut ring, mut socket) = (Vec::new(), 0usize);
+        std::thread::scope(|s| {
+            let threads: Vec<_> = (0..4u32)
+                .map(|t| {
+                    let c = &c;
+                    s.spawn(move || {
+                        let mut refused = 0;
+                        for i in 0..200u32 {
+                            if !c.push_return(t, i) {
+                                refused += 1;
+                            }
+                        }
+                        refused
+                    })
+                })
+                .collect();
+            // Taken while they write (the ring holds fewer than they return).
+            while !threads.iter().all(|t| t.is_finished()) {
+                p.take_returns(|pool, slot| ring.push((pool, slot))).expect("take");
+            }
+            socket = threads.into_iter().map(|t| t.join().expect("join")).sum();
+        });
+        p.take_returns(|pool, slot| ring.push((pool, slot))).expect("take");
+        assert_eq!(ring.len() + socket, 800, "each return went one way");
+        let mut seen = ring.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), ring.len(), "no return written twice");
+        for t in 0..4 {
+            let mine: Vec<u32> = ring.iter().filter(|r| r.0 == t).map(|r| r.1).collect();
+            assert!(mine.windows(2).all(|w| w[0] < w[1]), "one thread's returns in its order");
         }
     }
 

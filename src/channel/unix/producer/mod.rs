@@ -90,6 +90,9 @@ enum SlotState {
     Free,
     Acquired,
     Sent(u64),
+    /// Free, set aside for an acquire that takes it without the channel's lock
+    /// ([`PoolState::next`]); acquired once it is no longer there.
+    Reserved,
 }
 
 struct PoolState {
@@ -105,6 +108,9 @@ struct PoolState {
     out: u32,
     /// The last item description, validated per slot (`send` describes a repeat of it once).
     described: pool::Described,
+    /// A free slot set aside (`Reserved`) for the next acquire, plus one (0: none): taken
+    /// without the channel's lock ([`LocalPool::acquire`]), filled only under it (by `send`).
+    next: Arc<AtomicU64>,
 }
 
 struct Core {
@@ -558,11 +564,15 @@ impl LocalChannel {
         events.resize_with(n, || None);
         free.extend((0..count).rev());
         let described = pool::Described::new(count)?;
+        let next = Arc::new(AtomicU64::new(0));
+        let base = exp.ptr() as usize;
         let mut core = self.shared.lock()?;
         let id = core.next_pool;
         core.next_pool = core.next_pool.checked_add(1).ok_or_else(|| Error::Busy("pool ids are exhausted".into()))?;
-        core.pools.insert(id, PoolState { exporter: exp, slot_size, count, slots, events, free, out: 0, described });
-        Ok(LocalPool { shared: self.shared.clone(), id, slot_size, spin_ns: Default::default() })
+        let state =
+            PoolState { exporter: exp, slot_size, count, slots, events, free, out: 0, described, next: next.clone() };
+        core.pools.insert(id, state);
+        Ok(LocalPool { shared: self.shared.clone(), id, slot_size, spin_ns: Default::default(), next, base })
     }
 }
 
@@ -580,6 +590,10 @@ pub struct LocalPool {
     slot_size: u64,
     /// How long [`Pool::acquire`] polls for a returned slot before it sleeps (ns; 0: not).
     spin_ns: std::sync::atomic::AtomicU64,
+    /// The slot set aside for the next acquire ([`PoolState::next`]).
+    next: Arc<AtomicU64>,
+    /// The address of slot 0 in this process (the export's, fixed for the pool's life).
+    base: usize,
 }
 
 /// The `NAMES` messages for leases `first_lease..` named `names` (one each; `None`: no name):

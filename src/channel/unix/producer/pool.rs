@@ -2,6 +2,7 @@
 //! it, and the slots that come back — by `RETURN` message, from a peer's ring, or when a peer
 //! goes.
 
+use super::serve::Untimed;
 use super::*;
 
 impl LocalPool {
@@ -29,8 +30,56 @@ impl LocalPool {
         then(&mut core, r)
     }
 
+    /// The slot a send set aside for this acquire, taken without the channel's lock (a read
+    /// first: a pool with none set aside costs no locked instruction here).
+    fn take_next(&self) -> Option<(u32, *mut u8)> {
+        if self.next.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let v = self.next.swap(0, std::sync::atomic::Ordering::Acquire);
+        let s = u32::try_from(v.checked_sub(1)?).ok()?;
+        // SAFETY: a set-aside slot is one of the pool's (s < count), and count x slot_size fits
+        // the export (checked at creation), whose address `base` is.
+        Some((s, unsafe { (self.base as *mut u8).add((u64::from(s) * self.slot_size) as usize) }))
+    }
+
+    /// A free slot, under the channel's lock: one from the free list (after taking the returns
+    /// that came through a ring, when it is empty), else the one set aside for an acquire
+    /// without the lock. `untimed` is given up when several items are out (see `acquire`).
+    pub(super) fn take_free(&self, untimed: &mut Option<Untimed<'_>>) -> Result<Option<(u32, *mut u8)>> {
+        let mut core = self.shared.lock()?;
+        if core.pools.get(&self.id).is_some_and(|p| p.free.is_empty()) {
+            core.drain_rings(Arm::No);
+        }
+        let p = core.pools.get_mut(&self.id).ok_or_else(|| Error::Closed("the pool is closed".into()))?;
+        if p.free.is_empty() && p.out > 1 {
+            // Several items in flight: a pipeline, whose consumer is still busy with the
+            // others when the first comes back. Its wait keeps the timer: pipelines
+            // measured more items per second with it (on one CPU the consumer then takes
+            // more returns per switch), while one item in flight comes back sooner to a
+            // wait without it (BENCHMARKS.md, "What bounds the rest").
+            *untimed = None;
+        }
+        let slot = p.free.pop().or_else(|| {
+            // Set aside by a send and not taken: this acquire's (a thread waiting for a slot
+            // must not miss it).
+            let v = p.next.swap(0, std::sync::atomic::Ordering::Acquire);
+            v.checked_sub(1).and_then(|s| u32::try_from(s).ok())
+        });
+        Ok(slot.map(|s| {
+            p.slots[s as usize] = SlotState::Acquired;
+            // SAFETY: s < count and count x slot_size fits the export (checked at creation).
+            (s, unsafe { p.exporter.ptr().add((u64::from(s) * p.slot_size) as usize) })
+        }))
+    }
+
     /// A free slot and its address; serves the channel while every slot is out.
     pub fn acquire(&self, timeout: Option<Duration>) -> Result<(u32, *mut u8)> {
+        // A slot the last send set aside: no lock (a forked child's copy takes nothing).
+        self.shared.generation.check("channel")?;
+        if let Some(got) = self.take_next() {
+            return Ok(got);
+        }
         let deadline = timeout.map(|t| Instant::now() + t);
         let spin = self.spin_ns.load(std::sync::atomic::Ordering::Relaxed);
         let mut spin_until = (spin > 0).then(|| Instant::now() + Duration::from_nanos(spin));
@@ -46,27 +95,7 @@ impl LocalPool {
                 if !first && deadline.is_none() && spin_until.is_none() { self.shared.claim_untimed() } else { None };
             // A free slot, after the returns that came through a ring (taken without a system
             // call), under one lock: the path a spinning acquire turns on.
-            let got = {
-                let mut core = self.shared.lock()?;
-                if core.pools.get(&self.id).is_some_and(|p| p.free.is_empty()) {
-                    core.drain_rings(Arm::No);
-                }
-                let p = core.pools.get_mut(&self.id).ok_or_else(|| Error::Closed("the pool is closed".into()))?;
-                if p.free.is_empty() && p.out > 1 {
-                    // Several items in flight: a pipeline, whose consumer is still busy with the
-                    // others when the first comes back. Its wait keeps the timer: pipelines
-                    // measured more items per second with it (on one CPU the consumer then takes
-                    // more returns per switch), while one item in flight comes back sooner to a
-                    // wait without it (BENCHMARKS.md, "What bounds the rest").
-                    untimed = None;
-                }
-                p.free.pop().map(|s| {
-                    p.slots[s as usize] = SlotState::Acquired;
-                    // SAFETY: s < count and count x slot_size fits the export (checked at creation).
-                    (s, unsafe { p.exporter.ptr().add((u64::from(s) * p.slot_size) as usize) })
-                })
-            };
-            if let Some(g) = got {
+            if let Some(g) = self.take_free(&mut untimed)? {
                 return Ok(g);
             }
             if std::mem::take(&mut first) && deadline.is_none() && spin_until.is_none() {
@@ -147,9 +176,8 @@ impl LocalPool {
                 // Describes and validates the tensor (once per slot while the description repeats);
                 // synchronises the producing stream, or records an event on it
                 // (DEVSHARE_SHARE_EVENT): one of the channel's reused events.
-                let key = DescKey::of(desc);
                 let mut described = None;
-                let layout = match key.as_ref().and_then(|k| p.described.get(slot, k)) {
+                let layout = match p.described.get(slot, desc) {
                     Some(layout) => layout,
                     None => &*described.insert(
                         p.exporter.describe_leased_with(&abs, |h| ItemLayout::of(h, desc.storage_offset, rel_size))?,
@@ -190,8 +218,10 @@ impl LocalPool {
                     event_handle.as_ref(),
                     std::mem::take(&mut core.item_buf),
                 );
-                if let (Some(k), Some(layout)) = (key, described) {
-                    p.described.put(slot, k, layout);
+                if let Some(layout) = described {
+                    if let Some(k) = DescKey::of(desc) {
+                        p.described.put(slot, k, layout);
+                    }
                 }
                 let idx = core.index(peer);
                 let posted = idx.and_then(|idx| core.post_item(idx, &m, epfd));
@@ -200,6 +230,15 @@ impl LocalPool {
                 p.slots[slot as usize] = SlotState::Sent(peer);
                 p.out += 1;
                 p.events[slot as usize] = event;
+                // The next acquire's slot, set aside now, under this lock: that acquire takes
+                // no lock. (Only this lock's holder fills the cell, so a cell read empty here
+                // stays empty until this store.)
+                if p.next.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                    if let Some(s) = p.free.pop() {
+                        p.slots[s as usize] = SlotState::Reserved;
+                        p.next.store(u64::from(s) + 1, std::sync::atomic::Ordering::Release);
+                    }
+                }
                 Ok(())
             },
             |core, sent| {
@@ -222,14 +261,18 @@ impl LocalPool {
         self.slot_size
     }
 
-    /// Slot size, slot count and free slots.
+    /// Slot size, slot count and free slots (the one set aside for the next acquire included).
     pub fn info(&self) -> Result<(u64, u32, u32)> {
-        self.with(|_, p| Ok((p.slot_size, p.count, p.free.len() as u32)))
+        self.with(|_, p| {
+            let next = p.next.load(std::sync::atomic::Ordering::Acquire) != 0;
+            Ok((p.slot_size, p.count, p.free.len() as u32 + u32::from(next)))
+        })
     }
 }
 
 impl Drop for LocalPool {
     fn drop(&mut self) {
+        self.next.store(0, std::sync::atomic::Ordering::SeqCst);
         let Ok(mut core) = self.shared.lock() else { return };
         if core.pools.remove(&self.id).is_none() {
             return;
@@ -293,6 +336,30 @@ impl DescKey {
             event: d.event,
         })
     }
+
+    /// Whether `d`'s key is this one (`DescKey::of(d) == Some(*self)`), compared field by field
+    /// where `d` lies, without making its key (a send that repeats a description copies
+    /// nothing).
+    pub(super) fn matches(&self, d: &TensorDesc<'_>) -> bool {
+        // The entries in use, element by element (a call to compare a few words costs more than
+        // the words); the key's entries past them are zero, as `of` writes them.
+        fn same(a: &[i64; crate::handle::DEVSHARE_MAX_NDIM], n: usize, v: &[i64]) -> bool {
+            v.len() == n && a[..n].iter().zip(v).all(|(x, y)| x == y)
+        }
+        let strides = match (&self.strides, d.strides) {
+            (None, None) => true,
+            (Some((n, a)), Some(v)) => same(a, *n, v),
+            _ => false,
+        };
+        self.dtype == d.dtype
+            && same(&self.shape, self.ndim, d.shape)
+            && strides
+            && self.storage_offset == d.storage_offset
+            && self.storage_size == d.storage_size
+            && self.tensor_offset == d.tensor_offset
+            && self.inflight == d.inflight
+            && self.event == d.event
+    }
 }
 
 /// A pool's last item description and the layout it was described as, and which slots it was
@@ -316,10 +383,11 @@ impl Described {
         Ok(Described { last: None, epoch: 1, slots })
     }
 
-    /// The layout of `key` in `slot`, when it was described for that slot.
-    pub(super) fn get(&self, slot: u32, key: &DescKey) -> Option<&ItemLayout> {
+    /// The layout of description `d` in `slot`, when it was described for that slot (its key is
+    /// the last one's: [`DescKey::matches`]).
+    pub(super) fn get(&self, slot: u32, d: &TensorDesc<'_>) -> Option<&ItemLayout> {
         match &self.last {
-            Some((k, layout)) if k == key && self.slots.get(slot as usize) == Some(&self.epoch) => Some(layout),
+            Some((k, layout)) if self.slots.get(slot as usize) == Some(&self.epoch) && k.matches(d) => Some(layout),
             _ => None,
         }
     }
@@ -336,10 +404,13 @@ impl Described {
     }
 }
 
-/// `slot` of `p` is acquired (what may be `done` to it: "sent", "released"), else why not.
+/// `slot` of `p` is acquired (what may be `done` to it: "sent", "released"), else why not. A
+/// slot set aside for an acquire without the lock is acquired once it is no longer set aside
+/// (an acquire took it); while it is, it is free.
 fn acquired(p: &PoolState, slot: u32, done: &str) -> Result<()> {
     match p.slots.get(slot as usize) {
         Some(SlotState::Acquired) => Ok(()),
+        Some(SlotState::Reserved) if p.next.load(std::sync::atomic::Ordering::Acquire) != u64::from(slot) + 1 => Ok(()),
         Some(s) => {
             Err(Error::InvalidArgument(format!("slot {slot} is {}: only an acquired slot can be {done}", describe(*s))))
         }
@@ -349,7 +420,7 @@ fn acquired(p: &PoolState, slot: u32, done: &str) -> Result<()> {
 
 fn describe(s: SlotState) -> String {
     match s {
-        SlotState::Free => "free".into(),
+        SlotState::Free | SlotState::Reserved => "free".into(),
         SlotState::Acquired => "acquired".into(),
         SlotState::Sent(p) => format!("out with peer {p}"),
     }

@@ -184,6 +184,10 @@ impl ChannelShared {
             core.flush(0, self.epoll.as_fd());
             core.drop_peer(0, self.epoll.as_fd());
         }
+        // A slot set aside for an acquire without the lock is not handed out any more.
+        for p in core.pools.values() {
+            p.next.store(0, Ordering::SeqCst);
+        }
         core.pools.clear();
         self.events.clear();
         if let Some((p, dev, ino)) = core.path.take() {

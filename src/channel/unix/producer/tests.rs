@@ -146,23 +146,25 @@ fn an_announced_pid_that_is_not_the_kernels_is_whitelisted_only_when_trusted() {
 
 #[test]
 fn a_repeated_item_description_is_described_once_per_slot_and_any_other_again() {
-    let layout = |n: i64| {
-        let desc = TensorDesc { shape: &[n], ..Default::default() };
+    let (s64, s32) = ([64i64], [32i64]);
+    let (d64, d32) =
+        (TensorDesc { shape: &s64, ..Default::default() }, TensorDesc { shape: &s32, ..Default::default() });
+    let layout = |desc: &TensorDesc<'_>| {
         let h = crate::handle::DevshareHandle { ndim: 1, ..Default::default() };
-        (pool::DescKey::of(&desc).expect("a key"), ItemLayout::of(&h, 0, n as u64))
+        (pool::DescKey::of(desc).expect("a key"), ItemLayout::of(&h, 0, desc.shape[0] as u64))
     };
     let mut d = pool::Described::new(4).expect("described");
-    let (k64, l64) = layout(64);
-    let (k32, l32) = layout(32);
-    assert!(d.get(0, &k64).is_none(), "nothing described yet");
+    let (k64, l64) = layout(&d64);
+    let (k32, l32) = layout(&d32);
+    assert!(d.get(0, &d64).is_none(), "nothing described yet");
     d.put(0, k64, l64);
-    assert_eq!(d.get(0, &k64), Some(&l64));
-    assert!(d.get(1, &k64).is_none(), "described for slot 0 only");
-    assert!(d.get(0, &k32).is_none(), "another description");
+    assert_eq!(d.get(0, &d64), Some(&l64));
+    assert!(d.get(1, &d64).is_none(), "described for slot 0 only");
+    assert!(d.get(0, &d32).is_none(), "another description");
     d.put(1, k32, l32);
-    assert!(d.get(0, &k64).is_none() && d.get(0, &k32).is_none(), "slot 0 describes the new one again");
-    assert_eq!(d.get(1, &k32), Some(&l32));
-    assert!(d.get(9, &k32).is_none(), "no such slot");
+    assert!(d.get(0, &d64).is_none() && d.get(0, &d32).is_none(), "slot 0 describes the new one again");
+    assert_eq!(d.get(1, &d32), Some(&l32));
+    assert!(d.get(9, &d32).is_none(), "no such slot");
     // Every field that describing reads is in the key.
     let shape = [4i64, 4];
     let base = TensorDesc { shape: &shape, ..Default::default() };
@@ -179,6 +181,7 @@ fn a_repeated_item_description_is_described_once_per_slot_and_any_other_again() 
     ];
     for v in &variants {
         assert!(key(v) != key(&base), "{v:?}");
+        assert!(!key(&base).matches(v) && !key(v).matches(&base) && key(v).matches(v), "{v:?}");
     }
     assert!(pool::DescKey::of(&TensorDesc { shape: &[1; 9], ..Default::default() }).is_none(), "9 dimensions");
 }
@@ -208,4 +211,147 @@ fn a_send_after_a_refused_description_of_the_same_slot_is_described_again() {
         assert_eq!(imp.handle().shape[0], n);
         imp.release();
     }
+}
+
+/// A description, within and beyond what a key holds.
+#[derive(Debug, Clone)]
+struct Desc {
+    dtype: (u8, u8, u16),
+    shape: Vec<i64>,
+    strides: Option<Vec<i64>>,
+    storage_offset: u64,
+    storage_size: Option<u64>,
+    tensor_offset: i64,
+    inflight: bool,
+    event: bool,
+}
+
+impl Desc {
+    fn desc(&self) -> TensorDesc<'_> {
+        TensorDesc {
+            dtype: crate::dtype::DevshareDType::new(self.dtype.0, self.dtype.1, self.dtype.2),
+            shape: &self.shape,
+            strides: self.strides.as_deref(),
+            storage_offset: self.storage_offset,
+            storage_size: self.storage_size,
+            tensor_offset: self.tensor_offset,
+            inflight: self.inflight,
+            event: self.event,
+            ..Default::default()
+        }
+    }
+}
+
+fn descs() -> impl proptest::strategy::Strategy<Value = Desc> {
+    use proptest::prelude::*;
+    // Few values per field, so that two draws are often equal or differ in one field only; up
+    // to 9 dimensions (a key holds 8), strides of another length than the shape included.
+    (
+        (0u8..2, prop_oneof![Just(8u8), Just(32)], 1u16..3),
+        prop::collection::vec(0i64..3, 0..=9),
+        prop::option::of(prop::collection::vec(0i64..3, 0..=9)),
+        (0u64..2, prop::option::of(0u64..2), -1i64..1),
+        (any::<bool>(), any::<bool>()),
+    )
+        .prop_map(|(dtype, shape, strides, (storage_offset, storage_size, tensor_offset), (inflight, event))| {
+            Desc { dtype, shape, strides, storage_offset, storage_size, tensor_offset, inflight, event }
+        })
+}
+
+proptest::proptest! {
+    /// The repeat check compares a description with the last key where it lies: its verdict is
+    /// the full key's, made and compared, for any two descriptions.
+    #[test]
+    fn a_description_matches_a_key_exactly_when_its_own_key_is_that_key(a in descs(), b in descs()) {
+        if let Some(k) = pool::DescKey::of(&a.desc()) {
+            let full = pool::DescKey::of(&b.desc()) == Some(k);
+            proptest::prop_assert_eq!(k.matches(&b.desc()), full);
+            proptest::prop_assert!(k.matches(&a.desc()));
+        }
+    }
+}
+
+/// A channel with one connected consumer: the channel, the connection, the peer's id.
+fn connected(name: &str) -> (LocalChannel, super::super::consumer::LocalConnection, u64) {
+    const T: Option<Duration> = Some(Duration::from_secs(10));
+    let addr = format!("@devshare-unit-{name}-{}", std::process::id());
+    let ch = LocalChannel::listen(&addr).expect("listen");
+    let c = std::thread::scope(|s| {
+        let c = s.spawn(|| super::super::consumer::LocalConnection::connect(&addr, T));
+        ch.wait_peers(1, T).expect("peers");
+        c.join().expect("join").expect("connect")
+    });
+    let peer = ch.peer_ids().expect("ids")[0];
+    (ch, c, peer)
+}
+
+#[test]
+fn a_slot_set_aside_for_the_next_acquire_is_free_to_everything_but_an_acquire() {
+    const T: Option<Duration> = Some(Duration::from_secs(10));
+    let (ch, c, peer) = connected("aside");
+    let exp = Arc::new(Exporter::channel_host_alloc(3 * 64).expect("alloc"));
+    let base = exp.ptr();
+    let pool = ch.pool(exp, 64, 3).expect("pool");
+    let desc = TensorDesc { shape: &[64], ..Default::default() };
+    let aside = || pool.next.load(Ordering::SeqCst).checked_sub(1).map(|s| s as u32);
+    let (s0, _) = pool.acquire(T).expect("acquire");
+    assert_eq!(aside(), None, "an acquire sets nothing aside");
+    pool.send(s0, peer, &desc).expect("send");
+    let s1 = aside().expect("the send set a slot aside");
+    assert_ne!(s1, s0);
+    assert_eq!(pool.info().expect("info").2, 2, "a set-aside slot counts as free");
+    // Not acquired: refused by send and release as a free slot is, and nothing changes.
+    let e = pool.send(s1, peer, &desc).expect_err("a set-aside slot is not acquired");
+    assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("free"), "{e}");
+    let e = pool.release(s1).expect_err("a set-aside slot is not acquired");
+    assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("free"), "{e}");
+    assert_eq!(aside(), Some(s1));
+    // The next acquire takes it (its address is the slot's), and then it is acquired.
+    let (got, ptr) = pool.acquire(T).expect("acquire");
+    assert_eq!((got, ptr), (s1, base.wrapping_add(64 * s1 as usize)));
+    assert_eq!((aside(), pool.info().expect("info").2), (None, 1));
+    pool.send(s1, peer, &desc).expect("an acquired set-aside slot is sent");
+    // Sent twice: refused.
+    assert!(matches!(pool.send(s1, peer, &desc), Err(Error::InvalidArgument(_))));
+    let s2 = aside().expect("the third slot, set aside");
+    // An acquire under the lock with nothing free takes the set-aside slot (a waiting thread
+    // must not miss it), and it is acquired.
+    let got = pool.take_free(&mut None).expect("look").map(|(s, _)| s);
+    assert_eq!((got, aside()), (Some(s2), None));
+    pool.release(s2).expect("release an acquired slot");
+    // The items come back; a pool closed or a channel closed sets nothing aside any more.
+    for _ in 0..2 {
+        c.recv(T).expect("recv").release();
+    }
+    let (held, _) = pool.acquire(T).expect("acquire"); // s2, from the free list
+    let (s, _) = pool.acquire(T).expect("acquire"); // the returns taken: one of two
+    pool.send(s, peer, &desc).expect("send");
+    assert!(aside().is_some_and(|a| a != held && a != s), "the other returned slot, set aside");
+    ch.close();
+    assert_eq!(aside(), None, "the channel's close takes the set-aside slot back");
+    assert!(matches!(pool.acquire(T), Err(Error::Closed(_))));
+}
+
+#[test]
+fn threads_that_acquire_one_pool_never_hold_the_same_slot() {
+    const T: Option<Duration> = Some(Duration::from_secs(30));
+    const ITEMS: usize = 2000;
+    let (ch, c, peer) = connected("aside-threads");
+    let pool = ch.pool(Arc::new(Exporter::channel_host_alloc(4 * 64).expect("alloc")), 64, 4).expect("pool");
+    let held: Vec<std::sync::atomic::AtomicBool> = (0..4).map(|_| Default::default()).collect();
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..ITEMS {
+                    let (slot, _) = pool.acquire(T).expect("acquire");
+                    assert!(!held[slot as usize].swap(true, Ordering::SeqCst), "slot {slot} acquired twice");
+                    held[slot as usize].store(false, Ordering::SeqCst);
+                    pool.send(slot, peer, &TensorDesc { shape: &[64], ..Default::default() }).expect("send");
+                }
+            });
+        }
+        for _ in 0..2 * ITEMS {
+            c.recv(T).expect("recv").release();
+        }
+    });
 }
