@@ -72,7 +72,8 @@ class _Registered:
     """A tensor registered on a channel (:meth:`Channel.register`): the tensor (held), what its
     layout was, and its prepared lease (export, desc, keep), whose export stays open."""
 
-    __slots__ = ("tensor", "ptr", "shape", "strides", "prep", "device", "desc_ref", "torch")
+    __slots__ = ("tensor", "ptr", "shape", "strides", "prep", "device", "desc_ref", "torch",
+                 "__weakref__")
 
     def __init__(self, t, prep):
         self.tensor = t
@@ -97,6 +98,20 @@ class _Registered:
             del registered_tensors[id(self.tensor)]
         self.prep[0].registered -= 1
         self.tensor = self.prep = None
+
+
+def _forget_registrations(registered: dict, reg_exports: dict) -> None:
+    """Drop a closing (or garbage) channel's registrations. Closing the channel ends every
+    connection: consumers let kept mappings go by themselves, so the library is not asked (nor
+    may it be, inside close)."""
+    if not registered:
+        return
+    with registry_lock:
+        for r in registered.values():
+            r.drop()
+        registered.clear()
+        reg_exports.clear()
+        collect_except(keep=None)
 
 
 def _layout_of(t):
@@ -191,21 +206,16 @@ class Channel(Owned):
         self._registered: dict[int, _Registered] = {}
         self._reg_exports: dict[int, list] = {}
         self._own(ptr, lib.devshare_channel_close)
+        # A channel that is garbage without close() lets its registrations go as close does
+        # (their exports close once their leases are back).
+        weakref.finalize(self, _forget_registrations, self._registered, self._reg_exports)
 
     def __repr__(self):
         state = "closed" if self.closed else "open"
         return f"<devshare.Channel {self.address!r} {state}>"
 
     def _closing(self) -> None:
-        if self._registered:
-            # Closing the channel ends every connection: consumers let kept mappings go by
-            # themselves, so the library is not asked (nor may it be, inside close).
-            with registry_lock:
-                for r in self._registered.values():
-                    r.drop()
-                self._registered.clear()
-                self._reg_exports.clear()
-                collect_except(keep=None)
+        _forget_registrations(self._registered, self._reg_exports)
         for pool in list(self._pools):
             pool.close()
 

@@ -322,3 +322,18 @@ def test_a_leased_row_is_the_row_however_much_memory_follows_it():
                 ch.service(0)
                 assert devshare.wait(row, timeout=5)
         conn.close()
+
+
+def test_a_channel_dropped_without_close_lets_its_registered_tensors_go():
+    import gc
+    import weakref
+
+    ch = devshare.Channel(_address("dropped"))
+    t = torch.ones(8)
+    gone = weakref.ref(t)
+    ch.register(t)
+    exp = ch._registered[id(t)].prep[0]
+    del t, ch
+    gc.collect()
+    assert gone() is None, "a registration outlived its channel"
+    assert exp.closed, "the registered storage's export stayed open (its shared memory with it)"
