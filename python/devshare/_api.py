@@ -221,6 +221,7 @@ def wait(obj, timeout=None) -> bool:
     ms = timeout_ms(timeout)
     with registry_lock:
         r = registered_tensors.get(id(obj))
+        r = r() if r is not None else None
         if r is not None and r.current(obj):  # a registered tensor: its registration's export
             exp, owner = r.prep[0], None
         else:

@@ -81,7 +81,7 @@ class _Registered:
         self.ptr, self.shape, self.strides = _layout_of(t)
         self.prep = prep
         self.desc_ref = byref(prep[1])  # (prep keeps the desc alive as long as this)
-        registered_tensors[id(t)] = self
+        registered_tensors[id(t)] = weakref.ref(self)
         self.device = self.torch and t.device.type != "cpu"
         prep[0].registered += 1
 
@@ -94,7 +94,8 @@ class _Registered:
         return _layout_of(t) == (self.ptr, self.shape, self.strides)
 
     def drop(self) -> None:
-        if registered_tensors.get(id(self.tensor)) is self:
+        ref = registered_tensors.get(id(self.tensor))
+        if ref is not None and ref() is self:
             del registered_tensors[id(self.tensor)]
         self.prep[0].registered -= 1
         self.tensor = self.prep = None

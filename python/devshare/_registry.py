@@ -205,10 +205,10 @@ class HostBuffer:
 #: Tensors registered on a channel (``Channel.register``), for :func:`devshare.wait`'s quick
 #: look-up: id(tensor) -> the newest registration of it (a ``_Registered``, on any channel),
 #: whose export is the one :func:`devshare.wait` would find for it while the tensor's layout
-#: is the registered one. A registration removes its own entry when dropped, and the entry
-#: goes by itself with the registration (weakly held: a channel dropped without ``close``
-#: lets its registered tensors go, as before). Under registry_lock.
-registered_tensors: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+#: is the registered one, as a weak reference (a channel dropped without ``close`` lets its
+#: registered tensors go, as before). A registration removes its own entry when dropped (a
+#: channel's close or its finalizer drops all of its). Under registry_lock.
+registered_tensors: dict = {}
 
 
 # Live buffers (objects with an ``export``), by data address and (once their first share told
