@@ -21,8 +21,9 @@ use crate::backend::ImportRequest;
 use crate::error::{Error, Result};
 use crate::export::TensorDesc;
 use crate::import::{import_attached, Attached, Import, Lease};
+use std::cell::UnsafeCell;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Whether a consumer's connection may be used: made in this process (not inherited through
@@ -138,56 +139,46 @@ impl Drop for AttachToken {
     }
 }
 
-/// An attached pool's slot tokens at rest, one per slot: a token whose item was released waits
-/// here for the slot's next item, so that receiving an item allocates no token. The pool's
-/// state owns it; a token reaches it only through a `Weak` (a resting token must not keep it).
-/// A resting token keeps its pool's [`AttachToken`], as the pool's state does: both go when
-/// the state does (then the last item out detaches, as before), and an item takes no count
-/// of it.
-pub(crate) struct SpareTokens(Box<[AtomicPtr<SlotToken>]>);
+/// An attached pool's slot tokens, one per slot, owned by the pool's state on the receiving
+/// side and looked at only by the receive that holds that state (`&mut`): a token whose items
+/// were all released rests here, with its last item's husk, for the slot's next item, so that
+/// receiving an item allocates no token and takes no lock or count to find one. A resting token
+/// keeps its pool's [`AttachToken`], as the pool's state does: both go when the state does
+/// (then the last item out detaches, as before).
+pub(crate) struct SpareTokens(Box<[Option<Arc<SlotToken>>]>);
 
 impl SpareTokens {
-    pub(crate) fn new(count: u32) -> Arc<SpareTokens> {
-        Arc::new(SpareTokens((0..count).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect()))
-    }
-
-    fn take(&self, slot: u32) -> Option<Arc<SlotToken>> {
-        let p = self.0.get(slot as usize)?.swap(std::ptr::null_mut(), Ordering::AcqRel);
-        // SAFETY: a non-null pointer here came from Arc::into_raw in `put`, taken out once.
-        (!p.is_null()).then(|| unsafe { Arc::from_raw(p) })
-    }
-
-    fn put(&self, slot: u32, token: Arc<SlotToken>) {
-        let Some(cell) = self.0.get(slot as usize) else { return };
-        let p = Arc::into_raw(token).cast_mut();
-        if cell.compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire).is_err() {
-            // SAFETY: p came from Arc::into_raw just above and was not stored.
-            drop(unsafe { Arc::from_raw(p) });
-        }
+    pub(crate) fn new(count: u32) -> SpareTokens {
+        SpareTokens((0..count).map(|_| None).collect())
     }
 }
 
-impl Drop for SpareTokens {
-    fn drop(&mut self) {
-        for slot in 0..self.0.len() as u32 {
-            drop(self.take(slot));
-        }
-    }
-}
-
-/// A pool slot held by this consumer: given back (one `RETURN`) when its import goes, or when
-/// given back earlier.
+/// A pool slot held by this consumer: given back (one `RETURN`) when the last import holding it
+/// goes, or when given back earlier.
+///
+/// The imports holding it count themselves in `holders` (each holds an `Arc` too, for the
+/// memory): 0 means none does. Only the receive that owns the token's [`SpareTokens`] cell
+/// makes it 1 again, and only from 0; every other change comes from a holder. So a holder that
+/// reads 1 is the last and stays so while it finishes, and a receive that reads 0 is alone with
+/// the token until it hands out the next item.
 pub(crate) struct SlotToken {
     conn: Arc<dyn Teller>,
     pool: u32,
     slot: u32,
     given: AtomicBool,
+    holders: AtomicUsize,
     /// The pool's attachment, which its items keep.
     attach: Arc<AttachToken>,
-    spares: std::sync::Weak<SpareTokens>,
-    /// The box of its last item's import, emptied, for the next (see `Lease::done`).
-    husk: Option<Box<Import>>,
+    /// The box of its last item's import, emptied, for the next (see `Lease::done`). Touched by
+    /// the last holder before it lets `holders` go to 0, by the receive that finds it at 0
+    /// (which then makes it 1), and by the drop; never by two at once.
+    husk: UnsafeCell<Option<Box<Import>>>,
 }
+
+// SAFETY: every field but `husk` is Sync; `husk` is only ever touched by one thread at a time
+// (see its comment: `holders` hands it from the last holder to the receive with Release /
+// Acquire).
+unsafe impl Sync for SlotToken {}
 
 impl Lease for SlotToken {
     fn give_back(&self) {
@@ -200,28 +191,37 @@ impl Lease for SlotToken {
         Some((self.pool, self.slot))
     }
 
-    /// The last holder gives the slot back, and the token rests in its pool's spares (while the
-    /// pool is attached) for the slot's next item, with the husk (which keeps the pool's import).
-    /// Otherwise the husk goes before the token: the mapping before the attachment, whose last
-    /// holder detaches.
-    fn done(mut self: Arc<Self>, husk: Option<Box<Import>>) {
-        let Some(me) = Arc::get_mut(&mut self) else {
-            drop(husk);
-            return; // another holder: its drop gives back
-        };
-        if !std::mem::replace(me.given.get_mut(), true) {
-            me.conn.give_back_slot(me.pool, me.slot);
-        }
-        match me.spares.upgrade() {
-            Some(spares) => {
-                me.husk = husk;
-                spares.put(me.slot, self);
+    fn held(&self) {
+        // By a holder (an import cloned): the count is at least 1 and cannot reach 0 meanwhile.
+        self.holders.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn holders(&self) -> Option<usize> {
+        Some(self.holders.load(Ordering::Acquire))
+    }
+
+    /// The last holder gives the slot back, and the token rests (while its pool's state keeps
+    /// it) for the slot's next item, with the husk (which keeps the pool's import). Another
+    /// holder only counts itself out. A token nobody else keeps goes with this holder's `Arc`:
+    /// its drop lets the husk go before the attachment (the mapping before the attachment,
+    /// whose last holder detaches).
+    fn done(self: Arc<Self>, husk: Option<Box<Import>>) {
+        let mut n = self.holders.load(Ordering::Acquire);
+        while n > 1 {
+            match self.holders.compare_exchange_weak(n, n - 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return drop(husk), // another holder: the last one gives back
+                Err(now) => n = now,
             }
-            None => {
-                drop(husk);
-                drop(self);
-            }
         }
+        // The last holder (n is 1): no other can appear until this one lets the count go.
+        if !self.given.load(Ordering::Acquire) {
+            self.given.store(true, Ordering::Relaxed);
+            self.conn.give_back_slot(self.pool, self.slot);
+        }
+        // SAFETY: the last holder, before `holders` goes to 0: nobody else touches the husk.
+        let old = std::mem::replace(unsafe { &mut *self.husk.get() }, husk);
+        self.holders.store(0, Ordering::Release);
+        drop(old);
     }
 }
 
@@ -229,38 +229,48 @@ impl Drop for SlotToken {
     fn drop(&mut self) {
         self.give_back();
         // A resting husk keeps the pool's import (the mapping): it goes before the attachment.
-        self.husk = None;
+        *self.husk.get_mut() = None;
     }
 }
 
-/// The token of an item of slot `slot`, and the husk of an earlier item's import: one resting
-/// in `spares`, or a new one.
+/// The token of an item of slot `slot` (`slot` < the pool's count), and the husk of an earlier
+/// item's import: the slot's token when no import holds it any more (made the item's only
+/// holder here), else a new one, which becomes the slot's.
 fn slot_token(
     conn: &dyn Fn() -> Arc<dyn Teller>,
     attach: &Arc<AttachToken>,
-    spares: &Arc<SpareTokens>,
+    spares: &mut SpareTokens,
     pool: u32,
     slot: u32,
 ) -> (Arc<SlotToken>, Option<Box<Import>>) {
-    if let Some(mut t) = spares.take(slot) {
-        if let Some(me) = Arc::get_mut(&mut t) {
+    let cell = spares.0.get_mut(slot as usize);
+    if let Some(Some(t)) = cell.as_deref() {
+        if t.holders.load(Ordering::Acquire) == 0 {
             // The spares and the attachment are the same pool's.
-            debug_assert!(Arc::ptr_eq(&me.attach, attach));
-            *me.given.get_mut() = false;
-            let husk = me.husk.take();
-            return (t, husk);
+            debug_assert!(Arc::ptr_eq(&t.attach, attach));
+            // SAFETY: at 0 this receive (which owns the cell, `&mut`) is the only one to touch
+            // the token's husk and flags until it hands the token out below.
+            let husk = unsafe { (*t.husk.get()).take() };
+            t.given.store(false, Ordering::Relaxed);
+            t.holders.store(1, Ordering::Relaxed);
+            return (t.clone(), husk);
         }
     }
-    let token = SlotToken {
+    // Still held (a clone of the last item, or the producer sent the slot again before it came
+    // back): a token of its own.
+    let token = Arc::new(SlotToken {
         conn: conn(),
         pool,
         slot,
         given: AtomicBool::new(false),
+        holders: AtomicUsize::new(1),
         attach: attach.clone(),
-        spares: Arc::downgrade(spares),
-        husk: None,
-    };
-    (Arc::new(token), None)
+        husk: UnsafeCell::new(None),
+    });
+    if let Some(cell) = cell {
+        *cell = Some(token.clone());
+    }
+    (token, None)
 }
 
 /// A pool of `count` slots of `slot_size` bytes must fit its export.
@@ -289,7 +299,7 @@ pub(crate) fn slot_desc<'a>(desc: &TensorDesc<'a>, slot: u32, slot_size: u64) ->
 
 /// What a pool item goes back through: its connection (asked only for a new token), the
 /// pool's attachment and its resting tokens.
-pub(crate) type ItemConn<'a> = (&'a dyn Fn() -> Arc<dyn Teller>, &'a Arc<AttachToken>, &'a Arc<SpareTokens>);
+pub(crate) type ItemConn<'a> = (&'a dyn Fn() -> Arc<dyn Teller>, &'a Arc<AttachToken>, &'a mut SpareTokens);
 
 /// A pool item: slot `slot` of the pool whose whole allocation `base` maps (`count` slots of
 /// `slot_size` bytes), narrowed to the item's tensor `l` — the slot and its bytes checked
@@ -375,4 +385,216 @@ pub(crate) fn open(
         return import_attached(h, table, req, None, Some(&passed), lease);
     }
     import_attached(h, table, req, None, None, lease)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::Mutex;
+
+    const SLOT: u64 = 64;
+    const SLOTS: u32 = 3;
+
+    /// A connection that records what its tokens tell it: `(pool, slot)` per slot given back,
+    /// `(pool, u32::MAX)` per detach.
+    #[derive(Default)]
+    struct Log(Mutex<Vec<(u32, u32)>>);
+
+    impl Teller for Log {
+        fn tell(&self, msg: Message<'_>) {
+            match msg {
+                Message::Return { pool, slot } => self.0.lock().unwrap().push((pool, slot)),
+                Message::Detach { pool } => self.0.lock().unwrap().push((pool, u32::MAX)),
+                other => panic!("a pool token told {other:?}"),
+            }
+        }
+    }
+
+    /// A pool's whole allocation, imported as a consumer attaches it.
+    fn pool_import() -> Arc<Import> {
+        let exp = crate::export::Exporter::channel_host_alloc(SLOT * u64::from(SLOTS)).expect("alloc");
+        let whole = [(SLOT * u64::from(SLOTS)) as i64];
+        let desc = TensorDesc { shape: &whole, storage_size: Some(SLOT * u64::from(SLOTS)), ..Default::default() };
+        let (h, _) = exp.share_leased(&desc).expect("share");
+        let fds = exp.channel_fds().iter().map(|f| f.try_clone_to_owned().expect("dup")).collect();
+        Arc::new(open(&h, None, fds, None, std::ptr::null_mut()).expect("open"))
+    }
+
+    /// An attached pool as a consumer's state holds it.
+    struct Attached {
+        base: Arc<Import>,
+        attach: Arc<AttachToken>,
+        spares: SpareTokens,
+    }
+
+    impl Attached {
+        fn new(log: &Arc<Log>, base: &Arc<Import>, pool: u32) -> Attached {
+            Attached {
+                base: base.clone(),
+                attach: AttachToken::new(log.clone(), pool),
+                spares: SpareTokens::new(SLOTS),
+            }
+        }
+
+        /// An item of `slot` (one element more than its storage holds: refused).
+        fn item_of(&mut self, log: &Arc<Log>, pool: u32, slot: u32, refused: bool) -> Result<Box<Import>> {
+            let mut l = crate::handle::Layout::of(self.base.handle(), 0, SLOT);
+            l.shape[0] = SLOT as i64 + i64::from(refused);
+            let conn = || log.clone() as Arc<dyn Teller>;
+            let c: ItemConn<'_> = (&conn, &self.attach, &mut self.spares);
+            narrow(&self.base, SLOT, SLOTS, pool, slot, &l, None, c, std::ptr::null_mut())
+        }
+
+        fn item(&mut self, log: &Arc<Log>, pool: u32, slot: u32) -> Box<Import> {
+            self.item_of(log, pool, slot, false).expect("item")
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Recv(u32),
+        /// An item of this slot whose layout is refused: its slot goes back at once.
+        Refused(u32),
+        Clone(usize),
+        GiveBack(usize),
+        /// Release an import: boxed (what the C API does) or not.
+        Release(usize, bool),
+        /// The pool closes (its state goes) and is attached again under the next id.
+        Reattach,
+    }
+
+    fn ops() -> impl Strategy<Value = Vec<Op>> {
+        let op = prop_oneof![
+            3 => (0..SLOTS).prop_map(Op::Recv),
+            1 => (0..SLOTS).prop_map(Op::Refused),
+            1 => any::<usize>().prop_map(Op::Clone),
+            1 => any::<usize>().prop_map(Op::GiveBack),
+            4 => (any::<usize>(), any::<bool>()).prop_map(|(k, b)| Op::Release(k, b)),
+            1 => Just(Op::Reattach),
+        ];
+        proptest::collection::vec(op, 0..60)
+    }
+
+    /// Runs `ops`, each received item's token the slot's resting one when it can be (`reuse`)
+    /// or always a new one (the full path), and returns what the connection was told, in
+    /// order, checked on the way against a model: a slot goes back once per item, when it is
+    /// given back or its last import goes, and a pool detaches once, when its state and its
+    /// last item are gone.
+    fn run(ops: &[Op], reuse: bool) -> Vec<(u32, u32)> {
+        let log = Arc::new(Log::default());
+        let base = pool_import();
+        let mut pool = 1u32;
+        let mut state = Some(Attached::new(&log, &base, pool));
+        // The imports alive, each with its item's number; per item: pool, slot, given back.
+        let mut live: Vec<(Box<Import>, usize)> = Vec::new();
+        let mut items: Vec<(u32, u32, bool)> = Vec::new();
+        let mut want: Vec<(u32, u32)> = Vec::new();
+        for op in ops {
+            match *op {
+                Op::Recv(slot) => {
+                    let st = state.as_mut().expect("attached");
+                    if !reuse {
+                        st.spares = SpareTokens::new(SLOTS);
+                    }
+                    let imp = st.item(&log, pool, slot);
+                    assert_eq!(imp.pool_slot(), Some((pool, slot)));
+                    live.push((imp, items.len()));
+                    items.push((pool, slot, false));
+                }
+                Op::Refused(slot) => {
+                    let st = state.as_mut().expect("attached");
+                    if !reuse {
+                        st.spares = SpareTokens::new(SLOTS);
+                    }
+                    let e = st.item_of(&log, pool, slot, true).err().expect("refused");
+                    assert!(matches!(e, Error::TensorOutOfBounds(_)), "{e}");
+                    items.push((pool, slot, true));
+                    want.push((pool, slot));
+                }
+                Op::Clone(k) if !live.is_empty() => {
+                    let (imp, item) = &live[k % live.len()];
+                    let c = Box::new(imp.clone_ref());
+                    let item = *item;
+                    live.push((c, item));
+                }
+                Op::GiveBack(k) if !live.is_empty() => {
+                    let (imp, item) = &live[k % live.len()];
+                    imp.give_back().expect("a pool item");
+                    let it = &mut items[*item];
+                    if !std::mem::replace(&mut it.2, true) {
+                        want.push((it.0, it.1));
+                    }
+                }
+                Op::Release(k, boxed) if !live.is_empty() => {
+                    let (imp, item) = live.swap_remove(k % live.len());
+                    if boxed {
+                        Import::release_boxed(imp);
+                    } else {
+                        (*imp).release();
+                    }
+                    let it = &mut items[item];
+                    if !live.iter().any(|(_, i)| *i == item) && !std::mem::replace(&mut it.2, true) {
+                        want.push((it.0, it.1));
+                    }
+                }
+                Op::Reattach => {
+                    drop(state.take()); // the pool closes first
+                    pool += 1;
+                    state = Some(Attached::new(&log, &base, pool));
+                }
+                _ => {}
+            }
+            // A pool detaches once its state and its last item are gone.
+            let got: Vec<_> = log.0.lock().unwrap().iter().copied().filter(|w| w.1 != u32::MAX).collect();
+            assert_eq!(got, want, "slots given back, in order");
+            let detached: Vec<u32> = log.0.lock().unwrap().iter().filter(|w| w.1 == u32::MAX).map(|w| w.0).collect();
+            let gone: Vec<u32> = (1..pool).filter(|p| !live.iter().any(|(_, i)| items[*i].0 == *p)).collect();
+            let mut sorted = detached.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, gone, "detached: the closed pools no item holds, once each");
+        }
+        drop(live);
+        drop(state);
+        drop(base);
+        let all = log.0.lock().unwrap().clone();
+        assert_eq!(all.iter().filter(|w| w.1 == u32::MAX).count(), pool as usize, "every pool detached once");
+        all
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        #[test]
+        fn a_reused_slot_token_gives_back_and_detaches_exactly_as_a_new_one_would(ops in ops()) {
+            prop_assert_eq!(run(&ops, true), run(&ops, false));
+        }
+    }
+
+    #[test]
+    fn clones_of_a_pool_item_released_on_many_threads_give_its_slot_back_once() {
+        let log = Arc::new(Log::default());
+        let base = pool_import();
+        let mut st = Attached::new(&log, &base, 1);
+        for round in 0..50 {
+            let imp = st.item(&log, 1, 0);
+            let clones: Vec<Import> = (0..8).map(|_| imp.clone_ref()).collect();
+            std::thread::scope(|s| {
+                for (i, c) in clones.into_iter().enumerate() {
+                    s.spawn(move || {
+                        let more = c.clone_ref();
+                        if i % 2 == 0 {
+                            Import::release_boxed(Box::new(more));
+                            c.release();
+                        } else {
+                            more.release();
+                            Import::release_boxed(Box::new(c));
+                        }
+                    });
+                }
+                Import::release_boxed(imp);
+            });
+            assert_eq!(log.0.lock().unwrap().len(), round + 1, "one return per item");
+        }
+        assert!(log.0.lock().unwrap().iter().all(|w| *w == (1, 0)));
+    }
 }

@@ -124,6 +124,14 @@ pub trait Lease: Send + Sync {
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         None
     }
+    /// An import holding `self` was cloned ([`Import::clone_ref`]): the clone holds it too (its
+    /// `Arc` is counted already; a lease that counts its holders itself counts one more).
+    fn held(&self) {}
+    /// How many imports hold `self`, when the lease counts them itself; `None`: each holds an
+    /// `Arc` of it and nothing else does (its strong count).
+    fn holders(&self) -> Option<usize> {
+        None
+    }
     /// The import holding `self` is released (`husk`: its box, emptied, when it was boxed):
     /// drop it (the last holder's drop gives the reference back). A lease may instead give back
     /// and keep itself, and the husk, for its next use when this was the last holder, so that
@@ -659,7 +667,11 @@ impl Import {
     /// released; the reference is returned when the last is). Costs a registry lock (none for a
     /// pool item), no mapping.
     pub fn clone_ref(&self) -> Import {
-        self.clone_with(self.handle.clone(), self.validated, self.lease.clone())
+        let lease = self.lease.clone();
+        if let Some(l) = &lease {
+            l.held();
+        }
+        self.clone_with(self.handle.clone(), self.validated, lease)
     }
 
     /// [`Self::clone_ref`] with another handle (of the same allocation), its validation and lease.
@@ -730,12 +742,32 @@ impl Import {
     /// as this box (an import is 320 bytes).
     /// Holds `base` (not the registry): an item takes no registry lock, made or released; made
     /// in `husk` (an earlier item's box, see [`Lease::done`]) when there is one, its handle
-    /// written in place.
+    /// written in place. Refused, it releases `lease` as an import holding it would be
+    /// ([`Lease::done`]).
     pub(crate) fn derive(
         base: &Arc<Import>,
         layout: &crate::handle::Layout,
         event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
         lease: Arc<dyn Lease>,
+        husk: Option<Box<Import>>,
+    ) -> Result<Box<Import>> {
+        match Self::derive_view(base, layout, event, husk) {
+            Ok(mut imp) => {
+                imp.lease = Some(lease);
+                Ok(imp)
+            }
+            Err(e) => {
+                lease.done(None);
+                Err(e)
+            }
+        }
+    }
+
+    /// [`Self::derive`] but for the lease (`None` here).
+    fn derive_view(
+        base: &Arc<Import>,
+        layout: &crate::handle::Layout,
+        event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
         husk: Option<Box<Import>>,
     ) -> Result<Box<Import>> {
         let m = base.mapping().ok_or_else(|| Error::AlreadyReleased("the pool's import is released".into()))?;
@@ -772,7 +804,6 @@ impl Import {
             return Err(Error::Mismatch("a pool item must describe the pool's own allocation".into()));
         }
         check_view(m.as_ref(), h, &validated)?;
-        imp.lease = Some(lease);
         imp.key.clone_from(&base.key);
         imp.ticket = None;
         imp.watch = None;
@@ -801,7 +832,7 @@ impl Import {
         // parent (which holds the mapping): a lease's `done` drops the husk after the lease.
         match imp.lease.take() {
             Some(lease) => {
-                if Arc::strong_count(&lease) == 1 {
+                if last_holder(&lease) {
                     if let Ok(b) = backend::get(imp.key.backend) {
                         b.synchronize(device);
                     }
@@ -912,7 +943,7 @@ impl Import {
     /// the memory is done.
     fn give_lease_back(&mut self, device: i32) {
         if let Some(lease) = self.lease.take() {
-            if Arc::strong_count(&lease) == 1 {
+            if last_holder(&lease) {
                 if let Ok(b) = backend::get(self.key.backend) {
                     b.synchronize(device);
                 }
@@ -920,6 +951,12 @@ impl Import {
             lease.done(None);
         }
     }
+}
+
+/// Whether the import releasing `lease` is the last holding it (then this process's work on the
+/// memory is finished before it goes back).
+fn last_holder(lease: &Arc<dyn Lease>) -> bool {
+    lease.holders().unwrap_or_else(|| Arc::strong_count(lease)) == 1
 }
 
 /// Ends an allocation's closing (also when the close unwinds): removes its slot and wakes the

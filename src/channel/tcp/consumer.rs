@@ -51,7 +51,7 @@ struct Attached {
     slot_size: u64,
     count: u32,
     token: Arc<AttachToken>,
-    spares: Arc<SpareTokens>,
+    spares: SpareTokens,
 }
 
 /// This consumer's UCX worker, on the UCX path.
@@ -478,14 +478,15 @@ impl RemoteConnection {
                 if st.incoming.is_some() {
                     return Err(Error::Internal("an item before its bytes arrived".into()));
                 }
-                let p = st.pools.get(&pool).ok_or_else(|| {
+                let State { pools, on_device, .. } = st;
+                let p = pools.get_mut(&pool).ok_or_else(|| {
                     Error::Untrusted(format!("an item of pool {pool}, which this consumer never attached"))
                 })?;
                 if event.is_some() {
                     return Err(Error::Untrusted("a remote item with an event".into()));
                 }
                 let teller = || self.shared.clone() as Arc<dyn Teller>;
-                let conn = (&teller as &dyn Fn() -> Arc<dyn Teller>, &p.token, &p.spares);
+                let conn = (&teller as &dyn Fn() -> Arc<dyn Teller>, &p.token, &mut p.spares);
                 let Some(device) = &p.device else {
                     return narrow(
                         &p.base,
@@ -505,7 +506,7 @@ impl RemoteConnection {
                 let imp = narrow(device, p.slot_size, p.count, pool, slot, &layout, None, conn, std::ptr::null_mut())?;
                 let at = u64::from(slot) * p.slot_size + layout.storage_offset;
                 // On the stream path the bytes went to the device as they arrived.
-                if let Some((on_pool, start, len)) = st.on_device.take() {
+                if let Some((on_pool, start, len)) = on_device.take() {
                     if on_pool == pool && start as u64 == at && len as u64 >= layout.storage_size {
                         return Ok(Some(*imp));
                     }

@@ -148,7 +148,7 @@ struct AttachedPool {
     slot_size: u64,
     count: u32,
     token: Arc<AttachToken>,
-    spares: Arc<SpareTokens>,
+    spares: SpareTokens,
 }
 
 struct State {
@@ -797,7 +797,7 @@ impl LocalConnection {
     ) -> Result<Box<Import>> {
         let p = st
             .pools
-            .get(&pool)
+            .get_mut(&pool)
             .ok_or_else(|| Error::Untrusted(format!("an item of pool {pool}, which this consumer never attached")))?;
         narrow(
             &p.base,
@@ -807,7 +807,7 @@ impl LocalConnection {
             slot,
             l,
             event,
-            (&|| self.shared.clone() as Arc<dyn Teller>, &p.token, &p.spares),
+            (&|| self.shared.clone() as Arc<dyn Teller>, &p.token, &mut p.spares),
             self.stream(),
         )
     }
