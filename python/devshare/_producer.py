@@ -101,11 +101,11 @@ class _Registered:
         self.tensor = self.prep = None
 
 
-def _forget_registrations(registered: dict, reg_exports: dict) -> None:
+def _forget_registrations(registered: dict, reg_exports: dict, pid: int | None = None) -> None:
     """Drop a closing (or garbage) channel's registrations. Closing the channel ends every
     connection: consumers let kept mappings go by themselves, so the library is not asked (nor
-    may it be, inside close)."""
-    if not registered:
+    may it be, inside close). ``pid``: the channel's process; another (a fork) does nothing."""
+    if not registered or (pid is not None and pid != os.getpid()):
         return
     with registry_lock:
         for r in registered.values():
@@ -209,7 +209,8 @@ class Channel(Owned):
         self._own(ptr, lib.devshare_channel_close)
         # A channel that is garbage without close() lets its registrations go as close does
         # (their exports close once their leases are back).
-        weakref.finalize(self, _forget_registrations, self._registered, self._reg_exports)
+        # (Not in a process that inherited it through fork: its registrations are the parent's.)
+        weakref.finalize(self, _forget_registrations, self._registered, self._reg_exports, self._pid)
 
     def __repr__(self):
         state = "closed" if self.closed else "open"

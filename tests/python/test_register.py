@@ -337,3 +337,30 @@ def test_a_channel_dropped_without_close_lets_its_registered_tensors_go():
     gc.collect()
     assert gone() is None, "a registration outlived its channel"
     assert exp.closed, "the registered storage's export stayed open (its shared memory with it)"
+
+
+def test_a_forked_child_dropping_an_inherited_channel_leaves_the_registrations_alone():
+    import gc
+
+    held = list(_in_process(_address("forked-drop")))  # [channel, peer, connection]
+    peer, conn = held[1], held[2]
+    t = torch.arange(8.0)
+    held[0].register(t)
+    exp = held[0]._registered[id(t)].prep[0]
+    child = os.fork()
+    if child == 0:  # the child: its copy of the channel is garbage, and its finalizers run
+        held.clear()
+        gc.collect()
+        # The parent's registration: not dropped, its export not closed, in this process.
+        os._exit(0 if exp.registered == 1 and not exp.closed else 3)
+    assert os.waitpid(child, 0)[1] == 0, "the child closed the parent's registered export"
+    ch = held[0]
+    with ch:
+        assert not exp.closed
+        ch.send(peer, t)
+        item = conn.recv(timeout=5)
+        assert item.tensor.tolist() == list(range(8))
+        item.release()
+        ch.service(0)
+        assert devshare.wait(t, timeout=5)
+        conn.close()
