@@ -60,7 +60,6 @@ from ._registry import (
 )
 from ._views import is_torch_tensor
 
-_U64_MAX = _ints.U64[1]
 #: devshare_channel_send, called straight on a registered tensor's path (Channel.send).
 _SEND = lib.devshare_channel_send
 
@@ -348,8 +347,9 @@ class Channel(Owned):
         in this channel's calls (:meth:`service`, sends, :meth:`wait_peers`, ...).
 
         :class:`devshare.Error` ``NOT_FOUND`` when ``peer`` is not connected."""
+        peer = peer_id(peer)
         registered = self._registered
-        if registered and type(peer) is int and 0 < peer <= _U64_MAX:
+        if registered:
             # A registered tensor as it was registered: its one lease message, with nothing
             # of send_batch's general path (this is every repeated lease's path: a KV block).
             r = registered.get(id(obj))

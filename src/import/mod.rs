@@ -1052,29 +1052,35 @@ mod tests {
         }
     }
 
+    /// A pool's import of 4096 bytes at `data` (one byte per element).
+    fn pool_import(data: &mut [u8]) -> Arc<Import> {
+        let (mut h, v) = handle(4096, 0, 4096);
+        h.dtype = crate::dtype::DevshareDType::new(1, 8, 1);
+        (h.ndim, h.shape[0], h.strides[0]) = (1, 4096, 1);
+        Arc::new(import_of(Fake { base: data.as_mut_ptr(), size: 4096 }, h, v))
+    }
+
+    /// An item's layout in a pool import of `pool_import`: `n` bytes in a storage of 1024 at
+    /// `offset`.
+    fn byte_layout(offset: u64, n: i64) -> crate::handle::Layout {
+        let mut l = crate::handle::Layout {
+            dtype: crate::dtype::DevshareDType::new(1, 8, 1),
+            ndim: 1,
+            shape: [0; 8],
+            strides: [0; 8],
+            storage_offset: offset,
+            storage_size: 1024,
+            tensor_offset: 0,
+        };
+        (l.shape[0], l.strides[0]) = (n, 1);
+        l
+    }
+
     #[test]
     fn an_items_husk_keeps_its_validation_only_for_the_same_pool_import_layout_and_no_event() {
         let mut data = vec![0u8; 4096];
-        let pool = |data: &mut Vec<u8>| {
-            let (mut h, v) = handle(4096, 0, 4096);
-            h.dtype = crate::dtype::DevshareDType::new(1, 8, 1);
-            (h.ndim, h.shape[0], h.strides[0]) = (1, 4096, 1);
-            Arc::new(import_of(Fake { base: data.as_mut_ptr(), size: 4096 }, h, v))
-        };
-        let (base, other) = (pool(&mut data), pool(&mut data));
-        let layout = |offset: u64, n: i64| {
-            let mut l = crate::handle::Layout {
-                dtype: base.handle.dtype,
-                ndim: 1,
-                shape: [0; 8],
-                strides: [0; 8],
-                storage_offset: offset,
-                storage_size: 1024,
-                tensor_offset: 0,
-            };
-            (l.shape[0], l.strides[0]) = (n, 1);
-            l
-        };
+        let (base, other) = (pool_import(&mut data), pool_import(&mut data));
+        let layout = byte_layout;
         let keep = Arc::new(Keep(Default::default()));
         let husk = || keep.0.lock().unwrap().take();
         let item = |base: &Arc<Import>, l, event, husk| Import::derive(base, &l, event, keep.clone(), husk);
@@ -1109,21 +1115,8 @@ mod tests {
     #[test]
     fn an_items_husk_keeps_its_pool_import_and_the_next_item_of_it_takes_no_count() {
         let mut data = vec![0u8; 4096];
-        let (mut h, v) = handle(4096, 0, 4096);
-        h.dtype = crate::dtype::DevshareDType::new(1, 8, 1);
-        (h.ndim, h.shape[0], h.strides[0]) = (1, 4096, 1);
-        let base = Arc::new(import_of(Fake { base: data.as_mut_ptr(), size: 4096 }, h, v));
-        let other = Arc::new(import_of(Fake { base: data.as_mut_ptr(), size: 4096 }, h, v));
-        let mut l = crate::handle::Layout {
-            dtype: h.dtype,
-            ndim: 1,
-            shape: [0; 8],
-            strides: [0; 8],
-            storage_offset: 0,
-            storage_size: 1024,
-            tensor_offset: 0,
-        };
-        (l.shape[0], l.strides[0]) = (1024, 1);
+        let (base, other) = (pool_import(&mut data), pool_import(&mut data));
+        let l = byte_layout(0, 1024);
         let keep = Arc::new(Keep(Default::default()));
         let husk = || keep.0.lock().unwrap().take();
         let item = |base: &Arc<Import>, husk| Import::derive(base, &l, None, keep.clone(), husk).unwrap();

@@ -1292,10 +1292,12 @@ def test_leases_reuse_one_recipe_per_address_and_layout_and_each_holds_its_own_s
         assert devshare.wait(blocks[1], timeout=LIMIT)
 
 
-def test_a_batch_of_a_thousand_released_at_once_reaches_a_producer_that_was_not_reading(pair):
-    """release_batch gives a batch back in one library call and one message: with a message
-    per lease, the producer's socket filled after a few hundred while it was not reading, and
-    the rest waited for this consumer's next call (here there is none)."""
+@pytest.mark.parametrize("release", ["release_batch", "release_all"])
+def test_a_thousand_released_at_once_reach_a_producer_that_was_not_reading(pair, release):
+    """release_batch gives a batch back in one library call and one message, and release_all
+    a connection's leases the same way: with a message per lease, the producer's socket filled
+    after a few hundred while it was not reading, and the rest waited for this consumer's next
+    call (here there is none)."""
     ch, conn, peer = pair
     cache = torch.zeros(1000, 4)
     blocks = [cache[i] for i in range(1000)]
@@ -1303,27 +1305,12 @@ def test_a_batch_of_a_thousand_released_at_once_reaches_a_producer_that_was_not_
     ch.send_batch(peer, blocks)
     batch = conn.recv_batch(1000, timeout=LIMIT)
     assert devshare.outstanding(cache) == 1000
-    assert devshare.release_batch(batch) == 1000
+    give_back = (lambda: devshare.release_batch(batch)) if release == "release_batch" else conn.release_all
+    assert give_back() == 1000
     assert all(it.released for it in batch)
-    assert devshare.release_batch(batch) == 0
+    assert give_back() == 0
     assert devshare.wait(cache, timeout=5)
     assert ch.peer_info(peer)["protocol_errors"] == 0
-
-
-def test_release_all_of_a_thousand_reaches_a_producer_that_was_not_reading(pair):
-    """release_all gives a connection's leases back as release_batch does, in one message: one
-    message per lease filled the producer's socket while it was not reading."""
-    ch, conn, peer = pair
-    cache = torch.zeros(1000, 4)
-    blocks = [cache[i] for i in range(1000)]
-    ch.register(blocks)
-    ch.send_batch(peer, blocks)
-    batch = conn.recv_batch(1000, timeout=LIMIT)
-    assert devshare.outstanding(cache) == 1000
-    assert conn.release_all() == 1000
-    assert all(it.released for it in batch)
-    assert conn.release_all() == 0
-    assert devshare.wait(cache, timeout=5)
 
 
 def test_release_batch_with_an_item_of_another_process_releases_nothing(pair):

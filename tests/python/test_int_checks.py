@@ -251,7 +251,7 @@ def test_ctypes_call_sites_are_all_audited():
         "devshare_exporter_close": "constant flags",
         "devshare_exporter_wait": "a timeout checked in range just before (else check_args) "
                                   "and a pointer",
-        "devshare_channel_send": "a peer checked in range just before, pointers and a byref "
+        "devshare_channel_send": "a peer checked in range just before (peer_id), pointers and a byref "
                                  "(Channel.send of a registered tensor)",
         "devshare_imports_give_back": "an array of pointers and its length",
         "devshare_import_to_dlpack": "pointer and a ctypes output",

@@ -245,6 +245,13 @@ def _in_process(address):
     return ch, peer, got[0]
 
 
+def _give_back(ch, item, t) -> None:
+    """Release ``item``, let ``ch`` take the return, and see every lease of ``t`` back."""
+    item.release()
+    ch.service(0)
+    assert devshare.wait(t, timeout=5)
+
+
 def test_wait_on_a_registered_tensor_follows_its_memory_not_its_registration():
     # devshare.wait finds a registered tensor's export through its registration only while the
     # tensor still has the registered layout: given new memory, it waits on that memory's
@@ -262,9 +269,7 @@ def test_wait_on_a_registered_tensor_follows_its_memory_not_its_registration():
         t.data = torch.zeros(16)  # new memory under the registered tensor object
         assert devshare.wait(t, timeout=0), "nothing was sent from the new memory"
         assert not devshare.wait(old, timeout=0), "the old memory's lease is still out"
-        item.release()
-        ch.service(0)
-        assert devshare.wait(old, timeout=5)
+        _give_back(ch, item, old)
         conn.close()
 
 
@@ -282,9 +287,7 @@ def test_a_registered_send_to_an_unknown_peer_is_refused_and_sends_nothing():
         ch.send(peer, t)
         item = conn.recv(timeout=5)
         assert float(item.tensor.sum()) == 8.0
-        item.release()
-        ch.service(0)
-        assert devshare.wait(t, timeout=5)
+        _give_back(ch, item, t)
         conn.close()
 
 
@@ -318,9 +321,7 @@ def test_a_leased_row_is_the_row_however_much_memory_follows_it():
                 assert item.tensor.shape == (32,)
                 assert item.tensor.untyped_storage().nbytes() == 64
                 assert torch.equal(item.tensor, cache[i])
-                item.release()
-                ch.service(0)
-                assert devshare.wait(row, timeout=5)
+                _give_back(ch, item, row)
         conn.close()
 
 
@@ -360,7 +361,5 @@ def test_a_forked_child_dropping_an_inherited_channel_leaves_the_registrations_a
         ch.send(peer, t)
         item = conn.recv(timeout=5)
         assert item.tensor.tolist() == list(range(8))
-        item.release()
-        ch.service(0)
-        assert devshare.wait(t, timeout=5)
+        _give_back(ch, item, t)
         conn.close()

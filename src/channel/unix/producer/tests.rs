@@ -4,14 +4,7 @@ use rustix::net::{AddressFamily, SocketType};
 #[test]
 fn a_pool_counts_its_slots_out_through_sends_returns_and_a_consumer_gone() {
     const T: Option<Duration> = Some(Duration::from_secs(10));
-    let addr = format!("@devshare-unit-out-{}", std::process::id());
-    let ch = LocalChannel::listen(&addr).expect("listen");
-    let c = std::thread::scope(|s| {
-        let c = s.spawn(|| super::super::consumer::LocalConnection::connect(&addr, T));
-        ch.wait_peers(1, T).expect("peers");
-        c.join().expect("join").expect("connect")
-    });
-    let peer = ch.peer_ids().expect("ids")[0];
+    let (ch, c, peer) = connected("out");
     let pool = ch.pool(Arc::new(Exporter::channel_host_alloc(4 * 64).expect("alloc")), 64, 4).expect("pool");
     let out = || pool.shared.lock().expect("lock").pools[&pool.id].out;
     let serve_until = |want: u32| {
@@ -189,14 +182,7 @@ fn a_repeated_item_description_is_described_once_per_slot_and_any_other_again() 
 #[test]
 fn a_send_after_a_refused_description_of_the_same_slot_is_described_again() {
     const T: Option<Duration> = Some(Duration::from_secs(10));
-    let addr = format!("@devshare-unit-described-{}", std::process::id());
-    let ch = LocalChannel::listen(&addr).expect("listen");
-    let c = std::thread::scope(|s| {
-        let c = s.spawn(|| super::super::consumer::LocalConnection::connect(&addr, T));
-        ch.wait_peers(1, T).expect("peers");
-        c.join().expect("join").expect("connect")
-    });
-    let peer = ch.peer_ids().expect("ids")[0];
+    let (ch, c, peer) = connected("described");
     let pool = ch.pool(Arc::new(Exporter::channel_host_alloc(64).expect("alloc")), 64, 1).expect("pool");
     for n in [64, 65, 64, 16, 64] {
         let (s, _) = pool.acquire(T).expect("acquire");
