@@ -98,6 +98,40 @@ unsafe fn run() {
         println!("  {slots} slot(s), 4 KiB: acquire + send + recv + info + release  {t:6.0} ns");
         ok(devshare_pool_close(pool));
     }
+    // A registered export's lease (the share-once path of `Channel.register`): a view of the
+    // export sent, received, described, released, and the producer's wait for its return.
+    for kib in [4u64, 1024] {
+        let mut exp: *mut DevshareExporter = null_mut();
+        ok(devshare_channel_host_alloc(kib * 1024 * 16, &mut exp, null_mut()));
+        ok(devshare_channel_register(ch, exp));
+        let shape = [(kib * 256) as i64];
+        let mut desc = std::mem::MaybeUninit::<DevshareTensorDesc>::uninit();
+        ok(devshare_tensor_desc_init(desc.as_mut_ptr(), size_of::<DevshareTensorDesc>() as u32));
+        let mut desc = desc.assume_init();
+        desc.dtype = DevshareDType::new(2, 32, 1);
+        desc.ndim = 1;
+        desc.shape = shape.as_ptr();
+        desc.storage_offset = 3 * kib * 1024;
+        let mut info = std::mem::MaybeUninit::<DevshareImportInfo>::uninit();
+        ok(devshare_import_info_init(info.as_mut_ptr(), size_of::<DevshareImportInfo>() as u32));
+        let mut info = info.assume_init();
+        let mut lease = || {
+            ok(devshare_channel_send(ch, peer, exp, &desc));
+            let mut imp: *mut DevshareImport = null_mut();
+            ok(devshare_connection_recv(conn, -1, &mut imp));
+            ok(devshare_import_info(imp, &mut info));
+            black_box(info.data.cast::<u64>().read_volatile());
+            ok(devshare_import_release(imp));
+            ok(devshare_exporter_wait(exp, -1));
+        };
+        for _ in 0..2000 {
+            lease();
+        }
+        let t = median_ns(11, 2_000, &mut lease);
+        println!("  registered export, {kib} KiB view: send + recv + info + release + wait  {t:6.0} ns");
+        ok(devshare_channel_unregister(ch, exp));
+        ok(devshare_exporter_close(exp, 0));
+    }
     ok(devshare_connection_close(conn));
     ok(devshare_channel_close(ch));
 }

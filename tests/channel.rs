@@ -383,6 +383,11 @@ fn fake_producer(tag: &str) -> (String, OwnedFd) {
 
 impl FakeProducer {
     fn accept(l: &OwnedFd) -> FakeProducer {
+        Self::accept_with(l, 0)
+    }
+
+    /// [`Self::accept`], the `WELCOME` announcing `features` (what this producer reads).
+    fn accept_with(l: &OwnedFd, features: u16) -> FakeProducer {
         let conn = rustix::net::accept(l).unwrap();
         let hello = recv_raw(conn.as_fd());
         assert_eq!(&hello[..8], &le(&[&1u32.to_le_bytes(), &MAGIC.to_le_bytes()])[..]);
@@ -390,7 +395,7 @@ impl FakeProducer {
             &2u32.to_le_bytes(),
             &MAGIC.to_le_bytes(),
             &1u16.to_le_bytes(),
-            &0u16.to_le_bytes(),
+            &features.to_le_bytes(),
             &9u64.to_le_bytes(),
             &(std::process::id() as i32).to_le_bytes(),
             &0u32.to_le_bytes(),
@@ -1116,7 +1121,7 @@ fn a_registered_export_stays_mapped_in_the_consumer_between_leases_until_it_is_r
         assert_eq!(mappings_of(ino), own + 1, "lease {i}: the kept mapping, not a second one");
         imp.release();
         assert_eq!(mappings_of(ino), own + 1, "lease {i}: still mapped after its release");
-        assert!(devshare::import::kept_idle().0 >= 1, "counted as kept");
+        assert!(devshare::import::kept_idle().0 + devshare::import::pinned().0 >= 1, "counted as kept or pinned");
     }
     // Retired: the consumer unmaps it when it reads the retirement.
     ch.unregister(&exp).unwrap();
@@ -1157,6 +1162,245 @@ fn a_kept_mapping_in_use_when_it_is_retired_goes_with_its_last_release_and_a_clo
     assert_eq!(status(c2.recv(T)), Status::Closed);
     assert_eq!(mappings_of(ino), own, "a producer's kept allocations go when it does");
     drop(ch);
+}
+
+/// The type of a channel message.
+fn msg_type(m: &[u8]) -> u32 {
+    u32::from_le_bytes(m[..4].try_into().unwrap())
+}
+
+fn u64_at(m: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(m[at..at + 8].try_into().unwrap())
+}
+
+#[test]
+fn a_registered_export_is_pinned_once_and_its_later_leases_travel_without_descriptors() {
+    let addr = address("pin-protocol");
+    let ch = Channel::listen(&addr).unwrap();
+    // Reads SHARES, keeps registered exports, reads PIN and LEASE; no ring: every message is
+    // seen on the socket.
+    let raw = raw_consumer(&addr, 1 | 4 | 16);
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let welcome = recv_raw(raw.as_fd());
+    assert_eq!(u16::from_le_bytes(welcome[10..12].try_into().unwrap()) & 2, 2, "the producer reads PINNED");
+    let exp = Exporter::channel_host_alloc(1 << 16).unwrap();
+    ch.register(&exp).unwrap();
+    let desc = TensorDesc { shape: &[16], storage_offset: 4096, ..Default::default() };
+    let pinned_msg = |export: u64, pin: u64| le(&[&18u32.to_le_bytes(), &export.to_le_bytes(), &pin.to_le_bytes()]);
+    let serve = || {
+        for _ in 0..5 {
+            ch.service(Some(Duration::from_millis(10))).unwrap();
+        }
+    };
+    // The first lease: the window offered (PIN, with the memfd), then the share as before.
+    ch.send(peer, &exp, &desc).unwrap();
+    let (pin, fds) = recv_with_fds(raw.as_fd());
+    assert_eq!((msg_type(&pin), fds.len()), (17, 1), "PIN with the export's descriptor");
+    let (export, first_pin) = (u64_at(&pin, 4), u64_at(&pin, 12));
+    let (share, fds) = recv_with_fds(raw.as_fd());
+    assert_eq!((msg_type(&share), fds.len()), (13, 1), "the first lease is a kept share");
+    // Not answered yet: the next lease is a share again, and the offer is not repeated.
+    ch.send(peer, &exp, &desc).unwrap();
+    let (share, fds) = recv_with_fds(raw.as_fd());
+    assert_eq!((msg_type(&share), fds.len()), (13, 1));
+    // An answer to an offer never made changes nothing.
+    send_raw(raw.as_fd(), &pinned_msg(export, first_pin + 100), &[]);
+    send_raw(raw.as_fd(), &pinned_msg(export + 100, first_pin), &[]);
+    serve();
+    ch.send(peer, &exp, &desc).unwrap();
+    assert_eq!(msg_type(&recv_with_fds(raw.as_fd()).0), 13, "still shares");
+    // Taken: every later lease is one LEASE message without a descriptor, its bytes within the
+    // window.
+    send_raw(raw.as_fd(), &pinned_msg(export, first_pin), &[]);
+    serve();
+    for _ in 0..3 {
+        ch.send(peer, &exp, &desc).unwrap();
+        let (lease, fds) = recv_with_fds(raw.as_fd());
+        assert_eq!((msg_type(&lease), fds.len()), (19, 0), "a LEASE without descriptors");
+        assert_eq!(u64_at(&lease, 4), export);
+        assert_eq!(u64_at(&lease, 32), 4096, "its storage offset within the window");
+    }
+    assert_eq!(exp.outstanding().unwrap(), 6);
+    // Unregistered: retired, and the offer withdrawn; an answer to it now changes nothing.
+    ch.unregister(&exp).unwrap();
+    assert_eq!(msg_type(&recv_raw(raw.as_fd())), 14, "RETIRE");
+    send_raw(raw.as_fd(), &pinned_msg(export, first_pin), &[]);
+    serve();
+    ch.send(peer, &exp, &desc).unwrap();
+    let (share, fds) = recv_with_fds(raw.as_fd());
+    assert_eq!((msg_type(&share), fds.len()), (4, 1), "an unregistered export's lease is a plain share again");
+    // Registered again: offered again under a new number; the old number is not taken.
+    ch.register(&exp).unwrap();
+    ch.send(peer, &exp, &desc).unwrap();
+    let pin = recv_raw(raw.as_fd());
+    assert_eq!(msg_type(&pin), 17);
+    let second_pin = u64_at(&pin, 12);
+    assert_ne!(second_pin, first_pin);
+    assert_eq!(msg_type(&recv_raw(raw.as_fd())), 13);
+    send_raw(raw.as_fd(), &pinned_msg(export, first_pin), &[]);
+    serve();
+    ch.send(peer, &exp, &desc).unwrap();
+    assert_eq!(msg_type(&recv_raw(raw.as_fd())), 13, "a withdrawn offer's number pins nothing");
+    send_raw(raw.as_fd(), &pinned_msg(export, second_pin), &[]);
+    serve();
+    ch.send(peer, &exp, &desc).unwrap();
+    assert_eq!(msg_type(&recv_raw(raw.as_fd())), 19);
+    assert_eq!(ch.peer_info(peer).unwrap().protocol_errors, 0, "stale answers are not errors");
+    // Its leases come back when it goes.
+    drop(raw);
+    exp.wait(T).unwrap();
+}
+
+#[test]
+fn ten_leases_of_a_pinned_export_read_its_current_values_through_one_mapping_and_come_back() {
+    let (ch, c, peer) = connected(&address("pin-values"));
+    let exp = Exporter::channel_host_alloc(1 << 16).unwrap();
+    let ino = inode_at(exp.ptr() as usize);
+    let own = mappings_of(ino);
+    ch.register(&exp).unwrap();
+    for round in 0..10u8 {
+        // The producer changes the values in place between leases.
+        // SAFETY: 64 KiB of the producer's own memory, no lease out.
+        unsafe { std::ptr::write_bytes(exp.ptr(), round, 1 << 16) };
+        let off = 4096 * u64::from(round % 4);
+        let descs = [
+            TensorDesc { shape: &[16], storage_offset: off, ..Default::default() },
+            TensorDesc { shape: &[8, 8], storage_offset: off + 1024, ..Default::default() },
+        ];
+        ch.send_batch(peer, &[(&exp, descs[0].clone()), (&exp, descs[1].clone())]).unwrap();
+        for d in &descs {
+            let imp = c.recv(T).unwrap();
+            let v = imp.view();
+            // SAFETY: the view's bytes are readable while the import lives.
+            let bytes = unsafe { std::slice::from_raw_parts(v.data, 64) };
+            assert!(bytes.iter().all(|&b| b == round), "round {round}: the current values");
+            // SAFETY: both point into the producer's and the consumer's maps of one memfd.
+            assert_eq!(unsafe { *v.data }, unsafe { *exp.ptr().add(d.storage_offset as usize) });
+            assert_eq!(mappings_of(ino), own + 1, "round {round}: one mapping of the allocation");
+            imp.release();
+        }
+        exp.wait(T).unwrap();
+    }
+    // Retired while a lease is held: unmapped with its release.
+    ch.send(peer, &exp, &TensorDesc { shape: &[16], ..Default::default() }).unwrap();
+    let held = c.recv(T).unwrap();
+    ch.unregister(&exp).unwrap();
+    assert_eq!(status(c.recv(Some(Duration::from_millis(100)))), Status::Timeout);
+    assert_eq!(mappings_of(ino), own + 1, "held: still mapped");
+    held.release();
+    exp.wait(T).unwrap();
+    assert_eq!(mappings_of(ino), own, "retired: unmapped with the last release");
+    // Pinned, then the connection closes: nothing stays mapped.
+    ch.register(&exp).unwrap();
+    for _ in 0..3 {
+        ch.send(peer, &exp, &TensorDesc { shape: &[16], ..Default::default() }).unwrap();
+        c.recv(T).unwrap().release();
+        exp.wait(T).unwrap();
+    }
+    assert_eq!(mappings_of(ino), own + 1);
+    c.close();
+    assert_eq!(mappings_of(ino), own, "a closed connection keeps nothing pinned");
+}
+
+#[test]
+fn an_export_closed_while_registered_is_retired_by_the_next_registration() {
+    let (ch, c, peer) = connected(&address("pin-closed"));
+    let exp = Exporter::channel_host_alloc(1 << 16).unwrap();
+    let ino = inode_at(exp.ptr() as usize);
+    ch.register(&exp).unwrap();
+    for _ in 0..3 {
+        ch.send(peer, &exp, &TensorDesc { shape: &[16], ..Default::default() }).unwrap();
+        c.recv(T).unwrap().release();
+        exp.wait(T).unwrap();
+    }
+    drop(exp); // closed without unregistering: the consumer still maps it
+    assert_eq!(mappings_of(ino), 1);
+    let other = Exporter::channel_host_alloc(4096).unwrap();
+    ch.register(&other).unwrap();
+    assert_eq!(status(c.recv(Some(Duration::from_millis(100)))), Status::Timeout);
+    assert_eq!(mappings_of(ino), 0, "retired once the channel noticed it was closed");
+}
+
+/// A `PIN` message: `export`'s window offered under number `pin`.
+fn pin_msg(export: u64, pin: u64, enc: &[u8]) -> Vec<u8> {
+    le(&[&17u32.to_le_bytes(), &export.to_le_bytes(), &pin.to_le_bytes(), enc])
+}
+
+/// A `LEASE` message of 1-D `uint8` bytes `offset..+size` of `export`'s window.
+fn lease_msg(export: u64, lease: u64, offset: u64, size: u64) -> Vec<u8> {
+    le(&[
+        &19u32.to_le_bytes(),
+        &export.to_le_bytes(),
+        &lease.to_le_bytes(),
+        &1u32.to_le_bytes(),
+        &[1, 8, 1, 0],
+        &[0; 4],
+        &offset.to_le_bytes(),
+        &size.to_le_bytes(),
+        &0i64.to_le_bytes(),
+        &(size as i64).to_le_bytes(),
+        &1i64.to_le_bytes(),
+    ])
+}
+
+#[test]
+fn a_hostile_producers_pins_and_leases_are_refused_and_given_back_and_map_nothing_outside_the_window() {
+    let (addr, l) = fake_producer("hostile-pin");
+    let server = std::thread::spawn(move || FakeProducer::accept_with(&l, 2));
+    let c = Connection::connect(&addr, T).unwrap();
+    let p = server.join().unwrap();
+    let released = |p: &FakeProducer, lease: u64| {
+        let m = recv_raw(p.conn.as_fd());
+        assert_eq!((msg_type(&m), u64_at(&m, 8)), (5, lease), "lease {lease} given back");
+    };
+    // A lease of an export never pinned: refused, and given back.
+    p.send(&lease_msg(5, 1, 0, 16), &[]);
+    assert_eq!(status(c.recv(T)), Status::Untrusted);
+    released(&p, 1);
+    // A window whose descriptor is missing: refused, nothing pinned.
+    let enc = memfd_handle(4096, 4096);
+    p.send(&pin_msg(5, 1, &enc), &[]);
+    assert_eq!(status(c.recv(T)), Status::Untrusted);
+    p.send(&lease_msg(5, 2, 0, 16), &[]);
+    assert_eq!(status(c.recv(T)), Status::Untrusted);
+    released(&p, 2);
+    // A good window: pinned, and the answer names the offer.
+    let fd = sealed_memfd(4096);
+    rustix::io::pwrite(&fd, &[7u8; 64], 64).unwrap();
+    p.send(&pin_msg(5, 1, &enc), &[fd.as_fd()]);
+    assert_eq!(status(c.recv(Some(Duration::from_millis(100)))), Status::Timeout);
+    let m = recv_raw(p.conn.as_fd());
+    assert_eq!((msg_type(&m), u64_at(&m, 4), u64_at(&m, 12)), (18, 5, 1), "PINNED for export 5, offer 1");
+    // The same export again: refused; the first stays.
+    p.send(&pin_msg(5, 2, &enc), &[fd.as_fd()]);
+    assert_eq!(status(c.recv(T)), Status::Untrusted);
+    // Bytes past the window (and a range that overflows): refused, given back.
+    p.send(&lease_msg(5, 3, 4000, 200), &[]);
+    assert_eq!(status(c.recv(T)), Status::Untrusted);
+    released(&p, 3);
+    p.send(&lease_msg(5, 4, u64::MAX - 8, 16), &[]);
+    assert_eq!(status(c.recv(T)), Status::Untrusted);
+    released(&p, 4);
+    // A lease with a descriptor: refused.
+    p.send(&lease_msg(5, 5, 0, 16), &[fd.as_fd()]);
+    assert_eq!(status(c.recv(T)), Status::Untrusted);
+    // A good lease: a view of the window, its bytes the memfd's.
+    p.send(&lease_msg(5, 6, 64, 16), &[]);
+    let imp = c.recv(T).unwrap();
+    // SAFETY: 16 readable bytes.
+    assert_eq!(unsafe { std::slice::from_raw_parts(imp.view().data, 16) }, &[7u8; 16]);
+    let ino = inode_at(imp.view().data as usize);
+    // Retired while held: mapped until the release, then gone; a lease of it now is refused.
+    p.send(&le(&[&14u32.to_le_bytes(), &5u64.to_le_bytes()]), &[]);
+    assert_eq!(status(c.recv(Some(Duration::from_millis(100)))), Status::Timeout);
+    assert_eq!(mappings_of(ino), 1);
+    imp.release();
+    released(&p, 6);
+    assert_eq!(mappings_of(ino), 0, "retired: unmapped with the release");
+    p.send(&lease_msg(5, 7, 64, 16), &[]);
+    assert_eq!(status(c.recv(T)), Status::Untrusted);
+    released(&p, 7);
 }
 
 fn kept_shares_msg(first_lease: u64, entries: &[(u32, u64, &[u8])]) -> Vec<u8> {
@@ -1342,7 +1586,10 @@ fn a_hostile_consumer_cannot_disturb_a_registration_or_another_consumers_leases(
         }
         assert_eq!(exp.outstanding().unwrap(), 1, "the good consumer's lease came back");
     }
-    assert!(devshare::import::kept_idle().0 >= 1, "the good consumer keeps the registered allocation");
+    assert!(
+        devshare::import::kept_idle().0 + devshare::import::pinned().0 >= 1,
+        "the good consumer keeps the registered allocation"
+    );
     ch.unregister(&exp).unwrap();
     // The hostile consumer's lease comes back when it goes.
     drop(raw);

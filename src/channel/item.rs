@@ -47,6 +47,11 @@ pub(crate) trait Teller: Send + Sync {
         self.tell(Message::Return { pool, slot });
     }
 
+    /// Give a lease back (a `RELEASE`, unless the connection has a faster way).
+    fn give_back_lease(&self, lease: u64) {
+        self.tell(Message::Release { lease });
+    }
+
     /// Give leases back (a `RELEASE` each, unless the connection has a faster way).
     fn tell_releases(&self, leases: &[u64]) {
         for &lease in leases {
@@ -101,7 +106,7 @@ impl LeaseToken {
 impl Lease for LeaseToken {
     fn give_back(&self) {
         if !self.given.swap(true, Ordering::AcqRel) {
-            self.conn.tell(Message::Release { lease: self.lease });
+            self.conn.give_back_lease(self.lease);
         }
     }
 

@@ -104,6 +104,28 @@ pub(crate) const NAMES: u32 = 15;
 pub(crate) const RELEASES: u32 = 16;
 /// Most leases one [`RELEASES`] message gives back (64 KiB of them).
 pub(crate) const MAX_RELEASES: usize = 8192;
+/// [`HELLO`] feature: the consumer reads [`PIN`] and [`LEASE`] (and answers with [`PINNED`]
+/// where the producer reads it).
+pub(crate) const FEATURE_PIN: u16 = 16;
+/// [`WELCOME`] feature: the producer reads [`PINNED`].
+pub(crate) const PRODUCER_PINS: u16 = 2;
+/// Producer -> consumer (to consumers that announced [`FEATURE_PIN`], from producers that
+/// announced [`PRODUCER_PINS`]): a registered export's whole window, offered to be kept mapped
+/// for its later leases: `export u64, pin u64`, then the byte encoding of the window's handle
+/// (its descriptors as `SCM_RIGHTS`). The consumer answers [`PINNED`] when it keeps it; a
+/// consumer past its bounds says nothing and gets that export's leases as shares.
+pub(crate) const PIN: u32 = 17;
+/// Consumer -> producer: `export u64, pin u64`: the export of that [`PIN`] is mapped here until
+/// [`RETIRE`] names it or the connection ends; its leases may come as [`LEASE`].
+pub(crate) const PINNED: u32 = 18;
+/// Producer -> consumer: a lease of a pinned export (in the ring, or over the socket when the
+/// ring is full): `export u64, lease u64`, then an [`ITEM`]'s fields from `ndim` on, with
+/// `storage_offset` relative to the export's window; flags [`ITEM_EVENT`] and
+/// [`LEASE_EVENT_AGAIN`].
+pub(crate) const LEASE: u32 = 19;
+/// [`LEASE`] flag (with [`ITEM_EVENT`]): an earlier lease of the same send carried this event
+/// record; a consumer that waited on it for that lease, on the same stream, need not again.
+pub(crate) const LEASE_EVENT_AGAIN: u32 = 2;
 
 /// A pool item's tensor, as it travels in an [`ITEM`] message: a handle's layout fields, with
 /// `storage_offset` relative to the item's slot (the consumer adds the slot's place in the pool).
@@ -152,6 +174,14 @@ pub(crate) enum Message<'a> {
     /// Producer -> consumer: the names of leases `first_lease..` (empty: no name), checked UTF-8
     /// without NUL, each at most `DEVSHARE_MAX_NAME_LEN` bytes.
     Names { first_lease: u64, names: Vec<&'a str> },
+    /// Producer -> consumer: a registered export's whole window (a handle's byte encoding),
+    /// offered to be kept mapped; `pin` names the offer.
+    Pin { export: u64, pin: u64, handle: &'a [u8] },
+    /// Consumer -> producer: the offer `pin` of `export` is taken.
+    Pinned { export: u64, pin: u64 },
+    /// Producer -> consumer: lease `lease` of pinned export `export` (`layout` within its
+    /// window), the event to wait on first and whether an earlier lease of its send carried it.
+    Lease { export: u64, lease: u64, layout: ItemLayout, event: Option<[u8; DEVSHARE_EVENT_HANDLE_SIZE]>, again: bool },
 }
 
 impl Message<'_> {
@@ -198,6 +228,17 @@ impl Message<'_> {
                 m.u32(*pool).u64(*slot_size).u32(*count).u32(0).bytes(handle);
             }
             Message::Item { pool, slot, layout, event } => item_bytes(&mut m, *pool, *slot, layout, event.as_ref()),
+            Message::Lease { export, lease, layout, event, again } => {
+                lease_bytes(&mut m, *export, *lease, layout, event.as_ref(), *again)
+            }
+            Message::Pin { export, pin, handle } => {
+                m.u32(PIN);
+                m.u64(*export).u64(*pin).bytes(handle);
+            }
+            Message::Pinned { export, pin } => {
+                m.u32(PINNED);
+                m.u64(*export).u64(*pin);
+            }
             Message::Return { pool, slot } => {
                 m.u32(RETURN);
                 m.u32(*pool).u32(*slot).u32(0);
@@ -291,6 +332,20 @@ impl<'a> Message<'a> {
                 let (pool, slot, event) = item_body(&mut r, &mut layout)?;
                 Message::Item { pool, slot, layout, event }
             }
+            LEASE => {
+                let (export, lease) = (r.u64()?, r.u64()?);
+                let mut layout = ItemLayout::empty();
+                let (flags, event) = layout_body(&mut r, &mut layout, ITEM_EVENT | LEASE_EVENT_AGAIN)?;
+                if flags & LEASE_EVENT_AGAIN != 0 && event.is_none() {
+                    return Err(Error::Untrusted("a lease says its event came before but carries none".into()));
+                }
+                Message::Lease { export, lease, layout, event, again: flags & LEASE_EVENT_AGAIN != 0 }
+            }
+            PIN => {
+                let (export, pin) = (r.u64()?, r.u64()?);
+                Message::Pin { export, pin, handle: r.rest() }
+            }
+            PINNED => Message::Pinned { export: r.u64()?, pin: r.u64()? },
             RETURN => {
                 let (pool, slot) = (r.u32()?, r.u32()?);
                 let _ = r.u32()?;
@@ -381,20 +436,55 @@ const ITEM_MAX: usize = 48 + 16 * DEVSHARE_MAX_NDIM + DEVSHARE_EVENT_HANDLE_SIZE
 
 /// An `ITEM`, laid out in one buffer and appended at once (the per-item message).
 fn item_bytes(m: &mut Out, pool: u32, slot: u32, l: &ItemLayout, event: Option<&[u8; DEVSHARE_EVENT_HANDLE_SIZE]>) {
-    let mut b = [0u8; ITEM_MAX];
+    let mut head = [0u8; 12];
+    head[..4].copy_from_slice(&ITEM.to_le_bytes());
+    head[4..8].copy_from_slice(&pool.to_le_bytes());
+    head[8..].copy_from_slice(&slot.to_le_bytes());
+    let flags = if event.is_some() { ITEM_EVENT } else { 0 };
+    layout_bytes(m, &head, l, flags, event);
+}
+
+/// A `LEASE`: its head, then an `ITEM`'s fields from `ndim` on.
+fn lease_bytes(
+    m: &mut Out,
+    export: u64,
+    lease: u64,
+    l: &ItemLayout,
+    event: Option<&[u8; DEVSHARE_EVENT_HANDLE_SIZE]>,
+    again: bool,
+) {
+    let mut head = [0u8; 20];
+    head[..4].copy_from_slice(&LEASE.to_le_bytes());
+    head[4..12].copy_from_slice(&export.to_le_bytes());
+    head[12..].copy_from_slice(&lease.to_le_bytes());
+    let flags = match event {
+        Some(_) if again => ITEM_EVENT | LEASE_EVENT_AGAIN,
+        Some(_) => ITEM_EVENT,
+        None => 0,
+    };
+    layout_bytes(m, &head, l, flags, event);
+}
+
+/// `head` (at most 20 bytes), then a layout's fields, `flags` and the event when there is one.
+fn layout_bytes(
+    m: &mut Out,
+    head: &[u8],
+    l: &ItemLayout,
+    flags: u32,
+    event: Option<&[u8; DEVSHARE_EVENT_HANDLE_SIZE]>,
+) {
+    let mut b = [0u8; ITEM_MAX + 8];
     let n = (l.ndim as usize).min(DEVSHARE_MAX_NDIM);
     let mut at = 0;
     let mut put = |bytes: &[u8]| {
         b[at..at + bytes.len()].copy_from_slice(bytes);
         at += bytes.len();
     };
-    put(&ITEM.to_le_bytes());
-    put(&pool.to_le_bytes());
-    put(&slot.to_le_bytes());
+    put(head);
     put(&l.ndim.to_le_bytes());
     put(&[l.dtype.code, l.dtype.bits]);
     put(&l.dtype.lanes.to_le_bytes());
-    put(&(if event.is_some() { ITEM_EVENT } else { 0 }).to_le_bytes());
+    put(&flags.to_le_bytes());
     put(&l.storage_offset.to_le_bytes());
     put(&l.storage_size.to_le_bytes());
     put(&l.tensor_offset.to_le_bytes());
@@ -418,16 +508,31 @@ pub(crate) type Item = (u32, u32, Option<[u8; DEVSHARE_EVENT_HANDLE_SIZE]>);
 /// the run's first short field: the same error, after the same checks).
 #[inline]
 fn item_body(r: &mut In<'_>, out: &mut ItemLayout) -> Result<Item> {
-    fn at<const N: usize>(b: &[u8], i: usize) -> [u8; N] {
-        b[i..i + N].try_into().expect("N bytes")
-    }
-    // pool u32, slot u32, ndim u32, code u8, bits u8, lanes u16, flags u32
-    let f: [u8; 20] = r.array()?;
-    let (pool, slot, ndim) =
-        (u32::from_le_bytes(at(&f, 0)), u32::from_le_bytes(at(&f, 4)), u32::from_le_bytes(at(&f, 8)));
-    let (code, bits, lanes) = (f[12], f[13], u16::from_le_bytes(at(&f, 14)));
-    let flags = u32::from_le_bytes(at(&f, 16));
-    if flags & !ITEM_EVENT != 0 {
+    // pool u32, slot u32
+    let f: [u8; 8] = r.array()?;
+    let (pool, slot) = (u32::from_le_bytes(at(&f, 0)), u32::from_le_bytes(at(&f, 4)));
+    let (_, event) = layout_body(r, out, ITEM_EVENT)?;
+    Ok((pool, slot, event))
+}
+
+fn at<const N: usize>(b: &[u8], i: usize) -> [u8; N] {
+    b[i..i + N].try_into().expect("N bytes")
+}
+
+/// An `ITEM`'s (or a `LEASE`'s) fields from `ndim` on, the layout written into `out`: its flags
+/// (only those of `allowed`) and event.
+#[inline]
+fn layout_body(
+    r: &mut In<'_>,
+    out: &mut ItemLayout,
+    allowed: u32,
+) -> Result<(u32, Option<[u8; DEVSHARE_EVENT_HANDLE_SIZE]>)> {
+    // ndim u32, code u8, bits u8, lanes u16, flags u32
+    let f: [u8; 12] = r.array()?;
+    let ndim = u32::from_le_bytes(at(&f, 0));
+    let (code, bits, lanes) = (f[4], f[5], u16::from_le_bytes(at(&f, 6)));
+    let flags = u32::from_le_bytes(at(&f, 8));
+    if flags & !allowed != 0 {
         return Err(Error::UnsupportedVersion(format!("pool item flags {flags:#x}")));
     }
     // storage_offset u64, storage_size u64, tensor_offset i64
@@ -451,7 +556,7 @@ fn item_body(r: &mut In<'_>, out: &mut ItemLayout) -> Result<Item> {
     out.dtype = DevshareDType::new(code, bits, lanes);
     (out.ndim, out.storage_offset, out.storage_size, out.tensor_offset) =
         (ndim, storage_offset, storage_size, tensor_offset);
-    Ok((pool, slot, event))
+    Ok((flags, event))
 }
 
 /// `b` as a lease's name: UTF-8 without NUL, at most `DEVSHARE_MAX_NAME_LEN` bytes; otherwise
@@ -743,6 +848,17 @@ mod tests {
             Message::Retire { export: 3 },
             Message::Names { first_lease: 9, names: vec!["model.layers.0.weight", "", "ü"] },
             Message::Releases { leases: vec![3, 9, u64::MAX] },
+            Message::Pin { export: 3, pin: 11, handle: b"DSH1...." },
+            Message::Pinned { export: 3, pin: 11 },
+            Message::Lease { export: 3, lease: 1 << 33, layout, event: None, again: false },
+            Message::Lease { export: 3, lease: 12, layout, event: Some([5; 64]), again: false },
+            Message::Lease {
+                export: 3,
+                lease: 13,
+                layout: ItemLayout { ndim: 0, ..layout },
+                event: Some([5; 64]),
+                again: true,
+            },
         ]
     }
 
@@ -752,7 +868,9 @@ mod tests {
             let b = m.encode();
             let back = Message::decode(&b).unwrap();
             // ndim 0 items carry no dimensions: compare what travels.
-            if let (Message::Item { layout: a, .. }, Message::Item { layout: z, .. }) = (&m, &back) {
+            if let (Message::Item { layout: a, .. }, Message::Item { layout: z, .. })
+            | (Message::Lease { layout: a, .. }, Message::Lease { layout: z, .. }) = (&m, &back)
+            {
                 assert_eq!(a.ndim, z.ndim);
                 assert_eq!(&a.shape[..a.ndim as usize], &z.shape[..z.ndim as usize]);
             } else {
@@ -766,7 +884,10 @@ mod tests {
         for m in every_message() {
             let b = m.encode();
             // Refused, Share and Attach end in bytes of any length; the others have one length.
-            if !matches!(m, Message::Refused { .. } | Message::Share { .. } | Message::Attach { .. }) {
+            if !matches!(
+                m,
+                Message::Refused { .. } | Message::Share { .. } | Message::Attach { .. } | Message::Pin { .. }
+            ) {
                 let mut long = b.clone();
                 long.push(0);
                 assert!(Message::decode(&long).is_err(), "{m:?} with a byte more");

@@ -13,7 +13,7 @@ use std::sync::Arc;
 /// How many idle allocations, and how many bytes of them, this process keeps mapped at most
 /// (`DEVSHARE_KEEP_MAPPINGS`, `DEVSHARE_KEEP_MAPPINGS_BYTES`, read once; a count of 0 keeps
 /// none). Defaults: 4096 allocations, 64 GiB.
-pub(super) fn keep_limits() -> (usize, u64) {
+pub(crate) fn keep_limits() -> (usize, u64) {
     static LIMITS: std::sync::OnceLock<(usize, u64)> = std::sync::OnceLock::new();
     *LIMITS.get_or_init(|| {
         let read = |name: &str, default: u64| {
@@ -22,6 +22,47 @@ pub(super) fn keep_limits() -> (usize, u64) {
         let count = read("DEVSHARE_KEEP_MAPPINGS", 4096);
         (usize::try_from(count).unwrap_or(usize::MAX), read("DEVSHARE_KEEP_MAPPINGS_BYTES", 64 << 30))
     })
+}
+
+/// Windows of registered exports that channel connections keep open for their later leases
+/// (pinned), and their bytes: they count against the same bounds as idle allocations, so that
+/// what a process keeps mapped for its producers, idle or pinned, stays within them.
+static PINNED_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static PINNED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Count a window of `bytes` as pinned, when the bounds have room for it beside the other
+/// pinned ones (idle allocations past the bounds then are unmapped, least recently used
+/// first); false: no room, nothing counted.
+pub(crate) fn pin(bytes: u64) -> bool {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (count, limit) = keep_limits();
+    let evicted = {
+        let mut reg = registry();
+        // Changed only under the registry's lock (read without it by `pinned`).
+        if PINNED_COUNT.load(SeqCst) + 1 > count || PINNED_BYTES.load(SeqCst).saturating_add(bytes) > limit {
+            return false;
+        }
+        PINNED_COUNT.fetch_add(1, SeqCst);
+        PINNED_BYTES.fetch_add(bytes, SeqCst);
+        evict_over_limits(&mut reg)
+    };
+    close_evicted(evicted);
+    true
+}
+
+/// A window [`pin`] counted is no longer pinned.
+pub(crate) fn unpin(bytes: u64) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let _reg = registry();
+    PINNED_COUNT.fetch_sub(1, SeqCst);
+    PINNED_BYTES.fetch_sub(bytes, SeqCst);
+}
+
+/// How many windows of registered exports this process keeps pinned for channel connections
+/// (each a view of an allocation it maps), and their bytes.
+pub fn pinned() -> (usize, u64) {
+    use std::sync::atomic::Ordering::SeqCst;
+    (PINNED_COUNT.load(SeqCst), PINNED_BYTES.load(SeqCst))
 }
 
 /// The open allocation `key`, whose last import just went, becomes idle, kept for connection
@@ -59,7 +100,8 @@ pub(super) fn reuse_idle(reg: &mut Registry, key: &AllocKey) -> Option<Arc<dyn M
 /// closing): the caller closes them with [`close_evicted`] once the lock is let go.
 pub(super) fn evict_over_limits(reg: &mut Registry) -> Vec<(AllocKey, Arc<dyn Mapping>)> {
     let (count, bytes) = keep_limits();
-    evict_over(reg, count, bytes)
+    let (pinned, pinned_bytes) = pinned();
+    evict_over(reg, count.saturating_sub(pinned), bytes.saturating_sub(pinned_bytes))
 }
 
 /// [`evict_over_limits`] for the limits `count` and `bytes`.

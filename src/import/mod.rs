@@ -43,9 +43,9 @@ use std::sync::Arc;
 
 mod kept;
 mod registry;
-pub use kept::kept_idle;
-use kept::{close_evicted, keep_limits};
-pub(crate) use kept::{retire, retire_all, KeptKey};
+use kept::close_evicted;
+pub(crate) use kept::{keep_limits, pin, retire, retire_all, unpin, KeptKey};
+pub use kept::{kept_idle, pinned};
 use registry::*;
 
 /// Number of allocations currently mapped by imports in this process.

@@ -29,6 +29,8 @@ pub(crate) struct ConnShared {
     ring: std::sync::OnceLock<ConsumerRing>,
     /// Whether the producer reads `RELEASES` (it said so in its `WELCOME`).
     releases: bool,
+    /// Whether the producer reads `PINNED` (it said so in its `WELCOME`).
+    pins: bool,
 }
 
 impl ConnShared {
@@ -103,6 +105,18 @@ impl Teller for ConnShared {
         self.backlogged.store(!q.is_empty(), Ordering::Release);
     }
 
+    /// Through the ring when the producer reads releases there (`PRODUCER_PINS`) and it has
+    /// room, else a `RELEASE`.
+    fn give_back_lease(&self, lease: u64) {
+        if !self.speaks() {
+            return;
+        }
+        if self.pins && self.ring.get().is_some_and(|r| r.push_release(lease)) {
+            return;
+        }
+        self.tell(Message::Release { lease });
+    }
+
     /// Through the ring when there is one with room, else a `RETURN`.
     fn give_back_slot(&self, pool: u32, slot: u32) {
         if !self.speaks() {
@@ -151,6 +165,28 @@ struct AttachedPool {
     spares: SpareTokens,
 }
 
+/// A registered export's window this connection keeps mapped (`PIN`), until the producer
+/// retires it (`RETIRE`) or the connection ends; its leases (`LEASE`) are views of it. Counted
+/// in the process's bounds on kept mappings while it lives ([`crate::import::pin`]).
+struct Pinned {
+    base: Arc<Import>,
+    bytes: u64,
+}
+
+impl Pinned {
+    /// `base` pinned, or `None` when the process's bounds have no room for it.
+    fn new(base: Import) -> Option<Pinned> {
+        let bytes = base.handle().storage_size;
+        crate::import::pin(bytes).then(|| Pinned { base: Arc::new(base), bytes })
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        crate::import::unpin(self.bytes);
+    }
+}
+
 struct State {
     buf: Vec<u8>,
     fds: Vec<OwnedFd>,
@@ -171,6 +207,11 @@ struct State {
     /// The registered exports whose allocations this connection keeps mapped between leases
     /// (`KEPT_SHARES`), until the producer retires them (`RETIRE`) or the connection ends.
     kept: FxHashMap<u64, crate::import::KeptKey>,
+    /// The registered exports' windows pinned here (`PIN`), by export.
+    pinned: FxHashMap<u64, Pinned>,
+    /// The event a `LEASE` was last waited on for, and the stream (as a number) it was waited
+    /// on: a later lease of the same send that says so needs no second wait.
+    waited: Option<([u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE], usize)>,
     /// Names (`NAMES`) of leases whose shares have not arrived yet, at most [`MAX_PENDING_NAMES`].
     names: FxHashMap<u64, std::ffi::CString>,
     /// The ring record being looked at, copied out of the ring (here, not moved on the way).
@@ -241,7 +282,8 @@ impl LocalConnection {
                 cred.uid.as_raw()
             )));
         }
-        let features = wire::FEATURE_SHARES | wire::FEATURE_RING | wire::FEATURE_KEEP | wire::FEATURE_NAMES;
+        let features =
+            wire::FEATURE_SHARES | wire::FEATURE_RING | wire::FEATURE_KEEP | wire::FEATURE_NAMES | wire::FEATURE_PIN;
         let hello = Message::Hello { magic: wire::MAGIC, version: wire::VERSION, features, tgid };
         match wire::send(fd.as_fd(), &hello.encode(), &[]) {
             // A producer that refused us at once has closed already: its reason is queued.
@@ -284,6 +326,7 @@ impl LocalConnection {
                                     backlogged: AtomicBool::new(false),
                                     ring: Default::default(),
                                     releases: features & wire::PRODUCER_RELEASES != 0,
+                                    pins: features & wire::PRODUCER_PINS != 0,
                                 }),
                                 state: Mutex::new(State {
                                     buf,
@@ -296,6 +339,8 @@ impl LocalConnection {
                                     harvested: false,
                                     broken: false,
                                     kept: FxHashMap::default(),
+                                    pinned: FxHashMap::default(),
+                                    waited: None,
                                     names: FxHashMap::default(),
                                     rec: Box::new(ItemRecord::new()),
                                 }),
@@ -431,6 +476,7 @@ impl LocalConnection {
                 }
                 if st.eof {
                     // Nothing stays mapped for a producer that is gone but what is held.
+                    st.pinned.clear();
                     if !st.kept.is_empty() {
                         st.kept.clear();
                         crate::import::retire_all(self.owner);
@@ -613,6 +659,9 @@ impl LocalConnection {
                     layout = l;
                     (pool, slot, event)
                 }
+                Message::Lease { export, lease, layout, event, again } => {
+                    return self.lease(st, export, lease, &layout, event, again);
+                }
                 other => return Err(Error::Untrusted(format!("a ring record holds {other:?}, not a pool item"))),
             },
         };
@@ -660,10 +709,34 @@ impl LocalConnection {
             }
             Message::Retire { export } => {
                 // An export this connection never kept (or already let go) is nothing to do.
+                // A pinned window is unmapped once no lease of it is held.
+                st.pinned.remove(&export);
                 if let Some(k) = st.kept.remove(&export) {
                     crate::import::retire(self.owner, &k);
                 }
                 Ok(None)
+            }
+            Message::Pin { export, pin, handle } => {
+                if st.pinned.contains_key(&export) {
+                    return Err(Error::Untrusted(format!("export {export} was pinned twice")));
+                }
+                let d = decode_full(handle)?;
+                let base = open(&d.handle, d.table.as_deref(), fds, None, std::ptr::null_mut())?;
+                // Past this process's bounds the offer is declined: nothing is said, and the
+                // export's leases keep coming as shares.
+                if let Some(p) = Pinned::new(base) {
+                    st.pinned.insert(export, p);
+                    if self.shared.pins {
+                        self.shared.tell(Message::Pinned { export, pin });
+                    }
+                }
+                Ok(None)
+            }
+            Message::Lease { export, lease, layout, event, again } => {
+                if !fds.is_empty() {
+                    return Err(Error::Untrusted("a lease of a pinned export came with descriptors".into()));
+                }
+                self.lease(st, export, lease, &layout, event, again).map(Some)
             }
             Message::Attach { pool, slot_size, count, handle } => {
                 let d = decode_full(handle)?;
@@ -787,6 +860,52 @@ impl LocalConnection {
         }
     }
 
+    /// A lease of a pinned export (from the socket or the ring): its token made first (a
+    /// refused lease goes back at once), its bytes checked against the pinned window, then a
+    /// view of the window; the producer's event waited for first, unless an earlier lease of
+    /// the same send waited on it on this stream.
+    fn lease(
+        &self,
+        st: &mut State,
+        export: u64,
+        lease: u64,
+        l: &wire::ItemLayout,
+        event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
+        again: bool,
+    ) -> Result<Box<Import>> {
+        let mut token = LeaseToken::new(self.shared.clone(), lease);
+        if !st.names.is_empty() {
+            token.name = st.names.remove(&lease);
+        }
+        let token: Arc<dyn Lease> = Arc::new(token);
+        let waited = st.waited.take();
+        let Some(p) = st.pinned.get(&export) else {
+            token.give_back();
+            return Err(Error::Untrusted(format!("a lease of export {export}, which this consumer never pinned")));
+        };
+        let base = &p.base;
+        let window = base.handle().storage_size;
+        if l.storage_offset.checked_add(l.storage_size).map_or(true, |e| e > window) {
+            token.give_back();
+            return Err(Error::Untrusted(format!(
+                "a lease of export {export}: bytes {}..+{} are outside its {window}-byte window",
+                l.storage_offset, l.storage_size
+            )));
+        }
+        let layout = wire::ItemLayout { storage_offset: base.handle().storage_offset + l.storage_offset, ..*l };
+        let stream = self.stream();
+        let covered = again && event.is_some() && waited == event.map(|e| (e, stream as usize));
+        let imp = Import::derive(base, &layout, event.filter(|_| !covered), token, None)?;
+        if !covered && event.is_some() {
+            let req = crate::backend::ImportRequest { device: Some(base.device()), stream, ..Default::default() };
+            crate::import::wait_for_producer(imp.handle(), &req)?;
+            st.waited = event.map(|e| (e, stream as usize));
+        } else if covered {
+            st.waited = waited;
+        }
+        Ok(imp)
+    }
+
     fn item(
         &self,
         st: &mut State,
@@ -825,6 +944,7 @@ impl LocalConnection {
             let _ = rustix::net::shutdown(&self.shared.fd, rustix::net::Shutdown::Read);
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             st.pools.clear();
+            st.pinned.clear();
             st.ready.clear();
             if !st.kept.is_empty() {
                 st.kept.clear();

@@ -2,10 +2,12 @@
 //! returns (consumer -> producer) per connected peer, in a sealed memfd the producer creates and
 //! passes with a `RING` message, and two eventfds that wake a side only while it sleeps.
 //!
-//! The socket keeps everything else — the handshake, credentials, descriptors, leases, the
-//! pools' `ATTACH` and `POOL_CLOSED`, death detection — so the crash and trust guarantees do
-//! not depend on the ring. What travels in it is exactly what the socket's `ITEM` and `RETURN`
-//! carry, and each side checks it the same way:
+//! The socket keeps everything else — the handshake, credentials, descriptors, shares, the
+//! pools' `ATTACH` and `POOL_CLOSED`, `PIN` and `RETIRE`, death detection — so the crash and
+//! trust guarantees do not depend on the ring. What travels in it is exactly what the socket's
+//! `ITEM`, `LEASE` (a lease of a pinned export), `RETURN` and `RELEASE` carry — a release as two
+//! return words, [`LEASE_WORD`] and the lease, and only to a producer that reads them — and
+//! each side checks it the same way:
 //!
 //! - Each side keeps the index it advances (the producer's item tail and return head, the
 //!   consumer's item head and return tail) in its own memory and only publishes it; an index it
@@ -220,9 +222,9 @@ impl ProducerRing {
         self.shared.word(P_PENDING).store(0, Ordering::SeqCst);
     }
 
-    /// Take up to one ring's worth of returns, each `(pool, slot)` given to `f` in order.
+    /// Take up to one ring's worth of returns, each given to `f` in order.
     /// `Err`: the consumer published an impossible tail.
-    pub(crate) fn take_returns(&mut self, mut f: impl FnMut(u32, u32)) -> Result<usize> {
+    pub(crate) fn take_returns(&mut self, mut f: impl FnMut(Returned)) -> Result<usize> {
         let s = &self.shared;
         let tail = s.word(RET_TAIL).load(Ordering::SeqCst);
         if !s.plausible(self.ret_head, tail, true) {
@@ -232,10 +234,22 @@ impl ProducerRing {
             )));
         }
         let n = tail.wrapping_sub(self.ret_head) as usize;
-        for _ in 0..n {
+        let mut i = 0;
+        while i < n {
             let w = s.ret(self.ret_head).load(Ordering::Relaxed);
             self.ret_head = self.ret_head.wrapping_add(1);
-            f(w as u32, (w >> 32) as u32);
+            i += 1;
+            if w != LEASE_WORD {
+                f(Returned::Slot(w as u32, (w >> 32) as u32));
+            } else if i < n {
+                let lease = s.ret(self.ret_head).load(Ordering::Relaxed);
+                self.ret_head = self.ret_head.wrapping_add(1);
+                i += 1;
+                f(Returned::Lease(lease));
+            } else {
+                // A consumer publishes a release's two words at once: this one broke the rule.
+                f(Returned::Torn);
+            }
         }
         if n > 0 {
             s.word(RET_HEAD).store(self.ret_head, Ordering::Release);
@@ -243,6 +257,21 @@ impl ProducerRing {
         Ok(n)
     }
 }
+
+/// What a consumer gave back through the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Returned {
+    /// A pool's slot: `(pool, slot)`.
+    Slot(u32, u32),
+    /// A lease (what a `RELEASE` gives back).
+    Lease(u64),
+    /// A lease's first word as the last published one: not a return.
+    Torn,
+}
+
+/// The return word that says the next word is a lease given back (no pool has id 0). Only to
+/// producers that read them (`wire::PRODUCER_PINS`).
+const LEASE_WORD: u64 = 0;
 
 /// A record copied out of the ring: the socket messages that precede it, and an `ITEM`.
 pub(crate) struct ItemRecord {
@@ -391,6 +420,18 @@ impl ConsumerRing {
     /// published an impossible head), or another thread is writing a return at this moment:
     /// send it over the socket instead (returns are taken in any order; nothing waits).
     pub(crate) fn push_return(&self, pool: u32, slot: u32) -> bool {
+        debug_assert!(pool != 0, "pools are numbered from 1");
+        self.push_words(&[u64::from(pool) | (u64::from(slot) << 32)])
+    }
+
+    /// Give lease `lease` back through the ring (two words: [`LEASE_WORD`], the lease), as
+    /// [`Self::push_return`] gives a slot back. Only to a producer that reads them.
+    pub(crate) fn push_release(&self, lease: u64) -> bool {
+        self.push_words(&[LEASE_WORD, lease])
+    }
+
+    /// Publish `words` (one return) at once, or none of them.
+    fn push_words(&self, words: &[u64]) -> bool {
         let s = &self.shared;
         // The tail, claimed with one locked instruction; given back with a plain store.
         let tail = self.ret_tail.load(Ordering::Relaxed);
@@ -400,12 +441,15 @@ impl ConsumerRing {
             return false;
         }
         let head = s.word(RET_HEAD).load(Ordering::Acquire);
-        if !s.plausible(tail, head, false) || tail.wrapping_sub(head) == u64::from(s.capacity) {
+        let n = words.len() as u64;
+        if !s.plausible(tail, head, false) || tail.wrapping_sub(head) + n > u64::from(s.capacity) {
             self.ret_tail.store(tail, Ordering::Release);
             return false;
         }
-        s.ret(tail).store(u64::from(pool) | (u64::from(slot) << 32), Ordering::Relaxed);
-        let tail = tail.wrapping_add(1) & !RET_BUSY;
+        for (i, &w) in words.iter().enumerate() {
+            s.ret(tail.wrapping_add(i as u64)).store(w, Ordering::Relaxed);
+        }
+        let tail = tail.wrapping_add(n) & !RET_BUSY;
         s.word(RET_TAIL).store(tail, Ordering::SeqCst);
         self.ret_tail.store(tail, Ordering::Release);
         // A producer asleep on this CPU (it said so, and that it looks again by itself), while
@@ -452,6 +496,13 @@ impl ConsumerRing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn slot_of(r: Returned) -> (u32, u32) {
+        match r {
+            Returned::Slot(pool, slot) => (pool, slot),
+            other => panic!("{other:?} is not a slot"),
+        }
+    }
 
     fn pair() -> (ProducerRing, ConsumerRing) {
         let p = ProducerRing::create().expect("create");
@@ -517,7 +568,7 @@ mod tests {
         assert!(c.push_return(1, 5));
         assert!(woken(&p.p_efd), "a prompt consumer wakes at once");
         let mut got = Vec::new();
-        p.take_returns(|pool, slot| got.push((pool, slot))).expect("take");
+        p.take_returns(|r| got.push(slot_of(r))).expect("take");
         assert_eq!(got, (0..6).map(|s| (1, s)).collect::<Vec<_>>(), "every return arrived, in order");
     }
 
@@ -544,9 +595,44 @@ mod tests {
             }
             assert!(!c.push_return(7, 0), "a full return ring says so");
             let mut got = Vec::new();
-            assert_eq!(p.take_returns(|pool, slot| got.push((pool, slot))).expect("take"), CAPACITY as usize);
+            assert_eq!(p.take_returns(|r| got.push(slot_of(r))).expect("take"), CAPACITY as usize);
             assert_eq!(got, (0..CAPACITY).map(|s| (7, s)).collect::<Vec<_>>());
         }
+    }
+
+    #[test]
+    fn lease_releases_travel_as_two_words_between_slot_returns_and_need_room_for_both() {
+        let (mut p, c) = pair();
+        assert!(c.push_return(7, 1));
+        assert!(c.push_release(1 << 40));
+        assert!(c.push_return(7, 2));
+        assert!(c.push_release(u64::MAX));
+        let mut got = Vec::new();
+        assert_eq!(p.take_returns(|r| got.push(r)).expect("take"), 6);
+        let want = [Returned::Slot(7, 1), Returned::Lease(1 << 40), Returned::Slot(7, 2), Returned::Lease(u64::MAX)];
+        assert_eq!(got, want);
+        // One word of room left: a release (two words) does not fit, and leaves the ring as it was.
+        for s in 0..CAPACITY - 1 {
+            assert!(c.push_return(7, s));
+        }
+        assert!(!c.push_release(9), "a release needs two words of room");
+        assert!(c.push_return(7, 0), "the last word is still free");
+        got.clear();
+        p.take_returns(|r| got.push(r)).expect("take");
+        assert_eq!(got.len(), CAPACITY as usize);
+        assert!(got.iter().all(|r| matches!(r, Returned::Slot(7, _))));
+    }
+
+    #[test]
+    fn a_lease_word_published_without_its_lease_is_torn_not_read_past_the_tail() {
+        let (mut p, c) = pair();
+        // A hostile consumer publishes the lease word alone (one word), then nothing else.
+        c.shared.ret(0).store(LEASE_WORD, Ordering::Relaxed);
+        c.shared.ret(1).store(42, Ordering::Relaxed); // beyond the tail: never read
+        c.shared.word(RET_TAIL).store(1, Ordering::SeqCst);
+        let mut got = Vec::new();
+        assert_eq!(p.take_returns(|r| got.push(r)).expect("take"), 1);
+        assert_eq!(got, [Returned::Torn]);
     }
 
     #[test]
@@ -566,7 +652,7 @@ mod tests {
         assert!(!c.push_return(1, 0), "full");
         assert_eq!(c.ret_tail.load(Ordering::SeqCst), u64::from(CAPACITY), "not left busy");
         let mut got = Vec::new();
-        p.take_returns(|pool, slot| got.push((pool, slot))).expect("take");
+        p.take_returns(|r| got.push(slot_of(r))).expect("take");
         let want: Vec<_> = std::iter::once(0).chain(2..=CAPACITY).map(|s| (1, s)).collect();
         assert_eq!(got, want, "every return written, in order");
         assert!(c.push_return(1, 9), "room again");
@@ -583,7 +669,8 @@ mod tests {
                     s.spawn(move || {
                         let mut refused = 0;
                         for i in 0..200u32 {
-                            if !c.push_return(t, i) {
+                            // (Pools are numbered from 1: pool 0, slot 0 is a release's word.)
+                            if !c.push_return(t + 1, i) {
                                 refused += 1;
                             }
                         }
@@ -593,17 +680,17 @@ mod tests {
                 .collect();
             // Taken while they write (the ring holds fewer than they return).
             while !threads.iter().all(|t| t.is_finished()) {
-                p.take_returns(|pool, slot| ring.push((pool, slot))).expect("take");
+                p.take_returns(|r| ring.push(slot_of(r))).expect("take");
             }
             socket = threads.into_iter().map(|t| t.join().expect("join")).sum();
         });
-        p.take_returns(|pool, slot| ring.push((pool, slot))).expect("take");
+        p.take_returns(|r| ring.push(slot_of(r))).expect("take");
         assert_eq!(ring.len() + socket, 800, "each return went one way");
         let mut seen = ring.clone();
         seen.sort_unstable();
         seen.dedup();
         assert_eq!(seen.len(), ring.len(), "no return written twice");
-        for t in 0..4 {
+        for t in 1..=4 {
             let mine: Vec<u32> = ring.iter().filter(|r| r.0 == t).map(|r| r.1).collect();
             assert!(mine.windows(2).all(|w| w[0] < w[1]), "one thread's returns in its order");
         }
@@ -614,7 +701,7 @@ mod tests {
         let (mut p, c) = pair();
         // The consumer claims returns it never wrote; the producer claims items past a ring.
         c.shared.word(RET_TAIL).store(u64::from(CAPACITY) + 1, Ordering::SeqCst);
-        let e = p.take_returns(|_, _| panic!("no record is read")).expect_err("refused");
+        let e = p.take_returns(|_| panic!("no record is read")).expect_err("refused");
         assert!(e.to_string().contains("return tail"), "{e}");
         p.shared.word(ITEM_TAIL).store(u64::MAX, Ordering::SeqCst);
         assert!(c.peek(0).is_err());

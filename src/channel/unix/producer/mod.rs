@@ -78,6 +78,9 @@ struct Peer {
     no_ring: bool,
     /// Registered exports (by id) it was told it may keep mapped; told again when retired.
     kept: FxHashSet<u64>,
+    /// Registered exports (by id) offered to it with `PIN`: the offer's number, and whether it
+    /// answered `PINNED` (then their leases go as `LEASE`, in its ring).
+    pins: FxHashMap<u64, (u64, bool)>,
 }
 
 /// Epoll data of a peer's ring wake-up (its id with this bit set).
@@ -127,8 +130,11 @@ struct Core {
     next_lease: u64,
     pools: FxHashMap<u32, PoolState>,
     next_pool: u32,
-    /// Exports (by id) registered with the channel ([`LocalChannel::register`]).
-    registered: FxHashSet<u64>,
+    /// Exports (by id) registered with the channel ([`LocalChannel::register`]), each with its
+    /// lease book (gone when the export is: its registration ends with the next `register`).
+    registered: FxHashMap<u64, std::sync::Weak<LeaseBook>>,
+    /// The number of the next `PIN` offer.
+    next_pin: u64,
     buf: Vec<u8>,
     fds: Vec<OwnedFd>,
     /// A pool item's message is encoded here (its memory kept from one send to the next).
@@ -216,7 +222,8 @@ impl LocalChannel {
             next_lease: 1,
             pools: FxHashMap::default(),
             next_pool: 1,
-            registered: FxHashSet::default(),
+            registered: FxHashMap::default(),
+            next_pin: 1,
             buf: Vec::new(),
             fds: Vec::new(),
             item_buf: Vec::new(),
@@ -321,7 +328,8 @@ impl LocalChannel {
     pub fn send(&self, peer: u64, exp: &Exporter, desc: &TensorDesc<'_>) -> Result<()> {
         // A share with an event takes one of the channel's reused events (send_batch's).
         if desc.event
-            || self.shared.registered.load(Ordering::Acquire) > 0 && self.shared.lock()?.registered.contains(&exp.id())
+            || self.shared.registered.load(Ordering::Acquire) > 0
+                && self.shared.lock()?.registered.contains_key(&exp.id())
         {
             return self.send_batch(peer, &[(exp, desc.clone())]);
         }
@@ -406,28 +414,66 @@ impl LocalChannel {
             let mut enc = Vec::new();
             crate::handle::encode::encode_full_into(&h, exp.external_table(), &mut enc)?;
             check_len(enc.clone())?;
-            shares.push((*exp, enc, event));
+            // What a `LEASE` of it carries when the peer pinned its export: the layout within
+            // the export's window.
+            let layout = ItemLayout::of(&h, desc.storage_offset, h.storage_size);
+            shares.push((*exp, enc, event, layout));
         }
         let epfd = self.shared.epoll.as_fd();
         let mut core = self.shared.lock()?;
         let r = (|| {
-            for (exp, _, _) in &shares {
+            for (exp, ..) in &shares {
                 core.allow(peer, exp)?;
             }
+            let idx = core.index(peer)?;
             let features = core.peers.get(peer)?.features;
             let batched = features & wire::FEATURE_SHARES != 0;
             let named = features & wire::FEATURE_NAMES != 0 && names.iter().any(Option::is_some);
             let mut sent = 0usize; // shares posted so far (where the next chunk's names start)
                                    // A consumer that keeps registered exports mapped is told which shares are of one.
             let keeps = features & wire::FEATURE_KEEP != 0 && !core.registered.is_empty();
+            // A consumer that reads PIN is offered each registered export's window once; once
+            // it took the offer, a lease of that export is one LEASE, in its ring.
+            let pins = keeps && features & wire::FEATURE_PIN != 0;
+            let pinned = |core: &Core, exp: &Exporter| pins && core.peers[idx].pins.get(&exp.id()).is_some_and(|p| p.1);
+            // The event records this send's LEASEs carried so far: a later lease of the send
+            // with the same one says so (its consumer waited on it already).
+            let mut leased_events: Vec<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]> = Vec::new();
             let mut shares = shares.into_iter().peekable();
-            while shares.peek().is_some() {
+            while let Some((exp, ..)) = shares.peek() {
+                if pinned(&core, exp) {
+                    let (exp, _, event, layout) = shares.next().expect("peeked");
+                    let lease = core.next_lease;
+                    if named && names[sent].is_some() {
+                        for m in names_messages(lease, &names[sent..sent + 1]) {
+                            core.post(idx, &check_len(m)?, &[], epfd)?;
+                        }
+                    }
+                    sent += 1;
+                    let handle = event.as_ref().map(|e| e.handle());
+                    let again = handle.is_some_and(|h| leased_events.contains(&h));
+                    let m = Message::Lease { export: exp.id(), lease, layout, event: handle, again }
+                        .encode_into(std::mem::take(&mut core.item_buf));
+                    let posted = core.post_item(idx, &m, epfd);
+                    core.item_buf = m;
+                    posted?;
+                    leased_events.extend(handle.filter(|_| !again));
+                    core.next_lease += 1;
+                    let book = exp.leases().clone();
+                    book.add(&self.shared);
+                    core.peers[idx].leases.insert(lease, (book, event));
+                    continue;
+                }
                 // One message: as many shares as fit its size and descriptor limits (one at
-                // least), or one per message for a consumer that reads only SHARE.
+                // least), or one per message for a consumer that reads only SHARE; it ends at
+                // a lease of a pinned export.
                 let first_lease = core.next_lease;
                 let mut chunk = Vec::new();
                 let (mut bytes, mut nfds) = (4 + 4 + 8, 0usize);
-                while let Some((exp, enc, _)) = shares.peek() {
+                while let Some((exp, enc, ..)) = shares.peek() {
+                    if !chunk.is_empty() && pinned(&core, exp) {
+                        break;
+                    }
                     let fds = exp.channel_fds().len();
                     let entry = if keeps { 16 } else { 8 };
                     let fits = bytes + entry + enc.len() <= wire::MAX_MESSAGE
@@ -440,26 +486,30 @@ impl LocalChannel {
                     nfds += fds;
                     chunk.push(shares.next().expect("peeked"));
                 }
+                if pins {
+                    for (exp, ..) in &chunk {
+                        core.offer_pin(idx, exp, epfd)?;
+                    }
+                }
                 let msg = if keeps {
                     let registered = &core.registered;
                     let entries = chunk
                         .iter()
-                        .map(|(exp, enc, _)| {
-                            let id = if registered.contains(&exp.id()) { exp.id() } else { 0 };
+                        .map(|(exp, enc, ..)| {
+                            let id = if registered.contains_key(&exp.id()) { exp.id() } else { 0 };
                             (exp.channel_fds().len() as u32, id, &enc[..])
                         })
                         .collect();
                     Message::KeptShares { first_lease, entries }.encode()
                 } else if batched {
                     let entries =
-                        chunk.iter().map(|(exp, enc, _)| (exp.channel_fds().len() as u32, &enc[..])).collect();
+                        chunk.iter().map(|(exp, enc, ..)| (exp.channel_fds().len() as u32, &enc[..])).collect();
                     Message::Shares { first_lease, entries }.encode()
                 } else {
                     Message::Share { lease: first_lease, handle: &chunk[0].1 }.encode()
                 };
                 let msg = check_len(msg)?;
-                let fds: Vec<BorrowedFd<'_>> = chunk.iter().flat_map(|(exp, _, _)| exp.channel_fds()).collect();
-                let idx = core.index(peer)?;
+                let fds: Vec<BorrowedFd<'_>> = chunk.iter().flat_map(|(exp, ..)| exp.channel_fds()).collect();
                 if named {
                     let mine = &names[sent..sent + chunk.len()];
                     for m in names_messages(first_lease, mine) {
@@ -469,8 +519,8 @@ impl LocalChannel {
                 sent += chunk.len();
                 core.post(idx, &msg, &fds, epfd)?;
                 core.next_lease += chunk.len() as u64;
-                for (i, (exp, _, event)) in chunk.into_iter().enumerate() {
-                    if keeps && core.registered.contains(&exp.id()) {
+                for (i, (exp, _, event, _)) in chunk.into_iter().enumerate() {
+                    if keeps && core.registered.contains_key(&exp.id()) {
                         core.peers[idx].kept.insert(exp.id());
                     }
                     let book = exp.leases().clone();
@@ -491,10 +541,19 @@ impl LocalChannel {
     /// may keep its allocation mapped between leases, so that the next lease of it is a lookup.
     /// The caller keeps the export open while it is registered; [`Self::unregister`] (or the
     /// channel's close) tells every consumer that kept it to unmap it once it holds no lease.
+    /// An export closed while registered is unregistered by the next call here.
     pub fn register(&self, exp: &Exporter) -> Result<()> {
+        let epfd = self.shared.epoll.as_fd();
         let mut core = self.shared.lock()?;
-        core.registered.insert(exp.id());
+        let gone: Vec<u64> =
+            core.registered.iter().filter(|(_, book)| book.strong_count() == 0).map(|(&id, _)| id).collect();
+        for id in gone {
+            core.registered.remove(&id);
+            core.retire(id, epfd);
+        }
+        core.registered.insert(exp.id(), Arc::downgrade(exp.leases()));
         self.shared.registered.store(core.registered.len() as u64, Ordering::Release);
+        core.sweep(epfd);
         Ok(())
     }
 
@@ -504,17 +563,11 @@ impl LocalChannel {
         let epfd = self.shared.epoll.as_fd();
         let mut core = self.shared.lock()?;
         let id = exp.id();
-        if !core.registered.remove(&id) {
+        if core.registered.remove(&id).is_none() {
             return Err(Error::NotFound(format!("export {id} is not registered with this channel")));
         }
         self.shared.registered.store(core.registered.len() as u64, Ordering::Release);
-        let msg = Message::Retire { export: id }.encode();
-        for i in 0..core.peers.len() {
-            if core.peers[i].kept.remove(&id) {
-                // A peer that cannot take it now is past its limits: sweep disconnects it.
-                let _ = core.post(i, &msg, &[], epfd);
-            }
-        }
+        core.retire(id, epfd);
         core.sweep(epfd);
         Ok(())
     }
@@ -598,6 +651,21 @@ pub struct LocalPool {
 
 /// The `NAMES` messages for leases `first_lease..` named `names` (one each; `None`: no name):
 /// as few as fit the message size.
+impl Core {
+    /// Export `id` is no longer registered: every peer that kept or pinned it is told to let it
+    /// go (`RETIRE`), and its offers are withdrawn.
+    fn retire(&mut self, id: u64, epfd: BorrowedFd<'_>) {
+        let msg = Message::Retire { export: id }.encode();
+        for i in 0..self.peers.len() {
+            self.peers[i].pins.remove(&id);
+            if self.peers[i].kept.remove(&id) {
+                // A peer that cannot take it now is past its limits: sweep disconnects it.
+                let _ = self.post(i, &msg, &[], epfd);
+            }
+        }
+    }
+}
+
 fn names_messages(first_lease: u64, names: &[Option<&str>]) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let mut start = 0;

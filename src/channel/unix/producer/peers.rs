@@ -102,6 +102,31 @@ impl Core {
         Ok(())
     }
 
+    /// Offer peer `idx` to keep registered export `exp`'s whole window mapped (`PIN`), once
+    /// per registration; an export that is not registered is not offered. The offer is made
+    /// only where it can be described: a failure to describe it leaves the peer without it.
+    pub(super) fn offer_pin(&mut self, idx: usize, exp: &Exporter, epfd: BorrowedFd<'_>) -> Result<()> {
+        let id = exp.id();
+        if !self.registered.contains_key(&id) || self.peers[idx].pins.contains_key(&id) {
+            return Ok(());
+        }
+        let shape = [exp.size() as i64];
+        let window = TensorDesc { shape: &shape, storage_size: Some(exp.size()), ..Default::default() };
+        let mut enc = Vec::new();
+        let described = exp
+            .leased_handle(&window)
+            .and_then(|h| crate::handle::encode::encode_full_into(&h, exp.external_table(), &mut enc));
+        if described.is_err() {
+            return Ok(());
+        }
+        let pin = self.next_pin;
+        self.next_pin += 1;
+        let msg = check_len(Message::Pin { export: id, pin, handle: &enc }.encode())?;
+        self.post(idx, &msg, &exp.channel_fds(), epfd)?;
+        self.peers[idx].pins.insert(id, (pin, false));
+        Ok(())
+    }
+
     pub(super) fn accept_all(&mut self, epfd: BorrowedFd<'_>) {
         loop {
             let fd = match rustix::net::accept_with(&self.listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK) {
@@ -161,6 +186,7 @@ impl Core {
                 ring: None,
                 no_ring: false,
                 kept: FxHashSet::default(),
+                pins: FxHashMap::default(),
             });
             self.stir = true; // a handshake deadline begins
         }
@@ -230,7 +256,7 @@ impl Core {
             let m = Message::Welcome {
                 magic: wire::MAGIC,
                 version: wire::VERSION,
-                features: wire::PRODUCER_RELEASES,
+                features: wire::PRODUCER_RELEASES | wire::PRODUCER_PINS,
                 peer_id: peer.info.id,
                 producer_pid: std::process::id() as i32,
             }
@@ -243,13 +269,7 @@ impl Core {
             return Ok(true);
         }
         match msg {
-            Message::Release { lease } => {
-                let (book, _event) = peer
-                    .leases
-                    .remove(&lease)
-                    .ok_or_else(|| Error::Untrusted(format!("lease {lease} is not held by this peer")))?;
-                book.sub(1);
-            }
+            Message::Release { lease } => self.take_release(idx, lease)?,
             Message::Releases { leases } => {
                 // Every lease the peer holds comes back; the others make one protocol error.
                 let mut unknown = 0usize;
@@ -270,6 +290,14 @@ impl Core {
                 let id = peer.info.id;
                 self.take_return(id, pool, slot)?;
             }
+            Message::Pinned { export, pin } => {
+                // The answer to an offer this channel still stands by; one to an offer it has
+                // withdrawn since (the export unregistered, perhaps registered again) changes
+                // nothing.
+                if let Some(p) = peer.pins.get_mut(&export).filter(|p| p.0 == pin) {
+                    p.1 = true;
+                }
+            }
             Message::Detach { pool } => {
                 let book = peer
                     .attached
@@ -280,6 +308,17 @@ impl Core {
             other => return Err(Error::Untrusted(format!("{other:?} is not a message a consumer sends"))),
         }
         Ok(true)
+    }
+
+    /// Lease `lease` given back by peer `idx` (over the socket or its ring): it stops counting,
+    /// when the peer holds it.
+    pub(super) fn take_release(&mut self, idx: usize, lease: u64) -> Result<()> {
+        let (book, _event) = self.peers[idx]
+            .leases
+            .remove(&lease)
+            .ok_or_else(|| Error::Untrusted(format!("lease {lease} is not held by this peer")))?;
+        book.sub(1);
+        Ok(())
     }
 
     /// Forget peer `idx`: its leases and attachments stop counting, its slots come back.

@@ -459,9 +459,16 @@ impl Core {
             }
             let id = self.peers[i].info.id;
             let mut refused = 0;
-            let taken = r.take_returns(|pool, slot| match self.take_return(id, pool, slot) {
-                Ok(()) => got += 1,
-                Err(_) => refused += 1,
+            let taken = r.take_returns(|back| {
+                let taken = match back {
+                    ring::Returned::Slot(pool, slot) => self.take_return(id, pool, slot),
+                    ring::Returned::Lease(lease) => self.take_release(i, lease),
+                    ring::Returned::Torn => Err(Error::Untrusted("a torn lease release".into())),
+                };
+                match taken {
+                    Ok(()) => got += 1,
+                    Err(_) => refused += 1,
+                }
             });
             let p = &mut self.peers[i];
             p.ring = Some(r);
