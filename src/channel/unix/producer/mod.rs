@@ -393,7 +393,7 @@ impl LocalChannel {
         type Synced = (((u16, i32), usize, bool), Option<Arc<ChannelEvent>>);
         let mut synced: Vec<Synced> = Vec::new();
         for (exp, desc) in items {
-            let mut h = exp.leased_handle(desc)?;
+            let mut h = exp.describe_leased_with(desc, |h| *h)?;
             let key = (exp.event_key(), desc.stream as usize, desc.event);
             let event = match synced.iter().find(|s| s.0 == key) {
                 Some(s) => s.1.clone(),
@@ -411,13 +411,10 @@ impl LocalChannel {
             if let Some(e) = &event {
                 h.event_handle = e.handle();
             }
-            let mut enc = Vec::new();
-            crate::handle::encode::encode_full_into(&h, exp.external_table(), &mut enc)?;
-            check_len(enc.clone())?;
             // What a `LEASE` of it carries when the peer pinned its export: the layout within
             // the export's window.
             let layout = ItemLayout::of(&h, desc.storage_offset, h.storage_size);
-            shares.push((*exp, enc, event, layout));
+            shares.push((*exp, h, event, layout));
         }
         let epfd = self.shared.epoll.as_fd();
         let mut core = self.shared.lock()?;
@@ -435,14 +432,26 @@ impl LocalChannel {
             // A consumer that reads PIN is offered each registered export's window once; once
             // it took the offer, a lease of that export is one LEASE, in its ring.
             let pins = keeps && features & wire::FEATURE_PIN != 0;
-            let pinned = |core: &Core, exp: &Exporter| pins && core.peers[idx].pins.get(&exp.id()).is_some_and(|p| p.1);
+            // Every share that goes as a handle is encoded before anything is posted (a handle
+            // too long for a message sends nothing); a lease of a pinned export needs none.
+            let mut encoded = Vec::new();
+            encoded.try_reserve_exact(shares.len()).map_err(|_| Error::bad_size("count", "too many shares"))?;
+            for (exp, h, event, layout) in shares {
+                let pinned = pins && core.peers[idx].pins.get(&exp.id()).is_some_and(|p| p.1);
+                let mut enc = Vec::new();
+                if !pinned {
+                    crate::handle::encode::encode_full_into(&h, exp.external_table(), &mut enc)?;
+                    enc = check_len(enc)?;
+                }
+                encoded.push((exp, enc, event, layout, pinned));
+            }
             // The event records this send's LEASEs carried so far: a later lease of the send
             // with the same one says so (its consumer waited on it already).
             let mut leased_events: Vec<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]> = Vec::new();
-            let mut shares = shares.into_iter().peekable();
-            while let Some((exp, ..)) = shares.peek() {
-                if pinned(&core, exp) {
-                    let (exp, _, event, layout) = shares.next().expect("peeked");
+            let mut shares = encoded.into_iter().peekable();
+            while let Some(&(.., pinned)) = shares.peek() {
+                if pinned {
+                    let (exp, _, event, layout, _) = shares.next().expect("peeked");
                     let lease = core.next_lease;
                     if named && names[sent].is_some() {
                         for m in names_messages(lease, &names[sent..sent + 1]) {
@@ -470,8 +479,8 @@ impl LocalChannel {
                 let first_lease = core.next_lease;
                 let mut chunk = Vec::new();
                 let (mut bytes, mut nfds) = (4 + 4 + 8, 0usize);
-                while let Some((exp, enc, ..)) = shares.peek() {
-                    if !chunk.is_empty() && pinned(&core, exp) {
+                while let Some((exp, enc, .., pinned)) = shares.peek() {
+                    if *pinned {
                         break;
                     }
                     let fds = exp.channel_fds().len();
@@ -519,7 +528,7 @@ impl LocalChannel {
                 sent += chunk.len();
                 core.post(idx, &msg, &fds, epfd)?;
                 core.next_lease += chunk.len() as u64;
-                for (i, (exp, _, event, _)) in chunk.into_iter().enumerate() {
+                for (i, (exp, _, event, ..)) in chunk.into_iter().enumerate() {
                     if keeps && core.registered.contains_key(&exp.id()) {
                         core.peers[idx].kept.insert(exp.id());
                     }
