@@ -1167,7 +1167,10 @@ static void test_a_cuda_lease_event_is_waited_on_once_and_kept_until_the_lease_r
  * receive), the event goes back to the channel's pool when the leases return and the next batch
  * records it again instead of making another. */
 static void test_a_cuda_batch_records_one_event_per_stream_and_the_next_batch_reuses_it(void) {
-    enum { N = 32, ROUNDS = 3 };
+    /* Rounds 3 to 5 again with the export registered: round 3 pins its window in the consumer,
+     * rounds 4 and 5 go as LEASE records (1.14), whose later leases of a stream say that they
+     * carry the event record of its first. */
+    enum { N = 32, ROUNDS = 6, REGISTERED = 3 };
     const int64_t len = 4096;
     const size_t size = (size_t)N * (size_t)len;
     cuda_start();
@@ -1189,9 +1192,12 @@ static void test_a_cuda_batch_records_one_event_per_stream_and_the_next_batch_re
     const DevshareExporter *ep[N];
     uint64_t seq = 2000;
     char names[2][512] = {"", ""};
-    /* Rounds 0 and 1: every tensor on one stream; round 2: alternating between two. */
+    /* Rounds 0 and 1: every tensor on one stream; then alternating between two. */
     for (int round = 0; round < ROUNDS && peer; round++) {
         const int streams = round < 2 ? 1 : 2;
+        if (round == REGISTERED) {
+            DS_OK(devshare_channel_register(ch, exp));
+        }
         for (int i = 0; i < N; i++) {
             item_fill((void *)(uintptr_t)(dev + (CUdeviceptr)i * (CUdeviceptr)len), (uint64_t)len, ++seq);
             descs[i] = bytes_desc((uint64_t)i * (uint64_t)len, &len);
@@ -1227,6 +1233,11 @@ static void test_a_cuda_batch_records_one_event_per_stream_and_the_next_batch_re
               "cuda batch event, round %d: the leases come back (%s, %s) and the events stay in the channel's pool "
               "for the next batch (%d live)", round, a, devshare_status_str(st), live_events("cusi_e_"));
     }
+    tell(&k, "lease_opens");
+    const char *pinned = reply(&k, ch);
+    CHECK(strcmp(pinned, "R 1") == 0,
+          "cuda batch event: the consumer keeps the registered allocation's window open between batches (%s)", pinned);
+    DS_OK(devshare_channel_unregister(ch, exp));
     const CudaState s = cuda_state(&k, ch);
     CHECK(s.violations == 0, "cuda batch event: the consumer broke no driver rule (%d)", s.violations);
     CHECK(finish(&k, ch), "cuda batch event: the consumer exits cleanly");

@@ -209,9 +209,10 @@ struct State {
     kept: FxHashMap<u64, crate::import::KeptKey>,
     /// The registered exports' windows pinned here (`PIN`), by export.
     pinned: FxHashMap<u64, Pinned>,
-    /// The event a `LEASE` was last waited on for, and the stream (as a number) it was waited
-    /// on: a later lease of the same send that says so needs no second wait.
-    waited: Option<([u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE], usize)>,
+    /// The events `LEASE`s were last waited on for (one entry per event, the most recent
+    /// [`WAITED_EVENTS`]), each with the stream (as a number) it was waited on: a later lease of
+    /// the same send that says it carries the same record needs no second wait there.
+    waited: Vec<([u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE], usize)>,
     /// Names (`NAMES`) of leases whose shares have not arrived yet, at most [`MAX_PENDING_NAMES`].
     names: FxHashMap<u64, std::ffi::CString>,
     /// The ring record being looked at, copied out of the ring (here, not moved on the way).
@@ -221,6 +222,10 @@ struct State {
 /// Most lease names a consumer holds for shares still to come: two messages' worth; a producer
 /// that sends more names than shares breaks the protocol.
 const MAX_PENDING_NAMES: usize = 2 * wire::MAX_SHARES;
+
+/// Events a connection remembers having waited on for its `LEASE`s: as many streams as one send
+/// is likely to use. A lease whose event was forgotten is waited on again, which is only slower.
+const WAITED_EVENTS: usize = 8;
 
 /// The consumer end of a channel.
 pub struct LocalConnection {
@@ -340,7 +345,7 @@ impl LocalConnection {
                                     broken: false,
                                     kept: FxHashMap::default(),
                                     pinned: FxHashMap::default(),
-                                    waited: None,
+                                    waited: Vec::new(),
                                     names: FxHashMap::default(),
                                     rec: Box::new(ItemRecord::new()),
                                 }),
@@ -878,7 +883,14 @@ impl LocalConnection {
             token.name = st.names.remove(&lease);
         }
         let token: Arc<dyn Lease> = Arc::new(token);
-        let waited = st.waited.take();
+        let stream = self.stream();
+        // What this lease's event was waited on before is forgotten unless this lease waits on
+        // it now, or says it carries the record waited on (a refused lease waited on nothing).
+        let earlier = event.and_then(|e| st.waited.iter().position(|w| crate::handle::same(&w.0, &e)));
+        let covered = again && earlier.is_some_and(|i| st.waited[i].1 == stream as usize);
+        if let Some(i) = earlier.filter(|_| !covered) {
+            st.waited.remove(i);
+        }
         let Some(p) = st.pinned.get(&export) else {
             token.give_back();
             return Err(Error::Untrusted(format!("a lease of export {export}, which this consumer never pinned")));
@@ -893,15 +905,14 @@ impl LocalConnection {
             )));
         }
         let layout = wire::ItemLayout { storage_offset: base.handle().storage_offset + l.storage_offset, ..*l };
-        let stream = self.stream();
-        let covered = again && event.is_some() && waited == event.map(|e| (e, stream as usize));
         let imp = Import::derive(base, &layout, event.filter(|_| !covered), token, None)?;
-        if !covered && event.is_some() {
+        if let (Some(e), false) = (event, covered) {
             let req = crate::backend::ImportRequest { device: Some(base.device()), stream, ..Default::default() };
             crate::import::wait_for_producer(imp.handle(), &req)?;
-            st.waited = event.map(|e| (e, stream as usize));
-        } else if covered {
-            st.waited = waited;
+            if st.waited.len() == WAITED_EVENTS {
+                st.waited.remove(0);
+            }
+            st.waited.push((e, stream as usize));
         }
         Ok(imp)
     }
