@@ -967,6 +967,15 @@ impl LocalConnection {
     }
 }
 
+#[cfg(test)]
+impl LocalConnection {
+    /// The ring this connection reads, once the producer sent one (tests write into it as a
+    /// hostile consumer would).
+    pub(crate) fn ring(&self) -> Option<&ConsumerRing> {
+        self.shared.ring.get()
+    }
+}
+
 impl Drop for LocalConnection {
     fn drop(&mut self) {
         self.close();

@@ -341,3 +341,35 @@ fn threads_that_acquire_one_pool_never_hold_the_same_slot() {
         }
     });
 }
+
+#[test]
+fn ring_releases_of_leases_a_consumer_does_not_hold_are_protocol_errors_that_give_back_nothing() {
+    const T: Option<Duration> = Some(Duration::from_secs(10));
+    let (ch, c, peer) = connected("ring-releases");
+    let exp = Exporter::channel_host_alloc(1 << 16).expect("alloc");
+    ch.register(&exp).expect("register");
+    let desc = TensorDesc { shape: &[16], ..Default::default() };
+    // The first lease pins the window; the next ones are LEASE records in the ring.
+    for _ in 0..3 {
+        ch.send(peer, &exp, &desc).expect("send");
+        c.recv(T).expect("recv").release();
+        exp.wait(T).expect("wait");
+    }
+    let ring = c.ring().expect("the leases made a ring");
+    ch.send(peer, &exp, &desc).expect("send");
+    let held = c.recv(T).expect("recv");
+    let lease = 4; // the channel's fourth lease (leases are numbered from 1)
+    let errors = || ch.peer_info(peer).expect("info").protocol_errors;
+    // A lease never given, then the held one twice: the first of those counts, the second is
+    // an error, and the lease never given is one.
+    assert!(ring.push_release(lease + 1000));
+    ch.service(Some(Duration::from_millis(10))).expect("service");
+    assert_eq!((errors(), exp.outstanding().expect("n")), (1, 1), "a lease never given gives nothing back");
+    assert!(ring.push_release(lease));
+    assert!(ring.push_release(lease));
+    ch.service(Some(Duration::from_millis(10))).expect("service");
+    assert_eq!((errors(), exp.outstanding().expect("n")), (2, 0), "the held lease back once, the repeat refused");
+    drop(held); // its own release now is one more refused release
+    ch.service(Some(Duration::from_millis(10))).expect("service");
+    assert_eq!((errors(), exp.outstanding().expect("n")), (3, 0));
+}
