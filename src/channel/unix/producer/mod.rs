@@ -326,11 +326,9 @@ impl LocalChannel {
     /// (bounded: [`DEVSHARE_CHANNEL_SEND_QUEUE`]); a peer past that bound, or whose queue does
     /// not move for [`DEVSHARE_CHANNEL_SEND_PATIENCE_MS`], is disconnected (`Closed`).
     pub fn send(&self, peer: u64, exp: &Exporter, desc: &TensorDesc<'_>) -> Result<()> {
-        // A share with an event takes one of the channel's reused events (send_batch's).
-        if desc.event
-            || self.shared.registered.load(Ordering::Acquire) > 0
-                && self.shared.lock()?.registered.contains_key(&exp.id())
-        {
+        // A share with an event takes one of the channel's reused events (send_batch's); while
+        // anything is registered, send_batch tells registered exports from the others.
+        if desc.event || self.shared.registered.load(Ordering::Acquire) > 0 {
             return self.send_batch(peer, &[(exp, desc.clone())]);
         }
         let (h, event) = exp.share_leased(desc)?;
