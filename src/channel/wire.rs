@@ -465,10 +465,12 @@ fn lease_bytes(
     layout_bytes(m, &head, l, flags, event);
 }
 
-/// `head` (at most 20 bytes), then a layout's fields, `flags` and the event when there is one.
-fn layout_bytes(
+/// `head` (at most 20 bytes; a fixed size, copied inline), then a layout's fields, `flags` and
+/// the event when there is one.
+#[inline]
+fn layout_bytes<const N: usize>(
     m: &mut Out,
-    head: &[u8],
+    head: &[u8; N],
     l: &ItemLayout,
     flags: u32,
     event: Option<&[u8; DEVSHARE_EVENT_HANDLE_SIZE]>,
@@ -480,7 +482,7 @@ fn layout_bytes(
         b[at..at + bytes.len()].copy_from_slice(bytes);
         at += bytes.len();
     };
-    put(head);
+    put(&head[..]);
     put(&l.ndim.to_le_bytes());
     put(&[l.dtype.code, l.dtype.bits]);
     put(&l.dtype.lanes.to_le_bytes());
