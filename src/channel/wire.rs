@@ -905,6 +905,22 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_that_says_its_event_came_before_but_carries_none_is_refused() {
+        let layout = ItemLayout {
+            ndim: 1,
+            shape: [4, 0, 0, 0, 0, 0, 0, 0],
+            strides: [1, 0, 0, 0, 0, 0, 0, 0],
+            ..ItemLayout::empty()
+        };
+        let mut b = Message::Lease { export: 3, lease: 9, layout, event: None, again: false }.encode();
+        // flags sit after type, export, lease, ndim and dtype (4 + 8 + 8 + 4 + 4 bytes)
+        b[28..32].copy_from_slice(&LEASE_EVENT_AGAIN.to_le_bytes());
+        assert_eq!(Message::decode(&b).unwrap_err().status(), crate::Status::Untrusted);
+        b[28..32].copy_from_slice(&8u32.to_le_bytes());
+        assert_eq!(Message::decode(&b).unwrap_err().status(), crate::Status::UnsupportedVersion, "an unknown flag");
+    }
+
+    #[test]
     fn an_item_decodes_alone_as_it_decodes_as_a_message() {
         for m in every_message() {
             let b = m.encode();
