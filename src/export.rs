@@ -443,6 +443,11 @@ impl Exporter {
         self.alloc.window().1
     }
 
+    /// The exported window: its first byte's offset in the allocation, and its size.
+    pub(crate) fn window(&self) -> (u64, u64) {
+        self.alloc.window()
+    }
+
     /// Device index of this export in this process (0 for host memory).
     pub fn device(&self) -> i32 {
         self.alloc.device_index()

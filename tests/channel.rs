@@ -1177,8 +1177,8 @@ fn u64_at(m: &[u8], at: usize) -> u64 {
 fn a_registered_export_is_pinned_once_and_its_later_leases_travel_without_descriptors() {
     let addr = address("pin-protocol");
     let ch = Channel::listen(&addr).unwrap();
-    // Reads SHARES, keeps registered exports, reads PIN and LEASE; no ring: every message is
-    // seen on the socket.
+    // Reads SHARES, keeps registered exports, reads PIN_SHARES and LEASE; no ring: every message
+    // is seen on the socket.
     let raw = raw_consumer(&addr, 1 | 4 | 16);
     ch.wait_peers(1, T).unwrap();
     let peer = ch.peer_ids().unwrap()[0];
@@ -1187,29 +1187,32 @@ fn a_registered_export_is_pinned_once_and_its_later_leases_travel_without_descri
     let exp = Exporter::channel_host_alloc(1 << 16).unwrap();
     ch.register(&exp).unwrap();
     let desc = TensorDesc { shape: &[16], storage_offset: 4096, ..Default::default() };
-    let pinned_msg = |export: u64, pin: u64| le(&[&18u32.to_le_bytes(), &export.to_le_bytes(), &pin.to_le_bytes()]);
+    let pinned_msg = |export: u64, pin: u64| {
+        le(&[&18u32.to_le_bytes(), &1u32.to_le_bytes(), &[0; 4], &export.to_le_bytes(), &pin.to_le_bytes()])
+    };
     let serve = || {
         for _ in 0..5 {
             ch.service(Some(Duration::from_millis(10))).unwrap();
         }
     };
-    // The first lease: the window offered (PIN, with the memfd), then the share as before.
+    // The first lease: a share with its descriptor, which also offers the export's window
+    // (PIN_SHARES: count, first lease, then len, fds, export, pin, window offset and size).
     ch.send(peer, &exp, &desc).unwrap();
-    let (pin, fds) = recv_with_fds(raw.as_fd());
-    assert_eq!((msg_type(&pin), fds.len()), (17, 1), "PIN with the export's descriptor");
-    let (export, first_pin) = (u64_at(&pin, 4), u64_at(&pin, 12));
     let (share, fds) = recv_with_fds(raw.as_fd());
-    assert_eq!((msg_type(&share), fds.len()), (13, 1), "the first lease is a kept share");
+    assert_eq!((msg_type(&share), fds.len()), (17, 1), "PIN_SHARES with the export's descriptor");
+    let (export, first_pin) = (u64_at(&share, 24), u64_at(&share, 32));
+    assert!(first_pin != 0, "the window is offered");
+    assert_eq!((u64_at(&share, 40), u64_at(&share, 48)), (0, 1 << 16), "the whole window");
     // Not answered yet: the next lease is a share again, and the offer is not repeated.
     ch.send(peer, &exp, &desc).unwrap();
     let (share, fds) = recv_with_fds(raw.as_fd());
-    assert_eq!((msg_type(&share), fds.len()), (13, 1));
+    assert_eq!((msg_type(&share), fds.len(), u64_at(&share, 32)), (17, 1, 0), "a share, no second offer");
     // An answer to an offer never made changes nothing.
     send_raw(raw.as_fd(), &pinned_msg(export, first_pin + 100), &[]);
     send_raw(raw.as_fd(), &pinned_msg(export + 100, first_pin), &[]);
     serve();
     ch.send(peer, &exp, &desc).unwrap();
-    assert_eq!(msg_type(&recv_with_fds(raw.as_fd()).0), 13, "still shares");
+    assert_eq!(msg_type(&recv_with_fds(raw.as_fd()).0), 17, "still shares");
     // Taken: every later lease is one LEASE message without a descriptor, its bytes within the
     // window.
     send_raw(raw.as_fd(), &pinned_msg(export, first_pin), &[]);
@@ -1233,15 +1236,14 @@ fn a_registered_export_is_pinned_once_and_its_later_leases_travel_without_descri
     // Registered again: offered again under a new number; the old number is not taken.
     ch.register(&exp).unwrap();
     ch.send(peer, &exp, &desc).unwrap();
-    let pin = recv_raw(raw.as_fd());
-    assert_eq!(msg_type(&pin), 17);
-    let second_pin = u64_at(&pin, 12);
-    assert_ne!(second_pin, first_pin);
-    assert_eq!(msg_type(&recv_raw(raw.as_fd())), 13);
+    let share = recv_raw(raw.as_fd());
+    let second_pin = u64_at(&share, 32);
+    assert_eq!(msg_type(&share), 17);
+    assert!(second_pin != 0 && second_pin != first_pin);
     send_raw(raw.as_fd(), &pinned_msg(export, first_pin), &[]);
     serve();
     ch.send(peer, &exp, &desc).unwrap();
-    assert_eq!(msg_type(&recv_raw(raw.as_fd())), 13, "a withdrawn offer's number pins nothing");
+    assert_eq!(msg_type(&recv_raw(raw.as_fd())), 17, "a withdrawn offer's number pins nothing");
     send_raw(raw.as_fd(), &pinned_msg(export, second_pin), &[]);
     serve();
     ch.send(peer, &exp, &desc).unwrap();
@@ -1250,6 +1252,46 @@ fn a_registered_export_is_pinned_once_and_its_later_leases_travel_without_descri
     // Its leases come back when it goes.
     drop(raw);
     exp.wait(T).unwrap();
+}
+
+#[test]
+fn a_registered_state_dict_of_300_named_tensors_syncs_again_and_again_with_the_consumer_on_the_same_thread() {
+    // The consumer reads only after the whole send: what the producer posts for a sync must fit
+    // its socket and send queue. (Offering each window in a message of its own, with its
+    // descriptor, overflowed the queue's descriptor bound at about 260 tensors; and a NAMES
+    // message per lease later left the last leases' ring records waiting for names still queued.)
+    let (ch, c, peer) = connected(&address("pin-state-dict"));
+    let exps: Vec<Exporter> = (0..300).map(|_| Exporter::channel_host_alloc(4096).unwrap()).collect();
+    for e in &exps {
+        ch.register(e).unwrap();
+    }
+    let names: Vec<String> = (0..300).map(|i| format!("model.layers.{i}.weight")).collect();
+    let desc = TensorDesc { shape: &[64], storage_offset: 128, ..Default::default() };
+    let items: Vec<_> = exps.iter().map(|e| (e, desc.clone())).collect();
+    let named: Vec<Option<&str>> = names.iter().map(|n| Some(n.as_str())).collect();
+    for sync in 0..4u8 {
+        for e in &exps {
+            // SAFETY: the producer's own bytes, no lease out.
+            unsafe { std::ptr::write_bytes(e.ptr().add(128), sync, 256) };
+        }
+        ch.send_named(peer, &items, &named).unwrap();
+        let mut imps = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let imp = c.recv(T).unwrap_or_else(|e| panic!("sync {sync}, tensor {i}: {e}"));
+            assert_eq!(imp.name().map(|n| n.to_str().unwrap()), Some(name.as_str()));
+            // SAFETY: 256 readable bytes.
+            assert!(unsafe { std::slice::from_raw_parts(imp.view().data, 256) }.iter().all(|&b| b == sync));
+            imps.push(imp);
+        }
+        // One message for the batch (one per lease would wait in the consumer's backlog for
+        // its next call once the producer's socket is full: the producer reads only below).
+        Connection::give_back_all(&imps);
+        drop(imps);
+        for (i, e) in exps.iter().enumerate() {
+            e.wait(T).unwrap_or_else(|err| panic!("sync {sync}, tensor {i}: {err} {:?}", ch.peer_info(peer)));
+        }
+    }
+    assert_eq!(ch.peer_info(peer).unwrap().protocol_errors, 0);
 }
 
 #[test]
@@ -1322,9 +1364,21 @@ fn an_export_closed_while_registered_is_retired_by_the_next_registration() {
     assert_eq!(mappings_of(ino), 0, "retired once the channel noticed it was closed");
 }
 
-/// A `PIN` message: `export`'s window offered under number `pin`.
-fn pin_msg(export: u64, pin: u64, enc: &[u8]) -> Vec<u8> {
-    le(&[&17u32.to_le_bytes(), &export.to_le_bytes(), &pin.to_le_bytes(), enc])
+/// A `PIN_SHARES` message of one share (lease `lease`, one descriptor) of `export`, offering
+/// bytes `offset..+size` of its allocation as the window under number `pin`.
+fn pin_shares_msg(lease: u64, export: u64, pin: u64, offset: u64, size: u64, enc: &[u8]) -> Vec<u8> {
+    le(&[
+        &17u32.to_le_bytes(),
+        &1u32.to_le_bytes(),
+        &lease.to_le_bytes(),
+        &(enc.len() as u32).to_le_bytes(),
+        &1u32.to_le_bytes(),
+        &export.to_le_bytes(),
+        &pin.to_le_bytes(),
+        &offset.to_le_bytes(),
+        &size.to_le_bytes(),
+        enc,
+    ])
 }
 
 /// A `LEASE` message of 1-D `uint8` bytes `offset..+size` of `export`'s window.
@@ -1358,35 +1412,43 @@ fn a_hostile_producers_pins_and_leases_are_refused_and_given_back_and_map_nothin
     p.send(&lease_msg(5, 1, 0, 16), &[]);
     assert_eq!(status(c.recv(T)), Status::Untrusted);
     released(&p, 1);
-    // A window whose descriptor is missing: refused, nothing pinned.
-    let enc = memfd_handle(4096, 4096);
-    p.send(&pin_msg(5, 1, &enc), &[]);
-    assert_eq!(status(c.recv(T)), Status::Untrusted);
-    p.send(&lease_msg(5, 2, 0, 16), &[]);
-    assert_eq!(status(c.recv(T)), Status::Untrusted);
-    released(&p, 2);
-    // A good window: pinned, and the answer names the offer.
-    let fd = sealed_memfd(4096);
-    rustix::io::pwrite(&fd, &[7u8; 64], 64).unwrap();
-    p.send(&pin_msg(5, 1, &enc), &[fd.as_fd()]);
-    assert_eq!(status(c.recv(Some(Duration::from_millis(100)))), Status::Timeout);
+    let enc = memfd_handle(8192, 4096);
+    let fd = sealed_memfd(8192);
+    rustix::io::pwrite(&fd, &[7u8; 64], 1024 + 64).unwrap();
+    // A window past the allocation (or empty): the share itself arrives, the offer is refused
+    // and nothing is pinned.
+    for (lease, offset, size) in [(2, 4096, 8192), (3, 0, 0), (4, u64::MAX - 8, 16)] {
+        p.send(&pin_shares_msg(lease, 5, 1, offset, size, &enc), &[fd.as_fd()]);
+        assert!(c.recv(T).is_err(), "window {offset}..+{size} refused");
+        c.recv(T).unwrap().release(); // the share, given back
+        released(&p, lease);
+    }
+    p.send(&lease_msg(5, 5, 0, 16), &[]);
+    assert_eq!(status(c.recv(T)), Status::Untrusted, "nothing was pinned");
+    released(&p, 5);
+    // A good window (bytes 1024..+4096 of the allocation): pinned, and the answer names the offer.
+    p.send(&pin_shares_msg(6, 5, 1, 1024, 4096, &enc), &[fd.as_fd()]);
+    c.recv(T).unwrap().release();
     let m = recv_raw(p.conn.as_fd());
-    assert_eq!((msg_type(&m), u64_at(&m, 4), u64_at(&m, 12)), (18, 5, 1), "PINNED for export 5, offer 1");
-    // The same export again: refused; the first stays.
-    p.send(&pin_msg(5, 2, &enc), &[fd.as_fd()]);
-    assert_eq!(status(c.recv(T)), Status::Untrusted);
+    assert_eq!((msg_type(&m), u64_at(&m, 12), u64_at(&m, 20)), (18, 5, 1), "PINNED for export 5, offer 1");
+    released(&p, 6);
+    // The same export offered again: refused; the first stays.
+    p.send(&pin_shares_msg(7, 5, 2, 1024, 4096, &enc), &[fd.as_fd()]);
+    assert!(c.recv(T).is_err());
+    c.recv(T).unwrap().release();
+    released(&p, 7);
     // Bytes past the window (and a range that overflows): refused, given back.
-    p.send(&lease_msg(5, 3, 4000, 200), &[]);
+    p.send(&lease_msg(5, 8, 4000, 200), &[]);
     assert_eq!(status(c.recv(T)), Status::Untrusted);
-    released(&p, 3);
-    p.send(&lease_msg(5, 4, u64::MAX - 8, 16), &[]);
+    released(&p, 8);
+    p.send(&lease_msg(5, 9, u64::MAX - 8, 16), &[]);
     assert_eq!(status(c.recv(T)), Status::Untrusted);
-    released(&p, 4);
+    released(&p, 9);
     // A lease with a descriptor: refused.
-    p.send(&lease_msg(5, 5, 0, 16), &[fd.as_fd()]);
+    p.send(&lease_msg(5, 10, 0, 16), &[fd.as_fd()]);
     assert_eq!(status(c.recv(T)), Status::Untrusted);
-    // A good lease: a view of the window, its bytes the memfd's.
-    p.send(&lease_msg(5, 6, 64, 16), &[]);
+    // A good lease: a view of the window (window-relative 64 is the allocation's 1088).
+    p.send(&lease_msg(5, 11, 64, 16), &[]);
     let imp = c.recv(T).unwrap();
     // SAFETY: 16 readable bytes.
     assert_eq!(unsafe { std::slice::from_raw_parts(imp.view().data, 16) }, &[7u8; 16]);
@@ -1396,11 +1458,11 @@ fn a_hostile_producers_pins_and_leases_are_refused_and_given_back_and_map_nothin
     assert_eq!(status(c.recv(Some(Duration::from_millis(100)))), Status::Timeout);
     assert_eq!(mappings_of(ino), 1);
     imp.release();
-    released(&p, 6);
+    released(&p, 11);
     assert_eq!(mappings_of(ino), 0, "retired: unmapped with the release");
-    p.send(&lease_msg(5, 7, 64, 16), &[]);
+    p.send(&lease_msg(5, 12, 64, 16), &[]);
     assert_eq!(status(c.recv(T)), Status::Untrusted);
-    released(&p, 7);
+    released(&p, 12);
 }
 
 fn kept_shares_msg(first_lease: u64, entries: &[(u32, u64, &[u8])]) -> Vec<u8> {

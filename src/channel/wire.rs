@@ -104,19 +104,23 @@ pub(crate) const NAMES: u32 = 15;
 pub(crate) const RELEASES: u32 = 16;
 /// Most leases one [`RELEASES`] message gives back (64 KiB of them).
 pub(crate) const MAX_RELEASES: usize = 8192;
-/// [`HELLO`] feature: the consumer reads [`PIN`] and [`LEASE`] (and answers with [`PINNED`]
-/// where the producer reads it).
+/// [`HELLO`] feature: the consumer reads [`PIN_SHARES`] and [`LEASE`] (and answers with
+/// [`PINNED`] where the producer reads it).
 pub(crate) const FEATURE_PIN: u16 = 16;
-/// [`WELCOME`] feature: the producer reads [`PINNED`].
+/// [`WELCOME`] feature: the producer reads [`PINNED`], and leases given back through the ring.
 pub(crate) const PRODUCER_PINS: u16 = 2;
 /// Producer -> consumer (to consumers that announced [`FEATURE_PIN`], from producers that
-/// announced [`PRODUCER_PINS`]): a registered export's whole window, offered to be kept mapped
-/// for its later leases: `export u64, pin u64`, then the byte encoding of the window's handle
-/// (its descriptors as `SCM_RIGHTS`). The consumer answers [`PINNED`] when it keeps it; a
-/// consumer past its bounds says nothing and gets that export's leases as shares.
-pub(crate) const PIN: u32 = 17;
-/// Consumer -> producer: `export u64, pin u64`: the export of that [`PIN`] is mapped here until
-/// [`RETIRE`] names it or the connection ends; its leases may come as [`LEASE`].
+/// announced [`PRODUCER_PINS`]): [`KEPT_SHARES`] whose entries may also offer the export's
+/// whole window to be kept mapped for its later leases (once per registration): `count u32,
+/// first lease u64`, then per share `len u32, fds u32, export u64, pin u64, window offset u64,
+/// window size u64` and the handle's encoding (pin 0: no offer; the window in the allocation's
+/// bytes). The consumer opens the window from the allocation the share came with, never anew,
+/// and answers [`PINNED`] for the offers it keeps; past its bounds it says nothing, and that
+/// export's leases keep coming as shares.
+pub(crate) const PIN_SHARES: u32 = 17;
+/// Consumer -> producer: `count u32, 0 u32`, then per export `export u64, pin u64`: the windows
+/// of those offers are mapped here until [`RETIRE`] names the export or the connection ends;
+/// their leases may come as [`LEASE`].
 pub(crate) const PINNED: u32 = 18;
 /// Producer -> consumer: a lease of a pinned export (in the ring, or over the socket when the
 /// ring is full): `export u64, lease u64`, then an [`ITEM`]'s fields from `ndim` on, with
@@ -174,11 +178,11 @@ pub(crate) enum Message<'a> {
     /// Producer -> consumer: the names of leases `first_lease..` (empty: no name), checked UTF-8
     /// without NUL, each at most `DEVSHARE_MAX_NAME_LEN` bytes.
     Names { first_lease: u64, names: Vec<&'a str> },
-    /// Producer -> consumer: a registered export's whole window (a handle's byte encoding),
-    /// offered to be kept mapped; `pin` names the offer.
-    Pin { export: u64, pin: u64, handle: &'a [u8] },
-    /// Consumer -> producer: the offer `pin` of `export` is taken.
-    Pinned { export: u64, pin: u64 },
+    /// Producer -> consumer: [`Message::KeptShares`] whose entries may offer their export's
+    /// window to be kept mapped: each (descriptor count, export, [`Offer`], handle encoding).
+    PinShares { first_lease: u64, entries: Vec<(u32, u64, Offer, &'a [u8])> },
+    /// Consumer -> producer: the offers taken, each (export, the offer's number).
+    Pinned { entries: Vec<(u64, u64)> },
     /// Producer -> consumer: lease `lease` of pinned export `export` (`layout` within its
     /// window), the event to wait on first and whether an earlier lease of its send carried it.
     Lease { export: u64, lease: u64, layout: ItemLayout, event: Option<[u8; DEVSHARE_EVENT_HANDLE_SIZE]>, again: bool },
@@ -231,13 +235,20 @@ impl Message<'_> {
             Message::Lease { export, lease, layout, event, again } => {
                 lease_bytes(&mut m, *export, *lease, layout, event.as_ref(), *again)
             }
-            Message::Pin { export, pin, handle } => {
-                m.u32(PIN);
-                m.u64(*export).u64(*pin).bytes(handle);
+            Message::PinShares { first_lease, entries } => {
+                m.u32(PIN_SHARES);
+                m.u32(entries.len() as u32).u64(*first_lease);
+                for (fds, export, o, handle) in entries {
+                    m.u32(handle.len() as u32).u32(*fds).u64(*export);
+                    m.u64(o.pin).u64(o.window_offset).u64(o.window_size).bytes(handle);
+                }
             }
-            Message::Pinned { export, pin } => {
+            Message::Pinned { entries } => {
                 m.u32(PINNED);
-                m.u64(*export).u64(*pin);
+                m.u32(entries.len() as u32).u32(0);
+                for (export, pin) in entries {
+                    m.u64(*export).u64(*pin);
+                }
             }
             Message::Return { pool, slot } => {
                 m.u32(RETURN);
@@ -341,11 +352,15 @@ impl<'a> Message<'a> {
                 }
                 Message::Lease { export, lease, layout, event, again: flags & LEASE_EVENT_AGAIN != 0 }
             }
-            PIN => {
-                let (export, pin) = (r.u64()?, r.u64()?);
-                Message::Pin { export, pin, handle: r.rest() }
+            PINNED => {
+                let count = r.u32()? as usize;
+                if count == 0 || count > MAX_SHARES {
+                    return Err(Error::Untrusted(format!("a message of {count} pins (1..={MAX_SHARES} are possible)")));
+                }
+                let _ = r.u32()?;
+                let entries = (0..count).map(|_| Ok((r.u64()?, r.u64()?))).collect::<Result<Vec<_>>>()?;
+                Message::Pinned { entries }
             }
-            PINNED => Message::Pinned { export: r.u64()?, pin: r.u64()? },
             RETURN => {
                 let (pool, slot) = (r.u32()?, r.u32()?);
                 let _ = r.u32()?;
@@ -353,7 +368,7 @@ impl<'a> Message<'a> {
             }
             POOL_CLOSED => Message::PoolClosed { pool: r.u32()? },
             DETACH => Message::Detach { pool: r.u32()? },
-            SHARES | KEPT_SHARES => {
+            SHARES | KEPT_SHARES | PIN_SHARES => {
                 let count = r.u32()? as usize;
                 if count == 0 || count > MAX_SHARES {
                     return Err(Error::Untrusted(format!(
@@ -364,7 +379,7 @@ impl<'a> Message<'a> {
                 if first_lease.checked_add(count as u64).is_none() {
                     return Err(Error::Untrusted("share lease numbers overflow".into()));
                 }
-                let kept = t == KEPT_SHARES;
+                let kept = t == KEPT_SHARES || t == PIN_SHARES;
                 let mut entries = Vec::with_capacity(count);
                 for _ in 0..count {
                     let (len, fds) = (r.u32()? as usize, r.u32()?);
@@ -372,12 +387,22 @@ impl<'a> Message<'a> {
                         return Err(Error::Untrusted(format!("a share with {fds} descriptors")));
                     }
                     let export = if kept { r.u64()? } else { 0 };
-                    entries.push((fds, export, r.bytes(len)?));
+                    let offer = if t == PIN_SHARES {
+                        Offer { pin: r.u64()?, window_offset: r.u64()?, window_size: r.u64()? }
+                    } else {
+                        Offer::NONE
+                    };
+                    entries.push((fds, export, offer, r.bytes(len)?));
                 }
-                if kept {
-                    Message::KeptShares { first_lease, entries }
+                if t == PIN_SHARES {
+                    Message::PinShares { first_lease, entries }
+                } else if kept {
+                    Message::KeptShares {
+                        first_lease,
+                        entries: entries.into_iter().map(|(f, e, _, h)| (f, e, h)).collect(),
+                    }
                 } else {
-                    Message::Shares { first_lease, entries: entries.into_iter().map(|(f, _, h)| (f, h)).collect() }
+                    Message::Shares { first_lease, entries: entries.into_iter().map(|(f, _, _, h)| (f, h)).collect() }
                 }
             }
             RETIRE => Message::Retire { export: r.u64()? },
@@ -500,6 +525,19 @@ fn layout_bytes<const N: usize>(
         put(e);
     }
     m.bytes(&b[..at]);
+}
+
+/// What a [`PIN_SHARES`] entry offers: its export's window (bytes of the allocation) to keep
+/// mapped, under the offer's number (`pin` 0: no offer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Offer {
+    pub pin: u64,
+    pub window_offset: u64,
+    pub window_size: u64,
+}
+
+impl Offer {
+    pub(crate) const NONE: Offer = Offer { pin: 0, window_offset: 0, window_size: 0 };
 }
 
 /// A pool item's fields but its layout: pool, slot, the producer's event.
@@ -850,8 +888,14 @@ mod tests {
             Message::Retire { export: 3 },
             Message::Names { first_lease: 9, names: vec!["model.layers.0.weight", "", "ü"] },
             Message::Releases { leases: vec![3, 9, u64::MAX] },
-            Message::Pin { export: 3, pin: 11, handle: b"DSH1...." },
-            Message::Pinned { export: 3, pin: 11 },
+            Message::PinShares {
+                first_lease: 9,
+                entries: vec![
+                    (1, 3, Offer { pin: 11, window_offset: 64, window_size: 4096 }, &b"DSH1...."[..]),
+                    (0, 4, Offer::NONE, &b"DSH1..+"[..]),
+                ],
+            },
+            Message::Pinned { entries: vec![(3, 11), (4, 12)] },
             Message::Lease { export: 3, lease: 1 << 33, layout, event: None, again: false },
             Message::Lease { export: 3, lease: 12, layout, event: Some([5; 64]), again: false },
             Message::Lease {
@@ -886,10 +930,7 @@ mod tests {
         for m in every_message() {
             let b = m.encode();
             // Refused, Share and Attach end in bytes of any length; the others have one length.
-            if !matches!(
-                m,
-                Message::Refused { .. } | Message::Share { .. } | Message::Attach { .. } | Message::Pin { .. }
-            ) {
+            if !matches!(m, Message::Refused { .. } | Message::Share { .. } | Message::Attach { .. }) {
                 let mut long = b.clone();
                 long.push(0);
                 assert!(Message::decode(&long).is_err(), "{m:?} with a byte more");

@@ -159,7 +159,7 @@ pub(super) fn close_evicted(evicted: Vec<(AllocKey, Arc<dyn Mapping>)>) {
 
 /// An allocation a channel connection keeps mapped for its producer ([`Import::keep_for`]).
 #[derive(Clone, Debug)]
-pub(crate) struct KeptKey(AllocKey);
+pub(crate) struct KeptKey(pub(super) AllocKey);
 
 impl Import {
     /// Keep this import's allocation mapped for connection `owner` once no import uses it, until

@@ -192,7 +192,7 @@ pub fn import(h: &DevshareHandle, req: ImportRequest) -> Result<Import> {
 
 /// [`import`] for a segmented handle whose segment table travelled next to it (`table`).
 pub fn import_full(h: &DevshareHandle, table: Option<&[u8]>, req: ImportRequest) -> Result<Import> {
-    import_from(h, table, req, None, None)
+    import_from(h, table, req, None, None, None)
 }
 
 /// An allocation that arrived next to its handle (a memfd over a channel) instead of being opened
@@ -216,17 +216,35 @@ pub(crate) fn import_attached(
     passed: Option<&crate::backend::PassedFds>,
     lease: Option<Arc<dyn Lease>>,
 ) -> Result<Import> {
-    let mut imp = import_from(h, table, req, attached, passed)?;
+    let mut imp = import_from(h, table, req, attached, passed, None)?;
     imp.lease = lease;
     Ok(imp)
 }
 
+/// Another import of `h`, a view of the allocation a channel connection keeps (`kept`: the
+/// allocation a received share of the same export was opened from, with its descriptors): taken
+/// from the registry's open or idle entry of that allocation, never opened anew by what `h`
+/// claims. `NotFound` when the allocation is no longer mapped here (evicted); `Mismatch` when
+/// `h` names another allocation.
+pub(crate) fn import_kept(kept: &KeptKey, h: &DevshareHandle, table: Option<&[u8]>) -> Result<Import> {
+    let key = &kept.0;
+    let mut miss = || -> Result<Box<dyn crate::backend::Mapping>> {
+        Err(Error::NotFound("the kept allocation is no longer mapped in this process".into()))
+    };
+    let attached = (h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_CHANNEL != 0)
+        .then(|| Attached { key: &key.key[..key.key_len as usize], open: &mut miss });
+    import_from(h, table, ImportRequest::default(), attached, None, Some(key))
+}
+
+/// `expect`: the registry key the allocation must have, and only its registry entry is used
+/// (a miss is `NotFound`; [`import_kept`]).
 fn import_from(
     h: &DevshareHandle,
     table: Option<&[u8]>,
     req: ImportRequest,
     mut attached: Option<Attached<'_>>,
     passed: Option<&crate::backend::PassedFds>,
+    expect: Option<&AllocKey>,
 ) -> Result<Import> {
     let generation = Stamp::now();
     let validated = check_importable(h, attached.as_ref())?;
@@ -239,11 +257,19 @@ fn import_from(
     // to undo, and the handle's reference stays with the caller (who may retry).
     wait_for_producer(h, &req)?;
     let key = alloc_key(h, attached.as_ref(), segments.as_ref(), device, req.read_only);
+    if expect.is_some_and(|e| *e != key) {
+        return Err(Error::Mismatch("the handle names another allocation than the one kept for it".into()));
+    }
+    // A key from the handle alone (no descriptor arrived with it) is never opened here.
+    let lookup_only = expect.is_some() && attached.is_none();
     let (ticket, inflight) = ticket_of(h)?;
     let mut pending = Pending::new(&key, ticket.as_ref(), inflight, h.backend, device);
     pending.claim_reference()?;
     let mapping = pending.map(h, &validated, || {
         Ok(match (segments.as_ref(), attached.as_mut()) {
+            _ if lookup_only => {
+                return Err(Error::NotFound("the kept allocation is no longer mapped in this process".into()))
+            }
             (_, Some(a)) => (a.open)()?.into(),
             (Some(t), None) => backend.import_segmented(h, t, &validated, &req, passed)?.into(),
             (None, None) => backend.import(h, &validated, &req)?.into(),

@@ -165,7 +165,7 @@ struct AttachedPool {
     spares: SpareTokens,
 }
 
-/// A registered export's window this connection keeps mapped (`PIN`), until the producer
+/// A registered export's window this connection keeps mapped (`PIN_SHARES`), until the producer
 /// retires it (`RETIRE`) or the connection ends; its leases (`LEASE`) are views of it. Counted
 /// in the process's bounds on kept mappings while it lives ([`crate::import::pin`]).
 struct Pinned {
@@ -178,6 +178,41 @@ impl Pinned {
     fn new(base: Import) -> Option<Pinned> {
         let bytes = base.handle().storage_size;
         crate::import::pin(bytes).then(|| Pinned { base: Arc::new(base), bytes })
+    }
+}
+
+/// The window `offer` names, opened from the allocation of the share just received for its
+/// export (`kept`, the share's handle `h` and segment table): a 1-D byte view of the window
+/// (checked by the import against the allocation), pinned when the process's bounds have room
+/// (`None`: declined). An export pinned already, or a window the allocation does not hold, is
+/// refused.
+fn pin_window(
+    kept: &crate::import::KeptKey,
+    h: &crate::handle::DevshareHandle,
+    table: Option<&[u8]>,
+    offer: &wire::Offer,
+    pinned_already: bool,
+) -> Result<Option<Pinned>> {
+    if pinned_already {
+        return Err(Error::Untrusted("an export was offered for pinning twice".into()));
+    }
+    let size = i64::try_from(offer.window_size)
+        .ok()
+        .filter(|&s| s > 0)
+        .ok_or_else(|| Error::Untrusted(format!("a pinned window of {} bytes", offer.window_size)))?;
+    let mut w = *h;
+    w.ndim = 1;
+    w.dtype = crate::dtype::DevshareDType::new(crate::dtype::code::UINT, 8, 1);
+    w.shape = [0; crate::handle::DEVSHARE_MAX_NDIM];
+    w.strides = [0; crate::handle::DEVSHARE_MAX_NDIM];
+    (w.shape[0], w.strides[0]) = (size, 1);
+    (w.storage_offset, w.storage_size, w.tensor_offset) = (offer.window_offset, offer.window_size, 0);
+    w.flags &= !crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
+    w.event_handle = [0; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE];
+    match crate::import::import_kept(kept, &w, table) {
+        Ok(base) => Ok(Pinned::new(base)),
+        Err(Error::NotFound(_)) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
@@ -207,7 +242,7 @@ struct State {
     /// The registered exports whose allocations this connection keeps mapped between leases
     /// (`KEPT_SHARES`), until the producer retires them (`RETIRE`) or the connection ends.
     kept: FxHashMap<u64, crate::import::KeptKey>,
-    /// The registered exports' windows pinned here (`PIN`), by export.
+    /// The registered exports' windows pinned here (`PIN_SHARES`), by export.
     pinned: FxHashMap<u64, Pinned>,
     /// The events `LEASE`s were last waited on for (one entry per event, the most recent
     /// [`WAITED_EVENTS`]), each with the stream (as a number) it was waited on: a later lease of
@@ -687,11 +722,15 @@ impl LocalConnection {
                 Ok(Some(Box::new(imp)))
             }
             Message::Shares { first_lease, entries } => {
-                let entries: Vec<(u32, u64, &[u8])> = entries.into_iter().map(|(n, h)| (n, 0, h)).collect();
-                self.shares((&mut st.ready, &mut st.kept, &mut st.names), first_lease, &entries, fds)
+                let entries: Vec<_> = entries.into_iter().map(|(n, h)| (n, 0, wire::Offer::NONE, h)).collect();
+                self.shares((&mut st.ready, &mut st.kept, &mut st.names, &mut st.pinned), first_lease, &entries, fds)
             }
             Message::KeptShares { first_lease, entries } => {
-                self.shares((&mut st.ready, &mut st.kept, &mut st.names), first_lease, &entries, fds)
+                let entries: Vec<_> = entries.into_iter().map(|(n, e, h)| (n, e, wire::Offer::NONE, h)).collect();
+                self.shares((&mut st.ready, &mut st.kept, &mut st.names, &mut st.pinned), first_lease, &entries, fds)
+            }
+            Message::PinShares { first_lease, entries } => {
+                self.shares((&mut st.ready, &mut st.kept, &mut st.names, &mut st.pinned), first_lease, &entries, fds)
             }
             Message::Names { first_lease, names } => {
                 if !fds.is_empty() {
@@ -718,22 +757,6 @@ impl LocalConnection {
                 st.pinned.remove(&export);
                 if let Some(k) = st.kept.remove(&export) {
                     crate::import::retire(self.owner, &k);
-                }
-                Ok(None)
-            }
-            Message::Pin { export, pin, handle } => {
-                if st.pinned.contains_key(&export) {
-                    return Err(Error::Untrusted(format!("export {export} was pinned twice")));
-                }
-                let d = decode_full(handle)?;
-                let base = open(&d.handle, d.table.as_deref(), fds, None, std::ptr::null_mut())?;
-                // Past this process's bounds the offer is declined: nothing is said, and the
-                // export's leases keep coming as shares.
-                if let Some(p) = Pinned::new(base) {
-                    st.pinned.insert(export, p);
-                    if self.shared.pins {
-                        self.shared.tell(Message::Pinned { export, pin });
-                    }
                 }
                 Ok(None)
             }
@@ -791,19 +814,22 @@ impl LocalConnection {
     /// A several-share message's leases (each with its registered export, 0: none), opened in
     /// order: every share is opened (or its lease given back at once, when refused) and waits for
     /// the next receives; the first refusal is this call's error.
+    /// A registered export's share is kept mapped (`kept`), and an offer of its window pinned
+    /// (`PIN_SHARES`): opened from the share's own allocation, answered with one `PINNED`.
     #[allow(clippy::type_complexity)]
     fn shares(
         &self,
-        (ready, kept, names): (
+        (ready, kept, names, pinned): (
             &mut std::collections::VecDeque<Box<Import>>,
             &mut FxHashMap<u64, crate::import::KeptKey>,
             &mut FxHashMap<u64, std::ffi::CString>,
+            &mut FxHashMap<u64, Pinned>,
         ),
         first_lease: u64,
-        entries: &[(u32, u64, &[u8])],
+        entries: &[(u32, u64, wire::Offer, &[u8])],
         fds: Vec<OwnedFd>,
     ) -> Result<Option<Box<Import>>> {
-        let total: usize = entries.iter().map(|(n, _, _)| *n as usize).sum();
+        let total: usize = entries.iter().map(|(n, ..)| *n as usize).sum();
         if total != fds.len() {
             return Err(Error::Untrusted(format!(
                 "a message of {} shares naming {total} descriptors came with {}",
@@ -819,7 +845,8 @@ impl LocalConnection {
         // record, and one wait on this connection's stream covers them all. (A producer that
         // lies here only loses its own ordering.)
         let mut waited: Vec<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]> = Vec::new();
-        for (i, (nfds, export, handle)) in entries.iter().enumerate() {
+        let mut taken = Vec::new(); // offers pinned: (export, pin)
+        for (i, (nfds, export, offer, handle)) in entries.iter().enumerate() {
             let mine: Vec<OwnedFd> = fds.by_ref().take(*nfds as usize).collect();
             let lease = first_lease + i as u64;
             let mut token = LeaseToken::new(self.shared.clone(), lease);
@@ -829,6 +856,7 @@ impl LocalConnection {
             let token: Arc<dyn Lease> = Arc::new(token);
             let event_flag = crate::handle::DEVSHARE_HANDLE_FLAG_EVENT;
             let mut event = None;
+            let mut decoded = None;
             let opened = decode_full(handle).and_then(|mut d| {
                 if d.handle.flags & event_flag != 0 {
                     if waited.contains(&d.handle.event_handle) {
@@ -839,13 +867,30 @@ impl LocalConnection {
                         event = Some(d.handle.event_handle);
                     }
                 }
-                open(&d.handle, d.table.as_deref(), mine, Some(token), stream)
+                let imp = open(&d.handle, d.table.as_deref(), mine, Some(token), stream)?;
+                decoded = Some(d);
+                Ok(imp)
             });
             match opened {
                 Ok(imp) => {
                     waited.extend(event);
                     if *export != 0 {
-                        kept.insert(*export, imp.keep_for(self.owner));
+                        let k = imp.keep_for(self.owner);
+                        if offer.pin != 0 {
+                            let d = decoded.as_ref().expect("decoded with the share");
+                            match pin_window(&k, &d.handle, d.table.as_deref(), offer, pinned.contains_key(export)) {
+                                Ok(Some(p)) => {
+                                    pinned.insert(*export, p);
+                                    taken.push((*export, offer.pin));
+                                }
+                                // Declined (past the bounds): nothing is said.
+                                Ok(None) => {}
+                                Err(e) => {
+                                    first_error.get_or_insert(e);
+                                }
+                            }
+                        }
+                        kept.insert(*export, k);
                     }
                     ready.push_back(Box::new(imp));
                 }
@@ -853,6 +898,9 @@ impl LocalConnection {
                     first_error.get_or_insert(e);
                 }
             }
+        }
+        if self.shared.pins && !taken.is_empty() {
+            self.shared.tell(Message::Pinned { entries: taken });
         }
         // Names of leases before these are of shares that never came: none is kept.
         if !names.is_empty() {

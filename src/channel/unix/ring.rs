@@ -3,7 +3,7 @@
 //! passes with a `RING` message, and two eventfds that wake a side only while it sleeps.
 //!
 //! The socket keeps everything else — the handshake, credentials, descriptors, shares, the
-//! pools' `ATTACH` and `POOL_CLOSED`, `PIN` and `RETIRE`, death detection — so the crash and
+//! pools' `ATTACH` and `POOL_CLOSED`, pin offers and `RETIRE`, death detection — so the crash and
 //! trust guarantees do not depend on the ring. What travels in it is exactly what the socket's
 //! `ITEM`, `LEASE` (a lease of a pinned export), `RETURN` and `RELEASE` carry — a release as two
 //! return words, [`LEASE_WORD`] and the lease, and only to a producer that reads them — and

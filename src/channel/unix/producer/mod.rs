@@ -78,7 +78,7 @@ struct Peer {
     no_ring: bool,
     /// Registered exports (by id) it was told it may keep mapped; told again when retired.
     kept: FxHashSet<u64>,
-    /// Registered exports (by id) offered to it with `PIN`: the offer's number, and whether it
+    /// Registered exports (by id) offered to it (`PIN_SHARES`): the offer's number, and whether it
     /// answered `PINNED` (then their leases go as `LEASE`, in its ring).
     pins: FxHashMap<u64, (u64, bool)>,
 }
@@ -133,7 +133,7 @@ struct Core {
     /// Exports (by id) registered with the channel ([`LocalChannel::register`]), each with its
     /// lease book (gone when the export is: its registration ends with the next `register`).
     registered: FxHashMap<u64, std::sync::Weak<LeaseBook>>,
-    /// The number of the next `PIN` offer.
+    /// The number of the next pin offer (`PIN_SHARES`).
     next_pin: u64,
     buf: Vec<u8>,
     fds: Vec<OwnedFd>,
@@ -427,7 +427,7 @@ impl LocalChannel {
             let mut sent = 0usize; // shares posted so far (where the next chunk's names start)
                                    // A consumer that keeps registered exports mapped is told which shares are of one.
             let keeps = features & wire::FEATURE_KEEP != 0 && !core.registered.is_empty();
-            // A consumer that reads PIN is offered each registered export's window once; once
+            // A consumer that reads PIN_SHARES is offered each registered export's window once; once
             // it took the offer, a lease of that export is one LEASE, in its ring.
             let pins = keeps && features & wire::FEATURE_PIN != 0;
             // Every share that goes as a handle is encoded before anything is posted (a handle
@@ -449,26 +449,38 @@ impl LocalChannel {
             let mut shares = encoded.into_iter().peekable();
             while let Some(&(.., pinned)) = shares.peek() {
                 if pinned {
-                    let (exp, _, event, layout, _) = shares.next().expect("peeked");
-                    let lease = core.next_lease;
-                    if named && names[sent].is_some() {
-                        for m in names_messages(lease, &names[sent..sent + 1]) {
+                    // A run of leases of pinned exports (at most a message's worth of names):
+                    // their names in one NAMES message first, then one LEASE each.
+                    let mut run = Vec::new();
+                    while let Some(item) = shares.next_if(|s| s.4) {
+                        run.push(item);
+                        if run.len() == wire::MAX_SHARES {
+                            break;
+                        }
+                    }
+                    let first_lease = core.next_lease;
+                    let mine = if named { &names[sent..sent + run.len()] } else { &[][..] };
+                    if mine.iter().any(Option::is_some) {
+                        for m in names_messages(first_lease, mine) {
                             core.post(idx, &check_len(m)?, &[], epfd)?;
                         }
                     }
-                    sent += 1;
-                    let handle = event.as_ref().map(|e| e.handle());
-                    let again = handle.is_some_and(|h| leased_events.contains(&h));
-                    let m = Message::Lease { export: exp.id(), lease, layout, event: handle, again }
-                        .encode_into(std::mem::take(&mut core.item_buf));
-                    let posted = core.post_item(idx, &m, epfd);
-                    core.item_buf = m;
-                    posted?;
-                    leased_events.extend(handle.filter(|_| !again));
-                    core.next_lease += 1;
-                    let book = exp.leases().clone();
-                    book.add(&self.shared);
-                    core.peers[idx].leases.insert(lease, (book, event));
+                    sent += run.len();
+                    for (exp, _, event, layout, _) in run {
+                        let lease = core.next_lease;
+                        let handle = event.as_ref().map(|e| e.handle());
+                        let again = handle.is_some_and(|h| leased_events.contains(&h));
+                        let m = Message::Lease { export: exp.id(), lease, layout, event: handle, again }
+                            .encode_into(std::mem::take(&mut core.item_buf));
+                        let posted = core.post_item(idx, &m, epfd);
+                        core.item_buf = m;
+                        posted?;
+                        leased_events.extend(handle.filter(|_| !again));
+                        core.next_lease += 1;
+                        let book = exp.leases().clone();
+                        book.add(&self.shared);
+                        core.peers[idx].leases.insert(lease, (book, event));
+                    }
                     continue;
                 }
                 // One message: as many shares as fit its size and descriptor limits (one at
@@ -482,7 +494,13 @@ impl LocalChannel {
                         break;
                     }
                     let fds = exp.channel_fds().len();
-                    let entry = if keeps { 16 } else { 8 };
+                    let entry = if pins {
+                        40
+                    } else if keeps {
+                        16
+                    } else {
+                        8
+                    };
                     let fits = bytes + entry + enc.len() <= wire::MAX_MESSAGE
                         && nfds + fds <= wire::MAX_FDS
                         && chunk.len() < wire::MAX_SHARES;
@@ -493,12 +511,29 @@ impl LocalChannel {
                     nfds += fds;
                     chunk.push(shares.next().expect("peeked"));
                 }
-                if pins {
-                    for (exp, ..) in &chunk {
-                        core.offer_pin(idx, exp, epfd)?;
-                    }
-                }
-                let msg = if keeps {
+                // The registered exports of the chunk offered to be pinned (once per registration):
+                // (export, offer), recorded as offered once the message is posted.
+                let mut offers: Vec<(u64, wire::Offer)> = Vec::new();
+                let msg = if pins {
+                    let entries = chunk
+                        .iter()
+                        .map(|(exp, enc, ..)| {
+                            let id = exp.id();
+                            let mut offer = wire::Offer::NONE;
+                            if !core.registered.contains_key(&id) {
+                                return (exp.channel_fds().len() as u32, 0, offer, &enc[..]);
+                            }
+                            if !core.peers[idx].pins.contains_key(&id) && !offers.iter().any(|o| o.0 == id) {
+                                let (window_offset, window_size) = exp.window();
+                                offer = wire::Offer { pin: core.next_pin, window_offset, window_size };
+                                core.next_pin += 1;
+                                offers.push((id, offer));
+                            }
+                            (exp.channel_fds().len() as u32, id, offer, &enc[..])
+                        })
+                        .collect();
+                    Message::PinShares { first_lease, entries }.encode()
+                } else if keeps {
                     let registered = &core.registered;
                     let entries = chunk
                         .iter()
@@ -526,6 +561,9 @@ impl LocalChannel {
                 sent += chunk.len();
                 core.post(idx, &msg, &fds, epfd)?;
                 core.next_lease += chunk.len() as u64;
+                for (id, offer) in offers {
+                    core.peers[idx].pins.insert(id, (offer.pin, false));
+                }
                 for (i, (exp, _, event, ..)) in chunk.into_iter().enumerate() {
                     if keeps && core.registered.contains_key(&exp.id()) {
                         core.peers[idx].kept.insert(exp.id());

@@ -102,31 +102,6 @@ impl Core {
         Ok(())
     }
 
-    /// Offer peer `idx` to keep registered export `exp`'s whole window mapped (`PIN`), once
-    /// per registration; an export that is not registered is not offered. The offer is made
-    /// only where it can be described: a failure to describe it leaves the peer without it.
-    pub(super) fn offer_pin(&mut self, idx: usize, exp: &Exporter, epfd: BorrowedFd<'_>) -> Result<()> {
-        let id = exp.id();
-        if !self.registered.contains_key(&id) || self.peers[idx].pins.contains_key(&id) {
-            return Ok(());
-        }
-        let shape = [exp.size() as i64];
-        let window = TensorDesc { shape: &shape, storage_size: Some(exp.size()), ..Default::default() };
-        let mut enc = Vec::new();
-        let described = exp
-            .leased_handle(&window)
-            .and_then(|h| crate::handle::encode::encode_full_into(&h, exp.external_table(), &mut enc));
-        if described.is_err() {
-            return Ok(());
-        }
-        let pin = self.next_pin;
-        self.next_pin += 1;
-        let msg = check_len(Message::Pin { export: id, pin, handle: &enc }.encode())?;
-        self.post(idx, &msg, &exp.channel_fds(), epfd)?;
-        self.peers[idx].pins.insert(id, (pin, false));
-        Ok(())
-    }
-
     pub(super) fn accept_all(&mut self, epfd: BorrowedFd<'_>) {
         loop {
             let fd = match rustix::net::accept_with(&self.listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK) {
@@ -290,12 +265,14 @@ impl Core {
                 let id = peer.info.id;
                 self.take_return(id, pool, slot)?;
             }
-            Message::Pinned { export, pin } => {
-                // The answer to an offer this channel still stands by; one to an offer it has
+            Message::Pinned { entries } => {
+                // Answers to offers this channel still stands by; one to an offer it has
                 // withdrawn since (the export unregistered, perhaps registered again) changes
                 // nothing.
-                if let Some(p) = peer.pins.get_mut(&export).filter(|p| p.0 == pin) {
-                    p.1 = true;
+                for (export, pin) in entries {
+                    if let Some(p) = peer.pins.get_mut(&export).filter(|p| p.0 == pin) {
+                        p.1 = true;
+                    }
                 }
             }
             Message::Detach { pool } => {
