@@ -181,7 +181,8 @@ def _no_int_params(names) -> dict:
 
 
 _NO_INT_PARAMS = _no_int_params(["devshare_import_pool_slot", "devshare_import_info",
-                                 "devshare_import_handle", "devshare_import_release"])
+                                 "devshare_import_handle", "devshare_import_release",
+                                 "devshare_import_name"])
 
 # --- Calls and errors -----------------------------------------------------------------------------
 
@@ -215,6 +216,7 @@ def error(status: int) -> Error:
 
 # --- Waits ----------------------------------------------------------------------------------------
 
+_ceil = math.ceil
 I32_MAX = (1 << 31) - 1
 TIMEOUT = int(Status.TIMEOUT)
 # Whole seconds that are fewer than I32_MAX milliseconds: one library call waits that long.
@@ -231,6 +233,8 @@ def wait_ms(timeout) -> int | None:
         return -1
     if type(timeout) is int and 0 <= timeout <= FAST_SECONDS:
         return timeout * 1000
+    if type(timeout) is float and 0.0 <= timeout <= FAST_SECONDS:  # (NaN fails both)
+        return _ceil(timeout * 1000)  # what timeout_ms makes of it, as recv_batch's waits are
     ms = timeout_ms(timeout)
     return None if ms > I32_MAX else ms
 

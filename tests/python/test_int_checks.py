@@ -298,3 +298,17 @@ def test_ctypes_call_sites_are_all_audited():
             window = text[max(0, m.start() - 300):m.start()]
             assert "check_args" in window or "byref(self._h), buf, len(buf)" in m.group(0), \
                 f"{path.name}: {m.group(0)} is not range-checked"
+
+
+def test_a_float_timeout_of_a_receive_takes_the_fast_path_to_the_same_milliseconds():
+    # Connection.recv_batch passes what is left of its timeout (a float) to every receive:
+    # wait_ms takes floats at once, and must give what timeout_ms gives (rounded up), and leave
+    # NaN, negative and too long ones to timeout_ms's errors.
+    from devshare import _channel_lib
+    for t in (0.0, 0.0001, 0.001, 0.0015, 1.5, 119.99999, 86400.25, float(_channel_lib.FAST_SECONDS)):
+        assert _channel_lib.wait_ms(t) == _args.timeout_ms(t), t
+    assert _channel_lib.wait_ms(math.inf) == -1
+    assert _channel_lib.wait_ms(float(_channel_lib.FAST_SECONDS) + 1.0) is None  # longer than one call
+    for bad in (-0.001, -math.inf, math.nan):
+        with pytest.raises(ValueError, match="timeout"):
+            _channel_lib.wait_ms(bad)
