@@ -36,6 +36,24 @@ fn median_ns(rounds: usize, iters: usize, mut f: impl FnMut()) -> f64 {
     samples[rounds / 2]
 }
 
+/// A 1-D float32 tensor of `shape` at the start of its storage.
+unsafe fn float_row(shape: &[i64; 1]) -> DevshareTensorDesc {
+    let mut desc = std::mem::MaybeUninit::<DevshareTensorDesc>::uninit();
+    ok(devshare_tensor_desc_init(desc.as_mut_ptr(), size_of::<DevshareTensorDesc>() as u32));
+    let mut desc = desc.assume_init();
+    desc.dtype = DevshareDType::new(2, 32, 1);
+    desc.ndim = 1;
+    desc.shape = shape.as_ptr();
+    desc
+}
+
+/// An initialised `DevshareImportInfo` to describe imports into.
+unsafe fn import_info() -> DevshareImportInfo {
+    let mut info = std::mem::MaybeUninit::<DevshareImportInfo>::uninit();
+    ok(devshare_import_info_init(info.as_mut_ptr(), size_of::<DevshareImportInfo>() as u32));
+    info.assume_init()
+}
+
 struct Send(*mut DevshareConnection);
 // SAFETY: a connection may be used from any thread; it is handed over once.
 unsafe impl std::marker::Send for Send {}
@@ -70,15 +88,8 @@ unsafe fn run() {
         ok(devshare_pool_create(ch, exp, SLOT, slots, &mut pool));
         ok(devshare_exporter_close(exp, 0));
         let shape = [1024i64];
-        let mut desc = std::mem::MaybeUninit::<DevshareTensorDesc>::uninit();
-        ok(devshare_tensor_desc_init(desc.as_mut_ptr(), size_of::<DevshareTensorDesc>() as u32));
-        let mut desc = desc.assume_init();
-        desc.dtype = DevshareDType::new(2, 32, 1);
-        desc.ndim = 1;
-        desc.shape = shape.as_ptr();
-        let mut info = std::mem::MaybeUninit::<DevshareImportInfo>::uninit();
-        ok(devshare_import_info_init(info.as_mut_ptr(), size_of::<DevshareImportInfo>() as u32));
-        let mut info = info.assume_init();
+        let desc = float_row(&shape);
+        let mut info = import_info();
         let mut item = || {
             let mut slot = 0u32;
             let mut ptr: *mut c_void = null_mut();
@@ -105,16 +116,9 @@ unsafe fn run() {
         ok(devshare_channel_host_alloc(kib * 1024 * 16, &mut exp, null_mut()));
         ok(devshare_channel_register(ch, exp));
         let shape = [(kib * 256) as i64];
-        let mut desc = std::mem::MaybeUninit::<DevshareTensorDesc>::uninit();
-        ok(devshare_tensor_desc_init(desc.as_mut_ptr(), size_of::<DevshareTensorDesc>() as u32));
-        let mut desc = desc.assume_init();
-        desc.dtype = DevshareDType::new(2, 32, 1);
-        desc.ndim = 1;
-        desc.shape = shape.as_ptr();
+        let mut desc = float_row(&shape);
         desc.storage_offset = 3 * kib * 1024;
-        let mut info = std::mem::MaybeUninit::<DevshareImportInfo>::uninit();
-        ok(devshare_import_info_init(info.as_mut_ptr(), size_of::<DevshareImportInfo>() as u32));
-        let mut info = info.assume_init();
+        let mut info = import_info();
         let mut lease = || {
             ok(devshare_channel_send(ch, peer, exp, &desc));
             let mut imp: *mut DevshareImport = null_mut();

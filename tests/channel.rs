@@ -434,10 +434,13 @@ fn attach_msg(pool: u32, slot_size: u64, count: u32, enc: &[u8]) -> Vec<u8> {
 }
 
 fn item_msg(pool: u32, slot: u32, offset: u64, size: u64) -> Vec<u8> {
+    le(&[&7u32.to_le_bytes(), &pool.to_le_bytes(), &slot.to_le_bytes(), &byte_layout(offset, size)])
+}
+
+/// An `ITEM`'s (or a `LEASE`'s) fields from `ndim` on: 1-D `uint8` bytes `offset..+size`, no
+/// event.
+fn byte_layout(offset: u64, size: u64) -> Vec<u8> {
     le(&[
-        &7u32.to_le_bytes(),
-        &pool.to_le_bytes(),
-        &slot.to_le_bytes(),
         &1u32.to_le_bytes(),
         &[1, 8, 1, 0],
         &[0; 4],
@@ -1383,19 +1386,7 @@ fn pin_shares_msg(lease: u64, export: u64, pin: u64, offset: u64, size: u64, enc
 
 /// A `LEASE` message of 1-D `uint8` bytes `offset..+size` of `export`'s window.
 fn lease_msg(export: u64, lease: u64, offset: u64, size: u64) -> Vec<u8> {
-    le(&[
-        &19u32.to_le_bytes(),
-        &export.to_le_bytes(),
-        &lease.to_le_bytes(),
-        &1u32.to_le_bytes(),
-        &[1, 8, 1, 0],
-        &[0; 4],
-        &offset.to_le_bytes(),
-        &size.to_le_bytes(),
-        &0i64.to_le_bytes(),
-        &(size as i64).to_le_bytes(),
-        &1i64.to_le_bytes(),
-    ])
+    le(&[&19u32.to_le_bytes(), &export.to_le_bytes(), &lease.to_le_bytes(), &byte_layout(offset, size)])
 }
 
 #[test]

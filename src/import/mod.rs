@@ -228,12 +228,15 @@ pub(crate) fn import_attached(
 /// `h` names another allocation.
 pub(crate) fn import_kept(kept: &KeptKey, h: &DevshareHandle, table: Option<&[u8]>) -> Result<Import> {
     let key = &kept.0;
-    let mut miss = || -> Result<Box<dyn crate::backend::Mapping>> {
-        Err(Error::NotFound("the kept allocation is no longer mapped in this process".into()))
-    };
+    let mut miss = || -> Result<Box<dyn crate::backend::Mapping>> { Err(kept_gone()) };
     let attached = (h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_CHANNEL != 0)
         .then(|| Attached { key: &key.key[..key.key_len as usize], open: &mut miss });
     import_from(h, table, ImportRequest::default(), attached, None, Some(key))
+}
+
+/// What [`import_kept`] finds when its allocation was unmapped here since (evicted).
+fn kept_gone() -> Error {
+    Error::NotFound("the kept allocation is no longer mapped in this process".into())
 }
 
 /// `expect`: the registry key the allocation must have, and only its registry entry is used
@@ -267,9 +270,7 @@ fn import_from(
     pending.claim_reference()?;
     let mapping = pending.map(h, &validated, || {
         Ok(match (segments.as_ref(), attached.as_mut()) {
-            _ if lookup_only => {
-                return Err(Error::NotFound("the kept allocation is no longer mapped in this process".into()))
-            }
+            _ if lookup_only => return Err(kept_gone()),
             (_, Some(a)) => (a.open)()?.into(),
             (Some(t), None) => backend.import_segmented(h, t, &validated, &req, passed)?.into(),
             (None, None) => backend.import(h, &validated, &req)?.into(),

@@ -694,8 +694,6 @@ pub struct LocalPool {
     base: usize,
 }
 
-/// The `NAMES` messages for leases `first_lease..` named `names` (one each; `None`: no name):
-/// as few as fit the message size.
 impl Core {
     /// Export `id` is no longer registered: every peer that kept or pinned it is told to let it
     /// go (`RETIRE`), and its offers are withdrawn.
@@ -711,6 +709,8 @@ impl Core {
     }
 }
 
+/// The `NAMES` messages for leases `first_lease..` named `names` (one each; `None`: no name):
+/// as few as fit the message size.
 fn names_messages(first_lease: u64, names: &[Option<&str>]) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     let mut start = 0;

@@ -248,11 +248,8 @@ impl Core {
             Message::Releases { leases } => {
                 // Every lease the peer holds comes back; the others make one protocol error.
                 let mut unknown = 0usize;
-                for lease in &leases {
-                    match peer.leases.remove(lease) {
-                        Some((book, _event)) => book.sub(1),
-                        None => unknown += 1,
-                    }
+                for &lease in &leases {
+                    unknown += usize::from(self.take_release(idx, lease).is_err());
                 }
                 if unknown > 0 {
                     return Err(Error::Untrusted(format!(
