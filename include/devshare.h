@@ -576,6 +576,13 @@ typedef struct DevshareItem {
   // slot. What a binding keys a view it keeps per slot and layout by. Written only when the
   // caller's struct has room for it (`struct_size` on return says so).
   uint64_t layout_id;
+  // (1.15) The name the producer sent with this lease (`devshare_channel_send_named`): a
+  // NUL-terminated UTF-8 string valid until the import is released, or NULL (none, or a
+  // pool item), as `devshare_import_name` reports it, so that a batch's names cost no call
+  // each. Written only when the caller's struct has room for it.
+  const char *name;
+  // (1.15) The name's length in bytes, without the NUL (0 when `name` is NULL).
+  uint64_t name_len;
 } DevshareItem;
 
 // `devshare_connection_recv_item`'s arguments in one struct, for

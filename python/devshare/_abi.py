@@ -278,6 +278,8 @@ class ItemStruct(Structure):
         ("shape", c_int64 * MAX_NDIM),
         ("strides", c_int64 * MAX_NDIM),
         ("layout_id", c_uint64),  # 1.8; a library before it leaves it 0
+        ("name", c_void_p),  # 1.15 (const char *); a library before it leaves it NULL
+        ("name_len", c_uint64),  # 1.15
     ]
 
 

@@ -10,7 +10,8 @@ differs between library versions is chosen here, then, and not on each call:
 - :data:`GIVE_BACK` / :data:`UNMAP_GIVEN_BACK`: an item given back stays mapped until its last
   tensor is gone (1.2), or is unmapped by the give-back itself;
 - :data:`RAW_RECV_ITEM` (1.7) and :data:`RAW_RECV_ARGS` (1.8): the receives that report the item
-  and release an earlier one in the same call (None where the library lacks them);
+  and release an earlier one in the same call, and :data:`RAW_RECV_BATCH` (1.11) a batch's
+  items in one call (None where the library lacks them);
 - :func:`need`: a function the library lacks is refused with ``UNSUPPORTED``, naming the version
   that added it.
 
@@ -143,6 +144,9 @@ RAW_RECV_ITEM = (_raw("devshare_connection_recv_item")
                  if "devshare_connection_recv_item" in _HAVE else None)
 RAW_RECV_ARGS = (_raw("devshare_connection_recv_args")
                  if "devshare_connection_recv_args" in _HAVE else None)
+#: Receive a batch into an array of items (1.11), or None.
+RAW_RECV_BATCH = (_raw("devshare_connection_recv_batch")
+                  if "devshare_connection_recv_batch" in _HAVE else None)
 
 
 #: Give back many imports (their addresses) in one call (1.12), or None.

@@ -23,7 +23,8 @@ import os
 import struct
 import time
 import weakref
-from ctypes import byref, c_int32, c_uint32, c_uint64, c_void_p, cast, sizeof
+from ctypes import byref, c_char, c_int32, c_size_t, c_uint32, c_uint64, c_void_p, cast, sizeof
+from ctypes import string_at as _string_at
 
 from . import _dtypes, _ints, _views
 from ._args import timeout_ms
@@ -32,7 +33,9 @@ from ._channel_lib import (
     GIVE_BACK_MANY,
     HAVE_NAMES,
     RAW_RECV_ARGS,
+    RAW_RECV_BATCH,
     RAW_RECV_ITEM,
+    RAW_RELEASE,
     TIMEOUT,
     ChannelClosed,
     address_bytes,
@@ -173,7 +176,13 @@ _ITEM_STRIDES = ItemStruct.strides.offset
 _IMPORT_AT = ItemStruct.struct_size.size + ItemStruct.reserved.size  # where the import pointer is
 #: The 64-bit word of a received item that holds its import's address.
 IMPORT_WORD = _IMPORT_AT // 8
-assert _IMPORT_AT % 8 == 0 and _ITEM_KEY_END % 8 == 0 and sizeof(ItemStruct) % 8 == 0
+# A batch's items lie _ITEM_SIZE bytes apart (devshare_connection_recv_batch's stride); an item
+# whose struct_size on return reaches _ITEM_NAMED has its name (1.15): the pointer in word
+# _NAME_WORD, its length in the next.
+_ITEM_SIZE = sizeof(ItemStruct)
+_NAME_WORD = ItemStruct.name.offset // 8
+_ITEM_NAMED = ItemStruct.name_len.offset + 8
+assert _IMPORT_AT % 8 == 0 and _ITEM_KEY_END % 8 == 0 and _ITEM_SIZE % 8 == 0 and _ITEM_NAMED == _ITEM_SIZE
 
 # Output structs for every received item, initialised once by their init functions (new_struct)
 # and copied per receive's out-argument.
@@ -343,19 +352,19 @@ def _new_item(conn, like, lease, imp, key, pool, slot, backend, data, nbytes, dt
         raise
 
 
-def _received(out, like: str, conn, key) -> Item:
-    """The :class:`Item` of what ``devshare_connection_recv_args`` / ``_recv_item`` wrote into
-    ``out`` (a :class:`RecvArgsOut` / :class:`RecvItemOut`), for all but a pool item whose kept
-    view or recipe exists (:meth:`Connection.recv` makes that one); ``key``, its view's key."""
-    mv = out.bytes
+def _received(mv, words, at: int, like: str, conn, key) -> Item:
+    """The :class:`Item` of the item that ``devshare_connection_recv_args`` / ``_recv_item`` /
+    ``_recv_batch`` wrote at byte ``at`` of ``mv`` (``words``: the same memory as 64-bit words),
+    for all but an item whose kept view or recipe exists (:meth:`Connection._item_at` makes
+    that one); ``key``, its view's key."""
     pool, slot, device, backend, read_only, ndim, code, bits, lanes, data, nbytes = \
-        _ITEM_HEAD.unpack_from(mv, _ITEM_KEY)
+        _ITEM_HEAD.unpack_from(mv, at + _ITEM_KEY)
     # The lease keeps the import's address: a pool item's goes to the grave, whose imports
     # the next receive releases by address.
-    lease = Lease(out.words[IMPORT_WORD], conn._grave if pool else None)
-    imp = ImportP.from_buffer_copy(mv, _IMPORT_AT) if backend != BACKEND_HOST else None
+    lease = Lease(words[(at >> 3) + IMPORT_WORD], conn._grave if pool else None)
+    imp = ImportP.from_buffer_copy(mv, at + _IMPORT_AT) if backend != BACKEND_HOST else None
     return _new_item(conn, like, lease, imp, key, pool, slot, backend, data or 0, nbytes,
-                     (code, bits, lanes), ndim, mv, _ITEM_SHAPE, _ITEM_STRIDES)
+                     (code, bits, lanes), ndim, mv, at + _ITEM_SHAPE, at + _ITEM_STRIDES)
 
 
 def _described(imp: ImportP, like: str, conn) -> Item:
@@ -533,16 +542,25 @@ class Connection(Owned):
         if not done:
             outs.append(out)
             raise TimeoutError(f"nothing arrived on channel {self.address!r} within {timeout} s")
+        item = self._item_at(out.bytes, out.words, 0, like)
+        outs.append(out)  # (only once read: a failed call may leave it half-written)
+        return item
+
+    def _item_at(self, mv, words, at: int, like: str) -> Item:
+        """The :class:`Item` of the received item the library wrote at byte ``at`` of ``mv`` (a
+        byte view of one ``DevshareItem``, or of an array of them; ``words``: the same memory
+        as 64-bit words), recorded for :meth:`release_all`. What :meth:`recv` and
+        :meth:`recv_batch` make of each item."""
+        w = at >> 3
         # The key of the view (or numpy recipe) kept for a pool item's slot and layout: its
         # layout_id, or its description (see _LAYOUT_WORD).
-        key = out.words[_LAYOUT_WORD] or out.bytes[_ITEM_KEY:_ITEM_KEY_END].tobytes()
+        key = words[w + _LAYOUT_WORD] or mv[at + _ITEM_KEY:at + _ITEM_KEY_END].tobytes()
         if like == "torch":
             entry = self._views.get(key)
             if entry is not None:
                 # A pool item seen before: its tensor through the view kept for its slot and
                 # layout. (_new_item's, written out: this is every pool item's path.)
-                lease = PoolLease(out.words[IMPORT_WORD], self._grave, entry)
-                outs.append(out)
+                lease = PoolLease(words[w + IMPORT_WORD], self._grave, entry)
                 # An item shown before through this view, gone while its memory was still
                 # used: that memory is this item's (the same mapping), held by it from now on.
                 entry[2].lease = None
@@ -555,8 +573,7 @@ class Connection(Owned):
                 # A host lease at an address and layout seen before: a tensor of its own
                 # (holding the lease) from the recipe kept for them. (_views.torch_from,
                 # written out: this is every repeated lease's path.)
-                lease = Lease(out.words[IMPORT_WORD])
-                outs.append(out)
+                lease = Lease(words[w + IMPORT_WORD])
                 array_type, addr, tdtype, count, shape, strides = recipe
                 if array_type is None:
                     tensor = strides.empty(shape, dtype=tdtype)
@@ -573,8 +590,7 @@ class Connection(Owned):
             # recipe kept for its slot and layout.
             entry = self._np_views.get(key)
             if entry is not None:
-                lease = Lease(out.words[IMPORT_WORD], self._grave)
-                outs.append(out)
+                lease = Lease(words[w + IMPORT_WORD], self._grave)
                 # (_views.numpy_from, written out: as above.)
                 array_type, addr, ndtype, shape, extra, bstrides = entry[0]
                 if array_type is None:
@@ -585,8 +601,7 @@ class Connection(Owned):
                     array = extra[0](shape, ndtype, raw, 0, bstrides)
                 self._items_add(_weakref(lease, self._items_gone))
                 return Item(lease, array, entry[1], entry[2])
-        item = _received(out, like, self, key)
-        outs.append(out)  # (only once read: a failed call may leave it half-written)
+        item = _received(mv, words, at, like, self, key)
         self._items_add(_weakref(item._lease, self._items_gone))
         return item
 
@@ -624,9 +639,62 @@ class Connection(Owned):
         :class:`TimeoutError` when it runs out first, and the items received before it are
         released (none is lost: each went back to the producer).
         Release the batch with :func:`release_batch` (a list or a dict; or each item, or
-        :meth:`release_all`)."""
+        :meth:`release_all`). With a 1.11 library the batch is one library call, and with a
+        1.15 one the names come with it (no call per item)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"recv_batch: n must be an int >= 0, not {n!r}")
+        ms = wait_ms(timeout)
+        if RAW_RECV_BATCH is None or ms is None or n == 0:
+            return self._recv_each(n, timeout, like)
+        if like != "torch" or not _TORCH_SEEN:
+            _see(like)  # raises unless that package imports
+        # The items as the library writes them, in one array initialised from the template
+        # (made per call: a batch's items are read before it returns).
+        buf = bytearray(_ITEM_TEMPLATE * n)
+        ptr = self._enter()
+        try:
+            status = RAW_RECV_BATCH(ptr, c_int32(ms), (c_char * len(buf)).from_buffer(buf),
+                                    c_size_t(n))
+        finally:
+            self._exit()
+        if status < 0:
+            # The library released what it had received (each went back to the producer).
+            if status == TIMEOUT:
+                raise TimeoutError(f"{n} items did not arrive on channel {self.address!r} within "
+                                   f"{timeout} s")
+            raise error(status)
+        mv = memoryview(buf)
+        words = mv.cast("Q")
+        # The names as the library wrote them (1.15), or asked for per lease (1.11).
+        in_items = (words[0] & 0xFFFFFFFF) >= _ITEM_NAMED
+        items, names = [], []
+        at = 0
+        try:
+            for at in range(0, n * _ITEM_SIZE, _ITEM_SIZE):
+                item = self._item_at(mv, words, at, like)
+                items.append(item)
+                if item.pool is None and HAVE_NAMES:
+                    w = at >> 3
+                    if not in_items:
+                        names.append(lease_name(words[w + IMPORT_WORD]))
+                    elif words[w + _NAME_WORD]:
+                        names.append(_string_at(words[w + _NAME_WORD],
+                                                words[w + _NAME_WORD + 1]).decode("utf-8"))
+                    else:
+                        names.append(None)
+        except BaseException:
+            release_batch(items)
+            # The items after the one that failed, never made. (The one that failed took its
+            # import into a lease first, which released it: _new_item's release_now, or the
+            # lease's end as garbage.)
+            for rest in range(at + _ITEM_SIZE, n * _ITEM_SIZE, _ITEM_SIZE):
+                RAW_RELEASE(words[(rest >> 3) + IMPORT_WORD])
+            raise
+        return _by_name(items, names)
+
+    def _recv_each(self, n: int, timeout, like: str):
+        """:meth:`recv_batch` one :meth:`recv` at a time (a library before 1.11, or a timeout
+        longer than one library call waits)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         items = []
         try:
@@ -636,15 +704,8 @@ class Connection(Owned):
         except BaseException:
             release_batch(items)
             raise
-        if not HAVE_NAMES or not items or items[0].pool is not None:
-            return items
-        named = {}
-        for item in items:
-            name = item.name
-            if name is None or name in named:
-                return items
-            named[name] = item
-        return named
+        names = [it.name for it in items] if HAVE_NAMES and items and items[0].pool is None else []
+        return _by_name(items, names)
 
     def release_all(self) -> int:
         """Release every item received on this connection and not yet released (gone or not):
@@ -715,6 +776,17 @@ def release_batch(items) -> int:
         if it._lease.released:
             it._tensor = None
     return n
+
+
+def _by_name(items: list, names: list):
+    """``items`` as a dict of name -> item when ``names`` (one per item) are all names and no
+    two the same (a producer's dict); else the list."""
+    if not items or len(names) != len(items):
+        return items
+    named = dict(zip(names, items))
+    if len(named) != len(items) or None in named:
+        return items
+    return named
 
 
 def _give_back_many(leases) -> int:

@@ -224,13 +224,20 @@ pub struct DevshareItem {
     /// slot. What a binding keys a view it keeps per slot and layout by. Written only when the
     /// caller's struct has room for it (`struct_size` on return says so).
     pub layout_id: u64,
+    /// (1.15) The name the producer sent with this lease (`devshare_channel_send_named`): a
+    /// NUL-terminated UTF-8 string valid until the import is released, or NULL (none, or a
+    /// pool item), as `devshare_import_name` reports it, so that a batch's names cost no call
+    /// each. Written only when the caller's struct has room for it.
+    pub name: *const c_char,
+    /// (1.15) The name's length in bytes, without the NUL (0 when `name` is NULL).
+    pub name_len: u64,
 }
 
 sized_struct!(
     DevshareItem,
     "DevshareItem",
     first_size = 184,
-    sum = 4 * 2 + 8 + 4 * 3 + 2 * 2 + 4 + 4 + 8 + 8 + 8 * 2 * crate::handle::DEVSHARE_MAX_NDIM + 8,
+    sum = 4 * 2 + 8 + 4 * 3 + 2 * 2 + 4 + 4 + 8 + 8 + 8 * 2 * crate::handle::DEVSHARE_MAX_NDIM + 8 + 8 + 8,
     defaults = DevshareItem {
         struct_size: 0,
         reserved: 0,
@@ -246,7 +253,9 @@ sized_struct!(
         nbytes: 0,
         shape: [0; crate::handle::DEVSHARE_MAX_NDIM],
         strides: [0; crate::handle::DEVSHARE_MAX_NDIM],
-        layout_id: 0
+        layout_id: 0,
+        name: std::ptr::null(),
+        name_len: 0
     }
 );
 
@@ -553,6 +562,8 @@ fn item_of(i: &crate::import::Import) -> DevshareItem {
         shape,
         strides,
         layout_id: 0,
+        name: i.name().map_or(std::ptr::null(), |n| n.as_ptr()),
+        name_len: i.name().map_or(0, |n| n.to_bytes().len() as u64),
     }
 }
 

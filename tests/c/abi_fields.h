@@ -60,6 +60,8 @@
     FIELD(DevshareItem, shape)                       \
     FIELD(DevshareItem, strides)                     \
     FIELD(DevshareItem, layout_id)                   \
+    FIELD(DevshareItem, name)                        \
+    FIELD(DevshareItem, name_len)                    \
     STRUCT(DevshareRecvArgs)                         \
     FIELD(DevshareRecvArgs, struct_size)             \
     FIELD(DevshareRecvArgs, timeout_ms)              \

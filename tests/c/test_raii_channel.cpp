@@ -649,6 +649,11 @@ void test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer() {
         me.check(devshare_connection_recv_batch(conn.get(), -1, two, 2) == DEVSHARE_STATUS_OK &&
                      two[0].import != nullptr && two[1].import != nullptr,
                  "devshare_connection_recv_batch of 2 fills both items");
+        // (1.15) Each item's name in the item itself: no devshare_import_name per item.
+        me.check(two[0].name != nullptr && two[0].name_len == 15 && std::strcmp(two[0].name, "layers.0.weight") == 0 &&
+                     two[1].name == nullptr && two[1].name_len == 0,
+                 "devshare_connection_recv_batch writes each lease's name and its length into its item (NULL, 0: "
+                 "sent without one)");
         // Given back in one call first (NULL entries skipped; twice: the second sends nothing),
         // then released, which sends nothing more.
         const DevshareImport* given[3] = {two[0].import, nullptr, two[1].import};
@@ -700,7 +705,7 @@ void test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer() {
     child.tell('t');
     child.take_report();
     check(exp.wait(kWait) && exp.outstanding() == 0, "a batch that timed out gave back the 2 leases it had received");
-    ch.send_batch(peer, {exps, 2}, {descs, 2});
+    ch.send_batch(peer, {exps, 2}, {descs, 2}, {names, 2});
     child.tell('b');
     child.take_report();
     check(exp.wait(kWait) && exp.outstanding() == 0, "devshare_items_release gives back the batch's 2 leases");

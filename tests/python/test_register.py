@@ -219,6 +219,83 @@ def test_recv_batch_that_times_out_gives_back_what_it_had_received():
         conn.close()
 
 
+def test_recv_batch_is_one_library_call_whose_items_carry_their_names(monkeypatch):
+    # 1.15: the batch in one devshare_connection_recv_batch, each lease's name read from its
+    # item; devshare_import_name is never called.
+    from devshare import _connection
+    calls = []
+    raw = _connection.RAW_RECV_BATCH
+    monkeypatch.setattr(_connection, "RAW_RECV_BATCH", lambda *a: calls.append(a) or raw(*a))
+
+    def no_name_calls(imp):
+        raise AssertionError("a name asked for per lease")
+
+    monkeypatch.setattr(_connection, "lease_name", no_name_calls)
+    sd = _state_dict()
+    ch, peer, conn = _in_process(_address("batchcall"))
+    with ch, conn:
+        ch.register(sd)
+        for _ in range(2):
+            ch.send_batch(peer, sd)
+            items = conn.recv_batch(len(sd), timeout=5)
+            assert list(items) == list(sd), "the names, in order, from the items"
+            for name, t in sd.items():
+                assert torch.equal(items[name].tensor, t)
+            assert devshare.release_batch(items) == len(sd)
+            ch.service(0)
+            _wait_back(ch, sd.values(), timeout=5)
+        assert len(calls) == 2, "one library call per batch"
+
+
+@pytest.mark.parametrize("library", ["no batch call", "items without names"])
+def test_recv_batch_with_an_older_library_gives_the_same_dict(monkeypatch, library):
+    # A 1.11-1.14 library writes no names into the items (asked for per lease then); one before
+    # 1.11 has no batch call (one receive per item then).
+    from devshare import _connection
+    if library == "no batch call":
+        monkeypatch.setattr(_connection, "RAW_RECV_BATCH", None)
+    else:
+        monkeypatch.setattr(_connection, "_ITEM_NAMED", _connection._ITEM_SIZE + 8)
+    sd = _state_dict()
+    ch, peer, conn = _in_process(_address("older"))
+    with ch, conn:
+        ch.register(sd)
+        ch.send_batch(peer, sd)
+        items = conn.recv_batch(len(sd), timeout=5)
+        assert list(items) == list(sd)
+        for name, t in sd.items():
+            assert torch.equal(items[name].tensor, t)
+        assert devshare.release_batch(items) == len(sd)
+        ch.service(0)
+        _wait_back(ch, sd.values(), timeout=5)
+
+
+def test_a_batch_item_that_fails_to_open_gives_every_lease_of_the_batch_back(monkeypatch):
+    # An item whose tensor cannot be made (here: the second) fails the batch: the item made
+    # before it, it, and the items after it (received by the library, never made) all go back.
+    from devshare import _views
+    made = []
+    torch_from = _views.torch_from
+
+    def failing_second(*args):
+        made.append(None)
+        if len(made) == 2:
+            raise RuntimeError("the second item")
+        return torch_from(*args)
+
+    monkeypatch.setattr(_views, "torch_from", failing_second)
+    ts = [torch.full((8,), float(i)) for i in range(4)]
+    ch, peer, conn = _in_process(_address("fails"))
+    with ch, conn:
+        ch.register(ts)
+        ch.send_batch(peer, ts)
+        with pytest.raises(RuntimeError, match="the second item"):
+            conn.recv_batch(4, timeout=5)
+        ch.service(0)
+        _wait_back(ch, ts, timeout=5)
+        assert all(devshare.outstanding(t) == 0 for t in ts)
+
+
 def test_a_list_comes_back_as_a_list_and_bad_names_are_refused_before_sending():
     address = _address("names")
     sd = _state_dict()
