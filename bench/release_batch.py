@@ -57,7 +57,7 @@ def main() -> int:
             for sync in range(args.syncs):
                 t0 = time.perf_counter()
                 ch.send_batch(peer, tensors)
-                if not all(devshare.wait(t, timeout=TIMEOUT) for t in tensors.values()):
+                if not devshare.wait(tensors, timeout=TIMEOUT):
                     raise TimeoutError("leases did not come back")
                 print(f"| {sync + 1} | {(time.perf_counter() - t0) * 1e3:.1f} |", flush=True)
             proc.join(TIMEOUT + args.idle)

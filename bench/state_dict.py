@@ -32,7 +32,7 @@ control messages):
               file_system shared memory (one copy; reported on its own as "first"), the later
               sends lease the same storages with no copy. The consumer: conn.recv() per
               item, item.tensor, touch. Release: the consumer drops its tensors and calls
-              conn.release_all(); the producer waits (devshare.wait on every tensor, which
+              conn.release_all(); the producer waits (devshare.wait of the list of tensors, which
               serves the channel meanwhile) until every lease came back.
   torch-fd    ForkingPickler.dumps(state_dict) with sharing strategy file_descriptor (PyTorch's
               default on Linux): torch.multiprocessing.reductions.reduce_tensor per tensor, the
@@ -210,9 +210,8 @@ def run_devshare(sd: dict, reps: int, ctx, registered: bool = False
             # devshare.wait serves the channel while it waits: the consumer's releases are read
             # as they come (a producer that does not call into the channel meanwhile lets the
             # socket fill, and the consumer's releases then wait for room).
-            for t in tensors:
-                if not devshare.wait(t, timeout=TIMEOUT):
-                    raise TimeoutError(f"leases not back within {TIMEOUT} s")
+            if not devshare.wait(tensors, timeout=TIMEOUT):  # every tensor's, in one call
+                raise TimeoutError(f"leases not back within {TIMEOUT} s")
             t2 = time.perf_counter()
             released = recv_msg(ctl, proc, "the release acknowledgement")
             if released != len(sd):

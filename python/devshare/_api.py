@@ -14,7 +14,9 @@ Imports :mod:`devshare._lib`, :mod:`devshare._dtypes`, :mod:`devshare._args`,
 
 from __future__ import annotations
 
+import math
 import sys
+import time
 from ctypes import byref
 
 from . import _dlpack, _dtypes, _torch_ipc
@@ -216,16 +218,15 @@ def outstanding(obj) -> int:
 def wait(obj, timeout=None) -> bool:
     """Wait until every reference handed out for obj's memory came back. True when they did,
     False when ``timeout`` seconds passed first (an int or float >= 0; None or ``math.inf``:
-    wait forever). TypeError for a bool or non-number timeout, ValueError for NaN, negative or
-    finite timeouts beyond int64 milliseconds."""
+    wait forever). ``obj``: a tensor, array or handle, or a dict, list or tuple of them (a
+    state dict sent with :meth:`Channel.send_batch`): then every one's, within the one
+    ``timeout``, each storage once. TypeError for a bool or non-number timeout, ValueError
+    for NaN, negative or finite timeouts beyond int64 milliseconds."""
     ms = timeout_ms(timeout)
+    if isinstance(obj, (dict, list, tuple)):
+        return _wait_all(obj.values() if isinstance(obj, dict) else obj, ms)
     with registry_lock:
-        r = registered_tensors.get(id(obj))
-        r = r() if r is not None else None
-        if r is not None and r.current(obj):  # a registered tensor: its registration's export
-            exp, owner = r.prep[0], None
-        else:
-            exp, owner = _export_of(obj)  # owner: keeps an empty() allocation open meanwhile
+        exp, owner = _waited_export(obj)
         if exp is None or exp.closed:
             return True
         exp.waiters += 1
@@ -237,6 +238,47 @@ def wait(obj, timeout=None) -> bool:
         with registry_lock:
             exp.waiters -= 1
         del owner
+
+
+def _waited_export(obj):
+    """The export whose references :func:`wait` waits for, and what keeps it open (see
+    :func:`_export_of`); with the registry lock held."""
+    r = registered_tensors.get(id(obj))
+    r = r() if r is not None else None
+    if r is not None and r.current(obj):  # a registered tensor: its registration's export
+        return r.prep[0], None
+    return _export_of(obj)  # owner: keeps an empty() allocation open meanwhile
+
+
+def _wait_all(objs, ms: int) -> bool:
+    """:func:`wait` of many: each export once, in turn, within ``ms`` (-1: no limit) in all."""
+    exps: dict = {}
+    owners = []
+    with registry_lock:
+        try:
+            for obj in objs:
+                exp, owner = _waited_export(obj)
+                if owner is not None:
+                    owners.append(owner)
+                if exp is not None and not exp.closed and id(exp) not in exps:
+                    exps[id(exp)] = exp
+                    exp.waiters += 1
+        except BaseException:  # (an object that is not a tensor): no export stays waited on
+            for exp in exps.values():
+                exp.waiters -= 1
+            raise
+    try:
+        deadline = None if ms < 0 else time.monotonic() + ms / 1000
+        for exp in exps.values():
+            left = -1 if deadline is None else max(0, math.ceil((deadline - time.monotonic()) * 1000))
+            if not exp.wait(left):
+                return False
+        return True
+    finally:
+        with registry_lock:
+            for exp in exps.values():
+                exp.waiters -= 1
+        del owners
 
 
 def discard(handle) -> None:

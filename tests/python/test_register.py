@@ -296,6 +296,29 @@ def test_a_batch_item_that_fails_to_open_gives_every_lease_of_the_batch_back(mon
         assert all(devshare.outstanding(t) == 0 for t in ts)
 
 
+def test_wait_on_a_dict_or_list_waits_for_every_tensor_in_it():
+    sd = _state_dict()
+    ch, peer, conn = _in_process(_address("waitall"))
+    with ch, conn:
+        ch.register(sd)
+        ch.send_batch(peer, sd)
+        items = conn.recv_batch(len(sd), timeout=5)
+        last = list(sd)[-1]
+        # Every lease back but the last one's: still not all back.
+        devshare.release_batch([it for name, it in items.items() if name != last])
+        ch.service(0)
+        assert not devshare.wait(sd, timeout=0.3), "the last tensor's lease is still out"
+        assert not devshare.wait(list(sd.values()), timeout=0)
+        assert devshare.wait([t for name, t in sd.items() if name != last], timeout=5)
+        items[last].release()
+        assert devshare.wait(sd, timeout=5) and devshare.wait(tuple(sd.values()), timeout=0)
+        assert devshare.wait([], timeout=0) and devshare.wait({}, timeout=None)
+        with pytest.raises(TypeError, match="torch tensor"):
+            devshare.wait([sd["w1"], 3], timeout=0)
+        with pytest.raises(ValueError, match="timeout"):
+            devshare.wait(sd, timeout=-1)
+
+
 def test_a_list_comes_back_as_a_list_and_bad_names_are_refused_before_sending():
     address = _address("names")
     sd = _state_dict()
