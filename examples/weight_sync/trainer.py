@@ -39,9 +39,10 @@ def main(address: str, syncs: int) -> None:
             opt.step()
             meta[0], meta[1] = step, checksum(params.values())
             ch.send_batch(engine, {**params, "meta": meta})  # one lease per tensor, named by its key
-            # Wait until the engine has loaded the sync and released it.
-            while any(devshare.outstanding(t) for t in (*params.values(), meta)):
-                ch.service(0.01)
+            # Wait until the engine has loaded the sync and released it (every tensor's lease;
+            # the wait serves the channel meanwhile).
+            if not devshare.wait([*params.values(), meta], timeout=60):
+                raise TimeoutError("the engine did not release the sync within 60 s")
         print(f"trainer: sent {syncs} syncs of {len(params)} tensors", flush=True)
     # Closing the channel: the engine's next recv_batch raises ChannelClosed.
 

@@ -582,7 +582,7 @@ class Connection(Owned):
                     raw._devshare_keep = lease
                     tensor = _FROMBUFFER(raw, dtype=tdtype, count=count)
                     if strides is not None:
-                        tensor = tensor.as_strided(shape, strides)
+                        tensor.as_strided_(shape, strides)  # (in place, as _views.view)
                 self._items_add(_weakref(lease, self._items_gone))
                 return Item(lease, tensor, None, None)
         else:

@@ -141,19 +141,38 @@ def _registered_stream(streams: dict, t, stream):
     return raw
 
 
+#: Names checked and encoded before (str -> UTF-8 bytes), so that a state dict sent again
+#: costs a lookup per key; bounded (cleared past _MAX_NAMES).
+_NAMES: dict = {}
+_MAX_NAMES = 1 << 16
+
+
 def _names_of(d: dict) -> list:
     """A dict's keys as lease names (UTF-8 bytes), checked before anything is sent."""
+    known = _NAMES.get
     names = []
     for key in d:
-        if not isinstance(key, str):
-            raise TypeError(f"send_batch: a dict's keys travel as names and must be str, not {type(key).__name__}")
-        b = key.encode("utf-8")
-        if len(b) > MAX_NAME_LEN or b"\0" in b:
-            shown = repr(key) if len(key) <= 40 else repr(key[:40]) + "..."
-            raise ValueError(f"send_batch: the name {shown} is longer than {MAX_NAME_LEN} bytes of UTF-8 "
-                             f"or holds a NUL")
+        b = known(key) if type(key) is str else None
+        if b is None:
+            b = _name_of(key)
         names.append(b)
     return names
+
+
+def _name_of(key) -> bytes:
+    """One key as a lease name (see :func:`_names_of`), checked, and kept when it is a str."""
+    if not isinstance(key, str):
+        raise TypeError(f"send_batch: a dict's keys travel as names and must be str, not {type(key).__name__}")
+    b = key.encode("utf-8")
+    if len(b) > MAX_NAME_LEN or b"\0" in b:
+        shown = repr(key) if len(key) <= 40 else repr(key[:40]) + "..."
+        raise ValueError(f"send_batch: the name {shown} is longer than {MAX_NAME_LEN} bytes of UTF-8 "
+                         f"or holds a NUL")
+    if type(key) is str:  # (a str subclass may hash and compare as it likes: not kept)
+        if len(_NAMES) >= _MAX_NAMES:
+            _NAMES.clear()
+        _NAMES[key] = b
+    return b
 
 
 def _check_sendable(t) -> None:

@@ -102,7 +102,9 @@ def view(addr: int, nbytes: int, keep, dtype, shape, strides=None, like: str = "
             return flat  # the whole region, as one row: nothing to slice
         if strides is None:
             return flat[:numel].view(shape)
-        return flat.as_strided(shape, strides)
+        # (In place: the tensor made here is nobody else's, and an as_strided view of it would
+        # cost a view's bookkeeping, about 0.7 us.)
+        return flat.as_strided_(shape, strides)
     numpy = _dtypes.require_numpy()
     ndtype = numpy_dtype(dtype)
     if numel == 0 or nbytes == 0:
@@ -175,7 +177,7 @@ def torch_from(recipe, keep):
     raw = array_type.from_address(addr)
     raw._devshare_keep = keep
     flat = _FROMBUFFER[0](raw, dtype=tdtype, count=count)
-    return flat if strides is None else flat.as_strided(shape, strides)
+    return flat if strides is None else flat.as_strided_(shape, strides)  # (in place, as in view)
 
 
 def numpy_recipe(addr: int, nbytes: int, keep, dtype, shape, strides=None):

@@ -275,6 +275,8 @@ def test_ctypes_call_sites_are_all_audited():
                                          "a ctypes output",
         "devshare_connection_recv_args": "a byref of the DevshareRecvArgs whose fields the "
                                          "package sets through int views (int32 timeout, pointers)",
+        "devshare_connection_recv_batch": "pointer, a c_int32 timeout from wait_ms, a ctypes array of "
+                                          "initialised items and a c_size_t of its length",
     }
     pkg = pathlib.Path(devshare.__file__).parent
     direct = set()
