@@ -1298,6 +1298,56 @@ fn a_registered_state_dict_of_300_named_tensors_syncs_again_and_again_with_the_c
 }
 
 #[test]
+fn a_send_of_thousands_of_pinned_leases_fits_the_socket_while_the_consumer_reads_nothing() {
+    // 3,000 registered exports, pinned (their first leases sent 200 at a time), then sent in one
+    // batch that the consumer reads only after the send: 1,024 leases fill its ring, the rest
+    // go over the socket. One message each filled the socket and the send queue (1,024
+    // messages), and the producer disconnected the consumer as one that does not read.
+    const N: usize = 3000;
+    let (ch, c, peer) = connected(&address("many-leases"));
+    let exps: Vec<Exporter> = (0..N).map(|_| Exporter::channel_host_alloc(4096).unwrap()).collect();
+    for e in &exps {
+        ch.register(e).unwrap();
+    }
+    let desc = TensorDesc { shape: &[16], storage_offset: 64, ..Default::default() };
+    let items: Vec<_> = exps.iter().map(|e| (e, desc.clone())).collect();
+    for chunk in items.chunks(200) {
+        ch.send_batch(peer, chunk).unwrap();
+        let imps: Vec<_> = (0..chunk.len()).map(|_| c.recv(T).unwrap()).collect();
+        Connection::give_back_all(&imps);
+        drop(imps);
+        for (e, _) in chunk {
+            e.wait(T).unwrap();
+        }
+    }
+    for sync in 1..=2u8 {
+        for e in &exps {
+            // SAFETY: the producer's own bytes, no lease out.
+            unsafe { std::ptr::write_bytes(e.ptr().add(64), sync, 16) };
+        }
+        ch.send_batch(peer, &items).unwrap_or_else(|e| panic!("sync {sync}: {e}"));
+        // Read in another thread while this one serves the channel (its wait).
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut imps = Vec::with_capacity(N);
+                for i in 0..N {
+                    let imp = c.recv(T).unwrap_or_else(|e| panic!("sync {sync}, lease {i}: {e}"));
+                    // SAFETY: 16 readable bytes.
+                    assert!(unsafe { std::slice::from_raw_parts(imp.view().data, 16) }.iter().all(|&b| b == sync));
+                    imps.push(imp);
+                }
+                Connection::give_back_all(&imps);
+            });
+            for (i, e) in exps.iter().enumerate() {
+                e.wait(T).unwrap_or_else(|err| panic!("sync {sync}, export {i}: {err}"));
+            }
+        });
+    }
+    let info = ch.peer_info(peer).unwrap();
+    assert_eq!(info.protocol_errors, 0);
+}
+
+#[test]
 fn ten_leases_of_a_pinned_export_read_its_current_values_through_one_mapping_and_come_back() {
     let (ch, c, peer) = connected(&address("pin-values"));
     let exp = Exporter::channel_host_alloc(1 << 16).unwrap();
@@ -1454,6 +1504,64 @@ fn a_hostile_producers_pins_and_leases_are_refused_and_given_back_and_map_nothin
     p.send(&lease_msg(5, 12, 64, 16), &[]);
     assert_eq!(status(c.recv(T)), Status::Untrusted);
     released(&p, 12);
+}
+
+/// A `LEASES` message of `LEASE` messages.
+fn leases_msg(leases: &[Vec<u8>]) -> Vec<u8> {
+    let mut m = le(&[&20u32.to_le_bytes(), &(leases.len() as u32).to_le_bytes(), &[0; 4]]);
+    for l in leases {
+        m.extend(le(&[&(l.len() as u32).to_le_bytes(), l]));
+    }
+    m
+}
+
+#[test]
+fn a_hostile_producers_leases_messages_are_checked_lease_by_lease() {
+    let (addr, l) = fake_producer("hostile-leases");
+    let server = std::thread::spawn(move || FakeProducer::accept_with(&l, 2));
+    let c = Connection::connect(&addr, T).unwrap();
+    let p = server.join().unwrap();
+    let released = |p: &FakeProducer, lease: u64| {
+        let m = recv_raw(p.conn.as_fd());
+        assert_eq!((msg_type(&m), u64_at(&m, 8)), (5, lease), "lease {lease} given back");
+    };
+    let enc = memfd_handle(8192, 4096);
+    let fd = sealed_memfd(8192);
+    rustix::io::pwrite(&fd, &[7u8; 64], 1024 + 64).unwrap();
+    p.send(&pin_shares_msg(1, 5, 1, 1024, 4096, &enc), &[fd.as_fd()]);
+    c.recv(T).unwrap().release();
+    let m = recv_raw(p.conn.as_fd());
+    assert_eq!((msg_type(&m), u64_at(&m, 12)), (18, 5), "PINNED for export 5");
+    released(&p, 1);
+    // Two good leases around one of an export never pinned and one past the window: the bad
+    // ones are refused (the receive's error) and given back, the good ones arrive in order.
+    p.send(
+        &leases_msg(&[
+            lease_msg(5, 2, 64, 16),
+            lease_msg(9, 3, 0, 16),
+            lease_msg(5, 4, 4000, 200),
+            lease_msg(5, 5, 64, 8),
+        ]),
+        &[],
+    );
+    assert_eq!(status(c.recv(T)), Status::Untrusted);
+    released(&p, 3);
+    released(&p, 4);
+    let (a, b) = (c.recv(T).unwrap(), c.recv(T).unwrap());
+    // SAFETY: 16 and 8 readable bytes.
+    assert_eq!(unsafe { std::slice::from_raw_parts(a.view().data, 16) }, &[7u8; 16]);
+    assert_eq!(unsafe { std::slice::from_raw_parts(b.view().data, 8) }, &[7u8; 8]);
+    a.release();
+    released(&p, 2);
+    b.release();
+    released(&p, 5);
+    // With a descriptor, or holding something that is not a lease: refused whole, nothing
+    // arrives.
+    p.send(&leases_msg(&[lease_msg(5, 6, 64, 16)]), &[fd.as_fd()]);
+    assert_eq!(status(c.recv(T)), Status::Untrusted);
+    p.send(&leases_msg(&[lease_msg(5, 7, 64, 16), item_msg(1, 0, 0, 16)]), &[]);
+    assert_eq!(status(c.recv(T)), Status::Untrusted);
+    assert_eq!(status(c.recv(Some(Duration::from_millis(100)))), Status::Timeout, "nothing else arrived");
 }
 
 fn kept_shares_msg(first_lease: u64, entries: &[(u32, u64, &[u8])]) -> Vec<u8> {

@@ -127,6 +127,13 @@ pub(crate) const PINNED: u32 = 18;
 /// `storage_offset` relative to the export's window; flags [`ITEM_EVENT`] and
 /// [`LEASE_EVENT_AGAIN`].
 pub(crate) const LEASE: u32 = 19;
+/// [`HELLO`] feature: the consumer reads [`LEASES`].
+pub(crate) const FEATURE_LEASES: u16 = 32;
+/// Producer -> consumer (to consumers that announced [`FEATURE_LEASES`]): the [`LEASE`]s of one
+/// send that found the ring full, in one message instead of one each (a send of thousands of
+/// registered tensors would otherwise fill the socket and the send queue with them): `count
+/// u32, 0 u32`, then per lease `len u32` and that [`LEASE`]'s encoding, its type included.
+pub(crate) const LEASES: u32 = 20;
 /// [`LEASE`] flag (with [`ITEM_EVENT`]): an earlier lease of the same send carried this event
 /// record; a consumer that waited on it for that lease, on the same stream, need not again.
 pub(crate) const LEASE_EVENT_AGAIN: u32 = 2;
@@ -186,6 +193,56 @@ pub(crate) enum Message<'a> {
     /// Producer -> consumer: lease `lease` of pinned export `export` (`layout` within its
     /// window), the event to wait on first and whether an earlier lease of its send carried it.
     Lease { export: u64, lease: u64, layout: ItemLayout, event: Option<[u8; DEVSHARE_EVENT_HANDLE_SIZE]>, again: bool },
+    /// Producer -> consumer: several [`Message::Lease`]s, in order.
+    Leases { leases: Vec<LeaseRecord> },
+}
+
+/// One lease of a [`Message::Leases`]: a [`Message::Lease`]'s fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LeaseRecord {
+    pub export: u64,
+    pub lease: u64,
+    pub layout: ItemLayout,
+    pub event: Option<[u8; DEVSHARE_EVENT_HANDLE_SIZE]>,
+    pub again: bool,
+}
+
+/// A [`LEASES`] message being filled: [`Self::push`] appends a [`LEASE`]'s encoding while the
+/// message stays within [`MAX_MESSAGE`] and [`MAX_SHARES`] leases.
+pub(crate) struct LeasesOut {
+    buf: Vec<u8>,
+    count: u32,
+}
+
+impl LeasesOut {
+    pub(crate) fn new() -> Self {
+        let mut buf = Vec::with_capacity(4096);
+        buf.extend_from_slice(&LEASES.to_le_bytes());
+        buf.extend_from_slice(&[0; 8]);
+        LeasesOut { buf, count: 0 }
+    }
+
+    /// Append `lease` (a [`LEASE`]'s encoding); false (nothing appended) when the message is
+    /// full.
+    pub(crate) fn push(&mut self, lease: &[u8]) -> bool {
+        if self.count as usize == MAX_SHARES || self.buf.len() + 4 + lease.len() > MAX_MESSAGE {
+            return false;
+        }
+        self.buf.extend_from_slice(&(lease.len() as u32).to_le_bytes());
+        self.buf.extend_from_slice(lease);
+        self.count += 1;
+        true
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The message's bytes.
+    pub(crate) fn finish(mut self) -> Vec<u8> {
+        self.buf[4..8].copy_from_slice(&self.count.to_le_bytes());
+        self.buf
+    }
 }
 
 impl Message<'_> {
@@ -234,6 +291,15 @@ impl Message<'_> {
             Message::Item { pool, slot, layout, event } => item_bytes(&mut m, *pool, *slot, layout, event.as_ref()),
             Message::Lease { export, lease, layout, event, again } => {
                 lease_bytes(&mut m, *export, *lease, layout, event.as_ref(), *again)
+            }
+            Message::Leases { leases } => {
+                m.u32(LEASES);
+                m.u32(leases.len() as u32).u32(0);
+                for l in leases {
+                    let mut one = Out(Vec::new());
+                    lease_bytes(&mut one, l.export, l.lease, &l.layout, l.event.as_ref(), l.again);
+                    m.u32(one.0.len() as u32).bytes(&one.0);
+                }
             }
             Message::PinShares { first_lease, entries } => {
                 m.u32(PIN_SHARES);
@@ -351,6 +417,28 @@ impl<'a> Message<'a> {
                     return Err(Error::Untrusted("a lease says its event came before but carries none".into()));
                 }
                 Message::Lease { export, lease, layout, event, again: flags & LEASE_EVENT_AGAIN != 0 }
+            }
+            LEASES => {
+                let count = r.u32()? as usize;
+                if count == 0 || count > MAX_SHARES {
+                    return Err(Error::Untrusted(format!(
+                        "a message of {count} leases (1..={MAX_SHARES} are possible)"
+                    )));
+                }
+                let _ = r.u32()?;
+                let mut leases = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let len = r.u32()? as usize;
+                    match Message::decode(r.bytes(len)?)? {
+                        Message::Lease { export, lease, layout, event, again } => {
+                            leases.push(LeaseRecord { export, lease, layout, event, again });
+                        }
+                        other => {
+                            return Err(Error::Untrusted(format!("a message of leases holds {other:?}, not a lease")))
+                        }
+                    }
+                }
+                Message::Leases { leases }
             }
             PINNED => {
                 let count = r.u32()? as usize;
@@ -905,6 +993,12 @@ mod tests {
                 event: Some([5; 64]),
                 again: true,
             },
+            Message::Leases {
+                leases: vec![
+                    LeaseRecord { export: 3, lease: 14, layout, event: None, again: false },
+                    LeaseRecord { export: 4, lease: 15, layout, event: Some([5; 64]), again: true },
+                ],
+            },
         ]
     }
 
@@ -986,6 +1080,57 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_leases_message_is_filled_to_its_bounds_and_lies_about_its_leases_are_refused() {
+        let layout = ItemLayout {
+            ndim: 1,
+            shape: [4, 0, 0, 0, 0, 0, 0, 0],
+            strides: [1, 0, 0, 0, 0, 0, 0, 0],
+            ..ItemLayout::empty()
+        };
+        let lease = |n: u64| Message::Lease { export: 3, lease: n, layout, event: None, again: false }.encode();
+        // Filled lease by lease: what it holds is what Message::Leases encodes, and it stops at
+        // MAX_MESSAGE bytes.
+        let mut out = LeasesOut::new();
+        assert!(out.is_empty());
+        let mut n = 0;
+        while out.push(&lease(n)) {
+            n += 1;
+        }
+        assert!(n > 1000 && n < MAX_SHARES as u64, "{n} leases of {} bytes", lease(0).len());
+        let b = out.finish();
+        assert!(b.len() <= MAX_MESSAGE);
+        let Message::Leases { leases } = Message::decode(&b).unwrap() else { panic!("not LEASES") };
+        assert_eq!(leases.len() as u64, n);
+        assert!(leases.iter().enumerate().all(|(i, l)| l.lease == i as u64 && l.export == 3));
+        // Lies: no lease, more leases than it holds, a length past its end, and a record that
+        // is not a lease (an ITEM).
+        let ok =
+            Message::Leases { leases: vec![LeaseRecord { export: 3, lease: 1, layout, event: None, again: false }] }
+                .encode();
+        assert!(Message::decode(&ok).is_ok());
+        let mut zero = ok.clone();
+        zero[4..8].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(Message::decode(&zero).unwrap_err().status(), crate::Status::Untrusted, "0 leases");
+        let mut more = ok.clone();
+        more[4..8].copy_from_slice(&2u32.to_le_bytes());
+        assert!(Message::decode(&more).is_err(), "a count above the leases");
+        let mut long = ok.clone();
+        long[12..16].copy_from_slice(&1000u32.to_le_bytes());
+        assert!(Message::decode(&long).is_err(), "a length beyond the message");
+        let item = Message::Item { pool: 1, slot: 0, layout, event: None }.encode();
+        let mut not_lease = le(&[&LEASES.to_le_bytes(), &1u32.to_le_bytes(), &[0; 4]]);
+        not_lease.extend_from_slice(&(item.len() as u32).to_le_bytes());
+        not_lease.extend_from_slice(&item);
+        let e = Message::decode(&not_lease).unwrap_err();
+        assert_eq!(e.status(), crate::Status::Untrusted);
+        assert!(e.to_string().contains("not a lease"), "{e}");
+    }
+
+    fn le(parts: &[&[u8]]) -> Vec<u8> {
+        parts.concat()
     }
 
     #[test]

@@ -322,8 +322,12 @@ impl LocalConnection {
                 cred.uid.as_raw()
             )));
         }
-        let features =
-            wire::FEATURE_SHARES | wire::FEATURE_RING | wire::FEATURE_KEEP | wire::FEATURE_NAMES | wire::FEATURE_PIN;
+        let features = wire::FEATURE_SHARES
+            | wire::FEATURE_RING
+            | wire::FEATURE_KEEP
+            | wire::FEATURE_NAMES
+            | wire::FEATURE_PIN
+            | wire::FEATURE_LEASES;
         let hello = Message::Hello { magic: wire::MAGIC, version: wire::VERSION, features, tgid };
         match wire::send(fd.as_fd(), &hello.encode(), &[]) {
             // A producer that refused us at once has closed already: its reason is queued.
@@ -765,6 +769,23 @@ impl LocalConnection {
                     return Err(Error::Untrusted("a lease of a pinned export came with descriptors".into()));
                 }
                 self.lease(st, export, lease, &layout, event, again).map(Some)
+            }
+            Message::Leases { leases } => {
+                if !fds.is_empty() {
+                    return Err(Error::Untrusted("leases of pinned exports came with descriptors".into()));
+                }
+                // Each as a LEASE of its own: a refused one is given back, the others still
+                // arrive, and the first refusal is this call's error.
+                let mut first_error = None;
+                for l in leases {
+                    match self.lease(st, l.export, l.lease, &l.layout, l.event, l.again) {
+                        Ok(imp) => st.ready.push_back(imp),
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                }
+                first_error.map_or(Ok(None), Err)
             }
             Message::Attach { pool, slot_size, count, handle } => {
                 let d = decode_full(handle)?;

@@ -170,6 +170,19 @@ pub struct LocalChannel {
     shared: Arc<ChannelShared>,
 }
 
+/// A lease posted (or about to be) to a peer: its number, its export and its event.
+type PendingLease<'e> = (u64, &'e Exporter, Option<Arc<ChannelEvent>>);
+
+/// Record `leases`, posted to peer `idx`: each is counted in its export's lease book (served
+/// by `shared`) until it comes back.
+fn book<'e>(core: &mut Core, shared: &Arc<ChannelShared>, idx: usize, leases: impl Iterator<Item = PendingLease<'e>>) {
+    for (lease, exp, event) in leases {
+        let book = exp.leases().clone();
+        book.add(shared);
+        core.peers[idx].leases.insert(lease, (book, event));
+    }
+}
+
 impl LocalChannel {
     /// Listen on `address` (a path, or `@name` for an abstract socket).
     pub fn listen(address: &str) -> Result<LocalChannel> {
@@ -430,6 +443,8 @@ impl LocalChannel {
             // A consumer that reads PIN_SHARES is offered each registered export's window once; once
             // it took the offer, a lease of that export is one LEASE, in its ring.
             let pins = keeps && features & wire::FEATURE_PIN != 0;
+            // Such leases that find the ring full go in LEASES messages where the consumer reads them.
+            let leases_batched = pins && features & wire::FEATURE_LEASES != 0;
             // Every share that goes as a handle is encoded before anything is posted (a handle
             // too long for a message sends nothing); a lease of a pinned export needs none.
             let mut encoded = Vec::new();
@@ -466,20 +481,51 @@ impl LocalChannel {
                         }
                     }
                     sent += run.len();
+                    // Once the ring is full, the rest of the run goes over the socket: in LEASES
+                    // messages to a consumer that reads them (booked once each is posted), else
+                    // one message each.
+                    let mut overflow: Option<(wire::LeasesOut, Vec<PendingLease>)> = None;
                     for (exp, _, event, layout, _) in run {
                         let lease = core.next_lease;
                         let handle = event.as_ref().map(|e| e.handle());
                         let again = handle.is_some_and(|h| leased_events.contains(&h));
                         let m = Message::Lease { export: exp.id(), lease, layout, event: handle, again }
                             .encode_into(std::mem::take(&mut core.item_buf));
-                        let posted = core.post_item(idx, &m, epfd);
+                        let posted = if overflow.is_some() {
+                            Ok(false)
+                        } else if leases_batched {
+                            core.ring_item(idx, &m, epfd)
+                        } else {
+                            core.post_item(idx, &m, epfd).map(|()| true)
+                        };
+                        let posted = posted.and_then(|in_ring| {
+                            if in_ring {
+                                return Ok(true);
+                            }
+                            let (out, pending) = overflow.get_or_insert_with(|| (wire::LeasesOut::new(), Vec::new()));
+                            if !out.push(&m) {
+                                let full = std::mem::replace(out, wire::LeasesOut::new());
+                                core.post(idx, &full.finish(), &[], epfd)?;
+                                book(&mut core, &self.shared, idx, pending.drain(..));
+                                assert!(out.push(&m), "one lease fits an empty LEASES message");
+                            }
+                            Ok(false)
+                        });
                         core.item_buf = m;
-                        posted?;
+                        let in_ring = posted?;
                         leased_events.extend(handle.filter(|_| !again));
                         core.next_lease += 1;
-                        let book = exp.leases().clone();
-                        book.add(&self.shared);
-                        core.peers[idx].leases.insert(lease, (book, event));
+                        if in_ring {
+                            book(&mut core, &self.shared, idx, [(lease, exp, event)].into_iter());
+                        } else if let Some((_, pending)) = overflow.as_mut() {
+                            pending.push((lease, exp, event));
+                        }
+                    }
+                    if let Some((out, pending)) = overflow {
+                        if !out.is_empty() {
+                            core.post(idx, &out.finish(), &[], epfd)?;
+                        }
+                        book(&mut core, &self.shared, idx, pending.into_iter());
                     }
                     continue;
                 }

@@ -118,6 +118,16 @@ impl Core {
     /// Send pool item `m` to peer `idx`: through its ring when it reads one (and the ring has
     /// room), else over the socket.
     pub(super) fn post_item(&mut self, idx: usize, m: &[u8], epfd: BorrowedFd<'_>) -> Result<()> {
+        if self.ring_item(idx, m, epfd)? {
+            return Ok(());
+        }
+        self.post(idx, m, &[], epfd)
+    }
+
+    /// [`Self::post_item`]'s ring part: whether `m` went into the peer's ring (made now if the
+    /// peer reads one and has none yet); false: no ring, or it is full, and the socket must
+    /// carry `m` (after anything queued before it).
+    pub(super) fn ring_item(&mut self, idx: usize, m: &[u8], epfd: BorrowedFd<'_>) -> Result<bool> {
         let p = &mut self.peers[idx];
         if p.features & wire::FEATURE_RING != 0 && m.len() <= ring::MAX_ITEM && !p.no_ring {
             if p.ring.is_none() {
@@ -148,7 +158,7 @@ impl Core {
             let p = &mut self.peers[idx];
             if let Some(r) = p.ring.as_mut() {
                 match r.push_item(p.posted, m) {
-                    Ok(true) => return Ok(()),
+                    Ok(true) => return Ok(true),
                     Ok(false) => {} // full: the socket carries it, in order
                     Err(e) => {
                         let why = format!("peer {} broke its ring: {e}", p.info.id);
@@ -158,6 +168,6 @@ impl Core {
                 }
             }
         }
-        self.post(idx, m, &[], epfd)
+        Ok(false)
     }
 }
