@@ -8,8 +8,10 @@ per host lease's address and layout, so that a lease seen before is not decoded 
 receive also releases, in the same library call, one import of the connection's grave. How the
 library receives depends on its version, chosen once at import: one call with its arguments in
 a struct (1.8, :class:`RecvArgsOut`), one call of four arguments (1.7, :class:`RecvItemOut`),
-or a receive and a describe (before 1.7, ``Connection._recv_described``). What an item's lease does
-when it is released or garbage is :mod:`devshare._leases`.
+or a receive and a describe (before 1.7, ``Connection._recv_described``); a batch
+(:meth:`Connection.recv_batch`) is one library call with a 1.11 library, its items made from
+the array the library filled, their names read from it with a 1.15 library. What an item's
+lease does when it is released or garbage is :mod:`devshare._leases`.
 
 Imports :mod:`devshare._lib`, :mod:`devshare._dtypes`, :mod:`devshare._ints`,
 :mod:`devshare._args`, :mod:`devshare._views`, :mod:`devshare._channel_lib`,
