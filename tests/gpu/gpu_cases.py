@@ -1814,6 +1814,165 @@ def torch_cuda_tensors_sent_on_a_channel_are_freed_once_returned(cx: Ctx):
     return f"{count} CUDA tensors leased to a Python consumer, values checked on its GPU; every storage freed"
 
 
+# The consumer of registered_sync_run: argv = address, tensors per sync, syncs, small tensors.
+# Per sync: the batch (a dict) in one recv_batch, each tensor summed in float64 on its device
+# (on the consumer's current stream, which waits on the producer's events), then released; then
+# one line on stdin before the next. Then the small tensors, twice, each batch read only once
+# stdin says "go" (the second one after the producer's send returned).
+_REG_CONSUMER = r"""
+import hashlib, sys
+import devshare
+import torch
+address, n, syncs, small = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+conn = devshare.connect(address, timeout=30)
+if torch.cuda.is_available():
+    conn.set_stream(torch.cuda.current_stream())
+for s in range(syncs):
+    batch = conn.recv_batch(n, timeout=60)
+    names = hashlib.sha1(",".join(batch).encode()).hexdigest()[:12] if isinstance(batch, dict) else "list"
+    tensors = [it.tensor for it in (batch.values() if isinstance(batch, dict) else batch)]
+    sums = [repr(float(t.double().sum())) for t in tensors]
+    print("SYNC", tensors[0].device.type, names, *sums, flush=True)
+    del tensors
+    devshare.release_batch(batch)
+    del batch
+    sys.stdin.readline()
+for s in range(2):
+    sys.stdin.readline()
+    batch = conn.recv_batch(small, timeout=60)
+    firsts = torch.stack([it.tensor[0] for it in batch]).cpu()
+    ok = bool((firsts == torch.arange(small, dtype=firsts.dtype) + s).all())
+    print("SMALL", int(ok), flush=True)
+    devshare.release_batch(batch)
+    del batch, firsts
+print("DONE", flush=True)
+"""
+
+
+def _lines_serving(ch, proc) -> "queue.Queue[str]":
+    """A queue of ``proc``'s stdout lines, read by a thread (so that the caller serves ``ch``
+    while it waits for one: see :func:`_line_serving`)."""
+    lines: "queue.Queue[str]" = queue.Queue()
+
+    def pump():
+        for line in proc.stdout:
+            lines.put(line.rstrip("\n"))
+        lines.put("")  # end of output
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def _line_serving(ch, lines, proc, prefix: str, timeout: float = 60.0) -> str:
+    """The consumer's next line, which must start with ``prefix``; the channel is served while
+    waiting (a producer that only waited on a pipe would leave what its socket could not take
+    in its send queue)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ch.service(0)
+        try:
+            line = lines.get(timeout=0.01)
+        except queue.Empty:
+            continue
+        check(line.startswith(prefix), f"consumer said {line!r} instead of {prefix}... "
+                                        f"(rc {proc.poll()}): {proc.stderr.read()[-400:] if proc.poll() is not None else ''}")
+        return line
+    raise CaseFail(f"no {prefix} line from the consumer within {timeout} s")
+
+
+def registered_sync_run(torch, devshare, device: str) -> str:
+    """A state dict registered once on a channel (views of one storage, a transposed view, bf16
+    and float32) synced ten times to a Python consumer process, changed in place between syncs:
+    every sum right, the names back as the dict's keys; then 2,500 small registered tensors
+    synced twice, the second batch sent before the consumer reads (1,024 leases in its ring, the
+    rest over the socket); everything freed after unregister."""
+    import hashlib  # noqa: PLC0415
+
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(64, 48, generator=g).to(device)
+    sd = {"embed": torch.randn(100, 32, generator=g).to(device), "q": base[:32], "k_t": base[32:].t(),
+          "bias": torch.randn(48, generator=g).to(device=device, dtype=torch.bfloat16)}
+    for i in range(24):
+        sd[f"layers.{i}.weight"] = torch.randn(32, 16, generator=g).to(device)
+    n, syncs, small = len(sd), 10, 2500
+    names = hashlib.sha1(",".join(sd).encode()).hexdigest()[:12]
+    if device == "cuda":
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+    address = pool_address(f"register-{device}")
+    with devshare.Channel(address) as ch:
+        cons = subprocess.Popen([sys.executable, "-c", _REG_CONSUMER, address, str(n), str(syncs), str(small)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            lines = _lines_serving(ch, cons)
+            peer = ch.wait_peers(1, timeout=30)[0]
+            ch.register(sd)
+            for s in range(syncs):
+                with torch.no_grad():
+                    for t in sd.values():
+                        t.add_(1.0)  # in place: the consumer sees it on its next lease
+                want = [float(t.double().sum()) for t in sd.values()]
+                ch.send_batch(peer, sd)
+                got = _line_serving(ch, lines, cons, "SYNC").split()
+                check(got[1] == device and got[2] == names,
+                      f"sync {s}: the consumer saw {got[1]} tensors named {got[2]} (want {device}, {names})")
+                sums = [float(x) for x in got[3:]]
+                bad = [(k, a, b) for k, a, b in zip(sd, sums, want) if abs(a - b) > 1e-9 * max(1.0, abs(b))]
+                check(len(sums) == n and not bad, f"sync {s}: {len(sums)} sums, wrong: {bad[:3]}")
+                check(devshare.wait(sd, timeout=30), f"sync {s}: leases not back within 30 s")
+                cons.stdin.write("next\n")
+                cons.stdin.flush()
+            many = [torch.full((16,), float(i), device=device) for i in range(small)]
+            ch.register(many)
+            for s in range(2):
+                if s == 0:  # the first sync offers each window: read while it is sent
+                    cons.stdin.write("go\n")
+                    cons.stdin.flush()
+                else:
+                    with torch.no_grad():
+                        for t in many:
+                            t.add_(1.0)
+                ch.send_batch(peer, many)
+                if s == 1:  # sent before the consumer reads any of it
+                    cons.stdin.write("go\n")
+                    cons.stdin.flush()
+                got = _line_serving(ch, lines, cons, "SMALL")
+                check(got == "SMALL 1", f"small sync {s}: wrong values")
+                check(devshare.wait(many, timeout=60), f"small sync {s}: leases not back within 60 s")
+            check(_line_serving(ch, lines, cons, "DONE") == "DONE", "consumer did not finish")
+            check(ch.unregister() == 0, "everything unregistered")
+            cons.wait(timeout=30)
+        finally:
+            if cons.poll() is None:
+                cons.kill()
+                cons.wait()
+    check(cons.returncode == 0, f"consumer exited with {cons.returncode}: {cons.stderr.read()[-400:]}")
+    t = None  # (the loops' last tensor)
+    del sd, many, base
+    gc.collect()
+    freed = ""
+    if device == "cuda":
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and torch.cuda.memory_allocated() > start:
+            devshare.collect()
+            gc.collect()
+            time.sleep(0.05)
+        torch.cuda.synchronize()
+        left = torch.cuda.memory_allocated() - start
+        check(left <= 0, f"{left} bytes still allocated after unregister and the channel's close")
+        freed = "; every storage freed after unregister"
+    info(f"{n} tensors x {syncs} syncs, then {small} small tensors x 2 on {device}")
+    return f"{syncs} syncs of a registered state dict, sums and names right; {small} leases sent unread fit{freed}"
+
+
+def a_registered_cuda_state_dict_syncs_ten_times_and_thousands_of_unread_leases_fit(cx: Ctx):
+    """A registered CUDA state dict synced ten times to a Python consumer (values changed in place, checked on its GPU), then 2,500 registered tensors sent before the consumer reads; all freed after unregister."""
+    devshare = _import_devshare()
+    if not hasattr(devshare.Channel, "register"):
+        raise CaseSkip("this devshare package has no Channel.register")
+    return registered_sync_run(cx.torch, devshare, "cuda")
+
+
 # Each case is named by the behaviour it checks (its function's name); a case's timeout (s), extra
 # environment, and whether it needs torch.
 CASES = [(fn.__name__, fn, timeout, env, needs_torch) for fn, timeout, env, needs_torch in [
@@ -1838,6 +1997,7 @@ CASES = [(fn.__name__, fn, timeout, env, needs_torch) for fn, timeout, env, need
     (remote_cuda_pool_slots_replay_captured_graphs_without_recapture, 90, {}, True),
     (a_device_lease_records_its_event_on_torchs_current_stream, 60, {}, True),
     (torch_cuda_tensors_sent_on_a_channel_are_freed_once_returned, 90, {}, True),
+    (a_registered_cuda_state_dict_syncs_ten_times_and_thousands_of_unread_leases_fit, 120, {}, True),
     (measure_cold_against_cached_cuda_import, 60, {}, False),
     (measure_handoff_latency_against_torch_multiprocessing_queue, 120, {}, True),
 ]]
@@ -2262,6 +2422,7 @@ def main_dry_run(bundle: pathlib.Path) -> int:
                       + (f" ({expect_more['segments']})" if "segments" in expect_more else ""))
 
     dry_graph_replay(r, tool)
+    dry_registered_sync(r)
 
     print("    cases a real run would execute (timeout s, extra env, needs torch):", flush=True)
     for name, fn, timeout, env_extra, needs_torch in CASES:
@@ -2330,6 +2491,27 @@ def dry_graph_replay(r: "Runner", tool: str) -> None:
             r.verdict("PASS", name, f"caught: {str(e)[:140]}")
         else:
             r.verdict("FAIL", name, f"failed for another reason: {e}")
+
+
+def dry_registered_sync(r: "Runner") -> None:
+    """The logic of a_registered_cuda_state_dict_syncs_ten_times_and_thousands_of_unread_leases_fit
+    without a GPU: the same run over CPU tensors (no device memory to count)."""
+    name = "host_registered_state_dict_syncs_ten_times_and_thousands_of_unread_leases_fit"
+    try:
+        import torch  # noqa: PLC0415
+    except Exception as e:  # noqa: BLE001
+        r.verdict("SKIP", name, f"needs torch (CPU is enough): {e}")
+        return
+    try:
+        devshare = _import_devshare()
+        got: dict = {}
+        lines = _captured_info(lambda: got.update(done=registered_sync_run(torch, devshare, "cpu")))
+    except (CaseFail, devshare.Error, OSError, TimeoutError, subprocess.TimeoutExpired) as e:
+        r.verdict("FAIL", name, f"{type(e).__name__}: {e}")
+        return
+    for ln in lines:
+        print(f"    {name}| {ln}", flush=True)
+    r.verdict("PASS", name, got["done"])
 
 
 def _captured_info(fn) -> list[str]:

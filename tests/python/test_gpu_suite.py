@@ -1,7 +1,8 @@
 """The real-GPU suite (tests/gpu) stays runnable without a GPU: its C helper gpu_tool compiles
 warning-free against this checkout's header, its dry run passes (every struct's layout, the
 synthetic 'c' and 'e' tuples and the refusals, and the graph-replay consumer over a host pool with
-CPU stand-in graphs, including that a graph bound to the wrong address is caught), and its C-only
+CPU stand-in graphs, including that a graph bound to the wrong address is caught, and the
+registered state dict case over CPU tensors), and its C-only
 cases pass on the CUDA stand-in (C producer -> C consumer, C VMM producer -> C consumer with inline
 and text-carried segment tables, C pool producer -> C consumer over a channel for cuMemAlloc and
 VMM exports, the import benchmark; the ptrace case skips without Yama ptrace_scope 1). The run's
@@ -35,6 +36,7 @@ POOL_C_TO_C = "c_pool_items_reach_a_c_consumer_at_fixed_slot_addresses"
 BENCH_IMPORT = "measure_cold_against_cached_cuda_import"
 GRAPHS = "cuda_pool_slots_replay_captured_graphs_without_recapture"
 HOST_GRAPHS = "host_pool_slots_replay_captured_graphs_without_recapture"
+HOST_REGISTERED = "host_registered_state_dict_syncs_ten_times_and_thousands_of_unread_leases_fit"
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +84,8 @@ def test_gpu_suite_dry_run_passes(bundle):
                  "e_tuple_version_3_of_handle_type_9_is_refused_naming_the_type",
                  "e_tuple_version_3_whose_handle_type_contradicts_its_length_is_refused",
                  f"{HOST_GRAPHS}_16k", f"{HOST_GRAPHS}_256k",
-                 "a_graph_replaying_a_copy_of_its_slot_is_caught"):
+                 "a_graph_replaying_a_copy_of_its_slot_is_caught",
+                 HOST_REGISTERED):
         assert v.get(case) == "PASS", res.stdout
     assert len(re.findall(rf"{HOST_GRAPHS}_\d+k\| host .* clone/graph +[\d.]+x .* 0 recaptures;", res.stdout)) == 2, \
         res.stdout
