@@ -26,7 +26,6 @@ import struct
 import time
 import weakref
 from ctypes import byref, c_char, c_int32, c_size_t, c_uint32, c_uint64, c_void_p, cast, sizeof
-from ctypes import string_at as _string_at
 
 from . import _dtypes, _ints, _views
 from ._args import timeout_ms
@@ -680,8 +679,9 @@ class Connection(Owned):
                     if not in_items:
                         names.append(lease_name(words[w + IMPORT_WORD]))
                     elif words[w + _NAME_WORD]:
-                        names.append(_string_at(words[w + _NAME_WORD],
-                                                words[w + _NAME_WORD + 1]).decode("utf-8"))
+                        # (An array over the name's bytes: half of what ctypes.string_at costs.)
+                        text = (c_char * words[w + _NAME_WORD + 1]).from_address(words[w + _NAME_WORD])
+                        names.append(text.raw.decode("utf-8"))
                     else:
                         names.append(None)
         except BaseException:
