@@ -1439,16 +1439,23 @@ fn lease_msg(export: u64, lease: u64, offset: u64, size: u64) -> Vec<u8> {
     le(&[&19u32.to_le_bytes(), &export.to_le_bytes(), &lease.to_le_bytes(), &byte_layout(offset, size)])
 }
 
-#[test]
-fn a_hostile_producers_pins_and_leases_are_refused_and_given_back_and_map_nothing_outside_the_window() {
-    let (addr, l) = fake_producer("hostile-pin");
+/// A consumer connected to a fake producer that reads `PINNED` and ring releases.
+fn pinning_consumer(tag: &str) -> (Connection, FakeProducer) {
+    let (addr, l) = fake_producer(tag);
     let server = std::thread::spawn(move || FakeProducer::accept_with(&l, 2));
     let c = Connection::connect(&addr, T).unwrap();
-    let p = server.join().unwrap();
-    let released = |p: &FakeProducer, lease: u64| {
-        let m = recv_raw(p.conn.as_fd());
-        assert_eq!((msg_type(&m), u64_at(&m, 8)), (5, lease), "lease {lease} given back");
-    };
+    (c, server.join().unwrap())
+}
+
+/// The fake producer's next message is the `RELEASE` of `lease`.
+fn released(p: &FakeProducer, lease: u64) {
+    let m = recv_raw(p.conn.as_fd());
+    assert_eq!((msg_type(&m), u64_at(&m, 8)), (5, lease), "lease {lease} given back");
+}
+
+#[test]
+fn a_hostile_producers_pins_and_leases_are_refused_and_given_back_and_map_nothing_outside_the_window() {
+    let (c, p) = pinning_consumer("hostile-pin");
     // A lease of an export never pinned: refused, and given back.
     p.send(&lease_msg(5, 1, 0, 16), &[]);
     assert_eq!(status(c.recv(T)), Status::Untrusted);
@@ -1517,14 +1524,7 @@ fn leases_msg(leases: &[Vec<u8>]) -> Vec<u8> {
 
 #[test]
 fn a_hostile_producers_leases_messages_are_checked_lease_by_lease() {
-    let (addr, l) = fake_producer("hostile-leases");
-    let server = std::thread::spawn(move || FakeProducer::accept_with(&l, 2));
-    let c = Connection::connect(&addr, T).unwrap();
-    let p = server.join().unwrap();
-    let released = |p: &FakeProducer, lease: u64| {
-        let m = recv_raw(p.conn.as_fd());
-        assert_eq!((msg_type(&m), u64_at(&m, 8)), (5, lease), "lease {lease} given back");
-    };
+    let (c, p) = pinning_consumer("hostile-leases");
     let enc = memfd_handle(8192, 4096);
     let fd = sealed_memfd(8192);
     rustix::io::pwrite(&fd, &[7u8; 64], 1024 + 64).unwrap();

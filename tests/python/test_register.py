@@ -219,6 +219,20 @@ def test_recv_batch_that_times_out_gives_back_what_it_had_received():
         conn.close()
 
 
+def _sync_and_check(ch, peer, conn, sd) -> None:
+    """Send ``sd`` (a dict of registered tensors) to ``conn`` in this process, receive it as one
+    batch (a dict: the names in order) with every value right, release it and see every lease
+    back."""
+    ch.send_batch(peer, sd)
+    items = conn.recv_batch(len(sd), timeout=5)
+    assert list(items) == list(sd), "the names, in order"
+    for name, t in sd.items():
+        assert torch.equal(items[name].tensor, t)
+    assert devshare.release_batch(items) == len(sd)
+    ch.service(0)
+    _wait_back(ch, sd.values(), timeout=5)
+
+
 def test_recv_batch_is_one_library_call_whose_items_carry_their_names(monkeypatch):
     # 1.15: the batch in one devshare_connection_recv_batch, each lease's name read from its
     # item; devshare_import_name is never called.
@@ -236,14 +250,7 @@ def test_recv_batch_is_one_library_call_whose_items_carry_their_names(monkeypatc
     with ch, conn:
         ch.register(sd)
         for _ in range(2):
-            ch.send_batch(peer, sd)
-            items = conn.recv_batch(len(sd), timeout=5)
-            assert list(items) == list(sd), "the names, in order, from the items"
-            for name, t in sd.items():
-                assert torch.equal(items[name].tensor, t)
-            assert devshare.release_batch(items) == len(sd)
-            ch.service(0)
-            _wait_back(ch, sd.values(), timeout=5)
+            _sync_and_check(ch, peer, conn, sd)
         assert len(calls) == 2, "one library call per batch"
 
 
@@ -260,14 +267,7 @@ def test_recv_batch_with_an_older_library_gives_the_same_dict(monkeypatch, libra
     ch, peer, conn = _in_process(_address("older"))
     with ch, conn:
         ch.register(sd)
-        ch.send_batch(peer, sd)
-        items = conn.recv_batch(len(sd), timeout=5)
-        assert list(items) == list(sd)
-        for name, t in sd.items():
-            assert torch.equal(items[name].tensor, t)
-        assert devshare.release_batch(items) == len(sd)
-        ch.service(0)
-        _wait_back(ch, sd.values(), timeout=5)
+        _sync_and_check(ch, peer, conn, sd)
 
 
 def test_a_batch_item_that_fails_to_open_gives_every_lease_of_the_batch_back(monkeypatch):

@@ -173,6 +173,46 @@ pub struct LocalChannel {
 /// A lease posted (or about to be) to a peer: its number, its export and its event.
 type PendingLease<'e> = (u64, &'e Exporter, Option<Arc<ChannelEvent>>);
 
+/// The leases of a send that found the peer's ring full, in [`wire::LEASES`] messages: each
+/// counted (see [`book`]) once its message is posted.
+struct Overflow<'e> {
+    out: wire::LeasesOut,
+    pending: Vec<PendingLease<'e>>,
+}
+
+impl<'e> Overflow<'e> {
+    fn new() -> Self {
+        Overflow { out: wire::LeasesOut::new(), pending: Vec::new() }
+    }
+
+    /// Add a `LEASE`'s encoding (its lease goes into `pending` after), posting the message
+    /// first when it is full.
+    fn push(
+        &mut self,
+        core: &mut Core,
+        shared: &Arc<ChannelShared>,
+        idx: usize,
+        m: &[u8],
+        epfd: BorrowedFd<'_>,
+    ) -> Result<()> {
+        if !self.out.push(m) {
+            self.flush(core, shared, idx, epfd)?;
+            assert!(self.out.push(m), "one lease fits an empty LEASES message");
+        }
+        Ok(())
+    }
+
+    /// Post what the message holds and count its leases.
+    fn flush(&mut self, core: &mut Core, shared: &Arc<ChannelShared>, idx: usize, epfd: BorrowedFd<'_>) -> Result<()> {
+        if !self.out.is_empty() {
+            let full = std::mem::replace(&mut self.out, wire::LeasesOut::new());
+            core.post(idx, &full.finish(), &[], epfd)?;
+        }
+        book(core, shared, idx, self.pending.drain(..));
+        Ok(())
+    }
+}
+
 /// Record `leases`, posted to peer `idx`: each is counted in its export's lease book (served
 /// by `shared`) until it comes back.
 fn book<'e>(core: &mut Core, shared: &Arc<ChannelShared>, idx: usize, leases: impl Iterator<Item = PendingLease<'e>>) {
@@ -484,48 +524,32 @@ impl LocalChannel {
                     // Once the ring is full, the rest of the run goes over the socket: in LEASES
                     // messages to a consumer that reads them (booked once each is posted), else
                     // one message each.
-                    let mut overflow: Option<(wire::LeasesOut, Vec<PendingLease>)> = None;
+                    let mut overflow: Option<Overflow> = None;
                     for (exp, _, event, layout, _) in run {
                         let lease = core.next_lease;
                         let handle = event.as_ref().map(|e| e.handle());
                         let again = handle.is_some_and(|h| leased_events.contains(&h));
                         let m = Message::Lease { export: exp.id(), lease, layout, event: handle, again }
                             .encode_into(std::mem::take(&mut core.item_buf));
-                        let posted = if overflow.is_some() {
-                            Ok(false)
-                        } else if leases_batched {
-                            core.ring_item(idx, &m, epfd)
-                        } else {
-                            core.post_item(idx, &m, epfd).map(|()| true)
-                        };
-                        let posted = posted.and_then(|in_ring| {
-                            if in_ring {
-                                return Ok(true);
-                            }
-                            let (out, pending) = overflow.get_or_insert_with(|| (wire::LeasesOut::new(), Vec::new()));
-                            if !out.push(&m) {
-                                let full = std::mem::replace(out, wire::LeasesOut::new());
-                                core.post(idx, &full.finish(), &[], epfd)?;
-                                book(&mut core, &self.shared, idx, pending.drain(..));
-                                assert!(out.push(&m), "one lease fits an empty LEASES message");
-                            }
-                            Ok(false)
-                        });
+                        let in_ring = overflow.is_none()
+                            && if leases_batched {
+                                core.ring_item(idx, &m, epfd)?
+                            } else {
+                                core.post_item(idx, &m, epfd).map(|()| true)?
+                            };
+                        if !in_ring {
+                            overflow.get_or_insert_with(Overflow::new).push(&mut core, &self.shared, idx, &m, epfd)?;
+                        }
                         core.item_buf = m;
-                        let in_ring = posted?;
                         leased_events.extend(handle.filter(|_| !again));
                         core.next_lease += 1;
-                        if in_ring {
-                            book(&mut core, &self.shared, idx, [(lease, exp, event)].into_iter());
-                        } else if let Some((_, pending)) = overflow.as_mut() {
-                            pending.push((lease, exp, event));
+                        match overflow.as_mut() {
+                            Some(o) if !in_ring => o.pending.push((lease, exp, event)),
+                            _ => book(&mut core, &self.shared, idx, [(lease, exp, event)].into_iter()),
                         }
                     }
-                    if let Some((out, pending)) = overflow {
-                        if !out.is_empty() {
-                            core.post(idx, &out.finish(), &[], epfd)?;
-                        }
-                        book(&mut core, &self.shared, idx, pending.into_iter());
+                    if let Some(mut o) = overflow {
+                        o.flush(&mut core, &self.shared, idx, epfd)?;
                     }
                     continue;
                 }
