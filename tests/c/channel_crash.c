@@ -335,45 +335,10 @@ static int n_failed_iterations;
 typedef struct {
     pid_t pid;
     int to, from;
-    char shm_before[8][256]; /* /dev/shm names carrying its pid when it started */
-    int n_before;
 } Proc;
 
-/* /dev/shm names carrying `pid` between '_' and '_' or the end. */
-static int shm_names(pid_t pid, char names[][256], int cap) {
-    DIR *d = opendir("/dev/shm");
-    int n = 0;
-    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
-        if (shm_name_has_pid(e->d_name, (long)pid)) {
-            if (n < cap) {
-                snprintf(names[n], 256, "%s", e->d_name);
-            }
-            n++;
-        }
-    }
-    if (d) {
-        closedir(d);
-    }
-    return n;
-}
-
-/* Names carrying the process's pid that were not there when it started. */
-static int shm_new(const Proc *p) {
-    char now[16][256];
-    const int n = shm_names(p->pid, now, 16);
-    int fresh = 0;
-    for (int i = 0; i < n && i < 16; i++) {
-        int old = 0;
-        for (int j = 0; j < p->n_before && j < 8; j++) {
-            old = old || strcmp(now[i], p->shm_before[j]) == 0;
-        }
-        if (!old) {
-            printf("    left over: /dev/shm/%s\n", now[i]);
-            fresh++;
-        }
-    }
-    return fresh + (n > 16 ? n - 16 : 0);
-}
+/* Names carrying the process's pid that were not there when it started (printed). */
+static int shm_new(const Proc *p) { return shm_names_of(p->pid, 0); }
 
 /* Fork a child; it execs only after the parent listed /dev/shm for its pid. */
 static Proc spawn(const char *role, const char *address, const char *point, int k, uint64_t seed) {
@@ -383,7 +348,7 @@ static Proc spawn(const char *role, const char *address, const char *point, int 
     char *argv[] = {self_path, (char *)role, (char *)address, (char *)point, ks, ss, NULL};
     Proc p = {0};
     p.pid = spawn_piped(argv, &(SpawnOptions){.gated = 1}, &p.to, &p.from);
-    p.n_before = shm_names(p.pid, p.shm_before, 8);
+    shm_names_of(p.pid, 1); /* an earlier process with this pid left them */
     open_gate(p.to);
     return p;
 }

@@ -640,46 +640,6 @@ typedef struct {
 
 static pid_t tracked[MAX_TRACKED]; /* processes whose /dev/shm names are checked at the end */
 static int n_tracked;
-static char **stale; /* names that carried a tracked pid before its process ran (pid reuse) */
-static size_t n_stale;
-
-static int is_stale(const char *name) {
-    for (size_t i = 0; i < n_stale; i++) {
-        if (strcmp(stale[i], name) == 0) {
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* /dev/shm names carrying `pid` between '_' and '_' or the end (the stand-in's aclsi_* aside).
- * With `record`, they are remembered as left by an earlier process that had the same pid and
- * not counted; otherwise the names not remembered are printed and counted. */
-static int shm_names_of(pid_t pid, int record) {
-    DIR *d = opendir("/dev/shm");
-    int n = 0;
-    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
-        if (strncmp(e->d_name, "aclsi_", 6) == 0 || is_stale(e->d_name) || !shm_name_has_pid(e->d_name, (long)pid)) {
-            continue;
-        }
-        if (record) {
-            char **grown = realloc(stale, (n_stale + 1) * sizeof *stale);
-            char *name = strdup(e->d_name);
-            if (!grown || !name) {
-                die("remembering /dev/shm names", errno);
-            }
-            stale = grown;
-            stale[n_stale++] = name;
-        } else {
-            printf("    left over: /dev/shm/%s\n", e->d_name);
-            n++;
-        }
-    }
-    if (d) {
-        closedir(d);
-    }
-    return n;
-}
 
 /* Check `pid`'s /dev/shm names at the end; call before its process creates any. */
 static void track(pid_t pid) {
