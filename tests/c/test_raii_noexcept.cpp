@@ -39,6 +39,8 @@
 
 #include "cuda_standin.h"
 
+#include <dirent.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -562,6 +564,23 @@ bool cuda_blocks(CUdeviceptr* blocks, int n) {
     return true;
 }
 
+// Unlink the /dev/shm names that process `pid` (now gone) left on purpose: those carrying its pid
+// between '_' and '_' (devshare's ref-counter, the CUDA stand-in's memory and handle objects).
+int unlink_shm_of(pid_t pid) {
+    const std::string token = "_" + std::to_string(pid) + "_";
+    int n = 0;
+    DIR* d = opendir("/dev/shm");
+    for (dirent* e; d != nullptr && (e = readdir(d)) != nullptr;) {
+        if (std::strstr(e->d_name, token.c_str()) != nullptr && shm_unlink(e->d_name) == 0) {
+            n++;
+        }
+    }
+    if (d != nullptr) {
+        closedir(d);
+    }
+    return n;
+}
+
 // The default leak handler, in a child process (forked before this process touches CUDA): a
 // busy device export destroyed under OnDestroy::leak_and_report (given at construction; the
 // default policy would wait for it) is reported on stderr.
@@ -602,12 +621,15 @@ void test_the_default_leak_handler_reports_a_busy_export_on_stderr() {
     close(fds[0]);
     int status = 0;
     waitpid(child, &status, 0);
+    // The export the child left is its memory, its handle and its ref-counter, all named after it.
+    const int left = unlink_shm_of(child);
     check(WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
               err.find("devshare: ~Exporter left the export") != std::string::npos &&
               err.find(devshare_status_str(DEVSHARE_STATUS_BUSY)) != std::string::npos &&
               err.find("references outstanding: 1") != std::string::npos,
           "the default leak handler reports a busy device export left open by ~Exporter "
           "(OnDestroy::leak_and_report) on stderr");
+    check(left >= 1, "the export the child left open still had its ref-counter in /dev/shm (now unlinked)");
     if (err.find("~Exporter") == std::string::npos) {
         std::printf("    child stderr: %s\n", err.c_str());
     }

@@ -26,8 +26,8 @@ if str(PYTHON_DIR) not in sys.path:
 import devshare  # noqa: E402
 
 SHM = pathlib.Path("/dev/shm")
-# Names of the shm objects devshare and PyTorch create: <prefix>_<pid>_...
-_SHM_NAME = re.compile(r"^(?:devshare_rc|devshare|torch)_(\d+)_")
+# Names of the shm objects devshare, PyTorch and the CUDA stand-in create: <prefix>_<pid>_...
+_SHM_NAME = re.compile(r"^(?:devshare_rc|devshare|torch|cusi_[a-z]+)_(\d+)_")
 
 # Processes the tests started (tensor_tool, Python children): their shm objects count as ours.
 CHILD_PIDS: set[int] = set()

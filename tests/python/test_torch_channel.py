@@ -392,7 +392,8 @@ def test_a_consumer_killed_while_holding_gives_every_storage_back(env, kind):
 def test_a_killed_producer_closes_and_what_consumers_hold_stays_readable(env, kind, consumer):
     """The consumer's next receive says CLOSED; the items it holds still read the same and
     release (Python: Connection.release_all). What only the killed producer would have removed
-    (PyTorch's file_system objects, its ref-counters) is removed here, by its pid."""
+    (PyTorch's file_system objects, its ref-counters, the CUDA stand-in's objects) is removed
+    here, by its pid."""
     prod, address, expect = _producer(env, kind, mode="stay")
     cons = _consumer(env, consumer, address, 3, "hold")
     try:
@@ -414,8 +415,12 @@ def test_a_killed_producer_closes_and_what_consumers_hold_stays_readable(env, ki
 
 
 def _remove_shm_of(pid: int) -> None:
+    """Unlink what killed process ``pid`` left: PyTorch's and devshare's objects, and the CUDA
+    stand-in's memory, IPC handle and event objects (``cusi_<kind>_<pid>_<n>``: the stand-in
+    removes them at exit, which a SIGKILL skips; a real driver frees them with the process)."""
     for name in os.listdir("/dev/shm"):
-        if name.startswith((f"torch_{pid}_", f"devshare_rc_{pid}_", f"devshare_{pid}_")):
+        if name.startswith((f"torch_{pid}_", f"devshare_rc_{pid}_", f"devshare_{pid}_")) or \
+                (name.startswith("cusi_") and f"_{pid}_" in name):
             os.unlink(os.path.join("/dev/shm", name))
 
 
