@@ -44,6 +44,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -1080,20 +1081,32 @@ void test_wait_times_out_and_destructors_return_references() {
     check(names_gone(outliving), "after the Exporter's destructor and the last release, nothing is left in /dev/shm");
 }
 
-// No devshare_<pid>_* / devshare_rc_<pid>_* object of this process is left.
-void check_dev_shm() {
+// The devshare_<pid>_* / devshare_rc_<pid>_* names in /dev/shm carrying this process's pid.
+std::set<std::string> own_shm_names() {
     const std::string p1 = "devshare_" + std::to_string(getpid()) + "_";
     const std::string p2 = "devshare_rc_" + std::to_string(getpid()) + "_";
-    int left = 0;
+    std::set<std::string> names;
     if (DIR* d = opendir("/dev/shm")) {
         while (const dirent* e = readdir(d)) {
             const std::string name = e->d_name;
             if (name.rfind(p1, 0) == 0 || name.rfind(p2, 0) == 0) {
-                std::printf("    left over: /dev/shm/%s\n", name.c_str());
-                left++;
+                names.insert(name);
             }
         }
         closedir(d);
+    }
+    return names;
+}
+
+// No such object of this process is left: `stale` are those an earlier process with the same
+// pid left before this one began.
+void check_dev_shm(const std::set<std::string>& stale) {
+    int left = 0;
+    for (const std::string& name : own_shm_names()) {
+        if (stale.count(name) == 0) {
+            std::printf("    left over: /dev/shm/%s\n", name.c_str());
+            left++;
+        }
     }
     check(left == 0, "no /dev/shm object of this process is left");
 }
@@ -1101,6 +1114,7 @@ void check_dev_shm() {
 }  // namespace
 
 int main() {
+    const std::set<std::string> stale = own_shm_names();  // an earlier process with this pid left them
     try {
         test_struct_helpers_set_struct_size_and_the_defaults();
         test_a_host_allocation_round_trips_through_handle_text_and_bytes();
@@ -1121,7 +1135,7 @@ int main() {
     } catch (const devshare::Error& e) {
         check(false, std::string("unexpected devshare::Error: ") + e.what());
     }
-    check_dev_shm();
+    check_dev_shm(stale);
     std::printf("1..%d\n# %d passed, %d failed\n", n_cases, n_cases - n_failed, n_failed);
     return n_failed == 0 ? 0 : 1;
 }
