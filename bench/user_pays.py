@@ -380,14 +380,26 @@ def run_c(args, cpus, methods, sizes=str(SIZE), spin=0, consumer=None, count=Non
 
 # ----------------------------------------------------------------------------- the run
 
+def default_bin() -> str:
+    """channel_handoff beside the library named by DEVSHARE_LIBRARY (scripts/gpu_bundle.sh puts
+    it there), else the CMake build's."""
+    lib = os.environ.get("DEVSHARE_LIBRARY")
+    if lib:
+        beside = os.path.join(os.path.dirname(os.path.abspath(lib)), "channel_handoff")
+        if os.access(beside, os.X_OK):
+            return beside
+    return os.path.join("build", "channel_handoff")
+
+
 def main():
     if len(sys.argv) >= 3 and sys.argv[1] == "consume":
         return py_consumer(sys.argv[2], "--poll" in sys.argv[3:])
     if len(sys.argv) >= 3 and sys.argv[1] == "consume-floor":
         return floor_consumer(sys.argv[2])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bin", default=os.path.join("build", "channel_handoff"),
-                    help="the channel_handoff program (bench/channel_handoff.c)")
+    ap.add_argument("--bin", default=default_bin(),
+                    help="the channel_handoff program (bench/channel_handoff.c); default: the one "
+                         "beside $DEVSHARE_LIBRARY (a GPU bundle has it), else build/channel_handoff")
     ap.add_argument("--quick", action="store_true", help="tiny counts (a smoke test; figures meaningless)")
     ap.add_argument("--count", type=int, default=5000, help="round trips per Python / Queue row")
     ap.add_argument("--tput-count", type=int, default=10000, help="pipelined items per Python row")

@@ -71,10 +71,10 @@
 #define DEVSHARE_VERSION_MINOR 15
 
 // Patch version (fixes; no interface change).
-#define DEVSHARE_VERSION_PATCH 0
+#define DEVSHARE_VERSION_PATCH 1
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 69376
+#define DEVSHARE_VERSION 69377
 
 // `DevsharePeerInfo.transport`: a Unix channel's peer (items in shared memory).
 #define DEVSHARE_TRANSPORT_UNIX 0
@@ -1078,8 +1078,9 @@ int32_t devshare_connection_recv_batch(struct DevshareConnection *conn,
 
 // Release the imports of `items[0..n]` (a batch from `devshare_connection_recv_batch`, or items
 // from `devshare_connection_recv_item`; 1.11) in one call, as `devshare_import_release` does
-// for each, and set each `import` to NULL; a NULL `import` is skipped, so releasing twice does
-// nothing. The array's stride is `items[0].struct_size`.
+// for each, and set each `import` to NULL (and, 1.15, its `name` to NULL and `name_len` to 0
+// where the struct has them); a NULL `import` is skipped, so releasing twice does nothing. The
+// array's stride is `items[0].struct_size`.
 int32_t devshare_items_release(struct DevshareItem *items, size_t n);
 
 // Initialise a `DevshareRecvArgs` of `size` bytes (pass `sizeof *args`): no connection, no

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build devshare here (cargo build --release) and assemble build/gpu-bundle/ for the real-GPU test
 # suite (tests/gpu): libdevshare.so, its soname libdevshare.so.1 (a copy, not a link, so that the
-# bundle survives any copy), and the C helper gpu_tool (built against include/devshare.h, linked
-# to the bundle's libdevshare.so with rpath $ORIGIN). Nothing else goes in. The GPU machine needs
+# bundle survives any copy), the C helper gpu_tool and bench/user_pays.py's C end channel_handoff
+# (both built against include/devshare.h, linked to the bundle's libdevshare.so with rpath
+# $ORIGIN). Nothing else goes in. The GPU machine needs
 # no Rust: copy the bundle (and the checkout, for tests/gpu and python/) and run
 #     bash tests/gpu/run.sh build/gpu-bundle
 # Usage: bash scripts/gpu_bundle.sh [out-dir]     (default build/gpu-bundle)
@@ -38,7 +39,13 @@ echo "== $CC tests/gpu/gpu_tool.c"
 # The bundle must be usable on its own: gpu_tool finds libdevshare through $ORIGIN.
 "$out/gpu_tool" layout >/dev/null
 
-glibc=$( { objdump -T "$out/libdevshare.so" "$out/gpu_tool" 2>/dev/null || true; } \
+# The C end of bench/user_pays.py (the per-item handoff against a pipe and the Queue), so that
+# it runs from the bundle as is: DEVSHARE_LIBRARY=<bundle>/libdevshare.so python3 bench/user_pays.py
+echo "== $CC bench/channel_handoff.c"
+"$CC" -std=c11 -O2 -g -Wall -Wextra -Werror -Iinclude -o "$out/channel_handoff" bench/channel_handoff.c \
+    -L"$out" -ldevshare -Wl,-rpath,'$ORIGIN'
+
+glibc=$( { objdump -T "$out/libdevshare.so" "$out/gpu_tool" "$out/channel_handoff" 2>/dev/null || true; } \
     | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n1)
 echo "== $out:"
 ls -l "$out"

@@ -1564,6 +1564,63 @@ fn a_hostile_producers_leases_messages_are_checked_lease_by_lease() {
     assert_eq!(status(c.recv(Some(Duration::from_millis(100)))), Status::Timeout, "nothing else arrived");
 }
 
+/// A `LEASES` holding a `LEASES` holding ... as deep as one message allows (16 bytes a level:
+/// about 8,000 levels), around one good `LEASE` of export 5.
+fn nested_leases_msg() -> Vec<u8> {
+    let mut m = lease_msg(5, 1, 64, 16);
+    while m.len() + 16 <= 128 * 1024 {
+        m = leases_msg(&[m]);
+    }
+    m
+}
+
+/// 1.15.0 decoded each record of a `LEASES` as a whole message, so records could nest as deep
+/// as the bytes allow and one message overflowed the reader's stack: the process aborted,
+/// producer or consumer alike, before any handshake. Now the first level is refused.
+#[test]
+fn leases_nested_in_leases_crash_neither_side_and_are_refused() {
+    let nested = nested_leases_msg();
+    // A hostile consumer, before its handshake and after it: the producer serves on, and an
+    // honest consumer connects and receives afterwards.
+    let addr = address("nested-leases");
+    let ch = Channel::listen(&addr).unwrap();
+    let early = seqpacket();
+    let name = addr.strip_prefix('@').unwrap();
+    rustix::net::connect(&early, &rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap()).unwrap();
+    send_raw(early.as_fd(), &nested, &[]);
+    let late = raw_consumer(&addr, 0);
+    send_raw(late.as_fd(), &nested, &[]);
+    for _ in 0..20 {
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+    }
+    let peers = ch.peer_ids().unwrap();
+    assert_eq!(peers.len(), 1, "the early one was not admitted, the late one was");
+    assert_eq!(ch.peer_info(peers[0]).unwrap().protocol_errors, 1, "the late one's message was refused");
+    let c = std::thread::spawn({
+        let addr = addr.clone();
+        move || Connection::connect(&addr, T).unwrap()
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !c.is_finished() && Instant::now() < deadline {
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+    }
+    let c = c.join().unwrap();
+    let peer = *ch.peer_ids().unwrap().iter().max().unwrap();
+    let exp = Exporter::channel_host_alloc(4096).unwrap();
+    ch.send(peer, &exp, &TensorDesc { shape: &[16], ..Default::default() }).unwrap();
+    c.recv(T).unwrap().release();
+    // A hostile producer: the consumer's receive says Untrusted, and what comes next arrives.
+    let (c, p) = pinning_consumer("nested-leases-producer");
+    p.send(&nested, &[]);
+    let Err(err) = c.recv(T) else { panic!("the nested message was accepted") };
+    assert_eq!(err.status(), Status::Untrusted, "{err}");
+    assert!(err.to_string().contains("not a lease"), "{err}");
+    let enc = memfd_handle(4096, 4096);
+    let fd = sealed_memfd(4096);
+    p.send(&share_msg(2, &enc), &[fd.as_fd()]);
+    c.recv(T).unwrap().release();
+}
+
 fn kept_shares_msg(first_lease: u64, entries: &[(u32, u64, &[u8])]) -> Vec<u8> {
     let mut m = le(&[&13u32.to_le_bytes(), &(entries.len() as u32).to_le_bytes(), &first_lease.to_le_bytes()]);
     for (fds, export, enc) in entries {

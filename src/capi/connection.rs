@@ -367,8 +367,9 @@ pub unsafe extern "C" fn devshare_connection_recv_batch(
 
 /// Release the imports of `items[0..n]` (a batch from `devshare_connection_recv_batch`, or items
 /// from `devshare_connection_recv_item`; 1.11) in one call, as `devshare_import_release` does
-/// for each, and set each `import` to NULL; a NULL `import` is skipped, so releasing twice does
-/// nothing. The array's stride is `items[0].struct_size`.
+/// for each, and set each `import` to NULL (and, 1.15, its `name` to NULL and `name_len` to 0
+/// where the struct has them); a NULL `import` is skipped, so releasing twice does nothing. The
+/// array's stride is `items[0].struct_size`.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_items_release(items: *mut DevshareItem, n: usize) -> i32 {
     boundary("devshare_items_release", || {
@@ -435,6 +436,16 @@ unsafe fn release_items(items: *mut DevshareItem, n: usize, stride: usize) {
             crate::import::Import::release_boxed(unsafe { Box::from_raw(imp) }.into_boxed_import());
             // SAFETY: as above.
             unsafe { slot.write_unaligned(std::ptr::null_mut()) };
+            // The name lived in the lease: cleared too, where the caller's struct has it.
+            let (name, len) = (std::mem::offset_of!(DevshareItem, name), std::mem::offset_of!(DevshareItem, name_len));
+            if stride >= len + 8 {
+                // SAFETY: element i has both fields (its stride covers them).
+                unsafe {
+                    let at = items.cast::<u8>().add(i * stride);
+                    at.add(name).cast::<*const std::ffi::c_char>().write_unaligned(std::ptr::null());
+                    at.add(len).cast::<u64>().write_unaligned(0);
+                }
+            }
         }
     }
 }

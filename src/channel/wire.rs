@@ -410,13 +410,8 @@ impl<'a> Message<'a> {
                 Message::Item { pool, slot, layout, event }
             }
             LEASE => {
-                let (export, lease) = (r.u64()?, r.u64()?);
-                let mut layout = ItemLayout::empty();
-                let (flags, event) = layout_body(&mut r, &mut layout, ITEM_EVENT | LEASE_EVENT_AGAIN)?;
-                if flags & LEASE_EVENT_AGAIN != 0 && event.is_none() {
-                    return Err(Error::Untrusted("a lease says its event came before but carries none".into()));
-                }
-                Message::Lease { export, lease, layout, event, again: flags & LEASE_EVENT_AGAIN != 0 }
+                let LeaseRecord { export, lease, layout, event, again } = lease_body(&mut r)?;
+                Message::Lease { export, lease, layout, event, again }
             }
             LEASES => {
                 let count = r.u32()? as usize;
@@ -426,17 +421,23 @@ impl<'a> Message<'a> {
                     )));
                 }
                 let _ = r.u32()?;
-                let mut leases = Vec::with_capacity(count);
+                // (Reserved for as many records as the bytes left can hold, not for the count.)
+                let mut leases = Vec::with_capacity(count.min(r.left() / LEASE_RECORD_MIN));
                 for _ in 0..count {
+                    // Each record is a LEASE, read here: its type first, then its body. Never a
+                    // message decoded again, which would let records nest (LEASES in LEASES ...)
+                    // as deep as the bytes allow, and each level costs stack.
                     let len = r.u32()? as usize;
-                    match Message::decode(r.bytes(len)?)? {
-                        Message::Lease { export, lease, layout, event, again } => {
-                            leases.push(LeaseRecord { export, lease, layout, event, again });
-                        }
-                        other => {
-                            return Err(Error::Untrusted(format!("a message of leases holds {other:?}, not a lease")))
+                    let mut rec = In::new(r.bytes(len)?);
+                    match rec.u32()? {
+                        LEASE => leases.push(lease_body(&mut rec)?),
+                        t => {
+                            return Err(Error::Untrusted(format!(
+                                "a message of leases holds a record of type {t}, not a lease"
+                            )))
                         }
                     }
+                    rec.end()?;
                 }
                 Message::Leases { leases }
             }
@@ -468,7 +469,7 @@ impl<'a> Message<'a> {
                     return Err(Error::Untrusted("share lease numbers overflow".into()));
                 }
                 let kept = t == KEPT_SHARES || t == PIN_SHARES;
-                let mut entries = Vec::with_capacity(count);
+                let mut entries = Vec::with_capacity(count.min(r.left() / 8)); // (8: len and fds)
                 for _ in 0..count {
                     let (len, fds) = (r.u32()? as usize, r.u32()?);
                     if fds as usize > MAX_FDS {
@@ -503,7 +504,7 @@ impl<'a> Message<'a> {
                 if first_lease.checked_add(count as u64).is_none() {
                     return Err(Error::Untrusted("named lease numbers overflow".into()));
                 }
-                let mut names = Vec::with_capacity(count);
+                let mut names = Vec::with_capacity(count.min(r.left() / 2)); // (2: a length)
                 for _ in 0..count {
                     let len = r.u16()? as usize;
                     names.push(check_name(r.bytes(len)?).map_err(Error::Untrusted)?);
@@ -555,6 +556,21 @@ fn item_bytes(m: &mut Out, pool: u32, slot: u32, l: &ItemLayout, event: Option<&
     head[8..].copy_from_slice(&slot.to_le_bytes());
     let flags = if event.is_some() { ITEM_EVENT } else { 0 };
     layout_bytes(m, &head, l, flags, event);
+}
+
+/// The smallest record of a [`LEASES`] message: its length, then a [`LEASE`] (type, export and
+/// lease, then a 0-d layout: ndim, dtype and flags, offsets and size).
+const LEASE_RECORD_MIN: usize = 4 + 4 + 16 + 12 + 24;
+
+/// The body of a [`LEASE`] (after its type): export, lease, layout, event.
+fn lease_body(r: &mut In<'_>) -> Result<LeaseRecord> {
+    let (export, lease) = (r.u64()?, r.u64()?);
+    let mut layout = ItemLayout::empty();
+    let (flags, event) = layout_body(r, &mut layout, ITEM_EVENT | LEASE_EVENT_AGAIN)?;
+    if flags & LEASE_EVENT_AGAIN != 0 && event.is_none() {
+        return Err(Error::Untrusted("a lease says its event came before but carries none".into()));
+    }
+    Ok(LeaseRecord { export, lease, layout, event, again: flags & LEASE_EVENT_AGAIN != 0 })
 }
 
 /// A `LEASE`: its head, then an `ITEM`'s fields from `ndim` on.
@@ -777,6 +793,10 @@ impl<'a> In<'a> {
     }
     pub(crate) fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
         self.take(n)
+    }
+    /// Bytes not read yet.
+    pub(crate) fn left(&self) -> usize {
+        self.b.len() - self.pos
     }
     pub(crate) fn rest(&mut self) -> &'a [u8] {
         let s = &self.b[self.pos..];
@@ -1080,6 +1100,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A `LEASES` whose one record is a `LEASES` whose one record is ... as deep as a whole
+    /// message allows (16 bytes a level: about 8,000 levels), around one good `LEASE`.
+    fn nested_leases() -> Vec<u8> {
+        let layout = ItemLayout { ndim: 1, shape: [4, 0, 0, 0, 0, 0, 0, 0], ..ItemLayout::empty() };
+        let mut m = Message::Lease { export: 3, lease: 1, layout, event: None, again: false }.encode();
+        while m.len() + 16 <= MAX_MESSAGE {
+            m = le(&[&LEASES.to_le_bytes(), &1u32.to_le_bytes(), &[0; 4], &(m.len() as u32).to_le_bytes(), &m]);
+        }
+        m
+    }
+
+    #[test]
+    fn leases_nested_in_leases_are_refused_at_the_first_level_without_recursion() {
+        let m = nested_leases();
+        assert!(m.len() > MAX_MESSAGE - 16, "{} bytes", m.len());
+        // On a small stack: a decode that recursed into each record (as 1.15.0 did) overflows
+        // it and aborts the process, whichever side read the message.
+        let e = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || Message::decode(&m).map(|_| ()))
+            .unwrap()
+            .join()
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e.status(), crate::Status::Untrusted);
+        assert!(e.to_string().contains("a record of type 20, not a lease"), "{e}");
+        // A record that is a lease with bytes after it: refused too.
+        let layout = ItemLayout { ndim: 1, shape: [4, 0, 0, 0, 0, 0, 0, 0], ..ItemLayout::empty() };
+        let mut lease = Message::Lease { export: 3, lease: 1, layout, event: None, again: false }.encode();
+        lease.extend_from_slice(&[0; 8]);
+        let m = le(&[&LEASES.to_le_bytes(), &1u32.to_le_bytes(), &[0; 4], &(lease.len() as u32).to_le_bytes(), &lease]);
+        assert!(Message::decode(&m).unwrap_err().to_string().contains("8 bytes more"));
     }
 
     #[test]

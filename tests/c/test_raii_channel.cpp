@@ -663,9 +663,10 @@ void test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer() {
                  "devshare_imports_give_back gives the batch back in one call and a second call sends nothing; a "
                  "NULL array is refused");
         me.check(devshare_items_release(two, 2) == DEVSHARE_STATUS_OK && two[0].import == nullptr &&
+                     two[0].name == nullptr && two[0].name_len == 0 &&
                      devshare_items_release(two, 2) == DEVSHARE_STATUS_OK,
-                 "devshare_items_release releases the batch in one call, clears each import, and a second call does "
-                 "nothing");
+                 "devshare_items_release releases the batch in one call, clears each import and its name (which "
+                 "lived in the lease), and a second call does nothing");
         me.report();
         me.next();
     });

@@ -775,7 +775,9 @@ impl LocalConnection {
                     return Err(Error::Untrusted("leases of pinned exports came with descriptors".into()));
                 }
                 // Each as a LEASE of its own: a refused one is given back, the others still
-                // arrive, and the first refusal is this call's error.
+                // arrive, and the first refusal is this call's error. (A message refused whole,
+                // for its descriptors or a record that does not decode, gives nothing back, as
+                // a LEASE with descriptors does not: only its sender's own count suffers.)
                 let mut first_error = None;
                 for l in leases {
                     match self.lease(st, l.export, l.lease, &l.layout, l.event, l.again) {
