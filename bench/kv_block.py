@@ -15,7 +15,8 @@ cache[i], no copy) to a consumer process, which reads one element of it and give
   queue      torch.multiprocessing.Queue (spawn; the default sharing strategy on the CPU, CUDA
              IPC on a GPU): q.put(view); the consumer q.get(), t[0].item(), then an ack on a
              second Queue; the round trip ends when the producer has the ack. PyTorch's
-             consumer caches the storage it opened, as devshare's keeps its mapping.
+             consumer caches the storage it opened while a tensor of it lives: it keeps the
+             first block it got, as devshare's keeps its mapping.
 
 The first --warmup round trips of each are left out. Reported: p50, p90 and min in
 microseconds, and the ratio queue / devshare of the p50s (the issue's target on a GPU: p50 <=
@@ -31,6 +32,7 @@ import json
 import multiprocessing
 import os
 import platform
+import queue
 import statistics
 import sys
 import time
@@ -58,9 +60,13 @@ def devshare_consumer(address: str, count: int, device: str) -> None:
 
 
 def queue_consumer(q, acks, count: int) -> None:
+    first = None
     for _ in range(count):
         t = q.get(timeout=TIMEOUT)
         t[0].item()
+        # PyTorch caches an opened storage only while a tensor of it lives: the first block is
+        # kept, so that every later block (a view of the same cache) finds it open.
+        first = t if first is None else first
         del t
         acks.put(0)
 
@@ -114,7 +120,14 @@ def run_queue(cache, count: int, ctx) -> list[float]:
 
     def one(view):
         q.put(view)
-        acks.get(timeout=TIMEOUT)
+        deadline = time.monotonic() + TIMEOUT
+        while True:  # (not one long get: a consumer that died is said at once)
+            try:
+                return acks.get(timeout=1.0)
+            except queue.Empty:
+                if not proc.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"no acknowledgement from the Queue's consumer (exit code "
+                                       f"{proc.exitcode})") from None
     return round_trips(proc, [cache[i] for i in range(cache.shape[0])], count, one)
 
 
@@ -142,6 +155,14 @@ def main() -> int:
     cache[:, 0] = torch.arange(args.blocks, dtype=torch.float16, device=args.device)
     if args.device == "cpu":
         cache.share_memory_()  # both ways start from shared memory
+    if args.device == "cuda" and args.alloc == "expandable":
+        # The Queue's consumer takes an expandable segment's fds from this process with
+        # pidfd_getfd, which Yama ptrace_scope 1 refuses a child unless this process allows it.
+        import devshare
+        devshare.allow_ptrace(-1)
+    if args.device == "cuda":
+        expandable = {seg.get("is_expandable") for seg in torch.cuda.memory_snapshot()}
+        print(f"CUDA segments expandable: {sorted(expandable, key=str)}")
     ctx = multiprocessing.get_context("spawn")
     print(f"KV block: {args.blocks} blocks of {args.block_kib} KiB in one {args.device} cache "
           f"({args.alloc} allocator), {args.count} round trips each, first {args.warmup} left out")

@@ -83,13 +83,20 @@ import statistics
 import sys
 import time
 
+# PyTorch's CUDA allocator reads its setting when CUDA starts; set (or cleared) before torch is
+# imported, here and in the spawned consumers, which import this module again and inherit it.
+if "--alloc" in sys.argv[1:-1] and sys.argv[sys.argv.index("--alloc") + 1] == "expandable":
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+elif "--device" in sys.argv[1:-1] and sys.argv[sys.argv.index("--device") + 1] == "cuda":
+    os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # plain: whatever the environment said
+
 import torch
 import torch.multiprocessing
 from multiprocessing.reduction import ForkingPickler
 
 HIDDEN, INTERMEDIATE, VOCAB, LAYERS = 4096, 11008, 32000, 32
 APPROACHES = ("devshare-registered", "devshare", "torch-fd", "torch-fs")
-TIMEOUT = 120.0  # seconds; any single wait longer than this is a failure, not a measurement
+TIMEOUT = 50.0  # seconds; any single wait longer than this is a failure, not a measurement
 
 
 def state_dict_shapes(scale: int, layers: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -304,9 +311,6 @@ def main() -> int:
                     help="PyTorch's CUDA caching allocator: plain or expandable segments")
     ap.add_argument("--json", help="also write the raw figures here")
     args = ap.parse_args()
-    if args.alloc == "expandable":
-        # Read when CUDA initialises (not yet): here and in the spawned consumers.
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if args.quick:
         args.layers, args.scale, args.reps = 3, 32, 1
     if args.device == "cuda" and args.only == ",".join(APPROACHES):
@@ -326,8 +330,19 @@ def main() -> int:
     print(f"torch {torch.__version__}, python {platform.python_version()}, "
           f"{os.cpu_count()} CPUs")
 
+    if args.device == "cuda" and args.alloc == "expandable":
+        # PyTorch's consumer takes an expandable segment's fds from this process with
+        # pidfd_getfd; under Yama ptrace_scope 1 a child may not, unless this process allows it
+        # (devshare's channel passes its fds over the socket and needs no such permission).
+        import devshare
+        devshare.allow_ptrace(-1)
+        try:
+            with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+                print(f"ptrace_scope {f.read().strip()}: this process allows any to take its fds")
+        except OSError:
+            print("no Yama ptrace_scope")
     ctx = multiprocessing.get_context("spawn")
-    results = {}
+    results, failed = {}, {}
     default_strategy = torch.multiprocessing.get_sharing_strategy()
     if args.device == "cpu":
         # What the first approach run would pay alone, once per process (PyTorch starting its
@@ -337,16 +352,32 @@ def main() -> int:
         torch.multiprocessing.set_sharing_strategy(default_strategy)
     for seed, name in enumerate(only):
         sd = make_state_dict(shapes, dtype, seed, args.device)
+        if args.device == "cuda" and seed == 0:
+            expandable = {s.get("is_expandable") for s in torch.cuda.memory_snapshot()}
+            print(f"CUDA segments expandable: {sorted(expandable, key=str)}")
+            if expandable != {args.alloc == "expandable"} and None not in expandable:
+                raise SystemExit(f"the {args.alloc} allocator was asked for, the segments say otherwise")
         t0 = time.perf_counter()
-        if name.startswith("devshare"):
-            hand, rel, prod = run_devshare(sd, args.reps + 1, ctx, registered=name == "devshare-registered")
-        else:
-            strategy = {"torch-fd": "file_descriptor", "torch-fs": "file_system"}[name]
-            hand, rel, prod = run_torch(sd, args.reps + 1, ctx, strategy)
-            torch.multiprocessing.set_sharing_strategy(default_strategy)
-        results[name] = {"hand_over_ms": summary(hand), "release_ms": summary(rel),
-                         "producer_ms": summary(prod)}
-        print(f"  {name}: done in {time.perf_counter() - t0:.1f} s")
+        try:
+            if name.startswith("devshare"):
+                hand, rel, prod = run_devshare(sd, args.reps + 1, ctx, registered=name == "devshare-registered")
+            else:
+                strategy = {"torch-fd": "file_descriptor", "torch-fs": "file_system"}[name]
+                try:
+                    hand, rel, prod = run_torch(sd, args.reps + 1, ctx, strategy)
+                finally:
+                    torch.multiprocessing.set_sharing_strategy(default_strategy)
+        except Exception as e:  # noqa: BLE001 - reported as the approach's row; the others still run
+            failed[name] = f"{type(e).__name__}: {e}"
+            print(f"  {name}: FAILED after {time.perf_counter() - t0:.1f} s: {failed[name]}", flush=True)
+            del sd
+            continue
+        r = results[name] = {"hand_over_ms": summary(hand), "release_ms": summary(rel),
+                             "producer_ms": summary(prod)}
+        # Printed now: a run stopped later keeps what it measured.
+        print(f"  {name}: done in {time.perf_counter() - t0:.1f} s; hand-over first "
+              f"{fmt(r['hand_over_ms']['first'])} ms, median {fmt(r['hand_over_ms']['median'])} ms; "
+              f"release median {fmt(r['release_ms']['median'])} ms", flush=True)
         del sd
 
     base = results.get("torch-fd")
@@ -362,6 +393,8 @@ def main() -> int:
               f"| {fmt(rl['median'])} / {fmt(rl['min'])} "
               f"| {ratio(base and base['hand_over_ms']['median'], h['median'])} "
               f"| {ratio(base and base['release_ms']['median'], rl['median'])} |")
+    for name, why in failed.items():
+        print(f"| {name} | {len(shapes)} | {mib:.1f} | failed: {why} | | | | | |")
     print()
     print("first: the first repetition (includes moving every storage into shared memory "
           "once, on the CPU), not in median / min. of which producer: median time until send_batch / "
@@ -372,8 +405,8 @@ def main() -> int:
             json.dump({"tensors": len(shapes), "bytes": nbytes, "scale": args.scale,
                        "device": args.device, "alloc": args.alloc,
                        "dtype": args.dtype, "layers": args.layers, "reps": args.reps,
-                       "torch": torch.__version__, "results": results}, f, indent=1)
-    return 0
+                       "torch": torch.__version__, "results": results, "failed": failed}, f, indent=1)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1019,8 +1019,9 @@ int32_t devshare_connection_set_spin(struct DevshareConnection *conn, uint32_t s
 // the device they arrive on): an item's interprocess event (`DEVSHARE_SHARE_EVENT`) is then
 // waited for by that stream, on the device, and `devshare_connection_recv` returns without
 // waiting for the producer's work. NULL (the default): `devshare_connection_recv` waits on the
-// host until the event completed. Host items are unaffected. A stream of another device makes
-// the receive of such an item fail with the runtime's error.
+// host until the event completed (so CUDA's legacy default stream, whose handle is also NULL,
+// is named `CU_STREAM_LEGACY` here). Host items are unaffected. A stream of another device
+// makes the receive of such an item fail with the runtime's error.
 int32_t devshare_connection_set_stream(struct DevshareConnection *conn, void *stream);
 
 // The descriptor to poll (for reading) in your event loop — an epoll set of the connection's

@@ -359,7 +359,8 @@ public:
         return detail::call(devshare_connection_set_spin(get(), static_cast<uint32_t>(spin.count())));
     }
     // Read received device items on `stream` (CUstream / aclrtStream): their events are waited
-    // for by that stream instead of by recv (devshare_connection_set_stream); nullptr: recv waits.
+    // for by that stream instead of by recv (devshare_connection_set_stream); nullptr: recv waits
+    // (CUDA's legacy default stream: pass CU_STREAM_LEGACY, as its handle is also null).
     [[nodiscard]] Result<void> try_set_stream(void* stream) {
         return detail::call(devshare_connection_set_stream(get(), stream));
     }

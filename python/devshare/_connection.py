@@ -69,6 +69,7 @@ from ._lib import (
 from ._ownership import PID, Owned, forked
 
 _MAX_VIEWS = 1024  # item views (and numpy recipes) kept by a connection
+_CU_STREAM_LEGACY = 0x1  # cuda.h: the legacy default stream, which a handle of 0 also names
 _weakref = weakref.ref
 
 
@@ -476,7 +477,10 @@ class Connection(Owned):
         a raw ``CUstream`` / ``aclrtStream`` as an int, or None): each item's event from the
         producer is then waited for by that stream, on the device, and :meth:`recv` returns
         without waiting for the producer's work. None (the default): :meth:`recv` waits on the
-        host. Use the stream that will read the items (e.g. ``torch.cuda.current_stream()``)."""
+        host. Use the stream that will read the items (e.g. ``torch.cuda.current_stream()``).
+        A CUDA stream object whose handle is 0 (PyTorch's default stream, the legacy one) is
+        passed as ``CU_STREAM_LEGACY``, which names the same stream: a raw 0 would mean "no
+        stream" (wait on the host)."""
         fn = need("devshare_connection_set_stream", "Connection.set_stream")
         if stream is None:
             raw = 0
@@ -484,6 +488,8 @@ class Connection(Owned):
             raw = _ints.index("stream", stream, 0, _ints.U64[1])
         else:
             raw = getattr(stream, "cuda_stream", None)
+            if raw == 0 and isinstance(raw, int):
+                raw = _CU_STREAM_LEGACY
             raw = getattr(stream, "npu_stream", None) if raw is None else raw
             if not isinstance(raw, int):
                 raise TypeError(f"stream must be a torch.cuda.Stream, an NPU stream, an int or "

@@ -119,8 +119,9 @@ pub unsafe extern "C" fn devshare_connection_set_spin(conn: *mut DevshareConnect
 /// the device they arrive on): an item's interprocess event (`DEVSHARE_SHARE_EVENT`) is then
 /// waited for by that stream, on the device, and `devshare_connection_recv` returns without
 /// waiting for the producer's work. NULL (the default): `devshare_connection_recv` waits on the
-/// host until the event completed. Host items are unaffected. A stream of another device makes
-/// the receive of such an item fail with the runtime's error.
+/// host until the event completed (so CUDA's legacy default stream, whose handle is also NULL,
+/// is named `CU_STREAM_LEGACY` here). Host items are unaffected. A stream of another device
+/// makes the receive of such an item fail with the runtime's error.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_connection_set_stream(conn: *mut DevshareConnection, stream: *mut c_void) -> i32 {
     boundary("devshare_connection_set_stream", || {

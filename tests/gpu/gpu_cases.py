@@ -1826,7 +1826,11 @@ import torch
 address, n, syncs, small = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 conn = devshare.connect(address, timeout=30)
 if torch.cuda.is_available():
-    conn.set_stream(torch.cuda.current_stream())
+    # A side stream, made current: the default stream's handle is 0, which set_stream takes as
+    # "no stream" (wait on the host), and the event wait on a stream would go untested.
+    side = torch.cuda.Stream()
+    torch.cuda.set_stream(side)
+    conn.set_stream(side)
 for s in range(syncs):
     batch = conn.recv_batch(n, timeout=60)
     names = hashlib.sha1(",".join(batch).encode()).hexdigest()[:12] if isinstance(batch, dict) else "list"

@@ -1387,9 +1387,28 @@ def test_a_connection_stream_is_a_stream_an_int_or_none(pair):
     class FakeStream:
         cuda_stream = 0
 
+    class FakeSide:
+        cuda_stream = 0x5000
+
+    passed = []
+    call = conn._lib_call
+
+    def record(fn, *args):
+        passed.append(args[0])
+        return call(fn, *args)
+
+    conn._lib_call = record
+    try:
+        conn.set_stream(None)
+        conn.set_stream(0)
+        conn.set_stream(FakeStream())
+        conn.set_stream(FakeSide())
+    finally:
+        del conn._lib_call
+    # None and a raw 0: no stream (the host waits). A CUDA stream object of handle 0, PyTorch's
+    # default stream, is the legacy default stream by its own name: its waits stay on the device.
+    assert passed == [None, None, 1, 0x5000]
     conn.set_stream(None)
-    conn.set_stream(0)
-    conn.set_stream(FakeStream())
     with pytest.raises(TypeError, match="stream"):
         conn.set_stream("default")
     with pytest.raises(ValueError, match="stream"):
