@@ -1621,6 +1621,31 @@ fn leases_nested_in_leases_crash_neither_side_and_are_refused() {
     c.recv(T).unwrap().release();
 }
 
+/// A producer may not attach a pool of more slots than any producer can make: the consumer
+/// sizes a pool's bookkeeping by its slot count, and 2^32 one-byte slots of a sparse 4 GiB memfd
+/// cost the producer nothing and the consumer 32 GiB (1.15.0 aborted). 65,537 is refused as
+/// 2^32 - 1 is; the refusal gives the attachment back (DETACH) and the connection goes on.
+#[test]
+fn a_hostile_producers_pool_of_more_slots_than_any_pool_has_is_refused() {
+    let (addr, l) = fake_producer("hostile-slots");
+    let server = std::thread::spawn(move || FakeProducer::accept(&l));
+    let c = Connection::connect(&addr, T).unwrap();
+    let p = server.join().unwrap();
+    let fd = sealed_memfd(1 << 20);
+    p.send(&attach_msg(1, 1, 65537, &memfd_handle(1 << 20, 1 << 20)), &[fd.as_fd()]);
+    let Err(err) = c.recv(T) else { panic!("a pool of 65,537 slots was attached") };
+    assert_eq!(err.status(), Status::Untrusted, "{err}");
+    assert!(err.to_string().contains("65537 slots (at most 65536"), "{err}");
+    let m = recv_raw(p.conn.as_fd());
+    assert_eq!((msg_type(&m), u32::from_le_bytes(m[4..8].try_into().unwrap())), (10, 1), "DETACH of pool 1");
+    // The most a pool has is attached, and its items arrive.
+    p.send(&attach_msg(2, 16, 65536, &memfd_handle(1 << 20, 1 << 20)), &[fd.as_fd()]);
+    p.send(&item_msg(2, 65535, 0, 16), &[]);
+    let imp = c.recv(T).unwrap();
+    assert_eq!(imp.pool_slot(), Some((2, 65535)));
+    imp.release();
+}
+
 fn kept_shares_msg(first_lease: u64, entries: &[(u32, u64, &[u8])]) -> Vec<u8> {
     let mut m = le(&[&13u32.to_le_bytes(), &(entries.len() as u32).to_le_bytes(), &first_lease.to_le_bytes()]);
     for (fds, export, enc) in entries {

@@ -371,9 +371,11 @@ pub(crate) fn open(
         let seg = crate::handle::segments::SegmentTable::of(h, table)?
             .filter(|t| t.seg.kind == crate::handle::segments::DEVSHARE_SEGMENTS_CUDA_FD)
             .ok_or_else(|| Error::Untrusted("a handle that names its memory came with descriptors".into()))?;
-        let mut numbers: Vec<i32> = Vec::new();
+        // Each number once, in the order of its first record (a set for the look-up: a table of
+        // tens of thousands of records would otherwise cost their square).
+        let (mut numbers, mut seen) = (Vec::<i32>::new(), std::collections::HashSet::new());
         for n in seg.fds() {
-            if !numbers.contains(&n) {
+            if seen.insert(n) {
                 numbers.push(n);
             }
         }

@@ -793,6 +793,14 @@ impl LocalConnection {
                 let d = decode_full(handle)?;
                 let token = AttachToken::new(self.shared.clone(), pool);
                 let whole = slot_size.checked_mul(u64::from(count));
+                if count > crate::channel::limits::DEVSHARE_POOL_MAX_SLOTS {
+                    // (The slots' bookkeeping is sized by the count: 2^32 of them in a sparse
+                    // allocation would cost this process 32 GiB, or abort it.)
+                    return Err(Error::Untrusted(format!(
+                        "pool {pool}: {count} slots (at most {} are possible)",
+                        crate::channel::limits::DEVSHARE_POOL_MAX_SLOTS
+                    )));
+                }
                 if slot_size == 0 || count == 0 || whole.map_or(true, |w| w > d.handle.storage_size) {
                     return Err(Error::Untrusted(format!(
                         "pool {pool}: {count} slots of {slot_size} bytes do not fit its {}-byte allocation",
