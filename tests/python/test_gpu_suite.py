@@ -6,7 +6,8 @@ registered state dict case over CPU tensors), and its C-only
 cases pass on the CUDA stand-in (C producer -> C consumer, C VMM producer -> C consumer with inline
 and text-carried segment tables, C pool producer -> C consumer over a channel for cuMemAlloc and
 VMM exports, the import benchmark; the ptrace case skips without Yama ptrace_scope 1). The run's
-time bounds fit a 10-minute slot.
+time bounds fit a 10-minute slot. The one-command session script (tests/gpu/session.sh) skips
+what the machine and its budget do not allow, saying why, and keeps each part's output.
 
 The bundle is assembled here the way scripts/gpu_bundle.sh does it, from the library under test.
 """
@@ -142,3 +143,23 @@ def test_gpu_tool_pool_commands_refuse_bad_arguments(bundle):
         assert r.returncode == 1 and r.stdout.startswith("FAIL usage:"), (argv, r.stdout, r.stderr)
     r = subprocess.run([tool, "produce-pool", "host"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "produce-pool" in r.stderr
+
+
+def test_the_session_script_runs_what_the_time_and_the_machine_allow_and_keeps_each_output(bundle, tmp_path):
+    """tests/gpu/session.sh without a GPU: the suite runs and fails at its preflight, so the GPU
+    benchmarks are skipped, saying why; with 65 s of budget user_pays is skipped too (it needs
+    70). Each part's output and the summary are kept in --out; the exit status says a part
+    failed."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the session would run the benchmarks")
+    full = dict(os.environ, PYTHON=sys.executable)
+    res = run(["bash", str(ROOT / "tests" / "gpu" / "session.sh"), str(bundle), "--budget", "65",
+               "--out", str(tmp_path)], env=full, timeout=120)
+    assert res.returncode == 1, res.stdout + res.stderr
+    summary = (tmp_path / "summary.txt").read_text()
+    assert re.search(r"^   suite: exit 1 after \d+ s$", summary, re.M), summary
+    assert "== benchmarks skipped: no usable GPU (the suite's preflight did not pass)" in summary, summary
+    assert re.search(r"^== user_pays skipped: \d+ s left$", summary, re.M), summary
+    assert re.search(r"^== session: \d+ s of the 65 s budget", summary, re.M), summary
+    assert "FAIL preflight" in (tmp_path / "suite.txt").read_text()
