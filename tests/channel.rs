@@ -382,11 +382,8 @@ fn fake_producer(tag: &str) -> (String, OwnedFd) {
 }
 
 impl FakeProducer {
-    fn accept(l: &OwnedFd) -> FakeProducer {
-        Self::accept_with(l, 0)
-    }
-
-    /// [`Self::accept`], the `WELCOME` announcing `features` (what this producer reads).
+    /// Accept one consumer and answer its handshake, the `WELCOME` announcing `features` (what
+    /// this producer reads).
     fn accept_with(l: &OwnedFd, features: u16) -> FakeProducer {
         let conn = rustix::net::accept(l).unwrap();
         let hello = recv_raw(conn.as_fd());
@@ -407,6 +404,14 @@ impl FakeProducer {
     fn send(&self, msg: &[u8], fds: &[BorrowedFd<'_>]) {
         send_raw(self.conn.as_fd(), msg, fds);
     }
+}
+
+/// A consumer connected to a fake producer whose `WELCOME` announces `features`.
+fn fake_connection(tag: &str, features: u16) -> (Connection, FakeProducer) {
+    let (addr, l) = fake_producer(tag);
+    let server = std::thread::spawn(move || FakeProducer::accept_with(&l, features));
+    let c = Connection::connect(&addr, T).unwrap();
+    (c, server.join().unwrap())
 }
 
 /// The byte encoding of a channel (memfd) handle of `alloc` bytes, viewed as `view` bytes at 0.
@@ -462,10 +467,7 @@ fn sealed_memfd(size: u64) -> OwnedFd {
 
 #[test]
 fn a_hostile_producer_cannot_make_a_consumer_map_what_it_should_not() {
-    let (addr, l) = fake_producer("hostile-producer");
-    let server = std::thread::spawn(move || FakeProducer::accept(&l));
-    let c = Connection::connect(&addr, T).unwrap();
-    let p = server.join().unwrap();
+    let (c, p) = fake_connection("hostile-producer", 0);
     let expect = |want: Status, what: &str| {
         let Err(err) = c.recv(T) else { panic!("{what}: accepted") };
         assert_eq!(err.status(), want, "{what}: {err}");
@@ -935,10 +937,7 @@ fn a_hostile_consumer_writing_into_its_ring_cannot_free_a_slot_twice_or_crash_th
 
 #[test]
 fn a_hostile_producer_writing_into_the_ring_gets_refused_records_not_a_crash() {
-    let (addr, l) = fake_producer("ring-hostile-producer");
-    let server = std::thread::spawn(move || FakeProducer::accept(&l));
-    let c = Connection::connect(&addr, T).unwrap();
-    let p = server.join().unwrap();
+    let (c, p) = fake_connection("ring-hostile-producer", 0);
     let pool_fd = sealed_memfd(4 * 4096);
     p.send(&attach_msg(1, 4096, 4, &memfd_handle(4 * 4096, 4 * 4096)), &[pool_fd.as_fd()]);
     let mem = sealed_memfd(RING_SIZE as u64);
@@ -1441,10 +1440,7 @@ fn lease_msg(export: u64, lease: u64, offset: u64, size: u64) -> Vec<u8> {
 
 /// A consumer connected to a fake producer that reads `PINNED` and ring releases.
 fn pinning_consumer(tag: &str) -> (Connection, FakeProducer) {
-    let (addr, l) = fake_producer(tag);
-    let server = std::thread::spawn(move || FakeProducer::accept_with(&l, 2));
-    let c = Connection::connect(&addr, T).unwrap();
-    (c, server.join().unwrap())
+    fake_connection(tag, 2)
 }
 
 /// The fake producer's next message is the `RELEASE` of `lease`.
@@ -1627,10 +1623,7 @@ fn leases_nested_in_leases_crash_neither_side_and_are_refused() {
 /// 2^32 - 1 is; the refusal gives the attachment back (DETACH) and the connection goes on.
 #[test]
 fn a_hostile_producers_pool_of_more_slots_than_any_pool_has_is_refused() {
-    let (addr, l) = fake_producer("hostile-slots");
-    let server = std::thread::spawn(move || FakeProducer::accept(&l));
-    let c = Connection::connect(&addr, T).unwrap();
-    let p = server.join().unwrap();
+    let (c, p) = fake_connection("hostile-slots", 0);
     let fd = sealed_memfd(1 << 20);
     p.send(&attach_msg(1, 1, 65537, &memfd_handle(1 << 20, 1 << 20)), &[fd.as_fd()]);
     let Err(err) = c.recv(T) else { panic!("a pool of 65,537 slots was attached") };
@@ -1656,10 +1649,7 @@ fn kept_shares_msg(first_lease: u64, entries: &[(u32, u64, &[u8])]) -> Vec<u8> {
 
 #[test]
 fn a_hostile_producers_kept_shares_and_retirements_are_checked_like_any_share() {
-    let (addr, l) = fake_producer("hostile-keep");
-    let server = std::thread::spawn(move || FakeProducer::accept(&l));
-    let c = Connection::connect(&addr, T).unwrap();
-    let p = server.join().unwrap();
+    let (c, p) = fake_connection("hostile-keep", 0);
     let enc = memfd_handle(4096, 4096);
     let fd = sealed_memfd(4096);
     // Retiring what it never sent: nothing to do, nothing refused.
@@ -1740,10 +1730,7 @@ fn shares_msg(lease: u64, enc: &[u8]) -> Vec<u8> {
 
 #[test]
 fn a_hostile_producers_names_are_checked_bounded_and_never_name_another_lease() {
-    let (addr, l) = fake_producer("hostile-names");
-    let server = std::thread::spawn(move || FakeProducer::accept(&l));
-    let c = Connection::connect(&addr, T).unwrap();
-    let p = server.join().unwrap();
+    let (c, p) = fake_connection("hostile-names", 0);
     let name_of = |imp: &devshare::import::Import| imp.name().map(|n| n.to_str().unwrap().to_owned());
     let mem = sealed_memfd(4096);
     let enc = memfd_handle(4096, 4096);

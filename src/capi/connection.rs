@@ -427,6 +427,7 @@ unsafe fn release_items(items: *mut DevshareItem, n: usize, stride: usize) {
     // SAFETY: as above; each non-NULL import is live until released below.
     let held = (0..n).filter_map(|i| unsafe { import_at(i).read_unaligned().as_ref() }.map(|imp| imp.inner()));
     crate::channel::Connection::give_back_all(held);
+    let (name, len) = (std::mem::offset_of!(DevshareItem, name), std::mem::offset_of!(DevshareItem, name_len));
     for i in 0..n {
         let slot = import_at(i);
         // SAFETY: as above.
@@ -438,7 +439,6 @@ unsafe fn release_items(items: *mut DevshareItem, n: usize, stride: usize) {
             // SAFETY: as above.
             unsafe { slot.write_unaligned(std::ptr::null_mut()) };
             // The name lived in the lease: cleared too, where the caller's struct has it.
-            let (name, len) = (std::mem::offset_of!(DevshareItem, name), std::mem::offset_of!(DevshareItem, name_len));
             if stride >= len + 8 {
                 // SAFETY: element i has both fields (its stride covers them).
                 unsafe {

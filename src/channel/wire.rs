@@ -389,12 +389,7 @@ impl<'a> Message<'a> {
                 Message::Release { lease: r.u64()? }
             }
             RELEASES => {
-                let count = r.u32()? as usize;
-                if count == 0 || count > MAX_RELEASES {
-                    return Err(Error::Untrusted(format!(
-                        "a message releasing {count} leases (1..={MAX_RELEASES} are possible)"
-                    )));
-                }
+                let count = r.count(MAX_RELEASES, "a message releasing", "leases")?;
                 let _ = r.u32()?;
                 let leases = (0..count).map(|_| r.u64()).collect::<Result<Vec<u64>>>()?;
                 Message::Releases { leases }
@@ -414,12 +409,7 @@ impl<'a> Message<'a> {
                 Message::Lease { export, lease, layout, event, again }
             }
             LEASES => {
-                let count = r.u32()? as usize;
-                if count == 0 || count > MAX_SHARES {
-                    return Err(Error::Untrusted(format!(
-                        "a message of {count} leases (1..={MAX_SHARES} are possible)"
-                    )));
-                }
+                let count = r.count(MAX_SHARES, "a message of", "leases")?;
                 let _ = r.u32()?;
                 // (Reserved for as many records as the bytes left can hold, not for the count.)
                 let mut leases = Vec::with_capacity(count.min(r.left() / LEASE_RECORD_MIN));
@@ -442,10 +432,7 @@ impl<'a> Message<'a> {
                 Message::Leases { leases }
             }
             PINNED => {
-                let count = r.u32()? as usize;
-                if count == 0 || count > MAX_SHARES {
-                    return Err(Error::Untrusted(format!("a message of {count} pins (1..={MAX_SHARES} are possible)")));
-                }
+                let count = r.count(MAX_SHARES, "a message of", "pins")?;
                 let _ = r.u32()?;
                 let entries = (0..count).map(|_| Ok((r.u64()?, r.u64()?))).collect::<Result<Vec<_>>>()?;
                 Message::Pinned { entries }
@@ -458,12 +445,7 @@ impl<'a> Message<'a> {
             POOL_CLOSED => Message::PoolClosed { pool: r.u32()? },
             DETACH => Message::Detach { pool: r.u32()? },
             SHARES | KEPT_SHARES | PIN_SHARES => {
-                let count = r.u32()? as usize;
-                if count == 0 || count > MAX_SHARES {
-                    return Err(Error::Untrusted(format!(
-                        "a message of {count} shares (1..={MAX_SHARES} are possible)"
-                    )));
-                }
+                let count = r.count(MAX_SHARES, "a message of", "shares")?;
                 let first_lease = r.u64()?;
                 if first_lease.checked_add(count as u64).is_none() {
                     return Err(Error::Untrusted("share lease numbers overflow".into()));
@@ -496,10 +478,7 @@ impl<'a> Message<'a> {
             }
             RETIRE => Message::Retire { export: r.u64()? },
             NAMES => {
-                let count = r.u32()? as usize;
-                if count == 0 || count > MAX_SHARES {
-                    return Err(Error::Untrusted(format!("names of {count} leases (1..={MAX_SHARES} are possible)")));
-                }
+                let count = r.count(MAX_SHARES, "names of", "leases")?;
                 let first_lease = r.u64()?;
                 if first_lease.checked_add(count as u64).is_none() {
                     return Err(Error::Untrusted("named lease numbers overflow".into()));
@@ -793,6 +772,15 @@ impl<'a> In<'a> {
     }
     pub(crate) fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
         self.take(n)
+    }
+    /// A record count (`u32`) of 1..=`max`, else `Untrusted`: "{before} {count} {noun} (1..=max
+    /// are possible)".
+    pub(crate) fn count(&mut self, max: usize, before: &str, noun: &str) -> Result<usize> {
+        let count = self.u32()? as usize;
+        if count == 0 || count > max {
+            return Err(Error::Untrusted(format!("{before} {count} {noun} (1..={max} are possible)")));
+        }
+        Ok(count)
     }
     /// Bytes not read yet.
     pub(crate) fn left(&self) -> usize {
