@@ -12,6 +12,11 @@ cache[i], no copy) to a consumer process, which reads one element of it and give
              channel meanwhile). Registered: nothing is shared again, the consumer keeps the
              cache mapped between leases; on a GPU the lease's event is one of the channel's
              reused events.
+  devshare-spin
+             the same, with both ends spinning before they sleep (--spin microseconds:
+             conn.set_spin on the consumer, ch.set_spin on the producer, whose devshare.wait
+             then polls for the release): for a stage with a CPU core of its own; each waiting
+             side burns its core meanwhile.
   queue      torch.multiprocessing.Queue (spawn; the default sharing strategy on the CPU, CUDA
              IPC on a GPU): q.put(view); the consumer q.get(), t[0].item(), then an ack on a
              second Queue; the round trip ends when the producer has the ack. PyTorch's
@@ -23,7 +28,7 @@ microseconds, and the ratio queue / devshare of the p50s (the issue's target on 
 20 us and >= 20x the Queue).
 
 Usage: python bench/kv_block.py [--device cpu|cuda] [--alloc plain|expandable] [--count 2000]
-                                [--blocks 64] [--block-kib 256] [--json FILE]
+                                [--blocks 64] [--block-kib 256] [--spin 1000] [--json FILE]
        python bench/kv_block.py --quick       (200 round trips: a smoke test)
 """
 
@@ -45,13 +50,15 @@ def percentile(values, q):
     return values[min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))]
 
 
-def devshare_consumer(address: str, count: int, device: str) -> None:
+def devshare_consumer(address: str, count: int, device: str, spin_us: int) -> None:
     import devshare
     import torch
 
     if device == "cuda":
         torch.cuda.init()
     conn = devshare.connect(address, timeout=TIMEOUT, wait=True)
+    if spin_us:
+        conn.set_spin(spin_us)
     for _ in range(count):
         item = conn.recv(timeout=TIMEOUT)
         item.tensor[0].item()
@@ -91,17 +98,19 @@ def round_trips(proc, blocks, count: int, one) -> list[float]:
     return times
 
 
-def run_devshare(cache, count: int, ctx) -> list[float]:
+def run_devshare(cache, count: int, ctx, spin_us: int = 0) -> list[float]:
     import devshare
 
-    address = f"@devshare-bench-kv-block-{os.getpid()}"
+    address = f"@devshare-bench-kv-block-{os.getpid()}-{spin_us}"
     blocks = {i: cache[i] for i in range(cache.shape[0])}
     with devshare.Channel(address) as ch:
-        proc = ctx.Process(target=devshare_consumer, args=(address, count, cache.device.type))
+        proc = ctx.Process(target=devshare_consumer, args=(address, count, cache.device.type, spin_us))
         proc.start()
         try:
             peer = ch.wait_peers(1, timeout=TIMEOUT)[0]
             ch.register(blocks)
+            if spin_us:
+                ch.set_spin(spin_us)
         except BaseException:
             proc.kill()
             raise
@@ -140,6 +149,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=100, help="round trips left out first")
     ap.add_argument("--blocks", type=int, default=64)
     ap.add_argument("--block-kib", type=int, default=256)
+    ap.add_argument("--spin", type=int, default=1000,
+                    help="microseconds both ends of devshare-spin poll before they sleep (0: no "
+                         "devshare-spin row)")
     ap.add_argument("--quick", action="store_true", help="200 round trips, 20 left out")
     ap.add_argument("--json", help="also write the raw figures here")
     args = ap.parse_args()
@@ -168,7 +180,10 @@ def main() -> int:
           f"({args.alloc} allocator), {args.count} round trips each, first {args.warmup} left out")
     print(f"torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPUs")
     results = {}
-    for name, run in (("devshare", run_devshare), ("queue", run_queue)):
+    approaches = [("devshare", run_devshare), ("queue", run_queue)]
+    if args.spin:
+        approaches.insert(1, ("devshare-spin", lambda *a: run_devshare(*a, spin_us=args.spin)))
+    for name, run in approaches:
         times = run(cache, args.count + args.warmup, ctx)[args.warmup:]
         results[name] = {"p50_us": statistics.median(times), "p90_us": percentile(times, 90),
                          "min_us": min(times), "all_us": times}

@@ -87,7 +87,8 @@
 // set `DEVSHARE_REMOTE_DATA=ucx`).
 #define DEVSHARE_TRANSPORT_UCX 2
 
-// The longest spin `devshare_pool_set_spin` and `devshare_connection_set_spin` accept (1 s).
+// The longest spin `devshare_pool_set_spin`, `devshare_connection_set_spin` and
+// `devshare_channel_set_spin` accept (1 s).
 #define DEVSHARE_MAX_SPIN_US 1000000
 
 // `DevshareTensorDesc::storage_size` value meaning "from `storage_offset` to the end of the
@@ -954,6 +955,15 @@ int32_t devshare_channel_register(struct DevshareChannel *channel,
 // registered with this channel.
 int32_t devshare_channel_unregister(struct DevshareChannel *channel,
                                     const struct DevshareExporter *exporter);
+
+// Let `devshare_exporter_wait` on an export leased through `channel` poll the consumers'
+// returns for up to `spin_us` microseconds before it sleeps (1.16; see
+// `devshare_pool_set_spin`): for a producer thread that owns a CPU core, a lease that comes
+// back through a consumer's ring is then taken within about a microsecond instead of after the
+// scheduler wakes the thread. It burns its core while it spins. 0 (the default) sleeps at
+// once; at most `DEVSHARE_MAX_SPIN_US`. A wait with a shorter timeout spins only that long. A
+// remote (`tcp://`) channel: `DEVSHARE_STATUS_UNSUPPORTED`.
+int32_t devshare_channel_set_spin(struct DevshareChannel *channel, uint32_t spin_us);
 
 // Whether ACL exports sent over this channel are whitelisted for the pid a consumer announced
 // in its handshake (its bare tgid) when that is not its pid as the kernel reports it

@@ -21,6 +21,19 @@ pub(crate) const MAX_PASSED_FDS: usize = 253;
 pub(crate) trait LeaseServer: Send + Sync {
     /// Take what arrived (returned leases included), waiting at most `pause` for something.
     fn serve(&self, pause: Duration) -> Result<()>;
+
+    /// How long a wait for its returns may poll ([`Self::poll`]) before it sleeps (zero: not
+    /// at all; the channel's `set_spin`).
+    fn spin(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    /// Take the returns that already arrived, without waiting and without asking to be woken
+    /// for the next one; `sockets`: look at the peers' sockets too (a system call), not only
+    /// at what needs none.
+    fn poll(&self, _sockets: bool) -> Result<()> {
+        self.serve(Duration::ZERO)
+    }
 }
 
 /// The leases of one export: references handed out by a delivery layer (counted in
@@ -65,6 +78,15 @@ impl LeaseBook {
             served |= s.serve(if i == 0 { pause } else { Duration::ZERO }).is_ok();
         }
         served
+    }
+
+    /// The servers of this export's leases that spin, and the longest spin among them.
+    fn spinners(&self) -> (Vec<Arc<dyn LeaseServer>>, Duration) {
+        let servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+        let live: Vec<Arc<dyn LeaseServer>> =
+            servers.iter().filter_map(Weak::upgrade).filter(|s| !s.spin().is_zero()).collect();
+        let spin = live.iter().map(|s| s.spin()).max().unwrap_or_default();
+        (live, spin)
     }
 }
 
@@ -701,6 +723,10 @@ impl Exporter {
     /// at once when [`Self::outstanding`] does.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
         let start = Instant::now();
+        if self.outstanding()? == 0 {
+            return Ok(());
+        }
+        self.spin_for_returns(start, timeout)?;
         let mut pause = Duration::from_micros(20);
         let mut last_look = false;
         loop {
@@ -729,6 +755,34 @@ impl Exporter {
                 std::thread::sleep(pause);
             }
             pause = (pause * 2).min(Duration::from_millis(2));
+        }
+    }
+
+    /// The spinning part of [`Self::wait`]: while a channel this export is leased through spins
+    /// (`set_spin`), poll its returns for that long (never past `timeout` from `start`) before
+    /// the wait sleeps. Returns when nothing is outstanding any more or the spin is over.
+    fn spin_for_returns(&self, start: Instant, timeout: Option<Duration>) -> Result<()> {
+        if self.leases.count() == 0 {
+            return Ok(()); // (only ref-counters to watch: nothing to poll)
+        }
+        let (mut spinners, spin) = self.leases.spinners();
+        let spin = timeout.map_or(spin, |t| spin.min(t));
+        if spin.is_zero() {
+            return Ok(());
+        }
+        let until = start + spin;
+        let mut turns = 0u32;
+        loop {
+            turns = turns.wrapping_add(1);
+            // The rings on every turn; the sockets (a system call) every 64th; the clock (a
+            // read costs more than a look at the rings) every 16th.
+            // (A channel that cannot be served any more, closed, is left to the sleeping wait.)
+            let sockets = turns % 64 == 0;
+            spinners.retain(|s| s.poll(sockets).is_ok());
+            if spinners.is_empty() || self.outstanding()? == 0 || (turns % 16 == 0 && Instant::now() >= until) {
+                return Ok(());
+            }
+            std::hint::spin_loop();
         }
     }
 

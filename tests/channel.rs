@@ -1888,3 +1888,53 @@ fn a_hostile_consumers_releases_give_back_only_what_it_holds() {
     send_raw(raw.as_fd(), &releases(1, &[first + 2]), &[]);
     exp.wait(T).unwrap();
 }
+
+#[test]
+fn a_spinning_wait_takes_each_lease_back_and_sleeps_once_its_spin_or_its_timeout_is_over() {
+    let (ch, c, peer) = connected(&address("spin-wait"));
+    assert_eq!(status(ch.set_spin(Duration::from_micros(1_000_001))), Status::InvalidArgument);
+    ch.set_spin(Duration::from_secs(1)).unwrap();
+    let exp = Exporter::channel_host_alloc(4096).unwrap();
+    ch.register(&exp).unwrap();
+    let desc = TensorDesc { shape: &[64], storage_offset: 128, ..Default::default() };
+    // The consumer takes each lease, checks its bytes, holds it as long as it is told, releases.
+    let (tx, rx) = std::sync::mpsc::channel::<(u8, Duration)>();
+    let consumer = std::thread::spawn(move || {
+        for (value, hold) in rx {
+            let imp = c.recv(T).unwrap();
+            // SAFETY: 64 readable bytes.
+            assert!(unsafe { std::slice::from_raw_parts(imp.view().data, 64) }.iter().all(|&b| b == value));
+            std::thread::sleep(hold);
+            imp.release();
+        }
+        c
+    });
+    let send = |value: u8, hold: Duration| {
+        // SAFETY: the producer's own bytes, no lease out.
+        unsafe { std::ptr::write_bytes(exp.ptr().add(128), value, 64) };
+        ch.send(peer, &exp, &desc).unwrap();
+        tx.send((value, hold)).unwrap();
+    };
+    // Within the spin: every lease comes back (after the first, through the consumer's ring).
+    for round in 0..2000u32 {
+        send((round % 251) as u8, Duration::ZERO);
+        exp.wait(T).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(exp.outstanding().unwrap(), 0);
+    }
+    // Past a short spin the wait sleeps, and the release still ends it.
+    ch.set_spin(Duration::from_millis(1)).unwrap();
+    let t = Instant::now();
+    send(1, Duration::from_millis(100));
+    exp.wait(T).unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(100), "the wait ended before the release");
+    // A timeout shorter than the spin ends the spin: a lease held longer times the wait out.
+    ch.set_spin(Duration::from_secs(1)).unwrap();
+    send(2, Duration::from_millis(1500));
+    let t = Instant::now();
+    assert_eq!(status(exp.wait(Some(Duration::from_millis(50)))), Status::Timeout);
+    assert!(t.elapsed() < Duration::from_millis(900), "a 50 ms wait spun for {:?}", t.elapsed());
+    exp.wait(T).unwrap();
+    drop(tx);
+    drop(consumer.join().unwrap());
+    assert_eq!(ch.peer_info(peer).unwrap().protocol_errors, 0);
+}

@@ -184,6 +184,7 @@ fn what_a_remote_channel_does_not_carry_is_refused_by_name() {
     assert_eq!(ch.send(1, &dev, &TensorDesc::default()).unwrap_err().status(), Status::Unsupported);
     let pool = ch.pool(dev, 1024, 4).unwrap();
     assert_eq!(pool.set_spin(Duration::from_micros(10)).unwrap_err().status(), Status::Unsupported);
+    assert_eq!(ch.set_spin(Duration::from_micros(10)).unwrap_err().status(), Status::Unsupported);
     assert_eq!(Channel::listen("tcp://127.0.0.1").err().unwrap().status(), Status::InvalidArgument);
     assert_eq!(Connection::connect("tcp://127.0.0.1:1", T).err().unwrap().status(), Status::NotFound);
 }

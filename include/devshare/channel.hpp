@@ -138,6 +138,16 @@ public:
     [[nodiscard]] Result<void> try_unregister_export(const Exporter& exporter) {
         return detail::call(devshare_channel_unregister(get(), exporter.get()));
     }
+    // Let Exporter::wait on an export leased through this channel poll the consumers' returns
+    // for up to `spin` before it sleeps (devshare_channel_set_spin, 1.16): for a producer with a
+    // CPU core of its own. Zero (the default) sleeps at once.
+    [[nodiscard]] Result<void> try_set_spin(std::chrono::microseconds spin) {
+        if (spin.count() < 0 || spin.count() > DEVSHARE_MAX_SPIN_US) {
+            return detail::failure(Error(DEVSHARE_STATUS_INVALID_ARGUMENT,
+                                         "devshare::Channel::set_spin: 0 to DEVSHARE_MAX_SPIN_US microseconds"));
+        }
+        return detail::call(devshare_channel_set_spin(get(), static_cast<uint32_t>(spin.count())));
+    }
     // Disconnect peer `peer` now, as if it had died (devshare_channel_disconnect): its leases
     // and slots come back at once. DEVSHARE_STATUS_NOT_FOUND when it is not connected.
     [[nodiscard]] Result<void> try_disconnect(uint64_t peer) { return detail::call(devshare_channel_disconnect(get(), peer)); }
@@ -217,6 +227,7 @@ public:
     void trust_announced_pids(bool trust) { detail::value(try_trust_announced_pids(trust)); }
     void register_export(const Exporter& exporter) { detail::value(try_register_export(exporter)); }
     void unregister_export(const Exporter& exporter) { detail::value(try_unregister_export(exporter)); }
+    void set_spin(std::chrono::microseconds spin) { detail::value(try_set_spin(spin)); }
     void send(uint64_t peer, const Exporter& exporter, const TensorDesc& desc) {
         detail::value(try_send(peer, exporter, desc));
     }

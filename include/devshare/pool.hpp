@@ -196,9 +196,6 @@ public:
         return detail::get<PoolInfo>(
             [&](PoolInfo* i) { return devshare_pool_info(get(), &i->slot_size, &i->count, &i->free_slots); });
     }
-    // Close the pool (devshare_pool_close): attached consumers are told, each detaches once it
-    // released its items. Afterwards this Pool is empty. Slots still acquired must not be used
-    // (nor destroyed) after it.
     // Let acquire poll for a returned slot for up to `spin` before it sleeps
     // (devshare_pool_set_spin): for a producer with a CPU core of its own. Zero (the default)
     // sleeps at once.
@@ -210,6 +207,9 @@ public:
         return detail::call(devshare_pool_set_spin(get(), static_cast<uint32_t>(spin.count())));
     }
 
+    // Close the pool (devshare_pool_close): attached consumers are told, each detaches once it
+    // released its items. Afterwards this Pool is empty. Slots still acquired must not be used
+    // (nor destroyed) after it.
     [[nodiscard]] Result<void> try_close() {
         slot_size_ = 0;
         count_ = 0;

@@ -525,6 +525,14 @@ def channel_signatures_1_12() -> list:
     ]
 
 
+def channel_signatures_1_16() -> list:
+    """The channel function 1.16 added: a producer's waits for its leases spin before they
+    sleep."""
+    return [
+        ("devshare_channel_set_spin", c_int32, [ChannelP, c_uint32]),
+    ]
+
+
 #: The first library minor version with the storage-handle formats and the version bridge.
 TORCH_FORMAT_MINOR = 2
 
@@ -579,5 +587,5 @@ __all__ = [
     "ConnectionP", "PoolP", "CHANNEL_MINOR", "channel_signatures", "channel_signatures_1_2", "TORCH_FORMAT_MINOR",
     "torch_format_signatures", "ADOPT_MINOR", "adopt_signatures", "channel_signatures_1_4",
     "channel_signatures_1_7", "channel_signatures_1_8", "channel_signatures_1_10",
-    "channel_signatures_1_11", "channel_signatures_1_12",
+    "channel_signatures_1_11", "channel_signatures_1_12", "channel_signatures_1_16",
 ]

@@ -49,6 +49,7 @@ from ._lib import (
     channel_signatures_1_10,
     channel_signatures_1_11,
     channel_signatures_1_12,
+    channel_signatures_1_16,
     error_for,
     lib,
 )
@@ -80,7 +81,8 @@ for _minor, _signatures in ((2, channel_signatures_1_2(ImportP)),
                             (8, channel_signatures_1_8()),
                             (10, channel_signatures_1_10(ExporterP)),
                             (11, channel_signatures_1_11(ExporterP, ImportP)),
-                            (12, channel_signatures_1_12())):
+                            (12, channel_signatures_1_12()),
+                            (16, channel_signatures_1_16())):
     _names = {name for name, _, _ in _signatures}
     _HAVE |= _names - set(bind(_signatures))
     _ADDED.update(dict.fromkeys(_names, _minor))

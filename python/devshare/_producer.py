@@ -36,6 +36,7 @@ from ._channel_lib import error as channel_error
 from ._channel_memory import channel_empty, layout
 from ._lib import (
     MAX_NAME_LEN,
+    MAX_SPIN_US,
     SHARE_EVENT,
     STORAGE_TO_END,
     ChannelP,
@@ -271,6 +272,16 @@ class Channel(Owned):
         if not done:
             raise TimeoutError(f"fewer than {n} consumer(s) connected within {timeout} s")
         return self.peers()
+
+    def set_spin(self, spin_us: int) -> None:
+        """Let :func:`devshare.wait` on what was sent over this channel poll for the consumers'
+        releases for up to ``spin_us`` microseconds before it sleeps (0, the default: sleep at
+        once; at most ``MAX_SPIN_US``, 1 s). For a producer with a CPU to spare: a release comes
+        back within a microsecond or so of the consumer's call instead of after a wake-up (tens
+        of microseconds across CPUs); the waiting thread burns its CPU meanwhile. A remote
+        (``tcp://``) channel: :class:`devshare.Error` ``UNSUPPORTED``."""
+        fn = need("devshare_channel_set_spin", "Channel.set_spin")
+        self._lib_call(fn, _ints.index("spin_us", spin_us, 0, MAX_SPIN_US))
 
     def peers(self) -> list[int]:
         """Ids (ints > 0) of the connected consumers, oldest first. As of the last service: call

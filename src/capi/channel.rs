@@ -401,6 +401,20 @@ pub unsafe extern "C" fn devshare_channel_unregister(
     })
 }
 
+/// Let `devshare_exporter_wait` on an export leased through `channel` poll the consumers'
+/// returns for up to `spin_us` microseconds before it sleeps (1.16; see
+/// `devshare_pool_set_spin`): for a producer thread that owns a CPU core, a lease that comes
+/// back through a consumer's ring is then taken within about a microsecond instead of after the
+/// scheduler wakes the thread. It burns its core while it spins. 0 (the default) sleeps at
+/// once; at most `DEVSHARE_MAX_SPIN_US`. A wait with a shorter timeout spins only that long. A
+/// remote (`tcp://`) channel: `DEVSHARE_STATUS_UNSUPPORTED`.
+#[no_mangle]
+pub unsafe extern "C" fn devshare_channel_set_spin(channel: *mut DevshareChannel, spin_us: u32) -> i32 {
+    boundary("devshare_channel_set_spin", || {
+        ffi!(arg(channel, "channel"))?.0.set_spin(std::time::Duration::from_micros(u64::from(spin_us)))
+    })
+}
+
 /// Whether ACL exports sent over this channel are whitelisted for the pid a consumer announced
 /// in its handshake (its bare tgid) when that is not its pid as the kernel reports it
 /// (`SO_PEERCRED`): `trust` nonzero yes, 0 (the default) no — the kernel's pid is whitelisted

@@ -51,7 +51,8 @@ pub unsafe extern "C" fn devshare_pool_set_spin(pool: *mut DevsharePool, spin_us
     })
 }
 
-/// The longest spin `devshare_pool_set_spin` and `devshare_connection_set_spin` accept (1 s).
+/// The longest spin `devshare_pool_set_spin`, `devshare_connection_set_spin` and
+/// `devshare_channel_set_spin` accept (1 s).
 pub const DEVSHARE_MAX_SPIN_US: u32 = 1_000_000;
 
 /// Take a free slot: `*slot` receives its index, `*ptr` (may be NULL) its address in this

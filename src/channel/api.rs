@@ -89,6 +89,14 @@ impl Channel {
         }
     }
 
+    /// See [`LocalChannel::set_spin`].
+    pub fn set_spin(&self, spin: Duration) -> Result<()> {
+        match &self.0 {
+            Kind::Local(c) => c.set_spin(spin),
+            Kind::Remote(_) => Err(remote_cannot("spinning")),
+        }
+    }
+
     pub fn wait_peers(&self, n: usize, timeout: Option<Duration>) -> Result<()> {
         match &self.0 {
             Kind::Local(c) => c.wait_peers(n, timeout),

@@ -229,6 +229,11 @@ static void test_channel_calls_refuse_null_and_out_of_range_arguments(void) {
     DS_OK(devshare_pool_set_spin(pool, DEVSHARE_MAX_SPIN_US));
     DS_OK(devshare_pool_set_spin(pool, 0));
     EXPECT_ERROR(devshare_connection_set_spin(NULL, 10), "devshare_connection_set_spin", "NULL connection");
+    EXPECT_ERROR(devshare_channel_set_spin(NULL, 10), "devshare_channel_set_spin", "NULL channel");
+    EXPECT_ERROR(devshare_channel_set_spin(ch, DEVSHARE_MAX_SPIN_US + 1), "devshare_channel_set_spin",
+                 "a spin above DEVSHARE_MAX_SPIN_US");
+    DS_OK(devshare_channel_set_spin(ch, DEVSHARE_MAX_SPIN_US));
+    DS_OK(devshare_channel_set_spin(ch, 0));
     close_all(pool, exp, ch, "bad input");
 }
 

@@ -698,6 +698,10 @@ void test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer() {
     check(failed_with(ch.try_send_batch(peer, exps, descs, {names, 2}), DEVSHARE_STATUS_INVALID_ARGUMENT),
           "Channel::try_send_batch with 2 names for 3 descriptions: INVALID_ARGUMENT");
     ch.register_export(exp);  // the named batch goes as leases of a registered export
+    check(failed_with(ch.try_set_spin(std::chrono::microseconds(DEVSHARE_MAX_SPIN_US + 1)),
+                      DEVSHARE_STATUS_INVALID_ARGUMENT),
+          "Channel::try_set_spin above DEVSHARE_MAX_SPIN_US: INVALID_ARGUMENT");
+    ch.set_spin(std::chrono::microseconds(200));  // the waits below spin before they sleep
     ch.send_batch(peer, exps, descs, names);
     child.tell('n');
     child.take_report();

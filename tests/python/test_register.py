@@ -116,6 +116,31 @@ def test_ten_syncs_of_a_registered_state_dict_see_every_in_place_change():
             assert p.wait(timeout=20) == 0, p.stderr.read()
 
 
+def test_a_spinning_channel_takes_its_leases_back_and_refuses_a_spin_out_of_range():
+    """Channel.set_spin: 0..1 s accepted, more (or less) refused by name; devshare.wait on
+    what the channel sent spins before it sleeps, and every lease still comes back."""
+    address = _address("spin")
+    sd = _state_dict()
+    with devshare.Channel(address) as ch:
+        with pytest.raises(ValueError, match="spin_us"):
+            ch.set_spin(1_000_001)
+        with pytest.raises(ValueError, match="spin_us"):
+            ch.set_spin(-1)
+        ch.set_spin(500)
+        ch.register(sd)
+        with _consumer(address, 4, 3) as p:
+            peer = ch.wait_peers(1, timeout=20)[0]
+            for sync in range(3):
+                ch.send_batch(peer, sd)
+                sums = [float(x) for x in _line(p, "SYNC").split()]
+                assert sums == pytest.approx([float(t.double().sum()) for t in sd.values()], rel=1e-6)
+                _wait_back(ch, sd.values())
+                assert all(devshare.outstanding(t) == 0 for t in sd.values())
+                _next(p)
+            assert p.wait(timeout=20) == 0, p.stderr.read()
+        ch.set_spin(0)
+
+
 def test_a_registered_tensor_given_new_memory_is_sent_from_its_new_memory():
     address = _address("moved")
     t = torch.zeros(64)

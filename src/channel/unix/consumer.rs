@@ -457,15 +457,7 @@ impl LocalConnection {
     /// core: an item is taken within a microsecond or so instead of after a wake-up); zero (the
     /// default) sleeps at once. At most [`super::MAX_SPIN`].
     pub fn set_spin(&self, spin: Duration) -> Result<()> {
-        let max = super::MAX_SPIN;
-        if spin > max {
-            return Err(Error::InvalidArgument(format!(
-                "a spin of {} us is above the maximum of {} us",
-                spin.as_micros(),
-                max.as_micros()
-            )));
-        }
-        self.spin_ns.store(spin.as_nanos() as u64, Ordering::Relaxed);
+        self.spin_ns.store(super::spin_ns(spin)?, Ordering::Relaxed);
         Ok(())
     }
 

@@ -10,8 +10,21 @@
 //! Host memory travels as sealed memfds with `SCM_RIGHTS`; the transport never names a vendor
 //! (what a vendor needs, such as the pid an ACL exporter whitelists, comes from `crate::backend`).
 
-/// The longest spin [`crate::channel::Pool::set_spin`] and the connection's accept (one second).
+/// The longest spin [`crate::channel::Pool::set_spin`], the connection's and the channel's
+/// accept (one second).
 pub const MAX_SPIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `spin` in nanoseconds, refused above [`MAX_SPIN`] (what each `set_spin` stores).
+fn spin_ns(spin: std::time::Duration) -> crate::error::Result<u64> {
+    if spin > MAX_SPIN {
+        return Err(crate::error::Error::InvalidArgument(format!(
+            "a spin of {} us is above the maximum of {} us",
+            spin.as_micros(),
+            MAX_SPIN.as_micros()
+        )));
+    }
+    Ok(spin.as_nanos() as u64)
+}
 
 /// A non-blocking, close-on-exec `SOCK_SEQPACKET` Unix socket: what both ends start from.
 fn seqpacket_socket() -> crate::error::Result<std::os::fd::OwnedFd> {

@@ -21,7 +21,7 @@ use queue::{check_len, Queued};
 use serve::Arm;
 
 use super::ring::{self, ProducerRing};
-use super::MAX_SPIN;
+use super::spin_ns;
 use crate::channel::admission::Admission;
 use crate::channel::item::{pool_fits, slot_desc};
 use crate::channel::limits::*;
@@ -163,6 +163,9 @@ pub(crate) struct ChannelShared {
     nudge: OwnedFd,
     /// The idle interprocess events of this channel's device shares (`events.rs`).
     events: Arc<EventPool>,
+    /// How long a wait for this channel's lease returns polls the rings before it sleeps, in
+    /// ns ([`LocalChannel::set_spin`]; 0: not at all).
+    spin_ns: AtomicU64,
 }
 
 /// The producer end of a channel. Dropping it closes it.
@@ -307,6 +310,7 @@ impl LocalChannel {
                 registered: AtomicU64::new(0),
                 events: Arc::default(),
                 nudge,
+                spin_ns: AtomicU64::new(0),
             }),
         })
     }
@@ -346,6 +350,15 @@ impl LocalChannel {
     /// to happen (`None`: until something does).
     pub fn service(&self, timeout: Option<Duration>) -> Result<()> {
         self.shared.service(timeout)
+    }
+
+    /// Let a wait for this channel's lease returns ([`Exporter::wait`] of an export leased
+    /// through it) poll the peers' rings for up to `spin` before it sleeps: for a producer
+    /// thread that owns a core, a release is then taken within a microsecond or so instead of
+    /// after a wake-up. Zero (the default) sleeps at once. At most [`super::super::MAX_SPIN`].
+    pub fn set_spin(&self, spin: Duration) -> Result<()> {
+        self.shared.spin_ns.store(spin_ns(spin)?, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Serve until `n` peers are connected (handshake done).

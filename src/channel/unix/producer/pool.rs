@@ -138,16 +138,9 @@ impl LocalPool {
 
     /// Let [`Self::acquire`] poll for a returned slot for up to `spin` before it sleeps (for a
     /// producer that owns a core: a return is taken within a microsecond or so instead of after
-    /// a wake-up); zero (the default) sleeps at once. At most [`MAX_SPIN`].
+    /// a wake-up); zero (the default) sleeps at once. At most [`super::super::MAX_SPIN`].
     pub fn set_spin(&self, spin: Duration) -> Result<()> {
-        if spin > MAX_SPIN {
-            return Err(Error::InvalidArgument(format!(
-                "a spin of {} us is above the maximum of {} us",
-                spin.as_micros(),
-                MAX_SPIN.as_micros()
-            )));
-        }
-        self.spin_ns.store(spin.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.spin_ns.store(spin_ns(spin)?, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

@@ -73,6 +73,20 @@ impl LeaseServer for ChannelShared {
     fn serve(&self, pause: Duration) -> Result<()> {
         self.service(Some(pause))
     }
+
+    fn spin(&self) -> Duration {
+        Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed))
+    }
+
+    fn poll(&self, sockets: bool) -> Result<()> {
+        // Not armed: a spinner looks at the rings itself (the sleep after the spin arms them).
+        if sockets {
+            self.serve(Some(Duration::ZERO), Arm::No, None)
+        } else {
+            self.lock()?.drain_rings(Arm::No);
+            Ok(())
+        }
+    }
 }
 
 impl ChannelShared {
