@@ -68,13 +68,13 @@
 #define DEVSHARE_VERSION_MAJOR 1
 
 // Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
-#define DEVSHARE_VERSION_MINOR 15
+#define DEVSHARE_VERSION_MINOR 16
 
 // Patch version (fixes; no interface change).
-#define DEVSHARE_VERSION_PATCH 1
+#define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 69377
+#define DEVSHARE_VERSION 69632
 
 // `DevsharePeerInfo.transport`: a Unix channel's peer (items in shared memory).
 #define DEVSHARE_TRANSPORT_UNIX 0
@@ -961,8 +961,9 @@ int32_t devshare_channel_unregister(struct DevshareChannel *channel,
 // `devshare_pool_set_spin`): for a producer thread that owns a CPU core, a lease that comes
 // back through a consumer's ring is then taken within about a microsecond instead of after the
 // scheduler wakes the thread. It burns its core while it spins. 0 (the default) sleeps at
-// once; at most `DEVSHARE_MAX_SPIN_US`. A wait with a shorter timeout spins only that long. A
-// remote (`tcp://`) channel: `DEVSHARE_STATUS_UNSUPPORTED`.
+// once; at most `DEVSHARE_MAX_SPIN_US`. A wait with a shorter timeout spins only that long; a
+// wait for an export leased through several channels polls them all, for the longest of their
+// spins. A remote (`tcp://`) channel: `DEVSHARE_STATUS_UNSUPPORTED`.
 int32_t devshare_channel_set_spin(struct DevshareChannel *channel, uint32_t spin_us);
 
 // Whether ACL exports sent over this channel are whitelisted for the pid a consumer announced

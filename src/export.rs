@@ -80,11 +80,11 @@ impl LeaseBook {
         served
     }
 
-    /// The servers of this export's leases that spin, and the longest spin among them.
+    /// The servers of this export's leases, and the longest spin among them (zero: none
+    /// spins).
     fn spinners(&self) -> (Vec<Arc<dyn LeaseServer>>, Duration) {
         let servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
-        let live: Vec<Arc<dyn LeaseServer>> =
-            servers.iter().filter_map(Weak::upgrade).filter(|s| !s.spin().is_zero()).collect();
+        let live: Vec<Arc<dyn LeaseServer>> = servers.iter().filter_map(Weak::upgrade).collect();
         let spin = live.iter().map(|s| s.spin()).max().unwrap_or_default();
         (live, spin)
     }
@@ -758,9 +758,11 @@ impl Exporter {
         }
     }
 
-    /// The spinning part of [`Self::wait`]: while a channel this export is leased through spins
-    /// (`set_spin`), poll its returns for that long (never past `timeout` from `start`) before
-    /// the wait sleeps. Returns when nothing is outstanding any more or the spin is over.
+    /// The spinning part of [`Self::wait`]: when a channel this export was leased through spins
+    /// (`set_spin`), poll the returns of every channel it was leased through (a lease out on
+    /// one that does not spin comes back as soon as on one that does) for the longest of their
+    /// spins, never past `timeout` from `start`, before the wait sleeps. Returns when nothing is
+    /// outstanding any more or the spin is over.
     fn spin_for_returns(&self, start: Instant, timeout: Option<Duration>) -> Result<()> {
         if self.leases.count() == 0 {
             return Ok(()); // (only ref-counters to watch: nothing to poll)

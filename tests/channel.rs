@@ -1921,12 +1921,23 @@ fn a_spinning_wait_takes_each_lease_back_and_sleeps_once_its_spin_or_its_timeout
         exp.wait(T).unwrap_or_else(|e| panic!("round {round}: {e}"));
         assert_eq!(exp.outstanding().unwrap(), 0);
     }
-    // Past a short spin the wait sleeps, and the release still ends it.
-    ch.set_spin(Duration::from_millis(1)).unwrap();
-    let t = Instant::now();
-    send(1, Duration::from_millis(100));
+    // Within a long spin the wait polls: it burns its CPU while the lease is held (the margin
+    // is for a loaded machine, where a spinner runs part of the time; a sleeping wait uses a
+    // few ms at most).
+    let (t, cpu) = (Instant::now(), thread_cpu());
+    send(3, Duration::from_millis(200));
     exp.wait(T).unwrap();
-    assert!(t.elapsed() >= Duration::from_millis(100), "the wait ended before the release");
+    let (held, spun) = (t.elapsed(), thread_cpu() - cpu);
+    assert!(held >= Duration::from_millis(200), "the wait ended before the release");
+    assert!(spun >= Duration::from_millis(40), "a 1 s spin used {spun:?} of CPU in a {held:?} wait");
+    // Past a short spin the wait sleeps (no CPU to speak of), and the release still ends it.
+    ch.set_spin(Duration::from_millis(1)).unwrap();
+    let (t, cpu) = (Instant::now(), thread_cpu());
+    send(1, Duration::from_millis(200));
+    exp.wait(T).unwrap();
+    let (held, spun) = (t.elapsed(), thread_cpu() - cpu);
+    assert!(held >= Duration::from_millis(200), "the wait ended before the release");
+    assert!(spun < Duration::from_millis(100), "a 1 ms spin used {spun:?} of CPU in a {held:?} wait");
     // A timeout shorter than the spin ends the spin: a lease held longer times the wait out.
     ch.set_spin(Duration::from_secs(1)).unwrap();
     send(2, Duration::from_millis(1500));
@@ -1937,4 +1948,38 @@ fn a_spinning_wait_takes_each_lease_back_and_sleeps_once_its_spin_or_its_timeout
     drop(tx);
     drop(consumer.join().unwrap());
     assert_eq!(ch.peer_info(peer).unwrap().protocol_errors, 0);
+}
+
+/// CPU time this thread has used.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[test]
+fn a_wait_spinning_for_one_channel_takes_the_return_of_a_lease_out_on_another_channel() {
+    // An export leased through a spinning channel A and a sleeping one B: B's consumer gives
+    // its lease back after 20 ms, and the wait ends then, not after A's 1 s spin.
+    let (a, ca, peer_a) = connected(&address("spin-a"));
+    let (b, cb, peer_b) = connected(&address("spin-b"));
+    a.set_spin(Duration::from_secs(1)).unwrap();
+    let exp = Exporter::channel_host_alloc(4096).unwrap();
+    let desc = TensorDesc { shape: &[64], ..Default::default() };
+    a.send(peer_a, &exp, &desc).unwrap();
+    b.send(peer_b, &exp, &desc).unwrap();
+    let consumers = std::thread::spawn(move || {
+        ca.recv(T).unwrap().release();
+        let imp = cb.recv(T).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        imp.release();
+        (ca, cb)
+    });
+    let t = Instant::now();
+    exp.wait(T).unwrap();
+    let waited = t.elapsed();
+    drop(consumers.join().unwrap());
+    assert!(waited < Duration::from_millis(600), "B's return waited for A's spin: {waited:?}");
+    assert_eq!(exp.outstanding().unwrap(), 0);
 }

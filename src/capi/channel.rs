@@ -406,8 +406,9 @@ pub unsafe extern "C" fn devshare_channel_unregister(
 /// `devshare_pool_set_spin`): for a producer thread that owns a CPU core, a lease that comes
 /// back through a consumer's ring is then taken within about a microsecond instead of after the
 /// scheduler wakes the thread. It burns its core while it spins. 0 (the default) sleeps at
-/// once; at most `DEVSHARE_MAX_SPIN_US`. A wait with a shorter timeout spins only that long. A
-/// remote (`tcp://`) channel: `DEVSHARE_STATUS_UNSUPPORTED`.
+/// once; at most `DEVSHARE_MAX_SPIN_US`. A wait with a shorter timeout spins only that long; a
+/// wait for an export leased through several channels polls them all, for the longest of their
+/// spins. A remote (`tcp://`) channel: `DEVSHARE_STATUS_UNSUPPORTED`.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_channel_set_spin(channel: *mut DevshareChannel, spin_us: u32) -> i32 {
     boundary("devshare_channel_set_spin", || {

@@ -8,7 +8,7 @@
 # (the 7B-shaped state dict, by default at full size, 13.5 GB of bfloat16: first sync and steady
 # state, devshare registered and not, against PyTorch's CUDA IPC as torch.multiprocessing.Queue
 # does it, in the same run), then bench/kv_block.py --device cuda (one KV block, a view of a
-# registered cache, round trip against the Queue). Needs what tests/gpu/run.sh needs (the bundle's
+# registered cache, round trip sleeping and with both ends spinning, against the Queue). Needs what tests/gpu/run.sh needs (the bundle's
 # libdevshare.so, python3 with PyTorch built with CUDA); no Rust. Each command is bounded (180 s
 # for a state dict, 90 s for a KV block); the whole script ends within 9 minutes. Each state dict
 # approach's figures are printed as it finishes; one that fails is a "failed" row, the others

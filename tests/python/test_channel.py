@@ -803,7 +803,8 @@ def test_channel_prototypes_match_the_header(tmp_path):
     sigs = (_abi.channel_signatures(_lib.ExporterP, _lib.ImportP) + _abi.channel_signatures_1_2(_lib.ImportP)
             + _abi.channel_signatures_1_4(_lib.ExporterP, _lib.ImportP) + _abi.channel_signatures_1_7(_lib.ImportP)
             + _abi.channel_signatures_1_8() + _abi.channel_signatures_1_10(_lib.ExporterP)
-            + _abi.channel_signatures_1_11(_lib.ExporterP, _lib.ImportP))
+            + _abi.channel_signatures_1_11(_lib.ExporterP, _lib.ImportP) + _abi.channel_signatures_1_12()
+            + _abi.channel_signatures_1_16())
     problems = [p for name, restype, argtypes in sigs
                 for p in checker.function_problems(name, restype, argtypes)]
     assert not problems, problems
@@ -812,7 +813,7 @@ def test_channel_prototypes_match_the_header(tmp_path):
               if f.startswith(("devshare_channel_", "devshare_pool_", "devshare_connection_"))}
     theirs |= {"devshare_import_pool_slot", "devshare_peer_info_init", "devshare_import_give_back",
                "devshare_import_describe", "devshare_item_init", "devshare_recv_args_init",
-               "devshare_import_name", "devshare_items_release"}
+               "devshare_import_name", "devshare_items_release", "devshare_imports_give_back"}
     assert ours == theirs
     # ... and they are the prototypes the package calls with.
     for name, restype, argtypes in sigs:

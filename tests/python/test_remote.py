@@ -281,6 +281,7 @@ def test_leases_restrict_and_spinning_are_unsupported_on_a_remote_channel(remote
     with ch.pool(4096, 2) as pool:
         _unsupported(pool.set_spin, 10)
     _unsupported(conn.set_spin, 10)
+    _unsupported(ch.set_spin, 10)
     # The channel still works: a pool item reaches the connection.
     with ch.pool(4096, 2) as pool:
         slot = pool.acquire(timeout=LIMIT)

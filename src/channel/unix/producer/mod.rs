@@ -356,6 +356,8 @@ impl LocalChannel {
     /// through it) poll the peers' rings for up to `spin` before it sleeps: for a producer
     /// thread that owns a core, a release is then taken within a microsecond or so instead of
     /// after a wake-up. Zero (the default) sleeps at once. At most [`super::super::MAX_SPIN`].
+    /// A wait for an export also leased through other channels polls them all meanwhile, for
+    /// the longest spin among them.
     pub fn set_spin(&self, spin: Duration) -> Result<()> {
         self.shared.spin_ns.store(spin_ns(spin)?, Ordering::Relaxed);
         Ok(())
