@@ -710,6 +710,7 @@ static void run_lease(const Plan *pl, int breakdown) {
     for (uint32_t k = 0; k < pl->slots; k++) {
         memset((char *)base + k * pl->size, (int)(k + 1), pl->size);
     }
+    OK(devshare_channel_set_spin(ch, spin_us)); /* devshare_exporter_wait spins before it sleeps */
     Child c = spawn("consume", addr, breakdown ? "--poll" : NULL, NO_STDIN);
     const uint64_t peer = wait_peer(ch);
     DevshareTensorDesc d;

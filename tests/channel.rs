@@ -817,9 +817,14 @@ const ITEM_TAIL: usize = 64;
 const ITEM_HEAD: usize = 128;
 const RET_TAIL: usize = 256;
 const RET_HEAD: usize = 320;
+const C_PENDING: usize = 192;
+const P_PENDING: usize = 384;
 
 /// A ring's memory mapped in this process, to play the other side by hand.
 struct RawRing(*mut u8);
+// SAFETY: shared memory, read and written through atomics and volatile accesses only.
+unsafe impl Send for RawRing {}
+unsafe impl Sync for RawRing {}
 
 impl RawRing {
     fn map(fd: BorrowedFd<'_>) -> RawRing {
@@ -1982,4 +1987,217 @@ fn a_wait_spinning_for_one_channel_takes_the_return_of_a_lease_out_on_another_ch
     drop(consumers.join().unwrap());
     assert!(waited < Duration::from_millis(600), "B's return waited for A's spin: {waited:?}");
     assert_eq!(exp.outstanding().unwrap(), 0);
+}
+
+/// What a peer that shares a ring eventfd's open file description can do to it: make it
+/// blocking again and fill its counter, after which a write of 1 blocks until someone reads it.
+fn jam(fd: &OwnedFd) {
+    let fl = rustix::fs::fcntl_getfl(fd).unwrap();
+    rustix::fs::fcntl_setfl(fd, fl - rustix::fs::OFlags::NONBLOCK).unwrap();
+    let _ = rustix::io::read(fd, &mut [0u8; 8]);
+    rustix::io::write(fd, &(u64::MAX - 1).to_ne_bytes()).unwrap();
+}
+
+#[test]
+fn a_consumer_that_makes_its_ring_eventfd_blocking_and_full_cannot_stall_the_producer() {
+    let addr = address("ring-jam-producer");
+    let ch = Channel::listen(&addr).unwrap();
+    let raw = raw_consumer(&addr, 1 | 64); // several shares per message, and the ring of 1.16
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let _welcome = recv_raw(raw.as_fd());
+    let exp = Arc::new(Exporter::channel_host_alloc(4096 * 4).unwrap());
+    let pool = ch.pool(exp.clone(), 4096, 4).unwrap();
+    let desc = TensorDesc { shape: &[4096], ..Default::default() };
+    let (s, _) = pool.acquire(T).unwrap();
+    pool.send(s, peer, &desc).unwrap();
+    let (_attach, _) = recv_with_fds(raw.as_fd());
+    let (_ring, fds) = recv_with_fds(raw.as_fd());
+    assert_eq!(fds.len(), 3);
+    let ring = RawRing::map(fds[0].as_fd());
+    jam(&fds[1]); // the eventfd that wakes the consumer, which the producer writes
+    ring.word(ITEM_HEAD).store(1, Ordering::SeqCst); // took the item
+    ring.word(C_PENDING).store(0, Ordering::SeqCst); // asleep: wake me for the next one
+                                                     // The producer's next item wakes the consumer (a write to the jammed eventfd, under the
+                                                     // channel's lock); another thread's call on the channel waits for that lock.
+    let (ch, pool) = (Arc::new(ch), Arc::new(pool));
+    let sent = within_10s({
+        let pool = pool.clone();
+        move || {
+            let (s, _) = pool.acquire(T).unwrap();
+            pool.send(s, peer, &TensorDesc { shape: &[4096], ..Default::default() }).is_ok()
+        }
+    });
+    let other = within_10s({
+        let ch = ch.clone();
+        move || ch.peer_ids().is_ok()
+    });
+    assert!(sent(), "the producer's send returned, its item in the ring");
+    assert!(other(), "another thread's call on the channel returned");
+    assert_eq!(ring.word(ITEM_TAIL).load(Ordering::SeqCst), 2, "the second item went into the ring");
+    assert_ne!(ring.word(C_PENDING).load(Ordering::SeqCst), 0, "and the consumer was told");
+}
+
+/// A consumer whose producer sent it a ring (its memory and both eventfds kept by the test):
+/// the fake producer, the ring's memory mapped, the consumer's and the producer's eventfds.
+fn ring_consumer(tag: &str) -> (Connection, FakeProducer, RawRing, OwnedFd, OwnedFd, [OwnedFd; 2]) {
+    let (c, p) = fake_connection(tag, 0);
+    let pool_fd = sealed_memfd(4 * 4096);
+    p.send(&attach_msg(1, 4096, 4, &memfd_handle(4 * 4096, 4 * 4096)), &[pool_fd.as_fd()]);
+    let mem = sealed_memfd(RING_SIZE as u64);
+    let ring = RawRing::map(mem.as_fd());
+    ring.word(0).store(u64::from_le_bytes(*b"DSRING01"), Ordering::SeqCst);
+    // As a producer of 1.16 makes them: a count of 1.
+    let efd = || rustix::event::eventfd(1, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+    let (c_efd, p_efd) = (efd(), efd());
+    let ring_msg = le(&[&12u32.to_le_bytes(), &1024u32.to_le_bytes(), &256u32.to_le_bytes()]);
+    p.send(&ring_msg, &[mem.as_fd(), c_efd.as_fd(), p_efd.as_fd()]);
+    assert_eq!(status(c.recv(Some(Duration::from_millis(200)))), Status::Timeout, "the ring is taken");
+    (c, p, ring, c_efd, p_efd, [mem, pool_fd])
+}
+
+#[test]
+fn a_producer_that_makes_the_ring_eventfds_blocking_and_full_cannot_stall_release_recv_fd_or_close() {
+    // A release that wakes the producer (a write to the producer's jammed eventfd).
+    let (c, p, ring, _c_efd, p_efd, _keep) = ring_consumer("ring-jam-release");
+    p.send(&item_msg(1, 0, 0, 64), &[]);
+    let item = c.recv(T).unwrap();
+    assert_eq!(item.pool_slot(), Some((1, 0)));
+    jam(&p_efd);
+    assert_eq!(ring.word(P_PENDING).load(Ordering::SeqCst), 0, "the producer asleep: the return wakes it");
+    let released = within_10s(move || {
+        item.release();
+        c
+    });
+    let c = released();
+    assert_ne!(ring.word(P_PENDING).load(Ordering::SeqCst), 0, "the producer was told");
+    assert_eq!(ring.word(RET_TAIL).load(Ordering::SeqCst), 1, "the slot went back through the ring");
+    drop((c, p));
+    // The consumer's own wake-ups (the descriptor an event loop polls, a receive that leaves
+    // items behind) write the consumer's jammed eventfd; close waits for the receive's lock.
+    let (c, p, ring, c_efd, _p_efd, _keep) = ring_consumer("ring-jam-recv");
+    jam(&c_efd);
+    let c = Arc::new(c);
+    let fd = within_10s({
+        let c = c.clone();
+        move || std::os::fd::AsRawFd::as_raw_fd(&c.fd())
+    });
+    assert!(fd() >= 0, "fd() returned");
+    for i in 0..2u32 {
+        let m = item_msg(1, i, 0, 64);
+        ring.put_item(i as usize, 2, &m, m.len() as u64); // after ATTACH and RING
+    }
+    ring.word(ITEM_TAIL).store(2, Ordering::SeqCst);
+    let got = within_10s({
+        let c = c.clone();
+        move || c.recv(Some(Duration::from_secs(3))).map(|i| i.pool_slot())
+    });
+    assert_eq!(got().unwrap(), Some((1, 0)), "the receive returned the first item, the second left waiting");
+    let closed = within_10s(move || c.close());
+    closed();
+    drop(p);
+}
+
+/// A TCP socket whose close blocks for `secs` seconds: its peer never reads, its buffers are
+/// full, and it lingers over the unsent data.
+fn lingering_socket(secs: i32) -> (OwnedFd, std::net::TcpStream) {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut cli = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (srv, _) = l.accept().unwrap();
+    cli.set_nonblocking(true).unwrap();
+    let chunk = vec![0u8; 1 << 16];
+    while cli.write(&chunk).is_ok() {}
+    cli.set_nonblocking(false).unwrap();
+    let linger = libc::linger { l_onoff: 1, l_linger: secs };
+    // SAFETY: a valid socket and an option value of its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            cli.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as u32,
+        )
+    };
+    assert_eq!(rc, 0);
+    (cli.into(), srv)
+}
+
+#[test]
+fn a_descriptor_a_consumer_sends_is_closed_outside_the_channels_lock() {
+    // Queued before the producer accepts the connection (so that it arrives on any kernel),
+    // beside a RELEASE: a descriptor whose close blocks for 2 s. The producer counts the error
+    // and closes it without holding the channel's lock: another thread's calls go on meanwhile.
+    let addr = address("linger");
+    let ch = Arc::new(Channel::listen(&addr).unwrap());
+    let raw = raw_consumer(&addr, 1);
+    let (sock, _srv) = lingering_socket(2);
+    send_raw(raw.as_fd(), &le(&[&5u32.to_le_bytes(), &[0; 4], &1u64.to_le_bytes()]), &[sock.as_fd()]);
+    drop(sock);
+    let serving = std::thread::spawn({
+        let ch = ch.clone();
+        move || {
+            ch.wait_peers(1, T).unwrap();
+            for _ in 0..20 {
+                let _ = ch.service(Some(Duration::from_millis(10)));
+            }
+        }
+    });
+    // Calls on the channel from this thread meanwhile: none waits for the close.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut longest = Duration::ZERO;
+    let mut timed = |f: &mut dyn FnMut()| {
+        let t = Instant::now();
+        f();
+        longest = longest.max(t.elapsed());
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let mut peer = None;
+    while peer.is_none() {
+        assert!(Instant::now() < deadline, "the consumer was not admitted");
+        timed(&mut || peer = ch.peer_ids().unwrap().first().copied());
+    }
+    let peer = peer.unwrap();
+    let mut errors = 0;
+    while errors == 0 {
+        assert!(Instant::now() < deadline, "the descriptor was not refused");
+        timed(&mut || errors = ch.peer_info(peer).unwrap().protocol_errors);
+    }
+    for _ in 0..40 {
+        timed(&mut || errors = ch.peer_info(peer).unwrap().protocol_errors); // (the close takes 2 s)
+    }
+    serving.join().unwrap();
+    assert!(longest < Duration::from_millis(1000), "a call waited {longest:?} for the channel's lock");
+    // From now on: where the kernel refuses descriptors on this socket (Linux 6.16), sending one
+    // fails at the consumer; elsewhere it arrives and is refused like the first.
+    let (sock, _srv) = lingering_socket(0);
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+    let fds = [sock.as_fd()];
+    assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)));
+    let msg = le(&[&5u32.to_le_bytes(), &[0; 4], &2u64.to_le_bytes()]);
+    let sent = rustix::net::sendmsg(raw.as_fd(), &[IoSlice::new(&msg)], &mut control, rustix::net::SendFlags::NOSIGNAL);
+    ch.service(Some(Duration::from_millis(100))).unwrap();
+    let errors = ch.peer_info(peer).unwrap().protocol_errors;
+    // Whether this kernel knows SO_PASSRIGHTS (83): a socket of its own answers for it.
+    let probe = seqpacket();
+    let mut on: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a valid socket, an option value of the size given.
+    let known = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&probe),
+            libc::SOL_SOCKET,
+            83,
+            (&mut on as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    } == 0;
+    if known {
+        assert_eq!(sent.err(), Some(rustix::io::Errno::PERM), "refused by the kernel at the consumer's end");
+    } else {
+        assert_eq!(errors, 2, "refused by the producer");
+    }
 }

@@ -74,9 +74,15 @@ pub(crate) const DETACH: u32 = 10;
 pub(crate) const SHARES: u32 = 11;
 /// Most shares one [`SHARES`] message carries.
 pub(crate) const MAX_SHARES: usize = 4096;
-/// [`HELLO`] feature: the consumer reads pool items from a shared-memory ring ([`RING`]).
+/// [`HELLO`] feature: the consumer reads pool items from a shared-memory ring ([`RING`]), and
+/// wakes the producer with writes of 1 (consumers before 1.16).
 pub(crate) const FEATURE_RING: u16 = 2;
-/// Producer -> consumer (to consumers that announced [`FEATURE_RING`]), before the first item
+/// [`HELLO`] feature (1.16): [`FEATURE_RING`] with eventfds the producer created with a count
+/// of 1, which both sides wake with writes of 0 (a write that never blocks: see `ring`).
+/// Consumers announce this instead of [`FEATURE_RING`], so producers before 1.16 (their
+/// eventfds start at 0) send them no ring.
+pub(crate) const FEATURE_RING_PRIMED: u16 = 64;
+/// Producer -> consumer (to consumers that announced [`FEATURE_RING`] or [`FEATURE_RING_PRIMED`]), before the first item
 /// that travels in it: `capacity u32, record size u32`; the ring's sealed memfd, the eventfd
 /// that wakes the consumer and the one that wakes the producer as `SCM_RIGHTS` (see `ring`).
 pub(crate) const RING: u32 = 12;

@@ -322,8 +322,10 @@ impl LocalConnection {
                 cred.uid.as_raw()
             )));
         }
+        // The ring of 1.16 (eventfds that start at 1, woken with writes of 0), not the old one:
+        // a wake-up of ours never blocks, whatever the producer does to the eventfds.
         let features = wire::FEATURE_SHARES
-            | wire::FEATURE_RING
+            | wire::FEATURE_RING_PRIMED
             | wire::FEATURE_KEEP
             | wire::FEATURE_NAMES
             | wire::FEATURE_PIN

@@ -30,6 +30,16 @@
 //!   call). The receiver clears `pending`, looks at the ring once more, and only then sleeps —
 //!   so a side that is awake or spinning costs its peer no system call, and no record is left
 //!   without a wake-up.
+//! - A wake-up never blocks. Both sides hold each eventfd's one open file description, so
+//!   either could clear its `O_NONBLOCK` and fill its counter, and a write of 1 would then
+//!   block its writer (holding the channel's lock, or in a release) until the other side read
+//!   it. The producer creates both eventfds with a count of 1 and every wake-up writes 0: a
+//!   write of 0 never blocks, whatever the flags and the count, and while the count is above 0
+//!   (nothing here ever reads it) it is an edge in the epoll sets like any other write. A peer
+//!   that reads an eventfd down to 0 only loses the wake-ups meant for itself (the producer's
+//!   for returns, the consumer's for items). Consumers from 1.16 on announce this ring
+//!   ([`wire::FEATURE_RING_PRIMED`]) instead of the old one, so a producer before 1.16, whose
+//!   eventfds start at 0, sends them none (their items take the socket).
 //! - Put-off returns. A producer that waits with a timer (it looks at its rings again within
 //!   5 ms) publishes the CPU it armed on. A consumer running on that CPU with more items
 //!   waiting in the ring puts the return's wake-up off until it sleeps or finds nothing
@@ -87,10 +97,11 @@ fn cpu_plus_one() -> u64 {
     u64::try_from(cpu).map_or(0, |c| c + 1)
 }
 
-/// Write the eventfd once (a wake-up); a full counter or a bad descriptor only loses a wake-up
-/// of a peer that broke it itself.
+/// Wake the side whose epoll set holds the eventfd: a write of 0, which never blocks (see the
+/// module's "A wake-up never blocks") and is an edge while the count is above 0, as the
+/// producer created it. A bad descriptor only loses a wake-up of a peer that broke it itself.
 fn wake(fd: BorrowedFd<'_>) {
-    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+    let _ = rustix::io::write(fd, &0u64.to_ne_bytes());
 }
 
 /// Set the other side's `pending` word and wake it when it was clear (it armed before
@@ -156,9 +167,10 @@ impl ProducerRing {
         let map = Map::new(&memfd, size, true, "a channel ring")?;
         let shared = Shared { map, capacity: CAPACITY };
         shared.word(0).store(MAGIC, Ordering::Relaxed);
+        // A count of 1 from the start: every wake-up is a write of 0 (see `wake`).
         let flags = EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK;
-        let c_efd = eventfd(0, flags).map_err(|e| os("eventfd", e))?;
-        let p_efd = eventfd(0, flags).map_err(|e| os("eventfd", e))?;
+        let c_efd = eventfd(1, flags).map_err(|e| os("eventfd", e))?;
+        let p_efd = eventfd(1, flags).map_err(|e| os("eventfd", e))?;
         Ok(ProducerRing { shared, memfd, c_efd, p_efd, tail: 0, ret_head: 0 })
     }
 
@@ -511,9 +523,28 @@ mod tests {
         (p, c)
     }
 
-    /// Whether `fd` (an eventfd) was written since it was last read; reads it.
-    fn woken(fd: &OwnedFd) -> bool {
-        rustix::io::read(fd, &mut [0u8; 8]).is_ok()
+    /// An edge-triggered epoll set watching one eventfd, as the rings' receivers watch theirs.
+    struct Watch(OwnedFd);
+
+    impl Watch {
+        /// Watch `fd`; the readiness it has when added (its count of 1) is taken at once.
+        fn new(fd: &OwnedFd) -> Watch {
+            use rustix::event::epoll;
+            let ep = epoll::create(epoll::CreateFlags::CLOEXEC).expect("epoll_create");
+            epoll::add(&ep, fd, epoll::EventData::new_u64(0), epoll::EventFlags::IN | epoll::EventFlags::ET)
+                .expect("epoll_ctl");
+            let w = Watch(ep);
+            assert!(w.woken(), "a fresh ring's eventfd is readable (its count is 1)");
+            w
+        }
+
+        /// Whether the eventfd was written since the last look (an edge).
+        fn woken(&self) -> bool {
+            use rustix::event::epoll;
+            let mut events = [std::mem::MaybeUninit::<epoll::Event>::uninit(); 4];
+            let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+            !epoll::wait(&self.0, &mut events, Some(&zero)).expect("epoll_wait").0.is_empty()
+        }
     }
 
     #[test]
@@ -528,6 +559,7 @@ mod tests {
             assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
         }
         let (mut p, c) = pair();
+        let pw = Watch::new(&p.p_efd);
         let mut head = 0;
         for i in 0..3u8 {
             assert!(p.push_item(0, &[i]).expect("push"));
@@ -537,36 +569,36 @@ mod tests {
         head = c.advance(head);
         p.arm(false);
         assert!(c.push_return(1, 0));
-        assert!(woken(&p.p_efd), "a producer that waits without a timer is woken by every return");
+        assert!(pw.woken(), "a producer that waits without a timer is woken by every return");
         // Patient, on this CPU, items waiting: put off until the consumer pays.
         p.arm(true);
         assert!(c.push_return(1, 1));
-        assert!(!woken(&p.p_efd), "put off while the consumer has items to take");
+        assert!(!pw.woken(), "put off while the consumer has items to take");
         c.pay_owed();
-        assert!(woken(&p.p_efd), "paid before the consumer sleeps");
+        assert!(pw.woken(), "paid before the consumer sleeps");
         c.pay_owed();
-        assert!(!woken(&p.p_efd), "paid once");
+        assert!(!pw.woken(), "paid once");
         // Patient, but on another CPU: at once.
         p.arm(true);
         p.shared.word(P_CPU).store(cpu as u64 + 2, Ordering::Relaxed);
         assert!(c.push_return(1, 2));
-        assert!(woken(&p.p_efd), "a producer on another CPU is woken at once");
+        assert!(pw.woken(), "a producer on another CPU is woken at once");
         // Patient, this CPU, but nothing waits for the consumer: at once.
         head = c.advance(c.advance(head));
         assert!(c.peek(head).expect("peek").is_none());
         p.arm(true);
         assert!(c.push_return(1, 3));
-        assert!(woken(&p.p_efd), "with nothing left to take, a return wakes at once");
+        assert!(pw.woken(), "with nothing left to take, a return wakes at once");
         // A consumer whose descriptor an event loop polls: at once, and what it owed is paid.
         assert!(p.push_item(0, b"x").expect("push"));
         p.arm(true);
         assert!(c.push_return(1, 4));
-        assert!(!woken(&p.p_efd));
+        assert!(!pw.woken());
         c.be_prompt();
-        assert!(woken(&p.p_efd), "what was put off is paid when the consumer turns prompt");
+        assert!(pw.woken(), "what was put off is paid when the consumer turns prompt");
         p.arm(true);
         assert!(c.push_return(1, 5));
-        assert!(woken(&p.p_efd), "a prompt consumer wakes at once");
+        assert!(pw.woken(), "a prompt consumer wakes at once");
         let mut got = Vec::new();
         p.take_returns(|r| got.push(slot_of(r))).expect("take");
         assert_eq!(got, (0..6).map(|s| (1, s)).collect::<Vec<_>>(), "every return arrived, in order");
@@ -724,5 +756,32 @@ mod tests {
         assert!(ConsumerRing::open(CAPACITY, RECORD, vec![dup(m), dup(a)]).is_err(), "descriptors");
         assert!(ConsumerRing::open(CAPACITY, RECORD, vec![dup(a), dup(a), dup(b)]).is_err(), "not a memfd");
         assert!(ConsumerRing::open(CAPACITY, RECORD, vec![dup(m), dup(m), dup(b)]).is_err(), "not an eventfd");
+    }
+
+    #[test]
+    fn a_wake_up_through_an_eventfd_the_peer_made_blocking_and_filled_returns_at_once_and_wakes() {
+        // The other side shares each eventfd's open file description: it can clear O_NONBLOCK
+        // and fill the counter, after which a write of 1 blocks until someone reads it.
+        let (mut p, c) = pair();
+        let cw = Watch::new(&p.c_efd);
+        let pw = Watch::new(&p.p_efd);
+        for fd in [&p.c_efd, &p.p_efd] {
+            let fl = rustix::fs::fcntl_getfl(fd).expect("F_GETFL");
+            rustix::fs::fcntl_setfl(fd, fl - rustix::fs::OFlags::NONBLOCK).expect("F_SETFL");
+            rustix::io::write(fd, &(u64::MAX - 2).to_ne_bytes()).expect("fill the counter");
+        }
+        assert!(cw.woken() && pw.woken(), "(the filling writes were edges)");
+        // Both are full now: the next write of 1 to either would block. The producer's push
+        // wakes the consumer, the consumer's return wakes the producer: each returns, and each
+        // is an edge.
+        assert!(p.push_item(0, &[1]).expect("push"));
+        assert!(cw.woken(), "the item woke the consumer");
+        let head = c.advance(0);
+        assert_eq!(head, 1);
+        p.arm(false);
+        assert!(c.push_return(1, 0));
+        assert!(pw.woken(), "the return woke the producer");
+        c.wake_self();
+        assert!(cw.woken(), "the consumer's own wake-up");
     }
 }

@@ -137,6 +137,10 @@ struct Core {
     next_pin: u64,
     buf: Vec<u8>,
     fds: Vec<OwnedFd>,
+    /// Descriptors a peer sent (consumers send none), closed once the lock is let go: closing
+    /// one can block (a socket lingering over unsent data, a file whose flush waits), and
+    /// nothing a peer sends may hold up the channel's other callers ([`Locked`]).
+    unwanted_fds: Vec<OwnedFd>,
     /// A pool item's message is encoded here (its memory kept from one send to the next).
     item_buf: Vec<u8>,
     closed: bool,
@@ -282,6 +286,7 @@ impl LocalChannel {
             next_pin: 1,
             buf: Vec::new(),
             fds: Vec::new(),
+            unwanted_fds: Vec::new(),
             item_buf: Vec::new(),
             closed: false,
             stir: false,

@@ -109,6 +109,10 @@ impl Core {
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(_) => return, // EAGAIN, or a connection that died before we took it
             };
+            // Consumers send no descriptors: where the kernel can (Linux 6.16, SO_PASSRIGHTS),
+            // a consumer's attempt to send one fails at its end instead of reaching us (older
+            // kernels say no: what arrives anyway is closed outside the channel's lock).
+            refuse_descriptors(&fd);
             let cred = match rustix::net::sockopt::socket_peercred(&fd) {
                 Ok(c) => c,
                 Err(_) => continue,
@@ -186,8 +190,9 @@ impl Core {
                 Ok(Received::Closed) | Err(_) => break false,
                 Ok(Received::Message(n)) => {
                     if !fds.is_empty() {
-                        // Consumers send no descriptors: close them, count the error.
-                        fds.clear();
+                        // Consumers send no descriptors: count the error; they are closed
+                        // after the lock (closing one can block).
+                        self.unwanted_fds.append(&mut fds);
                         self.peers[idx].info.protocol_errors += 1;
                         continue;
                     }
@@ -317,5 +322,25 @@ impl Core {
                 }
             }
         }
+        // Its socket is closed after the lock too: descriptors still queued in it are closed
+        // with it.
+        self.unwanted_fds.push(peer.fd);
+    }
+}
+
+/// Turn `SO_PASSRIGHTS` off on a peer's socket (Linux 6.16 and later; a no-op elsewhere).
+fn refuse_descriptors(fd: &OwnedFd) {
+    /// `SO_PASSRIGHTS` (asm-generic/socket.h), not yet in the libc crate.
+    const SO_PASSRIGHTS: libc::c_int = 83;
+    let off: libc::c_int = 0;
+    // SAFETY: a valid socket and a c_int option value of its size.
+    unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(fd),
+            libc::SOL_SOCKET,
+            SO_PASSRIGHTS,
+            (&off as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
     }
 }

@@ -129,7 +129,8 @@ impl Core {
     /// carry `m` (after anything queued before it).
     pub(super) fn ring_item(&mut self, idx: usize, m: &[u8], epfd: BorrowedFd<'_>) -> Result<bool> {
         let p = &mut self.peers[idx];
-        if p.features & wire::FEATURE_RING != 0 && m.len() <= ring::MAX_ITEM && !p.no_ring {
+        if p.features & (wire::FEATURE_RING | wire::FEATURE_RING_PRIMED) != 0 && m.len() <= ring::MAX_ITEM && !p.no_ring
+        {
             if p.ring.is_none() {
                 match ProducerRing::create() {
                     Ok(r) => {
