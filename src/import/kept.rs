@@ -25,41 +25,63 @@ pub(crate) fn keep_limits() -> (usize, u64) {
 }
 
 /// Windows of registered exports that channel connections keep open for their later leases
-/// (pinned), and their bytes: they count against the same bounds as idle allocations, so that
-/// what a process keeps mapped for its producers, idle or pinned, stays within them.
-static PINNED_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static PINNED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// (pinned), and the bytes of the allocations they keep mapped (each allocation once, however
+/// many windows of it are pinned: a window keeps its whole allocation mapped, so that is what
+/// counts): they count against the same bounds as idle allocations, so that what a process
+/// keeps mapped for its producers, idle or pinned, stays within them.
+pub(super) static PINNED_COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+pub(super) static PINNED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Count a window of `bytes` as pinned, when the bounds have room for it beside the other
-/// pinned ones (idle allocations past the bounds then are unmapped, least recently used
-/// first); false: no room, nothing counted.
-pub(crate) fn pin(bytes: u64) -> bool {
+/// A window counted as pinned ([`pin`]) until this is dropped.
+pub(crate) struct PinnedWindow {
+    key: AllocKey,
+    bytes: u64,
+}
+
+/// Count a window of `imp`'s allocation as pinned, when the bounds have room for it beside
+/// the other pinned ones (idle allocations past the bounds then are unmapped, least recently
+/// used first); `None`: no room, nothing counted. The allocation's whole mapping counts once
+/// for all the windows of it that are pinned.
+pub(crate) fn pin(imp: &Import) -> Option<PinnedWindow> {
     use std::sync::atomic::Ordering::SeqCst;
     let (count, limit) = keep_limits();
+    let bytes = imp.mapping().map_or(imp.handle().alloc_size, |m| m.size());
     let evicted = {
         let mut reg = registry();
         // Changed only under the registry's lock (read without it by `pinned`).
-        if PINNED_COUNT.load(SeqCst) + 1 > count || PINNED_BYTES.load(SeqCst).saturating_add(bytes) > limit {
-            return false;
+        let windows = reg.pinned.get(&imp.key).copied().unwrap_or(0);
+        let added = if windows == 0 { bytes } else { 0 };
+        if PINNED_COUNT.load(SeqCst) + 1 > count || PINNED_BYTES.load(SeqCst).saturating_add(added) > limit {
+            return None;
         }
+        reg.pinned.insert(imp.key.clone(), windows + 1);
         PINNED_COUNT.fetch_add(1, SeqCst);
-        PINNED_BYTES.fetch_add(bytes, SeqCst);
+        PINNED_BYTES.fetch_add(added, SeqCst);
         evict_over_limits(&mut reg)
     };
     close_evicted(evicted);
-    true
+    Some(PinnedWindow { key: imp.key.clone(), bytes })
 }
 
-/// A window [`pin`] counted is no longer pinned.
-pub(crate) fn unpin(bytes: u64) {
-    use std::sync::atomic::Ordering::SeqCst;
-    let _reg = registry();
-    PINNED_COUNT.fetch_sub(1, SeqCst);
-    PINNED_BYTES.fetch_sub(bytes, SeqCst);
+impl Drop for PinnedWindow {
+    /// No longer pinned; the allocation's bytes stop counting with its last pinned window.
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut reg = registry();
+        match reg.pinned.get_mut(&self.key) {
+            Some(n) if *n > 1 => *n -= 1,
+            Some(_) => {
+                reg.pinned.remove(&self.key);
+                PINNED_BYTES.fetch_sub(self.bytes, SeqCst);
+            }
+            None => return, // a forked child's copy of its parent's: counted there, not here
+        }
+        PINNED_COUNT.fetch_sub(1, SeqCst);
+    }
 }
 
 /// How many windows of registered exports this process keeps pinned for channel connections
-/// (each a view of an allocation it maps), and their bytes.
+/// (each a view of an allocation it maps), and the bytes of those allocations (each once).
 pub fn pinned() -> (usize, u64) {
     use std::sync::atomic::Ordering::SeqCst;
     (PINNED_COUNT.load(SeqCst), PINNED_BYTES.load(SeqCst))
@@ -158,7 +180,7 @@ pub(super) fn close_evicted(evicted: Vec<(AllocKey, Arc<dyn Mapping>)>) {
 }
 
 /// An allocation a channel connection keeps mapped for its producer ([`Import::keep_for`]).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct KeptKey(pub(super) AllocKey);
 
 impl Import {

@@ -44,7 +44,7 @@ use std::sync::Arc;
 mod kept;
 mod registry;
 use kept::close_evicted;
-pub(crate) use kept::{keep_limits, pin, retire, retire_all, unpin, KeptKey};
+pub(crate) use kept::{keep_limits, pin, retire, retire_all, KeptKey, PinnedWindow};
 pub use kept::{kept_idle, pinned};
 use registry::*;
 

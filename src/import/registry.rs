@@ -107,6 +107,9 @@ pub(super) struct Registry {
     pub(super) idle_seq: u64,
     pub(super) idle_count: usize,
     pub(super) idle_bytes: u64,
+    /// The allocations channel connections pin windows of, and how many windows each
+    /// (`kept::pin`).
+    pub(super) pinned: FxHashMap<AllocKey, u32>,
 }
 
 impl Registry {
@@ -227,6 +230,11 @@ pub(super) fn registry() -> RegistryGuard {
         reg.idle_seq = 0;
         reg.idle_count = 0;
         reg.idle_bytes = 0;
+        // The parent's pinned windows are not this process's (their counts changed only under
+        // this lock).
+        reg.pinned = Default::default();
+        super::kept::PINNED_COUNT.store(0, std::sync::atomic::Ordering::SeqCst);
+        super::kept::PINNED_BYTES.store(0, std::sync::atomic::Ordering::SeqCst);
         reg.generation = Some(Stamp::now());
     }
     RegistryGuard(Some(reg))

@@ -165,19 +165,24 @@ struct AttachedPool {
     spares: SpareTokens,
 }
 
+/// Most registered exports one connection keeps mapped between leases (`KEPT_SHARES`,
+/// `PIN_SHARES`): the consumer's map of them is keyed by the producer's export numbers, so it is
+/// bounded; a share of an export beyond it is an ordinary share (mapped until released).
+const MAX_KEPT_EXPORTS: usize = 65536;
+
 /// A registered export's window this connection keeps mapped (`PIN_SHARES`), until the producer
 /// retires it (`RETIRE`) or the connection ends; its leases (`LEASE`) are views of it. Counted
 /// in the process's bounds on kept mappings while it lives ([`crate::import::pin`]).
 struct Pinned {
     base: Arc<Import>,
-    bytes: u64,
+    _counted: crate::import::PinnedWindow,
 }
 
 impl Pinned {
-    /// `base` pinned, or `None` when the process's bounds have no room for it.
+    /// `base` pinned, or `None` when the process's bounds have no room for its allocation.
     fn new(base: Import) -> Option<Pinned> {
-        let bytes = base.handle().storage_size;
-        crate::import::pin(bytes).then(|| Pinned { base: Arc::new(base), bytes })
+        let counted = crate::import::pin(&base)?;
+        Some(Pinned { base: Arc::new(base), _counted: counted })
     }
 }
 
@@ -213,12 +218,6 @@ fn pin_window(
         Ok(base) => Ok(Pinned::new(base)),
         Err(Error::NotFound(_)) => Ok(None),
         Err(e) => Err(e),
-    }
-}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        crate::import::unpin(self.bytes);
     }
 }
 
@@ -899,7 +898,9 @@ impl LocalConnection {
             match opened {
                 Ok(imp) => {
                     waited.extend(event);
-                    if *export != 0 {
+                    // (Past MAX_KEPT_EXPORTS exports, a new one's shares are not kept: this map
+                    // is keyed by numbers the producer chooses.)
+                    if *export != 0 && (kept.len() < MAX_KEPT_EXPORTS || kept.contains_key(export)) {
                         let k = imp.keep_for(self.owner);
                         if offer.pin != 0 {
                             let d = decoded.as_ref().expect("decoded with the share");
@@ -915,7 +916,10 @@ impl LocalConnection {
                                 }
                             }
                         }
-                        kept.insert(*export, k);
+                        // An export now of another allocation: the one it was of is retired.
+                        if let Some(old) = kept.insert(*export, k.clone()).filter(|old| *old != k) {
+                            crate::import::retire(self.owner, &old);
+                        }
                     }
                     ready.push_back(Box::new(imp));
                 }
