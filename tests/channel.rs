@@ -2338,3 +2338,100 @@ fn export_numbers_a_producer_makes_up_do_not_grow_the_consumer_without_bound() {
     // Unbounded, each number kept its allocation's key: about 20 MiB per 100,000.
     assert!(rss1.saturating_sub(rss0) < 4 << 20, "the consumer grew by {} KiB", (rss1 - rss0) >> 10);
 }
+
+/// The longest of this thread's `peer_ids()` calls while another thread serves the channel
+/// for a while (20 services of up to 10 ms, and whatever closing what they took costs).
+fn longest_call_while_serving(ch: &Arc<Channel>) -> Duration {
+    let serving = std::thread::spawn({
+        let ch = ch.clone();
+        move || {
+            for _ in 0..20 {
+                let _ = ch.service(Some(Duration::from_millis(10)));
+            }
+        }
+    });
+    let mut longest = Duration::ZERO;
+    let until = Instant::now() + Duration::from_millis(2500);
+    while Instant::now() < until {
+        let t = Instant::now();
+        let _ = ch.peer_ids();
+        longest = longest.max(t.elapsed());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    serving.join().unwrap();
+    longest
+}
+
+#[test]
+fn a_refused_connections_queued_descriptor_is_closed_outside_the_channels_lock() {
+    // A process the channel does not admit queues a descriptor whose close blocks for 2 s
+    // before it is accepted: refusing it closes that too, after the lock.
+    let addr = address("refused-linger");
+    let ch = Arc::new(Channel::listen(&addr).unwrap());
+    ch.restrict(&[], &[1]).unwrap(); // only pid 1: this process is refused
+    let raw = seqpacket();
+    let name = addr.strip_prefix('@').unwrap();
+    rustix::net::connect(&raw, &rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).unwrap()).unwrap();
+    let (sock, _srv) = lingering_socket(2);
+    send_raw(raw.as_fd(), b"x", &[sock.as_fd()]);
+    drop(sock);
+    let longest = longest_call_while_serving(&ch);
+    assert!(longest < Duration::from_millis(1000), "a call waited {longest:?} for the channel's lock");
+}
+
+#[test]
+fn a_too_long_messages_descriptor_is_closed_outside_the_channels_lock() {
+    // Longer than a message may be (128 KiB): refused whole, its descriptor with it.
+    let addr = address("trunc-linger");
+    let ch = Arc::new(Channel::listen(&addr).unwrap());
+    let raw = raw_consumer(&addr, 1);
+    let (sock, _srv) = lingering_socket(2);
+    send_raw(raw.as_fd(), &vec![0u8; 150 * 1024], &[sock.as_fd()]);
+    drop(sock);
+    let longest = longest_call_while_serving(&ch);
+    assert!(longest < Duration::from_millis(1000), "a call waited {longest:?} for the channel's lock");
+}
+
+#[test]
+fn descriptors_a_consumer_sends_do_not_pile_up_while_one_of_them_takes_long_to_close() {
+    // Queued before the connection is accepted: one descriptor whose close blocks for 2 s, then
+    // 40 messages of 253 descriptors each. The producer takes about one message's worth per
+    // look at the channel, so what waits to be closed stays near that (it was all of them).
+    let addr = address("pile");
+    let ch = Arc::new(Channel::listen(&addr).unwrap());
+    let raw = raw_consumer(&addr, 1);
+    let (sock, _srv) = lingering_socket(2);
+    let msg = le(&[&5u32.to_le_bytes(), &[0; 4], &1u64.to_le_bytes()]);
+    send_raw(raw.as_fd(), &msg, &[sock.as_fd()]);
+    drop(sock);
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let many: Vec<BorrowedFd<'_>> = (0..253).map(|_| null.as_fd()).collect();
+    let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(253))];
+    for _ in 0..40 {
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&many)));
+        if rustix::net::sendmsg(raw.as_fd(), &[IoSlice::new(&msg)], &mut control, rustix::net::SendFlags::NOSIGNAL)
+            .is_err()
+        {
+            break; // the socket's buffer is full: enough queued
+        }
+    }
+    let open_fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let before = open_fds();
+    let serving = std::thread::spawn({
+        let ch = ch.clone();
+        move || {
+            for _ in 0..5 {
+                let _ = ch.service(Some(Duration::from_millis(10)));
+            }
+        }
+    });
+    let mut peak = before;
+    while !serving.is_finished() {
+        peak = peak.max(open_fds());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    serving.join().unwrap();
+    // (Other tests run beside this one and open descriptors too.)
+    assert!(peak < before + 1500, "{} descriptors waited to be closed at once", peak - before);
+}

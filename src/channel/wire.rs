@@ -923,7 +923,8 @@ pub(crate) fn recv_with(
             return Ok(Received::Closed);
         }
         if msg.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC) {
-            fds.clear();
+            // The descriptors that came stay in `fds` for the caller to close (a producer does
+            // after its lock: closing one can block).
             return Err(Error::Untrusted(format!(
                 "a channel message longer than {MAX_MESSAGE} bytes or with more than {MAX_FDS} descriptors was refused"
             )));

@@ -36,6 +36,8 @@ pub(super) static PINNED_BYTES: std::sync::atomic::AtomicU64 = std::sync::atomic
 pub(crate) struct PinnedWindow {
     key: AllocKey,
     bytes: u64,
+    /// The process it was counted in (a forked child's copy counts nothing there).
+    generation: crate::fork::Stamp,
 }
 
 /// Count a window of `imp`'s allocation as pinned, when the bounds have room for it beside
@@ -60,13 +62,16 @@ pub(crate) fn pin(imp: &Import) -> Option<PinnedWindow> {
         evict_over_limits(&mut reg)
     };
     close_evicted(evicted);
-    Some(PinnedWindow { key: imp.key.clone(), bytes })
+    Some(PinnedWindow { key: imp.key.clone(), bytes, generation: crate::fork::Stamp::now() })
 }
 
 impl Drop for PinnedWindow {
     /// No longer pinned; the allocation's bytes stop counting with its last pinned window.
     fn drop(&mut self) {
         use std::sync::atomic::Ordering::SeqCst;
+        if !self.generation.is_current() {
+            return; // a forked child's copy of its parent's: counted there, not here
+        }
         let mut reg = registry();
         match reg.pinned.get_mut(&self.key) {
             Some(n) if *n > 1 => *n -= 1,

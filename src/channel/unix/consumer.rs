@@ -174,15 +174,17 @@ const MAX_KEPT_EXPORTS: usize = 65536;
 /// retires it (`RETIRE`) or the connection ends; its leases (`LEASE`) are views of it. Counted
 /// in the process's bounds on kept mappings while it lives ([`crate::import::pin`]).
 struct Pinned {
-    base: Arc<Import>,
+    /// Dropped first (fields drop in order): the allocation stops counting as pinned before
+    /// its mapping may turn idle (and count as idle).
     _counted: crate::import::PinnedWindow,
+    base: Arc<Import>,
 }
 
 impl Pinned {
     /// `base` pinned, or `None` when the process's bounds have no room for its allocation.
     fn new(base: Import) -> Option<Pinned> {
         let counted = crate::import::pin(&base)?;
-        Some(Pinned { base: Arc::new(base), _counted: counted })
+        Some(Pinned { _counted: counted, base: Arc::new(base) })
     }
 }
 

@@ -115,7 +115,10 @@ impl Core {
             refuse_descriptors(&fd);
             let cred = match rustix::net::sockopt::socket_peercred(&fd) {
                 Ok(c) => c,
-                Err(_) => continue,
+                Err(_) => {
+                    self.unwanted_fds.push(fd); // (closed after the lock: see below)
+                    continue;
+                }
             };
             let pid = cred.pid.as_raw_nonzero().get();
             let uid = cred.uid.as_raw();
@@ -140,11 +143,15 @@ impl Core {
             };
             if let Some(why) = refuse {
                 let _ = wire::try_send(fd.as_fd(), &Message::Refused { reason: why.as_bytes() }.encode(), &[]);
+                // Closed after the lock: descriptors queued in it before it was accepted close
+                // with it, and closing one can block.
+                self.unwanted_fds.push(fd);
                 continue;
             }
             let id = self.next_peer;
             self.next_peer += 1;
             if epoll::add(epfd, &fd, epoll::EventData::new_u64(id), epoll::EventFlags::IN).is_err() {
+                self.unwanted_fds.push(fd);
                 continue;
             }
             self.peers.push(Peer {
@@ -174,6 +181,12 @@ impl Core {
     /// Take up to [`PEER_BATCH`] queued messages of peer `idx`; false when it is gone or past
     /// its error budget.
     pub(super) fn drain_peer(&mut self, idx: usize) -> bool {
+        // Descriptors a peer sent wait for the end of the lock to be closed: past one message's
+        // worth, the peers' messages wait for the next look (the epoll set reports them again),
+        // so that they cannot pile up.
+        if self.unwanted_fds.len() >= crate::export::MAX_PASSED_FDS {
+            return true;
+        }
         let mut buf = std::mem::take(&mut self.buf);
         let mut fds = std::mem::take(&mut self.fds);
         let mut taken = 0;
@@ -187,14 +200,20 @@ impl Core {
             }
             match wire::recv(self.peers[idx].fd.as_fd(), &mut buf, &mut fds) {
                 Ok(Received::Empty) => break true,
-                Ok(Received::Closed) | Err(_) => break false,
+                Ok(Received::Closed) => break false,
+                Err(_) => {
+                    // (A message refused whole, too long, keeps its descriptors for us.)
+                    self.unwanted_fds.append(&mut fds);
+                    break false;
+                }
                 Ok(Received::Message(n)) => {
                     if !fds.is_empty() {
                         // Consumers send no descriptors: count the error; they are closed
-                        // after the lock (closing one can block).
+                        // after the lock (closing one can block), and this peer's next
+                        // messages wait for the next look.
                         self.unwanted_fds.append(&mut fds);
                         self.peers[idx].info.protocol_errors += 1;
-                        continue;
+                        break true;
                     }
                     match self.message(idx, &buf[..n]) {
                         Ok(true) => {}
