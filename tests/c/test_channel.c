@@ -1253,6 +1253,76 @@ static void test_a_cuda_batch_records_one_event_per_stream_and_the_next_batch_re
     g_cuda = 0;
 }
 
+/* The channel's events are reused only for the consumer they were first sent to: a consumer
+ * holds its events' handles and could record its own work on one, which would hold up whoever
+ * waits on that event next. Two consumers, alternating sends: each gets its own event, reused
+ * for it alone; a consumer that disconnects takes its idle events with it. */
+static void test_a_cuda_event_is_reused_only_for_the_consumer_it_was_sent_to(void) {
+    enum { N = 2 };
+    const int64_t len = 4096;
+    cuda_start();
+    CUdeviceptr dev = 0;
+    cu_or_die(cuMemAlloc(&dev, (size_t)N * (size_t)len), "cuMemAlloc");
+    DevshareExporter *exp = NULL;
+    DS_OK(devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)dev, (size_t)N * (size_t)len, 0, &exp));
+    char address[128];
+    make_address(address, sizeof address, "cuda_event_peer");
+    DevshareChannel *ch = NULL;
+    DS_OK(devshare_channel_listen(address, &ch));
+    g_cuda = 1;
+    Child k[2] = {spawn_child("cuda", ""), spawn_child("cuda", "")};
+    const uint64_t peer[2] = {connect_child(ch, &k[0], address, "cuda event per peer, consumer 0"),
+                              connect_child(ch, &k[1], address, "cuda event per peer, consumer 1")};
+    DevshareTensorDesc descs[N];
+    const DevshareTensorDesc *dp[N];
+    const DevshareExporter *ep[N];
+    uint64_t seq = 7000;
+    char first[512] = "";
+    /* Rounds to consumers 0, 1, 0, 1: two events in all, each consumer's own. */
+    for (int round = 0; round < 4 && peer[0] && peer[1]; round++) {
+        const int who = round % 2;
+        for (int i = 0; i < N; i++) {
+            item_fill((void *)(uintptr_t)(dev + (CUdeviceptr)i * (CUdeviceptr)len), (uint64_t)len, ++seq);
+            descs[i] = bytes_desc((uint64_t)i * (uint64_t)len, &len);
+            descs[i].flags = DEVSHARE_SHARE_EVENT;
+            dp[i] = &descs[i];
+            ep[i] = exp;
+        }
+        const int32_t st = devshare_channel_send_batch(ch, peer[who], ep, dp, N);
+        const int want = round == 0 ? 1 : 2;
+        CHECK(st == DEVSHARE_STATUS_OK && live_events("cusi_e_") == want,
+              "cuda event per peer, round %d: a batch to consumer %d makes %d live event(s) in all (%d; %s)", round,
+              who, want, live_events("cusi_e_"), devshare_status_str(st));
+        if (round == 0) {
+            live_event_names("cusi_e_", first, sizeof first);
+        }
+        tell(&k[who], "recv %d 1 %d", N, IO_MS);
+        const RecvResult r = recv_result(reply(&k[who], ch));
+        CHECK(r.got == N && r.data_bad == 0 && r.events == 1 && r.waited == 1,
+              "cuda event per peer, round %d: consumer %d receives its %d leases and waits on one event", round, who,
+              N);
+        tell(&k[who], "release %d", N);
+        (void)reply(&k[who], ch);
+        CHECK(devshare_exporter_wait(exp, IO_MS) == DEVSHARE_STATUS_OK,
+              "cuda event per peer, round %d: the leases come back", round);
+    }
+    /* Consumer 1 goes: its idle event is destroyed; consumer 0's stays for its next batch. */
+    CHECK(finish(&k[1], ch), "cuda event per peer: consumer 1 exits cleanly");
+    for (int i = 0; i < 100 && live_events("cusi_e_") != 1; i++) {
+        (void)devshare_channel_service(ch, 10);
+    }
+    char left[512] = "";
+    live_event_names("cusi_e_", left, sizeof left);
+    CHECK(live_events("cusi_e_") == 1 && strcmp(left, first) == 0,
+          "cuda event per peer: a consumer that disconnects takes its idle event with it, the other's stays "
+          "(%d live: %s, consumer 0's %s)", live_events("cusi_e_"), left, first);
+    CHECK(finish(&k[0], ch), "cuda event per peer: consumer 0 exits cleanly");
+    close_all(NULL, exp, ch, "cuda event per peer");
+    CHECK(live_events("cusi_e_") == 0, "cuda event per peer: closing the channel destroys its pooled events");
+    cu_or_die(cuMemFree(dev), "cuMemFree");
+    g_cuda = 0;
+}
+
 /* A leased devshare_channel_send of an ACL export with DEVSHARE_SHARE_EVENT: no
  * devshare_exporter_allow_pid call, the handshake whitelists the consumer. */
 static void test_an_acl_lease_event_is_waited_on_and_kept_until_the_lease_returns(void) {
@@ -1345,6 +1415,7 @@ int main(int argc, char **argv) {
     test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detaches_on_close();
     test_a_cuda_lease_event_is_waited_on_once_and_kept_until_the_lease_returns();
     test_a_cuda_batch_records_one_event_per_stream_and_the_next_batch_reuses_it();
+    test_a_cuda_event_is_reused_only_for_the_consumer_it_was_sent_to();
 
     int left = 0;
     for (int i = 0; i < n_tracked; i++) {

@@ -10,8 +10,11 @@
 //! Why reuse is safe: an event goes back only when every lease that carried it came back, so
 //! every consumer that was to wait on that record has waited (its receive waits before it
 //! returns) or is gone. A consumer that gives a lease back without having received it can
-//! only make its own waits early. The pool keeps at most [`IDLE_EVENTS`] events per device
-//! and destroys the rest, and the channel's close destroys what it holds.
+//! only make its own waits early. An event is only ever reused for the consumer it was first
+//! sent to: a consumer holds its events' handles and could record its own work on one, which
+//! would then hold up whoever waits on that event next — only itself. The pool keeps at most
+//! [`IDLE_EVENTS`] events per consumer and device and destroys the rest; a consumer's go when
+//! it disconnects, and the channel's close destroys what it holds.
 
 use crate::backend::IpcEvent;
 use crate::error::Result;
@@ -20,12 +23,13 @@ use crate::handle::DEVSHARE_EVENT_HANDLE_SIZE;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, Weak};
 
-/// Idle events the pool keeps per (backend, device): as many as sends whose leases are out at
-/// once on a busy channel; beyond that an event that comes back is destroyed.
+/// Idle events the pool keeps per (consumer, backend, device): as many as sends whose leases
+/// are out at once on a busy channel; beyond that an event that comes back is destroyed.
 pub(super) const IDLE_EVENTS: usize = 64;
 
-/// What an event belongs to: the backend and device of the allocations it was recorded for.
-type Key = (u16, i32);
+/// What an event belongs to: the consumer (peer id) it is sent to, and the backend and device
+/// of the allocations it was recorded for.
+type Key = (u64, u16, i32);
 
 /// The channel's idle events.
 #[derive(Default)]
@@ -34,10 +38,16 @@ pub(crate) struct EventPool {
 }
 
 impl EventPool {
-    /// An event for shares of `exp` made now, recorded on `stream`: an idle one of its device
-    /// recorded again, or a new one.
-    pub(super) fn record(self: &Arc<Self>, exp: &Exporter, stream: *mut c_void) -> Result<Arc<ChannelEvent>> {
-        let key = exp.event_key();
+    /// An event for shares of `exp` made now for consumer `peer`, recorded on `stream`: an idle
+    /// one of that consumer and device recorded again, or a new one.
+    pub(super) fn record(
+        self: &Arc<Self>,
+        peer: u64,
+        exp: &Exporter,
+        stream: *mut c_void,
+    ) -> Result<Arc<ChannelEvent>> {
+        let (backend, device) = exp.event_key();
+        let key = (peer, backend, device);
         let idle = {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
             idle.iter().rposition(|(k, _)| *k == key).map(|i| idle.swap_remove(i).1)
@@ -48,6 +58,17 @@ impl EventPool {
             None => exp.record_event(stream)?,
         };
         Ok(Arc::new(ChannelEvent { event: Some(event), key, pool: Arc::downgrade(self) }))
+    }
+
+    /// Destroy the idle events of consumer `peer` (it disconnected).
+    pub(super) fn forget(&self, peer: u64) {
+        let gone: Vec<_> = {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            let (gone, kept) = std::mem::take(&mut *idle).into_iter().partition(|(k, _)| k.0 == peer);
+            *idle = kept;
+            gone
+        };
+        drop(gone); // (destroyed outside the pool's lock)
     }
 
     /// Destroy every idle event (the channel closes).

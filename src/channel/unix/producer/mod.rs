@@ -141,6 +141,8 @@ struct Core {
     /// one can block (a socket lingering over unsent data, a file whose flush waits), and
     /// nothing a peer sends may hold up the channel's other callers ([`Locked`]).
     unwanted_fds: Vec<OwnedFd>,
+    /// Peers dropped under this lock: their idle events are destroyed after it ([`Locked`]).
+    gone_peers: Vec<u64>,
     /// A pool item's message is encoded here (its memory kept from one send to the next).
     item_buf: Vec<u8>,
     closed: bool,
@@ -287,6 +289,7 @@ impl LocalChannel {
             buf: Vec::new(),
             fds: Vec::new(),
             unwanted_fds: Vec::new(),
+            gone_peers: Vec::new(),
             item_buf: Vec::new(),
             closed: false,
             stir: false,
@@ -470,7 +473,7 @@ impl LocalChannel {
                 Some(s) => s.1.clone(),
                 None => {
                     let event = if desc.event {
-                        Some(self.shared.events.record(exp, desc.stream)?)
+                        Some(self.shared.events.record(peer, exp, desc.stream)?)
                     } else {
                         exp.synchronize(desc.stream)?;
                         None

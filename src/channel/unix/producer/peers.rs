@@ -342,7 +342,8 @@ impl Core {
             }
         }
         // Its socket is closed after the lock too: descriptors still queued in it are closed
-        // with it.
+        // with it. So are its idle events (events are reused only for the peer they went to).
+        self.gone_peers.push(peer.info.id);
         self.unwanted_fds.push(peer.fd);
     }
 }

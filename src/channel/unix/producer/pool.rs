@@ -177,7 +177,7 @@ impl LocalPool {
                     ),
                 };
                 let event = if abs.event {
-                    Some(shared.events.record(&p.exporter, abs.stream)?)
+                    Some(shared.events.record(peer, &p.exporter, abs.stream)?)
                 } else {
                     p.exporter.synchronize(abs.stream)?;
                     None

@@ -34,11 +34,16 @@ impl std::ops::DerefMut for Locked<'_> {
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
         let stirred = std::mem::take(&mut self.guard.stir);
-        // Closed after the unlock: a descriptor a peer sent may take long to close.
+        // Closed after the unlock: a descriptor a peer sent may take long to close. Likewise
+        // the idle events of peers that went (destroying one is a driver call).
         let unwanted = std::mem::take(&mut self.guard.unwanted_fds);
+        let gone = std::mem::take(&mut self.guard.gone_peers);
         // SAFETY: dropped once, here; not used after.
         unsafe { std::mem::ManuallyDrop::drop(&mut self.guard) };
         drop(unwanted);
+        for peer in gone {
+            self.shared.events.forget(peer);
+        }
         // Paired with the waiter's claim (`claim_untimed`, then the lock): either the waiter
         // took the lock after this unlock and sees the change, or this load sees its claim.
         // (Its own changes it sees: no nudge.)
