@@ -1236,3 +1236,152 @@ fn listening_sockets() -> Vec<String> {
     }
     out
 }
+
+// ---------------------------------------------------------------------------------------------
+// A hostile producer that holds the key, against a library consumer.
+
+/// A hand-made producer with the key: accepts one library consumer, answers its handshake
+/// (challenge with a valid proof, then WELCOME), and hands back its raw stream and the
+/// consumer's `Connection`.
+fn fake_producer_with_the_key() -> (Raw, Connection) {
+    setup();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = format!("tcp://{}", l.local_addr().unwrap());
+    let consumer = std::thread::spawn(move || Connection::connect(&addr, T).unwrap());
+    let (s, _) = l.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut raw = Raw(s);
+    let hello = raw.next().unwrap();
+    assert_eq!(msg_type(&hello), 20);
+    let cnonce = &hello[12..44];
+    let pnonce = [0x55u8; 32];
+    let mut ch = 21u32.to_le_bytes().to_vec();
+    ch.extend(pnonce);
+    ch.extend(mac(&the_key(), false, cnonce, &pnonce, &hello));
+    raw.send(&ch);
+    let proof = raw.next().unwrap();
+    assert_eq!(msg_type(&proof), 22);
+    let mut w = 2u32.to_le_bytes().to_vec();
+    w.extend(u32::from_le_bytes(*b"DSCH").to_le_bytes());
+    w.extend(2u16.to_le_bytes());
+    w.extend(0u16.to_le_bytes());
+    w.extend(1u64.to_le_bytes());
+    w.extend(1234i32.to_le_bytes());
+    w.extend(0u32.to_le_bytes());
+    raw.send(&w);
+    (raw, consumer.join().unwrap())
+}
+
+fn attach_msg(pool: u32, slot_size: u64, count: u32) -> Vec<u8> {
+    let mut m = 6u32.to_le_bytes().to_vec();
+    m.extend(pool.to_le_bytes());
+    m.extend(slot_size.to_le_bytes());
+    m.extend(count.to_le_bytes());
+    m.extend(0u32.to_le_bytes());
+    m
+}
+
+fn rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let l = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    l.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A producer with the key that keeps sending control messages that are not items (here
+/// POOL_CLOSED of a pool never attached, 12 bytes each) for 6 s: the consumer's `recv(200 ms)`
+/// still ends at its limit (it returned only when the flood stopped).
+#[test]
+fn a_flood_of_messages_that_are_not_items_does_not_keep_recv_past_its_timeout() {
+    let (raw, conn) = fake_producer_with_the_key();
+    let mut w = raw.0.try_clone().unwrap();
+    // (Once the receive gave up, nothing reads: the writer stops when the socket stays full.)
+    w.set_write_timeout(Some(Duration::from_millis(500))).unwrap();
+    let mut buf = Vec::new();
+    for _ in 0..32768 {
+        buf.extend(8u32.to_le_bytes());
+        buf.extend(9u32.to_le_bytes()); // POOL_CLOSED
+        buf.extend(77u32.to_le_bytes());
+    }
+    let flood_for = Duration::from_secs(6);
+    let writer = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        while t0.elapsed() < flood_for {
+            if w.write_all(&buf).is_err() {
+                break;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    let t0 = Instant::now();
+    let r = conn.recv(Some(Duration::from_millis(200)));
+    let took = t0.elapsed();
+    writer.join().unwrap();
+    eprintln!("recv(200 ms) returned {:?} after {took:?}", r.as_ref().err().map(|e| e.status()));
+    assert!(took < Duration::from_secs(2), "recv(200 ms) took {took:?}");
+}
+
+/// Each ATTACH (a 28-byte message) makes the consumer allocate bookkeeping sized by the
+/// producer's count (65536 slots: 512 KiB) and a pool copy sized by the producer: a connection
+/// holds at most 256 pools, and all of them together must fit where one must (512 pools and
+/// three of 16 GiB were all accepted).
+#[test]
+fn a_producer_cannot_attach_pools_without_bound_on_their_number_or_total_size() {
+    let (mut raw, conn) = fake_producer_with_the_key();
+    let before = rss_kib();
+    let n = 512u32;
+    let mut buf = Vec::new();
+    for pool in 1..=n {
+        let m = attach_msg(pool, 1, 65536);
+        buf.extend((m.len() as u32).to_le_bytes());
+        buf.extend(m);
+    }
+    raw.0.write_all(&buf).unwrap();
+    // The consumer takes them all inside one receive (which then times out).
+    let r = conn.recv(Some(Duration::from_secs(3)));
+    let after = rss_kib();
+    let mut replies = 0;
+    raw.0.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    while let Some(m) = raw.next() {
+        if msg_type(&m) == 23 {
+            replies += 1;
+        }
+        if replies == n {
+            break;
+        }
+    }
+    eprintln!(
+        "{n} ATTACH messages ({} bytes): recv {:?}, {replies} POOL replies, RSS {} -> {} KiB (+{} MiB)",
+        buf.len(),
+        r.as_ref().err().map(|e| e.status()),
+        before,
+        after,
+        (after.saturating_sub(before)) / 1024
+    );
+    assert!(replies <= 64, "{replies} of {n} pools accepted, RSS +{} MiB", (after - before) / 1024);
+    assert_eq!(r.err().map(|e| e.status()), Some(Status::Untrusted), "the pool past the bound is refused");
+    // Total size, on a connection of its own: pools of 16 GiB each, three of them (48 GiB, more
+    // than /dev/shm and RAM here).
+    let (mut raw, conn) = fake_producer_with_the_key();
+    raw.0.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let big = 16u64 << 30;
+    for pool in n + 1..=n + 3 {
+        let m = attach_msg(pool, big, 1);
+        let mut f = (m.len() as u32).to_le_bytes().to_vec();
+        f.extend(m);
+        if raw.0.write_all(&f).is_err() {
+            break; // refused: the consumer hung up
+        }
+    }
+    let r = conn.recv(Some(Duration::from_secs(2)));
+    let mut big_replies = 0;
+    while let Some(m) = raw.next() {
+        if msg_type(&m) == 23 && u64::from_le_bytes(m[20..28].try_into().unwrap()) == big {
+            big_replies += 1;
+        }
+        if big_replies == 3 {
+            break;
+        }
+    }
+    eprintln!("three 16 GiB pools: recv {:?}, {big_replies} accepted", r.as_ref().err().map(|e| e.status()));
+    assert!(big_replies < 3, "three 16 GiB pools accepted by one consumer");
+}

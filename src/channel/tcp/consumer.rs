@@ -72,7 +72,17 @@ struct Incoming {
     copied: usize,
 }
 
+/// Most pools one remote connection holds (each is this consumer's own memory, and its
+/// bookkeeping a few bytes per slot): a pool is a pipeline's depth, and producers make a few.
+const MAX_POOLS: usize = 64;
+
+/// Most messages one look takes before a receive checks its time limit again (a producer that
+/// keeps sending messages that are not items must not keep a receive past it).
+const MESSAGES_PER_LOOK: usize = 1024;
+
 struct State {
+    /// The last look stopped at [`MESSAGES_PER_LOOK`]: more may be waiting.
+    more: bool,
     reader: Framed,
     /// Dropped before the worker.
     pools: FxHashMap<u32, Attached>,
@@ -225,6 +235,7 @@ impl RemoteConnection {
                 generation: crate::fork::Stamp::now(),
             }),
             state: Mutex::new(State {
+                more: false,
                 reader,
                 pools: FxHashMap::default(),
                 incoming: None,
@@ -266,6 +277,10 @@ impl RemoteConnection {
     pub(crate) fn recv(&self, timeout: Option<Duration>) -> Result<Import> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut woke = false;
+        // Once the time is up: one more look at what arrived, then `Timeout` (a producer that
+        // keeps sending messages that are not items must not keep a receive past its limit).
+        let mut last_look = false;
+        let mut more;
         loop {
             let backlog = {
                 let mut w = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
@@ -284,11 +299,13 @@ impl RemoteConnection {
                 if let Some(imp) = self.take_messages(&mut st)? {
                     return Ok(imp);
                 }
+                more = st.more;
                 if let (false, Some(u)) = (st.eof, &st.ucx) {
                     while u.worker.progress() > 0 {}
                     if let Some(imp) = self.take_messages(&mut st)? {
                         return Ok(imp);
                     }
+                    more = st.more;
                 }
                 if st.eof {
                     return Err(Error::Closed("the producer closed the channel or exited".into()));
@@ -302,6 +319,15 @@ impl RemoteConnection {
                 }
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                if last_look {
+                    return Err(Error::Timeout("nothing arrived on the channel".into()));
+                }
+                last_look = true;
+            }
+            if more {
+                continue; // (what was read already is looked at before any wait)
+            }
             // Wake for messages, for UCX (the producer's puts), and for room to send releases.
             let ts = left
                 .map(|d| rustix::event::Timespec { tv_sec: d.as_secs() as i64, tv_nsec: i64::from(d.subsec_nanos()) });
@@ -325,10 +351,11 @@ impl RemoteConnection {
     /// Handle the control messages that arrived, until one is an item; notes the producer's
     /// hang-up in `st.eof`.
     fn take_messages(&self, st: &mut State) -> Result<Option<Import>> {
+        st.more = false;
         if st.eof {
             return Ok(None);
         }
-        loop {
+        for _ in 0..MESSAGES_PER_LOOK {
             if !self.take_bytes(st)? {
                 return Ok(None);
             }
@@ -345,6 +372,10 @@ impl RemoteConnection {
                 return Ok(Some(imp));
             }
         }
+        // More may be waiting (read already, where polling the socket does not see it): the
+        // caller looks again before it sleeps, after checking its time limit.
+        st.more = true;
+        Ok(None)
     }
 
     /// Read the bytes of the item that is arriving (stream path) straight into its slot; true
@@ -432,6 +463,16 @@ impl RemoteConnection {
                             && w <= isize::MAX as u64
                     })
                     .ok_or_else(|| Error::Untrusted(format!("pool {pool}: {count} slots of {slot_size} bytes")))?;
+                // Every pool this connection holds is this consumer's own memory: at most
+                // MAX_POOLS of them, and all of them together must fit where one must.
+                let held: u64 = st.pools.values().map(|p| p.slot_size * u64::from(p.count)).sum();
+                if st.pools.len() >= MAX_POOLS {
+                    self.hang_up();
+                    return Err(Error::Untrusted(format!(
+                        "pool {pool}: the producer attached {MAX_POOLS} pools already (the most one connection holds)"
+                    )));
+                }
+                crate::shm::ensure_capacity(held.saturating_add(whole)).inspect_err(|_| self.hang_up())?;
                 let token = AttachToken::new(self.shared.clone(), pool);
                 let memory = |m| match m {
                     PoolMemory::Host => Ok(None),
