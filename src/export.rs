@@ -80,13 +80,12 @@ impl LeaseBook {
         served
     }
 
-    /// The servers of this export's leases, and the longest spin among them (zero: none
-    /// spins).
-    fn spinners(&self) -> (Vec<Arc<dyn LeaseServer>>, Duration) {
+    /// The longest spin among the servers of this export's leases, with those servers; `None`
+    /// when none spins (then nothing is collected: this is on every wait's path).
+    fn spinners(&self) -> Option<(Vec<Arc<dyn LeaseServer>>, Duration)> {
         let servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
-        let live: Vec<Arc<dyn LeaseServer>> = servers.iter().filter_map(Weak::upgrade).collect();
-        let spin = live.iter().map(|s| s.spin()).max().unwrap_or_default();
-        (live, spin)
+        let spin = servers.iter().filter_map(Weak::upgrade).map(|s| s.spin()).max().unwrap_or_default();
+        (!spin.is_zero()).then(|| (servers.iter().filter_map(Weak::upgrade).collect(), spin))
     }
 }
 
@@ -723,9 +722,6 @@ impl Exporter {
     /// at once when [`Self::outstanding`] does.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
         let start = Instant::now();
-        if self.outstanding()? == 0 {
-            return Ok(());
-        }
         self.spin_for_returns(start, timeout)?;
         let mut pause = Duration::from_micros(20);
         let mut last_look = false;
@@ -767,7 +763,7 @@ impl Exporter {
         if self.leases.count() == 0 {
             return Ok(()); // (only ref-counters to watch: nothing to poll)
         }
-        let (mut spinners, spin) = self.leases.spinners();
+        let Some((mut spinners, spin)) = self.leases.spinners() else { return Ok(()) };
         let spin = timeout.map_or(spin, |t| spin.min(t));
         if spin.is_zero() {
             return Ok(());
