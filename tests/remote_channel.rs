@@ -488,6 +488,98 @@ fn a_consumer_killed_in_the_middle_of_64_mib_transfers_fails_the_send_without_a_
     assert_eq!(pool.info().unwrap().2, 2, "every slot of the producer is free");
 }
 
+/// Two consumers of one producer; A takes an item, then stops reading while a 32 MiB item to it
+/// is on its way. The sends to B (small and large, from another thread) go on meanwhile: the
+/// large item to A is written without the channel's lock (before 1.17 they waited up to the
+/// 10 s send limit behind it). Once A hangs up, the send to it fails at once, its slot stays
+/// acquired, and every slot comes back.
+#[test]
+fn a_consumer_that_stops_reading_in_the_middle_of_a_large_item_holds_up_no_send_to_another() {
+    if !setup() {
+        return;
+    }
+    const BIG: u64 = 32 << 20;
+    const B_ITEMS: u64 = 12;
+    let (ch, addr) = listen();
+    let (hang_up, hang_up_rx) = std::sync::mpsc::channel::<()>();
+    let addr_a = addr.clone();
+    let a = std::thread::spawn(move || {
+        let c = Connection::connect(&addr_a, T).unwrap();
+        drop(c.recv(T).unwrap()); // its copy of the pool is made; then it reads nothing more
+        hang_up_rx.recv().unwrap();
+        drop(c);
+    });
+    ch.wait_peers(1, T).unwrap();
+    let peer_a = ch.peer_ids().unwrap()[0];
+    let b = std::thread::spawn(move || {
+        let c = Connection::connect(&addr, T).unwrap();
+        for seq in 0..B_ITEMS {
+            let imp = c.recv(T).unwrap();
+            let v = imp.view();
+            // SAFETY: the item's first 4096 bytes are mapped while `imp` lives.
+            let bytes = unsafe { std::slice::from_raw_parts(v.data as *const u8, 4096) };
+            assert!(bytes.iter().enumerate().all(|(i, &x)| x == pattern(seq, i)), "B's item {seq} is byte-exact");
+            imp.release();
+        }
+    });
+    ch.wait_peers(2, T).unwrap();
+    let peer_b = *ch.peer_ids().unwrap().iter().find(|&&p| p != peer_a).unwrap();
+    let exp = Arc::new(Exporter::channel_host_alloc(3 * BIG).unwrap());
+    let pool = ch.pool(exp, BIG, 3).unwrap();
+    let send = |peer: u64, seq: u64, len: u64| {
+        let (slot, ptr) = pool.acquire(T).unwrap();
+        for i in 0..4096 {
+            // SAFETY: inside the acquired slot.
+            unsafe { *ptr.add(i) = pattern(seq, i) };
+        }
+        let r = pool.send(slot, peer, &TensorDesc { shape: &[len as i64], ..Default::default() });
+        (slot, r)
+    };
+    assert!(send(peer_a, 0, 4096).1.is_ok());
+    std::thread::scope(|s| {
+        let to_a = s.spawn(|| {
+            let (slot, r) = send(peer_a, 1, BIG);
+            let took = Instant::now();
+            (slot, r, took)
+        });
+        // Until the item to A fills its socket and the kernel's buffers (and stays stuck there).
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(!to_a.is_finished(), "the send to a consumer that does not read is still on its way");
+        let started = Instant::now();
+        for seq in 0..B_ITEMS {
+            // Small items, and every fourth one larger than what is queued inline (1 MiB).
+            let len = if seq % 4 == 3 { 1 << 20 } else { 4096 };
+            let (_, r) = send(peer_b, seq, len);
+            r.unwrap();
+        }
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(5),
+            "the sends to B took {took:?}: they waited behind the item to A, which does not read"
+        );
+        b.join().unwrap();
+        assert!(!to_a.is_finished(), "the item to A is still stuck");
+        let hung_up = Instant::now();
+        hang_up.send(()).unwrap();
+        a.join().unwrap();
+        let (slot, r, ended) = to_a.join().unwrap();
+        let status = r.expect_err("the send to A failed once A hung up").status();
+        assert!(matches!(status, Status::Closed), "{status:?}");
+        assert!(
+            ended.duration_since(hung_up) < Duration::from_secs(5),
+            "the send to A failed {:?} after A hung up",
+            ended.duration_since(hung_up)
+        );
+        pool.release(slot).unwrap(); // a failed send leaves the slot acquired
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ch.peer_ids().unwrap().contains(&peer_a) {
+        assert!(Instant::now() < deadline, "A, which hung up, is still a peer");
+        ch.service(Some(Duration::from_millis(10))).unwrap();
+    }
+    assert_eq!(pool.info().unwrap().2, 3, "every slot of the producer is free");
+}
+
 #[test]
 fn without_ucx_the_ucx_path_is_backend_unavailable_and_the_stream_path_works() {
     if !ucx_setup() {

@@ -581,7 +581,7 @@ impl Core {
 impl Peer {
     /// Watch the socket for room while messages wait, and stop once they went.
     fn watch(&mut self, epfd: BorrowedFd<'_>) {
-        let want = self.framed.pending();
+        let want = self.framed.wants_room();
         if want != self.writable {
             let flags = if want { epoll::EventFlags::IN | epoll::EventFlags::OUT } else { epoll::EventFlags::IN };
             if epoll::modify(epfd, &self.framed.stream, epoll::EventData::new_u64(self.id), flags).is_ok() {
@@ -746,17 +746,20 @@ impl RemotePool {
     }
 
     /// Send the tensor `desc` describes in an acquired slot into a free slot of `peer`'s copy
-    /// of the pool: on the stream path its bytes and its `ITEM` message go on the connection in
-    /// one write (a large item's bytes straight from the slot), on UCX a put, a flush, then
+    /// of the pool: on the stream path its bytes and its `ITEM` message go on the connection
+    /// (an item up to [`protocol::INLINE_PAYLOAD`] bytes queued with the connection's messages,
+    /// a larger one written straight from the slot without holding the channel's lock, so that
+    /// a consumer slow to read it holds up no send to another), on UCX a put, a flush, then
     /// `ITEM`. The producer's slot is free again once its bytes left it. The first item to a
     /// peer asks it to make its copy (`ATTACH`) and waits for the answer; while every slot of
-    /// the peer's copy is held, waits for one to come back (serving the channel), at most 10 s
-    /// (`Timeout`; the slot stays acquired).
+    /// the peer's copy is held, or its connection has no room for the item, waits (serving the
+    /// channel), at most 10 s (`Timeout`; the slot stays acquired). A large item cut off in its
+    /// middle (the peer stopped reading for the rest of the 10 s, or went) ends the connection.
     pub(crate) fn send(&self, slot: u32, peer: u64, desc: &TensorDesc<'_>) -> Result<()> {
         let deadline = Instant::now() + SEND_WAIT;
         let epfd = self.shared.epoll.as_fd();
         loop {
-            let sent = self.with(|core, p| {
+            let step = self.with(|core, p| {
                 match p.acquired.get(slot as usize) {
                     Some(true) => {}
                     Some(false) => {
@@ -784,7 +787,7 @@ impl RemotePool {
                 let peer_ref = &mut core.peers[idx];
                 let pp = peer_ref.pools.get_mut(&self.id).expect("attached above");
                 let Some(cslot) = pp.free.last().copied().filter(|_| pp.registered) else {
-                    return Ok(false); // waiting for the registration or a free slot of the peer
+                    return Ok(Step::Wait); // the registration or a free slot of the peer
                 };
                 // SAFETY: the bytes lie in the export (checked above); the export lives in the
                 // pool state while this call runs.
@@ -793,78 +796,206 @@ impl RemotePool {
                 let layout = ItemLayout::of(&h, desc.storage_offset, rel_size);
                 let item = Message::Item { pool: self.id, slot: cslot, layout, event: None }.encode();
                 let head = Remote::Data { pool: self.id, slot: cslot, offset: desc.storage_offset, len: rel_size };
-                let stream = peer_ref.ep.is_none() && pp.rkey.is_none();
-                let moved = match p.memory {
-                    // Device memory crosses through host memory at both ends. On the stream path
-                    // a large item goes chunk by chunk: each chunk is copied to the staging
-                    // buffer, then written while the kernel still sends the one before.
-                    PoolMemory::Cuda { device } if stream && len > protocol::INLINE_PAYLOAD => {
-                        let backend = crate::backend::get(p.exporter.backend())?;
-                        let staging = p.staging.as_mut_ptr();
-                        peer_ref.framed.send_chunked(&head.encode(), len, &item, deadline, |at, n| {
-                            // SAFETY: `at..at + n` lies in the item, which lies in one slot
-                            // (checked), and `staging` is one slot.
-                            unsafe {
-                                backend.copy(device, true, staging.add(at), src.add(at), n)?;
-                                Ok(std::slice::from_raw_parts(staging.add(at), n))
-                            }
-                        })
-                    }
-                    _ => {
+                let cuda = match p.memory {
+                    PoolMemory::Cuda { device } => Some((device, crate::backend::get(p.exporter.backend())?)),
+                    PoolMemory::Host => None,
+                };
+                let moved = match (peer_ref.ep.as_deref(), pp.rkey.as_ref()) {
+                    (Some(ep), Some(rkey)) => {
                         let mut from = src;
-                        if let PoolMemory::Cuda { device } = p.memory {
-                            let backend = crate::backend::get(p.exporter.backend())?;
+                        if let Some((device, backend)) = cuda {
+                            if p.staging.is_empty() {
+                                return Ok(Step::Wait); // a large item of this pool is on its way
+                            }
                             // SAFETY: `staging` is one slot, and the item lies in one slot.
                             unsafe { backend.copy(device, true, p.staging.as_mut_ptr(), src, len) }?;
                             from = p.staging.as_ptr();
                         }
-                        match (peer_ref.ep.as_deref(), pp.rkey.as_ref()) {
-                            (Some(ep), Some(rkey)) => {
-                                let remote = pp.base + u64::from(cslot) * p.slot_size + desc.storage_offset;
-                                // SAFETY: as above; the put and flush complete (or fail) before
-                                // this returns.
-                                unsafe { ep.put(from, len, remote, rkey) }
-                                    .and_then(|()| ep.flush())
-                                    .and_then(|()| peer_ref.framed.send(&item))
+                        let remote = pp.base + u64::from(cslot) * p.slot_size + desc.storage_offset;
+                        // SAFETY: as above; the put and flush complete (or fail) before this
+                        // returns.
+                        unsafe { ep.put(from, len, remote, rkey) }
+                            .and_then(|()| ep.flush())
+                            .and_then(|()| peer_ref.framed.send(&item))
+                    }
+                    (None, None) if len <= protocol::INLINE_PAYLOAD => {
+                        // Small: copied into the connection's queue, after what waits there.
+                        let mut from = src;
+                        if let Some((device, backend)) = cuda {
+                            if p.staging.is_empty() {
+                                return Ok(Step::Wait); // a large item of this pool is on its way
                             }
-                            (None, None) => {
-                                // SAFETY: `from` holds the item's `len` bytes (the export's, or
-                                // the staging copy), unchanged while this call runs.
-                                let bytes = unsafe { std::slice::from_raw_parts(from, len) };
-                                peer_ref.framed.send_with_payload(&head.encode(), bytes, &item, deadline)
-                            }
-                            _ => Err(Error::Internal("a pool registered without its data path".into())),
+                            // SAFETY: `staging` is one slot, and the item lies in one slot.
+                            unsafe { backend.copy(device, true, p.staging.as_mut_ptr(), src, len) }?;
+                            from = p.staging.as_ptr();
+                        }
+                        // SAFETY: `from` holds the item's `len` bytes (the export's, or the
+                        // staging copy), unchanged while this call runs.
+                        let bytes = unsafe { std::slice::from_raw_parts(from, len) };
+                        match peer_ref.framed.try_queue_item(&head.encode(), bytes, &item) {
+                            Ok(false) => return Ok(Step::Wait), // no room yet
+                            r => r.map(drop),
                         }
                     }
+                    (None, None) => {
+                        // Large: written outside the channel's lock, straight from the slot
+                        // (device memory through the pool's staging buffer, a chunk at a time).
+                        if cuda.is_some() && p.staging.is_empty() {
+                            return Ok(Step::Wait); // another large item of this pool is on its way
+                        }
+                        let writer = match peer_ref.framed.begin_raw() {
+                            Ok(Some(w)) => w,
+                            Ok(None) => return Ok(Step::Wait), // the connection is busy
+                            Err(e) => {
+                                peer_ref.doomed.get_or_insert_with(|| format!("peer {peer}: {e}"));
+                                return Err(Error::Closed(format!("the transfer to peer {peer} failed: {e}")));
+                            }
+                        };
+                        pp.free.pop();
+                        pp.held[cslot as usize] = true;
+                        peer_ref.watch(epfd);
+                        p.acquired[slot as usize] = false; // on its way: neither acquired nor free
+                        return Ok(Step::Write(Transfer {
+                            peer_id: peer_ref.id,
+                            slot,
+                            writer,
+                            head: protocol::framed(&head.encode()),
+                            tail: protocol::framed(&item),
+                            _exporter: p.exporter.clone(),
+                            src,
+                            len,
+                            cuda,
+                            _pinned: if cuda.is_some() { p._pinned.take() } else { None },
+                            staging: if cuda.is_some() { std::mem::take(&mut p.staging) } else { Vec::new() },
+                        }));
+                    }
+                    _ => Err(Error::Internal("a pool registered without its data path".into())),
                 };
                 if let Err(e) = moved {
                     // Part of an item may have gone: the connection cannot carry another.
                     peer_ref.doomed = Some(format!("peer {peer}: {e}"));
-                    return Err(match e {
-                        Error::Timeout(_) => e,
-                        e => Error::Closed(format!("the transfer to peer {peer} failed: {e}")),
-                    });
+                    return Err(Error::Closed(format!("the transfer to peer {peer} failed: {e}")));
                 }
                 pp.free.pop();
                 pp.held[cslot as usize] = true;
                 peer_ref.watch(epfd);
                 p.acquired[slot as usize] = false;
                 p.free.push(slot);
-                Ok(true)
+                Ok(Step::Sent)
             })?;
-            if sent {
-                return Ok(());
+            match step {
+                Step::Sent => return Ok(()),
+                Step::Write(t) => return self.write_outside_lock(t, peer, deadline),
+                Step::Wait => {}
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(Error::Timeout(format!(
-                    "peer {peer} did not register its copy of the pool, or holds every slot of it, for {} s",
+                    "peer {peer} did not register its copy of the pool, holds every slot of it, or \
+                     did not read its connection, for {} s",
                     SEND_WAIT.as_secs()
                 )));
             }
             self.shared.service(Some(left.min(Duration::from_millis(5))))?;
         }
     }
+
+    /// Write a large item's header, bytes and `ITEM` to its peer without the channel's lock,
+    /// then settle the slot under it: free once every byte left, acquired again (and the
+    /// connection ended) when the write failed.
+    fn write_outside_lock(&self, mut t: Transfer, peer: u64, deadline: Instant) -> Result<()> {
+        let written = (|| {
+            protocol::write_all_until(&t.writer, &t.head, deadline)?;
+            match t.cuda {
+                Some((device, backend)) => {
+                    let staging = t.staging.as_mut_ptr();
+                    let mut at = 0;
+                    while at < t.len {
+                        let n = protocol::CHUNK.min(t.len - at);
+                        // SAFETY: `at..at + n` lies in the item, which lies in one slot of the
+                        // export `t` holds (checked), and `staging` is one slot, this
+                        // transfer's alone.
+                        let chunk = unsafe {
+                            backend.copy(device, true, staging.add(at), t.src.add(at), n)?;
+                            std::slice::from_raw_parts(staging.add(at), n)
+                        };
+                        protocol::write_all_until(&t.writer, chunk, deadline)?;
+                        at += n;
+                    }
+                }
+                None => {
+                    // SAFETY: the item's `len` bytes lie in the export `t` holds, in a slot that
+                    // is neither acquired nor free while it is on its way.
+                    let bytes = unsafe { std::slice::from_raw_parts(t.src, t.len) };
+                    for chunk in bytes.chunks(protocol::CHUNK) {
+                        protocol::write_all_until(&t.writer, chunk, deadline)?;
+                    }
+                }
+            }
+            protocol::write_all_until(&t.writer, &t.tail, deadline)
+        })();
+        let epfd = self.shared.epoll.as_fd();
+        let mut core = self.shared.core.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = core.peers.iter().position(|p| p.id == t.peer_id) {
+            let p = &mut core.peers[i];
+            if let Err(e) = &written {
+                // Part of the item may have gone: the connection cannot carry another.
+                p.doomed.get_or_insert_with(|| format!("peer {peer}: {e}"));
+            }
+            if let Err(e) = p.framed.end_raw() {
+                p.doomed.get_or_insert_with(|| format!("peer {peer}: {e}"));
+            }
+            p.watch(epfd);
+        }
+        if let Some(p) = core.pools.get_mut(&self.id) {
+            if t.cuda.is_some() {
+                p.staging = std::mem::take(&mut t.staging);
+                p._pinned = t._pinned.take();
+            }
+            if written.is_ok() {
+                p.free.push(t.slot);
+            } else {
+                p.acquired[t.slot as usize] = true; // a failed send leaves the slot acquired
+            }
+        }
+        if !core.closed {
+            core.sweep(epfd);
+        }
+        drop(core);
+        written.map_err(|e| match e {
+            Error::Timeout(_) => e,
+            e => Error::Closed(format!("the transfer to peer {peer} failed: {e}")),
+        })
+    }
+}
+
+/// What a send does next.
+enum Step {
+    Sent,
+    /// Wait (serving the channel) and try again: the peer's registration, a free slot of it,
+    /// room in its connection, or the pool's staging buffer.
+    Wait,
+    /// Write a large item without the channel's lock.
+    Write(Transfer),
+}
+
+/// A large item on its way to a peer, written without the channel's lock.
+struct Transfer {
+    peer_id: u64,
+    slot: u32,
+    /// A second handle on the peer's socket (valid even if the peer is dropped meanwhile).
+    writer: std::net::TcpStream,
+    head: Vec<u8>,
+    tail: Vec<u8>,
+    /// Keeps the slot's memory mapped until the write ends.
+    _exporter: Arc<Exporter>,
+    src: *const u8,
+    len: usize,
+    cuda: Option<(i32, &'static dyn crate::backend::Backend)>,
+    /// CUDA pools: the pool's staging buffer and its pin, taken for the write (declared
+    /// first: unpinned before the buffer goes) and given back after it.
+    _pinned: Option<Box<dyn Send>>,
+    staging: Vec<u8>,
 }
 
 impl Drop for RemotePool {

@@ -8,8 +8,9 @@
 //!   Unix channel.
 //! - **Items on the stream path** (the default, [`DataPath::Stream`]): the producer writes a
 //!   `DATA` header (pool, slot, offset, length), the item's bytes and its `ITEM` message, in one
-//!   write for small items and straight from its slot for large ones
-//!   ([`Framed::send_with_payload`]); the consumer checks the header against its copy of the
+//!   write for small items, queued with the connection's messages ([`Framed::try_queue_item`]),
+//!   and straight from its slot for large ones, outside the channel's lock so that a consumer
+//!   slow to read holds up no other ([`Framed::begin_raw`]); the consumer checks the header against its copy of the
 //!   pool and reads the bytes straight into its slot ([`Framed::read_raw`]). One copy (the
 //!   wire's), no round trip beyond the item and its return. The consumer's slots are its own
 //!   memory, allocated once per pool, so every slot keeps its address.
@@ -234,6 +235,9 @@ pub(crate) struct Framed {
     /// before a poll says it is readable ([`Self::readable`]) would only cost a system call.
     drained: bool,
     wbuf: VecDeque<u8>,
+    /// A large item is being written through a second handle ([`Self::begin_raw`]): nothing
+    /// else may go to the socket until it ends.
+    raw: bool,
     eof: bool,
 }
 
@@ -248,6 +252,7 @@ impl Framed {
             filled: 0,
             drained: false,
             wbuf: VecDeque::new(),
+            raw: false,
             eof: false,
         })
     }
@@ -322,80 +327,51 @@ impl Framed {
         self.flush()
     }
 
-    /// Send `head`, the raw `payload` and `tail` (messages framed, the payload not), in that
-    /// order after what waits already, and return once all of it is in the socket (the kernel's
-    /// buffer), waiting for room at most until `deadline`: an item sent is one the peer gets
-    /// even when the channel closes right after. A payload up to [`INLINE_PAYLOAD`] bytes goes
-    /// with the messages (one system call when the socket has room); a larger one is written
-    /// straight from where it lies. On an error the connection's byte stream is broken: the
-    /// caller ends it.
-    pub(crate) fn send_with_payload(
-        &mut self,
-        head: &[u8],
-        payload: &[u8],
-        tail: &[u8],
-        deadline: Instant,
-    ) -> Result<()> {
-        if payload.len() <= INLINE_PAYLOAD {
-            self.queue(head);
-            self.wbuf.extend(payload);
-            self.queue(tail);
-            return self.flush_until(deadline);
+    /// Queue `head`, the raw `payload` and `tail` (messages framed, the payload not) after what
+    /// waits already, and send what the socket takes now: an item up to [`INLINE_PAYLOAD`]
+    /// bytes waits with the messages (one system call when the socket has room). `false`, with
+    /// nothing queued, while a large item is being written ([`Self::begin_raw`]) or while the
+    /// queue has no room for it ([`MAX_BACKLOG`]): the caller waits for the socket to drain.
+    /// Once queued the item is the peer's: a closing channel still sends what waits.
+    pub(crate) fn try_queue_item(&mut self, head: &[u8], payload: &[u8], tail: &[u8]) -> Result<bool> {
+        if self.raw || self.wbuf.len() + 8 + head.len() + payload.len() + tail.len() > MAX_BACKLOG {
+            return Ok(false);
         }
-        self.send_chunked(head, payload.len(), tail, deadline, |at, n| Ok(&payload[at..at + n]))
+        self.queue(head);
+        self.wbuf.extend(payload);
+        self.queue(tail);
+        self.flush()?;
+        Ok(true)
     }
 
-    /// [`Self::send_with_payload`] of a payload of `len` bytes that `chunk(at, n)` hands out
-    /// [`CHUNK`] bytes at a time (the last one shorter), each written before the next is asked
-    /// for: what a device-to-host copy per chunk overlaps with the kernel's sending.
-    pub(crate) fn send_chunked<'a>(
-        &mut self,
-        head: &[u8],
-        len: usize,
-        tail: &[u8],
-        deadline: Instant,
-        mut chunk: impl FnMut(usize, usize) -> Result<&'a [u8]>,
-    ) -> Result<()> {
-        self.queue(head);
-        self.flush_until(deadline)?;
-        let mut at = 0;
-        while at < len {
-            let n = CHUNK.min(len - at);
-            let bytes = chunk(at, n)?;
-            self.write_raw(bytes, deadline)?;
-            at += n;
+    /// Begin writing a large item straight from where it lies, outside the channel's lock, so
+    /// that a peer slow to read it holds up nobody else: once nothing waits in the queue, a
+    /// second handle on the socket to write the item's bytes with ([`write_all_until`]);
+    /// `None` while something waits or another item is being written (the caller waits). Until
+    /// [`Self::end_raw`] what is queued for this peer stays queued (after the item's bytes).
+    pub(crate) fn begin_raw(&mut self) -> Result<Option<TcpStream>> {
+        if self.raw {
+            return Ok(None);
         }
-        self.queue(tail);
-        self.flush_until(deadline)
+        self.flush()?;
+        if self.pending() {
+            return Ok(None);
+        }
+        let writer = self.stream.try_clone().map_err(|e| io("dup of a remote channel's socket", e))?;
+        self.raw = true;
+        Ok(Some(writer))
+    }
+
+    /// The large item of [`Self::begin_raw`] was written (or failed): what waits goes now.
+    pub(crate) fn end_raw(&mut self) -> Result<()> {
+        self.raw = false;
+        self.flush()
     }
 
     /// Queue one framed message (sent by the next flush).
     fn queue(&mut self, msg: &[u8]) {
         self.wbuf.extend((msg.len() as u32).to_le_bytes());
         self.wbuf.extend(msg);
-    }
-
-    /// Write `bytes` straight to the socket (nothing may wait in the queue), waiting for room at
-    /// most until `deadline`.
-    fn write_raw(&mut self, bytes: &[u8], deadline: Instant) -> Result<()> {
-        let mut done = 0;
-        while done < bytes.len() {
-            match self.stream.write(&bytes[done..]) {
-                Ok(0) => return Err(Error::Closed("the other end of the channel is gone".into())),
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(Error::Timeout("the other end of the channel does not read".into()));
-                    }
-                    use std::os::fd::AsFd;
-                    wire::wait_ready(self.stream.as_fd(), rustix::event::PollFlags::OUT, Some(left))?;
-                }
-                Err(e) => return Err(io("send on a remote channel", e)),
-            }
-        }
-        Ok(())
     }
 
     /// Move the next bytes of the stream (after the last message handed out) into `dst`: what
@@ -429,9 +405,10 @@ impl Framed {
         Ok(done)
     }
 
-    /// Send what waits while the socket takes it.
+    /// Send what waits while the socket takes it (nothing while a large item is being written:
+    /// its bytes go first).
     pub(crate) fn flush(&mut self) -> Result<()> {
-        while !self.wbuf.is_empty() {
+        while !self.wbuf.is_empty() && !self.raw {
             let (a, _) = self.wbuf.as_slices();
             match self.stream.write(a) {
                 Ok(0) => return Err(Error::Closed("the other end of the channel is gone".into())),
@@ -451,8 +428,18 @@ impl Framed {
         !self.wbuf.is_empty()
     }
 
-    /// Send everything that waits, waiting for room at most until `deadline`.
+    /// Whether a poll should say when the socket has room: messages wait, and no large item is
+    /// being written (whose writer waits for room itself).
+    pub(crate) fn wants_room(&self) -> bool {
+        self.pending() && !self.raw
+    }
+
+    /// Send everything that waits, waiting for room at most until `deadline`. `Busy` while a
+    /// large item is being written ([`Self::begin_raw`]).
     pub(crate) fn flush_until(&mut self, deadline: Instant) -> Result<()> {
+        if self.raw {
+            return Err(Error::Busy("a large item is being written on this connection".into()));
+        }
         loop {
             self.flush()?;
             if !self.pending() {
@@ -500,6 +487,36 @@ impl Framed {
 
 /// Bytes sent on `stream` that the peer's kernel has not acknowledged yet (`SIOCOUTQ`); 0 when
 /// that cannot be asked.
+/// `msg` with its length before it, as [`Framed`] frames messages.
+pub(crate) fn framed(msg: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(4 + msg.len());
+    v.extend((msg.len() as u32).to_le_bytes());
+    v.extend(msg);
+    v
+}
+
+/// Write `bytes` to a non-blocking `stream`, waiting for room at most until `deadline`.
+pub(crate) fn write_all_until(stream: &TcpStream, bytes: &[u8], deadline: Instant) -> Result<()> {
+    let mut done = 0;
+    while done < bytes.len() {
+        match (&mut &*stream).write(&bytes[done..]) {
+            Ok(0) => return Err(Error::Closed("the other end of the channel is gone".into())),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Error::Timeout("the other end of the channel does not read".into()));
+                }
+                use std::os::fd::AsFd;
+                wire::wait_ready(stream.as_fd(), rustix::event::PollFlags::OUT, Some(left))?;
+            }
+            Err(e) => return Err(io("send on a remote channel", e)),
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn unacknowledged(stream: &TcpStream) -> usize {
     use std::os::fd::AsRawFd;
     let mut n: libc::c_int = 0;
