@@ -658,26 +658,31 @@ class Connection(Owned):
         # The items as the library writes them, in one array initialised from the template
         # (made per call: a batch's items are read before it returns).
         buf = bytearray(_ITEM_TEMPLATE * n)
-        ptr = self._enter()
-        try:
-            status = RAW_RECV_BATCH(ptr, c_int32(ms), (c_char * len(buf)).from_buffer(buf),
-                                    c_size_t(n))
-        finally:
-            self._exit()
-        if status < 0:
-            # The library released what it had received (each went back to the producer).
-            if status == TIMEOUT:
-                raise TimeoutError(f"{n} items did not arrive on channel {self.address!r} within "
-                                   f"{timeout} s")
-            raise error(status)
         mv = memoryview(buf)
         words = mv.cast("Q")
-        # The names as the library wrote them (1.15), or asked for per lease (1.11).
-        in_items = (words[0] & 0xFFFFFFFF) >= _ITEM_NAMED
         items, names = [], []
-        at = 0
+        # Items whose import an Item (or its lease, which releases it if the item fails) took:
+        # the first `taken`. The others the library handed out are released here when anything
+        # (a KeyboardInterrupt included) stops this call between its return and their items.
+        taken = 0
         try:
+            ptr = self._enter()
+            try:
+                status = RAW_RECV_BATCH(ptr, c_int32(ms), (c_char * len(buf)).from_buffer(buf),
+                                        c_size_t(n))
+            finally:
+                self._exit()
+            if status < 0:
+                # The library released what it had received (each went back to the producer)
+                # and left every import NULL.
+                if status == TIMEOUT:
+                    raise TimeoutError(f"{n} items did not arrive on channel {self.address!r} "
+                                       f"within {timeout} s")
+                raise error(status)
+            # The names as the library wrote them (1.15), or asked for per lease (1.11).
+            in_items = (words[0] & 0xFFFFFFFF) >= _ITEM_NAMED
             for at in range(0, n * _ITEM_SIZE, _ITEM_SIZE):
+                taken += 1
                 item = self._item_at(mv, words, at, like)
                 items.append(item)
                 if item.pool is None and HAVE_NAMES:
@@ -692,11 +697,11 @@ class Connection(Owned):
                         names.append(None)
         except BaseException:
             release_batch(items)
-            # The items after the one that failed, never made. (The one that failed took its
-            # import into a lease first, which released it: _new_item's release_now, or the
-            # lease's end as garbage.)
-            for rest in range(at + _ITEM_SIZE, n * _ITEM_SIZE, _ITEM_SIZE):
-                RAW_RELEASE(words[(rest >> 3) + IMPORT_WORD])
+            # The imports received and never made into items (the library's NULL for none).
+            for rest in range(taken * _ITEM_SIZE, n * _ITEM_SIZE, _ITEM_SIZE):
+                imp = words[(rest >> 3) + IMPORT_WORD]
+                if imp:
+                    RAW_RELEASE(imp)
             raise
         return _by_name(items, names)
 

@@ -244,6 +244,37 @@ def test_recv_batch_that_times_out_gives_back_what_it_had_received():
         conn.close()
 
 
+def test_recv_batch_interrupted_right_after_the_library_call_gives_every_item_back(monkeypatch):
+    # A KeyboardInterrupt (here: raised as the library's batch call returns, before its status
+    # is even seen) must not leak the imports the library handed out: each lease comes back.
+    from devshare import _connection
+    raw = _connection.RAW_RECV_BATCH
+
+    def interrupted(*a):
+        raw(*a)
+        raise KeyboardInterrupt
+
+    t = torch.ones(8)
+    ch, peer, conn = _in_process(_address("interrupt"))
+    with ch, conn:
+        ch.register(t)
+        ch.send_batch(peer, [t, t, t])
+        monkeypatch.setattr(_connection, "RAW_RECV_BATCH", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            conn.recv_batch(3, timeout=5)
+        monkeypatch.setattr(_connection, "RAW_RECV_BATCH", raw)
+        ch.service(0)
+        _wait_back(ch, [t], timeout=5)
+        assert devshare.outstanding(t) == 0, "every lease of the interrupted batch came back"
+        # The connection goes on: the next batch arrives whole.
+        ch.send_batch(peer, [t, t])
+        items = conn.recv_batch(2, timeout=5)
+        assert [float(it.tensor.sum()) for it in items] == [8.0, 8.0]
+        assert devshare.release_batch(items) == 2
+        ch.service(0)
+        _wait_back(ch, [t], timeout=5)
+
+
 def _sync_and_check(ch, peer, conn, sd) -> None:
     """Send ``sd`` (a dict of registered tensors) to ``conn`` in this process, receive it as one
     batch (a dict: the names in order) with every value right, release it and see every lease
