@@ -516,16 +516,12 @@ def print_tables(rows, large, args):
         ("Py->Py >= 10x the Queue, unpinned", ratio_q("any", "Py->Py"), lambda v: v >= 10, "{:.1f}x"),
         ("Py->C >= 40x the Queue, one CPU", ratio_q("one", "Py->C"), lambda v: v >= 40, "{:.1f}x"),
         ("C->C <= 1.2x the pipe ping-pong, one CPU", ratio_p("one", "C->C"), lambda v: v <= 1.2, "{:.2f}x"),
-        ("C->C spinning, two CPUs, round trip p50 <= 2 µs",
-         (find(rows, "two", "C->C", spin) or {}).get("rt_p50_us"), lambda v: v <= 2, "{:.1f} µs"),
+        ("C->C pipelined 4 KiB, 8 slots, >= 1,000,000 items/s blocking, one CPU",
+         (find(rows, "one", "C->C") or {}).get("per_s"), lambda v: v >= 1e6, "{:,.0f}/s"),
+        # The many-core machine's target; on a VM whose CPUs are shared it says little.
+        ("C->C spinning, two CPUs, one-way p50 <= 0.5 µs",
+         (find(rows, "two", "C->C", spin) or {}).get("p50_us"), lambda v: v <= 0.5, "{:.2f} µs"),
     ]
-    for placement in ("one", "two", "any"):
-        r = find(rows, placement, "C->C")
-        checks.append((f"C->C pipelined 4 KiB >= 1,000,000 items/s, {PLACEMENTS[placement]}",
-                       r and r["per_s"], lambda v: v >= 1e6, "{:,.0f}/s"))
-    for r in large:
-        checks.append((f"C->C pipelined 64 MiB >= 1,000,000 items/s, {PLACEMENTS[r['placement']]}",
-                       r["per_s"], lambda v: v >= 1e6, "{:,.0f}/s"))
     for text, v, ok, fmt in checks:
         if v is None:
             continue

@@ -222,6 +222,10 @@ fn remote_child() {
             let said = cuda_big();
             writeln!(out.lock(), "said: {said}").unwrap();
         }
+        "cuda_stall" => {
+            let said = cuda_stall();
+            writeln!(out.lock(), "said: {said}").unwrap();
+        }
         "byte_exact" => {
             let path = byte_exact();
             writeln!(out.lock(), "said: byte exact on {path}").unwrap();
@@ -486,6 +490,72 @@ fn a_consumer_killed_in_the_middle_of_64_mib_transfers_fails_the_send_without_a_
         ch.service(Some(Duration::from_millis(10))).unwrap();
     }
     assert_eq!(pool.info().unwrap().2, 2, "every slot of the producer is free");
+}
+
+/// The same with a CUDA pool (the stand-in): a large item crosses through a chunk buffer of its
+/// own, so the pool's other items (a small one through the pool's staging slot, a large one
+/// through a second chunk buffer) go to B while A is stuck (they waited the 10 s before).
+#[test]
+fn a_consumer_stuck_in_a_large_cuda_item_holds_up_no_item_of_the_pool_to_another() {
+    setup();
+    let (ok, text) = in_child("cuda_stall", None);
+    assert!(ok && text.contains("said: B's items arrived"), "{text}");
+}
+
+fn cuda_stall() -> String {
+    const SLOT: usize = 32 << 20;
+    let cu = Cu::new();
+    let (ch, addr) = listen();
+    let (hang_up, hang_up_rx) = std::sync::mpsc::channel::<()>();
+    let addr_a = addr.clone();
+    let a = std::thread::spawn(move || {
+        let _cu = Cu::new();
+        let c = Connection::connect(&addr_a, T).unwrap();
+        drop(c.recv(T).unwrap()); // its copy of the pool is made; then it reads nothing more
+        hang_up_rx.recv().unwrap();
+        drop(c);
+    });
+    ch.wait_peers(1, T).unwrap();
+    let peer_a = ch.peer_ids().unwrap()[0];
+    let b = std::thread::spawn(move || {
+        let _cu = Cu::new();
+        let c = Connection::connect(&addr, T).unwrap();
+        for _ in 0..2 {
+            c.recv(T).unwrap().release();
+        }
+    });
+    ch.wait_peers(2, T).unwrap();
+    let peer_b = *ch.peer_ids().unwrap().iter().find(|&&p| p != peer_a).unwrap();
+    let (exp, dev) = cu.export(SLOT, 3);
+    let pool = ch.pool(exp.clone(), SLOT as u64, 3).unwrap();
+    let send = |peer, len: usize| {
+        let (slot, _) = pool.acquire(T).unwrap();
+        let r = pool.send(slot, peer, &TensorDesc { shape: &[len as i64], ..Default::default() });
+        (slot, r)
+    };
+    send(peer_a, 4096).1.unwrap();
+    let took = std::thread::scope(|s| {
+        let to_a = s.spawn(|| send(peer_a, SLOT));
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(!to_a.is_finished(), "the item to A, which does not read, is still on its way");
+        let started = Instant::now();
+        send(peer_b, 4096).1.unwrap();
+        send(peer_b, 2 << 20).1.unwrap();
+        let took = started.elapsed();
+        hang_up.send(()).unwrap();
+        let (slot, r) = to_a.join().unwrap();
+        assert!(r.is_err(), "the item to A failed once A hung up");
+        pool.release(slot).unwrap();
+        took
+    });
+    a.join().unwrap();
+    b.join().unwrap();
+    drop(pool);
+    ch.close();
+    drop(exp);
+    cu.free(dev);
+    assert!(took < Duration::from_secs(5), "B's items took {took:?}: they waited behind the item to A");
+    format!("B's items arrived in {} ms", took.as_millis())
 }
 
 /// Two consumers of one producer; A takes an item, then stops reading while a 32 MiB item to it
@@ -786,11 +856,13 @@ fn large_cuda_items_cross_in_chunks_through_pinned_host_memory_byte_exact() {
     // In a child process: the stand-in's count of pinned ranges is per process.
     setup();
     let (ok, text) = in_child("cuda_big", None);
-    assert!(ok && text.contains("said: pinned 2 then 0, 3 items byte-exact"), "{text}");
+    assert!(ok && text.contains("said: pinned 3 then 0, 3 items byte-exact"), "{text}");
 }
 
 /// Three items of 3 MiB + 5 bytes (past the chunk size, at an odd offset) from a CUDA pool to a
-/// consumer thread; says how many host ranges were pinned while both ends lived, and after.
+/// consumer thread; says how many host ranges were pinned while both ends lived (the pool's
+/// staging slot, the chunk buffer its large items crossed through, the consumer's copy), and
+/// after.
 fn cuda_big() -> String {
     const SLOT: usize = 4 << 20;
     const LEN: usize = (3 << 20) + 5;

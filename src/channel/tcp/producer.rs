@@ -82,10 +82,31 @@ struct PoolState {
     /// Unpins `staging` when dropped (declared first: it goes before the buffer does).
     _pinned: Option<Box<dyn Send>>,
     staging: Vec<u8>,
+    /// CUDA pools: the chunk buffers of large items written outside the channel's lock (one
+    /// per such write at a time, made when none is spare, kept for the next).
+    bounce: Vec<Bounce>,
     slot_size: u64,
     count: u32,
     acquired: Vec<bool>,
     free: Vec<u32>,
+}
+
+/// One [`protocol::CHUNK`] of host memory, pinned where the driver allows, that a large item
+/// of a CUDA pool crosses through a chunk at a time.
+struct Bounce {
+    /// Unpins `buf` when dropped (declared first: it goes before the buffer does).
+    _pinned: Option<Box<dyn Send>>,
+    buf: Vec<u8>,
+}
+
+impl Bounce {
+    fn new(device: i32, backend: &dyn crate::backend::Backend) -> Bounce {
+        let mut buf = vec![0u8; protocol::CHUNK];
+        // SAFETY: the buffer lives in this struct, unmoved (never resized), until after the
+        // guard, declared before it, unpinned it.
+        let pinned = unsafe { backend.pin_host(device, buf.as_mut_ptr(), buf.len()) };
+        Bounce { _pinned: pinned, buf }
+    }
 }
 
 struct Core {
@@ -267,6 +288,7 @@ impl RemoteChannel {
                 memory,
                 _pinned: pinned,
                 staging,
+                bounce: Vec::new(),
                 slot_size,
                 count,
                 acquired: vec![false; n],
@@ -804,9 +826,6 @@ impl RemotePool {
                     (Some(ep), Some(rkey)) => {
                         let mut from = src;
                         if let Some((device, backend)) = cuda {
-                            if p.staging.is_empty() {
-                                return Ok(Step::Wait); // a large item of this pool is on its way
-                            }
                             // SAFETY: `staging` is one slot, and the item lies in one slot.
                             unsafe { backend.copy(device, true, p.staging.as_mut_ptr(), src, len) }?;
                             from = p.staging.as_ptr();
@@ -820,11 +839,12 @@ impl RemotePool {
                     }
                     (None, None) if len <= protocol::INLINE_PAYLOAD => {
                         // Small: copied into the connection's queue, after what waits there.
+                        let head = head.encode();
+                        if !peer_ref.framed.item_fits(len, head.len() + item.len()) {
+                            return Ok(Step::Wait); // no room yet
+                        }
                         let mut from = src;
                         if let Some((device, backend)) = cuda {
-                            if p.staging.is_empty() {
-                                return Ok(Step::Wait); // a large item of this pool is on its way
-                            }
                             // SAFETY: `staging` is one slot, and the item lies in one slot.
                             unsafe { backend.copy(device, true, p.staging.as_mut_ptr(), src, len) }?;
                             from = p.staging.as_ptr();
@@ -832,29 +852,28 @@ impl RemotePool {
                         // SAFETY: `from` holds the item's `len` bytes (the export's, or the
                         // staging copy), unchanged while this call runs.
                         let bytes = unsafe { std::slice::from_raw_parts(from, len) };
-                        match peer_ref.framed.try_queue_item(&head.encode(), bytes, &item) {
+                        match peer_ref.framed.try_queue_item(&head, bytes, &item) {
                             Ok(false) => return Ok(Step::Wait), // no room yet
                             r => r.map(drop),
                         }
                     }
                     (None, None) => {
                         // Large: written outside the channel's lock, straight from the slot
-                        // (device memory through the pool's staging buffer, a chunk at a time).
-                        if cuda.is_some() && p.staging.is_empty() {
-                            return Ok(Step::Wait); // another large item of this pool is on its way
+                        // (device memory through a chunk buffer of its own, a chunk at a time).
+                        if let Err(e) = peer_ref.framed.flush() {
+                            peer_ref.doomed.get_or_insert_with(|| format!("peer {peer}: {e}"));
+                            return Err(Error::Closed(format!("the transfer to peer {peer} failed: {e}")));
                         }
-                        let writer = match peer_ref.framed.begin_raw() {
-                            Ok(Some(w)) => w,
-                            Ok(None) => return Ok(Step::Wait), // the connection is busy
-                            Err(e) => {
-                                peer_ref.doomed.get_or_insert_with(|| format!("peer {peer}: {e}"));
-                                return Err(Error::Closed(format!("the transfer to peer {peer} failed: {e}")));
-                            }
+                        // (A failed dup, out of descriptors, is this process's trouble, not the peer's.)
+                        let Some(writer) = peer_ref.framed.begin_raw()? else {
+                            return Ok(Step::Wait); // the connection is busy
                         };
                         pp.free.pop();
                         pp.held[cslot as usize] = true;
                         peer_ref.watch(epfd);
                         p.acquired[slot as usize] = false; // on its way: neither acquired nor free
+                        let bounce = cuda
+                            .map(|(device, backend)| p.bounce.pop().unwrap_or_else(|| Bounce::new(device, backend)));
                         return Ok(Step::Write(Transfer {
                             peer_id: peer_ref.id,
                             slot,
@@ -865,8 +884,7 @@ impl RemotePool {
                             src,
                             len,
                             cuda,
-                            _pinned: if cuda.is_some() { p._pinned.take() } else { None },
-                            staging: if cuda.is_some() { std::mem::take(&mut p.staging) } else { Vec::new() },
+                            bounce,
                         }));
                     }
                     _ => Err(Error::Internal("a pool registered without its data path".into())),
@@ -908,16 +926,16 @@ impl RemotePool {
             protocol::write_all_until(&t.writer, &t.head, deadline)?;
             match t.cuda {
                 Some((device, backend)) => {
-                    let staging = t.staging.as_mut_ptr();
+                    let bounce = t.bounce.as_mut().expect("a CUDA transfer has its chunk buffer").buf.as_mut_ptr();
                     let mut at = 0;
                     while at < t.len {
                         let n = protocol::CHUNK.min(t.len - at);
                         // SAFETY: `at..at + n` lies in the item, which lies in one slot of the
-                        // export `t` holds (checked), and `staging` is one slot, this
-                        // transfer's alone.
+                        // export `t` holds (checked), and the chunk buffer (CHUNK bytes) is this
+                        // transfer's alone; each chunk is written before the next is copied.
                         let chunk = unsafe {
-                            backend.copy(device, true, staging.add(at), t.src.add(at), n)?;
-                            std::slice::from_raw_parts(staging.add(at), n)
+                            backend.copy(device, true, bounce, t.src.add(at), n)?;
+                            std::slice::from_raw_parts(bounce, n)
                         };
                         protocol::write_all_until(&t.writer, chunk, deadline)?;
                         at += n;
@@ -942,15 +960,14 @@ impl RemotePool {
                 // Part of the item may have gone: the connection cannot carry another.
                 p.doomed.get_or_insert_with(|| format!("peer {peer}: {e}"));
             }
-            if let Err(e) = p.framed.end_raw() {
+            if let Err(e) = p.framed.end_raw(written.is_ok()) {
                 p.doomed.get_or_insert_with(|| format!("peer {peer}: {e}"));
             }
             p.watch(epfd);
         }
         if let Some(p) = core.pools.get_mut(&self.id) {
-            if t.cuda.is_some() {
-                p.staging = std::mem::take(&mut t.staging);
-                p._pinned = t._pinned.take();
+            if let Some(b) = t.bounce.take() {
+                p.bounce.push(b);
             }
             if written.is_ok() {
                 p.free.push(t.slot);
@@ -973,7 +990,7 @@ impl RemotePool {
 enum Step {
     Sent,
     /// Wait (serving the channel) and try again: the peer's registration, a free slot of it,
-    /// room in its connection, or the pool's staging buffer.
+    /// or room in its connection.
     Wait,
     /// Write a large item without the channel's lock.
     Write(Transfer),
@@ -992,10 +1009,8 @@ struct Transfer {
     src: *const u8,
     len: usize,
     cuda: Option<(i32, &'static dyn crate::backend::Backend)>,
-    /// CUDA pools: the pool's staging buffer and its pin, taken for the write (declared
-    /// first: unpinned before the buffer goes) and given back after it.
-    _pinned: Option<Box<dyn Send>>,
-    staging: Vec<u8>,
+    /// CUDA pools: the chunk buffer the item crosses through (given back to the pool after).
+    bounce: Option<Bounce>,
 }
 
 impl Drop for RemotePool {

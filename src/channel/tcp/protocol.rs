@@ -62,6 +62,9 @@ pub(crate) const MAGIC: u32 = u32::from_le_bytes(*b"DSRC");
 pub(crate) const VERSION: u16 = 2;
 /// Bytes a peer may leave unread (waiting in our buffer) before it is disconnected.
 pub(crate) const MAX_BACKLOG: usize = 4 << 20;
+/// Room in a connection's queue that items leave free for messages (`ATTACH`, `POOL_CLOSED`,
+/// ...): a message that finds no room ends the connection, an item waits.
+pub(crate) const CONTROL_ROOM: usize = 256 << 10;
 /// Items up to this size are queued with their messages and written in one system call; larger
 /// ones are written straight from the slot.
 pub(crate) const INLINE_PAYLOAD: usize = 256 << 10;
@@ -236,7 +239,7 @@ pub(crate) struct Framed {
     drained: bool,
     wbuf: VecDeque<u8>,
     /// A large item is being written through a second handle ([`Self::begin_raw`]): nothing
-    /// else may go to the socket until it ends.
+    /// else may go to the socket until it ends (never again, once its write failed).
     raw: bool,
     eof: bool,
 }
@@ -327,14 +330,21 @@ impl Framed {
         self.flush()
     }
 
+    /// Whether an item of `len` bytes (with its two messages, `messages` bytes together) may be
+    /// queued now ([`Self::try_queue_item`]): no large item is being written, and the queue
+    /// keeps [`CONTROL_ROOM`] free for messages after it.
+    pub(crate) fn item_fits(&self, len: usize, messages: usize) -> bool {
+        !self.raw && self.wbuf.len() + 8 + messages + len + CONTROL_ROOM <= MAX_BACKLOG
+    }
+
     /// Queue `head`, the raw `payload` and `tail` (messages framed, the payload not) after what
     /// waits already, and send what the socket takes now: an item up to [`INLINE_PAYLOAD`]
     /// bytes waits with the messages (one system call when the socket has room). `false`, with
-    /// nothing queued, while a large item is being written ([`Self::begin_raw`]) or while the
-    /// queue has no room for it ([`MAX_BACKLOG`]): the caller waits for the socket to drain.
+    /// nothing queued, unless [`Self::item_fits`]: the caller waits for the socket to drain
+    /// (items never fill the queue to where a message would not fit and end the connection).
     /// Once queued the item is the peer's: a closing channel still sends what waits.
     pub(crate) fn try_queue_item(&mut self, head: &[u8], payload: &[u8], tail: &[u8]) -> Result<bool> {
-        if self.raw || self.wbuf.len() + 8 + head.len() + payload.len() + tail.len() > MAX_BACKLOG {
+        if !self.item_fits(payload.len(), head.len() + tail.len()) {
             return Ok(false);
         }
         self.queue(head);
@@ -345,16 +355,13 @@ impl Framed {
     }
 
     /// Begin writing a large item straight from where it lies, outside the channel's lock, so
-    /// that a peer slow to read it holds up nobody else: once nothing waits in the queue, a
-    /// second handle on the socket to write the item's bytes with ([`write_all_until`]);
-    /// `None` while something waits or another item is being written (the caller waits). Until
-    /// [`Self::end_raw`] what is queued for this peer stays queued (after the item's bytes).
+    /// that a peer slow to read it holds up nobody else: once nothing waits in the queue
+    /// (flush it first), a second handle on the socket to write the item's bytes with
+    /// ([`write_all_until`]); `None` while something waits or another item is being written
+    /// (the caller waits). Until [`Self::end_raw`] what is queued for this peer stays queued
+    /// (after the item's bytes).
     pub(crate) fn begin_raw(&mut self) -> Result<Option<TcpStream>> {
-        if self.raw {
-            return Ok(None);
-        }
-        self.flush()?;
-        if self.pending() {
+        if self.raw || self.pending() {
             return Ok(None);
         }
         let writer = self.stream.try_clone().map_err(|e| io("dup of a remote channel's socket", e))?;
@@ -362,8 +369,14 @@ impl Framed {
         Ok(Some(writer))
     }
 
-    /// The large item of [`Self::begin_raw`] was written (or failed): what waits goes now.
-    pub(crate) fn end_raw(&mut self) -> Result<()> {
+    /// The large item of [`Self::begin_raw`] was written: what waits goes now. When its write
+    /// failed (`written` false) part of it may have gone, and the stream can carry nothing
+    /// more: what waits is dropped and nothing is written again (the connection is ending).
+    pub(crate) fn end_raw(&mut self, written: bool) -> Result<()> {
+        if !written {
+            self.wbuf.clear();
+            return Ok(());
+        }
         self.raw = false;
         self.flush()
     }
@@ -572,6 +585,40 @@ pub(crate) const UCX_SETTINGS: &[(&str, &str)] = &[];
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection whose peer reads nothing: items queue until they would eat into the room
+    /// kept for messages, and stop there (the send waits); a message still fits after them (it
+    /// would end the connection if it did not). Then a large item's turn: only once the queue is
+    /// empty, and while it is written nothing else goes to the socket.
+    #[test]
+    fn queued_items_leave_room_for_messages_and_a_large_item_waits_for_an_empty_queue() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let out = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_peer, _) = l.accept().unwrap(); // never read
+        let mut f = Framed::new(out).unwrap();
+        let payload = vec![7u8; 64 << 10];
+        let mut queued = 0;
+        while f.try_queue_item(b"head", &payload, b"tail").unwrap() {
+            queued += 1;
+            assert!(queued < 10_000, "items stop queueing");
+        }
+        assert!(f.pending(), "what the socket did not take waits");
+        assert!(f.wbuf.len() + CONTROL_ROOM <= MAX_BACKLOG, "items left the messages' room");
+        // The largest message kinds after them: every one fits.
+        for _ in 0..4 {
+            f.send(&[1u8; 32 << 10]).unwrap();
+        }
+        assert!(f.begin_raw().unwrap().is_none(), "a large item waits while the queue holds anything");
+        let mut g = Framed::new(TcpStream::connect(l.local_addr().unwrap()).unwrap()).unwrap();
+        let writer = g.begin_raw().unwrap().expect("an empty queue: the large item may go");
+        g.send(b"after the item").unwrap();
+        assert!(g.pending() && !g.wants_room(), "a message waits for the item's end, unwatched");
+        assert!(!g.try_queue_item(b"h", b"p", b"t").unwrap(), "no item queues during a large one");
+        assert!(matches!(g.flush_until(Instant::now()), Err(Error::Busy(_))));
+        drop(writer);
+        g.end_raw(true).unwrap();
+        assert!(!g.pending(), "once it ended, what waited went");
+    }
 
     #[test]
     fn remote_messages_round_trip_and_others_are_left_to_the_channel_wire() {
