@@ -560,7 +560,7 @@ fn cuda_stall() -> String {
 
 /// Two consumers of one producer; A takes an item, then stops reading while a 32 MiB item to it
 /// is on its way. The sends to B (small and large, from another thread) go on meanwhile: the
-/// large item to A is written without the channel's lock (before 1.17 they waited up to the
+/// large item to A is written without the channel's lock (before 1.16.1 they waited up to the
 /// 10 s send limit behind it). Once A hangs up, the send to it fails at once, its slot stays
 /// acquired, and every slot comes back.
 #[test]
