@@ -884,6 +884,21 @@ pub(crate) fn recv(sock: BorrowedFd<'_>, buf: &mut Vec<u8>, fds: &mut Vec<OwnedF
     recv_with(sock, buf, fds, false)
 }
 
+/// Make the sockets among descriptors a peer sent close at once: a socket lingering over data
+/// its own peer does not read (`SO_LINGER`) would otherwise block whoever closes it, for as long
+/// as the sender chose. No honest message carries a socket; such a message is refused anyway,
+/// and its descriptors are closed where it is refused (a consumer's inside its receive, a
+/// producer's after its lock). Done by [`recv_with`] for everything it receives.
+pub(crate) fn abort_sockets(fds: &[OwnedFd]) {
+    for fd in fds {
+        if rustix::fs::fstat(fd)
+            .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket)
+        {
+            let _ = rustix::net::sockopt::set_socket_linger(fd, Some(std::time::Duration::ZERO));
+        }
+    }
+}
+
 /// [`recv`], or with `block` (on a blocking socket) waiting in the kernel until a message or the
 /// close arrives — one system call instead of a poll and a receive.
 pub(crate) fn recv_with(
@@ -919,6 +934,7 @@ pub(crate) fn recv_with(
                 fds.extend(r);
             }
         }
+        abort_sockets(fds);
         if msg.bytes == 0 && !msg.flags.contains(ReturnFlags::CTRUNC) {
             return Ok(Received::Closed);
         }

@@ -633,6 +633,8 @@ impl LocalConnection {
                 return Ok(None);
             }
             let State { buf, fds, .. } = &mut *st;
+            // (What came, a refused message's too, is closed in this receive, under this
+            // connection's lock: recv_with made sure no socket among it lingers.)
             let n = match wire::recv_with(self.shared.fd.as_fd(), buf, fds, false)? {
                 Received::Empty => return Ok(None),
                 Received::Closed => {
