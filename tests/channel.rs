@@ -2141,22 +2141,40 @@ fn lingering_socket(secs: i32) -> (OwnedFd, std::net::TcpStream) {
 }
 
 /// The other way round: a hostile producer sends its consumer, as a share's memory, a
-/// descriptor whose close blocks (a socket lingering 10 s over unsent data). The share is
-/// refused and the receive still ends within its time limit; the next share arrives (before
-/// 1.16.1 the consumer closed the socket inside the receive, which waited the 10 s).
+/// descriptor whose close blocks: a socket lingering 10 s over unsent data, then a Unix socket
+/// whose receive queue holds the only reference to such a socket (closing the outer one drops
+/// the inner). Each share is refused and the receive still ends within its time limit; the
+/// next share arrives (before 1.16.1 the consumer closed them inside the receive, which waited
+/// the 10 s; setting `SO_LINGER` 0 on what arrives alone left the nested case waiting).
 #[test]
 fn a_descriptor_whose_close_blocks_costs_the_consumers_receive_no_time() {
     let (c, p) = fake_connection("linger-consumer", 0);
-    let (sock, _srv) = lingering_socket(10);
-    p.send(&share_msg(1, &memfd_handle(4096, 4096)), &[sock.as_fd()]);
-    drop(sock);
-    let t = Instant::now();
-    let refused = c.recv(Some(Duration::from_secs(1))).err().map(|e| e.status());
-    let took = t.elapsed();
-    assert!(refused.is_some(), "a socket is no share's memory");
-    assert!(took < Duration::from_secs(5), "the receive took {took:?}: it waited for the close");
+    for (lease, nested) in [(1u64, false), (2, true)] {
+        let (sock, _srv) = lingering_socket(10);
+        let sent = if nested {
+            let (u0, u1) = rustix::net::socketpair(
+                rustix::net::AddressFamily::UNIX,
+                rustix::net::SocketType::STREAM,
+                rustix::net::SocketFlags::CLOEXEC,
+                None,
+            )
+            .unwrap();
+            send_raw(u1.as_fd(), b"x", &[sock.as_fd()]);
+            drop(sock); // the Unix socket's queue holds the only reference now
+            u0
+        } else {
+            sock
+        };
+        p.send(&share_msg(lease, &memfd_handle(4096, 4096)), &[sent.as_fd()]);
+        drop(sent);
+        let t = Instant::now();
+        let refused = c.recv(Some(Duration::from_secs(1))).err().map(|e| e.status());
+        let took = t.elapsed();
+        assert!(refused.is_some(), "a socket is no share's memory (nested: {nested})");
+        assert!(took < Duration::from_secs(5), "the receive took {took:?} (nested: {nested}): it waited for the close");
+    }
     let mfd = sealed_memfd(4096);
-    p.send(&share_msg(2, &memfd_handle(4096, 4096)), &[mfd.as_fd()]);
+    p.send(&share_msg(3, &memfd_handle(4096, 4096)), &[mfd.as_fd()]);
     let imp = c.recv(T).unwrap();
     assert!(!imp.view().data.is_null(), "the next share arrives");
 }

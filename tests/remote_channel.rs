@@ -530,7 +530,11 @@ fn cuda_stall() -> String {
     let pool = ch.pool(exp.clone(), SLOT as u64, 3).unwrap();
     let send = |peer, len: usize| {
         let (slot, _) = pool.acquire(T).unwrap();
-        let r = pool.send(slot, peer, &TensorDesc { shape: &[len as i64], ..Default::default() });
+        let r = pool.send(
+            slot,
+            peer,
+            &TensorDesc { shape: &[len as i64], storage_size: Some(len as u64), ..Default::default() },
+        );
         (slot, r)
     };
     send(peer_a, 4096).1.unwrap();
@@ -602,7 +606,8 @@ fn a_consumer_that_stops_reading_in_the_middle_of_a_large_item_holds_up_no_send_
             // SAFETY: inside the acquired slot.
             unsafe { *ptr.add(i) = pattern(seq, i) };
         }
-        let r = pool.send(slot, peer, &TensorDesc { shape: &[len as i64], ..Default::default() });
+        let r =
+            pool.send(slot, peer, &TensorDesc { shape: &[len as i64], storage_size: Some(len), ..Default::default() });
         (slot, r)
     };
     assert!(send(peer_a, 0, 4096).1.is_ok());
@@ -1548,4 +1553,180 @@ fn a_producer_cannot_attach_pools_without_bound_on_their_number_or_total_size() 
     }
     eprintln!("three 16 GiB pools: recv {:?}, {big_replies} accepted", r.as_ref().err().map(|e| e.status()));
     assert!(big_replies < 3, "three 16 GiB pools accepted by one consumer");
+}
+
+/// A consumer (raw, with the key) that reads steadily, at about 8 MB/s, but more slowly than one
+/// thread sends it 200 KiB items; a 600 KiB item to it from another thread waits for the
+/// connection's queue to empty, and gets its turn: senders waiting for room go in order (a
+/// first version of the unlocked write let the small items keep the queue filled, and the large
+/// one timed out after 10 s).
+#[test]
+fn a_large_item_gets_its_turn_behind_a_stream_of_small_items_to_the_same_consumer() {
+    setup();
+    const SLOT: u64 = 1 << 20;
+    const COUNT: u32 = 1024;
+    let (ch, addr) = listen_shared();
+    let server = Server::new(&ch);
+    let mut raw = Raw::connect(&addr);
+    assert_eq!(msg_type(&raw.handshake(&the_key()).expect("a welcome")), 2);
+    drop(server);
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Arc::new(Exporter::channel_host_alloc(SLOT * COUNT as u64).unwrap());
+    let pool = Arc::new(ch.pool(exp, SLOT, COUNT).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    // The consumer: registers the pool, reads each item's bytes at about 8 MB/s, returns slots.
+    let reader = {
+        let stop = stop.clone();
+        let mut w = raw.0.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let mut big = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let Some(m) = raw.next() else { break };
+                match msg_type(&m) {
+                    6 => {
+                        let pool = u32::from_le_bytes(m[4..8].try_into().unwrap());
+                        let mut r = 23u32.to_le_bytes().to_vec();
+                        r.extend(pool.to_le_bytes());
+                        r.extend(0u32.to_le_bytes());
+                        r.extend(0x7fff_0000_0000u64.to_le_bytes());
+                        r.extend((SLOT * COUNT as u64).to_le_bytes());
+                        let mut f = (r.len() as u32).to_le_bytes().to_vec();
+                        f.extend(r);
+                        w.write_all(&f).unwrap();
+                    }
+                    24 => {
+                        let len = u64::from_le_bytes(m[20..28].try_into().unwrap()) as usize;
+                        if len > 256 << 10 {
+                            big += 1;
+                        }
+                        let mut left = len;
+                        while left > 0 {
+                            let n = left.min(32 << 10);
+                            raw.bytes(n);
+                            left -= n;
+                            std::thread::sleep(Duration::from_millis(4));
+                        }
+                    }
+                    7 => {
+                        let mut r = 8u32.to_le_bytes().to_vec();
+                        r.extend(m[4..12].iter());
+                        r.extend(0u32.to_le_bytes());
+                        let mut f = (r.len() as u32).to_le_bytes().to_vec();
+                        f.extend(r);
+                        w.write_all(&f).unwrap();
+                    }
+                    _ => {}
+                }
+            }
+            big
+        })
+    };
+    let small = {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let (slot, _) = pool.acquire(T).unwrap();
+                match pool.send(
+                    slot,
+                    peer,
+                    &TensorDesc { shape: &[200 << 10], storage_size: Some(200 << 10), ..Default::default() },
+                ) {
+                    Ok(()) => n += 1,
+                    Err(_) => break,
+                }
+            }
+            n
+        })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let (slot, _) = pool.acquire(T).unwrap();
+    let t = Instant::now();
+    let r =
+        pool.send(slot, peer, &TensorDesc { shape: &[600 << 10], storage_size: Some(600 << 10), ..Default::default() });
+    let took = t.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let n = small.join().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(r.is_ok(), "the large item failed after {took:?} while {n} small items to the same consumer went");
+    let _ = reader.join();
+}
+
+/// A consumer (raw, with the key) that holds its slots for 9.5 s, then reads a 32 MiB item at
+/// about 8 MB/s: the send waits for the slot, then writes for as long as the consumer reads (its
+/// 10 s count time without progress). Before 1.16.1 the wait used up the write's time, and the
+/// item was cut off with the connection.
+#[test]
+fn a_large_item_after_a_long_wait_for_a_slot_is_written_while_the_consumer_reads() {
+    setup();
+    const SLOT: u64 = 32 << 20;
+    let (ch, addr) = listen_shared();
+    let server = Server::new(&ch);
+    let mut raw = Raw::connect(&addr);
+    assert_eq!(msg_type(&raw.handshake(&the_key()).expect("a welcome")), 2);
+    drop(server);
+    let peer = ch.peer_ids().unwrap()[0];
+    let exp = Arc::new(Exporter::channel_host_alloc(SLOT * 2).unwrap());
+    let pool = Arc::new(ch.pool(exp, SLOT, 2).unwrap());
+    let reader = std::thread::spawn(move || {
+        let mut w = raw.0.try_clone().unwrap();
+        let frame = |r: Vec<u8>| {
+            let mut f = (r.len() as u32).to_le_bytes().to_vec();
+            f.extend(r);
+            f
+        };
+        let mut items = 0;
+        loop {
+            let Some(m) = raw.next() else { return format!("stream ended after {items} items") };
+            match msg_type(&m) {
+                6 => {
+                    let pool = u32::from_le_bytes(m[4..8].try_into().unwrap());
+                    let mut r = 23u32.to_le_bytes().to_vec();
+                    r.extend(pool.to_le_bytes());
+                    r.extend(0u32.to_le_bytes());
+                    r.extend(0x7fff_0000_0000u64.to_le_bytes());
+                    r.extend((SLOT * 2).to_le_bytes());
+                    w.write_all(&frame(r)).unwrap();
+                }
+                24 => {
+                    let len = u64::from_le_bytes(m[20..28].try_into().unwrap()) as usize;
+                    let mut left = len;
+                    while left > 0 {
+                        let n = left.min(32 << 10);
+                        use std::io::Read;
+                        let mut b = vec![0u8; n];
+                        if raw.0.read_exact(&mut b).is_err() {
+                            return format!("cut in the middle of item {items}");
+                        }
+                        left -= n;
+                        std::thread::sleep(Duration::from_millis(4));
+                    }
+                }
+                7 => {
+                    items += 1;
+                    if items == 1 {
+                        // Processing the first item (its slot held) for 9.5 s.
+                        std::thread::sleep(Duration::from_millis(9500));
+                    }
+                    let mut r = 8u32.to_le_bytes().to_vec();
+                    r.extend(m[4..12].iter());
+                    r.extend(0u32.to_le_bytes());
+                    w.write_all(&frame(r)).unwrap();
+                }
+                _ => {}
+            }
+        }
+    });
+    // The consumer's copy has two slots: two small items fill them, the large one waits.
+    for _ in 0..2 {
+        let (slot, _) = pool.acquire(T).unwrap();
+        pool.send(slot, peer, &TensorDesc { shape: &[4096], storage_size: Some(4096), ..Default::default() }).unwrap();
+    }
+    let (slot, _) = pool.acquire(T).unwrap();
+    let t = Instant::now();
+    let r = pool.send(slot, peer, &TensorDesc { shape: &[32 << 20], ..Default::default() });
+    let took = t.elapsed();
+    let connected = ch.peer_ids().unwrap().contains(&peer);
+    let seen = reader.join().unwrap_or_else(|_| "reader panicked".into());
+    assert!(r.is_ok() && connected, "cut off after {took:?}: {r:?}; the consumer says: {seen}");
 }

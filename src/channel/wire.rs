@@ -884,18 +884,53 @@ pub(crate) fn recv(sock: BorrowedFd<'_>, buf: &mut Vec<u8>, fds: &mut Vec<OwnedF
     recv_with(sock, buf, fds, false)
 }
 
-/// Make the sockets among descriptors a peer sent close at once: a socket lingering over data
-/// its own peer does not read (`SO_LINGER`) would otherwise block whoever closes it, for as long
-/// as the sender chose. No honest message carries a socket; such a message is refused anyway,
-/// and its descriptors are closed where it is refused (a consumer's inside its receive, a
-/// producer's after its lock). Done by [`recv_with`] for everything it receives.
-pub(crate) fn abort_sockets(fds: &[OwnedFd]) {
-    for fd in fds {
-        if rustix::fs::fstat(fd)
+/// Take the sockets out of descriptors a peer sent, to be closed by a thread of their own. No
+/// honest message carries a socket, and closing one can block whoever does it for as long as
+/// the sender chose: a TCP socket lingering over data its own peer does not read
+/// (`SO_LINGER`), or one held only in the receive queue of a Unix socket that was sent (the
+/// close of the outer socket drops the inner one's last reference). Each is first set to close
+/// at once (`SO_LINGER` 0), which settles the plain case without the thread. The message goes
+/// on without them (its descriptor count then refuses it where they were expected).
+/// Done by [`recv_with`] for everything it receives.
+pub(crate) fn take_sockets(fds: &mut Vec<OwnedFd>) {
+    let is_socket = |fd: &OwnedFd| {
+        rustix::fs::fstat(fd)
             .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket)
-        {
-            let _ = rustix::net::sockopt::set_socket_linger(fd, Some(std::time::Duration::ZERO));
+    };
+    if !fds.iter().any(is_socket) {
+        return;
+    }
+    let (sockets, rest): (Vec<OwnedFd>, Vec<OwnedFd>) = std::mem::take(fds).into_iter().partition(is_socket);
+    *fds = rest;
+    for s in &sockets {
+        let _ = rustix::net::sockopt::set_socket_linger(s, Some(std::time::Duration::ZERO));
+    }
+    close_elsewhere(sockets);
+}
+
+/// Close `fds` on the process's closing thread (started when first needed; again in a forked
+/// child), so that a close that blocks holds up no caller. Without a thread, they are kept open
+/// (never blocking is what matters here).
+fn close_elsewhere(fds: Vec<OwnedFd>) {
+    use std::sync::mpsc::Sender;
+    static CLOSER: std::sync::Mutex<Option<(crate::fork::Stamp, Sender<Vec<OwnedFd>>)>> = std::sync::Mutex::new(None);
+    let mut closer = CLOSER.lock().unwrap_or_else(|p| p.into_inner());
+    if closer.as_ref().map_or(true, |(stamp, _)| !stamp.is_current()) {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<OwnedFd>>();
+        let started = std::thread::Builder::new().name("devshare-close".into()).spawn(move || {
+            for batch in rx {
+                drop(batch);
+            }
+        });
+        *closer = started.is_ok().then(|| (crate::fork::Stamp::now(), tx));
+    }
+    match closer.as_ref() {
+        Some((_, tx)) => {
+            if let Err(unsent) = tx.send(fds) {
+                std::mem::forget(unsent.0);
+            }
         }
+        None => std::mem::forget(fds),
     }
 }
 
@@ -934,7 +969,7 @@ pub(crate) fn recv_with(
                 fds.extend(r);
             }
         }
-        abort_sockets(fds);
+        take_sockets(fds);
         if msg.bytes == 0 && !msg.flags.contains(ReturnFlags::CTRUNC) {
             return Ok(Received::Closed);
         }

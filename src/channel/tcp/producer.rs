@@ -775,9 +775,26 @@ impl RemotePool {
     /// `ITEM`. The producer's slot is free again once its bytes left it. The first item to a
     /// peer asks it to make its copy (`ATTACH`) and waits for the answer; while every slot of
     /// the peer's copy is held, or its connection has no room for the item, waits (serving the
-    /// channel), at most 10 s (`Timeout`; the slot stays acquired). A large item cut off in its
-    /// middle (the peer stopped reading for the rest of the 10 s, or went) ends the connection.
+    /// channel; items waiting for room go in turn), at most 10 s (`Timeout`; the slot stays
+    /// acquired). A large item, once begun, is written as long as the peer reads: one cut off
+    /// in its middle (the peer read nothing for 10 s, or went) ends the connection (`Closed`).
     pub(crate) fn send(&self, slot: u32, peer: u64, desc: &TensorDesc<'_>) -> Result<()> {
+        // This send's turn among those waiting for room in the peer's connection (taken when it
+        // first finds none, given up once it sends or stops waiting).
+        let mut turn = None;
+        let sent = self.send_in_turn(slot, peer, desc, &mut turn);
+        if turn.is_some() {
+            if let Ok(mut core) = self.shared.lock() {
+                if let Some(p) = core.peers.iter_mut().find(|p| p.id == peer) {
+                    p.framed.leave_turn(&mut turn);
+                }
+            }
+        }
+        sent
+    }
+
+    /// [`Self::send`], holding `turn` while it waits for room.
+    fn send_in_turn(&self, slot: u32, peer: u64, desc: &TensorDesc<'_>, turn: &mut Option<u64>) -> Result<()> {
         let deadline = Instant::now() + SEND_WAIT;
         let epfd = self.shared.epoll.as_fd();
         loop {
@@ -809,7 +826,10 @@ impl RemotePool {
                 let peer_ref = &mut core.peers[idx];
                 let pp = peer_ref.pools.get_mut(&self.id).expect("attached above");
                 let Some(cslot) = pp.free.last().copied().filter(|_| pp.registered) else {
-                    return Ok(Step::Wait); // the registration or a free slot of the peer
+                    // The registration or a free slot of the peer: no turn held meanwhile (the
+                    // items after this one may be of another pool).
+                    peer_ref.framed.leave_turn(turn);
+                    return Ok(Step::Wait);
                 };
                 // SAFETY: the bytes lie in the export (checked above); the export lives in the
                 // pool state while this call runs.
@@ -840,8 +860,9 @@ impl RemotePool {
                     (None, None) if len <= protocol::INLINE_PAYLOAD => {
                         // Small: copied into the connection's queue, after what waits there.
                         let head = head.encode();
-                        if !peer_ref.framed.item_fits(len, head.len() + item.len()) {
-                            return Ok(Step::Wait); // no room yet
+                        if !peer_ref.framed.item_fits(len, head.len() + item.len(), *turn) {
+                            peer_ref.framed.take_turn(turn);
+                            return Ok(Step::Wait); // no room yet, or others first
                         }
                         let mut from = src;
                         if let Some((device, backend)) = cuda {
@@ -852,8 +873,11 @@ impl RemotePool {
                         // SAFETY: `from` holds the item's `len` bytes (the export's, or the
                         // staging copy), unchanged while this call runs.
                         let bytes = unsafe { std::slice::from_raw_parts(from, len) };
-                        match peer_ref.framed.try_queue_item(&head, bytes, &item) {
-                            Ok(false) => return Ok(Step::Wait), // no room yet
+                        match peer_ref.framed.try_queue_item(&head, bytes, &item, turn) {
+                            Ok(false) => {
+                                peer_ref.framed.take_turn(turn);
+                                return Ok(Step::Wait);
+                            }
                             r => r.map(drop),
                         }
                     }
@@ -865,8 +889,9 @@ impl RemotePool {
                             return Err(Error::Closed(format!("the transfer to peer {peer} failed: {e}")));
                         }
                         // (A failed dup, out of descriptors, is this process's trouble, not the peer's.)
-                        let Some(writer) = peer_ref.framed.begin_raw()? else {
-                            return Ok(Step::Wait); // the connection is busy
+                        let Some(writer) = peer_ref.framed.begin_raw(turn)? else {
+                            peer_ref.framed.take_turn(turn);
+                            return Ok(Step::Wait); // the connection is busy, or others first
                         };
                         pp.free.pop();
                         pp.held[cslot as usize] = true;
@@ -903,7 +928,7 @@ impl RemotePool {
             })?;
             match step {
                 Step::Sent => return Ok(()),
-                Step::Write(t) => return self.write_outside_lock(t, peer, deadline),
+                Step::Write(t) => return self.write_outside_lock(t, peer),
                 Step::Wait => {}
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -918,12 +943,13 @@ impl RemotePool {
         }
     }
 
-    /// Write a large item's header, bytes and `ITEM` to its peer without the channel's lock,
-    /// then settle the slot under it: free once every byte left, acquired again (and the
-    /// connection ended) when the write failed.
-    fn write_outside_lock(&self, mut t: Transfer, peer: u64, deadline: Instant) -> Result<()> {
+    /// Write a large item's header, bytes and `ITEM` to its peer without the channel's lock
+    /// (waiting as long as the peer reads: 10 s without taking a byte cut it off), then settle
+    /// the slot under it: free once every byte left, acquired again (and the connection ended,
+    /// `Closed`) when the write failed.
+    fn write_outside_lock(&self, mut t: Transfer, peer: u64) -> Result<()> {
         let written = (|| {
-            protocol::write_all_until(&t.writer, &t.head, deadline)?;
+            protocol::write_all_stalling(&t.writer, &t.head, SEND_WAIT)?;
             match t.cuda {
                 Some((device, backend)) => {
                     let bounce = t.bounce.as_mut().expect("a CUDA transfer has its chunk buffer").buf.as_mut_ptr();
@@ -937,7 +963,7 @@ impl RemotePool {
                             backend.copy(device, true, bounce, t.src.add(at), n)?;
                             std::slice::from_raw_parts(bounce, n)
                         };
-                        protocol::write_all_until(&t.writer, chunk, deadline)?;
+                        protocol::write_all_stalling(&t.writer, chunk, SEND_WAIT)?;
                         at += n;
                     }
                 }
@@ -946,11 +972,11 @@ impl RemotePool {
                     // is neither acquired nor free while it is on its way.
                     let bytes = unsafe { std::slice::from_raw_parts(t.src, t.len) };
                     for chunk in bytes.chunks(protocol::CHUNK) {
-                        protocol::write_all_until(&t.writer, chunk, deadline)?;
+                        protocol::write_all_stalling(&t.writer, chunk, SEND_WAIT)?;
                     }
                 }
             }
-            protocol::write_all_until(&t.writer, &t.tail, deadline)
+            protocol::write_all_stalling(&t.writer, &t.tail, SEND_WAIT)
         })();
         let epfd = self.shared.epoll.as_fd();
         let mut core = self.shared.core.lock().unwrap_or_else(|p| p.into_inner());
@@ -979,10 +1005,9 @@ impl RemotePool {
             core.sweep(epfd);
         }
         drop(core);
-        written.map_err(|e| match e {
-            Error::Timeout(_) => e,
-            e => Error::Closed(format!("the transfer to peer {peer} failed: {e}")),
-        })
+        // The item was cut off (the connection is ending): never a `Timeout`, which says the
+        // send may be tried again.
+        written.map_err(|e| Error::Closed(format!("the transfer to peer {peer} was cut off: {e}")))
     }
 }
 

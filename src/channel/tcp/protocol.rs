@@ -241,6 +241,10 @@ pub(crate) struct Framed {
     /// A large item is being written through a second handle ([`Self::begin_raw`]): nothing
     /// else may go to the socket until it ends (never again, once its write failed).
     raw: bool,
+    /// The turns of senders waiting for room for their items, first first ([`Self::take_turn`]).
+    waiting: VecDeque<u64>,
+    /// The last turn handed out.
+    turns: u64,
     eof: bool,
 }
 
@@ -256,6 +260,8 @@ impl Framed {
             drained: false,
             wbuf: VecDeque::new(),
             raw: false,
+            waiting: VecDeque::new(),
+            turns: 0,
             eof: false,
         })
     }
@@ -330,23 +336,55 @@ impl Framed {
         self.flush()
     }
 
+    /// Whether the sender holding `turn` (none: a sender that has not waited yet) may send an
+    /// item now as far as order goes: nobody waits, or it is the first of those who do.
+    fn my_turn(&self, turn: Option<u64>) -> bool {
+        self.waiting.front().map_or(true, |&first| turn == Some(first))
+    }
+
+    /// A sender whose item found no room takes its turn (once; kept while it waits): items then
+    /// go in the order their senders started waiting, so a large item waits for the queue to
+    /// empty without small ones slipping in ahead of it for ever, nor large ones.
+    pub(crate) fn take_turn(&mut self, turn: &mut Option<u64>) {
+        if turn.is_none() {
+            self.turns += 1;
+            self.waiting.push_back(self.turns);
+            *turn = Some(self.turns);
+        }
+    }
+
+    /// A waiting sender gives its turn up (it sent its item, or it stopped waiting for room).
+    pub(crate) fn leave_turn(&mut self, turn: &mut Option<u64>) {
+        if let Some(t) = turn.take() {
+            self.waiting.retain(|&w| w != t);
+        }
+    }
+
     /// Whether an item of `len` bytes (with its two messages, `messages` bytes together) may be
-    /// queued now ([`Self::try_queue_item`]): no large item is being written, and the queue
-    /// keeps [`CONTROL_ROOM`] free for messages after it.
-    pub(crate) fn item_fits(&self, len: usize, messages: usize) -> bool {
-        !self.raw && self.wbuf.len() + 8 + messages + len + CONTROL_ROOM <= MAX_BACKLOG
+    /// queued now by the sender holding `turn` ([`Self::try_queue_item`]): its turn, no large
+    /// item being written, and the queue keeps [`CONTROL_ROOM`] free for messages after it.
+    pub(crate) fn item_fits(&self, len: usize, messages: usize, turn: Option<u64>) -> bool {
+        self.my_turn(turn) && !self.raw && self.wbuf.len() + 8 + messages + len + CONTROL_ROOM <= MAX_BACKLOG
     }
 
     /// Queue `head`, the raw `payload` and `tail` (messages framed, the payload not) after what
     /// waits already, and send what the socket takes now: an item up to [`INLINE_PAYLOAD`]
     /// bytes waits with the messages (one system call when the socket has room). `false`, with
-    /// nothing queued, unless [`Self::item_fits`]: the caller waits for the socket to drain
-    /// (items never fill the queue to where a message would not fit and end the connection).
-    /// Once queued the item is the peer's: a closing channel still sends what waits.
-    pub(crate) fn try_queue_item(&mut self, head: &[u8], payload: &[u8], tail: &[u8]) -> Result<bool> {
-        if !self.item_fits(payload.len(), head.len() + tail.len()) {
+    /// nothing queued, unless [`Self::item_fits`]: the caller takes a turn and waits for the
+    /// socket to drain (items never fill the queue to where a message would not fit and end
+    /// the connection). Once queued the item is the peer's: a closing channel still sends what
+    /// waits.
+    pub(crate) fn try_queue_item(
+        &mut self,
+        head: &[u8],
+        payload: &[u8],
+        tail: &[u8],
+        turn: &mut Option<u64>,
+    ) -> Result<bool> {
+        if !self.item_fits(payload.len(), head.len() + tail.len(), *turn) {
             return Ok(false);
         }
+        self.leave_turn(turn);
         self.queue(head);
         self.wbuf.extend(payload);
         self.queue(tail);
@@ -355,16 +393,18 @@ impl Framed {
     }
 
     /// Begin writing a large item straight from where it lies, outside the channel's lock, so
-    /// that a peer slow to read it holds up nobody else: once nothing waits in the queue
-    /// (flush it first), a second handle on the socket to write the item's bytes with
-    /// ([`write_all_until`]); `None` while something waits or another item is being written
-    /// (the caller waits). Until [`Self::end_raw`] what is queued for this peer stays queued
+    /// that a peer slow to read it holds up nobody else: on the sender's turn (see
+    /// [`Self::try_queue_item`]) once nothing waits in the queue (flush it first), a second
+    /// handle on the socket to write the item's bytes with ([`write_all_stalling`]); `None`
+    /// while something waits, another item is being written or goes first (the caller takes a
+    /// turn and waits). Until [`Self::end_raw`] what is queued for this peer stays queued
     /// (after the item's bytes).
-    pub(crate) fn begin_raw(&mut self) -> Result<Option<TcpStream>> {
-        if self.raw || self.pending() {
+    pub(crate) fn begin_raw(&mut self, turn: &mut Option<u64>) -> Result<Option<TcpStream>> {
+        if self.raw || self.pending() || !self.my_turn(*turn) {
             return Ok(None);
         }
         let writer = self.stream.try_clone().map_err(|e| io("dup of a remote channel's socket", e))?;
+        self.leave_turn(turn);
         self.raw = true;
         Ok(Some(writer))
     }
@@ -508,18 +548,27 @@ pub(crate) fn framed(msg: &[u8]) -> Vec<u8> {
     v
 }
 
-/// Write `bytes` to a non-blocking `stream`, waiting for room at most until `deadline`.
-pub(crate) fn write_all_until(stream: &TcpStream, bytes: &[u8], deadline: Instant) -> Result<()> {
+/// Write `bytes` to a non-blocking `stream`, waiting for room; `Timeout` once the stream took
+/// nothing for `patience` (a peer that reads, however slowly, is waited for).
+pub(crate) fn write_all_stalling(stream: &TcpStream, bytes: &[u8], patience: std::time::Duration) -> Result<()> {
     let mut done = 0;
+    let mut stalled_since: Option<Instant> = None;
     while done < bytes.len() {
         match (&mut &*stream).write(&bytes[done..]) {
             Ok(0) => return Err(Error::Closed("the other end of the channel is gone".into())),
-            Ok(n) => done += n,
+            Ok(n) => {
+                done += n;
+                stalled_since = None;
+            }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let left = deadline.saturating_duration_since(Instant::now());
+                let since = *stalled_since.get_or_insert_with(Instant::now);
+                let left = patience.saturating_sub(since.elapsed());
                 if left.is_zero() {
-                    return Err(Error::Timeout("the other end of the channel does not read".into()));
+                    return Err(Error::Timeout(format!(
+                        "the other end of the channel read nothing for {} s",
+                        patience.as_secs()
+                    )));
                 }
                 use std::os::fd::AsFd;
                 wire::wait_ready(stream.as_fd(), rustix::event::PollFlags::OUT, Some(left))?;
@@ -598,7 +647,7 @@ mod tests {
         let mut f = Framed::new(out).unwrap();
         let payload = vec![7u8; 64 << 10];
         let mut queued = 0;
-        while f.try_queue_item(b"head", &payload, b"tail").unwrap() {
+        while f.try_queue_item(b"head", &payload, b"tail", &mut None).unwrap() {
             queued += 1;
             assert!(queued < 10_000, "items stop queueing");
         }
@@ -608,12 +657,12 @@ mod tests {
         for _ in 0..4 {
             f.send(&[1u8; 32 << 10]).unwrap();
         }
-        assert!(f.begin_raw().unwrap().is_none(), "a large item waits while the queue holds anything");
+        assert!(f.begin_raw(&mut None).unwrap().is_none(), "a large item waits while the queue holds anything");
         let mut g = Framed::new(TcpStream::connect(l.local_addr().unwrap()).unwrap()).unwrap();
-        let writer = g.begin_raw().unwrap().expect("an empty queue: the large item may go");
+        let writer = g.begin_raw(&mut None).unwrap().expect("an empty queue: the large item may go");
         g.send(b"after the item").unwrap();
         assert!(g.pending() && !g.wants_room(), "a message waits for the item's end, unwatched");
-        assert!(!g.try_queue_item(b"h", b"p", b"t").unwrap(), "no item queues during a large one");
+        assert!(!g.try_queue_item(b"h", b"p", b"t", &mut None).unwrap(), "no item queues during a large one");
         assert!(matches!(g.flush_until(Instant::now()), Err(Error::Busy(_))));
         drop(writer);
         g.end_raw(true).unwrap();
