@@ -2143,9 +2143,10 @@ fn lingering_socket(secs: i32) -> (OwnedFd, std::net::TcpStream) {
 /// The other way round: a hostile producer sends its consumer, as a share's memory, a
 /// descriptor whose close blocks: a socket lingering 10 s over unsent data, then a Unix socket
 /// whose receive queue holds the only reference to such a socket (closing the outer one drops
-/// the inner). Each share is refused and the receive still ends within its time limit; the
-/// next share arrives (before 1.16.1 the consumer closed them inside the receive, which waited
-/// the 10 s; setting `SO_LINGER` 0 on what arrives alone left the nested case waiting).
+/// the inner). Each share is refused and the receive still ends within its time limit; then a
+/// right share with a socket beside it is refused too; the next share arrives (before 1.16.1
+/// the consumer closed them inside the receive, which waited the 10 s; setting `SO_LINGER` 0 on
+/// what arrives alone left the nested case waiting).
 #[test]
 fn a_descriptor_whose_close_blocks_costs_the_consumers_receive_no_time() {
     let (c, p) = fake_connection("linger-consumer", 0);
@@ -2173,8 +2174,15 @@ fn a_descriptor_whose_close_blocks_costs_the_consumers_receive_no_time() {
         assert!(refused.is_some(), "a socket is no share's memory (nested: {nested})");
         assert!(took < Duration::from_secs(5), "the receive took {took:?} (nested: {nested}): it waited for the close");
     }
+    // A right share with a socket beside its memfd: refused whole (taking the socket out must
+    // not make it a valid message).
     let mfd = sealed_memfd(4096);
-    p.send(&share_msg(3, &memfd_handle(4096, 4096)), &[mfd.as_fd()]);
+    let (sock, _srv) = lingering_socket(0);
+    p.send(&share_msg(3, &memfd_handle(4096, 4096)), &[mfd.as_fd(), sock.as_fd()]);
+    drop(sock);
+    let status = c.recv(Some(Duration::from_secs(1))).err().map(|e| e.status());
+    assert_eq!(status, Some(Status::Untrusted), "a share that came with a socket is refused");
+    p.send(&share_msg(4, &memfd_handle(4096, 4096)), &[mfd.as_fd()]);
     let imp = c.recv(T).unwrap();
     assert!(!imp.view().data.is_null(), "the next share arrives");
 }

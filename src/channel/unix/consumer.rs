@@ -409,6 +409,11 @@ impl LocalConnection {
                         }
                     }
                 }
+                Received::Refused(_) => {
+                    return Err(Error::Untrusted(format!(
+                        "the channel at {address:?} answered the handshake with a socket"
+                    )))
+                }
                 Received::Closed => {
                     return Err(Error::Closed(format!("the channel at {address:?} closed the connection")))
                 }
@@ -635,13 +640,14 @@ impl LocalConnection {
             let State { buf, fds, .. } = &mut *st;
             // (What came, a refused message's too, is closed in this receive, under this
             // connection's lock: recv_with made sure no socket among it lingers.)
-            let n = match wire::recv_with(self.shared.fd.as_fd(), buf, fds, false)? {
+            let (n, refused) = match wire::recv_with(self.shared.fd.as_fd(), buf, fds, false)? {
                 Received::Empty => return Ok(None),
                 Received::Closed => {
                     st.eof = true;
                     return Ok(None);
                 }
-                Received::Message(n) => n,
+                Received::Message(n) => (n, false),
+                Received::Refused(n) => (n, true),
             };
             st.seen += 1;
             // The ring records sent before this message are handled before it; the first
@@ -668,7 +674,13 @@ impl LocalConnection {
                     }
                 }
             }
-            match self.message(st, n) {
+            let handled = if refused {
+                st.fds.clear();
+                Err(Error::Untrusted("a channel message came with a socket (no message carries one)".into()))
+            } else {
+                self.message(st, n)
+            };
+            match handled {
                 Ok(Some(imp)) => st.ready.push_back(imp),
                 Ok(None) => {}
                 Err(e) => {

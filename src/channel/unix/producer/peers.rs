@@ -206,6 +206,13 @@ impl Core {
                     self.unwanted_fds.append(&mut fds);
                     break false;
                 }
+                Ok(Received::Refused(_)) => {
+                    // Sockets came (taken out and closed elsewhere): an error, like any
+                    // descriptor a consumer sends.
+                    self.unwanted_fds.append(&mut fds);
+                    self.peers[idx].info.protocol_errors += 1;
+                    break true;
+                }
                 Ok(Received::Message(n)) => {
                     if !fds.is_empty() {
                         // Consumers send no descriptors: count the error; they are closed
