@@ -780,17 +780,10 @@ impl RemotePool {
     /// in its middle (the peer read nothing for 10 s, or went) ends the connection (`Closed`).
     pub(crate) fn send(&self, slot: u32, peer: u64, desc: &TensorDesc<'_>) -> Result<()> {
         // This send's turn among those waiting for room in the peer's connection (taken when it
-        // first finds none, given up once it sends or stops waiting).
-        let mut turn = None;
-        let sent = self.send_in_turn(slot, peer, desc, &mut turn);
-        if turn.is_some() {
-            if let Ok(mut core) = self.shared.lock() {
-                if let Some(p) = core.peers.iter_mut().find(|p| p.id == peer) {
-                    p.framed.leave_turn(&mut turn);
-                }
-            }
-        }
-        sent
+        // first finds none, given up once it sends or stops waiting: on every way out, a panic
+        // included, or the peer's later items would wait behind it for ever).
+        let mut turn = Turn { pool: self, peer, turn: None };
+        self.send_in_turn(slot, peer, desc, &mut turn.turn)
     }
 
     /// [`Self::send`], holding `turn` while it waits for room.
@@ -1008,6 +1001,26 @@ impl RemotePool {
         // The item was cut off (the connection is ending): never a `Timeout`, which says the
         // send may be tried again.
         written.map_err(|e| Error::Closed(format!("the transfer to peer {peer} was cut off: {e}")))
+    }
+}
+
+/// A send's turn in its peer's connection, given up when dropped ([`RemotePool::send`]).
+struct Turn<'a> {
+    pool: &'a RemotePool,
+    peer: u64,
+    turn: Option<u64>,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if self.turn.is_none() {
+            return;
+        }
+        // (Unwinding from under the channel's lock left it poisoned: taken all the same.)
+        let mut core = self.pool.shared.core.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = core.peers.iter_mut().find(|p| p.id == self.peer) {
+            p.framed.leave_turn(&mut self.turn);
+        }
     }
 }
 
