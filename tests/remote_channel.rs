@@ -492,6 +492,25 @@ fn a_consumer_killed_in_the_middle_of_64_mib_transfers_fails_the_send_without_a_
     assert_eq!(pool.info().unwrap().2, 2, "every slot of the producer is free");
 }
 
+/// Consumer A of the two tests around: a thread that connects to `addr`, takes one item (so its
+/// copy of the pool is made), then reads nothing more until told to hang up. `first` runs on
+/// the thread before anything else (what it returns lives until the hang-up).
+fn consumer_that_stops_reading<G>(
+    addr: &str,
+    first: impl FnOnce() -> G + Send + 'static,
+) -> (std::thread::JoinHandle<()>, std::sync::mpsc::Sender<()>) {
+    let (hang_up, hang_up_rx) = std::sync::mpsc::channel::<()>();
+    let addr = addr.to_string();
+    let a = std::thread::spawn(move || {
+        let _kept = first();
+        let c = Connection::connect(&addr, T).unwrap();
+        drop(c.recv(T).unwrap());
+        hang_up_rx.recv().unwrap();
+        drop(c);
+    });
+    (a, hang_up)
+}
+
 /// The same with a CUDA pool (the stand-in): a large item crosses through a chunk buffer of its
 /// own, so the pool's other items (a small one through the pool's staging slot, a large one
 /// through a second chunk buffer) go to B while A is stuck (they waited the 10 s before).
@@ -506,15 +525,7 @@ fn cuda_stall() -> String {
     const SLOT: usize = 32 << 20;
     let cu = Cu::new();
     let (ch, addr) = listen();
-    let (hang_up, hang_up_rx) = std::sync::mpsc::channel::<()>();
-    let addr_a = addr.clone();
-    let a = std::thread::spawn(move || {
-        let _cu = Cu::new();
-        let c = Connection::connect(&addr_a, T).unwrap();
-        drop(c.recv(T).unwrap()); // its copy of the pool is made; then it reads nothing more
-        hang_up_rx.recv().unwrap();
-        drop(c);
-    });
+    let (a, hang_up) = consumer_that_stops_reading(&addr, Cu::new);
     ch.wait_peers(1, T).unwrap();
     let peer_a = ch.peer_ids().unwrap()[0];
     let b = std::thread::spawn(move || {
@@ -575,14 +586,7 @@ fn a_consumer_that_stops_reading_in_the_middle_of_a_large_item_holds_up_no_send_
     const BIG: u64 = 32 << 20;
     const B_ITEMS: u64 = 12;
     let (ch, addr) = listen();
-    let (hang_up, hang_up_rx) = std::sync::mpsc::channel::<()>();
-    let addr_a = addr.clone();
-    let a = std::thread::spawn(move || {
-        let c = Connection::connect(&addr_a, T).unwrap();
-        drop(c.recv(T).unwrap()); // its copy of the pool is made; then it reads nothing more
-        hang_up_rx.recv().unwrap();
-        drop(c);
-    });
+    let (a, hang_up) = consumer_that_stops_reading(&addr, || ());
     ch.wait_peers(1, T).unwrap();
     let peer_a = ch.peer_ids().unwrap()[0];
     let b = std::thread::spawn(move || {

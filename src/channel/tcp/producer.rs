@@ -853,8 +853,7 @@ impl RemotePool {
                     (None, None) if len <= protocol::INLINE_PAYLOAD => {
                         // Small: copied into the connection's queue, after what waits there.
                         let head = head.encode();
-                        if !peer_ref.framed.item_fits(len, head.len() + item.len(), *turn) {
-                            peer_ref.framed.take_turn(turn);
+                        if !peer_ref.framed.item_fits(len, head.len() + item.len(), turn) {
                             return Ok(Step::Wait); // no room yet, or others first
                         }
                         let mut from = src;
@@ -867,10 +866,7 @@ impl RemotePool {
                         // staging copy), unchanged while this call runs.
                         let bytes = unsafe { std::slice::from_raw_parts(from, len) };
                         match peer_ref.framed.try_queue_item(&head, bytes, &item, turn) {
-                            Ok(false) => {
-                                peer_ref.framed.take_turn(turn);
-                                return Ok(Step::Wait);
-                            }
+                            Ok(false) => return Ok(Step::Wait),
                             r => r.map(drop),
                         }
                     }
@@ -883,7 +879,6 @@ impl RemotePool {
                         }
                         // (A failed dup, out of descriptors, is this process's trouble, not the peer's.)
                         let Some(writer) = peer_ref.framed.begin_raw(turn)? else {
-                            peer_ref.framed.take_turn(turn);
                             return Ok(Step::Wait); // the connection is busy, or others first
                         };
                         pp.free.pop();

@@ -10,8 +10,9 @@
 //!   `DATA` header (pool, slot, offset, length), the item's bytes and its `ITEM` message, in one
 //!   write for small items, queued with the connection's messages ([`Framed::try_queue_item`]),
 //!   and straight from its slot for large ones, outside the channel's lock so that a consumer
-//!   slow to read holds up no other ([`Framed::begin_raw`]); the consumer checks the header against its copy of the
-//!   pool and reads the bytes straight into its slot ([`Framed::read_raw`]). One copy (the
+//!   slow to read holds up no other ([`Framed::begin_raw`]); the consumer checks the header
+//!   against its copy of the pool and reads the bytes straight into its slot
+//!   ([`Framed::read_raw`]). One copy (the
 //!   wire's), no round trip beyond the item and its return. The consumer's slots are its own
 //!   memory, allocated once per pool, so every slot keeps its address.
 //! - **Items over UCX** ([`DataPath::Ucx`], where both ends set `DEVSHARE_REMOTE_DATA=ucx`):
@@ -345,7 +346,7 @@ impl Framed {
     /// A sender whose item found no room takes its turn (once; kept while it waits): items then
     /// go in the order their senders started waiting, so a large item waits for the queue to
     /// empty without small ones slipping in ahead of it for ever, nor large ones.
-    pub(crate) fn take_turn(&mut self, turn: &mut Option<u64>) {
+    fn take_turn(&mut self, turn: &mut Option<u64>) {
         if turn.is_none() {
             self.turns += 1;
             self.waiting.push_back(self.turns);
@@ -363,15 +364,21 @@ impl Framed {
     /// Whether an item of `len` bytes (with its two messages, `messages` bytes together) may be
     /// queued now by the sender holding `turn` ([`Self::try_queue_item`]): its turn, no large
     /// item being written, and the queue keeps [`CONTROL_ROOM`] free for messages after it.
-    pub(crate) fn item_fits(&self, len: usize, messages: usize, turn: Option<u64>) -> bool {
-        self.my_turn(turn) && !self.raw && self.wbuf.len() + 8 + messages + len + CONTROL_ROOM <= MAX_BACKLOG
+    /// When not, the sender takes its turn (it waits).
+    pub(crate) fn item_fits(&mut self, len: usize, messages: usize, turn: &mut Option<u64>) -> bool {
+        let fits =
+            self.my_turn(*turn) && !self.raw && self.wbuf.len() + 8 + messages + len + CONTROL_ROOM <= MAX_BACKLOG;
+        if !fits {
+            self.take_turn(turn);
+        }
+        fits
     }
 
     /// Queue `head`, the raw `payload` and `tail` (messages framed, the payload not) after what
     /// waits already, and send what the socket takes now: an item up to [`INLINE_PAYLOAD`]
     /// bytes waits with the messages (one system call when the socket has room). `false`, with
-    /// nothing queued, unless [`Self::item_fits`]: the caller takes a turn and waits for the
-    /// socket to drain (items never fill the queue to where a message would not fit and end
+    /// nothing queued, unless [`Self::item_fits`]: the caller waits (in turn) for the socket to
+    /// drain (items never fill the queue to where a message would not fit and end
     /// the connection). Once queued the item is the peer's: a closing channel still sends what
     /// waits.
     pub(crate) fn try_queue_item(
@@ -381,7 +388,7 @@ impl Framed {
         tail: &[u8],
         turn: &mut Option<u64>,
     ) -> Result<bool> {
-        if !self.item_fits(payload.len(), head.len() + tail.len(), *turn) {
+        if !self.item_fits(payload.len(), head.len() + tail.len(), turn) {
             return Ok(false);
         }
         self.leave_turn(turn);
@@ -396,11 +403,12 @@ impl Framed {
     /// that a peer slow to read it holds up nobody else: on the sender's turn (see
     /// [`Self::try_queue_item`]) once nothing waits in the queue (flush it first), a second
     /// handle on the socket to write the item's bytes with ([`write_all_stalling`]); `None`
-    /// while something waits, another item is being written or goes first (the caller takes a
-    /// turn and waits). Until [`Self::end_raw`] what is queued for this peer stays queued
+    /// while something waits, another item is being written or goes first (the caller waits,
+    /// in turn). Until [`Self::end_raw`] what is queued for this peer stays queued
     /// (after the item's bytes).
     pub(crate) fn begin_raw(&mut self, turn: &mut Option<u64>) -> Result<Option<TcpStream>> {
         if self.raw || self.pending() || !self.my_turn(*turn) {
+            self.take_turn(turn);
             return Ok(None);
         }
         let writer = self.stream.try_clone().map_err(|e| io("dup of a remote channel's socket", e))?;
