@@ -938,9 +938,9 @@ impl RemotePool {
     fn write_outside_lock(&self, mut t: Transfer, peer: u64) -> Result<()> {
         let written = (|| {
             protocol::write_all_stalling(&t.writer, &t.head, SEND_WAIT)?;
-            match t.cuda {
-                Some((device, backend)) => {
-                    let bounce = t.bounce.as_mut().expect("a CUDA transfer has its chunk buffer").buf.as_mut_ptr();
+            match (t.cuda, t.bounce.as_mut()) {
+                (Some((device, backend)), Some(bounce)) => {
+                    let bounce = bounce.buf.as_mut_ptr();
                     let mut at = 0;
                     while at < t.len {
                         let n = protocol::CHUNK.min(t.len - at);
@@ -955,7 +955,8 @@ impl RemotePool {
                         at += n;
                     }
                 }
-                None => {
+                (Some(_), None) => return Err(Error::Internal("a CUDA item without its chunk buffer".into())),
+                (None, _) => {
                     // SAFETY: the item's `len` bytes lie in the export `t` holds, in a slot that
                     // is neither acquired nor free while it is on its way.
                     let bytes = unsafe { std::slice::from_raw_parts(t.src, t.len) };
