@@ -497,6 +497,7 @@ impl LocalConnection {
         let mut socket = self.shared.ring.get().is_none();
         let mut looked = false;
         let mut spinning = spin_until.is_some();
+        let mut yielded = false;
         loop {
             // Releases the producer's socket had no room for go first; while some still wait,
             // the wait below also wakes when there is room.
@@ -536,6 +537,15 @@ impl LocalConnection {
                 // and one that came meanwhile is taken now.
                 if let Some(r) = self.shared.ring.get() {
                     r.pay_owed();
+                    // A producer awake on this CPU gets it before this consumer sleeps: it
+                    // sends while this consumer is still awake (no wake-up to pay either way).
+                    // Once per receive, and only one that would wait.
+                    if !yielded && deadline.map_or(true, |d| Instant::now() < d) {
+                        yielded = true;
+                        if r.hand_over() {
+                            continue;
+                        }
+                    }
                     r.arm();
                     if self.takeable(&st, r)? {
                         continue;
@@ -552,7 +562,12 @@ impl LocalConnection {
             looked = left.is_some_and(|l| l.is_zero());
             match self.sleep(backlog, left)? {
                 None => return Err(Error::Timeout("nothing arrived on the channel".into())),
-                Some(s) => socket = s,
+                Some(s) => {
+                    socket = s;
+                    if let Some(r) = self.shared.ring.get() {
+                        r.here();
+                    }
+                }
             }
         }
     }

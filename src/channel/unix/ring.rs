@@ -45,6 +45,22 @@
 //!   waiting in the ring puts the return's wake-up off until it sleeps or finds nothing
 //!   ([`ConsumerRing::pay_owed`]): woken at once, the producer would only take this CPU from
 //!   the consumer for one return at a time. Between two CPUs every return wakes at once.
+//! - Handing the CPU over. Each side publishes the CPU it runs on (`P_HERE` when the producer
+//!   arms or yields, `C_HERE` when the consumer wakes or yields). A side about to sleep (a
+//!   producer's acquire that found no free slot, a consumer's receive that found no item)
+//!   whose peer is awake (its `pending` word set) on this same CPU first yields the CPU to it
+//!   (`sched_yield`), once per wait, then looks again, and only then arms and sleeps. On one
+//!   CPU the peer is then ready to run, and does so without a wake-up: the producer sends a
+//!   batch of items to a consumer that never slept (no eventfd write), the consumer returns
+//!   the slots to a producer that never slept, and each handoff is one yield instead of an
+//!   eventfd write, a wake-up and an `epoll_wait`. The words only decide whether a side yields
+//!   once before it sleeps, so a peer that writes them falsely costs the other side at most one
+//!   `sched_yield` per wait, never a wait longer than its own or a missed wake-up (the arm, the
+//!   look and the sleep are unchanged); between two CPUs nothing yields. The price: what the
+//!   peer sends while this side is between its yield and its next look is not announced by a
+//!   wake-up (this side never slept), so it is taken when the scheduler runs this side again,
+//!   at the latest when the peer blocks or its time slice ends, where a wake-up might have
+//!   preempted the peer at once.
 //!
 //! Any pool's items travel here (host or device: a record holds an `ITEM` with its 64-byte
 //! event handle); what the consumer then maps or waits for is decided as for a socket `ITEM`.
@@ -76,6 +92,8 @@ const RET_TAIL: usize = 256; // [consumer]
 const RET_HEAD: usize = 320; // [producer]
 const P_PENDING: usize = 384; // [both]
 const P_CPU: usize = 448; // [producer] the CPU it armed the ring on, plus one, when it may wait for a return (0: wake it at once)
+const P_HERE: usize = 512; // [producer] the CPU it last armed or handed the CPU over on, plus one (see "Handing the CPU over")
+const C_HERE: usize = 576; // [consumer] likewise
 
 /// The bit of a consumer's own return tail that says a thread is writing a return (the tail
 /// counts returns: it never reaches 2^63).
@@ -113,6 +131,24 @@ fn wake_unless_pending(pending: &AtomicU64, fd: BorrowedFd<'_>) {
     if pending.load(Ordering::SeqCst) == 0 && pending.swap(1, Ordering::SeqCst) == 0 {
         wake(fd);
     }
+}
+
+/// Whether the other side of a ring is awake (its `pending` word set) and said it runs on
+/// this CPU (its `here` word); if so, this side's CPU is published in `mine` first, and the
+/// caller yields ([`yield_cpu`]). See the module's "Handing the CPU over".
+fn awake_here(pending: &AtomicU64, here: &AtomicU64, mine: &AtomicU64) -> bool {
+    let cpu = cpu_plus_one();
+    if cpu == 0 || pending.load(Ordering::SeqCst) == 0 || here.load(Ordering::Relaxed) != cpu {
+        return false;
+    }
+    mine.store(cpu, Ordering::Relaxed);
+    true
+}
+
+/// Give the CPU to another thread that is ready to run on it (a no-op when none is).
+pub(crate) fn yield_cpu() {
+    // SAFETY: sched_yield takes nothing and only returns a status.
+    unsafe { libc::sched_yield() };
 }
 
 struct Shared {
@@ -229,9 +265,18 @@ impl ProducerRing {
     /// `patient`: the producer looks at the ring again within 5 ms by itself, so a consumer
     /// on this CPU may put that wake-up off (see the module's "put-off returns").
     pub(crate) fn arm(&self, patient: bool) {
-        let cpu = if patient { cpu_plus_one() } else { 0 };
-        self.shared.word(P_CPU).store(cpu, Ordering::Relaxed);
+        let here = cpu_plus_one();
+        self.shared.word(P_HERE).store(here, Ordering::Relaxed);
+        self.shared.word(P_CPU).store(if patient { here } else { 0 }, Ordering::Relaxed);
         self.shared.word(P_PENDING).store(0, Ordering::SeqCst);
+    }
+
+    /// About to wait for a return: whether the consumer is awake on this CPU, so that the
+    /// producer yields it the CPU first ([`yield_cpu`], without the channel's lock; see the
+    /// module's "Handing the CPU over").
+    pub(crate) fn consumer_here(&self) -> bool {
+        let s = &self.shared;
+        awake_here(s.word(C_PENDING), s.word(C_HERE), s.word(P_HERE))
     }
 
     /// Take up to one ring's worth of returns, each given to `f` in order.
@@ -372,6 +417,23 @@ impl ConsumerRing {
     /// Wake this consumer's own epoll set (an item is waiting that no wake-up announced).
     pub(crate) fn wake_self(&self) {
         wake(self.c_efd.as_fd());
+    }
+
+    /// About to wait for an item: when the producer is awake on this CPU, yield it the CPU
+    /// (once per wait; see the module's "Handing the CPU over"). Whether this thread yielded.
+    pub(crate) fn hand_over(&self) -> bool {
+        let s = &self.shared;
+        let here = awake_here(s.word(P_PENDING), s.word(P_HERE), s.word(C_HERE));
+        if here {
+            yield_cpu();
+        }
+        here
+    }
+
+    /// Woken (or about to look without sleeping): say which CPU this consumer runs on, so
+    /// that a producer on the same one may hand it the CPU.
+    pub(crate) fn here(&self) {
+        self.shared.word(C_HERE).store(cpu_plus_one(), Ordering::Relaxed);
     }
 
     /// About to sleep: the producer's next item wakes this consumer.
@@ -547,9 +609,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_return_wakes_the_producer_at_once_unless_it_sleeps_on_this_cpu_and_items_wait() {
-        // Stay on one CPU: the producer's CPU is compared with this thread's.
+    /// Keep this thread on the CPU it runs on: the CPU, plus one.
+    fn stay_here() -> u64 {
         let cpu = cpu_plus_one().checked_sub(1).expect("sched_getcpu") as usize;
         // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and sched_setaffinity (this
         // thread) get a valid set of the size passed.
@@ -558,6 +619,43 @@ mod tests {
             libc::CPU_SET(cpu, &mut set);
             assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
         }
+        cpu as u64 + 1
+    }
+
+    #[test]
+    fn a_side_hands_the_cpu_over_only_to_a_peer_awake_on_the_same_cpu() {
+        let here = stay_here();
+        let (mut p, c) = pair();
+        // An item wakes the consumer (its pending word set), which has not said where it
+        // runs: the producer does not yield.
+        assert!(p.push_item(0, &[1]).expect("push"));
+        assert!(!p.consumer_here());
+        // Awake on this CPU (it woke here): the producer yields, saying where it runs.
+        c.here();
+        assert!(p.consumer_here(), "awake on this CPU");
+        assert_eq!(p.shared.word(P_HERE).load(Ordering::SeqCst), here);
+        // Asleep (armed): no.
+        c.arm();
+        assert!(!p.consumer_here(), "a consumer that sleeps is woken, not yielded to");
+        // Awake on another CPU: no.
+        p.shared.word(C_PENDING).store(1, Ordering::SeqCst);
+        p.shared.word(C_HERE).store(here + 1, Ordering::SeqCst);
+        assert!(!p.consumer_here(), "on another CPU");
+        // The consumer's side likewise: a producer awake here (its last arm or yield said so)
+        // gets the CPU; one that sleeps (armed, pending clear) does not.
+        p.arm(false);
+        assert!(!c.hand_over(), "a producer that sleeps");
+        p.shared.word(P_PENDING).store(1, Ordering::SeqCst);
+        assert!(c.hand_over(), "a producer awake on this CPU");
+        assert_eq!(p.shared.word(C_HERE).load(Ordering::SeqCst), here, "the consumer said where it runs");
+        p.shared.word(P_HERE).store(here + 1, Ordering::SeqCst);
+        assert!(!c.hand_over(), "on another CPU");
+    }
+
+    #[test]
+    fn a_return_wakes_the_producer_at_once_unless_it_sleeps_on_this_cpu_and_items_wait() {
+        // Stay on one CPU: the producer's CPU is compared with this thread's.
+        let cpu = (stay_here() - 1) as usize;
         let (mut p, c) = pair();
         let pw = Watch::new(&p.p_efd);
         let mut head = 0;

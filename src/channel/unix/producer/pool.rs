@@ -88,6 +88,7 @@ impl LocalPool {
         // The first look claims nothing: a slot it finds is taken without the claim below (most
         // acquires find one), and one that finds none waits only after the next look.
         let mut first = true;
+        let mut yielded = false;
         loop {
             // Without a time limit (and not spinning), the wait below may be the channel's one
             // wait without a timer: claimed before the look that decides to wait (see `Locked`).
@@ -124,6 +125,16 @@ impl LocalPool {
                 spin_until = None;
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            // A consumer awake on this CPU gets it before this thread sleeps: it returns slots
+            // while this producer is still awake (no wake-up to pay either way). Once per
+            // acquire, and only one that would wait.
+            if !yielded && !left.is_some_and(|l| l.is_zero()) {
+                yielded = true;
+                if self.shared.lock()?.consumer_here() {
+                    ring::yield_cpu();
+                    continue;
+                }
+            }
             // Once the time is up, take the returns that already arrived (without waiting) and
             // look once more: a zero timeout polls. Another thread may be the one serving the
             // channel: look again at least every 5 ms, unless this is the wait without a timer
@@ -437,6 +448,12 @@ impl Core {
             }
             _ => Err(Error::Untrusted(format!("slot {slot} of pool {pool} is not held by peer {id}"))),
         }
+    }
+
+    /// Whether a consumer is awake on this thread's CPU (its ring says so): an acquire about
+    /// to wait yields it the CPU first (see `ring`'s "Handing the CPU over").
+    pub(super) fn consumer_here(&self) -> bool {
+        self.peers.iter().filter_map(|p| p.ring.as_ref()).any(|r| r.consumer_here())
     }
 
     /// Take the returns waiting in the peers' rings; with `arm`, first ask each peer to wake
