@@ -2512,42 +2512,81 @@ fn some_allowed_cpu() -> usize {
     }
 }
 
+/// This thread's voluntary context switches so far (its sleeps; a yield is not one).
+fn thread_sleeps() -> u64 {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// `n` items through a pool of `slots` slots, the producer on CPU `p_cpu` and the consumer on
+/// `c_cpu`, each item's value checked in order; how many times the consumer's thread slept.
+fn items_between(p_cpu: usize, c_cpu: usize, slots: u32, n: u64) -> u64 {
+    let (ch, c, peer) = connected(&address("placed"));
+    let consumer = std::thread::spawn(move || {
+        pin_thread(c_cpu);
+        let before = thread_sleeps();
+        for i in 0..n {
+            let imp = c.recv(T).unwrap();
+            // SAFETY: every item is 64 bytes of u64 written before its send.
+            assert_eq!(unsafe { *(imp.view().data as *const u64) }, i, "item {i} of {slots} slots");
+            imp.release();
+        }
+        (c, thread_sleeps() - before)
+    });
+    pin_thread(p_cpu);
+    let exp = Arc::new(Exporter::channel_host_alloc(64 * u64::from(slots)).unwrap());
+    let pool = ch.pool(exp.clone(), 64, slots).unwrap();
+    let dtype = devshare::dtype::DevshareDType::new(devshare::dtype::code::UINT, 64, 1);
+    for i in 0..n {
+        let (slot, p) = pool.acquire(T).unwrap();
+        // SAFETY: the slot is 64 writable bytes.
+        unsafe { *(p as *mut u64) = i };
+        pool.send(slot, peer, &TensorDesc { dtype, shape: &[8], ..Default::default() }).unwrap();
+    }
+    let (c, sleeps) = consumer.join().unwrap();
+    assert!(serve_until(&ch, || pool.info().unwrap().2 == slots), "every slot came back");
+    assert_eq!(ch.peer_info(peer).unwrap().protocol_errors, 0);
+    drop(c);
+    pin_thread_to_all();
+    sleeps
+}
+
 #[test]
 fn a_producer_and_consumer_on_one_cpu_hand_it_over_without_losing_an_item_pipelined_or_one_at_a_time() {
     // Both threads on one CPU: each side that finds nothing to do yields to the other before
     // it sleeps. Every item must arrive, in order, with its value, and every slot come back —
     // with 8 slots in flight and with one slot cycling (a lost wake-up would stall a receive
-    // without a time limit for good, and fail the test at the 10 s limit of `T`).
+    // without a time limit for good, and fail the test at the 10 s limit of `T`). And the
+    // consumer must hardly ever sleep: one at a time, without the hand-over, it sleeps once
+    // per item.
     let cpu = some_allowed_cpu();
+    let n = 20_000;
     for slots in [8u32, 1] {
-        let (ch, c, peer) = connected(&address("hand-over"));
-        let n = 20_000u64;
-        let consumer = std::thread::spawn(move || {
-            pin_thread(cpu);
-            for i in 0..n {
-                let imp = c.recv(T).unwrap();
-                // SAFETY: every item is 64 bytes of u64 written before its send.
-                assert_eq!(unsafe { *(imp.view().data as *const u64) }, i, "item {i} of {slots} slots");
-                imp.release();
-            }
-            c
-        });
-        assert_eq!(pin_thread(cpu), cpu);
-        let exp = Arc::new(Exporter::channel_host_alloc(64 * u64::from(slots)).unwrap());
-        let pool = ch.pool(exp.clone(), 64, slots).unwrap();
-        let dtype = devshare::dtype::DevshareDType::new(devshare::dtype::code::UINT, 64, 1);
-        for i in 0..n {
-            let (slot, p) = pool.acquire(T).unwrap();
-            // SAFETY: the slot is 64 writable bytes.
-            unsafe { *(p as *mut u64) = i };
-            pool.send(slot, peer, &TensorDesc { dtype, shape: &[8], ..Default::default() }).unwrap();
-        }
-        let c = consumer.join().unwrap();
-        assert!(serve_until(&ch, || pool.info().unwrap().2 == slots), "every slot came back");
-        assert_eq!(ch.peer_info(peer).unwrap().protocol_errors, 0);
-        drop(c);
+        let sleeps = items_between(cpu, cpu, slots, n);
+        assert!(sleeps < n / 10, "with {slots} slots the consumer slept {sleeps} times for {n} items");
     }
-    pin_thread_to_all();
+}
+
+#[test]
+fn a_producer_and_consumer_on_two_cpus_lose_no_item_while_polling_for_each_other() {
+    // On two CPUs each side that finds nothing to do while the other is awake polls for a
+    // while before it sleeps (spin.rs): the same items, in order, every slot back.
+    let Some((a, b)) = two_allowed_cpus() else { return };
+    for slots in [8u32, 1] {
+        items_between(a, b, slots, 20_000);
+    }
+}
+
+/// Two CPUs this thread may run on, when it may run on two.
+fn two_allowed_cpus() -> Option<(usize, usize)> {
+    // SAFETY: sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into the set.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set), 0);
+        let mut cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set));
+        Some((cpus.next()?, cpus.next()?))
+    }
 }
 
 /// Undo [`pin_thread`]: this thread may run on every CPU again.
@@ -2561,65 +2600,74 @@ fn pin_thread_to_all() {
 }
 
 #[test]
-fn a_consumer_that_claims_to_be_awake_on_the_producers_cpu_costs_an_acquire_one_yield_not_a_busy_wait() {
+fn a_consumer_that_claims_to_be_awake_costs_an_acquire_one_yield_or_one_short_poll_not_a_busy_wait() {
     // A hostile consumer holds every slot and writes its ring's words so that it looks awake
-    // on the producer's CPU forever. The producer's acquire yields once, then sleeps as
+    // forever, on the producer's CPU (the producer yields to it) or on another (the producer
+    // polls for its return, spin.rs). Either happens once per acquire, which then sleeps as
     // always: it times out on time and uses next to no CPU.
-    let addr = address("hand-over-consumer");
-    let ch = Channel::listen(&addr).unwrap();
-    let raw = raw_consumer(&addr, 1 | 2);
-    ch.wait_peers(1, T).unwrap();
-    let peer = ch.peer_ids().unwrap()[0];
-    let _welcome = recv_raw(raw.as_fd());
-    let cpu = pin_thread(some_allowed_cpu());
-    let exp = Arc::new(Exporter::channel_host_alloc(4096 * 2).unwrap());
-    let pool = ch.pool(exp.clone(), 4096, 2).unwrap();
-    for _ in 0..2 {
-        let (slot, _) = pool.acquire(T).unwrap();
-        pool.send(slot, peer, &TensorDesc { shape: &[4096], ..Default::default() }).unwrap();
+    for (claim, tag) in [(1u64, "this CPU"), (2, "another CPU")] {
+        let addr = address("hand-over-consumer");
+        let ch = Channel::listen(&addr).unwrap();
+        let raw = raw_consumer(&addr, 1 | 2);
+        ch.wait_peers(1, T).unwrap();
+        let peer = ch.peer_ids().unwrap()[0];
+        let _welcome = recv_raw(raw.as_fd());
+        let cpu = pin_thread(some_allowed_cpu());
+        let exp = Arc::new(Exporter::channel_host_alloc(4096 * 2).unwrap());
+        let pool = ch.pool(exp.clone(), 4096, 2).unwrap();
+        for _ in 0..2 {
+            let (slot, _) = pool.acquire(T).unwrap();
+            pool.send(slot, peer, &TensorDesc { shape: &[4096], ..Default::default() }).unwrap();
+        }
+        let _attach = recv_with_fds(raw.as_fd());
+        let (_ring_msg, fds) = recv_with_fds(raw.as_fd());
+        let ring = RawRing::map(fds[0].as_fd());
+        ring.word(C_PENDING).store(1, Ordering::SeqCst);
+        ring.word(C_HERE).store(cpu as u64 + claim, Ordering::SeqCst);
+        for _ in 0..2 {
+            let (t, cpu_before) = (Instant::now(), thread_cpu());
+            assert_eq!(status(pool.acquire(Some(Duration::from_millis(400)))), Status::Timeout);
+            let (took, used) = (t.elapsed(), thread_cpu() - cpu_before);
+            assert!(took < Duration::from_secs(3), "{tag}: a 400 ms acquire took {took:?}");
+            assert!(used < Duration::from_millis(100), "{tag}: a 400 ms acquire used {used:?} of CPU");
+        }
+        pin_thread_to_all();
     }
-    let _attach = recv_with_fds(raw.as_fd());
-    let (_ring_msg, fds) = recv_with_fds(raw.as_fd());
-    let ring = RawRing::map(fds[0].as_fd());
-    ring.word(C_PENDING).store(1, Ordering::SeqCst);
-    ring.word(C_HERE).store(cpu as u64 + 1, Ordering::SeqCst);
-    let (t, cpu_before) = (Instant::now(), thread_cpu());
-    assert_eq!(status(pool.acquire(Some(Duration::from_millis(400)))), Status::Timeout);
-    let (took, used) = (t.elapsed(), thread_cpu() - cpu_before);
-    pin_thread_to_all();
-    assert!(took < Duration::from_secs(3), "a 400 ms acquire took {took:?}");
-    assert!(used < Duration::from_millis(100), "a 400 ms acquire used {used:?} of CPU");
-    assert_eq!(ring.word(P_HERE).load(Ordering::SeqCst), cpu as u64 + 1, "the producer said where it runs");
 }
 
 #[test]
-fn a_producer_that_claims_to_be_awake_on_the_consumers_cpu_costs_a_receive_one_yield_not_a_busy_wait() {
-    // The same from the producer's side: a hostile producer's ring says it is awake on the
-    // consumer's CPU and never sends. The receive yields once, then sleeps: it times out on
-    // time with next to no CPU, and an item sent afterwards still wakes it.
-    let (c, p) = fake_connection("hand-over-producer", 0);
-    let pool_fd = sealed_memfd(4 * 4096);
-    p.send(&attach_msg(1, 4096, 4, &memfd_handle(4 * 4096, 4 * 4096)), &[pool_fd.as_fd()]);
-    let mem = sealed_memfd(RING_SIZE as u64);
-    let ring = RawRing::map(mem.as_fd());
-    ring.word(0).store(u64::from_le_bytes(*b"DSRING01"), Ordering::SeqCst);
-    let efd = || rustix::event::eventfd(1, rustix::event::EventfdFlags::CLOEXEC).unwrap();
-    let (c_efd, p_efd) = (efd(), efd());
-    let ring_msg = le(&[&12u32.to_le_bytes(), &1024u32.to_le_bytes(), &256u32.to_le_bytes()]);
-    p.send(&ring_msg, &[mem.as_fd(), c_efd.as_fd(), p_efd.as_fd()]);
-    assert_eq!(status(c.recv(Some(Duration::from_millis(200)))), Status::Timeout, "the ring is taken");
-    let cpu = pin_thread(some_allowed_cpu());
-    ring.word(P_PENDING).store(1, Ordering::SeqCst);
-    ring.word(P_HERE).store(cpu as u64 + 1, Ordering::SeqCst);
-    let (t, cpu_before) = (Instant::now(), thread_cpu());
-    assert_eq!(status(c.recv(Some(Duration::from_millis(400)))), Status::Timeout);
-    let (took, used) = (t.elapsed(), thread_cpu() - cpu_before);
-    assert!(took < Duration::from_secs(3), "a 400 ms receive took {took:?}");
-    assert!(used < Duration::from_millis(100), "a 400 ms receive used {used:?} of CPU");
-    // An item put in the ring now (after the ATTACH and RING messages) is received.
-    ring.put_item(0, 2, &item_msg(1, 1, 0, 64), item_msg(1, 1, 0, 64).len() as u64);
-    ring.word(ITEM_TAIL).store(1, Ordering::SeqCst);
-    wake(&c_efd);
-    assert_eq!(c.recv(T).unwrap().pool_slot(), Some((1, 1)));
-    pin_thread_to_all();
+fn a_producer_that_claims_to_be_awake_costs_a_receive_one_yield_or_one_short_poll_not_a_busy_wait() {
+    // The same from the producer's side: a hostile producer's ring says it is awake, on the
+    // consumer's CPU or on another, and it never sends. The receive yields or polls once, then
+    // sleeps: it times out on time with next to no CPU, and an item sent afterwards still
+    // wakes it.
+    for (claim, tag) in [(1u64, "this CPU"), (2, "another CPU")] {
+        let (c, p) = fake_connection("hand-over-producer", 0);
+        let pool_fd = sealed_memfd(4 * 4096);
+        p.send(&attach_msg(1, 4096, 4, &memfd_handle(4 * 4096, 4 * 4096)), &[pool_fd.as_fd()]);
+        let mem = sealed_memfd(RING_SIZE as u64);
+        let ring = RawRing::map(mem.as_fd());
+        ring.word(0).store(u64::from_le_bytes(*b"DSRING01"), Ordering::SeqCst);
+        let efd = || rustix::event::eventfd(1, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+        let (c_efd, p_efd) = (efd(), efd());
+        let ring_msg = le(&[&12u32.to_le_bytes(), &1024u32.to_le_bytes(), &256u32.to_le_bytes()]);
+        p.send(&ring_msg, &[mem.as_fd(), c_efd.as_fd(), p_efd.as_fd()]);
+        assert_eq!(status(c.recv(Some(Duration::from_millis(200)))), Status::Timeout, "the ring is taken");
+        let cpu = pin_thread(some_allowed_cpu());
+        ring.word(P_PENDING).store(1, Ordering::SeqCst);
+        ring.word(P_HERE).store(cpu as u64 + claim, Ordering::SeqCst);
+        for _ in 0..2 {
+            let (t, cpu_before) = (Instant::now(), thread_cpu());
+            assert_eq!(status(c.recv(Some(Duration::from_millis(400)))), Status::Timeout);
+            let (took, used) = (t.elapsed(), thread_cpu() - cpu_before);
+            assert!(took < Duration::from_secs(3), "{tag}: a 400 ms receive took {took:?}");
+            assert!(used < Duration::from_millis(100), "{tag}: a 400 ms receive used {used:?} of CPU");
+        }
+        // An item put in the ring now (after the ATTACH and RING messages) is received.
+        ring.put_item(0, 2, &item_msg(1, 1, 0, 64), item_msg(1, 1, 0, 64).len() as u64);
+        ring.word(ITEM_TAIL).store(1, Ordering::SeqCst);
+        wake(&c_efd);
+        assert_eq!(c.recv(T).unwrap().pool_slot(), Some((1, 1)), "{tag}");
+        pin_thread_to_all();
+    }
 }

@@ -361,7 +361,8 @@ public:
     }
 
     // Let recv poll for up to `spin` before it sleeps (devshare_connection_set_spin): for a
-    // consumer with a CPU core of its own. Zero (the default) sleeps at once.
+    // consumer with a CPU core of its own. Zero (the default) adds no spin of its own (the
+    // library's adaptive one still applies).
     [[nodiscard]] Result<void> try_set_spin(std::chrono::microseconds spin) {
         if (spin.count() < 0 || spin.count() > DEVSHARE_MAX_SPIN_US) {
             return detail::failure(Error(DEVSHARE_STATUS_INVALID_ARGUMENT,

@@ -198,7 +198,7 @@ public:
     }
     // Let acquire poll for a returned slot for up to `spin` before it sleeps
     // (devshare_pool_set_spin): for a producer with a CPU core of its own. Zero (the default)
-    // sleeps at once.
+    // adds no spin of its own (the library's adaptive one still applies).
     [[nodiscard]] Result<void> try_set_spin(std::chrono::microseconds spin) {
         if (spin.count() < 0 || spin.count() > DEVSHARE_MAX_SPIN_US) {
             return detail::failure(Error(DEVSHARE_STATUS_INVALID_ARGUMENT,

@@ -467,8 +467,9 @@ class Connection(Owned):
 
     def set_spin(self, spin_us: int) -> None:
         """Let :meth:`recv` poll for an item for up to ``spin_us`` microseconds before it sleeps
-        (0, the default: sleep at once; at most ``MAX_SPIN_US``, 1 s). For a consumer with a CPU
-        core of its own; where producer and consumer share a CPU it only slows both down."""
+        (0, the default: no spin of its own, only the library's adaptive one, up to 50 µs while
+        the producer is awake on another CPU; at most ``MAX_SPIN_US``, 1 s). For a consumer with
+        a CPU core of its own; where producer and consumer share a CPU it only slows both down."""
         fn = need("devshare_connection_set_spin", "spinning")
         self._lib_call(fn, _ints.index("spin_us", spin_us, 0, MAX_SPIN_US))
 

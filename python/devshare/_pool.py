@@ -177,7 +177,8 @@ class Pool(Owned):
 
     def set_spin(self, spin_us: int) -> None:
         """Let :meth:`acquire` poll for a returned slot for up to ``spin_us`` microseconds
-        before it sleeps (0, the default: sleep at once; at most ``MAX_SPIN_US``, 1 s). For a
+        before it sleeps (0, the default: no spin of its own, only the library's adaptive one, up
+        to 50 µs while a consumer is awake on another CPU; at most ``MAX_SPIN_US``, 1 s). For a
         producer with a CPU core of its own; where producer and consumer share a CPU it only
         slows both down."""
         fn = need("devshare_pool_set_spin", "spinning")

@@ -43,7 +43,10 @@ pub unsafe extern "C" fn devshare_pool_create(
 /// before it sleeps: for a producer thread that owns a CPU core, a return is then taken within
 /// about a microsecond instead of after the scheduler wakes the thread (which costs tens of
 /// microseconds when producer and consumer run on different cores). It burns its core while it
-/// spins. 0 (the default) sleeps at once; at most `DEVSHARE_MAX_SPIN_US`.
+/// spins. 0 (the default) adds no spin of its own: the acquire still polls for up to 50 µs
+/// (`DEVSHARE_ADAPTIVE_SPIN_US`) while a consumer is awake on another CPU, less after such
+/// polls found nothing (docs/channels.md, "The adaptive spin"); at most
+/// `DEVSHARE_MAX_SPIN_US`.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_pool_set_spin(pool: *mut DevsharePool, spin_us: u32) -> i32 {
     boundary("devshare_pool_set_spin", || {

@@ -276,6 +276,8 @@ pub struct LocalConnection {
     owner: u64,
     /// How long [`Connection::recv`] polls before it sleeps (ns; 0: not).
     spin_ns: std::sync::atomic::AtomicU64,
+    /// How this connection's adaptive spins went (spin.rs).
+    backoff: super::spin::Backoff,
     /// The stream received device items are read on (`CUstream` / `aclrtStream`; 0: none, an
     /// item's event is waited for on the host).
     stream: std::sync::atomic::AtomicUsize,
@@ -398,6 +400,7 @@ impl LocalConnection {
                                     NEXT.fetch_add(1, Ordering::Relaxed)
                                 },
                                 spin_ns: Default::default(),
+                                backoff: Default::default(),
                                 stream: Default::default(),
                                 polled: AtomicBool::new(false),
                             });
@@ -463,7 +466,8 @@ impl LocalConnection {
 
     /// Let [`Self::recv`] poll for up to `spin` before it sleeps (for a consumer that owns a
     /// core: an item is taken within a microsecond or so instead of after a wake-up); zero (the
-    /// default) sleeps at once. At most [`super::MAX_SPIN`].
+    /// default) adds no spin of its own (the adaptive one, `spin.rs`, still applies). At most
+    /// [`super::MAX_SPIN`].
     pub fn set_spin(&self, spin: Duration) -> Result<()> {
         self.spin_ns.store(super::spin_ns(spin)?, Ordering::Relaxed);
         Ok(())
@@ -490,7 +494,9 @@ impl LocalConnection {
     pub(crate) fn recv_boxed(&self, timeout: Option<Duration>) -> Result<Box<Import>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let spin = self.spin_ns.load(Ordering::Relaxed);
-        let spin_until = (spin > 0).then(|| Instant::now() + Duration::from_nanos(spin));
+        let mut spin_until = (spin > 0).then(|| Instant::now() + Duration::from_nanos(spin));
+        // Whether this receive considered the adaptive spin (once), and is in it now.
+        let (mut adapted, mut adaptive) = (false, false);
         let mut spins = 0u32;
         // Whether the socket may have a message. With a ring, items need no socket read: the
         // socket is read when the epoll set says so (or a ring record waits for its messages).
@@ -498,11 +504,12 @@ impl LocalConnection {
         let mut looked = false;
         let mut spinning = spin_until.is_some();
         let mut yielded = false;
-        loop {
+        'recv: loop {
             // Releases the producer's socket had no room for go first; while some still wait,
             // the wait below also wakes when there is room.
             let backlog = self.shared.flush();
-            let left = {
+            let mut hand_over = false;
+            let left = 'look: {
                 let mut st = self.state()?;
                 // Spinning (opt-in): look again without sleeping until the spin (or the
                 // timeout) is over; the ring on every turn, the socket on every 64th.
@@ -510,12 +517,19 @@ impl LocalConnection {
                 if spin_until.is_some() && spins % 16 == 0 {
                     let now = Instant::now();
                     spinning = spin_until.is_some_and(|u| now < u) && deadline.map_or(true, |d| now < d);
+                    if adaptive && !spinning {
+                        adaptive = false;
+                        self.backoff.spun(false);
+                    }
                 }
                 socket |= spinning && spins % 64 == 0;
                 spins = spins.wrapping_add(1);
                 let took = self.pump(&mut st, socket);
                 socket = self.shared.ring.get().is_none();
                 if let Some(imp) = took? {
+                    if adaptive {
+                        self.backoff.spun(true);
+                    }
                     self.leave(&mut st);
                     return Ok(imp);
                 }
@@ -530,7 +544,7 @@ impl LocalConnection {
                 }
                 if spinning {
                     std::hint::spin_loop();
-                    continue;
+                    continue 'recv;
                 }
                 // About to sleep or to report that nothing came: the returns whose wake-up was
                 // put off wake the producer now; the producer's next item wakes the epoll set,
@@ -539,16 +553,35 @@ impl LocalConnection {
                     r.pay_owed();
                     // A producer awake on this CPU gets it before this consumer sleeps: it
                     // sends while this consumer is still awake (no wake-up to pay either way).
-                    // Once per receive, and only one that would wait.
-                    if !yielded && deadline.map_or(true, |d| Instant::now() < d) {
+                    // Once per receive, only one with time to spare, and after the
+                    // connection's lock is let go (below).
+                    if !yielded && deadline.map_or(true, |d| d > Instant::now() + super::ring::YIELD_LEFT) {
                         yielded = true;
-                        if r.hand_over() {
-                            continue;
+                        if r.producer_here() {
+                            hand_over = true;
+                            break 'look None;
+                        }
+                    }
+                    // A producer awake on another CPU may send before a wake-up would even
+                    // reach this one: poll for a while first (spin.rs; once per receive, not
+                    // where the caller's own spin was on).
+                    if !adapted && spin_until.is_none() {
+                        adapted = true;
+                        let budget = super::spin::budget();
+                        let now = Instant::now();
+                        if !budget.is_zero()
+                            && deadline.map_or(true, |d| now < d)
+                            && r.producer_elsewhere()
+                            && self.backoff.may_spin()
+                        {
+                            spin_until = Some(now + budget);
+                            (spinning, adaptive, spins) = (true, true, 1);
+                            continue 'recv;
                         }
                     }
                     r.arm();
                     if self.takeable(&st, r)? {
-                        continue;
+                        continue 'recv;
                     }
                 }
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
@@ -558,6 +591,10 @@ impl LocalConnection {
                 st.harvested = true;
                 left
             };
+            if hand_over {
+                super::ring::yield_cpu();
+                continue;
+            }
             // Out of time: one look (without waiting) at what the socket has.
             looked = left.is_some_and(|l| l.is_zero());
             match self.sleep(backlog, left)? {

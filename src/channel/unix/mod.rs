@@ -6,6 +6,8 @@
 //! - `consumer.rs`: the connection, what arrives on it, and the backlog its releases wait in
 //!   when the producer is not reading.
 //! - `ring.rs`: the shared-memory ring per peer that pool items and their returns travel in.
+//! - `spin.rs`: the adaptive spin, a wait's poll before it sleeps while the peer is awake on
+//!   another CPU.
 //!
 //! Host memory travels as sealed memfds with `SCM_RIGHTS`; the transport never names a vendor
 //! (what a vendor needs, such as the pid an ACL exporter whitelists, comes from `crate::backend`).
@@ -41,6 +43,7 @@ fn seqpacket_socket() -> crate::error::Result<std::os::fd::OwnedFd> {
 mod consumer;
 mod producer;
 mod ring;
+mod spin;
 
 pub use consumer::LocalConnection;
 pub use producer::{LocalChannel, LocalPool};

@@ -46,7 +46,8 @@
 //!   ([`ConsumerRing::pay_owed`]): woken at once, the producer would only take this CPU from
 //!   the consumer for one return at a time. Between two CPUs every return wakes at once.
 //! - Handing the CPU over. Each side publishes the CPU it runs on (`P_HERE` when the producer
-//!   arms or yields, `C_HERE` when the consumer wakes or yields). A side about to sleep (a
+//!   sends an item, arms or yields; `C_HERE` when the consumer returns a slot, wakes or
+//!   yields; a store only when the CPU changed). A side about to sleep (a
 //!   producer's acquire that found no free slot, a consumer's receive that found no item)
 //!   whose peer is awake (its `pending` word set) on this same CPU first yields the CPU to it
 //!   (`sched_yield`), once per wait, then looks again, and only then arms and sleeps. On one
@@ -55,8 +56,11 @@
 //!   the slots to a producer that never slept, and each handoff is one yield instead of an
 //!   eventfd write, a wake-up and an `epoll_wait`. The words only decide whether a side yields
 //!   once before it sleeps, so a peer that writes them falsely costs the other side at most one
-//!   `sched_yield` per wait, never a wait longer than its own or a missed wake-up (the arm, the
-//!   look and the sleep are unchanged); between two CPUs nothing yields. The price: what the
+//!   `sched_yield` per wait and never a missed wake-up (the arm, the look and the sleep are
+//!   unchanged), but that yield may give the CPU to another thread ready to run there for the
+//!   rest of its time slice: a wait with less than [`YIELD_LEFT`] to go does not yield. A
+//!   side's word is only as fresh as its last item, return, wait or yield: one that moved to
+//!   another CPU since, while still awake, may be yielded to once per wait in vain. The price: what the
 //!   peer sends while this side is between its yield and its next look is not announced by a
 //!   wake-up (this side never slept), so it is taken when the scheduler runs this side again,
 //!   at the latest when the peer blocks or its time slice ends, where a wake-up might have
@@ -94,6 +98,10 @@ const P_PENDING: usize = 384; // [both]
 const P_CPU: usize = 448; // [producer] the CPU it armed the ring on, plus one, when it may wait for a return (0: wake it at once)
 const P_HERE: usize = 512; // [producer] the CPU it last armed or handed the CPU over on, plus one (see "Handing the CPU over")
 const C_HERE: usize = 576; // [consumer] likewise
+
+/// A wait with less time left than this does not yield the CPU (a yield may cost the rest of
+/// another thread's time slice).
+pub(crate) const YIELD_LEFT: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// The bit of a consumer's own return tail that says a thread is writing a return (the tail
 /// counts returns: it never reaches 2^63).
@@ -133,12 +141,37 @@ fn wake_unless_pending(pending: &AtomicU64, fd: BorrowedFd<'_>) {
     }
 }
 
+/// Say in `here` which CPU this thread runs on (a store only when it changed: the word is
+/// read by the other side on every wait).
+fn publish_cpu(here: &AtomicU64) {
+    let cpu = cpu_plus_one();
+    if here.load(Ordering::Relaxed) != cpu {
+        here.store(cpu, Ordering::Relaxed);
+    }
+}
+
 /// Whether the other side of a ring is awake (its `pending` word set) and said it runs on
 /// this CPU (its `here` word); if so, this side's CPU is published in `mine` first, and the
 /// caller yields ([`yield_cpu`]). See the module's "Handing the CPU over".
 fn awake_here(pending: &AtomicU64, here: &AtomicU64, mine: &AtomicU64) -> bool {
     let cpu = cpu_plus_one();
     if cpu == 0 || pending.load(Ordering::SeqCst) == 0 || here.load(Ordering::Relaxed) != cpu {
+        return false;
+    }
+    mine.store(cpu, Ordering::Relaxed);
+    true
+}
+
+/// Whether the other side of a ring is awake (its `pending` word set) and said it runs on
+/// another CPU than this thread's; if so, this side's CPU is published in `mine` first, and
+/// the caller may poll before it sleeps (see `spin.rs`).
+fn awake_elsewhere(pending: &AtomicU64, here: &AtomicU64, mine: &AtomicU64) -> bool {
+    let cpu = cpu_plus_one();
+    if cpu == 0 || pending.load(Ordering::SeqCst) == 0 {
+        return false;
+    }
+    let theirs = here.load(Ordering::Relaxed);
+    if theirs == 0 || theirs == cpu {
         return false;
     }
     mine.store(cpu, Ordering::Relaxed);
@@ -257,6 +290,7 @@ impl ProducerRing {
         }
         self.tail = self.tail.wrapping_add(1);
         s.word(ITEM_TAIL).store(self.tail, Ordering::SeqCst);
+        publish_cpu(s.word(P_HERE));
         wake_unless_pending(s.word(C_PENDING), self.c_efd.as_fd());
         Ok(true)
     }
@@ -277,6 +311,13 @@ impl ProducerRing {
     pub(crate) fn consumer_here(&self) -> bool {
         let s = &self.shared;
         awake_here(s.word(C_PENDING), s.word(C_HERE), s.word(P_HERE))
+    }
+
+    /// About to wait for a return: whether the consumer is awake on another CPU, so that the
+    /// producer may poll for its return before it sleeps (see `spin.rs`).
+    pub(crate) fn consumer_elsewhere(&self) -> bool {
+        let s = &self.shared;
+        awake_elsewhere(s.word(C_PENDING), s.word(C_HERE), s.word(P_HERE))
     }
 
     /// Take up to one ring's worth of returns, each given to `f` in order.
@@ -419,21 +460,25 @@ impl ConsumerRing {
         wake(self.c_efd.as_fd());
     }
 
-    /// About to wait for an item: when the producer is awake on this CPU, yield it the CPU
-    /// (once per wait; see the module's "Handing the CPU over"). Whether this thread yielded.
-    pub(crate) fn hand_over(&self) -> bool {
+    /// About to wait for an item: whether the producer is awake on this CPU, so that the
+    /// consumer yields it the CPU first ([`yield_cpu`], without the connection's lock; see the
+    /// module's "Handing the CPU over").
+    pub(crate) fn producer_here(&self) -> bool {
         let s = &self.shared;
-        let here = awake_here(s.word(P_PENDING), s.word(P_HERE), s.word(C_HERE));
-        if here {
-            yield_cpu();
-        }
-        here
+        awake_here(s.word(P_PENDING), s.word(P_HERE), s.word(C_HERE))
+    }
+
+    /// About to wait for an item: whether the producer is awake on another CPU, so that this
+    /// consumer may poll for the item before it sleeps (see `spin.rs`).
+    pub(crate) fn producer_elsewhere(&self) -> bool {
+        let s = &self.shared;
+        awake_elsewhere(s.word(P_PENDING), s.word(P_HERE), s.word(C_HERE))
     }
 
     /// Woken (or about to look without sleeping): say which CPU this consumer runs on, so
     /// that a producer on the same one may hand it the CPU.
     pub(crate) fn here(&self) {
-        self.shared.word(C_HERE).store(cpu_plus_one(), Ordering::Relaxed);
+        publish_cpu(self.shared.word(C_HERE));
     }
 
     /// About to sleep: the producer's next item wakes this consumer.
@@ -526,6 +571,7 @@ impl ConsumerRing {
         let tail = tail.wrapping_add(n) & !RET_BUSY;
         s.word(RET_TAIL).store(tail, Ordering::SeqCst);
         self.ret_tail.store(tail, Ordering::Release);
+        publish_cpu(s.word(C_HERE));
         // A producer asleep on this CPU (it said so, and that it looks again by itself), while
         // more items wait for this consumer: its wake-up would only take the CPU from this
         // consumer for one return; put it off until this consumer sleeps or finds nothing.
@@ -623,7 +669,7 @@ mod tests {
     }
 
     #[test]
-    fn a_side_hands_the_cpu_over_only_to_a_peer_awake_on_the_same_cpu() {
+    fn a_side_yields_only_to_a_peer_awake_on_its_cpu_and_polls_only_for_one_awake_on_another() {
         let here = stay_here();
         let (mut p, c) = pair();
         // An item wakes the consumer (its pending word set), which has not said where it
@@ -644,12 +690,23 @@ mod tests {
         // The consumer's side likewise: a producer awake here (its last arm or yield said so)
         // gets the CPU; one that sleeps (armed, pending clear) does not.
         p.arm(false);
-        assert!(!c.hand_over(), "a producer that sleeps");
+        assert!(!c.producer_here(), "a producer that sleeps");
         p.shared.word(P_PENDING).store(1, Ordering::SeqCst);
-        assert!(c.hand_over(), "a producer awake on this CPU");
+        assert!(c.producer_here(), "a producer awake on this CPU");
         assert_eq!(p.shared.word(C_HERE).load(Ordering::SeqCst), here, "the consumer said where it runs");
         p.shared.word(P_HERE).store(here + 1, Ordering::SeqCst);
-        assert!(!c.hand_over(), "on another CPU");
+        assert!(!c.producer_here(), "on another CPU");
+        // ... where the consumer may poll for it instead, and the producer for the consumer.
+        assert!(c.producer_elsewhere(), "awake on another CPU");
+        c.here();
+        assert!(!p.consumer_elsewhere(), "the consumer said it runs here");
+        p.shared.word(C_HERE).store(here + 1, Ordering::SeqCst);
+        assert!(p.consumer_elsewhere(), "the consumer awake on another CPU");
+        p.shared.word(C_PENDING).store(0, Ordering::SeqCst);
+        assert!(!p.consumer_elsewhere(), "a consumer that sleeps is woken, not polled for");
+        // A side's word follows it: the producer's next item says where it runs now.
+        assert!(p.push_item(0, &[2]).expect("push"));
+        assert_eq!(p.shared.word(P_HERE).load(Ordering::SeqCst), here, "refreshed by a send");
     }
 
     #[test]

@@ -763,7 +763,7 @@ impl LocalChannel {
         let state =
             PoolState { exporter: exp, slot_size, count, slots, events, free, out: 0, described, next: next.clone() };
         core.pools.insert(id, state);
-        Ok(LocalPool { shared: self.shared.clone(), id, slot_size, spin_ns: Default::default(), next, base })
+        Ok(LocalPool { shared: self.shared.clone(), id, slot_size, spin_ns: Default::default(), backoff: Default::default(), next, base })
     }
 }
 
@@ -781,6 +781,8 @@ pub struct LocalPool {
     slot_size: u64,
     /// How long [`Pool::acquire`] polls for a returned slot before it sleeps (ns; 0: not).
     spin_ns: std::sync::atomic::AtomicU64,
+    /// How this pool's adaptive spins went (spin.rs).
+    backoff: super::spin::Backoff,
     /// The slot set aside for the next acquire ([`PoolState::next`]).
     next: Arc<AtomicU64>,
     /// The address of slot 0 in this process (the export's, fixed for the pool's life).

@@ -89,6 +89,8 @@ impl LocalPool {
         // acquires find one), and one that finds none waits only after the next look.
         let mut first = true;
         let mut yielded = false;
+        // Whether this acquire considered the adaptive spin (once), and is in it now.
+        let (mut adapted, mut adaptive) = (false, false);
         loop {
             // Without a time limit (and not spinning), the wait below may be the channel's one
             // wait without a timer: claimed before the look that decides to wait (see `Locked`).
@@ -97,6 +99,9 @@ impl LocalPool {
             // A free slot, after the returns that came through a ring (taken without a system
             // call), under one lock: the path a spinning acquire turns on.
             if let Some(g) = self.take_free(&mut untimed)? {
+                if adaptive {
+                    self.backoff.spun(true);
+                }
                 return Ok(g);
             }
             if std::mem::take(&mut first) && deadline.is_none() && spin_until.is_none() {
@@ -123,15 +128,30 @@ impl LocalPool {
                     continue;
                 }
                 spin_until = None;
+                if std::mem::take(&mut adaptive) {
+                    self.backoff.spun(false);
+                }
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             // A consumer awake on this CPU gets it before this thread sleeps: it returns slots
             // while this producer is still awake (no wake-up to pay either way). Once per
-            // acquire, and only one that would wait.
-            if !yielded && !left.is_some_and(|l| l.is_zero()) {
+            // acquire, and only one with time to spare.
+            if !yielded && left.map_or(true, |l| l > ring::YIELD_LEFT) {
                 yielded = true;
                 if self.shared.lock()?.consumer_here() {
                     ring::yield_cpu();
+                    continue;
+                }
+            }
+            // A consumer awake on another CPU may return a slot before a wake-up would even
+            // reach this one: poll for a while first (spin.rs; once per acquire, not where the
+            // caller's own spin was on).
+            if !adapted && spin == 0 && !left.is_some_and(|l| l.is_zero()) {
+                adapted = true;
+                let budget = super::super::spin::budget();
+                if !budget.is_zero() && self.shared.lock()?.consumer_elsewhere() && self.backoff.may_spin() {
+                    spin_until = Some(Instant::now() + budget);
+                    (adaptive, spins) = (true, 1);
                     continue;
                 }
             }
@@ -149,7 +169,8 @@ impl LocalPool {
 
     /// Let [`Self::acquire`] poll for a returned slot for up to `spin` before it sleeps (for a
     /// producer that owns a core: a return is taken within a microsecond or so instead of after
-    /// a wake-up); zero (the default) sleeps at once. At most [`super::super::MAX_SPIN`].
+    /// a wake-up); zero (the default) adds no spin of its own (the adaptive one, `spin.rs`,
+    /// still applies). At most [`super::super::MAX_SPIN`].
     pub fn set_spin(&self, spin: Duration) -> Result<()> {
         self.spin_ns.store(spin_ns(spin)?, std::sync::atomic::Ordering::Relaxed);
         Ok(())
@@ -454,6 +475,10 @@ impl Core {
     /// to wait yields it the CPU first (see `ring`'s "Handing the CPU over").
     pub(super) fn consumer_here(&self) -> bool {
         self.peers.iter().filter_map(|p| p.ring.as_ref()).any(|r| r.consumer_here())
+    }
+
+    pub(super) fn consumer_elsewhere(&self) -> bool {
+        self.peers.iter().filter_map(|p| p.ring.as_ref()).any(|r| r.consumer_elsewhere())
     }
 
     /// Take the returns waiting in the peers' rings; with `arm`, first ask each peer to wake
