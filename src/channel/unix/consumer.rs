@@ -278,6 +278,8 @@ pub struct LocalConnection {
     spin_ns: std::sync::atomic::AtomicU64,
     /// How this connection's adaptive spins went (spin.rs).
     backoff: super::spin::Backoff,
+    /// How its yields to a producer on the same CPU went (spin.rs).
+    yields: super::spin::YieldGuard,
     /// The stream received device items are read on (`CUstream` / `aclrtStream`; 0: none, an
     /// item's event is waited for on the host).
     stream: std::sync::atomic::AtomicUsize,
@@ -400,7 +402,8 @@ impl LocalConnection {
                                     NEXT.fetch_add(1, Ordering::Relaxed)
                                 },
                                 spin_ns: Default::default(),
-                                backoff: Default::default(),
+                                backoff: super::spin::Backoff::new(super::spin::MAX_SPIN_PENALTY),
+                                yields: Default::default(),
                                 stream: Default::default(),
                                 polled: AtomicBool::new(false),
                             });
@@ -519,7 +522,7 @@ impl LocalConnection {
                     spinning = spin_until.is_some_and(|u| now < u) && deadline.map_or(true, |d| now < d);
                     if adaptive && !spinning {
                         adaptive = false;
-                        self.backoff.spun(false);
+                        self.backoff.tried(false);
                     }
                 }
                 socket |= spinning && spins % 64 == 0;
@@ -528,7 +531,7 @@ impl LocalConnection {
                 socket = self.shared.ring.get().is_none();
                 if let Some(imp) = took? {
                     if adaptive {
-                        self.backoff.spun(true);
+                        self.backoff.tried(true);
                     }
                     self.leave(&mut st);
                     return Ok(imp);
@@ -557,7 +560,7 @@ impl LocalConnection {
                     // connection's lock is let go (below).
                     if !yielded && deadline.map_or(true, |d| d > Instant::now() + super::ring::YIELD_LEFT) {
                         yielded = true;
-                        if r.producer_here() {
+                        if self.yields.may_yield() && r.producer_here() {
                             hand_over = true;
                             break 'look None;
                         }
@@ -572,7 +575,7 @@ impl LocalConnection {
                         if !budget.is_zero()
                             && deadline.map_or(true, |d| now < d)
                             && r.producer_elsewhere()
-                            && self.backoff.may_spin()
+                            && self.backoff.may_try()
                         {
                             spin_until = Some(now + budget);
                             (spinning, adaptive, spins) = (true, true, 1);
@@ -592,7 +595,9 @@ impl LocalConnection {
                 left
             };
             if hand_over {
+                let began = Instant::now();
                 super::ring::yield_cpu();
+                self.yields.yielded(began);
                 continue;
             }
             // Out of time: one look (without waiting) at what the socket has.

@@ -11,20 +11,34 @@
 //! sends or returns without writing its eventfd either.
 //!
 //! The spin adapts ([`Backoff`]): one that ran out without finding anything makes the next
-//! 1, 3, 7, ... up to 1023 waits of that pool or connection sleep at once; one that found what
+//! 1, 3, 7, ... up to 1,023 waits of that pool or connection sleep at once; one that found what
 //! it waited for ends the penalty. A side whose peer keeps it waiting (or a hostile peer that
 //! claims to be awake and sends nothing) therefore costs it at most one budget per doubling
 //! run of waits, not one per wait. Nothing spins on the peer's CPU (that side yields instead),
 //! nor in a call with a zero timeout, nor past a call's timeout.
+//!
+//! The yield to a peer on the same CPU (ring.rs, "Handing the CPU over") is guarded too
+//! ([`YieldGuard`], one per pool or connection): a yield that took [`SLOW_YIELD`] or more gave
+//! the CPU to another thread for its time slice (a CPU shared with a busy thread), which costs
+//! milliseconds where a hand-over saves microseconds, so it stops the side's yields for 100 ms,
+//! doubling with each such yield up to a minute, and back to 100 ms once ten times the current
+//! pause passed without one. (A quick yield that brought nothing cost one system call.)
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// A yield to the peer that took this long gave the CPU to some other thread for its time
+/// slice (the peer's own work between two waits takes less, or the yield did not pay).
+pub(crate) const SLOW_YIELD: Duration = Duration::from_micros(500);
+/// How long a slow yield stops a side's yields, at first and at most.
+const FIRST_PAUSE_MS: u64 = 100;
+const LONGEST_PAUSE_MS: u64 = 60_000;
 
 /// The budget unless `DEVSHARE_ADAPTIVE_SPIN_US` sets one.
 const DEFAULT_US: u64 = 50;
 /// The most a side waits out after spins that found nothing (in waits).
-const MAX_PENALTY: u32 = 1023;
+pub(crate) const MAX_SPIN_PENALTY: u32 = 1023;
 
 /// How long a side polls before it sleeps while its peer is awake on another CPU (zero: not at
 /// all). `DEVSHARE_ADAPTIVE_SPIN_US` (read once per process, at most
@@ -38,17 +52,23 @@ pub(crate) fn budget() -> Duration {
 }
 
 /// One pool's or connection's record of how its adaptive spins went.
-#[derive(Default)]
 pub(crate) struct Backoff {
     /// Waits left that sleep at once.
     skip: AtomicU32,
     /// What the next spin that finds nothing sets `skip` to, less one, halved.
     penalty: AtomicU32,
+    /// The most `skip` grows to.
+    max: u32,
 }
 
 impl Backoff {
+    /// A record whose penalty grows to at most `max` waits.
+    pub(crate) fn new(max: u32) -> Backoff {
+        Backoff { skip: AtomicU32::new(0), penalty: AtomicU32::new(0), max }
+    }
+
     /// Whether this wait may spin (else it counts one of the waits that sleep at once).
-    pub(crate) fn may_spin(&self) -> bool {
+    pub(crate) fn may_try(&self) -> bool {
         let skip = self.skip.load(Ordering::Relaxed);
         if skip == 0 {
             return true;
@@ -58,14 +78,53 @@ impl Backoff {
     }
 
     /// How a spin ended: `found`, what it waited for came; else it ran out.
-    pub(crate) fn spun(&self, found: bool) {
+    pub(crate) fn tried(&self, found: bool) {
         if found {
             self.penalty.store(0, Ordering::Relaxed);
             self.skip.store(0, Ordering::Relaxed);
         } else {
-            let p = (self.penalty.load(Ordering::Relaxed) * 2 + 1).min(MAX_PENALTY);
+            let p = self.penalty.load(Ordering::Relaxed).saturating_mul(2).saturating_add(1).min(self.max);
             self.penalty.store(p, Ordering::Relaxed);
             self.skip.store(p, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Milliseconds since this process first asked (a clock the guards share).
+fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+/// One pool's or connection's record of how its yields to a peer on the same CPU went.
+pub(crate) struct YieldGuard {
+    /// No yield before this ([`now_ms`]).
+    paused_until: AtomicU64,
+    /// The pause the next slow yield starts (ms).
+    pause: AtomicU64,
+}
+
+impl Default for YieldGuard {
+    fn default() -> YieldGuard {
+        YieldGuard { paused_until: AtomicU64::new(0), pause: AtomicU64::new(FIRST_PAUSE_MS) }
+    }
+}
+
+impl YieldGuard {
+    /// Whether this wait may yield to the peer (else it sleeps as it would have).
+    pub(crate) fn may_yield(&self) -> bool {
+        now_ms() >= self.paused_until.load(Ordering::Relaxed)
+    }
+
+    /// A yield that began at `began` is over.
+    pub(crate) fn yielded(&self, began: Instant) {
+        let now = now_ms();
+        let pause = self.pause.load(Ordering::Relaxed);
+        if began.elapsed() >= SLOW_YIELD {
+            self.paused_until.store(now + pause, Ordering::Relaxed);
+            self.pause.store((pause * 2).min(LONGEST_PAUSE_MS), Ordering::Relaxed);
+        } else if pause > FIRST_PAUSE_MS && now > self.paused_until.load(Ordering::Relaxed) + 10 * pause {
+            self.pause.store(FIRST_PAUSE_MS, Ordering::Relaxed);
         }
     }
 }
@@ -76,24 +135,40 @@ mod tests {
 
     #[test]
     fn spins_that_find_nothing_make_ever_more_waits_sleep_at_once_and_one_that_finds_ends_that() {
-        let b = Backoff::default();
-        assert!(b.may_spin());
+        let b = Backoff::new(MAX_SPIN_PENALTY);
+        assert!(b.may_try());
         // Each spin that runs out doubles the run of waits that do not spin: 1, 3, 7, ...
         let mut skipped = Vec::new();
         for _ in 0..12 {
-            b.spun(false);
+            b.tried(false);
             let mut n = 0;
-            while !b.may_spin() {
+            while !b.may_try() {
                 n += 1;
             }
             skipped.push(n);
         }
         assert_eq!(skipped, [1, 3, 7, 15, 31, 63, 127, 255, 511, 1023, 1023, 1023]);
         // A spin that found what it waited for: the next wait spins, and so does the one after.
-        b.spun(true);
-        assert!(b.may_spin() && b.may_spin());
-        b.spun(false);
-        assert!(!b.may_spin(), "the penalty starts again from one");
-        assert!(b.may_spin());
+        b.tried(true);
+        assert!(b.may_try() && b.may_try());
+        b.tried(false);
+        assert!(!b.may_try(), "the penalty starts again from one");
+        assert!(b.may_try());
+    }
+
+    #[test]
+    fn a_slow_yield_pauses_yields_for_a_while_and_longer_each_time() {
+        let g = YieldGuard::default();
+        assert!(g.may_yield());
+        g.yielded(Instant::now());
+        assert!(g.may_yield(), "a quick yield");
+        // Slow (the CPU went to another thread): no yield for 100 ms.
+        g.yielded(Instant::now() - SLOW_YIELD);
+        for _ in 0..1000 {
+            assert!(!g.may_yield(), "paused");
+        }
+        assert_eq!(g.pause.load(Ordering::Relaxed), 2 * FIRST_PAUSE_MS, "the next pause is twice as long");
+        std::thread::sleep(Duration::from_millis(FIRST_PAUSE_MS + 20));
+        assert!(g.may_yield(), "the pause is over");
     }
 }

@@ -763,7 +763,16 @@ impl LocalChannel {
         let state =
             PoolState { exporter: exp, slot_size, count, slots, events, free, out: 0, described, next: next.clone() };
         core.pools.insert(id, state);
-        Ok(LocalPool { shared: self.shared.clone(), id, slot_size, spin_ns: Default::default(), backoff: Default::default(), next, base })
+        Ok(LocalPool {
+            shared: self.shared.clone(),
+            id,
+            slot_size,
+            spin_ns: Default::default(),
+            backoff: super::spin::Backoff::new(super::spin::MAX_SPIN_PENALTY),
+            yields: Default::default(),
+            next,
+            base,
+        })
     }
 }
 
@@ -783,6 +792,8 @@ pub struct LocalPool {
     spin_ns: std::sync::atomic::AtomicU64,
     /// How this pool's adaptive spins went (spin.rs).
     backoff: super::spin::Backoff,
+    /// How its yields to a consumer on the same CPU went (spin.rs).
+    yields: super::spin::YieldGuard,
     /// The slot set aside for the next acquire ([`PoolState::next`]).
     next: Arc<AtomicU64>,
     /// The address of slot 0 in this process (the export's, fixed for the pool's life).

@@ -100,7 +100,7 @@ impl LocalPool {
             // call), under one lock: the path a spinning acquire turns on.
             if let Some(g) = self.take_free(&mut untimed)? {
                 if adaptive {
-                    self.backoff.spun(true);
+                    self.backoff.tried(true);
                 }
                 return Ok(g);
             }
@@ -129,7 +129,7 @@ impl LocalPool {
                 }
                 spin_until = None;
                 if std::mem::take(&mut adaptive) {
-                    self.backoff.spun(false);
+                    self.backoff.tried(false);
                 }
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
@@ -138,8 +138,10 @@ impl LocalPool {
             // acquire, and only one with time to spare.
             if !yielded && left.map_or(true, |l| l > ring::YIELD_LEFT) {
                 yielded = true;
-                if self.shared.lock()?.consumer_here() {
+                if self.yields.may_yield() && self.shared.lock()?.consumer_here() {
+                    let began = Instant::now();
                     ring::yield_cpu();
+                    self.yields.yielded(began);
                     continue;
                 }
             }
@@ -149,7 +151,7 @@ impl LocalPool {
             if !adapted && spin == 0 && !left.is_some_and(|l| l.is_zero()) {
                 adapted = true;
                 let budget = super::super::spin::budget();
-                if !budget.is_zero() && self.shared.lock()?.consumer_elsewhere() && self.backoff.may_spin() {
+                if !budget.is_zero() && self.shared.lock()?.consumer_elsewhere() && self.backoff.may_try() {
                     spin_until = Some(Instant::now() + budget);
                     (adaptive, spins) = (true, 1);
                     continue;
