@@ -2580,9 +2580,19 @@ fn a_producer_and_consumer_on_one_cpu_hand_it_over_without_losing_an_item_pipeli
 fn a_producer_and_consumer_on_two_cpus_lose_no_item_while_polling_for_each_other() {
     // On two CPUs each side that finds nothing to do while the other is awake polls for a
     // while before it sleeps (spin.rs): the same items, in order, every slot back.
+    // And the consumer hardly ever sleeps (without the poll it sleeps for nearly every item;
+    // up to three tries, as on one CPU).
     let Some((a, b)) = two_allowed_cpus() else { return };
+    let n = 20_000;
     for slots in [8u32, 1] {
-        items_between(a, b, slots, 20_000);
+        let mut sleeps = Vec::new();
+        while sleeps.len() < 3 && sleeps.last().map_or(true, |&s| s >= n / 4) {
+            sleeps.push(items_between(a, b, slots, n));
+        }
+        assert!(
+            sleeps.iter().any(|&s| s < n / 4),
+            "with {slots} slots the consumer slept {sleeps:?} times for {n} items"
+        );
     }
 }
 
@@ -2637,7 +2647,7 @@ fn a_consumer_that_claims_to_be_awake_costs_an_acquire_one_yield_or_one_short_po
             assert_eq!(status(pool.acquire(Some(Duration::from_millis(400)))), Status::Timeout);
             let (took, used) = (t.elapsed(), thread_cpu() - cpu_before);
             assert!(took < Duration::from_secs(3), "{tag}: a 400 ms acquire took {took:?}");
-            assert!(used < Duration::from_millis(100), "{tag}: a 400 ms acquire used {used:?} of CPU");
+            assert!(used < Duration::from_millis(30), "{tag}: a 400 ms acquire used {used:?} of CPU");
         }
         pin_thread_to_all();
     }
@@ -2669,7 +2679,7 @@ fn a_producer_that_claims_to_be_awake_costs_a_receive_one_yield_or_one_short_pol
             assert_eq!(status(c.recv(Some(Duration::from_millis(400)))), Status::Timeout);
             let (took, used) = (t.elapsed(), thread_cpu() - cpu_before);
             assert!(took < Duration::from_secs(3), "{tag}: a 400 ms receive took {took:?}");
-            assert!(used < Duration::from_millis(100), "{tag}: a 400 ms receive used {used:?} of CPU");
+            assert!(used < Duration::from_millis(30), "{tag}: a 400 ms receive used {used:?} of CPU");
         }
         // An item put in the ring now (after the ATTACH and RING messages) is received.
         ring.put_item(0, 2, &item_msg(1, 1, 0, 64), item_msg(1, 1, 0, 64).len() as u64);

@@ -546,6 +546,10 @@ impl LocalConnection {
                     return Err(Error::Closed("the producer closed the channel or exited".into()));
                 }
                 if spinning {
+                    if adaptive && spins % super::spin::YIELD_EVERY == 0 {
+                        hand_over = true; // let another thread ready here run (spin.rs)
+                        break 'look None;
+                    }
                     std::hint::spin_loop();
                     continue 'recv;
                 }
@@ -597,7 +601,9 @@ impl LocalConnection {
             if hand_over {
                 let began = Instant::now();
                 super::ring::yield_cpu();
-                self.yields.yielded(began);
+                if !adaptive {
+                    self.yields.yielded(began);
+                }
                 continue;
             }
             // Out of time: one look (without waiting) at what the socket has.

@@ -46,8 +46,8 @@
 //!   ([`ConsumerRing::pay_owed`]): woken at once, the producer would only take this CPU from
 //!   the consumer for one return at a time. Between two CPUs every return wakes at once.
 //! - Handing the CPU over. Each side publishes the CPU it runs on (`P_HERE` when the producer
-//!   sends an item, arms or yields; `C_HERE` when the consumer returns a slot, wakes or
-//!   yields; a store only when the CPU changed). A side about to sleep (a
+//!   arms or yields and with every 16th item, `C_HERE` when the consumer wakes or yields and
+//!   with every 16th return; a store only when the CPU changed). A side about to sleep (a
 //!   producer's acquire that found no free slot, a consumer's receive that found no item)
 //!   whose peer is awake (its `pending` word set) on this same CPU first yields the CPU to it
 //!   (`sched_yield`), once per wait, then looks again, and only then arms and sleeps. On one
@@ -58,7 +58,8 @@
 //!   once before it sleeps, so a peer that writes them falsely costs the other side at most one
 //!   `sched_yield` per wait and never a missed wake-up (the arm, the look and the sleep are
 //!   unchanged), but that yield may give the CPU to another thread ready to run there for the
-//!   rest of its time slice: a wait with less than [`YIELD_LEFT`] to go does not yield. A
+//!   rest of its time slice: a wait with less than [`YIELD_LEFT`] to go does not yield, and a
+//!   yield that took long pauses the side's yields (`spin.rs`, `YieldGuard`). A
 //!   side's word is only as fresh as its last item, return, wait or yield: one that moved to
 //!   another CPU since, while still awake, may be yielded to once per wait in vain. The price: what the
 //!   peer sends while this side is between its yield and its next look is not announced by a
@@ -96,8 +97,13 @@ const RET_TAIL: usize = 256; // [consumer]
 const RET_HEAD: usize = 320; // [producer]
 const P_PENDING: usize = 384; // [both]
 const P_CPU: usize = 448; // [producer] the CPU it armed the ring on, plus one, when it may wait for a return (0: wake it at once)
-const P_HERE: usize = 512; // [producer] the CPU it last armed or handed the CPU over on, plus one (see "Handing the CPU over")
+const P_HERE: usize = 512; // [producer] the CPU it last sent, armed or yielded on, plus one (see "Handing the CPU over")
 const C_HERE: usize = 576; // [consumer] likewise
+
+/// A side refreshes its CPU word with every this many items sent or slots returned (and
+/// whenever it arms, wakes or yields): often enough to follow a side the scheduler moved,
+/// rarely enough to cost nothing per item where `sched_getcpu` is a system call.
+const REFRESH_EVERY: u64 = 16;
 
 /// A wait with less time left than this does not yield the CPU (a yield may cost the rest of
 /// another thread's time slice).
@@ -290,7 +296,9 @@ impl ProducerRing {
         }
         self.tail = self.tail.wrapping_add(1);
         s.word(ITEM_TAIL).store(self.tail, Ordering::SeqCst);
-        publish_cpu(s.word(P_HERE));
+        if self.tail % REFRESH_EVERY == 0 {
+            publish_cpu(s.word(P_HERE));
+        }
         wake_unless_pending(s.word(C_PENDING), self.c_efd.as_fd());
         Ok(true)
     }
@@ -571,7 +579,9 @@ impl ConsumerRing {
         let tail = tail.wrapping_add(n) & !RET_BUSY;
         s.word(RET_TAIL).store(tail, Ordering::SeqCst);
         self.ret_tail.store(tail, Ordering::Release);
-        publish_cpu(s.word(C_HERE));
+        if tail % REFRESH_EVERY == 0 {
+            publish_cpu(s.word(C_HERE));
+        }
         // A producer asleep on this CPU (it said so, and that it looks again by itself), while
         // more items wait for this consumer: its wake-up would only take the CPU from this
         // consumer for one return; put it off until this consumer sleeps or finds nothing.
@@ -704,9 +714,17 @@ mod tests {
         assert!(p.consumer_elsewhere(), "the consumer awake on another CPU");
         p.shared.word(C_PENDING).store(0, Ordering::SeqCst);
         assert!(!p.consumer_elsewhere(), "a consumer that sleeps is woken, not polled for");
-        // A side's word follows it: the producer's next item says where it runs now.
-        assert!(p.push_item(0, &[2]).expect("push"));
-        assert_eq!(p.shared.word(P_HERE).load(Ordering::SeqCst), here, "refreshed by a send");
+        // A side's word follows it: the producer's items (every 16th) and the consumer's
+        // returns (likewise) say where it runs now.
+        p.shared.word(P_HERE).store(here + 1, Ordering::SeqCst);
+        for i in 0..REFRESH_EVERY {
+            assert!(p.push_item(0, &[i as u8]).expect("push"));
+        }
+        assert_eq!(p.shared.word(P_HERE).load(Ordering::SeqCst), here, "refreshed by the sends");
+        for i in 0..REFRESH_EVERY as u32 {
+            assert!(c.push_return(1, i));
+        }
+        assert_eq!(p.shared.word(C_HERE).load(Ordering::SeqCst), here, "refreshed by the returns");
     }
 
     #[test]

@@ -12,10 +12,16 @@
 //!
 //! The spin adapts ([`Backoff`]): one that ran out without finding anything makes the next
 //! 1, 3, 7, ... up to 1,023 waits of that pool or connection sleep at once; one that found what
-//! it waited for ends the penalty. A side whose peer keeps it waiting (or a hostile peer that
+//! it waited for halves that penalty. A side whose peer keeps it waiting (or a hostile peer that
 //! claims to be awake and sends nothing) therefore costs it at most one budget per doubling
-//! run of waits, not one per wait. Nothing spins on the peer's CPU (that side yields instead),
-//! nor in a call with a zero timeout, nor past a call's timeout.
+//! run of waits, not one per wait; a peer that answers in about the budget, sometimes within
+//! it and sometimes not, still costs the waiting side up to a few times the CPU a sleep would.
+//! A spin yields the CPU every [`YIELD_EVERY`] turns (a no-op unless another thread is ready
+//! to run there): with more ready threads than CPUs (many consumers, a CPU quota), a spinner
+//! that keeps finding its item soon enough would otherwise take the CPU from the others. No
+//! side spins for a peer that said it runs on its own CPU (it yields instead; the words are as
+//! fresh as the peer's last 16 items, arm or yield), nor in a call with a zero timeout, nor
+//! past a call's timeout.
 //!
 //! The yield to a peer on the same CPU (ring.rs, "Handing the CPU over") is guarded too
 //! ([`YieldGuard`], one per pool or connection): a yield that took [`SLOW_YIELD`] or more gave
@@ -27,6 +33,9 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+/// An adaptive spin yields the CPU once every this many turns.
+pub(crate) const YIELD_EVERY: u32 = 32;
 
 /// A yield to the peer that took this long gave the CPU to some other thread for its time
 /// slice (the peer's own work between two waits takes less, or the yield did not pay).
@@ -80,7 +89,9 @@ impl Backoff {
     /// How a spin ended: `found`, what it waited for came; else it ran out.
     pub(crate) fn tried(&self, found: bool) {
         if found {
-            self.penalty.store(0, Ordering::Relaxed);
+            // Halved, not cleared: a peer that answers within the budget only now and then
+            // keeps the spins rare.
+            self.penalty.store(self.penalty.load(Ordering::Relaxed) / 2, Ordering::Relaxed);
             self.skip.store(0, Ordering::Relaxed);
         } else {
             let p = self.penalty.load(Ordering::Relaxed).saturating_mul(2).saturating_add(1).min(self.max);
@@ -134,7 +145,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn spins_that_find_nothing_make_ever_more_waits_sleep_at_once_and_one_that_finds_ends_that() {
+    fn spins_that_find_nothing_make_ever_more_waits_sleep_at_once_and_one_that_finds_halves_that() {
         let b = Backoff::new(MAX_SPIN_PENALTY);
         assert!(b.may_try());
         // Each spin that runs out doubles the run of waits that do not spin: 1, 3, 7, ...
@@ -151,9 +162,13 @@ mod tests {
         // A spin that found what it waited for: the next wait spins, and so does the one after.
         b.tried(true);
         assert!(b.may_try() && b.may_try());
+        // Halved: 1023 -> 511, so the next spin that finds nothing makes 1023 waits sleep.
         b.tried(false);
-        assert!(!b.may_try(), "the penalty starts again from one");
-        assert!(b.may_try());
+        let mut n = 0;
+        while !b.may_try() {
+            n += 1;
+        }
+        assert_eq!(n, 1023);
     }
 
     #[test]

@@ -124,6 +124,9 @@ impl LocalPool {
                     if spins % 64 == 0 {
                         self.shared.serve(Some(Duration::ZERO), Arm::No, None)?;
                     }
+                    if adaptive && spins % super::super::spin::YIELD_EVERY == 0 {
+                        ring::yield_cpu(); // let another thread ready here run (spin.rs)
+                    }
                     std::hint::spin_loop();
                     continue;
                 }
