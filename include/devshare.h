@@ -1022,8 +1022,10 @@ int32_t devshare_channel_connect(const char *address_,
                                  struct DevshareConnection **out);
 
 // Let `devshare_connection_recv` poll for an item for up to `spin_us` microseconds before it
-// sleeps (see `devshare_pool_set_spin`); 0 (the default) sleeps at once; at most
-// `DEVSHARE_MAX_SPIN_US`. A receive with a shorter timeout spins only that long.
+// sleeps (see `devshare_pool_set_spin`); 0 (the default) adds no spin of its own (the receive
+// still polls for up to 50 µs while the producer is awake on another CPU, as
+// `devshare_pool_set_spin` says); at most `DEVSHARE_MAX_SPIN_US`. A receive with a shorter
+// timeout spins only that long.
 int32_t devshare_connection_set_spin(struct DevshareConnection *conn, uint32_t spin_us);
 
 // Read the device items this connection receives on `stream` (`CUstream` / `aclrtStream`, of
@@ -1132,7 +1134,10 @@ int32_t devshare_pool_create(struct DevshareChannel *channel,
 // before it sleeps: for a producer thread that owns a CPU core, a return is then taken within
 // about a microsecond instead of after the scheduler wakes the thread (which costs tens of
 // microseconds when producer and consumer run on different cores). It burns its core while it
-// spins. 0 (the default) sleeps at once; at most `DEVSHARE_MAX_SPIN_US`.
+// spins. 0 (the default) adds no spin of its own: the acquire still polls for up to 50 µs
+// (`DEVSHARE_ADAPTIVE_SPIN_US`) while a consumer is awake on another CPU, less after such
+// polls found nothing (docs/channels.md, "The adaptive spin"); at most
+// `DEVSHARE_MAX_SPIN_US`.
 int32_t devshare_pool_set_spin(struct DevsharePool *pool, uint32_t spin_us);
 
 // Take a free slot: `*slot` receives its index, `*ptr` (may be NULL) its address in this

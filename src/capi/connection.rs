@@ -108,7 +108,8 @@ pub unsafe extern "C" fn devshare_channel_connect(
 /// Let `devshare_connection_recv` poll for an item for up to `spin_us` microseconds before it
 /// sleeps (see `devshare_pool_set_spin`); 0 (the default) adds no spin of its own (the receive
 /// still polls for up to 50 µs while the producer is awake on another CPU, as
-/// `devshare_pool_set_spin` says); at most `DEVSHARE_MAX_SPIN_US`. A receive with a shorter timeout spins only that long.
+/// `devshare_pool_set_spin` says); at most `DEVSHARE_MAX_SPIN_US`. A receive with a shorter
+/// timeout spins only that long.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_connection_set_spin(conn: *mut DevshareConnection, spin_us: u32) -> i32 {
     boundary("devshare_connection_set_spin", || {
