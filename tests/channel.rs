@@ -2660,17 +2660,7 @@ fn a_producer_that_claims_to_be_awake_costs_a_receive_one_yield_or_one_short_pol
     // sleeps: it times out on time with next to no CPU, and an item sent afterwards still
     // wakes it.
     for (claim, tag) in [(1u64, "this CPU"), (2, "another CPU")] {
-        let (c, p) = fake_connection("hand-over-producer", 0);
-        let pool_fd = sealed_memfd(4 * 4096);
-        p.send(&attach_msg(1, 4096, 4, &memfd_handle(4 * 4096, 4 * 4096)), &[pool_fd.as_fd()]);
-        let mem = sealed_memfd(RING_SIZE as u64);
-        let ring = RawRing::map(mem.as_fd());
-        ring.word(0).store(u64::from_le_bytes(*b"DSRING01"), Ordering::SeqCst);
-        let efd = || rustix::event::eventfd(1, rustix::event::EventfdFlags::CLOEXEC).unwrap();
-        let (c_efd, p_efd) = (efd(), efd());
-        let ring_msg = le(&[&12u32.to_le_bytes(), &1024u32.to_le_bytes(), &256u32.to_le_bytes()]);
-        p.send(&ring_msg, &[mem.as_fd(), c_efd.as_fd(), p_efd.as_fd()]);
-        assert_eq!(status(c.recv(Some(Duration::from_millis(200)))), Status::Timeout, "the ring is taken");
+        let (c, _p, ring, c_efd, _p_efd, _mem) = ring_consumer("hand-over-producer");
         let cpu = pin_thread(some_allowed_cpu());
         ring.word(P_PENDING).store(1, Ordering::SeqCst);
         ring.word(P_HERE).store(cpu as u64 + claim, Ordering::SeqCst);

@@ -402,7 +402,7 @@ impl LocalConnection {
                                     NEXT.fetch_add(1, Ordering::Relaxed)
                                 },
                                 spin_ns: Default::default(),
-                                backoff: super::spin::Backoff::new(super::spin::MAX_SPIN_PENALTY),
+                                backoff: Default::default(),
                                 yields: Default::default(),
                                 stream: Default::default(),
                                 polled: AtomicBool::new(false),
@@ -564,7 +564,7 @@ impl LocalConnection {
                     // connection's lock is let go (below).
                     if !yielded && deadline.map_or(true, |d| d > Instant::now() + super::ring::YIELD_LEFT) {
                         yielded = true;
-                        if self.yields.may_yield() && r.producer_here() {
+                        if self.yields.may_yield() && r.producer_awake_on(true) {
                             hand_over = true;
                             break 'look None;
                         }
@@ -578,7 +578,7 @@ impl LocalConnection {
                         let now = Instant::now();
                         if !budget.is_zero()
                             && deadline.map_or(true, |d| now < d)
-                            && r.producer_elsewhere()
+                            && r.producer_awake_on(false)
                             && self.backoff.may_try()
                         {
                             spin_until = Some(now + budget);

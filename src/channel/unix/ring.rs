@@ -157,27 +157,16 @@ fn publish_cpu(here: &AtomicU64) {
 }
 
 /// Whether the other side of a ring is awake (its `pending` word set) and said it runs on
-/// this CPU (its `here` word); if so, this side's CPU is published in `mine` first, and the
-/// caller yields ([`yield_cpu`]). See the module's "Handing the CPU over".
-fn awake_here(pending: &AtomicU64, here: &AtomicU64, mine: &AtomicU64) -> bool {
-    let cpu = cpu_plus_one();
-    if cpu == 0 || pending.load(Ordering::SeqCst) == 0 || here.load(Ordering::Relaxed) != cpu {
-        return false;
-    }
-    mine.store(cpu, Ordering::Relaxed);
-    true
-}
-
-/// Whether the other side of a ring is awake (its `pending` word set) and said it runs on
-/// another CPU than this thread's; if so, this side's CPU is published in `mine` first, and
-/// the caller may poll before it sleeps (see `spin.rs`).
-fn awake_elsewhere(pending: &AtomicU64, here: &AtomicU64, mine: &AtomicU64) -> bool {
+/// this thread's CPU (`same`) or on another (its `here` word); if so, this side's CPU is
+/// published in `mine` first, and the caller yields ([`yield_cpu`]: the same CPU, "Handing the
+/// CPU over") or may poll before it sleeps (another CPU, `spin.rs`).
+fn awake_on(same: bool, pending: &AtomicU64, here: &AtomicU64, mine: &AtomicU64) -> bool {
     let cpu = cpu_plus_one();
     if cpu == 0 || pending.load(Ordering::SeqCst) == 0 {
         return false;
     }
     let theirs = here.load(Ordering::Relaxed);
-    if theirs == 0 || theirs == cpu {
+    if theirs == 0 || (theirs == cpu) != same {
         return false;
     }
     mine.store(cpu, Ordering::Relaxed);
@@ -313,19 +302,13 @@ impl ProducerRing {
         self.shared.word(P_PENDING).store(0, Ordering::SeqCst);
     }
 
-    /// About to wait for a return: whether the consumer is awake on this CPU, so that the
-    /// producer yields it the CPU first ([`yield_cpu`], without the channel's lock; see the
-    /// module's "Handing the CPU over").
-    pub(crate) fn consumer_here(&self) -> bool {
+    /// About to wait for a return: whether the consumer is awake on this CPU (`same`: the
+    /// producer yields it the CPU first, [`yield_cpu`], without the channel's lock; see the
+    /// module's "Handing the CPU over") or on another (the producer may poll for its return
+    /// before it sleeps, `spin.rs`).
+    pub(crate) fn consumer_awake_on(&self, same: bool) -> bool {
         let s = &self.shared;
-        awake_here(s.word(C_PENDING), s.word(C_HERE), s.word(P_HERE))
-    }
-
-    /// About to wait for a return: whether the consumer is awake on another CPU, so that the
-    /// producer may poll for its return before it sleeps (see `spin.rs`).
-    pub(crate) fn consumer_elsewhere(&self) -> bool {
-        let s = &self.shared;
-        awake_elsewhere(s.word(C_PENDING), s.word(C_HERE), s.word(P_HERE))
+        awake_on(same, s.word(C_PENDING), s.word(C_HERE), s.word(P_HERE))
     }
 
     /// Take up to one ring's worth of returns, each given to `f` in order.
@@ -468,19 +451,13 @@ impl ConsumerRing {
         wake(self.c_efd.as_fd());
     }
 
-    /// About to wait for an item: whether the producer is awake on this CPU, so that the
-    /// consumer yields it the CPU first ([`yield_cpu`], without the connection's lock; see the
-    /// module's "Handing the CPU over").
-    pub(crate) fn producer_here(&self) -> bool {
+    /// About to wait for an item: whether the producer is awake on this CPU (`same`: the
+    /// consumer yields it the CPU first, [`yield_cpu`], without the connection's lock; see the
+    /// module's "Handing the CPU over") or on another (the consumer may poll for the item
+    /// before it sleeps, `spin.rs`).
+    pub(crate) fn producer_awake_on(&self, same: bool) -> bool {
         let s = &self.shared;
-        awake_here(s.word(P_PENDING), s.word(P_HERE), s.word(C_HERE))
-    }
-
-    /// About to wait for an item: whether the producer is awake on another CPU, so that this
-    /// consumer may poll for the item before it sleeps (see `spin.rs`).
-    pub(crate) fn producer_elsewhere(&self) -> bool {
-        let s = &self.shared;
-        awake_elsewhere(s.word(P_PENDING), s.word(P_HERE), s.word(C_HERE))
+        awake_on(same, s.word(P_PENDING), s.word(P_HERE), s.word(C_HERE))
     }
 
     /// Woken (or about to look without sleeping): say which CPU this consumer runs on, so
@@ -685,35 +662,35 @@ mod tests {
         // An item wakes the consumer (its pending word set), which has not said where it
         // runs: the producer does not yield.
         assert!(p.push_item(0, &[1]).expect("push"));
-        assert!(!p.consumer_here());
+        assert!(!p.consumer_awake_on(true));
         // Awake on this CPU (it woke here): the producer yields, saying where it runs.
         c.here();
-        assert!(p.consumer_here(), "awake on this CPU");
+        assert!(p.consumer_awake_on(true), "awake on this CPU");
         assert_eq!(p.shared.word(P_HERE).load(Ordering::SeqCst), here);
         // Asleep (armed): no.
         c.arm();
-        assert!(!p.consumer_here(), "a consumer that sleeps is woken, not yielded to");
+        assert!(!p.consumer_awake_on(true), "a consumer that sleeps is woken, not yielded to");
         // Awake on another CPU: no.
         p.shared.word(C_PENDING).store(1, Ordering::SeqCst);
         p.shared.word(C_HERE).store(here + 1, Ordering::SeqCst);
-        assert!(!p.consumer_here(), "on another CPU");
+        assert!(!p.consumer_awake_on(true), "on another CPU");
         // The consumer's side likewise: a producer awake here (its last arm or yield said so)
         // gets the CPU; one that sleeps (armed, pending clear) does not.
         p.arm(false);
-        assert!(!c.producer_here(), "a producer that sleeps");
+        assert!(!c.producer_awake_on(true), "a producer that sleeps");
         p.shared.word(P_PENDING).store(1, Ordering::SeqCst);
-        assert!(c.producer_here(), "a producer awake on this CPU");
+        assert!(c.producer_awake_on(true), "a producer awake on this CPU");
         assert_eq!(p.shared.word(C_HERE).load(Ordering::SeqCst), here, "the consumer said where it runs");
         p.shared.word(P_HERE).store(here + 1, Ordering::SeqCst);
-        assert!(!c.producer_here(), "on another CPU");
+        assert!(!c.producer_awake_on(true), "on another CPU");
         // ... where the consumer may poll for it instead, and the producer for the consumer.
-        assert!(c.producer_elsewhere(), "awake on another CPU");
+        assert!(c.producer_awake_on(false), "awake on another CPU");
         c.here();
-        assert!(!p.consumer_elsewhere(), "the consumer said it runs here");
+        assert!(!p.consumer_awake_on(false), "the consumer said it runs here");
         p.shared.word(C_HERE).store(here + 1, Ordering::SeqCst);
-        assert!(p.consumer_elsewhere(), "the consumer awake on another CPU");
+        assert!(p.consumer_awake_on(false), "the consumer awake on another CPU");
         p.shared.word(C_PENDING).store(0, Ordering::SeqCst);
-        assert!(!p.consumer_elsewhere(), "a consumer that sleeps is woken, not polled for");
+        assert!(!p.consumer_awake_on(false), "a consumer that sleeps is woken, not polled for");
         // A side's word follows it: the producer's items (every 16th) and the consumer's
         // returns (likewise) say where it runs now.
         p.shared.word(P_HERE).store(here + 1, Ordering::SeqCst);

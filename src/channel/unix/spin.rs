@@ -7,8 +7,9 @@
 //! free slot, and a `recv` that found no item, whose peer is awake (its ring's `pending` word
 //! set) and said it runs on another CPU (ring.rs, "Handing the CPU over"), first poll the ring
 //! for up to [`budget`] (50 µs unless `DEVSHARE_ADAPTIVE_SPIN_US` says otherwise; 0 turns it
-//! off), then sleep as before. While a side polls it has not armed its ring, so the other side
-//! sends or returns without writing its eventfd either.
+//! off), then sleep as before. A consumer that polls has not armed its ring, so the producer's
+//! items need no eventfd write either (a producer's wait re-arms its rings on the way out, so
+//! the first return to a producer that slept still writes one).
 //!
 //! The spin adapts ([`Backoff`]): one that ran out without finding anything makes the next
 //! 1, 3, 7, ... up to 1,023 waits of that pool or connection sleep at once; one that found what
@@ -47,7 +48,7 @@ const LONGEST_PAUSE_MS: u64 = 60_000;
 /// The budget unless `DEVSHARE_ADAPTIVE_SPIN_US` sets one.
 const DEFAULT_US: u64 = 50;
 /// The most a side waits out after spins that found nothing (in waits).
-pub(crate) const MAX_SPIN_PENALTY: u32 = 1023;
+const MAX_PENALTY: u32 = 1023;
 
 /// How long a side polls before it sleeps while its peer is awake on another CPU (zero: not at
 /// all). `DEVSHARE_ADAPTIVE_SPIN_US` (read once per process, at most
@@ -61,21 +62,15 @@ pub(crate) fn budget() -> Duration {
 }
 
 /// One pool's or connection's record of how its adaptive spins went.
+#[derive(Default)]
 pub(crate) struct Backoff {
     /// Waits left that sleep at once.
     skip: AtomicU32,
     /// What the next spin that finds nothing sets `skip` to, less one, halved.
     penalty: AtomicU32,
-    /// The most `skip` grows to.
-    max: u32,
 }
 
 impl Backoff {
-    /// A record whose penalty grows to at most `max` waits.
-    pub(crate) fn new(max: u32) -> Backoff {
-        Backoff { skip: AtomicU32::new(0), penalty: AtomicU32::new(0), max }
-    }
-
     /// Whether this wait may spin (else it counts one of the waits that sleep at once).
     pub(crate) fn may_try(&self) -> bool {
         let skip = self.skip.load(Ordering::Relaxed);
@@ -94,7 +89,7 @@ impl Backoff {
             self.penalty.store(self.penalty.load(Ordering::Relaxed) / 2, Ordering::Relaxed);
             self.skip.store(0, Ordering::Relaxed);
         } else {
-            let p = self.penalty.load(Ordering::Relaxed).saturating_mul(2).saturating_add(1).min(self.max);
+            let p = self.penalty.load(Ordering::Relaxed).saturating_mul(2).saturating_add(1).min(MAX_PENALTY);
             self.penalty.store(p, Ordering::Relaxed);
             self.skip.store(p, Ordering::Relaxed);
         }
@@ -146,7 +141,7 @@ mod tests {
 
     #[test]
     fn spins_that_find_nothing_make_ever_more_waits_sleep_at_once_and_one_that_finds_halves_that() {
-        let b = Backoff::new(MAX_SPIN_PENALTY);
+        let b = Backoff::default();
         assert!(b.may_try());
         // Each spin that runs out doubles the run of waits that do not spin: 1, 3, 7, ...
         let mut skipped = Vec::new();

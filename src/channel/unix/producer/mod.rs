@@ -768,7 +768,7 @@ impl LocalChannel {
             id,
             slot_size,
             spin_ns: Default::default(),
-            backoff: super::spin::Backoff::new(super::spin::MAX_SPIN_PENALTY),
+            backoff: Default::default(),
             yields: Default::default(),
             next,
             base,

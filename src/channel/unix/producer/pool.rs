@@ -141,7 +141,7 @@ impl LocalPool {
             // acquire, and only one with time to spare.
             if !yielded && left.map_or(true, |l| l > ring::YIELD_LEFT) {
                 yielded = true;
-                if self.yields.may_yield() && self.shared.lock()?.consumer_here() {
+                if self.yields.may_yield() && self.shared.lock()?.consumer_awake_on(true) {
                     let began = Instant::now();
                     ring::yield_cpu();
                     self.yields.yielded(began);
@@ -154,7 +154,7 @@ impl LocalPool {
             if !adapted && spin == 0 && !left.is_some_and(|l| l.is_zero()) {
                 adapted = true;
                 let budget = super::super::spin::budget();
-                if !budget.is_zero() && self.shared.lock()?.consumer_elsewhere() && self.backoff.may_try() {
+                if !budget.is_zero() && self.shared.lock()?.consumer_awake_on(false) && self.backoff.may_try() {
                     spin_until = Some(Instant::now() + budget);
                     (adaptive, spins) = (true, 1);
                     continue;
@@ -476,14 +476,11 @@ impl Core {
         }
     }
 
-    /// Whether a consumer is awake on this thread's CPU (its ring says so): an acquire about
-    /// to wait yields it the CPU first (see `ring`'s "Handing the CPU over").
-    pub(super) fn consumer_here(&self) -> bool {
-        self.peers.iter().filter_map(|p| p.ring.as_ref()).any(|r| r.consumer_here())
-    }
-
-    pub(super) fn consumer_elsewhere(&self) -> bool {
-        self.peers.iter().filter_map(|p| p.ring.as_ref()).any(|r| r.consumer_elsewhere())
+    /// Whether a consumer is awake (its ring says so) on this thread's CPU (`same`: an acquire
+    /// about to wait yields it the CPU first, `ring`'s "Handing the CPU over") or on another
+    /// (the acquire may poll for its return first, `spin.rs`).
+    pub(super) fn consumer_awake_on(&self, same: bool) -> bool {
+        self.peers.iter().filter_map(|p| p.ring.as_ref()).any(|r| r.consumer_awake_on(same))
     }
 
     /// Take the returns waiting in the peers' rings; with `arm`, first ask each peer to wake
