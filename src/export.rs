@@ -34,6 +34,40 @@ pub(crate) trait LeaseServer: Send + Sync {
     fn poll(&self, _sockets: bool) -> Result<()> {
         self.serve(Duration::ZERO)
     }
+
+    /// How long a wait for its returns may poll now although no spin was set: the delivery
+    /// layer's own judgement (the channel's adaptive spin: a consumer awake on another CPU is
+    /// likely to answer before a wake-up would arrive). Asked once per wait, only where no
+    /// server of the export has a spin of its own; zero: not now. Each nonzero answer is
+    /// followed by one [`Self::adaptive_done`].
+    fn adaptive_spin(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    /// The poll that [`Self::adaptive_spin`] allowed is over: `found`, every lease came back
+    /// during it.
+    fn adaptive_done(&self, _found: bool) {}
+
+    /// A wait for its returns is about to sleep, with `left` to go (`None`: no time limit):
+    /// give the CPU to a consumer that is awake on this thread's CPU (it may release while
+    /// this thread is still awake), if the delivery layer judges it worth it. Whether it did
+    /// (the wait then looks again before it sleeps). Asked once per wait.
+    fn hand_over(&self, _left: Option<Duration>) -> bool {
+        false
+    }
+}
+
+/// An adaptive poll for returns ([`LeaseServer::adaptive_spin`]) yields the CPU once every this
+/// many turns (as the channel's own adaptive spins do): with more threads ready than CPUs, a
+/// poll that keeps finding its return soon enough would otherwise take the CPU from the others.
+const ADAPTIVE_YIELD_EVERY: u32 = 32;
+
+/// The servers a wait polls before it sleeps, for how long, and which of them allowed an
+/// adaptive poll (told how it went).
+struct Spinners {
+    servers: Vec<Arc<dyn LeaseServer>>,
+    budget: Duration,
+    adaptive: Vec<Arc<dyn LeaseServer>>,
 }
 
 /// The leases of one export: references handed out by a delivery layer (counted in
@@ -80,12 +114,37 @@ impl LeaseBook {
         served
     }
 
-    /// The longest spin among the servers of this export's leases, with those servers; `None`
-    /// when none spins (then nothing is collected: this is on every wait's path).
-    fn spinners(&self) -> Option<(Vec<Arc<dyn LeaseServer>>, Duration)> {
-        let servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
-        let spin = servers.iter().filter_map(Weak::upgrade).map(|s| s.spin()).max().unwrap_or_default();
-        (!spin.is_zero()).then(|| (servers.iter().filter_map(Weak::upgrade).collect(), spin))
+    /// The servers of this export's leases and how long a wait polls them before it sleeps:
+    /// the longest spin set on one of them, or else the longest adaptive poll they allow now;
+    /// `None` when neither.
+    fn spinners(&self) -> Option<Spinners> {
+        let servers: Vec<Arc<dyn LeaseServer>> = {
+            let servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+            servers.iter().filter_map(Weak::upgrade).collect()
+        };
+        let set = servers.iter().map(|s| s.spin()).max().unwrap_or_default();
+        if !set.is_zero() {
+            return Some(Spinners { servers, budget: set, adaptive: Vec::new() });
+        }
+        let mut budget = Duration::ZERO;
+        let mut adaptive = Vec::new();
+        for s in &servers {
+            let b = s.adaptive_spin();
+            if !b.is_zero() {
+                budget = budget.max(b);
+                adaptive.push(s.clone());
+            }
+        }
+        (!budget.is_zero()).then_some(Spinners { servers, budget, adaptive })
+    }
+
+    /// Before a wait sleeps: whether a server handed the CPU to a consumer on it.
+    fn hand_over(&self, left: Option<Duration>) -> bool {
+        let servers: Vec<Arc<dyn LeaseServer>> = {
+            let servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+            servers.iter().filter_map(Weak::upgrade).collect()
+        };
+        servers.iter().any(|s| s.hand_over(left))
     }
 }
 
@@ -724,11 +783,19 @@ impl Exporter {
         let start = Instant::now();
         self.spin_for_returns(start, timeout)?;
         let mut pause = Duration::from_micros(20);
-        let mut last_look = false;
+        let (mut last_look, mut handed) = (false, false);
         loop {
             let n = self.outstanding()?;
             if n == 0 {
                 return Ok(());
+            }
+            // A consumer awake on this CPU may be the one to release: it gets the CPU once
+            // before this thread sleeps (the channel decides; see `LeaseServer::hand_over`).
+            if !std::mem::replace(&mut handed, true) && self.leases.count() > 0 {
+                let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+                if self.leases.hand_over(left) {
+                    continue;
+                }
             }
             if let Some(t) = timeout {
                 let elapsed = start.elapsed();
@@ -755,33 +822,50 @@ impl Exporter {
     }
 
     /// The spinning part of [`Self::wait`]: when a channel this export was leased through spins
-    /// (`set_spin`), poll the returns of every channel it was leased through (a lease out on
-    /// one that does not spin comes back as soon as on one that does) for the longest of their
-    /// spins, never past `timeout` from `start`, before the wait sleeps. Returns when nothing is
-    /// outstanding any more or the spin is over.
+    /// (`set_spin`), or else allows an adaptive poll now ([`LeaseServer::adaptive_spin`]), poll
+    /// the returns of every channel it was leased through (a lease out on one that does not
+    /// spin comes back as soon as on one that does) for the longest of their spins, never past
+    /// `timeout` from `start` (and not at all with a zero timeout), before the wait sleeps.
+    /// Returns when nothing is outstanding any more or the spin is over.
     fn spin_for_returns(&self, start: Instant, timeout: Option<Duration>) -> Result<()> {
-        if self.leases.count() == 0 {
-            return Ok(()); // (only ref-counters to watch: nothing to poll)
+        if self.leases.count() == 0 || timeout.is_some_and(|t| t.is_zero()) {
+            return Ok(()); // (only ref-counters to watch, or no time: nothing to poll)
         }
-        let Some((mut spinners, spin)) = self.leases.spinners() else { return Ok(()) };
-        let spin = timeout.map_or(spin, |t| spin.min(t));
-        if spin.is_zero() {
+        let Some(Spinners { servers: mut spinners, budget, adaptive }) = self.leases.spinners() else {
             return Ok(());
-        }
+        };
+        let spin = timeout.map_or(budget, |t| budget.min(t));
         let until = start + spin;
         let mut turns = 0u32;
-        loop {
+        let found = loop {
             turns = turns.wrapping_add(1);
             // The rings on every turn; the sockets (a system call) every 64th; the clock (a
             // read costs more than a look at the rings) every 16th.
             // (A channel that cannot be served any more, closed, is left to the sleeping wait.)
             let sockets = turns % 64 == 0;
             spinners.retain(|s| s.poll(sockets).is_ok());
-            if spinners.is_empty() || self.outstanding()? == 0 || (turns % 16 == 0 && Instant::now() >= until) {
-                return Ok(());
+            if spinners.is_empty() || (turns % 16 == 0 && Instant::now() >= until) {
+                break false;
+            }
+            match self.outstanding() {
+                Ok(0) => break true,
+                Ok(_) => {}
+                Err(e) => {
+                    for s in &adaptive {
+                        s.adaptive_done(false);
+                    }
+                    return Err(e);
+                }
+            }
+            if !adaptive.is_empty() && turns % ADAPTIVE_YIELD_EVERY == 0 {
+                std::thread::yield_now();
             }
             std::hint::spin_loop();
+        };
+        for s in &adaptive {
+            s.adaptive_done(found);
         }
+        Ok(())
     }
 
     /// Remove the shm names of the allocation (host) and of the ref-counters now, whoever still

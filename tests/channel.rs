@@ -13,7 +13,7 @@ use devshare::{Error, Status};
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use std::io::IoSlice;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -1970,6 +1970,52 @@ fn a_spinning_wait_takes_each_lease_back_and_sleeps_once_its_spin_or_its_timeout
     assert_eq!(ch.peer_info(peer).unwrap().protocol_errors, 0);
 }
 
+#[test]
+fn a_spinning_acquire_that_took_a_return_s_wake_up_leaves_the_channel_fd_to_wake_for_the_next_return() {
+    // An event loop polls the channel's descriptor and serves it when it is readable
+    // (docs/concepts.md). A spinning call that takes a ring's wake-up off the epoll set (its
+    // look at the sockets, every 64th turn) must leave the ring armed: otherwise the consumer
+    // finds its `pending` word still set by that wake-up, writes no other, and a later return
+    // leaves the descriptor silent. (Waits for leases spin through the same serve.)
+    let (ch, c, peer) = connected(&address("spin-rearm"));
+    let exp = Arc::new(Exporter::channel_host_alloc(3 * 4096).unwrap());
+    let pool = ch.pool(exp.clone(), 4096, 3).unwrap();
+    pool.set_spin(Duration::from_secs(1)).unwrap();
+    for _ in 0..3 {
+        let (slot, _) = pool.acquire(T).unwrap();
+        pool.send(slot, peer, &TensorDesc { shape: &[64], ..Default::default() }).unwrap();
+    }
+    let (released, first) = std::sync::mpsc::channel::<()>();
+    let (go, last) = std::sync::mpsc::channel::<()>();
+    let consumer = std::thread::spawn(move || {
+        let mut imps: Vec<_> = (0..3).map(|_| c.recv(T).unwrap()).collect();
+        let third = imps.pop().unwrap();
+        let second = imps.pop().unwrap();
+        imps.pop().unwrap().release(); // a wake-up: the ring is armed
+        released.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        second.release(); // while the producer spins for it
+        last.recv().unwrap();
+        third.release(); // the event loop's
+        c
+    });
+    ch.service(Some(Duration::ZERO)).unwrap(); // arms the ring, as an event loop's call does
+    first.recv().unwrap();
+    // The first slot is back (taken at once); the next acquire spins for the second, and its
+    // 64th turn takes the first's wake-up off the epoll set.
+    let (a, _) = pool.acquire(T).unwrap();
+    let (b, _) = pool.acquire(T).unwrap();
+    // The event loop's turn: it sleeps until the descriptor is readable.
+    go.send(()).unwrap();
+    let mut pfd = libc::pollfd { fd: ch.fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd.
+    let ready = unsafe { libc::poll(&mut pfd, 1, 5_000) };
+    assert_eq!(ready, 1, "a return after a spinning acquire did not make the channel's descriptor readable");
+    drop(consumer.join().unwrap());
+    pool.release(a).unwrap();
+    pool.release(b).unwrap();
+}
+
 /// CPU time this thread has used.
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -2490,6 +2536,7 @@ fn descriptors_a_consumer_sends_do_not_pile_up_while_one_of_them_takes_long_to_c
 
 const P_HERE: usize = 512;
 const C_HERE: usize = 576;
+const P_AWAKE: usize = 640;
 
 /// Pin the calling thread to `cpu`; the CPU it then runs on.
 fn pin_thread(cpu: usize) -> usize {
@@ -2596,6 +2643,108 @@ fn a_producer_and_consumer_on_two_cpus_lose_no_item_while_polling_for_each_other
     }
 }
 
+/// `n` leases of a view of a registered export, each sent and waited for (the round trip of a
+/// KV block), the producer on CPU `p_cpu` and the consumer on `c_cpu`, each lease's value
+/// checked; how many times the producer's thread slept, and the consumer's.
+fn leases_between(p_cpu: usize, c_cpu: usize, n: u64) -> (u64, u64) {
+    let (ch, c, peer) = connected(&address("placed-leases"));
+    let consumer = std::thread::spawn(move || {
+        pin_thread(c_cpu);
+        let before = thread_sleeps();
+        for i in 0..n {
+            let imp = c.recv(T).unwrap();
+            // SAFETY: every lease is 8 bytes of u64 written before its send.
+            assert_eq!(unsafe { *(imp.view().data as *const u64) }, i, "lease {i}");
+            imp.release();
+        }
+        (c, thread_sleeps() - before)
+    });
+    pin_thread(p_cpu);
+    let exp = Exporter::channel_host_alloc(4096).unwrap();
+    ch.register(&exp).unwrap();
+    let dtype = devshare::dtype::DevshareDType::new(devshare::dtype::code::UINT, 64, 1);
+    let desc = TensorDesc { dtype, shape: &[1], storage_offset: 64, ..Default::default() };
+    let before = thread_sleeps();
+    for i in 0..n {
+        // SAFETY: the export's own bytes, no lease out.
+        unsafe { *(exp.ptr().add(64) as *mut u64) = i };
+        ch.send(peer, &exp, &desc).unwrap();
+        exp.wait(T).unwrap_or_else(|e| panic!("lease {i}: {e}"));
+    }
+    let sleeps = thread_sleeps() - before;
+    let (c, consumer_sleeps) = consumer.join().unwrap();
+    drop(c);
+    assert_eq!(ch.peer_info(peer).unwrap().protocol_errors, 0);
+    pin_thread_to_all();
+    (sleeps, consumer_sleeps)
+}
+
+#[test]
+fn a_wait_for_a_lease_polls_for_a_consumer_awake_on_another_cpu_and_yields_to_one_on_its_own() {
+    // A producer's wait for a lease's return, where its consumer is awake (it will release
+    // soon): on another CPU the wait polls for the return a while before it sleeps (spin.rs),
+    // on the same CPU it gives the consumer the CPU first (ring.rs, "Handing the CPU over").
+    // Either way the producer hardly ever sleeps; without them it sleeps for nearly every
+    // lease. Nor does the consumer, which polls or yields for the next lease while the
+    // producer is out of its wait (ring.rs, `P_AWAKE`: the wait's way out arms the ring, so
+    // its `pending` word alone would say the producer sleeps). (Up to three tries: other
+    // tests' threads share the CPUs.)
+    let n = 5_000;
+    let mut placements = vec![(some_allowed_cpu(), some_allowed_cpu(), "one CPU")];
+    if let Some((a, b)) = two_allowed_cpus() {
+        placements.push((a, b, "two CPUs"));
+    }
+    for (p_cpu, c_cpu, tag) in placements {
+        let mut sleeps = Vec::new();
+        let few = |&(p, c): &(u64, u64)| p < n / 4 && c < n / 4;
+        while sleeps.len() < 3 && !sleeps.last().is_some_and(few) {
+            sleeps.push(leases_between(p_cpu, c_cpu, n));
+        }
+        assert!(sleeps.iter().any(few), "{tag}: (producer, consumer) slept {sleeps:?} times for {n} leases");
+    }
+}
+
+#[test]
+fn a_consumer_polls_for_a_producer_that_armed_its_ring_but_is_out_of_its_wait() {
+    // A producer that serves its channel after each send (an event loop's callback) arms its
+    // rings each time: its `pending` word says "wake me" although it is running, and a
+    // consumer that holds its items (no return of its own sets the word again) would take it
+    // for asleep. The consumer goes by the word that says whether the producer is in its wait
+    // (ring.rs, `P_AWAKE`), so it polls for the next item, which comes every few microseconds,
+    // instead of sleeping for each one. (Up to three tries: other tests share the CPUs.)
+    let Some((a, b)) = two_allowed_cpus() else { return };
+    let n = 2_000u32;
+    let mut sleeps = Vec::new();
+    while sleeps.len() < 3 && sleeps.last().map_or(true, |&s| s >= u64::from(n) / 8) {
+        let (ch, c, peer) = connected(&address("served"));
+        let consumer = std::thread::spawn(move || {
+            pin_thread(b);
+            let before = thread_sleeps();
+            let held: Vec<_> = (0..n).map(|_| c.recv(T).unwrap()).collect();
+            let sleeps = thread_sleeps() - before;
+            drop(held);
+            (c, sleeps)
+        });
+        pin_thread(a);
+        let exp = Arc::new(Exporter::channel_host_alloc(64 * u64::from(n)).unwrap());
+        let pool = ch.pool(exp.clone(), 64, n).unwrap();
+        for _ in 0..n {
+            let (slot, _) = pool.acquire(T).unwrap();
+            pool.send(slot, peer, &TensorDesc { shape: &[64], ..Default::default() }).unwrap();
+            ch.service(Some(Duration::ZERO)).unwrap();
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_micros(5) {
+                std::hint::spin_loop(); // the producer's own work between items
+            }
+        }
+        let (c, slept) = consumer.join().unwrap();
+        sleeps.push(slept);
+        drop(c);
+        pin_thread_to_all();
+    }
+    assert!(sleeps.iter().any(|&s| s < u64::from(n) / 8), "the consumer slept {sleeps:?} times for {n} items");
+}
+
 /// Two CPUs this thread may run on, when it may run on two.
 fn two_allowed_cpus() -> Option<(usize, usize)> {
     // SAFETY: sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into the set.
@@ -2618,7 +2767,7 @@ fn pin_thread_to_all() {
 }
 
 #[test]
-fn a_consumer_that_claims_to_be_awake_costs_an_acquire_one_yield_or_one_short_poll_not_a_busy_wait() {
+fn a_consumer_that_claims_to_be_awake_costs_an_acquire_or_a_lease_wait_one_yield_or_one_short_poll_not_a_busy_wait() {
     // A hostile consumer holds every slot and writes its ring's words so that it looks awake
     // forever, on the producer's CPU (the producer yields to it) or on another (the producer
     // polls for its return, spin.rs). Either happens once per acquire, which then sleeps as
@@ -2649,6 +2798,16 @@ fn a_consumer_that_claims_to_be_awake_costs_an_acquire_one_yield_or_one_short_po
             assert!(took < Duration::from_secs(3), "{tag}: a 400 ms acquire took {took:?}");
             assert!(used < Duration::from_millis(30), "{tag}: a 400 ms acquire used {used:?} of CPU");
         }
+        // A wait for a lease it never releases: likewise.
+        let leased = Exporter::channel_host_alloc(4096).unwrap();
+        ch.send(peer, &leased, &TensorDesc { shape: &[64], ..Default::default() }).unwrap();
+        for _ in 0..2 {
+            let (t, cpu_before) = (Instant::now(), thread_cpu());
+            assert_eq!(status(leased.wait(Some(Duration::from_millis(400)))), Status::Timeout);
+            let (took, used) = (t.elapsed(), thread_cpu() - cpu_before);
+            assert!(took < Duration::from_secs(3), "{tag}: a 400 ms wait took {took:?}");
+            assert!(used < Duration::from_millis(30), "{tag}: a 400 ms wait used {used:?} of CPU");
+        }
         pin_thread_to_all();
     }
 }
@@ -2659,10 +2818,17 @@ fn a_producer_that_claims_to_be_awake_costs_a_receive_one_yield_or_one_short_pol
     // consumer's CPU or on another, and it never sends. The receive yields or polls once, then
     // sleeps: it times out on time with next to no CPU, and an item sent afterwards still
     // wakes it.
-    for (claim, tag) in [(1u64, "this CPU"), (2, "another CPU")] {
+    // (It claims so with its pending word, as a producer before 1.18 would, and with the
+    // word that says it is out of its wait.)
+    for (claim, word, tag) in [
+        (1u64, P_PENDING, "this CPU"),
+        (2, P_PENDING, "another CPU"),
+        (1, P_AWAKE, "this CPU"),
+        (2, P_AWAKE, "another CPU"),
+    ] {
         let (c, _p, ring, c_efd, _p_efd, _mem) = ring_consumer("hand-over-producer");
         let cpu = pin_thread(some_allowed_cpu());
-        ring.word(P_PENDING).store(1, Ordering::SeqCst);
+        ring.word(word).store(1, Ordering::SeqCst);
         ring.word(P_HERE).store(cpu as u64 + claim, Ordering::SeqCst);
         for _ in 0..2 {
             let (t, cpu_before) = (Instant::now(), thread_cpu());

@@ -48,9 +48,14 @@
 //! - Handing the CPU over. Each side publishes the CPU it runs on (`P_HERE` when the producer
 //!   arms or yields and with every 16th item, `C_HERE` when the consumer wakes or yields and
 //!   with every 16th return; a store only when the CPU changed). A side about to sleep (a
-//!   producer's acquire that found no free slot, a consumer's receive that found no item)
-//!   whose peer is awake (its `pending` word set) on this same CPU first yields the CPU to it
-//!   (`sched_yield`), once per wait, then looks again, and only then arms and sleeps. On one
+//!   producer's acquire that found no free slot or its wait for a lease's return, a
+//!   consumer's receive that found no item) whose peer is awake on this same CPU first yields
+//!   the CPU to it (`sched_yield`), once per wait, then looks again, and only then arms and
+//!   sleeps. Awake: a consumer whose `pending` word is set (it clears the word only to sleep);
+//!   a producer that says so in `P_AWAKE` (it says "asleep" just before it sleeps in a wait,
+//!   "awake" once out of it: its `pending` word cannot tell, as a wait arms the rings on its
+//!   way out for `Channel.service`'s callers; a producer before 1.18 writes no such word,
+//!   and its `pending` word is taken instead). On one
 //!   CPU the peer is then ready to run, and does so without a wake-up: the producer sends a
 //!   batch of items to a consumer that never slept (no eventfd write), the consumer returns
 //!   the slots to a producer that never slept, and each handoff is one yield instead of an
@@ -99,6 +104,7 @@ const P_PENDING: usize = 384; // [both]
 const P_CPU: usize = 448; // [producer] the CPU it armed the ring on, plus one, when it may wait for a return (0: wake it at once)
 const P_HERE: usize = 512; // [producer] the CPU it last sent, armed or yielded on, plus one (see "Handing the CPU over")
 const C_HERE: usize = 576; // [consumer] likewise
+const P_AWAKE: usize = 640; // [producer] AWAKE or ASLEEP (in its wait); 0 from a producer before 1.18: see `pending`
 
 /// A side refreshes its CPU word with every this many items sent or slots returned (and
 /// whenever it arms, wakes or yields): often enough to follow a side the scheduler moved,
@@ -108,6 +114,12 @@ const REFRESH_EVERY: u64 = 16;
 /// A wait with less time left than this does not yield the CPU (a yield may cost the rest of
 /// another thread's time slice).
 pub(crate) const YIELD_LEFT: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// `P_AWAKE`: the producer runs (it is not asleep in one of its waits), or it sleeps in one. A
+/// producer's wait leaves its rings armed on the way out (`Channel.service`'s callers are woken
+/// for the next return), so `P_PENDING` alone cannot say whether it is awake.
+const AWAKE: u64 = 1;
+const ASLEEP: u64 = 2;
 
 /// The bit of a consumer's own return tail that says a thread is writing a return (the tail
 /// counts returns: it never reaches 2^63).
@@ -156,13 +168,13 @@ fn publish_cpu(here: &AtomicU64) {
     }
 }
 
-/// Whether the other side of a ring is awake (its `pending` word set) and said it runs on
+/// Whether the other side of a ring is `awake` and said it runs on
 /// this thread's CPU (`same`) or on another (its `here` word); if so, this side's CPU is
 /// published in `mine` first, and the caller yields ([`yield_cpu`]: the same CPU, "Handing the
 /// CPU over") or may poll before it sleeps (another CPU, `spin.rs`).
-fn awake_on(same: bool, pending: &AtomicU64, here: &AtomicU64, mine: &AtomicU64) -> bool {
+fn awake_on(same: bool, awake: impl FnOnce() -> bool, here: &AtomicU64, mine: &AtomicU64) -> bool {
     let cpu = cpu_plus_one();
-    if cpu == 0 || pending.load(Ordering::SeqCst) == 0 {
+    if cpu == 0 || !awake() {
         return false;
     }
     let theirs = here.load(Ordering::Relaxed);
@@ -231,6 +243,7 @@ impl ProducerRing {
         let map = Map::new(&memfd, size, true, "a channel ring")?;
         let shared = Shared { map, capacity: CAPACITY };
         shared.word(0).store(MAGIC, Ordering::Relaxed);
+        shared.word(P_AWAKE).store(AWAKE, Ordering::Relaxed);
         // A count of 1 from the start: every wake-up is a write of 0 (see `wake`).
         let flags = EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK;
         let c_efd = eventfd(1, flags).map_err(|e| os("eventfd", e))?;
@@ -302,13 +315,25 @@ impl ProducerRing {
         self.shared.word(P_PENDING).store(0, Ordering::SeqCst);
     }
 
+    /// Say whether the producer is about to sleep in its wait (`true`) or has left it, for the
+    /// consumer's choice to poll for the next item or to yield to the producer
+    /// ([`ConsumerRing::producer_awake_on`]). A store only when it changed.
+    pub(crate) fn asleep(&self, yes: bool) {
+        let w = self.shared.word(P_AWAKE);
+        let v = if yes { ASLEEP } else { AWAKE };
+        if w.load(Ordering::Relaxed) != v {
+            w.store(v, Ordering::SeqCst);
+        }
+    }
+
     /// About to wait for a return: whether the consumer is awake on this CPU (`same`: the
     /// producer yields it the CPU first, [`yield_cpu`], without the channel's lock; see the
     /// module's "Handing the CPU over") or on another (the producer may poll for its return
     /// before it sleeps, `spin.rs`).
     pub(crate) fn consumer_awake_on(&self, same: bool) -> bool {
         let s = &self.shared;
-        awake_on(same, s.word(C_PENDING), s.word(C_HERE), s.word(P_HERE))
+        // A consumer arms its ring only when it is about to sleep: `pending` says it.
+        awake_on(same, || s.word(C_PENDING).load(Ordering::SeqCst) != 0, s.word(C_HERE), s.word(P_HERE))
     }
 
     /// Take up to one ring's worth of returns, each given to `f` in order.
@@ -457,7 +482,13 @@ impl ConsumerRing {
     /// before it sleeps, `spin.rs`).
     pub(crate) fn producer_awake_on(&self, same: bool) -> bool {
         let s = &self.shared;
-        awake_on(same, s.word(P_PENDING), s.word(P_HERE), s.word(C_HERE))
+        let awake = || match s.word(P_AWAKE).load(Ordering::SeqCst) {
+            AWAKE => true,
+            ASLEEP => false,
+            // A producer before 1.18: its `pending` word is the best guess.
+            _ => s.word(P_PENDING).load(Ordering::SeqCst) != 0,
+        };
+        awake_on(same, awake, s.word(P_HERE), s.word(C_HERE))
     }
 
     /// Woken (or about to look without sleeping): say which CPU this consumer runs on, so
@@ -675,11 +706,22 @@ mod tests {
         p.shared.word(C_HERE).store(here + 1, Ordering::SeqCst);
         assert!(!p.consumer_awake_on(true), "on another CPU");
         // The consumer's side likewise: a producer awake here (its last arm or yield said so)
-        // gets the CPU; one that sleeps (armed, pending clear) does not.
+        // gets the CPU; one asleep in its wait does not, armed or not.
         p.arm(false);
+        p.asleep(true);
         assert!(!c.producer_awake_on(true), "a producer that sleeps");
         p.shared.word(P_PENDING).store(1, Ordering::SeqCst);
-        assert!(c.producer_awake_on(true), "a producer awake on this CPU");
+        assert!(!c.producer_awake_on(true), "a producer that sleeps, its wake-up on the way");
+        // Out of its wait it is awake, though its wait armed the ring on the way out.
+        p.asleep(false);
+        p.arm(false);
+        assert!(c.producer_awake_on(true), "a producer awake on this CPU, its ring armed");
+        // A producer before 1.18 (no such word): its pending word says it.
+        p.shared.word(P_AWAKE).store(0, Ordering::SeqCst);
+        assert!(!c.producer_awake_on(true), "an older producer, armed");
+        p.shared.word(P_PENDING).store(1, Ordering::SeqCst);
+        assert!(c.producer_awake_on(true), "an older producer, its pending word set");
+        p.asleep(false);
         assert_eq!(p.shared.word(C_HERE).load(Ordering::SeqCst), here, "the consumer said where it runs");
         p.shared.word(P_HERE).store(here + 1, Ordering::SeqCst);
         assert!(!c.producer_awake_on(true), "on another CPU");

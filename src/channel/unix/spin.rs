@@ -3,16 +3,18 @@
 //!
 //! A blocking wait between two CPUs pays a wake-up: the sleeper's CPU must be woken (on a VM,
 //! its virtual CPU scheduled again), which costs tens of microseconds where the other side's
-//! answer, a slot back or the next item, often comes sooner. So a pool `acquire` that found no
-//! free slot, and a `recv` that found no item, whose peer is awake (its ring's `pending` word
-//! set) and said it runs on another CPU (ring.rs, "Handing the CPU over"), first poll the ring
-//! for up to [`budget`] (50 µs unless `DEVSHARE_ADAPTIVE_SPIN_US` says otherwise; 0 turns it
-//! off), then sleep as before. A consumer that polls has not armed its ring, so the producer's
-//! items need no eventfd write either (a producer's wait re-arms its rings on the way out, so
-//! the first return to a producer that slept still writes one).
+//! answer, a slot back, a lease given back or the next item, often comes sooner. So a pool
+//! `acquire` that found no free slot, a wait for a lease's return (`Exporter::wait`, through
+//! the channel's `LeaseServer::adaptive_spin`) and a `recv` that found no item, whose peer is
+//! awake and said it runs on another CPU (ring.rs, "Handing the CPU over"), first poll the
+//! ring for up to [`budget`] (50 µs unless `DEVSHARE_ADAPTIVE_SPIN_US` says otherwise; 0 turns
+//! it off), then sleep as before. A consumer that polls has not armed its ring, so the
+//! producer's items need no eventfd write either (a producer's wait re-arms its rings on the
+//! way out, so the first return to a producer that slept still writes one).
 //!
 //! The spin adapts ([`Backoff`]): one that ran out without finding anything makes the next
-//! 1, 3, 7, ... up to 1,023 waits of that pool or connection sleep at once; one that found what
+//! 1, 3, 7, ... up to 1,023 waits of that pool, connection or channel (its lease waits) sleep
+//! at once; one that found what
 //! it waited for halves that penalty. A side whose peer keeps it waiting (or a hostile peer that
 //! claims to be awake and sends nothing) therefore costs it at most one budget per doubling
 //! run of waits, not one per wait; a peer that answers in about the budget, sometimes within
@@ -25,8 +27,9 @@
 //! past a call's timeout.
 //!
 //! The yield to a peer on the same CPU (ring.rs, "Handing the CPU over") is guarded too
-//! ([`YieldGuard`], one per pool or connection): a yield that took [`SLOW_YIELD`] or more gave
-//! the CPU to another thread for its time slice (a CPU shared with a busy thread), which costs
+//! ([`YieldGuard`], one per pool, connection, or channel for its lease waits): a yield that
+//! took [`SLOW_YIELD`] or more gave the CPU to another thread for its time slice (a CPU shared
+//! with a busy thread), which costs
 //! milliseconds where a hand-over saves microseconds, so it stops the side's yields for 100 ms,
 //! doubling with each such yield up to a minute, and back to 100 ms once ten times the current
 //! pause passed without one. (A quick yield that brought nothing cost one system call.)

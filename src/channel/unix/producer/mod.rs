@@ -172,6 +172,10 @@ pub(crate) struct ChannelShared {
     /// How long a wait for this channel's lease returns polls the rings before it sleeps, in
     /// ns ([`LocalChannel::set_spin`]; 0: not at all).
     spin_ns: AtomicU64,
+    /// How the adaptive spins of waits for this channel's lease returns went, and the yields
+    /// of those waits to a consumer on the same CPU (spin.rs).
+    lease_backoff: super::spin::Backoff,
+    lease_yields: super::spin::YieldGuard,
 }
 
 /// The producer end of a channel. Dropping it closes it.
@@ -319,6 +323,8 @@ impl LocalChannel {
                 events: Arc::default(),
                 nudge,
                 spin_ns: AtomicU64::new(0),
+                lease_backoff: Default::default(),
+                lease_yields: Default::default(),
             }),
         })
     }

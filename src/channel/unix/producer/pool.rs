@@ -483,6 +483,14 @@ impl Core {
         self.peers.iter().filter_map(|p| p.ring.as_ref()).any(|r| r.consumer_awake_on(same))
     }
 
+    /// Tell the consumers whether this producer is about to sleep in its wait (`yes`) or is out
+    /// of it (ring.rs, `P_AWAKE`).
+    pub(super) fn asleep(&self, yes: bool) {
+        for r in self.peers.iter().filter_map(|p| p.ring.as_ref()) {
+            r.asleep(yes);
+        }
+    }
+
     /// Take the returns waiting in the peers' rings; with `arm`, first ask each peer to wake
     /// the channel for its next return (before sleeping, or leaving the channel idle). A
     /// return of a slot the peer does not hold counts as a protocol error; a ring whose index

@@ -95,6 +95,37 @@ impl LeaseServer for ChannelShared {
             Ok(())
         }
     }
+
+    /// The adaptive spin (spin.rs) of a wait for lease returns: while a consumer is awake on
+    /// another CPU, unless the channel's backoff says to sleep at once.
+    fn adaptive_spin(&self) -> Duration {
+        let budget = super::super::spin::budget();
+        let awake = !budget.is_zero() && self.lock().is_ok_and(|core| core.consumer_awake_on(false));
+        if awake && self.lease_backoff.may_try() {
+            budget
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    fn adaptive_done(&self, found: bool) {
+        self.lease_backoff.tried(found);
+    }
+
+    /// The hand-over of the CPU (ring.rs, "Handing the CPU over") before a wait for lease
+    /// returns sleeps: to a consumer awake on this CPU, with the same guards as an acquire's.
+    fn hand_over(&self, left: Option<Duration>) -> bool {
+        if left.is_some_and(|l| l <= ring::YIELD_LEFT) || !self.lease_yields.may_yield() {
+            return false;
+        }
+        if !self.lock().is_ok_and(|core| core.consumer_awake_on(true)) {
+            return false;
+        }
+        let began = Instant::now();
+        ring::yield_cpu();
+        self.lease_yields.yielded(began);
+        true
+    }
 }
 
 impl ChannelShared {
@@ -134,10 +165,16 @@ impl ChannelShared {
         // Returns already in the rings are taken first (and the rings armed: the next return
         // wakes the epoll set); then no sleep. Wake up for the next handshake or send-patience
         // deadline too.
-        let (deadline, returned) = {
+        let (deadline, returned, sleeps) = {
             let mut core = self.lock()?;
             let returned = core.drain_rings(arm);
-            (core.next_deadline(), returned)
+            // About to sleep: the consumers stop polling or yielding for this producer's items
+            // (ring.rs, `P_AWAKE`) until it is out of the wait again.
+            let sleeps = returned == 0 && timeout != Some(Duration::ZERO);
+            if sleeps {
+                core.asleep(true);
+            }
+            (core.next_deadline(), returned, sleeps)
         };
         let timeout = if returned > 0 { Some(Duration::ZERO) } else { timeout };
         let mut events = [MaybeUninit::<epoll::Event>::uninit(); 32];
@@ -169,9 +206,18 @@ impl ChannelShared {
         // reported by the next call); take it under the lock, touching nothing else.
         let epfd = self.epoll.as_fd();
         let mut core = self.lock()?;
+        if sleeps {
+            core.asleep(false);
+        }
+        // A ring's wake-up taken off the epoll set here is one the caller's event loop will not
+        // see: the rings are armed again below even where the caller did not ask for it (a
+        // spinner's look), or the next return would wake nobody (its consumer finds `pending`
+        // still set by the wake-up just taken).
+        let mut rearm = false;
         for &(id, writable) in &ready[..n] {
             if id & RING_EVENT != 0 {
-                // A ring's wake-up: its returns are taken below.
+                // A ring's wake-up (or the nudge): its returns are taken below.
+                rearm |= id != NUDGE_EVENT;
             } else if id == 0 {
                 core.sweep(epfd); // expired handshakes make room first
                 core.accept_all(epfd);
@@ -184,7 +230,7 @@ impl ChannelShared {
                 }
             }
         }
-        core.drain_rings(arm);
+        core.drain_rings(if rearm && arm == Arm::No { Arm::Now } else { arm });
         core.sweep(epfd);
         Ok(())
     }
