@@ -29,17 +29,19 @@ pub(crate) trait LeaseServer: Send + Sync {
     }
 
     /// Take the returns that already arrived, without waiting and without asking to be woken
-    /// for the next one; `sockets`: look at the peers' sockets too (a system call), not only
-    /// at what needs none.
+    /// for the next one (unless the look took a wake-up meant for whoever serves the
+    /// delivery layer, which is then asked for again); `sockets`: look at the peers' sockets
+    /// too (a system call), not only at what needs none.
     fn poll(&self, _sockets: bool) -> Result<()> {
         self.serve(Duration::ZERO)
     }
 
     /// How long a wait for its returns may poll now although no spin was set: the delivery
     /// layer's own judgement (the channel's adaptive spin: a consumer awake on another CPU is
-    /// likely to answer before a wake-up would arrive). Asked once per wait, only where no
-    /// server of the export has a spin of its own; zero: not now. Each nonzero answer is
-    /// followed by one [`Self::adaptive_done`].
+    /// likely to answer before a wake-up would arrive; the channel asks whether any of its
+    /// consumers is, not which holds the lease). Asked once per wait of every server the
+    /// export was leased through, only where none of them has a spin of its own; zero: not
+    /// now. Each nonzero answer is followed by one [`Self::adaptive_done`].
     fn adaptive_spin(&self) -> Duration {
         Duration::ZERO
     }
@@ -844,9 +846,8 @@ impl Exporter {
             // (A channel that cannot be served any more, closed, is left to the sleeping wait.)
             let sockets = turns % 64 == 0;
             spinners.retain(|s| s.poll(sockets).is_ok());
-            if spinners.is_empty() || (turns % 16 == 0 && Instant::now() >= until) {
-                break false;
-            }
+            // (What this turn's poll took counts before the clock: a spin that found the last
+            // return on its last turn found it.)
             match self.outstanding() {
                 Ok(0) => break true,
                 Ok(_) => {}
@@ -856,6 +857,9 @@ impl Exporter {
                     }
                     return Err(e);
                 }
+            }
+            if spinners.is_empty() || (turns % 16 == 0 && Instant::now() >= until) {
+                break false;
             }
             if !adaptive.is_empty() && turns % ADAPTIVE_YIELD_EVERY == 0 {
                 std::thread::yield_now();

@@ -53,10 +53,11 @@
 //!   the CPU to it (`sched_yield`), once per wait, then looks again, and only then arms and
 //!   sleeps. Awake: a consumer whose `pending` word is set (it clears the word only to sleep);
 //!   a producer that says so in `P_AWAKE` (it says "asleep" just before it sleeps in a wait,
-//!   "awake" once out of it: its `pending` word cannot tell, as a wait arms the rings on its
-//!   way out for `Channel.service`'s callers; a producer before 1.18 writes no such word,
-//!   and its `pending` word is taken instead). On one
-//!   CPU the peer is then ready to run, and does so without a wake-up: the producer sends a
+//!   "awake" once out of it, the last of its threads to start or end a wait speaking for it:
+//!   its `pending` word cannot tell, as a wait arms the rings on its way out for
+//!   `Channel.service`'s callers; a producer before 1.18 writes no such word, and its
+//!   `pending` word is taken instead). On one CPU the peer is then ready to run, and does so
+//!   without a wake-up: the producer sends a
 //!   batch of items to a consumer that never slept (no eventfd write), the consumer returns
 //!   the slots to a producer that never slept, and each handoff is one yield instead of an
 //!   eventfd write, a wake-up and an `epoll_wait`. The words only decide whether a side yields
@@ -104,7 +105,7 @@ const P_PENDING: usize = 384; // [both]
 const P_CPU: usize = 448; // [producer] the CPU it armed the ring on, plus one, when it may wait for a return (0: wake it at once)
 const P_HERE: usize = 512; // [producer] the CPU it last sent, armed or yielded on, plus one (see "Handing the CPU over")
 const C_HERE: usize = 576; // [consumer] likewise
-const P_AWAKE: usize = 640; // [producer] AWAKE or ASLEEP (in its wait); 0 from a producer before 1.18: see `pending`
+const P_AWAKE: usize = 640; // [producer] AWAKE or ASLEEP (in its wait): as its last thread to start or end a wait said; 0 from a producer before 1.18
 
 /// A side refreshes its CPU word with every this many items sent or slots returned (and
 /// whenever it arms, wakes or yields): often enough to follow a side the scheduler moved,
@@ -117,7 +118,11 @@ pub(crate) const YIELD_LEFT: std::time::Duration = std::time::Duration::from_mil
 
 /// `P_AWAKE`: the producer runs (it is not asleep in one of its waits), or it sleeps in one. A
 /// producer's wait leaves its rings armed on the way out (`Channel.service`'s callers are woken
-/// for the next return), so `P_PENDING` alone cannot say whether it is awake.
+/// for the next return), so `P_PENDING` alone cannot say whether it is awake. The word is the
+/// last that any of its threads wrote: with several threads serving one channel it speaks for
+/// the last to start or end a wait, and a producer idle in its own event loop (outside the
+/// library's waits) reads as awake. It only decides whether the consumer yields or polls once
+/// per wait (bounded as for any peer, spin.rs); the arm, the look and the sleep do not read it.
 const AWAKE: u64 = 1;
 const ASLEEP: u64 = 2;
 

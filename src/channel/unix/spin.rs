@@ -64,7 +64,8 @@ pub(crate) fn budget() -> Duration {
     })
 }
 
-/// One pool's or connection's record of how its adaptive spins went.
+/// One pool's, connection's or channel's (its lease waits) record of how its adaptive spins
+/// went.
 #[derive(Default)]
 pub(crate) struct Backoff {
     /// Waits left that sleep at once.
@@ -105,7 +106,8 @@ fn now_ms() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
-/// One pool's or connection's record of how its yields to a peer on the same CPU went.
+/// One pool's, connection's or channel's (its lease waits) record of how its yields to a peer
+/// on the same CPU went.
 pub(crate) struct YieldGuard {
     /// No yield before this ([`now_ms`]).
     paused_until: AtomicU64,

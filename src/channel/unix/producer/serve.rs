@@ -68,7 +68,8 @@ impl Drop for Untimed<'_> {
 /// Whether a look at the rings asks their consumers to wake the channel for the next return.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Arm {
-    /// No (a spinner looks at the rings itself).
+    /// No (a spinner looks at the rings itself); but a serve that takes a ring's wake-up off
+    /// the epoll set arms the rings again (see [`ChannelShared::serve`]).
     No,
     /// Yes, at once.
     Now,
@@ -87,7 +88,8 @@ impl LeaseServer for ChannelShared {
     }
 
     fn poll(&self, sockets: bool) -> Result<()> {
-        // Not armed: a spinner looks at the rings itself (the sleep after the spin arms them).
+        // Not armed: a spinner looks at the rings itself (the sleep after the spin arms them;
+        // so does the look at the sockets, where it takes a ring's wake-up off the epoll set).
         if sockets {
             self.serve(Some(Duration::ZERO), Arm::No, None)
         } else {
@@ -158,7 +160,9 @@ impl ChannelShared {
 
     /// [`Self::service`]; `arm`: whether to ask the peers to wake the epoll set for their next
     /// ring return ([`Arm`]; not while spinning: a spinner looks at the rings itself, and an
-    /// armed ring costs the consumer a system call per return).
+    /// armed ring costs the consumer a system call per return). A serve that takes a ring's
+    /// wake-up off the epoll set arms the rings whatever `arm` says: that wake-up was also the
+    /// caller's event loop's, and without an arm the next return would wake nobody.
     /// `untimed`: this thread's claim of the wait without a time limit (its wait is `timeout`
     /// then, normally none), given up as soon as the wait is over.
     pub(super) fn serve(&self, timeout: Option<Duration>, arm: Arm, untimed: Option<Untimed<'_>>) -> Result<()> {
