@@ -220,8 +220,11 @@ def wait(obj, timeout=None) -> bool:
     False when ``timeout`` seconds passed first (an int or float >= 0; None or ``math.inf``:
     wait forever). ``obj``: a tensor, array or handle, or a dict, list or tuple of them (a
     state dict sent with :meth:`Channel.send_batch`): then every one's, within the one
-    ``timeout``, each storage once. TypeError for a bool or non-number timeout, ValueError
-    for NaN, negative or finite timeouts beyond int64 milliseconds."""
+    ``timeout``, each storage once. While it waits it serves the channels they were leased
+    through, and before it sleeps it may poll their rings briefly (``Channel.set_spin``, or
+    up to 50 µs while a consumer is awake on another CPU) or yield the CPU once to a consumer
+    awake on this one. TypeError for a bool or non-number timeout, ValueError for NaN,
+    negative or finite timeouts beyond int64 milliseconds."""
     ms = timeout_ms(timeout)
     if isinstance(obj, (dict, list, tuple)):
         return _wait_all(obj.values() if isinstance(obj, dict) else obj, ms)

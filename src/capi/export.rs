@@ -470,7 +470,10 @@ pub unsafe extern "C" fn devshare_exporter_outstanding(exporter: *const Devshare
 /// Wait until every handed-out reference was released: `DEVSHARE_STATUS_OK`, or
 /// `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` milliseconds (negative: wait forever), or
 /// `DEVSHARE_STATUS_UNTRUSTED` at once when a slot is corrupt (see
-/// `devshare_exporter_outstanding`).
+/// `devshare_exporter_outstanding`). Serves the channels the export was leased through while
+/// it waits; before it sleeps it may poll their rings (`devshare_channel_set_spin`, or, with
+/// no spin set, for up to 50 µs while a consumer is awake on another CPU: docs/channels.md,
+/// "The adaptive spin") and yield the CPU once to a consumer awake on this one.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_exporter_wait(exporter: *const DevshareExporter, timeout_ms: i64) -> i32 {
     boundary("devshare_exporter_wait", || {
