@@ -1366,7 +1366,10 @@ int32_t devshare_exporter_outstanding(const struct DevshareExporter *exporter, u
 // Wait until every handed-out reference was released: `DEVSHARE_STATUS_OK`, or
 // `DEVSHARE_STATUS_TIMEOUT` after `timeout_ms` milliseconds (negative: wait forever), or
 // `DEVSHARE_STATUS_UNTRUSTED` at once when a slot is corrupt (see
-// `devshare_exporter_outstanding`).
+// `devshare_exporter_outstanding`). Serves the channels the export was leased through while
+// it waits; before it sleeps it may poll their rings (`devshare_channel_set_spin`, or, with
+// no spin set, for up to 50 µs while a consumer is awake on another CPU: docs/channels.md,
+// "The adaptive spin") and yield the CPU once to a consumer awake on this one.
 int32_t devshare_exporter_wait(const struct DevshareExporter *exporter, int64_t timeout_ms);
 
 // Close the exporter and free it. Host memory: importers that still map the buffer keep it
