@@ -514,6 +514,27 @@ impl<'a> Message<'a> {
         Some(item_body(&mut r, layout).and_then(|item| r.end().map(|()| item)))
     }
 
+    /// [`Self::decode_item`], remembering in `memo` what the last `ITEM` decoded to: one whose
+    /// bytes after its pool and slot are those of the last one (a pipeline describes every item
+    /// alike) takes its layout and event from `memo` instead of being decoded again (decoding
+    /// the same bytes again would give the same).
+    pub(crate) fn decode_item_memo(b: &[u8], layout: &mut ItemLayout, memo: &mut ItemMemo) -> Option<Result<Item>> {
+        if let (Some((l, event)), Some(head), Some(body)) = (&memo.decoded, b.get(..12), b.get(12..)) {
+            if head[..4] == ITEM.to_le_bytes() && body == memo.body.as_slice() {
+                *layout = *l;
+                return Some(Ok((u32::from_le_bytes(at(head, 4)), u32::from_le_bytes(at(head, 8)), *event)));
+            }
+        }
+        let decoded = Self::decode_item(b, layout)?;
+        memo.decoded = None;
+        if let (Ok(item), Some(body)) = (&decoded, b.get(12..)) {
+            memo.body.clear();
+            memo.body.extend_from_slice(body);
+            memo.decoded = Some((*layout, item.2));
+        }
+        Some(decoded)
+    }
+
     /// An `ITEM`'s bytes, appended to `buf` (cleared first): what [`Self::encode_into`] makes of
     /// a `Message::Item`, from a layout it does not copy.
     pub(crate) fn encode_item_into(
@@ -631,6 +652,14 @@ impl Offer {
 
 /// A pool item's fields but its layout: pool, slot, the producer's event.
 pub(crate) type Item = (u32, u32, Option<[u8; DEVSHARE_EVENT_HANDLE_SIZE]>);
+
+/// The last `ITEM` a consumer decoded ([`Message::decode_item_memo`]): its bytes after pool and
+/// slot, and their layout and event.
+#[derive(Default)]
+pub(crate) struct ItemMemo {
+    body: Vec<u8>,
+    decoded: Option<(ItemLayout, Option<[u8; DEVSHARE_EVENT_HANDLE_SIZE]>)>,
+}
 
 /// An `ITEM`'s fields after its type, the layout written into `out`. Read in three runs of
 /// fixed-size fields, each taken whole (a message too short for a run is refused as it is for
@@ -1030,6 +1059,44 @@ pub(crate) fn address(address: &str) -> Result<rustix::net::SocketAddrUnix> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ring_item_described_as_the_last_one_decodes_from_the_memo_to_what_decoding_gives() {
+        let mut shape = [0i64; DEVSHARE_MAX_NDIM];
+        shape[0] = 1024;
+        let layout = ItemLayout {
+            dtype: DevshareDType::new(2, 32, 1),
+            ndim: 1,
+            shape,
+            strides: [0; DEVSHARE_MAX_NDIM],
+            storage_offset: 0,
+            storage_size: 4096,
+            tensor_offset: 0,
+        };
+        let event = [7u8; DEVSHARE_EVENT_HANDLE_SIZE];
+        let mut memo = ItemMemo::default();
+        let check = |bytes: &[u8], memo: &mut ItemMemo| {
+            let (mut plain, mut memoed) = (ItemLayout::empty(), ItemLayout::empty());
+            let want = Message::decode_item(bytes, &mut plain).map(|r| r.map_err(|e| e.status()));
+            let got = Message::decode_item_memo(bytes, &mut memoed, memo).map(|r| r.map_err(|e| e.status()));
+            assert_eq!(got, want);
+            if matches!(want, Some(Ok(_))) {
+                assert_eq!(memoed, plain);
+            }
+        };
+        for (pool, slot, ev) in [(1, 0, None), (1, 1, None), (2, 7, None), (2, 7, Some(&event)), (1, 0, None)] {
+            let bytes = Message::encode_item_into(pool, slot, &layout, ev, Vec::new());
+            check(&bytes, &mut memo); // decoded (a new body) or from the memo (the same one)
+            check(&bytes, &mut memo);
+            // Other bytes after pool and slot, or too few, or another message: decoded afresh.
+            let mut other = bytes.clone();
+            other[12] = 9; // ndim 9
+            check(&other, &mut memo);
+            check(&bytes[..bytes.len() - 1], &mut memo);
+            check(&bytes[..8], &mut memo);
+            check(&Message::Release { lease: 3 }.encode(), &mut memo);
+        }
+    }
 
     fn every_message() -> Vec<Message<'static>> {
         let mut shape = [0i64; DEVSHARE_MAX_NDIM];

@@ -253,6 +253,8 @@ struct State {
     names: FxHashMap<u64, std::ffi::CString>,
     /// The ring record being looked at, copied out of the ring (here, not moved on the way).
     rec: Box<ItemRecord>,
+    /// The last ring item decoded (the next one described alike is not decoded again).
+    memo: Box<wire::ItemMemo>,
 }
 
 /// Most lease names a consumer holds for shares still to come: two messages' worth; a producer
@@ -394,6 +396,7 @@ impl LocalConnection {
                                     waited: Vec::new(),
                                     names: FxHashMap::default(),
                                     rec: Box::new(ItemRecord::new()),
+                                    memo: Default::default(),
                                 }),
                                 peer_id,
                                 producer_pid,
@@ -768,7 +771,7 @@ impl LocalConnection {
     /// The pool item in `st.rec`, which came through the ring, checked as one from the socket.
     fn ring_item(&self, st: &mut State) -> Result<Box<Import>> {
         let mut layout = wire::ItemLayout::empty();
-        let (pool, slot, event) = match Message::decode_item(st.rec.item(), &mut layout) {
+        let (pool, slot, event) = match Message::decode_item_memo(st.rec.item(), &mut layout, &mut st.memo) {
             Some(item) => item?,
             None => match Message::decode(st.rec.item())? {
                 Message::Item { pool, slot, layout: l, event } => {

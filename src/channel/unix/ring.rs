@@ -199,21 +199,34 @@ pub(crate) fn yield_cpu() {
 struct Shared {
     map: Map,
     capacity: u32,
+    /// `capacity - 1` when `capacity` is a power of two (every ring this library makes): an
+    /// index's place is then a mask, not a division (tens of cycles, four per item); 0 else.
+    mask: u64,
 }
 
 impl Shared {
+    fn new(map: Map, capacity: u32) -> Shared {
+        let mask = if capacity.is_power_of_two() { u64::from(capacity) - 1 } else { 0 };
+        Shared { map, capacity, mask }
+    }
+
     fn word(&self, offset: usize) -> &AtomicU64 {
         self.map.atomic_u64(offset)
     }
 
+    /// The place of `index` in the ring: `index % capacity`.
+    fn place(&self, index: u64) -> usize {
+        (if self.mask != 0 { index & self.mask } else { index % u64::from(self.capacity) }) as usize
+    }
+
     fn record(&self, index: u64) -> *mut u8 {
-        let i = (index % u64::from(self.capacity)) as usize;
+        let i = self.place(index);
         // SAFETY: i < capacity and the map holds capacity records after the header.
         unsafe { self.map.ptr().add(HEADER + i * RECORD as usize) }
     }
 
     fn ret(&self, index: u64) -> &AtomicU64 {
-        let i = (index % u64::from(self.capacity)) as usize;
+        let i = self.place(index);
         self.word(HEADER + self.capacity as usize * RECORD as usize + i * 8)
     }
 
@@ -246,7 +259,7 @@ impl ProducerRing {
         fcntl_add_seals(&memfd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
             .map_err(|e| os("fcntl(F_ADD_SEALS)", e))?;
         let map = Map::new(&memfd, size, true, "a channel ring")?;
-        let shared = Shared { map, capacity: CAPACITY };
+        let shared = Shared::new(map, CAPACITY);
         shared.word(0).store(MAGIC, Ordering::Relaxed);
         shared.word(P_AWAKE).store(AWAKE, Ordering::Relaxed);
         // A count of 1 from the start: every wake-up is a write of 0 (see `wake`).
@@ -457,7 +470,7 @@ impl ConsumerRing {
             rustix::fs::fcntl_setfl(fd, fl | rustix::fs::OFlags::NONBLOCK).map_err(|e| os("fcntl(F_SETFL)", e))?;
         }
         let map = Map::new(&memfd, size, true, "a channel ring")?;
-        let shared = Shared { map, capacity };
+        let shared = Shared::new(map, capacity);
         if shared.word(0).load(Ordering::Relaxed) != MAGIC {
             return Err(Error::Untrusted("a ring's memory does not start with its magic".into()));
         }
@@ -644,6 +657,21 @@ mod tests {
         match r {
             Returned::Slot(pool, slot) => (pool, slot),
             other => panic!("{other:?} is not a slot"),
+        }
+    }
+
+    #[test]
+    fn an_index_s_place_is_its_remainder_for_any_capacity_a_producer_may_send() {
+        // A power of two (what this library makes) takes a mask, any other a division: the
+        // same places either way.
+        for capacity in [1u32, 2, 1000, 1024, 65536, 65535] {
+            let size = ring_size(capacity);
+            let memfd = memfd_create("devshare-ring-test", MemfdFlags::CLOEXEC).expect("memfd");
+            ftruncate(&memfd, size as u64).expect("ftruncate");
+            let s = Shared::new(Map::new(&memfd, size, true, "a test ring").expect("map"), capacity);
+            for index in [0u64, 1, 999, 1000, 1023, 1024, 65535, 65536, u64::MAX - 1, u64::MAX] {
+                assert_eq!(s.place(index), (index % u64::from(capacity)) as usize, "{index} in {capacity}");
+            }
         }
     }
 
