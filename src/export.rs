@@ -120,10 +120,7 @@ impl LeaseBook {
     /// the longest spin set on one of them, or else the longest adaptive poll they allow now;
     /// `None` when neither.
     fn spinners(&self) -> Option<Spinners> {
-        let servers: Vec<Arc<dyn LeaseServer>> = {
-            let servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
-            servers.iter().filter_map(Weak::upgrade).collect()
-        };
+        let servers = self.live();
         let set = servers.iter().map(|s| s.spin()).max().unwrap_or_default();
         if !set.is_zero() {
             return Some(Spinners { servers, budget: set, adaptive: Vec::new() });
@@ -140,13 +137,33 @@ impl LeaseBook {
         (!budget.is_zero()).then_some(Spinners { servers, budget, adaptive })
     }
 
-    /// Before a wait sleeps: whether a server handed the CPU to a consumer on it.
+    /// The servers of this export's leases that are still there.
+    fn live(&self) -> Vec<Arc<dyn LeaseServer>> {
+        let servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
+        servers.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Take what already arrived at every server (its sockets included: every wait reads
+    /// them at least once, so that what travels only there, a consumer's acceptance of a pin
+    /// offer or a hang-up, is not left unread by waits that end in their polls), without
+    /// waiting and without arming anything.
+    fn look(&self) {
+        for s in self.live() {
+            let _ = s.poll(true);
+        }
+    }
+
+    /// Before a wait sleeps: whether a server handed the CPU to a consumer on it (then what
+    /// came back meanwhile is taken, as [`Self::look`] does).
     fn hand_over(&self, left: Option<Duration>) -> bool {
-        let servers: Vec<Arc<dyn LeaseServer>> = {
-            let servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
-            servers.iter().filter_map(Weak::upgrade).collect()
-        };
-        servers.iter().any(|s| s.hand_over(left))
+        let servers = self.live();
+        let handed = servers.iter().any(|s| s.hand_over(left));
+        if handed {
+            for s in &servers {
+                let _ = s.poll(false);
+            }
+        }
+        handed
     }
 }
 
@@ -783,6 +800,14 @@ impl Exporter {
     /// at once when [`Self::outstanding`] does.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
         let start = Instant::now();
+        // What already arrived is taken first: a wait whose leases are back by now ends here,
+        // before any poll, yield or sleep.
+        if self.leases.count() > 0 {
+            self.leases.look();
+            if self.outstanding()? == 0 {
+                return Ok(());
+            }
+        }
         self.spin_for_returns(start, timeout)?;
         let mut pause = Duration::from_micros(20);
         let (mut last_look, mut handed) = (false, false);
