@@ -2754,6 +2754,39 @@ fn a_consumer_polls_for_a_producer_that_armed_its_ring_but_is_out_of_its_wait() 
     assert!(sleeps.iter().any(|&s| s < u64::from(n) / 8), "the consumer slept {sleeps:?} times for {n} items");
 }
 
+#[test]
+fn adaptive_spin_us_0_turns_the_poll_between_cpus_off() {
+    // DEVSHARE_ADAPTIVE_SPIN_US=0 (read once per process: a child process of its own) restores
+    // the waits of 1.16 between CPUs: a consumer on another CPU than its producer sleeps for
+    // nearly every item, where with the poll it hardly ever does (the test above).
+    if two_allowed_cpus().is_none() {
+        return;
+    }
+    let out = common::role("adaptive_spin_off_child", &[("DEVSHARE_ADAPTIVE_SPIN_US", "0".as_ref())]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("test adaptive_spin_off_child ... ok") && text.contains("1 passed"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The test above, in its child process.
+#[test]
+#[ignore = "a role of the test above, run in a child process"]
+fn adaptive_spin_off_child() {
+    if std::env::var("DEVSHARE_ADAPTIVE_SPIN_US").as_deref() != Ok("0") {
+        return;
+    }
+    let Some((a, b)) = two_allowed_cpus() else { return };
+    let n = 5_000;
+    let sleeps = items_between(a, b, 1, n);
+    assert!(sleeps > n / 2, "with the poll off the consumer slept only {sleeps} times for {n} items");
+    let (producer, consumer) = leases_between(a, b, 2_000);
+    assert!(producer > 1_000, "with the poll off the producer's waits slept only {producer} of 2,000 times");
+    let _ = consumer; // (its own sleeps depend on the producer's pace as much as on its poll)
+}
+
 /// Two CPUs this thread may run on, when it may run on two.
 fn two_allowed_cpus() -> Option<(usize, usize)> {
     // SAFETY: sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into the set.
