@@ -980,6 +980,48 @@ mod tests {
     use crate::dtype::DevshareDType;
     use proptest::prelude::*;
 
+    /// A delivery layer whose one lease came back through what needs no system call (a ring):
+    /// a look without the sockets takes it; it counts the looks at its sockets.
+    struct RingReturn {
+        book: Arc<LeaseBook>,
+        back: std::sync::atomic::AtomicBool,
+        socket_looks: AtomicU64,
+    }
+
+    impl LeaseServer for RingReturn {
+        fn serve(&self, _pause: Duration) -> Result<()> {
+            self.poll(true)
+        }
+
+        fn poll(&self, sockets: bool) -> Result<()> {
+            if sockets {
+                self.socket_looks.fetch_add(1, Ordering::SeqCst);
+            }
+            if !self.back.swap(true, Ordering::SeqCst) {
+                self.book.sub(1);
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_wait_whose_lease_is_already_back_in_a_ring_still_reads_the_sockets_once() {
+        // What travels only on a channel's socket (a consumer's acceptance of a pin offer, a
+        // hang-up) must not go unread by waits that all end at once: every wait for leases
+        // looks at the sockets at least once.
+        let exp = Exporter::channel_host_alloc(4096).unwrap();
+        let server = Arc::new(RingReturn {
+            book: exp.leases().clone(),
+            back: Default::default(),
+            socket_looks: AtomicU64::new(0),
+        });
+        exp.leases().add(&server);
+        assert_eq!(exp.outstanding().unwrap(), 1);
+        exp.wait(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(exp.outstanding().unwrap(), 0);
+        assert!(server.socket_looks.load(Ordering::SeqCst) >= 1, "the wait never looked at the sockets");
+    }
+
     /// A layout inside a 4096-byte allocation, valid or not.
     #[derive(Debug, Clone)]
     struct Layout {

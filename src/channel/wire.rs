@@ -1096,6 +1096,15 @@ mod tests {
             check(&bytes[..8], &mut memo);
             check(&Message::Release { lease: 3 }.encode(), &mut memo);
         }
+        // A hit takes pool and slot from its own record, and only an ITEM's record hits.
+        let first = Message::encode_item_into(1, 0, &layout, None, Vec::new());
+        let second = Message::encode_item_into(3, 5, &layout, None, Vec::new());
+        let mut l = ItemLayout::empty();
+        assert!(matches!(Message::decode_item_memo(&first, &mut l, &mut memo), Some(Ok((1, 0, None)))));
+        assert!(matches!(Message::decode_item_memo(&second, &mut l, &mut memo), Some(Ok((3, 5, None)))));
+        let mut not_an_item = second.clone();
+        not_an_item[0] ^= 1;
+        assert!(Message::decode_item_memo(&not_an_item, &mut l, &mut memo).is_none(), "another type's record");
     }
 
     fn every_message() -> Vec<Message<'static>> {
