@@ -105,12 +105,8 @@ impl LeaseBook {
     /// Serve the servers of this export's leases, waiting at most `pause` on the first; false
     /// when there are none (the caller sleeps instead).
     pub(crate) fn serve(&self, pause: Duration) -> bool {
-        let live: Vec<Arc<dyn LeaseServer>> = {
-            let servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
-            servers.iter().filter_map(Weak::upgrade).collect()
-        };
         let mut served = false;
-        for (i, s) in live.iter().enumerate() {
+        for (i, s) in self.live().iter().enumerate() {
             served |= s.serve(if i == 0 { pause } else { Duration::ZERO }).is_ok();
         }
         served
@@ -864,7 +860,7 @@ impl Exporter {
         let spin = timeout.map_or(budget, |t| budget.min(t));
         let until = start + spin;
         let mut turns = 0u32;
-        let found = loop {
+        let found: Result<bool> = loop {
             turns = turns.wrapping_add(1);
             // The rings on every turn; the sockets (a system call) every 64th; the clock (a
             // read costs more than a look at the rings) every 16th.
@@ -874,17 +870,12 @@ impl Exporter {
             // (What this turn's poll took counts before the clock: a spin that found the last
             // return on its last turn found it.)
             match self.outstanding() {
-                Ok(0) => break true,
+                Ok(0) => break Ok(true),
                 Ok(_) => {}
-                Err(e) => {
-                    for s in &adaptive {
-                        s.adaptive_done(false);
-                    }
-                    return Err(e);
-                }
+                Err(e) => break Err(e),
             }
             if spinners.is_empty() || (turns % 16 == 0 && Instant::now() >= until) {
-                break false;
+                break Ok(false);
             }
             if !adaptive.is_empty() && turns % ADAPTIVE_YIELD_EVERY == 0 {
                 std::thread::yield_now();
@@ -892,9 +883,9 @@ impl Exporter {
             std::hint::spin_loop();
         };
         for s in &adaptive {
-            s.adaptive_done(found);
+            s.adaptive_done(matches!(found, Ok(true)));
         }
-        Ok(())
+        found.map(drop)
     }
 
     /// Remove the shm names of the allocation (host) and of the ref-counters now, whoever still

@@ -2566,11 +2566,17 @@ fn thread_sleeps() -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-/// `n` items through a pool of `slots` slots, the producer on CPU `p_cpu` and the consumer on
-/// `c_cpu`, each item's value checked in order; how many times the consumer's thread slept.
-fn items_between(p_cpu: usize, c_cpu: usize, slots: u32, n: u64) -> u64 {
-    let (ch, c, peer) = connected(&address("placed"));
-    // The consumer starts once the producer is set up (see `leases_between`).
+/// A consumer thread on CPU `c_cpu` that, once told the producer is set up (a yield to a
+/// producer busy setting up takes long, which pauses the consumer's yields for longer than the
+/// run), receives `n` items or leases whose first u64 counts from 0, checks each and releases
+/// it; it gives back its connection and how many times it slept while receiving. Returns the
+/// thread and the sender that starts it.
+fn counting_consumer(
+    c: Connection,
+    c_cpu: usize,
+    n: u64,
+    what: String,
+) -> (std::thread::JoinHandle<(Connection, u64)>, std::sync::mpsc::Sender<()>) {
     let (ready, set_up) = std::sync::mpsc::channel::<()>();
     let consumer = std::thread::spawn(move || {
         pin_thread(c_cpu);
@@ -2578,12 +2584,20 @@ fn items_between(p_cpu: usize, c_cpu: usize, slots: u32, n: u64) -> u64 {
         let before = thread_sleeps();
         for i in 0..n {
             let imp = c.recv(T).unwrap();
-            // SAFETY: every item is 64 bytes of u64 written before its send.
-            assert_eq!(unsafe { *(imp.view().data as *const u64) }, i, "item {i} of {slots} slots");
+            // SAFETY: every item or lease is at least 8 bytes, a u64 written before its send.
+            assert_eq!(unsafe { *(imp.view().data as *const u64) }, i, "{what} {i}");
             imp.release();
         }
         (c, thread_sleeps() - before)
     });
+    (consumer, ready)
+}
+
+/// `n` items through a pool of `slots` slots, the producer on CPU `p_cpu` and the consumer on
+/// `c_cpu`, each item's value checked in order; how many times the consumer's thread slept.
+fn items_between(p_cpu: usize, c_cpu: usize, slots: u32, n: u64) -> u64 {
+    let (ch, c, peer) = connected(&address("placed"));
+    let (consumer, ready) = counting_consumer(c, c_cpu, n, format!("item of {slots} slots, number"));
     pin_thread(p_cpu);
     let exp = Arc::new(Exporter::channel_host_alloc(64 * u64::from(slots)).unwrap());
     let pool = ch.pool(exp.clone(), 64, slots).unwrap();
@@ -2652,21 +2666,7 @@ fn a_producer_and_consumer_on_two_cpus_lose_no_item_while_polling_for_each_other
 /// checked; how many times the producer's thread slept, and the consumer's.
 fn leases_between(p_cpu: usize, c_cpu: usize, n: u64) -> (u64, u64) {
     let (ch, c, peer) = connected(&address("placed-leases"));
-    // The consumer starts once the producer is set up (a yield to a producer busy setting up
-    // takes long, which pauses the consumer's yields for longer than the run).
-    let (ready, set_up) = std::sync::mpsc::channel::<()>();
-    let consumer = std::thread::spawn(move || {
-        pin_thread(c_cpu);
-        set_up.recv().unwrap();
-        let before = thread_sleeps();
-        for i in 0..n {
-            let imp = c.recv(T).unwrap();
-            // SAFETY: every lease is 8 bytes of u64 written before its send.
-            assert_eq!(unsafe { *(imp.view().data as *const u64) }, i, "lease {i}");
-            imp.release();
-        }
-        (c, thread_sleeps() - before)
-    });
+    let (consumer, ready) = counting_consumer(c, c_cpu, n, "lease".into());
     pin_thread(p_cpu);
     let exp = Exporter::channel_host_alloc(4096).unwrap();
     ch.register(&exp).unwrap();

@@ -480,13 +480,18 @@ impl Core {
     /// about to wait yields it the CPU first, `ring`'s "Handing the CPU over") or on another
     /// (the acquire may poll for its return first, `spin.rs`).
     pub(super) fn consumer_awake_on(&self, same: bool) -> bool {
-        self.peers.iter().filter_map(|p| p.ring.as_ref()).any(|r| r.consumer_awake_on(same))
+        self.rings().any(|r| r.consumer_awake_on(same))
+    }
+
+    /// The peers' rings (of those that have one).
+    fn rings(&self) -> impl Iterator<Item = &ring::ProducerRing> {
+        self.peers.iter().filter_map(|p| p.ring.as_ref())
     }
 
     /// Tell the consumers whether this producer is about to sleep in its wait (`yes`) or is out
     /// of it (ring.rs, `P_AWAKE`).
     pub(super) fn asleep(&self, yes: bool) {
-        for r in self.peers.iter().filter_map(|p| p.ring.as_ref()) {
+        for r in self.rings() {
             r.asleep(yes);
         }
     }
