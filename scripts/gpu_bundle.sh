@@ -6,6 +6,8 @@
 # $ORIGIN). Nothing else goes in. The GPU machine needs
 # no Rust: copy the bundle (and the checkout, for tests/gpu and python/) and run
 #     bash tests/gpu/run.sh build/gpu-bundle
+# The bundle also holds sync_cost (tests/gpu/sync_cost.c), which measures an interprocess event
+# against a stream-written flag word on the GPU; it needs only the driver, loaded at run time.
 # Usage: bash scripts/gpu_bundle.sh [out-dir]     (default build/gpu-bundle)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -45,7 +47,10 @@ echo "== $CC bench/channel_handoff.c"
 "$CC" -std=c11 -O2 -g -Wall -Wextra -Werror -Iinclude -o "$out/channel_handoff" bench/channel_handoff.c \
     -L"$out" -ldevshare -Wl,-rpath,'$ORIGIN'
 
-glibc=$( { objdump -T "$out/libdevshare.so" "$out/gpu_tool" "$out/channel_handoff" 2>/dev/null || true; } \
+echo "== $CC tests/gpu/sync_cost.c"
+"$CC" -std=c11 -O2 -g -Wall -Wextra -Werror -o "$out/sync_cost" tests/gpu/sync_cost.c -ldl
+
+glibc=$( { objdump -T "$out/libdevshare.so" "$out/gpu_tool" "$out/channel_handoff" "$out/sync_cost" 2>/dev/null || true; } \
     | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n1)
 echo "== $out:"
 ls -l "$out"

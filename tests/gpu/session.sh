@@ -6,10 +6,13 @@
 #
 # In order, each only when the time left allows it:
 #   1. tests/gpu/run.sh, the real-GPU suite (up to 470 s; about 100 s on an H100);
-#   2. tests/gpu/bench.sh, the share-once benchmarks for both allocators, when the suite's
+#   2. sync_cost from the bundle (tests/gpu/sync_cost.c: an interprocess event against a flag word
+#      written and waited on by the streams, each checked against a busy producer stream), when
+#      the suite's preflight passed and at least 150 s are left (at most 45 s);
+#   3. tests/gpu/bench.sh, the share-once benchmarks for both allocators, when the suite's
 #      preflight passed (the state dict at full size when at least 300 s are left, else at
 #      --scale 2; skipped under 150 s), with all but 100 s of what is left;
-#   3. bench/user_pays.py, the per-item handoff on this machine's CPUs (--quick under 190 s left,
+#   4. bench/user_pays.py, the per-item handoff on this machine's CPUs (--quick under 190 s left,
 #      skipped under 70 s).
 # Each part's output goes to the terminal and to DIR/<part>.txt (DIR: --out, default $OUT when
 # set, else build/gpu-session); DIR/summary.txt says what ran, how long, and its exit status.
@@ -62,12 +65,19 @@ skip() {
 part suite 480 bash tests/gpu/run.sh "$bundle"
 if ! grep -q "^PASS preflight" "$out/suite.txt"; then
     skip benchmarks "no usable GPU (the suite's preflight did not pass)"
-elif (($(left) >= 300)); then
-    part bench $(($(left) - 100)) bash tests/gpu/bench.sh "$bundle"
-elif (($(left) >= 150)); then
-    part bench $(($(left) - 70)) bash tests/gpu/bench.sh "$bundle" --scale 2 --reps 3
 else
-    skip bench "$(left) s left"
+    if (($(left) >= 150)); then
+        part sync_cost 45 "$bundle/sync_cost"
+    else
+        skip sync_cost "$(left) s left"
+    fi
+    if (($(left) >= 300)); then
+        part bench $(($(left) - 100)) bash tests/gpu/bench.sh "$bundle"
+    elif (($(left) >= 150)); then
+        part bench $(($(left) - 70)) bash tests/gpu/bench.sh "$bundle" --scale 2 --reps 3
+    else
+        skip bench "$(left) s left"
+    fi
 fi
 user_pays=(env DEVSHARE_LIBRARY="$(cd "$bundle" && pwd)/libdevshare.so" PYTHONPATH="$root/python" "${PYTHON:-python3}" -u bench/user_pays.py)
 if (($(left) >= 190)); then

@@ -53,6 +53,10 @@ def bundle(tmp_path_factory) -> pathlib.Path:
                           f"-L{out}", "-ldevshare", "-ldl", "-Wl,-rpath,$ORIGIN"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, f"gpu_tool does not build warning-free:\n{res.stderr}"
+    res = subprocess.run([cc, "-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-o", str(out / "sync_cost"),
+                          str(ROOT / "tests" / "gpu" / "sync_cost.c"), "-ldl"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, f"sync_cost does not build warning-free:\n{res.stderr}"
     return out
 
 
@@ -143,6 +147,29 @@ def test_gpu_tool_pool_commands_refuse_bad_arguments(bundle):
         assert r.returncode == 1 and r.stdout.startswith("FAIL usage:"), (argv, r.stdout, r.stderr)
     r = subprocess.run([tool, "produce-pool", "host"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "produce-pool" in r.stderr
+
+
+def test_sync_cost_measures_every_mechanism_on_the_cuda_standin_and_finds_each_correct(bundle, tmp_path):
+    """tests/gpu/sync_cost (event against flag word) runs end to end on the CUDA stand-in: every
+    mechanism's round trips and its checks against a busy producer stream, with no CUDA rule
+    broken (the stand-in checks the stream memory operations' alignment, the DEVICEMAP
+    registration of the host word, and that a waited-for word is written). The stand-in runs a
+    stream's work at once, so its control ("none") cannot show stale data; on a GPU it must."""
+    standin = pathlib.Path(devshare.library_path).resolve().parent / "standin" / "cuda" / "libcuda.so.1"
+    log = tmp_path / "standin.log"
+    env = dict(os.environ, DEVSHARE_CUDA_LIBRARY=str(standin), DEVSHARE_STANDIN_LOG=str(log))
+    res = subprocess.run([str(bundle / "sync_cost"), "--rounds", "200", "--checks", "3", "--busy-mib", "1",
+                          "--busy-ms", "1"], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for mech in ("event-stream", "event-host", "flag-stream", "flag-device", "flag-poll", "host-sync"):
+        assert re.search(rf"^ROUND {mech} n=200 roundtrip_us p50=[\d.]+ p90=[\d.]+ producer_us p50=[\d.]+ "
+                         rf"consumer_us p50=[\d.]+$", res.stdout, re.M), res.stdout
+        assert f"CHECK {mech} fresh=3/3" in res.stdout, res.stdout
+    assert "CHECK none stale=0/3" in res.stdout, res.stdout
+    assert re.search(r"^FASTEST (event-stream|flag-stream|flag-device) ", res.stdout, re.M), res.stdout
+    assert not (log.exists() and log.read_text()), f"CUDA rules broken:\n{log.read_text()}"
+    bad = subprocess.run([str(bundle / "sync_cost"), "--rounds", "0"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "usage" in bad.stderr
 
 
 def test_the_session_script_runs_what_the_time_and_the_machine_allow_and_keeps_each_output(bundle, tmp_path):

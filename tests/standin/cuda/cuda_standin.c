@@ -876,6 +876,7 @@ struct pinned {
     struct pinned *next;
     uintptr_t base;
     size_t size;
+    unsigned flags; /* CU_MEMHOSTREGISTER_* */
 };
 static struct pinned *g_pinned;
 
@@ -893,6 +894,7 @@ CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags) {
     if (!r) return done(CUDA_ERROR_OUT_OF_MEMORY);
     r->base = a;
     r->size = bytesize;
+    r->flags = Flags;
     r->next = g_pinned;
     g_pinned = r;
     return done(CUDA_SUCCESS);
@@ -910,6 +912,25 @@ CUresult cuMemHostUnregister(void *p) {
     }
     return done(viol(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "%s: %p is not the start of a registered range",
                      __func__, p));
+}
+
+/* The device address of registered host memory: only a range registered with
+ * CU_MEMHOSTREGISTER_DEVICEMAP has one, and here (as under unified addressing) it is the host
+ * address itself. */
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags) {
+    ENTER(1);
+    NEED(pdptr);
+    if (Flags != 0) return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: Flags must be 0, got %#x", __func__, Flags));
+    for (struct pinned *r = g_pinned; r; r = r->next) {
+        if ((uintptr_t)p >= r->base && (uintptr_t)p < r->base + r->size) {
+            if (!(r->flags & CU_MEMHOSTREGISTER_DEVICEMAP))
+                return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: %p was registered without "
+                                 "CU_MEMHOSTREGISTER_DEVICEMAP", __func__, p));
+            *pdptr = (CUdeviceptr)(uintptr_t)p;
+            return done(CUDA_SUCCESS);
+        }
+    }
+    return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: %p is not in a registered host range", __func__, p));
 }
 
 CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
@@ -1636,6 +1657,102 @@ CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
         return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: Flags must be 0, got 0x%x", __func__,
                          Flags));
     note_wait(hEvent);
+    return done(CUDA_SUCCESS);
+}
+
+/* ==== Stream memory operations and asynchronous copies ============================== */
+/* Every stream's work is complete when the call that queued it returns (as everywhere in this
+ * stand-in), so these act at once, in call order. */
+
+/* The 64-bit word a stream memory operation names: 8-byte aligned, inside a device allocation or
+ * mapping, or inside host memory registered with CU_MEMHOSTREGISTER_DEVICEMAP. */
+static CUresult memop_word(const char *fn, CUdeviceptr addr, _Atomic uint64_t **out) {
+    if (addr & 7)
+        return viol(CUDA_ERROR_INVALID_VALUE, "%s: address 0x%llx is not 8-byte aligned", fn, addr);
+    for (struct pinned *r = g_pinned; r; r = r->next) {
+        if (addr >= r->base && addr - r->base + 8 <= r->size) {
+            if (!(r->flags & CU_MEMHOSTREGISTER_DEVICEMAP))
+                return viol(CUDA_ERROR_INVALID_VALUE, "%s: host address 0x%llx was registered "
+                            "without CU_MEMHOSTREGISTER_DEVICEMAP", fn, addr);
+            *out = (_Atomic uint64_t *)(uintptr_t)addr;
+            return CUDA_SUCCESS;
+        }
+    }
+    unsigned char *d = NULL;
+    CUresult rc = dev_range(fn, "word", addr, 8, &d);
+    if (!rc) *out = (_Atomic uint64_t *)d;
+    return rc;
+}
+
+CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, uint64_t value, unsigned int flags) {
+    ENTER(1);
+    _Atomic uint64_t *w = NULL;
+    CUresult rc = stream_check(__func__, stream, NULL);
+    if (!rc && (flags & ~(unsigned)CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER))
+        rc = viol(CUDA_ERROR_INVALID_VALUE, "%s: unknown flags %#x", __func__, flags);
+    if (!rc) rc = memop_word(__func__, addr, &w);
+    if (!rc) atomic_store_explicit(w, value, memory_order_release);
+    return done(rc);
+}
+
+/* The condition of a wait holds for `have`. */
+static int wait_holds(uint64_t have, uint64_t value, unsigned kind) {
+    switch (kind) {
+    case CU_STREAM_WAIT_VALUE_GEQ: return (int64_t)(have - value) >= 0; /* cyclic, as documented */
+    case CU_STREAM_WAIT_VALUE_EQ: return have == value;
+    case CU_STREAM_WAIT_VALUE_AND: return (have & value) != 0;
+    default: return ~(have | ~value) != 0; /* NOR */
+    }
+}
+
+/* On a GPU the stream waits, the call returns at once. Here the stream's work is done by its
+ * return, so the call itself waits (not holding the stand-in's lock) for another process or
+ * thread to satisfy the condition: up to 10 s, then a violation, since a GPU stream whose
+ * condition never holds waits forever. */
+CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, uint64_t value, unsigned int flags) {
+    ENTER(1);
+    _Atomic uint64_t *w = NULL;
+    const unsigned kind = flags & ~(unsigned)CU_STREAM_WAIT_VALUE_FLUSH;
+    CUresult rc = stream_check(__func__, stream, NULL);
+    if (!rc && kind > CU_STREAM_WAIT_VALUE_NOR)
+        rc = viol(CUDA_ERROR_INVALID_VALUE, "%s: unknown flags %#x", __func__, flags);
+    if (!rc) rc = memop_word(__func__, addr, &w);
+    if (rc) return done(rc);
+    pthread_mutex_unlock(&g_mu);
+    for (int i = 0; i < 100000; i++) {
+        if (wait_holds(atomic_load_explicit(w, memory_order_acquire), value, kind)) return CUDA_SUCCESS;
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    pthread_mutex_lock(&g_mu);
+    return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: the word at 0x%llx never met the condition "
+                     "(%u, %llu) within 10 s: on a GPU this stream would wait forever", __func__,
+                     addr, kind, (unsigned long long)value));
+}
+
+CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
+    ENTER(1);
+    CUresult rc = stream_check(__func__, hStream, NULL);
+    if (rc || N == 0) return done(rc);
+    if (dstDevice & 3)
+        return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: 0x%llx is not 4-byte aligned", __func__, dstDevice));
+    unsigned char *d = NULL;
+    if (N > SIZE_MAX / 4) return done(viol(CUDA_ERROR_INVALID_VALUE, "%s: N %zu overflows", __func__, N));
+    rc = dev_range(__func__, "destination", dstDevice, 4 * N, &d);
+    if (rc) return done(rc);
+    for (size_t i = 0; i < N; i++) memcpy(d + 4 * i, &ui, 4);
+    return done(CUDA_SUCCESS);
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream) {
+    ENTER(1);
+    CUresult rc = stream_check(__func__, hStream, NULL);
+    if (rc || ByteCount == 0) return done(rc);
+    if (host_range(__func__, dstHost, ByteCount)) return done(CUDA_ERROR_INVALID_VALUE);
+    unsigned char *s = NULL;
+    rc = dev_range(__func__, "source", srcDevice, ByteCount, &s);
+    if (rc) return done(rc);
+    memcpy(dstHost, s, ByteCount);
     return done(CUDA_SUCCESS);
 }
 

@@ -552,6 +552,51 @@ static void host_register_role(int in, int out) {
 }
 
 /* =========================================================================================
+ * Scenario "memops": stream memory operations (cuStreamWriteValue64 / cuStreamWaitValue64) on
+ * device memory and on host memory registered with DEVICEMAP.
+ * ========================================================================================= */
+
+static void memops_role(int in, int out) {
+    (void)in, (void)out;
+    setup(0);
+    static _Alignas(4096) uint64_t page[512], plain[512];
+    CUdeviceptr d, hp, x;
+    CUstream s;
+    uint64_t got = 0;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cuMemAlloc(&d, 4096));
+    OK(cuMemHostRegister_v2(page, sizeof page, CU_MEMHOSTREGISTER_DEVICEMAP));
+    OK(cuMemHostRegister_v2(plain, sizeof plain, 0));
+    OK(cuMemHostGetDevicePointer_v2(&hp, page + 3, 0));
+    CHECK(hp == (CUdeviceptr)(uintptr_t)(page + 3));
+    CU(CUDA_ERROR_INVALID_VALUE, cuMemHostGetDevicePointer_v2(&x, plain, 0));   /* no DEVICEMAP */
+    CU(CUDA_ERROR_INVALID_VALUE, cuMemHostGetDevicePointer_v2(&x, page, 1));    /* flags */
+    /* writes land, in order, where they are aimed */
+    OK(cuStreamWriteValue64_v2(s, hp, 41, CU_STREAM_WRITE_VALUE_DEFAULT));
+    OK(cuStreamWriteValue64_v2(s, d + 8, 7, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER));
+    CHECK(page[3] == 41);
+    OK(cuMemcpyDtoHAsync_v2(&got, d + 8, 8, s));
+    CHECK(got == 7);
+    OK(cuStreamWaitValue64_v2(s, hp, 40, CU_STREAM_WAIT_VALUE_GEQ));
+    OK(cuStreamWaitValue64_v2(s, d + 8, 7, CU_STREAM_WAIT_VALUE_EQ | CU_STREAM_WAIT_VALUE_FLUSH));
+    OK(cuMemsetD32Async(d, 0x01020304u, 2, s));
+    OK(cuMemcpyDtoHAsync_v2(&got, d, 8, s));
+    CHECK(got == 0x0102030401020304ull);
+    /* the rules */
+    CU(CUDA_ERROR_INVALID_VALUE, cuStreamWriteValue64_v2(s, hp + 4, 1, 0));   /* unaligned */
+    CU(CUDA_ERROR_INVALID_VALUE, cuStreamWriteValue64_v2(s, (CUdeviceptr)(uintptr_t)plain, 1, 0));
+    CU(CUDA_ERROR_INVALID_VALUE, cuStreamWriteValue64_v2(s, d + 4096, 1, 0)); /* out of bounds */
+    CU(CUDA_ERROR_INVALID_VALUE, cuStreamWriteValue64_v2(s, hp, 1, 2));       /* flags */
+    CU(CUDA_ERROR_INVALID_VALUE, cuStreamWaitValue64_v2(s, hp, 1, 4));        /* flags */
+    CU(CUDA_ERROR_INVALID_VALUE, cuMemsetD32Async(d + 2, 0, 1, s));           /* unaligned */
+    OK(cuMemHostUnregister(plain));
+    OK(cuMemHostUnregister(page));
+    OK(cuMemFree(d));
+    OK(cuStreamDestroy(s));
+    finish(8);
+}
+
+/* =========================================================================================
  * Scenario "events": interprocess event rules.
  * ========================================================================================= */
 
@@ -1353,6 +1398,14 @@ int main(void) {
     expect_log("host-register: overlaps, empty and device ranges, unregister of a non-start or twice", 5,
                "overlaps a registered range", 1, "bytesize is 0", 1, "is device memory", 1,
                "is not the start of a registered range", 2, NULL);
+
+    begin("memops");
+    single(memops_role);
+    reap(NULL);
+    expect_log("memops: stream memory operations' alignment, DEVICEMAP and flags", 8,
+               "registered without CU_MEMHOSTREGISTER_DEVICEMAP", 2, "Flags must be 0", 1,
+               "is not 8-byte aligned", 1, "out of bounds", 1, "unknown flags", 2,
+               "is not 4-byte aligned", 1, NULL);
 
     begin("events");
     pair(events_producer, events_consumer);
