@@ -6,7 +6,7 @@
  * the producer's stream (cuStreamWriteValue64) and waited on by the consumer's stream
  * (cuStreamWaitValue64), the two ways issue "share once, lease many" asks to be measured.
  *
- *     sync_cost [--rounds N] [--checks K] [--busy-mib M] [--busy-ms T]
+ *     sync_cost [--rounds N] [--checks K] [--busy-mib M] [--busy-ms T] [--no-control]
  *
  * Two processes (forked before any CUDA call), a Unix socket between them for the messages a
  * channel would send, and one shared page of host memory. The producer owns a 1 MiB buffer the
@@ -35,15 +35,26 @@
  * every stream's work at once, so there it cannot).
  *
  * Prints, per mechanism,
- *     ROUND <name> n=<N> roundtrip_us p50=<t> p90=<t> producer_us p50=<t> consumer_us p50=<t>
+ *     ROUND <name> n=<N> roundtrip_us p50=<t> p90=<t> producer_us p50=<t> consumer_call_us p50=<t>
+ *           consumer_us p50=<t> stale=<k>
  *     CHECK <name> fresh=<k>/<K>
- * or UNSUPPORTED <name> <why>; then CHECK none stale=<k>/<K> (control), the busy time reached, and
- *     FASTEST <name> among the correct stream waits (event-stream, flag-stream, flag-device)
- * Exits 0 when every mechanism that ran was correct in every check, 1 otherwise, 2 on bad
- * arguments. The driver is dlopen()ed ($DEVSHARE_CUDA_LIBRARY, else libcuda.so.1): no CUDA
- * toolkit is needed to build it.
+ * (producer_us: its work and signal calls; consumer_call_us: the wait call alone, which for
+ * a stream wait only queues it; consumer_us: from the wait call until its copy was synchronised,
+ * the wait itself included), or UNSUPPORTED <name> <why> (the driver or device cannot), or
+ * FAILED <name> <why>; then CHECK none stale=<k>/<K>, the control; INCONCLUSIVE when the control
+ * read no stale data (the checks then prove nothing; --no-control, for the stand-in, waives it);
+ * and, when the control bit,
+ *     FASTEST <name>
+ * the quickest stream wait (event-stream, flag-stream, flag-device) that was fresh in every
+ * round and check. Exits 0 when every mechanism that ran was, and the control read stale data;
+ * 1 otherwise; 2 on bad arguments. A consumer that does not answer within 10 s (a stream that
+ * never completes) ends the run: it is killed, and what was measured so far stays printed. The
+ * driver is dlopen()ed ($DEVSHARE_CUDA_LIBRARY, else libcuda.so.1): no CUDA toolkit is needed to
+ * build it.
  */
 #define _GNU_SOURCE
+#include <signal.h>
+#include <sys/prctl.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdint.h>
@@ -52,6 +63,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -109,6 +121,9 @@ static const char *const NAMES[NMECH] = {"event-stream", "event-host", "flag-str
 #define CU_STREAM_WAIT_VALUE_GEQ 0x0
 #define DATA_BYTES (1u << 20)
 #define MARK_WORDS 1024u /* the 4 KiB a round writes */
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#define POLL_LIMIT_NS 5000000000ull /* flag-poll gives up after 5 s */
+#define REPLY_LIMIT_S 10            /* the producer waits 10 s at most for an answer */
 
 /* One message each way. */
 struct msg {
@@ -117,7 +132,8 @@ struct msg {
     uint64_t seq;     /* the round's sequence number (the flag words' value) */
     uint32_t marker;  /* producer: what it wrote; consumer: what it read */
     uint32_t supported; /* setup: the mechanisms this side can run (bit per mechanism) */
-    uint64_t wait_ns; /* consumer: time in its wait call */
+    uint64_t call_ns; /* consumer: time in its wait call alone (a stream wait only queues) */
+    uint64_t wait_ns; /* consumer: from its wait call until its copy was synchronised */
     CUipcHandle data, event, flag;
 };
 
@@ -260,14 +276,20 @@ static int consumer(int fd) {
         case FLAG_STREAM: rc = cu.wait64(s, page, m.seq, CU_STREAM_WAIT_VALUE_GEQ); break;
         case FLAG_DEVICE: rc = cu.wait64(s, flag, m.seq, CU_STREAM_WAIT_VALUE_GEQ); break;
         case FLAG_POLL:
+            /* Bounded: a producer stream that faulted never writes the word. */
             while ((int64_t)(__atomic_load_n(g_page, __ATOMIC_ACQUIRE) - m.seq) < 0) {
+                if (now_ns() - t0 > POLL_LIMIT_NS) {
+                    rc = -1;
+                    break;
+                }
             }
             break;
         default: break; /* host-sync, none */
         }
-        m.wait_ns = now_ns() - t0;
+        m.call_ns = now_ns() - t0;
         if (rc == 0) rc = cu.cuMemcpyDtoHAsync_v2(word, data + 4 * (MARK_WORDS - 1), 4, s);
         if (rc == 0) rc = cu.cuStreamSynchronize(s);
+        m.wait_ns = now_ns() - t0;
         m.rc = rc;
         m.marker = rc == 0 ? *word : 0;
         if (xfer(fd, &m, 1) != 0) return 1;
@@ -279,7 +301,9 @@ static int consumer(int fd) {
     if (registered) MUST(cu.cuMemHostUnregister((void *)g_page));
     MUST(cu.cuStreamDestroy_v2(s));
     MUST(cu.cuDevicePrimaryCtxRelease_v2(0));
-    return 0;
+    /* Done with the producer's memory and event: only now may it free them. */
+    m.mech = NMECH;
+    return xfer(fd, &m, 1) == 0 ? 0 : 1;
 }
 
 /* ---- The producer ---------------------------------------------------------------------- */
@@ -293,6 +317,7 @@ struct producer {
     CUevent ev;
     uint64_t seq;
     uint32_t marker;
+    int lost; /* the consumer stopped answering: nothing more can run */
 };
 
 /* Queue the round's work, make it known by `mech`; returns the CUDA error of that. */
@@ -314,9 +339,10 @@ static CUresult publish(struct producer *p, int mech, unsigned busy_reps) {
     }
 }
 
-/* One round: publish, send, wait for the answer. 0 fresh, 1 stale, -1 an error (in `why`). */
+/* One round: publish, send, wait for the answer. 0 fresh, 1 stale, -1 an error (in `why`;
+ * -2: not supported by this driver or device). */
 static int round_trip(struct producer *p, int mech, unsigned busy_reps, uint64_t *rt, uint64_t *prod,
-                      uint64_t *cons) {
+                      uint64_t *call, uint64_t *cons) {
     struct msg m = {0};
     p->seq++;
     p->marker = (uint32_t)(p->seq * 2654435761u) | 1u;
@@ -325,21 +351,28 @@ static int round_trip(struct producer *p, int mech, unsigned busy_reps, uint64_t
     uint64_t t1 = now_ns();
     if (rc != 0) {
         snprintf(g_why[mech], sizeof g_why[mech], "producer: CUDA error %d (%s)", rc, err_name(rc));
-        return -1;
+        return rc == CUDA_ERROR_NOT_SUPPORTED ? -2 : -1;
     }
     m.mech = (uint32_t)mech;
     m.seq = p->seq;
     if (xfer(p->fd, &m, 1) != 0 || xfer(p->fd, &m, 0) != 0) {
-        snprintf(g_why[mech], sizeof g_why[mech], "the consumer process is gone");
+        snprintf(g_why[mech], sizeof g_why[mech], "the consumer did not answer within %d s (or is gone)",
+                 REPLY_LIMIT_S);
+        p->lost = 1;
         return -1;
     }
     uint64_t t2 = now_ns();
+    if (m.rc == -1) {
+        snprintf(g_why[mech], sizeof g_why[mech], "consumer: the flag word was not written within 5 s");
+        return -1;
+    }
     if (m.rc != 0) {
         snprintf(g_why[mech], sizeof g_why[mech], "consumer: CUDA error %d (%s)", m.rc, err_name(m.rc));
-        return -1;
+        return m.rc == CUDA_ERROR_NOT_SUPPORTED ? -2 : -1;
     }
     if (rt) *rt = t2 - t0;
     if (prod) *prod = t1 - t0;
+    if (call) *call = m.call_ns;
     if (cons) *cons = m.wait_ns;
     return m.marker == p->marker ? 0 : 1;
 }
@@ -354,7 +387,7 @@ static double pct_us(uint64_t *v, int n, int pct) {
     return (double)v[(n - 1) * pct / 100] / 1000.0;
 }
 
-static int producer(int fd, int rounds, int checks, size_t busy_mib, double busy_ms) {
+static int producer(int fd, int rounds, int checks, size_t busy_mib, double busy_ms, int control) {
     struct producer p = {.fd = fd};
     struct msg m = {0};
     if (load() != 0 || setup_context(&p.s) != 0) return 1;
@@ -379,7 +412,9 @@ static int producer(int fd, int rounds, int checks, size_t busy_mib, double busy
     }
     if (cu.write64 == NULL || cu.wait64 == NULL) {
         ok &= ~((1u << FLAG_STREAM) | (1u << FLAG_DEVICE) | (1u << FLAG_POLL));
-        snprintf(g_why[FLAG_DEVICE], sizeof g_why[0], "the driver has no cuStreamWriteValue64");
+        for (int i = FLAG_STREAM; i <= FLAG_POLL; i++) {
+            snprintf(g_why[i], sizeof g_why[0], "the driver has no cuStreamWriteValue64 / cuStreamWaitValue64");
+        }
     }
     MUST(cu.cuStreamSynchronize(p.s));
     m.supported = ok;
@@ -391,70 +426,91 @@ static int producer(int fd, int rounds, int checks, size_t busy_mib, double busy
     }
     ok &= m.supported;
 
-    /* How many busy memsets make about busy_ms of work on the producer's stream. */
-    uint64_t t0 = now_ns();
+    /* How many busy memsets make about busy_ms of work on the producer's stream: one to warm
+     * up, then ten timed. */
     MUST(cu.cuMemsetD32Async(p.busy, 7, p.busy_words, p.s));
     MUST(cu.cuStreamSynchronize(p.s));
-    double one_ms = (double)(now_ns() - t0) / 1e6;
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < 10; i++) MUST(cu.cuMemsetD32Async(p.busy, (unsigned)i, p.busy_words, p.s));
+    MUST(cu.cuStreamSynchronize(p.s));
+    double one_ms = (double)(now_ns() - t0) / 1e7;
     p.busy_reps = one_ms <= 0 ? 1 : (unsigned)(busy_ms / one_ms) + 1;
     if (p.busy_reps > 2000) p.busy_reps = 2000;
     printf("BUSY %zu MiB memset %.3f ms, %u per check (about %.1f ms)\n", busy_mib, one_ms,
            p.busy_reps, one_ms * p.busy_reps);
 
     uint64_t *rt = calloc((size_t)rounds, sizeof *rt), *pr = calloc((size_t)rounds, sizeof *pr),
-             *co = calloc((size_t)rounds, sizeof *co);
-    double best = 0;
-    int fastest = -1, bad = 0;
-    for (int mech = 0; mech < NMECH; mech++) {
+             *ca = calloc((size_t)rounds, sizeof *ca), *co = calloc((size_t)rounds, sizeof *co);
+    double p50[NMECH] = {0};
+    int correct[NMECH] = {0}; /* ran, and fresh in every round and check */
+    int bad = 0, control_stale = -1;
+    for (int mech = 0; mech < NMECH && !p.lost; mech++) {
         if (!(ok & (1u << mech))) {
             printf("UNSUPPORTED %s %s\n", NAMES[mech], g_why[mech]);
             continue;
         }
-        int err = 0;
+        int err = 0, stale_rounds = 0;
         if (mech != NONE) {
             for (int i = -rounds / 10; i < rounds && !err; i++) { /* a tenth more to warm up */
-                int r = round_trip(&p, mech, 0, i < 0 ? NULL : &rt[i], i < 0 ? NULL : &pr[i],
-                                   i < 0 ? NULL : &co[i]);
-                err = r < 0;
+                const int k = i < 0 ? 0 : i;
+                int r = round_trip(&p, mech, 0, &rt[k], &pr[k], &ca[k], &co[k]);
+                err = r < 0 ? r : 0;
+                stale_rounds += r == 1;
             }
             if (!err) {
-                double p50 = pct_us(rt, rounds, 50);
-                printf("ROUND %s n=%d roundtrip_us p50=%.1f p90=%.1f producer_us p50=%.1f consumer_us "
-                       "p50=%.1f\n", NAMES[mech], rounds, p50, pct_us(rt, rounds, 90),
-                       pct_us(pr, rounds, 50), pct_us(co, rounds, 50));
-                if ((mech == EVENT_STREAM || mech == FLAG_STREAM || mech == FLAG_DEVICE) &&
-                    (fastest < 0 || p50 < best)) {
-                    best = p50, fastest = mech;
-                }
+                p50[mech] = pct_us(rt, rounds, 50);
+                printf("ROUND %s n=%d roundtrip_us p50=%.1f p90=%.1f producer_us p50=%.1f consumer_call_us "
+                       "p50=%.1f consumer_us p50=%.1f stale=%d\n", NAMES[mech], rounds, p50[mech],
+                       pct_us(rt, rounds, 90), pct_us(pr, rounds, 50), pct_us(ca, rounds, 50),
+                       pct_us(co, rounds, 50), stale_rounds);
             }
         }
         int fresh = 0, stale = 0;
         for (int i = 0; i < checks && !err; i++) {
-            int r = round_trip(&p, mech, p.busy_reps, NULL, NULL, NULL);
-            err = r < 0;
+            int r = round_trip(&p, mech, p.busy_reps, NULL, NULL, NULL, NULL);
+            err = r < 0 ? r : 0;
             fresh += r == 0;
             stale += r == 1;
-            if (cu.cuStreamSynchronize(p.s) != 0) err = 1;
+            CUresult rc = cu.cuStreamSynchronize(p.s);
+            if (!err && rc != 0) {
+                snprintf(g_why[mech], sizeof g_why[mech], "producer: cuStreamSynchronize: CUDA error %d (%s)",
+                         rc, err_name(rc));
+                err = -1;
+            }
         }
-        if (err) {
+        if (err == -2) {
+            printf("UNSUPPORTED %s %s\n", NAMES[mech], g_why[mech]);
+        } else if (err) {
             printf("FAILED %s %s\n", NAMES[mech], g_why[mech]);
             bad = 1;
         } else if (mech == NONE) {
-            printf("CHECK none stale=%d/%d (the control: a GPU must show stale data here)\n", stale,
-                   checks);
+            control_stale = stale;
+            printf("CHECK none stale=%d/%d (the control: a GPU must show stale data here)\n", stale, checks);
         } else {
             printf("CHECK %s fresh=%d/%d\n", NAMES[mech], fresh, checks);
-            if (fresh != checks) {
-                bad = 1;
-                if (fastest == mech) fastest = -1;
-            }
+            correct[mech] = fresh == checks && stale_rounds == 0;
+            bad |= !correct[mech];
         }
         fflush(stdout);
     }
-    if (fastest >= 0) printf("FASTEST %s (stream waits, correct in every check)\n", NAMES[fastest]);
-    m.mech = NMECH; /* the end */
-    xfer(fd, &m, 1);
-    free(rt), free(pr), free(co);
+    /* Without stale data in the control, the checks could not have caught a missing wait. */
+    int conclusive = !control || control_stale > 0;
+    if (control && !p.lost && control_stale == 0) {
+        printf("INCONCLUSIVE the control read no stale data: the checks prove nothing here\n");
+        bad = 1;
+    }
+    int fastest = -1;
+    for (int mech = 0; mech < NMECH; mech++) {
+        const int stream_wait = mech == EVENT_STREAM || mech == FLAG_STREAM || mech == FLAG_DEVICE;
+        if (stream_wait && correct[mech] && (fastest < 0 || p50[mech] < p50[fastest])) fastest = mech;
+    }
+    if (fastest >= 0 && conclusive) {
+        printf("FASTEST %s (stream waits, correct in every round and check)\n", NAMES[fastest]);
+    }
+    free(rt), free(pr), free(ca), free(co);
+    if (p.lost) return 1; /* the consumer may still use the memory: leave it to the exit */
+    m.mech = NMECH; /* the end; the consumer answers once it closed what it opened */
+    if (xfer(fd, &m, 1) != 0 || xfer(fd, &m, 0) != 0) return 1;
     MUST(cu.cuStreamSynchronize(p.s));
     MUST(cu.cuEventDestroy_v2(p.ev));
     if (registered) MUST(cu.cuMemHostUnregister((void *)g_page));
@@ -468,14 +524,20 @@ static int producer(int fd, int rounds, int checks, size_t busy_mib, double busy
 
 static int usage(void) {
     fprintf(stderr, "usage: sync_cost [--rounds N (1-1000000)] [--checks K (1-1000)] "
-                    "[--busy-mib M (1-4096)] [--busy-ms T (0-10000)]\n");
+                    "[--busy-mib M (1-4096)] [--busy-ms T (0-10000)] [--no-control]\n");
     return 2;
 }
 
 int main(int argc, char **argv) {
     long rounds = 2000, checks = 20, busy_mib = 256;
     double busy_ms = 20;
+    int control = 1;
     for (int i = 1; i < argc; i += 2) {
+        if (strcmp(argv[i], "--no-control") == 0) {
+            control = 0;
+            i--;
+            continue;
+        }
         if (i + 1 >= argc) return usage();
         char *end = NULL;
         errno = 0;
@@ -491,6 +553,7 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--busy-mib") == 0 && v >= 1 && v <= 4096) busy_mib = v;
         else return usage();
     }
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each line out at once: a run cut short keeps them */
     g_page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     int sv[2];
     if (g_page == MAP_FAILED || socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) != 0) {
@@ -503,16 +566,24 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the producer */
         close(sv[0]);
         _exit(consumer(sv[1]));
     }
     close(sv[1]);
-    int rc = producer(sv[0], (int)rounds, (int)checks, (size_t)busy_mib, busy_ms);
+    /* A consumer that stops answering (its stream stuck) ends the run, not hangs it. */
+    struct timeval limit = {REPLY_LIMIT_S, 0};
+    setsockopt(sv[0], SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    int rc = producer(sv[0], (int)rounds, (int)checks, (size_t)busy_mib, busy_ms, control) != 0;
+    fflush(stdout);
     close(sv[0]);
     int st = 0;
+    if (rc) {
+        kill(child, SIGKILL); /* after a failure it may be stuck in a wait */
+    }
     while (waitpid(child, &st, 0) < 0 && errno == EINTR) {
     }
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    if (!rc && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
         fprintf(stderr, "sync_cost: the consumer process failed (status %#x)\n", st);
         rc = 1;
     }

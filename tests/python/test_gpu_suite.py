@@ -158,16 +158,21 @@ def test_sync_cost_measures_every_mechanism_on_the_cuda_standin_and_finds_each_c
     standin = pathlib.Path(devshare.library_path).resolve().parent / "standin" / "cuda" / "libcuda.so.1"
     log = tmp_path / "standin.log"
     env = dict(os.environ, DEVSHARE_CUDA_LIBRARY=str(standin), DEVSHARE_STANDIN_LOG=str(log))
-    res = subprocess.run([str(bundle / "sync_cost"), "--rounds", "200", "--checks", "3", "--busy-mib", "1",
-                          "--busy-ms", "1"], capture_output=True, text=True, timeout=120, env=env)
+    args = [str(bundle / "sync_cost"), "--rounds", "200", "--checks", "3", "--busy-mib", "1", "--busy-ms", "1"]
+    res = subprocess.run([*args, "--no-control"], capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     for mech in ("event-stream", "event-host", "flag-stream", "flag-device", "flag-poll", "host-sync"):
         assert re.search(rf"^ROUND {mech} n=200 roundtrip_us p50=[\d.]+ p90=[\d.]+ producer_us p50=[\d.]+ "
-                         rf"consumer_us p50=[\d.]+$", res.stdout, re.M), res.stdout
+                         rf"consumer_call_us p50=[\d.]+ consumer_us p50=[\d.]+ stale=0$", res.stdout, re.M), res.stdout
         assert f"CHECK {mech} fresh=3/3" in res.stdout, res.stdout
     assert "CHECK none stale=0/3" in res.stdout, res.stdout
     assert re.search(r"^FASTEST (event-stream|flag-stream|flag-device) ", res.stdout, re.M), res.stdout
     assert not (log.exists() and log.read_text()), f"CUDA rules broken:\n{log.read_text()}"
+    # With the control required (the default, as on a GPU), a control that read no stale data
+    # makes the run inconclusive: no verdict, exit 1.
+    res = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "INCONCLUSIVE the control read no stale data" in res.stdout and "FASTEST" not in res.stdout, res.stdout
     bad = subprocess.run([str(bundle / "sync_cost"), "--rounds", "0"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "usage" in bad.stderr
 

@@ -1701,7 +1701,7 @@ static int wait_holds(uint64_t have, uint64_t value, unsigned kind) {
     case CU_STREAM_WAIT_VALUE_GEQ: return (int64_t)(have - value) >= 0; /* cyclic, as documented */
     case CU_STREAM_WAIT_VALUE_EQ: return have == value;
     case CU_STREAM_WAIT_VALUE_AND: return (have & value) != 0;
-    default: return ~(have | ~value) != 0; /* NOR */
+    default: return ~(have | value) != 0; /* NOR: some bit clear in both */
     }
 }
 

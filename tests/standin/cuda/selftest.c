@@ -579,6 +579,9 @@ static void memops_role(int in, int out) {
     CHECK(got == 7);
     OK(cuStreamWaitValue64_v2(s, hp, 40, CU_STREAM_WAIT_VALUE_GEQ));
     OK(cuStreamWaitValue64_v2(s, d + 8, 7, CU_STREAM_WAIT_VALUE_EQ | CU_STREAM_WAIT_VALUE_FLUSH));
+    OK(cuStreamWaitValue64_v2(s, d + 8, 2, CU_STREAM_WAIT_VALUE_AND));    /* 7 & 2 */
+    OK(cuStreamWaitValue64_v2(s, d + 8, 0, CU_STREAM_WAIT_VALUE_NOR));    /* ~(7 | 0) != 0 */
+    OK(cuStreamWaitValue64_v2(s, hp, (uint64_t)-5, CU_STREAM_WAIT_VALUE_GEQ)); /* cyclic: 41 - (-5) >= 0 */
     OK(cuMemsetD32Async(d, 0x01020304u, 2, s));
     OK(cuMemcpyDtoHAsync_v2(&got, d, 8, s));
     CHECK(got == 0x0102030401020304ull);
