@@ -218,6 +218,10 @@ fn remote_child() {
                 }
             }
         }
+        "slow_reader" => {
+            let said = slow_reader();
+            writeln!(out.lock(), "said: {said}").unwrap();
+        }
         "cuda_big" => {
             let said = cuda_big();
             writeln!(out.lock(), "said: {said}").unwrap();
@@ -1167,6 +1171,96 @@ fn a_refusal_before_the_proof_tells_nothing_about_the_producer() {
     raw.send(&proof);
     let text = refusal(&raw.next().unwrap());
     assert!(!text.contains("UCX") && !text.contains("1."), "{text}");
+}
+
+/// A TCP relay to `upstream` for one connection that passes the client's bytes as they come and
+/// the producer's at `rate` bytes per second, 16 KiB at a time: a consumer that reads slowly.
+fn throttled_relay(upstream: &str, rate: u64) -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = format!("tcp://{}", l.local_addr().unwrap());
+    let up = upstream.strip_prefix("tcp://").unwrap().to_string();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let (mut client, _) = l.accept().unwrap();
+        let mut server = std::net::TcpStream::connect(up).unwrap();
+        let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut c2, &mut s2);
+            let _ = s2.shutdown(std::net::Shutdown::Both);
+        });
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            let n = match server.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if client.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_secs_f64(n as f64 / rate as f64));
+        }
+        let _ = client.shutdown(std::net::Shutdown::Both);
+    });
+    addr
+}
+
+/// A producer (run with `DEVSHARE_REMOTE_MIN_RATE=4194304`) sends a 4 KiB item and then a 32
+/// MiB one to a consumer behind a relay that passes 256 KiB/s, a little at a time: every write
+/// takes something, so no stall ends it. Returns how the large send ended and after how long.
+fn slow_reader() -> String {
+    const BIG: u64 = 32 << 20;
+    let (ch, addr) = listen();
+    let relay = throttled_relay(&addr, 256 << 10);
+    let c = std::thread::spawn(move || {
+        let c = Connection::connect(&relay, T).unwrap();
+        c.recv(T).unwrap().release();
+        let _ = c.recv(Some(Duration::from_secs(60))); // the large item, cut off
+    });
+    ch.wait_peers(1, T).unwrap();
+    let peer = ch.peer_ids().unwrap()[0];
+    let pool = ch.pool(Arc::new(Exporter::channel_host_alloc(2 * BIG).unwrap()), BIG, 2).unwrap();
+    let (slot, _) = pool.acquire(T).unwrap();
+    pool.send(slot, peer, &TensorDesc { shape: &[1024], storage_size: Some(4096), ..Default::default() }).unwrap();
+    let (slot, _) = pool.acquire(T).unwrap();
+    let began = Instant::now();
+    let r = pool.send(slot, peer, &TensorDesc { shape: &[(BIG / 4) as i64], storage_size: Some(BIG), ..Default::default() });
+    let took = began.elapsed().as_secs_f64();
+    c.join().unwrap();
+    match r {
+        Ok(()) => format!("sent after {took:.1} s"),
+        Err(e) => format!("failed {:?} after {took:.1} s: {e}", e.status()),
+    }
+}
+
+/// A consumer with the key that reads a large item a little at a time, never stalling for the
+/// 10 s that would cut it off, cannot hold the producer's send (and its thread) for as long as it
+/// likes: the transfer has a time limit of 10 s and 1 s per DEVSHARE_REMOTE_MIN_RATE bytes
+/// (here 4 MiB/s: 18 s for 32 MiB, where reading at 256 KiB/s would take two minutes). Fails
+/// without the limit: the send is still on its way after 40 s.
+#[test]
+fn a_consumer_that_reads_a_large_item_a_little_at_a_time_cannot_hold_the_send_past_its_limit() {
+    if !setup() {
+        return;
+    }
+    let mut c = common::role("remote_child", &[(ROLE, "slow_reader".as_ref()), ("DEVSHARE_REMOTE_ADDRESS", "".as_ref())]);
+    c.env("DEVSHARE_REMOTE_MIN_RATE", "4194304").stdout(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the send to a consumer that reads 256 KiB/s was still on its way after 40 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut text).unwrap();
+    let said = text.lines().find_map(|l| l.split_once("said: ")).map(|(_, s)| s).unwrap_or_else(|| panic!("{text}"));
+    assert!(said.starts_with("failed Closed after "), "{said}");
+    assert!(said.contains("time limit passed") && said.contains("DEVSHARE_REMOTE_MIN_RATE"), "{said}");
+    let took: f64 = said["failed Closed after ".len()..].split(' ').next().unwrap().parse().unwrap();
+    assert!((17.0..30.0).contains(&took), "the send ended after {took} s, its limit is 18 s: {said}");
 }
 
 /// A TCP relay to `upstream` for one connection: the client's messages pass through `edit`

@@ -932,12 +932,16 @@ impl RemotePool {
     }
 
     /// Write a large item's header, bytes and `ITEM` to its peer without the channel's lock
-    /// (waiting as long as the peer reads: 10 s without taking a byte cut it off), then settle
+    /// (waiting as long as the peer reads: 10 s without taking a byte cut it off, and so does
+    /// reading slower than [`protocol::min_rate`] on the whole, see
+    /// [`protocol::transfer_limit`]), then settle
     /// the slot under it: free once every byte left, acquired again (and the connection ended,
     /// `Closed`) when the write failed.
     fn write_outside_lock(&self, mut t: Transfer, peer: u64) -> Result<()> {
+        let total = (t.head.len() + t.len + t.tail.len()) as u64;
+        let limit = protocol::transfer_limit(total, SEND_WAIT);
         let written = (|| {
-            protocol::write_all_stalling(&t.writer, &t.head, SEND_WAIT)?;
+            protocol::write_all_stalling(&t.writer, &t.head, SEND_WAIT, limit)?;
             match (t.cuda, t.bounce.as_mut()) {
                 (Some((device, backend)), Some(bounce)) => {
                     let bounce = bounce.buf.as_mut_ptr();
@@ -951,7 +955,7 @@ impl RemotePool {
                             backend.copy(device, true, bounce, t.src.add(at), n)?;
                             std::slice::from_raw_parts(bounce, n)
                         };
-                        protocol::write_all_stalling(&t.writer, chunk, SEND_WAIT)?;
+                        protocol::write_all_stalling(&t.writer, chunk, SEND_WAIT, limit)?;
                         at += n;
                     }
                 }
@@ -961,11 +965,11 @@ impl RemotePool {
                     // is neither acquired nor free while it is on its way.
                     let bytes = unsafe { std::slice::from_raw_parts(t.src, t.len) };
                     for chunk in bytes.chunks(protocol::CHUNK) {
-                        protocol::write_all_stalling(&t.writer, chunk, SEND_WAIT)?;
+                        protocol::write_all_stalling(&t.writer, chunk, SEND_WAIT, limit)?;
                     }
                 }
             }
-            protocol::write_all_stalling(&t.writer, &t.tail, SEND_WAIT)
+            protocol::write_all_stalling(&t.writer, &t.tail, SEND_WAIT, limit)
         })();
         let epfd = self.shared.epoll.as_fd();
         let mut core = self.shared.core.lock().unwrap_or_else(|p| p.into_inner());

@@ -557,34 +557,78 @@ pub(crate) fn framed(msg: &[u8]) -> Vec<u8> {
 }
 
 /// Write `bytes` to a non-blocking `stream`, waiting for room; `Timeout` once the stream took
-/// nothing for `patience` (a peer that reads, however slowly, is waited for).
-pub(crate) fn write_all_stalling(stream: &TcpStream, bytes: &[u8], patience: std::time::Duration) -> Result<()> {
+/// nothing for `patience` (a peer that reads, however slowly, is waited for), or once `limit` (a
+/// whole transfer's time limit, see [`transfer_limit`]) has passed.
+pub(crate) fn write_all_stalling(
+    stream: &TcpStream,
+    bytes: &[u8],
+    patience: std::time::Duration,
+    limit: Option<Instant>,
+) -> Result<()> {
     let mut done = 0;
     let mut stalled_since: Option<Instant> = None;
+    let past_limit = || {
+        Error::Timeout(format!(
+            "the other end of the channel read too slowly: the transfer's time limit passed \
+             ({} s, and 1 s per {} bytes: {MIN_RATE_VAR})",
+            patience.as_secs(),
+            min_rate()
+        ))
+    };
     while done < bytes.len() {
         match (&mut &*stream).write(&bytes[done..]) {
             Ok(0) => return Err(Error::Closed("the other end of the channel is gone".into())),
             Ok(n) => {
                 done += n;
                 stalled_since = None;
+                // (A peer that reads a little at a time makes every write succeed.)
+                if limit.is_some_and(|l| done < bytes.len() && Instant::now() >= l) {
+                    return Err(past_limit());
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let since = *stalled_since.get_or_insert_with(Instant::now);
-                let left = patience.saturating_sub(since.elapsed());
+                let now = Instant::now();
+                let since = *stalled_since.get_or_insert(now);
+                let left = patience.saturating_sub(now.duration_since(since));
                 if left.is_zero() {
                     return Err(Error::Timeout(format!(
                         "the other end of the channel read nothing for {} s",
                         patience.as_secs()
                     )));
                 }
+                let until_limit = limit.map(|l| l.saturating_duration_since(now));
+                if until_limit.is_some_and(|u| u.is_zero()) {
+                    return Err(past_limit());
+                }
                 use std::os::fd::AsFd;
-                wire::wait_ready(stream.as_fd(), rustix::event::PollFlags::OUT, Some(left))?;
+                let wait = until_limit.map_or(left, |u| u.min(left));
+                wire::wait_ready(stream.as_fd(), rustix::event::PollFlags::OUT, Some(wait))?;
             }
             Err(e) => return Err(io("send on a remote channel", e)),
         }
     }
     Ok(())
+}
+
+/// The variable that sets the slowest rate, in bytes per second, at which a producer waits for
+/// a consumer to read a large item (default 1 MiB/s; 0: no limit but the stall's).
+pub(crate) const MIN_RATE_VAR: &str = "DEVSHARE_REMOTE_MIN_RATE";
+
+/// The rate [`MIN_RATE_VAR`] sets (read once per process).
+pub(crate) fn min_rate() -> u64 {
+    static RATE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *RATE.get_or_init(|| {
+        std::env::var(MIN_RATE_VAR).ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(1 << 20)
+    })
+}
+
+/// When a transfer of `bytes` begun now must have ended: `patience` plus one second per
+/// [`min_rate`] bytes, so a consumer that reads a little at a time cannot hold a send (and its
+/// thread) for longer than a slow but honest one would. `None` when the rate is 0.
+pub(crate) fn transfer_limit(bytes: u64, patience: std::time::Duration) -> Option<Instant> {
+    let rate = min_rate();
+    (rate > 0).then(|| Instant::now() + patience + std::time::Duration::from_secs_f64(bytes as f64 / rate as f64))
 }
 
 pub(crate) fn unacknowledged(stream: &TcpStream) -> usize {
