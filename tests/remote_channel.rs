@@ -1223,7 +1223,11 @@ fn slow_reader() -> String {
     pool.send(slot, peer, &TensorDesc { shape: &[1024], storage_size: Some(4096), ..Default::default() }).unwrap();
     let (slot, _) = pool.acquire(T).unwrap();
     let began = Instant::now();
-    let r = pool.send(slot, peer, &TensorDesc { shape: &[(BIG / 4) as i64], storage_size: Some(BIG), ..Default::default() });
+    let r = pool.send(
+        slot,
+        peer,
+        &TensorDesc { shape: &[(BIG / 4) as i64], storage_size: Some(BIG), ..Default::default() },
+    );
     let took = began.elapsed().as_secs_f64();
     c.join().unwrap();
     match r {
@@ -1242,7 +1246,8 @@ fn a_consumer_that_reads_a_large_item_a_little_at_a_time_cannot_hold_the_send_pa
     if !setup() {
         return;
     }
-    let mut c = common::role("remote_child", &[(ROLE, "slow_reader".as_ref()), ("DEVSHARE_REMOTE_ADDRESS", "".as_ref())]);
+    let mut c =
+        common::role("remote_child", &[(ROLE, "slow_reader".as_ref()), ("DEVSHARE_REMOTE_ADDRESS", "".as_ref())]);
     c.env("DEVSHARE_REMOTE_MIN_RATE", "4194304").stdout(Stdio::piped());
     let mut child = c.spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(40);

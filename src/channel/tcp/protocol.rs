@@ -618,17 +618,24 @@ pub(crate) const MIN_RATE_VAR: &str = "DEVSHARE_REMOTE_MIN_RATE";
 /// The rate [`MIN_RATE_VAR`] sets (read once per process).
 pub(crate) fn min_rate() -> u64 {
     static RATE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *RATE.get_or_init(|| {
-        std::env::var(MIN_RATE_VAR).ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(1 << 20)
-    })
+    *RATE.get_or_init(|| std::env::var(MIN_RATE_VAR).ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(1 << 20))
 }
 
 /// When a transfer of `bytes` begun now must have ended: `patience` plus one second per
 /// [`min_rate`] bytes, so a consumer that reads a little at a time cannot hold a send (and its
 /// thread) for longer than a slow but honest one would. `None` when the rate is 0.
 pub(crate) fn transfer_limit(bytes: u64, patience: std::time::Duration) -> Option<Instant> {
-    let rate = min_rate();
-    (rate > 0).then(|| Instant::now() + patience + std::time::Duration::from_secs_f64(bytes as f64 / rate as f64))
+    limit_at(Instant::now(), bytes, patience, min_rate())
+}
+
+/// [`transfer_limit`] from `now` at `rate`.
+fn limit_at(now: Instant, bytes: u64, patience: std::time::Duration, rate: u64) -> Option<Instant> {
+    if rate == 0 {
+        return None;
+    }
+    // (A limit past what a clock can say is no limit.)
+    let more = std::time::Duration::try_from_secs_f64(bytes as f64 / rate as f64).ok()?;
+    now.checked_add(patience)?.checked_add(more)
 }
 
 pub(crate) fn unacknowledged(stream: &TcpStream) -> usize {
@@ -685,6 +692,18 @@ pub(crate) const UCX_SETTINGS: &[(&str, &str)] = &[];
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_transfer_limit_is_the_patience_and_a_second_per_rate_bytes_and_never_panics() {
+        let now = Instant::now();
+        let ten = std::time::Duration::from_secs(10);
+        assert_eq!(limit_at(now, 32 << 20, ten, 4 << 20), Some(now + std::time::Duration::from_secs(18)));
+        assert_eq!(limit_at(now, 32 << 20, ten, 0), None, "rate 0: no limit but the stall");
+        // The largest sizes at the smallest rate: past what the clock can say, no limit.
+        assert_eq!(limit_at(now, u64::MAX, ten, 1), None);
+        assert!(limit_at(now, u64::MAX, ten, u64::MAX).is_some());
+    }
+
     use super::*;
 
     /// A connection whose peer reads nothing: items queue until they would eat into the room
