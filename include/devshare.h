@@ -1015,7 +1015,9 @@ int32_t devshare_channel_host_alloc(uint64_t size, struct DevshareExporter **out
 // wire; a producer without it, or with another UCX version, is refused here), then items of its
 // pools are put into this process's own copy of each pool (registered once: one address per
 // slot). Over TCP the producer's puts complete while this process receives (or polls
-// `devshare_connection_fd` and receives): a send waits for it at most 10 s. Waits at most
+// `devshare_connection_fd` and receives): a send waits for room at most 10 s, and a large
+// item, once begun, is cut off when this process reads nothing of it for 10 s or reads it
+// slower than the producer's `DEVSHARE_REMOTE_MIN_RATE` (docs/remote.md). Waits at most
 // `timeout_ms` (negative: 10 s) for the connection and the handshake.
 int32_t devshare_channel_connect(const char *address_,
                                  int32_t timeout_ms,

@@ -776,8 +776,9 @@ impl RemotePool {
     /// peer asks it to make its copy (`ATTACH`) and waits for the answer; while every slot of
     /// the peer's copy is held, or its connection has no room for the item, waits (serving the
     /// channel; items waiting for room go in turn), at most 10 s (`Timeout`; the slot stays
-    /// acquired). A large item, once begun, is written as long as the peer reads: one cut off
-    /// in its middle (the peer read nothing for 10 s, or went) ends the connection (`Closed`).
+    /// acquired). A large item, once begun, is written as long as the peer reads, within 10 s and
+    /// 1 s per [`protocol::min_rate`] bytes: one cut off in its middle (the peer read nothing for
+    /// 10 s, read too slowly on the whole, or went) ends the connection (`Closed`).
     pub(crate) fn send(&self, slot: u32, peer: u64, desc: &TensorDesc<'_>) -> Result<()> {
         // This send's turn among those waiting for room in the peer's connection (taken when it
         // first finds none, given up once it sends or stops waiting: on every way out, a panic
