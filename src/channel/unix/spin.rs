@@ -29,10 +29,14 @@
 //! The yield to a peer on the same CPU (ring.rs, "Handing the CPU over") is guarded too
 //! ([`YieldGuard`], one per pool, connection, or channel for its lease waits): a yield that
 //! took [`SLOW_YIELD`] or more gave the CPU to another thread for its time slice (a CPU shared
-//! with a busy thread), which costs
-//! milliseconds where a hand-over saves microseconds, so it stops the side's yields for 100 ms,
-//! doubling with each such yield up to a minute, and back to 100 ms once ten times the current
-//! pause passed without one. (A quick yield that brought nothing cost one system call.)
+//! with a busy thread), which costs milliseconds where a hand-over saves microseconds. The
+//! guard judges windows of at least 20 ms of yields: one whose slow yields took a quarter of it
+//! or more stops the side's yields for 100 ms, doubling with each such window up to a minute,
+//! and back to 100 ms once ten times the current pause passed without one. A thread that keeps
+//! the CPU busy makes most windows so (it gets a slice at every yield that picks it); a moment
+//! of the machine's (a VM's virtual CPU descheduled, a daemon's millisecond every 20) does not:
+//! stopping the yields then cost a pipeline on one CPU its hand-overs, and half its rate, for
+//! the next 100 ms. (A quick yield that brought nothing cost one system call.)
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -44,7 +48,11 @@ pub(crate) const YIELD_EVERY: u32 = 32;
 /// A yield to the peer that took this long gave the CPU to some other thread for its time
 /// slice (the peer's own work between two waits takes less, or the yield did not pay).
 pub(crate) const SLOW_YIELD: Duration = Duration::from_micros(500);
-/// How long a slow yield stops a side's yields, at first and at most.
+/// Yields are judged over windows of at least this long (ms)...
+const WINDOW_MS: u64 = 20;
+/// ... and stopped when slow yields took a `1 / SLOW_SHARE` of one or more.
+const SLOW_SHARE: u64 = 4;
+/// How long a costly window stops a side's yields, at first and at most.
 const FIRST_PAUSE_MS: u64 = 100;
 const LONGEST_PAUSE_MS: u64 = 60_000;
 
@@ -111,13 +119,22 @@ fn now_ms() -> u64 {
 pub(crate) struct YieldGuard {
     /// No yield before this ([`now_ms`]).
     paused_until: AtomicU64,
-    /// The pause the next slow yield starts (ms).
+    /// The pause the next costly window starts (ms).
     pause: AtomicU64,
+    /// When the current window of yields began ([`now_ms`]).
+    window: AtomicU64,
+    /// Time its slow yields took so far (µs).
+    slow_us: AtomicU64,
 }
 
 impl Default for YieldGuard {
     fn default() -> YieldGuard {
-        YieldGuard { paused_until: AtomicU64::new(0), pause: AtomicU64::new(FIRST_PAUSE_MS) }
+        YieldGuard {
+            paused_until: AtomicU64::new(0),
+            pause: AtomicU64::new(FIRST_PAUSE_MS),
+            window: AtomicU64::new(0),
+            slow_us: AtomicU64::new(0),
+        }
     }
 }
 
@@ -129,9 +146,21 @@ impl YieldGuard {
 
     /// A yield that began at `began` is over.
     pub(crate) fn yielded(&self, began: Instant) {
+        let took = began.elapsed();
+        if took >= SLOW_YIELD {
+            self.slow_us.fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        }
         let now = now_ms();
+        let start = self.window.load(Ordering::Relaxed);
+        let span = now.saturating_sub(start);
+        if span < WINDOW_MS {
+            return;
+        }
+        // A window is over: were its slow yields a good part of it?
+        let slow_ms = self.slow_us.swap(0, Ordering::Relaxed) / 1000;
+        self.window.store(now, Ordering::Relaxed);
         let pause = self.pause.load(Ordering::Relaxed);
-        if began.elapsed() >= SLOW_YIELD {
+        if slow_ms * SLOW_SHARE >= span {
             self.paused_until.store(now + pause, Ordering::Relaxed);
             self.pause.store((pause * 2).min(LONGEST_PAUSE_MS), Ordering::Relaxed);
         } else if pause > FIRST_PAUSE_MS && now > self.paused_until.load(Ordering::Relaxed) + 10 * pause {
@@ -172,12 +201,24 @@ mod tests {
     }
 
     #[test]
-    fn a_slow_yield_pauses_yields_for_a_while_and_longer_each_time() {
+    fn windows_whose_slow_yields_take_a_quarter_pause_yields_for_a_while_and_longer_each_time() {
         let g = YieldGuard::default();
         assert!(g.may_yield());
         g.yielded(Instant::now());
         assert!(g.may_yield(), "a quick yield");
-        // Slow (the CPU went to another thread): no yield for 100 ms.
+        // A window with one slow yield of 1 ms in 20+ ms (a moment of the machine's): no pause.
+        std::thread::sleep(Duration::from_millis(WINDOW_MS + 2));
+        g.yielded(Instant::now());
+        g.yielded(Instant::now() - Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(WINDOW_MS + 2));
+        g.yielded(Instant::now());
+        assert!(g.may_yield(), "slow yields took a twentieth of the window");
+        // A window whose slow yields took most of it (a busy thread's slices): no yield for
+        // 100 ms.
+        for _ in 0..4 {
+            g.yielded(Instant::now() - Duration::from_millis(4));
+        }
+        std::thread::sleep(Duration::from_millis(WINDOW_MS + 2));
         g.yielded(Instant::now() - SLOW_YIELD);
         for _ in 0..1000 {
             assert!(!g.may_yield(), "paused");
