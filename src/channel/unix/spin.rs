@@ -213,10 +213,11 @@ mod tests {
         std::thread::sleep(Duration::from_millis(WINDOW_MS + 2));
         g.yielded(Instant::now());
         assert!(g.may_yield(), "slow yields took a twentieth of the window");
-        // A window whose slow yields took most of it (a busy thread's slices): no yield for
-        // 100 ms.
+        // A window whose slow yields took most of it (a busy thread's slices, between quick
+        // yields that picked the peer): no yield for 100 ms.
         for _ in 0..4 {
             g.yielded(Instant::now() - Duration::from_millis(4));
+            g.yielded(Instant::now());
         }
         std::thread::sleep(Duration::from_millis(WINDOW_MS + 2));
         g.yielded(Instant::now() - SLOW_YIELD);
