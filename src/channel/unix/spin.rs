@@ -30,12 +30,14 @@
 //! ([`YieldGuard`], one per pool, connection, or channel for its lease waits): a yield that
 //! took [`SLOW_YIELD`] or more gave the CPU to another thread for its time slice (a CPU shared
 //! with a busy thread), which costs milliseconds where a hand-over saves microseconds. The
-//! guard judges windows of at least 20 ms of yields: one whose slow yields took a quarter of it
-//! or more stops the side's yields for 100 ms, doubling with each such window up to a minute,
-//! and back to 100 ms once ten times the current pause passed without one. A thread that keeps
-//! the CPU busy makes most windows so (it gets a slice at every yield that picks it); a moment
-//! of the machine's (a VM's virtual CPU descheduled, a daemon's millisecond every 20) does not:
-//! stopping the yields then cost a pipeline on one CPU its hand-overs, and half its rate, for
+//! guard judges its side's yields in runs of 16: once two of a run, and a quarter of it so far,
+//! were slow, it stops the side's yields for 100 ms, doubling with each such run up to a
+//! minute, and back to 100 ms once a run ends without one ten times the current pause after
+//! the last. A thread that keeps the CPU busy makes a good share of yields slow (each that
+//! picks it instead of the peer), however often or seldom the side yields: two slow yields, at
+//! most a few, then the pause. A moment of the machine's (a VM's virtual CPU descheduled, a
+//! daemon's burst) makes one slow yield among a pipeline's thousands: before 1.18.1 that alone
+//! stopped the yields, and cost a pipeline on one CPU its hand-overs, and half its rate, for
 //! the next 100 ms. (A quick yield that brought nothing cost one system call.)
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -48,11 +50,11 @@ pub(crate) const YIELD_EVERY: u32 = 32;
 /// A yield to the peer that took this long gave the CPU to some other thread for its time
 /// slice (the peer's own work between two waits takes less, or the yield did not pay).
 pub(crate) const SLOW_YIELD: Duration = Duration::from_micros(500);
-/// Yields are judged over windows of at least this long (ms)...
-const WINDOW_MS: u64 = 20;
-/// ... and stopped when slow yields took a `1 / SLOW_SHARE` of one or more.
-const SLOW_SHARE: u64 = 4;
-/// How long a costly window stops a side's yields, at first and at most.
+/// Yields are judged in runs of this many...
+const RUN: u32 = 16;
+/// ... and stopped once two of a run, and a `1 / SLOW_SHARE` of it so far, were slow.
+const SLOW_SHARE: u32 = 4;
+/// How long a costly run stops a side's yields, at first and at most.
 const FIRST_PAUSE_MS: u64 = 100;
 const LONGEST_PAUSE_MS: u64 = 60_000;
 
@@ -115,16 +117,15 @@ fn now_ms() -> u64 {
 }
 
 /// One pool's, connection's or channel's (its lease waits) record of how its yields to a peer
-/// on the same CPU went.
+/// on the same CPU went. (Several threads may share one: its counts are then approximate.)
 pub(crate) struct YieldGuard {
     /// No yield before this ([`now_ms`]).
     paused_until: AtomicU64,
-    /// The pause the next costly window starts (ms).
+    /// The pause the next costly run starts (ms).
     pause: AtomicU64,
-    /// When the current window of yields began ([`now_ms`]).
-    window: AtomicU64,
-    /// Time its slow yields took so far (µs).
-    slow_us: AtomicU64,
+    /// Yields of the current run so far, and how many of them were slow.
+    yields: AtomicU32,
+    slow: AtomicU32,
 }
 
 impl Default for YieldGuard {
@@ -132,8 +133,8 @@ impl Default for YieldGuard {
         YieldGuard {
             paused_until: AtomicU64::new(0),
             pause: AtomicU64::new(FIRST_PAUSE_MS),
-            window: AtomicU64::new(0),
-            slow_us: AtomicU64::new(0),
+            yields: AtomicU32::new(0),
+            slow: AtomicU32::new(0),
         }
     }
 }
@@ -146,21 +147,19 @@ impl YieldGuard {
 
     /// A yield that began at `began` is over.
     pub(crate) fn yielded(&self, began: Instant) {
-        let took = began.elapsed();
-        if took >= SLOW_YIELD {
-            self.slow_us.fetch_add(took.as_micros() as u64, Ordering::Relaxed);
-        }
-        let now = now_ms();
-        let start = self.window.load(Ordering::Relaxed);
-        let span = now.saturating_sub(start);
-        if span < WINDOW_MS {
+        let is_slow = began.elapsed() >= SLOW_YIELD;
+        let n = self.yields.fetch_add(1, Ordering::Relaxed) + 1;
+        let k = if is_slow { self.slow.fetch_add(1, Ordering::Relaxed) + 1 } else { self.slow.load(Ordering::Relaxed) };
+        let costly = is_slow && k >= 2 && k * SLOW_SHARE >= n;
+        if !costly && n < RUN {
             return;
         }
-        // A window is over: were its slow yields a good part of it?
-        let slow_ms = self.slow_us.swap(0, Ordering::Relaxed) / 1000;
-        self.window.store(now, Ordering::Relaxed);
+        // The run is over, by a pause or by its length.
+        self.yields.store(0, Ordering::Relaxed);
+        self.slow.store(0, Ordering::Relaxed);
+        let now = now_ms();
         let pause = self.pause.load(Ordering::Relaxed);
-        if slow_ms * SLOW_SHARE >= span {
+        if costly {
             self.paused_until.store(now + pause, Ordering::Relaxed);
             self.pause.store((pause * 2).min(LONGEST_PAUSE_MS), Ordering::Relaxed);
         } else if pause > FIRST_PAUSE_MS && now > self.paused_until.load(Ordering::Relaxed) + 10 * pause {
@@ -201,31 +200,36 @@ mod tests {
     }
 
     #[test]
-    fn windows_whose_slow_yields_take_a_quarter_pause_yields_for_a_while_and_longer_each_time() {
+    fn a_run_of_yields_two_and_a_quarter_of_them_slow_pauses_yields_for_longer_each_time() {
         let g = YieldGuard::default();
+        let slow = || Instant::now() - SLOW_YIELD;
         assert!(g.may_yield());
-        g.yielded(Instant::now());
-        assert!(g.may_yield(), "a quick yield");
-        // A window with one slow yield of 1 ms in 20+ ms (a moment of the machine's): no pause.
-        std::thread::sleep(Duration::from_millis(WINDOW_MS + 2));
-        g.yielded(Instant::now());
-        g.yielded(Instant::now() - Duration::from_millis(1));
-        std::thread::sleep(Duration::from_millis(WINDOW_MS + 2));
-        g.yielded(Instant::now());
-        assert!(g.may_yield(), "slow yields took a twentieth of the window");
-        // A window whose slow yields took most of it (a busy thread's slices, between quick
-        // yields that picked the peer): no yield for 100 ms.
-        for _ in 0..4 {
-            g.yielded(Instant::now() - Duration::from_millis(4));
-            g.yielded(Instant::now());
+        // A pipeline's yields with a moment of the machine's in every run of 16: no pause.
+        for _ in 0..10 {
+            g.yielded(slow());
+            for _ in 0..15 {
+                g.yielded(Instant::now());
+            }
         }
-        std::thread::sleep(Duration::from_millis(WINDOW_MS + 2));
-        g.yielded(Instant::now() - SLOW_YIELD);
+        assert!(g.may_yield(), "one slow yield in each run");
+        // Slow yields between quick ones that picked the peer (a busy thread on the CPU and a
+        // pipeline): slow, quick, slow pauses.
+        g.yielded(slow());
+        g.yielded(Instant::now());
+        assert!(g.may_yield(), "one slow yield so far");
+        g.yielded(slow());
         for _ in 0..1000 {
             assert!(!g.may_yield(), "paused");
         }
         assert_eq!(g.pause.load(Ordering::Relaxed), 2 * FIRST_PAUSE_MS, "the next pause is twice as long");
         std::thread::sleep(Duration::from_millis(FIRST_PAUSE_MS + 20));
         assert!(g.may_yield(), "the pause is over");
+        // A side that yields seldom, each yield a busy thread's slice: two, and a pause of 200 ms.
+        g.yielded(slow());
+        g.yielded(slow());
+        let until = g.paused_until.load(Ordering::Relaxed);
+        assert!(!g.may_yield(), "paused again");
+        assert!(until + 20 >= now_ms() + 2 * FIRST_PAUSE_MS, "the second pause is twice the first");
+        assert_eq!(g.pause.load(Ordering::Relaxed), 4 * FIRST_PAUSE_MS, "and the next pause longer still");
     }
 }
