@@ -1173,21 +1173,38 @@ fn a_refusal_before_the_proof_tells_nothing_about_the_producer() {
     assert!(!text.contains("UCX") && !text.contains("1."), "{text}");
 }
 
-/// A TCP relay to `upstream` for one connection that passes the client's bytes as they come and
-/// the producer's at `rate` bytes per second, 16 KiB at a time: a consumer that reads slowly.
-fn throttled_relay(upstream: &str, rate: u64) -> String {
+/// A TCP relay to `upstream` for one connection; returns its address. The bytes of one side
+/// (the client's when `client_edited`, else the producer's) go through `pass`, given the
+/// stream it reads and the one it writes; the other side's pass as they are. When either
+/// direction ends, the stream it was writing is shut down.
+fn relay_with(
+    upstream: &str,
+    client_edited: bool,
+    pass: impl FnOnce(&mut std::net::TcpStream, &mut std::net::TcpStream) + Send + 'static,
+) -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = format!("tcp://{}", l.local_addr().unwrap());
     let up = upstream.strip_prefix("tcp://").unwrap().to_string();
     std::thread::spawn(move || {
-        use std::io::Read;
-        let (mut client, _) = l.accept().unwrap();
-        let mut server = std::net::TcpStream::connect(up).unwrap();
-        let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+        let (client, _) = l.accept().unwrap();
+        let server = std::net::TcpStream::connect(up).unwrap();
+        let (mut from, mut to) = if client_edited { (client, server) } else { (server, client) };
+        let (mut back_from, mut back_to) = (to.try_clone().unwrap(), from.try_clone().unwrap());
         std::thread::spawn(move || {
-            let _ = std::io::copy(&mut c2, &mut s2);
-            let _ = s2.shutdown(std::net::Shutdown::Both);
+            let _ = std::io::copy(&mut back_from, &mut back_to);
+            let _ = back_to.shutdown(std::net::Shutdown::Both);
         });
+        pass(&mut from, &mut to);
+        let _ = to.shutdown(std::net::Shutdown::Both);
+    });
+    addr
+}
+
+/// A TCP relay to `upstream` for one connection that passes the client's bytes as they come and
+/// the producer's at `rate` bytes per second, 16 KiB at a time: a consumer that reads slowly.
+fn throttled_relay(upstream: &str, rate: u64) -> String {
+    relay_with(upstream, false, move |server, client| {
+        use std::io::Read;
         let mut buf = vec![0u8; 16 << 10];
         loop {
             let n = match server.read(&mut buf) {
@@ -1199,9 +1216,7 @@ fn throttled_relay(upstream: &str, rate: u64) -> String {
             }
             std::thread::sleep(Duration::from_secs_f64(n as f64 / rate as f64));
         }
-        let _ = client.shutdown(std::net::Shutdown::Both);
-    });
-    addr
+    })
 }
 
 /// A producer (run with `DEVSHARE_REMOTE_MIN_RATE=4194304`) sends a 4 KiB item and then a 32
@@ -1275,19 +1290,10 @@ fn relay(
     upstream: &str,
     edit: impl Fn(usize, &mut Vec<u8>) + Send + 'static,
 ) -> (String, Arc<std::sync::Mutex<Vec<Vec<u8>>>>) {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = format!("tcp://{}", l.local_addr().unwrap());
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let (up, kept) = (upstream.strip_prefix("tcp://").unwrap().to_string(), seen.clone());
-    std::thread::spawn(move || {
+    let kept = seen.clone();
+    let addr = relay_with(upstream, true, move |client, server| {
         use std::io::Read;
-        let (mut client, _) = l.accept().unwrap();
-        let mut server = std::net::TcpStream::connect(up).unwrap();
-        let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-        std::thread::spawn(move || {
-            let _ = std::io::copy(&mut s2, &mut c2);
-            let _ = c2.shutdown(std::net::Shutdown::Both);
-        });
         for i in 0.. {
             let mut len = [0u8; 4];
             if client.read_exact(&mut len).is_err() {
@@ -1305,7 +1311,6 @@ fn relay(
                 break;
             }
         }
-        let _ = server.shutdown(std::net::Shutdown::Both);
     });
     (addr, seen)
 }

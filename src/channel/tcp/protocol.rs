@@ -692,6 +692,7 @@ pub(crate) const UCX_SETTINGS: &[(&str, &str)] = &[];
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn a_transfer_limit_is_the_patience_and_a_second_per_rate_bytes_and_never_panics() {
@@ -703,8 +704,6 @@ mod tests {
         assert_eq!(limit_at(now, u64::MAX, ten, 1), None);
         assert!(limit_at(now, u64::MAX, ten, u64::MAX).is_some());
     }
-
-    use super::*;
 
     /// A connection whose peer reads nothing: items queue until they would eat into the room
     /// kept for messages, and stop there (the send waits); a message still fits after them (it
