@@ -53,6 +53,7 @@
  *                       [--consumer CMD]
  *   channel_handoff consume ADDRESS [--poll]
  *   channel_handoff syscalls [N]
+ *   channel_handoff loop [N]
  *
  * `run` prints one JSON object per measurement on stdout (bench/channel_handoff.py reads
  * them) and a readable line on stderr. --count is the number of items per measurement for
@@ -80,6 +81,10 @@
  * recvmsg with nothing queued, send and recvmsg of a 64-byte SOCK_SEQPACKET message, a pipe's
  * 8-byte write + read, epoll_wait and ppoll on a ready descriptor): one JSON object per call on
  * stdout, a readable line on stderr.
+ *
+ * `loop` measures the library's own work per pool item with no wake-up in it: producer and
+ * consumer in one process and thread, N items (default 20000) per round, 21 rounds, with 1 and
+ * with 8 slots; the median ns per item as one JSON object per pool on stdout.
  */
 #define _GNU_SOURCE
 
@@ -95,6 +100,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -1204,13 +1210,95 @@ static int syscalls(int n) {
     return 0;
 }
 
+/* `loop`: the library's own work per pool item, with no wake-up in it (what benches/item.rs
+ * measures, here through the shared library as a C program calls it): producer and consumer in
+ * this one process and thread, each 4 KiB item acquired, written, sent, received, described,
+ * read and released. The connection is made by a second thread (the connect waits for the
+ * producer's handshake); every item after it runs on the main thread. */
+static char loop_address[128];
+static DevshareConnection *loop_conn;
+
+static void *loop_connect(void *unused) {
+    (void)unused;
+    OK(devshare_channel_connect(loop_address, 10000, &loop_conn));
+    return NULL;
+}
+
+static int item_loop(int n) {
+    snprintf(loop_address, sizeof loop_address, "@devshare-bench-loop-%d", (int)getpid());
+    DevshareChannel *ch = NULL;
+    OK(devshare_channel_listen(loop_address, &ch));
+    pthread_t connector;
+    const int err = pthread_create(&connector, NULL, loop_connect, NULL);
+    if (err != 0) {
+        die("pthread_create", err);
+    }
+    OK(devshare_channel_wait_peers(ch, 1, 10000));
+    pthread_join(connector, NULL);
+    uint64_t peer = 0;
+    size_t peers = 0;
+    OK(devshare_channel_peer_ids(ch, &peer, 1, &peers));
+    enum { ROUNDS = 21 };
+    const uint32_t slot_counts[] = {1, 8};
+    for (size_t k = 0; k < sizeof slot_counts / sizeof slot_counts[0]; k++) {
+        const uint32_t slots = slot_counts[k];
+        DevshareExporter *exp = NULL;
+        OK(devshare_channel_host_alloc(4096 * (uint64_t)slots, &exp, NULL));
+        DevsharePool *pool = NULL;
+        OK(devshare_pool_create(ch, exp, 4096, slots, &pool));
+        OK(devshare_exporter_close(exp, 0));
+        int64_t shape[1] = {1024};
+        DevshareTensorDesc desc;
+        OK(devshare_tensor_desc_init(&desc, sizeof desc));
+        desc.dtype.code = DEVSHARE_DTYPE_FLOAT;
+        desc.dtype.bits = 32;
+        desc.dtype.lanes = 1;
+        desc.ndim = 1;
+        desc.shape = shape;
+        DevshareImportInfo info;
+        OK(devshare_import_info_init(&info, sizeof info));
+        double ns[ROUNDS];
+        /* Round -1 warms up: the pool's attachment, the ring, the caches. */
+        for (int round = -1; round < ROUNDS; round++) {
+            const int items = round < 0 ? 2000 : n;
+            const int64_t t0 = now_ns();
+            for (int i = 0; i < items; i++) {
+                uint32_t slot = 0;
+                void *ptr = NULL;
+                OK(devshare_pool_acquire(pool, -1, &slot, &ptr));
+                *(volatile uint64_t *)ptr = (uint64_t)i;
+                OK(devshare_pool_send(pool, slot, peer, &desc));
+                DevshareImport *imp = NULL;
+                OK(devshare_connection_recv(loop_conn, -1, &imp));
+                OK(devshare_import_info(imp, &info));
+                sink += (unsigned)*(const volatile uint64_t *)info.data;
+                OK(devshare_import_release(imp));
+            }
+            if (round >= 0) {
+                ns[round] = (double)(now_ns() - t0) / items;
+            }
+        }
+        qsort(ns, ROUNDS, sizeof ns[0], cmp_double);
+        printf("{\"loop\": \"pool\", \"slots\": %u, \"bytes\": 4096, \"ns\": %.0f, \"items\": %d, \"rounds\": %d}\n",
+               slots, ns[ROUNDS / 2], n, ROUNDS);
+        fprintf(stderr, "in-process loop, %u slot(s), 4 KiB: acquire + send + recv + info + release  %6.0f ns "
+                        "(median of %d rounds of %d)\n",
+                slots, ns[ROUNDS / 2], ROUNDS, n);
+        OK(devshare_pool_close(pool));
+    }
+    OK(devshare_connection_close(loop_conn));
+    OK(devshare_channel_close(ch));
+    return 0;
+}
+
 static int usage(void) {
     fprintf(stderr, "usage: channel_handoff run [--count N] [--large-count N] [--sizes 4096,67108864]\n"
                     "                           [--slots N] [--large-slots N] [--cpus any|one|two] [--spin US]\n"
                     "                           [--methods pool,user,lease,handle,pipe-floor,socket-floor,pipe-copy,remote,tcp-copy,breakdown]\n"
                     "                           [--consumer CMD]\n"
                     "       channel_handoff consume ADDRESS [--poll]\n"
-                    "       channel_handoff syscalls [N]\n");
+                    "       channel_handoff syscalls [N]\n"
+                    "       channel_handoff loop [N]\n");
     return 2;
 }
 
@@ -1347,6 +1435,9 @@ int main(int argc, char **argv) {
     }
     if (argc >= 2 && strcmp(argv[1], "syscalls") == 0) {
         return syscalls(argc >= 3 ? (int)parse_num(argv[2], "syscalls N") : 100000);
+    }
+    if (argc >= 2 && strcmp(argv[1], "loop") == 0) {
+        return item_loop(argc >= 3 ? (int)parse_num(argv[2], "loop N") : 20000);
     }
     if (argc == 3 && strcmp(argv[1], "pipe-consume") == 0) {
         return consume_pipe(strtoull(argv[2], NULL, 10));

@@ -37,6 +37,9 @@ every handoff is a context switch), "two CPUs" (producer on the first, consumer 
 second: every handoff wakes the other CPU), "unpinned" (the scheduler decides). Then C->C with
 both ends spinning (Pool/Connection set_spin, --spin US) on two CPUs, Py->Py the same, and
 C->C pipelined with 4 KiB and 64 MiB items. Ratios are taken within one placement of one run.
+Last, the library's own work per item with no wake-up in it (`channel_handoff loop`: producer
+and consumer in one process and thread, the same calls as the C rows, through the shared
+library), with 1 and with 8 slots.
 
 Usage: python bench/user_pays.py [--bin build/channel_handoff] [--quick] [--count N]
            [--c-count N] [--large-count N] [--spin US] [--placements one,two,any]
@@ -470,14 +473,24 @@ def main():
             large.append(dict(r, placement=placement))
             print(f"  {PLACEMENTS[placement]:<9} C->C 64 MiB pipelined {r['per_s']:9.0f} items/s "
                   f"(round trip p50 {r['rt_p50_us']:.1f} us)", file=sys.stderr, flush=True)
-    print_tables(rows, large, args)
+    loop = run_loop(args)
+    for r in loop:
+        print(f"  in-process loop, {r['slots']} slot(s): {r['ns']:.0f} ns per item", file=sys.stderr, flush=True)
+    print_tables(rows, large, args, loop)
+
+
+def run_loop(args):
+    """channel_handoff loop: the library's per-item work, one process and thread, as dicts."""
+    cmd = [args.bin, "loop", str(args.c_count if args.quick else 20000)]
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True, timeout=600).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
 def find(rows, placement, path, note=""):
     return next((r for r in rows if r["placement"] == placement and r["path"] == path and r["note"] == note), None)
 
 
-def print_tables(rows, large, args):
+def print_tables(rows, large, args, loop):
     print()
     print("| placement | path | round trip p50 µs | p99 µs | Queue / this (p50) | this / pipe (p50) "
           "| pipelined items/s (8 in flight) |")
@@ -498,6 +511,11 @@ def print_tables(rows, large, args):
         ratio = f"{r['per_s'] / small['per_s']:.2f}x" if small else "—"
         sm = f"{small['per_s']:,.0f}" if small else "—"
         print(f"| {PLACEMENTS[r['placement']]} | {sm} | {r['per_s']:,.0f} | {ratio} |")
+    print()
+    print("| in-process loop (acquire + send + recv + info + release, C, one thread) | ns per item |")
+    print("|---|---|")
+    for r in loop:
+        print(f"| {r['slots']} slot(s), 4 KiB | {r['ns']:.0f} |")
     print()
     print("| target | measured | met |")
     print("|---|---|---|")
@@ -521,6 +539,8 @@ def print_tables(rows, large, args):
         # The many-core machine's target; on a VM whose CPUs are shared it says little.
         ("C->C spinning, two CPUs, one-way p50 <= 0.5 µs",
          (find(rows, "two", "C->C", spin) or {}).get("p50_us"), lambda v: v <= 0.5, "{:.2f} µs"),
+        ("the library's work per item, in-process loop, 1 slot, <= 0.3 µs",
+         next((r["ns"] for r in loop if r["slots"] == 1), None), lambda v: v <= 300, "{:.0f} ns"),
     ]
     for text, v, ok, fmt in checks:
         if v is None:

@@ -44,7 +44,7 @@ echo "== $CC tests/gpu/gpu_tool.c"
 # The C end of bench/user_pays.py (the per-item handoff against a pipe and the Queue), so that
 # it runs from the bundle as is: DEVSHARE_LIBRARY=<bundle>/libdevshare.so python3 bench/user_pays.py
 echo "== $CC bench/channel_handoff.c"
-"$CC" -std=c11 -O2 -g -Wall -Wextra -Werror -Iinclude -o "$out/channel_handoff" bench/channel_handoff.c \
+"$CC" -std=c11 -O2 -g -Wall -Wextra -Werror -pthread -Iinclude -o "$out/channel_handoff" bench/channel_handoff.c \
     -L"$out" -ldevshare -Wl,-rpath,'$ORIGIN'
 
 echo "== $CC tests/gpu/sync_cost.c"
