@@ -71,10 +71,10 @@
 #define DEVSHARE_VERSION_MINOR 18
 
 // Patch version (fixes; no interface change).
-#define DEVSHARE_VERSION_PATCH 2
+#define DEVSHARE_VERSION_PATCH 3
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 70146
+#define DEVSHARE_VERSION 70147
 
 // `DevsharePeerInfo.transport`: a Unix channel's peer (items in shared memory).
 #define DEVSHARE_TRANSPORT_UNIX 0

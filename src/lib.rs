@@ -23,6 +23,7 @@ pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod export;
+mod fds;
 mod fork;
 pub mod handle;
 pub mod hostid;

@@ -7,7 +7,7 @@
 //! 6 torch, dlpack, channel          (clients of the core)
 //! 5 export, import
 //! 4 backend, refcounter
-//! 3 handle, loader
+//! 3 handle, loader, fds
 //! 2 shm, fork, dtype, hostid        (primitives)
 //! 1 error
 //! ```
@@ -32,6 +32,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("refcounter", 4),
     ("handle", 3),
     ("loader", 3),
+    ("fds", 3),
     ("shm", 2),
     ("fork", 2),
     ("dtype", 2),

@@ -92,8 +92,19 @@ impl Mapping for Received {
     }
 }
 
-/// The registry key of a received descriptor: its file's identity, from `fstat`.
+/// The seals of a received descriptor, which only shared memory has (`F_GET_SEALS` asks no file
+/// system's server); anything else is `Untrusted`.
+fn seals_of_received(fd: &OwnedFd) -> Result<SealFlags> {
+    fcntl_get_seals(fd).map_err(|_| {
+        Error::Untrusted("the descriptor received with a channel handle is not a memfd (it has no seals)".into())
+    })
+}
+
+/// The registry key of a received descriptor: its file's identity, from `fstat` — asked only
+/// of shared memory (`F_GET_SEALS` first): a file of a FUSE or network file system is refused
+/// before its `fstat` could wait for its server.
 pub(crate) fn identity(fd: &OwnedFd) -> Result<[u8; 22]> {
+    seals_of_received(fd)?;
     let st = fstat(fd).map_err(|e| os("fstat of a received memfd", e))?;
     let mut key = [0u8; 22];
     key[..6].copy_from_slice(b"memfd:");
@@ -109,13 +120,12 @@ pub(crate) fn identity(fd: &OwnedFd) -> Result<[u8; 22]> {
 /// not name (a sealed, sparse 1 TiB memfd behind a 4 KiB handle). Maps the file, that is, what
 /// the handle needs.
 pub(crate) fn open_received(fd: &OwnedFd, alloc_size: u64, read_only: bool) -> Result<Box<dyn Mapping>> {
+    // The seals first: only shared memory has them, and its `fstat` never leaves this kernel.
+    let seals = seals_of_received(fd)?;
     let st = fstat(fd).map_err(|e| os("fstat of a received memfd", e))?;
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
         return Err(Error::Untrusted("the descriptor received with a channel handle is not a regular file".into()));
     }
-    let seals = fcntl_get_seals(fd).map_err(|_| {
-        Error::Untrusted("the descriptor received with a channel handle is not a memfd (it has no seals)".into())
-    })?;
     if !seals.contains(SealFlags::SHRINK) {
         return Err(Error::Untrusted(
             "the memfd received with a channel handle is not sealed against shrinking (F_SEAL_SHRINK): \

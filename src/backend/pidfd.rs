@@ -126,10 +126,13 @@ impl Process {
         Ok(Process { pid, pidfd })
     }
 
-    /// A duplicate of the process's file descriptor `fd` (close it when done).
+    /// A duplicate of the process's file descriptor `fd` (close it when done): only shared
+    /// memory, a device or an eventfd; anything else (a socket, a file of a FUSE or network file
+    /// system, whose close could wait for its server as long as the producer liked) is closed on
+    /// a thread of its own and refused (`fds::screened`).
     pub fn take_fd(&self, fd: i32) -> Result<OwnedFd> {
         TAKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        pidfd_getfd(&self.pidfd, fd, PidfdGetfdFlags::empty()).map_err(|e| {
+        let taken = pidfd_getfd(&self.pidfd, fd, PidfdGetfdFlags::empty()).map_err(|e| {
             let why = match e {
                 Errno::PERM => eperm_cause(self.pid),
                 Errno::BADF => format!(
@@ -143,7 +146,8 @@ impl Process {
                 other => format!("{other}"),
             };
             Error::Os { call: format!("pidfd_getfd(pid {}, fd {fd})", self.pid), errno: e.raw_os_error(), message: why }
-        })
+        })?;
+        crate::fds::screened(taken, &format!("fd {fd} of process {}", self.pid))
     }
 }
 

@@ -901,9 +901,10 @@ pub(crate) fn send(sock: BorrowedFd<'_>, msg: &[u8], fds: &[BorrowedFd<'_>]) -> 
 pub(crate) enum Received {
     /// A message of this many bytes (in the buffer), with these descriptors.
     Message(usize),
-    /// A message of this many bytes that came with sockets ([`take_sockets`] took them): to
-    /// be refused (its other descriptors are in `fds`).
-    Refused(usize),
+    /// A message of this many bytes that came with a descriptor no honest message carries
+    /// (`fds::take_unwanted` took them out; the kind of the first): to be refused (its other
+    /// descriptors are in `fds`).
+    Refused(usize, &'static str),
     /// Nothing queued now.
     Empty,
     /// The other end is gone (orderly close or reset).
@@ -914,80 +915,6 @@ pub(crate) enum Received {
 /// descriptors go to `fds` (cleared first). A message cut short by the buffer is refused.
 pub(crate) fn recv(sock: BorrowedFd<'_>, buf: &mut Vec<u8>, fds: &mut Vec<OwnedFd>) -> Result<Received> {
     recv_with(sock, buf, fds, false)
-}
-
-/// Take the sockets out of descriptors a peer sent (`true` when there were any: the message is
-/// refused). No honest message carries a socket, and closing one can block whoever does it for
-/// as long as the sender chose: a TCP socket lingering over data its own peer does not read
-/// (`SO_LINGER`), or one held only in the receive queue of a Unix socket that was sent (the
-/// close of the outer socket drops the inner one's last reference). Each is set to close at
-/// once (`SO_LINGER` 0), which settles the plain case, and closed on a thread of its own
-/// ([`close_elsewhere`]). Done by [`recv_with`] for everything it receives.
-pub(crate) fn take_sockets(fds: &mut Vec<OwnedFd>) -> bool {
-    let is_socket = |fd: &OwnedFd| {
-        rustix::fs::fstat(fd)
-            .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Socket)
-    };
-    if !fds.iter().any(is_socket) {
-        return false;
-    }
-    let (sockets, rest): (Vec<OwnedFd>, Vec<OwnedFd>) = std::mem::take(fds).into_iter().partition(is_socket);
-    *fds = rest;
-    for s in &sockets {
-        let _ = rustix::net::sockopt::set_socket_linger(s, Some(std::time::Duration::ZERO));
-    }
-    close_elsewhere(sockets);
-    true
-}
-
-/// Most received sockets waiting for the closing thread at once; past it (a close that blocks
-/// for ever, and more keep coming) they are left open: never blocking a caller comes first, and
-/// every message that brought one was refused, which counts against its sender.
-const MAX_PENDING_CLOSES: usize = 1024;
-
-/// Close `fds` on the process's closing thread (started when first needed; again in a forked
-/// child, which never touches the parent's), so that a close that blocks holds up no caller.
-/// Never waits: when the thread cannot start, is busy being started by another thread, or has
-/// [`MAX_PENDING_CLOSES`] waiting, the descriptors are left open.
-fn close_elsewhere(fds: Vec<OwnedFd>) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::mpsc::Sender;
-    type Closer = Option<(crate::fork::Stamp, Sender<Vec<OwnedFd>>)>;
-    static CLOSER: std::sync::Mutex<Closer> = std::sync::Mutex::new(None);
-    static PENDING: AtomicUsize = AtomicUsize::new(0);
-    // (A lock held at a fork stays held in the child: try it, never wait for it.)
-    let mut closer = match CLOSER.try_lock() {
-        Ok(g) => g,
-        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return std::mem::forget(fds),
-    };
-    if closer.as_ref().map_or(true, |(stamp, _)| !stamp.is_current()) {
-        // A forked child's copy of the parent's channel is never dropped or used.
-        if let Some(stale) = closer.take() {
-            std::mem::forget(stale);
-        }
-        PENDING.store(0, Ordering::Relaxed);
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<OwnedFd>>();
-        let started = std::thread::Builder::new().name("devshare-close".into()).spawn(move || {
-            for batch in rx {
-                let n = batch.len();
-                drop(batch);
-                PENDING.fetch_sub(n, Ordering::Relaxed);
-            }
-        });
-        *closer = started.is_ok().then(|| (crate::fork::Stamp::now(), tx));
-    }
-    let n = fds.len();
-    match closer.as_ref() {
-        Some((_, tx)) if PENDING.load(Ordering::Relaxed) + n <= MAX_PENDING_CLOSES => {
-            PENDING.fetch_add(n, Ordering::Relaxed);
-            if let Err(unsent) = tx.send(fds) {
-                PENDING.fetch_sub(n, Ordering::Relaxed);
-                std::mem::forget(unsent.0);
-            }
-        }
-        _ => std::mem::forget(fds),
-    }
 }
 
 /// [`recv`], or with `block` (on a blocking socket) waiting in the kernel until a message or the
@@ -1025,7 +952,10 @@ pub(crate) fn recv_with(
                 fds.extend(r);
             }
         }
-        let sockets = take_sockets(fds);
+        // What no honest message carries (a socket, a file that is not shared memory) is taken
+        // out and closed on a thread of its own: its close, even its `fstat`, may wait for as
+        // long as the sender chose (`fds`).
+        let unwanted = crate::fds::take_unwanted(fds);
         if msg.bytes == 0 && !msg.flags.contains(ReturnFlags::CTRUNC) {
             return Ok(Received::Closed);
         }
@@ -1036,7 +966,10 @@ pub(crate) fn recv_with(
                 "a channel message longer than {MAX_MESSAGE} bytes or with more than {MAX_FDS} descriptors was refused"
             )));
         }
-        return Ok(if sockets { Received::Refused(msg.bytes) } else { Received::Message(msg.bytes) });
+        return Ok(match unwanted {
+            Some(what) => Received::Refused(msg.bytes, what),
+            None => Received::Message(msg.bytes),
+        });
     }
 }
 

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses part of it
 
+pub mod fuse;
+
 /// Which stand-in runtime.
 #[derive(Clone, Copy, Debug)]
 pub enum StandIn {

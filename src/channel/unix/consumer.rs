@@ -418,9 +418,9 @@ impl LocalConnection {
                         }
                     }
                 }
-                Received::Refused(_) => {
+                Received::Refused(_, what) => {
                     return Err(Error::Untrusted(format!(
-                        "the channel at {address:?} answered the handshake with a socket"
+                        "the channel at {address:?} answered the handshake with {what}"
                     )))
                 }
                 Received::Closed => {
@@ -712,8 +712,8 @@ impl LocalConnection {
                     st.eof = true;
                     return Ok(None);
                 }
-                Received::Message(n) => (n, false),
-                Received::Refused(n) => (n, true),
+                Received::Message(n) => (n, None),
+                Received::Refused(n, what) => (n, Some(what)),
             };
             st.seen += 1;
             // The ring records sent before this message are handled before it; the first
@@ -740,9 +740,9 @@ impl LocalConnection {
                     }
                 }
             }
-            let handled = if refused {
+            let handled = if let Some(what) = refused {
                 st.fds.clear();
-                Err(Error::Untrusted("a channel message came with a socket (no message carries one)".into()))
+                Err(Error::Untrusted(format!("a channel message came with {what} (no message carries one)")))
             } else {
                 self.message(st, n)
             };

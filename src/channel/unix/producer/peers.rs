@@ -206,9 +206,9 @@ impl Core {
                     self.unwanted_fds.append(&mut fds);
                     break false;
                 }
-                Ok(Received::Refused(_)) => {
-                    // Sockets came (taken out and closed elsewhere): an error, like any
-                    // descriptor a consumer sends.
+                Ok(Received::Refused(..)) => {
+                    // A socket or a file that is not shared memory came (taken out and closed
+                    // elsewhere): an error, like any descriptor a consumer sends.
                     self.unwanted_fds.append(&mut fds);
                     self.peers[idx].info.protocol_errors += 1;
                     break true;
