@@ -54,20 +54,38 @@ impl Kind {
 /// its server), `F_GET_SEALS` to tell shared memory from other regular files.
 pub(crate) fn kind(fd: impl AsFd) -> Kind {
     let fd = fd.as_fd();
+    // An `O_PATH` descriptor names a node without opening it, which a `nodev` mount does not
+    // stop: a FUSE server can make such a node look like a device, and what is asked of it goes
+    // to that server. No honest message carries one.
+    if rustix::fs::fcntl_getfl(fd).map_or(true, |fl| fl.contains(rustix::fs::OFlags::PATH)) {
+        return Kind::Other;
+    }
     let shared_memory = || rustix::fs::fcntl_get_seals(fd).is_ok();
     match rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC, StatxFlags::TYPE) {
         Ok(st) => match FileType::from_raw_mode(u32::from(st.stx_mode)) {
             FileType::RegularFile if shared_memory() => Kind::SharedMemory,
+            // Some kernels give anonymous inodes a regular file's type; their name says what
+            // they are (a link in /proc, which no file system's server is asked for).
+            FileType::RegularFile if anonymous_by_name(fd) => Kind::Anonymous,
             FileType::CharacterDevice => Kind::Device,
             FileType::Socket => Kind::Socket,
             FileType::Unknown => Kind::Anonymous,
             _ => Kind::Other,
         },
         // No statx (a kernel before 4.11, a sandbox that forbids it): only what shared memory
-        // itself vouches for is kept.
+        // and anonymous inodes vouch for themselves is kept (a device is not: only `statx` can
+        // tell one without asking its file system).
         Err(_) if shared_memory() => Kind::SharedMemory,
+        Err(_) if anonymous_by_name(fd) => Kind::Anonymous,
         Err(_) => Kind::Other,
     }
+}
+
+/// Whether `fd`'s link in `/proc/self/fd` names an anonymous inode (`anon_inode:[eventfd]`).
+fn anonymous_by_name(fd: std::os::fd::BorrowedFd<'_>) -> bool {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .is_ok_and(|l| l.as_os_str().as_encoded_bytes().starts_with(b"anon_inode:"))
 }
 
 /// Whether a descriptor of this kind may be kept (and later closed by whoever holds it).
@@ -88,9 +106,9 @@ pub(crate) fn take_unwanted(fds: &mut Vec<OwnedFd>) -> Option<&'static str> {
         if kept(k) {
             fds.push(fd);
         } else {
-            if k == Kind::Socket {
-                let _ = rustix::net::sockopt::set_socket_linger(&fd, Some(std::time::Duration::ZERO));
-            }
+            // (On anything but a socket this fails at once, which is as good: a socket that
+            // `statx` could not name is set too.)
+            let _ = rustix::net::sockopt::set_socket_linger(&fd, Some(std::time::Duration::ZERO));
             unwanted.push(fd);
         }
     }
@@ -189,6 +207,13 @@ mod tests {
         assert_eq!(kind(&a), Kind::Socket);
         let dir = std::fs::File::open("/").unwrap();
         assert_eq!(kind(&dir), Kind::Other);
+        let path_only = rustix::fs::open(
+            "/dev/null",
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        assert_eq!(kind(&path_only), Kind::Other, "an O_PATH descriptor, even of a device, is not kept");
         let proc_file = std::fs::File::open("/proc/self/status").unwrap();
         assert_eq!(kind(&proc_file), Kind::Other, "a file of a file system (here procfs) is not shared memory");
 

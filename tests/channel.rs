@@ -2263,7 +2263,37 @@ fn a_file_whose_server_never_answers_costs_the_consumers_receive_no_time() {
     assert!(next().unwrap(), "the next share arrives");
 }
 
-/// The FUSE server of the test above, in its child process.
+/// The same server's node `c` is a device (the kind NVIDIA's exported memory is), whose inode
+/// is still the server's: its `fstat` waits for the server's `GETATTR` answer. Sent as a ring's
+/// memory (beside two good eventfds):
+///
+/// - named only (`O_PATH`, which even a `nodev` mount allows): refused at the receive, with the
+///   message, as no honest message carries one (kept as a device, it came as far as the ring);
+/// - opened: kept as a device, and the ring refuses it at once, its seals read before its
+///   `fstat` (before 1.18.3 the `fstat` came first and waited for the server).
+#[test]
+fn a_device_node_of_such_a_file_system_sent_as_a_ring_costs_the_receive_no_time() {
+    let (c, p) = fake_connection("fuse-ring", 0);
+    let c = Arc::new(c);
+    let Some(server) = common::fuse::Stalling::start("fuse_server_role") else { return };
+    let efd = || rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+    let (c_efd, p_efd) = (efd(), efd());
+    let ring_msg = le(&[&12u32.to_le_bytes(), &1024u32.to_le_bytes(), &256u32.to_le_bytes()]);
+    for (o_path, said) in
+        [(true, "came with a file that is not shared memory"), (false, "ring's memory is not a memfd")]
+    {
+        p.send(&ring_msg, &[server.open_device(o_path), c_efd.as_fd(), p_efd.as_fd()]);
+        let refused = within_10s({
+            let c = c.clone();
+            move || c.recv(Some(Duration::from_secs(1))).err().map(|e| (e.status(), e.to_string()))
+        });
+        let (status, why) = refused().expect("a device node of a FUSE mount is no ring");
+        assert_eq!(status, Status::Untrusted, "O_PATH {o_path}: {why}");
+        assert!(why.contains(said), "O_PATH {o_path}: {why}");
+    }
+}
+
+/// The FUSE server of the two tests above, in its child process.
 #[test]
 #[ignore = "a role of the test above, run in a child process"]
 fn fuse_server_role() {

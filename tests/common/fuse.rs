@@ -1,9 +1,11 @@
 //! A FUSE file system whose server never answers some requests: what a hostile peer can run (any
 //! user may mount one through `fusermount`; these tests mount it directly, which needs
-//! `CAP_SYS_ADMIN` and `/dev/fuse`). It holds one file, `f`, that opens normally; its
-//! `GETATTR` and `FLUSH` requests are never answered, so `fstat` of a descriptor of it, and the
-//! descriptor's close, wait until the server dies. The server runs in a child process (the test
-//! binary's role that calls [`serve`]), so that what waits on it never holds up its answers.
+//! `CAP_SYS_ADMIN` and `/dev/fuse`). It holds a file, `f`, that opens normally, and `c`, a device
+//! node (1:3, what `/dev/null` is; the mount is not `nodev`, so it opens the real device, whose
+//! inode is still the server's). Their `GETATTR` and `FLUSH` requests are never answered, so
+//! `fstat` of a descriptor of either, and the close of `f`'s, wait until the server dies. The server runs in a
+//! child process (the test binary's role that calls [`serve`]), so that what waits on it never
+//! holds up its answers; it dies with the test process.
 
 use std::io::BufRead;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -25,7 +27,9 @@ impl Stalling {
     /// Mount it, its server the test binary's ignored test `role_test` (which calls [`serve`]).
     /// `None` where this machine cannot mount FUSE: the reason is printed.
     pub fn start(role_test: &str) -> Option<Stalling> {
-        let dir = std::env::temp_dir().join(format!("devshare-fuse-{}-{role_test}", std::process::id()));
+        static MOUNTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = MOUNTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("devshare-fuse-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let mut child = super::role(role_test, &[(DIR_VAR, dir.as_os_str())])
             .stdout(std::process::Stdio::piped())
@@ -42,26 +46,50 @@ impl Stalling {
                 }
             }
         });
-        let said = rx.recv_timeout(std::time::Duration::from_secs(20)).unwrap_or_else(|_| "no answer".into());
+        let said = rx.recv_timeout(std::time::Duration::from_secs(20));
         let s = Stalling { child, dir, opened: std::sync::Mutex::new(Vec::new()) };
-        if said != "ready" {
-            println!("SKIPPED: this machine cannot mount a FUSE file system ({said})");
-            return None;
+        let said = said.expect("the FUSE server said neither ready nor unavailable within 20 s");
+        if said == "ready" {
+            return Some(s);
         }
-        Some(s)
+        // Skipped only where mounting cannot work (no /dev/fuse, or not root); where it should,
+        // or with DEVSHARE_REQUIRE_FUSE=1, a failure to mount fails the test.
+        // SAFETY: geteuid has no preconditions.
+        let could = std::path::Path::new("/dev/fuse").exists() && unsafe { libc::geteuid() } == 0;
+        if could || std::env::var_os("DEVSHARE_REQUIRE_FUSE").is_some_and(|v| v == "1") {
+            panic!("the FUSE file system could not be mounted here: {said}");
+        }
+        eprintln!("SKIPPED: this machine cannot mount a FUSE file system ({said})");
+        None
     }
 
     /// A descriptor of the file `f` (its `LOOKUP` and `OPEN` are answered), closed after the
     /// server is gone.
     pub fn open(&self) -> BorrowedFd<'_> {
-        let path = std::ffi::CString::new(self.dir.join("f").into_os_string().into_encoded_bytes()).unwrap();
-        // SAFETY: a NUL-terminated path; the descriptor is owned below.
-        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        assert!(fd >= 0, "open of the FUSE file: {}", std::io::Error::last_os_error());
+        self.open_as("f", libc::O_RDWR)
+    }
+
+    /// A descriptor of the device node `c`: opened (`O_PATH` false), or only named (`O_PATH`,
+    /// which even a `nodev` mount allows). Closed after the server is gone.
+    pub fn open_device(&self, o_path: bool) -> BorrowedFd<'_> {
+        self.open_as("c", if o_path { libc::O_PATH } else { libc::O_RDWR })
+    }
+
+    /// `name` opened with `flags` (on a thread of its own: should the server not answer, the
+    /// test fails after 10 s instead of waiting with it).
+    fn open_as(&self, name: &str, flags: libc::c_int) -> BorrowedFd<'_> {
+        let path = std::ffi::CString::new(self.dir.join(name).into_os_string().into_encoded_bytes()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // SAFETY: a NUL-terminated path; the descriptor is owned by the receiver.
+            let fd = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) };
+            let _ = tx.send((fd, std::io::Error::last_os_error()));
+        });
+        let (fd, err) = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the FUSE server answered the open");
+        assert!(fd >= 0, "open of the FUSE node {name}: {err}");
         // SAFETY: a descriptor just opened, owned by nothing else.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut opened = self.opened.lock().unwrap();
-        opened.push(owned);
+        self.opened.lock().unwrap().push(owned);
         // SAFETY: the descriptor lives in `opened` until `self` is dropped, after every borrow.
         unsafe { BorrowedFd::borrow_raw(fd) }
     }
@@ -95,7 +123,10 @@ const BATCH_FORGET: u32 = 42;
 /// The server: mounts at `$DEVSHARE_TEST_FUSE_DIR`, says `devshare-fuse: ready` (or
 /// `devshare-fuse: unavailable: why`) on stdout, and serves until it is killed or unmounted.
 pub fn serve() {
-    let dir = std::env::var_os(DIR_VAR).expect("the mount point");
+    let Some(dir) = std::env::var_os(DIR_VAR) else { return }; // run by hand: nothing to do
+                                                               // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number. The server dies with the test
+                                                               // process, so a killed test leaves no server behind (its mount goes with it).
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     let say = |what: &str| {
         use std::io::Write;
         println!("devshare-fuse: {what}");
@@ -122,7 +153,7 @@ pub fn serve() {
             c"devshare-test".as_ptr(),
             target.as_ptr(),
             c"fuse".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            libc::MS_NOSUID | libc::MS_NOEXEC, // not `nodev`: `c` opens as a device
             opts.as_ptr().cast(),
         )
     };
@@ -157,10 +188,13 @@ pub fn serve() {
                 reply(dev.as_fd(), unique, 0, &out);
             }
             LOOKUP => {
-                // nodeid 2, generation, entry and attribute validity 0 (always asked again).
-                let mut out = le64(&[2, 0, 0, 0]);
+                // `c` is node 3, the character device 1:3; anything else is `f`, node 2.
+                // Generation, entry and attribute validity 0 (always asked again).
+                let device = req.get(40..42) == Some(&b"c\0"[..]);
+                let ino = if device { 3 } else { 2 };
+                let mut out = le64(&[ino, 0, 0, 0]);
                 out.extend_from_slice(&[0; 8]);
-                out.extend_from_slice(&file(2));
+                out.extend_from_slice(&if device { attr_rdev(3, 0o20_666, (1 << 8) | 3, uid, gid) } else { file(2) });
                 reply(dev.as_fd(), unique, 0, &out);
             }
             GETATTR if node == 1 => {
@@ -181,6 +215,13 @@ pub fn serve() {
 fn attr(ino: u64, mode: u32, nlink: u32, size: u64, uid: u32, gid: u32) -> Vec<u8> {
     let mut a = le64(&[ino, size, 0, 0, 0, 0]);
     a.extend(le(&[&0, &0, &0, &mode, &nlink, &uid, &gid, &0, &4096, &0]));
+    a
+}
+
+/// `struct fuse_attr` of a device node: `rdev` in the kernel's old 16-bit form (major << 8 | minor).
+fn attr_rdev(ino: u64, mode: u32, rdev: u32, uid: u32, gid: u32) -> Vec<u8> {
+    let mut a = le64(&[ino, 0, 0, 0, 0, 0]);
+    a.extend(le(&[&0, &0, &0, &mode, &1, &uid, &gid, &rdev, &4096, &0]));
     a
 }
 

@@ -450,16 +450,22 @@ impl ConsumerRing {
         let [memfd, c_efd, p_efd]: [OwnedFd; 3] = fds.try_into().map_err(|f: Vec<OwnedFd>| {
             Error::Untrusted(format!("a ring came with {} descriptors instead of 3", f.len()))
         })?;
-        let st = fstat(&memfd).map_err(|e| os("fstat of a ring memfd", e))?;
-        let seals = fcntl_get_seals(&memfd).unwrap_or(SealFlags::empty());
         let size = ring_size(capacity);
+        let refused = || {
+            Err(Error::Untrusted(format!(
+                "a ring's memory is not a memfd of {size} bytes sealed against shrinking and growing"
+            )))
+        };
+        // The seals first: only shared memory has them, and its `fstat` never leaves this kernel.
+        let seals = fcntl_get_seals(&memfd).unwrap_or(SealFlags::empty());
+        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
+            return refused();
+        }
+        let st = fstat(&memfd).map_err(|e| os("fstat of a ring memfd", e))?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
-            || !seals.contains(SealFlags::SHRINK | SealFlags::GROW)
             || u64::try_from(st.st_size).ok() != Some(size as u64)
         {
-            return Err(Error::Untrusted(format!(
-                "a ring's memory is not a memfd of {size} bytes sealed against shrinking and growing"
-            )));
+            return refused();
         }
         for fd in [&c_efd, &p_efd] {
             let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()));
