@@ -99,6 +99,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -1231,7 +1232,8 @@ static int item_loop(int n) {
     pthread_t connector;
     const int err = pthread_create(&connector, NULL, loop_connect, NULL);
     if (err != 0) {
-        die("pthread_create", err);
+        fprintf(stderr, "channel_handoff: pthread_create failed: %s\n", strerror(err));
+        return 2;
     }
     OK(devshare_channel_wait_peers(ch, 1, 10000));
     pthread_join(connector, NULL);
@@ -1437,7 +1439,12 @@ int main(int argc, char **argv) {
         return syscalls(argc >= 3 ? (int)parse_num(argv[2], "syscalls N") : 100000);
     }
     if (argc >= 2 && strcmp(argv[1], "loop") == 0) {
-        return item_loop(argc >= 3 ? (int)parse_num(argv[2], "loop N") : 20000);
+        const long n = argc >= 3 ? parse_num(argv[2], "loop N") : 20000;
+        if (n > INT_MAX) {
+            fprintf(stderr, "channel_handoff: loop N is at most %d\n", INT_MAX);
+            return 2;
+        }
+        return item_loop((int)n);
     }
     if (argc == 3 && strcmp(argv[1], "pipe-consume") == 0) {
         return consume_pipe(strtoull(argv[2], NULL, 10));

@@ -1,5 +1,5 @@
 //! Descriptors from another process (`SCM_RIGHTS` on a channel, `pidfd_getfd` from a producer):
-//! which kinds this library keeps, and the thread that closes the others.
+//! which kinds this library keeps, and the threads that close the others.
 //!
 //! A peer chooses what a descriptor it sends refers to, and some files make whoever touches them
 //! wait for as long as the sender likes:
@@ -95,7 +95,7 @@ fn kept(k: Kind) -> bool {
 
 /// Take out of `fds` every descriptor of a kind no honest message carries (sockets, files that
 /// are not shared memory, see the module): each socket set to close at once (`SO_LINGER` 0,
-/// which settles the plain case), and all of them closed on the closing thread
+/// which settles the plain case), and each closed on a thread of its own
 /// ([`close_elsewhere`]). The kind of the first one taken, when any was: the message they came
 /// with is to be refused.
 pub(crate) fn take_unwanted(fds: &mut Vec<OwnedFd>) -> Option<&'static str> {
@@ -117,7 +117,7 @@ pub(crate) fn take_unwanted(fds: &mut Vec<OwnedFd>) -> Option<&'static str> {
 }
 
 /// `fd`, taken from another process (`what` names it in the error), when it is of a kind kept
-/// (see the module); else closed on the closing thread and refused (`Untrusted`).
+/// (see the module); else closed on a thread of its own and refused (`Untrusted`).
 pub(crate) fn screened(fd: OwnedFd, what: &str) -> crate::error::Result<OwnedFd> {
     let k = kind(&fd);
     if kept(k) {
@@ -130,56 +130,54 @@ pub(crate) fn screened(fd: OwnedFd, what: &str) -> crate::error::Result<OwnedFd>
     )))
 }
 
-/// Most descriptors waiting for the closing thread at once; past it (a close that blocks for
-/// ever, and more keep coming) they are left open: never blocking a caller comes first, and
-/// every message that brought one was refused, which counts against its sender.
-const MAX_PENDING_CLOSES: usize = 1024;
+/// Most closing threads at once; past it (closes that block for ever, and more keep coming)
+/// descriptors are left open: never blocking a caller comes first, and every message that
+/// brought one was refused, which counts against its sender.
+const MAX_CLOSING: usize = 256;
 
-/// Close `fds` on the process's closing thread (started when first needed; again in a forked
-/// child, which never touches the parent's), so that a close that blocks holds up no caller.
-/// Never waits: when the thread cannot start, is busy being started by another thread, or has
-/// [`MAX_PENDING_CLOSES`] waiting, the descriptors are left open.
+/// Closing threads of this process now running (set to 0 in a forked child, which has none).
+static CLOSING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+struct ClosingFork;
+
+impl crate::fork::ForkHook for ClosingFork {
+    fn prepare(&self) {}
+    fn parent(&self) {}
+    fn child(&self) {
+        CLOSING.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Close each of `fds` on a thread of its own, so that a close that blocks holds up no caller.
+/// One thread per descriptor: the kernel takes a descriptor out of the table as its close
+/// begins, so a close that waits for ever (a FUSE file's flush) holds only its own; behind one
+/// thread, the others would stay in the table, and every `exec` of a child (which closes them)
+/// would wait too. Never waits: when a thread cannot start, or [`MAX_CLOSING`] are running, the
+/// descriptor is left open.
 pub(crate) fn close_elsewhere(fds: Vec<OwnedFd>) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::mpsc::Sender;
-    type Closer = Option<(crate::fork::Stamp, Sender<Vec<OwnedFd>>)>;
-    static CLOSER: std::sync::Mutex<Closer> = std::sync::Mutex::new(None);
-    static PENDING: AtomicUsize = AtomicUsize::new(0);
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    use std::sync::atomic::Ordering;
+    static HOOK: std::sync::Once = std::sync::Once::new();
     if fds.is_empty() {
         return;
     }
-    // (A lock held at a fork stays held in the child: try it, never wait for it.)
-    let mut closer = match CLOSER.try_lock() {
-        Ok(g) => g,
-        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(std::sync::TryLockError::WouldBlock) => return std::mem::forget(fds),
-    };
-    if closer.as_ref().map_or(true, |(stamp, _)| !stamp.is_current()) {
-        // A forked child's copy of the parent's channel is never dropped or used.
-        if let Some(stale) = closer.take() {
-            std::mem::forget(stale);
+    HOOK.call_once(|| crate::fork::register(&ClosingFork));
+    for fd in fds {
+        if CLOSING.fetch_add(1, Ordering::Relaxed) >= MAX_CLOSING {
+            CLOSING.fetch_sub(1, Ordering::Relaxed);
+            std::mem::forget(fd);
+            continue;
         }
-        PENDING.store(0, Ordering::Relaxed);
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<OwnedFd>>();
-        let started = std::thread::Builder::new().name("devshare-close".into()).spawn(move || {
-            for batch in rx {
-                let n = batch.len();
-                drop(batch);
-                PENDING.fetch_sub(n, Ordering::Relaxed);
-            }
+        // The number moves to the thread; should it not start, the descriptor stays open.
+        let raw = fd.into_raw_fd();
+        let started = std::thread::Builder::new().name("devshare-close".into()).stack_size(64 << 10).spawn(move || {
+            // SAFETY: `raw` was an owned descriptor, handed to this thread alone.
+            drop(unsafe { OwnedFd::from_raw_fd(raw) });
+            CLOSING.fetch_sub(1, Ordering::Relaxed);
         });
-        *closer = started.is_ok().then(|| (crate::fork::Stamp::now(), tx));
-    }
-    let n = fds.len();
-    match closer.as_ref() {
-        Some((_, tx)) if PENDING.load(Ordering::Relaxed) + n <= MAX_PENDING_CLOSES => {
-            PENDING.fetch_add(n, Ordering::Relaxed);
-            if let Err(unsent) = tx.send(fds) {
-                PENDING.fetch_sub(n, Ordering::Relaxed);
-                std::mem::forget(unsent.0);
-            }
+        if started.is_err() {
+            CLOSING.fetch_sub(1, Ordering::Relaxed);
         }
-        _ => std::mem::forget(fds),
     }
 }
 

@@ -52,11 +52,11 @@ impl Stalling {
         if said == "ready" {
             return Some(s);
         }
-        // Skipped only where mounting cannot work (no /dev/fuse, or not root); where it should,
-        // or with DEVSHARE_REQUIRE_FUSE=1, a failure to mount fails the test.
-        // SAFETY: geteuid has no preconditions.
-        let could = std::path::Path::new("/dev/fuse").exists() && unsafe { libc::geteuid() } == 0;
-        if could || std::env::var_os("DEVSHARE_REQUIRE_FUSE").is_some_and(|v| v == "1") {
+        // Skipped where this process may not mount FUSE (no /dev/fuse, no permission: the
+        // server says "unavailable"), unless DEVSHARE_REQUIRE_FUSE=1; any other failure (the
+        // mount refusing its options) fails the test.
+        let required = std::env::var_os("DEVSHARE_REQUIRE_FUSE").is_some_and(|v| v == "1");
+        if required || !said.starts_with("unavailable") {
             panic!("the FUSE file system could not be mounted here: {said}");
         }
         eprintln!("SKIPPED: this machine cannot mount a FUSE file system ({said})");
@@ -67,6 +67,14 @@ impl Stalling {
     /// server is gone.
     pub fn open(&self) -> BorrowedFd<'_> {
         self.open_as("f", libc::O_RDWR)
+    }
+
+    /// Close the descriptors opened here now, each on a thread of its own (which waits for the
+    /// server until it dies): they leave this process's table at once.
+    pub fn let_go(&self) {
+        for fd in std::mem::take(&mut *self.opened.lock().unwrap()) {
+            std::thread::spawn(move || drop(fd));
+        }
     }
 
     /// A descriptor of the device node `c`: opened (`O_PATH` false), or only named (`O_PATH`,
@@ -121,7 +129,8 @@ const INTERRUPT: u32 = 36;
 const BATCH_FORGET: u32 = 42;
 
 /// The server: mounts at `$DEVSHARE_TEST_FUSE_DIR`, says `devshare-fuse: ready` (or
-/// `devshare-fuse: unavailable: why`) on stdout, and serves until it is killed or unmounted.
+/// `devshare-fuse: unavailable: why` where it may not, `broken: why` for any other failure) on
+/// stdout, and serves until it is killed or unmounted.
 pub fn serve() {
     let Some(dir) = std::env::var_os(DIR_VAR) else { return }; // run by hand: nothing to do
                                                                // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number. The server dies with the test
@@ -134,8 +143,13 @@ pub fn serve() {
     };
     // SAFETY: a NUL-terminated path.
     let dev = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    // What says "this process may not mount FUSE here" rather than "the mount is wrong".
+    let unavailable = |e: &std::io::Error| {
+        matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES | libc::ENODEV | libc::ENOENT | libc::ENXIO))
+    };
     if dev < 0 {
-        return say(&format!("unavailable: /dev/fuse: {}", std::io::Error::last_os_error()));
+        let e = std::io::Error::last_os_error();
+        return say(&format!("{}: /dev/fuse: {e}", if unavailable(&e) { "unavailable" } else { "broken" }));
     }
     // SAFETY: a descriptor just opened, owned by nothing else.
     let dev = unsafe { OwnedFd::from_raw_fd(dev) };
@@ -158,7 +172,8 @@ pub fn serve() {
         )
     };
     if rc != 0 {
-        return say(&format!("unavailable: mount: {}", std::io::Error::last_os_error()));
+        let e = std::io::Error::last_os_error();
+        return say(&format!("{}: mount: {e}", if unavailable(&e) { "unavailable" } else { "broken" }));
     }
     say("ready");
     let mut buf = vec![0u8; (1 << 20) + 4096];
