@@ -49,21 +49,24 @@ impl Kind {
     }
 }
 
-/// What `fd` refers to, asked without a round trip to any file system's server: `statx` with
-/// `AT_STATX_DONT_SYNC` for its type (a FUSE file's cached attributes, where `fstat` would ask
-/// its server), `F_GET_SEALS` to tell shared memory from other regular files.
+/// What `fd` refers to, asked without a round trip to any file system's server: `F_GET_SEALS`
+/// first (only shared memory answers it, in this kernel; the common case, one call), then
+/// `F_GETFL` and `statx` with `AT_STATX_DONT_SYNC` for the type (a FUSE file's cached
+/// attributes, where `fstat` would ask its server).
 pub(crate) fn kind(fd: impl AsFd) -> Kind {
     let fd = fd.as_fd();
+    // (`fcntl` refuses `F_GET_SEALS` on an `O_PATH` descriptor: one that answers is opened.)
+    if rustix::fs::fcntl_get_seals(fd).is_ok() {
+        return Kind::SharedMemory;
+    }
     // An `O_PATH` descriptor names a node without opening it, which a `nodev` mount does not
     // stop: a FUSE server can make such a node look like a device, and what is asked of it goes
     // to that server. No honest message carries one.
     if rustix::fs::fcntl_getfl(fd).map_or(true, |fl| fl.contains(rustix::fs::OFlags::PATH)) {
         return Kind::Other;
     }
-    let shared_memory = || rustix::fs::fcntl_get_seals(fd).is_ok();
     match rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH | AtFlags::STATX_DONT_SYNC, StatxFlags::TYPE) {
         Ok(st) => match FileType::from_raw_mode(u32::from(st.stx_mode)) {
-            FileType::RegularFile if shared_memory() => Kind::SharedMemory,
             // Some kernels give anonymous inodes a regular file's type; their name says what
             // they are (a link in /proc, which no file system's server is asked for).
             FileType::RegularFile if anonymous_by_name(fd) => Kind::Anonymous,
@@ -72,10 +75,9 @@ pub(crate) fn kind(fd: impl AsFd) -> Kind {
             FileType::Unknown => Kind::Anonymous,
             _ => Kind::Other,
         },
-        // No statx (a kernel before 4.11, a sandbox that forbids it): only what shared memory
-        // and anonymous inodes vouch for themselves is kept (a device is not: only `statx` can
-        // tell one without asking its file system).
-        Err(_) if shared_memory() => Kind::SharedMemory,
+        // No statx (a kernel before 4.11, a sandbox that forbids it): only what anonymous
+        // inodes say of themselves is believed (a device is not: only `statx` can tell one
+        // without asking its file system).
         Err(_) if anonymous_by_name(fd) => Kind::Anonymous,
         Err(_) => Kind::Other,
     }
@@ -99,18 +101,14 @@ fn kept(k: Kind) -> bool {
 /// ([`close_elsewhere`]). The kind of the first one taken, when any was: the message they came
 /// with is to be refused.
 pub(crate) fn take_unwanted(fds: &mut Vec<OwnedFd>) -> Option<&'static str> {
-    let kinds: Vec<Kind> = fds.iter().map(kind).collect();
-    let first = kinds.iter().copied().find(|&k| !kept(k))?;
-    let mut unwanted = Vec::new();
-    for (fd, k) in std::mem::take(fds).into_iter().zip(kinds) {
-        if kept(k) {
-            fds.push(fd);
-        } else {
-            // (On anything but a socket this fails at once, which is as good: a socket that
-            // `statx` could not name is set too.)
-            let _ = rustix::net::sockopt::set_socket_linger(&fd, Some(std::time::Duration::ZERO));
-            unwanted.push(fd);
-        }
+    // (Nothing is allocated while all are kept; a refused message's kinds are asked twice.)
+    let first = fds.iter().map(kind).find(|&k| !kept(k))?;
+    let (keep, unwanted): (Vec<OwnedFd>, Vec<OwnedFd>) = std::mem::take(fds).into_iter().partition(|fd| kept(kind(fd)));
+    *fds = keep;
+    for fd in &unwanted {
+        // (On anything but a socket this fails at once, which is as good: a socket that
+        // `statx` could not name is set too.)
+        let _ = rustix::net::sockopt::set_socket_linger(fd, Some(std::time::Duration::ZERO));
     }
     close_elsewhere(unwanted);
     Some(first.what())
