@@ -2271,6 +2271,7 @@ fn a_file_whose_server_never_answers_costs_the_consumers_receive_no_time() {
     // one closing thread the second stayed in the table until 1.18.3's last change, and this
     // spawn waited for the server.)
     server.let_go();
+    assert!(server.none_open(), "every descriptor of the FUSE file system left this process's table");
     let spawned = within_10s(|| std::process::Command::new("true").status().map(|s| s.success()));
     assert!(spawned().unwrap(), "a child started while the server still stalls");
 }

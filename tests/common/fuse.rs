@@ -77,6 +77,26 @@ impl Stalling {
         }
     }
 
+    /// Wait (at most 10 s) until no descriptor of this file system is left in this process's
+    /// table (their links in /proc name the mount point; reading them asks no server): a
+    /// close on another thread takes its descriptor out of the table only once it begins.
+    pub fn none_open(&self) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let open = std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .any(|l| l.starts_with(&self.dir));
+            if !open {
+                return true;
+            }
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// A descriptor of the device node `c`: opened (`O_PATH` false), or only named (`O_PATH`,
     /// which even a `nodev` mount allows). Closed after the server is gone.
     pub fn open_device(&self, o_path: bool) -> BorrowedFd<'_> {
@@ -193,12 +213,12 @@ pub fn serve() {
         let u32_at = |at: usize| u32::from_le_bytes(req[at..at + 4].try_into().unwrap());
         let u64_at = |at: usize| u64::from_le_bytes(req[at..at + 8].try_into().unwrap());
         let (opcode, unique, node) = (u32_at(4), u64_at(8), u64_at(16));
-        let file = |ino: u64| attr(ino, 0o100_600, 1, 4096, uid, gid);
+        let file = |ino: u64| attr(ino, 0o100_600, 1, 4096, 0, uid, gid);
         match opcode {
             INIT => {
                 // major, minor, max_readahead, flags, max_background + congestion_threshold,
                 // max_write, time_gran; the rest of the 64 bytes zero.
-                let mut out = le(&[&7u32, &31, &0, &0, &0, &4096, &0]);
+                let mut out = le32(&[7, 31, 0, 0, 0, 4096, 0]);
                 out.resize(64, 0);
                 reply(dev.as_fd(), unique, 0, &out);
             }
@@ -209,12 +229,12 @@ pub fn serve() {
                 let ino = if device { 3 } else { 2 };
                 let mut out = le64(&[ino, 0, 0, 0]);
                 out.extend_from_slice(&[0; 8]);
-                out.extend_from_slice(&if device { attr_rdev(3, 0o20_666, (1 << 8) | 3, uid, gid) } else { file(2) });
+                out.extend_from_slice(&if device { attr(3, 0o20_666, 1, 0, (1 << 8) | 3, uid, gid) } else { file(2) });
                 reply(dev.as_fd(), unique, 0, &out);
             }
             GETATTR if node == 1 => {
                 let mut out = vec![0u8; 16];
-                out.extend_from_slice(&attr(1, 0o40_755, 2, 0, uid, gid));
+                out.extend_from_slice(&attr(1, 0o40_755, 2, 0, 0, uid, gid));
                 reply(dev.as_fd(), unique, 0, &out);
             }
             GETATTR | FLUSH => {} // never answered
@@ -226,21 +246,14 @@ pub fn serve() {
     }
 }
 
-/// `struct fuse_attr` (88 bytes).
-fn attr(ino: u64, mode: u32, nlink: u32, size: u64, uid: u32, gid: u32) -> Vec<u8> {
+/// `struct fuse_attr` (88 bytes); `rdev` in the kernel's old 16-bit form (major << 8 | minor).
+fn attr(ino: u64, mode: u32, nlink: u32, size: u64, rdev: u32, uid: u32, gid: u32) -> Vec<u8> {
     let mut a = le64(&[ino, size, 0, 0, 0, 0]);
-    a.extend(le(&[&0, &0, &0, &mode, &nlink, &uid, &gid, &0, &4096, &0]));
+    a.extend(le32(&[0, 0, 0, mode, nlink, uid, gid, rdev, 4096, 0]));
     a
 }
 
-/// `struct fuse_attr` of a device node: `rdev` in the kernel's old 16-bit form (major << 8 | minor).
-fn attr_rdev(ino: u64, mode: u32, rdev: u32, uid: u32, gid: u32) -> Vec<u8> {
-    let mut a = le64(&[ino, 0, 0, 0, 0, 0]);
-    a.extend(le(&[&0, &0, &0, &mode, &1, &uid, &gid, &rdev, &4096, &0]));
-    a
-}
-
-fn le(words: &[&u32]) -> Vec<u8> {
+fn le32(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
