@@ -346,3 +346,64 @@ fn a_segmented_pool_travels_over_a_channel_without_pidfd_getfd() {
     // SAFETY: stand-in query.
     assert_eq!(unsafe { (drv.violations)() }, 0, "no stand-in rule broken");
 }
+
+/// A hostile producer's segmented handle names, as a segment's fd, a file of a FUSE file system
+/// whose server never answers (`tests/common/fuse.rs`). The consumer takes it with `pidfd_getfd`
+/// (here from this very process, which the stand-in allows) and must not hand it to the driver,
+/// whose `fstat` of it would wait for the server for ever, nor close it where a caller waits:
+/// the import is refused at once, naming the descriptor, and the taken copy leaves this
+/// process's table.
+#[test]
+fn a_segment_fd_on_a_file_system_that_never_answers_is_refused_before_the_driver_sees_it() {
+    use devshare::handle::segments::{set_segments, DEVSHARE_SEGMENTS_CUDA_FD};
+    use std::os::fd::AsRawFd;
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(server) = common::fuse::Stalling::start("fuse_server_role") else { return };
+    let drv = driver();
+    let (va, phys) = drv.allocate(1);
+    let own = drv.counts();
+    let exp = Exporter::export_segments(
+        DEVSHARE_BACKEND_CUDA,
+        0,
+        &SegmentedMemory { base: va as *mut u8, segment_size: SEG as u64, physical: &phys },
+        &ExportOptions::default(),
+    )
+    .unwrap();
+    let mut h = exp.share(&TensorDesc { shape: &[1024], storage_size: Some(4096), ..Default::default() }).unwrap();
+    let honest = h;
+    let fuse_fd = server.open().as_raw_fd();
+    set_segments(&mut h, SEG as u64, DEVSHARE_SEGMENTS_CUDA_FD, &fuse_fd.to_le_bytes()).unwrap();
+    let taken_before = devshare::backend::pidfd::fds_taken();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = import_full(&h, None, ImportRequest::default());
+        let _ = tx.send(r.map(|imp| imp.release()).map_err(|e| (e.status(), e.to_string())));
+    });
+    let (status, why) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the import came back within 10 s")
+        .expect_err("a FUSE file is no segment of device memory");
+    assert_eq!(devshare::backend::pidfd::fds_taken(), taken_before + 1, "the fd was taken with pidfd_getfd");
+    assert_eq!(status, devshare::error::Status::Untrusted, "{why}");
+    let named = format!("fd {fuse_fd} of process {} is a file that is not shared memory", std::process::id());
+    assert!(why.contains(&named), "{why}");
+    server.let_go();
+    assert!(server.none_open(), "the taken copy left this process's table too");
+    assert_eq!(drv.counts(), own, "nothing was imported");
+
+    // The honest handle of the same memory still imports.
+    let imp = import_full(&honest, None, ImportRequest::default()).unwrap();
+    imp.release();
+    exp.wait(Some(Duration::from_secs(20))).unwrap();
+    drop(exp);
+    drv.free(va, &phys);
+    // SAFETY: stand-in query.
+    assert_eq!(unsafe { (drv.violations)() }, 0, "no stand-in rule broken");
+}
+
+/// The FUSE server of the test above, in its child process.
+#[test]
+#[ignore = "a role of the test above, run in a child process"]
+fn fuse_server_role() {
+    common::fuse::serve();
+}
