@@ -16,6 +16,12 @@
 //! file), a character device (the NVIDIA driver's exported memory) and an anonymous inode (an
 //! eventfd). No honest message carries anything else; the rest are closed on a thread of their
 //! own ([`close_elsewhere`]), never by the caller.
+//!
+//! A device node is kept whatever file system holds it. One on a FUSE mount opens as its device
+//! only where the mount is not `nodev`, which takes the initial namespace's root (`fusermount`
+//! and mounts in a user namespace are always `nodev`; what else is sent of them is an `O_PATH`
+//! descriptor, never kept): its `fstat` waits for the server, so this library never asks one
+//! (a ring reads its seals first), but a driver given such a descriptor as device memory may.
 
 use rustix::fs::{AtFlags, FileType, StatxFlags};
 use std::os::fd::{AsFd, OwnedFd};
