@@ -201,3 +201,30 @@ fn the_checker_finds_what_is_broken_and_only_that() {
         ]
     );
 }
+
+/// The file names a user types from the docs (`libdevshare.so.X.Y.Z`, `devshare-X.Y.Z...` wheels
+/// and archives) name this version, or none (`<version>`): 1.9.0's stayed in the docs until
+/// 1.18.3.
+#[test]
+fn file_names_in_the_user_docs_name_this_version() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let version = env!("CARGO_PKG_VERSION");
+    let mut stale = Vec::new();
+    let mut user_pages: Vec<PathBuf> = pages(root).into_iter().filter(|p| !p.ends_with("CHANGELOG.md")).collect();
+    user_pages.push(root.join("python/README.md"));
+    for page in user_pages {
+        let text = std::fs::read_to_string(&page).unwrap();
+        for prefix in ["libdevshare.so.", "devshare-"] {
+            for (at, _) in text.match_indices(prefix) {
+                let rest = &text[at + prefix.len()..];
+                let named: String = rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+                let named = named.trim_end_matches('.');
+                // A full X.Y.Z only (the soname `libdevshare.so.1` names no release).
+                if named.split('.').count() == 3 && named != version {
+                    stale.push(format!("{}: {prefix}{named}", page.strip_prefix(root).unwrap().display()));
+                }
+            }
+        }
+    }
+    assert!(stale.is_empty(), "file names of another version than {version}:\n{}", stale.join("\n"));
+}
