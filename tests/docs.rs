@@ -1,6 +1,7 @@
 //! The documentation's links resolve: every `[text](target)` in README.md, STATUS.md,
 //! CHANGELOG.md, ARCHITECTURE.md and docs/*.md names a file or folder of the repository, and
 //! every `#anchor` names a heading of the page it points to (GitHub's heading ids).
+//! File names a user types from them name this version.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
