@@ -71,10 +71,10 @@
 #define DEVSHARE_VERSION_MINOR 18
 
 // Patch version (fixes; no interface change).
-#define DEVSHARE_VERSION_PATCH 3
+#define DEVSHARE_VERSION_PATCH 4
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 70147
+#define DEVSHARE_VERSION 70148
 
 // `DevsharePeerInfo.transport`: a Unix channel's peer (items in shared memory).
 #define DEVSHARE_TRANSPORT_UNIX 0
@@ -210,6 +210,13 @@
 // the pool is made; a pool is a pipeline's depth, and 65536 items in flight at once is beyond
 // any pipeline (a larger batch belongs in a slot, not in more slots).
 #define DEVSHARE_POOL_MAX_SLOTS 65536
+
+// Most pools one consumer holds of one producer (attached on its connection at once). A
+// consumer refuses the attachment of one more and ends the connection (each pool costs it a
+// mapping, or its own memory over TCP, and bookkeeping per slot); a producer's send that would
+// attach one more to a peer fails with `DEVSHARE_STATUS_BUSY` instead. A pool is a pipeline's
+// depth, and producers make a few.
+#define DEVSHARE_CHANNEL_MAX_POOLS 64
 
 // Longest name a lease may carry (`devshare_channel_send_named`), in bytes of UTF-8 without NUL.
 #define DEVSHARE_MAX_NAME_LEN 1024

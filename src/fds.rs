@@ -11,8 +11,8 @@
 //!   mount a FUSE file system) need never answer.
 //!
 //! So a received descriptor is first classified without any file system's help
-//! (`statx` with `AT_STATX_DONT_SYNC`, which takes the cached attributes, and `F_GET_SEALS`, which
-//! only shared memory answers), and only three kinds are kept: shared memory (a memfd, a tmpfs
+//! (`statx` with `AT_STATX_DONT_SYNC`, which takes the cached attributes, `F_GET_SEALS`, which
+//! only shared memory answers, and `fstatfs` of that), and only three kinds are kept: shared memory (a memfd, a tmpfs
 //! file), a character device (the NVIDIA driver's exported memory) and an anonymous inode (an
 //! eventfd). No honest message carries anything else; the rest are closed on a thread of their
 //! own ([`close_elsewhere`]), never by the caller.
@@ -21,7 +21,13 @@
 //! only where the mount is not `nodev`, which takes the initial namespace's root (`fusermount`
 //! and mounts in a user namespace are always `nodev`; what else is sent of them is an `O_PATH`
 //! descriptor, never kept): its `fstat` waits for the server, so this library never asks one
-//! (a ring reads its seals first), but a driver given such a descriptor as device memory may.
+//! (a ring reads its seals first), but a driver given such a descriptor as device memory may,
+//! and its close may wait (as may a CUSE device's, whose server is a process; creating one
+//! takes root too).
+//!
+//! Shared memory is tmpfs's only: a hugetlbfs memfd answers `F_GET_SEALS` too, but its sender
+//! can punch out a page under a reader (`fallocate`), whose next touch dies of `SIGBUS` once no
+//! huge page is free.
 
 use rustix::fs::{AtFlags, FileType, StatxFlags};
 use std::os::fd::{AsFd, OwnedFd};
@@ -37,6 +43,10 @@ pub(crate) enum Kind {
     Anonymous,
     /// A socket: its close may wait for its data to drain.
     Socket,
+    /// A hugetlbfs file (a `MFD_HUGETLB` memfd): sealed like shared memory, but a page its
+    /// sender punches out (`fallocate`) is faulted in again only while a huge page is free, and
+    /// a reader of it dies of `SIGBUS` when none is.
+    HugePages,
     /// Anything else: a file on a disk, FUSE or network file system (whose `fstat` and close
     /// may wait for its server), a directory, a pipe, a block device.
     Other,
@@ -50,20 +60,22 @@ impl Kind {
             Kind::Device => "a character device",
             Kind::Anonymous => "an anonymous inode",
             Kind::Socket => "a socket",
+            Kind::HugePages => "a hugetlbfs file (its sender could leave holes that kill its readers with SIGBUS)",
             Kind::Other => "a file that is not shared memory",
         }
     }
 }
 
 /// What `fd` refers to, asked without a round trip to any file system's server: `F_GET_SEALS`
-/// first (only shared memory answers it, in this kernel; the common case, one call), then
+/// first (only shared memory and hugetlbfs answer it, in this kernel; the common case), then
+/// `fstatfs` to tell them apart (tmpfs's memory, whose holes read as zeros, is kept), else
 /// `F_GETFL` and `statx` with `AT_STATX_DONT_SYNC` for the type (a FUSE file's cached
 /// attributes, where `fstat` would ask its server).
 pub(crate) fn kind(fd: impl AsFd) -> Kind {
     let fd = fd.as_fd();
     // (`fcntl` refuses `F_GET_SEALS` on an `O_PATH` descriptor: one that answers is opened.)
     if rustix::fs::fcntl_get_seals(fd).is_ok() {
-        return Kind::SharedMemory;
+        return if on_tmpfs(fd) { Kind::SharedMemory } else { Kind::HugePages };
     }
     // An `O_PATH` descriptor names a node without opening it, which a `nodev` mount does not
     // stop: a FUSE server can make such a node look like a device, and what is asked of it goes
@@ -87,6 +99,15 @@ pub(crate) fn kind(fd: impl AsFd) -> Kind {
         Err(_) if anonymous_by_name(fd) => Kind::Anonymous,
         Err(_) => Kind::Other,
     }
+}
+
+/// Whether `fd`, which answered `F_GET_SEALS`, is tmpfs's (a memfd without `MFD_HUGETLB`, a
+/// file in `/dev/shm`): `fstatfs` of it, or of a hugetlbfs file, never leaves this kernel.
+pub(crate) fn on_tmpfs(fd: impl AsFd) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    // (`f_type` is an i64 here, an i32 or u32 on some architectures.)
+    #[allow(clippy::unnecessary_cast)]
+    rustix::fs::fstatfs(fd).is_ok_and(|s| s.f_type as i64 == TMPFS_MAGIC)
 }
 
 /// Whether `fd`'s link in `/proc/self/fd` names an anonymous inode (`anon_inode:[eventfd]`).

@@ -30,5 +30,11 @@ pub const DEVSHARE_CHANNEL_ERROR_BUDGET: u64 = 64;
 /// the pool is made; a pool is a pipeline's depth, and 65536 items in flight at once is beyond
 /// any pipeline (a larger batch belongs in a slot, not in more slots).
 pub const DEVSHARE_POOL_MAX_SLOTS: u32 = 65536;
+/// Most pools one consumer holds of one producer (attached on its connection at once). A
+/// consumer refuses the attachment of one more and ends the connection (each pool costs it a
+/// mapping, or its own memory over TCP, and bookkeeping per slot); a producer's send that would
+/// attach one more to a peer fails with `DEVSHARE_STATUS_BUSY` instead. A pool is a pipeline's
+/// depth, and producers make a few.
+pub const DEVSHARE_CHANNEL_MAX_POOLS: usize = 64;
 /// Longest name a lease may carry (`devshare_channel_send_named`), in bytes of UTF-8 without NUL.
 pub const DEVSHARE_MAX_NAME_LEN: usize = 1024;

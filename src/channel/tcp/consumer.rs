@@ -74,7 +74,7 @@ struct Incoming {
 
 /// Most pools one remote connection holds (each is this consumer's own memory, and its
 /// bookkeeping a few bytes per slot): a pool is a pipeline's depth, and producers make a few.
-const MAX_POOLS: usize = 64;
+const MAX_POOLS: usize = crate::channel::limits::DEVSHARE_CHANNEL_MAX_POOLS;
 
 /// Most messages one look takes before a receive checks its time limit again (a producer that
 /// keeps sending messages that are not items must not keep a receive past it).

@@ -19,6 +19,8 @@ pub(crate) struct ConnShared {
     generation: crate::fork::Stamp,
     /// Set by [`Connection::close`]: nothing is sent any more.
     closed: std::sync::atomic::AtomicBool,
+    /// Set when the backlog reached [`RELEASE_BACKLOG`]: this consumer ended the connection.
+    abandoned: AtomicBool,
     /// Messages (releases, returns, detaches) the producer's socket had no room for: sent, in
     /// order, before any later one and by every receive, never dropped while connected.
     backlog: Mutex<std::collections::VecDeque<Vec<u8>>>,
@@ -67,18 +69,17 @@ impl ConnShared {
     }
 }
 
-/// Messages (releases, returns) a consumer keeps for a producer that is not reading its socket
-/// before a release waits for room: beyond this many, the next one waits until the socket takes
-/// one (at most the send patience) before it joins them.
+/// Messages (releases, returns, detaches) a consumer keeps for a producer that is not reading
+/// its socket: one more ends the connection (see [`ConnShared::queue`]).
 pub(crate) const RELEASE_BACKLOG: usize = 65536;
 
 impl Teller for ConnShared {
     /// Never waits on the producer: what its socket has no room for now (it is not serving the
     /// channel at the moment) waits in the backlog, in order, and goes out with the next message,
-    /// the next receive, or when the connection's descriptor is polled and received on. Only a
-    /// backlog of [`RELEASE_BACKLOG`] messages makes a release wait (for room, at most the send
-    /// patience), so a producer that never reads cannot make the consumer's memory grow
-    /// without bound.
+    /// the next receive, or when the connection's descriptor is polled and received on. A
+    /// backlog of [`RELEASE_BACKLOG`] messages ends the connection instead, so a producer that
+    /// never reads cannot make the consumer's memory grow without bound, nor make anything
+    /// wait for it.
     fn tell(&self, msg: Message<'_>) {
         if !self.speaks() {
             return;
@@ -140,17 +141,18 @@ impl ConnShared {
                 _ => return,    // sent, or the producer is gone
             }
         } else if q.len() >= RELEASE_BACKLOG {
-            // The bound: wait for room for the oldest, then queue this one behind the rest.
-            if let Some(front) = q.pop_front() {
-                match wire::send(self.fd.as_fd(), &front, &[]) {
-                    Err(Error::Timeout(_)) => q.push_front(front),
-                    Err(_) => {
-                        q.clear(); // the producer is gone: the hang-up returned everything
-                        return;
-                    }
-                    Ok(()) => self.flush_locked(q),
-                }
-            }
+            // The bound. A producer this far behind does not serve its channel: it hangs, or
+            // it floods this consumer with messages whose answers it never reads (attachments
+            // that replace each other, refused shares). Waiting for room here would hold this
+            // lock, and so every other thread's release and receive, and from a receive (which
+            // gives back what it refuses) that receive's own time limit: the connection ends
+            // instead, as if the producer had closed it. It takes back every lease and slot of
+            // this consumer (what is held stays mapped, as after a close, and may be written
+            // again); the receive reads what was queued for it, then says CLOSED.
+            self.abandoned.store(true, Ordering::Release);
+            let _ = rustix::net::shutdown(&self.fd, rustix::net::Shutdown::Both);
+            q.clear();
+            return;
         }
         q.push_back(bytes);
     }
@@ -164,6 +166,10 @@ struct AttachedPool {
     token: Arc<AttachToken>,
     spares: SpareTokens,
 }
+
+/// Most socket messages one look at the connection handles ([`LocalConnection::pump`]) before
+/// the receive checks its time limit again.
+const PUMP_MESSAGES: usize = 64;
 
 /// Most registered exports one connection keeps mapped between leases (`KEPT_SHARES`,
 /// `PIN_SHARES`): the consumer's map of them is keyed by the producer's export numbers, so it is
@@ -375,6 +381,7 @@ impl LocalConnection {
                                     fd,
                                     generation: crate::fork::Stamp::now(),
                                     closed: Default::default(),
+                                    abandoned: Default::default(),
                                     backlog: Default::default(),
                                     backlogged: AtomicBool::new(false),
                                     ring: Default::default(),
@@ -546,6 +553,12 @@ impl LocalConnection {
                         st.kept.clear();
                         crate::import::retire_all(self.owner);
                     }
+                    if self.shared.abandoned.load(Ordering::Acquire) {
+                        return Err(Error::Closed(format!(
+                            "the producer did not read this connection ({RELEASE_BACKLOG} messages waited for it): \
+                             it was ended"
+                        )));
+                    }
                     return Err(Error::Closed("the producer closed the channel or exited".into()));
                 }
                 if spinning {
@@ -682,8 +695,12 @@ impl LocalConnection {
     /// whose preceding socket messages have arrived, or what the next socket messages carry
     /// (looked at only with `socket`, or when a ring record waits for them). A socket message
     /// is handled after the ring records that precede it.
+    ///
+    /// At most [`PUMP_MESSAGES`] socket messages per call: a producer that keeps the socket full
+    /// of messages that are no item (names, retirements, attachments) cannot keep a receive
+    /// from its time limit, which the caller checks between calls (the socket stays readable).
     fn pump(&self, st: &mut State, socket: bool) -> Result<Option<Box<Import>>> {
-        loop {
+        for _ in 0..PUMP_MESSAGES {
             // Looked up on every turn: a RING message taken below starts the ring. A broken
             // ring is not read again.
             let ring = self.shared.ring.get().filter(|_| !st.broken);
@@ -721,7 +738,10 @@ impl LocalConnection {
             // meanwhile waits in `ready`.
             let mut first_error = None;
             if let Some(r) = ring {
-                loop {
+                // At most one ring's worth: an honest producer wrote no more before the message
+                // (a full ring sends over the socket); one that keeps writing records it
+                // claims came first only gets them taken after the message.
+                for _ in 0..r.capacity() {
                     match self.peek(st, r) {
                         Ok(true) if st.rec.socket_messages < st.seen => {
                             st.head = r.advance(st.head);
@@ -757,6 +777,7 @@ impl LocalConnection {
                 return Err(e);
             }
         }
+        Ok(st.ready.pop_front())
     }
 
     /// The ring's next record, copied into `st.rec` (whether one waits); a ring the producer
@@ -880,6 +901,18 @@ impl LocalConnection {
                     return Err(Error::Untrusted(format!(
                         "pool {pool}: {count} slots of {slot_size} bytes do not fit its {}-byte allocation",
                         d.handle.storage_size
+                    )));
+                }
+                // A pool more than the bound (one already attached is replaced): each costs a
+                // mapping and bookkeeping per slot, and a producer that attached 65,000 used
+                // up this process's mappings (every mmap failed after). The connection ends.
+                let most = crate::channel::limits::DEVSHARE_CHANNEL_MAX_POOLS;
+                if st.pools.len() >= most && !st.pools.contains_key(&pool) {
+                    let _ = rustix::net::shutdown(&self.shared.fd, rustix::net::Shutdown::Both);
+                    st.eof = true; // (what else it sent is not read)
+                    return Err(Error::Untrusted(format!(
+                        "pool {pool}: the producer attached {most} pools already (the most one connection holds); \
+                         the connection ends"
                     )));
                 }
                 let base = open(&d.handle, d.table.as_deref(), fds, None, std::ptr::null_mut())?;

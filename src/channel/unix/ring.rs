@@ -453,12 +453,12 @@ impl ConsumerRing {
         let size = ring_size(capacity);
         let refused = || {
             Err(Error::Untrusted(format!(
-                "a ring's memory is not a memfd of {size} bytes sealed against shrinking and growing"
+                "a ring's memory is not a tmpfs memfd of {size} bytes sealed against shrinking and growing"
             )))
         };
         // The seals first: only shared memory has them, and its `fstat` never leaves this kernel.
         let seals = fcntl_get_seals(&memfd).unwrap_or(SealFlags::empty());
-        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
+        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) || !crate::fds::on_tmpfs(&memfd) {
             return refused();
         }
         let st = fstat(&memfd).map_err(|e| os("fstat of a ring memfd", e))?;
@@ -493,6 +493,11 @@ impl ConsumerRing {
     /// The eventfd that wakes this consumer (edge-triggered in its epoll set).
     pub(crate) fn wake_fd(&self) -> BorrowedFd<'_> {
         self.c_efd.as_fd()
+    }
+
+    /// Records the ring holds.
+    pub(crate) fn capacity(&self) -> u32 {
+        self.shared.capacity
     }
 
     /// Wake this consumer's own epoll set (an item is waiting that no wake-up announced).
