@@ -700,6 +700,11 @@ impl LocalConnection {
     /// of messages that are no item (names, retirements, attachments) cannot keep a receive
     /// from its time limit, which the caller checks between calls (the socket stays readable).
     fn pump(&self, st: &mut State, socket: bool) -> Result<Option<Box<Import>>> {
+        if self.shared.abandoned.load(Ordering::Acquire) && !st.eof {
+            // This consumer ended the connection (its backlog's bound): nothing more is taken,
+            // from the socket or the ring (the producer has taken back every slot and lease).
+            (st.eof, st.broken) = (true, true);
+        }
         for _ in 0..PUMP_MESSAGES {
             // Looked up on every turn: a RING message taken below starts the ring. A broken
             // ring is not read again.
@@ -909,7 +914,7 @@ impl LocalConnection {
                 let most = crate::channel::limits::DEVSHARE_CHANNEL_MAX_POOLS;
                 if st.pools.len() >= most && !st.pools.contains_key(&pool) {
                     let _ = rustix::net::shutdown(&self.shared.fd, rustix::net::Shutdown::Both);
-                    st.eof = true; // (what else it sent is not read)
+                    (st.eof, st.broken) = (true, true); // (what else it sent is not read)
                     return Err(Error::Untrusted(format!(
                         "pool {pool}: the producer attached {most} pools already (the most one connection holds); \
                          the connection ends"
