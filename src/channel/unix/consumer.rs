@@ -148,7 +148,7 @@ impl ConnShared {
             // gives back what it refuses) that receive's own time limit: the connection ends
             // instead, as if the producer had closed it. It takes back every lease and slot of
             // this consumer (what is held stays mapped, as after a close, and may be written
-            // again); the receive reads what was queued for it, then says CLOSED.
+            // again); the next receive takes nothing more and says CLOSED (`pump`).
             self.abandoned.store(true, Ordering::Release);
             let _ = rustix::net::shutdown(&self.fd, rustix::net::Shutdown::Both);
             q.clear();
