@@ -103,7 +103,7 @@ pub(crate) fn kind(fd: impl AsFd) -> Kind {
 
 /// Whether `fd`, which answered `F_GET_SEALS`, is tmpfs's (a memfd without `MFD_HUGETLB`, a
 /// file in `/dev/shm`): `fstatfs` of it, or of a hugetlbfs file, never leaves this kernel.
-pub(crate) fn on_tmpfs(fd: impl AsFd) -> bool {
+fn on_tmpfs(fd: impl AsFd) -> bool {
     const TMPFS_MAGIC: i64 = 0x0102_1994;
     // (`f_type` is an i64 here, an i32 or u32 on some architectures.)
     #[allow(clippy::unnecessary_cast)]

@@ -3105,29 +3105,15 @@ fn a_producer_cannot_attach_more_pools_to_a_peer_than_it_may_hold() {
 #[test]
 fn a_producer_that_floods_messages_without_items_keeps_no_receive_past_its_time_limit() {
     let (c, p) = fake_connection("names-flood", 0);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sender = std::thread::spawn({
-        let stop = stop.clone();
-        move || {
-            // `NAMES` for leases 1..=1024 (the same ones every time: the consumer's pending names
-            // stay within their bound and nothing is refused): about a thousand allocations for
-            // the consumer, one send for the producer.
-            let names: Vec<Vec<u8>> =
-                (0..1024).map(|i| format!("model.layers.{i:06}.weight.xx").into_bytes()).collect();
-            let m = names_msg(1, &names.iter().map(Vec::as_slice).collect::<Vec<_>>());
-            // As many messages in flight as this process may have (wmem_max).
-            let _ = rustix::net::sockopt::set_socket_send_buffer_size(&p.conn, 4 << 20);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-                let flags = rustix::net::SendFlags::NOSIGNAL | rustix::net::SendFlags::DONTWAIT;
-                if rustix::net::send(p.conn.as_fd(), &m, flags) == Err(rustix::io::Errno::AGAIN) {
-                    let mut pfd = [rustix::event::PollFd::new(&p.conn, rustix::event::PollFlags::OUT)];
-                    let ms = rustix::event::Timespec { tv_sec: 0, tv_nsec: 10_000_000 };
-                    let _ = rustix::event::poll(&mut pfd, Some(&ms));
-                }
-            }
-            p
-        }
+    // `NAMES` for leases 1..=1024 (the same ones every time: the consumer's pending names stay
+    // within their bound and nothing is refused): about a thousand allocations for the
+    // consumer, one send for the producer.
+    let names: Vec<Vec<u8>> = (0..1024).map(|i| format!("model.layers.{i:06}.weight.xx").into_bytes()).collect();
+    let m = names_msg(1, &names.iter().map(Vec::as_slice).collect::<Vec<_>>());
+    // As many messages in flight as this process may have (wmem_max).
+    let _ = rustix::net::sockopt::set_socket_send_buffer_size(&p.conn, 4 << 20);
+    let sender = Flood::start(p, Duration::from_secs(10), move |conn| {
+        rustix::net::send(conn, &m, rustix::net::SendFlags::NOSIGNAL | rustix::net::SendFlags::DONTWAIT).map(drop)
     });
     std::thread::sleep(Duration::from_millis(200)); // the socket full
     let mut worst = Duration::ZERO;
@@ -3137,9 +3123,51 @@ fn a_producer_that_floods_messages_without_items_keeps_no_receive_past_its_time_
         worst = worst.max(t.elapsed());
         assert_eq!(r.err().map(|e| e.status()), Some(Status::Timeout));
     }
-    stop.store(true, Ordering::Relaxed);
-    drop(sender.join().unwrap());
+    drop(sender.end());
     assert!(worst < Duration::from_secs(1), "recv(100 ms) took {worst:?}");
+}
+
+/// A hostile producer's flood on a thread of its own: `send_one` (one non-blocking send on the
+/// producer's socket) again and again, never reading, until [`Flood::end`], `within` passed, or
+/// the consumer hung up; a full socket is waited on for room (at most 10 ms at a time).
+struct Flood {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<FakeProducer>,
+}
+
+impl Flood {
+    fn start(
+        p: FakeProducer,
+        within: Duration,
+        send_one: impl Fn(BorrowedFd<'_>) -> rustix::io::Result<()> + Send + 'static,
+    ) -> Flood {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let deadline = Instant::now() + within;
+                while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                    match send_one(p.conn.as_fd()) {
+                        Err(rustix::io::Errno::AGAIN) => {
+                            let mut pfd = [rustix::event::PollFd::new(&p.conn, rustix::event::PollFlags::OUT)];
+                            let ms = rustix::event::Timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+                            let _ = rustix::event::poll(&mut pfd, Some(&ms));
+                        }
+                        Err(_) => break, // the consumer ended the connection
+                        Ok(()) => {}
+                    }
+                }
+                p
+            }
+        });
+        Flood { stop, thread }
+    }
+
+    /// Stop the flood; the producer, still connected.
+    fn end(self) -> FakeProducer {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
 }
 
 /// Receive with `recv(limit)` on a thread of its own until the connection says `CLOSED`, giving
@@ -3193,31 +3221,18 @@ fn receive_until_closed(
 #[test]
 fn a_producer_that_never_reads_what_its_messages_make_the_consumer_send_loses_the_connection() {
     let (c, p) = fake_connection("reattach", 0);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sender = std::thread::spawn({
-        let stop = stop.clone();
-        move || {
-            let fd = sealed_memfd(4096);
-            let m = attach_msg(1, 4096, 1, &memfd_handle(4096, 4096));
-            let deadline = Instant::now() + Duration::from_secs(120);
-            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-                let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
-                let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-                let fds = [fd.as_fd()];
-                control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds));
-                let flags = rustix::net::SendFlags::NOSIGNAL | rustix::net::SendFlags::DONTWAIT;
-                match rustix::net::sendmsg(p.conn.as_fd(), &[IoSlice::new(&m)], &mut control, flags) {
-                    Err(rustix::io::Errno::AGAIN) => std::thread::sleep(Duration::from_micros(50)),
-                    Err(_) => break, // the consumer ended the connection
-                    Ok(_) => {}
-                }
-            }
-            p // (reads nothing)
-        }
+    let fd = sealed_memfd(4096);
+    let m = attach_msg(1, 4096, 1, &memfd_handle(4096, 4096));
+    let sender = Flood::start(p, Duration::from_secs(120), move |conn| {
+        let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        let fds = [fd.as_fd()];
+        control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds));
+        let flags = rustix::net::SendFlags::NOSIGNAL | rustix::net::SendFlags::DONTWAIT;
+        rustix::net::sendmsg(conn, &[IoSlice::new(&m)], &mut control, flags).map(drop)
     });
     let (closed, worst, _) = receive_until_closed(c, Duration::from_millis(100), drop);
-    stop.store(true, Ordering::Relaxed);
-    drop(sender.join().unwrap());
+    drop(sender.end());
     assert!(worst < Duration::from_secs(2), "a recv(100 ms) took {worst:?}");
     assert!(closed.to_string().contains("did not read this connection"), "{closed}");
 }
@@ -3232,31 +3247,17 @@ fn releases_past_the_backlog_bound_end_the_connection_and_hold_up_no_receive() {
     let (c, p) = fake_connection("backlog-bound", 0);
     let pool_fd = sealed_memfd(4096);
     p.send(&attach_msg(1, 4096, 1, &memfd_handle(4096, 4096)), &[pool_fd.as_fd()]);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sender = std::thread::spawn({
-        let stop = stop.clone();
-        move || {
-            let m = item_msg(1, 0, 0, 16);
-            let deadline = Instant::now() + Duration::from_secs(120);
-            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-                let flags = rustix::net::SendFlags::NOSIGNAL | rustix::net::SendFlags::DONTWAIT;
-                match rustix::net::send(p.conn.as_fd(), &m, flags) {
-                    Err(rustix::io::Errno::AGAIN) => std::thread::sleep(Duration::from_micros(20)),
-                    Err(_) => break,
-                    Ok(_) => {}
-                }
-            }
-            p // (reads nothing)
-        }
+    let m = item_msg(1, 0, 0, 16);
+    let sender = Flood::start(p, Duration::from_secs(120), move |conn| {
+        rustix::net::send(conn, &m, rustix::net::SendFlags::NOSIGNAL | rustix::net::SendFlags::DONTWAIT).map(drop)
     });
     let (tx, rx) = std::sync::mpsc::channel::<devshare::import::Import>();
     let releaser = std::thread::spawn(move || rx.into_iter().for_each(|imp| imp.release()));
     let (closed, worst, received) = receive_until_closed(c, Duration::from_millis(50), move |imp| {
         let _ = tx.send(imp);
     });
-    stop.store(true, Ordering::Relaxed);
+    drop(sender.end());
     releaser.join().unwrap();
-    drop(sender.join().unwrap());
     assert!(received > 65_536, "ended after {received} items");
     assert!(worst < Duration::from_secs(2), "a recv(50 ms) took {worst:?} (after {received} items)");
     assert!(closed.to_string().contains("did not read this connection"), "{closed}");

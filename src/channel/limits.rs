@@ -36,5 +36,17 @@ pub const DEVSHARE_POOL_MAX_SLOTS: u32 = 65536;
 /// attach one more to a peer fails with `DEVSHARE_STATUS_BUSY` instead. A pool is a pipeline's
 /// depth, and producers make a few.
 pub const DEVSHARE_CHANNEL_MAX_POOLS: usize = 64;
+/// A producer's send that would attach one pool more to `peer`, which holds `attached` of this
+/// channel's: `Busy` at [`DEVSHARE_CHANNEL_MAX_POOLS`].
+pub(crate) fn room_for_a_pool(peer: u64, attached: usize) -> crate::error::Result<()> {
+    if attached >= DEVSHARE_CHANNEL_MAX_POOLS {
+        return Err(crate::error::Error::Busy(format!(
+            "peer {peer} holds {DEVSHARE_CHANNEL_MAX_POOLS} pools of this channel already (DEVSHARE_CHANNEL_MAX_POOLS): \
+             close one (its items back) before sending from another"
+        )));
+    }
+    Ok(())
+}
+
 /// Longest name a lease may carry (`devshare_channel_send_named`), in bytes of UTF-8 without NUL.
 pub const DEVSHARE_MAX_NAME_LEN: usize = 1024;

@@ -810,13 +810,7 @@ impl RemotePool {
                 abs.event = false;
                 let (h, _) = p.exporter.share_leased(&abs)?;
                 if !core.peers[idx].pools.contains_key(&self.id) {
-                    let most = crate::channel::limits::DEVSHARE_CHANNEL_MAX_POOLS;
-                    if core.peers[idx].pools.len() >= most {
-                        return Err(Error::Busy(format!(
-                            "peer {peer} holds {most} pools of this channel already (DEVSHARE_CHANNEL_MAX_POOLS): \
-                             close one (its items back) before sending from another"
-                        )));
-                    }
+                    crate::channel::limits::room_for_a_pool(peer, core.peers[idx].pools.len())?;
                     let memory = p.memory.encode();
                     let m = Message::Attach { pool: self.id, slot_size: p.slot_size, count: p.count, handle: &memory }
                         .encode();

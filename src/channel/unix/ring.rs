@@ -458,7 +458,8 @@ impl ConsumerRing {
         };
         // The seals first: only shared memory has them, and its `fstat` never leaves this kernel.
         let seals = fcntl_get_seals(&memfd).unwrap_or(SealFlags::empty());
-        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) || !crate::fds::on_tmpfs(&memfd) {
+        // (A hugetlbfs memfd has seals too: the receive's screen, `fds::kind`, refused it.)
+        if !seals.contains(SealFlags::SHRINK | SealFlags::GROW) {
             return refused();
         }
         let st = fstat(&memfd).map_err(|e| os("fstat of a ring memfd", e))?;

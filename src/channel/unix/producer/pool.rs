@@ -220,13 +220,7 @@ impl LocalPool {
                     None
                 };
                 if !core.peers.get(peer)?.attached.contains_key(&id) {
-                    let most = crate::channel::limits::DEVSHARE_CHANNEL_MAX_POOLS;
-                    if core.peers.get(peer)?.attached.len() >= most {
-                        return Err(Error::Busy(format!(
-                            "peer {peer} holds {most} pools of this channel already (DEVSHARE_CHANNEL_MAX_POOLS): \
-                             close one (its items back) before sending from another"
-                        )));
-                    }
+                    crate::channel::limits::room_for_a_pool(peer, core.peers.get(peer)?.attached.len())?;
                     core.allow(peer, &p.exporter)?;
                     let whole = p.slot_size * u64::from(p.count);
                     let shape = [whole as i64];
