@@ -106,6 +106,16 @@ pub trait IpcEvent: Send + Sync {
     fn record_again(&self, stream: *mut std::ffi::c_void) -> Result<()>;
 }
 
+/// Another process's interprocess event, opened here and kept open: waited on again for each
+/// record its producer makes (a channel connection keeps the events its producer promised to
+/// keep alive, instead of opening and destroying one per wait). Dropping it destroys this
+/// process's copy, with its device bound.
+pub trait OpenedEvent: Send {
+    /// Make `stream` wait for the event's latest record (null: block this thread until it
+    /// completed).
+    fn wait(&self, stream: *mut std::ffi::c_void) -> Result<()>;
+}
+
 /// An allocation mapped into this process. Dropping it undoes the mapping (unmap, IPC close).
 pub trait Mapping: Send + Sync {
     /// Start of the allocation in this process.
@@ -250,6 +260,12 @@ pub trait Backend: Sync {
     /// For a handle with `DEVSHARE_HANDLE_FLAG_EVENT`: open its event, make `req.stream` wait on
     /// it (or block when there is no stream), destroy it. Runs for every import of such a handle.
     fn wait_event(&self, h: &DevshareHandle, _req: &ImportRequest) -> Result<()> {
+        Err(Error::Unsupported(format!("{} handles carry no interprocess event", h.backend_name())))
+    }
+    /// Open the event of a handle with `DEVSHARE_HANDLE_FLAG_EVENT` on the device an import by
+    /// `req` would use, to be waited on later and more than once ([`OpenedEvent`]), and that
+    /// device.
+    fn open_event(&self, h: &DevshareHandle, _req: &ImportRequest) -> Result<(Box<dyn OpenedEvent>, i32)> {
         Err(Error::Unsupported(format!("{} handles carry no interprocess event", h.backend_name())))
     }
     /// Before a consumer returns a reference to its producer: make sure this process's work on

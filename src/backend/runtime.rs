@@ -253,6 +253,48 @@ pub(crate) fn wait_event<A: IpcEvents>(
     destroyed
 }
 
+/// An event another process recorded, opened here once and waited on for each of its records
+/// ([`OpenedEvent`](super::OpenedEvent)); destroyed, with its device bound, when dropped.
+struct KeptOpen<A: IpcEvents + 'static> {
+    rt: &'static Runtime<A>,
+    ev: Event,
+    device: i32,
+}
+
+impl<A: IpcEvents + Send + Sync + 'static> super::OpenedEvent for KeptOpen<A> {
+    fn wait(&self, stream: *mut c_void) -> Result<()> {
+        let _g = self.rt.bind(self.device)?;
+        if stream.is_null() {
+            self.rt.host_wait(self.ev)
+        } else {
+            self.rt.stream_wait(Stream(stream), self.ev)
+        }
+    }
+}
+
+impl<A: IpcEvents + 'static> Drop for KeptOpen<A> {
+    fn drop(&mut self) {
+        // A stream may still wait on it: destroying it then is allowed, its resources go once
+        // the wait completed.
+        if let Ok(_g) = self.rt.bind(self.device) {
+            let _ = self.rt.destroy(self.ev);
+        }
+    }
+}
+
+/// [`Backend::open_event`](super::Backend::open_event) for a device backend: the exporter's
+/// event opened on `device`, kept open.
+pub(crate) fn open_event<A: IpcEvents + Send + Sync + 'static>(
+    rt: &'static Runtime<A>,
+    device: i32,
+    handle: [u8; DEVSHARE_EVENT_HANDLE_SIZE],
+) -> Result<(Box<dyn super::OpenedEvent>, i32)> {
+    rt.events_available()?;
+    let _g = rt.bind(device)?;
+    let ev = rt.open_ipc_handle(handle)?;
+    Ok((Box::new(KeptOpen { rt, ev, device }), device))
+}
+
 // ---------------------------------------------------------------------------------------------
 // Export caches
 

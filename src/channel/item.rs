@@ -311,7 +311,9 @@ pub(crate) type ItemConn<'a> = (&'a dyn Fn() -> Arc<dyn Teller>, &'a Arc<AttachT
 /// against the pool, the handle validated and checked against the mapping by `derive` — whose
 /// lease gives the slot back through `conn` (made only once the slot is in bounds, so that a
 /// refused slot is not given back; `conn` is asked only for a new token) and holds the pool's
-/// attachment; waits for the producer's `event` first (on `stream`, or on this thread).
+/// attachment; waits for the producer's `event` first (on `stream`, or on this thread), through
+/// `wait` when there is one (a connection that keeps its producer's events open), else with
+/// [`crate::import::wait_for_producer`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn narrow(
     base: &Arc<Import>,
@@ -323,6 +325,7 @@ pub(crate) fn narrow(
     event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
     (conn, attach, spares): ItemConn<'_>,
     stream: *mut std::ffi::c_void,
+    wait: Option<WaitFor<'_>>,
 ) -> Result<Box<Import>> {
     if slot >= count || l.storage_offset.checked_add(l.storage_size).map_or(true, |e| e > slot_size) {
         return Err(Error::Untrusted(format!(
@@ -340,9 +343,15 @@ pub(crate) fn narrow(
     // The producer's work on the slot may still be running: wait for its event before the item
     // is used (on the connection's stream, or blocking this thread).
     let req = ImportRequest { device: Some(base.device()), stream, ..ImportRequest::default() };
-    crate::import::wait_for_producer(imp.handle(), &req)?;
+    match wait {
+        Some(wait) => wait(imp.handle(), &req)?,
+        None => crate::import::wait_for_producer(imp.handle(), &req)?,
+    }
     Ok(imp)
 }
+
+/// How a connection waits for the producer's event of an item ([`narrow`]).
+pub(crate) type WaitFor<'a> = &'a mut dyn FnMut(&crate::handle::DevshareHandle, &ImportRequest) -> Result<()>;
 
 /// Open a received handle: a channel memfd by its descriptor, anything else by its key.
 pub(crate) fn open(
@@ -450,7 +459,7 @@ mod tests {
             l.shape[0] = SLOT as i64 + i64::from(refused);
             let conn = || log.clone() as Arc<dyn Teller>;
             let c: ItemConn<'_> = (&conn, &self.attach, &mut self.spares);
-            narrow(&self.base, SLOT, SLOTS, pool, slot, &l, None, c, std::ptr::null_mut())
+            narrow(&self.base, SLOT, SLOTS, pool, slot, &l, None, c, std::ptr::null_mut(), None)
         }
 
         fn item(&mut self, log: &Arc<Log>, pool: u32, slot: u32) -> Box<Import> {

@@ -115,6 +115,11 @@ pub(crate) const MAX_RELEASES: usize = 8192;
 pub(crate) const FEATURE_PIN: u16 = 16;
 /// [`WELCOME`] feature: the producer reads [`PINNED`], and leases given back through the ring.
 pub(crate) const PRODUCER_PINS: u16 = 2;
+/// [`WELCOME`] feature (1.19): every interprocess event an [`ITEM`] or a [`LEASE`] carries to
+/// this consumer stays alive, under its handle bytes, until the connection ends; the consumer
+/// may open it once and wait on it again for each record (producers before 1.19 destroy an
+/// event once the leases of its send came back, and another may then get its bytes).
+pub(crate) const PRODUCER_KEEPS_EVENTS: u16 = 4;
 /// Producer -> consumer (to consumers that announced [`FEATURE_PIN`], from producers that
 /// announced [`PRODUCER_PINS`]): [`KEPT_SHARES`] whose entries may also offer the export's
 /// whole window to be kept mapped for its later leases (once per registration): `count u32,

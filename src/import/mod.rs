@@ -332,13 +332,22 @@ fn check_host(h: &DevshareHandle) -> Result<()> {
 /// pool item) carries, opened, waited on by `req.stream` (or this thread), destroyed. Not for a
 /// handle whose reference was already returned: its producer may have destroyed the event.
 pub(crate) fn wait_for_producer(h: &DevshareHandle, req: &ImportRequest) -> Result<()> {
-    if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_EVENT == 0 {
+    if !carries_event(h)? {
         return Ok(());
+    }
+    backend::get(h.backend)?.wait_event(h, req)
+}
+
+/// Whether `h` carries an event to wait on (an error for a handle whose reference was already
+/// returned: its producer may have destroyed the event).
+pub(crate) fn carries_event(h: &DevshareHandle) -> Result<bool> {
+    if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_EVENT == 0 {
+        return Ok(false);
     }
     if h.ref_name_len > 0 {
         refcounter::check_outstanding(h.ref_name_bytes(), h.ref_slot)?;
     }
-    backend::get(h.backend)?.wait_event(h, req)
+    Ok(true)
 }
 
 /// Step 3: the registry key of the allocation: by what arrived with the handle when the

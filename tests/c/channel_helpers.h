@@ -19,7 +19,8 @@
  *         and the stand-in's count of waits on it read, which devshare_connection_recv must
  *         have made exactly 1; then held or released)
  *   cuda_state  -> R <reservations> <mappings> <handle refs> <imported handles> <allocations>
- *                    <open fds> <violations>   (the CUDA stand-in's VMM state of the consumer)
+ *                    <open fds> <violations> <IPC events opened and not destroyed>
+ *                    (the CUDA stand-in's state of the consumer)
  *   lease_opens -> R <live IPC opens of the last lease's cuMemAlloc allocation, all processes>
  *   getfd <pid> <fd> -> R <0 | errno>   (pidfd_getfd of another process's fd, tried here)
  *   release <k> / release_later <ms> <k> / read / close / memfds / import <text> /
@@ -536,8 +537,9 @@ static int consumer_child(void) {
             conn = NULL;
             say("R %d %s", (int)st, st ? last_error() : "");
         } else if (strcmp(line, "cuda_state") == 0) {
-            say("R %d %d %d %d %d %d %d", cusi_vmm_reservations(), cusi_vmm_mappings(), cusi_vmm_handles(),
-                cusi_vmm_imported_handles(), cusi_vmm_allocations(), open_fds(), cusi_violation_count());
+            say("R %d %d %d %d %d %d %d %d", cusi_vmm_reservations(), cusi_vmm_mappings(), cusi_vmm_handles(),
+                cusi_vmm_imported_handles(), cusi_vmm_allocations(), open_fds(), cusi_violation_count(),
+                cusi_opened_events());
         } else if (strcmp(line, "lease_opens") == 0) {
             CUipcMemHandle ih;
             memcpy(ih.reserved, last_lease.key, sizeof ih.reserved);
@@ -948,15 +950,16 @@ static void vmm_destroy(Vmm *v) {
 /* What the stand-in driver holds in a CUDA consumer, and its open descriptors. */
 typedef struct {
     int resv, maps, handles, imported, allocs, fds, violations;
+    int opened; /* interprocess events it opened and has not destroyed */
 } CudaState;
 
 static CudaState cuda_state(Child *c, DevshareChannel *ch) {
     tell(c, "cuda_state");
     const char *a = reply(c, ch);
-    long v[7];
-    CudaState s = {-1, -1, -1, -1, -1, -1, -1};
-    if (ints(a, v, 7) == 7) {
-        s = (CudaState){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5], (int)v[6]};
+    long v[8];
+    CudaState s = {-1, -1, -1, -1, -1, -1, -1, -1};
+    if (ints(a, v, 8) == 8) {
+        s = (CudaState){(int)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5], (int)v[6], (int)v[7]};
     } else {
         printf("    unexpected answer: %s\n", a);
     }

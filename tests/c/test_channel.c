@@ -1024,7 +1024,8 @@ static void test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detache
     /* The same pool, the same consumer: items carry an interprocess event instead of a sync. */
     CUstream stream = NULL;
     cu_or_die(cuStreamCreate(&stream, 0), "cuStreamCreate");
-    int ev_send_ok = 1, ev_recv_ok = 1, ev_waited_ok = 1, kept_ok = 1, gone_ok = 1, ev_rel_ok = 1;
+    int ev_send_ok = 1, ev_recv_ok = 1, ev_waited_ok = 1, kept_ok = 1, gone_ok = 1, ev_rel_ok = 1, open_ok = 1;
+    int opened_held = -1, opened_back = -1;
     char first_events[512] = "", round_events[512];
     const int64_t slot_len = (int64_t)SEG;
     for (int round = 0; round < ROUNDS && ev_send_ok; round++) {
@@ -1051,9 +1052,12 @@ static void test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detache
                      r.addr_bad == 0 && r.slots == COUNT;
         ev_waited_ok = ev_waited_ok && r.events == COUNT && r.waited == COUNT;
         kept_ok = kept_ok && live_events("cusi_e_") == COUNT;
+        opened_held = cuda_state(&k, ch).opened;
         tell(&k, "release %d", COUNT);
         a = reply(&k, ch);
         ev_rel_ok = ev_rel_ok && strcmp(a, "R 4 0") == 0 && wait_free(ch, pool, COUNT);
+        opened_back = cuda_state(&k, ch).opened;
+        open_ok = open_ok && opened_held == COUNT && opened_back == COUNT;
         /* Back in the channel's pool, and the next round records the same events again. */
         live_event_names("cusi_e_", round_events, sizeof round_events);
         if (round == 0) {
@@ -1070,6 +1074,10 @@ static void test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detache
     CHECK(ev_rel_ok && gone_ok,
           "cuda pool events: each slot's event goes back to the channel's pool when the slot comes back, and every "
           "round records the same %d events again (%s)", COUNT, round_events);
+    CHECK(open_ok,
+          "cuda pool events: the consumer opens each of the producer's %d events once and keeps it open, over %d "
+          "rounds, items held and given back (%d open while held, %d after the release)", COUNT, ROUNDS,
+          opened_held, opened_back);
     const CudaState s1 = cuda_state(&k, ch);
     CHECK(s1.resv == 1 && s1.maps == COUNT && s1.imported == COUNT,
           "cuda pool events: still the one attachment (%d reservations, %d mappings, %d imported)", s1.resv, s1.maps,
@@ -1095,6 +1103,9 @@ static void test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detache
     CHECK(strncmp(a, "R 0", 3) == 0 && s3.fds == s0.fds,
           "cuda pool: once its connection is closed the consumer has as many fds open as before it connected "
           "(%d -> %d): every segment fd that came over the channel is closed", s0.fds, s3.fds);
+    CHECK(s3.opened == 0 && s3.violations == 0,
+          "cuda pool events: closing the connection destroys the events it kept open (%d open, %d violations)",
+          s3.opened, s3.violations);
     CHECK(finish(&k, ch), "cuda pool: the consumer exits cleanly");
     close_all(NULL, exp, ch, "cuda pool");
     cu_or_die(cuStreamDestroy(stream), "cuStreamDestroy");
@@ -1102,6 +1113,75 @@ static void test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detache
     CHECK(cusi_vmm_reservations() == 0 && cusi_vmm_mappings() == 0 && cusi_vmm_handles() == 0 &&
               cusi_vmm_allocations() == 0,
           "cuda pool: the producer holds no VMM object afterwards");
+    g_cuda = 0;
+}
+
+/* A consumer that holds the leases of 128 sends with events on one device holds all the events a
+ * channel keeps for it there (events are never destroyed while their consumer is connected, so
+ * that it may keep them open): the next sends synchronise their stream instead, and once leases
+ * come back their events are recorded again. */
+static void test_past_128_events_out_with_one_consumer_a_cuda_send_synchronises_instead(void) {
+    enum { KEPT = 128, OVER = 2 };
+    const size_t size = 1u << 20;
+    cuda_start();
+    CUdeviceptr dev = 0;
+    cu_or_die(cuMemAlloc(&dev, size), "cuMemAlloc");
+    DevshareExporter *exp = NULL;
+    DS_OK(devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)dev, size, 0, &exp));
+    char address[128];
+    make_address(address, sizeof address, "cuda_kept_events");
+    DevshareChannel *ch = NULL;
+    DS_OK(devshare_channel_listen(address, &ch));
+    g_cuda = 1;
+    Child k = spawn_child("cuda", "");
+    const uint64_t peer = connect_child(ch, &k, address, "cuda kept events");
+    CUstream stream = NULL;
+    cu_or_die(cuStreamCreate(&stream, 0), "cuStreamCreate");
+    const int64_t len = 4096;
+    item_fill((void *)(uintptr_t)dev, (uint64_t)len, 77);
+    int sent = 0;
+    for (int i = 0; i < KEPT + OVER && peer; i++) {
+        DevshareTensorDesc d = bytes_desc(0, &len);
+        d.flags = DEVSHARE_SHARE_EVENT;
+        d.stream = stream;
+        sent += devshare_channel_send(ch, peer, exp, &d) == DEVSHARE_STATUS_OK;
+    }
+    CHECK(sent == KEPT + OVER && live_events("cusi_e_") == KEPT,
+          "cuda kept events: %d sends with DEVSHARE_SHARE_EVENT to one consumer holding them all succeed, with %d "
+          "events made (%d live)", sent, KEPT, live_events("cusi_e_"));
+    tell(&k, "recv %d 1 %d", KEPT + OVER, IO_MS);
+    RecvResult r = recv_result(reply(&k, ch));
+    CHECK(r.got == KEPT + OVER && r.data_bad == 0 && r.events == KEPT && r.waited == KEPT,
+          "cuda kept events: the consumer reads every lease; %d carry an event it waited on once, the %d past them "
+          "none (their stream was synchronised): %d got, %d events, %d waited once", KEPT, OVER, r.got, r.events,
+          r.waited);
+    tell(&k, "release %d", KEPT + OVER);
+    const char *a = reply(&k, ch);
+    int32_t st = devshare_exporter_wait(exp, IO_MS);
+    CHECK(st == DEVSHARE_STATUS_OK && live_events("cusi_e_") == KEPT,
+          "cuda kept events: with every lease back (%s, %s) the %d events stay alive for their consumer", a,
+          devshare_status_str(st), KEPT);
+    DevshareTensorDesc d = bytes_desc(0, &len);
+    d.flags = DEVSHARE_SHARE_EVENT;
+    d.stream = stream;
+    st = devshare_channel_send(ch, peer, exp, &d);
+    tell(&k, "recv 1 0 %d", IO_MS);
+    r = recv_result(reply(&k, ch));
+    CHECK(st == DEVSHARE_STATUS_OK && r.got == 1 && r.events == 1 && r.waited == 1 && live_events("cusi_e_") == KEPT,
+          "cuda kept events: the next send carries one of them, recorded again (%d events, %d live)", r.events,
+          live_events("cusi_e_"));
+    const CudaState s = cuda_state(&k, ch);
+    CHECK(s.violations == 0 && s.opened <= KEPT,
+          "cuda kept events: the consumer broke no driver rule (%d) and keeps at most %d open (%d)", s.violations,
+          KEPT, s.opened);
+    CHECK(finish(&k, ch), "cuda kept events: the consumer exits cleanly");
+    for (int i = 0; i < 100 && live_events("cusi_e_") != 0; i++) {
+        devshare_channel_service(ch, 10);
+    }
+    CHECK(live_events("cusi_e_") == 0, "cuda kept events: once the consumer is gone its events are destroyed");
+    close_all(NULL, exp, ch, "cuda kept events");
+    cu_or_die(cuStreamDestroy(stream), "cuStreamDestroy");
+    cu_or_die(cuMemFree(dev), "cuMemFree");
     g_cuda = 0;
 }
 
@@ -1414,6 +1494,7 @@ int main(int argc, char **argv) {
     test_an_acl_lease_event_is_waited_on_and_kept_until_the_lease_returns();
     test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detaches_on_close();
     test_a_cuda_lease_event_is_waited_on_once_and_kept_until_the_lease_returns();
+    test_past_128_events_out_with_one_consumer_a_cuda_send_synchronises_instead();
     test_a_cuda_batch_records_one_event_per_stream_and_the_next_batch_reuses_it();
     test_a_cuda_event_is_reused_only_for_the_consumer_it_was_sent_to();
 

@@ -309,6 +309,11 @@ impl Backend for Cuda {
         runtime::wait_event(api, target_device(api, h, req)?, h.event_handle, Stream(req.stream))
     }
 
+    fn open_event(&self, h: &DevshareHandle, req: &ImportRequest) -> Result<(Box<dyn super::OpenedEvent>, i32)> {
+        let api = api()?;
+        runtime::open_event(api, target_device(api, h, req)?, h.event_handle)
+    }
+
     fn synchronize(&self, device: i32) {
         if let Ok(api) = api() {
             api.synchronize(device);

@@ -1,5 +1,6 @@
 //! The consumer end of a channel: the connection, what arrives on it, and the leases that go back.
 
+use super::opened::OpenEvents;
 use super::ring::{ConsumerRing, ItemRecord};
 use crate::channel::item::{narrow, open, usable, AttachToken, LeaseToken, SpareTokens, Teller};
 use crate::channel::wire::{self, Message, Received};
@@ -261,6 +262,9 @@ struct State {
     rec: Box<ItemRecord>,
     /// The last ring item decoded (the next one described alike is not decoded again).
     memo: Box<wire::ItemMemo>,
+    /// The events of items and leases kept open between waits, where the producer keeps them
+    /// alive (`PRODUCER_KEEPS_EVENTS`).
+    events: Option<OpenEvents>,
 }
 
 /// Most lease names a consumer holds for shares still to come: two messages' worth; a producer
@@ -404,6 +408,7 @@ impl LocalConnection {
                                     names: FxHashMap::default(),
                                     rec: Box::new(ItemRecord::new()),
                                     memo: Default::default(),
+                                    events: (features & wire::PRODUCER_KEEPS_EVENTS != 0).then(OpenEvents::new),
                                 }),
                                 peer_id,
                                 producer_pid,
@@ -1105,7 +1110,10 @@ impl LocalConnection {
         let imp = Import::derive(base, &layout, event.filter(|_| !covered), token, None)?;
         if let (Some(e), false) = (event, covered) {
             let req = crate::backend::ImportRequest { device: Some(base.device()), stream, ..Default::default() };
-            crate::import::wait_for_producer(imp.handle(), &req)?;
+            match st.events.as_mut() {
+                Some(events) => events.wait_for_producer(imp.handle(), &req)?,
+                None => crate::import::wait_for_producer(imp.handle(), &req)?,
+            }
             if st.waited.len() == WAITED_EVENTS {
                 st.waited.remove(0);
             }
@@ -1122,10 +1130,14 @@ impl LocalConnection {
         l: &wire::ItemLayout,
         event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
     ) -> Result<Box<Import>> {
-        let p = st
-            .pools
+        let State { pools, events, .. } = st;
+        let p = pools
             .get_mut(&pool)
             .ok_or_else(|| Error::Untrusted(format!("an item of pool {pool}, which this consumer never attached")))?;
+        let mut wait = |h: &crate::handle::DevshareHandle, req: &crate::backend::ImportRequest| match events.as_mut() {
+            Some(events) => events.wait_for_producer(h, req),
+            None => crate::import::wait_for_producer(h, req),
+        };
         narrow(
             &p.base,
             p.slot_size,
@@ -1136,6 +1148,7 @@ impl LocalConnection {
             event,
             (&|| self.shared.clone() as Arc<dyn Teller>, &p.token, &mut p.spares),
             self.stream(),
+            Some(&mut wait),
         )
     }
 

@@ -5,6 +5,7 @@
 //!   the bounded send queue, leases, pools and the serve loop.
 //! - `consumer.rs`: the connection, what arrives on it, and the backlog its releases wait in
 //!   when the producer is not reading.
+//! - `opened.rs`: the interprocess events a connection keeps open between waits.
 //! - `ring.rs`: the shared-memory ring per peer that pool items and their returns travel in.
 //! - `spin.rs`: the adaptive spin, a wait's poll before it sleeps while the peer is awake on
 //!   another CPU.
@@ -41,6 +42,7 @@ fn seqpacket_socket() -> crate::error::Result<std::os::fd::OwnedFd> {
 }
 
 mod consumer;
+mod opened;
 mod producer;
 mod ring;
 mod spin;

@@ -1946,6 +1946,15 @@ int cusi_event_records(CUevent e) {
     return n;
 }
 
+int cusi_opened_events(void) {
+    pthread_mutex_lock(&g_mu);
+    int n = 0;
+    for (struct CUevent_st *x = g_events; x; x = x->next)
+        n += x->opened;
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
+
 int cusi_handle_fetches(CUdeviceptr base) {
     pthread_mutex_lock(&g_mu);
     struct region *r = find_region(base);

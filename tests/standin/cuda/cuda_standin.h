@@ -280,6 +280,8 @@ int cusi_event_waits(CUevent e);
 /* How many times cuEventRecord recorded the interprocess event behind e (its shared counter, by
  * its creator); -1 as cusi_event_waits. */
 int cusi_event_records(CUevent e);
+/* Events this process opened with cuIpcOpenEventHandle and has not destroyed. */
+int cusi_opened_events(void);
 /* How many times cuIpcGetMemHandle was called for the allocation at `base` in this process
  * (the exporter); -1 if base is not a live allocation base. */
 int cusi_handle_fetches(CUdeviceptr base);

@@ -1,4 +1,5 @@
-//! The channel's interprocess events: one per stream of a send, reused, not made per share.
+//! The channel's interprocess events: one per stream of a send, reused, not made per share, and
+//! kept alive for as long as their consumer is connected.
 //!
 //! A device share tells its consumer what to wait for with an interprocess event recorded on
 //! the producer's stream. Making one costs a create, a handle query and later a destroy; a
@@ -12,68 +13,124 @@
 //! returns) or is gone. A consumer that gives a lease back without having received it can
 //! only make its own waits early. An event is only ever reused for the consumer it was first
 //! sent to: a consumer holds its events' handles and could record its own work on one, which
-//! would then hold up whoever waits on that event next — only itself. The pool keeps at most
-//! [`IDLE_EVENTS`] events per consumer and device and destroys the rest; a consumer's go when
-//! it disconnects, and the channel's close destroys what it holds.
+//! would then hold up whoever waits on that event next — only itself.
+//!
+//! Why they are kept (1.19): a consumer that opens an event once and waits on it again for each
+//! later record saves an open and a destroy per wait, but only if the bytes it opened never name
+//! another event while it holds them. So an event made for a consumer is never destroyed while
+//! that consumer is connected (`WELCOME` says so: `PRODUCER_KEEPS_EVENTS`), and at most
+//! [`KEPT_EVENTS`] exist per (consumer, backend, device): a send that needs one more while all
+//! are out with their leases synchronises its stream instead. A consumer's events are destroyed
+//! once it disconnected (and those still out when their leases come back), the channel's
+//! when it closes.
 
 use crate::backend::IpcEvent;
 use crate::error::Result;
 use crate::export::Exporter;
 use crate::handle::DEVSHARE_EVENT_HANDLE_SIZE;
+use rustc_hash::FxHashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, Weak};
 
-/// Idle events the pool keeps per (consumer, backend, device): as many as sends whose leases
-/// are out at once on a busy channel; beyond that an event that comes back is destroyed.
-pub(super) const IDLE_EVENTS: usize = 64;
+/// Events that exist at once per (consumer, backend, device): as many sends with their leases
+/// out at once, on one device, as a consumer is likely to hold; a send past them synchronises
+/// its stream instead of recording an event.
+pub(crate) const KEPT_EVENTS: usize = 128;
 
 /// What an event belongs to: the consumer (peer id) it is sent to, and the backend and device
 /// of the allocations it was recorded for.
 type Key = (u64, u16, i32);
 
-/// The channel's idle events.
+/// The channel's events: those idle, and how many exist per key.
 #[derive(Default)]
 pub(crate) struct EventPool {
-    idle: Mutex<Vec<(Key, Box<dyn IpcEvent>)>>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    idle: Vec<(Key, Box<dyn IpcEvent>)>,
+    /// Events that exist (idle or out) per key of a consumer still connected; a key not here is
+    /// a consumer's that went, whose events are destroyed as they come back.
+    made: FxHashMap<Key, usize>,
+}
+
+impl EventPool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl EventPool {
     /// An event for shares of `exp` made now for consumer `peer`, recorded on `stream`: an idle
-    /// one of that consumer and device recorded again, or a new one.
+    /// one of that consumer and device recorded again, or a new one; `None` when that consumer
+    /// already has [`KEPT_EVENTS`] out on that device (the caller synchronises instead).
     pub(super) fn record(
         self: &Arc<Self>,
         peer: u64,
         exp: &Exporter,
         stream: *mut c_void,
-    ) -> Result<Arc<ChannelEvent>> {
+    ) -> Result<Option<Arc<ChannelEvent>>> {
         let (backend, device) = exp.event_key();
         let key = (peer, backend, device);
         let idle = {
-            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-            idle.iter().rposition(|(k, _)| *k == key).map(|i| idle.swap_remove(i).1)
+            let mut inner = self.lock();
+            match inner.idle.iter().rposition(|(k, _)| *k == key) {
+                Some(i) => Some(inner.idle.swap_remove(i).1),
+                None => {
+                    let made = inner.made.entry(key).or_insert(0);
+                    if *made >= KEPT_EVENTS {
+                        return Ok(None);
+                    }
+                    *made += 1; // (taken back below if it cannot be made)
+                    None
+                }
+            }
         };
         let event = match idle {
-            // A failed record destroys the event (it is dropped here).
-            Some(ev) => ev.record_again(stream).map(|()| ev)?,
-            None => exp.record_event(stream)?,
+            Some(ev) => match ev.record_again(stream) {
+                Ok(()) => ev,
+                Err(e) => {
+                    // Not destroyed: its consumer may hold it open, and a new event could get
+                    // its bytes. It stays idle, as it was.
+                    self.lock().idle.push((key, ev));
+                    return Err(e);
+                }
+            },
+            None => match exp.record_event(stream) {
+                Ok(ev) => ev,
+                Err(e) => {
+                    if let Some(n) = self.lock().made.get_mut(&key) {
+                        *n -= 1;
+                    }
+                    return Err(e);
+                }
+            },
         };
-        Ok(Arc::new(ChannelEvent { event: Some(event), key, pool: Arc::downgrade(self) }))
+        Ok(Some(Arc::new(ChannelEvent { event: Some(event), key, pool: Arc::downgrade(self) })))
     }
 
-    /// Destroy the idle events of consumer `peer` (it disconnected).
+    /// Destroy the idle events of consumer `peer` (it disconnected), and those still out as
+    /// they come back.
     pub(super) fn forget(&self, peer: u64) {
         let gone: Vec<_> = {
-            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-            let (gone, kept) = std::mem::take(&mut *idle).into_iter().partition(|(k, _)| k.0 == peer);
-            *idle = kept;
+            let mut inner = self.lock();
+            inner.made.retain(|k, _| k.0 != peer);
+            let (gone, kept) = std::mem::take(&mut inner.idle).into_iter().partition(|(k, _)| k.0 == peer);
+            inner.idle = kept;
             gone
         };
         drop(gone); // (destroyed outside the pool's lock)
     }
 
-    /// Destroy every idle event (the channel closes).
+    /// Destroy every idle event (the channel closes); those still out are destroyed as they
+    /// come back.
     pub(super) fn clear(&self) {
-        let idle = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|p| p.into_inner()));
+        let idle = {
+            let mut inner = self.lock();
+            inner.made.clear();
+            std::mem::take(&mut inner.idle)
+        };
         drop(idle);
     }
 }
@@ -98,9 +155,12 @@ impl Drop for ChannelEvent {
         let (Some(event), Some(pool)) = (self.event.take(), self.pool.upgrade()) else {
             return; // the channel is gone: the event is destroyed
         };
-        let mut idle = pool.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.iter().filter(|(k, _)| *k == self.key).count() < IDLE_EVENTS {
-            idle.push((self.key, event));
+        let mut inner = pool.lock();
+        if inner.made.contains_key(&self.key) {
+            inner.idle.push((self.key, event));
+        } else {
+            drop(inner);
+            drop(event); // its consumer went: destroyed (outside the pool's lock)
         }
     }
 }

@@ -478,18 +478,22 @@ impl LocalChannel {
             let event = match synced.iter().find(|s| s.0 == key) {
                 Some(s) => s.1.clone(),
                 None => {
-                    let event = if desc.event {
-                        Some(self.shared.events.record(peer, exp, desc.stream)?)
-                    } else {
-                        exp.synchronize(desc.stream)?;
-                        None
+                    // (All of this consumer's events on the device out: synchronised instead.)
+                    let event = match desc.event {
+                        true => self.shared.events.record(peer, exp, desc.stream)?,
+                        false => None,
                     };
+                    if event.is_none() {
+                        exp.synchronize(desc.stream)?;
+                    }
                     synced.push((key, event.clone()));
                     event
                 }
             };
-            if let Some(e) = &event {
-                h.event_handle = e.handle();
+            match &event {
+                Some(e) => h.event_handle = e.handle(),
+                // Synchronised (asked for no event, or none left for this consumer).
+                None => h.flags &= !crate::handle::DEVSHARE_HANDLE_FLAG_EVENT,
             }
             // What a `LEASE` of it carries when the peer pinned its export: the layout within
             // the export's window.

@@ -262,7 +262,7 @@ impl Core {
             let m = Message::Welcome {
                 magic: wire::MAGIC,
                 version: wire::VERSION,
-                features: wire::PRODUCER_RELEASES | wire::PRODUCER_PINS,
+                features: wire::PRODUCER_RELEASES | wire::PRODUCER_PINS | wire::PRODUCER_KEEPS_EVENTS,
                 peer_id: peer.info.id,
                 producer_pid: std::process::id() as i32,
             }

@@ -213,12 +213,14 @@ impl LocalPool {
                         p.exporter.describe_leased_with(&abs, |h| ItemLayout::of(h, desc.storage_offset, rel_size))?,
                     ),
                 };
-                let event = if abs.event {
-                    Some(shared.events.record(peer, &p.exporter, abs.stream)?)
-                } else {
-                    p.exporter.synchronize(abs.stream)?;
-                    None
+                // (All of this consumer's events on the device out: synchronised instead.)
+                let event = match abs.event {
+                    true => shared.events.record(peer, &p.exporter, abs.stream)?,
+                    false => None,
                 };
+                if event.is_none() {
+                    p.exporter.synchronize(abs.stream)?;
+                }
                 if !core.peers.get(peer)?.attached.contains_key(&id) {
                     crate::channel::limits::room_for_a_pool(peer, core.peers.get(peer)?.attached.len())?;
                     core.allow(peer, &p.exporter)?;
