@@ -2483,6 +2483,38 @@ fn an_export_shared_again_from_another_allocation_retires_the_first() {
 }
 
 #[test]
+fn an_export_shared_again_from_another_allocation_lets_its_pinned_window_go_too() {
+    let (c, p) = pinning_consumer("stale-pin");
+    let enc = memfd_handle(4096, 4096);
+    let (a, b) = (sealed_memfd(4096), sealed_memfd(4096));
+    rustix::io::pwrite(&a, &[0xAA; 16], 0).unwrap();
+    rustix::io::pwrite(&b, &[0xBB; 16], 0).unwrap();
+    p.send(&pin_shares_msg(1, 5, 1, 0, 4096, &enc), &[a.as_fd()]);
+    let imp = c.recv(T).unwrap();
+    let ino_a = inode_at(imp.view().base as usize);
+    imp.release();
+    assert_eq!(msg_type(&recv_raw(p.conn.as_fd())), 18, "PINNED");
+    released(&p, 1);
+    p.send(&pin_shares_msg(2, 5, 0, 0, 0, &enc), &[b.as_fd()]); // export 5, now of B
+    let imp = c.recv(T).unwrap();
+    // SAFETY: 16 readable bytes.
+    assert_eq!(unsafe { std::slice::from_raw_parts(imp.view().data, 16) }, &[0xBB; 16]);
+    imp.release();
+    released(&p, 2);
+    // A lease of export 5 as if its window were still pinned: refused, never a view of A.
+    p.send(&lease_msg(5, 3, 0, 16), &[]);
+    let got = c.recv(T);
+    assert_eq!(mappings_of(ino_a), 0, "export 5's first allocation, pinned window included, is let go");
+    match got {
+        Ok(imp) => panic!("a lease of export 5 read {:?} from a window let go", unsafe {
+            // SAFETY: 16 readable bytes.
+            std::slice::from_raw_parts(imp.view().data, 16)
+        }),
+        Err(e) => assert_eq!(e.status(), Status::Untrusted, "{e}"),
+    }
+}
+
+#[test]
 fn export_numbers_a_producer_makes_up_do_not_grow_the_consumer_without_bound() {
     let (c, p) = fake_connection("kept-ids", 0);
     // What the consumer sends back (releases) is read, so that nothing backs up.

@@ -1027,6 +1027,13 @@ impl LocalConnection {
                     // is keyed by numbers the producer chooses.)
                     if *export != 0 && (kept.len() < MAX_KEPT_EXPORTS || kept.contains_key(export)) {
                         let k = imp.keep_for(self.owner);
+                        // An export now of another allocation: the one it was of is retired, and
+                        // its pinned window with it (the later leases of the export are of this
+                        // allocation; an offer with this share pins it).
+                        if let Some(old) = kept.insert(*export, k.clone()).filter(|old| *old != k) {
+                            pinned.remove(export);
+                            crate::import::retire(self.owner, &old);
+                        }
                         if offer.pin != 0 {
                             let d = decoded.as_ref().expect("decoded with the share");
                             match pin_window(&k, &d.handle, d.table.as_deref(), offer, pinned.contains_key(export)) {
@@ -1040,10 +1047,6 @@ impl LocalConnection {
                                     first_error.get_or_insert(e);
                                 }
                             }
-                        }
-                        // An export now of another allocation: the one it was of is retired.
-                        if let Some(old) = kept.insert(*export, k.clone()).filter(|old| *old != k) {
-                            crate::import::retire(self.owner, &old);
                         }
                     }
                     ready.push_back(Box::new(imp));
