@@ -722,6 +722,13 @@ fn layout_body(
     Ok((flags, event))
 }
 
+/// A peer's words (a refusal's reason) as they may go into an error message: UTF-8 with what is
+/// not replaced, control characters (a terminal's escapes, line breaks) shown as U+FFFD, at
+/// most 512 characters (a peer without the key may send anything here).
+pub(crate) fn peer_text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).chars().take(512).map(|c| if c.is_control() { '\u{FFFD}' } else { c }).collect()
+}
+
 /// `b` as a lease's name: UTF-8 without NUL, at most `DEVSHARE_MAX_NAME_LEN` bytes; otherwise
 /// why not.
 pub(crate) fn check_name(b: &[u8]) -> std::result::Result<&str, String> {
@@ -1332,5 +1339,12 @@ mod tests {
         // RETURN: type 8, pool, slot, 0.
         let r = Message::Return { pool: 3, slot: 4 }.encode();
         assert_eq!(r, [8u32, 3, 4, 0].iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_peers_words_lose_their_control_characters_and_stop_at_512_characters() {
+        assert_eq!(peer_text(b"no room\x1b[2J\nnext"), "no room\u{FFFD}[2J\u{FFFD}next");
+        assert_eq!(peer_text(&[b'x'; 5000]).len(), 512);
+        assert_eq!(peer_text(b"caf\xc3\xa9 \xff"), "caf\u{e9} \u{FFFD}");
     }
 }

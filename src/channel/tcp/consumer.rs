@@ -177,7 +177,7 @@ impl RemoteConnection {
                 Ok(Message::Refused { reason }) => Some(Error::Untrusted(format!(
                     "the channel at {address:?} refused this process (remote channel protocol version {}): {}",
                     protocol::VERSION,
-                    String::from_utf8_lossy(reason)
+                    wire::peer_text(reason)
                 ))),
                 _ => None,
             }

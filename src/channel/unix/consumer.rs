@@ -364,7 +364,7 @@ impl LocalConnection {
                     if let Ok(Message::Refused { reason }) = decoded {
                         return Err(Error::Untrusted(format!(
                             "the channel at {address:?} refused this process: {}",
-                            String::from_utf8_lossy(reason)
+                            wire::peer_text(reason)
                         )));
                     }
                     match decoded? {
