@@ -217,6 +217,8 @@ struct SentEvent {
 struct Shared {
     refs: Vec<RefCounter>,
     events: Vec<SentEvent>,
+    /// The pids channels whitelisted this export for ([`Exporter::allow_pid_once`]).
+    allowed: Vec<i32>,
 }
 
 /// One exported allocation.
@@ -561,6 +563,17 @@ impl Exporter {
         self.alloc.allow_pid(pid)
     }
 
+    /// [`Self::allow_pid`] once per pid for the export's life (what a channel asks for each
+    /// consumer it sends the export to: remembered here, so it goes with the export).
+    pub(crate) fn allow_pid_once(&self, pid: i32) -> Result<()> {
+        let mut shared = self.shared();
+        if !shared.allowed.contains(&pid) {
+            self.allow_pid(pid)?;
+            shared.allowed.push(pid);
+        }
+        Ok(())
+    }
+
     fn shared(&self) -> MutexGuard<'_, Shared> {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -753,7 +766,7 @@ impl Exporter {
         let event = self.alloc.prepare_share(desc.stream, desc.event)?;
         let mut shared = self.shared();
         // Drop the events of shares already released (PyTorch keeps at most 1000 alive).
-        let Shared { refs, events } = &mut *shared;
+        let Shared { refs, events, .. } = &mut *shared;
         events.retain(|e| refs[e.rc].slot_value(e.slot) > 0);
         if refs.last().map_or(true, |rc| !rc.has_free_slot()) {
             let rc = RefCounter::create()?;

@@ -74,11 +74,6 @@ impl<P: Peer> PeerSet<P> {
         self.0.iter().find(|p| p.id() == id && p.ready()).ok_or_else(|| not_connected(id))
     }
 
-    /// The connected peer `id`, to change.
-    pub(crate) fn get_mut(&mut self, id: u64) -> Result<&mut P> {
-        self.0.iter_mut().find(|p| p.id() == id && p.ready()).ok_or_else(|| not_connected(id))
-    }
-
     /// The index of the connected peer `id`.
     pub(crate) fn index(&self, id: u64) -> Result<usize> {
         self.0.iter().position(|p| p.id() == id && p.ready()).ok_or_else(|| not_connected(id))

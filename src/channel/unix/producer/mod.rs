@@ -66,8 +66,6 @@ struct Peer {
     /// until the lease comes back).
     leases: FxHashMap<u64, Lease>,
     attached: FxHashMap<u32, Arc<LeaseBook>>,
-    /// Exports (by id) this peer's tgid was whitelisted on.
-    allowed: FxHashSet<u64>,
     /// The `wire::FEATURE_*` bits its handshake announced.
     features: u16,
     /// Messages posted to it since the handshake (sent or queued): what its ring records count.

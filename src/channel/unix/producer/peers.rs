@@ -93,13 +93,7 @@ impl Core {
 
     /// Whitelist the peer on `exp` once (ACL; a no-op elsewhere).
     pub(super) fn allow(&mut self, peer: u64, exp: &Exporter) -> Result<()> {
-        let pid = self.whitelist_pid(self.peers.get(peer)?);
-        let p = self.peers.get_mut(peer)?;
-        if !p.allowed.contains(&exp.id()) {
-            exp.allow_pid(pid)?;
-            p.allowed.insert(exp.id());
-        }
-        Ok(())
+        exp.allow_pid_once(self.whitelist_pid(self.peers.get(peer)?))
     }
 
     pub(super) fn accept_all(&mut self, epfd: BorrowedFd<'_>) {
@@ -166,7 +160,6 @@ impl Core {
                 doomed: None,
                 leases: FxHashMap::default(),
                 attached: FxHashMap::default(),
-                allowed: FxHashSet::default(),
                 features: 0,
                 posted: 0,
                 ring: None,
