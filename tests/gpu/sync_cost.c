@@ -16,10 +16,14 @@
  * synchronises it and answers with what it read. Mechanisms:
  *
  *   event-stream   cuEventRecord of one reused interprocess event; the consumer opened it once
- *                  and makes its stream wait (cuStreamWaitEvent). What devshare does today after
- *                  Connection.set_stream.
+ *                  and makes its stream wait (cuStreamWaitEvent). What devshare does for a pool
+ *                  item or a registered tensor's lease after Connection.set_stream (1.19: the
+ *                  consumer keeps its producer's events open).
  *   event-host     the same event; the consumer waits on the host (cuEventSynchronize). What a
  *                  receive does without a stream.
+ *   event-open     the same event, which the consumer opens (cuIpcOpenEventHandle), makes its
+ *                  stream wait on and destroys every round: what a share's event costs (the first
+ *                  send of a tensor), and what every item and lease cost before 1.19.
  *   flag-stream    cuStreamWriteValue64 of the round's sequence number into a word of the shared
  *                  host page, registered (cuMemHostRegister, DEVICEMAP) in both processes; the
  *                  consumer's stream waits for it (cuStreamWaitValue64, GEQ).
@@ -109,9 +113,9 @@ static struct {
     CUresult (*cuGetErrorName)(CUresult, const char **);
 } cu;
 
-enum { EVENT_STREAM, EVENT_HOST, FLAG_STREAM, FLAG_DEVICE, FLAG_POLL, HOST_SYNC, NONE, NMECH };
-static const char *const NAMES[NMECH] = {"event-stream", "event-host", "flag-stream", "flag-device",
-                                         "flag-poll", "host-sync", "none"};
+enum { EVENT_STREAM, EVENT_HOST, EVENT_OPEN, FLAG_STREAM, FLAG_DEVICE, FLAG_POLL, HOST_SYNC, NONE, NMECH };
+static const char *const NAMES[NMECH] = {"event-stream", "event-host", "event-open", "flag-stream",
+                                         "flag-device", "flag-poll", "host-sync", "none"};
 #define CU_EVENT_DISABLE_TIMING 0x2
 #define CU_EVENT_INTERPROCESS 0x4
 #define CU_STREAM_NON_BLOCKING 0x1
@@ -252,6 +256,7 @@ static int consumer(int fd) {
     if (load() != 0 || setup_context(&s) != 0 || xfer(fd, &m, 0) != 0) return 1;
     CUdeviceptr data = 0, flag = 0, page = 0;
     CUevent ev = NULL;
+    const CUipcHandle evh = m.event; /* (event-open opens it again each round) */
     uint32_t ok = m.supported;
     MUST(cu.cuIpcOpenMemHandle_v2(&data, m.data, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
     MUST(cu.cuIpcOpenEventHandle(&ev, m.event));
@@ -273,6 +278,16 @@ static int consumer(int fd) {
         switch (m.mech) {
         case EVENT_STREAM: rc = cu.cuStreamWaitEvent(s, ev, 0); break;
         case EVENT_HOST: rc = cu.cuEventSynchronize(ev); break;
+        case EVENT_OPEN: {
+            CUevent once = NULL;
+            rc = cu.cuIpcOpenEventHandle(&once, evh);
+            if (rc == 0) rc = cu.cuStreamWaitEvent(s, once, 0);
+            if (once != NULL) {
+                CUresult d = cu.cuEventDestroy_v2(once);
+                if (rc == 0) rc = d;
+            }
+            break;
+        }
         case FLAG_STREAM: rc = cu.wait64(s, page, m.seq, CU_STREAM_WAIT_VALUE_GEQ); break;
         case FLAG_DEVICE: rc = cu.wait64(s, flag, m.seq, CU_STREAM_WAIT_VALUE_GEQ); break;
         case FLAG_POLL:
@@ -330,7 +345,8 @@ static CUresult publish(struct producer *p, int mech, unsigned busy_reps) {
     if (rc != 0) return rc;
     switch (mech) {
     case EVENT_STREAM:
-    case EVENT_HOST: return cu.cuEventRecord(p->ev, p->s);
+    case EVENT_HOST:
+    case EVENT_OPEN: return cu.cuEventRecord(p->ev, p->s);
     case FLAG_STREAM:
     case FLAG_POLL: return cu.write64(p->s, p->page, p->seq, 0);
     case FLAG_DEVICE: return cu.write64(p->s, p->flag, p->seq, 0);

@@ -161,7 +161,7 @@ def test_sync_cost_measures_every_mechanism_on_the_cuda_standin_and_finds_each_c
     args = [str(bundle / "sync_cost"), "--rounds", "200", "--checks", "3", "--busy-mib", "1", "--busy-ms", "1"]
     res = subprocess.run([*args, "--no-control"], capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stdout + res.stderr
-    for mech in ("event-stream", "event-host", "flag-stream", "flag-device", "flag-poll", "host-sync"):
+    for mech in ("event-stream", "event-host", "event-open", "flag-stream", "flag-device", "flag-poll", "host-sync"):
         assert re.search(rf"^ROUND {mech} n=200 roundtrip_us p50=[\d.]+ p90=[\d.]+ producer_us p50=[\d.]+ "
                          rf"consumer_call_us p50=[\d.]+ consumer_us p50=[\d.]+ stale=0$", res.stdout, re.M), res.stdout
         assert f"CHECK {mech} fresh=3/3" in res.stdout, res.stdout
