@@ -68,13 +68,13 @@
 #define DEVSHARE_VERSION_MAJOR 1
 
 // Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
-#define DEVSHARE_VERSION_MINOR 18
+#define DEVSHARE_VERSION_MINOR 19
 
 // Patch version (fixes; no interface change).
-#define DEVSHARE_VERSION_PATCH 4
+#define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 70148
+#define DEVSHARE_VERSION 70400
 
 // `DevsharePeerInfo.transport`: a Unix channel's peer (items in shared memory).
 #define DEVSHARE_TRANSPORT_UNIX 0
@@ -900,8 +900,9 @@ int32_t devshare_channel_peer_info(const struct DevshareChannel *channel,
 // Send `peer` one leased reference to a tensor of `exporter` (`desc` NULL: the whole range as
 // bytes). `DEVSHARE_SHARE_EVENT` (device exports) records an interprocess event on
 // `desc->stream` that the consumer's receive waits on, instead of synchronising the stream; it
-// is kept until the lease comes back, then kept by the channel (at most 64 idle per device) and
-// recorded again for a later send. `DEVSHARE_SHARE_INFLIGHT` does not apply to leases. The peer receives it
+// is kept until the lease comes back, then kept by the channel for that peer (at most 128 per
+// peer and device; a send past them synchronises its stream instead) and recorded again for a
+// later send. `DEVSHARE_SHARE_INFLIGHT` does not apply to leases. The peer receives it
 // with `devshare_connection_recv`. `devshare_exporter_outstanding` counts it until the peer
 // releases its import or disconnects for any reason. ACL exports are whitelisted for the
 // peer's announced tgid first (once per export and peer). Host memory must come from

@@ -222,8 +222,9 @@ pub unsafe extern "C" fn devshare_channel_peer_info(
 /// Send `peer` one leased reference to a tensor of `exporter` (`desc` NULL: the whole range as
 /// bytes). `DEVSHARE_SHARE_EVENT` (device exports) records an interprocess event on
 /// `desc->stream` that the consumer's receive waits on, instead of synchronising the stream; it
-/// is kept until the lease comes back, then kept by the channel (at most 64 idle per device) and
-/// recorded again for a later send. `DEVSHARE_SHARE_INFLIGHT` does not apply to leases. The peer receives it
+/// is kept until the lease comes back, then kept by the channel for that peer (at most 128 per
+/// peer and device; a send past them synchronises its stream instead) and recorded again for a
+/// later send. `DEVSHARE_SHARE_INFLIGHT` does not apply to leases. The peer receives it
 /// with `devshare_connection_recv`. `devshare_exporter_outstanding` counts it until the peer
 /// releases its import or disconnects for any reason. ACL exports are whitelisted for the
 /// peer's announced tgid first (once per export and peer). Host memory must come from
