@@ -1090,10 +1090,12 @@ int32_t devshare_connection_recv_item(struct DevshareConnection *conn,
 // Receive a batch (1.11): the next `n` items into `items[0..n]`, in the order they were sent (a
 // producer's `devshare_channel_send_batch` / `_send_named` of `n` tensors), each as
 // `devshare_connection_recv_item` writes one. Every element must be initialised with
-// `devshare_item_init(&items[i], sizeof items[i])` (the array's stride is `items[0].struct_size`).
+// `devshare_item_init(&items[i], sizeof items[i])` (the array's stride is `items[0].struct_size`;
+// an element with another `struct_size` is refused, 1.19, before anything is received).
 // `timeout_ms` bounds the whole batch (negative: no limit). On any failure (a timeout, the
 // producer gone, a refused item) the items received so far are released, their `import` set to
-// NULL, and the status says why; none is lost (each went back to the producer). Release a batch
+// NULL, and the status says why (a timeout how many had arrived); none is lost (each went back
+// to the producer). Release a batch
 // with `devshare_items_release`. `n` 0 does nothing.
 int32_t devshare_connection_recv_batch(struct DevshareConnection *conn,
                                        int32_t timeout_ms,
@@ -1104,7 +1106,7 @@ int32_t devshare_connection_recv_batch(struct DevshareConnection *conn,
 // from `devshare_connection_recv_item`; 1.11) in one call, as `devshare_import_release` does
 // for each, and set each `import` to NULL (and, 1.15, its `name` to NULL and `name_len` to 0
 // where the struct has them); a NULL `import` is skipped, so releasing twice does nothing. The
-// array's stride is `items[0].struct_size`.
+// array's stride is `items[0].struct_size`, and every element's `struct_size` must be that.
 int32_t devshare_items_release(struct DevshareItem *items, size_t n);
 
 // Initialise a `DevshareRecvArgs` of `size` bytes (pass `sizeof *args`): no connection, no

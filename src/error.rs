@@ -172,8 +172,8 @@ pub enum Error {
     NullArgument(&'static str),
     #[error("{0}")]
     InvalidArgument(String),
-    #[error("buffer too small: {needed} bytes needed, {given} given")]
-    BufferTooSmall { needed: usize, given: usize },
+    #[error("buffer too small: {needed} {unit} needed, {given} given")]
+    BufferTooSmall { needed: usize, given: usize, unit: &'static str },
     #[error("truncated handle: {0}")]
     Truncated(String),
     #[error("not a devshare handle: {0}")]

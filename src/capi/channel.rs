@@ -185,7 +185,7 @@ pub unsafe extern "C" fn devshare_channel_peer_ids(
             unsafe { std::ptr::copy_nonoverlapping(all.as_ptr(), ids, n) };
         }
         if cap < all.len() {
-            return Err(Error::BufferTooSmall { needed: all.len(), given: cap });
+            return Err(Error::BufferTooSmall { needed: all.len(), given: cap, unit: "ids" });
         }
         Ok(())
     })

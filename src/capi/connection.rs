@@ -330,10 +330,12 @@ unsafe fn recv_item(
 /// Receive a batch (1.11): the next `n` items into `items[0..n]`, in the order they were sent (a
 /// producer's `devshare_channel_send_batch` / `_send_named` of `n` tensors), each as
 /// `devshare_connection_recv_item` writes one. Every element must be initialised with
-/// `devshare_item_init(&items[i], sizeof items[i])` (the array's stride is `items[0].struct_size`).
+/// `devshare_item_init(&items[i], sizeof items[i])` (the array's stride is `items[0].struct_size`;
+/// an element with another `struct_size` is refused, 1.19, before anything is received).
 /// `timeout_ms` bounds the whole batch (negative: no limit). On any failure (a timeout, the
 /// producer gone, a refused item) the items received so far are released, their `import` set to
-/// NULL, and the status says why; none is lost (each went back to the producer). Release a batch
+/// NULL, and the status says why (a timeout how many had arrived); none is lost (each went back
+/// to the producer). Release a batch
 /// with `devshare_items_release`. `n` 0 does nothing.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_connection_recv_batch(
@@ -363,7 +365,12 @@ pub unsafe extern "C" fn devshare_connection_recv_batch(
             if let Err(e) = unsafe { recv_item(conn, left, std::ptr::null_mut(), item) } {
                 // SAFETY: the first i elements hold what this call received.
                 unsafe { release_items(items, i, stride) };
-                return Err(e);
+                return Err(match e {
+                    Error::Timeout(why) if i > 0 => Error::Timeout(format!(
+                        "{i} of the batch's {n} items arrived in time (given back, as the batch is), then {why}"
+                    )),
+                    e => e,
+                });
             }
         }
         Ok(())
@@ -374,7 +381,7 @@ pub unsafe extern "C" fn devshare_connection_recv_batch(
 /// from `devshare_connection_recv_item`; 1.11) in one call, as `devshare_import_release` does
 /// for each, and set each `import` to NULL (and, 1.15, its `name` to NULL and `name_len` to 0
 /// where the struct has them); a NULL `import` is skipped, so releasing twice does nothing. The
-/// array's stride is `items[0].struct_size`.
+/// array's stride is `items[0].struct_size`, and every element's `struct_size` must be that.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_items_release(items: *mut DevshareItem, n: usize) -> i32 {
     boundary("devshare_items_release", || {
@@ -407,6 +414,18 @@ unsafe fn item_stride(items: *mut DevshareItem, n: usize) -> Result<usize> {
     }
     if stride.checked_mul(n).map_or(true, |t| t > isize::MAX as usize) {
         return Err(Error::InvalidArgument(format!("{n} items of {stride} bytes is larger than any array")));
+    }
+    // Each element is written (and read) as its own struct_size says: one that differs from the
+    // stride would reach past its place in the array.
+    for i in 1..n {
+        // SAFETY: element i of n elements of `stride` bytes (contract), its first 4 bytes.
+        let size = unsafe { items.cast::<u8>().add(i * stride).cast::<u32>().read_unaligned() } as usize;
+        if size != stride {
+            return Err(Error::InvalidArgument(format!(
+                "items[{i}].struct_size is {size}, items[0].struct_size {stride}: initialise every item with \
+                 devshare_item_init(&items[i], sizeof items[i])"
+            )));
+        }
     }
     Ok(stride)
 }

@@ -138,7 +138,7 @@ pub(crate) unsafe fn write_out(bytes: &[u8], nul: bool, buf: *mut u8, cap: usize
     }
     let needed = bytes.len() + usize::from(nul);
     if buf.is_null() || cap < needed {
-        return Err(Error::BufferTooSmall { needed, given: if buf.is_null() { 0 } else { cap } });
+        return Err(Error::BufferTooSmall { needed, given: if buf.is_null() { 0 } else { cap }, unit: "bytes" });
     }
     // SAFETY: buf has cap >= needed writable bytes.
     unsafe {

@@ -390,6 +390,10 @@ static void test_one_pool_serves_two_consumers_each_its_own_items(void) {
     const size_t n = peer_count(ch, ids, 4);
     CHECK(n == 2 && ids[0] == peer[0] && ids[1] == peer[1] && peer[0] != peer[1],
           "two consumers: devshare_channel_peer_ids lists both, oldest first");
+    size_t needed = 0;
+    const int32_t small = devshare_channel_peer_ids(ch, ids, 1, &needed);
+    CHECK(small == DEVSHARE_STATUS_BUFFER_TOO_SMALL && needed == 2 && strstr(last_error(), "2 ids needed, 1 given"),
+          "two consumers: devshare_channel_peer_ids into room for 1 says 2 ids are needed (%s)", last_error());
     tell(&c[0], "recv %d 0 %d", EACH, IO_MS);
     tell(&c[1], "recv %d 0 %d", EACH, IO_MS);
     int send_ok = peer[0] && peer[1];

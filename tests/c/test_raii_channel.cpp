@@ -636,10 +636,27 @@ void test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer() {
         me.check(devshare_connection_recv_batch(conn.get(), 0, nullptr, 2) == DEVSHARE_STATUS_NULL_ARGUMENT &&
                      devshare_connection_recv_batch(conn.get(), 0, bad, 2) == DEVSHARE_STATUS_INVALID_ARGUMENT,
                  "devshare_connection_recv_batch: NULL items, or items never initialised, are refused");
+        // An element whose struct_size is not the array's stride (items[0]'s) would be written
+        // past its place: refused before anything is received.
+        DevshareItem mixed[2];
+        (void)devshare_item_init(&mixed[0], sizeof mixed[0]);
+        (void)devshare_item_init(&mixed[1], sizeof mixed[1]);
+        mixed[1].struct_size += 8;
+        const int32_t mixed_st = devshare_connection_recv_batch(conn.get(), 0, mixed, 2);
+        const std::string mixed_why = devshare::Error::from_last(mixed_st).message();
+        me.check(mixed_st == DEVSHARE_STATUS_INVALID_ARGUMENT &&
+                     mixed_why.find("items[1].struct_size") != std::string::npos && mixed[0].import == nullptr &&
+                     devshare_items_release(mixed, 2) == DEVSHARE_STATUS_INVALID_ARGUMENT,
+                 "devshare_connection_recv_batch and devshare_items_release refuse an item whose struct_size is not "
+                 "items[0]'s (" + mixed_why + ")");
         me.report();
         me.next();
-        me.check(failed_with(conn.try_recv_batch(3, std::chrono::milliseconds(300)), DEVSHARE_STATUS_TIMEOUT),
-                 "Connection::try_recv_batch of 3 when 2 were sent: TIMEOUT");
+        const auto short_batch = conn.try_recv_batch(3, std::chrono::milliseconds(300));
+        const std::string short_why = short_batch.has_value() ? "" : short_batch.error().message();
+        me.check(failed_with(short_batch, DEVSHARE_STATUS_TIMEOUT) &&
+                     short_why.find("2 of the batch's 3 items arrived in time") != std::string::npos,
+                 "Connection::try_recv_batch of 3 when 2 were sent: TIMEOUT, saying how many arrived (" + short_why +
+                     ")");
         DevshareItem two[2];
         for (DevshareItem& item : two) {
             (void)devshare_item_init(&item, sizeof item);
