@@ -462,6 +462,11 @@ impl LocalChannel {
         if items.is_empty() {
             return Ok(());
         }
+        if items.iter().any(|(_, d)| d.event) {
+            // Events are made for a connected consumer only: one made for a peer that is gone
+            // would wait in the channel's pool until the channel closes.
+            self.shared.lock()?.peers.get(peer)?;
+        }
         let mut shares = Vec::new();
         shares.try_reserve_exact(items.len()).map_err(|_| Error::bad_size("count", "too many shares"))?;
         // One event (or one synchronisation) per backend, device and stream of the batch, made

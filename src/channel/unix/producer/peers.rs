@@ -18,6 +18,9 @@ impl crate::channel::peers::Peer for Peer {
     }
 }
 
+/// Most connections one look at the listener takes ([`Core::accept_all`]).
+pub(super) const ACCEPTS_PER_PASS: usize = 64;
+
 impl Core {
     /// The index of a connected peer (handshake done, not being disconnected).
     pub(super) fn index(&self, id: u64) -> Result<usize> {
@@ -96,13 +99,18 @@ impl Core {
         exp.allow_pid_once(self.whitelist_pid(self.peers.get(peer)?))
     }
 
-    pub(super) fn accept_all(&mut self, epfd: BorrowedFd<'_>) {
-        loop {
+    /// Take the connections waiting on the listener, at most [`ACCEPTS_PER_PASS`] (the listener
+    /// stays readable in the epoll set while more wait: the next look takes them, so a flood
+    /// of connections cannot hold the channel's lock for long); returns how many were taken.
+    pub(super) fn accept_all(&mut self, epfd: BorrowedFd<'_>) -> usize {
+        let mut taken = 0;
+        while taken < ACCEPTS_PER_PASS {
             let fd = match rustix::net::accept_with(&self.listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK) {
                 Ok(fd) => fd,
                 Err(rustix::io::Errno::INTR) => continue,
-                Err(_) => return, // EAGAIN, or a connection that died before we took it
+                Err(_) => break, // EAGAIN, or a connection that died before we took it
             };
+            taken += 1;
             // Consumers send no descriptors: where the kernel can (Linux 6.16, SO_PASSRIGHTS),
             // a consumer's attempt to send one fails at its end instead of reaching us (older
             // kernels say no: what arrives anyway is closed outside the channel's lock).
@@ -169,6 +177,7 @@ impl Core {
             });
             self.stir = true; // a handshake deadline begins
         }
+        taken
     }
 
     /// Take up to [`PEER_BATCH`] queued messages of peer `idx`; false when it is gone or past

@@ -224,7 +224,7 @@ impl ChannelShared {
                 rearm |= id != NUDGE_EVENT;
             } else if id == 0 {
                 core.sweep(epfd); // expired handshakes make room first
-                core.accept_all(epfd);
+                let _ = core.accept_all(epfd);
             } else if let Some(i) = core.peers.iter().position(|p| p.info.id == id) {
                 if writable {
                     core.flush(i, epfd);

@@ -373,3 +373,25 @@ fn ring_releases_of_leases_a_consumer_does_not_hold_are_protocol_errors_that_giv
     ch.service(Some(Duration::from_millis(10))).expect("service");
     assert_eq!((errors(), exp.outstanding().expect("n")), (3, 0));
 }
+
+#[test]
+fn one_look_at_the_listener_takes_at_most_64_connections_and_the_next_looks_take_the_rest() {
+    let addr = format!("@devshare-unit-accepts-{}", std::process::id());
+    let ch = LocalChannel::listen(&addr).expect("listen");
+    let name = addr.strip_prefix('@').expect("abstract");
+    let to = rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).expect("name");
+    // (Several processes' worth would be refused per process; these wait unaccepted, one pid.)
+    let clients: Vec<OwnedFd> = (0..peers::ACCEPTS_PER_PASS + 6)
+        .map(|_| {
+            let fd = rustix::net::socket_with(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)
+                .expect("socket");
+            rustix::net::connect(&fd, &to).expect("connect");
+            fd
+        })
+        .collect();
+    let epfd = ch.shared.epoll.as_fd();
+    let first = ch.shared.lock().expect("lock").accept_all(epfd);
+    let second = ch.shared.lock().expect("lock").accept_all(epfd);
+    let third = ch.shared.lock().expect("lock").accept_all(epfd);
+    assert_eq!((first, second, third), (peers::ACCEPTS_PER_PASS, 6, 0), "{} waiting", clients.len());
+}
