@@ -75,6 +75,14 @@ pub(crate) const INLINE_PAYLOAD: usize = 256 << 10;
 pub(crate) const CHUNK: usize = 1 << 20;
 /// Bytes a connection reads at a time (more for a larger message).
 const READ_CHUNK: usize = 64 << 10;
+
+/// TCP keepalive on every connection, both ends: a peer whose host vanished (power, a cable, a
+/// network partition: no FIN, no RST) is found within about 50 s, its connection then failing
+/// like a closed one, instead of staying in the peer table (a producer) or leaving a receive
+/// without a time limit waiting for ever (a consumer). Probes after 30 s of silence, every 5 s, 4
+/// unanswered end it.
+pub(crate) const KEEPALIVE: (std::time::Duration, std::time::Duration, u32) =
+    (std::time::Duration::from_secs(30), std::time::Duration::from_secs(5), 4);
 /// The environment variable that selects UCX for a remote channel's items (`ucx`), on both ends.
 pub(crate) const DATA_VAR: &str = "DEVSHARE_REMOTE_DATA";
 
@@ -253,6 +261,14 @@ impl Framed {
     pub(crate) fn new(stream: TcpStream) -> Result<Framed> {
         stream.set_nonblocking(true).map_err(|e| io("fcntl(O_NONBLOCK)", e))?;
         stream.set_nodelay(true).map_err(|e| io("setsockopt(TCP_NODELAY)", e))?;
+        {
+            use rustix::net::sockopt;
+            let os = |what: &'static str| move |e| wire::os(what, e);
+            sockopt::set_socket_keepalive(&stream, true).map_err(os("setsockopt(SO_KEEPALIVE)"))?;
+            sockopt::set_tcp_keepidle(&stream, KEEPALIVE.0).map_err(os("setsockopt(TCP_KEEPIDLE)"))?;
+            sockopt::set_tcp_keepintvl(&stream, KEEPALIVE.1).map_err(os("setsockopt(TCP_KEEPINTVL)"))?;
+            sockopt::set_tcp_keepcnt(&stream, KEEPALIVE.2).map_err(os("setsockopt(TCP_KEEPCNT)"))?;
+        }
         Ok(Framed {
             stream,
             rbuf: vec![0; READ_CHUNK],
@@ -693,6 +709,21 @@ pub(crate) const UCX_SETTINGS: &[(&str, &str)] = &[];
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_connection_probes_a_silent_peer_with_tcp_keepalive() {
+        use rustix::net::sockopt;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let out = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (inn, _) = l.accept().unwrap();
+        for f in [Framed::new(out).unwrap(), Framed::new(inn).unwrap()] {
+            let s = &f.stream;
+            assert!(sockopt::socket_keepalive(s).unwrap());
+            assert_eq!(sockopt::tcp_keepidle(s).unwrap(), KEEPALIVE.0);
+            assert_eq!(sockopt::tcp_keepintvl(s).unwrap(), KEEPALIVE.1);
+            assert_eq!(sockopt::tcp_keepcnt(s).unwrap(), KEEPALIVE.2);
+        }
+    }
 
     #[test]
     fn a_transfer_limit_is_the_patience_and_a_second_per_rate_bytes_and_never_panics() {
