@@ -1174,6 +1174,37 @@ static void test_past_128_events_out_with_one_consumer_a_cuda_send_synchronises_
     CHECK(st == DEVSHARE_STATUS_OK && r.got == 1 && r.events == 1 && r.waited == 1 && live_events("cusi_e_") == KEPT,
           "cuda kept events: the next send carries one of them, recorded again (%d events, %d live)", r.events,
           live_events("cusi_e_"));
+    tell(&k, "release 1");
+    a = reply(&k, ch);
+    st = devshare_exporter_wait(exp, IO_MS);
+    /* The same through a pool of 130 slots: its items take the same 128 events, the last 2 are
+     * synchronised (outside the channel's lock), and the consumer keeps each event open once. */
+    DevsharePool *pool = NULL;
+    DS_OK(devshare_pool_create(ch, exp, 4096, KEPT + OVER, &pool));
+    int pool_sent = 0;
+    for (int i = 0; i < KEPT + OVER; i++) {
+        uint32_t slot;
+        void *ptr;
+        if (devshare_pool_acquire(pool, IO_MS, &slot, &ptr) != DEVSHARE_STATUS_OK) {
+            break;
+        }
+        DevshareTensorDesc pd = bytes_desc(0, &len);
+        pd.flags = DEVSHARE_SHARE_EVENT;
+        pd.stream = stream;
+        pool_sent += devshare_pool_send(pool, slot, peer, &pd) == DEVSHARE_STATUS_OK;
+    }
+    tell(&k, "recv %d 1 %d", KEPT + OVER, IO_MS);
+    r = recv_result(reply(&k, ch));
+    const CudaState held = cuda_state(&k, ch);
+    CHECK(pool_sent == KEPT + OVER && r.got == KEPT + OVER && r.pool == KEPT + OVER && r.events == KEPT &&
+              r.waited == KEPT && live_events("cusi_e_") == KEPT && held.opened == KEPT,
+          "cuda kept events: %d pool items held by the consumer: %d carry one of its %d events, the rest were "
+          "synchronised; it keeps each event open once (%d sent, %d got, %d events, %d waited once, %d open)",
+          KEPT + OVER, KEPT, KEPT, pool_sent, r.got, r.events, r.waited, held.opened);
+    tell(&k, "release %d", KEPT + OVER);
+    a = reply(&k, ch);
+    CHECK(wait_free(ch, pool, KEPT + OVER) && devshare_pool_close(pool) == DEVSHARE_STATUS_OK,
+          "cuda kept events: every pool slot comes back (%s)", a);
     const CudaState s = cuda_state(&k, ch);
     CHECK(s.violations == 0 && s.opened <= KEPT,
           "cuda kept events: the consumer broke no driver rule (%d) and keeps at most %d open (%d)", s.violations,

@@ -918,6 +918,7 @@ impl LocalConnection {
                 // up this process's mappings (every mmap failed after). The connection ends.
                 let most = crate::channel::limits::DEVSHARE_CHANNEL_MAX_POOLS;
                 if st.pools.len() >= most && !st.pools.contains_key(&pool) {
+                    st.events = None; // (closed before the hang-up, as in `close`)
                     let _ = rustix::net::shutdown(&self.shared.fd, rustix::net::Shutdown::Both);
                     (st.eof, st.broken) = (true, true); // (what else it sent is not read)
                     return Err(Error::Untrusted(format!(
@@ -1170,6 +1171,9 @@ impl LocalConnection {
             st.pools.clear();
             st.pinned.clear();
             st.ready.clear();
+            // The producer's events this connection kept open, closed before the hang-up too:
+            // the producer destroys its own once this consumer is gone.
+            st.events = None;
             if !st.kept.is_empty() {
                 st.kept.clear();
                 crate::import::retire_all(self.owner);

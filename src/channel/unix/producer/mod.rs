@@ -451,6 +451,17 @@ impl LocalChannel {
     /// for a lease without one). A consumer that reads names (1.11 and later) gets them in a
     /// `NAMES` message right before the shares they name; an older one gets the shares alone.
     pub fn send_named(&self, peer: u64, items: &[(&Exporter, TensorDesc<'_>)], names: &[Option<&str>]) -> Result<()> {
+        let sent = self.send_named_once(peer, items, names);
+        let gone = || self.shared.lock().is_ok_and(|core| core.peers.get(peer).is_err());
+        if sent.is_err() && items.iter().any(|(_, d)| d.event) && gone() {
+            // The peer went while this send made its events (they came back with the failed
+            // send): destroyed now, not left in the channel's pool until it closes.
+            self.shared.events.forget(peer);
+        }
+        sent
+    }
+
+    fn send_named_once(&self, peer: u64, items: &[(&Exporter, TensorDesc<'_>)], names: &[Option<&str>]) -> Result<()> {
         if !names.is_empty() && names.len() != items.len() {
             return Err(Error::InvalidArgument(format!("{} names for {} tensors", names.len(), items.len())));
         }

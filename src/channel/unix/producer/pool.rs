@@ -195,6 +195,21 @@ impl LocalPool {
     /// Send an acquired slot to `peer`, describing the tensor in it (`desc.storage_offset` is
     /// relative to the slot, `storage_size` `None` means the rest of the slot).
     pub fn send(&self, slot: u32, peer: u64, desc: &TensorDesc<'_>) -> Result<()> {
+        match self.send_item(slot, peer, desc, false)? {
+            None => Ok(()),
+            // Every event of this consumer on the device is out with it: the stream is
+            // synchronised instead, outside the channel's lock, and the item goes without one.
+            Some(exporter) => {
+                exporter.synchronize(desc.stream)?;
+                self.send_item(slot, peer, desc, true).map(|_| ())
+            }
+        }
+    }
+
+    /// [`Self::send`]; `synced`: the caller synchronised the stream (no event, no
+    /// synchronisation here). Returns the export to synchronise, having sent nothing, when the
+    /// item asks for an event and none is left for this consumer.
+    fn send_item(&self, slot: u32, peer: u64, desc: &TensorDesc<'_>, synced: bool) -> Result<Option<Arc<Exporter>>> {
         let shared = &self.shared;
         let id = self.id;
         let epfd = self.shared.epoll.as_fd();
@@ -213,12 +228,14 @@ impl LocalPool {
                         p.exporter.describe_leased_with(&abs, |h| ItemLayout::of(h, desc.storage_offset, rel_size))?,
                     ),
                 };
-                // (All of this consumer's events on the device out: synchronised instead.)
-                let event = match abs.event {
-                    true => shared.events.record(peer, &p.exporter, abs.stream)?,
+                let event = match abs.event && !synced {
+                    true => match shared.events.record(peer, &p.exporter, abs.stream)? {
+                        Some(e) => Some(e),
+                        None => return Ok(Some(p.exporter.clone())), // (synchronised by the caller)
+                    },
                     false => None,
                 };
-                if event.is_none() {
+                if !abs.event {
                     p.exporter.synchronize(abs.stream)?;
                 }
                 if !core.peers.get(peer)?.attached.contains_key(&id) {
@@ -272,7 +289,7 @@ impl LocalPool {
                         p.next.store(u64::from(s) + 1, std::sync::atomic::Ordering::Release);
                     }
                 }
-                Ok(())
+                Ok(None)
             },
             |core, sent| {
                 // A peer this send found past its limits is gone now, and its slots are free again.
