@@ -351,6 +351,8 @@ pub unsafe extern "C" fn devshare_connection_recv_batch(
         }
         // SAFETY: the caller passes n initialised items (contract).
         let stride = unsafe { item_stride(items, n) }?;
+        // SAFETY: as just checked.
+        unsafe { same_item_sizes(items, n, stride) }?;
         let deadline = timeout(timeout_ms).map(|t| std::time::Instant::now() + t);
         for i in 0..n {
             let left = match deadline {
@@ -381,7 +383,7 @@ pub unsafe extern "C" fn devshare_connection_recv_batch(
 /// from `devshare_connection_recv_item`; 1.11) in one call, as `devshare_import_release` does
 /// for each, and set each `import` to NULL (and, 1.15, its `name` to NULL and `name_len` to 0
 /// where the struct has them); a NULL `import` is skipped, so releasing twice does nothing. The
-/// array's stride is `items[0].struct_size`, and every element's `struct_size` must be that.
+/// array's stride is `items[0].struct_size`.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_items_release(items: *mut DevshareItem, n: usize) -> i32 {
     boundary("devshare_items_release", || {
@@ -415,8 +417,16 @@ unsafe fn item_stride(items: *mut DevshareItem, n: usize) -> Result<usize> {
     if stride.checked_mul(n).map_or(true, |t| t > isize::MAX as usize) {
         return Err(Error::InvalidArgument(format!("{n} items of {stride} bytes is larger than any array")));
     }
-    // Each element is written (and read) as its own struct_size says: one that differs from the
-    // stride would reach past its place in the array.
+    Ok(stride)
+}
+
+/// That every element of `items[0..n]` (stride `stride`) says `stride` is its `struct_size`: a
+/// receive writes each element as its own `struct_size` says, so one that differs would be
+/// written past its place in the array.
+///
+/// # Safety
+/// `items` points to `n` elements of `stride` bytes ([`item_stride`] checked the total).
+unsafe fn same_item_sizes(items: *mut DevshareItem, n: usize, stride: usize) -> Result<()> {
     for i in 1..n {
         // SAFETY: element i of n elements of `stride` bytes (contract), its first 4 bytes.
         let size = unsafe { items.cast::<u8>().add(i * stride).cast::<u32>().read_unaligned() } as usize;
@@ -427,7 +437,7 @@ unsafe fn item_stride(items: *mut DevshareItem, n: usize) -> Result<usize> {
             )));
         }
     }
-    Ok(stride)
+    Ok(())
 }
 
 /// Release `items[0..n]`'s imports (stride `stride`) and set them to NULL.

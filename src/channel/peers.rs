@@ -34,6 +34,11 @@ pub struct PeerInfo {
 pub(crate) trait Peer {
     /// Where a connection comes from, for the handshake places per source (a pid, an address).
     type Source: PartialEq + Copy;
+    /// The group a source's waiting connections are also counted in (an IPv6 /64); by default
+    /// the source itself.
+    fn group(source: Self::Source) -> Self::Source {
+        source
+    }
     fn id(&self) -> u64;
     fn ready(&self) -> bool;
     /// Its source and when it was accepted, while it waits for its handshake (and is not being
@@ -87,7 +92,11 @@ impl<P: Peer> PeerSet<P> {
     /// Whether a new connection from `source` gets a place to wait for its handshake
     /// ([`admission::admit`] over the peers that wait now).
     pub(crate) fn admit(&self, source: P::Source) -> Admission {
-        admission::admit(self.0.iter().enumerate().filter_map(|(i, p)| p.waiting().map(|(s, t)| (i, s, t))), source)
+        admission::admit(
+            self.0.iter().enumerate().filter_map(|(i, p)| p.waiting().map(|(s, t)| (i, s, t))),
+            source,
+            P::group,
+        )
     }
 
     /// The ids of the connected peers, oldest first.

@@ -723,10 +723,17 @@ fn layout_body(
 }
 
 /// A peer's words (a refusal's reason) as they may go into an error message: UTF-8 with what is
-/// not replaced, control characters (a terminal's escapes, line breaks) shown as U+FFFD, at
-/// most 512 characters (a peer without the key may send anything here).
+/// not replaced, control characters (a terminal's escapes, line breaks) and the invisible ones
+/// that reorder or hide text (bidirectional overrides, zero-width characters) shown as U+FFFD,
+/// at most 512 characters (a peer without the key may send anything here).
 pub(crate) fn peer_text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).chars().take(512).map(|c| if c.is_control() { '\u{FFFD}' } else { c }).collect()
+    let hidden =
+        |c: char| matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}');
+    String::from_utf8_lossy(b)
+        .chars()
+        .take(512)
+        .map(|c| if c.is_control() || hidden(c) { '\u{FFFD}' } else { c })
+        .collect()
 }
 
 /// `b` as a lease's name: UTF-8 without NUL, at most `DEVSHARE_MAX_NAME_LEN` bytes; otherwise
@@ -1346,5 +1353,6 @@ mod tests {
         assert_eq!(peer_text(b"no room\x1b[2J\nnext"), "no room\u{FFFD}[2J\u{FFFD}next");
         assert_eq!(peer_text(&[b'x'; 5000]).len(), 512);
         assert_eq!(peer_text(b"caf\xc3\xa9 \xff"), "caf\u{e9} \u{FFFD}");
+        assert_eq!(peer_text("a\u{202E}b\u{200B}c".as_bytes()), "a\u{FFFD}b\u{FFFD}c", "bidi and zero-width");
     }
 }

@@ -646,9 +646,9 @@ void test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer() {
         const std::string mixed_why = devshare::Error::from_last(mixed_st).message();
         me.check(mixed_st == DEVSHARE_STATUS_INVALID_ARGUMENT &&
                      mixed_why.find("items[1].struct_size") != std::string::npos && mixed[0].import == nullptr &&
-                     devshare_items_release(mixed, 2) == DEVSHARE_STATUS_INVALID_ARGUMENT,
-                 "devshare_connection_recv_batch and devshare_items_release refuse an item whose struct_size is not "
-                 "items[0]'s (" + mixed_why + ")");
+                     mixed[1].import == nullptr,
+                 "devshare_connection_recv_batch refuses an item whose struct_size is not items[0]'s, before "
+                 "receiving anything (" + mixed_why + ")");
         me.report();
         me.next();
         const auto short_batch = conn.try_recv_batch(3, std::chrono::milliseconds(300));

@@ -319,6 +319,9 @@ impl Peer {
 
 impl peers::Peer for Peer {
     type Source = std::net::IpAddr;
+    fn group(source: std::net::IpAddr) -> std::net::IpAddr {
+        network_of(source)
+    }
     fn id(&self) -> u64 {
         self.id
     }
@@ -349,7 +352,7 @@ impl Core {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => return,
             };
-            let source = source_of(from.ip());
+            let source = from.ip().to_canonical();
             let Ok(mut framed) = Framed::new(stream) else { continue };
             let refuse = if self.peers.ready_count() >= DEVSHARE_CHANNEL_MAX_PEERS {
                 Some(format!("the channel already serves {DEVSHARE_CHANNEL_MAX_PEERS} peers"))
@@ -1070,10 +1073,10 @@ impl Drop for RemotePool {
     }
 }
 
-/// The source a connection from `ip` counts against in the limits of connections waiting for
+/// The group a connection from `ip` also counts against in the limits of connections waiting for
 /// their handshake: an IPv4 address itself, an IPv6 address's /64 (one host is given a whole /64
 /// and may connect from any address in it).
-fn source_of(ip: std::net::IpAddr) -> std::net::IpAddr {
+fn network_of(ip: std::net::IpAddr) -> std::net::IpAddr {
     match ip.to_canonical() {
         std::net::IpAddr::V6(v6) => {
             let mut o = v6.octets();
@@ -1091,11 +1094,11 @@ mod tests {
         let a: std::net::IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
         let b: std::net::IpAddr = "2001:db8:1:2:ffff:1:2:3".parse().unwrap();
         let c: std::net::IpAddr = "2001:db8:1:3::1".parse().unwrap();
-        assert_eq!(super::source_of(a), super::source_of(b), "one /64");
-        assert_ne!(super::source_of(a), super::source_of(c), "another /64");
+        assert_eq!(super::network_of(a), super::network_of(b), "one /64");
+        assert_ne!(super::network_of(a), super::network_of(c), "another /64");
         let (x, y): (std::net::IpAddr, std::net::IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-        assert_ne!(super::source_of(x), super::source_of(y), "IPv4 hosts apart");
+        assert_ne!(super::network_of(x), super::network_of(y), "IPv4 hosts apart");
         let mapped: std::net::IpAddr = "::ffff:10.0.0.1".parse().unwrap();
-        assert_eq!(super::source_of(mapped), x, "an IPv4-mapped address is its IPv4 address");
+        assert_eq!(super::network_of(mapped), x, "an IPv4-mapped address is its IPv4 address");
     }
 }

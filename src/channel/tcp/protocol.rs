@@ -77,10 +77,11 @@ pub(crate) const CHUNK: usize = 1 << 20;
 const READ_CHUNK: usize = 64 << 10;
 
 /// TCP keepalive on every connection, both ends: a peer whose host vanished (power, a cable, a
-/// network partition: no FIN, no RST) is found within about 50 s, its connection then failing
-/// like a closed one, instead of staying in the peer table (a producer) or leaving a receive
-/// without a time limit waiting for ever (a consumer). Probes after 30 s of silence, every 5 s, 4
-/// unanswered end it.
+/// network partition: no FIN, no RST) while the connection was quiet is found within about 50 s,
+/// its connection then failing like a closed one, instead of staying in the peer table (a
+/// producer) or leaving a receive without a time limit waiting for ever (a consumer). Probes
+/// after 30 s of silence, every 5 s, 4 unanswered end it. (With data unacknowledged the kernel
+/// sends no probes: its retransmission limit decides.)
 pub(crate) const KEEPALIVE: (std::time::Duration, std::time::Duration, u32) =
     (std::time::Duration::from_secs(30), std::time::Duration::from_secs(5), 4);
 /// The environment variable that selects UCX for a remote channel's items (`ucx`), on both ends.
