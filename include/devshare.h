@@ -1106,7 +1106,7 @@ int32_t devshare_connection_recv_batch(struct DevshareConnection *conn,
 // from `devshare_connection_recv_item`; 1.11) in one call, as `devshare_import_release` does
 // for each, and set each `import` to NULL (and, 1.15, its `name` to NULL and `name_len` to 0
 // where the struct has them); a NULL `import` is skipped, so releasing twice does nothing. The
-// array's stride is `items[0].struct_size`, and every element's `struct_size` must be that.
+// array's stride is `items[0].struct_size`.
 int32_t devshare_items_release(struct DevshareItem *items, size_t n);
 
 // Initialise a `DevshareRecvArgs` of `size` bytes (pass `sizeof *args`): no connection, no
