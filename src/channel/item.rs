@@ -311,9 +311,8 @@ pub(crate) type ItemConn<'a> = (&'a dyn Fn() -> Arc<dyn Teller>, &'a Arc<AttachT
 /// against the pool, the handle validated and checked against the mapping by `derive` — whose
 /// lease gives the slot back through `conn` (made only once the slot is in bounds, so that a
 /// refused slot is not given back; `conn` is asked only for a new token) and holds the pool's
-/// attachment; waits for the producer's `event` first (on `stream`, or on this thread), through
-/// `wait` when there is one (a connection that keeps its producer's events open), else with
-/// [`crate::import::wait_for_producer`].
+/// attachment. It does not wait for the producer's `event`: the caller does, before the item is
+/// used ([`crate::import::wait_for_producer`] on its handle, or the connection's open events).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn narrow(
     base: &Arc<Import>,
@@ -324,8 +323,6 @@ pub(crate) fn narrow(
     l: &wire::ItemLayout,
     event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
     (conn, attach, spares): ItemConn<'_>,
-    stream: *mut std::ffi::c_void,
-    wait: Option<WaitFor<'_>>,
 ) -> Result<Box<Import>> {
     if slot >= count || l.storage_offset.checked_add(l.storage_size).map_or(true, |e| e > slot_size) {
         return Err(Error::Untrusted(format!(
@@ -339,19 +336,8 @@ pub(crate) fn narrow(
         storage_offset: base.handle().storage_offset + u64::from(slot) * slot_size + l.storage_offset,
         ..*l
     };
-    let imp = Import::derive(base, &layout, event, token, husk)?;
-    // The producer's work on the slot may still be running: wait for its event before the item
-    // is used (on the connection's stream, or blocking this thread).
-    let req = ImportRequest { device: Some(base.device()), stream, ..ImportRequest::default() };
-    match wait {
-        Some(wait) => wait(imp.handle(), &req)?,
-        None => crate::import::wait_for_producer(imp.handle(), &req)?,
-    }
-    Ok(imp)
+    Import::derive(base, &layout, event, token, husk)
 }
-
-/// How a connection waits for the producer's event of an item ([`narrow`]).
-pub(crate) type WaitFor<'a> = &'a mut dyn FnMut(&crate::handle::DevshareHandle, &ImportRequest) -> Result<()>;
 
 /// Open a received handle: a channel memfd by its descriptor, anything else by its key.
 pub(crate) fn open(
@@ -459,7 +445,7 @@ mod tests {
             l.shape[0] = SLOT as i64 + i64::from(refused);
             let conn = || log.clone() as Arc<dyn Teller>;
             let c: ItemConn<'_> = (&conn, &self.attach, &mut self.spares);
-            narrow(&self.base, SLOT, SLOTS, pool, slot, &l, None, c, std::ptr::null_mut(), None)
+            narrow(&self.base, SLOT, SLOTS, pool, slot, &l, None, c)
         }
 
         fn item(&mut self, log: &Arc<Log>, pool: u32, slot: u32) -> Box<Import> {

@@ -529,24 +529,12 @@ impl RemoteConnection {
                 let teller = || self.shared.clone() as Arc<dyn Teller>;
                 let conn = (&teller as &dyn Fn() -> Arc<dyn Teller>, &p.token, &mut p.spares);
                 let Some(device) = &p.device else {
-                    return narrow(
-                        &p.base,
-                        p.slot_size,
-                        p.count,
-                        pool,
-                        slot,
-                        &layout,
-                        None,
-                        conn,
-                        std::ptr::null_mut(),
-                        None,
-                    )
-                    .map(|imp| Some(*imp));
+                    return narrow(&p.base, p.slot_size, p.count, pool, slot, &layout, None, conn)
+                        .map(|imp| Some(*imp));
                 };
                 // Checks the item's bytes against the pool (and gives the slot back if the copy
                 // below fails: the import is dropped).
-                let imp =
-                    narrow(device, p.slot_size, p.count, pool, slot, &layout, None, conn, std::ptr::null_mut(), None)?;
+                let imp = narrow(device, p.slot_size, p.count, pool, slot, &layout, None, conn)?;
                 let at = u64::from(slot) * p.slot_size + layout.storage_offset;
                 // On the stream path the bytes went to the device as they arrived.
                 if let Some((on_pool, start, len)) = on_device.take() {

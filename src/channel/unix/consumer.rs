@@ -1134,15 +1134,11 @@ impl LocalConnection {
         l: &wire::ItemLayout,
         event: Option<[u8; crate::handle::DEVSHARE_EVENT_HANDLE_SIZE]>,
     ) -> Result<Box<Import>> {
-        let State { pools, events, .. } = st;
-        let p = pools
+        let p = st
+            .pools
             .get_mut(&pool)
             .ok_or_else(|| Error::Untrusted(format!("an item of pool {pool}, which this consumer never attached")))?;
-        let mut wait = |h: &crate::handle::DevshareHandle, req: &crate::backend::ImportRequest| match events.as_mut() {
-            Some(events) => events.wait_for_producer(h, req),
-            None => crate::import::wait_for_producer(h, req),
-        };
-        narrow(
+        let imp = narrow(
             &p.base,
             p.slot_size,
             p.count,
@@ -1151,9 +1147,21 @@ impl LocalConnection {
             l,
             event,
             (&|| self.shared.clone() as Arc<dyn Teller>, &p.token, &mut p.spares),
-            self.stream(),
-            Some(&mut wait),
-        )
+        )?;
+        if event.is_some() {
+            // The producer's work on the slot may still be running: its event is waited for
+            // before the item is used (on the connection's stream, or blocking this thread).
+            let req = crate::backend::ImportRequest {
+                device: Some(p.base.device()),
+                stream: self.stream(),
+                ..Default::default()
+            };
+            match st.events.as_mut() {
+                Some(events) => events.wait_for_producer(imp.handle(), &req)?,
+                None => crate::import::wait_for_producer(imp.handle(), &req)?,
+            }
+        }
+        Ok(imp)
     }
 
     /// Close the connection: the producer takes back every lease and slot of it at once (imports

@@ -195,13 +195,17 @@ impl LocalPool {
     /// Send an acquired slot to `peer`, describing the tensor in it (`desc.storage_offset` is
     /// relative to the slot, `storage_size` `None` means the rest of the slot).
     pub fn send(&self, slot: u32, peer: u64, desc: &TensorDesc<'_>) -> Result<()> {
-        match self.send_item(slot, peer, desc, false)? {
-            None => Ok(()),
-            // Every event of this consumer on the device is out with it: the stream is
-            // synchronised instead, outside the channel's lock, and the item goes without one.
-            Some(exporter) => {
-                exporter.synchronize(desc.stream)?;
-                self.send_item(slot, peer, desc, true).map(|_| ())
+        // (One call site of `send_item`: the pool's send stays one function.)
+        let mut synced = false;
+        loop {
+            match self.send_item(slot, peer, desc, synced)? {
+                None => return Ok(()),
+                // Every event of this consumer on the device is out with it: the stream is
+                // synchronised instead, outside the channel's lock, and the item goes without one.
+                Some(exporter) => {
+                    exporter.synchronize(desc.stream)?;
+                    synced = true;
+                }
             }
         }
     }
@@ -209,6 +213,7 @@ impl LocalPool {
     /// [`Self::send`]; `synced`: the caller synchronised the stream (no event, no
     /// synchronisation here). Returns the export to synchronise, having sent nothing, when the
     /// item asks for an event and none is left for this consumer.
+    #[inline(always)]
     fn send_item(&self, slot: u32, peer: u64, desc: &TensorDesc<'_>, synced: bool) -> Result<Option<Arc<Exporter>>> {
         let shared = &self.shared;
         let id = self.id;
