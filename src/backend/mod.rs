@@ -263,9 +263,8 @@ pub trait Backend: Sync {
         Err(Error::Unsupported(format!("{} handles carry no interprocess event", h.backend_name())))
     }
     /// Open the event of a handle with `DEVSHARE_HANDLE_FLAG_EVENT` on the device an import by
-    /// `req` would use, to be waited on later and more than once ([`OpenedEvent`]), and that
-    /// device.
-    fn open_event(&self, h: &DevshareHandle, _req: &ImportRequest) -> Result<(Box<dyn OpenedEvent>, i32)> {
+    /// `req` would use, to be waited on later and more than once ([`OpenedEvent`]).
+    fn open_event(&self, h: &DevshareHandle, _req: &ImportRequest) -> Result<Box<dyn OpenedEvent>> {
         Err(Error::Unsupported(format!("{} handles carry no interprocess event", h.backend_name())))
     }
     /// Before a consumer returns a reference to its producer: make sure this process's work on

@@ -288,11 +288,11 @@ pub(crate) fn open_event<A: IpcEvents + Send + Sync + 'static>(
     rt: &'static Runtime<A>,
     device: i32,
     handle: [u8; DEVSHARE_EVENT_HANDLE_SIZE],
-) -> Result<(Box<dyn super::OpenedEvent>, i32)> {
+) -> Result<Box<dyn super::OpenedEvent>> {
     rt.events_available()?;
     let _g = rt.bind(device)?;
     let ev = rt.open_ipc_handle(handle)?;
-    Ok((Box::new(KeptOpen { rt, ev, device }), device))
+    Ok(Box::new(KeptOpen { rt, ev, device }))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1120,6 +1120,39 @@ static void test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detache
     g_cuda = 0;
 }
 
+/* What the CUDA lease tests start from: `size` bytes of cuMemAlloc memory exported, a channel at
+ * an address made from `tag`, one CUDA consumer child connected to it, and a stream. */
+typedef struct {
+    CUdeviceptr dev;
+    DevshareExporter *exp;
+    DevshareChannel *ch;
+    Child k;
+    uint64_t peer;
+    CUstream stream;
+} CudaRig;
+
+static CudaRig cuda_rig(size_t size, const char *tag, const char *label) {
+    CudaRig rig = {0};
+    cuda_start();
+    cu_or_die(cuMemAlloc(&rig.dev, size), "cuMemAlloc");
+    DS_OK(devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)rig.dev, size, 0, &rig.exp));
+    char address[128];
+    make_address(address, sizeof address, tag);
+    DS_OK(devshare_channel_listen(address, &rig.ch));
+    g_cuda = 1;
+    rig.k = spawn_child("cuda", "");
+    rig.peer = connect_child(rig.ch, &rig.k, address, label);
+    cu_or_die(cuStreamCreate(&rig.stream, 0), "cuStreamCreate");
+    return rig;
+}
+
+/* The rig's stream and memory, once its channel and exporter are closed. */
+static void cuda_rig_free(CudaRig *r) {
+    cu_or_die(cuStreamDestroy(r->stream), "cuStreamDestroy");
+    cu_or_die(cuMemFree(r->dev), "cuMemFree");
+    g_cuda = 0;
+}
+
 /* A consumer that holds the leases of 128 sends with events on one device holds all the events a
  * channel keeps for it there (events are never destroyed while their consumer is connected, so
  * that it may keep them open): the next sends synchronise their stream instead, and once leases
@@ -1127,60 +1160,47 @@ static void test_a_cuda_segment_pool_passes_its_fds_over_the_channel_and_detache
 static void test_past_128_events_out_with_one_consumer_a_cuda_send_synchronises_instead(void) {
     enum { KEPT = 128, OVER = 2 };
     const size_t size = 1u << 20;
-    cuda_start();
-    CUdeviceptr dev = 0;
-    cu_or_die(cuMemAlloc(&dev, size), "cuMemAlloc");
-    DevshareExporter *exp = NULL;
-    DS_OK(devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)dev, size, 0, &exp));
-    char address[128];
-    make_address(address, sizeof address, "cuda_kept_events");
-    DevshareChannel *ch = NULL;
-    DS_OK(devshare_channel_listen(address, &ch));
-    g_cuda = 1;
-    Child k = spawn_child("cuda", "");
-    const uint64_t peer = connect_child(ch, &k, address, "cuda kept events");
-    CUstream stream = NULL;
-    cu_or_die(cuStreamCreate(&stream, 0), "cuStreamCreate");
+    CudaRig rig = cuda_rig(size, "cuda_kept_events", "cuda kept events");
     const int64_t len = 4096;
-    item_fill((void *)(uintptr_t)dev, (uint64_t)len, 77);
+    item_fill((void *)(uintptr_t)rig.dev, (uint64_t)len, 77);
     int sent = 0;
-    for (int i = 0; i < KEPT + OVER && peer; i++) {
+    for (int i = 0; i < KEPT + OVER && rig.peer; i++) {
         DevshareTensorDesc d = bytes_desc(0, &len);
         d.flags = DEVSHARE_SHARE_EVENT;
-        d.stream = stream;
-        sent += devshare_channel_send(ch, peer, exp, &d) == DEVSHARE_STATUS_OK;
+        d.stream = rig.stream;
+        sent += devshare_channel_send(rig.ch, rig.peer, rig.exp, &d) == DEVSHARE_STATUS_OK;
     }
     CHECK(sent == KEPT + OVER && live_events("cusi_e_") == KEPT,
           "cuda kept events: %d sends with DEVSHARE_SHARE_EVENT to one consumer holding them all succeed, with %d "
           "events made (%d live)", sent, KEPT, live_events("cusi_e_"));
-    tell(&k, "recv %d 1 %d", KEPT + OVER, IO_MS);
-    RecvResult r = recv_result(reply(&k, ch));
+    tell(&rig.k, "recv %d 1 %d", KEPT + OVER, IO_MS);
+    RecvResult r = recv_result(reply(&rig.k, rig.ch));
     CHECK(r.got == KEPT + OVER && r.data_bad == 0 && r.events == KEPT && r.waited == KEPT,
           "cuda kept events: the consumer reads every lease; %d carry an event it waited on once, the %d past them "
           "none (their stream was synchronised): %d got, %d events, %d waited once", KEPT, OVER, r.got, r.events,
           r.waited);
-    tell(&k, "release %d", KEPT + OVER);
-    const char *a = reply(&k, ch);
-    int32_t st = devshare_exporter_wait(exp, IO_MS);
+    tell(&rig.k, "release %d", KEPT + OVER);
+    const char *a = reply(&rig.k, rig.ch);
+    int32_t st = devshare_exporter_wait(rig.exp, IO_MS);
     CHECK(st == DEVSHARE_STATUS_OK && live_events("cusi_e_") == KEPT,
           "cuda kept events: with every lease back (%s, %s) the %d events stay alive for their consumer", a,
           devshare_status_str(st), KEPT);
     DevshareTensorDesc d = bytes_desc(0, &len);
     d.flags = DEVSHARE_SHARE_EVENT;
-    d.stream = stream;
-    st = devshare_channel_send(ch, peer, exp, &d);
-    tell(&k, "recv 1 0 %d", IO_MS);
-    r = recv_result(reply(&k, ch));
+    d.stream = rig.stream;
+    st = devshare_channel_send(rig.ch, rig.peer, rig.exp, &d);
+    tell(&rig.k, "recv 1 0 %d", IO_MS);
+    r = recv_result(reply(&rig.k, rig.ch));
     CHECK(st == DEVSHARE_STATUS_OK && r.got == 1 && r.events == 1 && r.waited == 1 && live_events("cusi_e_") == KEPT,
           "cuda kept events: the next send carries one of them, recorded again (%d events, %d live)", r.events,
           live_events("cusi_e_"));
-    tell(&k, "release 1");
-    a = reply(&k, ch);
-    st = devshare_exporter_wait(exp, IO_MS);
+    tell(&rig.k, "release 1");
+    a = reply(&rig.k, rig.ch);
+    st = devshare_exporter_wait(rig.exp, IO_MS);
     /* The same through a pool of 130 slots: its items take the same 128 events, the last 2 are
      * synchronised (outside the channel's lock), and the consumer keeps each event open once. */
     DevsharePool *pool = NULL;
-    DS_OK(devshare_pool_create(ch, exp, 4096, KEPT + OVER, &pool));
+    DS_OK(devshare_pool_create(rig.ch, rig.exp, 4096, KEPT + OVER, &pool));
     int pool_sent = 0;
     for (int i = 0; i < KEPT + OVER; i++) {
         uint32_t slot;
@@ -1190,96 +1210,79 @@ static void test_past_128_events_out_with_one_consumer_a_cuda_send_synchronises_
         }
         DevshareTensorDesc pd = bytes_desc(0, &len);
         pd.flags = DEVSHARE_SHARE_EVENT;
-        pd.stream = stream;
-        pool_sent += devshare_pool_send(pool, slot, peer, &pd) == DEVSHARE_STATUS_OK;
+        pd.stream = rig.stream;
+        pool_sent += devshare_pool_send(pool, slot, rig.peer, &pd) == DEVSHARE_STATUS_OK;
     }
-    tell(&k, "recv %d 1 %d", KEPT + OVER, IO_MS);
-    r = recv_result(reply(&k, ch));
-    const CudaState held = cuda_state(&k, ch);
+    tell(&rig.k, "recv %d 1 %d", KEPT + OVER, IO_MS);
+    r = recv_result(reply(&rig.k, rig.ch));
+    const CudaState held = cuda_state(&rig.k, rig.ch);
     CHECK(pool_sent == KEPT + OVER && r.got == KEPT + OVER && r.pool == KEPT + OVER && r.events == KEPT &&
               r.waited == KEPT && live_events("cusi_e_") == KEPT && held.opened == KEPT,
           "cuda kept events: %d pool items held by the consumer: %d carry one of its %d events, the rest were "
           "synchronised; it keeps each event open once (%d sent, %d got, %d events, %d waited once, %d open)",
           KEPT + OVER, KEPT, KEPT, pool_sent, r.got, r.events, r.waited, held.opened);
-    tell(&k, "release %d", KEPT + OVER);
-    a = reply(&k, ch);
-    CHECK(wait_free(ch, pool, KEPT + OVER) && devshare_pool_close(pool) == DEVSHARE_STATUS_OK,
+    tell(&rig.k, "release %d", KEPT + OVER);
+    a = reply(&rig.k, rig.ch);
+    CHECK(wait_free(rig.ch, pool, KEPT + OVER) && devshare_pool_close(pool) == DEVSHARE_STATUS_OK,
           "cuda kept events: every pool slot comes back (%s)", a);
-    const CudaState s = cuda_state(&k, ch);
+    const CudaState s = cuda_state(&rig.k, rig.ch);
     CHECK(s.violations == 0 && s.opened <= KEPT,
           "cuda kept events: the consumer broke no driver rule (%d) and keeps at most %d open (%d)", s.violations,
           KEPT, s.opened);
-    CHECK(finish(&k, ch), "cuda kept events: the consumer exits cleanly");
+    CHECK(finish(&rig.k, rig.ch), "cuda kept events: the consumer exits cleanly");
     for (int i = 0; i < 100 && live_events("cusi_e_") != 0; i++) {
-        devshare_channel_service(ch, 10);
+        devshare_channel_service(rig.ch, 10);
     }
     CHECK(live_events("cusi_e_") == 0, "cuda kept events: once the consumer is gone its events are destroyed");
-    close_all(NULL, exp, ch, "cuda kept events");
-    cu_or_die(cuStreamDestroy(stream), "cuStreamDestroy");
-    cu_or_die(cuMemFree(dev), "cuMemFree");
-    g_cuda = 0;
+    close_all(NULL, rig.exp, rig.ch, "cuda kept events");
+    cuda_rig_free(&rig);
 }
 
 /* A leased devshare_channel_send of a plain CUDA export (cuMemAlloc, legacy IPC handle) with
  * DEVSHARE_SHARE_EVENT. */
 static void test_a_cuda_lease_event_is_waited_on_once_and_kept_until_the_lease_returns(void) {
     const size_t size = 1u << 20;
-    cuda_start();
-    CUdeviceptr dev = 0;
-    cu_or_die(cuMemAlloc(&dev, size), "cuMemAlloc");
-    DevshareExporter *exp = NULL;
-    DS_OK(devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)dev, size, 0, &exp));
-    char address[128];
-    make_address(address, sizeof address, "cuda_lease");
-    DevshareChannel *ch = NULL;
-    DS_OK(devshare_channel_listen(address, &ch));
-    g_cuda = 1;
-    Child k = spawn_child("cuda", "");
-    const uint64_t peer = connect_child(ch, &k, address, "cuda lease event");
-    CUstream stream = NULL;
-    cu_or_die(cuStreamCreate(&stream, 0), "cuStreamCreate");
+    CudaRig rig = cuda_rig(size, "cuda_lease", "cuda lease event");
     const int64_t len = 65536;
-    for (int with_stream = 1; with_stream >= 0 && peer; with_stream--) {
+    for (int with_stream = 1; with_stream >= 0 && rig.peer; with_stream--) {
         const char *how = with_stream ? "recorded on a stream" : "recorded with a NULL stream";
-        item_fill((void *)(uintptr_t)(dev + 8192), (uint64_t)len, 900 + (uint64_t)with_stream);
+        item_fill((void *)(uintptr_t)(rig.dev + 8192), (uint64_t)len, 900 + (uint64_t)with_stream);
         DevshareTensorDesc d = bytes_desc(8192, &len);
         d.flags = DEVSHARE_SHARE_EVENT;
-        d.stream = with_stream ? stream : NULL;
-        int32_t st = devshare_channel_send(ch, peer, exp, &d);
-        CHECK(st == DEVSHARE_STATUS_OK && outstanding_of(exp) == 1 && live_events("cusi_e_") == 1,
+        d.stream = with_stream ? rig.stream : NULL;
+        int32_t st = devshare_channel_send(rig.ch, rig.peer, rig.exp, &d);
+        CHECK(st == DEVSHARE_STATUS_OK && outstanding_of(rig.exp) == 1 && live_events("cusi_e_") == 1,
               "cuda lease event (%s): devshare_channel_send of a cuMemAlloc export with DEVSHARE_SHARE_EVENT; the "
               "lease is outstanding and the producer holds its event (%s)", how, devshare_status_str(st));
-        tell(&k, "recv 1 1 %d", IO_MS);
-        const RecvResult r = recv_result(reply(&k, ch));
+        tell(&rig.k, "recv 1 1 %d", IO_MS);
+        const RecvResult r = recv_result(reply(&rig.k, rig.ch));
         CHECK(r.got == 1 && r.lease == 1 && r.data_bad == 0 && r.events == 1 && r.waited == 1,
               "cuda lease event (%s): the consumer receives the lease and reads it back; recv had waited on its "
               "IPC event exactly once (%d events, %d waited once)", how, r.events, r.waited);
-        tell(&k, "lease_opens");
-        const char *a = reply(&k, ch);
-        devshare_channel_service(ch, 0);
-        CHECK(strcmp(a, "R 1") == 0 && live_events("cusi_e_") == 1 && outstanding_of(exp) == 1,
+        tell(&rig.k, "lease_opens");
+        const char *a = reply(&rig.k, rig.ch);
+        devshare_channel_service(rig.ch, 0);
+        CHECK(strcmp(a, "R 1") == 0 && live_events("cusi_e_") == 1 && outstanding_of(rig.exp) == 1,
               "cuda lease event (%s): while the consumer holds it: one live IPC open of the allocation (%s), the "
               "event still kept", how, a);
-        tell(&k, "release 1");
-        a = reply(&k, ch);
-        st = devshare_exporter_wait(exp, IO_MS);
-        CHECK(strcmp(a, "R 1 0") == 0 && st == DEVSHARE_STATUS_OK && outstanding_of(exp) == 0 &&
+        tell(&rig.k, "release 1");
+        a = reply(&rig.k, rig.ch);
+        st = devshare_exporter_wait(rig.exp, IO_MS);
+        CHECK(strcmp(a, "R 1 0") == 0 && st == DEVSHARE_STATUS_OK && outstanding_of(rig.exp) == 0 &&
                   live_events("cusi_e_") == 1,
               "cuda lease event (%s): the release brings the lease back (devshare_exporter_wait %s) and the "
               "event goes back to the channel's pool, where the next send records it again (1 live event)", how,
               devshare_status_str(st));
-        tell(&k, "lease_opens");
-        a = reply(&k, ch);
+        tell(&rig.k, "lease_opens");
+        a = reply(&rig.k, rig.ch);
         CHECK(strcmp(a, "R 0") == 0, "cuda lease event (%s): the consumer closed its IPC mapping (%s)", how, a);
     }
-    const CudaState s = cuda_state(&k, ch);
+    const CudaState s = cuda_state(&rig.k, rig.ch);
     CHECK(s.violations == 0, "cuda lease event: the consumer broke no driver rule (%d)", s.violations);
-    CHECK(finish(&k, ch), "cuda lease event: the consumer exits cleanly");
-    close_all(NULL, exp, ch, "cuda lease event");
+    CHECK(finish(&rig.k, rig.ch), "cuda lease event: the consumer exits cleanly");
+    close_all(NULL, rig.exp, rig.ch, "cuda lease event");
     CHECK(live_events("cusi_e_") == 0, "cuda lease event: closing the channel destroys its pooled event");
-    cu_or_die(cuStreamDestroy(stream), "cuStreamDestroy");
-    cu_or_die(cuMemFree(dev), "cuMemFree");
-    g_cuda = 0;
+    cuda_rig_free(&rig);
 }
 
 /* A devshare_channel_send_batch of 32 leases of one CUDA allocation with DEVSHARE_SHARE_EVENT: the
@@ -1293,41 +1296,28 @@ static void test_a_cuda_batch_records_one_event_per_stream_and_the_next_batch_re
     enum { N = 32, ROUNDS = 6, REGISTERED = 3 };
     const int64_t len = 4096;
     const size_t size = (size_t)N * (size_t)len;
-    cuda_start();
-    CUdeviceptr dev = 0;
-    cu_or_die(cuMemAlloc(&dev, size), "cuMemAlloc");
-    DevshareExporter *exp = NULL;
-    DS_OK(devshare_export(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)dev, size, 0, &exp));
-    char address[128];
-    make_address(address, sizeof address, "cuda_batch");
-    DevshareChannel *ch = NULL;
-    DS_OK(devshare_channel_listen(address, &ch));
-    g_cuda = 1;
-    Child k = spawn_child("cuda", "");
-    const uint64_t peer = connect_child(ch, &k, address, "cuda batch event");
-    CUstream stream = NULL;
-    cu_or_die(cuStreamCreate(&stream, 0), "cuStreamCreate");
+    CudaRig rig = cuda_rig(size, "cuda_batch", "cuda batch event");
     DevshareTensorDesc descs[N];
     const DevshareTensorDesc *dp[N];
     const DevshareExporter *ep[N];
     uint64_t seq = 2000;
     char names[2][512] = {"", ""};
-    /* Rounds 0 and 1: every tensor on one stream; then alternating between two. */
-    for (int round = 0; round < ROUNDS && peer; round++) {
+    /* Rounds 0 and 1: every tensor on one rig.stream; then alternating between two. */
+    for (int round = 0; round < ROUNDS && rig.peer; round++) {
         const int streams = round < 2 ? 1 : 2;
         if (round == REGISTERED) {
-            DS_OK(devshare_channel_register(ch, exp));
+            DS_OK(devshare_channel_register(rig.ch, rig.exp));
         }
         for (int i = 0; i < N; i++) {
-            item_fill((void *)(uintptr_t)(dev + (CUdeviceptr)i * (CUdeviceptr)len), (uint64_t)len, ++seq);
+            item_fill((void *)(uintptr_t)(rig.dev + (CUdeviceptr)i * (CUdeviceptr)len), (uint64_t)len, ++seq);
             descs[i] = bytes_desc((uint64_t)i * (uint64_t)len, &len);
             descs[i].flags = DEVSHARE_SHARE_EVENT;
-            descs[i].stream = streams == 2 && i % 2 ? NULL : stream;
+            descs[i].stream = streams == 2 && i % 2 ? NULL : rig.stream;
             dp[i] = &descs[i];
-            ep[i] = exp;
+            ep[i] = rig.exp;
         }
-        int32_t st = devshare_channel_send_batch(ch, peer, ep, dp, N);
-        CHECK(st == DEVSHARE_STATUS_OK && outstanding_of(exp) == N && live_events("cusi_e_") == streams,
+        int32_t st = devshare_channel_send_batch(rig.ch, rig.peer, ep, dp, N);
+        CHECK(st == DEVSHARE_STATUS_OK && outstanding_of(rig.exp) == N && live_events("cusi_e_") == streams,
               "cuda batch event, round %d: a batch of %d leases on %d stream(s) holds %d live event(s) (%d; %s)",
               round, N, streams, streams, live_events("cusi_e_"), devshare_status_str(st));
         if (round < 2) {
@@ -1338,34 +1328,32 @@ static void test_a_cuda_batch_records_one_event_per_stream_and_the_next_batch_re
                   "cuda batch event, round 1: the batch reuses the first batch's event, recorded again (%s/ %s)",
                   names[0], names[1]);
         }
-        tell(&k, "recv %d 1 %d", N, IO_MS);
-        const RecvResult r = recv_result(reply(&k, ch));
+        tell(&rig.k, "recv %d 1 %d", N, IO_MS);
+        const RecvResult r = recv_result(reply(&rig.k, rig.ch));
         CHECK(r.got == N && r.lease == N && r.data_bad == 0 && r.order_bad == 0,
               "cuda batch event, round %d: the consumer receives the %d leases in order and reads each back", round,
               N);
         CHECK(r.events == streams && r.waited == streams,
               "cuda batch event, round %d: the consumer's receive waited on each stream's event exactly once, and "
               "the other leases carry no second wait (%d with an event, %d waited once)", round, r.events, r.waited);
-        tell(&k, "release %d", N);
-        const char *a = reply(&k, ch);
-        st = devshare_exporter_wait(exp, IO_MS);
-        CHECK(st == DEVSHARE_STATUS_OK && outstanding_of(exp) == 0 && live_events("cusi_e_") == streams,
+        tell(&rig.k, "release %d", N);
+        const char *a = reply(&rig.k, rig.ch);
+        st = devshare_exporter_wait(rig.exp, IO_MS);
+        CHECK(st == DEVSHARE_STATUS_OK && outstanding_of(rig.exp) == 0 && live_events("cusi_e_") == streams,
               "cuda batch event, round %d: the leases come back (%s, %s) and the events stay in the channel's pool "
               "for the next batch (%d live)", round, a, devshare_status_str(st), live_events("cusi_e_"));
     }
-    tell(&k, "lease_opens");
-    const char *pinned = reply(&k, ch);
+    tell(&rig.k, "lease_opens");
+    const char *pinned = reply(&rig.k, rig.ch);
     CHECK(strcmp(pinned, "R 1") == 0,
           "cuda batch event: the consumer keeps the registered allocation's window open between batches (%s)", pinned);
-    DS_OK(devshare_channel_unregister(ch, exp));
-    const CudaState s = cuda_state(&k, ch);
+    DS_OK(devshare_channel_unregister(rig.ch, rig.exp));
+    const CudaState s = cuda_state(&rig.k, rig.ch);
     CHECK(s.violations == 0, "cuda batch event: the consumer broke no driver rule (%d)", s.violations);
-    CHECK(finish(&k, ch), "cuda batch event: the consumer exits cleanly");
-    close_all(NULL, exp, ch, "cuda batch event");
+    CHECK(finish(&rig.k, rig.ch), "cuda batch event: the consumer exits cleanly");
+    close_all(NULL, rig.exp, rig.ch, "cuda batch event");
     CHECK(live_events("cusi_e_") == 0, "cuda batch event: closing the channel destroys its pooled events");
-    cu_or_die(cuStreamDestroy(stream), "cuStreamDestroy");
-    cu_or_die(cuMemFree(dev), "cuMemFree");
-    g_cuda = 0;
+    cuda_rig_free(&rig);
 }
 
 /* The channel's events are reused only for the consumer they were first sent to: a consumer

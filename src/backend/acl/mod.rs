@@ -349,7 +349,7 @@ impl Backend for Acl {
         runtime::wait_event(api()?, device, h.event_handle, Stream(req.stream))
     }
 
-    fn open_event(&self, h: &DevshareHandle, req: &ImportRequest) -> Result<(Box<dyn super::OpenedEvent>, i32)> {
+    fn open_event(&self, h: &DevshareHandle, req: &ImportRequest) -> Result<Box<dyn super::OpenedEvent>> {
         runtime::open_event(api()?, req.device.unwrap_or(h.device_index), h.event_handle)
     }
 

@@ -309,7 +309,7 @@ impl Backend for Cuda {
         runtime::wait_event(api, target_device(api, h, req)?, h.event_handle, Stream(req.stream))
     }
 
-    fn open_event(&self, h: &DevshareHandle, req: &ImportRequest) -> Result<(Box<dyn super::OpenedEvent>, i32)> {
+    fn open_event(&self, h: &DevshareHandle, req: &ImportRequest) -> Result<Box<dyn super::OpenedEvent>> {
         let api = api()?;
         runtime::open_event(api, target_device(api, h, req)?, h.event_handle)
     }

@@ -267,6 +267,21 @@ struct State {
     events: Option<OpenEvents>,
 }
 
+impl State {
+    /// Wait for the producer's event of an item or a lease: on the copy this connection keeps
+    /// open where the producer keeps its events alive, else opened for this wait alone.
+    fn wait_for_producer(
+        &mut self,
+        h: &crate::handle::DevshareHandle,
+        req: &crate::backend::ImportRequest,
+    ) -> Result<()> {
+        match self.events.as_mut() {
+            Some(events) => events.wait_for_producer(h, req),
+            None => crate::import::wait_for_producer(h, req),
+        }
+    }
+}
+
 /// Most lease names a consumer holds for shares still to come: two messages' worth; a producer
 /// that sends more names than shares breaks the protocol.
 const MAX_PENDING_NAMES: usize = 2 * wire::MAX_SHARES;
@@ -1114,10 +1129,7 @@ impl LocalConnection {
         let imp = Import::derive(base, &layout, event.filter(|_| !covered), token, None)?;
         if let (Some(e), false) = (event, covered) {
             let req = crate::backend::ImportRequest { device: Some(base.device()), stream, ..Default::default() };
-            match st.events.as_mut() {
-                Some(events) => events.wait_for_producer(imp.handle(), &req)?,
-                None => crate::import::wait_for_producer(imp.handle(), &req)?,
-            }
+            st.wait_for_producer(imp.handle(), &req)?;
             if st.waited.len() == WAITED_EVENTS {
                 st.waited.remove(0);
             }
@@ -1156,10 +1168,7 @@ impl LocalConnection {
                 stream: self.stream(),
                 ..Default::default()
             };
-            match st.events.as_mut() {
-                Some(events) => events.wait_for_producer(imp.handle(), &req)?,
-                None => crate::import::wait_for_producer(imp.handle(), &req)?,
-            }
+            st.wait_for_producer(imp.handle(), &req)?;
         }
         Ok(imp)
     }

@@ -40,7 +40,7 @@ impl OpenEvents {
         if !crate::import::carries_event(h)? {
             return Ok(());
         }
-        self.wait(h, req, || Ok(crate::backend::get(h.backend)?.open_event(h, req)?.0))
+        self.wait(h, req, || crate::backend::get(h.backend)?.open_event(h, req))
     }
 
     /// Wait on `h`'s event, opened with `open` unless it is open here already.
