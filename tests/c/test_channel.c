@@ -73,6 +73,8 @@
 #define HARNESS_NAME "test_channel"
 #include "channel_helpers.h"
 
+#include <pthread.h>
+
 /* ---------------------------------------------------------------------------------------- */
 /* Cases */
 
@@ -1426,6 +1428,64 @@ static void test_a_cuda_event_is_reused_only_for_the_consumer_it_was_sent_to(voi
     g_cuda = 0;
 }
 
+/* A batch send of two tensors on two streams, run by another thread. */
+typedef struct {
+    DevshareChannel *ch;
+    uint64_t peer;
+    const DevshareExporter *ep[2];
+    const DevshareTensorDesc *dp[2];
+    int32_t st;
+} RacingSend;
+
+static void *racing_send(void *arg) {
+    RacingSend *s = arg;
+    cuda_make_current();
+    s->st = devshare_channel_send_batch(s->ch, s->peer, s->ep, s->dp, 2);
+    return NULL;
+}
+
+/* A consumer that goes while a send to it records its events (outside the channel's lock) must
+ * not leave events behind: the channel destroys a gone consumer's events, but this send made its
+ * second one after that, for a consumer no longer there. Each cuEventRecord is slowed to 300 ms;
+ * the consumer is killed during the first, so the second event is made after the channel forgot
+ * the consumer, and the failed send must destroy both, not keep them idle until the channel
+ * closes. */
+static void test_a_consumer_gone_while_its_send_records_events_leaves_no_event_behind(void) {
+    const int64_t len = 4096;
+    CudaRig rig = cuda_rig(2 * (size_t)len, "cuda_event_race", "cuda event race");
+    CUstream second = NULL;
+    cu_or_die(cuStreamCreate(&second, 0), "cuStreamCreate");
+    DevshareTensorDesc d[2] = {bytes_desc(0, &len), bytes_desc((uint64_t)len, &len)};
+    d[0].flags = d[1].flags = DEVSHARE_SHARE_EVENT;
+    d[0].stream = rig.stream;
+    d[1].stream = second;
+    RacingSend s = {rig.ch, rig.peer, {rig.exp, rig.exp}, {&d[0], &d[1]}, DEVSHARE_STATUS_OK};
+    CHECK(cusi_set_delay("cuEventRecord", 300) == 0, "cuda event race: the stand-in slows cuEventRecord");
+    pthread_t t;
+    CHECK(rig.peer && pthread_create(&t, NULL, racing_send, &s) == 0, "cuda event race: the sending thread starts");
+    struct timespec nap = {0, 100 * 1000 * 1000};
+    nanosleep(&nap, NULL); /* the send is in its first record */
+    kill_child(&rig.k);
+    uint64_t ids[4];
+    for (int i = 0; i < 200 && peer_count(rig.ch, ids, 4) != 0; i++) {
+        (void)devshare_channel_service(rig.ch, 10);
+    }
+    const size_t peers = peer_count(rig.ch, ids, 4);
+    pthread_join(t, NULL);
+    (void)cusi_set_delay("cuEventRecord", 0);
+    CHECK(peers == 0 && s.st != DEVSHARE_STATUS_OK,
+          "cuda event race: the consumer is gone before the send's events are made, and the send fails (%s, %zu "
+          "peers)", devshare_status_str(s.st), peers);
+    CHECK(live_events("cusi_e_") == 0,
+          "cuda event race: the failed send leaves none of its events alive for the gone consumer (%d live)",
+          live_events("cusi_e_"));
+    CHECK(outstanding_of(rig.exp) == 0, "cuda event race: the failed send left no lease outstanding (%llu)",
+          (unsigned long long)outstanding_of(rig.exp));
+    close_all(NULL, rig.exp, rig.ch, "cuda event race");
+    cu_or_die(cuStreamDestroy(second), "cuStreamDestroy");
+    cuda_rig_free(&rig);
+}
+
 /* A leased devshare_channel_send of an ACL export with DEVSHARE_SHARE_EVENT: no
  * devshare_exporter_allow_pid call, the handshake whitelists the consumer. */
 static void test_an_acl_lease_event_is_waited_on_and_kept_until_the_lease_returns(void) {
@@ -1520,6 +1580,7 @@ int main(int argc, char **argv) {
     test_past_128_events_out_with_one_consumer_a_cuda_send_synchronises_instead();
     test_a_cuda_batch_records_one_event_per_stream_and_the_next_batch_reuses_it();
     test_a_cuda_event_is_reused_only_for_the_consumer_it_was_sent_to();
+    test_a_consumer_gone_while_its_send_records_events_leaves_no_event_behind();
 
     int left = 0;
     for (int i = 0; i < n_tracked; i++) {

@@ -170,7 +170,7 @@ static int g_no_fabric;    /* CUDA_STANDIN_NO_FABRIC */
 static unsigned g_seq;
 static atomic_int g_violations;
 /* Test hooks (cusi_set_delay): milliseconds some calls sleep before they act, outside g_mu. */
-enum { DELAY_OPEN, DELAY_CLOSE, DELAY_SYNC, DELAY_COUNT };
+enum { DELAY_OPEN, DELAY_CLOSE, DELAY_SYNC, DELAY_RECORD, DELAY_COUNT };
 static atomic_uint g_delay_ms[DELAY_COUNT];
 static _Thread_local CUcontext t_cur; /* the current context is per thread */
 
@@ -1783,6 +1783,7 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
 }
 
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
+    delay(DELAY_RECORD);
     ENTER(1);
     CUcontext sctx = NULL;
     CUresult rc = event_check(__func__, hEvent);
@@ -2006,6 +2007,7 @@ int cusi_set_delay(const char *call, unsigned ms) {
         [DELAY_OPEN] = "cuIpcOpenMemHandle",
         [DELAY_CLOSE] = "cuIpcCloseMemHandle",
         [DELAY_SYNC] = "cuCtxSynchronize",
+        [DELAY_RECORD] = "cuEventRecord",
     };
     for (int i = 0; call && i < DELAY_COUNT; i++)
         if (!strcmp(call, names[i])) {

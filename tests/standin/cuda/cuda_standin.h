@@ -302,7 +302,7 @@ int cusi_host_registered(void);
  * _READ / _READWRITE (what cuMemSetAccess granted), or -1 if p is not VMM-mapped here. */
 int cusi_vmm_access(CUdeviceptr p, int ordinal);
 /* Test hook: every later call of `call` in this process ("cuIpcOpenMemHandle",
- * "cuIpcCloseMemHandle" or "cuCtxSynchronize") sleeps `ms` milliseconds before it acts, holding
+ * "cuIpcCloseMemHandle", "cuCtxSynchronize" or "cuEventRecord") sleeps `ms` milliseconds before it acts, holding
  * no lock of the stand-in, so other threads' calls go on meanwhile (0: no delay). Returns 0, or
  * -1 for another name. */
 int cusi_set_delay(const char *call, unsigned ms);
