@@ -57,6 +57,14 @@ pub(crate) trait LeaseServer: Send + Sync {
     fn hand_over(&self, _left: Option<Duration>) -> bool {
         false
     }
+
+    /// Export `export`, which this server listens to ([`LeaseBook::listen`]), is being dropped:
+    /// its memory and descriptors go right after this returns, and a later export may get the
+    /// same descriptor numbers. A server whose consumers keep the export mapped between leases
+    /// must tell them before it hands out any later export. Called from the export's drop, on
+    /// whatever thread drops it, perhaps one holding the server's own lock: it must not take
+    /// a lock such a thread may hold.
+    fn export_closed(&self, _export: u64) {}
 }
 
 /// An adaptive poll for returns ([`LeaseServer::adaptive_spin`]) yields the CPU once every this
@@ -89,6 +97,12 @@ impl LeaseBook {
     /// One more lease, handed out through `server`.
     pub(crate) fn add<S: LeaseServer + 'static>(&self, server: &Arc<S>) {
         self.count.fetch_add(1, Ordering::AcqRel);
+        self.listen(server);
+    }
+
+    /// `server` takes this export's leases back and is told when the export is dropped
+    /// ([`LeaseServer::export_closed`]), whether or not it has leased it yet.
+    pub(crate) fn listen<S: LeaseServer + 'static>(&self, server: &Arc<S>) {
         let mut servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
         servers.retain(|w| w.strong_count() > 0);
         if !servers.iter().any(|w| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(server))) {
@@ -939,9 +953,13 @@ impl Exporter {
 }
 
 impl Drop for Exporter {
-    /// Its ref-counters no longer stand for a live export of this process: an adoption naming
-    /// one is refused from now on (see `AdoptedRef`).
+    /// Its servers are told first, while its memory and descriptors are still there
+    /// ([`LeaseServer::export_closed`]). Then its ref-counters no longer stand for a live export
+    /// of this process: an adoption naming one is refused from now on (see `AdoptedRef`).
     fn drop(&mut self) {
+        for server in self.leases.live() {
+            server.export_closed(self.id);
+        }
         let shared = self.shared.get_mut().unwrap_or_else(|p| p.into_inner());
         if shared.refs.is_empty() {
             return;

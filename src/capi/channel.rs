@@ -374,8 +374,10 @@ unsafe fn name_at<'a>(p: *const c_char, i: usize) -> crate::error::Result<Option
 /// that the next lease of the same allocation is a lookup instead of an open and a map; a
 /// consumer keeps at most `DEVSHARE_KEEP_MAPPINGS` allocations (4096) and
 /// `DEVSHARE_KEEP_MAPPINGS_BYTES` bytes (64 GiB) mapped that way, least recently used first.
-/// Keep the exporter open while it is registered; `devshare_channel_unregister` (or closing the
-/// channel, or the consumer's connection ending) lets the consumers' mappings go. A remote
+/// `devshare_channel_unregister`, closing the channel or the consumer's connection ending lets
+/// the consumers' mappings go; so does closing the exporter (1.20): each consumer is told before
+/// any handle sent after the close reaches it, since a later export may reuse the closed one's
+/// descriptor numbers (a segmented CUDA export's mapping is known by them). A remote
 /// (`tcp://`) channel: `DEVSHARE_STATUS_UNSUPPORTED`.
 #[no_mangle]
 pub unsafe extern "C" fn devshare_channel_register(

@@ -1428,6 +1428,60 @@ static void test_a_cuda_event_is_reused_only_for_the_consumer_it_was_sent_to(voi
     g_cuda = 0;
 }
 
+/* A consumer keeps a registered export's allocation mapped between leases, and a segmented
+ * CUDA export's mapping is known by its producer's pid and fd numbers. An export closed while
+ * still registered (no devshare_channel_unregister) closes those fds, and the next export gets
+ * the same numbers: the consumer must have let the old mapping go before a handle of the new
+ * memory reaches it, or it would read the old memory under the new handle. The new export is
+ * sent unregistered, so nothing but the close itself can have retired the old one. */
+static void test_an_export_closed_while_registered_is_retired_before_its_fd_numbers_return(void) {
+    enum { COUNT = 2 };
+    const int64_t len = 4096;
+    cuda_start();
+    char address[128];
+    make_address(address, sizeof address, "cuda_retire_closed");
+    DevshareChannel *ch = NULL;
+    DS_OK(devshare_channel_listen(address, &ch));
+    g_cuda = 1;
+    Child k = spawn_child("cuda", "");
+    const uint64_t peer = connect_child(ch, &k, address, "retire on close");
+    long seen[2] = {0, 0};
+    int idle[2] = {-1, -1};
+    for (int round = 0; round < 2 && peer; round++) {
+        Vmm v;
+        vmm_create(&v, COUNT);
+        DevshareExporter *exp = NULL;
+        DS_OK(devshare_export_segments(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)v.va, v.h, COUNT, SEG, 0, &exp));
+        if (round == 0) {
+            DS_OK(devshare_channel_register(ch, exp));
+        }
+        const uint64_t seq = 8000 + 1000 * (uint64_t)round;
+        item_fill((void *)(uintptr_t)v.va, (uint64_t)len, seq);
+        DevshareTensorDesc d = bytes_desc(0, &len);
+        const int32_t st = devshare_channel_send(ch, peer, exp, &d);
+        tell(&k, "recv 1 0 %d", IO_MS);
+        const RecvResult r = recv_result(reply(&k, ch));
+        seen[round] = r.last_seq;
+        CHECK(st == DEVSHARE_STATUS_OK && r.got == 1 && r.data_bad == 0 && devshare_exporter_wait(exp, IO_MS) == 0,
+              "retire on close, round %d: the consumer reads the %s export's lease and gives it back (%s)", round,
+              round == 0 ? "registered" : "unregistered", devshare_status_str(st));
+        const CudaState held = cuda_state(&k, ch);
+        idle[round] = held.maps;
+        /* Closed without unregistering it (round 0), and its memory freed. */
+        CHECK(devshare_exporter_close(exp, 0) == DEVSHARE_STATUS_OK, "retire on close, round %d: the export closes",
+              round);
+        vmm_destroy(&v);
+    }
+    CHECK(idle[0] > 0, "retire on close: the consumer keeps the registered allocation mapped after its lease came "
+                       "back (%d VMM mappings)", idle[0]);
+    CHECK(seen[0] == 8000 && seen[1] == 9000,
+          "retire on close: a lease of new memory, exported after a registered export was closed, shows the new "
+          "values, not the old mapping's (%ld, then %ld)", seen[0], seen[1]);
+    CHECK(finish(&k, ch), "retire on close: the consumer exits cleanly");
+    close_all(NULL, NULL, ch, "retire on close");
+    g_cuda = 0;
+}
+
 /* A batch send of two tensors on two streams, run by another thread. */
 typedef struct {
     DevshareChannel *ch;
@@ -1581,6 +1635,7 @@ int main(int argc, char **argv) {
     test_a_cuda_batch_records_one_event_per_stream_and_the_next_batch_reuses_it();
     test_a_cuda_event_is_reused_only_for_the_consumer_it_was_sent_to();
     test_a_consumer_gone_while_its_send_records_events_leaves_no_event_behind();
+    test_an_export_closed_while_registered_is_retired_before_its_fd_numbers_return();
 
     int left = 0;
     for (int i = 0; i < n_tracked; i++) {

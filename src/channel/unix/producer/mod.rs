@@ -164,6 +164,11 @@ pub(crate) struct ChannelShared {
     /// How many exports are registered ([`Core::registered`]'s size, kept under the lock): a
     /// send looks here first, so that a channel with none pays no second lock per send.
     registered: AtomicU64,
+    /// Registered exports dropped while this channel's lock was taken (their ids), and whether
+    /// there are any: retired by the lock's next holder that sends a handle or serves
+    /// ([`ChannelShared::retire_closed`]).
+    closed_exports: Mutex<Vec<u64>>,
+    exports_closed: std::sync::atomic::AtomicBool,
     nudge: OwnedFd,
     /// The idle interprocess events of this channel's device shares (`events.rs`).
     events: Arc<EventPool>,
@@ -318,6 +323,8 @@ impl LocalChannel {
                 generation: crate::fork::Stamp::now(),
                 untimed: AtomicU64::new(0),
                 registered: AtomicU64::new(0),
+                closed_exports: Mutex::default(),
+                exports_closed: Default::default(),
                 events: Arc::default(),
                 nudge,
                 spin_ns: AtomicU64::new(0),
@@ -516,6 +523,9 @@ impl LocalChannel {
         }
         let epfd = self.shared.epoll.as_fd();
         let mut core = self.shared.lock()?;
+        // Registered exports closed meanwhile are retired first: these handles may reuse
+        // their descriptor numbers.
+        self.shared.retire_closed(&mut core);
         let r = (|| {
             for (exp, ..) in &shares {
                 core.allow(peer, exp)?;
@@ -701,18 +711,15 @@ impl LocalChannel {
 
     /// Register `exp` with this channel: its leases tell consumers (1.10 and later) that they
     /// may keep its allocation mapped between leases, so that the next lease of it is a lookup.
-    /// The caller keeps the export open while it is registered; [`Self::unregister`] (or the
-    /// channel's close) tells every consumer that kept it to unmap it once it holds no lease.
-    /// An export closed while registered is unregistered by the next call here.
+    /// [`Self::unregister`] (or the channel's close) tells every consumer that kept it to
+    /// unmap it once it holds no lease; so does the export's close: a consumer is told before
+    /// any handle sent after the close reaches it (a later export may reuse the closed one's
+    /// descriptor numbers, which is how a segmented CUDA export's mapping is known).
     pub fn register(&self, exp: &Exporter) -> Result<()> {
         let epfd = self.shared.epoll.as_fd();
         let mut core = self.shared.lock()?;
-        let gone: Vec<u64> =
-            core.registered.iter().filter(|(_, book)| book.strong_count() == 0).map(|(&id, _)| id).collect();
-        for id in gone {
-            core.registered.remove(&id);
-            core.retire(id, epfd);
-        }
+        self.shared.retire_closed(&mut core);
+        exp.leases().listen(&self.shared);
         core.registered.insert(exp.id(), Arc::downgrade(exp.leases()));
         self.shared.registered.store(core.registered.len() as u64, Ordering::Release);
         core.sweep(epfd);
@@ -724,6 +731,7 @@ impl LocalChannel {
     pub fn unregister(&self, exp: &Exporter) -> Result<()> {
         let epfd = self.shared.epoll.as_fd();
         let mut core = self.shared.lock()?;
+        self.shared.retire_closed(&mut core);
         let id = exp.id();
         if core.registered.remove(&id).is_none() {
             return Err(Error::NotFound(format!("export {id} is not registered with this channel")));

@@ -245,6 +245,9 @@ impl LocalPool {
                 }
                 if !core.peers.get(peer)?.attached.contains_key(&id) {
                     crate::channel::limits::room_for_a_pool(peer, core.peers.get(peer)?.attached.len())?;
+                    // (Registered exports closed meanwhile first: this handle may reuse their
+                    // descriptor numbers.)
+                    shared.retire_closed(core);
                     core.allow(peer, &p.exporter)?;
                     let whole = p.slot_size * u64::from(p.count);
                     let shape = [whole as i64];

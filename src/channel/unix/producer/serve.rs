@@ -116,6 +116,25 @@ impl LeaseServer for ChannelShared {
 
     /// The hand-over of the CPU (ring.rs, "Handing the CPU over") before a wait for lease
     /// returns sleeps: to a consumer awake on this CPU, with the same guards as an acquire's.
+    /// A registered export is being dropped: retired now when the channel's lock is free, else
+    /// by the lock's next holder that sends a handle or serves (this thread may be the holder:
+    /// an export can go with a pool closed under the lock).
+    fn export_closed(&self, export: u64) {
+        if self.registered.load(Ordering::Acquire) == 0 {
+            return; // (registered with none: nothing to retire)
+        }
+        self.closed_exports.lock().unwrap_or_else(|p| p.into_inner()).push(export);
+        self.exports_closed.store(true, Ordering::Release);
+        match self.try_lock() {
+            Some(mut core) => {
+                self.retire_closed(&mut core);
+                core.sweep(self.epoll.as_fd());
+            }
+            // A thread waiting in the epoll set without a time limit looks (its serve retires).
+            None => self.nudge(),
+        }
+    }
+
     fn hand_over(&self, left: Option<Duration>) -> bool {
         if left.is_some_and(|l| l <= ring::YIELD_LEFT) || !self.lease_yields.may_yield() {
             return false;
@@ -138,6 +157,36 @@ impl ChannelShared {
             return Err(Error::Closed("the channel is closed".into()));
         }
         Ok(Locked { guard: std::mem::ManuallyDrop::new(core), shared: self })
+    }
+
+    /// [`Self::lock`] if no thread holds it now (this one included).
+    fn try_lock(&self) -> Option<Locked<'_>> {
+        if self.generation.check("channel").is_err() {
+            return None;
+        }
+        let core = match self.core.try_lock() {
+            Ok(core) => core,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        (!core.closed).then(|| Locked { guard: std::mem::ManuallyDrop::new(core), shared: self })
+    }
+
+    /// Retire the registered exports dropped since the last look ([`LeaseServer::export_closed`]):
+    /// unregistered, and every consumer that kept one told to let it go (`RETIRE`), in its
+    /// connection before anything sent after this.
+    pub(super) fn retire_closed(&self, core: &mut Core) {
+        if !self.exports_closed.load(Ordering::Relaxed) || !self.exports_closed.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let ids = std::mem::take(&mut *self.closed_exports.lock().unwrap_or_else(|p| p.into_inner()));
+        let epfd = self.epoll.as_fd();
+        for id in ids {
+            if core.registered.remove(&id).is_some() {
+                core.retire(id, epfd);
+            }
+        }
+        self.registered.store(core.registered.len() as u64, Ordering::Release);
     }
 
     /// Wake the thread that waits without a time limit (a no-op when none does: an edge no
@@ -235,6 +284,7 @@ impl ChannelShared {
             }
         }
         core.drain_rings(if rearm && arm == Arm::No { Arm::Now } else { arm });
+        self.retire_closed(&mut core);
         core.sweep(epfd);
         Ok(())
     }

@@ -64,6 +64,8 @@ fn drain(ch: &LocalChannel, fd: &OwnedFd) -> Vec<(u32, usize, usize)> {
                 let (ty, shares) = match m {
                     Message::Share { .. } => (wire::SHARE, 1),
                     Message::Shares { entries, .. } => (wire::SHARES, entries.len()),
+                    Message::KeptShares { entries, .. } => (wire::KEPT_SHARES, entries.len()),
+                    Message::Retire { .. } => (wire::RETIRE, 0),
                     Message::Welcome { .. } => continue,
                     other => panic!("unexpected {other:?}"),
                 };
@@ -394,4 +396,39 @@ fn one_look_at_the_listener_takes_at_most_64_connections_and_the_next_looks_take
     let second = ch.shared.lock().expect("lock").accept_all(epfd);
     let third = ch.shared.lock().expect("lock").accept_all(epfd);
     assert_eq!((first, second, third), (peers::ACCEPTS_PER_PASS, 6, 0), "{} waiting", clients.len());
+}
+
+/// A registered export dropped while the channel's lock is held elsewhere (here: by this very
+/// thread, as when a pool's export goes with the pool under the lock) cannot be retired at
+/// once; the lock's next holder that serves retires it, and its consumer is told. Dropped while
+/// the lock is free, it is retired at once. Each time the consumer that kept it gets `RETIRE`.
+#[test]
+fn a_registered_export_dropped_is_retired_at_once_or_by_the_next_serve_when_the_lock_was_held() {
+    let addr = format!("@devshare-unit-retire-{}", std::process::id());
+    let ch = LocalChannel::listen(&addr).expect("listen");
+    let fd = announce_with(&addr, std::process::id() as i32, wire::FEATURE_SHARES | wire::FEATURE_KEEP);
+    ch.wait_peers(1, Some(Duration::from_secs(10))).expect("a peer");
+    let peer = ch.peer_ids().expect("ids")[0];
+    let shape = [16i64];
+    for held in [true, false] {
+        let exp = Exporter::channel_host_alloc(1 << 12).expect("memfd");
+        ch.register(&exp).expect("register");
+        ch.send(peer, &exp, &TensorDesc { shape: &shape, ..Default::default() }).expect("send");
+        let sent = drain(&ch, &fd);
+        assert!(sent.iter().all(|&(ty, ..)| ty != wire::RETIRE) && !sent.is_empty(), "{sent:?}");
+        let registered = || ch.shared.registered.load(Ordering::Acquire);
+        if held {
+            let guard = ch.shared.lock().expect("lock");
+            drop(exp);
+            drop(guard);
+            assert_eq!(registered(), 1, "dropped under the lock: not retired yet");
+        } else {
+            drop(exp);
+            assert_eq!(registered(), 0, "dropped with the lock free: retired at once");
+        }
+        let told = drain(&ch, &fd); // (serves the channel first)
+        assert_eq!(registered(), 0, "held {held}: retired");
+        assert_eq!(told.iter().filter(|&&(ty, ..)| ty == wire::RETIRE).count(), 1, "held {held}: {told:?}");
+    }
+    ch.close();
 }
