@@ -160,6 +160,10 @@ def main() -> int:
     if args.alloc == "expandable":
         # Before torch initialises CUDA, here and in the spawned consumers (they inherit it).
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    elif args.device == "cuda":
+        # plain: whatever the environment said (under either of the names PyTorch reads)
+        os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        os.environ.pop("PYTORCH_ALLOC_CONF", None)
     import torch
 
     elems = args.block_kib * 1024 // 2
@@ -180,26 +184,44 @@ def main() -> int:
           f"({args.alloc} allocator), {args.count} round trips each, first {args.warmup} left out")
     print(f"torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPUs")
     results = {}
-    approaches = [("devshare", run_devshare), ("queue", run_queue)]
+    # The Queue first: each approach's row is printed as soon as it is measured, with its ratio
+    # (a run cut short, or an approach that fails, keeps what was measured before).
+    approaches = [("queue", run_queue), ("devshare", run_devshare)]
     if args.spin:
-        approaches.insert(1, ("devshare-spin", lambda *a: run_devshare(*a, spin_us=args.spin)))
+        approaches.append(("devshare-spin", lambda *a: run_devshare(*a, spin_us=args.spin)))
+    failed = []
     for name, run in approaches:
-        times = run(cache, args.count + args.warmup, ctx)[args.warmup:]
+        try:
+            times = run(cache, args.count + args.warmup, ctx)[args.warmup:]
+        except Exception as e:  # a failed approach is a row that says so; the others still run
+            failed.append(name)
+            print(f"  {name}: FAILED: {type(e).__name__}: {e}", flush=True)
+            continue
         results[name] = {"p50_us": statistics.median(times), "p90_us": percentile(times, 90),
                          "min_us": min(times), "all_us": times}
+        r = results[name]
+        base = results.get("queue", {}).get("p50_us")
+        ratio = f"{base / r['p50_us']:.1f}x" if base else "-"
+        print(f"  {name}: p50 {r['p50_us']:.1f} us, p90 {r['p90_us']:.1f} us, min {r['min_us']:.1f} us, "
+              f"p50 queue / this {ratio}", flush=True)
     print()
     print("| approach | device | allocator | p50 us | p90 us | min us | p50: queue / this |")
     print("|---|---|---|---|---|---|---|")
-    base = results["queue"]["p50_us"]
-    for name, r in results.items():
+    base = results.get("queue", {}).get("p50_us")
+    for name, _ in approaches:
+        r = results.get(name)
+        if r is None:
+            print(f"| {name} | {args.device} | {args.alloc} | failed | | | |")
+            continue
+        ratio = f"{base / r['p50_us']:.1f}x" if base else "-"
         print(f"| {name} | {args.device} | {args.alloc} | {r['p50_us']:.1f} | {r['p90_us']:.1f} "
-              f"| {r['min_us']:.1f} | {base / r['p50_us']:.1f}x |")
+              f"| {r['min_us']:.1f} | {ratio} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": args.device, "alloc": args.alloc, "blocks": args.blocks,
                        "block_kib": args.block_kib, "count": args.count,
                        "torch": torch.__version__, "results": results}, f, indent=1)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

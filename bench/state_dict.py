@@ -88,7 +88,9 @@ import time
 if "--alloc" in sys.argv[1:-1] and sys.argv[sys.argv.index("--alloc") + 1] == "expandable":
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
 elif "--device" in sys.argv[1:-1] and sys.argv[sys.argv.index("--device") + 1] == "cuda":
-    os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)  # plain: whatever the environment said
+    # plain: whatever the environment said (under either of the names PyTorch reads)
+    os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    os.environ.pop("PYTORCH_ALLOC_CONF", None)
 
 import torch
 import torch.multiprocessing

@@ -3,7 +3,7 @@
 # suite (tests/gpu): libdevshare.so, its soname libdevshare.so.1 (a copy, not a link, so that the
 # bundle survives any copy), the C helper gpu_tool and bench/user_pays.py's C end channel_handoff
 # (both built against include/devshare.h, linked to the bundle's libdevshare.so with rpath
-# $ORIGIN). Nothing else goes in. The GPU machine needs
+# $ORIGIN), and BUILD_INFO (what it was built from). Nothing else goes in. The GPU machine needs
 # no Rust: copy the bundle (and the checkout, for tests/gpu and python/) and run
 #     bash tests/gpu/run.sh build/gpu-bundle
 # The bundle also holds sync_cost (tests/gpu/sync_cost.c), which measures an interprocess event
@@ -49,6 +49,10 @@ echo "== $CC bench/channel_handoff.c"
 
 echo "== $CC tests/gpu/sync_cost.c"
 "$CC" -std=c11 -O2 -g -Wall -Wextra -Werror -o "$out/sync_cost" tests/gpu/sync_cost.c -ldl
+
+# What it was built from, for tests/gpu/session.sh's summary.
+echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) from $(git describe --always --dirty 2>/dev/null || echo 'no git'), $(rustc --version 2>/dev/null)" \
+    > "$out/BUILD_INFO"
 
 glibc=$( { objdump -T "$out/libdevshare.so" "$out/gpu_tool" "$out/channel_handoff" "$out/sync_cost" 2>/dev/null || true; } \
     | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -n1)

@@ -43,6 +43,17 @@ failed=0
 
 left() { echo $((budget - (SECONDS - start))); }
 
+# What ran where: the machine, the checkout and the bundle (scripts/gpu_bundle.sh writes
+# BUILD_INFO: the commit it was built from), so that a failure can be placed.
+{
+    echo "== environment"
+    echo "   date: $(date -u +%Y-%m-%dT%H:%M:%SZ); kernel $(uname -r); $(nproc) CPUs; open files hard limit $(ulimit -Hn)"
+    echo "   glibc: $(ldd --version 2>/dev/null | head -n1)"
+    echo "   GPUs: $(nvidia-smi -L 2>/dev/null | tr '\n' ';' || echo 'nvidia-smi not found')"
+    echo "   checkout: $(git -C "$root" describe --always --dirty 2>/dev/null || echo 'not a git checkout')"
+    echo "   bundle: $(cat "$bundle/BUILD_INFO" 2>/dev/null || echo 'no BUILD_INFO')"
+} 2>&1 | tee -a "$out/summary.txt"
+
 # part NAME LIMIT COMMAND...: run it for at most LIMIT seconds (and never past the budget).
 part() {
     local name=$1 limit=$2
@@ -50,6 +61,10 @@ part() {
     local rest
     rest=$(left)
     ((limit > rest)) && limit=$rest
+    if ((limit <= 0)); then
+        skip "$name" "no time left"
+        return 0
+    fi
     local t0=$SECONDS
     echo "== $name (at most ${limit} s): $*" | tee -a "$out/summary.txt"
     timeout -k 10 "$limit" "$@" 2>&1 | tee "$out/$name.txt"
@@ -62,7 +77,10 @@ skip() {
     echo "== $1 skipped: $2" | tee -a "$out/summary.txt"
 }
 
-part suite 480 bash tests/gpu/run.sh "$bundle"
+# The suite's and the benchmarks' own limits are told to them: this script's `timeout` would not
+# reach their commands, each under a `timeout` of its own (a process group of its own).
+suite_limit=$(($(left) < 480 ? $(left) : 480))
+part suite "$suite_limit" env DEVSHARE_GPU_LIMIT_S=$((suite_limit - 10)) bash tests/gpu/run.sh "$bundle"
 if ! grep -q "^PASS preflight" "$out/suite.txt"; then
     skip benchmarks "no usable GPU (the suite's preflight did not pass)"
 else
@@ -72,9 +90,11 @@ else
         skip sync_cost "$(left) s left"
     fi
     if (($(left) >= 300)); then
-        part bench $(($(left) - 100)) bash tests/gpu/bench.sh "$bundle"
+        limit=$(($(left) - 100))
+        part bench "$limit" bash tests/gpu/bench.sh "$bundle" --budget $((limit - 10))
     elif (($(left) >= 150)); then
-        part bench $(($(left) - 70)) bash tests/gpu/bench.sh "$bundle" --scale 2 --reps 3
+        limit=$(($(left) - 70))
+        part bench "$limit" bash tests/gpu/bench.sh "$bundle" --scale 2 --reps 3 --budget $((limit - 10))
     else
         skip bench "$(left) s left"
     fi
