@@ -291,7 +291,7 @@ typedef struct {
     int got, pool, lease, addr_bad, data_bad, order_bad, rel_bad, st, slots, kind_bad;
     int events; /* items whose handle carries an interprocess event */
     int waited; /* ... that had been waited on exactly once when recv returned */
-    long last_seq; /* the sequence number the last item read carried (item_fill), 0 if none */
+    long seq_sum; /* the sum of the sequence numbers the items read carried (item_fill) */
 } RecvResult;
 
 static DevshareHandle last_lease; /* the handle of the last lease received */
@@ -398,7 +398,7 @@ static RecvResult consume(DevshareConnection *conn, int n, int hold, int timeout
         } else {
             r.order_bad += seq <= last_seq;
             last_seq = seq;
-            r.last_seq = (long)seq;
+            r.seq_sum += (long)seq;
         }
         DevshareHandle h;
         const int32_t hs = devshare_import_handle(imp, &h);
@@ -516,7 +516,7 @@ static int consumer_child(void) {
         } else if (sscanf(line, "recv %d %d %d", &a, &b, &c) == 3) {
             const RecvResult r = consume(conn, a, b, c, msg, sizeof msg);
             say("R %d %d %d %d %d %d %d %d %d %d %d %d %ld %s", r.got, r.pool, r.lease, r.addr_bad, r.data_bad,
-                r.order_bad, r.rel_bad, r.st, r.slots, r.kind_bad, r.events, r.waited, r.last_seq, msg);
+                r.order_bad, r.rel_bad, r.st, r.slots, r.kind_bad, r.events, r.waited, r.seq_sum, msg);
         } else if (sscanf(line, "spin %d", &a) == 1) {
             const int32_t st = devshare_connection_set_spin(conn, (uint32_t)a);
             say("R %d", (int)st);
@@ -743,7 +743,7 @@ static RecvResult recv_result(const char *ans) {
     }
     r.got = (int)v[0], r.pool = (int)v[1], r.lease = (int)v[2], r.addr_bad = (int)v[3], r.data_bad = (int)v[4];
     r.order_bad = (int)v[5], r.rel_bad = (int)v[6], r.st = (int)v[7], r.slots = (int)v[8], r.kind_bad = (int)v[9];
-    r.events = (int)v[10], r.waited = (int)v[11], r.last_seq = v[12];
+    r.events = (int)v[10], r.waited = (int)v[11], r.seq_sum = v[12];
     if (r.st != 0) {
         printf("    consumer: %s\n", ans);
     }

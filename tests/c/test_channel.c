@@ -613,11 +613,15 @@ static void test_leases_stay_outstanding_until_released_or_their_holder_is_kille
         st = devshare_channel_send_batch(ch, peer, bep, bdp, 3);
         tell(&g, "recv 3 0 %d", IO_MS);
         r = recv_result(reply(&g, ch));
+        /* Each tensor's bytes are a pattern of its sequence number (item_check reads every one):
+         * this sync's three, not an earlier one's. */
+        const long want = 3 * (2000 + 10 * sync) + 0 + 1 + 2;
         syncs_ok = st == DEVSHARE_STATUS_OK && r.got == 3 && r.data_bad == 0 && r.order_bad == 0 &&
-                   devshare_exporter_wait(exp, IO_MS) == DEVSHARE_STATUS_OK && outstanding_of(exp) == 0;
+                   r.seq_sum == want && devshare_exporter_wait(exp, IO_MS) == DEVSHARE_STATUS_OK &&
+                   outstanding_of(exp) == 0;
         if (!syncs_ok) {
-            printf("    sync %d: %s, got %d, bad data %d, bad order %d\n", sync, devshare_status_str(st), r.got,
-                   r.data_bad, r.order_bad);
+            printf("    sync %d: %s, got %d, bad data %d, bad order %d, sequence numbers' sum %ld (%ld wanted)\n",
+                   sync, devshare_status_str(st), r.got, r.data_bad, r.order_bad, r.seq_sum, want);
         }
     }
     CHECK(syncs_ok, "leases: ten syncs of a registered export changed in place between them: the C consumer "
@@ -1461,7 +1465,7 @@ static void test_an_export_closed_while_registered_is_retired_before_its_fd_numb
         const int32_t st = devshare_channel_send(ch, peer, exp, &d);
         tell(&k, "recv 1 0 %d", IO_MS);
         const RecvResult r = recv_result(reply(&k, ch));
-        seen[round] = r.last_seq;
+        seen[round] = r.seq_sum;
         CHECK(st == DEVSHARE_STATUS_OK && r.got == 1 && r.data_bad == 0 && devshare_exporter_wait(exp, IO_MS) == 0,
               "retire on close, round %d: the consumer reads the %s export's lease and gives it back (%s)", round,
               round == 0 ? "registered" : "unregistered", devshare_status_str(st));
