@@ -3294,3 +3294,79 @@ fn releases_past_the_backlog_bound_end_the_connection_and_hold_up_no_receive() {
     assert!(worst < Duration::from_secs(2), "a recv(50 ms) took {worst:?} (after {received} items)");
     assert!(closed.to_string().contains("did not read this connection"), "{closed}");
 }
+
+/// The byte encoding of a segmented CUDA handle (POSIX fds, 2 MiB segments) whose table lists
+/// `fds`, one segment each, viewed whole.
+fn cuda_fd_handle(fds: &[i32]) -> Vec<u8> {
+    use devshare::handle::segments::{set_segments, DEVSHARE_SEGMENTS_CUDA_FD};
+    const SEG: u64 = 2 << 20;
+    let size = SEG * fds.len() as u64;
+    let mut h = devshare::handle::DevshareHandle {
+        backend: devshare::handle::DEVSHARE_BACKEND_CUDA,
+        producer_pid: std::process::id() as i32,
+        storage_size: size,
+        ndim: 1,
+        dtype: devshare::dtype::DevshareDType::new(devshare::dtype::code::UINT, 8, 1),
+        ..Default::default()
+    };
+    h.shape[0] = size as i64;
+    h.strides[0] = 1;
+    let table: Vec<u8> = fds.iter().flat_map(|f| f.to_le_bytes()).collect();
+    set_segments(&mut h, SEG, DEVSHARE_SEGMENTS_CUDA_FD, &table).unwrap();
+    devshare::handle::encode::encode(&h).unwrap()
+}
+
+/// Descriptors that do not match what a share says it is are refused before anything is
+/// opened or mapped: a segmented CUDA handle whose table names more (or fewer) distinct fds
+/// than came with it (a repeated fd in the table counts once, so a duplicate descriptor is one
+/// too many), a handle that names its memory by key yet came with descriptors, and a channel
+/// memfd handle with two. Each refusal says what did not match, and the connection goes on.
+#[test]
+fn a_hostile_producers_descriptors_that_do_not_match_the_share_are_refused_before_any_mapping() {
+    let (c, p) = fake_connection("hostile-fds", 0);
+    let a = sealed_memfd(4096);
+    let b = sealed_memfd(4096);
+    let cases: Vec<(Vec<u8>, Vec<BorrowedFd<'_>>, &str)> = vec![
+        (cuda_fd_handle(&[5, 6]), vec![a.as_fd()], "listing 2 distinct fds came with 1 descriptors"),
+        (cuda_fd_handle(&[5, 5]), vec![a.as_fd(), a.as_fd()], "listing 1 distinct fds came with 2 descriptors"),
+        (cuda_fd_handle(&[5, 6, 7]), vec![a.as_fd(), b.as_fd(), a.as_fd(), b.as_fd()], "3 distinct fds came with 4"),
+        (
+            {
+                let mut h = devshare::handle::encode::decode(&memfd_handle(4096, 4096)).unwrap();
+                h.flags &= !DEVSHARE_HANDLE_FLAG_CHANNEL;
+                h.backend = devshare::handle::DEVSHARE_BACKEND_CUDA;
+                h.key_len = 64;
+                h.key[..64].fill(7);
+                devshare::handle::encode::encode(&h).unwrap()
+            },
+            vec![a.as_fd()],
+            "names its memory came with descriptors",
+        ),
+        (memfd_handle(4096, 4096), vec![a.as_fd(), b.as_fd()], "came with 2 descriptors instead of 1"),
+    ];
+    for (lease, (enc, fds, says)) in cases.iter().enumerate() {
+        p.send(&share_msg(lease as u64 + 1, enc), fds);
+        let Err(e) = c.recv(T) else { panic!("{says}: received") };
+        assert_eq!(e.status(), Status::Untrusted, "{says}: {e}");
+        assert!(e.to_string().contains(says), "{e} should say {says:?}");
+    }
+    // A view past its table's segments, with the right descriptors: refused as out of bounds.
+    // (The encoder refuses to write one: the storage size is patched in the bytes, and the
+    // checksum made again.)
+    let mut h = devshare::handle::encode::decode(&cuda_fd_handle(&[5, 6])).unwrap();
+    let (fits, past) = ((3u64 << 20) + 1, (5u64 << 20) + 1);
+    h.storage_size = fits;
+    h.shape[0] = 16;
+    let mut enc = devshare::handle::encode::encode(&h).unwrap();
+    let at = enc.windows(8).position(|w| w == fits.to_le_bytes()).expect("the storage size in the bytes");
+    enc[at..at + 8].copy_from_slice(&past.to_le_bytes());
+    let body = enc.len() - 4;
+    let crc = crc32fast::hash(&enc[..body]);
+    enc[body..].copy_from_slice(&crc.to_le_bytes());
+    p.send(&share_msg(8, &enc), &[a.as_fd(), b.as_fd()]);
+    let Err(refused) = c.recv(T) else { panic!("a view past the segments was received") };
+    assert_eq!(refused.status(), Status::StorageOutOfBounds, "{refused}");
+    // The connection goes on: a share that matches its descriptor arrives.
+    p.send(&share_msg(9, &memfd_handle(4096, 4096)), &[a.as_fd()]);
+    c.recv(T).unwrap().release();
+}
