@@ -1675,8 +1675,11 @@ fn a_hostile_producers_kept_shares_and_retirements_are_checked_like_any_share() 
     let (c, p) = fake_connection("hostile-keep", 0);
     let enc = memfd_handle(4096, 4096);
     let fd = sealed_memfd(4096);
-    // Retiring what it never sent: nothing to do, nothing refused.
+    // Retiring what it never sent: refused, saying so (nothing else changes).
     p.send(&le(&[&14u32.to_le_bytes(), &77u64.to_le_bytes()]), &[]);
+    let Err(e) = c.recv(T) else { panic!("a retirement of an export never sent was taken") };
+    assert_eq!(e.status(), Status::Untrusted, "{e}");
+    assert!(e.to_string().contains("export 77, which it never sent"), "{e}");
     // Descriptor counts that do not match the descriptors.
     p.send(&kept_shares_msg(1, &[(1, 5, &enc), (1, 6, &enc)]), &[fd.as_fd()]);
     assert_eq!(status(c.recv(T)), Status::Untrusted);

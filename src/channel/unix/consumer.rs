@@ -177,6 +177,18 @@ const PUMP_MESSAGES: usize = 64;
 /// bounded; a share of an export beyond it is an ordinary share (mapped until released).
 const MAX_KEPT_EXPORTS: usize = 65536;
 
+/// Note the exports a `KEPT_SHARES` or `PIN_SHARES` message names (0: a share of no registered
+/// export), at most [`MAX_KEPT_EXPORTS`].
+fn announce((announced, full): (&mut rustc_hash::FxHashSet<u64>, &mut bool), exports: impl Iterator<Item = u64>) {
+    for export in exports.filter(|&e| e != 0) {
+        if announced.len() < MAX_KEPT_EXPORTS || announced.contains(&export) {
+            announced.insert(export);
+        } else {
+            *full = true;
+        }
+    }
+}
+
 /// A registered export's window this connection keeps mapped (`PIN_SHARES`), until the producer
 /// retires it (`RETIRE`) or the connection ends; its leases (`LEASE`) are views of it. Counted
 /// in the process's bounds on kept mappings while it lives ([`crate::import::pin`]).
@@ -252,6 +264,11 @@ struct State {
     kept: FxHashMap<u64, crate::import::KeptKey>,
     /// The registered exports' windows pinned here (`PIN_SHARES`), by export.
     pinned: FxHashMap<u64, Pinned>,
+    /// The exports the producer sent kept shares of (`KEPT_SHARES`, `PIN_SHARES`), kept or not
+    /// (a share refused here was still sent): the only ones it may retire. At most
+    /// [`MAX_KEPT_EXPORTS`]; past that (`announced_full`) a retirement of another is let be.
+    announced: rustc_hash::FxHashSet<u64>,
+    announced_full: bool,
     /// The events `LEASE`s were last waited on for (one entry per event, the most recent
     /// [`WAITED_EVENTS`]), each with the stream (as a number) it was waited on: a later lease of
     /// the same send that says it carries the same record needs no second wait there.
@@ -419,6 +436,8 @@ impl LocalConnection {
                                     broken: false,
                                     kept: FxHashMap::default(),
                                     pinned: FxHashMap::default(),
+                                    announced: Default::default(),
+                                    announced_full: false,
                                     waited: Vec::new(),
                                     names: FxHashMap::default(),
                                     rec: Box::new(ItemRecord::new()),
@@ -851,10 +870,12 @@ impl LocalConnection {
                 self.shares((&mut st.ready, &mut st.kept, &mut st.names, &mut st.pinned), first_lease, &entries, fds)
             }
             Message::KeptShares { first_lease, entries } => {
+                announce((&mut st.announced, &mut st.announced_full), entries.iter().map(|e| e.1));
                 let entries: Vec<_> = entries.into_iter().map(|(n, e, h)| (n, e, wire::Offer::NONE, h)).collect();
                 self.shares((&mut st.ready, &mut st.kept, &mut st.names, &mut st.pinned), first_lease, &entries, fds)
             }
             Message::PinShares { first_lease, entries } => {
+                announce((&mut st.announced, &mut st.announced_full), entries.iter().map(|e| e.1));
                 self.shares((&mut st.ready, &mut st.kept, &mut st.names, &mut st.pinned), first_lease, &entries, fds)
             }
             Message::Names { first_lease, names } => {
@@ -877,11 +898,18 @@ impl LocalConnection {
                 Ok(None)
             }
             Message::Retire { export } => {
-                // An export this connection never kept (or already let go) is nothing to do.
-                // A pinned window is unmapped once no lease of it is held.
+                // A pinned window is unmapped once no lease of it is held. An export sent here
+                // but not kept (or already let go) is nothing to do; one never sent is the
+                // producer's lie, refused (nothing else changes).
+                let announced = st.announced.remove(&export);
                 st.pinned.remove(&export);
                 if let Some(k) = st.kept.remove(&export) {
                     crate::import::retire(self.owner, &k);
+                }
+                if !announced && !st.announced_full {
+                    return Err(Error::Untrusted(format!(
+                        "the producer retired export {export}, which it never sent this connection as a kept share"
+                    )));
                 }
                 Ok(None)
             }
