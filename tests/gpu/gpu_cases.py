@@ -1912,7 +1912,27 @@ def registered_sync_run(torch, devshare, device: str) -> str:
             lines = _lines_serving(ch, cons)
             peer = ch.wait_peers(1, timeout=30)[0]
             ch.register(sd)
+            retired = False
             for s in range(syncs):
+                if s == syncs // 2:
+                    # Retirement: the storages unregistered and freed (on a GPU the cache emptied
+                    # too), new ones of the same shapes made (on a GPU likely at the same
+                    # addresses) and registered: the consumer must see the new values, never
+                    # its kept mapping of the old memory.
+                    shapes = {k: (t.shape, t.dtype) for k, t in sd.items()}
+                    check(ch.unregister(sd) == 0, "the state dict unregistered")
+                    check(devshare.wait(list(sd.values()), timeout=30), "leases back before the free")
+                    sd.clear()
+                    del base
+                    gc.collect()
+                    if device == "cuda":
+                        torch.cuda.empty_cache()
+                    g2 = torch.Generator().manual_seed(6)
+                    sd = {k: (torch.randn(*sh, generator=g2) * 3 + 7).to(device=device, dtype=dt)
+                          for k, (sh, dt) in shapes.items()}
+                    base = None
+                    ch.register(sd)
+                    retired = True
                 with torch.no_grad():
                     for t in sd.values():
                         t.add_(1.0)  # in place: the consumer sees it on its next lease
@@ -1966,12 +1986,14 @@ def registered_sync_run(torch, devshare, device: str) -> str:
         left = torch.cuda.memory_allocated() - start
         check(left <= 0, f"{left} bytes still allocated after unregister and the channel's close")
         freed = "; every storage freed after unregister"
-    info(f"{n} tensors x {syncs} syncs, then {small} small tensors x 2 on {device}")
-    return f"{syncs} syncs of a registered state dict, sums and names right; {small} leases sent unread fit{freed}"
+    info(f"{n} tensors x {syncs} syncs (new storages from sync {syncs // 2}), then {small} small tensors x 2 on {device}")
+    check(retired, "the storages were replaced midway")
+    return (f"{syncs} syncs of a registered state dict, sums and names right, also after its storages were freed "
+            f"and made again; {small} leases sent unread fit{freed}")
 
 
 def a_registered_cuda_state_dict_syncs_ten_times_and_thousands_of_unread_leases_fit(cx: Ctx):
-    """A registered CUDA state dict synced ten times to a Python consumer (values changed in place, checked on its GPU), then 2,500 registered tensors sent before the consumer reads; all freed after unregister."""
+    """A registered CUDA state dict synced ten times to a Python consumer (values changed in place, checked on its GPU; midway its storages unregistered, freed with the cache emptied, and made again), then 2,500 registered tensors sent before the consumer reads; all freed after unregister."""
     devshare = _import_devshare()
     if not hasattr(devshare.Channel, "register"):
         raise CaseSkip("this devshare package has no Channel.register")
