@@ -6,6 +6,10 @@
  * "--consumer"; nothing inherited but pipes), over an abstract address carrying this test's
  * pid. The producer has a host memfd pool (8 slots) and a second memfd export whose regions it
  * leases with devshare_channel_send; it sends ITEMS items, pool slots and leases alternating.
+ * In half of each victim's iterations the leased export is registered with the channel
+ * (devshare_channel_register), so its leases are kept mapped by the consumer between leases and
+ * travel as ring records once it pinned the export's window: what a kill leaves behind then
+ * includes kept mappings and a pinned window.
  * The consumer checks every item's data, holds a few (a random number) and releases the rest.
  * One of the two is SIGKILLed at a random point: either by this process after a random delay
  * from the consumer's start (which lands in exec, connect, handshake, sends, imports, reads
@@ -84,7 +88,7 @@ static uint64_t rnd(void) {
 /* ---------------------------------------------------------------------------------------- */
 /* Producer */
 
-static int producer_main(const char *address, const char *point, int k) {
+static int producer_main(const char *address, const char *point, int k, int registered) {
     const int victim = point[0] != '\0' && strcmp(point, "-") != 0;
     const int ext = strcmp(point, "ext") == 0;
     DevshareChannel *ch = NULL;
@@ -97,6 +101,10 @@ static int producer_main(const char *address, const char *point, int k) {
         (st = devshare_pool_create(ch, pool_exp, SLOT, SLOTS, &pool)) ||
         (st = devshare_channel_host_alloc(LEASE_REGION * LEASE_REGIONS, &lease_exp, &lease_mem))) {
         say("E setup: %s: %s", devshare_status_str(st), last_error());
+        return 1;
+    }
+    if (registered && (st = devshare_channel_register(ch, lease_exp))) {
+        say("E register: %s: %s", devshare_status_str(st), last_error());
         return 1;
     }
     uint8_t *const lease_base = lease_mem;
@@ -341,11 +349,12 @@ typedef struct {
 static int shm_new(const Proc *p) { return shm_names_of(p->pid, 0); }
 
 /* Fork a child; it execs only after the parent listed /dev/shm for its pid. */
-static Proc spawn(const char *role, const char *address, const char *point, int k, uint64_t seed) {
+static Proc spawn(const char *role, const char *address, const char *point, int k, uint64_t seed, int registered) {
     char ks[32], ss[32];
     snprintf(ks, sizeof ks, "%d", k);
     snprintf(ss, sizeof ss, "%" PRIu64, seed);
-    char *argv[] = {self_path, (char *)role, (char *)address, (char *)point, ks, ss, NULL};
+    char *argv[] = {self_path, (char *)role, (char *)address, (char *)point, ks, ss,
+                    registered ? "registered" : "plain", NULL};
     Proc p = {0};
     p.pid = spawn_piped(argv, &(SpawnOptions){.gated = 1}, &p.to, &p.from);
     shm_names_of(p.pid, 1); /* an earlier process with this pid left them */
@@ -403,7 +412,9 @@ __attribute__((format(printf, 2, 3))) static void iteration_failed(const char *l
     n_failed_iterations++;
 }
 
-static void run_iteration(int iter, int kill_consumer) {
+static int registered_runs;
+
+static void run_iteration(int iter, int kill_consumer, int registered) {
     char address[128];
     snprintf(address, sizeof address, "@devshare_channel_crash_%ld_%d", (long)getpid(), iter);
     const int pi = kill_consumer ? (int)(rnd() % N_CONSUMER_POINTS) : (int)(rnd() % N_PRODUCER_POINTS);
@@ -418,10 +429,12 @@ static void run_iteration(int iter, int kill_consumer) {
     /* half of the external kills within 3 ms of the consumer's start: exec, connect, handshake */
     const int delay_us = (int)(rnd() % (rnd() % 2 ? EXT_DELAY_US : EARLY_DELAY_US));
     char label[160];
-    snprintf(label, sizeof label, "iteration %d (kill the %s: %s, item %d, delay %d us)", iter,
-             kill_consumer ? "consumer" : "producer", point, ext ? -1 : k, ext ? delay_us : -1);
+    snprintf(label, sizeof label, "iteration %d (kill the %s: %s, item %d, delay %d us%s)", iter,
+             kill_consumer ? "consumer" : "producer", point, ext ? -1 : k, ext ? delay_us : -1,
+             registered ? ", registered" : "");
+    registered_runs += registered;
 
-    Proc prod = spawn("--producer", address, kill_consumer ? "-" : point, k, rnd() | 1);
+    Proc prod = spawn("--producer", address, kill_consumer ? "-" : point, k, rnd() | 1, registered);
     char line[2048];
     if (!read_report(&prod, "LX", line, sizeof line) || line[0] != 'L') {
         /* only a producer that kills itself right after listening says X here: never before L */
@@ -432,7 +445,7 @@ static void run_iteration(int iter, int kill_consumer) {
         close(prod.from);
         return;
     }
-    Proc cons = spawn("--consumer", address, kill_consumer ? point : "-", k, rnd() | 1);
+    Proc cons = spawn("--consumer", address, kill_consumer ? point : "-", k, rnd() | 1, registered);
     Proc *victim = kill_consumer ? &cons : &prod;
     Proc *survivor = kill_consumer ? &prod : &cons;
     const int64_t t_start = now_ns();
@@ -540,7 +553,8 @@ int main(int argc, char **argv) {
     if (argc >= 6 && (strcmp(argv[1], "--producer") == 0 || strcmp(argv[1], "--consumer") == 0)) {
         rng_state = strtoull(argv[5], NULL, 10) | 1;
         const int k = atoi(argv[4]);
-        return strcmp(argv[1], "--producer") == 0 ? producer_main(argv[2], argv[3], k)
+        const int registered = argc >= 7 && strcmp(argv[6], "registered") == 0;
+        return strcmp(argv[1], "--producer") == 0 ? producer_main(argv[2], argv[3], k, registered)
                                                    : consumer_main(argv[2], argv[3], k);
     }
     harness_start(NULL);
@@ -553,7 +567,7 @@ int main(int argc, char **argv) {
 
     const int64_t t0 = now_ns();
     for (int i = 0; i < 2 * ITERATIONS; i++) {
-        run_iteration(i, i % 2 == 0);
+        run_iteration(i, i % 2 == 0, i % 4 >= 2); /* each victim: every other time registered */
     }
     const double secs = (double)(now_ns() - t0) / 1e9;
 
@@ -569,8 +583,8 @@ int main(int argc, char **argv) {
     CHECK(shm_ok == 2 * ITERATIONS,
           "no /dev/shm object carrying a producer's or consumer's pid was left (%d of %d clean)",
           shm_ok, 2 * ITERATIONS);
-    CHECK(n_failed_iterations == 0, "all %d iterations passed (%d failed) in %.1f s", 2 * ITERATIONS,
-          n_failed_iterations, secs);
+    CHECK(n_failed_iterations == 0, "all %d iterations passed (%d failed; %d with the leased export registered) in %.1f s",
+          2 * ITERATIONS, n_failed_iterations, registered_runs, secs);
     printf("# consumer kills: %d before the producer sent anything, %d mid-stream, %d after the last item\n",
            landed[0][0], landed[0][1], landed[0][2]);
     printf("# producer kills: %d before the consumer received anything, %d mid-stream, %d after the last item\n",
