@@ -68,13 +68,13 @@
 #define DEVSHARE_VERSION_MAJOR 1
 
 // Minor version (additions only: a program built against MAJOR.m runs with MAJOR.n, n >= m).
-#define DEVSHARE_VERSION_MINOR 19
+#define DEVSHARE_VERSION_MINOR 20
 
 // Patch version (fixes; no interface change).
 #define DEVSHARE_VERSION_PATCH 0
 
 // `(MAJOR << 16) | (MINOR << 8) | PATCH` of the header; compare with `devshare_version()`.
-#define DEVSHARE_VERSION 70400
+#define DEVSHARE_VERSION 70656
 
 // `DevsharePeerInfo.transport`: a Unix channel's peer (items in shared memory).
 #define DEVSHARE_TRANSPORT_UNIX 0

@@ -79,7 +79,7 @@ from ._channel import (
     release_batch,
 )
 
-__version__ = "1.19.0"
+__version__ = "1.20.0"
 
 #: Where the loaded libdevshare came from, as passed to the loader: a full path, or the bare
 #: soname ``"libdevshare.so.1"`` when the system loader found it.

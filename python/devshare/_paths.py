@@ -3,7 +3,7 @@
 A wheel built from the repository (the root pyproject.toml, scikit-build-core over the CMake
 build) carries ``cmake --install``'s tree inside the package, as ``devshare/_lib/``::
 
-    _lib/lib/libdevshare.so.1        (and libdevshare.so, libdevshare.so.1.19.0, libdevshare.a)
+    _lib/lib/libdevshare.so.1        (and libdevshare.so, libdevshare.so.1.20.0, libdevshare.a)
     _lib/include/devshare.h, devshare.hpp
     _lib/lib/cmake/devshare/         find_package(devshare)
     _lib/lib/pkgconfig/              devshare.pc, devshare-static.pc

@@ -31,13 +31,13 @@ wheel=("${work}"/dist/devshare-*-py3-none-linux_x86_64.whl)
 sdist_files="$(tar -tzf "${sdist[0]}")"
 for f in pyproject.toml CMakeLists.txt Cargo.toml Cargo.lock build.rs src/lib.rs include/devshare.h \
          cmake/devshareConfig.cmake.in python/devshare/__init__.py; do
-    grep -qx "devshare-1.19.0/${f}" <<<"${sdist_files}" || { echo "sdist lacks ${f}"; exit 1; }
+    grep -qx "devshare-1.20.0/${f}" <<<"${sdist_files}" || { echo "sdist lacks ${f}"; exit 1; }
 done
 echo "   built in $((SECONDS - t0)) s"
 
 echo "== auditwheel repair"
 auditwheel repair -w "${work}/wheelhouse" "${wheel[0]}" 2>&1 | grep -E "platform tag|Fixed-up" || true
-repaired=("${work}"/wheelhouse/devshare-1.19.0-py3-none-manylinux_2_*_x86_64.whl)
+repaired=("${work}"/wheelhouse/devshare-1.20.0-py3-none-manylinux_2_*_x86_64.whl)
 [[ -f "${repaired[0]}" ]] || { echo "auditwheel gave no manylinux wheel"; ls "${work}/wheelhouse"; exit 1; }
 echo "   ${repaired[0]##*/}"
 contents="$(unzip -Z1 "${repaired[0]}")"
