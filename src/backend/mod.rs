@@ -44,11 +44,23 @@ pub struct ImportRequest {
     pub stream: *mut std::ffi::c_void,
     /// How cross-device imports get peer access.
     pub peer: PeerAccess,
+    /// Who memory known only by its producer's fd numbers (a segmented CUDA export's pages) is
+    /// mapped and cached for: 0, the whole process; else one importer alone (a channel
+    /// connection), which is told when the producer closes them, before anything names other
+    /// memory under the same numbers. Memory known by an identity of its own (a memfd, a device
+    /// handle or name) is cached for the whole process whatever this says.
+    pub scope: u64,
 }
 
 impl Default for ImportRequest {
     fn default() -> Self {
-        ImportRequest { read_only: false, device: None, stream: std::ptr::null_mut(), peer: PeerAccess::default() }
+        ImportRequest {
+            read_only: false,
+            device: None,
+            stream: std::ptr::null_mut(),
+            peer: PeerAccess::default(),
+            scope: 0,
+        }
     }
 }
 

@@ -194,6 +194,7 @@ fn request(o: &DevshareImportOptions) -> crate::error::Result<ImportRequest> {
         device: (o.device != DEVSHARE_DEVICE_FROM_HANDLE).then_some(o.device),
         stream: o.stream,
         peer,
+        scope: 0,
     })
 }
 

@@ -346,8 +346,11 @@ pub(crate) fn open(
     mut fds: Vec<OwnedFd>,
     lease: Option<Arc<dyn Lease>>,
     stream: *mut std::ffi::c_void,
+    connection: Option<u64>,
 ) -> Result<Import> {
-    let req = ImportRequest { stream, ..ImportRequest::default() };
+    // Memory known by its producer's fd numbers is mapped for this connection alone (its
+    // producer's RETIRE orders a close before later shares on it, not on others).
+    let req = ImportRequest { stream, scope: connection.unwrap_or(0), ..ImportRequest::default() };
     if h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_CHANNEL != 0 {
         if fds.len() != 1 {
             return Err(Error::Untrusted(format!(
@@ -420,7 +423,7 @@ mod tests {
         let desc = TensorDesc { shape: &whole, storage_size: Some(SLOT * u64::from(SLOTS)), ..Default::default() };
         let (h, _) = exp.share_leased(&desc).expect("share");
         let fds = exp.channel_fds().iter().map(|f| f.try_clone_to_owned().expect("dup")).collect();
-        Arc::new(open(&h, None, fds, None, std::ptr::null_mut()).expect("open"))
+        Arc::new(open(&h, None, fds, None, std::ptr::null_mut(), None).expect("open"))
     }
 
     /// An attached pool as a consumer's state holds it.

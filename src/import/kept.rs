@@ -264,7 +264,7 @@ mod tests {
     fn key(n: u8) -> AllocKey {
         let mut key = [0; DEVSHARE_KEY_CAPACITY];
         key[0] = n;
-        AllocKey { backend: 1, read_only: false, device: 0, key_len: 1, key, segments: None }
+        AllocKey { backend: 1, read_only: false, device: 0, key_len: 1, key, segments: None, scope: 0 }
     }
 
     /// `key` mapped for one import kept for connection 1, as the open path leaves it.

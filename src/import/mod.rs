@@ -231,7 +231,8 @@ pub(crate) fn import_kept(kept: &KeptKey, h: &DevshareHandle, table: Option<&[u8
     let mut miss = || -> Result<Box<dyn crate::backend::Mapping>> { Err(kept_gone()) };
     let attached = (h.flags & crate::handle::DEVSHARE_HANDLE_FLAG_CHANNEL != 0)
         .then(|| Attached { key: &key.key[..key.key_len as usize], open: &mut miss });
-    import_from(h, table, ImportRequest::default(), attached, None, Some(key))
+    let req = ImportRequest { scope: key.scope, ..ImportRequest::default() };
+    import_from(h, table, req, attached, None, Some(key))
 }
 
 /// What [`import_kept`] finds when its allocation was unmapped here since (evicted).
@@ -259,7 +260,12 @@ fn import_from(
     // The producer's event first, before anything is registered: a failed wait leaves nothing
     // to undo, and the handle's reference stays with the caller (who may retry).
     wait_for_producer(h, &req)?;
-    let key = alloc_key(h, attached.as_ref(), segments.as_ref(), device, req.read_only);
+    let mut key = alloc_key(h, attached.as_ref(), segments.as_ref(), device, req.read_only);
+    // An allocation known by its producer's fd numbers is mapped for whom the request says
+    // (`ImportRequest::scope`: a channel connection alone, or the whole process).
+    if key.segments.as_ref().is_some_and(|s| s.2 != 0) {
+        key.scope = req.scope;
+    }
     if expect.is_some_and(|e| *e != key) {
         return Err(Error::Mismatch("the handle names another allocation than the one kept for it".into()));
     }
@@ -381,6 +387,7 @@ fn alloc_key(
             let pid = if t.seg.kind == crate::handle::segments::DEVSHARE_SEGMENTS_CUDA_FD { t.producer_pid } else { 0 };
             Arc::new((t.seg.segment_size, t.seg.kind, pid, t.table.to_vec()))
         }),
+        scope: 0,
     }
 }
 
@@ -1066,6 +1073,7 @@ mod tests {
                 key_len: 0,
                 key: [0; DEVSHARE_KEY_CAPACITY],
                 segments: None,
+                scope: 0,
             },
             ticket: None,
             watch: None,

@@ -23,6 +23,11 @@ pub(super) struct AllocKey {
     /// Segmented allocations: segment size, kind, producer pid and the whole table (the key
     /// area holds at most part of it). `None` for single allocations (no heap on their path).
     pub(super) segments: Option<Arc<SegmentsKey>>,
+    /// 0: the allocation is one mapping for the whole process. Else the channel connection
+    /// (owner id) it is mapped for alone: an allocation known by its producer's fd numbers,
+    /// which name other memory once the producer closed them, and only that connection learns
+    /// when (its producer's `RETIRE` comes before any later share on it).
+    pub(super) scope: u64,
 }
 
 /// What identifies a segmented allocation: segment size, table kind, producer pid, table.

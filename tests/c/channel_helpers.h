@@ -506,6 +506,7 @@ static int consumer_child(void) {
     }
     say("PID %d %d", (int)getpid(), (int)tgid);
     DevshareConnection *conn = NULL;
+    DevshareConnection *conn2 = NULL; /* a second connection of this process ("connect2", "recv2") */
     char line[4096], msg[1024];
     while (read_line_fd(0, line, sizeof line, CHILD_IDLE_MS) >= 0) {
         char arg[512];
@@ -513,6 +514,13 @@ static int consumer_child(void) {
         if (sscanf(line, "connect %511s %d", arg, &a) == 2) {
             const int32_t st = devshare_channel_connect(arg, a, &conn);
             say("R %d %s", (int)st, st ? last_error() : "");
+        } else if (sscanf(line, "connect2 %511s %d", arg, &a) == 2) {
+            const int32_t st = devshare_channel_connect(arg, a, &conn2);
+            say("R %d %s", (int)st, st ? last_error() : "");
+        } else if (sscanf(line, "recv2 %d %d %d", &a, &b, &c) == 3) {
+            const RecvResult r = consume(conn2, a, b, c, msg, sizeof msg);
+            say("R %d %d %d %d %d %d %d %d %d %d %d %d %ld %s", r.got, r.pool, r.lease, r.addr_bad, r.data_bad,
+                r.order_bad, r.rel_bad, r.st, r.slots, r.kind_bad, r.events, r.waited, r.seq_sum, msg);
         } else if (sscanf(line, "recv %d %d %d", &a, &b, &c) == 3) {
             const RecvResult r = consume(conn, a, b, c, msg, sizeof msg);
             say("R %d %d %d %d %d %d %d %d %d %d %d %d %ld %s", r.got, r.pool, r.lease, r.addr_bad, r.data_bad,
@@ -574,7 +582,9 @@ static int consumer_child(void) {
             _exit(0);
         } else if (strcmp(line, "quit") == 0) {
             const int fails = release_held(n_held);
-            const int32_t st = conn ? devshare_connection_close(conn) : 0;
+            int32_t st = conn ? devshare_connection_close(conn) : 0;
+            const int32_t st2 = conn2 ? devshare_connection_close(conn2) : 0;
+            st = st ? st : st2;
             say("R %d %d", fails, (int)st);
             return fails || st ? 1 : 0;
         } else if (line[0] != '\0') {

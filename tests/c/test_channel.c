@@ -1486,6 +1486,66 @@ static void test_an_export_closed_while_registered_is_retired_before_its_fd_numb
     g_cuda = 0;
 }
 
+/* The same across two connections of one consumer process: the allocation a registered export
+ * was is kept mapped for connection A; the export is closed (A is told, but has not read it
+ * yet), and new memory that gets its fd numbers is sent to connection B. B must map what it
+ * came with, not take A's kept mapping: nothing ordered A's news before B's share. */
+static void test_a_mapping_kept_for_one_connection_is_not_taken_by_another_for_reused_fd_numbers(void) {
+    enum { COUNT = 2 };
+    const int64_t len = 4096;
+    cuda_start();
+    char address[128];
+    make_address(address, sizeof address, "cuda_kept_two_conns");
+    DevshareChannel *ch = NULL;
+    DS_OK(devshare_channel_listen(address, &ch));
+    g_cuda = 1;
+    Child k = spawn_child("cuda", "");
+    const uint64_t peer_a = connect_child(ch, &k, address, "kept across connections");
+    uint64_t ids[4];
+    tell(&k, "connect2 %s %d", address, IO_MS);
+    const char *a = reply(&k, ch);
+    uint64_t peer_b = 0;
+    for (int i = 0; i < 200 && peer_b == 0; i++) {
+        (void)devshare_channel_service(ch, 10);
+        const size_t n = peer_count(ch, ids, 4);
+        for (size_t j = 0; j < n; j++) {
+            if (ids[j] != peer_a) {
+                peer_b = ids[j];
+            }
+        }
+    }
+    CHECK(peer_a && peer_b && strncmp(a, "R 0", 3) == 0,
+          "kept across connections: one consumer process connects twice (%s)", a);
+    long seen[2] = {0, 0};
+    for (int round = 0; round < 2 && peer_a && peer_b; round++) {
+        Vmm v;
+        vmm_create(&v, COUNT);
+        DevshareExporter *exp = NULL;
+        DS_OK(devshare_export_segments(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)v.va, v.h, COUNT, SEG, 0, &exp));
+        if (round == 0) {
+            DS_OK(devshare_channel_register(ch, exp));
+        }
+        item_fill((void *)(uintptr_t)v.va, (uint64_t)len, 8000 + 1000 * (uint64_t)round);
+        DevshareTensorDesc d = bytes_desc(0, &len);
+        const int32_t st = devshare_channel_send(ch, round == 0 ? peer_a : peer_b, exp, &d);
+        tell(&k, round == 0 ? "recv 1 0 %d" : "recv2 1 0 %d", IO_MS);
+        const RecvResult r = recv_result(reply(&k, ch));
+        seen[round] = r.seq_sum;
+        CHECK(st == DEVSHARE_STATUS_OK && r.got == 1 && r.data_bad == 0 && devshare_exporter_wait(exp, IO_MS) == 0,
+              "kept across connections, round %d: connection %c reads its lease and gives it back", round,
+              round == 0 ? 'A' : 'B');
+        CHECK(devshare_exporter_close(exp, 0) == DEVSHARE_STATUS_OK,
+              "kept across connections, round %d: the export closes", round);
+        vmm_destroy(&v);
+    }
+    CHECK(seen[0] == 8000 && seen[1] == 9000,
+          "kept across connections: connection B, sent new memory under a closed registered export's fd numbers, "
+          "reads the new values, not connection A's kept mapping (%ld, then %ld)", seen[0], seen[1]);
+    CHECK(finish(&k, ch), "kept across connections: the consumer exits cleanly");
+    close_all(NULL, NULL, ch, "kept across connections");
+    g_cuda = 0;
+}
+
 /* A batch send of two tensors on two streams, run by another thread. */
 typedef struct {
     DevshareChannel *ch;
@@ -1640,6 +1700,7 @@ int main(int argc, char **argv) {
     test_a_cuda_event_is_reused_only_for_the_consumer_it_was_sent_to();
     test_a_consumer_gone_while_its_send_records_events_leaves_no_event_behind();
     test_an_export_closed_while_registered_is_retired_before_its_fd_numbers_return();
+    test_a_mapping_kept_for_one_connection_is_not_taken_by_another_for_reused_fd_numbers();
 
     int left = 0;
     for (int i = 0; i < n_tracked; i++) {

@@ -16,7 +16,8 @@
 # Time bounds: each case runs in its own process with its own timeout (60 to 150 s); no case starts
 # after 440 s (gpu_cases.py RUN_BUDGET_S) and a case never runs past that budget; this script stops
 # everything at 470 s (10 s more to kill), so a run ends within 8 minutes whatever hangs.
-# DEVSHARE_GPU_LIMIT_S=N sets that stop to N s instead (the cases' budget to N - 30 s): a caller's
+# DEVSHARE_GPU_LIMIT_S=N sets that stop to N s instead (the cases' budget to N - 30 s, or N / 2
+# under a minute): a caller's
 # own time limit would not reach the suite under `timeout`, which runs in a process group of its
 # own.
 set -uo pipefail
@@ -50,8 +51,9 @@ export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 
 limit=${DEVSHARE_GPU_LIMIT_S:-470}
-[[ "$limit" =~ ^[0-9]+$ ]] && ((limit >= 60)) || fail_setup "DEVSHARE_GPU_LIMIT_S=$limit: a whole number of seconds, 60 or more"
-export DEVSHARE_GPU_RUN_BUDGET_S=$((limit - 30))
+[[ "$limit" =~ ^[0-9]+$ ]] && ((limit >= 10)) || fail_setup "DEVSHARE_GPU_LIMIT_S=$limit: a whole number of seconds, 10 or more"
+# No case starts past this, 30 s before the stop (half of a stop under a minute).
+export DEVSHARE_GPU_RUN_BUDGET_S=$((limit >= 60 ? limit - 30 : limit / 2))
 if command -v timeout >/dev/null 2>&1; then
     timeout -k 10 "$limit" "$PY" -u tests/gpu/gpu_cases.py --bundle "$bundle" "$@"
     rc=$?

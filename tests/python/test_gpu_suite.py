@@ -130,10 +130,13 @@ def test_gpu_suite_lists_the_graph_case_and_fits_ten_minutes(bundle):
     assert GRAPHS in names and POOL_C_TO_C in names, res.stdout
     # run.sh's hard stop, and the budget after which the runner starts no case, leave room in a
     # 10-minute slot (the preflight, and killing what a stopped run left, come on top).
-    limit = int(re.search(r"^limit=(\d+)$", RUN_SH.read_text(), re.M).group(1))
-    budget = float(re.search(r"^RUN_BUDGET_S = ([\d.]+)$", (RUN_SH.parent / "gpu_cases.py").read_text(),
-                             re.M).group(1))
+    limit = int(re.search(r"^limit=\$\{DEVSHARE_GPU_LIMIT_S:-(\d+)\}$", RUN_SH.read_text(), re.M).group(1))
+    budget = float(re.search(r'^RUN_BUDGET_S = float\(os.environ.get\("DEVSHARE_GPU_RUN_BUDGET_S", "([\d.]+)"\)\)$',
+                             (RUN_SH.parent / "gpu_cases.py").read_text(), re.M).group(1))
     assert budget < limit <= 480, (budget, limit)
+    # run.sh gives the cases its own stop less 30 s (a caller's DEVSHARE_GPU_LIMIT_S included).
+    assert "export DEVSHARE_GPU_RUN_BUDGET_S=$((limit >= 60 ? limit - 30 : limit / 2))" in RUN_SH.read_text()
+    assert budget == limit - 30, (budget, limit)
 
 
 def test_gpu_tool_pool_commands_refuse_bad_arguments(bundle):

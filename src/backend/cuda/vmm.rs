@@ -6,7 +6,11 @@
 //! A consumer knows an fd-table page by the handle's word only: (producer pid, fd number), in
 //! its page cache here and (with the whole table) in the import registry. That is sound while
 //! the producer keeps the fds open, which it does while references are outstanding (closing
-//! waits for them). A producer that FORCE-closes a segmented export with references outstanding
+//! waits for them). A channel connection may keep pages mapped past that (a registered
+//! export's, between leases), so its pages are cached for it alone (`ImportRequest::scope`):
+//! its producer tells it of a close (`RETIRE`) before any later share on it, but nothing orders
+//! that news before another connection's or a plain import's handle of new memory under the
+//! same numbers. A producer that FORCE-closes a segmented export with references outstanding
 //! closes the fds, and a later export of other memory may get the same fd numbers: a consumer
 //! that still holds an import of the old table then gets the old mapping (the old memory) for
 //! the new handle. FORCE-closing a segmented CUDA export with outstanding references is
@@ -198,7 +202,12 @@ pub(super) fn export_segments(
 /// are outstanding), or the fabric handle.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum PageKey {
-    Fd { pid: i32, fd: i32 },
+    /// (`scope`: whom the page is cached for, `ImportRequest::scope`.)
+    Fd {
+        pid: i32,
+        fd: i32,
+        scope: u64,
+    },
     Fabric([u8; FABRIC_HANDLE_LEN]),
 }
 
@@ -245,6 +254,7 @@ fn import_pages(
     device: c_int,
     t: &SegmentTable<'_>,
     passed: Option<&crate::backend::PassedFds>,
+    scope: u64,
 ) -> Result<Vec<Arc<ImportedPage>>> {
     let mut pages = Vec::with_capacity(t.seg.count as usize);
     match t.seg.kind {
@@ -252,7 +262,7 @@ fn import_pages(
             let pid = t.producer_pid;
             let mut producer: Option<crate::backend::pidfd::Process> = None;
             for fd in t.fds() {
-                pages.push(imported_page(PageKey::Fd { pid, fd }, device, || {
+                pages.push(imported_page(PageKey::Fd { pid, fd, scope }, device, || {
                     // Passed next to the handle (over a channel): no pidfd_getfd needed.
                     if let Some(passed) = passed.and_then(|p| p.take(pid, fd)) {
                         return api.mem_import_fd(passed.as_fd());
@@ -357,7 +367,7 @@ pub(super) fn import_segmented(
     // from the producer or any page is imported.
     m.va = api.mem_address_reserve(size)?;
     m.reserved = true;
-    m.pages = import_pages(api, device, t, passed)?;
+    m.pages = import_pages(api, device, t, passed, req.scope)?;
     if m.pages.len() != t.seg.count as usize {
         return Err(Error::Internal(format!("{} pages imported for {} segments", m.pages.len(), t.seg.count)));
     }

@@ -614,7 +614,7 @@ fn own_memory(len: u64) -> Result<Import> {
     };
     h.shape[0] = len as i64;
     h.strides[0] = 1;
-    open(&h, None, vec![fd], None, std::ptr::null_mut())
+    open(&h, None, vec![fd], None, std::ptr::null_mut(), None)
 }
 
 /// `len` bytes of this process's own CUDA device memory on `device` (`cuMemAlloc`), as an

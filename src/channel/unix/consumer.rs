@@ -266,7 +266,8 @@ struct State {
     pinned: FxHashMap<u64, Pinned>,
     /// The exports the producer sent kept shares of (`KEPT_SHARES`, `PIN_SHARES`), kept or not
     /// (a share refused here was still sent): the only ones it may retire. At most
-    /// [`MAX_KEPT_EXPORTS`]; past that (`announced_full`) a retirement of another is let be.
+    /// [`MAX_KEPT_EXPORTS`]; past that, or once a message was refused unread (it may have named
+    /// some), `announced_full`: a retirement of another is let be.
     announced: rustc_hash::FxHashSet<u64>,
     announced_full: bool,
     /// The events `LEASE`s were last waited on for (one entry per event, the most recent
@@ -767,14 +768,24 @@ impl LocalConnection {
             let State { buf, fds, .. } = &mut *st;
             // (What came, a refused message's too, is closed in this receive, under this
             // connection's lock: recv_with made sure no socket among it lingers.)
-            let (n, refused) = match wire::recv_with(self.shared.fd.as_fd(), buf, fds, false)? {
-                Received::Empty => return Ok(None),
-                Received::Closed => {
+            let (n, refused) = match wire::recv_with(self.shared.fd.as_fd(), buf, fds, false) {
+                Ok(Received::Empty) => return Ok(None),
+                Ok(Received::Closed) => {
                     st.eof = true;
                     return Ok(None);
                 }
-                Received::Message(n) => (n, None),
-                Received::Refused(n, what) => (n, Some(what)),
+                Ok(Received::Message(n)) => (n, None),
+                Ok(Received::Refused(n, what)) => (n, Some(what)),
+                Err(e @ Error::Untrusted(_)) => {
+                    // A message refused whole (too long, or more descriptors than fit): one
+                    // socket message all the same (the ring records sent after it wait for it),
+                    // and what it named cannot be known: a retirement of an export it may have
+                    // announced is let be from now on.
+                    st.seen += 1;
+                    st.announced_full = true;
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
             };
             st.seen += 1;
             // The ring records sent before this message are handled before it; the first
@@ -862,7 +873,7 @@ impl LocalConnection {
                 let token: Arc<dyn Lease> = Arc::new(LeaseToken::new(self.shared.clone(), lease));
                 st.names.clear(); // (names come only with SHARES)
                 let d = decode_full(handle)?;
-                let imp = open(&d.handle, d.table.as_deref(), fds, Some(token), self.stream())?;
+                let imp = open(&d.handle, d.table.as_deref(), fds, Some(token), self.stream(), Some(self.owner))?;
                 Ok(Some(Box::new(imp)))
             }
             Message::Shares { first_lease, entries } => {
@@ -969,7 +980,7 @@ impl LocalConnection {
                          the connection ends"
                     )));
                 }
-                let base = open(&d.handle, d.table.as_deref(), fds, None, std::ptr::null_mut())?;
+                let base = open(&d.handle, d.table.as_deref(), fds, None, std::ptr::null_mut(), Some(self.owner))?;
                 let spares = SpareTokens::new(count);
                 st.pools.insert(pool, AttachedPool { base: Arc::new(base), slot_size, count, token, spares });
                 Ok(None)
@@ -1060,7 +1071,7 @@ impl LocalConnection {
                         event = Some(d.handle.event_handle);
                     }
                 }
-                let imp = open(&d.handle, d.table.as_deref(), mine, Some(token), stream)?;
+                let imp = open(&d.handle, d.table.as_deref(), mine, Some(token), stream, Some(self.owner))?;
                 decoded = Some(d);
                 Ok(imp)
             });

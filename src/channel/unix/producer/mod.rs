@@ -129,7 +129,7 @@ struct Core {
     pools: FxHashMap<u32, PoolState>,
     next_pool: u32,
     /// Exports (by id) registered with the channel ([`LocalChannel::register`]), each with its
-    /// lease book (gone when the export is: its registration ends with the next `register`).
+    /// lease book (an export's drop retires it: [`ChannelShared::retire_closed`]).
     registered: FxHashMap<u64, std::sync::Weak<LeaseBook>>,
     /// The number of the next pin offer (`PIN_SHARES`).
     next_pin: u64,
@@ -840,8 +840,13 @@ impl Core {
         for i in 0..self.peers.len() {
             self.peers[i].pins.remove(&id);
             if self.peers[i].kept.remove(&id) {
-                // A peer that cannot take it now is past its limits: sweep disconnects it.
-                let _ = self.post(i, &msg, &[], epfd);
+                // A peer that cannot be told (gone, past its limits, or a transient failure of
+                // the send) is disconnected by sweep: a consumer that missed a RETIRE could be
+                // served its old mapping for a later share, and one whose connection ended
+                // keeps nothing.
+                if let Err(e) = self.post(i, &msg, &[], epfd) {
+                    self.peers[i].doomed.get_or_insert_with(|| format!("a RETIRE could not be sent to it: {e}"));
+                }
             }
         }
     }

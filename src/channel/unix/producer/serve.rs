@@ -33,6 +33,13 @@ impl std::ops::DerefMut for Locked<'_> {
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
+        // Registered exports dropped while this lock was held (by its holder, or by a thread
+        // that found it taken) are retired before it is let go: their consumers' mappings of
+        // freed memory go now, not with the channel's next send.
+        if self.shared.exports_closed.load(Ordering::Relaxed) && !self.guard.closed {
+            self.shared.retire_closed(&mut self.guard);
+            self.guard.sweep(self.shared.epoll.as_fd());
+        }
         let stirred = std::mem::take(&mut self.guard.stir);
         // Closed after the unlock: a descriptor a peer sent may take long to close. Likewise
         // the idle events of peers that went (destroying one is a driver call).
@@ -114,27 +121,36 @@ impl LeaseServer for ChannelShared {
         self.lease_backoff.tried(found);
     }
 
-    /// The hand-over of the CPU (ring.rs, "Handing the CPU over") before a wait for lease
-    /// returns sleeps: to a consumer awake on this CPU, with the same guards as an acquire's.
     /// A registered export is being dropped: retired now when the channel's lock is free, else
     /// by the lock's next holder that sends a handle or serves (this thread may be the holder:
     /// an export can go with a pool closed under the lock).
     fn export_closed(&self, export: u64) {
-        if self.registered.load(Ordering::Acquire) == 0 {
-            return; // (registered with none: nothing to retire)
+        // (Registered with none: nothing to retire. A forked child's copy of the channel is
+        // its parent's to serve: it touches nothing of it.)
+        if self.registered.load(Ordering::Acquire) == 0 || !self.generation.is_current() {
+            return;
         }
-        self.closed_exports.lock().unwrap_or_else(|p| p.into_inner()).push(export);
-        self.exports_closed.store(true, Ordering::Release);
         match self.try_lock() {
             Some(mut core) => {
-                self.retire_closed(&mut core);
-                core.sweep(self.epoll.as_fd());
+                let epfd = self.epoll.as_fd();
+                if core.registered.remove(&export).is_some() {
+                    core.retire(export, epfd);
+                    self.registered.store(core.registered.len() as u64, Ordering::Release);
+                    core.sweep(epfd);
+                }
             }
-            // A thread waiting in the epoll set without a time limit looks (its serve retires).
-            None => self.nudge(),
+            None => {
+                self.closed_exports.lock().unwrap_or_else(|p| p.into_inner()).push(export);
+                self.exports_closed.store(true, Ordering::Release);
+                // The holder retires it as it lets the lock go, if it saw it; else a thread
+                // waiting in the epoll set without a time limit looks (its serve retires).
+                self.nudge();
+            }
         }
     }
 
+    /// The hand-over of the CPU (ring.rs, "Handing the CPU over") before a wait for lease
+    /// returns sleeps: to a consumer awake on this CPU, with the same guards as an acquire's.
     fn hand_over(&self, left: Option<Duration>) -> bool {
         if left.is_some_and(|l| l <= ring::YIELD_LEFT) || !self.lease_yields.may_yield() {
             return false;

@@ -398,12 +398,12 @@ fn one_look_at_the_listener_takes_at_most_64_connections_and_the_next_looks_take
     assert_eq!((first, second, third), (peers::ACCEPTS_PER_PASS, 6, 0), "{} waiting", clients.len());
 }
 
-/// A registered export dropped while the channel's lock is held elsewhere (here: by this very
-/// thread, as when a pool's export goes with the pool under the lock) cannot be retired at
-/// once; the lock's next holder that serves retires it, and its consumer is told. Dropped while
-/// the lock is free, it is retired at once. Each time the consumer that kept it gets `RETIRE`.
+/// A registered export dropped while the channel's lock is held (here: by this very thread, as
+/// when a pool's export goes with the pool under the lock) cannot be retired at once; the
+/// holder retires it as it lets the lock go, and its consumer is told. Dropped while the lock is
+/// free, it is retired at once. Each time the consumer that kept it gets `RETIRE`.
 #[test]
-fn a_registered_export_dropped_is_retired_at_once_or_by_the_next_serve_when_the_lock_was_held() {
+fn a_registered_export_dropped_is_retired_at_once_or_when_the_lock_is_let_go() {
     let addr = format!("@devshare-unit-retire-{}", std::process::id());
     let ch = LocalChannel::listen(&addr).expect("listen");
     let fd = announce_with(&addr, std::process::id() as i32, wire::FEATURE_SHARES | wire::FEATURE_KEEP);
@@ -420,8 +420,9 @@ fn a_registered_export_dropped_is_retired_at_once_or_by_the_next_serve_when_the_
         if held {
             let guard = ch.shared.lock().expect("lock");
             drop(exp);
-            drop(guard);
             assert_eq!(registered(), 1, "dropped under the lock: not retired yet");
+            drop(guard);
+            assert_eq!(registered(), 0, "retired as the lock was let go");
         } else {
             drop(exp);
             assert_eq!(registered(), 0, "dropped with the lock free: retired at once");
