@@ -737,6 +737,68 @@ void test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer() {
     check(child.wait() == 0, "the consumer exited normally");
 }
 
+// Ten syncs of a registered "state dict" (three named tensors, views of one export) to a C++
+// consumer: before each the producer rewrites every value in place; the consumer takes each
+// sync with Connection::recv_batch and checks every value of every tensor is this sync's, and
+// each name, then gives the batch back in one message.
+void test_ten_syncs_of_a_registered_state_dict_reach_a_cpp_consumer_with_every_value_right() {
+    constexpr int kSyncs = 10;
+    constexpr int kLen = 256;
+    const std::string addr = address("ten-syncs");
+    const char* names[3] = {"embed.weight", "layers.0.weight", "norm.weight"};
+    Child child([&](Consumer& me) {
+        me.next();
+        devshare::Connection conn = devshare::Connection::connect(addr, kWait);
+        me.report();
+        for (int sync = 0; sync < kSyncs; sync++) {
+            if (me.next() != 's') {
+                return;
+            }
+            const std::vector<devshare::Import> batch = conn.recv_batch(3, kWait);
+            bool right = batch.size() == 3;
+            for (size_t i = 0; right && i < 3; i++) {
+                right = batch[i] && batch[i].name() == names[i];
+                const auto x = batch[i].as<const float>().flat();
+                right = right && x.size() == static_cast<size_t>(kLen);
+                for (int j = 0; right && j < kLen; j++) {
+                    right = x[static_cast<size_t>(j)] == static_cast<float>(1000 * sync + 100 * static_cast<int>(i) + j);
+                }
+            }
+            devshare::Connection::give_back(batch);
+            me.check(right, "sync " + std::to_string(sync) + ": every value of the three tensors is this sync's, "
+                            "each under its name");
+            me.report();
+        }
+    });
+
+    devshare::Channel ch = devshare::Channel::listen(addr);
+    child.tell('g');
+    check(ch.wait_peers(1, kWait), "ten syncs: wait_peers(1) sees the consumer");
+    child.take_report();
+    const uint64_t peer = ch.peers().at(0);
+    devshare::Exporter exp = devshare::Exporter::channel_host_alloc(3 * kLen * sizeof(float));
+    float* t = static_cast<float*>(exp.data());
+    const devshare::Exporter* exps[3] = {&exp, &exp, &exp};
+    const devshare::TensorDesc descs[3] = {devshare::describe(t, {kLen}), devshare::describe(t + kLen, {kLen}),
+                                           devshare::describe(t + 2 * kLen, {kLen})};
+    ch.register_export(exp);
+    bool back = true;
+    for (int sync = 0; sync < kSyncs; sync++) {
+        for (int i = 0; i < 3; i++) {
+            for (int j = 0; j < kLen; j++) {
+                t[i * kLen + j] = static_cast<float>(1000 * sync + 100 * i + j);  // in place
+            }
+        }
+        ch.send_batch(peer, exps, descs, names);
+        child.tell('s');
+        child.take_report();
+        back = back && exp.wait(kWait) && exp.outstanding() == 0;
+    }
+    check(back, "ten syncs: every sync's leases came back before the next");
+    ch.unregister_export(exp);
+    check(child.wait() == 0, "ten syncs: the consumer exited normally");
+}
+
 // A consumer drops its Connection while it holds two slots and a lease.
 void test_a_dropped_connection_gives_back_its_slots_and_lease() {
     const std::string addr = address("drop");
@@ -846,6 +908,7 @@ int main() {
     test_1000_pool_items_arrive_in_order_at_fixed_slot_addresses();
     test_a_lease_is_outstanding_until_the_consumer_destroys_its_import();
     test_a_batch_of_3_leases_arrives_in_order_at_a_spinning_consumer();
+    test_ten_syncs_of_a_registered_state_dict_reach_a_cpp_consumer_with_every_value_right();
     test_a_dropped_connection_gives_back_its_slots_and_lease();
     test_after_the_producer_closes_the_consumer_drains_then_sees_closed();
     std::printf("1..%d\n# %d passed, %d failed\n", n_cases, n_cases - n_failed, n_failed);
