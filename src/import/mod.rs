@@ -2,7 +2,9 @@
 //!
 //! The registry caches mappings by allocation — (backend, device, key, access) — not by tensor,
 //! because many tensors share one allocation: importing the same allocation twice maps it once,
-//! and the mapping goes away when the last import of it is released. It also tracks the
+//! and the mapping goes away when the last import of it is released. (Memory known only by its
+//! producer's fd numbers, a segmented CUDA export's, is mapped once per channel connection that
+//! receives it, and once for the process's plain imports: `ImportRequest::scope`.) It also tracks the
 //! ref-counter reference each handle carries (its "ticket": ref-counter name and slot): a ticket
 //! held by several imports in this process is returned to the producer exactly once, when the
 //! last of them is released. Imports and releases may happen on any thread.
@@ -13,8 +15,8 @@
 //! it, *open* while imports use it, and *closing* while its last release unmaps it. An import that
 //! finds it opening or closing waits (a condition variable) and then takes the new mapping, or
 //! maps the allocation afresh once the close is done: a backend never sees a second open of an
-//! allocation before its close (CUDA refuses one), while imports, cache hits and releases of other
-//! allocations go on. In the same way, the first import of a reference in this process (which
+//! allocation under one key before its close (CUDA refuses a second open of an IPC handle), while
+//! imports, cache hits and releases of other allocations go on. In the same way, the first import of a reference in this process (which
 //! checks the producer's record and claims an in-flight reference) makes other imports of that
 //! reference wait until it succeeded or failed.
 //!

@@ -19,7 +19,8 @@
 //!     does, when the caller asks).
 //!   - import ([`Backend::import_segmented`]): on the device chosen as for IPC handles, each
 //!     segment's physical memory is imported once per process while any mapping uses it (cached
-//!     per producer pid and fd number, or per fabric handle): `pidfd_open` of the producer once,
+//!     per fabric handle, or per producer pid and fd number and the request's scope: once per
+//!     channel connection that received it, once for plain imports): `pidfd_open` of the producer once,
 //!     `pidfd_getfd` of the fd, `cuMemImportFromShareableHandle`, and the stolen fd closed at once;
 //!     fabric handles are imported directly. Then exactly `count x segment_size` of address space
 //!     is reserved (`cuMemAddressReserve`; PyTorch reserves far more), each segment mapped in

@@ -47,7 +47,7 @@ enum Shareable {
 /// One physical allocation exported by this process, shared by every segmented exporter of it:
 /// the driver is asked once per handle and kind (as PyTorch caches a segment's shareable
 /// handle), so two exports of overlapping pages carry the same fd numbers and a consumer imports
-/// each page once.
+/// each page once (per scope: `ImportRequest::scope`).
 struct ExportedPage {
     shareable: Shareable,
 }

@@ -142,9 +142,14 @@ impl LeaseServer for ChannelShared {
             None => {
                 self.closed_exports.lock().unwrap_or_else(|p| p.into_inner()).push(export);
                 self.exports_closed.store(true, Ordering::Release);
-                // The holder retires it as it lets the lock go, if it saw it; else a thread
-                // waiting in the epoll set without a time limit looks (its serve retires).
-                self.nudge();
+                // The holder retires it as it lets the lock go, if it saw the flag. It may have
+                // looked just before: one more try (whose own letting go retires it), else a
+                // thread waiting in the epoll set without a time limit looks (its serve
+                // retires), else the channel's next send or registration does, before it sends.
+                match self.try_lock() {
+                    Some(core) => drop(core),
+                    None => self.nudge(),
+                }
             }
         }
     }
