@@ -517,12 +517,9 @@ static int consumer_child(void) {
         } else if (sscanf(line, "connect2 %511s %d", arg, &a) == 2) {
             const int32_t st = devshare_channel_connect(arg, a, &conn2);
             say("R %d %s", (int)st, st ? last_error() : "");
-        } else if (sscanf(line, "recv2 %d %d %d", &a, &b, &c) == 3) {
-            const RecvResult r = consume(conn2, a, b, c, msg, sizeof msg);
-            say("R %d %d %d %d %d %d %d %d %d %d %d %d %ld %s", r.got, r.pool, r.lease, r.addr_bad, r.data_bad,
-                r.order_bad, r.rel_bad, r.st, r.slots, r.kind_bad, r.events, r.waited, r.seq_sum, msg);
-        } else if (sscanf(line, "recv %d %d %d", &a, &b, &c) == 3) {
-            const RecvResult r = consume(conn, a, b, c, msg, sizeof msg);
+        } else if (sscanf(line, "recv2 %d %d %d", &a, &b, &c) == 3 || sscanf(line, "recv %d %d %d", &a, &b, &c) == 3) {
+            /* (recv2 first: "recv %d" would read its 2 as the count.) */
+            const RecvResult r = consume(strncmp(line, "recv2", 5) == 0 ? conn2 : conn, a, b, c, msg, sizeof msg);
             say("R %d %d %d %d %d %d %d %d %d %d %d %d %ld %s", r.got, r.pool, r.lease, r.addr_bad, r.data_bad,
                 r.order_bad, r.rel_bad, r.st, r.slots, r.kind_bad, r.events, r.waited, r.seq_sum, msg);
         } else if (sscanf(line, "spin %d", &a) == 1) {

@@ -1432,6 +1432,37 @@ static void test_a_cuda_event_is_reused_only_for_the_consumer_it_was_sent_to(voi
     g_cuda = 0;
 }
 
+/* One round of the fd-number reuse cases below: a 2-segment VMM buffer exported (and registered
+ * when `registered`), its first 4096 bytes written as item `seq`, leased to `peer` and read by
+ * the consumer with `recv_cmd` ("recv" or "recv2"); the lease back, then the export closed
+ * without unregistering it and its memory freed. Returns the sequence number the consumer read;
+ * `maps` (may be NULL): the consumer's VMM mappings once the lease was back. */
+static long vmm_lease_round(DevshareChannel *ch, Child *k, uint64_t peer, const char *recv_cmd, int registered,
+                            uint64_t seq, const char *what, int *maps) {
+    enum { COUNT = 2 };
+    const int64_t len = 4096;
+    Vmm v;
+    vmm_create(&v, COUNT);
+    DevshareExporter *exp = NULL;
+    DS_OK(devshare_export_segments(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)v.va, v.h, COUNT, SEG, 0, &exp));
+    if (registered) {
+        DS_OK(devshare_channel_register(ch, exp));
+    }
+    item_fill((void *)(uintptr_t)v.va, (uint64_t)len, seq);
+    DevshareTensorDesc d = bytes_desc(0, &len);
+    const int32_t st = devshare_channel_send(ch, peer, exp, &d);
+    tell(k, "%s 1 0 %d", recv_cmd, IO_MS);
+    const RecvResult r = recv_result(reply(k, ch));
+    CHECK(st == DEVSHARE_STATUS_OK && r.got == 1 && r.data_bad == 0 && devshare_exporter_wait(exp, IO_MS) == 0,
+          "%s reads its lease and gives it back (%s)", what, devshare_status_str(st));
+    if (maps) {
+        *maps = cuda_state(k, ch).maps;
+    }
+    CHECK(devshare_exporter_close(exp, 0) == DEVSHARE_STATUS_OK, "%s: the export closes", what);
+    vmm_destroy(&v);
+    return r.seq_sum;
+}
+
 /* A consumer keeps a registered export's allocation mapped between leases, and a segmented
  * CUDA export's mapping is known by its producer's pid and fd numbers. An export closed while
  * still registered (no devshare_channel_unregister) closes those fds, and the next export gets
@@ -1439,8 +1470,6 @@ static void test_a_cuda_event_is_reused_only_for_the_consumer_it_was_sent_to(voi
  * memory reaches it, or it would read the old memory under the new handle. The new export is
  * sent unregistered, so nothing but the close itself can have retired the old one. */
 static void test_an_export_closed_while_registered_is_retired_before_its_fd_numbers_return(void) {
-    enum { COUNT = 2 };
-    const int64_t len = 4096;
     cuda_start();
     char address[128];
     make_address(address, sizeof address, "cuda_retire_closed");
@@ -1452,29 +1481,11 @@ static void test_an_export_closed_while_registered_is_retired_before_its_fd_numb
     long seen[2] = {0, 0};
     int idle[2] = {-1, -1};
     for (int round = 0; round < 2 && peer; round++) {
-        Vmm v;
-        vmm_create(&v, COUNT);
-        DevshareExporter *exp = NULL;
-        DS_OK(devshare_export_segments(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)v.va, v.h, COUNT, SEG, 0, &exp));
-        if (round == 0) {
-            DS_OK(devshare_channel_register(ch, exp));
-        }
-        const uint64_t seq = 8000 + 1000 * (uint64_t)round;
-        item_fill((void *)(uintptr_t)v.va, (uint64_t)len, seq);
-        DevshareTensorDesc d = bytes_desc(0, &len);
-        const int32_t st = devshare_channel_send(ch, peer, exp, &d);
-        tell(&k, "recv 1 0 %d", IO_MS);
-        const RecvResult r = recv_result(reply(&k, ch));
-        seen[round] = r.seq_sum;
-        CHECK(st == DEVSHARE_STATUS_OK && r.got == 1 && r.data_bad == 0 && devshare_exporter_wait(exp, IO_MS) == 0,
-              "retire on close, round %d: the consumer reads the %s export's lease and gives it back (%s)", round,
-              round == 0 ? "registered" : "unregistered", devshare_status_str(st));
-        const CudaState held = cuda_state(&k, ch);
-        idle[round] = held.maps;
-        /* Closed without unregistering it (round 0), and its memory freed. */
-        CHECK(devshare_exporter_close(exp, 0) == DEVSHARE_STATUS_OK, "retire on close, round %d: the export closes",
-              round);
-        vmm_destroy(&v);
+        char what[96];
+        snprintf(what, sizeof what, "retire on close, round %d: the consumer of the %s export", round,
+                 round == 0 ? "registered" : "unregistered");
+        seen[round] = vmm_lease_round(ch, &k, peer, "recv", round == 0, 8000 + 1000 * (uint64_t)round, what,
+                                      &idle[round]);
     }
     CHECK(idle[0] > 0, "retire on close: the consumer keeps the registered allocation mapped after its lease came "
                        "back (%d VMM mappings)", idle[0]);
@@ -1491,8 +1502,6 @@ static void test_an_export_closed_while_registered_is_retired_before_its_fd_numb
  * yet), and new memory that gets its fd numbers is sent to connection B. B must map what it
  * came with, not take A's kept mapping: nothing ordered A's news before B's share. */
 static void test_a_mapping_kept_for_one_connection_is_not_taken_by_another_for_reused_fd_numbers(void) {
-    enum { COUNT = 2 };
-    const int64_t len = 4096;
     cuda_start();
     char address[128];
     make_address(address, sizeof address, "cuda_kept_two_conns");
@@ -1518,25 +1527,10 @@ static void test_a_mapping_kept_for_one_connection_is_not_taken_by_another_for_r
           "kept across connections: one consumer process connects twice (%s)", a);
     long seen[2] = {0, 0};
     for (int round = 0; round < 2 && peer_a && peer_b; round++) {
-        Vmm v;
-        vmm_create(&v, COUNT);
-        DevshareExporter *exp = NULL;
-        DS_OK(devshare_export_segments(DEVSHARE_BACKEND_CUDA, 0, (void *)(uintptr_t)v.va, v.h, COUNT, SEG, 0, &exp));
-        if (round == 0) {
-            DS_OK(devshare_channel_register(ch, exp));
-        }
-        item_fill((void *)(uintptr_t)v.va, (uint64_t)len, 8000 + 1000 * (uint64_t)round);
-        DevshareTensorDesc d = bytes_desc(0, &len);
-        const int32_t st = devshare_channel_send(ch, round == 0 ? peer_a : peer_b, exp, &d);
-        tell(&k, round == 0 ? "recv 1 0 %d" : "recv2 1 0 %d", IO_MS);
-        const RecvResult r = recv_result(reply(&k, ch));
-        seen[round] = r.seq_sum;
-        CHECK(st == DEVSHARE_STATUS_OK && r.got == 1 && r.data_bad == 0 && devshare_exporter_wait(exp, IO_MS) == 0,
-              "kept across connections, round %d: connection %c reads its lease and gives it back", round,
-              round == 0 ? 'A' : 'B');
-        CHECK(devshare_exporter_close(exp, 0) == DEVSHARE_STATUS_OK,
-              "kept across connections, round %d: the export closes", round);
-        vmm_destroy(&v);
+        char what[96];
+        snprintf(what, sizeof what, "kept across connections, round %d: connection %c", round, round == 0 ? 'A' : 'B');
+        seen[round] = vmm_lease_round(ch, &k, round == 0 ? peer_a : peer_b, round == 0 ? "recv" : "recv2", round == 0,
+                                      8000 + 1000 * (uint64_t)round, what, NULL);
     }
     CHECK(seen[0] == 8000 && seen[1] == 9000,
           "kept across connections: connection B, sent new memory under a closed registered export's fd numbers, "

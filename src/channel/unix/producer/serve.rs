@@ -122,8 +122,8 @@ impl LeaseServer for ChannelShared {
     }
 
     /// A registered export is being dropped: retired now when the channel's lock is free, else
-    /// by the lock's next holder that sends a handle or serves (this thread may be the holder:
-    /// an export can go with a pool closed under the lock).
+    /// as its holder lets it go (this thread may be the holder: an export can go with a pool
+    /// closed under the lock), and always before the channel sends another handle.
     fn export_closed(&self, export: u64) {
         // (Registered with none: nothing to retire. A forked child's copy of the channel is
         // its parent's to serve: it touches nothing of it.)
@@ -132,12 +132,8 @@ impl LeaseServer for ChannelShared {
         }
         match self.try_lock() {
             Some(mut core) => {
-                let epfd = self.epoll.as_fd();
-                if core.registered.remove(&export).is_some() {
-                    core.retire(export, epfd);
-                    self.registered.store(core.registered.len() as u64, Ordering::Release);
-                    core.sweep(epfd);
-                }
+                self.retire(&mut core, [export]);
+                core.sweep(self.epoll.as_fd());
             }
             None => {
                 self.closed_exports.lock().unwrap_or_else(|p| p.into_inner()).push(export);
@@ -201,6 +197,11 @@ impl ChannelShared {
             return;
         }
         let ids = std::mem::take(&mut *self.closed_exports.lock().unwrap_or_else(|p| p.into_inner()));
+        self.retire(core, ids);
+    }
+
+    /// Unregister those of `ids` still registered, telling every consumer that kept one.
+    fn retire(&self, core: &mut Core, ids: impl IntoIterator<Item = u64>) {
         let epfd = self.epoll.as_fd();
         for id in ids {
             if core.registered.remove(&id).is_some() {
@@ -305,7 +306,6 @@ impl ChannelShared {
             }
         }
         core.drain_rings(if rearm && arm == Arm::No { Arm::Now } else { arm });
-        self.retire_closed(&mut core);
         core.sweep(epfd);
         Ok(())
     }
